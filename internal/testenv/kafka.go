@@ -1,0 +1,180 @@
+package testenv
+
+import (
+	"context"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kfake"
+)
+
+// Broker names.
+const (
+	// InProcess is the kfake broker started inside the test process.
+	InProcess = "kfake"
+	// Real is an Apache Kafka broker named by OUTBOX_TEST_KAFKA_BROKERS.
+	Real = "kafka"
+)
+
+// Broker is a Kafka cluster a test can produce to.
+type Broker struct {
+	// Name is InProcess or Real.
+	Name string
+	// Addrs are the bootstrap addresses.
+	Addrs []string
+	// Fake is the in-process cluster (for fault injection), nil for Real.
+	Fake *kfake.Cluster
+}
+
+// NewFake starts an in-process Kafka broker on loopback, closed at cleanup.
+func NewFake(t testing.TB, opts ...kfake.Opt) Broker {
+	t.Helper()
+	opts = append([]kfake.Opt{kfake.NumBrokers(1), kfake.DefaultNumPartitions(8)}, opts...)
+	c, err := kfake.NewCluster(opts...)
+	if err != nil {
+		t.Fatalf("testenv: start kfake: %v", err)
+	}
+	t.Cleanup(c.Close)
+	return Broker{Name: InProcess, Addrs: c.ListenAddrs(), Fake: c}
+}
+
+// RealBroker returns the real broker of OUTBOX_TEST_KAFKA_BROKERS, or ok
+// false when it is not set (a failure under OUTBOX_TEST_REQUIRE_ALL).
+func RealBroker(t testing.TB) (b Broker, ok bool) {
+	t.Helper()
+	v := os.Getenv(EnvKafka)
+	if v == "" {
+		if RequireAll() {
+			t.Fatalf("testenv: %s is not set and %s=1", EnvKafka, EnvRequireAll)
+		}
+		return Broker{}, false
+	}
+	return Broker{Name: Real, Addrs: strings.Split(v, ",")}, true
+}
+
+// Brokers returns an in-process broker and, when available, the real one.
+func Brokers(t testing.TB) []Broker {
+	t.Helper()
+	bs := []Broker{NewFake(t)}
+	if b, ok := RealBroker(t); ok {
+		bs = append(bs, b)
+	}
+	return bs
+}
+
+// ForEachBroker runs f as a subtest named after each available broker.
+func ForEachBroker(t *testing.T, f func(t *testing.T, b Broker)) {
+	t.Helper()
+	for _, b := range Brokers(t) {
+		t.Run(b.Name, func(t *testing.T) { f(t, b) })
+	}
+}
+
+// CreateTopic creates a topic with the given partitions and topic configs
+// (e.g. "max.message.bytes") and waits until its partitions have leaders.
+func (b Broker) CreateTopic(t testing.TB, topic string, partitions int, configs map[string]string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := (&kafka.Dialer{Timeout: 10 * time.Second}).DialContext(ctx, "tcp", b.Addrs[0])
+	if err != nil {
+		t.Fatalf("testenv: dial %s: %v", b.Addrs[0], err)
+	}
+	defer conn.Close()
+	ctrl, err := conn.Controller()
+	if err != nil {
+		t.Fatalf("testenv: find controller: %v", err)
+	}
+	cc, err := (&kafka.Dialer{Timeout: 10 * time.Second}).DialContext(ctx, "tcp", net.JoinHostPort(ctrl.Host, strconv.Itoa(ctrl.Port)))
+	if err != nil {
+		t.Fatalf("testenv: dial controller: %v", err)
+	}
+	defer cc.Close()
+	tc := kafka.TopicConfig{Topic: topic, NumPartitions: partitions, ReplicationFactor: 1}
+	for k, v := range configs {
+		tc.ConfigEntries = append(tc.ConfigEntries, kafka.ConfigEntry{ConfigName: k, ConfigValue: v})
+	}
+	if err := cc.CreateTopics(tc); err != nil {
+		t.Fatalf("testenv: create topic %s: %v", topic, err)
+	}
+	for {
+		ps, err := conn.ReadPartitions(topic)
+		if err == nil && len(ps) == partitions {
+			ready := true
+			for _, p := range ps {
+				if p.Leader.Host == "" {
+					ready = false
+				}
+			}
+			if ready {
+				return
+			}
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("testenv: topic %s has no leaders after 30s (last error %v)", topic, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// ReadAll consumes topic from the beginning of every partition until want
+// records were read or the timeout passed, and returns what it read in
+// per-partition order (partitions in ascending order).
+func (b Broker) ReadAll(t testing.TB, topic string, want int, timeout time.Duration) []kafka.Message {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	conn, err := kafka.DialContext(ctx, "tcp", b.Addrs[0])
+	if err != nil {
+		t.Fatalf("testenv: dial: %v", err)
+	}
+	ps, err := conn.ReadPartitions(topic)
+	conn.Close()
+	if err != nil {
+		t.Fatalf("testenv: read partitions of %s: %v", topic, err)
+	}
+	type result struct{ msgs []kafka.Message }
+	var out []kafka.Message
+	deadline := time.Now().Add(timeout)
+	for len(out) < want && time.Now().Before(deadline) {
+		out = out[:0]
+		for _, p := range ps {
+			r := kafka.NewReader(kafka.ReaderConfig{Brokers: b.Addrs, Topic: topic, Partition: p.ID, MaxWait: 50 * time.Millisecond})
+			last, err := lastOffset(ctx, b.Addrs[0], topic, p.ID)
+			if err != nil {
+				r.Close()
+				t.Fatalf("testenv: last offset of %s/%d: %v", topic, p.ID, err)
+			}
+			for off := int64(0); off < last; off++ {
+				m, err := r.ReadMessage(ctx)
+				if err != nil {
+					break
+				}
+				out = append(out, m)
+				if m.Offset+1 >= last {
+					break
+				}
+			}
+			r.Close()
+		}
+		if len(out) < want {
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	_ = result{}
+	return out
+}
+
+func lastOffset(ctx context.Context, addr, topic string, partition int) (int64, error) {
+	c, err := kafka.DialLeader(ctx, "tcp", addr, topic, partition)
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	return c.ReadLastOffset()
+}

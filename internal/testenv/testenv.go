@@ -1,0 +1,228 @@
+// Package testenv gives tests the databases and Kafka brokers that are
+// available: SQLite and an in-process broker always; PostgreSQL, MySQL or
+// MariaDB, and a real Apache Kafka broker when the environment names them.
+//
+//	OUTBOX_TEST_POSTGRES_DSN   e.g. host=127.0.0.1 port=55432 user=postgres dbname=outbox_test sslmode=disable
+//	OUTBOX_TEST_MYSQL_DSN      e.g. root@tcp(127.0.0.1:53306)/outbox_test?parseTime=true
+//	OUTBOX_TEST_KAFKA_BROKERS  e.g. 127.0.0.1:59092
+//	OUTBOX_TEST_REQUIRE_ALL=1  a missing service fails the test instead of being left out
+//
+// Every call hands out a fresh, empty database (a new database on the
+// server, dropped at cleanup), so tests and packages can run in parallel.
+package testenv
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	mysqldrv "github.com/go-sql-driver/mysql"
+	"gorm.io/driver/mysql"
+	"gorm.io/driver/postgres"
+	"gorm.io/driver/sqlite"
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+)
+
+// Environment variable names.
+const (
+	EnvPostgres   = "OUTBOX_TEST_POSTGRES_DSN"
+	EnvMySQL      = "OUTBOX_TEST_MYSQL_DSN"
+	EnvKafka      = "OUTBOX_TEST_KAFKA_BROKERS"
+	EnvRequireAll = "OUTBOX_TEST_REQUIRE_ALL"
+)
+
+// Dialect names, as gorm's Dialector.Name() reports them.
+const (
+	SQLite   = "sqlite"
+	Postgres = "postgres"
+	MySQL    = "mysql"
+)
+
+// RequireAll reports whether OUTBOX_TEST_REQUIRE_ALL asks for every service.
+func RequireAll() bool {
+	v := os.Getenv(EnvRequireAll)
+	return v != "" && v != "0" && v != "false"
+}
+
+// Opener opens a fresh empty database of one dialect.
+type Opener struct {
+	// Name is the dialect name: sqlite, postgres or mysql.
+	Name string
+	open func(t testing.TB, cfg *gorm.Config) *gorm.DB
+}
+
+// Open returns a fresh, empty database, closed and dropped at cleanup. A nil
+// cfg means a quiet logger and gorm's defaults.
+func (o Opener) Open(t testing.TB, cfg *gorm.Config) *gorm.DB {
+	t.Helper()
+	if cfg == nil {
+		cfg = &gorm.Config{}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = logger.Default.LogMode(logger.Silent)
+	}
+	return o.open(t, cfg)
+}
+
+// Databases returns an Opener for each available database: SQLite always,
+// PostgreSQL and MySQL when their DSN is set. Under OUTBOX_TEST_REQUIRE_ALL a
+// missing DSN fails t.
+func Databases(t testing.TB) []Opener {
+	t.Helper()
+	dbs := []Opener{{Name: SQLite, open: openSQLite}}
+	if dsn := os.Getenv(EnvPostgres); dsn != "" {
+		dbs = append(dbs, Opener{Name: Postgres, open: func(t testing.TB, cfg *gorm.Config) *gorm.DB { return openPostgres(t, dsn, cfg) }})
+	} else if RequireAll() {
+		t.Fatalf("testenv: %s is not set and %s=1", EnvPostgres, EnvRequireAll)
+	}
+	if dsn := os.Getenv(EnvMySQL); dsn != "" {
+		dbs = append(dbs, Opener{Name: MySQL, open: func(t testing.TB, cfg *gorm.Config) *gorm.DB { return openMySQL(t, dsn, cfg) }})
+	} else if RequireAll() {
+		t.Fatalf("testenv: %s is not set and %s=1", EnvMySQL, EnvRequireAll)
+	}
+	return dbs
+}
+
+// ForEachDB runs f as a subtest named after each available database, with a
+// fresh database opened with cfg (nil for defaults).
+func ForEachDB(t *testing.T, cfg *gorm.Config, f func(t *testing.T, db *gorm.DB)) {
+	t.Helper()
+	for _, o := range Databases(t) {
+		t.Run(o.Name, func(t *testing.T) {
+			var c *gorm.Config
+			if cfg != nil {
+				cc := *cfg
+				c = &cc
+			}
+			f(t, o.Open(t, c))
+		})
+	}
+}
+
+// Unique returns prefix followed by random hex, for database and topic names.
+func Unique(prefix string) string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return prefix + hex.EncodeToString(b[:])
+}
+
+func closeDB(t testing.TB, db *gorm.DB) {
+	if sqlDB, err := db.DB(); err == nil {
+		_ = sqlDB.Close()
+	}
+}
+
+func openSQLite(t testing.TB, cfg *gorm.Config) *gorm.DB {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "outbox.db")
+	dsn := "file:" + path + "?_busy_timeout=10000&_journal_mode=WAL&_txlock=immediate"
+	db, err := gorm.Open(sqlite.Open(dsn), cfg)
+	if err != nil {
+		t.Fatalf("testenv: open sqlite: %v", err)
+	}
+	t.Cleanup(func() { closeDB(t, db) })
+	return db
+}
+
+func openPostgres(t testing.TB, dsn string, cfg *gorm.Config) *gorm.DB {
+	t.Helper()
+	name := Unique("outbox_t_")
+	admin, err := sql.Open("pgx", dsn)
+	if err != nil {
+		t.Fatalf("testenv: open postgres admin: %v", err)
+	}
+	defer admin.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := admin.ExecContext(ctx, "CREATE DATABASE "+name); err != nil {
+		t.Fatalf("testenv: create postgres database: %v", err)
+	}
+	db, err := gorm.Open(postgres.Open(withPostgresDB(dsn, name)), cfg)
+	if err != nil {
+		t.Fatalf("testenv: open postgres %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		closeDB(t, db)
+		a, err := sql.Open("pgx", dsn)
+		if err != nil {
+			return
+		}
+		defer a.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, _ = a.ExecContext(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
+	})
+	return db
+}
+
+// withPostgresDB points a key=value or URL DSN at database name.
+func withPostgresDB(dsn, name string) string {
+	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
+		u, err := url.Parse(dsn)
+		if err == nil {
+			u.Path = "/" + name
+			return u.String()
+		}
+	}
+	return dsn + " dbname=" + name
+}
+
+func openMySQL(t testing.TB, dsn string, cfg *gorm.Config) *gorm.DB {
+	t.Helper()
+	c, err := mysqldrv.ParseDSN(dsn)
+	if err != nil {
+		t.Fatalf("testenv: parse %s: %v", EnvMySQL, err)
+	}
+	name := Unique("outbox_t_")
+	adminCfg := c.Clone()
+	adminCfg.DBName = ""
+	admin, err := sql.Open("mysql", adminCfg.FormatDSN())
+	if err != nil {
+		t.Fatalf("testenv: open mysql admin: %v", err)
+	}
+	defer admin.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := admin.ExecContext(ctx, "CREATE DATABASE "+name); err != nil {
+		t.Fatalf("testenv: create mysql database: %v", err)
+	}
+	dbCfg := c.Clone()
+	dbCfg.DBName = name
+	dbCfg.ParseTime = true
+	dbCfg.Loc = time.UTC
+	db, err := gorm.Open(mysql.Open(dbCfg.FormatDSN()), cfg)
+	if err != nil {
+		t.Fatalf("testenv: open mysql %s: %v", name, err)
+	}
+	t.Cleanup(func() {
+		closeDB(t, db)
+		a, err := sql.Open("mysql", adminCfg.FormatDSN())
+		if err != nil {
+			return
+		}
+		defer a.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, _ = a.ExecContext(ctx, "DROP DATABASE IF EXISTS "+name)
+	})
+	return db
+}
+
+// MustExec runs statements on db, failing t on error.
+func MustExec(t testing.TB, db *gorm.DB, stmts ...string) {
+	t.Helper()
+	for _, s := range stmts {
+		if err := db.Exec(s).Error; err != nil {
+			t.Fatalf("testenv: %s: %v", s, err)
+		}
+	}
+}
+

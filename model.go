@@ -1,0 +1,343 @@
+package outbox
+
+import (
+	"database/sql/driver"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/segmentio/kafka-go"
+	"gorm.io/gorm"
+	"gorm.io/gorm/schema"
+)
+
+// Default table names. Config overrides each of them.
+const (
+	DefaultMessagesTable = "outbox_messages"
+	DefaultLeasesTable   = "outbox_leases"
+	DefaultRelaysTable   = "outbox_relays"
+)
+
+// MaxTopicLength is the longest topic name Kafka accepts, and the width of
+// the topic column.
+const MaxTopicLength = 249
+
+// Message is one pending Kafka record, written in the caller's transaction
+// and deleted by a relay after the broker acknowledged it.
+//
+// Create fills MessageID (when zero), Bucket and CreatedAt; callers set
+// Topic, Key, Value, Headers and optionally Partition. Key and Value are
+// stored byte for byte: a nil Key is a keyless record, an empty non-nil Key
+// is a real (hashed) key, and a nil Value is a tombstone.
+type Message struct {
+	// ID is the auto-increment primary key: submission order within a bucket.
+	ID int64 `gorm:"column:id;primaryKey;autoIncrement;index:,composite:bucket_id,priority:2"`
+	// MessageID is the record's stable identity, stamped on the record as the
+	// message-id header so consumers can deduplicate. Create generates a
+	// random (version 4) UUID when it is zero and keeps a caller's value.
+	MessageID UUID `gorm:"column:message_id;not null"`
+	// Bucket is the ordering bucket; see BucketOf. It is computed on create
+	// and never recomputed by the relay.
+	Bucket int32 `gorm:"column:bucket;not null;index:,composite:bucket_id,priority:1"`
+	// Topic is the Kafka topic: 1 to MaxTopicLength characters.
+	Topic string `gorm:"column:topic;size:249;not null"`
+	// Key is the record key; nil means keyless.
+	Key []byte `gorm:"column:record_key"`
+	// Value is the record value; nil means a tombstone.
+	Value []byte `gorm:"column:record_value"`
+	// Headers are the record headers, in order, duplicates allowed.
+	Headers Headers `gorm:"column:headers"`
+	// Partition, when non-nil, pins the record to that partition and decides
+	// its bucket. It must not be negative.
+	Partition *int32 `gorm:"column:record_partition"`
+	// CreatedAt is when the row was enqueued (UTC); set on create when zero.
+	CreatedAt time.Time `gorm:"column:created_at;not null"`
+}
+
+// TableName returns the default table name; the Plugin routes creates to the
+// configured name.
+func (Message) TableName() string { return DefaultMessagesTable }
+
+// BeforeCreate fills and validates a message that is created without the
+// Plugin (or with hooks skipped by the plugin's own preparation): default
+// configuration applies. With the Plugin registered it does nothing, as the
+// plugin has already prepared the row.
+func (m *Message) BeforeCreate(tx *gorm.DB) error {
+	if _, done := tx.Statement.Settings.Load(preparedKey); done {
+		return nil
+	}
+	cfg, err := configFrom(tx)
+	if err != nil {
+		return err
+	}
+	return cfg.prepare(m, time.Now())
+}
+
+// Lease is one bucket's lease: which relay owns it and until when.
+type Lease struct {
+	// Bucket is the bucket number, 0 to BucketCount-1.
+	Bucket int32 `gorm:"column:bucket;primaryKey;autoIncrement:false"`
+	// Owner is the relay id holding the lease, or nil.
+	Owner *string `gorm:"column:owner;size:128"`
+	// ExpiresAtMs is the lease expiry in Unix milliseconds (UTC); 0 = free.
+	ExpiresAtMs int64 `gorm:"column:expires_at_ms;not null"`
+}
+
+// TableName returns the default table name.
+func (Lease) TableName() string { return DefaultLeasesTable }
+
+// Relay is one relay's heartbeat.
+type Relay struct {
+	// RelayID identifies the relay instance.
+	RelayID string `gorm:"column:relay_id;primaryKey;size:128"`
+	// LastSeenMs is the last heartbeat in Unix milliseconds (UTC).
+	LastSeenMs int64 `gorm:"column:last_seen_ms;not null"`
+	// StoppedAtMs is set when the relay stopped gracefully; a stopped relay
+	// is kept (not deleted) so that a late statement cannot revive it.
+	StoppedAtMs *int64 `gorm:"column:stopped_at_ms"`
+}
+
+// TableName returns the default table name.
+func (Relay) TableName() string { return DefaultRelaysTable }
+
+// UUID is a message id: a github.com/google/uuid UUID stored as a native
+// uuid on PostgreSQL and as 36-character lowercase text elsewhere.
+type UUID uuid.UUID
+
+// NewUUID returns a random (version 4) UUID.
+func NewUUID() UUID { return UUID(uuid.New()) }
+
+// ParseUUID parses the textual forms accepted by uuid.Parse.
+func ParseUUID(s string) (UUID, error) {
+	u, err := uuid.Parse(s)
+	if err != nil {
+		return UUID{}, fmt.Errorf("outbox: parse message id %q: %w", s, err)
+	}
+	return UUID(u), nil
+}
+
+// String returns the 36-character lowercase form.
+func (u UUID) String() string { return uuid.UUID(u).String() }
+
+// IsZero reports whether u is the all-zero UUID.
+func (u UUID) IsZero() bool { return u == UUID{} }
+
+// MarshalText implements encoding.TextMarshaler.
+func (u UUID) MarshalText() ([]byte, error) { return uuid.UUID(u).MarshalText() }
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (u *UUID) UnmarshalText(b []byte) error { return (*uuid.UUID)(u).UnmarshalText(b) }
+
+// Value implements driver.Valuer: the 36-character lowercase text.
+func (u UUID) Value() (driver.Value, error) { return u.String(), nil }
+
+// Scan implements sql.Scanner from a string or []byte holding the textual
+// form, or 16 raw bytes. NULL is an error: the column is NOT NULL.
+func (u *UUID) Scan(src any) error {
+	if src == nil {
+		return errors.New("outbox: scan message id: NULL")
+	}
+	if err := (*uuid.UUID)(u).Scan(src); err != nil {
+		return fmt.Errorf("outbox: scan message id: %w", err)
+	}
+	return nil
+}
+
+// GormDBDataType gives the column type per database: uuid on PostgreSQL,
+// CHAR(36) on MySQL/MariaDB, TEXT on SQLite.
+func (UUID) GormDBDataType(db *gorm.DB, _ *schema.Field) string {
+	switch db.Dialector.Name() {
+	case "postgres":
+		return "uuid"
+	case "mysql":
+		return "char(36)"
+	default:
+		return "text"
+	}
+}
+
+// Header is one Kafka record header.
+type Header struct {
+	Key   string
+	Value []byte
+}
+
+// Headers is an ordered list of record headers, stored in the versioned
+// binary encoding (version 1):
+//
+//	byte     version (1)
+//	int32 LE count
+//	count × { int32 LE key length, UTF-8 key, int32 LE value length (-1 = nil), value }
+//
+// A nil or empty list is stored as NULL, and NULL scans as nil.
+type Headers []Header
+
+// headersV1 is the only header encoding version.
+const headersV1 = 1
+
+// ErrCorruptHeaders is returned (wrapped) by DecodeHeaders and Headers.Scan
+// when a stored header blob is malformed or of an unknown version.
+var ErrCorruptHeaders = errors.New("outbox: corrupt headers")
+
+// EncodeHeaders returns the version 1 encoding of h, or nil for an empty list.
+func EncodeHeaders(h Headers) []byte {
+	if len(h) == 0 {
+		return nil
+	}
+	n := 5
+	for _, x := range h {
+		n += 8 + len(x.Key) + len(x.Value)
+	}
+	b := make([]byte, 0, n)
+	b = append(b, headersV1)
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(h)))
+	for _, x := range h {
+		b = binary.LittleEndian.AppendUint32(b, uint32(len(x.Key)))
+		b = append(b, x.Key...)
+		if x.Value == nil {
+			b = binary.LittleEndian.AppendUint32(b, math.MaxUint32) // -1
+			continue
+		}
+		b = binary.LittleEndian.AppendUint32(b, uint32(len(x.Value)))
+		b = append(b, x.Value...)
+	}
+	return b
+}
+
+// DecodeHeaders decodes a version 1 blob. An empty or nil blob decodes to
+// nil. It never allocates more than the blob could hold: a count or length
+// larger than the remaining bytes is an error wrapping ErrCorruptHeaders.
+func DecodeHeaders(b []byte) (Headers, error) {
+	if len(b) == 0 {
+		return nil, nil
+	}
+	if b[0] != headersV1 {
+		return nil, fmt.Errorf("%w: unknown version %d", ErrCorruptHeaders, b[0])
+	}
+	b = b[1:]
+	count, b, err := readLen(b, "count")
+	if err != nil {
+		return nil, err
+	}
+	// Each header takes at least 8 bytes (two lengths).
+	if count > len(b)/8 {
+		return nil, fmt.Errorf("%w: count %d exceeds the %d remaining bytes", ErrCorruptHeaders, count, len(b))
+	}
+	h := make(Headers, 0, count)
+	for i := 0; i < count; i++ {
+		var kl int
+		if kl, b, err = readLen(b, "key length"); err != nil {
+			return nil, err
+		}
+		if kl > len(b) {
+			return nil, fmt.Errorf("%w: header %d: key length %d exceeds the %d remaining bytes", ErrCorruptHeaders, i, kl, len(b))
+		}
+		key := string(b[:kl])
+		b = b[kl:]
+		if len(b) < 4 {
+			return nil, fmt.Errorf("%w: header %d: truncated value length", ErrCorruptHeaders, i)
+		}
+		vl := int32(binary.LittleEndian.Uint32(b))
+		b = b[4:]
+		var val []byte
+		switch {
+		case vl == -1:
+		case vl < 0:
+			return nil, fmt.Errorf("%w: header %d: negative value length %d", ErrCorruptHeaders, i, vl)
+		case int(vl) > len(b):
+			return nil, fmt.Errorf("%w: header %d: value length %d exceeds the %d remaining bytes", ErrCorruptHeaders, i, vl, len(b))
+		default:
+			val = append([]byte{}, b[:vl]...)
+			b = b[vl:]
+		}
+		h = append(h, Header{Key: key, Value: val})
+	}
+	if len(b) != 0 {
+		return nil, fmt.Errorf("%w: %d trailing bytes", ErrCorruptHeaders, len(b))
+	}
+	return h, nil
+}
+
+func readLen(b []byte, what string) (int, []byte, error) {
+	if len(b) < 4 {
+		return 0, nil, fmt.Errorf("%w: truncated %s", ErrCorruptHeaders, what)
+	}
+	n := int32(binary.LittleEndian.Uint32(b))
+	if n < 0 {
+		return 0, nil, fmt.Errorf("%w: negative %s %d", ErrCorruptHeaders, what, n)
+	}
+	return int(n), b[4:], nil
+}
+
+// Value implements driver.Valuer: NULL for a nil or empty list, else the
+// version 1 encoding.
+func (h Headers) Value() (driver.Value, error) {
+	if len(h) == 0 {
+		return nil, nil
+	}
+	return EncodeHeaders(h), nil
+}
+
+// Scan implements sql.Scanner. NULL scans as nil; a []byte or string blob is
+// decoded; anything else, or a corrupt blob, is an error.
+func (h *Headers) Scan(src any) error {
+	var b []byte
+	switch v := src.(type) {
+	case nil:
+		*h = nil
+		return nil
+	case []byte:
+		b = v
+	case string:
+		b = []byte(v)
+	default:
+		return fmt.Errorf("outbox: scan headers from %T", src)
+	}
+	d, err := DecodeHeaders(b)
+	if err != nil {
+		return err
+	}
+	*h = d
+	return nil
+}
+
+// GormDataType stores headers as a binary blob on every database.
+func (Headers) GormDataType() string { return string(schema.Bytes) }
+
+// BucketOf returns the bucket of a record, in [0, bucketCount):
+//   - an explicit partition p → p mod bucketCount;
+//   - a non-nil key (an empty key included) → Kafka's murmur2 of the key,
+//     exactly as the Java client's partitioner computes it, mod bucketCount;
+//   - a nil key → the same hash over the 16 bytes of the message id.
+//
+// bucketCount 1 (or less) gives 0.
+func BucketOf(key []byte, partition *int32, id UUID, bucketCount int) int32 {
+	if bucketCount <= 1 {
+		return 0
+	}
+	if partition != nil {
+		return int32(int(*partition) % bucketCount)
+	}
+	if key == nil {
+		key = id[:]
+	}
+	return int32(murmur2Mod(key, bucketCount))
+}
+
+// murmur2Mod is (murmur2(key) & 0x7fffffff) % n, the Java client's default
+// partitioner for n partitions. It uses kafka-go's Murmur2Balancer, the same
+// code the relay's publisher places records with.
+func murmur2Mod(key []byte, n int) int {
+	var small [64]int
+	parts := small[:0]
+	if n > len(small) {
+		parts = make([]int, 0, n)
+	}
+	for i := 0; i < n; i++ {
+		parts = append(parts, i)
+	}
+	return kafka.Murmur2Balancer{Consistent: true}.Balance(kafka.Message{Key: key}, parts...)
+}

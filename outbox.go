@@ -1,0 +1,256 @@
+// Package outbox is a transactional outbox for services built on GORM and
+// Kafka.
+//
+// A service writes its business rows and the Kafka records it must send in
+// one database transaction; a relay (package relay) publishes the committed
+// records to Kafka with acks=all and deletes them only after the broker
+// acknowledged them. Nothing is lost, nothing is sent for a rolled-back
+// transaction, and every record carries a stable message-id header
+// (x-outbox-message-id) so consumers can deduplicate.
+//
+// Register the Plugin, migrate the tables, and create messages in the same
+// transaction as the business change:
+//
+//	cfg := outbox.Config{} // 8 buckets, default table names
+//	if err := db.Use(outbox.Plugin{Config: cfg}); err != nil { ... }
+//	if err := outbox.AutoMigrate(db, cfg); err != nil { ... }
+//
+//	err := db.Transaction(func(tx *gorm.DB) error {
+//		if err := tx.Create(&order).Error; err != nil {
+//			return err
+//		}
+//		return tx.Create(&outbox.Message{Topic: "orders", Key: []byte(order.ID), Value: payload}).Error
+//	})
+//
+// Create fills the message id, the bucket and the creation time, routes the
+// row to the configured table and rejects invalid messages (empty or
+// over-long topic, negative partition) before anything is written.
+package outbox
+
+import (
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"regexp"
+
+	"gorm.io/gorm"
+)
+
+// PluginName is the name the Plugin registers under (gorm.Plugin.Name).
+const PluginName = "outbox"
+
+// DefaultBucketCount is the number of ordering buckets when Config.BucketCount
+// is zero.
+const DefaultBucketCount = 8
+
+// MaxBucketCount bounds Config.BucketCount.
+const MaxBucketCount = 1 << 16
+
+// Config names one logical outbox: its bucket count and its tables. Share one
+// value between the Plugin (writers) and the store (relays): they must agree.
+// A zero Config means 8 buckets and the default table names in the default
+// schema.
+type Config struct {
+	// BucketCount is the number of ordering buckets, an upper bound on relay
+	// parallelism. It must be identical on every writer and relay sharing the
+	// tables; changing it requires draining the table and deleting the lease
+	// rows first. Zero means DefaultBucketCount (8); negative or above
+	// MaxBucketCount is an error.
+	BucketCount int
+	// Schema optionally qualifies the three table names (a PostgreSQL schema,
+	// a MySQL database, an attached SQLite database). Empty means the
+	// connection's default.
+	Schema string
+	// MessagesTable is the pending-messages table. Empty means
+	// DefaultMessagesTable ("outbox_messages").
+	MessagesTable string
+	// LeasesTable is the bucket-lease table. Empty means DefaultLeasesTable
+	// ("outbox_leases").
+	LeasesTable string
+	// RelaysTable is the relay-heartbeat table. Empty means DefaultRelaysTable
+	// ("outbox_relays").
+	RelaysTable string
+}
+
+// identifier is what a table or schema name may be: letters, digits and
+// underscores, not starting with a digit, at most 63 characters (the
+// PostgreSQL limit). Names are still quoted by GORM; the check keeps
+// incident-time SQL simple and rejects injection attempts early.
+var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
+
+// WithDefaults returns c with every zero field replaced by its default.
+func (c Config) WithDefaults() Config {
+	if c.BucketCount == 0 {
+		c.BucketCount = DefaultBucketCount
+	}
+	if c.MessagesTable == "" {
+		c.MessagesTable = DefaultMessagesTable
+	}
+	if c.LeasesTable == "" {
+		c.LeasesTable = DefaultLeasesTable
+	}
+	if c.RelaysTable == "" {
+		c.RelaysTable = DefaultRelaysTable
+	}
+	return c
+}
+
+// Validate reports the first invalid field of c (after defaults), naming it.
+func (c Config) Validate() error {
+	c = c.WithDefaults()
+	if c.BucketCount < 1 || c.BucketCount > MaxBucketCount {
+		return fmt.Errorf("outbox: Config.BucketCount %d: must be between 1 and %d", c.BucketCount, MaxBucketCount)
+	}
+	if c.Schema != "" && !identifier.MatchString(c.Schema) {
+		return fmt.Errorf("outbox: Config.Schema %q: must match %s", c.Schema, identifier)
+	}
+	for _, f := range []struct{ name, v string }{
+		{"MessagesTable", c.MessagesTable}, {"LeasesTable", c.LeasesTable}, {"RelaysTable", c.RelaysTable},
+	} {
+		if !identifier.MatchString(f.v) {
+			return fmt.Errorf("outbox: Config.%s %q: must match %s", f.name, f.v, identifier)
+		}
+	}
+	if c.MessagesTable == c.LeasesTable || c.MessagesTable == c.RelaysTable || c.LeasesTable == c.RelaysTable {
+		return fmt.Errorf("outbox: Config tables %q, %q, %q: must be distinct", c.MessagesTable, c.LeasesTable, c.RelaysTable)
+	}
+	return nil
+}
+
+func (c Config) qualify(table string) string {
+	if c.Schema == "" {
+		return table
+	}
+	return c.Schema + "." + table
+}
+
+// MessagesTableName returns the schema-qualified messages table name (after
+// defaults), in the form GORM's Table accepts.
+func (c Config) MessagesTableName() string { c = c.WithDefaults(); return c.qualify(c.MessagesTable) }
+
+// LeasesTableName returns the schema-qualified leases table name.
+func (c Config) LeasesTableName() string { c = c.WithDefaults(); return c.qualify(c.LeasesTable) }
+
+// RelaysTableName returns the schema-qualified relays table name.
+func (c Config) RelaysTableName() string { c = c.WithDefaults(); return c.qualify(c.RelaysTable) }
+
+// AutoMigrate creates or updates the three tables of cfg with GORM's
+// migrator. With a zero Config it is db.AutoMigrate(&Message{}, &Lease{},
+// &Relay{}). The DDL equals migrations/<dialect>.sql.
+func AutoMigrate(db *gorm.DB, cfg Config) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	for _, m := range []struct {
+		table string
+		model any
+	}{
+		{cfg.MessagesTableName(), &Message{}},
+		{cfg.LeasesTableName(), &Lease{}},
+		{cfg.RelaysTableName(), &Relay{}},
+	} {
+		if err := db.Table(m.table).AutoMigrate(m.model); err != nil {
+			return fmt.Errorf("outbox: migrate %s: %w", m.table, err)
+		}
+	}
+	return nil
+}
+
+// Notifier is told, after a successful commit, that outbox rows were
+// written. The relay's notifier implements it. Implementations must be safe
+// for concurrent use and must not block: they are called on the committing
+// goroutine.
+type Notifier interface {
+	// NotifyCommitted reports committed rows in unknown buckets.
+	NotifyCommitted()
+}
+
+// BucketNotifier is a Notifier that accepts exact bucket hints. The Plugin
+// calls NotifyBucket when a transaction wrote one bucket and NotifyBuckets
+// (with a slice it does not retain) when it wrote several.
+type BucketNotifier interface {
+	Notifier
+	NotifyBucket(bucket int)
+	NotifyBuckets(buckets []int)
+}
+
+// Plugin registers the outbox callbacks on a *gorm.DB (db.Use). With it, a
+// plain tx.Create(&outbox.Message{...}) or of a slice of messages fills and
+// validates the rows and writes them to the configured table; after a
+// successful commit the Notifier (when set) learns which buckets were
+// written. A zero Plugin uses the default Config and no notifier.
+type Plugin struct {
+	// Config names the outbox tables and bucket count.
+	Config Config
+	// Notifier, when non-nil, is told about committed outbox rows. It never
+	// delays or fails a commit: a panic in it is recovered and logged.
+	Notifier Notifier
+	// Logger receives the plugin's rare logs (a recovered notifier panic).
+	// Nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// Name implements gorm.Plugin.
+func (Plugin) Name() string { return PluginName }
+
+// Initialize implements gorm.Plugin: it validates the Config and registers
+// the callbacks.
+func (p Plugin) Initialize(db *gorm.DB) error {
+	if err := p.Config.Validate(); err != nil {
+		return err
+	}
+	p.Config = p.Config.WithDefaults()
+	if p.Logger == nil {
+		p.Logger = slog.Default()
+	}
+	return register(db, &p)
+}
+
+// WithConfig returns a scope that routes the messages created in it to the
+// outbox cfg names, for a second logical outbox in the same database:
+//
+//	tx.Scopes(outbox.WithConfig(billing)).Create(&msg)
+//
+// An invalid cfg makes the Create fail and nothing is written.
+func WithConfig(cfg Config) func(*gorm.DB) *gorm.DB {
+	return func(db *gorm.DB) *gorm.DB {
+		return db.Set(configKey, cfg)
+	}
+}
+
+// NewMessage returns a message for topic with the given key and value, used
+// as they are (no copy): a nil key is keyless, a nil value a tombstone.
+func NewMessage(topic string, key, value []byte, headers ...Header) *Message {
+	return &Message{Topic: topic, Key: key, Value: value, Headers: headers}
+}
+
+// NewStringMessage returns a message whose key and value are the UTF-8 bytes
+// of the given strings. An empty key is a real (empty) key, not a keyless
+// record; use NewMessage with a nil key for keyless records.
+func NewStringMessage(topic, key, value string, headers ...Header) *Message {
+	return &Message{Topic: topic, Key: []byte(key), Value: []byte(value), Headers: headers}
+}
+
+// NewJSONMessage returns a message whose value is v encoded as JSON, once,
+// in the caller's transaction. The key is the UTF-8 bytes of key (see
+// NewStringMessage).
+func NewJSONMessage(topic, key string, v any, headers ...Header) (*Message, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: encode %s message: %w", topic, err)
+	}
+	return &Message{Topic: topic, Key: []byte(key), Value: b, Headers: headers}, nil
+}
+
+// Enqueue writes msgs in tx with one multi-row INSERT (GORM splits it only
+// when tx has a CreateBatchSize). It is tx.Create(&msgs) with a clear error
+// for an empty call; the messages' generated fields are filled in place.
+func Enqueue(tx *gorm.DB, msgs ...*Message) error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	if err := tx.Create(&msgs).Error; err != nil {
+		return fmt.Errorf("outbox: enqueue %d messages: %w", len(msgs), err)
+	}
+	return nil
+}
