@@ -225,4 +225,3 @@ func MustExec(t testing.TB, db *gorm.DB, stmts ...string) {
 		}
 	}
 }
-
