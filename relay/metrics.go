@@ -1,0 +1,190 @@
+package relay
+
+import (
+	"context"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+)
+
+// meterName is the instrumentation scope of the relay's instruments.
+const meterName = "github.com/gorm-outbox/outbox/relay"
+
+// Instrument names. Every instrument carries one attribute, outbox.name
+// (Options.MetricsName). Counters and histograms are recorded once per batch
+// or cycle, never per message; gauges read state the relay cached and never
+// query the store.
+const (
+	// MetricOwnedBuckets is a gauge of the buckets in the relay's local lease
+	// set, updated on acquisition or invalidation.
+	MetricOwnedBuckets = "outbox.owned_buckets"
+	// MetricPublishAcknowledged counts the acknowledged prefix the publisher
+	// reported, before lease validation and deletion: it counts attempts,
+	// so a retried batch counts again.
+	MetricPublishAcknowledged = "outbox.publish.acknowledged"
+	// MetricPublishFailures counts Publish calls that returned an error,
+	// once per call; cancellation by a stop and store errors are excluded.
+	MetricPublishFailures = "outbox.publish.failures"
+	// MetricLeaseExpirations counts observed losses of a nonempty lease set
+	// (once per loss, not per bucket).
+	MetricLeaseExpirations = "outbox.lease.expirations"
+	// MetricPublishDuration is a histogram of whole Publish calls, failed
+	// and cancelled ones included, in seconds.
+	MetricPublishDuration = "outbox.publish.duration"
+	// MetricCycleDuration is a histogram of relay cycles (acquisition,
+	// discovery and one sweep), excluding idle waits and backoff, in seconds.
+	MetricCycleDuration = "outbox.cycle.duration"
+	// MetricPendingMessages is a gauge of the whole store's pending rows from
+	// the latest backlog sample; absent while no sample is available.
+	MetricPendingMessages = "outbox.pending.messages"
+	// MetricPendingOldestAge is a gauge of the age of the oldest pending row
+	// of the latest sample, in seconds, growing between samples; absent
+	// while unknown.
+	MetricPendingOldestAge = "outbox.pending.oldest_age"
+	// MetricPendingAvailable is 1 when a backlog sample is available, and 0
+	// before the first sample, when the store cannot sample, or after a
+	// failed, timed-out or nil sample.
+	MetricPendingAvailable = "outbox.pending.available"
+)
+
+// instruments are a relay's OpenTelemetry instruments.
+type instruments struct {
+	attrs       metric.MeasurementOption
+	meter       metric.Meter
+	owned       metric.Int64ObservableGauge
+	acked       metric.Int64Counter
+	failures    metric.Int64Counter
+	expirations metric.Int64Counter
+	publishDur  metric.Float64Histogram
+	cycleDur    metric.Float64Histogram
+	pendingMsgs metric.Int64ObservableGauge
+	pendingAge  metric.Float64ObservableGauge
+	pendingOK   metric.Int64ObservableGauge
+}
+
+// pendingSample is a cached backlog sample.
+type pendingSample struct {
+	count  int64
+	oldest time.Time // zero: unknown (or empty store)
+}
+
+func newInstruments(mp metric.MeterProvider, name string) (*instruments, error) {
+	m := mp.Meter(meterName)
+	in := &instruments{meter: m, attrs: metric.WithAttributeSet(attribute.NewSet(attribute.String("outbox.name", name)))}
+	var err error
+	seconds := []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120}
+	steps := []func() error{
+		func() error {
+			in.owned, err = m.Int64ObservableGauge(MetricOwnedBuckets, metric.WithUnit("{bucket}"), metric.WithDescription("Buckets in the relay's local lease set."))
+			return err
+		},
+		func() error {
+			in.acked, err = m.Int64Counter(MetricPublishAcknowledged, metric.WithUnit("{message}"), metric.WithDescription("Acknowledged prefix reported by the publisher, counting attempts."))
+			return err
+		},
+		func() error {
+			in.failures, err = m.Int64Counter(MetricPublishFailures, metric.WithUnit("{attempt}"), metric.WithDescription("Publish calls that returned an error."))
+			return err
+		},
+		func() error {
+			in.expirations, err = m.Int64Counter(MetricLeaseExpirations, metric.WithUnit("{event}"), metric.WithDescription("Observed losses of a nonempty lease set."))
+			return err
+		},
+		func() error {
+			in.publishDur, err = m.Float64Histogram(MetricPublishDuration, metric.WithUnit("s"), metric.WithDescription("Duration of whole Publish calls."), metric.WithExplicitBucketBoundaries(seconds...))
+			return err
+		},
+		func() error {
+			in.cycleDur, err = m.Float64Histogram(MetricCycleDuration, metric.WithUnit("s"), metric.WithDescription("Duration of relay cycles, excluding idle waits."), metric.WithExplicitBucketBoundaries(seconds...))
+			return err
+		},
+		func() error {
+			in.pendingMsgs, err = m.Int64ObservableGauge(MetricPendingMessages, metric.WithUnit("{message}"), metric.WithDescription("Pending rows in the whole store, from the latest sample."))
+			return err
+		},
+		func() error {
+			in.pendingAge, err = m.Float64ObservableGauge(MetricPendingOldestAge, metric.WithUnit("s"), metric.WithDescription("Age of the oldest pending row."))
+			return err
+		},
+		func() error {
+			in.pendingOK, err = m.Int64ObservableGauge(MetricPendingAvailable, metric.WithUnit("1"), metric.WithDescription("1 when a backlog sample is available, else 0."))
+			return err
+		},
+	}
+	for _, step := range steps {
+		if err := step(); err != nil {
+			return nil, err
+		}
+	}
+	return in, nil
+}
+
+// register installs the gauge callback, which reads only cached state.
+func (r *Relay) registerGauges() (metric.Registration, error) {
+	in := r.m
+	return in.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		o.ObserveInt64(in.owned, r.ownedCount.Load(), in.attrs)
+		s := r.pending.Load()
+		if s == nil {
+			o.ObserveInt64(in.pendingOK, 0, in.attrs)
+			return nil
+		}
+		o.ObserveInt64(in.pendingOK, 1, in.attrs)
+		o.ObserveInt64(in.pendingMsgs, s.count, in.attrs)
+		switch {
+		case s.count == 0:
+			o.ObserveFloat64(in.pendingAge, 0, in.attrs)
+		case !s.oldest.IsZero():
+			o.ObserveFloat64(in.pendingAge, max(0, r.clock.Now().Sub(s.oldest).Seconds()), in.attrs)
+		}
+		return nil
+	}, in.owned, in.pendingMsgs, in.pendingAge, in.pendingOK)
+}
+
+// sampleBacklog runs the backlog sampler until ctx is done: one query at a
+// time, bounded by MetricsTimeout, then a wait of MetricsInterval.
+//
+// OpenTelemetry's Go API does not tell a callback whether a reader is
+// attached, so "only while observed" is approximated: the sampler runs only
+// when Options.MeterProvider is set (with the default no-op provider nobody
+// can observe, and the store is never queried for metrics) and only while
+// Run is running.
+func (r *Relay) sampleBacklog(ctx context.Context) {
+	for {
+		if r.opts.MetricsBucketZeroOnly && !r.ownsBucketZero() {
+			r.pending.Store(nil)
+		} else {
+			qctx, cancel := context.WithTimeout(ctx, r.opts.MetricsTimeout)
+			p, err := r.sampler.PendingMetrics(qctx)
+			cancel()
+			switch {
+			case ctx.Err() != nil:
+				return
+			case err != nil:
+				r.log.Warn("relay: backlog sample failed", "relay", r.opts.RelayID, "error", err)
+				r.pending.Store(nil)
+			case p == nil || p.Count < 0:
+				r.pending.Store(nil)
+			case r.opts.MetricsBucketZeroOnly && !r.ownsBucketZero():
+				r.pending.Store(nil) // ownership lost during the query
+			default:
+				r.pending.Store(&pendingSample{count: p.Count, oldest: p.Oldest})
+			}
+		}
+		t := r.clock.NewTimer(r.opts.MetricsInterval)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C():
+		}
+	}
+}
+
+// ownsBucketZero reports whether the relay holds a locally valid lease on
+// bucket 0.
+func (r *Relay) ownsBucketZero() bool {
+	until := r.zeroUntil.Load()
+	return until != 0 && r.clock.Now().UnixNano() < until
+}

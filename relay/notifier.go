@@ -1,0 +1,135 @@
+package relay
+
+import (
+	"sync/atomic"
+
+	"github.com/gorm-outbox/outbox"
+)
+
+// Notifier wakes its relay when committed outbox rows are waiting. It
+// implements outbox.BucketNotifier: pass it to outbox.Plugin, or call it
+// from a custom writer after a confirmed commit (never before).
+//
+// A Notifier is bounded and coalescing: it keeps one bit per bucket plus an
+// "unknown bucket" flag, so any number of notifications cost no memory and
+// a notification that arrives before the relay waits stays pending. Only
+// hints for buckets the relay owns (and unknown-bucket notifications while it
+// owns any) wake it; hints never authorise publication or change ordering,
+// they only make the relay look sooner. Its methods are safe for concurrent
+// use, never block and never panic; a nil *Notifier ignores every call.
+type Notifier struct {
+	attached atomic.Bool
+	state    atomic.Pointer[notifyState]
+	unknown  atomic.Bool
+	wake     chan struct{}
+}
+
+// notifyState holds the bitsets of one relay's bucket count.
+type notifyState struct {
+	n      int
+	owned  []atomic.Uint64
+	hinted []atomic.Uint64
+	any    atomic.Bool // owns at least one bucket
+}
+
+// NewNotifier returns a Notifier, not yet attached to a relay. Create it
+// first when the GORM plugin is registered before the relay is built, and
+// pass it in Options.Notifier.
+func NewNotifier() *Notifier {
+	return &Notifier{wake: make(chan struct{}, 1)}
+}
+
+var _ outbox.BucketNotifier = (*Notifier)(nil)
+
+// NotifyCommitted reports committed rows in unknown buckets: the relay, if
+// it owns any bucket, looks for pending rows in all its buckets.
+func (n *Notifier) NotifyCommitted() {
+	if n == nil {
+		return
+	}
+	n.unknown.Store(true)
+	if st := n.state.Load(); st != nil && st.any.Load() {
+		n.signal()
+	}
+}
+
+// NotifyBucket reports committed rows in bucket. A negative bucket means
+// unknown (as NotifyCommitted); a bucket the relay does not own is ignored.
+func (n *Notifier) NotifyBucket(bucket int) {
+	if n == nil {
+		return
+	}
+	if bucket < 0 {
+		n.NotifyCommitted()
+		return
+	}
+	st := n.state.Load()
+	if st == nil || bucket >= st.n {
+		return
+	}
+	w, bit := bucket/64, uint64(1)<<(bucket%64)
+	if st.owned[w].Load()&bit == 0 {
+		return
+	}
+	st.hinted[w].Or(bit)
+	n.signal()
+}
+
+// NotifyBuckets reports committed rows in each of buckets; it does not
+// retain the slice.
+func (n *Notifier) NotifyBuckets(buckets []int) {
+	for _, b := range buckets {
+		n.NotifyBucket(b)
+	}
+}
+
+func (n *Notifier) signal() {
+	select {
+	case n.wake <- struct{}{}:
+	default:
+	}
+}
+
+// attach binds n to a relay with bucketCount buckets; false if n is
+// already attached.
+func (n *Notifier) attach(bucketCount int) bool {
+	if !n.attached.CompareAndSwap(false, true) {
+		return false
+	}
+	words := (bucketCount + 63) / 64
+	n.state.Store(&notifyState{n: bucketCount, owned: make([]atomic.Uint64, words), hinted: make([]atomic.Uint64, words)})
+	return true
+}
+
+// setOwned records the buckets the relay owns; hints for others are
+// dropped from now on.
+func (n *Notifier) setOwned(buckets []int) {
+	st := n.state.Load()
+	words := make([]uint64, len(st.owned))
+	for _, b := range buckets {
+		if b >= 0 && b < st.n {
+			words[b/64] |= 1 << (b % 64)
+		}
+	}
+	for i, w := range words {
+		st.owned[i].Store(w)
+		st.hinted[i].And(w)
+	}
+	st.any.Store(len(buckets) > 0)
+}
+
+// take returns and clears the pending hints: the hinted owned buckets in
+// ascending order and whether an unknown-bucket notification arrived.
+func (n *Notifier) take(dst []int) ([]int, bool) {
+	st := n.state.Load()
+	for i := range st.hinted {
+		w := st.hinted[i].Swap(0) & st.owned[i].Load()
+		for b := 0; w != 0; b++ {
+			if w&1 != 0 {
+				dst = append(dst, i*64+b)
+			}
+			w >>= 1
+		}
+	}
+	return dst, n.unknown.Swap(false)
+}

@@ -1,0 +1,224 @@
+package relay
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/metric/noop"
+)
+
+// Defaults of Options. A zero Options field takes the matching default.
+const (
+	DefaultBucketCount        = 8
+	DefaultBatchSize          = 500
+	DefaultPollInterval       = time.Second
+	DefaultErrorBackoff       = time.Second
+	DefaultLeaseDuration      = 30 * time.Second
+	DefaultLeaseRenewInterval = 10 * time.Second
+	DefaultMetricsName        = "outbox"
+	DefaultMetricsInterval    = 30 * time.Second
+	DefaultMetricsTimeout     = 5 * time.Second
+	DefaultStopTimeout        = 10 * time.Second
+)
+
+// MaxRelayIDLength is the longest RelayID, the width of the owner column.
+const MaxRelayIDLength = 128
+
+// maxMetricsNameLength is the longest MetricsName.
+const maxMetricsNameLength = 64
+
+// Options configures a Relay. A zero Options consists entirely of default
+// values; New rejects invalid values with an error naming the field.
+type Options struct {
+	// BucketCount is the number of ordering buckets; it must equal the
+	// writers' outbox.Config.BucketCount. Zero means the store's count when
+	// the store implements BucketCounter, else DefaultBucketCount (8); a
+	// value that disagrees with such a store fails New with an error
+	// wrapping ErrMisconfigured; a negative value fails New.
+	BucketCount int
+
+	// BatchSize is the number of rows fetched and published per batch. Zero
+	// means DefaultBatchSize (500); a negative value fails New.
+	BatchSize int
+
+	// PollInterval is how often the relay looks for pending rows when no
+	// hint arrives. Zero means DefaultPollInterval (1s); a negative value
+	// fails New.
+	PollInterval time.Duration
+
+	// ErrorBackoff is the wait after a store error, and the first backoff of
+	// a failing head row (doubling, jittered, up to LeaseRenewInterval).
+	// Zero means DefaultErrorBackoff (1s); a negative value fails New.
+	ErrorBackoff time.Duration
+
+	// LeaseDuration is how long an acquired or renewed lease lasts: the time
+	// until a peer takes over after the relay's last successful renewal.
+	// Zero means DefaultLeaseDuration (30s); a negative value fails New.
+	LeaseDuration time.Duration
+
+	// LeaseRenewInterval is the rebalance cadence (one acquisition round per
+	// interval) and the renewal cadence during an in-flight publish. It must
+	// be shorter than LeaseDuration; the difference is the tolerated clock
+	// skew between relay hosts. Zero means DefaultLeaseRenewInterval (10s); a
+	// negative value fails New.
+	LeaseRenewInterval time.Duration
+
+	// MaxPublishDuration bounds a whole Publish call. It is required when
+	// the store does not implement LeaseRenewer, and MaxPublishDuration +
+	// LeaseRenewInterval must be shorter than LeaseDuration: before each
+	// publish the relay reserves that much lease time (reacquiring first if
+	// needed), the rest absorbing the acquisition's own latency. A publish that takes
+	// longer makes Run fail with an error wrapping ErrMisconfigured. Zero
+	// means unset (no bound); a negative value fails New.
+	MaxPublishDuration time.Duration
+
+	// RelayID identifies this relay in the lease table; it must be unique
+	// among live relays. Empty means the host name plus a random suffix; a
+	// value longer than MaxRelayIDLength (128) fails New.
+	RelayID string
+
+	// MetricsName is the value of the outbox.name attribute on every
+	// instrument: the same for relays sharing a store, distinct for
+	// independent stores. Empty means DefaultMetricsName ("outbox"); a blank
+	// value or one longer than 64 characters fails New.
+	MetricsName string
+
+	// MetricsInterval is the wait after each backlog query before the next
+	// one. Zero means DefaultMetricsInterval (30s); a negative value fails
+	// New.
+	MetricsInterval time.Duration
+
+	// MetricsTimeout bounds one backlog query. Zero means
+	// DefaultMetricsTimeout (5s); a negative value fails New.
+	MetricsTimeout time.Duration
+
+	// MetricsBucketZeroOnly makes only the owner of bucket 0 sample the
+	// backlog; other relays report it unavailable. Enable it on every relay
+	// sharing a store to query the backlog once instead of once per relay.
+	// The default is false: every relay samples.
+	MetricsBucketZeroOnly bool
+
+	// Clock is the source of time for leases, polling and backoff. Nil means
+	// SystemClock.
+	Clock Clock
+
+	// Logger receives the relay's logs. Nil means slog.Default().
+	Logger *slog.Logger
+
+	// MeterProvider provides the relay's instruments. Nil means no metrics
+	// (a no-op provider), and no backlog queries.
+	MeterProvider metric.MeterProvider
+
+	// Notifier wakes the relay after commits; pass the one given to
+	// outbox.Plugin (see NewNotifier). A Notifier serves one relay: New fails
+	// if it is already attached to another. Nil means a new Notifier, which
+	// Relay.Notifier returns.
+	Notifier *Notifier
+
+	// StopTimeout bounds the cleanup after ctx is done: waiting for the
+	// in-flight publish, marking its acknowledged prefix and releasing the
+	// leases. Zero means DefaultStopTimeout (10s); a negative value fails
+	// New.
+	StopTimeout time.Duration
+}
+
+// withDefaults validates o against the store's capabilities and returns it
+// with every default filled in. It is the only place that checks options.
+func (o Options) withDefaults(store Store) (Options, error) {
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("relay: "+format, args...))
+	}
+	durations := []struct {
+		name string
+		v    *time.Duration
+		def  time.Duration
+	}{
+		{"PollInterval", &o.PollInterval, DefaultPollInterval},
+		{"ErrorBackoff", &o.ErrorBackoff, DefaultErrorBackoff},
+		{"LeaseDuration", &o.LeaseDuration, DefaultLeaseDuration},
+		{"LeaseRenewInterval", &o.LeaseRenewInterval, DefaultLeaseRenewInterval},
+		{"MaxPublishDuration", &o.MaxPublishDuration, 0},
+		{"MetricsInterval", &o.MetricsInterval, DefaultMetricsInterval},
+		{"MetricsTimeout", &o.MetricsTimeout, DefaultMetricsTimeout},
+		{"StopTimeout", &o.StopTimeout, DefaultStopTimeout},
+	}
+	for _, d := range durations {
+		switch {
+		case *d.v < 0:
+			bad("Options.%s %v is negative", d.name, *d.v)
+		case *d.v == 0:
+			*d.v = d.def
+		}
+	}
+	if o.BatchSize < 0 {
+		bad("Options.BatchSize %d is negative", o.BatchSize)
+	} else if o.BatchSize == 0 {
+		o.BatchSize = DefaultBatchSize
+	}
+	storeCount := 0
+	if bc, ok := store.(BucketCounter); ok {
+		storeCount = bc.BucketCount()
+	}
+	switch {
+	case o.BucketCount < 0:
+		bad("Options.BucketCount %d is negative", o.BucketCount)
+	case o.BucketCount == 0 && storeCount > 0:
+		o.BucketCount = storeCount
+	case o.BucketCount == 0:
+		o.BucketCount = DefaultBucketCount
+	case storeCount > 0 && o.BucketCount != storeCount:
+		errs = append(errs, fmt.Errorf("relay: Options.BucketCount %d disagrees with the store's bucket count %d: %w", o.BucketCount, storeCount, ErrMisconfigured))
+	}
+	if o.LeaseRenewInterval >= o.LeaseDuration && o.LeaseRenewInterval > 0 && o.LeaseDuration > 0 {
+		bad("Options.LeaseRenewInterval %v must be shorter than Options.LeaseDuration %v", o.LeaseRenewInterval, o.LeaseDuration)
+	}
+	if _, ok := store.(LeaseRenewer); !ok && o.MaxPublishDuration == 0 {
+		bad("Options.MaxPublishDuration is required: the store %T cannot renew leases during a publish", store)
+	}
+	if o.MaxPublishDuration > 0 && o.MaxPublishDuration+o.LeaseRenewInterval >= o.LeaseDuration {
+		bad("Options.MaxPublishDuration %v plus Options.LeaseRenewInterval %v must be shorter than Options.LeaseDuration %v", o.MaxPublishDuration, o.LeaseRenewInterval, o.LeaseDuration)
+	}
+	if o.RelayID == "" {
+		o.RelayID = defaultRelayID()
+	} else if len(o.RelayID) > MaxRelayIDLength {
+		bad("Options.RelayID is %d bytes long; the limit is %d", len(o.RelayID), MaxRelayIDLength)
+	}
+	if o.MetricsName == "" {
+		o.MetricsName = DefaultMetricsName
+	} else if strings.TrimSpace(o.MetricsName) == "" || len([]rune(o.MetricsName)) > maxMetricsNameLength {
+		bad("Options.MetricsName %q must be 1 to %d non-blank characters", o.MetricsName, maxMetricsNameLength)
+	}
+	if o.Clock == nil {
+		o.Clock = SystemClock{}
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.MeterProvider == nil {
+		o.MeterProvider = noop.NewMeterProvider()
+	}
+	return o, errors.Join(errs...)
+}
+
+// defaultRelayID returns the host name plus a random suffix.
+func defaultRelayID() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "relay"
+	}
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	suffix := "-" + hex.EncodeToString(b[:])
+	if len(host)+len(suffix) > MaxRelayIDLength {
+		host = host[:MaxRelayIDLength-len(suffix)]
+	}
+	return host + suffix
+}

@@ -1,0 +1,507 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/gorm-outbox/outbox"
+)
+
+// Relay publishes the pending rows of the buckets it leases. Create it with
+// New and start it with Run.
+type Relay struct {
+	store    Store
+	renewer  LeaseRenewer        // nil: the store cannot renew
+	releaser LeaseReleaser       // nil: leases expire on stop
+	sampler  PendingMetricsStore // nil: no backlog sampling
+	pub      Publisher
+	opts     Options
+	clock    Clock
+	log      *slog.Logger
+	notifier *Notifier
+	m        *instruments
+	rng      *rand.Rand // jitter; used by Run's goroutine only
+
+	running atomic.Bool
+
+	// State read by gauges and the sampler.
+	ownedCount atomic.Int64
+	zeroUntil  atomic.Int64 // UnixNano validity of the bucket-0 lease; 0 if not owned
+	pending    atomic.Pointer[pendingSample]
+
+	onIdle func() // test hook: called when Run starts an idle wait
+}
+
+// New returns a relay publishing store's rows with pub. It validates opts
+// (see Options) against the store's optional capabilities: an invalid
+// option, a store without LeaseRenewer and no MaxPublishDuration, or a
+// Notifier already attached to another relay is an error naming the cause.
+// A BucketCount disagreeing with a BucketCounter store wraps
+// ErrMisconfigured.
+func New(store Store, pub Publisher, opts Options) (*Relay, error) {
+	if store == nil {
+		return nil, errors.New("relay: nil Store")
+	}
+	if pub == nil {
+		return nil, errors.New("relay: nil Publisher")
+	}
+	sample := opts.MeterProvider != nil
+	o, err := opts.withDefaults(store)
+	if err != nil {
+		return nil, err
+	}
+	m, err := newInstruments(o.MeterProvider, o.MetricsName)
+	if err != nil {
+		return nil, fmt.Errorf("relay: create instruments: %w", err)
+	}
+	n := o.Notifier
+	if n == nil {
+		n = NewNotifier()
+	}
+	if !n.attach(o.BucketCount) {
+		return nil, errors.New("relay: Options.Notifier is already attached to another relay")
+	}
+	h := fnv.New64a()
+	h.Write([]byte(o.RelayID))
+	r := &Relay{
+		store:    store,
+		pub:      pub,
+		opts:     o,
+		clock:    o.Clock,
+		log:      o.Logger,
+		notifier: n,
+		m:        m,
+		rng:      rand.New(rand.NewPCG(h.Sum64(), 0x6f7574626f78)),
+	}
+	r.renewer, _ = store.(LeaseRenewer)
+	r.releaser, _ = store.(LeaseReleaser)
+	if ms, ok := store.(PendingMetricsStore); ok && sample {
+		r.sampler = ms
+	}
+	return r, nil
+}
+
+// ID returns the relay id used in the lease table (Options.RelayID or the
+// generated default).
+func (r *Relay) ID() string { return r.opts.RelayID }
+
+// Notifier returns the relay's notifier: Options.Notifier or the one New
+// created. Pass it to outbox.Plugin so commits wake the relay.
+func (r *Relay) Notifier() *Notifier { return r.notifier }
+
+// runState is the state of one Run, owned by its goroutine (the lease set
+// is shared with the renewal goroutine under its mutex).
+type runState struct {
+	lease         leaseSet
+	attempted     bool // an acquisition was attempted: release on stop
+	nextRebalance time.Time
+	nextDiscovery time.Time
+	discover      bool // discovery forced by new buckets or an unknown hint
+	ready         []bool
+	retry         map[int]*headRetry
+	hints         []int
+	worked        bool // the cycle called the store
+}
+
+// headRetry is the backoff state of a bucket whose head row failed: it is
+// retried alone, not before notBefore.
+type headRetry struct {
+	attempts  int
+	notBefore time.Time
+}
+
+// errStore marks a store error that the loop backs off from.
+type errStore struct{ err error }
+
+func (e errStore) Error() string { return e.err.Error() }
+func (e errStore) Unwrap() error { return e.err }
+
+// Run publishes until ctx is done, then finishes the in-flight batch (it is
+// awaited, for records cannot be retracted, up to Options.StopTimeout),
+// marks its acknowledged prefix if the lease it ran under is still valid,
+// and releases the leases (when the store implements LeaseReleaser) so that
+// a peer takes over at once; cleanup runs on context.WithoutCancel(ctx)
+// bounded by StopTimeout. It returns nil after such a stop, or a fatal
+// error wrapping ErrMisconfigured (bucket count disagreement, a publish
+// exceeding MaxPublishDuration) after the same cleanup. Run owns every
+// goroutine it starts and returns only after all have exited. Calling Run
+// while another Run of the same relay is running is an error.
+func (r *Relay) Run(ctx context.Context) error {
+	if !r.running.CompareAndSwap(false, true) {
+		return errors.New("relay: Run called while the relay is already running")
+	}
+	defer r.running.Store(false)
+	r.log.Info("relay: starting", "relay", r.opts.RelayID, "buckets", r.opts.BucketCount)
+
+	reg, err := r.registerGauges()
+	if err != nil {
+		return fmt.Errorf("relay: register gauges: %w", err)
+	}
+	defer func() { _ = reg.Unregister() }()
+	var wg sync.WaitGroup
+	if r.sampler != nil {
+		sctx, cancel := context.WithCancel(ctx)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.sampleBacklog(sctx)
+		}()
+		defer func() {
+			cancel()
+			wg.Wait()
+		}()
+	}
+	defer r.pending.Store(nil)
+
+	st := &runState{ready: make([]bool, r.opts.BucketCount), retry: map[int]*headRetry{}}
+	st.nextRebalance = r.clock.Now()
+	err = r.loop(ctx, st)
+	r.stop(ctx, st)
+	if err != nil {
+		r.log.Error("relay: stopped by a fatal error", "relay", r.opts.RelayID, "error", err)
+		return err
+	}
+	r.log.Info("relay: stopped", "relay", r.opts.RelayID)
+	return nil
+}
+
+// stop releases the leases after the loop ended.
+func (r *Relay) stop(ctx context.Context, st *runState) {
+	r.setLeases(st, nil, time.Time{})
+	if !st.attempted || r.releaser == nil {
+		return
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.opts.StopTimeout)
+	defer cancel()
+	if err := r.releaser.ReleaseBucketLeases(cctx, r.opts.RelayID); err != nil {
+		r.log.Warn("relay: release leases failed; peers take over when they expire", "relay", r.opts.RelayID, "error", err)
+	}
+}
+
+func (r *Relay) loop(ctx context.Context, st *runState) error {
+	for ctx.Err() == nil {
+		start := r.clock.Now()
+		st.worked = false
+		err := r.cycle(ctx, st)
+		if st.worked {
+			r.m.cycleDur.Record(context.Background(), r.clock.Now().Sub(start).Seconds(), r.m.attrs)
+		}
+		var se errStore
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case errors.As(err, &se):
+			r.log.Warn("relay: store error; backing off", "relay", r.opts.RelayID, "error", se.err, "backoff", r.opts.ErrorBackoff)
+			r.sleep(ctx, r.opts.ErrorBackoff)
+			continue
+		case err != nil:
+			return err
+		}
+		if r.eligible(st, r.clock.Now()) {
+			continue
+		}
+		r.idle(ctx, st)
+	}
+	return nil
+}
+
+// cycle runs acquisition when due, discovery when due or hinted, and one
+// sweep over the ready buckets.
+func (r *Relay) cycle(ctx context.Context, st *runState) error {
+	if !r.clock.Now().Before(st.nextRebalance) {
+		if err := r.acquire(ctx, st); err != nil {
+			return err
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+	}
+	r.checkLease(st)
+	owned, _, _ := st.lease.snapshot()
+	var unknown bool
+	st.hints, unknown = r.notifier.take(st.hints[:0])
+	for _, b := range st.hints {
+		if b < len(st.ready) {
+			st.ready[b] = true // hinted owned buckets are fetched directly
+		}
+	}
+	if len(owned) == 0 {
+		return nil
+	}
+	now := r.clock.Now()
+	if unknown || st.discover || !now.Before(st.nextDiscovery) {
+		st.discover = false
+		st.nextDiscovery = now.Add(r.opts.PollInterval)
+		if !r.allReady(st, owned) {
+			st.worked = true
+			pending, err := r.store.BucketsWithPending(ctx, owned)
+			if err != nil {
+				st.discover = true
+				return errStore{fmt.Errorf("relay: discover pending buckets: %w", err)}
+			}
+			for _, b := range pending {
+				if b >= 0 && b < len(st.ready) && containsSorted(owned, b) {
+					st.ready[b] = true
+				}
+			}
+		}
+	}
+	return r.sweep(ctx, st, owned)
+}
+
+// sweep publishes one batch of each ready bucket, so that a full bucket
+// cannot starve the others.
+func (r *Relay) sweep(ctx context.Context, st *runState, owned []int) error {
+	for _, b := range owned {
+		if ctx.Err() != nil {
+			return nil
+		}
+		if !st.ready[b] {
+			continue
+		}
+		if hr := st.retry[b]; hr != nil && r.clock.Now().Before(hr.notBefore) {
+			continue
+		}
+		if err := r.drainOnce(ctx, st, b); err != nil {
+			return err
+		}
+		if cur, _, _ := st.lease.snapshot(); len(cur) == 0 {
+			return nil // leases dropped
+		}
+	}
+	return nil
+}
+
+// drainOnce fetches and publishes one batch of bucket b, then marks the
+// acknowledged prefix.
+func (r *Relay) drainOnce(ctx context.Context, st *runState, b int) error {
+	hr := st.retry[b]
+	limit := r.opts.BatchSize
+	if hr != nil {
+		limit = 1 // head-row isolation
+	}
+	if !r.checkLease(st) {
+		return nil
+	}
+	st.worked = true
+	batch, err := r.store.NextBatch(ctx, b, limit)
+	if err != nil {
+		return errStore{fmt.Errorf("relay: bucket %d: next batch: %w", b, err)}
+	}
+	if len(batch) == 0 {
+		st.ready[b] = false
+		delete(st.retry, b)
+		return nil
+	}
+	if len(batch) > limit {
+		batch = batch[:limit]
+	}
+	if r.renewer == nil {
+		// No renewal during the publish: reserve the whole budget plus one
+		// renewal interval, reacquiring first if needed.
+		need := r.opts.MaxPublishDuration + r.opts.LeaseRenewInterval
+		if st.lease.remaining(r.clock.Now()) < need {
+			if err := r.acquire(ctx, st); err != nil {
+				return err
+			}
+		}
+		if !r.checkLease(st) {
+			return nil
+		}
+		if cur, _, _ := st.lease.snapshot(); !containsSorted(cur, b) {
+			return nil
+		}
+		if st.lease.remaining(r.clock.Now()) < need {
+			r.log.Error("relay: lease too short for MaxPublishDuration; rows kept unpublished", "relay", r.opts.RelayID, "bucket", b, "max_publish_duration", r.opts.MaxPublishDuration)
+			return errStore{fmt.Errorf("relay: bucket %d: lease shorter than MaxPublishDuration + LeaseRenewInterval", b)}
+		}
+	}
+	if !r.checkLease(st) {
+		return nil
+	}
+
+	res, took := r.publish(ctx, st, batch)
+	ack := min(max(res.Acknowledged, 0), len(batch))
+	r.m.publishDur.Record(context.Background(), took.Seconds(), r.m.attrs)
+	if ack > 0 {
+		r.m.acked.Add(context.Background(), int64(ack), r.m.attrs)
+	}
+	failed := res.Err != nil && ack < len(batch)
+	if failed && !(ctx.Err() != nil && errors.Is(res.Err, context.Canceled)) {
+		r.m.failures.Add(context.Background(), 1, r.m.attrs)
+	}
+	var fatal error
+	if r.opts.MaxPublishDuration > 0 && took > r.opts.MaxPublishDuration {
+		fatal = fmt.Errorf("relay: bucket %d: publish took %v, more than Options.MaxPublishDuration %v: %w", b, took, r.opts.MaxPublishDuration, ErrMisconfigured)
+	}
+
+	if ack > 0 {
+		if !r.checkLease(st) {
+			return fatal // a peer may own the rows now: mark nothing
+		}
+		mctx, cancel := ctx, context.CancelFunc(func() {})
+		if ctx.Err() != nil {
+			mctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), r.opts.StopTimeout)
+		}
+		err := r.store.MarkPublished(mctx, b, batch[:ack])
+		cancel()
+		if err != nil {
+			if fatal != nil {
+				return fatal
+			}
+			return errStore{fmt.Errorf("relay: bucket %d: mark published: %w", b, err)}
+		}
+	}
+	if fatal != nil {
+		return fatal
+	}
+	if failed {
+		if ctx.Err() != nil {
+			return nil
+		}
+		if hr == nil {
+			hr = &headRetry{}
+			st.retry[b] = hr
+		}
+		hr.attempts++
+		wait := r.backoff(hr.attempts)
+		hr.notBefore = r.clock.Now().Add(wait)
+		r.log.Warn("relay: publish failed; retrying the head row alone", "relay", r.opts.RelayID, "bucket", b, "acknowledged", ack, "batch", len(batch), "attempt", hr.attempts, "backoff", wait, "error", res.Err)
+		return nil
+	}
+	delete(st.retry, b)
+	if hr == nil && len(batch) < limit {
+		st.ready[b] = false // drained; a hint or discovery brings it back
+	}
+	return nil
+}
+
+// publish calls the publisher beside a guard goroutine that renews the
+// leases and bounds a publish still running after ctx is done. The publish
+// itself does not see ctx's cancellation: records cannot be retracted, so a
+// stop awaits it.
+func (r *Relay) publish(ctx context.Context, st *runState, batch []*outbox.Message) (res Result, took time.Duration) {
+	pubCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		r.guardPublish(ctx, pubCtx, cancel, st, done)
+	}()
+	start := r.clock.Now()
+	res = r.callPublisher(pubCtx, batch)
+	took = r.clock.Now().Sub(start)
+	close(done)
+	cancel()
+	wg.Wait()
+	return res, took
+}
+
+func (r *Relay) callPublisher(ctx context.Context, batch []*outbox.Message) (res Result) {
+	defer func() {
+		if p := recover(); p != nil {
+			res = Result{Err: fmt.Errorf("relay: publisher panicked: %v", p)}
+		}
+	}()
+	return r.pub.Publish(ctx, batch)
+}
+
+// backoff returns the jittered exponential backoff of a head row's attempt:
+// ErrorBackoff doubling per attempt, capped at LeaseRenewInterval, then a
+// random value in [d/2, d].
+func (r *Relay) backoff(attempt int) time.Duration {
+	d := r.opts.ErrorBackoff
+	for i := 1; i < attempt && d < r.opts.LeaseRenewInterval; i++ {
+		d *= 2
+	}
+	d = min(d, r.opts.LeaseRenewInterval)
+	half := d / 2
+	return half + time.Duration(r.rng.Int64N(int64(d-half)+1))
+}
+
+// eligible reports whether a ready bucket can be swept now.
+func (r *Relay) eligible(st *runState, now time.Time) bool {
+	if !now.Before(st.nextRebalance) {
+		return true
+	}
+	for b, ok := range st.ready {
+		if !ok {
+			continue
+		}
+		if hr := st.retry[b]; hr == nil || !now.Before(hr.notBefore) {
+			return true
+		}
+	}
+	return false
+}
+
+// idle waits for the next deadline (rebalance; discovery and head-row
+// retries when owning buckets) or a notification.
+func (r *Relay) idle(ctx context.Context, st *runState) {
+	now := r.clock.Now()
+	deadline := st.nextRebalance
+	if owned, _, _ := st.lease.snapshot(); len(owned) > 0 {
+		deadline = earliest(deadline, st.nextDiscovery)
+		for b, ok := range st.ready {
+			if hr := st.retry[b]; ok && hr != nil {
+				deadline = earliest(deadline, hr.notBefore)
+			}
+		}
+	}
+	t := r.clock.NewTimer(deadline.Sub(now))
+	defer t.Stop()
+	if r.onIdle != nil {
+		r.onIdle()
+	}
+	select {
+	case <-ctx.Done():
+	case <-t.C():
+	case <-r.notifier.wake:
+	}
+}
+
+// sleep waits d or until ctx is done; notifications do not interrupt it.
+func (r *Relay) sleep(ctx context.Context, d time.Duration) {
+	t := r.clock.NewTimer(d)
+	defer t.Stop()
+	if r.onIdle != nil {
+		r.onIdle()
+	}
+	select {
+	case <-ctx.Done():
+	case <-t.C():
+	}
+}
+
+func (r *Relay) allReady(st *runState, owned []int) bool {
+	for _, b := range owned {
+		if !st.ready[b] {
+			return false
+		}
+	}
+	return true
+}
+
+func earliest(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+func containsSorted(s []int, v int) bool {
+	for _, x := range s {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,349 @@
+package relaytest
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/relay"
+)
+
+// Operation names passed to MemStore.Hook.
+const (
+	OpAcquire            = "AcquireBucketLeases"
+	OpRenew              = "RenewBucketLeases"
+	OpRelease            = "ReleaseBucketLeases"
+	OpBucketsWithPending = "BucketsWithPending"
+	OpNextBatch          = "NextBatch"
+	OpMarkPublished      = "MarkPublished"
+	OpPendingMetrics     = "PendingMetrics"
+)
+
+// MemStore is an in-memory relay.Store with every optional capability
+// (LeaseRenewer, LeaseReleaser, PendingMetricsStore, BucketCounter). It
+// keeps leases, heartbeats and fair share (relay.Shares) like a database
+// store, with expiry read from an injected clock, so it serves engine tests
+// and shows what a custom store must do. It is safe for concurrent use.
+type MemStore struct {
+	now func() time.Time
+	n   int
+
+	mu     sync.Mutex
+	hook   func(ctx context.Context, op string) error
+	nextID int64
+	rows   map[int][]*outbox.Message // bucket → rows in ID order
+	leases map[int]memLease
+	relays map[string]*memRelay
+}
+
+type memLease struct {
+	owner   string
+	expires time.Time
+}
+
+type memRelay struct {
+	lastSeen time.Time
+	stopped  bool
+}
+
+// NewMemStore returns an empty store for bucketCount buckets whose leases
+// and heartbeats use now (nil means time.Now); tests pass a ManualClock's
+// Now.
+func NewMemStore(bucketCount int, now func() time.Time) *MemStore {
+	if now == nil {
+		now = time.Now
+	}
+	return &MemStore{now: now, n: bucketCount, rows: map[int][]*outbox.Message{}, leases: map[int]memLease{}, relays: map[string]*memRelay{}}
+}
+
+// SetHook installs h, called at the start of every store call with the
+// operation name (Op…): a non-nil error becomes the call's error, and h may
+// block (honouring ctx) to simulate a slow database. Nil removes the hook.
+func (s *MemStore) SetHook(h func(ctx context.Context, op string) error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.hook = h
+}
+
+func (s *MemStore) enter(ctx context.Context, op string) error {
+	s.mu.Lock()
+	h := s.hook
+	s.mu.Unlock()
+	if h != nil {
+		if err := h(ctx, op); err != nil {
+			return err
+		}
+	}
+	return ctx.Err()
+}
+
+// Add enqueues msgs as outbox.Plugin would: it fills ID (increasing),
+// MessageID (when zero), CreatedAt (when zero, from the store's clock) and
+// Bucket (outbox.BucketOf). The store keeps the given pointers.
+func (s *MemStore) Add(msgs ...*outbox.Message) {
+	for _, m := range msgs {
+		if m.MessageID.IsZero() {
+			m.MessageID = outbox.NewUUID()
+		}
+		m.Bucket = outbox.BucketOf(m.Key, m.Partition, m.MessageID, s.n)
+	}
+	s.add(msgs)
+}
+
+// AddToBucket enqueues msgs into bucket, as a writer with another bucket
+// count might (bucket may be out of range to simulate misconfiguration).
+func (s *MemStore) AddToBucket(bucket int, msgs ...*outbox.Message) {
+	for _, m := range msgs {
+		if m.MessageID.IsZero() {
+			m.MessageID = outbox.NewUUID()
+		}
+		m.Bucket = int32(bucket)
+	}
+	s.add(msgs)
+}
+
+func (s *MemStore) add(msgs []*outbox.Message) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	for _, m := range msgs {
+		s.nextID++
+		m.ID = s.nextID
+		if m.CreatedAt.IsZero() {
+			m.CreatedAt = now.UTC()
+		}
+		b := int(m.Bucket)
+		s.rows[b] = append(s.rows[b], m)
+	}
+}
+
+// Len returns the number of pending messages in all buckets.
+func (s *MemStore) Len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, r := range s.rows {
+		n += len(r)
+	}
+	return n
+}
+
+// Pending returns the pending messages of bucket in ID order.
+func (s *MemStore) Pending(bucket int) []*outbox.Message {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.rows[bucket])
+}
+
+// Owners returns the owner of every bucket with an unexpired lease.
+func (s *MemStore) Owners() map[int]string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	out := map[int]string{}
+	for b, l := range s.leases {
+		if l.owner != "" && now.Before(l.expires) {
+			out[b] = l.owner
+		}
+	}
+	return out
+}
+
+// BucketCount implements relay.BucketCounter.
+func (s *MemStore) BucketCount() int { return s.n }
+
+// AcquireBucketLeases implements relay.Store: heartbeat, then take or keep
+// relayID's fair share of free or expired leases, freeing any excess. A
+// relay that was released (stopped) gets nothing.
+func (s *MemStore) AcquireBucketLeases(ctx context.Context, relayID string, bucketCount int, leaseDuration time.Duration) ([]int, error) {
+	if err := s.enter(ctx, OpAcquire); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if bucketCount != s.n {
+		return nil, fmt.Errorf("relaytest: bucket count %d, the store's is %d: %w", bucketCount, s.n, relay.ErrMisconfigured)
+	}
+	for b, rows := range s.rows {
+		if len(rows) > 0 && (b < 0 || b >= bucketCount) {
+			return nil, fmt.Errorf("relaytest: %d rows in bucket %d, outside [0, %d): %w", len(rows), b, bucketCount, relay.ErrMisconfigured)
+		}
+	}
+	now := s.now()
+	rel := s.relays[relayID]
+	if rel == nil {
+		rel = &memRelay{}
+		s.relays[relayID] = rel
+	}
+	if rel.stopped {
+		return nil, nil // a late statement of a stopped relay changes nothing
+	}
+	rel.lastSeen = now
+	held := map[string]int{}
+	for id, r := range s.relays {
+		if !r.stopped && now.Sub(r.lastSeen) < leaseDuration {
+			held[id] = 0
+		}
+	}
+	var mine []int
+	for b := 0; b < bucketCount; b++ {
+		l := s.leases[b]
+		if l.owner == "" || !now.Before(l.expires) {
+			continue
+		}
+		if _, ok := held[l.owner]; ok {
+			held[l.owner]++
+		}
+		if l.owner == relayID {
+			mine = append(mine, b)
+		}
+	}
+	share := relay.Shares(bucketCount, held)[relayID]
+	for len(mine) > share {
+		last := mine[len(mine)-1]
+		delete(s.leases, last)
+		mine = mine[:len(mine)-1]
+	}
+	for b := 0; b < bucketCount && len(mine) < share; b++ {
+		l := s.leases[b]
+		if l.owner == "" || !now.Before(l.expires) {
+			mine = append(mine, b)
+			s.leases[b] = memLease{owner: relayID} // expiry set below
+		}
+	}
+	slices.Sort(mine)
+	for _, b := range mine {
+		s.leases[b] = memLease{owner: relayID, expires: now.Add(leaseDuration)}
+	}
+	return mine, nil
+}
+
+// RenewBucketLeases implements relay.LeaseRenewer: all or nothing.
+func (s *MemStore) RenewBucketLeases(ctx context.Context, relayID string, buckets []int, leaseDuration time.Duration) (bool, error) {
+	if err := s.enter(ctx, OpRenew); err != nil {
+		return false, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	rel := s.relays[relayID]
+	if rel == nil || rel.stopped {
+		return false, nil
+	}
+	for _, b := range buckets {
+		l := s.leases[b]
+		if l.owner != relayID || !now.Before(l.expires) {
+			return false, nil
+		}
+	}
+	rel.lastSeen = now
+	for _, b := range buckets {
+		if e := now.Add(leaseDuration); e.After(s.leases[b].expires) {
+			s.leases[b] = memLease{owner: relayID, expires: e}
+		}
+	}
+	return true, nil
+}
+
+// ReleaseBucketLeases implements relay.LeaseReleaser: the relay is marked
+// stopped, then its leases are freed.
+func (s *MemStore) ReleaseBucketLeases(ctx context.Context, relayID string) error {
+	if err := s.enter(ctx, OpRelease); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rel := s.relays[relayID]
+	if rel == nil {
+		rel = &memRelay{}
+		s.relays[relayID] = rel
+	}
+	rel.stopped = true
+	for b, l := range s.leases {
+		if l.owner == relayID {
+			delete(s.leases, b)
+		}
+	}
+	return nil
+}
+
+// BucketsWithPending implements relay.Store.
+func (s *MemStore) BucketsWithPending(ctx context.Context, buckets []int) ([]int, error) {
+	if err := s.enter(ctx, OpBucketsWithPending); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []int
+	for _, b := range buckets {
+		if len(s.rows[b]) > 0 {
+			out = append(out, b)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out), nil
+}
+
+// NextBatch implements relay.Store. It returns copies of the stored
+// messages, oldest first.
+func (s *MemStore) NextBatch(ctx context.Context, bucket, limit int) ([]*outbox.Message, error) {
+	if err := s.enter(ctx, OpNextBatch); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rows := s.rows[bucket]
+	rows = rows[:min(limit, len(rows))]
+	out := make([]*outbox.Message, len(rows))
+	for i, m := range rows {
+		c := *m
+		out[i] = &c
+	}
+	return out, nil
+}
+
+// MarkPublished implements relay.Store: it deletes the given messages of
+// bucket, by ID.
+func (s *MemStore) MarkPublished(ctx context.Context, bucket int, published []*outbox.Message) error {
+	if err := s.enter(ctx, OpMarkPublished); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ids := make(map[int64]bool, len(published))
+	for _, m := range published {
+		ids[m.ID] = true
+	}
+	s.rows[bucket] = slices.DeleteFunc(s.rows[bucket], func(m *outbox.Message) bool { return ids[m.ID] })
+	return nil
+}
+
+// PendingMetrics implements relay.PendingMetricsStore.
+func (s *MemStore) PendingMetrics(ctx context.Context) (*relay.Pending, error) {
+	if err := s.enter(ctx, OpPendingMetrics); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := &relay.Pending{}
+	for _, rows := range s.rows {
+		p.Count += int64(len(rows))
+		for _, m := range rows {
+			if p.Oldest.IsZero() || m.CreatedAt.Before(p.Oldest) {
+				p.Oldest = m.CreatedAt
+			}
+		}
+	}
+	return p, nil
+}
+
+var (
+	_ relay.Store               = (*MemStore)(nil)
+	_ relay.LeaseRenewer        = (*MemStore)(nil)
+	_ relay.LeaseReleaser       = (*MemStore)(nil)
+	_ relay.PendingMetricsStore = (*MemStore)(nil)
+	_ relay.BucketCounter       = (*MemStore)(nil)
+)
