@@ -1,5 +1,5 @@
-// Package relaytest has test doubles for the relay: a manual clock, a
-// scriptable publisher and an in-memory store.
+// Package relaytest has test doubles for the relay: a manual clock, and a
+// scriptable publisher.
 package relaytest
 
 import (

@@ -1,0 +1,8 @@
+package relay
+
+// SetIdleHook makes r call f whenever Run starts an idle wait or a backoff
+// (after its timer is set), so tests know when to move a manual clock.
+func SetIdleHook(r *Relay, f func()) { r.onIdle = f }
+
+// WakePending reports whether n holds an unconsumed wake-up signal.
+func WakePending(n *Notifier) bool { return len(n.wake) > 0 }
