@@ -123,7 +123,7 @@ func closeDB(t testing.TB, db *gorm.DB) {
 func openSQLite(t testing.TB, cfg *gorm.Config) *gorm.DB {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "outbox.db")
-	dsn := "file:" + path + "?_busy_timeout=10000&_journal_mode=WAL&_txlock=immediate"
+	dsn := "file:" + path + "?_busy_timeout=10000&_journal_mode=WAL&_txlock=immediate&_foreign_keys=1"
 	db, err := gorm.Open(sqlite.Open(dsn), cfg)
 	if err != nil {
 		t.Fatalf("testenv: open sqlite: %v", err)
