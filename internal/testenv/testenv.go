@@ -225,3 +225,23 @@ func MustExec(t testing.TB, db *gorm.DB, stmts ...string) {
 		}
 	}
 }
+
+// PostgresDSN returns OUTBOX_TEST_POSTGRES_DSN pointed at a fresh database
+// (dropped at cleanup), or ok false when it is not set (a failure under
+// OUTBOX_TEST_REQUIRE_ALL).
+func PostgresDSN(t testing.TB) (dsn string, ok bool) {
+	t.Helper()
+	base := os.Getenv(EnvPostgres)
+	if base == "" {
+		if RequireAll() {
+			t.Fatalf("testenv: %s is not set and %s=1", EnvPostgres, EnvRequireAll)
+		}
+		return "", false
+	}
+	db := openPostgres(t, base, &gorm.Config{Logger: logger.Default.LogMode(logger.Silent)})
+	var name string
+	if err := db.Raw("SELECT current_database()").Scan(&name).Error; err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	return withPostgresDB(base, name), true
+}
