@@ -7,9 +7,8 @@ import (
 	"slices"
 	"strconv"
 	"sync"
-	"time"
-
 	"testing"
+	"time"
 
 	"github.com/gorm-outbox/outbox/relay"
 )
@@ -33,12 +32,11 @@ const (
 // sim is a simulated relay and what it believes it owns: the buckets of
 // its last acquisition or renewal, valid until expiry by its own clock.
 type sim struct {
-	r       *relayOf
-	state   simState
-	resume  time.Time // when a paused relay wakes up
-	owned   []int
-	expiry  time.Time
-	stopped time.Time
+	r      *relayOf
+	state  simState
+	resume time.Time // when a paused relay wakes up
+	owned  []int
+	expiry time.Time
 }
 
 func randomisedRun(t *testing.T, f Factory) {
@@ -156,7 +154,7 @@ func randomisedRun(t *testing.T, f Factory) {
 			if err := rel.ReleaseBucketLeases(e.ctx, s.r.id); err != nil {
 				t.Fatalf("round %d: ReleaseBucketLeases(%s) error: %v", round, s.r.id, err)
 			}
-			s.state, s.owned, s.stopped = simStopped, nil, e.clock.Now()
+			s.state, s.owned = simStopped, nil
 			counts["stop"]++
 		case p < 90:
 			e.clock.Advance(LeaseDuration + time.Duration(rng.IntN(5_000))*time.Millisecond)
@@ -183,13 +181,8 @@ func randomisedRun(t *testing.T, f Factory) {
 	}
 	checkOwners(t, e, RandomRounds, sims)
 	owned := map[string][]int{}
-	sizes := map[string]int{}
-	for i, s := range ls {
+	for _, s := range ls {
 		owned[s.r.id] = s.owned
-		sizes[s.r.id] = n / len(ls)
-		if i < n%len(ls) {
-			sizes[s.r.id]++ // only the counts matter below
-		}
 	}
 	var total, lo, hi = 0, n, 0
 	for _, s := range ls {

@@ -242,6 +242,11 @@ func renewalExtendsExpiry(t *testing.T, f Factory) {
 	if ok, err := c.s.(relay.LeaseRenewer).RenewBucketLeases(e.ctx, c.id, own, LeaseDuration); err != nil || !ok {
 		t.Fatalf("RenewBucketLeases(at the acquisition instant) = %v, %v; want true, nil", ok, err)
 	}
+	// A lease that expired, even if nobody claimed it yet, is lost.
+	e.clock.Advance(LeaseDuration)
+	if ok, err := c.s.(relay.LeaseRenewer).RenewBucketLeases(e.ctx, c.id, own, LeaseDuration); err != nil || ok {
+		t.Fatalf("RenewBucketLeases(expired, unclaimed leases) = %v, %v; want false, nil", ok, err)
+	}
 }
 
 func expiredLeasesAreClaimed(t *testing.T, f Factory) {
