@@ -567,3 +567,29 @@ func TestKafkaPublisher_fails_unknown_partition(t *testing.T) {
 		t.Fatalf("Publish = %d, %v; want 1, UnknownTopicOrPartition", res.Acknowledged, res.Err)
 	}
 }
+
+// A broker rejects a whole partition request for one too-large record; the
+// publisher resends in halves so the rows before it are still acknowledged
+// and nothing after it on that partition is appended.
+func TestKafkaPublisher_acknowledges_rows_before_a_row_the_broker_rejects(t *testing.T) {
+	testenv.ForEachBroker(t, func(t *testing.T, b testenv.Broker) {
+		topic := newTopic(t, b, 1, map[string]string{"max.message.bytes": "2048"})
+		p := newPublisher(t, b, KafkaConfig{})
+		batch := []*outbox.Message{
+			msg(topic, "k", "1"), msg(topic, "k", "2"), msg(topic, "k", "3"),
+			msg(topic, "k", strings.Repeat("x", 8192)),
+			msg(topic, "k", "5"),
+		}
+		res := p.Publish(context.Background(), batch)
+		if res.Acknowledged != 3 || !errors.Is(res.Err, kafka.MessageSizeTooLarge) {
+			t.Fatalf("Publish = %d acknowledged, %v; want 3, MessageSizeTooLarge", res.Acknowledged, res.Err)
+		}
+		var got []string
+		for _, r := range b.ReadAll(t, topic, 3, 10*time.Second) {
+			got = append(got, string(r.Value))
+		}
+		if g := strings.Join(got, ","); g != "1,2,3" {
+			t.Errorf("partition holds %s; want 1,2,3 (nothing after the rejected row)", g)
+		}
+	})
+}
