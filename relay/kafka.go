@@ -390,7 +390,7 @@ func (p *KafkaPublisher) publishPartition(ctx context.Context, key topicPartitio
 			end++
 		}
 		if end > start {
-			ok, pending := p.sendSplit(ctx, key, rows, idx[start:end], release)
+			ok, pending := p.sendSplit(ctx, rows, idx[start:end], release)
 			if pending {
 				released = true // the in-flight write releases the partition
 			}
@@ -411,7 +411,7 @@ func (p *KafkaPublisher) publishPartition(ctx context.Context, key topicPartitio
 // order, so that rows before the culprit are acknowledged. It reports
 // whether all rows were acknowledged, and whether a write is still in
 // flight after ctx ended (that write then releases the partition).
-func (p *KafkaPublisher) sendSplit(ctx context.Context, key topicPartition, rows []row, idx []int, release func()) (ok, pending bool) {
+func (p *KafkaPublisher) sendSplit(ctx context.Context, rows []row, idx []int, release func()) (ok, pending bool) {
 	err, pending := p.write(ctx, rows, idx, release)
 	if pending {
 		return false, true
@@ -427,10 +427,10 @@ func (p *KafkaPublisher) sendSplit(ctx context.Context, key topicPartition, rows
 		return false, false
 	}
 	half := len(idx) / 2
-	if ok, pending := p.sendSplit(ctx, key, rows, idx[:half], release); !ok {
+	if ok, pending := p.sendSplit(ctx, rows, idx[:half], release); !ok {
 		return false, pending
 	}
-	return p.sendSplit(ctx, key, rows, idx[half:], release)
+	return p.sendSplit(ctx, rows, idx[half:], release)
 }
 
 // write hands rows idx to the writer in one WriteMessages call and waits for
