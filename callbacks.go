@@ -27,9 +27,22 @@ var topicChars = regexp.MustCompile(`^[A-Za-z0-9._-]+$`)
 var messageType = reflect.TypeOf(Message{})
 
 func register(db *gorm.DB, p *Plugin) error {
+	state := &notifyState{notifier: p.Notifier, logger: p.Logger}
+	if _, ok := p.Notifier.(NonBlocking); ok {
+		state.inline = true
+	}
+	if err := installPool(db, state); err != nil {
+		return err
+	}
 	create := db.Callback().Create()
 	if err := create.Before("gorm:before_create").Register("outbox:prepare", p.prepareStatement); err != nil {
 		return fmt.Errorf("outbox: register outbox:prepare: %w", err)
+	}
+	if err := create.After("gorm:create").Register("outbox:collect_buckets", p.collectBuckets); err != nil {
+		return fmt.Errorf("outbox: register outbox:collect_buckets: %w", err)
+	}
+	if err := db.Callback().Raw().After("gorm:raw").Register("outbox:track_savepoints", trackSavepoints); err != nil {
+		return fmt.Errorf("outbox: register outbox:track_savepoints: %w", err)
 	}
 	return nil
 }

@@ -141,6 +141,11 @@ func AutoMigrate(db *gorm.DB, cfg Config) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
+	if cfg.Schema != "" && db.Dialector.Name() == "sqlite" {
+		// gorm's sqlite migrator qualifies the indexed table, not the index
+		// name, which SQLite rejects for attached databases.
+		return fmt.Errorf("outbox: AutoMigrate with Config.Schema %q is not supported on SQLite; apply migrations/sqlite.sql inside the attached database instead", cfg.Schema)
+	}
 	for _, m := range []struct {
 		table string
 		model any

@@ -138,7 +138,6 @@ func (b Broker) ReadAll(t testing.TB, topic string, want int, timeout time.Durat
 	if err != nil {
 		t.Fatalf("testenv: read partitions of %s: %v", topic, err)
 	}
-	type result struct{ msgs []kafka.Message }
 	var out []kafka.Message
 	deadline := time.Now().Add(timeout)
 	for len(out) < want && time.Now().Before(deadline) {
@@ -166,7 +165,6 @@ func (b Broker) ReadAll(t testing.TB, topic string, want int, timeout time.Durat
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
-	_ = result{}
 	return out
 }
 

@@ -123,7 +123,7 @@ func closeDB(t testing.TB, db *gorm.DB) {
 func openSQLite(t testing.TB, cfg *gorm.Config) *gorm.DB {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "outbox.db")
-	dsn := "file:" + path + "?_busy_timeout=10000&_journal_mode=WAL&_txlock=immediate"
+	dsn := "file:" + path + "?_busy_timeout=10000&_journal_mode=WAL&_txlock=immediate&_foreign_keys=1"
 	db, err := gorm.Open(sqlite.Open(dsn), cfg)
 	if err != nil {
 		t.Fatalf("testenv: open sqlite: %v", err)
@@ -224,4 +224,24 @@ func MustExec(t testing.TB, db *gorm.DB, stmts ...string) {
 			t.Fatalf("testenv: %s: %v", s, err)
 		}
 	}
+}
+
+// PostgresDSN returns OUTBOX_TEST_POSTGRES_DSN pointed at a fresh database
+// (dropped at cleanup), or ok false when it is not set (a failure under
+// OUTBOX_TEST_REQUIRE_ALL).
+func PostgresDSN(t testing.TB) (dsn string, ok bool) {
+	t.Helper()
+	base := os.Getenv(EnvPostgres)
+	if base == "" {
+		if RequireAll() {
+			t.Fatalf("testenv: %s is not set and %s=1", EnvPostgres, EnvRequireAll)
+		}
+		return "", false
+	}
+	db := openPostgres(t, base, &gorm.Config{Logger: logger.Default.LogMode(logger.Silent)})
+	var name string
+	if err := db.Raw("SELECT current_database()").Scan(&name).Error; err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	return withPostgresDB(base, name), true
 }

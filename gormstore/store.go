@@ -1,0 +1,383 @@
+// Package gormstore is the GORM-backed relay.Store: bucket leases, relay
+// heartbeats and pending outbox rows kept in the three outbox tables on
+// PostgreSQL, MySQL/MariaDB or SQLite.
+//
+// Every lease step is a single guarded statement run in autocommit: no row
+// lock is held across steps and no transaction stays open, so a slow relay
+// never blocks its peers. Times are Unix milliseconds from Options.Now, and
+// all comparisons are plain integer comparisons on every database. Table
+// names come from the outbox.Config shared with outbox.Plugin and are quoted
+// by GORM, never concatenated into SQL.
+package gormstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/relay"
+	"gorm.io/gorm"
+	"gorm.io/gorm/clause"
+)
+
+// DefaultPruneInterval is how often, at most, an acquisition round deletes
+// the heartbeat rows of long-gone relays when Options.PruneInterval is zero.
+const DefaultPruneInterval = time.Minute
+
+// Options configures a Store. A zero Options means the default outbox.Config
+// (8 buckets, default table names), the system clock and a one-minute prune
+// interval.
+type Options struct {
+	// Config names the outbox tables and the bucket count. Share the value
+	// given to outbox.Plugin: writers and relays must agree. The zero Config
+	// means outbox's defaults; an invalid Config fails New.
+	Config outbox.Config
+	// Now returns the current time; lease expiries and heartbeats are its
+	// Unix milliseconds. Nil means time.Now. Tests inject a manual clock's Now.
+	Now func() time.Time
+	// PruneInterval is the least time between two deletions of stale
+	// heartbeat rows (relays unseen for 10 × the lease duration, stopped
+	// relays after 1 × the lease duration), done as part of an acquisition
+	// round. Zero means DefaultPruneInterval (1m); a negative value fails New.
+	PruneInterval time.Duration
+}
+
+// Store is a relay.Store on a *gorm.DB. It also implements the optional
+// relay.LeaseRenewer, relay.LeaseReleaser, relay.PendingMetricsStore and
+// relay.BucketCounter. It is safe for concurrent use; each relay should have
+// its own Store (the store remembers whether it seeded the lease rows and
+// when it last pruned heartbeats).
+type Store struct {
+	db     *gorm.DB
+	cfg    outbox.Config
+	now    func() time.Time
+	prune  time.Duration
+	msgs   string
+	leases string
+	relays string
+
+	mu        sync.Mutex
+	seeded    bool
+	nextPrune int64 // Unix ms
+}
+
+var (
+	_ relay.Store               = (*Store)(nil)
+	_ relay.LeaseRenewer        = (*Store)(nil)
+	_ relay.LeaseReleaser       = (*Store)(nil)
+	_ relay.PendingMetricsStore = (*Store)(nil)
+	_ relay.BucketCounter       = (*Store)(nil)
+)
+
+// New returns a Store on db. The tables must exist (outbox.AutoMigrate or
+// the migrations). It fails when db is nil or an option is invalid, naming
+// the option.
+func New(db *gorm.DB, opts Options) (*Store, error) {
+	if db == nil {
+		return nil, errors.New("gormstore: New: nil *gorm.DB")
+	}
+	if err := opts.Config.Validate(); err != nil {
+		return nil, fmt.Errorf("gormstore: Options.Config: %w", err)
+	}
+	if opts.PruneInterval < 0 {
+		return nil, fmt.Errorf("gormstore: Options.PruneInterval %v: must not be negative", opts.PruneInterval)
+	}
+	if opts.PruneInterval == 0 {
+		opts.PruneInterval = DefaultPruneInterval
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	cfg := opts.Config.WithDefaults()
+	return &Store{
+		db:     db,
+		cfg:    cfg,
+		now:    opts.Now,
+		prune:  opts.PruneInterval,
+		msgs:   cfg.MessagesTableName(),
+		leases: cfg.LeasesTableName(),
+		relays: cfg.RelaysTableName(),
+	}, nil
+}
+
+// BucketCount implements relay.BucketCounter: the Config's bucket count.
+func (s *Store) BucketCount() int { return s.cfg.BucketCount }
+
+func (s *Store) nowMs() int64 { return s.now().UnixMilli() }
+
+func (s *Store) tx(ctx context.Context, table string) *gorm.DB {
+	return s.db.WithContext(ctx).Table(table)
+}
+
+// liveRelay is the guard every lease write of relayID carries: its heartbeat
+// row is live at now and not stopped. A statement of a relay that already
+// stopped (released) therefore changes nothing.
+func (s *Store) liveRelay(relayID string, nowMs int64, lease time.Duration) (string, []any) {
+	return "EXISTS (SELECT 1 FROM ? WHERE relay_id = ? AND stopped_at_ms IS NULL AND last_seen_ms > ?)",
+		[]any{clause.Table{Name: s.relays}, relayID, nowMs - lease.Milliseconds()}
+}
+
+// notBackwards is an expiry never moved backwards: max(expires_at_ms, exp).
+func notBackwards(exp int64) clause.Expr {
+	return gorm.Expr("CASE WHEN expires_at_ms < ? THEN ? ELSE expires_at_ms END", exp, exp)
+}
+
+// AcquireBucketLeases implements relay.Store. One round is, each a single
+// statement: heartbeat upsert (and, at most once per PruneInterval, a
+// delete of stale heartbeats); seeding the lease rows (until it succeeded
+// once); the misconfiguration probe; the active relays; the lease snapshot;
+// extending the kept leases; releasing the excess (only when there is
+// some); claiming free or expired buckets (only when short of the share);
+// and reading back what this relay owns.
+func (s *Store) AcquireBucketLeases(ctx context.Context, relayID string, bucketCount int, leaseDuration time.Duration) ([]int, error) {
+	if err := checkArgs(relayID, leaseDuration); err != nil {
+		return nil, err
+	}
+	n := s.cfg.BucketCount
+	if bucketCount != n {
+		return nil, fmt.Errorf("gormstore: bucket count %d: the store's Config.BucketCount is %d: %w", bucketCount, n, relay.ErrMisconfigured)
+	}
+	now := s.nowMs()
+	ld := leaseDuration.Milliseconds()
+	exp := now + ld
+
+	// 1. Heartbeat, then maybe prune.
+	if err := s.heartbeat(ctx, relayID, now); err != nil {
+		return nil, err
+	}
+	if err := s.maybePrune(ctx, now, ld); err != nil {
+		return nil, err
+	}
+	// 2. Seed the lease rows once.
+	if err := s.seed(ctx); err != nil {
+		return nil, err
+	}
+	// 3. Misconfiguration probe.
+	var bad []int64
+	if err := s.tx(ctx, s.msgs).Where("bucket < ? OR bucket >= ?", 0, n).Limit(1).Pluck("bucket", &bad).Error; err != nil {
+		return nil, fmt.Errorf("gormstore: probe for out-of-range buckets: %w", err)
+	}
+	if len(bad) > 0 {
+		return nil, fmt.Errorf("gormstore: %s holds a row in bucket %d, outside [0, %d): writers and relays disagree on BucketCount %d: %w",
+			s.msgs, bad[0], n, n, relay.ErrMisconfigured)
+	}
+	// 4. Active relays; the caller always counts.
+	var active []string
+	if err := s.tx(ctx, s.relays).Where("last_seen_ms > ? AND stopped_at_ms IS NULL", now-ld).Pluck("relay_id", &active).Error; err != nil {
+		return nil, fmt.Errorf("gormstore: read active relays: %w", err)
+	}
+	// 5. Snapshot, share, keep / release / claim.
+	var snap []outbox.Lease
+	if err := s.tx(ctx, s.leases).Where("bucket >= ? AND bucket < ?", 0, n).Order("bucket").Find(&snap).Error; err != nil {
+		return nil, fmt.Errorf("gormstore: read leases: %w", err)
+	}
+	held := make(map[string]int, len(active)+1)
+	for _, id := range active {
+		held[id] = 0
+	}
+	held[relayID] = 0
+	var owned, free []int
+	for _, l := range snap {
+		switch {
+		case l.Owner == nil || l.ExpiresAtMs <= now:
+			free = append(free, int(l.Bucket))
+		case *l.Owner == relayID:
+			owned = append(owned, int(l.Bucket))
+			held[relayID]++
+		default:
+			if _, ok := held[*l.Owner]; ok {
+				held[*l.Owner]++
+			}
+		}
+	}
+	share := relay.Shares(n, held)[relayID]
+	keep, excess := owned, []int(nil)
+	if len(owned) > share {
+		keep, excess = owned[:share], owned[share:]
+	}
+	guard, guardArgs := s.liveRelay(relayID, now, leaseDuration)
+	if len(keep) > 0 {
+		err := s.tx(ctx, s.leases).
+			Where("owner = ? AND expires_at_ms > ? AND bucket IN ?", relayID, now, keep).
+			Where(guard, guardArgs...).
+			Update("expires_at_ms", notBackwards(exp)).Error
+		if err != nil {
+			return nil, fmt.Errorf("gormstore: extend %d leases: %w", len(keep), err)
+		}
+	}
+	if len(excess) > 0 {
+		if err := s.free(ctx, relayID, excess); err != nil {
+			return nil, err
+		}
+	}
+	if need := share - len(keep); need > 0 && len(free) > 0 {
+		claim := free[:min(need, len(free))]
+		err := s.tx(ctx, s.leases).
+			Where("bucket IN ? AND (owner IS NULL OR expires_at_ms <= ?)", claim, now).
+			Where(guard, guardArgs...).
+			Updates(map[string]any{"owner": relayID, "expires_at_ms": exp}).Error
+		if err != nil {
+			return nil, fmt.Errorf("gormstore: claim %d leases: %w", len(claim), err)
+		}
+	}
+	// 6. Read back.
+	var mine []int
+	if err := s.tx(ctx, s.leases).
+		Where("owner = ? AND expires_at_ms >= ? AND bucket >= ? AND bucket < ?", relayID, exp, 0, n).
+		Order("bucket").Pluck("bucket", &mine).Error; err != nil {
+		return nil, fmt.Errorf("gormstore: read owned leases: %w", err)
+	}
+	if mine == nil {
+		mine = []int{}
+	}
+	return mine, nil
+}
+
+func checkArgs(relayID string, leaseDuration time.Duration) error {
+	if relayID == "" || len(relayID) > 128 {
+		return fmt.Errorf("gormstore: relay id %q: must be 1 to 128 bytes", relayID)
+	}
+	if leaseDuration < time.Millisecond {
+		return fmt.Errorf("gormstore: lease duration %v: must be at least 1ms", leaseDuration)
+	}
+	return nil
+}
+
+// heartbeat upserts relayID's last-seen, never moving it backwards, and
+// clears its stopped stamp unless the stamp is not older than now: a late
+// heartbeat from before a release does not revive the relay.
+func (s *Store) heartbeat(ctx context.Context, relayID string, now int64) error {
+	last := clause.Column{Table: s.relays, Name: "last_seen_ms"}
+	stopped := clause.Column{Table: s.relays, Name: "stopped_at_ms"}
+	err := s.tx(ctx, s.relays).Clauses(clause.OnConflict{
+		Columns: []clause.Column{{Name: "relay_id"}},
+		DoUpdates: clause.Set{
+			// stopped_at_ms first: MySQL evaluates assignments left to right
+			// and would otherwise see the new last_seen_ms. Neither
+			// expression reads the other column, so order is only safety.
+			{Column: clause.Column{Name: "stopped_at_ms"}, Value: gorm.Expr("CASE WHEN ? >= ? THEN ? ELSE NULL END", stopped, now, stopped)},
+			{Column: clause.Column{Name: "last_seen_ms"}, Value: gorm.Expr("CASE WHEN ? < ? THEN ? ELSE ? END", last, now, now, last)},
+		},
+	}).Create(&outbox.Relay{RelayID: relayID, LastSeenMs: now}).Error
+	if err != nil {
+		return fmt.Errorf("gormstore: heartbeat of %s: %w", relayID, err)
+	}
+	return nil
+}
+
+func (s *Store) maybePrune(ctx context.Context, now, ld int64) error {
+	s.mu.Lock()
+	due := now >= s.nextPrune
+	s.mu.Unlock()
+	if !due {
+		return nil
+	}
+	err := s.tx(ctx, s.relays).
+		Where("(stopped_at_ms IS NULL AND last_seen_ms < ?) OR (stopped_at_ms IS NOT NULL AND stopped_at_ms < ?)", now-10*ld, now-ld).
+		Delete(&outbox.Relay{}).Error
+	if err != nil {
+		return fmt.Errorf("gormstore: prune heartbeats: %w", err)
+	}
+	s.mu.Lock()
+	s.nextPrune = now + s.prune.Milliseconds()
+	s.mu.Unlock()
+	return nil
+}
+
+// seed inserts the lease rows 0..N-1 (free) that do not exist yet, in one
+// statement, until it succeeded once.
+func (s *Store) seed(ctx context.Context) error {
+	s.mu.Lock()
+	done := s.seeded
+	s.mu.Unlock()
+	if done {
+		return nil
+	}
+	rows := make([]outbox.Lease, s.cfg.BucketCount)
+	for i := range rows {
+		rows[i].Bucket = int32(i)
+	}
+	err := s.tx(ctx, s.leases).Clauses(clause.OnConflict{Columns: []clause.Column{{Name: "bucket"}}, DoNothing: true}).
+		CreateInBatches(&rows, 1000).Error
+	if err != nil {
+		return fmt.Errorf("gormstore: seed %d lease rows: %w", len(rows), err)
+	}
+	s.mu.Lock()
+	s.seeded = true
+	s.mu.Unlock()
+	return nil
+}
+
+func (s *Store) free(ctx context.Context, relayID string, buckets []int) error {
+	err := s.tx(ctx, s.leases).Where("owner = ? AND bucket IN ?", relayID, buckets).
+		Updates(map[string]any{"owner": nil, "expires_at_ms": 0}).Error
+	if err != nil {
+		return fmt.Errorf("gormstore: release %d leases: %w", len(buckets), err)
+	}
+	return nil
+}
+
+// RenewBucketLeases implements relay.LeaseRenewer: a heartbeat, one guarded
+// UPDATE extending the leases relayID still holds unexpired (never
+// backwards), and, only when the UPDATE reports fewer rows than buckets, a
+// read that tells a lost lease from a row whose expiry was already far
+// enough (MySQL counts only changed rows). It returns false when any bucket
+// was lost; the leases still held are then extended all the same.
+func (s *Store) RenewBucketLeases(ctx context.Context, relayID string, buckets []int, leaseDuration time.Duration) (bool, error) {
+	if err := checkArgs(relayID, leaseDuration); err != nil {
+		return false, err
+	}
+	now := s.nowMs()
+	exp := now + leaseDuration.Milliseconds()
+	if err := s.heartbeat(ctx, relayID, now); err != nil {
+		return false, err
+	}
+	if len(buckets) == 0 {
+		return true, nil
+	}
+	buckets = slices.Compact(slices.Sorted(slices.Values(buckets)))
+	guard, guardArgs := s.liveRelay(relayID, now, leaseDuration)
+	res := s.tx(ctx, s.leases).
+		Where("owner = ? AND expires_at_ms > ? AND bucket IN ?", relayID, now, buckets).
+		Where(guard, guardArgs...).
+		Update("expires_at_ms", notBackwards(exp))
+	if res.Error != nil {
+		return false, fmt.Errorf("gormstore: renew %d leases: %w", len(buckets), res.Error)
+	}
+	if res.RowsAffected == int64(len(buckets)) {
+		return true, nil
+	}
+	var held int64
+	if err := s.tx(ctx, s.leases).Where("owner = ? AND expires_at_ms >= ? AND bucket IN ?", relayID, exp, buckets).
+		Count(&held).Error; err != nil {
+		return false, fmt.Errorf("gormstore: verify renewal: %w", err)
+	}
+	return held == int64(len(buckets)), nil
+}
+
+// ReleaseBucketLeases implements relay.LeaseReleaser: it stamps relayID
+// stopped (so that its own late statements change nothing), then frees its
+// leases (owner NULL, expiry 0).
+func (s *Store) ReleaseBucketLeases(ctx context.Context, relayID string) error {
+	if err := checkArgs(relayID, time.Millisecond); err != nil {
+		return err
+	}
+	now := s.nowMs()
+	err := s.tx(ctx, s.relays).Clauses(clause.OnConflict{
+		Columns:   []clause.Column{{Name: "relay_id"}},
+		DoUpdates: clause.Set{{Column: clause.Column{Name: "stopped_at_ms"}, Value: now}},
+	}).Create(&outbox.Relay{RelayID: relayID, LastSeenMs: now, StoppedAtMs: &now}).Error
+	if err != nil {
+		return fmt.Errorf("gormstore: stamp %s stopped: %w", relayID, err)
+	}
+	err = s.tx(ctx, s.leases).Where("owner = ?", relayID).
+		Updates(map[string]any{"owner": nil, "expires_at_ms": 0}).Error
+	if err != nil {
+		return fmt.Errorf("gormstore: release leases of %s: %w", relayID, err)
+	}
+	return nil
+}

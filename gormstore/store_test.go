@@ -1,0 +1,277 @@
+package gormstore_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/gormstore"
+	"github.com/gorm-outbox/outbox/internal/testenv"
+	"github.com/gorm-outbox/outbox/relay"
+	"github.com/gorm-outbox/outbox/relay/relaytest"
+	"github.com/gorm-outbox/outbox/storetest"
+	"gorm.io/gorm"
+	"gorm.io/gorm/clause"
+)
+
+var errInjected = errors.New("gormstore_test: injected transient failure")
+
+// failures makes the next create statement on a table fail once; the
+// heartbeat is a create (upsert) on the relays table and seeding one on the
+// leases table.
+type failures struct {
+	mu     sync.Mutex
+	tables map[string]bool
+}
+
+func (f *failures) arm(table string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.tables[table] = true
+}
+
+func (f *failures) check(db *gorm.DB) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.tables[db.Statement.Table] {
+		delete(f.tables, db.Statement.Table)
+		_ = db.AddError(errInjected)
+	}
+}
+
+// openDB opens a fresh database of o with the failure-injection callback.
+func openDB(t *testing.T, o testenv.Opener) (*gorm.DB, *failures) {
+	t.Helper()
+	db := o.Open(t, nil)
+	f := &failures{tables: map[string]bool{}}
+	if err := db.Callback().Create().Before("gorm:create").Register("gormstore_test:fail", f.check); err != nil {
+		t.Fatalf("register failure callback: %v", err)
+	}
+	return db, f
+}
+
+// newConfig migrates a fresh set of tables with unique names in db, so that
+// scenarios share one database but never each other's rows.
+func newConfig(t *testing.T, db *gorm.DB, n int) outbox.Config {
+	t.Helper()
+	p := testenv.Unique("s")
+	cfg := outbox.Config{BucketCount: n, MessagesTable: p + "_messages", LeasesTable: p + "_leases", RelaysTable: p + "_relays"}
+	if err := outbox.AutoMigrate(db, cfg); err != nil {
+		t.Fatalf("AutoMigrate: %v", err)
+	}
+	return cfg
+}
+
+func harness(t *testing.T, db *gorm.DB, f *failures, n int) *storetest.Harness {
+	t.Helper()
+	cfg := newConfig(t, db, n)
+	return &storetest.Harness{
+		NewStore: func(now func() time.Time) relay.Store {
+			s, err := gormstore.New(db, gormstore.Options{Config: cfg, Now: now})
+			if err != nil {
+				t.Fatalf("gormstore.New: %v", err)
+			}
+			return s
+		},
+		Insert: func(ctx context.Context, msgs []*outbox.Message) error {
+			return db.WithContext(ctx).Session(&gorm.Session{SkipHooks: true}).Table(cfg.MessagesTableName()).Create(&msgs).Error
+		},
+		Leases: func(ctx context.Context) ([]storetest.Lease, error) {
+			var rows []outbox.Lease
+			if err := db.WithContext(ctx).Table(cfg.LeasesTableName()).Order("bucket").Find(&rows).Error; err != nil {
+				return nil, err
+			}
+			out := make([]storetest.Lease, len(rows))
+			for i, r := range rows {
+				out[i].Bucket = int(r.Bucket)
+				if r.Owner != nil {
+					out[i].Owner = *r.Owner
+				}
+				if r.ExpiresAtMs != 0 {
+					out[i].ExpiresAt = time.UnixMilli(r.ExpiresAtMs).UTC()
+				}
+			}
+			return out, nil
+		},
+		SetLease: func(ctx context.Context, l storetest.Lease) error {
+			row := outbox.Lease{Bucket: int32(l.Bucket)}
+			if l.Owner != "" {
+				row.Owner = &l.Owner
+			}
+			if !l.ExpiresAt.IsZero() {
+				row.ExpiresAtMs = l.ExpiresAt.UnixMilli()
+			}
+			return db.WithContext(ctx).Table(cfg.LeasesTableName()).Clauses(clause.OnConflict{UpdateAll: true}).Create(&row).Error
+		},
+		FailNext: func(step storetest.Step) {
+			switch step {
+			case storetest.StepHeartbeat:
+				f.arm(cfg.RelaysTableName())
+			case storetest.StepSeed:
+				f.arm(cfg.LeasesTableName())
+			}
+		},
+	}
+}
+
+// TestConformance runs the storetest kit on every available database.
+func TestConformance(t *testing.T) {
+	for _, o := range testenv.Databases(t) {
+		t.Run(o.Name, func(t *testing.T) {
+			db, f := openDB(t, o)
+			began := time.Now()
+			storetest.Run(t, func(t *testing.T, n int) *storetest.Harness { return harness(t, db, f, n) })
+			t.Logf("%s: conformance suite took %v", o.Name, time.Since(began).Round(time.Millisecond))
+		})
+	}
+}
+
+func TestNewRejectsInvalidOptions(t *testing.T) {
+	db := testenv.Databases(t)[0].Open(t, nil)
+	for _, c := range []struct {
+		name string
+		db   *gorm.DB
+		opts gormstore.Options
+		want string
+	}{
+		{"nil_db", nil, gormstore.Options{}, "nil *gorm.DB"},
+		{"negative_bucket_count", db, gormstore.Options{Config: outbox.Config{BucketCount: -1}}, "Config.BucketCount"},
+		{"bad_table_name", db, gormstore.Options{Config: outbox.Config{LeasesTable: "x; DROP TABLE y"}}, "Config.LeasesTable"},
+		{"negative_prune_interval", db, gormstore.Options{PruneInterval: -time.Second}, "Options.PruneInterval"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s, err := gormstore.New(c.db, c.opts)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("New = %v, %v; want an error naming %s", s, err, c.want)
+			}
+		})
+	}
+}
+
+func TestBucketCountComesFromConfig(t *testing.T) {
+	db := testenv.Databases(t)[0].Open(t, nil)
+	for _, c := range []struct {
+		cfg  outbox.Config
+		want int
+	}{{outbox.Config{}, outbox.DefaultBucketCount}, {outbox.Config{BucketCount: 3}, 3}} {
+		s, err := gormstore.New(db, gormstore.Options{Config: c.cfg})
+		if err != nil {
+			t.Fatalf("New: %v", err)
+		}
+		if got := s.BucketCount(); got != c.want {
+			t.Errorf("BucketCount() with Config.BucketCount %d = %d; want %d", c.cfg.BucketCount, got, c.want)
+		}
+	}
+}
+
+// counter records the statements run on a db while armed.
+type counter struct {
+	mu    sync.Mutex
+	on    bool
+	stmts []string
+}
+
+func (c *counter) record(db *gorm.DB) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.on && db.Error == nil {
+		c.stmts = append(c.stmts, db.Dialector.Explain(db.Statement.SQL.String(), db.Statement.Vars...))
+	}
+}
+
+func (c *counter) start() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.on, c.stmts = true, nil
+}
+
+func (c *counter) stop() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.on = false
+	return c.stmts
+}
+
+func countingDB(t *testing.T, o testenv.Opener) (*gorm.DB, *counter) {
+	t.Helper()
+	db := o.Open(t, nil)
+	c := &counter{}
+	cb := db.Callback()
+	for _, err := range []error{
+		cb.Create().After("gorm:create").Register("count", c.record),
+		cb.Query().After("gorm:query").Register("count", c.record),
+		cb.Update().After("gorm:update").Register("count", c.record),
+		cb.Delete().After("gorm:delete").Register("count", c.record),
+		cb.Row().After("gorm:row").Register("count", c.record),
+		cb.Raw().After("gorm:raw").Register("count", c.record),
+	} {
+		if err != nil {
+			t.Fatalf("register counter: %v", err)
+		}
+	}
+	return db, c
+}
+
+// TestIdleRoundStatements measures the statements of an acquisition round
+// that changes nothing (a relay already holding its share) and of the other
+// operations, logging their SQL.
+func TestIdleRoundStatements(t *testing.T) {
+	for _, o := range testenv.Databases(t) {
+		t.Run(o.Name, func(t *testing.T) {
+			ctx := t.Context()
+			db, c := countingDB(t, o)
+			cfg := newConfig(t, db, 8)
+			clock := relaytest.NewManualClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+			s, err := gormstore.New(db, gormstore.Options{Config: cfg, Now: clock.Now})
+			if err != nil {
+				t.Fatalf("New: %v", err)
+			}
+			peer, _ := gormstore.New(db, gormstore.Options{Config: cfg, Now: clock.Now})
+			measure := func(what string, f func() error) []string {
+				t.Helper()
+				c.start()
+				err := f()
+				stmts := c.stop()
+				if err != nil {
+					t.Fatalf("%s: %v", what, err)
+				}
+				for _, q := range stmts {
+					t.Logf("%s: %s", what, q)
+				}
+				return stmts
+			}
+			acquire := func(st *gormstore.Store, id string) func() error {
+				return func() error { _, err := st.AcquireBucketLeases(ctx, id, 8, 30*time.Second); return err }
+			}
+			measure("first round", acquire(s, "relay-a"))
+			measure("peer joins", acquire(peer, "relay-b"))
+			measure("excess release round", acquire(s, "relay-a"))
+			measure("claim round", acquire(peer, "relay-b"))
+			clock.Advance(time.Second)
+			measure("idle round (peer)", acquire(peer, "relay-b"))
+			clock.Advance(time.Second)
+			idle := measure("idle round", acquire(s, "relay-a"))
+			// heartbeat, probe, active relays, snapshot, extend, read back.
+			if len(idle) != 6 {
+				t.Errorf("idle acquisition round ran %d statements; want 6", len(idle))
+			}
+			owned, _ := s.AcquireBucketLeases(ctx, "relay-a", 8, 30*time.Second)
+			measure("renew", func() error { _, err := s.RenewBucketLeases(ctx, "relay-a", owned, 30*time.Second); return err })
+			measure("renew (no change)", func() error { _, err := s.RenewBucketLeases(ctx, "relay-a", owned, 30*time.Second); return err })
+			measure("buckets with pending", func() error { _, err := s.BucketsWithPending(ctx, owned); return err })
+			var batch []*outbox.Message
+			measure("next batch", func() error { var err error; batch, err = s.NextBatch(ctx, owned[0], 500); return err })
+			measure("mark published", func() error {
+				return s.MarkPublished(ctx, owned[0], append(batch, &outbox.Message{ID: 1}, &outbox.Message{ID: 2}))
+			})
+			if got := measure("pending metrics", func() error { _, err := s.PendingMetrics(ctx); return err }); len(got) != 1 {
+				t.Errorf("PendingMetrics ran %d statements; want 1", len(got))
+			}
+			measure("release", func() error { return s.ReleaseBucketLeases(ctx, "relay-a") })
+		})
+	}
+}

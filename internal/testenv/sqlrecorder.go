@@ -1,0 +1,68 @@
+package testenv
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"time"
+
+	"gorm.io/gorm/logger"
+)
+
+// SQLRecorder is a gorm logger that records every statement it is shown.
+// Install it with gorm.Config{Logger: rec} or db.Session(&gorm.Session{Logger: rec}).
+type SQLRecorder struct {
+	mu   sync.Mutex
+	stmt []string
+}
+
+var _ logger.Interface = (*SQLRecorder)(nil)
+
+// LogMode implements logger.Interface.
+func (r *SQLRecorder) LogMode(logger.LogLevel) logger.Interface { return r }
+
+// Info implements logger.Interface.
+func (r *SQLRecorder) Info(context.Context, string, ...any) {}
+
+// Warn implements logger.Interface.
+func (r *SQLRecorder) Warn(context.Context, string, ...any) {}
+
+// Error implements logger.Interface.
+func (r *SQLRecorder) Error(context.Context, string, ...any) {}
+
+// Trace implements logger.Interface: it records the statement.
+func (r *SQLRecorder) Trace(_ context.Context, _ time.Time, fc func() (string, int64), _ error) {
+	s, _ := fc()
+	r.mu.Lock()
+	r.stmt = append(r.stmt, s)
+	r.mu.Unlock()
+}
+
+// Statements returns the recorded statements, oldest first.
+func (r *SQLRecorder) Statements() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.stmt...)
+}
+
+// Reset forgets the recorded statements.
+func (r *SQLRecorder) Reset() {
+	r.mu.Lock()
+	r.stmt = nil
+	r.mu.Unlock()
+}
+
+// DDL returns the recorded statements that change a schema.
+func (r *SQLRecorder) DDL() []string {
+	var out []string
+	for _, s := range r.Statements() {
+		u := strings.ToUpper(strings.TrimSpace(s))
+		for _, p := range []string{"CREATE ", "ALTER ", "DROP ", "RENAME "} {
+			if strings.HasPrefix(u, p) {
+				out = append(out, s)
+				break
+			}
+		}
+	}
+	return out
+}

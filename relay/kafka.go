@@ -1,0 +1,562 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	metadataAPI "github.com/segmentio/kafka-go/protocol/metadata"
+
+	"github.com/gorm-outbox/outbox"
+)
+
+// Kafka publisher defaults.
+const (
+	// DefaultMessageIDHeader is the record header that carries a row's
+	// message id (36-character lowercase UUID text).
+	DefaultMessageIDHeader = "x-outbox-message-id"
+	// DefaultKafkaBatchBytes is the default largest produce request the
+	// publisher sends to one partition, kafka-go's own default (1 MiB).
+	DefaultKafkaBatchBytes = 1 << 20
+	// DefaultKafkaMaxBatchRecords is the default largest number of records
+	// the publisher sends to one partition in one produce request.
+	DefaultKafkaMaxBatchRecords = 1000
+)
+
+// ErrPublisherClosed is the error of every row of a Publish called after
+// (*KafkaPublisher).Close.
+var ErrPublisherClosed = errors.New("relay: kafka publisher closed")
+
+// KafkaConfig configures NewKafkaPublisher. Brokers is required; the zero
+// value of every other field means its default.
+type KafkaConfig struct {
+	// Brokers are the bootstrap addresses ("host:port"). Required: an empty
+	// list or an empty address fails NewKafkaPublisher.
+	Brokers []string
+
+	// Transport carries TLS, SASL, dial and metadata settings; it is passed
+	// to the writer untouched and the caller keeps ownership (Close does not
+	// close it). Nil means the Transport the Configure hook set on the
+	// writer, else a default kafka.Transport owned (and closed) by the
+	// publisher.
+	Transport *kafka.Transport
+
+	// MessageIDHeader is the header that carries each row's message id as
+	// 36-character lowercase text. Caller headers of that name are dropped
+	// and the stamped header comes last. Empty means DefaultMessageIDHeader.
+	MessageIDHeader string
+
+	// BatchBytes is the largest produce request, in kafka-go's accounting of
+	// record sizes, that the publisher sends to one partition; a partition's
+	// rows that exceed it go in several requests, one after the other. A
+	// single row larger than BatchBytes fails with an error matching
+	// kafka.MessageSizeTooLarge without being sent. Keep it at most the
+	// topics' max.message.bytes: a larger request is rejected by the broker
+	// and the publisher then has to split it. Zero means the BatchBytes the
+	// Configure hook set on the writer, else DefaultKafkaBatchBytes (1 MiB);
+	// negative fails NewKafkaPublisher.
+	BatchBytes int64
+
+	// MaxBatchRecords is the largest number of records the publisher sends
+	// to one partition in one produce request. Zero means
+	// DefaultKafkaMaxBatchRecords (1000); negative fails NewKafkaPublisher.
+	MaxBatchRecords int
+
+	// Configure, when set, runs first on the new writer: it may set
+	// Compression, MaxAttempts, WriteBackoffMin/Max, ReadTimeout,
+	// WriteTimeout, AllowAutoTopicCreation, Logger, ErrorLogger, Completion
+	// and Transport (when the Transport field is nil). The publisher then
+	// enforces its invariants, whatever the hook set: Addr (from Brokers),
+	// an empty Topic (each row names its own), RequiredAcks = RequireAll,
+	// Async = false, its own Balancer (explicit partition, else murmur2 of
+	// the key), BatchSize and BatchBytes (from this config) and a batch
+	// timeout that is never waited on.
+	Configure func(*kafka.Writer)
+}
+
+// KafkaPublisher is the Publisher built on kafka-go's Writer: acks=all,
+// murmur2 key placement (explicit partitions honoured), the message-id
+// header on every record, and ordered across partial failure.
+//
+// Publish groups a batch's rows by topic partition, in submission order,
+// and sends every partition's rows at once, each partition as one produce
+// request (several, in sequence, beyond BatchBytes or MaxBatchRecords), so a
+// 500-row batch takes a handful of broker round trips. A produce request
+// to one partition is atomic on the broker, and once a row routed to
+// partition P fails, no later row of the same Publish call is sent to P:
+// a consumer that deduplicates by message id sees each partition's records
+// in submission order even when a row is rejected and retried later. When
+// the broker rejects a request for a reason that belongs to one record
+// (MESSAGE_TOO_LARGE, INVALID_RECORD, CORRUPT_MESSAGE, RECORD_LIST_TOO_LARGE)
+// the publisher resends its rows in halves, in order, so that the rows
+// before the culprit are still acknowledged and the error names the culprit.
+// Retriable broker errors are retried in place by kafka-go
+// (Writer.MaxAttempts).
+//
+// Calls on different partitions run concurrently; calls that share a
+// partition take turns on it. A KafkaPublisher is safe for concurrent use.
+type KafkaPublisher struct {
+	w            *kafka.Writer
+	header       string
+	batchBytes   int64
+	maxRecords   int
+	ownTransport *kafka.Transport
+
+	mu     sync.Mutex
+	closed bool
+	locks  map[topicPartition]chan struct{}
+	wg     sync.WaitGroup // Publish calls and in-flight writes
+}
+
+var _ Publisher = (*KafkaPublisher)(nil)
+
+type topicPartition struct {
+	topic     string
+	partition int
+}
+
+// NewKafkaPublisher returns a publisher writing to cfg.Brokers. It does not
+// contact the brokers; connections open on the first Publish. An invalid
+// cfg is an error naming the field.
+func NewKafkaPublisher(cfg KafkaConfig) (*KafkaPublisher, error) {
+	if len(cfg.Brokers) == 0 {
+		return nil, errors.New("relay: KafkaConfig.Brokers is empty")
+	}
+	for i, b := range cfg.Brokers {
+		if strings.TrimSpace(b) == "" {
+			return nil, fmt.Errorf("relay: KafkaConfig.Brokers[%d] is empty", i)
+		}
+	}
+	if cfg.BatchBytes < 0 {
+		return nil, fmt.Errorf("relay: KafkaConfig.BatchBytes is negative (%d)", cfg.BatchBytes)
+	}
+	if cfg.MaxBatchRecords < 0 {
+		return nil, fmt.Errorf("relay: KafkaConfig.MaxBatchRecords is negative (%d)", cfg.MaxBatchRecords)
+	}
+	p := &KafkaPublisher{
+		header:     cfg.MessageIDHeader,
+		maxRecords: cfg.MaxBatchRecords,
+		locks:      make(map[topicPartition]chan struct{}),
+	}
+	if p.header == "" {
+		p.header = DefaultMessageIDHeader
+	}
+	if p.maxRecords == 0 {
+		p.maxRecords = DefaultKafkaMaxBatchRecords
+	}
+
+	w := &kafka.Writer{}
+	if cfg.Configure != nil {
+		cfg.Configure(w)
+	}
+	p.batchBytes = cfg.BatchBytes
+	if p.batchBytes == 0 {
+		p.batchBytes = w.BatchBytes
+	}
+	if p.batchBytes <= 0 {
+		p.batchBytes = DefaultKafkaBatchBytes
+	}
+	if cfg.Transport != nil {
+		w.Transport = cfg.Transport
+	} else if w.Transport == nil {
+		p.ownTransport = &kafka.Transport{}
+		w.Transport = p.ownTransport
+	}
+	w.Addr = kafka.TCP(cfg.Brokers...)
+	w.Topic = ""
+	w.RequiredAcks = kafka.RequireAll
+	w.Async = false
+	w.Balancer = placement{}
+	w.BatchSize = p.maxRecords
+	w.BatchBytes = p.batchBytes
+	// Each partition's rows are handed to the writer in one WriteMessages
+	// call under the partition's turn, so the batch is complete when the
+	// writer's timer fires: it fires at once and the batch goes out.
+	w.BatchTimeout = time.Nanosecond
+	p.w = w
+	return p, nil
+}
+
+// placement is the writer's enforced Balancer. Publish decides each row's
+// partition (explicit, else kafka.Murmur2Balancer{}) and stores it in
+// Message.Partition; placement returns it. A partition the writer's metadata
+// does not (yet) list falls back to murmur2 of the key.
+type placement struct{}
+
+func (placement) Balance(msg kafka.Message, partitions ...int) int {
+	for _, p := range partitions {
+		if p == msg.Partition {
+			return p
+		}
+	}
+	return kafka.Murmur2Balancer{}.Balance(msg, partitions...)
+}
+
+// Publish sends batch and returns the contiguous acknowledged prefix and the
+// error of the first unacknowledged row (wrapping kafka-go's error, so
+// errors.Is(res.Err, kafka.MessageSizeTooLarge) and the like work).
+//
+// When ctx is done Publish stops waiting and reports only the rows
+// acknowledged so far, with ctx's error for the first other row. A row
+// already handed to the broker may still be appended after that (the
+// consumer deduplicates by message id); the partition stays busy until
+// that write ends, so a later call cannot overtake it.
+func (p *KafkaPublisher) Publish(ctx context.Context, batch []*outbox.Message) Result {
+	if len(batch) == 0 {
+		return Result{}
+	}
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return Result{Err: ErrPublisherClosed}
+	}
+	p.wg.Add(1)
+	p.mu.Unlock()
+	defer p.wg.Done()
+
+	rows := make([]row, len(batch))
+	for i, m := range batch {
+		rows[i] = row{msg: p.record(m), id: m.MessageID, partition: -1}
+	}
+
+	groups, order := p.place(ctx, batch, rows)
+
+	var wg sync.WaitGroup
+	for _, key := range order {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p.publishPartition(ctx, key, rows, groups[key])
+		}()
+	}
+	wg.Wait()
+
+	for i := range rows {
+		r := &rows[i]
+		if r.acked {
+			continue
+		}
+		err := r.err
+		if err == nil {
+			err = ctx.Err()
+		}
+		if err == nil { // unreachable: every unacknowledged row has a cause
+			err = errors.New("not acknowledged")
+		}
+		where := r.msg.Topic
+		if r.partition >= 0 {
+			where = fmt.Sprintf("%s[%d]", r.msg.Topic, r.partition)
+		}
+		return Result{Acknowledged: i, Err: fmt.Errorf("relay: publish message %s to %s: %w", r.id, where, err)}
+	}
+	return Result{Acknowledged: len(batch)}
+}
+
+// row is one message of a Publish call and its outcome.
+type row struct {
+	msg       kafka.Message
+	id        outbox.UUID
+	partition int
+	acked     bool
+	err       error
+}
+
+// record converts m to a kafka-go message: key, value and headers as stored,
+// plus the message-id header.
+func (p *KafkaPublisher) record(m *outbox.Message) kafka.Message {
+	hs := make([]kafka.Header, 0, len(m.Headers)+1)
+	for _, h := range m.Headers {
+		if h.Key == p.header {
+			continue
+		}
+		hs = append(hs, kafka.Header{Key: h.Key, Value: h.Value})
+	}
+	hs = append(hs, kafka.Header{Key: p.header, Value: []byte(m.MessageID.String())})
+	return kafka.Message{Topic: m.Topic, Key: m.Key, Value: m.Value, Headers: hs}
+}
+
+// place decides every row's partition and groups the rows by topic
+// partition, each group in submission order; order lists the groups. A row
+// that cannot be placed gets its error.
+func (p *KafkaPublisher) place(ctx context.Context, batch []*outbox.Message, rows []row) (map[topicPartition][]int, []topicPartition) {
+	counts := make(map[string]int)
+	countErr := make(map[string]error)
+	groups := make(map[topicPartition][]int)
+	var order []topicPartition
+	var parts []int
+	for i, m := range batch {
+		n, seen := counts[m.Topic]
+		err := countErr[m.Topic]
+		if !seen && err == nil {
+			n, err = p.partitions(ctx, m.Topic)
+			if err != nil {
+				countErr[m.Topic] = err
+			} else {
+				counts[m.Topic] = n
+			}
+		}
+		if err != nil {
+			rows[i].err = err
+			continue
+		}
+		var part int
+		if m.Partition != nil {
+			part = int(*m.Partition)
+			if part < 0 || part >= n {
+				rows[i].err = fmt.Errorf("partition %d of %d: %w", part, n, kafka.UnknownTopicOrPartition)
+				continue
+			}
+		} else {
+			for len(parts) < n {
+				parts = append(parts, len(parts))
+			}
+			part = kafka.Murmur2Balancer{}.Balance(kafka.Message{Key: m.Key}, parts[:n]...)
+		}
+		rows[i].partition = part
+		rows[i].msg.Partition = part
+		key := topicPartition{m.Topic, part}
+		if _, ok := groups[key]; !ok {
+			order = append(order, key)
+		}
+		groups[key] = append(groups[key], i)
+	}
+	return groups, order
+}
+
+// partitions returns topic's partition count from the transport's (cached)
+// metadata, as the writer itself looks it up.
+func (p *KafkaPublisher) partitions(ctx context.Context, topic string) (int, error) {
+	res, err := p.w.Transport.RoundTrip(ctx, p.w.Addr, &metadataAPI.Request{
+		TopicNames:             []string{topic},
+		AllowAutoTopicCreation: p.w.AllowAutoTopicCreation,
+	})
+	if err != nil {
+		return 0, fmt.Errorf("metadata: %w", err)
+	}
+	meta, ok := res.(*metadataAPI.Response)
+	if !ok {
+		return 0, fmt.Errorf("metadata: unexpected response %T", res)
+	}
+	for _, t := range meta.Topics {
+		if t.Name != topic {
+			continue
+		}
+		if t.ErrorCode != 0 {
+			return 0, fmt.Errorf("metadata: %w", kafka.Error(t.ErrorCode))
+		}
+		if len(t.Partitions) == 0 {
+			return 0, fmt.Errorf("metadata: %w", kafka.LeaderNotAvailable)
+		}
+		return len(t.Partitions), nil
+	}
+	return 0, fmt.Errorf("metadata: %w", kafka.UnknownTopicOrPartition)
+}
+
+// publishPartition sends one partition's rows (indexes into rows, in
+// submission order) in requests of at most batchBytes and maxRecords, one
+// after the other, and stops at the first failure: the failed row gets the
+// error and no later row is sent.
+func (p *KafkaPublisher) publishPartition(ctx context.Context, key topicPartition, rows []row, idx []int) {
+	release, err := p.acquire(ctx, key)
+	if err != nil {
+		return // rows stay unacknowledged; Publish reports ctx's error
+	}
+	released := false
+	defer func() {
+		if !released {
+			release()
+		}
+	}()
+
+	start := 0
+	for start < len(idx) {
+		var size int64
+		end := start
+		var tooLarge error
+		for end < len(idx) && end-start < p.maxRecords {
+			n := int64(recordSize(&rows[idx[end]].msg))
+			if n > p.batchBytes {
+				tooLarge = fmt.Errorf("record of %d bytes exceeds BatchBytes %d: %w", n, p.batchBytes, kafka.MessageSizeTooLarge)
+				break
+			}
+			if size+n > p.batchBytes {
+				break
+			}
+			size += n
+			end++
+		}
+		if end > start {
+			ok, pending := p.sendSplit(ctx, rows, idx[start:end], release)
+			if pending {
+				released = true // the in-flight write releases the partition
+			}
+			if !ok {
+				return
+			}
+			start = end
+		}
+		if tooLarge != nil {
+			rows[idx[start]].err = tooLarge
+			return
+		}
+	}
+}
+
+// sendSplit sends rows idx as one request; when the broker rejects it for a
+// reason that belongs to one record, it resends the rows in halves, in
+// order, so that rows before the culprit are acknowledged. It reports
+// whether all rows were acknowledged, and whether a write is still in
+// flight after ctx ended (that write then releases the partition).
+func (p *KafkaPublisher) sendSplit(ctx context.Context, rows []row, idx []int, release func()) (ok, pending bool) {
+	err, pending := p.write(ctx, rows, idx, release)
+	if pending {
+		return false, true
+	}
+	if err == nil {
+		for _, i := range idx {
+			rows[i].acked = true
+		}
+		return true, false
+	}
+	if len(idx) == 1 || !recordError(err) {
+		rows[idx[0]].err = err
+		return false, false
+	}
+	half := len(idx) / 2
+	if ok, pending := p.sendSplit(ctx, rows, idx[:half], release); !ok {
+		return false, pending
+	}
+	return p.sendSplit(ctx, rows, idx[half:], release)
+}
+
+// write hands rows idx to the writer in one WriteMessages call and waits for
+// the outcome or ctx. The write itself is not cancelled by ctx (so that it
+// stays one unit the partition's next writer cannot join); when ctx ends
+// first, write returns pending and the write calls release when it ends.
+func (p *KafkaPublisher) write(ctx context.Context, rows []row, idx []int, release func()) (err error, pending bool) {
+	msgs := make([]kafka.Message, len(idx))
+	for j, i := range idx {
+		msgs[j] = rows[i].msg
+	}
+	done := make(chan error, 1)
+	var mu sync.Mutex
+	var finished, abandoned bool
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		err := p.w.WriteMessages(context.WithoutCancel(ctx), msgs...)
+		mu.Lock()
+		finished = true
+		a := abandoned
+		mu.Unlock()
+		done <- err
+		if a {
+			release()
+		}
+	}()
+	select {
+	case err := <-done:
+		return firstWriteError(err), false
+	case <-ctx.Done():
+		mu.Lock()
+		if finished { // ended meanwhile: report it as usual
+			mu.Unlock()
+			return firstWriteError(<-done), false
+		}
+		abandoned = true
+		mu.Unlock()
+		return nil, true
+	}
+}
+
+// acquire takes key's turn, in Publish-call order of arrival, or fails when
+// ctx ends first.
+func (p *KafkaPublisher) acquire(ctx context.Context, key topicPartition) (release func(), err error) {
+	p.mu.Lock()
+	ch, ok := p.locks[key]
+	if !ok {
+		ch = make(chan struct{}, 1)
+		p.locks[key] = ch
+	}
+	p.mu.Unlock()
+	select {
+	case ch <- struct{}{}:
+		return func() { <-ch }, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// firstWriteError returns the error of a one-batch WriteMessages call: the
+// first message's entry of kafka.WriteErrors, else err itself.
+func firstWriteError(err error) error {
+	var we kafka.WriteErrors
+	if errors.As(err, &we) {
+		for _, e := range we {
+			if e != nil {
+				return e
+			}
+		}
+	}
+	return err
+}
+
+// recordError reports whether the broker rejected a request because of one
+// of its records, so that nothing was appended and a smaller request may
+// succeed.
+func recordError(err error) bool {
+	for _, e := range []kafka.Error{kafka.MessageSizeTooLarge, kafka.RecordListTooLarge, kafka.InvalidRecord, kafka.InvalidMessage} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
+// recordSize is kafka-go's accounting of a message's size against
+// Writer.BatchBytes (Message.totalSize in kafka-go v0.4).
+func recordSize(m *kafka.Message) int {
+	hs := varIntLen(int64(len(m.Headers)))
+	for _, h := range m.Headers {
+		hs += varIntLen(int64(len(h.Key))) + len(h.Key) + varIntLen(int64(len(h.Value))) + len(h.Value)
+	}
+	return hs + 4 + 1 + 1 + 4 + len(m.Key) + 4 + len(m.Value) + 8
+}
+
+func varIntLen(i int64) int {
+	u := uint64((i << 1) ^ (i >> 63))
+	n := 1
+	for u >= 0x80 {
+		u >>= 7
+		n++
+	}
+	return n
+}
+
+// Close waits for in-flight Publish calls and writes (a write abandoned by
+// its caller's ctx ends within the writer's MaxAttempts × WriteTimeout),
+// flushes and closes the writer, and closes the connections of the
+// transport the publisher created. A Publish after Close fails with
+// ErrPublisherClosed. Close is idempotent.
+func (p *KafkaPublisher) Close() error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed = true
+	p.mu.Unlock()
+	p.wg.Wait()
+	err := p.w.Close()
+	if p.ownTransport != nil {
+		p.ownTransport.CloseIdleConnections()
+	}
+	if err != nil {
+		return fmt.Errorf("relay: close kafka writer: %w", err)
+	}
+	return nil
+}

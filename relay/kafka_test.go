@@ -1,0 +1,597 @@
+package relay
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/internal/testenv"
+)
+
+// newTopic creates a fresh topic named after the test on b.
+func newTopic(t testing.TB, b testenv.Broker, partitions int, configs map[string]string) string {
+	t.Helper()
+	name := regexp.MustCompile(`[^a-zA-Z0-9._-]+`).ReplaceAllString(t.Name(), "_")
+	if len(name) > 180 {
+		name = name[:180]
+	}
+	topic := fmt.Sprintf("%s-%08x", name, rand.Uint32())
+	b.CreateTopic(t, topic, partitions, configs)
+	return topic
+}
+
+// newPublisher returns a publisher on b, closed at cleanup.
+func newPublisher(t testing.TB, b testenv.Broker, cfg KafkaConfig) *KafkaPublisher {
+	t.Helper()
+	cfg.Brokers = b.Addrs
+	p, err := NewKafkaPublisher(cfg)
+	if err != nil {
+		t.Fatalf("NewKafkaPublisher: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := p.Close(); err != nil {
+			t.Errorf("Close = %v", err)
+		}
+	})
+	return p
+}
+
+func msg(topic string, key, value string, partition ...int32) *outbox.Message {
+	m := &outbox.Message{MessageID: outbox.NewUUID(), Topic: topic, Key: []byte(key), Value: []byte(value)}
+	if len(partition) > 0 {
+		m.Partition = &partition[0]
+	}
+	return m
+}
+
+// byID indexes records by their message-id header.
+func byID(t testing.TB, recs []kafka.Message) map[string]kafka.Message {
+	t.Helper()
+	out := make(map[string]kafka.Message)
+	for _, r := range recs {
+		out[idOf(r)] = r
+	}
+	return out
+}
+
+func idOf(r kafka.Message) string {
+	id := ""
+	for _, h := range r.Headers {
+		if h.Key == DefaultMessageIDHeader {
+			id = string(h.Value)
+		}
+	}
+	return id
+}
+
+// captureProduced records every record of the uncompressed produce
+// requests c receives from now on, by message-id header; the returned
+// function reads what was captured.
+func captureProduced(t testing.TB, c *kfake.Cluster) func() map[string]kmsg.Record {
+	t.Helper()
+	var mu sync.Mutex
+	got := make(map[string]kmsg.Record)
+	c.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Count: -1, Observe: true, When: func(r kmsg.Request) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, tp := range r.(*kmsg.ProduceRequest).Topics {
+			for _, pp := range tp.Partitions {
+				var rb kmsg.RecordBatch
+				if err := rb.ReadFrom(pp.Records); err != nil {
+					continue
+				}
+				buf := rb.Records
+				for range rb.NumRecords {
+					l, n := binary.Varint(buf)
+					if n <= 0 || int(l)+n > len(buf) {
+						break
+					}
+					var rec kmsg.Record
+					if err := rec.ReadFrom(buf[:n+int(l)]); err == nil {
+						for _, h := range rec.Headers {
+							if h.Key == DefaultMessageIDHeader {
+								got[string(h.Value)] = rec
+							}
+						}
+					}
+					buf = buf[n+int(l):]
+				}
+			}
+		}
+		return true
+	}})
+	return func() map[string]kmsg.Record {
+		mu.Lock()
+		defer mu.Unlock()
+		return maps.Clone(got)
+	}
+}
+
+func murmur2(key []byte, n int) int {
+	parts := make([]int, n)
+	for i := range parts {
+		parts[i] = i
+	}
+	return kafka.Murmur2Balancer{}.Balance(kafka.Message{Key: key}, parts...)
+}
+
+func TestNewKafkaPublisher_rejects_invalid_config(t *testing.T) {
+	tests := []struct {
+		name  string
+		cfg   KafkaConfig
+		field string
+	}{
+		{"no_brokers", KafkaConfig{}, "Brokers"},
+		{"empty_broker", KafkaConfig{Brokers: []string{"a:9092", " "}}, "Brokers[1]"},
+		{"negative_batch_bytes", KafkaConfig{Brokers: []string{"a:9092"}, BatchBytes: -1}, "BatchBytes"},
+		{"negative_max_batch_records", KafkaConfig{Brokers: []string{"a:9092"}, MaxBatchRecords: -1}, "MaxBatchRecords"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, err := NewKafkaPublisher(tt.cfg)
+			if err == nil {
+				p.Close()
+				t.Fatalf("NewKafkaPublisher(%+v) = nil error; want one naming %s", tt.cfg, tt.field)
+			}
+			if !strings.Contains(err.Error(), tt.field) || !strings.HasPrefix(err.Error(), "relay: ") {
+				t.Errorf("NewKafkaPublisher error = %q; want it to start with \"relay: \" and name %s", err, tt.field)
+			}
+		})
+	}
+}
+
+func TestKafkaPublisher_hook_cannot_downgrade_invariants(t *testing.T) {
+	b := testenv.NewFake(t)
+	p := newPublisher(t, b, KafkaConfig{Configure: func(w *kafka.Writer) {
+		w.RequiredAcks = kafka.RequireNone
+		w.Balancer = &kafka.Hash{}
+		w.BatchTimeout = time.Second
+		w.BatchSize = 1
+		w.Async = true
+		w.Topic = "hooked"
+		w.MaxAttempts = 3 // not an invariant: kept
+	}})
+	w := p.w
+	if w.RequiredAcks != kafka.RequireAll {
+		t.Errorf("writer RequiredAcks = %v; want RequireAll", w.RequiredAcks)
+	}
+	if _, ok := w.Balancer.(placement); !ok {
+		t.Errorf("writer Balancer = %T; want placement", w.Balancer)
+	}
+	if w.BatchTimeout >= time.Millisecond {
+		t.Errorf("writer BatchTimeout = %v; want < 1ms", w.BatchTimeout)
+	}
+	if w.BatchSize != DefaultKafkaMaxBatchRecords || w.BatchBytes != DefaultKafkaBatchBytes {
+		t.Errorf("writer BatchSize, BatchBytes = %d, %d; want %d, %d", w.BatchSize, w.BatchBytes, DefaultKafkaMaxBatchRecords, DefaultKafkaBatchBytes)
+	}
+	if w.Async || w.Topic != "" {
+		t.Errorf("writer Async, Topic = %v, %q; want false, \"\"", w.Async, w.Topic)
+	}
+	if w.MaxAttempts != 3 {
+		t.Errorf("writer MaxAttempts = %d; want the hook's 3", w.MaxAttempts)
+	}
+
+	// On the wire: every produce request asks for acks=all, and keys land
+	// where murmur2 puts them (not where the hook's Hash balancer would).
+	topic := newTopic(t, b, 8, nil)
+	notAll := b.Fake.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Count: -1, Observe: true,
+		When: func(r kmsg.Request) bool { return r.(*kmsg.ProduceRequest).Acks != -1 }})
+	produces := b.Fake.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Count: -1, Observe: true})
+	var batch []*outbox.Message
+	for i := range 16 {
+		batch = append(batch, msg(topic, fmt.Sprintf("key-%d", i), "v"))
+	}
+	if res := p.Publish(context.Background(), batch); res.Acknowledged != len(batch) || res.Err != nil {
+		t.Fatalf("Publish = %+v; want %d acknowledged", res, len(batch))
+	}
+	if notAll.Hits() != 0 || produces.Hits() == 0 {
+		t.Errorf("produce requests without acks=all = %d of %d; want 0 of > 0", notAll.Hits(), produces.Hits())
+	}
+	got := byID(t, b.ReadAll(t, topic, len(batch), 10*time.Second))
+	for _, m := range batch {
+		r, ok := got[m.MessageID.String()]
+		if !ok {
+			t.Fatalf("record %s missing", m.MessageID)
+		}
+		if want := murmur2(m.Key, 8); r.Partition != want {
+			t.Errorf("key %q on partition %d; want murmur2's %d", m.Key, r.Partition, want)
+		}
+	}
+}
+
+func TestKafkaPublisher_round_trips_records(t *testing.T) {
+	testenv.ForEachBroker(t, func(t *testing.T, b testenv.Broker) {
+		const parts = 8
+		topic := newTopic(t, b, parts, nil)
+		p := newPublisher(t, b, KafkaConfig{})
+
+		withHeaders := msg(topic, "order-1", `{"n":1}`)
+		withHeaders.Headers = outbox.Headers{
+			{Key: "b", Value: []byte("2")},
+			{Key: DefaultMessageIDHeader, Value: []byte("caller's, replaced")},
+			{Key: "a", Value: []byte("1")},
+			{Key: "b", Value: []byte("dup")},
+		}
+		emptyKey := msg(topic, "", "empty key")
+		tombstone := &outbox.Message{MessageID: outbox.NewUUID(), Topic: topic, Key: []byte("gone")}
+		emptyValue := msg(topic, "k", "")
+		pinned := msg(topic, "order-1", "pinned", 5)
+		batch := []*outbox.Message{withHeaders, emptyKey, tombstone, emptyValue, pinned}
+		for i := range 32 {
+			batch = append(batch, &outbox.Message{MessageID: outbox.NewUUID(), Topic: topic, Value: []byte(fmt.Sprint(i))})
+		}
+		var wire func() map[string]kmsg.Record
+		if b.Fake != nil {
+			wire = captureProduced(t, b.Fake)
+		}
+		res := p.Publish(context.Background(), batch)
+		if res.Acknowledged != len(batch) || res.Err != nil {
+			t.Fatalf("Publish = %+v; want %d acknowledged, nil error", res, len(batch))
+		}
+		got := byID(t, b.ReadAll(t, topic, len(batch), 20*time.Second))
+		if len(got) != len(batch) {
+			t.Fatalf("read %d distinct records; want %d", len(got), len(batch))
+		}
+		spread := map[int]bool{}
+		for _, m := range batch {
+			r := got[m.MessageID.String()]
+			if r.Topic != topic || !bytes.Equal(r.Key, m.Key) || !bytes.Equal(r.Value, m.Value) {
+				t.Errorf("record %s = key %q value %q; want key %q value %q", m.MessageID, r.Key, r.Value, m.Key, m.Value)
+			}
+			// kafka-go's reader turns an empty key or value into nil, so
+			// nil-ness is checked on the wire (kfake only).
+			if wire != nil {
+				w, ok := wire()[m.MessageID.String()]
+				if !ok {
+					t.Fatalf("record %s not seen in a produce request", m.MessageID)
+				}
+				if (w.Key == nil) != (m.Key == nil) || (w.Value == nil) != (m.Value == nil) {
+					t.Errorf("record %s sent with key nil %v, value nil %v; want %v, %v", m.MessageID, w.Key == nil, w.Value == nil, m.Key == nil, m.Value == nil)
+				}
+			}
+			switch {
+			case m.Partition != nil:
+				if r.Partition != int(*m.Partition) {
+					t.Errorf("pinned record on partition %d; want %d", r.Partition, *m.Partition)
+				}
+			case m.Key != nil:
+				if want := murmur2(m.Key, parts); r.Partition != want {
+					t.Errorf("key %q on partition %d; want murmur2's %d", m.Key, r.Partition, want)
+				}
+			default:
+				spread[r.Partition] = true
+			}
+		}
+		if len(spread) < 2 {
+			t.Errorf("32 keyless records used %d partitions; want them spread over several", len(spread))
+		}
+
+		r := got[withHeaders.MessageID.String()]
+		var hs []string
+		for _, h := range r.Headers {
+			hs = append(hs, h.Key+"="+string(h.Value))
+		}
+		want := []string{"b=2", "a=1", "b=dup", DefaultMessageIDHeader + "=" + withHeaders.MessageID.String()}
+		if strings.Join(hs, " ") != strings.Join(want, " ") {
+			t.Errorf("headers = %q; want %q", hs, want)
+		}
+		if id := idOf(r); len(id) != 36 || id != strings.ToLower(id) {
+			t.Errorf("message id header = %q; want 36-char lowercase", id)
+		}
+	})
+}
+
+func TestKafkaPublisher_stamps_configured_message_id_header(t *testing.T) {
+	b := testenv.NewFake(t)
+	topic := newTopic(t, b, 1, nil)
+	p := newPublisher(t, b, KafkaConfig{MessageIDHeader: "id"})
+	m := msg(topic, "k", "v")
+	if res := p.Publish(context.Background(), []*outbox.Message{m}); res.Err != nil {
+		t.Fatalf("Publish = %+v", res)
+	}
+	recs := b.ReadAll(t, topic, 1, 10*time.Second)
+	if len(recs) != 1 || len(recs[0].Headers) != 1 || recs[0].Headers[0].Key != "id" || string(recs[0].Headers[0].Value) != m.MessageID.String() {
+		t.Fatalf("records = %+v; want one with header id=%s", recs, m.MessageID)
+	}
+}
+
+// TestKafkaPublisher_keeps_key_order_after_rejected_row is the reference
+// design's rows 1, 2, 3 scenario: row 1 is too large for the topic, rows 2
+// and 3 share its key. The reference's consumer sees 2, 3, 1; ours 1, 2, 3.
+func TestKafkaPublisher_keeps_key_order_after_rejected_row(t *testing.T) {
+	testenv.ForEachBroker(t, func(t *testing.T, b testenv.Broker) {
+		topic := newTopic(t, b, 3, map[string]string{"max.message.bytes": "2048"})
+		p := newPublisher(t, b, KafkaConfig{})
+		row1 := msg(topic, "order-7", strings.Repeat("x", 8192))
+		row2 := msg(topic, "order-7", "2")
+		row3 := msg(topic, "order-7", "3")
+		batch := []*outbox.Message{row1, row2, row3}
+
+		res := p.Publish(context.Background(), batch)
+		if res.Acknowledged != 0 || !errors.Is(res.Err, kafka.MessageSizeTooLarge) {
+			t.Fatalf("Publish = %+v; want 0 acknowledged and MessageSizeTooLarge", res)
+		}
+		if !strings.Contains(res.Err.Error(), row1.MessageID.String()) {
+			t.Errorf("error %q does not name row 1 (%s)", res.Err, row1.MessageID)
+		}
+
+		row1.Value = []byte("1") // repaired, same message id
+		if res := p.Publish(context.Background(), batch); res.Acknowledged != 3 || res.Err != nil {
+			t.Fatalf("retry Publish = %+v; want 3 acknowledged", res)
+		}
+		// Nothing of the failed attempt was appended: the topic holds exactly
+		// the three records of the retry.
+		recs := b.ReadAll(t, topic, 3, 10*time.Second)
+		if len(recs) != 3 {
+			t.Errorf("topic holds %d records; want 3 (none from the failed attempt)", len(recs))
+		}
+		seen := map[string]bool{}
+		var order []string
+		for _, r := range recs {
+			if id := idOf(r); !seen[id] {
+				seen[id] = true
+				order = append(order, string(r.Value))
+			}
+		}
+		if got := strings.Join(order, ","); got != "1,2,3" {
+			t.Errorf("deduplicated consumer order = %s; want 1,2,3", got)
+		}
+	})
+}
+
+func TestKafkaPublisher_stops_failed_partition_while_others_proceed(t *testing.T) {
+	poison := []byte("poison")
+	tests := []struct {
+		name string
+		// fault fails produce requests to partition 1 of topic.
+		fault   func(topic string) kfake.Fault
+		wantAck int
+		wantErr error
+		// wantOnP1 is the values that must land on partition 1.
+		wantOnP1 []string
+	}{
+		{
+			// A record error rejects the whole request; the publisher
+			// resends in halves, so rows before the culprit still land.
+			name: "record_error_fails_only_the_culprit_and_later_rows",
+			fault: func(topic string) kfake.Fault {
+				return kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: topic, Partitions: []int32{1}, Err: kerr.InvalidRecord, Count: -1,
+					When: func(r kmsg.Request) bool {
+						for _, tp := range r.(*kmsg.ProduceRequest).Topics {
+							for _, pp := range tp.Partitions {
+								if bytes.Contains(pp.Records, poison) {
+									return true
+								}
+							}
+						}
+						return false
+					}}
+			},
+			wantAck:  4,
+			wantErr:  kafka.InvalidRecord,
+			wantOnP1: []string{"r1", "r3"},
+		},
+		{
+			name: "partition_error_fails_the_partition_from_its_first_row",
+			fault: func(topic string) kfake.Fault {
+				return kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: topic, Partitions: []int32{1}, Err: kerr.TopicAuthorizationFailed, Count: -1}
+			},
+			wantAck: 1,
+			wantErr: kafka.TopicAuthorizationFailed,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := testenv.NewFake(t)
+			topic := newTopic(t, b, 3, nil)
+			b.Fake.Fault(tt.fault(topic))
+			p := newPublisher(t, b, KafkaConfig{})
+			parts := []int32{0, 1, 2, 1, 1, 0, 1, 2}
+			var batch []*outbox.Message
+			for i, part := range parts {
+				v := fmt.Sprintf("r%d", i)
+				if i == 4 {
+					v = "r4-" + string(poison)
+				}
+				batch = append(batch, msg(topic, "", v, part))
+			}
+			res := p.Publish(context.Background(), batch)
+			if res.Acknowledged != tt.wantAck || !errors.Is(res.Err, tt.wantErr) {
+				t.Fatalf("Publish = %d acknowledged, %v; want %d, %v", res.Acknowledged, res.Err, tt.wantAck, tt.wantErr)
+			}
+			if !strings.Contains(res.Err.Error(), batch[tt.wantAck].MessageID.String()) {
+				t.Errorf("error %q does not name row %d", res.Err, tt.wantAck)
+			}
+			onPart := map[int][]string{}
+			for _, r := range b.ReadAll(t, topic, 4+len(tt.wantOnP1), 10*time.Second) {
+				onPart[r.Partition] = append(onPart[r.Partition], string(r.Value))
+			}
+			want := map[int]string{0: "r0 r5", 1: strings.Join(tt.wantOnP1, " "), 2: "r2 r7"}
+			for part, w := range want {
+				if got := strings.Join(onPart[part], " "); got != w {
+					t.Errorf("partition %d holds %q; want %q", part, got, w)
+				}
+			}
+		})
+	}
+}
+
+func TestKafkaPublisher_fails_row_above_batch_bytes_without_failing_earlier_rows(t *testing.T) {
+	b := testenv.NewFake(t)
+	topic := newTopic(t, b, 2, nil)
+	p := newPublisher(t, b, KafkaConfig{BatchBytes: 1024})
+	batch := []*outbox.Message{
+		msg(topic, "", "a0", 0),
+		msg(topic, "", "a1", 0),
+		msg(topic, "", strings.Repeat("x", 2048), 0),
+		msg(topic, "", "b0", 1),
+		msg(topic, "", "a3", 0),
+		msg(topic, "", "b1", 1),
+	}
+	res := p.Publish(context.Background(), batch)
+	if res.Acknowledged != 2 || !errors.Is(res.Err, kafka.MessageSizeTooLarge) {
+		t.Fatalf("Publish = %d acknowledged, %v; want 2, MessageSizeTooLarge", res.Acknowledged, res.Err)
+	}
+	onPart := map[int][]string{}
+	for _, r := range b.ReadAll(t, topic, 4, 10*time.Second) {
+		onPart[r.Partition] = append(onPart[r.Partition], string(r.Value))
+	}
+	for part, w := range map[int]string{0: "a0 a1", 1: "b0 b1"} {
+		if g := strings.Join(onPart[part], " "); g != w {
+			t.Errorf("partition %d holds %q; want %q", part, g, w)
+		}
+	}
+}
+
+func TestKafkaPublisher_sends_large_batch_in_a_handful_of_requests(t *testing.T) {
+	b := testenv.NewFake(t)
+	const parts = 8
+	topic := newTopic(t, b, parts, nil)
+	p := newPublisher(t, b, KafkaConfig{})
+	produces := b.Fake.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Count: -1, Observe: true})
+	value := bytes.Repeat([]byte("v"), 1024)
+	var batch []*outbox.Message
+	for i := range 500 {
+		batch = append(batch, &outbox.Message{MessageID: outbox.NewUUID(), Topic: topic, Key: []byte(fmt.Sprint("key-", i)), Value: value})
+	}
+	if res := p.Publish(context.Background(), batch); res.Acknowledged != 500 || res.Err != nil {
+		t.Fatalf("Publish = %+v; want 500 acknowledged", res)
+	}
+	if n := produces.Hits(); n > parts {
+		t.Errorf("500 rows on %d partitions took %d produce requests; want at most %d", parts, n, parts)
+	}
+}
+
+func TestKafkaPublisher_chunks_partition_in_order_beyond_max_batch_records(t *testing.T) {
+	b := testenv.NewFake(t)
+	topic := newTopic(t, b, 1, nil)
+	p := newPublisher(t, b, KafkaConfig{MaxBatchRecords: 4})
+	produces := b.Fake.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Count: -1, Observe: true})
+	var batch []*outbox.Message
+	for i := range 10 {
+		batch = append(batch, msg(topic, "k", fmt.Sprint(i)))
+	}
+	if res := p.Publish(context.Background(), batch); res.Acknowledged != 10 || res.Err != nil {
+		t.Fatalf("Publish = %+v; want 10 acknowledged", res)
+	}
+	if n := produces.Hits(); n != 3 {
+		t.Errorf("10 rows with MaxBatchRecords 4 took %d produce requests; want 3", n)
+	}
+	var got []string
+	for _, r := range b.ReadAll(t, topic, 10, 10*time.Second) {
+		got = append(got, string(r.Value))
+	}
+	if g := strings.Join(got, ","); g != "0,1,2,3,4,5,6,7,8,9" {
+		t.Errorf("partition holds %s; want 0..9 in order", g)
+	}
+}
+
+func TestKafkaPublisher_reports_only_acknowledged_rows_on_cancel(t *testing.T) {
+	b := testenv.NewFake(t)
+	topic := newTopic(t, b, 1, nil)
+	p := newPublisher(t, b, KafkaConfig{})
+
+	entered := make(chan struct{})
+	wake := make(chan struct{})
+	b.Fake.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		b.Fake.DropControl() // only the first produce request
+		close(entered)
+		b.Fake.SleepControl(func() { <-wake })
+		return nil, nil, false // let the broker append it
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	stuck := msg(topic, "k", "stuck")
+	done := make(chan Result, 1)
+	go func() { done <- p.Publish(ctx, []*outbox.Message{stuck, msg(topic, "k", "next")}) }()
+	<-entered
+	cancel()
+	res := <-done
+	if res.Acknowledged != 0 || !errors.Is(res.Err, context.Canceled) {
+		t.Fatalf("Publish after cancel = %+v; want 0 acknowledged, context.Canceled", res)
+	}
+
+	// The handed-over record may still land; a later call on the same
+	// partition waits for it and comes after it.
+	later := make(chan Result, 1)
+	go func() { later <- p.Publish(context.Background(), []*outbox.Message{msg(topic, "k", "later")}) }()
+	close(wake)
+	if res := <-later; res.Err != nil {
+		t.Fatalf("later Publish = %+v", res)
+	}
+	var got []string
+	for _, r := range b.ReadAll(t, topic, 3, 10*time.Second) {
+		got = append(got, string(r.Value))
+	}
+	if g := strings.Join(got, ","); g != "stuck,next,later" {
+		t.Errorf("partition holds %s; want stuck,next,later", g)
+	}
+}
+
+func TestKafkaPublisher_fails_after_close(t *testing.T) {
+	b := testenv.NewFake(t)
+	p, err := NewKafkaPublisher(KafkaConfig{Brokers: b.Addrs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Close(); err != nil {
+		t.Fatalf("Close = %v", err)
+	}
+	if err := p.Close(); err != nil {
+		t.Fatalf("second Close = %v; want nil", err)
+	}
+	res := p.Publish(context.Background(), []*outbox.Message{msg("t", "k", "v")})
+	if res.Acknowledged != 0 || !errors.Is(res.Err, ErrPublisherClosed) {
+		t.Fatalf("Publish after Close = %+v; want ErrPublisherClosed", res)
+	}
+}
+
+func TestKafkaPublisher_fails_unknown_partition(t *testing.T) {
+	b := testenv.NewFake(t)
+	topic := newTopic(t, b, 2, nil)
+	p := newPublisher(t, b, KafkaConfig{})
+	res := p.Publish(context.Background(), []*outbox.Message{msg(topic, "k", "ok", 1), msg(topic, "k", "bad", 7)})
+	if res.Acknowledged != 1 || !errors.Is(res.Err, kafka.UnknownTopicOrPartition) {
+		t.Fatalf("Publish = %d, %v; want 1, UnknownTopicOrPartition", res.Acknowledged, res.Err)
+	}
+}
+
+// A broker rejects a whole partition request for one too-large record; the
+// publisher resends in halves so the rows before it are still acknowledged
+// and nothing after it on that partition is appended.
+func TestKafkaPublisher_acknowledges_rows_before_a_row_the_broker_rejects(t *testing.T) {
+	testenv.ForEachBroker(t, func(t *testing.T, b testenv.Broker) {
+		topic := newTopic(t, b, 1, map[string]string{"max.message.bytes": "2048"})
+		p := newPublisher(t, b, KafkaConfig{})
+		batch := []*outbox.Message{
+			msg(topic, "k", "1"), msg(topic, "k", "2"), msg(topic, "k", "3"),
+			msg(topic, "k", strings.Repeat("x", 8192)),
+			msg(topic, "k", "5"),
+		}
+		res := p.Publish(context.Background(), batch)
+		if res.Acknowledged != 3 || !errors.Is(res.Err, kafka.MessageSizeTooLarge) {
+			t.Fatalf("Publish = %d acknowledged, %v; want 3, MessageSizeTooLarge", res.Acknowledged, res.Err)
+		}
+		var got []string
+		for _, r := range b.ReadAll(t, topic, 3, 10*time.Second) {
+			got = append(got, string(r.Value))
+		}
+		if g := strings.Join(got, ","); g != "1,2,3" {
+			t.Errorf("partition holds %s; want 1,2,3 (nothing after the rejected row)", g)
+		}
+	})
+}

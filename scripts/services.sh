@@ -1,0 +1,871 @@
+#!/usr/bin/env bash
+# Test services for the gorm-outbox integration tests: PostgreSQL, MariaDB and a
+# single-node Apache Kafka broker (KRaft), all local, on 127.0.0.1 only.
+#
+# Usage: scripts/services.sh start|stop|restart|env|status|reset
+#
+#   start   install what is missing (apt-get, mvn), start the three services in
+#           parallel (no-op for those already running), wait until each really
+#           answers, then print eval-able `export OUTBOX_TEST_...` lines on
+#           stdout. Everything else goes to stderr:
+#               eval "$(scripts/services.sh start)"
+#   env     print the export lines only, start nothing
+#   status  tell what runs (exit 0 when all three run, 3 otherwise)
+#   stop    stop the three (safe when nothing runs)
+#   restart stop, then start
+#   reset   stop and delete the state directory (data, logs); keeps the jar cache
+#   kafka-run MAIN-CLASS [ARGS...]
+#           run a Kafka command-line tool with the cached jars, e.g.
+#             scripts/services.sh kafka-run org.apache.kafka.tools.TopicCommand \
+#               --bootstrap-server 127.0.0.1:59092 --list
+#           (producer: org.apache.kafka.tools.ConsoleProducer,
+#            consumer: org.apache.kafka.tools.consumer.ConsoleConsumer)
+#
+# Environment (all optional):
+#   OUTBOX_SERVICES_DIR           state: data, logs, pid files   (/tmp/gorm-outbox-services)
+#   OUTBOX_KAFKA_LIB              Kafka jar cache                 ($HOME/.cache/gorm-outbox/kafka-libs)
+#   OUTBOX_PG_PORT                PostgreSQL port                 (55432)
+#   OUTBOX_MYSQL_PORT             MariaDB port                    (53306)
+#   OUTBOX_KAFKA_PORT             Kafka client listener           (59092)
+#   OUTBOX_KAFKA_CONTROLLER_PORT  Kafka KRaft controller listener (59093)
+#   OUTBOX_KAFKA_HEAP             Kafka JVM -Xmx                  (512m)
+#
+# Runs as root (system users are created for the database servers); also works
+# as an ordinary user when everything needed is already installed.
+
+set -euo pipefail
+
+SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+STATE=${OUTBOX_SERVICES_DIR:-/tmp/gorm-outbox-services}
+PG_PORT=${OUTBOX_PG_PORT:-55432}
+MYSQL_PORT=${OUTBOX_MYSQL_PORT:-53306}
+KAFKA_PORT=${OUTBOX_KAFKA_PORT:-59092}
+KAFKA_CTRL_PORT=${OUTBOX_KAFKA_CONTROLLER_PORT:-59093}
+KAFKA_LIB=${OUTBOX_KAFKA_LIB:-${HOME:-/root}/.cache/gorm-outbox/kafka-libs}
+KAFKA_HEAP=${OUTBOX_KAFKA_HEAP:-512m}
+KAFKA_POM=$SCRIPT_DIR/kafka/pom.xml
+
+PG_TIMEOUT=60
+MYSQL_TIMEOUT=60
+KAFKA_TIMEOUT=180
+
+DB_NAME=outbox_test
+MYSQL_USER=outbox      # created with no password and ALL PRIVILEGES
+SVC_USER=outboxsvc     # fallback unprivileged user when postgres/mysql users do not exist
+
+PG_DIR=$STATE/postgres
+MY_DIR=$STATE/mariadb
+KF_DIR=$STATE/kafka
+
+TAG=services
+log() { printf '%s [%s] %s\n' "$(date +%H:%M:%S)" "$TAG" "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+show_log() { # file [lines]
+	if [[ -s $1 ]]; then
+		log "last ${2:-40} lines of $1:"
+		tail -n "${2:-40}" "$1" | sed 's/^/    | /' >&2
+	else
+		log "($1 is empty or missing)"
+	fi
+}
+is_root() { [[ $(id -u) -eq 0 ]]; }
+now_us() { local t=${EPOCHREALTIME//[.,]/}; echo "${t:-$((SECONDS * 1000000))}"; }
+since() { # T0 (from now_us) -> seconds with one decimal, e.g. 2.4
+	local d=$(($(now_us) - $1))
+	printf '%d.%d' $((d / 1000000)) $((d % 1000000 / 100000))
+}
+
+print_env() {
+	printf "export OUTBOX_TEST_POSTGRES_DSN='host=127.0.0.1 port=%s user=postgres dbname=%s sslmode=disable'\n" "$PG_PORT" "$DB_NAME"
+	printf "export OUTBOX_TEST_MYSQL_DSN='%s@tcp(127.0.0.1:%s)/%s?parseTime=true&multiStatements=true'\n" "$MYSQL_USER" "$MYSQL_PORT" "$DB_NAME"
+	printf "export OUTBOX_TEST_KAFKA_BROKERS='127.0.0.1:%s'\n" "$KAFKA_PORT"
+}
+
+# ---------------------------------------------------------------- helpers
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# proc_matches PID PATTERN: the process exists and its command line contains PATTERN
+proc_matches() {
+	local pid=$1 pat=$2 cmd
+	[[ $pid =~ ^[0-9]+$ ]] || return 1
+	[[ -r /proc/$pid/cmdline ]] || return 1
+	cmd=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null) || return 1
+	[[ $cmd == *"$pat"* ]]
+}
+read_pid() { [[ -s $1 ]] && head -n1 "$1" | tr -dc '0-9'; }
+
+# Run a command as an unprivileged user (when we are root).
+as_user() {
+	local u=$1
+	shift
+	if is_root; then runuser -u "$u" -- "$@"; else "$@"; fi
+}
+
+ensure_user() {
+	local u=$1
+	id -u "$u" >/dev/null 2>&1 && return 0
+	is_root || die "user $u does not exist and we are not root"
+	log "creating system user $u"
+	useradd --system --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin "$u"
+}
+
+# Start a detached daemon: own session, stdin from /dev/null, stdout+stderr to
+# LOG, none of our other descriptors (fd 3 is the caller's stdout during
+# `start`, fd 9 the lock: a daemon holding them would hang `$(services.sh start)`).
+# Its pid is written to PIDFILE.
+spawn_detached() { # LOG PIDFILE CMD...
+	local logf=$1 pidf=$2
+	shift 2
+	rm -f "$pidf"
+	# shellcheck disable=SC2016 # $$ and $@ belong to the inner bash
+	setsid bash -c 'echo $$ >"$0"; exec "$@"' "$pidf" "$@" </dev/null >>"$logf" 2>&1 3>&- 9>&- &
+	for _ in $(seq 100); do [[ -s $pidf ]] && return 0; sleep 0.1; done
+	return 1
+}
+
+rotate_log() { [[ -f $1 ]] && mv -f "$1" "$1.prev"; : >"$1"; }
+
+# Wait until `check` succeeds; fail early when the process PID died.
+wait_until() { # TIMEOUT PID CHECK...
+	local timeout=$1 pid=$2 t0=$SECONDS
+	shift 2
+	while ((SECONDS - t0 < timeout)); do
+		if "$@" 2>/dev/null; then return 0; fi
+		if [[ -n $pid ]] && ! kill -0 "$pid" 2>/dev/null; then
+			log "process $pid exited"
+			return 1
+		fi
+		sleep 0.25
+	done
+	log "timed out after ${timeout}s"
+	return 1
+}
+
+stop_pid() { # NAME PIDFILE PATTERN
+	local name=$1 pidf=$2 pat=$3 pid
+	pid=$(read_pid "$pidf" || true)
+	if [[ -z $pid ]] || ! proc_matches "$pid" "$pat"; then
+		rm -f "$pidf"
+		log "$name: not running"
+		return 0
+	fi
+	log "$name: stopping pid $pid"
+	kill -TERM "$pid" 2>/dev/null || true
+	for _ in $(seq 240); do
+		kill -0 "$pid" 2>/dev/null || break
+		sleep 0.25
+	done
+	if kill -0 "$pid" 2>/dev/null; then
+		log "$name: still running after 60s, sending SIGKILL"
+		kill -KILL "$pid" 2>/dev/null || true
+		sleep 0.5
+	fi
+	rm -f "$pidf"
+	log "$name: stopped"
+}
+
+# ------------------------------------------------------------ installation
+
+APT_UPDATED=0
+POLICY_RC=/usr/sbin/policy-rc.d
+POLICY_RC_OURS=0
+cleanup_policy_rc() {
+	if [[ $POLICY_RC_OURS == 1 ]]; then rm -f "$POLICY_RC"; POLICY_RC_OURS=0; fi
+}
+trap cleanup_policy_rc EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+apt_install() {
+	is_root || die "need root to apt-get install $*"
+	if [[ $APT_UPDATED == 0 ]]; then
+		log "apt-get update"
+		if ! apt-get update -q </dev/null >>"$STATE/apt.log" 2>&1; then
+			show_log "$STATE/apt.log"
+			die "apt-get update failed"
+		fi
+		APT_UPDATED=1
+	fi
+	# Keep the packages' maintainer scripts from starting system-wide servers
+	# (e.g. a MariaDB on 3306): ours run separately, from their own datadirs.
+	if [[ ! -e $POLICY_RC ]]; then
+		printf '#!/bin/sh\nexit 101\n' >"$POLICY_RC"
+		chmod 755 "$POLICY_RC"
+		POLICY_RC_OURS=1
+	fi
+	log "apt-get install $* (output in $STATE/apt.log)"
+	local rc=0
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+		-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold "$@" \
+		</dev/null >>"$STATE/apt.log" 2>&1 || rc=$?
+	cleanup_policy_rc
+	if ((rc != 0)); then
+		show_log "$STATE/apt.log"
+		die "apt-get install $* failed (exit $rc)"
+	fi
+}
+
+pg_bindir() {
+	local d best=
+	for d in $(printf '%s\n' /usr/lib/postgresql/*/bin | sort -V); do
+		[[ -x $d/postgres && -x $d/initdb && -x $d/pg_ctl && -x $d/psql && -x $d/pg_isready ]] && best=$d
+	done
+	[[ -n $best ]] && echo "$best"
+}
+
+find_bin() { # first of the names found on PATH or in /usr/sbin, /usr/bin
+	local n
+	for n in "$@"; do
+		if command -v "$n" >/dev/null 2>&1; then command -v "$n"; return 0; fi
+		[[ -x /usr/sbin/$n ]] && { echo "/usr/sbin/$n"; return 0; }
+		[[ -x /usr/bin/$n ]] && { echo "/usr/bin/$n"; return 0; }
+	done
+	return 1
+}
+mariadbd_bin() { find_bin mariadbd mysqld; }
+mariadb_bin() { find_bin mariadb mysql; }
+mariadb_admin_bin() { find_bin mariadb-admin mysqladmin; }
+mariadb_installdb_bin() { find_bin mariadb-install-db mysql_install_db; }
+
+need_pg_pkgs() { [[ -z $(pg_bindir || true) ]]; }
+need_mariadb_pkgs() {
+	mariadbd_bin >/dev/null && mariadb_bin >/dev/null && mariadb_admin_bin >/dev/null &&
+		mariadb_installdb_bin >/dev/null && return 1
+	return 0
+}
+kafka_jars_ok() {
+	[[ -f $KAFKA_LIB/.pom.sha256 ]] && compgen -G "$KAFKA_LIB/kafka_2.13-*.jar" >/dev/null &&
+		[[ $(cat "$KAFKA_LIB/.pom.sha256") == $(sha256sum <"$KAFKA_POM" | cut -d' ' -f1) ]]
+}
+need_java_pkgs() {
+	local p=()
+	command -v java >/dev/null 2>&1 || p+=(openjdk-17-jre-headless)
+	if ! kafka_jars_ok && ! command -v mvn >/dev/null 2>&1; then p+=(maven); fi
+	echo "${p[@]}"
+}
+
+fetch_kafka_jars() {
+	kafka_jars_ok && return 0
+	command -v mvn >/dev/null 2>&1 || die "mvn not found"
+	local t0 tmp="$KAFKA_LIB.tmp.$$"
+	t0=$(now_us)
+	log "fetching Kafka jars with mvn ($KAFKA_POM) into $KAFKA_LIB"
+	mkdir -p "$(dirname "$KAFKA_LIB")"
+	rm -rf "$tmp"
+	# (sed: this mvn prints stray colour escapes even in batch mode)
+	if ! mvn -q -B -Dstyle.color=never -f "$KAFKA_POM" dependency:copy-dependencies \
+		-DoutputDirectory="$tmp" </dev/null 2>&1 | sed 's/\x1b\[[0-9;]*m//g' >&2; then
+		rm -rf "$tmp"
+		die "mvn dependency:copy-dependencies failed"
+	fi
+	compgen -G "$tmp/kafka_2.13-*.jar" >/dev/null || die "mvn produced no kafka_2.13 jar in $tmp"
+	sha256sum <"$KAFKA_POM" | cut -d' ' -f1 >"$tmp/.pom.sha256"
+	rm -rf "$KAFKA_LIB"
+	mv "$tmp" "$KAFKA_LIB"
+	log "fetched $(compgen -G "$KAFKA_LIB/*.jar" | wc -l) jars ($(du -sh "$KAFKA_LIB" | cut -f1)) in $(since "$t0")s"
+}
+
+kafka_version() {
+	local j
+	j=$(compgen -G "$KAFKA_LIB/kafka_2.13-*.jar" | head -n1) || return 1
+	j=${j##*/kafka_2.13-}
+	echo "${j%.jar}"
+}
+
+# Results of the parallel start jobs: one line per service in $STATE/.result.NAME
+record() { # NAME VERSION SECONDS NOTE
+	printf '%-8s ready in %5ss  %-40s %s\n' "$1" "$3" "$2" "$4" >"$STATE/.result.$1"
+}
+
+# ------------------------------------------------------------- PostgreSQL
+
+# the server user: postgres (from the Debian package) or our own, or just us when not root
+pg_user() {
+	if ! is_root; then id -un; elif id -u postgres >/dev/null 2>&1; then echo postgres; else echo "$SVC_USER"; fi
+}
+pg_psql() { "$(pg_bindir)/psql" -X -q -h 127.0.0.1 -p "$PG_PORT" -U postgres -v ON_ERROR_STOP=1 "$@"; }
+pg_ready() { "$(pg_bindir)/pg_isready" -q -h 127.0.0.1 -p "$PG_PORT" -U postgres -d postgres; }
+pg_ours_running() {
+	local pid
+	pid=$(read_pid "$PG_DIR/data/postmaster.pid" || true)
+	[[ -n $pid ]] && proc_matches "$pid" "$PG_DIR/data"
+}
+
+pg_initdb() {
+	local bindir=$1 user=$2
+	log "initdb $PG_DIR/data"
+	rm -rf "$PG_DIR/data"
+	mkdir -p "$PG_DIR/data"
+	chown -R "$user:" "$PG_DIR"
+	chmod 700 "$PG_DIR/data"
+	if ! as_user "$user" "$bindir/initdb" -D "$PG_DIR/data" --auth=trust -U postgres -E UTF8 --locale=C \
+		--no-sync >"$PG_DIR/initdb.log" 2>&1; then
+		show_log "$PG_DIR/initdb.log"
+		return 1
+	fi
+}
+
+pg_launch() {
+	local bindir=$1 user=$2
+	rotate_log "$PG_DIR/postgres.log"
+	chown "$user:" "$PG_DIR/postgres.log"
+	local opts="-c listen_addresses=127.0.0.1 -p $PG_PORT -k $PG_DIR/run"
+	opts+=" -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
+	opts+=" -c shared_buffers=128MB -c max_wal_size=1GB"
+	log "pg_ctl start (port $PG_PORT)"
+	if ! as_user "$user" setsid -w "$bindir/pg_ctl" start -D "$PG_DIR/data" -l "$PG_DIR/postgres.log" \
+		-w -t "$PG_TIMEOUT" -o "$opts" </dev/null >>"$PG_DIR/pg_ctl.log" 2>&1 3>&- 9>&-; then
+		show_log "$PG_DIR/pg_ctl.log" 10
+		show_log "$PG_DIR/postgres.log"
+		return 1
+	fi
+	wait_until "$PG_TIMEOUT" "" pg_ready || { show_log "$PG_DIR/postgres.log"; return 1; }
+}
+
+start_postgres() {
+	TAG=postgres
+	local t0 bindir user major note=started
+	t0=$(now_us)
+	bindir=$(pg_bindir) || die "no PostgreSQL server binaries under /usr/lib/postgresql/*/bin"
+	major=$(basename "$(dirname "$bindir")")
+	user=$(pg_user)
+	ensure_user "$user"
+
+	if pg_ours_running && pg_ready; then
+		note="already running"
+	else
+		mkdir -p "$PG_DIR/run"
+		if [[ -f $PG_DIR/data/PG_VERSION && $(cat "$PG_DIR/data/PG_VERSION") != "$major" ]]; then
+			log "data directory is from PostgreSQL $(cat "$PG_DIR/data/PG_VERSION"), server is $major: reinitializing"
+			rm -rf "$PG_DIR/data"
+		fi
+		if [[ -f $PG_DIR/data/postmaster.pid ]] && ! pg_ours_running; then
+			log "removing stale postmaster.pid"
+			rm -f "$PG_DIR/data/postmaster.pid"
+		fi
+		port_open "$PG_PORT" && die "port $PG_PORT is in use by another process (not our PostgreSQL)"
+		local fresh=0
+		if [[ ! -f $PG_DIR/data/PG_VERSION ]]; then
+			pg_initdb "$bindir" "$user" || die "initdb failed"
+			fresh=1
+		fi
+		chown -R "$user:" "$PG_DIR"
+		if ! pg_launch "$bindir" "$user"; then
+			((fresh == 0)) || die "PostgreSQL did not start (logs in $PG_DIR)"
+			log "PostgreSQL did not start on the existing data directory: reinitializing it"
+			as_user "$user" "$bindir/pg_ctl" stop -D "$PG_DIR/data" -m immediate >/dev/null 2>&1 || true
+			pg_initdb "$bindir" "$user" || die "initdb failed"
+			pg_launch "$bindir" "$user" || die "PostgreSQL did not start (logs in $PG_DIR)"
+		fi
+	fi
+	if [[ -z $(pg_psql -d postgres -tAc "SELECT 1 FROM pg_database WHERE datname = '$DB_NAME'") ]]; then
+		pg_psql -d postgres -c "CREATE DATABASE $DB_NAME" >&2 || die "cannot create database $DB_NAME"
+	fi
+	local version
+	version=$(pg_psql -d "$DB_NAME" -tAc 'SHOW server_version') || die "PostgreSQL does not answer queries"
+	local dt
+	dt=$(since "$t0")
+	log "ready in ${dt}s: PostgreSQL $version on 127.0.0.1:$PG_PORT ($note)"
+	record postgres "PostgreSQL $version" "$dt" "$note"
+}
+
+stop_postgres() {
+	TAG=postgres
+	local bindir user
+	if ! pg_ours_running; then
+		rm -f "$PG_DIR/data/postmaster.pid" 2>/dev/null || true
+		log "postgres: not running"
+		return 0
+	fi
+	bindir=$(pg_bindir) || die "no PostgreSQL binaries"
+	user=$(pg_user)
+	log "postgres: pg_ctl stop -m fast"
+	as_user "$user" "$bindir/pg_ctl" stop -D "$PG_DIR/data" -m fast -w -t 60 >&2 ||
+		as_user "$user" "$bindir/pg_ctl" stop -D "$PG_DIR/data" -m immediate -w -t 30 >&2 || true
+	log "postgres: stopped"
+}
+
+# ---------------------------------------------------------------- MariaDB
+
+my_user() {
+	if ! is_root; then id -un; elif id -u mysql >/dev/null 2>&1; then echo mysql; else echo "$SVC_USER"; fi
+}
+my_root() { "$(mariadb_bin)" --no-defaults -uroot --socket="$MY_DIR/mysqld.sock" "$@"; }
+my_ping() { "$(mariadb_admin_bin)" --no-defaults -uroot --socket="$MY_DIR/mysqld.sock" --connect-timeout=2 ping >/dev/null 2>&1; }
+# mariadbd writes mariadbd.pid itself (as the mysql user); spawn_detached
+# records the pid it started in mariadbd.launch.pid (same process).
+my_pid() { read_pid "$MY_DIR/mariadbd.pid" || read_pid "$MY_DIR/mariadbd.launch.pid"; }
+my_ours_running() {
+	local pid
+	pid=$(my_pid || true)
+	[[ -n $pid ]] && proc_matches "$pid" "$MY_DIR/data"
+}
+
+my_installdb() {
+	local user=$1
+	log "mariadb-install-db $MY_DIR/data"
+	rm -rf "$MY_DIR/data"
+	mkdir -p "$MY_DIR/data" "$MY_DIR/tmp"
+	chown -R "$user:" "$MY_DIR"
+	local args=(--no-defaults --datadir="$MY_DIR/data" --auth-root-authentication-method=normal
+		--skip-test-db --skip-name-resolve)
+	is_root && args+=(--user="$user")
+	if ! "$(mariadb_installdb_bin)" "${args[@]}" </dev/null >"$MY_DIR/install-db.log" 2>&1 3>&- 9>&-; then
+		show_log "$MY_DIR/install-db.log"
+		return 1
+	fi
+}
+
+my_launch() {
+	local user=$1 pid
+	rotate_log "$MY_DIR/mariadbd.log"
+	rm -f "$MY_DIR/mariadbd.pid"
+	mkdir -p "$MY_DIR/tmp"
+	chown -R "$user:" "$MY_DIR"
+	local args=(--no-defaults --datadir="$MY_DIR/data" --port="$MYSQL_PORT" --bind-address=127.0.0.1
+		--socket="$MY_DIR/mysqld.sock" --pid-file="$MY_DIR/mariadbd.pid" --tmpdir="$MY_DIR/tmp"
+		--log-error="$MY_DIR/mariadbd.log" --skip-name-resolve
+		--character-set-server=utf8mb4 --collation-server=utf8mb4_general_ci
+		--innodb-flush-log-at-trx-commit=0 --innodb-doublewrite=0 --innodb-buffer-pool-size=256M
+		--max-connections=300)
+	is_root && args+=(--user="$user")
+	log "starting mariadbd (port $MYSQL_PORT)"
+	spawn_detached "$MY_DIR/mariadbd.out" "$MY_DIR/mariadbd.launch.pid" "$(mariadbd_bin)" "${args[@]}" ||
+		{ show_log "$MY_DIR/mariadbd.out"; return 1; }
+	pid=$(read_pid "$MY_DIR/mariadbd.launch.pid")
+	if ! wait_until "$MYSQL_TIMEOUT" "$pid" my_ping; then
+		show_log "$MY_DIR/mariadbd.out" 10
+		show_log "$MY_DIR/mariadbd.log"
+		kill -KILL "$pid" 2>/dev/null || true
+		return 1
+	fi
+}
+
+start_mariadb() {
+	TAG=mariadb
+	local t0 user note=started
+	t0=$(now_us)
+	mariadbd_bin >/dev/null || die "mariadbd not found"
+	user=$(my_user)
+	ensure_user "$user"
+
+	if my_ours_running && my_ping; then
+		note="already running"
+	else
+		local pid
+		pid=$(my_pid || true)
+		if my_ours_running; then
+			# ours but not answering: give it the usual time before giving up on it
+			log "mariadbd $pid runs but does not answer yet; waiting"
+			wait_until "$MYSQL_TIMEOUT" "$pid" my_ping || die "mariadbd $pid does not answer; try: $0 stop"
+		else
+			rm -f "$MY_DIR/mariadbd.pid" "$MY_DIR/mariadbd.launch.pid"
+			port_open "$MYSQL_PORT" && die "port $MYSQL_PORT is in use by another process (not our MariaDB)"
+			rm -f "$MY_DIR/mysqld.sock" "$MY_DIR/mysqld.sock.lock"
+			local fresh=0
+			if [[ ! -d $MY_DIR/data/mysql ]]; then
+				my_installdb "$user" || die "mariadb-install-db failed"
+				fresh=1
+			fi
+			if ! my_launch "$user"; then
+				((fresh == 0)) || die "MariaDB did not start (logs in $MY_DIR)"
+				log "MariaDB did not start on the existing data directory: reinitializing it"
+				my_installdb "$user" || die "mariadb-install-db failed"
+				my_launch "$user" || die "MariaDB did not start (logs in $MY_DIR)"
+			fi
+		fi
+	fi
+	my_root -e "
+		CREATE DATABASE IF NOT EXISTS \`$DB_NAME\` CHARACTER SET utf8mb4 COLLATE utf8mb4_general_ci;
+		DROP USER IF EXISTS ''@'localhost';
+		DROP USER IF EXISTS ''@'$(hostname)';
+		CREATE USER IF NOT EXISTS '$MYSQL_USER'@'%';
+		CREATE USER IF NOT EXISTS '$MYSQL_USER'@'localhost';
+		GRANT ALL PRIVILEGES ON *.* TO '$MYSQL_USER'@'%' WITH GRANT OPTION;
+		GRANT ALL PRIVILEGES ON *.* TO '$MYSQL_USER'@'localhost' WITH GRANT OPTION;
+		FLUSH PRIVILEGES;" >&2 || die "cannot set up database/user"
+	local version
+	version=$("$(mariadb_bin)" --no-defaults -h127.0.0.1 -P"$MYSQL_PORT" -u"$MYSQL_USER" -N -B \
+		-e 'SELECT VERSION()' "$DB_NAME") || die "MariaDB does not answer over TCP as $MYSQL_USER"
+	local dt
+	dt=$(since "$t0")
+	log "ready in ${dt}s: MariaDB $version on 127.0.0.1:$MYSQL_PORT ($note)"
+	record mariadb "MariaDB $version" "$dt" "$note"
+}
+
+stop_mariadb() {
+	TAG=mariadb
+	local pid
+	if ! my_ours_running; then
+		rm -f "$MY_DIR/mariadbd.pid" "$MY_DIR/mariadbd.launch.pid"
+		log "mariadb: not running"
+		return 0
+	fi
+	pid=$(my_pid)
+	echo "$pid" >"$MY_DIR/mariadbd.launch.pid"
+	stop_pid mariadb "$MY_DIR/mariadbd.launch.pid" "$MY_DIR/data"
+	rm -f "$MY_DIR/mariadbd.pid"
+}
+
+# ------------------------------------------------------------------ Kafka
+
+kf_ours_running() {
+	local pid
+	pid=$(read_pid "$KF_DIR/kafka.pid" || true)
+	[[ -n $pid ]] && proc_matches "$pid" "kafka.Kafka $KF_DIR/server.properties"
+}
+kf_started() {
+	port_open "$KAFKA_PORT" && grep -q 'Kafka Server started' "$KF_DIR/kafka.log"
+}
+
+kf_write_config() {
+	mkdir -p "$KF_DIR/data"
+	cat >"$KF_DIR/server.properties" <<EOF
+# generated by scripts/services.sh: single-node KRaft broker+controller for tests
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:$KAFKA_CTRL_PORT
+listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CTRL_PORT
+advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+log.dirs=$KF_DIR/data
+num.partitions=8
+default.replication.factor=1
+min.insync.replicas=1
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=8
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+transaction.state.log.num.partitions=4
+auto.create.topics.enable=true
+delete.topic.enable=true
+group.initial.rebalance.delay.ms=0
+num.network.threads=3
+num.io.threads=4
+num.recovery.threads.per.data.dir=2
+log.retention.hours=24
+log.segment.bytes=67108864
+EOF
+	kf_write_log_config
+}
+
+kf_write_log_config() {
+	mkdir -p "$KF_DIR"
+	cat >"$KF_DIR/log4j.properties" <<'EOF'
+log4j.rootLogger=INFO, stdout
+log4j.appender.stdout=org.apache.log4j.ConsoleAppender
+log4j.appender.stdout.layout=org.apache.log4j.PatternLayout
+log4j.appender.stdout.layout.ConversionPattern=[%d] %p %m (%c)%n
+log4j.logger.kafka=INFO
+log4j.logger.org.apache.kafka=INFO
+log4j.logger.state.change.logger=WARN
+log4j.logger.kafka.request.logger=WARN
+EOF
+	cat >"$KF_DIR/log4j2.properties" <<'EOF'
+status = warn
+appender.stdout.type = Console
+appender.stdout.name = STDOUT
+appender.stdout.layout.type = PatternLayout
+appender.stdout.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.stdout.ref = STDOUT
+logger.statechange.name = state.change.logger
+logger.statechange.level = WARN
+EOF
+	# command-line tools: warnings only, on stderr (stdout is the tools' output)
+	cat >"$KF_DIR/tools-log4j.properties" <<'EOF'
+log4j.rootLogger=WARN, stderr
+log4j.appender.stderr=org.apache.log4j.ConsoleAppender
+log4j.appender.stderr.Target=System.err
+log4j.appender.stderr.layout=org.apache.log4j.PatternLayout
+log4j.appender.stderr.layout.ConversionPattern=[%d] %p %m (%c)%n
+EOF
+	cat >"$KF_DIR/tools-log4j2.properties" <<'EOF'
+status = warn
+appender.stderr.type = Console
+appender.stderr.name = STDERR
+appender.stderr.target = SYSTEM_ERR
+appender.stderr.layout.type = PatternLayout
+appender.stderr.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = WARN
+rootLogger.appenderRef.stderr.ref = STDERR
+EOF
+}
+
+kf_java() { # MAIN ARGS... (tools; small heap)
+	java -Xmx256m -XX:TieredStopAtLevel=1 -Dlog4j.configuration="file:$KF_DIR/tools-log4j.properties" \
+		-Dlog4j2.configurationFile="$KF_DIR/tools-log4j2.properties" -cp "$KAFKA_LIB/*" "$@"
+}
+
+kf_format() {
+	local cid
+	# A Kafka cluster id is a base64url-encoded random 16-byte UUID (22 chars).
+	cid=$(head -c16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=')
+	while [[ $cid == -* ]]; do cid=$(head -c16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '='); done
+	rm -rf "$KF_DIR/data"
+	mkdir -p "$KF_DIR/data"
+	log "formatting KRaft storage (cluster id $cid)"
+	if ! kf_java kafka.tools.StorageTool format -t "$cid" -c "$KF_DIR/server.properties" \
+		</dev/null >"$KF_DIR/format.log" 2>&1 3>&- 9>&-; then
+		show_log "$KF_DIR/format.log"
+		return 1
+	fi
+	kafka_version >"$KF_DIR/formatted-by-version"
+}
+
+kf_launch() {
+	local pid t0
+	t0=$(now_us)
+	rotate_log "$KF_DIR/kafka.log"
+	log "starting broker (127.0.0.1:$KAFKA_PORT, controller :$KAFKA_CTRL_PORT)"
+	# C1 only (TieredStopAtLevel=1): starts ~30% faster on 2 busy cores and
+	# leaves the CPU to the Go compiler; a test broker never needs C2's peak.
+	spawn_detached "$KF_DIR/kafka.log" "$KF_DIR/kafka.pid" \
+		java -Xms256m -Xmx"$KAFKA_HEAP" -XX:TieredStopAtLevel=1 -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
+		-XX:InitiatingHeapOccupancyPercent=35 -XX:+ExplicitGCInvokesConcurrent -Djava.awt.headless=true \
+		-Dlog4j.configuration="file:$KF_DIR/log4j.properties" \
+		-Dlog4j2.configurationFile="$KF_DIR/log4j2.properties" \
+		-Dkafka.logs.dir="$KF_DIR" \
+		-cp "$KAFKA_LIB/*" kafka.Kafka "$KF_DIR/server.properties" ||
+		{ show_log "$KF_DIR/kafka.log"; return 1; }
+	pid=$(read_pid "$KF_DIR/kafka.pid")
+	if ! wait_until "$KAFKA_TIMEOUT" "$pid" kf_started; then
+		show_log "$KF_DIR/kafka.log" 60
+		kill -KILL "$pid" 2>/dev/null || true
+		return 1
+	fi
+	log "broker started in $(since "$t0")s; admin client check"
+	t0=$(now_us)
+	if ! kf_warmup; then
+		show_log "$KF_DIR/kafka.log" 30
+		kill -KILL "$pid" 2>/dev/null || true
+		return 1
+	fi
+	log "admin client check passed in $(since "$t0")s"
+}
+
+# A round trip with the admin client: proves the broker answers the Kafka
+# protocol and, through FindCoordinator, makes the broker create
+# __consumer_offsets now rather than during the first test that uses a
+# consumer group (that costs ~5 s on a fresh log directory).
+kf_warmup() {
+	local out rc=0
+	out=$(timeout 60 java -Xmx128m -XX:TieredStopAtLevel=1 -XX:+UseSerialGC \
+		-Dlog4j.configuration="file:$KF_DIR/tools-log4j.properties" \
+		-Dlog4j2.configurationFile="$KF_DIR/tools-log4j2.properties" -cp "$KAFKA_LIB/*" \
+		org.apache.kafka.tools.consumer.group.ConsumerGroupCommand --bootstrap-server "127.0.0.1:$KAFKA_PORT" \
+		--describe --group outbox-services-warmup </dev/null 2>&1 3>&- 9>&-) || rc=$?
+	printf '%s\n' "$out" >"$KF_DIR/warmup.log"
+	# the group does not exist: "not found" (4.x) / "does not exist" (3.x) is the expected answer
+	if ((rc != 0)) && ! grep -q -i -E 'not found|does not exist' <<<"$out"; then
+		log "the broker does not answer an admin client (exit $rc)"
+		show_log "$KF_DIR/warmup.log" 10
+		return 1
+	fi
+}
+
+start_kafka() {
+	TAG=kafka
+	local t0 note=started fetched=0
+	t0=$(now_us)
+	command -v java >/dev/null 2>&1 || die "java not found"
+	if ! kafka_jars_ok; then
+		fetched=1
+		if kf_ours_running; then
+			log "scripts/kafka/pom.xml changed: stopping the running broker before replacing its jars"
+			stop_kafka
+			TAG=kafka
+		fi
+	fi
+	fetch_kafka_jars
+	local tf
+	tf=$(since "$t0")
+	local version
+	version=$(kafka_version)
+	if kf_ours_running && port_open "$KAFKA_PORT"; then
+		note="already running"
+	else
+		local pid
+		pid=$(read_pid "$KF_DIR/kafka.pid" || true)
+		if kf_ours_running; then
+			log "broker $pid runs but does not answer yet; waiting"
+			wait_until "$KAFKA_TIMEOUT" "$pid" port_open "$KAFKA_PORT" || die "broker $pid does not answer; try: $0 stop"
+		else
+			rm -f "$KF_DIR/kafka.pid"
+			port_open "$KAFKA_PORT" && die "port $KAFKA_PORT is in use by another process (not our Kafka)"
+			port_open "$KAFKA_CTRL_PORT" && die "port $KAFKA_CTRL_PORT is in use by another process (not our Kafka)"
+			kf_write_config
+			local fresh=0
+			if [[ -f $KF_DIR/data/meta.properties && $(cat "$KF_DIR/formatted-by-version" 2>/dev/null) != "$version" ]]; then
+				log "log directory was formatted by Kafka $(cat "$KF_DIR/formatted-by-version" 2>/dev/null || echo '?'), not $version: reformatting"
+				rm -rf "$KF_DIR/data"
+			fi
+			if [[ ! -f $KF_DIR/data/meta.properties ]]; then
+				kf_format || die "kafka storage format failed"
+				fresh=1
+			fi
+			if ! kf_launch; then
+				((fresh == 0)) || die "Kafka did not start (logs in $KF_DIR)"
+				log "Kafka did not start on the existing log directory: reformatting it"
+				kf_format || die "kafka storage format failed"
+				kf_launch || die "Kafka did not start (logs in $KF_DIR)"
+			fi
+		fi
+	fi
+	((fetched)) && note+=", incl. jar fetch ${tf}s"
+	local dt
+	dt=$(since "$t0")
+	log "ready in ${dt}s: Kafka $version on 127.0.0.1:$KAFKA_PORT ($note)"
+	record kafka "Kafka $version" "$dt" "$note"
+}
+
+stop_kafka() {
+	TAG=kafka
+	if ! kf_ours_running; then
+		rm -f "$KF_DIR/kafka.pid"
+		log "kafka: not running"
+		return 0
+	fi
+	stop_pid kafka "$KF_DIR/kafka.pid" "kafka.Kafka $KF_DIR/server.properties"
+}
+
+# ---------------------------------------------------------------- commands
+
+lock() {
+	mkdir -p "$STATE"
+	exec 9>"$STATE/.lock"
+	flock -w 900 9 || die "could not lock $STATE/.lock"
+}
+
+cmd_start() {
+	# Only the export lines go to the real stdout (kept on fd 3).
+	exec 3>&1 1>&2
+	local t0
+	t0=$(now_us)
+	lock
+	rm -f "$STATE"/.result.*
+
+	# Packages first where needed. The Kafka job (mvn fetch + JVM start) does
+	# not need apt when java and mvn/jar cache are there, so it runs meanwhile.
+	local java_pkgs db_pkgs=() kpid=
+	java_pkgs=$(need_java_pkgs)
+	if [[ -z $java_pkgs ]]; then
+		(start_kafka) </dev/null &
+		kpid=$!
+	fi
+	need_pg_pkgs && db_pkgs+=(postgresql)
+	need_mariadb_pkgs && db_pkgs+=(mariadb-server mariadb-client)
+	# shellcheck disable=SC2206
+	local all_pkgs=($java_pkgs ${db_pkgs[@]+"${db_pkgs[@]}"})
+	if ((${#all_pkgs[@]})); then
+		local ta
+		ta=$(now_us)
+		apt_install "${all_pkgs[@]}"
+		log "packages installed in $(since "$ta")s"
+	fi
+	if [[ -z $kpid ]]; then
+		(start_kafka) </dev/null &
+		kpid=$!
+	fi
+	(start_postgres) </dev/null &
+	local ppid=$!
+	(start_mariadb) </dev/null &
+	local mpid=$!
+
+	local failed=()
+	wait "$ppid" || failed+=(postgres)
+	wait "$mpid" || failed+=(mariadb)
+	wait "$kpid" || failed+=(kafka)
+	TAG=services
+	if ((${#failed[@]})); then
+		die "failed to start: ${failed[*]} (state and logs in $STATE; '$0 stop' stops the others)"
+	fi
+	log "all services ready in $(since "$t0")s:"
+	cat "$STATE"/.result.postgres "$STATE"/.result.mariadb "$STATE"/.result.kafka | sed 's/^/    /' >&2
+	cat "$STATE"/.result.* >"$STATE/versions.txt"
+	print_env >&3
+}
+
+cmd_stop() {
+	lock
+	(stop_kafka) &
+	local k=$!
+	(stop_mariadb) &
+	local m=$!
+	(stop_postgres) &
+	local pg=$!
+	local rc=0
+	wait "$k" || rc=1
+	wait "$m" || rc=1
+	wait "$pg" || rc=1
+	return $rc
+}
+
+cmd_status() {
+	local rc=0 pid
+	if pg_ours_running; then
+		pid=$(read_pid "$PG_DIR/data/postmaster.pid")
+		if pg_ready; then echo "postgres: running (pid $pid) on 127.0.0.1:$PG_PORT"; else
+			echo "postgres: process $pid exists but does not answer on 127.0.0.1:$PG_PORT"
+			rc=3
+		fi
+	else
+		echo "postgres: stopped"
+		rc=3
+	fi
+	if my_ours_running; then
+		pid=$(my_pid)
+		if my_ping; then echo "mariadb:  running (pid $pid) on 127.0.0.1:$MYSQL_PORT"; else
+			echo "mariadb:  process $pid exists but does not answer"
+			rc=3
+		fi
+	else
+		echo "mariadb:  stopped"
+		rc=3
+	fi
+	if kf_ours_running; then
+		pid=$(read_pid "$KF_DIR/kafka.pid")
+		if port_open "$KAFKA_PORT"; then
+			echo "kafka:    running (pid $pid) on 127.0.0.1:$KAFKA_PORT, Kafka $(kafka_version || echo '?')"
+		else
+			echo "kafka:    process $pid exists but 127.0.0.1:$KAFKA_PORT is closed"
+			rc=3
+		fi
+	else
+		echo "kafka:    stopped"
+		rc=3
+	fi
+	echo "state:    $STATE"
+	return $rc
+}
+
+case "${1:-}" in
+start) cmd_start ;;
+stop) cmd_stop ;;
+restart)
+	(cmd_stop) >&2
+	cmd_start
+	;;
+env) print_env ;;
+kafka-run)
+	shift
+	(($#)) || die "usage: $0 kafka-run MAIN-CLASS [ARGS...]"
+	kafka_jars_ok || die "no Kafka jars in $KAFKA_LIB yet: run '$0 start' first"
+	mkdir -p "$KF_DIR"
+	[[ -f $KF_DIR/tools-log4j.properties ]] || kf_write_log_config
+	kf_java "$@"
+	;;
+status) cmd_status ;;
+reset)
+	cmd_stop
+	log "removing $STATE"
+	rm -rf "$STATE"
+	;;
+*)
+	echo "usage: $0 start|stop|restart|env|status|reset|kafka-run MAIN-CLASS [ARGS...]" >&2
+	exit 2
+	;;
+esac
