@@ -1,0 +1,224 @@
+package relay_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/relay"
+	"github.com/gorm-outbox/outbox/relay/relaytest"
+)
+
+// fullStore is a Store with renewal and release, as the end-to-end relays
+// use.
+type fullStore interface {
+	relay.Store
+	relay.LeaseRenewer
+	relay.LeaseReleaser
+}
+
+// pausable stalls every call of one relay's store while paused, like a
+// database connection that hangs.
+type pausable struct {
+	fullStore
+	mu     sync.Mutex
+	paused chan struct{} // non-nil while paused; closed on resume
+}
+
+func (p *pausable) pause() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.paused == nil {
+		p.paused = make(chan struct{})
+	}
+}
+
+func (p *pausable) resume() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.paused != nil {
+		close(p.paused)
+		p.paused = nil
+	}
+}
+
+func (p *pausable) gate(ctx context.Context) error {
+	p.mu.Lock()
+	ch := p.paused
+	p.mu.Unlock()
+	if ch == nil {
+		return nil
+	}
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (p *pausable) AcquireBucketLeases(ctx context.Context, id string, n int, d time.Duration) ([]int, error) {
+	if err := p.gate(ctx); err != nil {
+		return nil, err
+	}
+	return p.fullStore.AcquireBucketLeases(ctx, id, n, d)
+}
+func (p *pausable) BucketsWithPending(ctx context.Context, b []int) ([]int, error) {
+	if err := p.gate(ctx); err != nil {
+		return nil, err
+	}
+	return p.fullStore.BucketsWithPending(ctx, b)
+}
+func (p *pausable) NextBatch(ctx context.Context, b, limit int) ([]*outbox.Message, error) {
+	if err := p.gate(ctx); err != nil {
+		return nil, err
+	}
+	return p.fullStore.NextBatch(ctx, b, limit)
+}
+func (p *pausable) MarkPublished(ctx context.Context, b int, m []*outbox.Message) error {
+	if err := p.gate(ctx); err != nil {
+		return err
+	}
+	return p.fullStore.MarkPublished(ctx, b, m)
+}
+func (p *pausable) RenewBucketLeases(ctx context.Context, id string, b []int, d time.Duration) (bool, error) {
+	if err := p.gate(ctx); err != nil {
+		return false, err
+	}
+	return p.fullStore.RenewBucketLeases(ctx, id, b, d)
+}
+
+// e2eEnv is what the end-to-end run needs from a backend.
+type e2eEnv struct {
+	clock   *relaytest.ManualClock
+	storeA  fullStore
+	storeB  fullStore
+	pending func() int
+	total   int
+}
+
+type published struct {
+	bucket int32
+	id     int64
+}
+
+// runTakeover moves env.total rows through relays A and B. Midway, A's
+// database stalls for longer than a lease, so B takes over all buckets; A
+// then resumes and rejoins. It checks that every row was published at least
+// once, that each bucket's rows were first published in id order, and that
+// the table ends empty.
+func runTakeover(t *testing.T, env e2eEnv) {
+	t.Helper()
+	var mu sync.Mutex
+	var log []published
+	var acked atomic.Int64
+	record := func(batch []*outbox.Message) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, m := range batch {
+			log = append(log, published{m.Bucket, m.ID})
+		}
+		acked.Add(int64(len(batch)))
+	}
+	pa := &pausable{fullStore: env.storeA}
+	var pausedAt atomic.Int64
+	pubA := relaytest.NewPublisher()
+	pubA.SetHandler(func(_ context.Context, b []*outbox.Message) relay.Result {
+		record(b)
+		if acked.Load() >= int64(env.total/2) && pausedAt.Load() == 0 {
+			pausedAt.Store(env.clock.Now().UnixNano())
+			pa.pause() // A's next store call (its MarkPublished) stalls
+		}
+		return relay.Result{Acknowledged: len(b)}
+	})
+	pubB := relaytest.NewPublisher()
+	pubB.SetHandler(func(_ context.Context, b []*outbox.Message) relay.Result {
+		record(b)
+		return relay.Result{Acknowledged: len(b)}
+	})
+	quiet := slog.New(slog.DiscardHandler)
+	a, err := relay.New(pa, pubA, relay.Options{RelayID: "relay-a", Clock: env.clock, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := relay.New(env.storeB, pubB, relay.Options{RelayID: "relay-b", Clock: env.clock, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	errs := make(chan error, 2)
+	go func() { errs <- a.Run(ctx) }()
+	go func() { errs <- b.Run(ctx) }()
+
+	// The simulated clock runs about 100 times faster than real time; it
+	// paces polling, rebalancing and the takeover, never a correctness check.
+	deadline := time.Now().Add(5 * time.Minute)
+	for env.pending() > 0 {
+		if time.Now().After(deadline) {
+			pa.resume()
+			t.Fatalf("%d rows still pending after 5 minutes", env.pending())
+		}
+		env.clock.Advance(10 * time.Millisecond)
+		time.Sleep(100 * time.Microsecond)
+		if p := pausedAt.Load(); p != 0 && env.clock.Now().Sub(time.Unix(0, p)) > 45*time.Second {
+			pa.resume()
+		}
+	}
+	pa.resume()
+	cancel()
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatalf("Run = %v; want nil", err)
+		}
+	}
+	if pausedAt.Load() == 0 {
+		t.Fatalf("relay A was never paused: no takeover happened")
+	}
+
+	mu.Lock()
+	defer mu.Unlock()
+	seen := map[int64]bool{}
+	last := map[int32]int64{}
+	dups := 0
+	for _, p := range log {
+		if seen[p.id] {
+			dups++
+			continue
+		}
+		seen[p.id] = true
+		if p.id < last[p.bucket] {
+			t.Fatalf("bucket %d: row %d first published after row %d; want id order", p.bucket, p.id, last[p.bucket])
+		}
+		last[p.bucket] = p.id
+	}
+	if len(seen) != env.total {
+		t.Fatalf("distinct rows published = %d; want %d", len(seen), env.total)
+	}
+	if n := env.pending(); n != 0 {
+		t.Fatalf("pending at the end = %d; want 0", n)
+	}
+	t.Logf("%d rows, %d publications, %d duplicates from the takeover", env.total, len(log), dups)
+}
+
+func TestEndToEndTakeover(t *testing.T) {
+	t.Run("memstore_50000_rows_two_relays_forced_takeover", func(t *testing.T) {
+		clock := relaytest.NewManualClock(t0)
+		mem := relaytest.NewMemStore(8, clock.Now)
+		const total = 50000
+		batch := make([]*outbox.Message, 0, 1000)
+		for i := 0; i < total; i++ {
+			batch = append(batch, outbox.NewStringMessage("orders", fmt.Sprintf("order-%d", i%997), "v"))
+			if len(batch) == cap(batch) {
+				mem.Add(batch...)
+				batch = batch[:0]
+			}
+		}
+		runTakeover(t, e2eEnv{clock: clock, storeA: mem, storeB: mem, pending: mem.Len, total: total})
+	})
+}
