@@ -313,6 +313,16 @@ func (s *MemStore) MarkPublished(ctx context.Context, bucket int, published []*o
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	rows := s.rows[bucket]
+	k := 0 // the usual case: published is the head of the bucket
+	for k < len(published) && k < len(rows) && rows[k].ID == published[k].ID {
+		k++
+	}
+	if k == len(published) {
+		clear(rows[:k])
+		s.rows[bucket] = rows[k:]
+		return nil
+	}
 	ids := make(map[int64]bool, len(published))
 	for _, m := range published {
 		ids[m.ID] = true

@@ -1,0 +1,195 @@
+package relay_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/relay"
+	"github.com/gorm-outbox/outbox/relay/relaytest"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+)
+
+// readings collects the reader's current values: counters and gauges by
+// name (absent when not reported), histogram counts by name.
+type readings struct {
+	values map[string]float64
+	counts map[string]uint64
+	names  map[string]string // instrument → outbox.name attribute
+}
+
+func collect(t *testing.T, r *sdkmetric.ManualReader) readings {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	if err := r.Collect(context.Background(), &rm); err != nil {
+		t.Fatalf("Collect: %v", err)
+	}
+	out := readings{values: map[string]float64{}, counts: map[string]uint64{}, names: map[string]string{}}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			switch d := m.Data.(type) {
+			case metricdata.Sum[int64]:
+				for _, p := range d.DataPoints {
+					out.values[m.Name] += float64(p.Value)
+					v, _ := p.Attributes.Value("outbox.name")
+					out.names[m.Name] = v.AsString()
+				}
+			case metricdata.Gauge[int64]:
+				for _, p := range d.DataPoints {
+					out.values[m.Name] = float64(p.Value)
+				}
+			case metricdata.Gauge[float64]:
+				for _, p := range d.DataPoints {
+					out.values[m.Name] = p.Value
+				}
+			case metricdata.Histogram[float64]:
+				for _, p := range d.DataPoints {
+					out.counts[m.Name] += p.Count
+				}
+			}
+		}
+	}
+	return out
+}
+
+func TestMetrics(t *testing.T) {
+	t.Run("publish_instruments_count_batches_and_acknowledged_attempts", func(t *testing.T) {
+		reader := sdkmetric.NewManualReader()
+		h := newHarness(t, relay.Options{BucketCount: 1, MetricsName: "orders", MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}, nil)
+		h.store.Add(msgs(5, "t")...)
+		var once sync.Once
+		h.pub.SetHandler(func(_ context.Context, b []*outbox.Message) relay.Result {
+			res := relay.Result{Acknowledged: len(b)}
+			once.Do(func() { res = relay.Result{Acknowledged: 2, Err: errBroker} })
+			return res
+		})
+		h.start()
+		for h.store.Len() > 0 {
+			h.advanceIdle(time.Second)
+		}
+		got := collect(t, reader)
+		if got.values[relay.MetricPublishAcknowledged] != 5 {
+			t.Errorf("%s = %v; want 5 (2 of the failed batch, then 1 + 2)", relay.MetricPublishAcknowledged, got.values[relay.MetricPublishAcknowledged])
+		}
+		if got.values[relay.MetricPublishFailures] != 1 {
+			t.Errorf("%s = %v; want 1", relay.MetricPublishFailures, got.values[relay.MetricPublishFailures])
+		}
+		if n := got.counts[relay.MetricPublishDuration]; n != 3 {
+			t.Errorf("%s count = %d; want 3 publish calls", relay.MetricPublishDuration, n)
+		}
+		if got.counts[relay.MetricCycleDuration] == 0 {
+			t.Errorf("%s count = 0; want cycles recorded", relay.MetricCycleDuration)
+		}
+		if got.values[relay.MetricOwnedBuckets] != 1 {
+			t.Errorf("%s = %v; want 1", relay.MetricOwnedBuckets, got.values[relay.MetricOwnedBuckets])
+		}
+		if got.names[relay.MetricPublishAcknowledged] != "orders" {
+			t.Errorf("outbox.name = %q; want %q", got.names[relay.MetricPublishAcknowledged], "orders")
+		}
+	})
+
+	t.Run("lease_expiration_counted_once_per_lost_lease_set", func(t *testing.T) {
+		reader := sdkmetric.NewManualReader()
+		h := newHarness(t, relay.Options{BucketCount: 2, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}, nil)
+		h.store.AddToBucket(0, msgs(1, "t")...)
+		h.ops.setBlock(relaytest.OpRenew, func(context.Context) error { return errors.New("database unreachable") })
+		release := make(chan struct{})
+		h.pub.SetHandler(func(_ context.Context, b []*outbox.Message) relay.Result {
+			<-release
+			return relay.Result{Acknowledged: len(b)}
+		})
+		h.start()
+		h.waitFor("publish started", func() bool { return len(h.pub.Calls()) == 1 })
+		h.clock.Advance(31 * time.Second)
+		if _, err := h.store.AcquireBucketLeases(context.Background(), "peer", 2, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		close(release)
+		h.waitFor("expiration counted", func() bool { return collect(t, reader).values[relay.MetricLeaseExpirations] >= 1 })
+		if got := collect(t, reader).values[relay.MetricLeaseExpirations]; got != 1 {
+			t.Fatalf("%s = %v; want 1 for one lost set of 2 buckets", relay.MetricLeaseExpirations, got)
+		}
+	})
+
+	t.Run("pending_gauges_report_the_sampled_backlog", func(t *testing.T) {
+		reader := sdkmetric.NewManualReader()
+		h := newHarness(t, relay.Options{BucketCount: 1, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}, nil)
+		old := outbox.NewStringMessage("t", "k", "v")
+		old.CreatedAt = t0.Add(-90 * time.Second)
+		h.store.Add(old)
+		h.store.Add(msgs(3, "t")...)
+		release := make(chan struct{})
+		h.pub.SetHandler(func(ctx context.Context, b []*outbox.Message) relay.Result {
+			<-release // keep the backlog in place
+			return relay.Result{Err: errBroker}
+		})
+		h.start()
+		h.waitFor("a sample", func() bool { return collect(t, reader).values[relay.MetricPendingAvailable] == 1 })
+		got := collect(t, reader)
+		if got.values[relay.MetricPendingMessages] != 4 {
+			t.Errorf("%s = %v; want 4", relay.MetricPendingMessages, got.values[relay.MetricPendingMessages])
+		}
+		if age := got.values[relay.MetricPendingOldestAge]; age != 90 {
+			t.Errorf("%s = %v; want 90", relay.MetricPendingOldestAge, age)
+		}
+		close(release)
+	})
+
+	t.Run("pending_is_unavailable_not_zero_when_the_store_cannot_sample", func(t *testing.T) {
+		reader := sdkmetric.NewManualReader()
+		h := newHarness(t, relay.Options{BucketCount: 1, MaxPublishDuration: time.Second, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}, withoutRenewal)
+		h.start()
+		h.waitIdle()
+		got := collect(t, reader)
+		if v, ok := got.values[relay.MetricPendingAvailable]; !ok || v != 0 {
+			t.Errorf("%s = %v (reported %v); want 0", relay.MetricPendingAvailable, v, ok)
+		}
+		if v, ok := got.values[relay.MetricPendingMessages]; ok {
+			t.Errorf("%s = %v; want no value", relay.MetricPendingMessages, v)
+		}
+	})
+
+	t.Run("pending_is_unavailable_after_a_failed_sample", func(t *testing.T) {
+		reader := sdkmetric.NewManualReader()
+		h := newHarness(t, relay.Options{BucketCount: 1, MetricsInterval: time.Minute, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}, nil)
+		h.store.Add(msgs(2, "t")...)
+		h.ops.failNext(relaytest.OpPendingMetrics, 1)
+		h.start()
+		h.waitFor("store empty", func() bool { return h.store.Len() == 0 })
+		h.waitFor("the failed sample", func() bool { return h.ops.count(relaytest.OpPendingMetrics) == 1 })
+		h.waitIdle()
+		got := collect(t, reader)
+		if v, ok := got.values[relay.MetricPendingAvailable]; !ok || v != 0 {
+			t.Errorf("%s after a failed sample = %v (reported %v); want 0", relay.MetricPendingAvailable, v, ok)
+		}
+		if v, ok := got.values[relay.MetricPendingMessages]; ok {
+			t.Errorf("%s after a failed sample = %v; want no value", relay.MetricPendingMessages, v)
+		}
+		h.clock.Advance(time.Minute) // the next sample succeeds: an empty store is 0, available
+		h.waitFor("a good sample", func() bool { return collect(t, reader).values[relay.MetricPendingAvailable] == 1 })
+		if got := collect(t, reader).values[relay.MetricPendingMessages]; got != 0 {
+			t.Errorf("%s of an empty store = %v; want 0", relay.MetricPendingMessages, got)
+		}
+	})
+
+	t.Run("bucket_zero_mode_samples_only_on_the_owner_of_bucket_0", func(t *testing.T) {
+		reader := sdkmetric.NewManualReader()
+		h := newHarness(t, relay.Options{BucketCount: 2, MetricsBucketZeroOnly: true, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}, nil)
+		if _, err := h.store.AcquireBucketLeases(context.Background(), "peer", 2, time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		h.start()
+		h.waitIdle()
+		h.clock.WaitForWaiters(context.Background(), 2) // the sampler parked too
+		if got := h.ops.count(relaytest.OpPendingMetrics); got != 0 {
+			t.Fatalf("backlog queries of a relay not owning bucket 0 = %d; want 0", got)
+		}
+		if v := collect(t, reader).values[relay.MetricPendingAvailable]; v != 0 {
+			t.Fatalf("%s = %v; want 0 on a non-owner", relay.MetricPendingAvailable, v)
+		}
+	})
+}
