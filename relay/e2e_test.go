@@ -158,6 +158,14 @@ func runTakeover(t *testing.T, env e2eEnv) {
 	defer cancel()
 	errs := make(chan error, 2)
 	go func() { errs <- a.Run(ctx) }()
+	// B joins once A is publishing, so that A owns buckets when its pause
+	// comes (a B that started first could drain everything on its own
+	// before the first rebalance hands A any bucket).
+	wctx, wcancel := context.WithTimeout(ctx, time.Minute)
+	defer wcancel()
+	if !pubA.WaitCalls(wctx, 1) {
+		t.Fatal("relay A never published")
+	}
 	go func() { errs <- b.Run(ctx) }()
 
 	// The simulated clock runs about 20 times faster than real time; it
