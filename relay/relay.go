@@ -30,6 +30,7 @@ type Relay struct {
 	rng      *rand.Rand // jitter; used by Run's goroutine only
 
 	running atomic.Bool
+	health  atomic.Pointer[error] // the latest cycle's error; nil: it succeeded (see Health)
 
 	// State read by gauges and the sampler.
 	ownedCount atomic.Int64
@@ -160,6 +161,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	defer r.pending.Store(nil)
 
+	r.health.Store(&errNoCycle)
 	st := &runState{ready: make([]bool, r.opts.BucketCount), retry: map[int]*headRetry{}}
 	st.nextRebalance = r.clock.Now()
 	err = r.loop(ctx, st)
@@ -190,6 +192,7 @@ func (r *Relay) loop(ctx context.Context, st *runState) error {
 		start := r.clock.Now()
 		st.worked = false
 		err := r.cycle(ctx, st)
+		r.recordHealth(ctx, err)
 		if st.worked {
 			r.m.cycleDur.Record(context.Background(), r.clock.Now().Sub(start).Seconds(), r.m.attrs)
 		}

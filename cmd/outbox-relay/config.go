@@ -1,0 +1,350 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/sasl"
+	"github.com/segmentio/kafka-go/sasl/plain"
+	"github.com/segmentio/kafka-go/sasl/scram"
+
+	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/relay"
+)
+
+// envPrefix prefixes the environment variable of every flag: -db-dsn is
+// OUTBOX_DB_DSN.
+const envPrefix = "OUTBOX_"
+
+// errHelp is returned by parseConfig for -h and -help.
+var errHelp = flag.ErrHelp
+
+// config is the worker's whole configuration.
+type config struct {
+	dbDriver string
+	dbDSN    string
+	migrate  bool
+
+	brokers          []string
+	clientID         string
+	tlsEnable        bool
+	tlsCA            string
+	tlsCert          string
+	tlsKey           string
+	tlsServerName    string
+	tlsSkipVerify    bool
+	saslMechanism    string
+	saslUser         string
+	saslPassword     string
+	messageIDHeader  string
+	kafkaBatchBytes  int64
+	kafkaMaxRecords  int
+	kafkaMaxAttempts int
+
+	outbox outbox.Config
+	relay  relay.Options
+
+	listen    string
+	logFormat string
+	logLevel  string
+}
+
+// envName returns the environment variable of a flag.
+func envName(flagName string) string {
+	return envPrefix + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// newFlagSet declares every flag into c.
+func newFlagSet(c *config) *flag.FlagSet {
+	fs := flag.NewFlagSet("outbox-relay", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+
+	fs.StringVar(&c.dbDriver, "db-driver", "", "database driver: postgres, mysql or sqlite (required)")
+	fs.StringVar(&c.dbDSN, "db-dsn", "", "database DSN in the driver's form (required)")
+	fs.BoolVar(&c.migrate, "migrate", false, "create or update the outbox tables (outbox.AutoMigrate) at start")
+
+	fs.Func("kafka-brokers", "comma-separated Kafka bootstrap addresses host:port (required)", func(s string) error {
+		c.brokers = nil
+		for _, b := range strings.Split(s, ",") {
+			if b = strings.TrimSpace(b); b != "" {
+				c.brokers = append(c.brokers, b)
+			}
+		}
+		return nil
+	})
+	fs.StringVar(&c.clientID, "kafka-client-id", "outbox-relay", "Kafka client id")
+	fs.BoolVar(&c.tlsEnable, "kafka-tls", false, "connect to Kafka with TLS (implied by any other -kafka-tls-* flag)")
+	fs.StringVar(&c.tlsCA, "kafka-tls-ca", "", "PEM file of the CA certificates that verify the brokers (default: the system pool)")
+	fs.StringVar(&c.tlsCert, "kafka-tls-cert", "", "PEM client certificate file for mutual TLS (with -kafka-tls-key)")
+	fs.StringVar(&c.tlsKey, "kafka-tls-key", "", "PEM client key file for mutual TLS (with -kafka-tls-cert)")
+	fs.StringVar(&c.tlsServerName, "kafka-tls-server-name", "", "server name to verify in the brokers' certificates (default: from the address)")
+	fs.BoolVar(&c.tlsSkipVerify, "kafka-tls-insecure-skip-verify", false, "do not verify the brokers' certificates (testing only)")
+	fs.StringVar(&c.saslMechanism, "kafka-sasl-mechanism", "", "SASL mechanism: plain, scram-sha-256 or scram-sha-512 (default: no SASL)")
+	fs.StringVar(&c.saslUser, "kafka-sasl-username", "", "SASL user name")
+	fs.StringVar(&c.saslPassword, "kafka-sasl-password", "", "SASL password (prefer the environment variable)")
+	fs.StringVar(&c.messageIDHeader, "message-id-header", relay.DefaultMessageIDHeader, "record header carrying the message id")
+	fs.Int64Var(&c.kafkaBatchBytes, "kafka-batch-bytes", relay.DefaultKafkaBatchBytes, "largest produce request per partition, in bytes; keep it at most the topics' max.message.bytes")
+	fs.IntVar(&c.kafkaMaxRecords, "kafka-max-batch-records", relay.DefaultKafkaMaxBatchRecords, "largest number of records per partition per produce request")
+	fs.IntVar(&c.kafkaMaxAttempts, "kafka-max-attempts", 10, "kafka-go's attempts per produce request on retriable errors")
+
+	fs.IntVar(&c.outbox.BucketCount, "bucket-count", outbox.DefaultBucketCount, "ordering buckets; must equal the writers' outbox.Config.BucketCount")
+	fs.StringVar(&c.outbox.Schema, "schema", "", "schema (PostgreSQL), database (MySQL) or attached database (SQLite) of the tables (default: the connection's)")
+	fs.StringVar(&c.outbox.MessagesTable, "messages-table", outbox.DefaultMessagesTable, "pending messages table")
+	fs.StringVar(&c.outbox.LeasesTable, "leases-table", outbox.DefaultLeasesTable, "bucket lease table")
+	fs.StringVar(&c.outbox.RelaysTable, "relays-table", outbox.DefaultRelaysTable, "relay heartbeat table")
+
+	o := &c.relay
+	fs.IntVar(&o.BatchSize, "batch-size", relay.DefaultBatchSize, "rows fetched and published per batch")
+	fs.DurationVar(&o.PollInterval, "poll-interval", relay.DefaultPollInterval, "how often to look for pending rows without a hint")
+	fs.DurationVar(&o.ErrorBackoff, "error-backoff", relay.DefaultErrorBackoff, "wait after a store error; first backoff of a failing row")
+	fs.DurationVar(&o.LeaseDuration, "lease-duration", relay.DefaultLeaseDuration, "lifetime of an acquired or renewed bucket lease")
+	fs.DurationVar(&o.LeaseRenewInterval, "lease-renew-interval", relay.DefaultLeaseRenewInterval, "rebalance and renewal cadence; shorter than -lease-duration")
+	fs.DurationVar(&o.MaxPublishDuration, "max-publish-duration", 0, "bound on one publish call (0: unbounded)")
+	fs.StringVar(&o.RelayID, "relay-id", "", "relay id in the lease table, unique among live relays (default: host name plus a random suffix)")
+	fs.StringVar(&o.MetricsName, "metrics-name", relay.DefaultMetricsName, "value of the outbox.name metric attribute")
+	fs.DurationVar(&o.MetricsInterval, "metrics-interval", relay.DefaultMetricsInterval, "wait between backlog queries")
+	fs.DurationVar(&o.MetricsTimeout, "metrics-timeout", relay.DefaultMetricsTimeout, "bound on one backlog query")
+	fs.BoolVar(&o.MetricsBucketZeroOnly, "metrics-bucket-zero-only", false, "only the owner of bucket 0 samples the backlog (set on every relay)")
+	fs.DurationVar(&o.StopTimeout, "stop-timeout", relay.DefaultStopTimeout, "bound on the cleanup after SIGTERM (in-flight publish, lease release)")
+
+	fs.StringVar(&c.listen, "listen", ":9090", "address of the HTTP server for /metrics and /healthz (empty: no server)")
+	fs.StringVar(&c.logFormat, "log-format", "text", "log format: text or json")
+	fs.StringVar(&c.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	return fs
+}
+
+// parseConfig reads args, then the OUTBOX_* environment for every flag not
+// given on the command line, and checks the result. Errors are one line and
+// name the flag.
+func parseConfig(args []string, getenv func(string) string) (*config, error) {
+	c := &config{}
+	fs := newFlagSet(c)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, errHelp
+		}
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	var err error
+	fs.VisitAll(func(f *flag.Flag) {
+		if err != nil || given[f.Name] {
+			return
+		}
+		if v, ok := lookup(getenv, envName(f.Name)); ok {
+			if e := fs.Set(f.Name, v); e != nil {
+				err = fmt.Errorf("%s=%q: %v", envName(f.Name), v, e)
+			}
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	return c, c.check()
+}
+
+func lookup(getenv func(string) string, name string) (string, bool) {
+	v := getenv(name)
+	return v, v != ""
+}
+
+// check reports the first invalid setting the relay and publisher would not
+// report themselves (they are checked by relay.New and NewKafkaPublisher).
+func (c *config) check() error {
+	switch c.dbDriver {
+	case "postgres", "mysql", "sqlite":
+	case "":
+		return errors.New("-db-driver is required (postgres, mysql or sqlite)")
+	default:
+		return fmt.Errorf("-db-driver %q: must be postgres, mysql or sqlite", c.dbDriver)
+	}
+	if c.dbDSN == "" {
+		return errors.New("-db-dsn is required")
+	}
+	if len(c.brokers) == 0 {
+		return errors.New("-kafka-brokers is required")
+	}
+	switch c.saslMechanism {
+	case "", "plain", "scram-sha-256", "scram-sha-512":
+	default:
+		return fmt.Errorf("-kafka-sasl-mechanism %q: must be plain, scram-sha-256 or scram-sha-512", c.saslMechanism)
+	}
+	if c.saslMechanism != "" && c.saslUser == "" {
+		return fmt.Errorf("-kafka-sasl-username is required with -kafka-sasl-mechanism %s", c.saslMechanism)
+	}
+	if (c.tlsCert == "") != (c.tlsKey == "") {
+		return errors.New("-kafka-tls-cert and -kafka-tls-key go together")
+	}
+	if c.kafkaMaxAttempts < 1 {
+		return fmt.Errorf("-kafka-max-attempts %d: must be at least 1", c.kafkaMaxAttempts)
+	}
+	switch c.logFormat {
+	case "text", "json":
+	default:
+		return fmt.Errorf("-log-format %q: must be text or json", c.logFormat)
+	}
+	if _, err := parseLevel(c.logLevel); err != nil {
+		return err
+	}
+	if err := c.outbox.Validate(); err != nil {
+		return err
+	}
+	return c.checkRelayOptions()
+}
+
+// transport returns kafka-go's Transport with the TLS and SASL settings, or
+// nil when none is set.
+func (c *config) transport() (*kafka.Transport, error) {
+	t := &kafka.Transport{ClientID: c.clientID}
+	if c.tlsEnable || c.tlsCA != "" || c.tlsCert != "" || c.tlsServerName != "" || c.tlsSkipVerify {
+		tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: c.tlsServerName, InsecureSkipVerify: c.tlsSkipVerify} //nolint:gosec // opt-in flag
+		if c.tlsCA != "" {
+			pem, err := os.ReadFile(c.tlsCA)
+			if err != nil {
+				return nil, fmt.Errorf("-kafka-tls-ca: %w", err)
+			}
+			pool := x509.NewCertPool()
+			if !pool.AppendCertsFromPEM(pem) {
+				return nil, fmt.Errorf("-kafka-tls-ca %s: no PEM certificate found", c.tlsCA)
+			}
+			tc.RootCAs = pool
+		}
+		if c.tlsCert != "" {
+			cert, err := tls.LoadX509KeyPair(c.tlsCert, c.tlsKey)
+			if err != nil {
+				return nil, fmt.Errorf("-kafka-tls-cert/-kafka-tls-key: %w", err)
+			}
+			tc.Certificates = []tls.Certificate{cert}
+		}
+		t.TLS = tc
+	}
+	var mech sasl.Mechanism
+	var err error
+	switch c.saslMechanism {
+	case "plain":
+		mech = plain.Mechanism{Username: c.saslUser, Password: c.saslPassword}
+	case "scram-sha-256":
+		mech, err = scram.Mechanism(scram.SHA256, c.saslUser, c.saslPassword)
+	case "scram-sha-512":
+		mech, err = scram.Mechanism(scram.SHA512, c.saslUser, c.saslPassword)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("-kafka-sasl-mechanism %s: %w", c.saslMechanism, err)
+	}
+	t.SASL = mech
+	return t, nil
+}
+
+// usage writes the flag list with each flag's environment variable.
+func usage(w io.Writer) {
+	fs := newFlagSet(&config{})
+	fmt.Fprintf(w, `outbox-relay publishes the rows of a gorm-outbox outbox table to Kafka.
+
+Usage: outbox-relay [flags]
+
+Every flag can also be set by the environment variable shown beside it; a
+flag on the command line wins. Bad configuration prints one error line and
+exits with status 2. SIGTERM or SIGINT stops the relay gracefully: it
+finishes the in-flight batch, releases its bucket leases and exits 0.
+
+HTTP (-listen): /metrics (Prometheus format), /healthz (200 while the relay
+runs and its last cycle succeeded, else 503).
+
+Flags:
+`)
+	fs.VisitAll(func(f *flag.Flag) {
+		def := ""
+		if f.DefValue != "" && f.DefValue != "0" && f.DefValue != "0s" && f.DefValue != "false" && f.DefValue != "[]" {
+			def = fmt.Sprintf(" (default %s)", f.DefValue)
+		}
+		fmt.Fprintf(w, "  -%s  [%s]\n    \t%s%s\n", f.Name, envName(f.Name), f.Usage, def)
+	})
+}
+
+// flagNames maps the option names in relay, outbox and publisher errors to
+// the flags that set them, so an error names what the user typed.
+var flagNames = strings.NewReplacer(
+	"Options.BatchSize", "-batch-size",
+	"Options.PollInterval", "-poll-interval",
+	"Options.ErrorBackoff", "-error-backoff",
+	"Options.LeaseDuration", "-lease-duration",
+	"Options.LeaseRenewInterval", "-lease-renew-interval",
+	"Options.MaxPublishDuration", "-max-publish-duration",
+	"Options.RelayID", "-relay-id",
+	"Options.MetricsName", "-metrics-name",
+	"Options.MetricsInterval", "-metrics-interval",
+	"Options.MetricsTimeout", "-metrics-timeout",
+	"Options.StopTimeout", "-stop-timeout",
+	"Options.BucketCount", "-bucket-count",
+	"Config.BucketCount", "-bucket-count",
+	"Config.Schema", "-schema",
+	"Config.MessagesTable", "-messages-table",
+	"Config.LeasesTable", "-leases-table",
+	"Config.RelaysTable", "-relays-table",
+	"KafkaConfig.Brokers", "-kafka-brokers",
+	"KafkaConfig.BatchBytes", "-kafka-batch-bytes",
+	"KafkaConfig.MaxBatchRecords", "-kafka-max-batch-records",
+	"\n", "; ",
+)
+
+// oneLine returns err's message on one line, with option names replaced by
+// their flags.
+func oneLine(err error) string { return flagNames.Replace(err.Error()) }
+
+// checkStore stands in for the database store while the relay options are
+// checked, before any connection is made. It has the capabilities of
+// gormstore.Store that relay.New looks at (lease renewal, the bucket count).
+type checkStore struct{ buckets int }
+
+func (checkStore) AcquireBucketLeases(context.Context, string, int, time.Duration) ([]int, error) {
+	return nil, errUnused
+}
+func (checkStore) BucketsWithPending(context.Context, []int) ([]int, error) { return nil, errUnused }
+func (checkStore) NextBatch(context.Context, int, int) ([]*outbox.Message, error) {
+	return nil, errUnused
+}
+func (checkStore) MarkPublished(context.Context, int, []*outbox.Message) error { return errUnused }
+func (checkStore) RenewBucketLeases(context.Context, string, []int, time.Duration) (bool, error) {
+	return false, errUnused
+}
+func (s checkStore) BucketCount() int { return s.buckets }
+
+var (
+	_ relay.Store         = checkStore{}
+	_ relay.LeaseRenewer  = checkStore{}
+	_ relay.BucketCounter = checkStore{}
+)
+
+// checkPublisher stands in for the Kafka publisher in checkRelayOptions.
+type checkPublisher struct{}
+
+func (checkPublisher) Publish(context.Context, []*outbox.Message) relay.Result {
+	return relay.Result{Err: errUnused}
+}
+
+// errUnused is returned by checkStore, which is never run.
+var errUnused = errors.New("outbox-relay: check store is not for use")
+
+// checkRelayOptions runs relay.New's validation of the relay options
+// without a database.
+func (c *config) checkRelayOptions() error {
+	opts := c.relay
+	opts.BucketCount = c.outbox.WithDefaults().BucketCount
+	opts.Logger = slog.New(slog.DiscardHandler)
+	_, err := relay.New(checkStore{buckets: opts.BucketCount}, checkPublisher{}, opts)
+	return err
+}

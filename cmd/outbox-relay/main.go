@@ -1,0 +1,273 @@
+// Command outbox-relay is a standalone relay worker: it publishes the rows of
+// a gorm-outbox outbox table to Kafka, for teams that scale writers and
+// relays separately. The writers only register outbox.Plugin; any number of
+// outbox-relay processes share the buckets through leases.
+//
+//	outbox-relay -db-driver postgres -db-dsn "host=db user=app dbname=app" -kafka-brokers kafka-1:9092,kafka-2:9092
+//
+// Every flag has an environment variable (-db-dsn is OUTBOX_DB_DSN); run
+// outbox-relay -h for the list. The worker serves /metrics (Prometheus format,
+// through the OpenTelemetry Prometheus exporter) and /healthz (200 while the
+// relay runs and its last cycle succeeded), logs with log/slog (-log-format
+// json for JSON lines), and stops gracefully on SIGTERM or SIGINT: it
+// finishes the in-flight batch, releases its leases so that peers take over
+// at once, and exits 0. Bad configuration prints one error line and exits 2;
+// a runtime failure (database unreachable at start, a fatal relay error)
+// exits 1.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/segmentio/kafka-go"
+	"go.opentelemetry.io/otel/attribute"
+	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/resource"
+	"gorm.io/driver/mysql"
+	"gorm.io/driver/postgres"
+	"gorm.io/driver/sqlite"
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+
+	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/gormstore"
+	"github.com/gorm-outbox/outbox/relay"
+)
+
+// Exit codes.
+const (
+	exitOK      = 0
+	exitFailure = 1
+	exitConfig  = 2
+)
+
+// httpShutdownTimeout bounds the HTTP server's shutdown after the relay
+// stopped.
+const httpShutdownTimeout = 5 * time.Second
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	os.Exit(run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr))
+}
+
+// run is the whole worker; it returns the exit code. It stops gracefully
+// when ctx is done.
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	cfg, err := parseConfig(args, getenv)
+	if errors.Is(err, errHelp) {
+		usage(stdout)
+		return exitOK
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "outbox-relay: %s (see outbox-relay -h)\n", oneLine(err))
+		return exitConfig
+	}
+	w, err := build(cfg, stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "outbox-relay: %s\n", oneLine(err))
+		return exitConfig
+	}
+	defer w.close()
+	return w.run(ctx)
+}
+
+// worker is a configured relay and its HTTP server, not yet started.
+type worker struct {
+	cfg   *config
+	log   *slog.Logger
+	db    *gorm.DB
+	pub   *relay.KafkaPublisher
+	relay *relay.Relay
+	reg   *prometheus.Registry
+	mp    *sdkmetric.MeterProvider
+}
+
+// build checks and assembles everything without any I/O: the database is
+// opened without a ping and the publisher connects on its first publish, so
+// every configuration error surfaces before the worker touches a service.
+func build(cfg *config, stderr io.Writer) (*worker, error) {
+	level, _ := parseLevel(cfg.logLevel)
+	hopts := &slog.HandlerOptions{Level: level}
+	var h slog.Handler = slog.NewTextHandler(stderr, hopts)
+	if cfg.logFormat == "json" {
+		h = slog.NewJSONHandler(stderr, hopts)
+	}
+	log := slog.New(h)
+
+	var dial gorm.Dialector
+	switch cfg.dbDriver {
+	case "postgres":
+		dial = postgres.Open(cfg.dbDSN)
+	case "mysql":
+		dial = mysql.Open(cfg.dbDSN)
+	case "sqlite":
+		dial = sqlite.Open(cfg.dbDSN)
+	}
+	db, err := gorm.Open(dial, &gorm.Config{
+		DisableAutomaticPing: true,
+		Logger: logger.NewSlogLogger(log.With("component", "gorm"), logger.Config{
+			SlowThreshold: time.Second, LogLevel: logger.Warn, IgnoreRecordNotFoundError: true,
+		}),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("-db-dsn: %w", err)
+	}
+	w := &worker{cfg: cfg, log: log, db: db}
+	store, err := gormstore.New(db, gormstore.Options{Config: cfg.outbox})
+	if err != nil {
+		w.close()
+		return nil, err
+	}
+	transport, err := cfg.transport()
+	if err != nil {
+		w.close()
+		return nil, err
+	}
+	w.pub, err = relay.NewKafkaPublisher(relay.KafkaConfig{
+		Brokers:         cfg.brokers,
+		Transport:       transport,
+		MessageIDHeader: cfg.messageIDHeader,
+		BatchBytes:      cfg.kafkaBatchBytes,
+		MaxBatchRecords: cfg.kafkaMaxRecords,
+		Configure: func(kw *kafka.Writer) {
+			kw.MaxAttempts = cfg.kafkaMaxAttempts
+		},
+	})
+	if err != nil {
+		w.close()
+		return nil, err
+	}
+
+	// Metrics: the OpenTelemetry SDK with the Prometheus exporter on a
+	// registry of our own (no global state), plus Go and process metrics.
+	w.reg = prometheus.NewRegistry()
+	w.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	exp, err := otelprom.New(otelprom.WithRegisterer(w.reg))
+	if err != nil {
+		w.close()
+		return nil, fmt.Errorf("prometheus exporter: %w", err)
+	}
+	w.mp = sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp),
+		sdkmetric.WithResource(resource.NewSchemaless(attribute.String("service.name", "outbox-relay"))))
+
+	opts := cfg.relay
+	opts.BucketCount = cfg.outbox.BucketCount
+	opts.Logger = log
+	opts.MeterProvider = w.mp
+	w.relay, err = relay.New(store, w.pub, opts)
+	if err != nil {
+		w.close()
+		return nil, err
+	}
+	return w, nil
+}
+
+// run connects, serves HTTP and runs the relay until ctx is done or the
+// relay fails; it returns the exit code.
+func (w *worker) run(ctx context.Context) int {
+	pingCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	err := w.ping(pingCtx)
+	cancel()
+	if err != nil {
+		w.log.Error("outbox-relay: database unreachable", "driver", w.cfg.dbDriver, "error", err)
+		return exitFailure
+	}
+	if w.cfg.migrate {
+		if err := outbox.AutoMigrate(w.db.WithContext(ctx), w.cfg.outbox); err != nil {
+			w.log.Error("outbox-relay: migrate", "error", err)
+			return exitFailure
+		}
+	}
+
+	var srv *http.Server
+	srvDone := make(chan error, 1)
+	if w.cfg.listen != "" {
+		ln, err := net.Listen("tcp", w.cfg.listen)
+		if err != nil {
+			w.log.Error("outbox-relay: listen", "addr", w.cfg.listen, "error", err)
+			return exitFailure
+		}
+		srv = &http.Server{Handler: w.handler(), ReadHeaderTimeout: 10 * time.Second}
+		w.log.Info("outbox-relay: serving /metrics and /healthz", "addr", ln.Addr().String())
+		go func() { srvDone <- srv.Serve(ln) }()
+	}
+
+	w.log.Info("outbox-relay: starting", "relay", w.relay.ID(), "driver", w.cfg.dbDriver,
+		"brokers", strings.Join(w.cfg.brokers, ","), "messages_table", w.cfg.outbox.MessagesTableName(), "buckets", w.cfg.outbox.BucketCount)
+	runErr := w.relay.Run(ctx)
+
+	if srv != nil {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), httpShutdownTimeout)
+		_ = srv.Shutdown(sctx)
+		cancel()
+		<-srvDone
+	}
+	if runErr != nil {
+		w.log.Error("outbox-relay: relay failed", "error", runErr)
+		return exitFailure
+	}
+	w.log.Info("outbox-relay: stopped; leases released")
+	return exitOK
+}
+
+func (w *worker) ping(ctx context.Context) error {
+	sqlDB, err := w.db.DB()
+	if err != nil {
+		return err
+	}
+	return sqlDB.PingContext(ctx)
+}
+
+// handler serves /metrics and /healthz.
+func (w *worker) handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(w.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", func(rw http.ResponseWriter, _ *http.Request) {
+		rw.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		if err := w.relay.Health(); err != nil {
+			rw.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprintln(rw, err)
+			return
+		}
+		fmt.Fprintln(rw, "ok")
+	})
+	return mux
+}
+
+// close releases the publisher, the meter provider and the database pool.
+func (w *worker) close() {
+	if w.pub != nil {
+		_ = w.pub.Close()
+	}
+	if w.mp != nil {
+		_ = w.mp.Shutdown(context.Background())
+	}
+	if sqlDB, err := w.db.DB(); err == nil {
+		_ = sqlDB.Close()
+	}
+}
+
+// parseLevel parses -log-level.
+func parseLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(s)); err != nil {
+		return 0, fmt.Errorf("-log-level %q: must be debug, info, warn or error", s)
+	}
+	return l, nil
+}

@@ -1,0 +1,309 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/relay"
+)
+
+// Backend is the shared state every relay's Store talks to: in a real
+// store, the database (MongoDB, DynamoDB, Redis, …). Here it is memory
+// behind a mutex; each method of Store marks the single statement or
+// conditional write a database backend would use.
+type Backend struct {
+	buckets int
+
+	mu       sync.Mutex
+	nextID   int64
+	seeded   bool                      // the lease rows exist
+	rows     map[int][]*outbox.Message // bucket → pending rows in ID order
+	leases   map[int]lease             // bucket → lease (rows outside the range may exist)
+	relays   map[string]*heartbeat     // relay id → heartbeat
+	failNext map[string]bool           // injected transient failures (tests)
+}
+
+type lease struct {
+	owner   string
+	expires time.Time
+}
+
+type heartbeat struct {
+	lastSeen  time.Time
+	stoppedAt time.Time // zero: live
+}
+
+// NewBackend returns an empty backend for bucketCount buckets.
+func NewBackend(bucketCount int) *Backend {
+	return &Backend{
+		buckets:  bucketCount,
+		rows:     map[int][]*outbox.Message{},
+		leases:   map[int]lease{},
+		relays:   map[string]*heartbeat{},
+		failNext: map[string]bool{},
+	}
+}
+
+// Insert is what a writer does: append rows to their bucket. Bucket and
+// MessageID must be set (outbox.BucketOf); ID is assigned here.
+func (b *Backend) Insert(msgs ...*outbox.Message) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, m := range msgs {
+		b.nextID++
+		c := *m
+		c.ID = b.nextID
+		b.rows[int(c.Bucket)] = append(b.rows[int(c.Bucket)], &c)
+	}
+}
+
+// Store is one relay's view of the Backend. It implements relay.Store and
+// the optional capabilities relay.LeaseRenewer (renewal during a slow
+// publish), relay.LeaseReleaser (graceful stop), relay.PendingMetricsStore
+// (backlog metrics) and relay.BucketCounter. Each relay gets its own Store;
+// now is its clock (injected so that the conformance kit can move time).
+type Store struct {
+	b   *Backend
+	now func() time.Time
+}
+
+// NewStore returns a Store on b reading time from now (nil: time.Now).
+func NewStore(b *Backend, now func() time.Time) *Store {
+	if now == nil {
+		now = time.Now
+	}
+	return &Store{b: b, now: now}
+}
+
+var (
+	_ relay.Store               = (*Store)(nil)
+	_ relay.LeaseRenewer        = (*Store)(nil)
+	_ relay.LeaseReleaser       = (*Store)(nil)
+	_ relay.PendingMetricsStore = (*Store)(nil)
+	_ relay.BucketCounter       = (*Store)(nil)
+)
+
+// BucketCount implements relay.BucketCounter.
+func (s *Store) BucketCount() int { return s.b.buckets }
+
+// AcquireBucketLeases implements relay.Store: one acquisition round.
+func (s *Store) AcquireBucketLeases(ctx context.Context, relayID string, bucketCount int, leaseDuration time.Duration) ([]int, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	b := s.b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	// Misconfiguration is loud: a writer with another bucket count.
+	if bucketCount != b.buckets {
+		return nil, fmt.Errorf("customstore: bucket count %d, the backend's is %d: %w", bucketCount, b.buckets, relay.ErrMisconfigured)
+	}
+	for bucket, rows := range b.rows {
+		if len(rows) > 0 && (bucket < 0 || bucket >= bucketCount) {
+			return nil, fmt.Errorf("customstore: %d rows in bucket %d, outside [0, %d): %w", len(rows), bucket, bucketCount, relay.ErrMisconfigured)
+		}
+	}
+	now := s.now()
+	// 1. Seed the lease rows once (INSERT … ON CONFLICT DO NOTHING).
+	if !b.seeded {
+		if b.fail("seed") {
+			return nil, errors.New("customstore: seed: injected failure")
+		}
+		for i := range bucketCount {
+			if _, ok := b.leases[i]; !ok {
+				b.leases[i] = lease{}
+			}
+		}
+		b.seeded = true
+	}
+	// 2. Heartbeat, unless the relay stopped after this statement began (a
+	// late statement of a stopped relay must change nothing).
+	if b.fail("heartbeat") {
+		return nil, errors.New("customstore: heartbeat: injected failure")
+	}
+	hb := b.relays[relayID]
+	if hb == nil {
+		hb = &heartbeat{}
+		b.relays[relayID] = hb
+	}
+	if !hb.stoppedAt.IsZero() && !now.After(hb.stoppedAt) {
+		return nil, nil
+	}
+	hb.stoppedAt, hb.lastSeen = time.Time{}, now
+	// 3. Count what each live relay holds (live: a heartbeat within one
+	// lease duration), and this relay's fair share (relay.Shares).
+	held := map[string]int{}
+	for id, r := range b.relays {
+		if r.stoppedAt.IsZero() && now.Sub(r.lastSeen) < leaseDuration {
+			held[id] = 0
+		}
+	}
+	var mine []int
+	for i := range bucketCount {
+		l := b.leases[i]
+		if l.owner == "" || !now.Before(l.expires) {
+			continue
+		}
+		if _, live := held[l.owner]; live {
+			held[l.owner]++
+		}
+		if l.owner == relayID {
+			mine = append(mine, i)
+		}
+	}
+	share := relay.Shares(bucketCount, held)[relayID]
+	// 4. Free the excess (UPDATE … WHERE owner = me), then claim free or
+	// expired leases (UPDATE … WHERE owner IS NULL OR expires <= now), and
+	// extend the ones kept — never backwards.
+	for len(mine) > share {
+		b.leases[mine[len(mine)-1]] = lease{}
+		mine = mine[:len(mine)-1]
+	}
+	for i := 0; i < bucketCount && len(mine) < share; i++ {
+		if l := b.leases[i]; l.owner == "" || !now.Before(l.expires) {
+			mine = append(mine, i)
+		}
+	}
+	slices.Sort(mine)
+	for _, i := range mine {
+		exp := now.Add(leaseDuration)
+		if l := b.leases[i]; l.owner == relayID && l.expires.After(exp) {
+			exp = l.expires
+		}
+		b.leases[i] = lease{owner: relayID, expires: exp}
+	}
+	return mine, nil
+}
+
+// RenewBucketLeases implements relay.LeaseRenewer: all or nothing.
+func (s *Store) RenewBucketLeases(ctx context.Context, relayID string, buckets []int, leaseDuration time.Duration) (bool, error) {
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	b := s.b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	now := s.now()
+	hb := b.relays[relayID]
+	if hb == nil || !hb.stoppedAt.IsZero() {
+		return false, nil
+	}
+	for _, i := range buckets {
+		if l := b.leases[i]; l.owner != relayID || !now.Before(l.expires) {
+			return false, nil
+		}
+	}
+	hb.lastSeen = now
+	for _, i := range buckets {
+		if exp := now.Add(leaseDuration); exp.After(b.leases[i].expires) {
+			b.leases[i] = lease{owner: relayID, expires: exp}
+		}
+	}
+	return true, nil
+}
+
+// ReleaseBucketLeases implements relay.LeaseReleaser: mark the relay
+// stopped first, then free its leases.
+func (s *Store) ReleaseBucketLeases(ctx context.Context, relayID string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	b := s.b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	hb := b.relays[relayID]
+	if hb == nil {
+		hb = &heartbeat{}
+		b.relays[relayID] = hb
+	}
+	hb.stoppedAt = s.now()
+	for i, l := range b.leases {
+		if l.owner == relayID {
+			b.leases[i] = lease{}
+		}
+	}
+	return nil
+}
+
+// BucketsWithPending implements relay.Store.
+func (s *Store) BucketsWithPending(ctx context.Context, buckets []int) ([]int, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s.b.mu.Lock()
+	defer s.b.mu.Unlock()
+	var out []int
+	for _, i := range buckets {
+		if len(s.b.rows[i]) > 0 {
+			out = append(out, i)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out), nil
+}
+
+// NextBatch implements relay.Store: the oldest rows of one bucket
+// (SELECT … WHERE bucket = ? ORDER BY id LIMIT ?).
+func (s *Store) NextBatch(ctx context.Context, bucket, limit int) ([]*outbox.Message, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s.b.mu.Lock()
+	defer s.b.mu.Unlock()
+	rows := s.b.rows[bucket]
+	out := make([]*outbox.Message, 0, min(limit, len(rows)))
+	for _, m := range rows[:min(limit, len(rows))] {
+		c := *m
+		out = append(out, &c)
+	}
+	return out, nil
+}
+
+// MarkPublished implements relay.Store: delete the acknowledged prefix by
+// ID (DELETE … WHERE id IN (…)).
+func (s *Store) MarkPublished(ctx context.Context, bucket int, published []*outbox.Message) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.b.mu.Lock()
+	defer s.b.mu.Unlock()
+	ids := make(map[int64]bool, len(published))
+	for _, m := range published {
+		ids[m.ID] = true
+	}
+	s.b.rows[bucket] = slices.DeleteFunc(s.b.rows[bucket], func(m *outbox.Message) bool { return ids[m.ID] })
+	return nil
+}
+
+// PendingMetrics implements relay.PendingMetricsStore.
+func (s *Store) PendingMetrics(ctx context.Context) (*relay.Pending, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s.b.mu.Lock()
+	defer s.b.mu.Unlock()
+	p := &relay.Pending{}
+	for _, rows := range s.b.rows {
+		p.Count += int64(len(rows))
+		for _, m := range rows {
+			if p.Oldest.IsZero() || m.CreatedAt.Before(p.Oldest) {
+				p.Oldest = m.CreatedAt
+			}
+		}
+	}
+	return p, nil
+}
+
+// fail reports (and consumes) an injected failure of step. b.mu is held.
+func (b *Backend) fail(step string) bool {
+	if b.failNext[step] {
+		delete(b.failNext, step)
+		return true
+	}
+	return false
+}
