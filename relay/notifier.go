@@ -15,13 +15,21 @@ import (
 // a notification that arrives before the relay waits stays pending. Only
 // hints for buckets the relay owns (and unknown-bucket notifications while it
 // owns any) wake it; hints never authorise publication or change ordering,
-// they only make the relay look sooner. Its methods are safe for concurrent
+// they only make the relay look sooner. With Options.Transport, the commits
+// it is told about also go to the relays of other processes, coalesced the
+// same way; hints received from them are never sent on. Its methods are safe for concurrent
 // use, never block and never panic; a nil *Notifier ignores every call.
 type Notifier struct {
 	attached atomic.Bool
 	state    atomic.Pointer[notifyState]
 	unknown  atomic.Bool
 	wake     chan struct{}
+
+	// Outgoing hints for Options.Transport: every locally committed bucket,
+	// owned or not, coalesced until the sender takes them.
+	sending    atomic.Bool
+	outUnknown atomic.Bool
+	outWake    chan struct{}
 }
 
 // notifyState holds the bitsets of one relay's bucket count.
@@ -29,17 +37,25 @@ type notifyState struct {
 	n      int
 	owned  []atomic.Uint64
 	hinted []atomic.Uint64
-	any    atomic.Bool // owns at least one bucket
+	out    []atomic.Uint64 // committed locally, not yet sent to peers
+	any    atomic.Bool     // owns at least one bucket
 }
 
 // NewNotifier returns a Notifier, not yet attached to a relay. Create it
 // first when the GORM plugin is registered before the relay is built, and
 // pass it in Options.Notifier.
 func NewNotifier() *Notifier {
-	return &Notifier{wake: make(chan struct{}, 1)}
+	return &Notifier{wake: make(chan struct{}, 1), outWake: make(chan struct{}, 1)}
 }
 
-var _ outbox.BucketNotifier = (*Notifier)(nil)
+var (
+	_ outbox.BucketNotifier = (*Notifier)(nil)
+	_ outbox.NonBlocking    = (*Notifier)(nil)
+)
+
+// NonBlockingNotifier marks the Notifier as never blocking (outbox.NonBlocking),
+// so the GORM plugin calls it on the committing goroutine.
+func (*Notifier) NonBlockingNotifier() {}
 
 // NotifyCommitted reports committed rows in unknown buckets: the relay, if
 // it owns any bucket, looks for pending rows in all its buckets.
@@ -47,6 +63,15 @@ func (n *Notifier) NotifyCommitted() {
 	if n == nil {
 		return
 	}
+	if n.sending.Load() {
+		n.outUnknown.Store(true)
+		n.signalOut()
+	}
+	n.localUnknown()
+}
+
+// localUnknown wakes this relay for an unknown-bucket notification.
+func (n *Notifier) localUnknown() {
 	n.unknown.Store(true)
 	if st := n.state.Load(); st != nil && st.any.Load() {
 		n.signal()
@@ -54,7 +79,9 @@ func (n *Notifier) NotifyCommitted() {
 }
 
 // NotifyBucket reports committed rows in bucket. A negative bucket means
-// unknown (as NotifyCommitted); a bucket the relay does not own is ignored.
+// unknown (as NotifyCommitted). A bucket the relay does not own does not
+// wake it; with Options.Transport every committed bucket is also sent to
+// the other relays, so that its owner wakes.
 func (n *Notifier) NotifyBucket(bucket int) {
 	if n == nil {
 		return
@@ -64,7 +91,35 @@ func (n *Notifier) NotifyBucket(bucket int) {
 		return
 	}
 	st := n.state.Load()
-	if st == nil || bucket >= st.n {
+	if st == nil {
+		return
+	}
+	if n.sending.Load() {
+		if bucket >= st.n {
+			n.outUnknown.Store(true)
+		} else {
+			st.out[bucket/64].Or(uint64(1) << (bucket % 64))
+		}
+		n.signalOut()
+	}
+	n.local(st, bucket)
+}
+
+// receive takes a hint from the transport: it may wake this relay, and is
+// never sent on (no rebroadcast).
+func (n *Notifier) receive(bucket int) {
+	if bucket < 0 {
+		n.localUnknown()
+		return
+	}
+	if st := n.state.Load(); st != nil {
+		n.local(st, bucket)
+	}
+}
+
+// local wakes this relay if it owns bucket.
+func (n *Notifier) local(st *notifyState, bucket int) {
+	if bucket >= st.n {
 		return
 	}
 	w, bit := bucket/64, uint64(1)<<(bucket%64)
@@ -90,6 +145,29 @@ func (n *Notifier) signal() {
 	}
 }
 
+func (n *Notifier) signalOut() {
+	select {
+	case n.outWake <- struct{}{}:
+	default:
+	}
+}
+
+// takeOut returns and clears the hints to send to peers: committed buckets
+// in ascending order and whether an unknown-bucket commit happened.
+func (n *Notifier) takeOut(dst []int) ([]int, bool) {
+	st := n.state.Load()
+	for i := range st.out {
+		w := st.out[i].Swap(0)
+		for b := 0; w != 0; b++ {
+			if w&1 != 0 {
+				dst = append(dst, i*64+b)
+			}
+			w >>= 1
+		}
+	}
+	return dst, n.outUnknown.Swap(false)
+}
+
 // attach binds n to a relay with bucketCount buckets; false if n is
 // already attached.
 func (n *Notifier) attach(bucketCount int) bool {
@@ -97,7 +175,7 @@ func (n *Notifier) attach(bucketCount int) bool {
 		return false
 	}
 	words := (bucketCount + 63) / 64
-	n.state.Store(&notifyState{n: bucketCount, owned: make([]atomic.Uint64, words), hinted: make([]atomic.Uint64, words)})
+	n.state.Store(&notifyState{n: bucketCount, owned: make([]atomic.Uint64, words), hinted: make([]atomic.Uint64, words), out: make([]atomic.Uint64, words)})
 	return true
 }
 

@@ -122,6 +122,13 @@ type Options struct {
 	// Relay.Notifier returns.
 	Notifier *Notifier
 
+	// Transport, when non-nil, carries bucket hints to and from the relays
+	// of other processes (see Transport and package pgnotify): commits
+	// notified here are sent to peers by one background sender, and hints
+	// received by one listener wake this relay for the buckets it owns. Nil
+	// means local notifications only; polling stays on either way.
+	Transport Transport
+
 	// StopTimeout bounds the cleanup after ctx is done: waiting for the
 	// in-flight publish, marking its acknowledged prefix and releasing the
 	// leases. Zero means DefaultStopTimeout (10s); a negative value fails

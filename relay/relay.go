@@ -69,6 +69,9 @@ func New(store Store, pub Publisher, opts Options) (*Relay, error) {
 	if !n.attach(o.BucketCount) {
 		return nil, errors.New("relay: Options.Notifier is already attached to another relay")
 	}
+	if o.Transport != nil {
+		n.sending.Store(true)
+	}
 	h := fnv.New64a()
 	h.Write([]byte(o.RelayID))
 	r := &Relay{
@@ -160,6 +163,16 @@ func (r *Relay) Run(ctx context.Context) error {
 		}()
 	}
 	defer r.pending.Store(nil)
+	if r.opts.Transport != nil {
+		tctx, cancel := context.WithCancel(ctx)
+		var twg sync.WaitGroup
+		twg.Add(2) // sender and listener
+		go r.runTransport(tctx, twg.Done)
+		defer func() {
+			cancel()
+			twg.Wait()
+		}()
+	}
 
 	r.health.Store(&errNoCycle)
 	st := &runState{ready: make([]bool, r.opts.BucketCount), retry: map[int]*headRetry{}}

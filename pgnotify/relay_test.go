@@ -1,0 +1,173 @@
+package pgnotify_test
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/gormstore"
+	"github.com/gorm-outbox/outbox/internal/testenv"
+	"github.com/gorm-outbox/outbox/pgnotify"
+	"github.com/gorm-outbox/outbox/relay"
+	"github.com/gorm-outbox/outbox/relay/relaytest"
+	"gorm.io/driver/postgres"
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+)
+
+// crossPod is two relays in one process, each with its own database handle,
+// plugin, notifier and LISTEN/NOTIFY transport, as two pods would have.
+type crossPod struct {
+	dbA, dbB *gorm.DB
+	pubA     *relaytest.Publisher
+	pubB     *relaytest.Publisher
+	owners   func() map[int]string
+}
+
+func openPod(t *testing.T, dsn string, clock relay.Clock, now func() time.Time, id string, channel string, poll time.Duration) (*gorm.DB, *relaytest.Publisher) {
+	t.Helper()
+	db, err := gorm.Open(postgres.Open(dsn), &gorm.Config{Logger: logger.Default.LogMode(logger.Silent)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if s, err := db.DB(); err == nil {
+			s.Close()
+		}
+	})
+	n := relay.NewNotifier()
+	if err := db.Use(outbox.Plugin{Notifier: n}); err != nil {
+		t.Fatal(err)
+	}
+	if err := outbox.AutoMigrate(db, outbox.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	store, err := gormstore.New(db, gormstore.Options{Now: now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := pgnotify.New(pgnotify.Config{ConnString: dsn, Channel: channel})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(tr.Close)
+	pub := relaytest.NewPublisher()
+	r, err := relay.New(store, pub, relay.Options{
+		RelayID: id, Clock: clock, PollInterval: poll, Notifier: n, Transport: tr,
+		Logger: slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("%s: Run = %v", id, err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Errorf("%s: Run did not return", id)
+		}
+	})
+	return db, pub
+}
+
+func leaseOwners(t *testing.T, db *gorm.DB) map[int]string {
+	t.Helper()
+	var ls []outbox.Lease
+	if err := db.Find(&ls).Error; err != nil {
+		t.Fatal(err)
+	}
+	out := map[int]string{}
+	for _, l := range ls {
+		if l.Owner != nil {
+			out[int(l.Bucket)] = *l.Owner
+		}
+	}
+	return out
+}
+
+// TestCommitInOnePodWakesTheOwnerInAnother: with polling at an hour and a
+// clock that does not move, a commit through pod A's plugin to a bucket
+// owned by pod B wakes B through LISTEN/NOTIFY, and B publishes it.
+func TestCommitInOnePodWakesTheOwnerInAnother(t *testing.T) {
+	dsn, ok := testenv.PostgresDSN(t)
+	if !ok {
+		t.Skip("OUTBOX_TEST_POSTGRES_DSN not set")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	clock := relaytest.NewManualClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+	channel := testenv.Unique("outbox_")
+	dbA, pubA := openPod(t, dsn, clock, clock.Now, "pod-a", channel, time.Hour)
+	if !clock.WaitForWaiters(ctx, 1) {
+		t.Fatal("pod A never went idle")
+	}
+	_, pubB := openPod(t, dsn, clock, clock.Now, "pod-b", channel, time.Hour)
+	if !clock.WaitForWaiters(ctx, 2) {
+		t.Fatal("pod B never went idle")
+	}
+	// Rebalance until each pod owns half of the buckets.
+	var bBucket = -1
+	for i := 0; i < 5 && bBucket < 0; i++ {
+		owners := leaseOwners(t, dbA)
+		for b, o := range owners {
+			if o == "pod-b" {
+				bBucket = b
+			}
+		}
+		if bBucket >= 0 && len(owners) == 8 {
+			break
+		}
+		bBucket = -1
+		clock.Advance(relay.DefaultLeaseRenewInterval)
+		if !clock.WaitForWaiters(ctx, 2) {
+			t.Fatal("pods did not settle")
+		}
+	}
+	if bBucket < 0 {
+		t.Fatalf("owners = %v; want pod-b to own some bucket", leaseOwners(t, dbA))
+	}
+	frozen := clock.Now()
+	// Both listeners must be subscribed: a hint sent before B listens would
+	// be lost (polling, at an hour, would then find it).
+	for {
+		var n int
+		if err := dbA.Raw("SELECT count(*) FROM pg_stat_activity WHERE query LIKE ?", "LISTEN%"+channel+"%").Scan(&n).Error; err != nil {
+			t.Fatal(err)
+		}
+		if n >= 2 {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("%d listeners on %s; want 2", n, channel)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+
+	p := int32(bBucket)
+	m := &outbox.Message{Topic: "orders", Partition: &p, Value: []byte("for pod b")}
+	start := time.Now()
+	if err := dbA.Create(m).Error; err != nil {
+		t.Fatal(err)
+	}
+	if !pubB.WaitCalls(ctx, 1) {
+		t.Fatal("pod B was not woken by pod A's commit")
+	}
+	t.Logf("commit in pod A → publish in pod B: %v", time.Since(start))
+	if got := pubB.Calls()[0][0].MessageID; got != m.MessageID {
+		t.Fatalf("pod B published %s; want %s", got, m.MessageID)
+	}
+	if len(pubA.Calls()) != 0 {
+		t.Fatalf("pod A published %d batches; want 0 (it does not own bucket %d)", len(pubA.Calls()), bBucket)
+	}
+	if !clock.Now().Equal(frozen) {
+		t.Fatal("the clock moved: pod B must wake without polling")
+	}
+}

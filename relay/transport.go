@@ -1,0 +1,82 @@
+package relay
+
+import (
+	"context"
+	"time"
+)
+
+// Transport carries bucket hints between relay processes, so that a commit
+// in one process wakes the relay that owns the bucket in another before its
+// poll interval. It is optional (Options.Transport): polling alone delivers
+// everything, and hints are advisory — they may be duplicated, reordered or
+// lost, and never authorise publication or change ordering. pgnotify
+// implements it with PostgreSQL LISTEN/NOTIFY.
+//
+// The relay calls Publish from one background sender goroutine and Listen
+// from one listener goroutine, concurrently, never from a committing
+// goroutine. Both must honour ctx.
+type Transport interface {
+	// Publish broadcasts committed bucket ids (−1 = unknown bucket: look
+	// everywhere) to every relay sharing the outbox, this one included. It
+	// must not retain buckets. On error the relay drops that advisory batch
+	// and waits Options.ErrorBackoff before sending again.
+	Publish(ctx context.Context, buckets []int) error
+
+	// Listen delivers each received bucket id (−1 included, and buckets this
+	// relay does not own: the relay filters) to fn until ctx is done, and
+	// returns after every fn call has returned. When it returns before ctx
+	// is done (a dropped subscription), the relay calls it again after
+	// Options.ErrorBackoff. Received hints are never rebroadcast.
+	Listen(ctx context.Context, fn func(bucket int)) error
+}
+
+// runTransport runs the sender and the listener until ctx is done.
+func (r *Relay) runTransport(ctx context.Context, done func()) {
+	defer done()
+	t := r.opts.Transport
+	n := r.notifier
+	go func() {
+		defer done()
+		for ctx.Err() == nil {
+			err := t.Listen(ctx, n.receive)
+			if ctx.Err() != nil {
+				return
+			}
+			r.log.Warn("relay: notification listener ended; restarting after backoff", "relay", r.opts.RelayID, "error", err, "backoff", r.opts.ErrorBackoff)
+			r.pause(ctx, r.opts.ErrorBackoff)
+		}
+	}()
+	var buf []int
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-n.outWake:
+		}
+		var unknown bool
+		buf, unknown = n.takeOut(buf[:0])
+		if unknown {
+			buf = append(buf[:0], -1)
+		}
+		if len(buf) == 0 {
+			continue
+		}
+		if err := t.Publish(ctx, buf); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			r.log.Warn("relay: notification send failed; hints dropped", "relay", r.opts.RelayID, "error", err, "backoff", r.opts.ErrorBackoff)
+			r.pause(ctx, r.opts.ErrorBackoff)
+		}
+	}
+}
+
+// pause waits d on the relay's clock or until ctx is done.
+func (r *Relay) pause(ctx context.Context, d time.Duration) {
+	t := r.clock.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C():
+	}
+}
