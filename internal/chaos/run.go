@@ -421,6 +421,7 @@ func inject(ctx context.Context, kind string, rng *rand.Rand, pool *relayPool, d
 		if pr == nil {
 			return false
 		}
+		pause := leaseDuration + time.Second + time.Duration(rng.Int64N(int64(time.Second))) // rng stays on this goroutine
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -439,7 +440,7 @@ func inject(ctx context.Context, kind string, rng *rand.Rand, pool *relayPool, d
 				}
 			case FaultPause:
 				pr.Signal(syscall.SIGSTOP)
-				time.Sleep(leaseDuration + time.Second + time.Duration(rng.Int64N(int64(time.Second))))
+				time.Sleep(pause)
 				pr.Signal(syscall.SIGCONT)
 				pool.give(pr)
 				return
