@@ -195,13 +195,16 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 	// reads the verdict regularly so that a violation is seen during the run.
 	auditCtx, stopAudit := context.WithCancel(ctx)
 	var auditWG sync.WaitGroup
+	audits := 0 // owned by the auditor until auditWG.Wait
 	auditWG.Add(1)
 	go func() {
 		defer auditWG.Done()
+		reported := false
 		for auditCtx.Err() == nil {
 			if v, _, err := DualOwners(db.WithContext(auditCtx)); err == nil {
-				s.LeaseAudits++
-				if v > 0 && s.DualOwners == 0 {
+				audits++
+				if v > 0 && !reported {
+					reported = true
 					log.Error("chaos: a bucket had two live owners", "violations", v)
 				}
 			}
@@ -283,6 +286,7 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 	time.Sleep(time.Second) // late copies
 	stopAudit()
 	auditWG.Wait()
+	s.LeaseAudits = audits
 	if v, c, err := DualOwners(db); err == nil {
 		s.DualOwners, s.LeaseChanges = v, c
 	} else {
