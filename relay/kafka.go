@@ -449,6 +449,7 @@ func (p *KafkaPublisher) write(ctx context.Context, rows []row, idx []int, relea
 	go func() {
 		defer p.wg.Done()
 		err := p.w.WriteMessages(context.WithoutCancel(ctx), msgs...)
+		failpoint("relay/during-publish")
 		mu.Lock()
 		finished = true
 		a := abandoned

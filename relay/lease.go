@@ -52,6 +52,7 @@ func (r *Relay) acquire(ctx context.Context, st *runState) error {
 	t0 := r.clock.Now()
 	buckets, err := r.store.AcquireBucketLeases(ctx, r.opts.RelayID, r.opts.BucketCount, r.opts.LeaseDuration)
 	t1 := r.clock.Now()
+	failpoint("relay/acquire")
 	st.worked = true
 	if err != nil {
 		if errors.Is(err, ErrMisconfigured) {
@@ -185,6 +186,7 @@ func (r *Relay) renew(ctx context.Context, st *runState) {
 	buckets, validUntil, _ := st.lease.snapshot()
 	t0 := r.clock.Now()
 	ok, err := r.renewer.RenewBucketLeases(ctx, r.opts.RelayID, buckets, r.opts.LeaseDuration)
+	failpoint("relay/renew")
 	t1 := r.clock.Now()
 	st.lease.mu.Lock()
 	defer st.lease.mu.Unlock()

@@ -319,6 +319,7 @@ func (r *Relay) drainOnce(ctx context.Context, st *runState, b int) error {
 	if len(batch) > limit {
 		batch = batch[:limit]
 	}
+	failpoint("relay/after-fetch")
 	if r.renewer == nil {
 		// No renewal during the publish: reserve the whole budget plus one
 		// renewal interval, reacquiring first if needed.
@@ -344,6 +345,7 @@ func (r *Relay) drainOnce(ctx context.Context, st *runState, b int) error {
 	}
 
 	res, took := r.publish(ctx, st, batch)
+	failpoint("relay/after-ack")
 	ack := min(max(res.Acknowledged, 0), len(batch))
 	r.m.publishDur.Record(context.Background(), took.Seconds(), r.m.attrs)
 	if ack > 0 {
@@ -366,6 +368,7 @@ func (r *Relay) drainOnce(ctx context.Context, st *runState, b int) error {
 		if ctx.Err() != nil {
 			mctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), r.opts.StopTimeout)
 		}
+		failpoint("relay/during-delete")
 		err := r.store.MarkPublished(mctx, b, batch[:ack])
 		cancel()
 		if err != nil {

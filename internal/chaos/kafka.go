@@ -1,0 +1,243 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/gorm-outbox/outbox"
+)
+
+// CreateTopic creates topic with the given partitions and waits for their
+// leaders.
+func CreateTopic(ctx context.Context, brokers []string, topic string, partitions int) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	d := &kafka.Dialer{Timeout: 10 * time.Second}
+	conn, err := d.DialContext(ctx, "tcp", brokers[0])
+	if err != nil {
+		return fmt.Errorf("chaos: dial %s: %w", brokers[0], err)
+	}
+	defer conn.Close()
+	ctrl, err := conn.Controller()
+	if err != nil {
+		return fmt.Errorf("chaos: find controller: %w", err)
+	}
+	cc, err := d.DialContext(ctx, "tcp", net.JoinHostPort(ctrl.Host, strconv.Itoa(ctrl.Port)))
+	if err != nil {
+		return fmt.Errorf("chaos: dial controller: %w", err)
+	}
+	defer cc.Close()
+	if err := cc.CreateTopics(kafka.TopicConfig{Topic: topic, NumPartitions: partitions, ReplicationFactor: 1}); err != nil {
+		return fmt.Errorf("chaos: create topic %s: %w", topic, err)
+	}
+	for {
+		ps, err := conn.ReadPartitions(topic)
+		if err == nil && len(ps) == partitions {
+			ready := true
+			for _, p := range ps {
+				ready = ready && p.Leader.Host != ""
+			}
+			if ready {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("chaos: topic %s has no leaders (last error %v)", topic, err)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// Record is one record the checker consumed.
+type Record struct {
+	// ID is the message-id header.
+	ID string
+	// Key is the record key; Keyless reports a nil key.
+	Key     string
+	Keyless bool
+	// Partition and Offset locate the record.
+	Partition int
+	Offset    int64
+	// Produced is the producer's timestamp (the relay's clock when it
+	// handed the record to the broker).
+	Produced time.Time
+}
+
+// Consumer reads every partition of a topic from the beginning, on its own
+// connections: the independent checker.
+type Consumer struct {
+	mu    sync.Mutex
+	parts [][]Record
+	ids   map[string]int // id -> copies
+	total int
+	wg    sync.WaitGroup
+}
+
+// StartConsumer reads topic's partitions until ctx is done; Wait waits for
+// the readers to exit.
+func StartConsumer(ctx context.Context, brokers []string, topic string, partitions int) *Consumer {
+	c := &Consumer{parts: make([][]Record, partitions), ids: map[string]int{}}
+	for p := 0; p < partitions; p++ {
+		c.wg.Add(1)
+		go func() {
+			defer c.wg.Done()
+			r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, Partition: p, MinBytes: 1, MaxBytes: 10 << 20, MaxWait: 100 * time.Millisecond, StartOffset: kafka.FirstOffset})
+			defer r.Close()
+			for {
+				m, err := r.ReadMessage(ctx)
+				if err != nil {
+					if ctx.Err() != nil {
+						return
+					}
+					time.Sleep(100 * time.Millisecond)
+					continue
+				}
+				rec := Record{Key: string(m.Key), Keyless: m.Key == nil, Partition: p, Offset: m.Offset, Produced: m.Time}
+				for _, h := range m.Headers {
+					if h.Key == "x-outbox-message-id" {
+						rec.ID = string(h.Value)
+					}
+				}
+				c.mu.Lock()
+				c.parts[p] = append(c.parts[p], rec)
+				c.ids[rec.ID]++
+				c.total++
+				c.mu.Unlock()
+			}
+		}()
+	}
+	return c
+}
+
+// Wait waits for the readers to exit (after ctx is done).
+func (c *Consumer) Wait() { c.wg.Wait() }
+
+// Has reports whether every id of ids arrived.
+func (c *Consumer) Has(ids []string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, id := range ids {
+		if c.ids[id] == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// Snapshot returns the records per partition, in offset order, and the
+// copies of each id.
+func (c *Consumer) Snapshot() (parts [][]Record, copies map[string]int, total int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	parts = make([][]Record, len(c.parts))
+	for i, p := range c.parts {
+		parts[i] = append([]Record(nil), p...)
+	}
+	copies = make(map[string]int, len(c.ids))
+	for k, v := range c.ids {
+		copies[k] = v
+	}
+	return parts, copies, c.total
+}
+
+// FirstProducedAfter returns the earliest producer timestamp after t of a
+// record whose bucket (for bucketCount buckets) is in buckets.
+func (c *Consumer) FirstProducedAfter(t time.Time, buckets map[int]bool, bucketCount int) (time.Time, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var best time.Time
+	for _, p := range c.parts {
+		for _, r := range p {
+			if !r.Produced.After(t) || r.Keyless {
+				continue
+			}
+			if !buckets[int(outbox.BucketOf([]byte(r.Key), nil, outbox.UUID{}, bucketCount))] {
+				continue
+			}
+			if best.IsZero() || r.Produced.Before(best) {
+				best = r.Produced
+			}
+		}
+	}
+	return best, !best.IsZero()
+}
+
+// Check is the verdict of the checker.
+type Check struct {
+	Arrived           int // distinct committed (or in-doubt) ids that arrived
+	Lost              int // committed ids that never arrived
+	RolledBackArrived int // rolled-back ids that arrived
+	OrderViolations   int // adjacent inversions of commit order per key, after dedup
+	Duplicates        int // records beyond the first copy of an id
+	Records           int
+}
+
+// Verify checks the consumed records against the writers' ledger: perKey
+// holds each key's committed ids in commit order (in-doubt ids included),
+// doubt marks ids whose commit outcome is unknown, rolledBack the ids of
+// rolled-back transactions, keyless the committed keyless ids.
+func (c *Consumer) Verify(perKey map[string][]string, keyless []string, doubt, rolledBack map[string]bool) Check {
+	parts, copies, total := c.Snapshot()
+	var ck Check
+	ck.Records = total
+	for _, n := range copies {
+		if n > 1 {
+			ck.Duplicates += n - 1
+		}
+	}
+	for id := range rolledBack {
+		if copies[id] > 0 {
+			ck.RolledBackArrived++
+		}
+	}
+	count := func(id string) {
+		switch {
+		case copies[id] > 0:
+			ck.Arrived++
+		case !doubt[id]:
+			ck.Lost++
+		}
+	}
+	for _, ids := range perKey {
+		for _, id := range ids {
+			count(id)
+		}
+	}
+	for _, id := range keyless {
+		count(id)
+	}
+	// Order: per key, the first copies in partition order must follow
+	// commit order.
+	rank := map[string]int{}
+	for _, ids := range perKey {
+		for i, id := range ids {
+			rank[id] = i
+		}
+	}
+	seen := map[string]bool{}
+	last := map[string]int{}
+	for _, p := range parts {
+		for _, r := range p {
+			if r.Keyless || seen[r.ID] {
+				continue
+			}
+			seen[r.ID] = true
+			k, ok := rank[r.ID]
+			if !ok {
+				continue
+			}
+			if prev, ok := last[r.Key]; ok && k < prev {
+				ck.OrderViolations++
+			}
+			last[r.Key] = k
+		}
+	}
+	return ck
+}

@@ -1,0 +1,243 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os/exec"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+	"gorm.io/gorm"
+
+	"github.com/gorm-outbox/outbox"
+)
+
+// Timing of every harness relay: short leases so that takeovers happen
+// within seconds of wall-clock time.
+const (
+	leaseDuration = 3 * time.Second
+	renewInterval = time.Second
+	pollInterval  = 200 * time.Millisecond
+	batchSize     = 100
+	partitions    = 8
+	bucketCount   = outbox.DefaultBucketCount
+)
+
+// MatrixStep is one row of the crash matrix: a step of the relay's life and
+// the failpoints that SIGKILL the relay there.
+type MatrixStep struct {
+	// Name describes the step.
+	Name string
+	// Failpoints is the OUTBOX_FAILPOINTS value armed in the victim.
+	Failpoints string
+}
+
+// MatrixSteps returns the steps of the crash matrix.
+func MatrixSteps() []MatrixStep {
+	return []MatrixStep{
+		{"after fetch, before publish", "relay/after-fetch=kill@3"},
+		{"during publish (appended, no answer yet)", "relay/during-publish=kill@3"},
+		{"after ack, before delete", "relay/after-ack=kill@3"},
+		{"during delete", "relay/during-delete=killafter(1ms)@3"},
+		{"during lease acquisition", "relay/acquire=kill@1"},
+		{"during renewal (slow publish)", "relay/during-publish=sleep(2500ms);relay/renew=kill@1"},
+	}
+}
+
+// Recovery modes of the crash matrix.
+const (
+	// ModeRestart restarts the killed relay with the same relay id (a pod
+	// restarted with a stable name): it finds its own leases.
+	ModeRestart = "restart"
+	// ModePeer lets a peer started beside the victim take over once the
+	// victim's leases expire.
+	ModePeer = "peer takeover"
+)
+
+// MatrixConfig configures CrashMatrix.
+type MatrixConfig struct {
+	// Bin is the outbox-chaos binary built with -tags outbox_failpoints.
+	Bin string
+	// Dialect and BaseDSN name the database server (sqlite: BaseDSN unused).
+	Dialect, BaseDSN string
+	// Brokers is the Kafka broker; empty starts an in-process kfake broker.
+	Brokers []string
+	// Dir holds SQLite files and the children's logs.
+	Dir string
+	// Messages is the number of messages per cell. Zero means 3000.
+	Messages int
+	// Logger receives progress. Nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// MatrixRow is the outcome of one cell of the crash matrix.
+type MatrixRow struct {
+	Step, Failpoints, Mode string
+	Messages               int
+	Lost, Duplicates       int
+	OrderViolations        int
+	// Resumed is the time from the kill until the first record of the
+	// victim's buckets was produced again; negative when no row was left to
+	// publish after the kill.
+	Resumed time.Duration
+}
+
+// CrashMatrix runs every step in both modes and returns the rows.
+func CrashMatrix(ctx context.Context, cfg MatrixConfig) ([]MatrixRow, error) {
+	if cfg.Messages == 0 {
+		cfg.Messages = 3000
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if len(cfg.Brokers) == 0 {
+		c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.DefaultNumPartitions(partitions))
+		if err != nil {
+			return nil, fmt.Errorf("chaos: start kfake: %w", err)
+		}
+		defer c.Close()
+		cfg.Brokers = c.ListenAddrs()
+	}
+	var rows []MatrixRow
+	for i, s := range MatrixSteps() {
+		for _, mode := range []string{ModeRestart, ModePeer} {
+			row, err := crashCell(ctx, cfg, fmt.Sprintf("%d%c", i, mode[0]), s, mode)
+			if err != nil {
+				return rows, fmt.Errorf("chaos: %s, %s: %w", s.Name, mode, err)
+			}
+			cfg.Logger.Info("chaos: crash cell", "step", s.Name, "mode", mode, "lost", row.Lost, "duplicates", row.Duplicates, "order_violations", row.OrderViolations, "resumed", row.Resumed)
+			rows = append(rows, row)
+		}
+	}
+	return rows, nil
+}
+
+func crashCell(ctx context.Context, cfg MatrixConfig, cell string, step MatrixStep, mode string) (MatrixRow, error) {
+	row := MatrixRow{Step: step.Name, Failpoints: step.Failpoints, Mode: mode, Messages: cfg.Messages, Resumed: -1}
+	d, err := CreateDatabase(ctx, cfg.Dialect, cfg.BaseDSN, cfg.Dir)
+	if err != nil {
+		return row, err
+	}
+	defer d.Drop(ctx)
+	topic := unique("chaos_matrix_")
+	if err := CreateTopic(ctx, cfg.Brokers, topic, partitions); err != nil {
+		return row, err
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	consumer := StartConsumer(cctx, cfg.Brokers, topic, partitions)
+	defer consumer.Wait()
+	defer cancel()
+
+	db, err := Open(cfg.Dialect, d.DSN, harnessAppName, 4)
+	if err != nil {
+		return row, err
+	}
+	defer closeGorm(db)
+	if err := db.Use(outbox.Plugin{}); err != nil {
+		return row, err
+	}
+	perKey := map[string][]string{}
+	var all []string
+	for start := 0; start < cfg.Messages; start += 100 {
+		var msgs []*outbox.Message
+		for i := start; i < min(start+100, cfg.Messages); i++ {
+			key := fmt.Sprintf("k%02d", i%40)
+			msgs = append(msgs, outbox.NewStringMessage(topic, key, fmt.Sprint(i)))
+		}
+		if err := db.Transaction(func(tx *gorm.DB) error { return outbox.Enqueue(tx, msgs...) }); err != nil {
+			return row, err
+		}
+		for _, m := range msgs {
+			id := m.MessageID.String()
+			perKey[string(m.Key)] = append(perKey[string(m.Key)], id)
+			all = append(all, id)
+		}
+	}
+
+	relays := &Relays{Bin: cfg.Bin, LogDir: cfg.Dir, Base: RelayConfig{
+		Dialect: cfg.Dialect, DSN: d.DSN, Brokers: cfg.Brokers,
+		LeaseDuration: leaseDuration, RenewInterval: renewInterval, PollInterval: pollInterval, BatchSize: batchSize,
+	}}
+	defer relays.StopAll(10 * time.Second)
+	victimID := "victim-" + cell
+	victim, err := relays.Start(victimID, "OUTBOX_FAILPOINTS="+step.Failpoints)
+	if err != nil {
+		return row, err
+	}
+	if mode == ModePeer {
+		time.Sleep(300 * time.Millisecond)
+		if _, err := relays.Start("peer-" + cell); err != nil {
+			return row, err
+		}
+	}
+	select {
+	case <-victim.Done():
+	case <-time.After(60 * time.Second):
+		return row, errors.New("the failpoint never fired")
+	case <-ctx.Done():
+		return row, ctx.Err()
+	}
+	killedAt := victim.ExitedAt
+	var ee *exec.ExitError
+	if !errors.As(victim.Err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+		return row, fmt.Errorf("victim exited with %v, not SIGKILL", victim.Err)
+	}
+	owned := map[int]bool{}
+	var buckets []int
+	if err := db.Model(&outbox.Lease{}).Where("owner = ?", victimID).Pluck("bucket", &buckets).Error; err != nil {
+		return row, err
+	}
+	for _, b := range buckets {
+		owned[b] = true
+	}
+	if len(owned) == 0 {
+		for b := 0; b < bucketCount; b++ {
+			owned[b] = true
+		}
+	}
+	if mode == ModeRestart {
+		if _, err := relays.Start(victimID); err != nil {
+			return row, err
+		}
+	}
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		var n int64
+		if err := db.Model(&outbox.Message{}).Count(&n).Error; err != nil {
+			return row, err
+		}
+		if n == 0 && consumer.Has(all) {
+			break
+		}
+		if time.Now().After(deadline) {
+			break // Verify reports what is missing
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	time.Sleep(500 * time.Millisecond) // late copies
+	if t, ok := consumer.FirstProducedAfter(killedAt, owned, bucketCount); ok {
+		row.Resumed = t.Sub(killedAt)
+	}
+	ck := consumer.Verify(perKey, nil, nil, nil)
+	row.Lost, row.Duplicates, row.OrderViolations = ck.Lost, ck.Duplicates, ck.OrderViolations
+	return row, nil
+}
+
+// FormatMatrix renders rows as a Markdown table.
+func FormatMatrix(rows []MatrixRow) string {
+	var b strings.Builder
+	b.WriteString("| step (failpoints) | recovery | messages | lost | duplicates | order violations | delivery resumed after |\n")
+	b.WriteString("|---|---|---:|---:|---:|---:|---:|\n")
+	for _, r := range rows {
+		resumed := "— (nothing left)"
+		if r.Resumed >= 0 {
+			resumed = r.Resumed.Round(10 * time.Millisecond).String()
+		}
+		fmt.Fprintf(&b, "| %s (`%s`) | %s | %d | %d | %d | %d | %s |\n", r.Step, r.Failpoints, r.Mode, r.Messages, r.Lost, r.Duplicates, r.OrderViolations, resumed)
+	}
+	return b.String()
+}

@@ -1,0 +1,492 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
+	"gorm.io/gorm"
+
+	"github.com/gorm-outbox/outbox"
+)
+
+// Fault kinds of a chaos run.
+const (
+	FaultKill      = "kill"        // SIGKILL a relay, start a replacement
+	FaultPause     = "pause"       // SIGSTOP a relay for longer than the lease, then SIGCONT
+	FaultTerm      = "term"        // SIGTERM (graceful stop), start a replacement
+	FaultDBKill    = "dbkill"      // terminate the relays' database sessions
+	FaultProduce   = "produce_err" // the in-process broker fails one produce request (NOT_LEADER_FOR_PARTITION)
+	FaultConnDrop  = "conn_drop"   // the in-process broker drops the connection of one produce request
+	writers        = 8
+	keysPerWriter  = 8
+	rollbackChance = 0.1
+)
+
+// RunConfig configures a chaos run.
+type RunConfig struct {
+	// Bin is the outbox-chaos binary (the relay children).
+	Bin string
+	// Dialect and BaseDSN name the database server (sqlite: BaseDSN unused).
+	Dialect, BaseDSN string
+	// Brokers is the Kafka broker; empty starts an in-process kfake broker
+	// and enables the broker faults.
+	Brokers []string
+	// Dir holds SQLite files and the children's logs.
+	Dir string
+	// Messages, Relays and Faults are the run's size. Zero means 20000, 3
+	// and 24.
+	Messages, Relays, Faults int
+	// WriteFor is how long the writers take for Messages; the faults are
+	// spread over it. Zero means 75s.
+	WriteFor time.Duration
+	// DrainTimeout bounds the wait for the table to drain after the faults.
+	// Zero means 90s.
+	DrainTimeout time.Duration
+	// Seed seeds the fault schedule and the writers.
+	Seed int64
+	// Logger receives progress. Nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// Summary is the verdict of a chaos run.
+type Summary struct {
+	Dialect, Broker          string
+	Relays                   int
+	Written, Committed       int // messages written in transactions / committed
+	RolledBack, InDoubt      int // messages rolled back / with an unknown commit outcome
+	Check                    Check
+	DualOwners, LeaseChanges int64
+	LeaseAudits              int
+	Drained                  bool
+	Faults                   map[string]int
+	Took                     time.Duration
+}
+
+// String is the one-line summary.
+func (s Summary) String() string {
+	kinds := make([]string, 0, len(s.Faults))
+	total := 0
+	for k, n := range s.Faults {
+		kinds = append(kinds, fmt.Sprintf("%s=%d", k, n))
+		total += n
+	}
+	sort.Strings(kinds)
+	return fmt.Sprintf("chaos: db=%s broker=%s relays=%d messages=%d committed=%d rolled_back=%d in_doubt=%d lost=%d rolled_back_arrived=%d order_violations=%d dual_owners=%d (lease changes %d, audits %d) drained=%t duplicates=%d records=%d faults=%d (%s) took=%s",
+		s.Dialect, s.Broker, s.Relays, s.Written, s.Committed, s.RolledBack, s.InDoubt, s.Check.Lost, s.Check.RolledBackArrived, s.Check.OrderViolations,
+		s.DualOwners, s.LeaseChanges, s.LeaseAudits, s.Drained, s.Check.Duplicates, s.Check.Records, total, strings.Join(kinds, " "), s.Took.Round(time.Second))
+}
+
+// TotalFaults is the number of injected faults.
+func (s Summary) TotalFaults() int {
+	n := 0
+	for _, v := range s.Faults {
+		n += v
+	}
+	return n
+}
+
+// Err reports the first failed check, or nil.
+func (s Summary) Err() error {
+	switch {
+	case s.Check.Lost != 0:
+		return fmt.Errorf("chaos: %d committed messages lost", s.Check.Lost)
+	case s.Check.RolledBackArrived != 0:
+		return fmt.Errorf("chaos: %d rolled-back messages arrived", s.Check.RolledBackArrived)
+	case s.Check.OrderViolations != 0:
+		return fmt.Errorf("chaos: %d per-key order violations", s.Check.OrderViolations)
+	case s.DualOwners != 0:
+		return fmt.Errorf("chaos: %d takeovers of a live lease", s.DualOwners)
+	case !s.Drained:
+		return errors.New("chaos: the outbox table did not drain")
+	}
+	return nil
+}
+
+// ledger is what the writers committed.
+type ledger struct {
+	mu         sync.Mutex
+	perKey     map[string][]string
+	keyless    []string
+	doubt      map[string]bool
+	rolledBack map[string]bool
+	written    int
+	committed  int
+}
+
+// Run performs a chaos run and returns its summary; the error is a setup
+// failure (see Summary.Err for the checks).
+func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
+	start := time.Now()
+	if cfg.Messages == 0 {
+		cfg.Messages = 20000
+	}
+	if cfg.Relays == 0 {
+		cfg.Relays = 3
+	}
+	if cfg.Faults == 0 {
+		cfg.Faults = 24
+	}
+	if cfg.WriteFor == 0 {
+		cfg.WriteFor = 75 * time.Second
+	}
+	if cfg.DrainTimeout == 0 {
+		cfg.DrainTimeout = 90 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	log := cfg.Logger
+	s := Summary{Dialect: cfg.Dialect, Broker: "kafka", Relays: cfg.Relays, Faults: map[string]int{}}
+	var fake *kfake.Cluster
+	if len(cfg.Brokers) == 0 {
+		c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.DefaultNumPartitions(partitions))
+		if err != nil {
+			return s, fmt.Errorf("chaos: start kfake: %w", err)
+		}
+		defer c.Close()
+		fake, cfg.Brokers, s.Broker = c, c.ListenAddrs(), "kfake"
+	}
+	d, err := CreateDatabase(ctx, cfg.Dialect, cfg.BaseDSN, cfg.Dir)
+	if err != nil {
+		return s, err
+	}
+	defer d.Drop(ctx)
+	topic := unique("chaos_run_")
+	if err := CreateTopic(ctx, cfg.Brokers, topic, partitions); err != nil {
+		return s, err
+	}
+	cctx, cancelConsumer := context.WithCancel(ctx)
+	consumer := StartConsumer(cctx, cfg.Brokers, topic, partitions)
+	defer consumer.Wait()
+	defer cancelConsumer()
+
+	db, err := Open(cfg.Dialect, d.DSN, harnessAppName, writers+2)
+	if err != nil {
+		return s, err
+	}
+	defer closeGorm(db)
+	if err := db.Use(outbox.Plugin{}); err != nil {
+		return s, err
+	}
+
+	relays := &Relays{Bin: cfg.Bin, LogDir: cfg.Dir, Base: RelayConfig{
+		Dialect: cfg.Dialect, DSN: d.DSN, Brokers: cfg.Brokers,
+		LeaseDuration: leaseDuration, RenewInterval: renewInterval, PollInterval: pollInterval, BatchSize: batchSize,
+	}}
+	defer relays.StopAll(10 * time.Second)
+	pool := &relayPool{relays: relays}
+	for i := 0; i < cfg.Relays; i++ {
+		if err := pool.add(); err != nil {
+			return s, err
+		}
+	}
+
+	// Lease auditor: the trigger records every owner change; the auditor
+	// reads the verdict regularly so that a violation is seen during the run.
+	auditCtx, stopAudit := context.WithCancel(ctx)
+	var auditWG sync.WaitGroup
+	audits := 0 // owned by the auditor until auditWG.Wait
+	auditWG.Add(1)
+	go func() {
+		defer auditWG.Done()
+		reported := false
+		for auditCtx.Err() == nil {
+			if v, _, err := DualOwners(db.WithContext(auditCtx)); err == nil {
+				audits++
+				if v > 0 && !reported {
+					reported = true
+					log.Error("chaos: a bucket had two live owners", "violations", v)
+				}
+			}
+			select {
+			case <-auditCtx.Done():
+			case <-time.After(250 * time.Millisecond):
+			}
+		}
+	}()
+
+	// Writers.
+	led := &ledger{perKey: map[string][]string{}, doubt: map[string]bool{}, rolledBack: map[string]bool{}}
+	var wwg sync.WaitGroup
+	for w := 0; w < writers; w++ {
+		wwg.Add(1)
+		go func() {
+			defer wwg.Done()
+			write(ctx, db, topic, w, cfg, led)
+		}()
+	}
+	writersDone := make(chan struct{})
+	go func() { wwg.Wait(); close(writersDone) }()
+
+	// Faults, spread over WriteFor.
+	rng := rand.New(rand.NewPCG(uint64(cfg.Seed), 0xc4a05))
+	kinds := []string{FaultKill, FaultPause, FaultTerm}
+	if cfg.Dialect != SQLite {
+		kinds = append(kinds, FaultDBKill)
+	}
+	if fake != nil {
+		kinds = append(kinds, FaultProduce, FaultConnDrop)
+	}
+	interval := cfg.WriteFor / time.Duration(cfg.Faults+1)
+	var fwg sync.WaitGroup
+	for n := 0; n < cfg.Faults && ctx.Err() == nil; {
+		select {
+		case <-ctx.Done():
+		case <-time.After(interval):
+		}
+		kind := kinds[rng.IntN(len(kinds))]
+		if inject(ctx, kind, rng, pool, d, fake, &fwg, log) {
+			s.Faults[kind]++
+			n++
+		}
+	}
+	fwg.Wait() // paused relays resumed, stopped ones replaced
+	select {
+	case <-writersDone:
+	case <-ctx.Done():
+	}
+	log.Info("chaos: faults over; draining", "faults", s.TotalFaults())
+
+	// Drain: the table empties and the checker sees every committed id.
+	deadline := time.Now().Add(cfg.DrainTimeout)
+	for ctx.Err() == nil {
+		var n int64
+		if err := db.Model(&outbox.Message{}).Count(&n).Error; err == nil && n == 0 {
+			s.Drained = true
+			break
+		}
+		if time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	led.mu.Lock()
+	var sure []string
+	for _, ids := range led.perKey {
+		for _, id := range ids {
+			if !led.doubt[id] {
+				sure = append(sure, id)
+			}
+		}
+	}
+	led.mu.Unlock()
+	for end := time.Now().Add(60 * time.Second); !consumer.Has(sure) && time.Now().Before(end) && ctx.Err() == nil; {
+		time.Sleep(200 * time.Millisecond)
+	}
+	time.Sleep(time.Second) // late copies
+	stopAudit()
+	auditWG.Wait()
+	s.LeaseAudits = audits
+	if v, c, err := DualOwners(db); err == nil {
+		s.DualOwners, s.LeaseChanges = v, c
+	} else {
+		return s, fmt.Errorf("chaos: read lease audit: %w", err)
+	}
+	led.mu.Lock()
+	s.Check = consumer.Verify(led.perKey, led.keyless, led.doubt, led.rolledBack)
+	s.Written, s.Committed, s.RolledBack, s.InDoubt = led.written, led.committed, len(led.rolledBack), len(led.doubt)
+	led.mu.Unlock()
+	s.Took = time.Since(start)
+	return s, ctx.Err()
+}
+
+// write is one writer: it owns its keys (so their writes are serialised)
+// and commits or rolls back transactions of 1 to 4 messages, paced to
+// spread its share of the messages over cfg.WriteFor. Key k0 of each writer
+// pins an explicit partition; a few messages are keyless.
+func write(ctx context.Context, db *gorm.DB, topic string, w int, cfg RunConfig, led *ledger) {
+	rng := rand.New(rand.NewPCG(uint64(cfg.Seed), uint64(w)))
+	share := cfg.Messages / writers
+	if w == 0 {
+		share += cfg.Messages % writers
+	}
+	start := time.Now()
+	for written, seq := 0, 0; written < share && ctx.Err() == nil; {
+		due := time.Duration(float64(cfg.WriteFor) * float64(written) / float64(share))
+		if el := time.Since(start); el < due {
+			time.Sleep(due - el)
+		}
+		n := min(1+rng.IntN(4), share-written)
+		msgs := make([]*outbox.Message, n)
+		for i := range msgs {
+			k := rng.IntN(keysPerWriter)
+			seq++
+			m := outbox.NewStringMessage(topic, fmt.Sprintf("w%d-k%d", w, k), fmt.Sprint(seq))
+			if k == 0 {
+				p := int32(w % partitions)
+				m.Partition = &p
+			} else if rng.Float64() < 0.03 {
+				m.Key = nil
+			}
+			msgs[i] = m
+		}
+		rollback := rng.Float64() < rollbackChance
+		tx := db.WithContext(ctx).Begin()
+		if tx.Error != nil {
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		err := outbox.Enqueue(tx, msgs...)
+		outcome := "rolled back"
+		if err != nil || rollback {
+			tx.Rollback()
+		} else if err := tx.Commit().Error; err != nil {
+			outcome = "in doubt"
+		} else {
+			outcome = "committed"
+		}
+		written += n
+		led.mu.Lock()
+		led.written += n
+		for _, m := range msgs {
+			id := m.MessageID.String()
+			if m.MessageID.IsZero() {
+				continue
+			}
+			switch outcome {
+			case "rolled back":
+				led.rolledBack[id] = true
+				continue
+			case "in doubt":
+				led.doubt[id] = true
+			default:
+				led.committed++
+			}
+			if m.Key == nil {
+				led.keyless = append(led.keyless, id)
+			} else {
+				led.perKey[string(m.Key)] = append(led.perKey[string(m.Key)], id)
+			}
+		}
+		led.mu.Unlock()
+	}
+}
+
+// relayPool keeps the relay processes of a run: the live ones a fault may
+// pick, and the replacements of stopped ones.
+type relayPool struct {
+	relays *Relays
+	mu     sync.Mutex
+	live   []*Proc // not paused, not stopping
+	next   int
+}
+
+func (p *relayPool) add() error {
+	p.mu.Lock()
+	p.next++
+	id := fmt.Sprintf("relay-%d", p.next)
+	p.mu.Unlock()
+	pr, err := p.relays.Start(id)
+	if err != nil {
+		return err
+	}
+	p.mu.Lock()
+	p.live = append(p.live, pr)
+	p.mu.Unlock()
+	return nil
+}
+
+// take removes a random live relay from the pool, or returns nil.
+func (p *relayPool) take(rng *rand.Rand) *Proc {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.live) == 0 {
+		return nil
+	}
+	i := rng.IntN(len(p.live))
+	pr := p.live[i]
+	p.live = append(p.live[:i], p.live[i+1:]...)
+	return pr
+}
+
+func (p *relayPool) give(pr *Proc) {
+	p.mu.Lock()
+	p.live = append(p.live, pr)
+	p.mu.Unlock()
+}
+
+// inject injects one fault of kind and reports whether it was injected.
+// Process faults finish in the background (tracked by wg).
+func inject(ctx context.Context, kind string, rng *rand.Rand, pool *relayPool, d *Database, fake *kfake.Cluster, wg *sync.WaitGroup, log *slog.Logger) bool {
+	log.Info("chaos: fault", "kind", kind)
+	switch kind {
+	case FaultKill, FaultTerm, FaultPause:
+		pr := pool.take(rng)
+		if pr == nil {
+			return false
+		}
+		pause := leaseDuration + time.Second + time.Duration(rng.Int64N(int64(time.Second))) // rng stays on this goroutine
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			switch kind {
+			case FaultKill:
+				pr.Signal(syscall.SIGKILL)
+				<-pr.Done()
+				time.Sleep(300 * time.Millisecond)
+			case FaultTerm:
+				pr.Signal(syscall.SIGTERM)
+				select {
+				case <-pr.Done():
+				case <-time.After(15 * time.Second):
+					pr.Signal(syscall.SIGKILL)
+					<-pr.Done()
+				}
+			case FaultPause:
+				pr.Signal(syscall.SIGSTOP)
+				time.Sleep(pause)
+				pr.Signal(syscall.SIGCONT)
+				pool.give(pr)
+				return
+			}
+			if err := pool.add(); err != nil {
+				log.Error("chaos: restart relay", "error", err)
+			}
+		}()
+		return true
+	case FaultDBKill:
+		n, err := d.KillConnections(ctx)
+		if err != nil {
+			log.Warn("chaos: kill connections", "error", err)
+			return false
+		}
+		log.Info("chaos: killed database sessions", "sessions", n)
+		return true
+	case FaultProduce:
+		fake.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+			r := req.(*kmsg.ProduceRequest)
+			resp := r.ResponseKind().(*kmsg.ProduceResponse)
+			resp.Version = r.Version
+			for _, t := range r.Topics {
+				rt := kmsg.NewProduceResponseTopic()
+				rt.Topic = t.Topic
+				rt.TopicID = t.TopicID
+				for _, p := range t.Partitions {
+					rp := kmsg.NewProduceResponseTopicPartition()
+					rp.Partition = p.Partition
+					rp.ErrorCode = 6 // NOT_LEADER_FOR_PARTITION: retriable
+					rt.Partitions = append(rt.Partitions, rp)
+				}
+				resp.Topics = append(resp.Topics, rt)
+			}
+			return resp, nil, true
+		})
+		return true
+	case FaultConnDrop:
+		fake.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+			return nil, errors.New("chaos: dropped connection"), true
+		})
+		return true
+	}
+	return false
+}

@@ -1,0 +1,113 @@
+//go:build outbox_failpoints
+
+package relay
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// envFailpoints names the environment variable that arms failpoints in a
+// binary built with -tags outbox_failpoints. Its value is a list of
+// name=action[@hit] separated by semicolons:
+//
+//	relay/after-fetch=kill@3                 SIGKILL the process at the third hit
+//	relay/during-delete=killafter(1ms)@2     SIGKILL 1ms after the second hit, while the step runs
+//	relay/during-publish=sleep(2500ms)       sleep at every hit (a slow broker)
+//
+// Without @hit, kill and killafter fire at the first hit and sleep at every
+// hit. A fired kill prints "failpoint NAME: SIGKILL" on stderr first.
+//
+// The failpoints, one per step of the relay's life:
+//
+//	relay/after-fetch     a batch fetched, nothing published yet
+//	relay/during-publish  records appended by the broker, the answer not yet seen by the relay
+//	relay/after-ack       the batch acknowledged, nothing deleted yet
+//	relay/during-delete   MarkPublished about to run (killafter lands inside it)
+//	relay/acquire         an acquisition round answered, its leases not yet recorded
+//	relay/renew           a renewal answered, its extension not yet recorded
+const envFailpoints = "OUTBOX_FAILPOINTS"
+
+type failpointRule struct {
+	action string // kill, killafter, sleep
+	d      time.Duration
+	hit    int64 // 0: every hit (sleep) or the first (kill)
+	hits   atomic.Int64
+}
+
+// failpointRules is parsed once from the environment of a failpoint build.
+// It is immutable after parsing (the hit counters are atomic).
+var failpointRules = sync.OnceValue(func() map[string]*failpointRule {
+	rules := map[string]*failpointRule{}
+	for _, spec := range strings.Split(os.Getenv(envFailpoints), ";") {
+		spec = strings.TrimSpace(spec)
+		if spec == "" {
+			continue
+		}
+		name, act, ok := strings.Cut(spec, "=")
+		if !ok {
+			panic(fmt.Sprintf("relay: %s: %q: want name=action[@hit]", envFailpoints, spec))
+		}
+		r := &failpointRule{}
+		if a, h, ok := strings.Cut(act, "@"); ok {
+			n, err := strconv.ParseInt(h, 10, 64)
+			if err != nil || n < 1 {
+				panic(fmt.Sprintf("relay: %s: %q: bad hit %q", envFailpoints, spec, h))
+			}
+			act, r.hit = a, n
+		}
+		if a, arg, ok := strings.Cut(act, "("); ok {
+			d, err := time.ParseDuration(strings.TrimSuffix(arg, ")"))
+			if err != nil {
+				panic(fmt.Sprintf("relay: %s: %q: %v", envFailpoints, spec, err))
+			}
+			act, r.d = a, d
+		}
+		switch act {
+		case "kill", "killafter", "sleep":
+		default:
+			panic(fmt.Sprintf("relay: %s: %q: unknown action %q", envFailpoints, spec, act))
+		}
+		if r.hit == 0 && act != "sleep" {
+			r.hit = 1
+		}
+		r.action = act
+		rules[name] = r
+	}
+	return rules
+})
+
+// failpoint runs the action armed for name, if any.
+func failpoint(name string) {
+	r := failpointRules()[name]
+	if r == nil {
+		return
+	}
+	n := r.hits.Add(1)
+	if r.hit != 0 && n != r.hit {
+		return
+	}
+	switch r.action {
+	case "sleep":
+		time.Sleep(r.d)
+	case "kill":
+		killSelf(name)
+	case "killafter":
+		go func() {
+			time.Sleep(r.d)
+			killSelf(name)
+		}()
+	}
+}
+
+func killSelf(name string) {
+	fmt.Fprintf(os.Stderr, "failpoint %s: SIGKILL\n", name)
+	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+	select {} // the signal is on its way
+}
