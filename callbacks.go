@@ -50,12 +50,11 @@ func register(db *gorm.DB, p *Plugin) error {
 // configFrom returns the effective configuration of a statement: a
 // WithConfig scope, else the registered Plugin's, else the defaults.
 func configFrom(db *gorm.DB) (Config, error) {
-	if v, ok := db.Get(configKey); ok {
-		cfg, _ := v.(Config)
-		if err := cfg.Validate(); err != nil {
+	if sc, ok := scopeOf(db); ok {
+		if err := sc.cfg.Validate(); err != nil {
 			return Config{}, err
 		}
-		return cfg.WithDefaults(), nil
+		return sc.cfg.WithDefaults(), nil
 	}
 	if p, ok := db.Config.Plugins[PluginName]; ok {
 		switch p := p.(type) {
@@ -66,6 +65,21 @@ func configFrom(db *gorm.DB) (Config, error) {
 		}
 	}
 	return Config{}.WithDefaults(), nil
+}
+
+// scope is what WithConfig and WithOutbox put on a statement.
+type scope struct {
+	cfg    Config
+	notify *notifyState // nil: rows of this scope notify nobody
+}
+
+func scopeOf(db *gorm.DB) (scope, bool) {
+	v, ok := db.Get(configKey)
+	if !ok {
+		return scope{}, false
+	}
+	sc, ok := v.(scope)
+	return sc, ok
 }
 
 // isMessageStatement reports whether the statement creates outbox messages.
@@ -80,7 +94,7 @@ func (p *Plugin) prepareStatement(db *gorm.DB) {
 		return
 	}
 	cfg := p.Config
-	if _, scoped := db.Get(configKey); scoped {
+	if _, scoped := scopeOf(db); scoped {
 		var err error
 		if cfg, err = configFrom(db); err != nil {
 			db.AddError(err)

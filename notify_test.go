@@ -331,3 +331,47 @@ type panicky struct{}
 
 func (panicky) NonBlockingNotifier() {}
 func (panicky) NotifyCommitted()     { panic("boom") }
+
+func TestSecondOutboxNotifiesItsOwnNotifier(t *testing.T) {
+	billing := outbox.Config{BucketCount: 4, MessagesTable: "billing_outbox", LeasesTable: "billing_leases", RelaysTable: "billing_relays"}
+	for _, o := range testenv.Databases(t) {
+		t.Run(o.Name, func(t *testing.T) {
+			orders, bills := &recorder{}, &recorder{}
+			db := o.Open(t, nil)
+			if err := db.Use(outbox.Plugin{Notifier: orders}); err != nil {
+				t.Fatal(err)
+			}
+			for _, cfg := range []outbox.Config{{}, billing} {
+				if err := outbox.AutoMigrate(db, cfg); err != nil {
+					t.Fatal(err)
+				}
+			}
+			err := db.Transaction(func(tx *gorm.DB) error {
+				if err := tx.Create(inBucket(6)).Error; err != nil {
+					return err
+				}
+				if err := tx.Scopes(outbox.WithOutbox(billing, bills)).Create(inBucket(3)).Error; err != nil {
+					return err
+				}
+				// WithConfig alone: routed to billing, but nobody is told.
+				return tx.Scopes(outbox.WithConfig(billing)).Create(inBucket(1)).Error
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := orders.take(); len(got) != 1 || !slices.Equal(got[0], []int{6}) {
+				t.Fatalf("orders notifier got %v; want [[6]]", got)
+			}
+			if got := bills.take(); len(got) != 1 || !slices.Equal(got[0], []int{3}) {
+				t.Fatalf("billing notifier got %v; want [[3]] (the WithConfig row notifies nobody)", got)
+			}
+			// Autocommit (implicit transaction) routes the same way.
+			if err := db.Scopes(outbox.WithOutbox(billing, bills)).Create(inBucket(2)).Error; err != nil {
+				t.Fatal(err)
+			}
+			if got, none := bills.take(), orders.take(); len(got) != 1 || !slices.Equal(got[0], []int{2}) || len(none) != 0 {
+				t.Fatalf("after an implicit transaction: billing %v, orders %v; want [[2]] and nothing", got, none)
+			}
+		})
+	}
+}

@@ -216,10 +216,27 @@ func (p Plugin) Initialize(db *gorm.DB) error {
 //
 //	tx.Scopes(outbox.WithConfig(billing)).Create(&msg)
 //
-// An invalid cfg makes the Create fail and nothing is written.
+// Their commit notifies nobody (the Plugin's Notifier belongs to the other
+// outbox's relay); the billing relay finds them by polling. Use WithOutbox
+// to wake that relay. An invalid cfg makes the Create fail and nothing is
+// written.
 func WithConfig(cfg Config) func(*gorm.DB) *gorm.DB {
+	return WithOutbox(cfg, nil)
+}
+
+// WithOutbox is WithConfig whose rows, after a successful commit, are
+// reported to n (typically the relay.Notifier of the relay draining cfg's
+// tables) instead of the Plugin's Notifier. n follows the Plugin.Notifier
+// rules: never blocking the commit, panics recovered. A nil n notifies
+// nobody.
+func WithOutbox(cfg Config, n Notifier) func(*gorm.DB) *gorm.DB {
+	sc := scope{cfg: cfg}
+	if n != nil {
+		_, inline := n.(NonBlocking)
+		sc.notify = &notifyState{notifier: n, inline: inline, logger: slog.Default()}
+	}
 	return func(db *gorm.DB) *gorm.DB {
-		return db.Set(configKey, cfg)
+		return db.Set(configKey, sc)
 	}
 }
 

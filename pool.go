@@ -128,27 +128,47 @@ type notifyingTx struct {
 	pool *pool
 
 	mu      sync.Mutex
-	buckets []int          // in write order, repeats allowed
-	marks   map[string]int // savepoint name → len(buckets) when it was set
+	written []written      // in write order, repeats allowed
+	marks   map[string]int // savepoint name → len(written) when it was set
+}
+
+// written is a bucket written in a transaction and whom to tell after commit.
+type written struct {
+	to     *notifyState
+	bucket int
 }
 
 // Commit commits and, only if that succeeded, notifies.
 func (t *notifyingTx) Commit() error {
 	err := t.Tx.Commit()
 	t.mu.Lock()
-	buckets := distinct(t.buckets)
-	t.buckets, t.marks = nil, nil
+	w := t.written
+	t.written, t.marks = nil, nil
 	t.mu.Unlock()
-	if err == nil {
-		t.pool.state.notify(buckets)
+	if err != nil || len(w) == 0 {
+		return err
 	}
-	return err
+	// Usually one notifier; a WithOutbox scope adds another.
+	for len(w) > 0 {
+		to := w[0].to
+		var buckets, rest = []int{}, w[:0:0]
+		for _, x := range w {
+			if x.to == to {
+				buckets = append(buckets, x.bucket)
+			} else {
+				rest = append(rest, x)
+			}
+		}
+		to.notify(distinct(buckets))
+		w = rest
+	}
+	return nil
 }
 
 // Rollback rolls back and forgets the collected buckets.
 func (t *notifyingTx) Rollback() error {
 	t.mu.Lock()
-	t.buckets, t.marks = nil, nil
+	t.written, t.marks = nil, nil
 	t.mu.Unlock()
 	return t.Tx.Rollback()
 }
@@ -156,9 +176,11 @@ func (t *notifyingTx) Rollback() error {
 // GetDBConn returns the pool's *sql.DB.
 func (t *notifyingTx) GetDBConn() (*sql.DB, error) { return t.pool.GetDBConn() }
 
-func (t *notifyingTx) add(buckets []int) {
+func (t *notifyingTx) add(to *notifyState, buckets []int) {
 	t.mu.Lock()
-	t.buckets = append(t.buckets, buckets...)
+	for _, b := range buckets {
+		t.written = append(t.written, written{to, b})
+	}
 	t.mu.Unlock()
 }
 
@@ -167,14 +189,14 @@ func (t *notifyingTx) savepoint(name string) {
 	if t.marks == nil {
 		t.marks = map[string]int{}
 	}
-	t.marks[name] = len(t.buckets)
+	t.marks[name] = len(t.written)
 	t.mu.Unlock()
 }
 
 func (t *notifyingTx) rollbackTo(name string) {
 	t.mu.Lock()
-	if n, ok := t.marks[name]; ok && n <= len(t.buckets) {
-		t.buckets = t.buckets[:n]
+	if n, ok := t.marks[name]; ok && n <= len(t.written) {
+		t.written = t.written[:n]
 	}
 	t.mu.Unlock()
 }
@@ -252,16 +274,27 @@ func (p *Plugin) collectBuckets(db *gorm.DB) {
 	if tx == nil && auto == nil {
 		return // not ours (another plugin's pool): polling covers it
 	}
+	var to *notifyState
+	if sc, ok := scopeOf(db); ok {
+		to = sc.notify // a WithConfig scope without a notifier: nobody
+	} else if tx != nil {
+		to = tx.pool.state
+	} else {
+		to = auto.state
+	}
+	if to == nil || to.notifier == nil {
+		return
+	}
 	var buckets []int
 	_ = eachMessage(db.Statement.ReflectValue, func(_ int, m *Message) error {
 		buckets = append(buckets, int(m.Bucket))
 		return nil
 	})
 	if tx != nil {
-		tx.add(buckets)
+		tx.add(to, buckets)
 		return
 	}
-	auto.state.notify(distinct(buckets))
+	to.notify(distinct(buckets))
 }
 
 // trackSavepoints runs after gorm:raw: it follows SAVEPOINT and ROLLBACK TO

@@ -2,8 +2,9 @@
 // outbox in the default tables (outbox_messages, …, 8 buckets) and a billing
 // outbox in tables of its own (billing_messages, …, 4 buckets), each drained
 // by its own relay. One transaction writes an order event to the first and
-// an invoice event to the second: outbox.WithConfig routes a Create to the
-// second outbox.
+// an invoice event to the second: outbox.WithOutbox routes a Create to the
+// second outbox and, after the commit, wakes the billing relay with the
+// exact bucket (the Plugin's notifier wakes the orders relay).
 //
 // It needs nothing but Go: a SQLite file in a temporary directory and an
 // in-process Kafka broker (kfake) on loopback.
@@ -29,21 +30,6 @@ import (
 	"github.com/gorm-outbox/outbox/gormstore"
 	"github.com/gorm-outbox/outbox/relay"
 )
-
-// wakeAll tells every relay about any commit that wrote outbox rows. It is a
-// plain outbox.Notifier, not a BucketNotifier: bucket numbers would be
-// ambiguous across two outboxes, so each relay looks at all its buckets.
-type wakeAll []*relay.Notifier
-
-func (w wakeAll) NotifyCommitted() {
-	for _, n := range w {
-		n.NotifyCommitted()
-	}
-}
-
-// NonBlockingNotifier marks wakeAll as safe to call on the committing
-// goroutine (relay notifiers never block).
-func (wakeAll) NonBlockingNotifier() {}
 
 func main() {
 	if err := run(); err != nil {
@@ -75,7 +61,7 @@ func run() error {
 
 	ordersWake, billingWake := relay.NewNotifier(), relay.NewNotifier()
 	// The plugin's Config is the default outbox for plain Creates.
-	if err := db.Use(outbox.Plugin{Config: orders, Notifier: wakeAll{ordersWake, billingWake}}); err != nil {
+	if err := db.Use(outbox.Plugin{Config: orders, Notifier: ordersWake}); err != nil {
 		return err
 	}
 	for _, cfg := range []outbox.Config{orders, billing} {
@@ -120,7 +106,7 @@ func run() error {
 			if err := tx.Create(outbox.NewStringMessage("orders", id, "placed")).Error; err != nil {
 				return err
 			}
-			return tx.Scopes(outbox.WithConfig(billing)).Create(outbox.NewStringMessage("invoices", id, "invoice issued")).Error
+			return tx.Scopes(outbox.WithOutbox(billing, billingWake)).Create(outbox.NewStringMessage("invoices", id, "invoice issued")).Error
 		})
 		if err != nil {
 			return err
