@@ -1,0 +1,165 @@
+// Command outbox-bench measures the outbox end to end: drain throughput
+// beside two baselines run on the same database and broker (a raw
+// select-produce-delete loop and a naive one-row SELECT … FOR UPDATE SKIP
+// LOCKED relay), commit→ack and commit→consume latency at a steady commit
+// rate with local notifications, polling only and PostgreSQL
+// LISTEN/NOTIFY, enqueue overhead, the idle statement rate of a relay
+// fleet, and scaling with the relay count. It prints tables and can write
+// JSON. See BENCHMARKS.md for the commands and the results.
+//
+//	outbox-bench -db sqlite -broker kfake
+//	outbox-bench -db postgres -dsn "$OUTBOX_TEST_POSTGRES_DSN" \
+//	    -broker real -brokers "$OUTBOX_TEST_KAFKA_BROKERS" -relays 1,2,4 -json pg.json
+//
+// With -db postgres or mysql the command creates a fresh database on the
+// server named by -dsn and drops it at the end.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gorm-outbox/outbox/internal/bench"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+}
+
+// run parses args, runs the harness, prints the tables to stdout and logs
+// progress to stderr.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("outbox-bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var (
+		cfg        bench.Config
+		brokers    string
+		scenarios  string
+		relays     string
+		rates      string
+		modes      string
+		fleets     string
+		jsonPath   string
+		cpuProfile string
+		quiet      bool
+	)
+	fs.StringVar(&cfg.DB, "db", "sqlite", "database: sqlite, postgres or mysql")
+	fs.StringVar(&cfg.DSN, "dsn", "", "server DSN for postgres or mysql (default $OUTBOX_TEST_POSTGRES_DSN or $OUTBOX_TEST_MYSQL_DSN)")
+	fs.StringVar(&cfg.Broker, "broker", "kfake", "broker: kfake (in-process) or real")
+	fs.StringVar(&brokers, "brokers", "", "real broker addresses, comma-separated (default $OUTBOX_TEST_KAFKA_BROKERS)")
+	fs.StringVar(&scenarios, "scenarios", strings.Join(bench.AllScenarios(), ","), "scenarios to run, comma-separated")
+	fs.IntVar(&cfg.N, "n", 200_000, "drain: preloaded rows")
+	fs.IntVar(&cfg.NaiveN, "naive-n", 3_000, "drain: rows the naive one-row relay drains")
+	fs.IntVar(&cfg.ValueSize, "value-size", 1024, "record value size in bytes")
+	fs.IntVar(&cfg.Buckets, "buckets", 8, "outbox bucket count")
+	fs.IntVar(&cfg.Partitions, "partitions", 8, "topic partitions")
+	fs.IntVar(&cfg.BatchSize, "batch", 500, "relay and raw-loop batch size")
+	fs.StringVar(&relays, "relays", "1", "drain: relay counts, comma-separated (scaling: 1,2,4)")
+	fs.StringVar(&rates, "rates", "100,1000", "latency: commit rates per second, comma-separated")
+	fs.StringVar(&modes, "modes", "local,poll,pgnotify", "latency: notification modes, comma-separated")
+	fs.DurationVar(&cfg.LatencyDuration, "latency-duration", 10*time.Second, "latency: commit duration per run")
+	fs.IntVar(&cfg.EnqueueTx, "enqueue-tx", 2_000, "enqueue: transactions per variant")
+	fs.DurationVar(&cfg.IdleWindow, "idle-window", 30*time.Second, "idle: counting window per fleet")
+	fs.StringVar(&fleets, "idle-fleets", "1,3", "idle: relay counts, comma-separated")
+	fs.StringVar(&jsonPath, "json", "", "write the report as JSON to this file")
+	fs.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
+	fs.BoolVar(&quiet, "q", false, "no progress logs")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("outbox-bench: unexpected arguments %q", fs.Args())
+	}
+	if cfg.DSN == "" {
+		cfg.DSN = map[string]string{"postgres": os.Getenv("OUTBOX_TEST_POSTGRES_DSN"), "mysql": os.Getenv("OUTBOX_TEST_MYSQL_DSN")}[cfg.DB]
+	}
+	if brokers == "" {
+		brokers = os.Getenv("OUTBOX_TEST_KAFKA_BROKERS")
+	}
+	if brokers != "" {
+		cfg.Brokers = strings.Split(brokers, ",")
+	}
+	cfg.Scenarios = split(scenarios)
+	cfg.LatencyModes = split(modes)
+	var err error
+	if cfg.Relays, err = ints("relays", relays); err != nil {
+		return err
+	}
+	if cfg.Rates, err = ints("rates", rates); err != nil {
+		return err
+	}
+	if cfg.IdleFleets, err = ints("idle-fleets", fleets); err != nil {
+		return err
+	}
+	level := slog.LevelInfo
+	if quiet {
+		level = slog.LevelWarn
+	}
+	cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+
+	if cpuProfile != "" {
+		f, err := os.Create(cpuProfile)
+		if err != nil {
+			return fmt.Errorf("outbox-bench: %w", err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return fmt.Errorf("outbox-bench: %w", err)
+		}
+		defer pprof.StopCPUProfile()
+	}
+	rep, err := bench.Run(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	if err := rep.WriteTables(stdout); err != nil {
+		return err
+	}
+	if jsonPath != "" {
+		b, err := json.MarshalIndent(rep, "", "  ")
+		if err != nil {
+			return fmt.Errorf("outbox-bench: encode report: %w", err)
+		}
+		if err := os.WriteFile(jsonPath, append(b, '\n'), 0o644); err != nil {
+			return fmt.Errorf("outbox-bench: %w", err)
+		}
+	}
+	return nil
+}
+
+func split(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func ints(name, s string) ([]int, error) {
+	var out []int
+	for _, p := range split(s) {
+		n, err := strconv.Atoi(p)
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("outbox-bench: -%s: %q is not a positive integer", name, p)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}

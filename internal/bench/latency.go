@@ -1,0 +1,340 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/pgnotify"
+	"github.com/gorm-outbox/outbox/relay"
+)
+
+// Latency notification modes.
+const (
+	// ModeLocal: the writer's plugin notifies the relay in the same process.
+	ModeLocal = "local"
+	// ModePoll: no notification; the relay finds rows at its poll interval.
+	ModePoll = "poll"
+	// ModePgNotify: the writer's commit hints travel through PostgreSQL
+	// LISTEN/NOTIFY (package pgnotify) to the relay's notifier, as between
+	// pods; the writer and the relay share no notifier.
+	ModePgNotify = "pgnotify"
+)
+
+// LatencyResult is one steady-rate latency run.
+type LatencyResult struct {
+	Mode string `json:"mode"`
+	// Rate is the target commit rate per second; Achieved the measured one.
+	Rate     int     `json:"rate"`
+	Achieved float64 `json:"achieved"`
+	Messages int     `json:"messages"`
+	// Commit→ack (the relay's Publish returned with the row acknowledged)
+	// and commit→consume (a consumer read it), in milliseconds, measured
+	// from the return of the writer's Commit.
+	AckP50     float64 `json:"ack_p50_ms"`
+	AckP95     float64 `json:"ack_p95_ms"`
+	AckP99     float64 `json:"ack_p99_ms"`
+	AckMax     float64 `json:"ack_max_ms"`
+	ConsumeP50 float64 `json:"consume_p50_ms"`
+	ConsumeP95 float64 `json:"consume_p95_ms"`
+	ConsumeP99 float64 `json:"consume_p99_ms"`
+	// CommitP50 and CommitP99 are the writers' transaction times.
+	CommitP50 float64 `json:"commit_p50_ms"`
+	CommitP99 float64 `json:"commit_p99_ms"`
+	Note      string  `json:"note,omitempty"`
+}
+
+// ackRecorder wraps a publisher and records when each row was acknowledged
+// (when Publish returned with it in the acknowledged prefix).
+type ackRecorder struct {
+	inner relay.Publisher
+	mu    sync.Mutex
+	at    map[outbox.UUID]time.Time
+}
+
+func (a *ackRecorder) Publish(ctx context.Context, batch []*outbox.Message) relay.Result {
+	res := a.inner.Publish(ctx, batch)
+	now := time.Now()
+	a.mu.Lock()
+	for _, m := range batch[:min(max(res.Acknowledged, 0), len(batch))] {
+		if _, ok := a.at[m.MessageID]; !ok {
+			a.at[m.MessageID] = now
+		}
+	}
+	a.mu.Unlock()
+	return res
+}
+
+func (a *ackRecorder) get(id outbox.UUID) (time.Time, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	t, ok := a.at[id]
+	return t, ok
+}
+
+// pgSender is the writer side of the cross-pod transport: a non-blocking
+// notifier whose hints one goroutine sends with NOTIFY.
+type pgSender struct {
+	ch chan []int
+}
+
+func (s *pgSender) NotifyCommitted()     { s.NotifyBuckets([]int{-1}) }
+func (s *pgSender) NotifyBucket(b int)   { s.NotifyBuckets([]int{b}) }
+func (s *pgSender) NonBlockingNotifier() {}
+func (s *pgSender) NotifyBuckets(bs []int) {
+	select {
+	case s.ch <- slices.Clone(bs):
+	default: // full: the relay's poll finds the rows
+	}
+}
+
+func runLatency(ctx context.Context, e *env, rep *Report) ([]LatencyResult, error) {
+	var out []LatencyResult
+	for _, mode := range e.cfg.LatencyModes {
+		if mode == ModePgNotify && e.dialect != "postgres" {
+			rep.Notes = append(rep.Notes, "latency: pgnotify mode needs PostgreSQL; not measured on "+e.dialect)
+			continue
+		}
+		for _, rate := range e.cfg.Rates {
+			res, err := e.latency(ctx, mode, rate)
+			if err != nil {
+				return nil, fmt.Errorf("%s at %d/s: %w", mode, rate, err)
+			}
+			out = append(out, res)
+		}
+	}
+	return out, nil
+}
+
+func (e *env) latency(ctx context.Context, mode string, rate int) (LatencyResult, error) {
+	e.log().Info("bench: latency", "mode", mode, "rate", rate, "duration", e.cfg.LatencyDuration)
+	admin, err := e.open(nil)
+	if err != nil {
+		return LatencyResult{}, err
+	}
+	defer closeDB(admin)
+	if err := e.reset(admin); err != nil {
+		return LatencyResult{}, err
+	}
+	topic, err := e.createTopic(ctx, "bench_latency_")
+	if err != nil {
+		return LatencyResult{}, err
+	}
+	defer e.deleteTopic(topic)
+	c := startConsumer(ctx, e.brokers, topic, e.cfg.Partitions, 0)
+	defer c.stop()
+	acks := &ackRecorder{at: map[outbox.UUID]time.Time{}}
+	f, err := e.startFleet(ctx, 1, func() (*gorm.DB, error) { return e.open(nil) }, relay.Options{},
+		func(p relay.Publisher) relay.Publisher { acks.inner = p; return acks })
+	if err != nil {
+		return LatencyResult{}, err
+	}
+	defer f.stop()
+	if err := e.waitBalanced(ctx, admin, 1); err != nil {
+		return LatencyResult{}, err
+	}
+
+	plugin := &outbox.Plugin{Config: e.outboxConfig()}
+	var bg sync.WaitGroup
+	bgCtx, bgCancel := context.WithCancel(ctx)
+	defer func() { bgCancel(); bg.Wait() }()
+	switch mode {
+	case ModeLocal:
+		plugin.Notifier = f.fan
+	case ModePgNotify:
+		tr, err := pgnotify.New(pgnotify.Config{ConnString: e.dsn, Channel: unique("bench_"), Logger: quiet()})
+		if err != nil {
+			return LatencyResult{}, err
+		}
+		defer func() { bgCancel(); bg.Wait(); tr.Close() }()
+		sender := &pgSender{ch: make(chan []int, 4096)}
+		plugin.Notifier = sender
+		bg.Add(2)
+		go func() {
+			defer bg.Done()
+			for {
+				select {
+				case <-bgCtx.Done():
+					return
+				case bs := <-sender.ch:
+					_ = tr.Publish(bgCtx, bs)
+				}
+			}
+		}()
+		ready := make(chan struct{})
+		var once sync.Once
+		go func() {
+			defer bg.Done()
+			for bgCtx.Err() == nil {
+				err := tr.Listen(bgCtx, func(b int) {
+					once.Do(func() { close(ready) })
+					f.fan.NotifyBucket(b)
+				})
+				if err != nil && bgCtx.Err() == nil {
+					e.log().Warn("bench: pgnotify listen", "error", err)
+					time.Sleep(100 * time.Millisecond)
+				}
+			}
+		}()
+		// Probe until the listener has subscribed and receives.
+		probeUntil := time.Now().Add(30 * time.Second)
+	probe:
+		for {
+			select {
+			case <-ready:
+				break probe
+			case <-ctx.Done():
+				return LatencyResult{}, ctx.Err()
+			case <-time.After(50 * time.Millisecond):
+				if time.Now().After(probeUntil) {
+					return LatencyResult{}, errors.New("pgnotify listener received nothing in 30s")
+				}
+				_ = tr.Publish(ctx, []int{-1})
+			}
+		}
+	}
+	w, err := e.open(plugin)
+	if err != nil {
+		return LatencyResult{}, err
+	}
+	defer closeDB(w)
+	value := e.value()
+
+	commitOne := func(i int) (outbox.UUID, time.Time, time.Duration, error) {
+		m := outbox.NewMessage(topic, keyOf("lat-", i), value)
+		begin := time.Now()
+		err := w.WithContext(ctx).Transaction(func(tx *gorm.DB) error { return tx.Create(m).Error })
+		end := time.Now()
+		return m.MessageID, end, end.Sub(begin), err
+	}
+	// Warm-up: one row end to end (metadata, connections).
+	id, _, _, err := commitOne(-1)
+	if err != nil {
+		return LatencyResult{}, err
+	}
+	if err := waitFor(ctx, 30*time.Second, func() bool {
+		_, a := acks.get(id)
+		_, b := c.readAt(id.String())
+		return a && b
+	}); err != nil {
+		_, a := acks.get(id)
+		return LatencyResult{}, fmt.Errorf("warm-up row (acknowledged %v, consumed %d, consumer error %v): %w", a, c.count(), c.stop(), err)
+	}
+
+	type commit struct {
+		id  outbox.UUID
+		at  time.Time
+		dur time.Duration
+	}
+	total := int(float64(rate) * e.cfg.LatencyDuration.Seconds())
+	jobs := make(chan int, total)
+	var mu sync.Mutex
+	commits := make([]commit, 0, total)
+	var werr error
+	var wg sync.WaitGroup
+	for range min(32, max(1, rate/20)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range jobs {
+				id, at, dur, err := commitOne(i)
+				mu.Lock()
+				if err != nil {
+					werr = err
+				} else {
+					commits = append(commits, commit{id, at, dur})
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	interval := time.Second / time.Duration(rate)
+	start := time.Now()
+	for i := range total {
+		if d := time.Until(start.Add(time.Duration(i) * interval)); d > 0 {
+			time.Sleep(d)
+		}
+		jobs <- i
+	}
+	close(jobs)
+	wg.Wait()
+	elapsed := time.Since(start)
+	if werr != nil {
+		return LatencyResult{}, werr
+	}
+	if err := waitFor(ctx, time.Minute, func() bool {
+		for _, cm := range commits {
+			if _, ok := acks.get(cm.id); !ok {
+				return false
+			}
+			if _, ok := c.readAt(cm.id.String()); !ok {
+				return false
+			}
+		}
+		return true
+	}); err != nil {
+		acked, read := 0, 0
+		for _, cm := range commits {
+			if _, ok := acks.get(cm.id); ok {
+				acked++
+			}
+			if _, ok := c.readAt(cm.id.String()); ok {
+				read++
+			}
+		}
+		return LatencyResult{}, fmt.Errorf("waiting for acks and consumption of %d rows (acknowledged %d, consumed %d): %w", len(commits), acked, read, err)
+	}
+	var ack, cons, dur []time.Duration
+	for _, cm := range commits {
+		a, _ := acks.get(cm.id)
+		r, _ := c.readAt(cm.id.String())
+		ack = append(ack, max(a.Sub(cm.at), 0))
+		cons = append(cons, max(r.Sub(cm.at), 0))
+		dur = append(dur, cm.dur)
+	}
+	res := LatencyResult{Mode: mode, Rate: rate, Achieved: float64(len(commits)) / elapsed.Seconds(), Messages: len(commits),
+		AckP50: pct(ack, 50), AckP95: pct(ack, 95), AckP99: pct(ack, 99), AckMax: pct(ack, 100),
+		ConsumeP50: pct(cons, 50), ConsumeP95: pct(cons, 95), ConsumeP99: pct(cons, 99),
+		CommitP50: pct(dur, 50), CommitP99: pct(dur, 99)}
+	switch mode {
+	case ModePoll:
+		res.Note = fmt.Sprintf("PollInterval %v", relay.DefaultPollInterval)
+	case ModePgNotify:
+		res.Note = "pgnotify wired by the harness (writer NOTIFY → relay LISTEN → Notifier)"
+	}
+	return res, f.stop()
+}
+
+// waitFor polls cond every 5ms until it holds or timeout passes.
+func waitFor(ctx context.Context, timeout time.Duration, cond func() bool) error {
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return errors.New("timed out")
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
+// pct returns the p-th percentile of ds in milliseconds (nearest rank).
+func pct(ds []time.Duration, p float64) float64 {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	i := int(float64(len(s))*p/100+0.5) - 1
+	i = min(max(i, 0), len(s)-1)
+	return float64(s[i].Microseconds()) / 1000
+}
