@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/segmentio/kafka-go"
 	"gorm.io/gorm"
 	"gorm.io/gorm/schema"
 )
@@ -327,17 +326,46 @@ func BucketOf(key []byte, partition *int32, id UUID, bucketCount int) int32 {
 	return int32(murmur2Mod(key, bucketCount))
 }
 
-// murmur2Mod is (murmur2(key) & 0x7fffffff) % n, the Java client's default
-// partitioner for n partitions. It uses kafka-go's Murmur2Balancer, the same
-// code the relay's publisher places records with.
+// murmur2Mod is (murmur2(key) & 0x7fffffff) % n: the Java client's default
+// partitioner for n partitions, and kafka-go's Murmur2Balancer (a test
+// checks the two agree). kafka-go does not export the hash itself, and its
+// balancer needs an n-element partition list per call, which made large
+// bucket counts cost O(n) per message.
 func murmur2Mod(key []byte, n int) int {
-	var small [64]int
-	parts := small[:0]
-	if n > len(small) {
-		parts = make([]int, 0, n)
+	return int((murmur2(key) & 0x7fffffff) % uint32(n))
+}
+
+// murmur2 is Kafka's murmur2 (org.apache.kafka.common.utils.Utils.murmur2),
+// verified against published vectors in testdata/murmur2.json.
+func murmur2(data []byte) uint32 {
+	const (
+		seed uint32 = 0x9747b28c
+		m    uint32 = 0x5bd1e995
+		r           = 24
+	)
+	h := seed ^ uint32(len(data))
+	i := 0
+	for ; i+4 <= len(data); i += 4 {
+		k := binary.LittleEndian.Uint32(data[i:])
+		k *= m
+		k ^= k >> r
+		k *= m
+		h *= m
+		h ^= k
 	}
-	for i := 0; i < n; i++ {
-		parts = append(parts, i)
+	switch tail := data[i:]; len(tail) {
+	case 3:
+		h ^= uint32(tail[2]) << 16
+		fallthrough
+	case 2:
+		h ^= uint32(tail[1]) << 8
+		fallthrough
+	case 1:
+		h ^= uint32(tail[0])
+		h *= m
 	}
-	return kafka.Murmur2Balancer{Consistent: true}.Balance(kafka.Message{Key: key}, parts...)
+	h ^= h >> 13
+	h *= m
+	h ^= h >> 15
+	return h
 }

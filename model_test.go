@@ -5,11 +5,13 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"errors"
+	"math/rand/v2"
 	"os"
 	"runtime"
 	"testing"
 
 	"github.com/gorm-outbox/outbox"
+	"github.com/segmentio/kafka-go"
 )
 
 func int32p(v int32) *int32 { return &v }
@@ -211,4 +213,26 @@ func FuzzDecodeHeaders(f *testing.F) {
 			t.Fatalf("re-encoding % x gave % x", b, again)
 		}
 	})
+}
+
+// TestBucketOfAgreesWithKafkaGoMurmur2Balancer: buckets use the same mapping
+// as the publisher's placement (kafka-go's Murmur2Balancer), so keys land in
+// buckets exactly as they land in partitions of the same count.
+func TestBucketOfAgreesWithKafkaGoMurmur2Balancer(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	for i := 0; i < 20000; i++ {
+		key := make([]byte, rng.IntN(40))
+		for j := range key {
+			key[j] = byte(rng.Uint32())
+		}
+		n := 1 + rng.IntN(300)
+		parts := make([]int, n)
+		for j := range parts {
+			parts[j] = j
+		}
+		want := kafka.Murmur2Balancer{}.Balance(kafka.Message{Key: key}, parts...)
+		if got := outbox.BucketOf(key, nil, outbox.UUID{}, n); int(got) != want {
+			t.Fatalf("BucketOf(% x, n=%d) = %d; kafka-go's Murmur2Balancer says %d", key, n, got, want)
+		}
+	}
 }
