@@ -125,23 +125,30 @@ func TestEndToEndGormToKafka(t *testing.T) {
 			if len(seen) != len(committed) {
 				t.Fatalf("consumed %d distinct committed records; want %d", len(seen), len(committed))
 			}
-			for {
-				var left int64
-				if err := db.Model(&outbox.Message{}).Count(&left).Error; err != nil {
-					t.Fatal(err)
-				}
-				if left == 0 {
-					break
-				}
-				if ctx.Err() != nil {
-					t.Fatalf("%d rows left in the outbox; want 0", left)
-				}
-				time.Sleep(10 * time.Millisecond)
-			}
+			waitOutboxEmpty(ctx, t, db)
 			cancel()
 			if err := <-done; err != nil {
 				t.Fatalf("Run = %v; want nil", err)
 			}
 		})
+	}
+}
+
+// waitOutboxEmpty waits until the default messages table is empty, failing
+// t when ctx ends first.
+func waitOutboxEmpty(ctx context.Context, t *testing.T, db *gorm.DB) {
+	t.Helper()
+	for {
+		var left int64
+		if err := db.Model(&outbox.Message{}).Count(&left).Error; err != nil {
+			t.Fatal(err)
+		}
+		if left == 0 {
+			return
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("%d rows left in the outbox; want 0", left)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }

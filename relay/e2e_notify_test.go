@@ -75,19 +75,7 @@ func TestCommitWakesIdleRelay(t *testing.T) {
 			if len(published) != 1 || published[0] != committed.MessageID {
 				t.Fatalf("published %v; want only the committed message %s (never the rolled-back %s)", published, committed.MessageID, rolledBack.MessageID)
 			}
-			for {
-				var left int64
-				if err := db.Model(&outbox.Message{}).Count(&left).Error; err != nil {
-					t.Fatal(err)
-				}
-				if left == 0 {
-					break
-				}
-				if ctx.Err() != nil {
-					t.Fatalf("%d rows left in the outbox; want 0", left)
-				}
-				time.Sleep(5 * time.Millisecond)
-			}
+			waitOutboxEmpty(ctx, t, db)
 			if now := clock.Now(); !now.Equal(t0) {
 				t.Fatalf("clock moved to %v; the test must publish without polling", now)
 			}
