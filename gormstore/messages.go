@@ -90,13 +90,19 @@ func truthy(v any) bool {
 
 // NextBatch implements relay.Store:
 //
-//	SELECT * FROM messages WHERE bucket = $1 ORDER BY id LIMIT $2
+//	SELECT * FROM messages WHERE bucket >= $1 AND bucket <= $1 ORDER BY bucket, id LIMIT $2
 func (s *Store) NextBatch(ctx context.Context, bucket, limit int) ([]*outbox.Message, error) {
 	if limit <= 0 {
 		return nil, nil
 	}
 	var msgs []*outbox.Message
-	if err := s.tx(ctx, s.msgs).Where("bucket = ?", bucket).Order("id").Limit(limit).Find(&msgs).Error; err != nil {
+	// "bucket >= ? AND bucket <= ?" with ORDER BY bucket, id, not "bucket = ?"
+	// with ORDER BY id: with the equality, PostgreSQL's planner often walks
+	// the primary key in id order and filters by bucket, reading every row
+	// of the other buckets (and every dead row) ahead of this bucket's head:
+	// 130 ms instead of under 1 ms per batch once the buckets drift apart.
+	// The range form matches only the (bucket, id) index's order.
+	if err := s.tx(ctx, s.msgs).Where("bucket >= ? AND bucket <= ?", bucket, bucket).Order("bucket, id").Limit(limit).Find(&msgs).Error; err != nil {
 		return nil, fmt.Errorf("gormstore: bucket %d: next batch: %w", bucket, err)
 	}
 	return msgs, nil
