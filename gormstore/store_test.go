@@ -3,6 +3,7 @@ package gormstore_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -272,6 +273,56 @@ func TestIdleRoundStatements(t *testing.T) {
 				t.Errorf("PendingMetrics ran %d statements; want 1", len(got))
 			}
 			measure("release", func() error { return s.ReleaseBucketLeases(ctx, "relay-a") })
+		})
+	}
+}
+
+// TestStaleHeartbeatsArePruned: an acquisition round deletes the heartbeat
+// rows of relays unseen for 10 × the lease duration, and of relays stopped
+// more than one lease duration ago, at most once per PruneInterval; live
+// and recently stopped relays stay.
+func TestStaleHeartbeatsArePruned(t *testing.T) {
+	for _, o := range testenv.Databases(t) {
+		t.Run(o.Name, func(t *testing.T) {
+			db := o.Open(t, nil)
+			cfg := newConfig(t, db, 4)
+			clock := relaytest.NewManualClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+			store, err := gormstore.New(db, gormstore.Options{Config: cfg, Now: clock.Now, PruneInterval: time.Minute})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			const lease = 30 * time.Second
+			acquire := func(id string) {
+				t.Helper()
+				if _, err := store.AcquireBucketLeases(ctx, id, 4, lease); err != nil {
+					t.Fatalf("AcquireBucketLeases(%s): %v", id, err)
+				}
+			}
+			relays := func() []string {
+				t.Helper()
+				var ids []string
+				if err := db.Table(cfg.RelaysTableName()).Order("relay_id").Pluck("relay_id", &ids).Error; err != nil {
+					t.Fatal(err)
+				}
+				return ids
+			}
+			acquire("crashed")  // never seen again
+			acquire("stopped")  // released below
+			acquire("survivor") // keeps heartbeating
+			if err := store.ReleaseBucketLeases(ctx, "stopped"); err != nil {
+				t.Fatal(err)
+			}
+			clock.Advance(5 * time.Minute) // past 1 × lease for "stopped", not 10 × for "crashed"
+			acquire("survivor")
+			if got := relays(); !slices.Equal(got, []string{"crashed", "survivor"}) {
+				t.Fatalf("relays after 5m = %v; want [crashed survivor] (the stopped relay pruned)", got)
+			}
+			clock.Advance(5 * time.Minute) // "crashed" unseen for 10m > 10 × 30s
+			acquire("survivor")
+			if got := relays(); !slices.Equal(got, []string{"survivor"}) {
+				t.Fatalf("relays after 10m = %v; want [survivor]", got)
+			}
 		})
 	}
 }
