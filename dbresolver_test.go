@@ -32,14 +32,7 @@ func dialectorOn(name string, sqlDB *sql.DB) gorm.Dialector {
 func TestWithDBResolverRegisteredAfterThePlugin(t *testing.T) {
 	for _, o := range testenv.Databases(t) {
 		t.Run(o.Name, func(t *testing.T) {
-			rec := &recorder{}
-			db := o.Open(t, nil)
-			if err := db.Use(outbox.Plugin{Notifier: rec}); err != nil {
-				t.Fatal(err)
-			}
-			if err := outbox.AutoMigrate(db, outbox.Config{}); err != nil {
-				t.Fatal(err)
-			}
+			db, rec := notifyingDB(t, o, nil)
 			sqlDB, err := db.DB()
 			if err != nil {
 				t.Fatal(err)

@@ -43,6 +43,21 @@ func (r *recorder) take() [][]int {
 	return e
 }
 
+// notifyingDB opens a fresh database with the plugin reporting to a new
+// recorder and the default outbox tables migrated.
+func notifyingDB(t *testing.T, o testenv.Opener, cfg *gorm.Config) (*gorm.DB, *recorder) {
+	t.Helper()
+	rec := &recorder{}
+	db := o.Open(t, cfg)
+	if err := db.Use(outbox.Plugin{Notifier: rec}); err != nil {
+		t.Fatal(err)
+	}
+	if err := outbox.AutoMigrate(db, outbox.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	return db, rec
+}
+
 // inBucket returns a message pinned (by partition) to bucket b of 8.
 func inBucket(b int32) *outbox.Message {
 	return &outbox.Message{Topic: "orders", Partition: &b, Value: []byte("v")}
@@ -206,14 +221,7 @@ func TestCommitNotifications(t *testing.T) {
 					t.Run(fmt.Sprintf("prepare=%v/skipdefaulttx=%v", prepare, skip), func(t *testing.T) {
 						for _, sc := range scenarios {
 							t.Run(sc.name, func(t *testing.T) {
-								rec := &recorder{}
-								db := o.Open(t, &gorm.Config{PrepareStmt: prepare, SkipDefaultTransaction: skip})
-								if err := db.Use(outbox.Plugin{Notifier: rec}); err != nil {
-									t.Fatal(err)
-								}
-								if err := outbox.AutoMigrate(db, outbox.Config{}); err != nil {
-									t.Fatal(err)
-								}
+								db, rec := notifyingDB(t, o, &gorm.Config{PrepareStmt: prepare, SkipDefaultTransaction: skip})
 								if err := db.AutoMigrate(&order{}); err != nil {
 									t.Fatal(err)
 								}
@@ -241,14 +249,7 @@ func TestCommitNotifications(t *testing.T) {
 func TestSessionsKeepNotifying(t *testing.T) {
 	for _, o := range testenv.Databases(t) {
 		t.Run(o.Name, func(t *testing.T) {
-			rec := &recorder{}
-			db := o.Open(t, nil)
-			if err := db.Use(outbox.Plugin{Notifier: rec}); err != nil {
-				t.Fatal(err)
-			}
-			if err := outbox.AutoMigrate(db, outbox.Config{}); err != nil {
-				t.Fatal(err)
-			}
+			db, rec := notifyingDB(t, o, nil)
 			sqlDB, err := db.DB()
 			if err != nil || sqlDB == nil || sqlDB.Ping() != nil {
 				t.Fatalf("db.DB() = %v, %v; want the *sql.DB", sqlDB, err)
