@@ -14,8 +14,9 @@ var errNotRunning = errors.New("relay: not running")
 
 // Health reports whether the relay is healthy: nil while Run is running and
 // its latest cycle (lease acquisition, discovery and one sweep) succeeded;
-// otherwise an error saying why (not running, no cycle completed yet, or
-// the latest cycle's store or fatal error). A publish failure is not a
+// otherwise an error saying why (not running, no cycle completed yet, the
+// latest cycle's store or fatal error, or a failed lease acquisition that
+// no later acquisition has repaired). A publish failure is not a
 // cycle failure: the failing row is retried with backoff and counted by
 // the publish.failures metric. Health is safe to call from any goroutine,
 // e.g. an HTTP health check.

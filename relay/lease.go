@@ -62,9 +62,11 @@ func (r *Relay) acquire(ctx context.Context, st *runState) error {
 			return nil
 		}
 		r.log.Warn("relay: acquire leases failed", "relay", r.opts.RelayID, "error", err)
+		st.acquireErr = fmt.Errorf("relay: acquire leases: %w", err)
 		st.nextRebalance = t1.Add(r.opts.ErrorBackoff)
 		return nil
 	}
+	st.acquireErr = nil
 	validUntil := t0.Add(r.opts.LeaseDuration)
 	if !t1.Before(validUntil) {
 		r.log.Warn("relay: lease acquisition answered after the leases expired", "relay", r.opts.RelayID, "took", t1.Sub(t0))

@@ -111,7 +111,8 @@ type runState struct {
 	ready         []bool
 	retry         map[int]*headRetry
 	hints         []int
-	worked        bool // the cycle called the store
+	worked        bool  // the cycle called the store
+	acquireErr    error // the latest acquisition's error, nil after a success
 }
 
 // headRetry is the backoff state of a bucket whose head row failed: it is
@@ -205,7 +206,11 @@ func (r *Relay) loop(ctx context.Context, st *runState) error {
 		start := r.clock.Now()
 		st.worked = false
 		err := r.cycle(ctx, st)
-		r.recordHealth(ctx, err)
+		if err == nil && st.acquireErr != nil {
+			r.recordHealth(ctx, st.acquireErr) // failed acquisition: work goes on, unhealthy
+		} else {
+			r.recordHealth(ctx, err)
+		}
 		if st.worked {
 			r.m.cycleDur.Record(context.Background(), r.clock.Now().Sub(start).Seconds(), r.m.attrs)
 		}
