@@ -88,6 +88,12 @@ func truthy(v any) bool {
 	}
 }
 
+// ConcurrentNextBatch implements relay.ConcurrentFetcher: on PostgreSQL and
+// MySQL/MariaDB the relay may fetch one bucket's next batch while it
+// publishes and deletes another's. Not on SQLite, whose single writer makes
+// the overlap contention rather than speed.
+func (s *Store) ConcurrentNextBatch() bool { return s.db.Dialector.Name() != "sqlite" }
+
 // NextBatch implements relay.Store:
 //
 //	SELECT * FROM messages WHERE bucket >= $1 AND bucket <= $1 ORDER BY bucket, id LIMIT $2

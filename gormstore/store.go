@@ -47,10 +47,10 @@ type Options struct {
 }
 
 // Store is a relay.Store on a *gorm.DB. It also implements the optional
-// relay.LeaseRenewer, relay.LeaseReleaser, relay.PendingMetricsStore and
-// relay.BucketCounter. It is safe for concurrent use; each relay should have
-// its own Store (the store remembers whether it seeded the lease rows and
-// when it last pruned heartbeats).
+// relay.LeaseRenewer, relay.LeaseReleaser, relay.PendingMetricsStore,
+// relay.BucketCounter and relay.ConcurrentFetcher. It is safe for
+// concurrent use; each relay should have its own Store (the store remembers
+// whether it seeded the lease rows and when it last pruned heartbeats).
 type Store struct {
 	db     *gorm.DB
 	cfg    outbox.Config
@@ -71,6 +71,7 @@ var (
 	_ relay.LeaseReleaser       = (*Store)(nil)
 	_ relay.PendingMetricsStore = (*Store)(nil)
 	_ relay.BucketCounter       = (*Store)(nil)
+	_ relay.ConcurrentFetcher   = (*Store)(nil)
 )
 
 // New returns a Store on db. The tables must exist (outbox.AutoMigrate or

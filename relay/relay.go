@@ -22,6 +22,7 @@ type Relay struct {
 	releaser LeaseReleaser       // nil: leases expire on stop
 	sampler  PendingMetricsStore // nil: no backlog sampling
 	pub      Publisher
+	prefetch bool // fetch the next bucket's batch during a publish (ConcurrentFetcher)
 	opts     Options
 	clock    Clock
 	log      *slog.Logger
@@ -85,6 +86,9 @@ func New(store Store, pub Publisher, opts Options) (*Relay, error) {
 		rng:      rand.New(rand.NewPCG(h.Sum64(), 0x6f7574626f78)),
 	}
 	r.renewer, _ = store.(LeaseRenewer)
+	if cf, ok := store.(ConcurrentFetcher); ok && r.renewer != nil {
+		r.prefetch = cf.ConcurrentNextBatch()
+	}
 	r.releaser, _ = store.(LeaseReleaser)
 	if ms, ok := store.(PendingMetricsStore); ok && sample {
 		r.sampler = ms
@@ -280,17 +284,40 @@ func (r *Relay) cycle(ctx context.Context, st *runState) error {
 // sweep publishes one batch of each ready bucket, so that a full bucket
 // cannot starve the others.
 func (r *Relay) sweep(ctx context.Context, st *runState, owned []int) error {
-	for _, b := range owned {
+	var pre *prefetch // the next bucket's batch, fetched during a publish
+	defer func() {
+		if pre != nil {
+			pre.wait() // no store call outlives the sweep
+		}
+	}()
+	for i, b := range owned {
 		if ctx.Err() != nil {
 			return nil
 		}
-		if !st.ready[b] {
+		if !r.sweepable(st, b) {
 			continue
 		}
-		if hr := st.retry[b]; hr != nil && r.clock.Now().Before(hr.notBefore) {
-			continue
+		var fetched *prefetch
+		if pre != nil {
+			if pre.bucket == b {
+				fetched = pre
+			} else {
+				pre.wait() // its bucket stopped being ready: discard
+			}
+			pre = nil
 		}
-		if err := r.drainOnce(ctx, st, b); err != nil {
+		startNext := func() {}
+		if r.prefetch {
+			startNext = func() {
+				for _, c := range owned[i+1:] {
+					if r.sweepable(st, c) {
+						pre = r.startPrefetch(ctx, c, r.batchLimit(st, c))
+						return
+					}
+				}
+			}
+		}
+		if err := r.drainOnce(ctx, st, b, fetched, startNext); err != nil {
 			return err
 		}
 		if cur, _, _ := st.lease.snapshot(); len(cur) == 0 {
@@ -300,19 +327,73 @@ func (r *Relay) sweep(ctx context.Context, st *runState, owned []int) error {
 	return nil
 }
 
+// sweepable reports whether bucket b is ready and not waiting out a head-row
+// backoff.
+func (r *Relay) sweepable(st *runState, b int) bool {
+	if !st.ready[b] {
+		return false
+	}
+	hr := st.retry[b]
+	return hr == nil || !r.clock.Now().Before(hr.notBefore)
+}
+
+// batchLimit is the batch size for bucket b: one row while its head row is
+// being retried alone.
+func (r *Relay) batchLimit(st *runState, b int) int {
+	if st.retry[b] != nil {
+		return 1 // head-row isolation
+	}
+	return r.opts.BatchSize
+}
+
+// prefetch is a NextBatch call running beside the current publish.
+type prefetch struct {
+	bucket, limit int
+	done          chan struct{}
+	batch         []*outbox.Message
+	err           error
+}
+
+func (r *Relay) startPrefetch(ctx context.Context, b, limit int) *prefetch {
+	p := &prefetch{bucket: b, limit: limit, done: make(chan struct{})}
+	go func() {
+		defer close(p.done)
+		p.batch, p.err = r.store.NextBatch(ctx, b, limit)
+	}()
+	return p
+}
+
+func (p *prefetch) wait() ([]*outbox.Message, error) {
+	<-p.done
+	return p.batch, p.err
+}
+
 // drainOnce fetches and publishes one batch of bucket b, then marks the
 // acknowledged prefix.
-func (r *Relay) drainOnce(ctx context.Context, st *runState, b int) error {
+//
+// fetched, when non-nil, is b's batch fetched during the previous publish
+// (see ConcurrentFetcher); startNext is called just before the publish, to
+// fetch the next bucket's batch meanwhile.
+func (r *Relay) drainOnce(ctx context.Context, st *runState, b int, fetched *prefetch, startNext func()) error {
 	hr := st.retry[b]
-	limit := r.opts.BatchSize
-	if hr != nil {
-		limit = 1 // head-row isolation
-	}
+	limit := r.batchLimit(st, b)
 	if !r.checkLease(st) {
+		if fetched != nil {
+			fetched.wait()
+		}
 		return nil
 	}
 	st.worked = true
-	batch, err := r.store.NextBatch(ctx, b, limit)
+	var batch []*outbox.Message
+	var err error
+	if fetched != nil && fetched.limit == limit {
+		batch, err = fetched.wait()
+	} else {
+		if fetched != nil {
+			fetched.wait()
+		}
+		batch, err = r.store.NextBatch(ctx, b, limit)
+	}
 	if err != nil {
 		return errStore{fmt.Errorf("relay: bucket %d: next batch: %w", b, err)}
 	}
@@ -349,6 +430,7 @@ func (r *Relay) drainOnce(ctx context.Context, st *runState, b int) error {
 		return nil
 	}
 
+	startNext()
 	res, took := r.publish(ctx, st, batch)
 	failpoint("relay/after-ack")
 	ack := min(max(res.Acknowledged, 0), len(batch))

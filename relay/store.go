@@ -13,8 +13,8 @@ import (
 //
 // The relay calls Store methods from one goroutine at a time (lease renewal
 // runs concurrently with a publish, never with another Store call except the
-// optional PendingMetrics, which has its own goroutine). Every method must
-// honour ctx.
+// optional PendingMetrics, which has its own goroutine), unless the store
+// implements ConcurrentFetcher. Every method must honour ctx.
 type Store interface {
 	// AcquireBucketLeases runs one acquisition round for relayID: it records
 	// a heartbeat, takes or keeps this relay's fair share of the bucketCount
@@ -74,6 +74,18 @@ type Pending struct {
 // Options.MetricsTimeout. A nil snapshot means "unavailable", not zero.
 type PendingMetricsStore interface {
 	PendingMetrics(ctx context.Context) (*Pending, error)
+}
+
+// ConcurrentFetcher is an optional Store capability. When
+// ConcurrentNextBatch returns true (New asks once), the store allows
+// NextBatch for one bucket to run concurrently with its other methods
+// called for other buckets (MarkPublished, RenewBucketLeases, NextBatch),
+// and the relay fetches the next ready bucket's batch while it publishes the
+// current one, overlapping database and broker round trips. It only does so
+// for stores that also implement LeaseRenewer. gormstore.Store implements
+// it (true except on SQLite).
+type ConcurrentFetcher interface {
+	ConcurrentNextBatch() bool
 }
 
 // BucketCounter is an optional Store capability: a store that knows the
