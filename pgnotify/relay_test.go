@@ -2,6 +2,7 @@ package pgnotify_test
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"testing"
 	"time"
@@ -137,19 +138,7 @@ func TestCommitInOnePodWakesTheOwnerInAnother(t *testing.T) {
 	frozen := clock.Now()
 	// Both listeners must be subscribed: a hint sent before B listens would
 	// be lost (polling, at an hour, would then find it).
-	for {
-		var n int
-		if err := dbA.Raw("SELECT count(*) FROM pg_stat_activity WHERE query LIKE ?", "LISTEN%"+channel+"%").Scan(&n).Error; err != nil {
-			t.Fatal(err)
-		}
-		if n >= 2 {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatalf("%d listeners on %s; want 2", n, channel)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitListeners(ctx, t, dbA, channel, 2)
 
 	p := int32(bBucket)
 	m := &outbox.Message{Topic: "orders", Partition: &p, Value: []byte("for pod b")}
@@ -169,5 +158,86 @@ func TestCommitInOnePodWakesTheOwnerInAnother(t *testing.T) {
 	}
 	if !clock.Now().Equal(frozen) {
 		t.Fatal("the clock moved: pod B must wake without polling")
+	}
+}
+
+// TestWriterOnlyProcessWakesTheRelay: a process that writes outbox rows but
+// runs no relay (its plugin notifies a pgnotify.Sender) wakes the relay of
+// another process through LISTEN/NOTIFY, with that relay's polling at an
+// hour and its clock frozen.
+func TestWriterOnlyProcessWakesTheRelay(t *testing.T) {
+	dsn, ok := testenv.PostgresDSN(t)
+	if !ok {
+		t.Skip("OUTBOX_TEST_POSTGRES_DSN not set")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	clock := relaytest.NewManualClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+	channel := testenv.Unique("outbox_")
+	relayDB, pub := openPod(t, dsn, clock, clock.Now, "worker", channel, time.Hour)
+	if !clock.WaitForWaiters(ctx, 1) {
+		t.Fatal("the relay never went idle")
+	}
+
+	// The writer process: plugin + Sender, no relay.
+	tr, err := pgnotify.New(pgnotify.Config{ConnString: dsn, Channel: channel})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	sender := tr.NewSender(pgnotify.SenderOptions{})
+	sctx, scancel := context.WithCancel(ctx)
+	sent := make(chan error, 1)
+	go func() { sent <- sender.Run(sctx) }()
+	defer func() {
+		scancel()
+		if err := <-sent; !errors.Is(err, context.Canceled) {
+			t.Errorf("Sender.Run = %v; want context.Canceled", err)
+		}
+	}()
+	writer, err := gorm.Open(postgres.Open(dsn), &gorm.Config{Logger: logger.Default.LogMode(logger.Silent)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if s, err := writer.DB(); err == nil {
+			s.Close()
+		}
+	}()
+	if err := writer.Use(outbox.Plugin{Notifier: sender}); err != nil {
+		t.Fatal(err)
+	}
+	waitListeners(ctx, t, relayDB, channel, 1)
+
+	m := &outbox.Message{Topic: "orders", Key: []byte("k"), Value: []byte("from a writer-only process")}
+	if err := writer.Create(m).Error; err != nil {
+		t.Fatal(err)
+	}
+	if !pub.WaitCalls(ctx, 1) {
+		t.Fatal("the relay was not woken by the writer's commit")
+	}
+	if got := pub.Calls()[0][0].MessageID; got != m.MessageID {
+		t.Fatalf("published %s; want %s", got, m.MessageID)
+	}
+	if !clock.Now().Equal(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)) {
+		t.Fatal("the clock moved: the relay must wake without polling")
+	}
+}
+
+// waitListeners waits until n sessions LISTEN on channel.
+func waitListeners(ctx context.Context, t *testing.T, db *gorm.DB, channel string, n int) {
+	t.Helper()
+	for {
+		var got int
+		if err := db.Raw("SELECT count(*) FROM pg_stat_activity WHERE query LIKE ?", "LISTEN%"+channel+"%").Scan(&got).Error; err != nil {
+			t.Fatal(err)
+		}
+		if got >= n {
+			return
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("%d listeners on %s; want %d", got, channel, n)
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/segmentio/kafka-go/sasl/scram"
 
 	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/pgnotify"
 	"github.com/gorm-outbox/outbox/relay"
 )
 
@@ -53,6 +54,9 @@ type config struct {
 
 	outbox outbox.Config
 	relay  relay.Options
+
+	notifyDSN     string
+	notifyChannel string
 
 	listen    string
 	logFormat string
@@ -116,6 +120,9 @@ func newFlagSet(c *config) *flag.FlagSet {
 	fs.DurationVar(&o.MetricsTimeout, "metrics-timeout", relay.DefaultMetricsTimeout, "bound on one backlog query")
 	fs.BoolVar(&o.MetricsBucketZeroOnly, "metrics-bucket-zero-only", false, "only the owner of bucket 0 samples the backlog (set on every relay)")
 	fs.DurationVar(&o.StopTimeout, "stop-timeout", relay.DefaultStopTimeout, "bound on the cleanup after SIGTERM (in-flight publish, lease release)")
+
+	fs.StringVar(&c.notifyDSN, "notify-postgres-dsn", "", "PostgreSQL connection string for cross-process wake-ups over LISTEN/NOTIFY (package pgnotify; empty: polling only)")
+	fs.StringVar(&c.notifyChannel, "notify-channel", pgnotify.DefaultChannel, "LISTEN/NOTIFY channel, the same as the writers' pgnotify.Sender")
 
 	fs.StringVar(&c.listen, "listen", ":9090", "address of the HTTP server for /metrics and /healthz (empty: no server)")
 	fs.StringVar(&c.logFormat, "log-format", "text", "log format: text or json")
@@ -202,6 +209,11 @@ func (c *config) check() error {
 	}
 	if err := c.outbox.Validate(); err != nil {
 		return err
+	}
+	if c.notifyDSN != "" {
+		if _, err := pgnotify.New(pgnotify.Config{ConnString: c.notifyDSN, Channel: c.notifyChannel}); err != nil {
+			return fmt.Errorf("-notify-postgres-dsn/-notify-channel: %w", err)
+		}
 	}
 	return c.checkRelayOptions()
 }

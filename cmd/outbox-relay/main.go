@@ -46,6 +46,7 @@ import (
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/gormstore"
+	"github.com/gorm-outbox/outbox/pgnotify"
 	"github.com/gorm-outbox/outbox/relay"
 )
 
@@ -89,13 +90,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 
 // worker is a configured relay and its HTTP server, not yet started.
 type worker struct {
-	cfg   *config
-	log   *slog.Logger
-	db    *gorm.DB
-	pub   *relay.KafkaPublisher
-	relay *relay.Relay
-	reg   *prometheus.Registry
-	mp    *sdkmetric.MeterProvider
+	cfg    *config
+	log    *slog.Logger
+	db     *gorm.DB
+	pub    *relay.KafkaPublisher
+	relay  *relay.Relay
+	reg    *prometheus.Registry
+	mp     *sdkmetric.MeterProvider
+	notify *pgnotify.Transport // nil: polling only
 }
 
 // build checks and assembles everything without any I/O: the database is
@@ -170,6 +172,14 @@ func build(cfg *config, stderr io.Writer) (*worker, error) {
 	opts.BucketCount = cfg.outbox.BucketCount
 	opts.Logger = log
 	opts.MeterProvider = w.mp
+	if cfg.notifyDSN != "" {
+		w.notify, err = pgnotify.New(pgnotify.Config{ConnString: cfg.notifyDSN, Channel: cfg.notifyChannel, Logger: log})
+		if err != nil {
+			w.close()
+			return nil, fmt.Errorf("-notify-postgres-dsn: %w", err)
+		}
+		opts.Transport = w.notify
+	}
 	w.relay, err = relay.New(store, w.pub, opts)
 	if err != nil {
 		w.close()
@@ -252,6 +262,9 @@ func (w *worker) handler() http.Handler {
 
 // close releases the publisher, the meter provider and the database pool.
 func (w *worker) close() {
+	if w.notify != nil {
+		w.notify.Close()
+	}
 	if w.pub != nil {
 		_ = w.pub.Close()
 	}

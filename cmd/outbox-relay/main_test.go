@@ -263,6 +263,7 @@ func TestWorkerRejectsBadConfiguration(t *testing.T) {
 		{"bad_duration_in_environment", base, []string{"OUTBOX_POLL_INTERVAL=soon"}, `OUTBOX_POLL_INTERVAL="soon"`},
 		{"unknown_sasl_mechanism", append(base, "-kafka-sasl-mechanism", "kerberos"), nil, "-kafka-sasl-mechanism"},
 		{"bad_log_format", append(base, "-log-format", "xml"), nil, "-log-format"},
+		{"bad_notify_channel", append(base, "-notify-postgres-dsn", "host=127.0.0.1", "-notify-channel", "Orders-Outbox"), nil, "Channel"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -1,0 +1,128 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"gorm.io/driver/postgres"
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+
+	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/internal/testenv"
+	"github.com/gorm-outbox/outbox/pgnotify"
+)
+
+// TestWorkerWakesOnWritersNotifications: a worker started with
+// -notify-postgres-dsn and polling at an hour publishes a row committed by a
+// separate writer (its plugin notifying a pgnotify.Sender) at once: only the
+// LISTEN/NOTIFY hint can have woken it.
+func TestWorkerWakesOnWritersNotifications(t *testing.T) {
+	dsn, ok := testenv.PostgresDSN(t)
+	if !ok {
+		t.Skip("OUTBOX_TEST_POSTGRES_DSN not set")
+	}
+	bin := buildWorker(t)
+	broker := testenv.NewFake(t)
+	topic := testenv.Unique("notify-")
+	broker.CreateTopic(t, topic, 4, nil)
+	channel := testenv.Unique("outbox_")
+
+	writer, err := gorm.Open(postgres.Open(dsn), &gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if s, err := writer.DB(); err == nil {
+			_ = s.Close()
+		}
+	})
+	tr, err := pgnotify.New(pgnotify.Config{ConnString: dsn, Channel: channel})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(tr.Close)
+	sender := tr.NewSender(pgnotify.SenderOptions{})
+	ctx, cancel := context.WithCancel(context.Background())
+	sent := make(chan error, 1)
+	go func() { sent <- sender.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-sent; !errors.Is(err, context.Canceled) {
+			t.Errorf("Sender.Run = %v; want context.Canceled", err)
+		}
+	})
+	if err := writer.Use(outbox.Plugin{Notifier: sender}); err != nil {
+		t.Fatal(err)
+	}
+	if err := outbox.AutoMigrate(writer, outbox.Config{}); err != nil {
+		t.Fatal(err)
+	}
+
+	cmd := exec.Command(bin, "-db-driver", "postgres", "-db-dsn", dsn, "-kafka-brokers", strings.Join(broker.Addrs, ","),
+		"-listen", "127.0.0.1:0", "-log-format", "json", "-poll-interval", "1h",
+		"-notify-postgres-dsn", dsn, "-notify-channel", channel)
+	cmd.Env = os.Environ()
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &logLines{addr: make(chan string, 1)}
+	scanned := make(chan struct{})
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { defer close(scanned); logs.scan(stderr) }()
+	exited := make(chan error, 1)
+	go func() { <-scanned; exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+		}
+	})
+	var addr string
+	select {
+	case addr = <-logs.addr:
+	case err := <-exited:
+		t.Fatalf("worker exited before serving: %v\n%s", err, logs)
+	case <-time.After(60 * time.Second):
+		t.Fatalf("worker did not log its address\n%s", logs)
+	}
+	// Its first cycle (acquisition and discovery) is done and it listens.
+	eventually(t, "/healthz is 200", logs, func() bool {
+		code, _ := get("http://" + addr + "/healthz")
+		return code == http.StatusOK
+	})
+	eventually(t, "the worker LISTENs", logs, func() bool {
+		var n int
+		return writer.Raw("SELECT count(*) FROM pg_stat_activity WHERE query LIKE ?", "LISTEN%"+channel+"%").Scan(&n).Error == nil && n >= 1
+	})
+
+	m := outbox.NewStringMessage(topic, "k", "woken by NOTIFY")
+	if err := writer.Create(m).Error; err != nil {
+		t.Fatal(err)
+	}
+	got := broker.ReadAll(t, topic, 1, 30*time.Second)
+	if len(got) != 1 || string(got[0].Value) != "woken by NOTIFY" {
+		t.Fatalf("read %d records; want the row committed by the writer (polling is at an hour)\n%s", len(got), logs)
+	}
+
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Fatalf("worker exit after SIGTERM: %v\n%s", err, logs)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatalf("worker did not exit after SIGTERM\n%s", logs)
+	}
+}

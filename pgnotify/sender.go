@@ -1,0 +1,144 @@
+package pgnotify
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/gorm-outbox/outbox"
+)
+
+// maxPendingBuckets bounds what a Sender holds between two sends; beyond it
+// the batch collapses to the unknown-bucket hint.
+const maxPendingBuckets = 1024
+
+// DefaultSendBackoff is the wait after a failed send when
+// SenderOptions.Backoff is zero.
+const DefaultSendBackoff = time.Second
+
+// Sender is an outbox notifier for processes that write outbox rows but run
+// no relay (writers scaled apart from cmd/outbox-relay workers): give it to
+// outbox.Plugin, and it broadcasts the committed bucket ids over the
+// Transport so that the owning relays wake at once. A process that runs a
+// relay does not need it: relay.Options.Transport already sends.
+//
+// Notifications never block and never fail the commit: they are coalesced
+// (a set of bucket ids, or "unknown" once more than 1,024 are pending) and
+// sent by Run's goroutine. Hints are advisory; the relays still poll.
+type Sender struct {
+	t    *Transport
+	opts SenderOptions
+
+	mu      sync.Mutex
+	pending map[int]struct{}
+	unknown bool
+	wake    chan struct{}
+}
+
+// SenderOptions configures a Sender. The zero value means the defaults.
+type SenderOptions struct {
+	// Backoff is the wait after a failed send (the failed batch is dropped).
+	// Zero means DefaultSendBackoff (1s).
+	Backoff time.Duration
+	// Logger receives send failures. Nil means slog.Default().
+	Logger *slog.Logger
+}
+
+var (
+	_ outbox.BucketNotifier = (*Sender)(nil)
+	_ outbox.NonBlocking    = (*Sender)(nil)
+)
+
+// NewSender returns a Sender on t. Start its Run before commits matter.
+func (t *Transport) NewSender(opts SenderOptions) *Sender {
+	if opts.Backoff <= 0 {
+		opts.Backoff = DefaultSendBackoff
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	return &Sender{t: t, opts: opts, pending: map[int]struct{}{}, wake: make(chan struct{}, 1)}
+}
+
+// NonBlockingNotifier marks the Sender as never blocking (outbox.NonBlocking).
+func (*Sender) NonBlockingNotifier() {}
+
+// NotifyCommitted records a commit in unknown buckets.
+func (s *Sender) NotifyCommitted() { s.NotifyBucket(-1) }
+
+// NotifyBuckets records committed buckets; it does not retain the slice.
+func (s *Sender) NotifyBuckets(buckets []int) {
+	for _, b := range buckets {
+		s.NotifyBucket(b)
+	}
+}
+
+// NotifyBucket records a committed bucket (negative: unknown).
+func (s *Sender) NotifyBucket(bucket int) {
+	s.mu.Lock()
+	switch {
+	case bucket < 0 || len(s.pending) >= maxPendingBuckets:
+		s.unknown = true
+		clear(s.pending)
+	case !s.unknown:
+		s.pending[bucket] = struct{}{}
+	}
+	s.mu.Unlock()
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// take returns and clears what is pending.
+func (s *Sender) take(dst []int) []int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.unknown {
+		s.unknown = false
+		return append(dst, -1)
+	}
+	for b := range s.pending {
+		dst = append(dst, b)
+	}
+	clear(s.pending)
+	slices.Sort(dst)
+	return dst
+}
+
+// Run sends the pending hints until ctx is done, and returns ctx's error.
+// A failed send drops its batch, is logged, and waits Backoff. Hints
+// recorded after Run returned are never sent.
+func (s *Sender) Run(ctx context.Context) error {
+	var buf []int
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-s.wake:
+		}
+		buf = s.take(buf[:0])
+		if len(buf) == 0 {
+			continue
+		}
+		if err := s.t.Publish(ctx, buf); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			s.opts.Logger.Warn("pgnotify: send failed; hints dropped", "channel", s.t.cfg.Channel, "error", err, "backoff", s.opts.Backoff)
+			t := time.NewTimer(s.opts.Backoff)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return ctx.Err()
+			case <-t.C:
+			}
+		}
+	}
+}
+
+// String names the sender in logs.
+func (s *Sender) String() string { return fmt.Sprintf("pgnotify.Sender(%s)", s.t.cfg.Channel) }
