@@ -139,41 +139,15 @@ func TestWorker(t *testing.T) {
 				t.Fatal(err)
 			}
 
-			cmd := exec.Command(bin, "-db-dsn", dsn, "-listen", "127.0.0.1:0", "-log-format", "json",
-				"-poll-interval", "50ms", "-metrics-interval", "50ms", "-relay-id", "worker-under-test")
-			cmd.Env = append(os.Environ(),
+			w := startWorker(t, bin, []string{"-db-dsn", dsn, "-listen", "127.0.0.1:0", "-log-format", "json",
+				"-poll-interval", "50ms", "-metrics-interval", "50ms", "-relay-id", "worker-under-test"},
 				"OUTBOX_DB_DRIVER="+tg.driver, // the environment is read too
 				"OUTBOX_KAFKA_BROKERS="+strings.Join(broker.Addrs, ","),
 				"OUTBOX_BUCKET_COUNT=4",
 				"OUTBOX_MESSAGES_TABLE=worker_messages", "OUTBOX_LEASES_TABLE=worker_leases", "OUTBOX_RELAYS_TABLE=worker_relays",
 			)
-			stderr, err := cmd.StderrPipe()
-			if err != nil {
-				t.Fatal(err)
-			}
-			logs := &logLines{addr: make(chan string, 1)}
-			scanned := make(chan struct{})
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			go func() { defer close(scanned); logs.scan(stderr) }()
-			exited := make(chan error, 1)
-			go func() { <-scanned; exited <- cmd.Wait() }()
-			t.Cleanup(func() {
-				if cmd.ProcessState == nil {
-					_ = cmd.Process.Kill()
-				}
-			})
-
-			var addr string
-			select {
-			case addr = <-logs.addr:
-			case err := <-exited:
-				t.Fatalf("worker exited before serving: %v\n%s", err, logs)
-			case <-time.After(60 * time.Second):
-				t.Fatalf("worker did not log its address\n%s", logs)
-			}
-			base := "http://" + addr
+			logs := w.logs
+			base := "http://" + w.addr
 
 			// The rows move to Kafka and are deleted.
 			got := broker.ReadAll(t, topic, rows, 60*time.Second)
@@ -206,17 +180,7 @@ func TestWorker(t *testing.T) {
 			}
 
 			// SIGTERM: exit 0, leases released, relay marked stopped.
-			if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-				t.Fatal(err)
-			}
-			select {
-			case err := <-exited:
-				if err != nil {
-					t.Fatalf("worker exit after SIGTERM: %v; want status 0\n%s", err, logs)
-				}
-			case <-time.After(60 * time.Second):
-				t.Fatalf("worker did not exit after SIGTERM\n%s", logs)
-			}
+			w.terminate(t)
 			var leases []outbox.Lease
 			if err := db.Table(cfg.LeasesTableName()).Find(&leases).Error; err != nil {
 				t.Fatal(err)
@@ -237,6 +201,61 @@ func TestWorker(t *testing.T) {
 				t.Errorf("relay row stopped_at_ms = NULL after SIGTERM; want set")
 			}
 		})
+	}
+}
+
+// workerProc is a running outbox-relay child process.
+type workerProc struct {
+	cmd    *exec.Cmd
+	logs   *logLines
+	exited chan error
+	addr   string // of its HTTP server
+}
+
+// startWorker runs bin with args and extra environment, and waits until it
+// serves HTTP. The process is killed at cleanup if still running.
+func startWorker(t *testing.T, bin string, args []string, env ...string) *workerProc {
+	t.Helper()
+	w := &workerProc{cmd: exec.Command(bin, args...), logs: &logLines{addr: make(chan string, 1)}, exited: make(chan error, 1)}
+	w.cmd.Env = append(os.Environ(), env...)
+	stderr, err := w.cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	scanned := make(chan struct{})
+	if err := w.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { defer close(scanned); w.logs.scan(stderr) }()
+	go func() { <-scanned; w.exited <- w.cmd.Wait() }()
+	t.Cleanup(func() {
+		if w.cmd.ProcessState == nil {
+			_ = w.cmd.Process.Kill()
+		}
+	})
+	select {
+	case w.addr = <-w.logs.addr:
+	case err := <-w.exited:
+		t.Fatalf("worker exited before serving: %v\n%s", err, w.logs)
+	case <-time.After(60 * time.Second):
+		t.Fatalf("worker did not log its address\n%s", w.logs)
+	}
+	return w
+}
+
+// terminate sends SIGTERM and requires exit status 0.
+func (w *workerProc) terminate(t *testing.T) {
+	t.Helper()
+	if err := w.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-w.exited:
+		if err != nil {
+			t.Fatalf("worker exit after SIGTERM: %v; want status 0\n%s", err, w.logs)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatalf("worker did not exit after SIGTERM\n%s", w.logs)
 	}
 }
 

@@ -4,10 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
-	"os"
-	"os/exec"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -66,35 +63,10 @@ func TestWorkerWakesOnWritersNotifications(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	cmd := exec.Command(bin, "-db-driver", "postgres", "-db-dsn", dsn, "-kafka-brokers", strings.Join(broker.Addrs, ","),
+	w := startWorker(t, bin, []string{"-db-driver", "postgres", "-db-dsn", dsn, "-kafka-brokers", strings.Join(broker.Addrs, ","),
 		"-listen", "127.0.0.1:0", "-log-format", "json", "-poll-interval", "1h",
-		"-notify-postgres-dsn", dsn, "-notify-channel", channel)
-	cmd.Env = os.Environ()
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	logs := &logLines{addr: make(chan string, 1)}
-	scanned := make(chan struct{})
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { defer close(scanned); logs.scan(stderr) }()
-	exited := make(chan error, 1)
-	go func() { <-scanned; exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			_ = cmd.Process.Kill()
-		}
-	})
-	var addr string
-	select {
-	case addr = <-logs.addr:
-	case err := <-exited:
-		t.Fatalf("worker exited before serving: %v\n%s", err, logs)
-	case <-time.After(60 * time.Second):
-		t.Fatalf("worker did not log its address\n%s", logs)
-	}
+		"-notify-postgres-dsn", dsn, "-notify-channel", channel})
+	logs, addr := w.logs, w.addr
 	// Its first cycle (acquisition and discovery) is done and it listens.
 	eventually(t, "/healthz is 200", logs, func() bool {
 		code, _ := get("http://" + addr + "/healthz")
@@ -114,15 +86,5 @@ func TestWorkerWakesOnWritersNotifications(t *testing.T) {
 		t.Fatalf("read %d records; want the row committed by the writer (polling is at an hour)\n%s", len(got), logs)
 	}
 
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-exited:
-		if err != nil {
-			t.Fatalf("worker exit after SIGTERM: %v\n%s", err, logs)
-		}
-	case <-time.After(60 * time.Second):
-		t.Fatalf("worker did not exit after SIGTERM\n%s", logs)
-	}
+	w.terminate(t)
 }
