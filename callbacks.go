@@ -18,31 +18,45 @@ const (
 
 // ErrInvalidMessage is wrapped by the error Create returns for a message the
 // outbox cannot accept (empty, over-long or illegal topic, negative
-// partition, bucket disagreement). Nothing is written.
+// partition, bucket disagreement) or for a value that is not made of
+// outbox.Message structs (maps, other structs). Nothing is written.
 var ErrInvalidMessage = errors.New("outbox: invalid message")
 
 // topicChars are the characters Kafka allows in a topic name.
 var topicChars = regexp.MustCompile(`^[A-Za-z0-9._-]+$`)
 
-var messageType = reflect.TypeOf(Message{})
+var (
+	messageType = reflect.TypeOf(Message{})
+	leaseType   = reflect.TypeOf(Lease{})
+	relayType   = reflect.TypeOf(Relay{})
+)
 
-func register(db *gorm.DB, p *Plugin) error {
-	state := &notifyState{notifier: p.Notifier, logger: p.Logger}
-	if _, ok := p.Notifier.(NonBlocking); ok {
-		state.inline = true
-	}
+func register(db *gorm.DB, p *Plugin, state *notifyState) error {
 	if err := installPool(db, state); err != nil {
 		return err
 	}
-	create := db.Callback().Create()
-	if err := create.Before("gorm:before_create").Register("outbox:prepare", p.prepareStatement); err != nil {
-		return fmt.Errorf("outbox: register outbox:prepare: %w", err)
+	cb := db.Callback()
+	steps := []struct {
+		name string
+		err  error
+	}{
+		// Before a create's implicit transaction begins: a session derived
+		// before db.Use still holds the unwrapped pool, and its transaction
+		// must begin on the wrapper to notify after commit.
+		{"outbox:use_pool", cb.Create().Before("gorm:begin_transaction").Register("outbox:use_pool", state.usePool)},
+		{"outbox:prepare", cb.Create().Before("gorm:before_create").Register("outbox:prepare", p.prepareStatement)},
+		// After the INSERT, before gorm commits an implicit transaction.
+		{"outbox:collect_buckets", cb.Create().After("gorm:create").Before("gorm:commit_or_rollback_transaction").Register("outbox:collect_buckets", p.collectBuckets)},
+		{"outbox:route_table (query)", cb.Query().Before("gorm:query").Register("outbox:route_table", p.routeTable)},
+		{"outbox:route_table (row)", cb.Row().Before("gorm:row").Register("outbox:route_table", p.routeTable)},
+		{"outbox:route_table (update)", cb.Update().Before("gorm:before_update").Register("outbox:route_table", p.routeTable)},
+		{"outbox:route_table (delete)", cb.Delete().Before("gorm:before_delete").Register("outbox:route_table", p.routeTable)},
+		{"outbox:track_savepoints", cb.Raw().After("gorm:raw").Register("outbox:track_savepoints", trackSavepoints)},
 	}
-	if err := create.After("gorm:create").Register("outbox:collect_buckets", p.collectBuckets); err != nil {
-		return fmt.Errorf("outbox: register outbox:collect_buckets: %w", err)
-	}
-	if err := db.Callback().Raw().After("gorm:raw").Register("outbox:track_savepoints", trackSavepoints); err != nil {
-		return fmt.Errorf("outbox: register outbox:track_savepoints: %w", err)
+	for _, s := range steps {
+		if s.err != nil {
+			return fmt.Errorf("outbox: register %s: %w", s.name, s.err)
+		}
 	}
 	return nil
 }
@@ -82,9 +96,53 @@ func scopeOf(db *gorm.DB) (scope, bool) {
 	return sc, ok
 }
 
-// isMessageStatement reports whether the statement creates outbox messages.
+// isMessageStatement reports whether the statement's model is Message.
 func isMessageStatement(db *gorm.DB) bool {
 	return db.Statement.Schema != nil && db.Statement.Schema.ModelType == messageType
+}
+
+// route sets the statement's table to cfg's name for its outbox model
+// (Message, Lease or Relay) unless the caller chose a table (db.Table).
+func route(stmt *gorm.Statement, cfg Config) {
+	if stmt.Schema == nil || stmt.TableExpr != nil {
+		return
+	}
+	var def, name string
+	switch stmt.Schema.ModelType {
+	case messageType:
+		def, name = DefaultMessagesTable, cfg.MessagesTableName()
+	case leaseType:
+		def, name = DefaultLeasesTable, cfg.LeasesTableName()
+	case relayType:
+		def, name = DefaultRelaysTable, cfg.RelaysTableName()
+	default:
+		return
+	}
+	if stmt.Table == "" || stmt.Table == def {
+		stmt.Table = name
+	}
+}
+
+// routeTable sends queries, updates and deletes of the outbox models to the
+// configured tables, as prepareStatement does for creates.
+func (p *Plugin) routeTable(db *gorm.DB) {
+	if db.Error != nil || db.Statement.Schema == nil {
+		return
+	}
+	switch db.Statement.Schema.ModelType {
+	case messageType, leaseType, relayType:
+	default:
+		return
+	}
+	cfg := p.Config
+	if _, scoped := scopeOf(db); scoped {
+		var err error
+		if cfg, err = configFrom(db); err != nil {
+			db.AddError(err)
+			return
+		}
+	}
+	route(db.Statement, cfg)
 }
 
 // prepareStatement fills, validates and routes the outbox messages of a
@@ -101,55 +159,98 @@ func (p *Plugin) prepareStatement(db *gorm.DB) {
 			return
 		}
 	}
-	stmt := db.Statement
-	if stmt.TableExpr == nil && (stmt.Table == "" || stmt.Table == DefaultMessagesTable) {
-		stmt.Table = cfg.MessagesTableName()
-	}
-	now := time.Now()
-	if err := eachMessage(stmt.ReflectValue, func(i int, m *Message) error {
-		if err := cfg.prepare(m, now); err != nil {
-			if i >= 0 {
-				return fmt.Errorf("message %d: %w", i, err)
-			}
-			return err
-		}
-		return nil
-	}); err != nil {
+	route(db.Statement, cfg)
+	// An upsert (Save's fallback when an UPDATE matched no changed row, as
+	// MySQL counts them; OnConflict) of a row that has an id writes that
+	// row again, not a new record: it keeps its id and message id.
+	_, upsert := db.Statement.Clauses["ON CONFLICT"]
+	if err := prepareAll(db.Statement.ReflectValue, cfg, time.Now(), upsert); err != nil {
 		db.AddError(err)
 		return
 	}
 	db.Statement.Settings.Store(preparedKey, true)
 }
 
+// prepareAll prepares every message of a create statement's value, naming
+// the index of the first invalid one. Two rows of one statement never share
+// a message id: the same *Message twice, or two messages with one
+// caller-set MessageID, is an error.
+func prepareAll(rv reflect.Value, cfg Config, now time.Time, upsert bool) error {
+	var seen map[UUID]int
+	if rv.Kind() == reflect.Slice || rv.Kind() == reflect.Array {
+		seen = make(map[UUID]int, rv.Len())
+	}
+	return eachMessage(rv, func(i int, m *Message) error {
+		if err := cfg.prepare(m, now, upsert && m.ID != 0); err != nil {
+			if i >= 0 {
+				return fmt.Errorf("message %d: %w", i, err)
+			}
+			return err
+		}
+		if seen != nil {
+			if j, dup := seen[m.MessageID]; dup {
+				return fmt.Errorf("message %d: %w: message id %s is also message %d's (the same *Message twice, or a MessageID set twice)", i, ErrInvalidMessage, m.MessageID, j)
+			}
+			seen[m.MessageID] = i
+		}
+		return nil
+	})
+}
+
 // eachMessage calls fn with every *Message of a create statement's value and
-// its index (-1 for a single struct).
+// its index (-1 for a single struct). Any other shape GORM accepts (a map, a
+// slice of maps, another struct, a nil element) is an ErrInvalidMessage
+// error, never a panic.
 func eachMessage(rv reflect.Value, fn func(int, *Message) error) error {
+	for rv.Kind() == reflect.Pointer || rv.Kind() == reflect.Interface {
+		if rv.IsNil() {
+			return fmt.Errorf("%w: nil value", ErrInvalidMessage)
+		}
+		rv = rv.Elem()
+	}
 	switch rv.Kind() {
 	case reflect.Struct:
-		if !rv.CanAddr() {
-			return fmt.Errorf("%w: create messages through a pointer (&msg)", ErrInvalidMessage)
+		m, err := messageAt(rv, -1)
+		if err != nil {
+			return err
 		}
-		return fn(-1, rv.Addr().Interface().(*Message))
+		return fn(-1, m)
 	case reflect.Slice, reflect.Array:
 		for i := 0; i < rv.Len(); i++ {
-			e := rv.Index(i)
-			if e.Kind() == reflect.Pointer {
-				if e.IsNil() {
-					return fmt.Errorf("%w: message %d is nil", ErrInvalidMessage, i)
-				}
-				e = e.Elem()
+			m, err := messageAt(rv.Index(i), i)
+			if err != nil {
+				return err
 			}
-			if !e.CanAddr() {
-				return fmt.Errorf("%w: create messages through a pointer (&msgs)", ErrInvalidMessage)
-			}
-			if err := fn(i, e.Addr().Interface().(*Message)); err != nil {
+			if err := fn(i, m); err != nil {
 				return err
 			}
 		}
 		return nil
 	default:
-		return fmt.Errorf("%w: create messages from Message structs, not %s", ErrInvalidMessage, rv.Kind())
+		return fmt.Errorf("%w: create messages from outbox.Message structs, not a %s", ErrInvalidMessage, rv.Type())
 	}
+}
+
+// messageAt returns the *Message that e (an element at index i, -1 for a
+// single value) is or points to.
+func messageAt(e reflect.Value, i int) (*Message, error) {
+	what := "the value"
+	if i >= 0 {
+		what = fmt.Sprintf("message %d", i)
+	}
+	for e.Kind() == reflect.Pointer || e.Kind() == reflect.Interface {
+		if e.IsNil() {
+			return nil, fmt.Errorf("%w: %s is nil", ErrInvalidMessage, what)
+		}
+		e = e.Elem()
+	}
+	if e.Type() != messageType {
+		return nil, fmt.Errorf("%w: %s is a %s, not an outbox.Message", ErrInvalidMessage, what, e.Type())
+	}
+	if !e.CanAddr() {
+		return nil, fmt.Errorf("%w: create messages through a pointer (&msg or &msgs)", ErrInvalidMessage)
+	}
+	return e.Addr().Interface().(*Message), nil
 }
 
 // ValidateTopic reports whether topic is a legal Kafka topic name: 1 to 249
@@ -169,27 +270,42 @@ func ValidateTopic(topic string) error {
 }
 
 // prepare validates m and fills its generated fields. cfg has its defaults
-// applied. The database always assigns ID: a caller's value (left over from
-// a rolled-back attempt, say) is cleared so that ids stay in commit order.
-func (c Config) prepare(m *Message, now time.Time) error {
+// applied. The database assigns ID: a caller's value (left over from a
+// rolled-back attempt, say) is cleared so that ids stay in commit order,
+// unless again is set (an upsert of an existing row), which keeps both ID
+// and MessageID.
+//
+// A MessageID the plugin generated is generated anew when this struct was
+// already written with it and that write was not rolled back (the struct is
+// being reused for another record); after a rollback it is kept, so a
+// retried transaction enqueues the same message id. A caller's MessageID is
+// always kept.
+func (c Config) prepare(m *Message, now time.Time, again bool) error {
 	if err := ValidateTopic(m.Topic); err != nil {
 		return err
 	}
 	if m.Partition != nil && *m.Partition < 0 {
 		return fmt.Errorf("%w: partition %d is negative", ErrInvalidMessage, *m.Partition)
 	}
-	if m.MessageID.IsZero() {
-		m.MessageID = NewUUID()
+	id := m.MessageID
+	if id.IsZero() || (m.written && id == m.generated && !again) {
+		id = NewUUID()
+	}
+	b := BucketOf(m.Key, m.Partition, id, c.BucketCount)
+	if m.Bucket != 0 && m.Bucket != b && !m.written { // a reused struct's bucket is ours
+		return fmt.Errorf("%w: bucket %d set by the caller disagrees with bucket %d for BucketCount %d", ErrInvalidMessage, m.Bucket, b, c.BucketCount)
+	}
+	if id != m.MessageID {
+		m.MessageID, m.generated = id, id
 	}
 	if m.CreatedAt.IsZero() {
 		m.CreatedAt = now
 	}
 	m.CreatedAt = m.CreatedAt.UTC()
-	b := BucketOf(m.Key, m.Partition, m.MessageID, c.BucketCount)
-	if m.Bucket != 0 && m.Bucket != b {
-		return fmt.Errorf("%w: bucket %d set by the caller disagrees with bucket %d for BucketCount %d", ErrInvalidMessage, m.Bucket, b, c.BucketCount)
-	}
 	m.Bucket = b
-	m.ID = 0
+	if !again {
+		m.ID = 0
+	}
+	m.written = false
 	return nil
 }

@@ -54,16 +54,25 @@ type Message struct {
 	Partition *int32 `gorm:"column:record_partition"`
 	// CreatedAt is when the row was enqueued (UTC); set on create when zero.
 	CreatedAt time.Time `gorm:"column:created_at;not null"`
+
+	// generated is the last MessageID the plugin generated for this struct;
+	// written reports that an insert of the struct with its MessageID was
+	// kept (committed, or pending in a transaction that has not ended). A
+	// reused struct whose id was generated gets a new one.
+	generated UUID
+	written   bool
 }
 
-// TableName returns the default table name; the Plugin routes creates to the
-// configured name.
+// TableName returns the default table name. The Plugin routes creates,
+// queries, updates and deletes of Message (and of Lease and Relay) to the
+// configured names unless the statement names a table (db.Table); see
+// Config.
 func (Message) TableName() string { return DefaultMessagesTable }
 
 // BeforeCreate fills and validates a message that is created without the
-// Plugin (or with hooks skipped by the plugin's own preparation): default
-// configuration applies. With the Plugin registered it does nothing, as the
-// plugin has already prepared the row.
+// Plugin: the default Config applies, or a WithConfig scope's, whose table
+// the message is then written to. With the Plugin registered it does
+// nothing, as the plugin has already prepared the row.
 func (m *Message) BeforeCreate(tx *gorm.DB) error {
 	if _, done := tx.Statement.Settings.Load(preparedKey); done {
 		return nil
@@ -72,7 +81,16 @@ func (m *Message) BeforeCreate(tx *gorm.DB) error {
 	if err != nil {
 		return err
 	}
-	return cfg.prepare(m, time.Now())
+	route(tx.Statement, cfg)
+	return cfg.prepare(m, time.Now(), false)
+}
+
+// AfterCreate records that m was written, so that creating the same struct
+// again (reusing it for another record) generates a new MessageID when the
+// plugin generated the current one.
+func (m *Message) AfterCreate(*gorm.DB) error {
+	m.written = true
+	return nil
 }
 
 // Lease is one bucket's lease: which relay owns it and until when.

@@ -85,7 +85,7 @@ func BenchmarkMessageBuild(b *testing.B) {
 		b.ReportAllocs()
 		for range b.N {
 			m := NewStringMessage("orders", "order-0123456789", value, benchHeaders...)
-			if err := cfg.prepare(m, now); err != nil {
+			if err := cfg.prepare(m, now, false); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -103,7 +103,7 @@ func BenchmarkMessageBuild(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			if err := cfg.prepare(m, now); err != nil {
+			if err := cfg.prepare(m, now, false); err != nil {
 				b.Fatal(err)
 			}
 		}

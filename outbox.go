@@ -32,6 +32,7 @@ import (
 	"fmt"
 	"log/slog"
 	"regexp"
+	"time"
 
 	"gorm.io/gorm"
 )
@@ -190,9 +191,11 @@ type Plugin struct {
 	// Notifier, when non-nil, is told about committed outbox rows. It never
 	// delays or fails a commit: a panic in it is recovered and logged.
 	Notifier Notifier
-	// Logger receives the plugin's rare logs (a recovered notifier panic).
-	// Nil means slog.Default().
+	// Logger receives the plugin's rare logs (a recovered notifier panic, a
+	// commit it could not follow). Nil means slog.Default().
 	Logger *slog.Logger
+
+	state *notifyState // set by Initialize
 }
 
 // Name implements gorm.Plugin.
@@ -205,10 +208,8 @@ func (p Plugin) Initialize(db *gorm.DB) error {
 		return err
 	}
 	p.Config = p.Config.WithDefaults()
-	if p.Logger == nil {
-		p.Logger = slog.Default()
-	}
-	return register(db, &p)
+	p.state = newNotifyState(p.Notifier, p.Logger)
+	return register(db, &p, p.state)
 }
 
 // WithConfig returns a scope that routes the messages created in it to the
@@ -232,8 +233,7 @@ func WithConfig(cfg Config) func(*gorm.DB) *gorm.DB {
 func WithOutbox(cfg Config, n Notifier) func(*gorm.DB) *gorm.DB {
 	sc := scope{cfg: cfg}
 	if n != nil {
-		_, inline := n.(NonBlocking)
-		sc.notify = &notifyState{notifier: n, inline: inline, logger: slog.Default()}
+		sc.notify = newNotifyState(n, nil)
 	}
 	return func(db *gorm.DB) *gorm.DB {
 		return db.Set(configKey, sc)
@@ -264,12 +264,29 @@ func NewJSONMessage(topic, key string, v any, headers ...Header) (*Message, erro
 	return &Message{Topic: topic, Key: []byte(key), Value: b, Headers: headers}, nil
 }
 
-// Enqueue writes msgs in tx with one multi-row INSERT (GORM splits it only
-// when tx has a CreateBatchSize). It is tx.Create(&msgs) with a clear error
-// for an empty call; the messages' generated fields are filled in place.
+// Enqueue writes msgs in tx with one multi-row INSERT (GORM splits it into
+// several when tx has a CreateBatchSize); the messages' generated fields are
+// filled in place. It validates every message before the first statement,
+// so an invalid message (named by its index in msgs) writes nothing even
+// when the batches would run outside a transaction (SkipDefaultTransaction).
+// An empty call writes nothing and returns nil.
 func Enqueue(tx *gorm.DB, msgs ...*Message) error {
 	if len(msgs) == 0 {
 		return nil
+	}
+	cfg, err := configFrom(tx)
+	if err != nil {
+		return fmt.Errorf("outbox: enqueue %d messages: %w", len(msgs), err)
+	}
+	now := time.Now()
+	for i, m := range msgs {
+		if m == nil {
+			return fmt.Errorf("outbox: enqueue %d messages: %w: message %d is nil", len(msgs), ErrInvalidMessage, i)
+		}
+		c := *m // validated on a copy: Create fills the messages
+		if err := cfg.prepare(&c, now, false); err != nil {
+			return fmt.Errorf("outbox: enqueue %d messages: message %d: %w", len(msgs), i, err)
+		}
 	}
 	if err := tx.Create(&msgs).Error; err != nil {
 		return fmt.Errorf("outbox: enqueue %d messages: %w", len(msgs), err)

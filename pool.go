@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"strings"
 	"sync"
+	"sync/atomic"
 
 	"gorm.io/gorm"
 )
@@ -18,12 +18,28 @@ type notifyState struct {
 	notifier Notifier
 	inline   bool // the notifier promises not to block
 	logger   *slog.Logger
+
+	// inner is the pool the Plugin wrapped and wrapper the wrapper; a
+	// session derived before db.Use still runs on inner.
+	inner   gorm.ConnPool
+	wrapper *pool
+	// unnotifiable is set once a commit that should have notified could
+	// not be followed (logged once).
+	unnotifiable atomic.Bool
+}
+
+func newNotifyState(n Notifier, logger *slog.Logger) *notifyState {
+	if logger == nil {
+		logger = slog.Default()
+	}
+	_, inline := n.(NonBlocking)
+	return &notifyState{notifier: n, inline: inline, logger: logger}
 }
 
 // NonBlocking is implemented by notifiers that never block (the relay's
-// does). The Plugin calls those on the committing goroutine; any other
-// Notifier is called on a goroutine of its own, so that a slow notifier can
-// never delay a commit.
+// does). The Plugin calls those on the committing goroutine, right after
+// the commit; any other Notifier is called on a goroutine of its own, so
+// that a slow notifier can never delay a commit.
 type NonBlocking interface {
 	NonBlockingNotifier()
 }
@@ -55,6 +71,26 @@ func (s *notifyState) call(buckets []int) {
 		bn.NotifyBucket(buckets[0])
 	default:
 		bn.NotifyBuckets(buckets)
+	}
+}
+
+// cannotNotify logs, once, that outbox rows were written in a transaction
+// the plugin cannot follow to its commit.
+func (s *notifyState) cannotNotify(cp gorm.ConnPool) {
+	if s.notifier == nil || !s.unnotifiable.CompareAndSwap(false, true) {
+		return
+	}
+	s.logger.Warn("outbox: outbox rows were written in a transaction the plugin cannot follow to its commit, so their relay is not woken and finds them by polling; "+
+		"begin transactions on a *gorm.DB (or a session) derived after db.Use(outbox.Plugin{...}), not on one derived before it, nor on a pool another plugin opened",
+		"conn_pool", fmt.Sprintf("%T", cp))
+}
+
+// usePool runs before gorm begins a create's implicit transaction: a
+// session derived from the *gorm.DB before db.Use still holds the
+// unwrapped pool, and would begin a transaction the plugin cannot follow.
+func (s *notifyState) usePool(db *gorm.DB) {
+	if db.Error == nil && s.wrapper != nil && db.Statement.ConnPool == s.inner && isMessageStatement(db) {
+		db.Statement.ConnPool = s.wrapper
 	}
 }
 
@@ -90,7 +126,11 @@ func (p *pool) BeginTx(ctx context.Context, opts *sql.TxOptions) (gorm.ConnPool,
 		}
 		tx, ok := cp.(gorm.Tx)
 		if !ok {
-			return nil, gorm.ErrInvalidTransaction
+			// Roll back what was begun, or its connection stays taken.
+			if rb, ok := cp.(interface{ Rollback() error }); ok {
+				_ = rb.Rollback()
+			}
+			return nil, fmt.Errorf("outbox: the wrapped pool began a %T, which is not a gorm.Tx: %w", cp, gorm.ErrInvalidTransaction)
 		}
 		inner = tx
 	default:
@@ -121,30 +161,37 @@ func getDBConn(cp gorm.ConnPool) (*sql.DB, error) {
 }
 
 // notifyingTx is a transaction whose successful Commit reports the buckets
-// of the outbox rows written in it. Rollback forgets them; a rolled-back
-// savepoint forgets those written since it.
+// of the outbox rows written in it. Rollback, a failed Commit and a
+// rolled-back savepoint forget the rows written since, and mark their
+// messages unwritten (so that a retry keeps their generated ids).
 type notifyingTx struct {
 	gorm.Tx
 	pool *pool
 
 	mu      sync.Mutex
-	written []written      // in write order, repeats allowed
-	marks   map[string]int // savepoint name → len(written) when it was set
+	written []written   // in write order
+	marks   []savepoint // open savepoints, oldest first
 }
 
-// written is a bucket written in a transaction and whom to tell after commit.
+// written is one outbox row written in a transaction and whom to tell after
+// commit (nil: nobody).
 type written struct {
 	to     *notifyState
 	bucket int
+	msg    *Message
+}
+
+// savepoint is an open savepoint: its name (normalised) and len(written)
+// when it was set.
+type savepoint struct {
+	name string
+	at   int
 }
 
 // Commit commits and, only if that succeeded, notifies.
 func (t *notifyingTx) Commit() error {
 	err := t.Tx.Commit()
-	t.mu.Lock()
-	w := t.written
-	t.written, t.marks = nil, nil
-	t.mu.Unlock()
+	w := t.end(err != nil)
 	if err != nil || len(w) == 0 {
 		return err
 	}
@@ -159,44 +206,87 @@ func (t *notifyingTx) Commit() error {
 				rest = append(rest, x)
 			}
 		}
-		to.notify(distinct(buckets))
+		if to != nil {
+			to.notify(distinct(buckets))
+		}
 		w = rest
 	}
 	return nil
 }
 
-// Rollback rolls back and forgets the collected buckets.
+// Rollback rolls back and forgets the written rows.
 func (t *notifyingTx) Rollback() error {
+	t.end(true)
+	return t.Tx.Rollback()
+}
+
+// end takes the written rows, marking their messages unwritten when the
+// transaction did not commit.
+func (t *notifyingTx) end(undone bool) []written {
 	t.mu.Lock()
+	w := t.written
 	t.written, t.marks = nil, nil
 	t.mu.Unlock()
-	return t.Tx.Rollback()
+	if undone {
+		unwrite(w)
+	}
+	return w
+}
+
+func unwrite(w []written) {
+	for _, x := range w {
+		x.msg.written = false
+	}
 }
 
 // GetDBConn returns the pool's *sql.DB.
 func (t *notifyingTx) GetDBConn() (*sql.DB, error) { return t.pool.GetDBConn() }
 
-func (t *notifyingTx) add(to *notifyState, buckets []int) {
+func (t *notifyingTx) add(w []written) {
 	t.mu.Lock()
-	for _, b := range buckets {
-		t.written = append(t.written, written{to, b})
-	}
+	t.written = append(t.written, w...)
 	t.mu.Unlock()
 }
 
-func (t *notifyingTx) savepoint(name string) {
+// setSavepoint opens a savepoint. A name in use is set again: MySQL and
+// SQLite move it, PostgreSQL hides the older one until this one is
+// released; either way ROLLBACK TO reaches the newest.
+func (t *notifyingTx) setSavepoint(name string) {
 	t.mu.Lock()
-	if t.marks == nil {
-		t.marks = map[string]int{}
-	}
-	t.marks[name] = len(t.written)
+	t.marks = append(t.marks, savepoint{name, len(t.written)})
 	t.mu.Unlock()
 }
 
+// find returns the index of the newest open savepoint called name, or -1.
+func (t *notifyingTx) find(name string) int {
+	for i := len(t.marks) - 1; i >= 0; i-- {
+		if t.marks[i].name == name {
+			return i
+		}
+	}
+	return -1
+}
+
+// rollbackTo undoes the rows written since the savepoint; the savepoint
+// stays open and the ones set after it are gone.
 func (t *notifyingTx) rollbackTo(name string) {
 	t.mu.Lock()
-	if n, ok := t.marks[name]; ok && n <= len(t.written) {
-		t.written = t.written[:n]
+	var undone []written
+	if i := t.find(name); i >= 0 {
+		at := t.marks[i].at
+		undone = slices.Clone(t.written[at:])
+		t.written = t.written[:at]
+		t.marks = t.marks[:i+1]
+	}
+	t.mu.Unlock()
+	unwrite(undone)
+}
+
+// release closes the savepoint and those set after it; their rows stay.
+func (t *notifyingTx) release(name string) {
+	t.mu.Lock()
+	if i := t.find(name); i >= 0 {
+		t.marks = t.marks[:i]
 	}
 	t.mu.Unlock()
 }
@@ -213,7 +303,7 @@ func distinct(b []int) []int {
 // installPool puts the wrapper beneath gorm's PreparedStmtDB (or directly
 // under gorm when prepared statements are off).
 func installPool(db *gorm.DB, state *notifyState) error {
-	wrap := func(cp gorm.ConnPool) (gorm.ConnPool, error) {
+	wrap := func(cp gorm.ConnPool) (*pool, error) {
 		if _, ok := cp.(*pool); ok {
 			return nil, fmt.Errorf("outbox: connection pool already wrapped")
 		}
@@ -222,7 +312,9 @@ func installPool(db *gorm.DB, state *notifyState) error {
 		default:
 			return nil, fmt.Errorf("outbox: connection pool %T cannot begin transactions; register the plugin on a *gorm.DB opened on a pool, not inside a transaction", cp)
 		}
-		return &pool{ConnPool: cp, state: state}, nil
+		state.inner = cp
+		state.wrapper = &pool{ConnPool: cp, state: state}
+		return state.wrapper, nil
 	}
 	if ps, ok := db.Config.ConnPool.(*gorm.PreparedStmtDB); ok {
 		w, err := wrap(ps.ConnPool)
@@ -263,64 +355,64 @@ func connTarget(cp gorm.ConnPool) (tx *notifyingTx, autocommit *pool) {
 	return nil, nil
 }
 
-// collectBuckets runs after gorm:create: it records the buckets of the
-// outbox rows just inserted on the transaction, or notifies at once when the
-// statement ran in autocommit mode (SkipDefaultTransaction).
+// collectBuckets runs after gorm:create, before an implicit transaction is
+// committed: it marks the messages written and records their buckets on the
+// transaction, or notifies at once when the statement ran in autocommit mode
+// (SkipDefaultTransaction).
 func (p *Plugin) collectBuckets(db *gorm.DB) {
 	if db.Error != nil || db.RowsAffected == 0 || !isMessageStatement(db) {
 		return
 	}
 	tx, auto := connTarget(db.Statement.ConnPool)
-	if tx == nil && auto == nil {
-		return // not ours (another plugin's pool): polling covers it
-	}
 	var to *notifyState
 	if sc, ok := scopeOf(db); ok {
 		to = sc.notify // a WithConfig scope without a notifier: nobody
-	} else if tx != nil {
-		to = tx.pool.state
 	} else {
-		to = auto.state
+		to = p.state
 	}
-	if to == nil || to.notifier == nil {
-		return
-	}
-	var buckets []int
+	var w []written
 	_ = eachMessage(db.Statement.ReflectValue, func(_ int, m *Message) error {
-		buckets = append(buckets, int(m.Bucket))
+		m.written = true
+		w = append(w, written{to: to, bucket: int(m.Bucket), msg: m})
 		return nil
 	})
-	if tx != nil {
-		tx.add(to, buckets)
-		return
+	switch {
+	case tx != nil:
+		tx.add(w)
+	case to == nil || to.notifier == nil:
+	case auto != nil || db.Statement.ConnPool == to.inner:
+		buckets := make([]int, len(w))
+		for i, x := range w {
+			buckets[i] = x.bucket
+		}
+		to.notify(distinct(buckets))
+	default:
+		to.cannotNotify(db.Statement.ConnPool)
 	}
-	to.notify(distinct(buckets))
 }
 
-// trackSavepoints runs after gorm:raw: it follows SAVEPOINT and ROLLBACK TO
-// SAVEPOINT so that rows of a rolled-back nested transaction are forgotten.
+// trackSavepoints runs after gorm:raw: it follows SAVEPOINT, ROLLBACK TO
+// SAVEPOINT and RELEASE SAVEPOINT, whether GORM (nested transactions) or
+// the caller (tx.Exec) issued them, so that rows of a rolled-back
+// savepoint are forgotten.
 func trackSavepoints(db *gorm.DB) {
 	if db.Error != nil {
 		return
 	}
-	sql := strings.TrimSpace(db.Statement.SQL.String())
-	var name string
-	rollback := false
-	switch {
-	case strings.HasPrefix(sql, "ROLLBACK TO SAVEPOINT "):
-		name, rollback = strings.TrimPrefix(sql, "ROLLBACK TO SAVEPOINT "), true
-	case strings.HasPrefix(sql, "SAVEPOINT "):
-		name = strings.TrimPrefix(sql, "SAVEPOINT ")
-	default:
+	op, name, ok := parseSavepoint(db.Statement.SQL.String(), db.Dialector.Name() == "postgres")
+	if !ok {
 		return
 	}
 	tx, _ := connTarget(db.Statement.ConnPool)
 	if tx == nil {
 		return
 	}
-	if rollback {
+	switch op {
+	case opSavepoint:
+		tx.setSavepoint(name)
+	case opRollbackTo:
 		tx.rollbackTo(name)
-	} else {
-		tx.savepoint(name)
+	case opRelease:
+		tx.release(name)
 	}
 }
