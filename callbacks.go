@@ -216,6 +216,10 @@ func eachMessage(rv reflect.Value, fn func(int, *Message) error) error {
 		}
 		return fn(-1, m)
 	case reflect.Slice, reflect.Array:
+		if et := rv.Type().Elem(); et != messageType && (et.Kind() != reflect.Pointer || et.Elem() != messageType) {
+			// GORM itself cannot insert a []any: say so before it panics.
+			return fmt.Errorf("%w: create a []outbox.Message or []*outbox.Message, not a %s", ErrInvalidMessage, rv.Type())
+		}
 		for i := 0; i < rv.Len(); i++ {
 			m, err := messageAt(rv.Index(i), i)
 			if err != nil {
@@ -238,7 +242,7 @@ func messageAt(e reflect.Value, i int) (*Message, error) {
 	if i >= 0 {
 		what = fmt.Sprintf("message %d", i)
 	}
-	for e.Kind() == reflect.Pointer || e.Kind() == reflect.Interface {
+	if e.Kind() == reflect.Pointer {
 		if e.IsNil() {
 			return nil, fmt.Errorf("%w: %s is nil", ErrInvalidMessage, what)
 		}
