@@ -36,7 +36,14 @@ type Message struct {
 	ID int64 `gorm:"column:id;primaryKey;autoIncrement;index:,composite:bucket_id,priority:2"`
 	// MessageID is the record's stable identity, stamped on the record as the
 	// message-id header so consumers can deduplicate. Create generates a
-	// random (version 4) UUID when it is zero and keeps a caller's value.
+	// random (version 4) UUID when it is zero, and generates a new one when
+	// the struct is created again after a write that was not rolled back
+	// (a struct reused for the next record), so each record has its own;
+	// after a rollback the generated id is kept, so a retried transaction
+	// enqueues the same id. A MessageID the caller set is kept as it is:
+	// two records with one id are one record to a deduplicating consumer,
+	// so set it only to a value that identifies the record (one statement
+	// refuses two messages with one id).
 	MessageID UUID `gorm:"column:message_id;not null"`
 	// Bucket is the ordering bucket; see BucketOf. It is computed on create
 	// and never recomputed by the relay.

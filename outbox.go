@@ -164,8 +164,10 @@ func AutoMigrate(db *gorm.DB, cfg Config) error {
 
 // Notifier is told, after a successful commit, that outbox rows were
 // written. The relay's notifier implements it. Implementations must be safe
-// for concurrent use and must not block: they are called on the committing
-// goroutine.
+// for concurrent use. One that implements NonBlocking (the relay's does) is
+// called on the committing goroutine right after the commit, and must not
+// block; any other is called on a goroutine of its own, so that it can never
+// delay a commit. A panic in either is recovered and logged.
 type Notifier interface {
 	// NotifyCommitted reports committed rows in unknown buckets.
 	NotifyCommitted()
@@ -184,7 +186,22 @@ type BucketNotifier interface {
 // plain tx.Create(&outbox.Message{...}) or of a slice of messages fills and
 // validates the rows and writes them to the configured table; after a
 // successful commit the Notifier (when set) learns which buckets were
-// written. A zero Plugin uses the default Config and no notifier.
+// written. Queries, updates and deletes of Message, Lease and Relay through
+// GORM (Find, Count, Update, Save, Delete, FirstOrCreate) go to the
+// configured tables too, unless the statement names its own (db.Table). A
+// zero Plugin uses the default Config and no notifier.
+//
+// Validation is per INSERT statement. GORM's CreateInBatches (and Create on
+// a session with CreateBatchSize) issues one statement per batch: an error
+// then names the index within that batch, and without a transaction
+// (SkipDefaultTransaction) the batches before an invalid message are
+// committed. Enqueue validates the whole call before its first statement.
+//
+// Register the plugin before deriving sessions from db where you can:
+// implicit transactions of a session derived earlier still notify, but a
+// transaction begun on such a session (db.Transaction, db.Begin) runs on the
+// unwrapped pool; its commit cannot be followed, which the plugin logs once
+// at WARN, and the relay finds its rows by polling.
 type Plugin struct {
 	// Config names the outbox tables and bucket count.
 	Config Config
