@@ -380,7 +380,7 @@ func (p *Plugin) collectBuckets(db *gorm.DB) {
 	case tx != nil:
 		tx.add(w)
 	case to == nil || to.notifier == nil:
-	case auto != nil || db.Statement.ConnPool == to.inner:
+	case auto != nil:
 		buckets := make([]int, len(w))
 		for i, x := range w {
 			buckets[i] = x.bucket
