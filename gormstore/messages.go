@@ -9,6 +9,7 @@ import (
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/relay"
+	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
 )
 
@@ -43,23 +44,24 @@ func (s *Store) BucketsWithPending(ctx context.Context, buckets []int) ([]int, e
 			sql.WriteString("EXISTS (SELECT 1 FROM ? WHERE bucket = ?)")
 			args = append(args, clause.Table{Name: s.msgs}, b)
 		}
-		rows, err := s.db.WithContext(ctx).Raw(sql.String(), args...).Rows()
-		if err != nil {
-			return nil, fmt.Errorf("gormstore: probe pending buckets: %w", err)
-		}
 		vals := make([]any, len(chunk))
-		ptrs := make([]any, len(chunk))
-		for i := range vals {
-			ptrs[i] = &vals[i]
-		}
-		if rows.Next() {
-			err = rows.Scan(ptrs...)
-		}
-		if err == nil {
-			err = rows.Err()
-		}
-		rows.Close()
-		if err != nil {
+		if err := s.read(ctx, func(q *gorm.DB) error {
+			rows, err := q.Raw(sql.String(), args...).Rows()
+			if err != nil {
+				return err
+			}
+			defer rows.Close()
+			ptrs := make([]any, len(chunk))
+			for i := range vals {
+				ptrs[i] = &vals[i]
+			}
+			if rows.Next() {
+				if err := rows.Scan(ptrs...); err != nil {
+					return err
+				}
+			}
+			return rows.Err()
+		}); err != nil {
 			return nil, fmt.Errorf("gormstore: probe pending buckets: %w", err)
 		}
 		for i, v := range vals {
@@ -108,7 +110,9 @@ func (s *Store) NextBatch(ctx context.Context, bucket, limit int) ([]*outbox.Mes
 	// of the other buckets (and every dead row) ahead of this bucket's head:
 	// 130 ms instead of under 1 ms per batch once the buckets drift apart.
 	// The range form matches only the (bucket, id) index's order.
-	if err := s.tx(ctx, s.msgs).Where("bucket >= ? AND bucket <= ?", bucket, bucket).Order("bucket, id").Limit(limit).Find(&msgs).Error; err != nil {
+	if err := s.read(ctx, func(q *gorm.DB) error {
+		return q.Table(s.msgs).Where("bucket >= ? AND bucket <= ?", bucket, bucket).Order("bucket, id").Limit(limit).Find(&msgs).Error
+	}); err != nil {
 		return nil, fmt.Errorf("gormstore: bucket %d: next batch: %w", bucket, err)
 	}
 	return msgs, nil
@@ -142,8 +146,9 @@ func (s *Store) MarkPublished(ctx context.Context, bucket int, published []*outb
 func (s *Store) PendingMetrics(ctx context.Context) (*relay.Pending, error) {
 	var count int64
 	var oldest any
-	row := s.tx(ctx, s.msgs).Select("COUNT(*), MIN(created_at)").Row()
-	if err := row.Scan(&count, &oldest); err != nil {
+	if err := s.read(ctx, func(q *gorm.DB) error {
+		return q.Table(s.msgs).Select("COUNT(*), MIN(created_at)").Row().Scan(&count, &oldest)
+	}); err != nil {
 		return nil, fmt.Errorf("gormstore: pending metrics: %w", err)
 	}
 	t, err := parseTime(oldest)

@@ -8,10 +8,39 @@
 // all comparisons are plain integer comparisons on every database. Table
 // names come from the outbox.Config shared with outbox.Plugin and are quoted
 // by GORM, never concatenated into SQL.
+//
+// # Isolation
+//
+// Every read that decides what is published, deleted or owned (the next
+// batch, the pending-bucket probe, the lease snapshot and read-back, the
+// active relays, the misconfiguration probe) and the backlog metrics read
+// only committed rows, whatever isolation level the pool's connections
+// default to, so a relay never publishes a row whose transaction then rolls
+// back, nor counts an uncommitted claim or heartbeat:
+//
+//   - PostgreSQL runs READ UNCOMMITTED as READ COMMITTED: the reads are plain
+//     autocommit statements.
+//   - MySQL and MariaDB: each read (or the three consecutive reads of an
+//     acquisition round) runs in its own READ ONLY transaction at READ
+//     COMMITTED, which the driver sets for that transaction alone
+//     (SET TRANSACTION ISOLATION LEVEL, no session state). MariaDB refuses
+//     tx_isolation in SET STATEMENT and MySQL has no per-statement form.
+//   - SQLite: a connection reads uncommitted rows only in shared-cache mode
+//     with PRAGMA read_uncommitted; the store does not support shared cache
+//     (without the pragma, its readers fail with "database table is locked"
+//     while a writer's transaction is open). With the default private cache
+//     every read is of committed data.
+//
+// Writes stay single autocommit statements: each row they change is matched
+// against its latest committed version (PostgreSQL re-checks it after a
+// concurrent writer commits; InnoDB uses locking or semi-consistent reads).
+// The liveness guard of a lease write also reads the relay's own heartbeat
+// row, which only that relay's own statements write.
 package gormstore
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"slices"
@@ -59,6 +88,9 @@ type Store struct {
 	msgs   string
 	leases string
 	relays string
+	// readTx: run reads in a READ COMMITTED transaction (MySQL, MariaDB
+	// and any dialect not known to read only committed data in autocommit).
+	readTx bool
 
 	mu        sync.Mutex
 	seeded    bool
@@ -102,7 +134,33 @@ func New(db *gorm.DB, opts Options) (*Store, error) {
 		msgs:   cfg.MessagesTableName(),
 		leases: cfg.LeasesTableName(),
 		relays: cfg.RelaysTableName(),
+		readTx: readsNeedTx(db.Dialector.Name()),
 	}, nil
+}
+
+// readsNeedTx reports whether a dialect's autocommit reads may see
+// uncommitted rows at the pool's default isolation: not on PostgreSQL (READ
+// UNCOMMITTED is READ COMMITTED there) nor SQLite (private cache, see the
+// package doc); on MySQL, MariaDB and anything else, yes.
+func readsNeedTx(dialect string) bool {
+	return dialect != "postgres" && dialect != "sqlite"
+}
+
+// readCommitted are the options of the store's read transactions.
+var readCommitted = &sql.TxOptions{Isolation: sql.LevelReadCommitted, ReadOnly: true}
+
+// read runs fn, one or more reads on q, at READ COMMITTED or stronger
+// whatever the pool's default isolation: directly where the dialect's
+// autocommit statements already are, else in one READ ONLY transaction at
+// READ COMMITTED: on MySQL/MariaDB three more round trips (SET TRANSACTION,
+// START TRANSACTION READ ONLY, COMMIT; see BenchmarkNextBatch). fn must not
+// write.
+func (s *Store) read(ctx context.Context, fn func(q *gorm.DB) error) error {
+	q := s.db.WithContext(ctx)
+	if !s.readTx {
+		return fn(q)
+	}
+	return q.Transaction(fn, readCommitted)
 }
 
 // BucketCount implements relay.BucketCounter: the Config's bucket count.
@@ -157,25 +215,31 @@ func (s *Store) AcquireBucketLeases(ctx context.Context, relayID string, bucketC
 	if err := s.seed(ctx); err != nil {
 		return nil, err
 	}
-	// 3. Misconfiguration probe.
+	// 3-5. Misconfiguration probe, active relays (the caller always
+	// counts), lease snapshot.
 	var bad []int64
-	if err := s.tx(ctx, s.msgs).Where("bucket < ? OR bucket >= ?", 0, n).Limit(1).Pluck("bucket", &bad).Error; err != nil {
-		return nil, fmt.Errorf("gormstore: probe for out-of-range buckets: %w", err)
-	}
-	if len(bad) > 0 {
-		return nil, fmt.Errorf("gormstore: %s holds a row in bucket %d, outside [0, %d): writers and relays disagree on BucketCount %d: %w",
-			s.msgs, bad[0], n, n, relay.ErrMisconfigured)
-	}
-	// 4. Active relays; the caller always counts.
 	var active []string
-	if err := s.tx(ctx, s.relays).Where("last_seen_ms > ? AND stopped_at_ms IS NULL", now-ld).Pluck("relay_id", &active).Error; err != nil {
-		return nil, fmt.Errorf("gormstore: read active relays: %w", err)
-	}
-	// 5. Snapshot, share, keep / release / claim.
 	var snap []outbox.Lease
-	if err := s.tx(ctx, s.leases).Where("bucket >= ? AND bucket < ?", 0, n).Order("bucket").Find(&snap).Error; err != nil {
-		return nil, fmt.Errorf("gormstore: read leases: %w", err)
+	err := s.read(ctx, func(q *gorm.DB) error {
+		if err := q.Table(s.msgs).Where("bucket < ? OR bucket >= ?", 0, n).Limit(1).Pluck("bucket", &bad).Error; err != nil {
+			return fmt.Errorf("gormstore: probe for out-of-range buckets: %w", err)
+		}
+		if len(bad) > 0 {
+			return fmt.Errorf("gormstore: %s holds a row in bucket %d, outside [0, %d): writers and relays disagree on BucketCount %d: %w",
+				s.msgs, bad[0], n, n, relay.ErrMisconfigured)
+		}
+		if err := q.Table(s.relays).Where("last_seen_ms > ? AND stopped_at_ms IS NULL", now-ld).Pluck("relay_id", &active).Error; err != nil {
+			return fmt.Errorf("gormstore: read active relays: %w", err)
+		}
+		if err := q.Table(s.leases).Where("bucket >= ? AND bucket < ?", 0, n).Order("bucket").Find(&snap).Error; err != nil {
+			return fmt.Errorf("gormstore: read leases: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
+	// Share, keep / release / claim.
 	held := make(map[string]int, len(active)+1)
 	for _, id := range active {
 		held[id] = 0
@@ -227,9 +291,11 @@ func (s *Store) AcquireBucketLeases(ctx context.Context, relayID string, bucketC
 	}
 	// 6. Read back.
 	var mine []int
-	if err := s.tx(ctx, s.leases).
-		Where("owner = ? AND expires_at_ms >= ? AND bucket >= ? AND bucket < ?", relayID, exp, 0, n).
-		Order("bucket").Pluck("bucket", &mine).Error; err != nil {
+	if err := s.read(ctx, func(q *gorm.DB) error {
+		return q.Table(s.leases).
+			Where("owner = ? AND expires_at_ms >= ? AND bucket >= ? AND bucket < ?", relayID, exp, 0, n).
+			Order("bucket").Pluck("bucket", &mine).Error
+	}); err != nil {
 		return nil, fmt.Errorf("gormstore: read owned leases: %w", err)
 	}
 	if mine == nil {
@@ -353,8 +419,10 @@ func (s *Store) RenewBucketLeases(ctx context.Context, relayID string, buckets [
 		return true, nil
 	}
 	var held int64
-	if err := s.tx(ctx, s.leases).Where("owner = ? AND expires_at_ms >= ? AND bucket IN ?", relayID, exp, buckets).
-		Count(&held).Error; err != nil {
+	if err := s.read(ctx, func(q *gorm.DB) error {
+		return q.Table(s.leases).Where("owner = ? AND expires_at_ms >= ? AND bucket IN ?", relayID, exp, buckets).
+			Count(&held).Error
+	}); err != nil {
 		return false, fmt.Errorf("gormstore: verify renewal: %w", err)
 	}
 	return held == int64(len(buckets)), nil

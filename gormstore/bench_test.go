@@ -1,0 +1,60 @@
+package gormstore_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/gormstore"
+	"github.com/gorm-outbox/outbox/internal/testenv"
+	"gorm.io/gorm"
+)
+
+// raw writes rows exactly as given: no hooks recompute the bucket.
+func raw(db *gorm.DB) *gorm.DB { return db.Session(&gorm.Session{SkipHooks: true}) }
+
+func pendingMessage(bucket int32) *outbox.Message {
+	return &outbox.Message{
+		MessageID: outbox.UUID(uuid.New()), Bucket: bucket, Topic: "orders",
+		Value: []byte("v"), CreatedAt: time.Now().UTC(),
+	}
+}
+
+// BenchmarkNextBatch measures one NextBatch call of 1 and of 500 rows (of
+// 1000 pending in the bucket, values of 100 bytes) on every available
+// database.
+func BenchmarkNextBatch(b *testing.B) {
+	for _, o := range testenv.Databases(b) {
+		b.Run(o.Name, func(b *testing.B) {
+			db := o.Open(b, nil)
+			cfg := outbox.Config{BucketCount: 8}
+			if err := outbox.AutoMigrate(db, cfg); err != nil {
+				b.Fatal(err)
+			}
+			rows := make([]*outbox.Message, 1000)
+			for i := range rows {
+				rows[i] = pendingMessage(0)
+				rows[i].Value = make([]byte, 100)
+			}
+			if err := raw(db).Table(cfg.MessagesTableName()).CreateInBatches(rows, 250).Error; err != nil {
+				b.Fatal(err)
+			}
+			store, err := gormstore.New(db, gormstore.Options{Config: cfg})
+			if err != nil {
+				b.Fatal(err)
+			}
+			for _, limit := range []int{1, 500} {
+				b.Run(fmt.Sprintf("batch=%d", limit), func(b *testing.B) {
+					for b.Loop() {
+						got, err := store.NextBatch(b.Context(), 0, limit)
+						if err != nil || len(got) != limit {
+							b.Fatalf("NextBatch = %d rows, %v; want %d", len(got), err, limit)
+						}
+					}
+				})
+			}
+		})
+	}
+}
