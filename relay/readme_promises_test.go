@@ -275,3 +275,22 @@ func TestMetricNamesAsThePrometheusExporterShowsThem(t *testing.T) {
 		}
 	}
 }
+
+// TestPublishFailureKeepsTheRelayHealthy proves the README's health
+// promise: a publish failure is not a cycle failure (the row is retried
+// with backoff and counted in outbox_publish_failures_total), so Health
+// stays nil.
+func TestPublishFailureKeepsTheRelayHealthy(t *testing.T) {
+	h := newHarness(t, relay.Options{}, nil)
+	h.store.AddToBucket(0, msgs(1, "t")...)
+	h.pub.SetHandler(func(context.Context, []*outbox.Message) relay.Result { return relay.Result{Err: errBroker} })
+	h.start()
+	h.waitFor("the failed publish", func() bool { return len(h.pub.Calls()) == 1 })
+	h.waitIdle()
+	if err := h.r.Health(); err != nil {
+		t.Fatalf("Health() after a failed publish = %v; want nil", err)
+	}
+	if n := h.store.Len(); n != 1 {
+		t.Fatalf("%d rows pending after a failed publish; want the row kept for its retry", n)
+	}
+}
