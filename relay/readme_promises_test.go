@@ -1,0 +1,296 @@
+package relay_test
+
+// Tests of relay behaviour the README promises and no other test pins down:
+// the defaults of a zero relay.Options, and the metric names as the
+// Prometheus exporter of outbox-relay shows them.
+
+import (
+	"context"
+	"errors"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/relay"
+	"github.com/gorm-outbox/outbox/relay/relaytest"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+)
+
+// argsStore records the arguments the relay passes to the store; embedding
+// the MemStore keeps every optional capability.
+type argsStore struct {
+	*relaytest.MemStore
+	mu             sync.Mutex
+	leaseDurations []time.Duration
+	limits         []int
+}
+
+func (s *argsStore) AcquireBucketLeases(ctx context.Context, id string, n int, d time.Duration) ([]int, error) {
+	s.mu.Lock()
+	s.leaseDurations = append(s.leaseDurations, d)
+	s.mu.Unlock()
+	return s.MemStore.AcquireBucketLeases(ctx, id, n, d)
+}
+
+func (s *argsStore) NextBatch(ctx context.Context, bucket, limit int) ([]*outbox.Message, error) {
+	s.mu.Lock()
+	s.limits = append(s.limits, limit)
+	s.mu.Unlock()
+	return s.MemStore.NextBatch(ctx, bucket, limit)
+}
+
+// TestZeroOptionsUseTheDocumentedDefaults proves the README's relay options
+// table: a zero relay.Options fetches and publishes 500 rows per batch,
+// acquires 30 s leases, polls every second and rebalances every 10 s (20 s of
+// tolerated clock skew), and names itself after the host with a random
+// suffix. (StopTimeout and MeterProvider are left to their own tests.)
+func TestZeroOptionsUseTheDocumentedDefaults(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		got, want any
+	}{
+		{"DefaultBucketCount", relay.DefaultBucketCount, 8},
+		{"DefaultBatchSize", relay.DefaultBatchSize, 500},
+		{"DefaultPollInterval", relay.DefaultPollInterval, time.Second},
+		{"DefaultErrorBackoff", relay.DefaultErrorBackoff, time.Second},
+		{"DefaultLeaseDuration", relay.DefaultLeaseDuration, 30 * time.Second},
+		{"DefaultLeaseRenewInterval", relay.DefaultLeaseRenewInterval, 10 * time.Second},
+		{"tolerated clock skew", relay.DefaultLeaseDuration - relay.DefaultLeaseRenewInterval, 20 * time.Second},
+		{"DefaultMetricsName", relay.DefaultMetricsName, "outbox"},
+		{"DefaultMetricsInterval", relay.DefaultMetricsInterval, 30 * time.Second},
+		{"DefaultMetricsTimeout", relay.DefaultMetricsTimeout, 5 * time.Second},
+		{"MaxRelayIDLength", relay.MaxRelayIDLength, 128},
+		{"DefaultMessageIDHeader", relay.DefaultMessageIDHeader, "x-outbox-message-id"},
+		{"DefaultKafkaBatchBytes", relay.DefaultKafkaBatchBytes, 1 << 20},
+		{"DefaultKafkaMaxBatchRecords", relay.DefaultKafkaMaxBatchRecords, 1000},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s = %v; the README documents %v", c.name, c.got, c.want)
+		}
+	}
+
+	t.Run("batches_leases_and_poll_interval", func(t *testing.T) {
+		s := &argsStore{}
+		h := newHarness(t, relay.Options{}, func(m *relaytest.MemStore) relay.Store { s.MemStore = m; return s })
+		h.store.AddToBucket(0, msgs(1200, "orders")...)
+		h.start()
+		h.waitIdle()
+		if n := h.store.Len(); n != 0 {
+			t.Fatalf("%d rows pending after the relay went idle; want 0", n)
+		}
+		var sizes []int
+		for _, c := range h.pub.Calls() {
+			sizes = append(sizes, len(c))
+		}
+		if want := []int{500, 500, 200}; !slices.Equal(sizes, want) {
+			t.Errorf("publish call sizes = %v; want %v (BatchSize 500)", sizes, want)
+		}
+		s.mu.Lock()
+		limits, durations := slices.Clone(s.limits), slices.Clone(s.leaseDurations)
+		s.mu.Unlock()
+		for _, l := range limits {
+			if l != 500 {
+				t.Errorf("NextBatch limits = %v; want 500 each", limits)
+				break
+			}
+		}
+		if len(durations) == 0 || slices.ContainsFunc(durations, func(d time.Duration) bool { return d != 30*time.Second }) {
+			t.Errorf("lease durations asked of the store = %v; want 30s each", durations)
+		}
+		// Idle on the manual clock that has not moved: the next wake-up is
+		// the poll, 1 s away, and the rebalance is 10 s away.
+		if next, ok := h.clock.NextDeadline(); !ok || !next.Equal(t0.Add(time.Second)) {
+			t.Errorf("next deadline while idle = %v (%v); want the 1s poll at %v", next, ok, t0.Add(time.Second))
+		}
+		h.drainIdle()
+		h.clock.Advance(time.Second)
+		h.waitIdle()
+		if next, ok := h.clock.NextDeadline(); !ok || !next.Equal(t0.Add(2*time.Second)) {
+			t.Errorf("next deadline after one poll = %v (%v); want %v", next, ok, t0.Add(2*time.Second))
+		}
+		h.drainIdle()
+		h.clock.Advance(10*time.Second - time.Second - time.Millisecond)
+		h.waitIdle()
+		before := len(h.pub.Calls())
+		s.mu.Lock()
+		acquisitions := len(s.leaseDurations)
+		s.mu.Unlock()
+		h.drainIdle()
+		h.clock.Set(t0.Add(10 * time.Second))
+		h.waitIdle()
+		s.mu.Lock()
+		after := len(s.leaseDurations)
+		s.mu.Unlock()
+		if after != acquisitions+1 {
+			t.Errorf("lease acquisitions at t0+10s: %d → %d; want one more (LeaseRenewInterval 10s)", acquisitions, after)
+		}
+		if len(h.pub.Calls()) != before {
+			t.Errorf("publish calls while idle changed from %d to %d", before, len(h.pub.Calls()))
+		}
+	})
+
+	t.Run("relay_id_is_the_host_name_and_a_random_suffix", func(t *testing.T) {
+		host, err := os.Hostname()
+		if err != nil || host == "" {
+			t.Skip("no host name")
+		}
+		pub := relaytest.NewPublisher()
+		a, err := relay.New(relaytest.NewMemStore(8, nil), pub, relay.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := relay.New(relaytest.NewMemStore(8, nil), pub, relay.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, id := range []string{a.ID(), b.ID()} {
+			prefix, suffix, ok := strings.Cut(id, host[:min(len(host), relay.MaxRelayIDLength/2)])
+			if !ok || prefix != "" || !strings.HasPrefix(suffix, "-") && len(host) <= relay.MaxRelayIDLength/2 || len(id) > relay.MaxRelayIDLength {
+				t.Errorf("ID() = %q; want %q plus a random suffix, at most %d bytes", id, host, relay.MaxRelayIDLength)
+			}
+		}
+		if a.ID() == b.ID() {
+			t.Errorf("two relays on one host share the ID %q; want distinct random suffixes", a.ID())
+		}
+	})
+}
+
+// TestMetricNamesAsThePrometheusExporterShowsThem proves the README's
+// metrics table: the nine instruments, exported through the OpenTelemetry
+// Prometheus exporter configured as outbox-relay configures it, have the
+// documented names and types and carry outbox_name="outbox" by default.
+func TestMetricNamesAsThePrometheusExporterShowsThem(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	exp, err := otelprom.New(otelprom.WithRegisterer(reg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+
+	// One failed publish, then a lease set lost while a publish hangs:
+	// every counter gets a sample.
+	h := newHarness(t, relay.Options{BucketCount: 2, MeterProvider: mp}, nil)
+	h.store.AddToBucket(0, msgs(1, "t")...)
+	h.ops.setBlock(relaytest.OpRenew, func(context.Context) error { return errors.New("database unreachable") })
+	release := make(chan struct{})
+	var calls sync.Mutex
+	n := 0
+	h.pub.SetHandler(func(_ context.Context, b []*outbox.Message) relay.Result {
+		calls.Lock()
+		n++
+		first := n == 1
+		calls.Unlock()
+		if first {
+			return relay.Result{Err: errBroker}
+		}
+		<-release
+		return relay.Result{Acknowledged: len(b)}
+	})
+	h.start()
+	h.waitFor("the failed publish", func() bool { return len(h.pub.Calls()) == 1 })
+	h.waitIdle()
+	// The failing head row is retried after a jittered backoff; the retry
+	// hangs until release.
+	for i := 0; len(h.pub.Calls()) < 2; i++ {
+		next, ok := h.clock.NextDeadline()
+		if i == 10 || !ok || next.Sub(t0) > 5*time.Second {
+			t.Fatalf("no retry by the %d-th wake-up (next deadline %v, %v)", i, next, ok)
+		}
+		h.drainIdle()
+		h.clock.Set(next)
+		h.waitFor("the retry or the next idle wait", func() bool {
+			if len(h.pub.Calls()) == 2 {
+				return true
+			}
+			select {
+			case <-h.idle:
+				return true
+			default:
+				return false
+			}
+		})
+	}
+	h.clock.Advance(31 * time.Second)
+	if _, err := h.store.AcquireBucketLeases(context.Background(), "peer", 2, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+
+	want := map[string]dto.MetricType{
+		"outbox_owned_buckets":              dto.MetricType_GAUGE,
+		"outbox_publish_acknowledged_total": dto.MetricType_COUNTER,
+		"outbox_publish_failures_total":     dto.MetricType_COUNTER,
+		"outbox_lease_expirations_total":    dto.MetricType_COUNTER,
+		"outbox_publish_duration_seconds":   dto.MetricType_HISTOGRAM,
+		"outbox_cycle_duration_seconds":     dto.MetricType_HISTOGRAM,
+		"outbox_pending_messages":           dto.MetricType_GAUGE,
+		"outbox_pending_oldest_age_seconds": dto.MetricType_GAUGE,
+		"outbox_pending_available_ratio":    dto.MetricType_GAUGE,
+	}
+	var got map[string]*dto.MetricFamily
+	h.waitFor("every documented metric", func() bool {
+		fams, err := reg.Gather()
+		if err != nil {
+			t.Fatalf("Gather: %v", err)
+		}
+		got = map[string]*dto.MetricFamily{}
+		for _, f := range fams {
+			got[f.GetName()] = f
+		}
+		for name := range want {
+			if got[name] == nil {
+				return false
+			}
+		}
+		return true
+	})
+	for name, typ := range want {
+		f := got[name]
+		if f.GetType() != typ {
+			t.Errorf("%s has type %v; the README documents %v", name, f.GetType(), typ)
+		}
+		for _, m := range f.GetMetric() {
+			label := ""
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "outbox_name" {
+					label = l.GetValue()
+				}
+			}
+			if label != "outbox" {
+				t.Errorf("%s has outbox_name=%q; want %q", name, label, "outbox")
+			}
+		}
+	}
+	for name := range got {
+		if _, ok := want[name]; strings.HasPrefix(name, "outbox_") && !ok {
+			t.Errorf("exported %s is not in the README's metrics table", name)
+		}
+	}
+}
+
+// TestPublishFailureKeepsTheRelayHealthy proves the README's health
+// promise: a publish failure is not a cycle failure (the row is retried
+// with backoff and counted in outbox_publish_failures_total), so Health
+// stays nil.
+func TestPublishFailureKeepsTheRelayHealthy(t *testing.T) {
+	h := newHarness(t, relay.Options{}, nil)
+	h.store.AddToBucket(0, msgs(1, "t")...)
+	h.pub.SetHandler(func(context.Context, []*outbox.Message) relay.Result { return relay.Result{Err: errBroker} })
+	h.start()
+	h.waitFor("the failed publish", func() bool { return len(h.pub.Calls()) == 1 })
+	h.waitIdle()
+	if err := h.r.Health(); err != nil {
+		t.Fatalf("Health() after a failed publish = %v; want nil", err)
+	}
+	if n := h.store.Len(); n != 1 {
+		t.Fatalf("%d rows pending after a failed publish; want the row kept for its retry", n)
+	}
+}
