@@ -23,8 +23,8 @@
 //	})
 //
 // Create fills the message id, the bucket and the creation time, routes the
-// row to the configured table and rejects invalid messages (empty or
-// over-long topic, negative partition) before anything is written.
+// row to the configured table and rejects invalid messages (empty, over-long
+// or illegal topic, negative partition) before anything is written.
 package outbox
 
 import (

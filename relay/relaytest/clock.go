@@ -1,5 +1,6 @@
-// Package relaytest has test doubles for the relay: a manual clock, and a
-// scriptable publisher.
+// Package relaytest has test doubles for the relay: a manual clock
+// (ManualClock), an in-memory Store with every optional capability
+// (MemStore), and a scriptable publisher (Publisher).
 package relaytest
 
 import (
