@@ -286,11 +286,16 @@ func TestWorkerRejectsBadConfiguration(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			cmd := exec.Command(bin, tc.args...)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, bin, tc.args...)
 			cmd.Env = append(os.Environ(), tc.env...)
 			var stdout, stderr bytes.Buffer
 			cmd.Stdout, cmd.Stderr = &stdout, &stderr
 			err := cmd.Run()
+			if ctx.Err() != nil {
+				t.Fatalf("the worker accepted the configuration and ran\nstderr: %s", stderr.String())
+			}
 			code := cmd.ProcessState.ExitCode()
 			if code != exitConfig {
 				t.Fatalf("exit code = %d (%v); want %d\nstderr: %s", code, err, exitConfig, stderr.String())
