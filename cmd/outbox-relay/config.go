@@ -16,6 +16,8 @@ import (
 	"strings"
 	"time"
 
+	mysqldrv "github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/sasl"
 	"github.com/segmentio/kafka-go/sasl/plain"
@@ -298,6 +300,23 @@ func checkListen(addr string) error {
 	return nil
 }
 
+// checkDSN parses -db-dsn the way the driver will, so that a malformed DSN
+// is a configuration error (exit 2) and only an unreachable server is a
+// runtime one. The DSN itself is not repeated: it may hold a password.
+func checkDSN(driver, dsn string) error {
+	var err error
+	switch driver {
+	case "mysql":
+		_, err = mysqldrv.ParseDSN(dsn)
+	case "postgres":
+		_, err = pgx.ParseConfig(dsn)
+	}
+	if err != nil {
+		return fmt.Errorf("-db-dsn (%s): %w", driver, err)
+	}
+	return nil
+}
+
 func lookup(getenv func(string) string, name string) (string, bool) {
 	v := getenv(name)
 	return v, v != ""
@@ -315,6 +334,9 @@ func (c *config) check() error {
 	}
 	if c.dbDSN == "" {
 		return errors.New("-db-dsn is required")
+	}
+	if err := checkDSN(c.dbDriver, c.dbDSN); err != nil {
+		return err
 	}
 	if len(c.brokers) == 0 {
 		return errors.New("-kafka-brokers is required")

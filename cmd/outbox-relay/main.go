@@ -92,17 +92,18 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 type worker struct {
 	cfg    *config
 	log    *slog.Logger
-	db     *gorm.DB
+	db     *gorm.DB // opened by run
 	pub    *relay.KafkaPublisher
-	relay  *relay.Relay
+	relay  *relay.Relay // built by run
 	reg    *prometheus.Registry
 	mp     *sdkmetric.MeterProvider
 	notify *pgnotify.Transport // nil: polling only
 }
 
-// build checks and assembles everything without any I/O: the database is
-// opened without a ping and the publisher connects on its first publish, so
-// every configuration error surfaces before the worker touches a service.
+// build checks and assembles everything that needs no connection: the
+// publisher connects on its first publish and the database is opened by
+// run, so every configuration error (exit 2) surfaces before the worker
+// touches a service, and every error after it is a runtime one (exit 1).
 func build(cfg *config, stderr io.Writer) (*worker, error) {
 	level, _ := parseLevel(cfg.logLevel)
 	hopts := &slog.HandlerOptions{Level: level}
@@ -112,30 +113,7 @@ func build(cfg *config, stderr io.Writer) (*worker, error) {
 	}
 	log := slog.New(h)
 
-	var dial gorm.Dialector
-	switch cfg.dbDriver {
-	case "postgres":
-		dial = postgres.Open(cfg.dbDSN)
-	case "mysql":
-		dial = mysql.Open(cfg.dbDSN)
-	case "sqlite":
-		dial = sqlite.Open(cfg.dbDSN)
-	}
-	db, err := gorm.Open(dial, &gorm.Config{
-		DisableAutomaticPing: true,
-		Logger: logger.NewSlogLogger(log.With("component", "gorm"), logger.Config{
-			SlowThreshold: time.Second, LogLevel: logger.Warn, IgnoreRecordNotFoundError: true,
-		}),
-	})
-	if err != nil {
-		return nil, fmt.Errorf("-db-dsn: %w", err)
-	}
-	w := &worker{cfg: cfg, log: log, db: db}
-	store, err := gormstore.New(db, gormstore.Options{Config: cfg.outbox})
-	if err != nil {
-		w.close()
-		return nil, err
-	}
+	w := &worker{cfg: cfg, log: log}
 	transport, err := cfg.transport()
 	if err != nil {
 		w.close()
@@ -168,33 +146,49 @@ func build(cfg *config, stderr io.Writer) (*worker, error) {
 	w.mp = sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp),
 		sdkmetric.WithResource(resource.NewSchemaless(attribute.String("service.name", "outbox-relay"))))
 
-	opts := cfg.relay
-	opts.BucketCount = cfg.outbox.BucketCount
-	opts.Logger = log
-	opts.MeterProvider = w.mp
 	if cfg.notifyDSN != "" {
 		w.notify, err = pgnotify.New(pgnotify.Config{ConnString: cfg.notifyDSN, Channel: cfg.notifyChannel, Logger: log})
 		if err != nil {
 			w.close()
 			return nil, fmt.Errorf("-notify-postgres-dsn: %w", err)
 		}
-		opts.Transport = w.notify
-	}
-	w.relay, err = relay.New(store, w.pub, opts)
-	if err != nil {
-		w.close()
-		return nil, err
 	}
 	return w, nil
+}
+
+// open opens the database and checks that it answers. The MySQL and SQLite
+// dialectors query the server version while opening, so an unreachable
+// server fails here rather than at the ping; either way it is a runtime
+// failure, the DSN having been parsed by checkDSN.
+func (w *worker) open(ctx context.Context) error {
+	var dial gorm.Dialector
+	switch w.cfg.dbDriver {
+	case "postgres":
+		dial = postgres.Open(w.cfg.dbDSN)
+	case "mysql":
+		dial = mysql.Open(w.cfg.dbDSN)
+	case "sqlite":
+		dial = sqlite.Open(w.cfg.dbDSN)
+	}
+	db, err := gorm.Open(dial, &gorm.Config{
+		DisableAutomaticPing: true,
+		Logger:               newGormLogger(w.log),
+	})
+	if db != nil && db.ConnPool != nil {
+		w.db = db // closed by close, also after a failed open
+	}
+	if err != nil {
+		return err
+	}
+	pingCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	return w.ping(pingCtx)
 }
 
 // run connects, serves HTTP and runs the relay until ctx is done or the
 // relay fails; it returns the exit code.
 func (w *worker) run(ctx context.Context) int {
-	pingCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	err := w.ping(pingCtx)
-	cancel()
-	if err != nil {
+	if err := w.open(ctx); err != nil {
 		w.log.Error("outbox-relay: database unreachable", "driver", w.cfg.dbDriver, "error", err)
 		return exitFailure
 	}
@@ -203,6 +197,23 @@ func (w *worker) run(ctx context.Context) int {
 			w.log.Error("outbox-relay: migrate", "error", err)
 			return exitFailure
 		}
+	}
+	store, err := gormstore.New(w.db, gormstore.Options{Config: w.cfg.outbox})
+	if err != nil { // checked by parseConfig; not expected
+		w.log.Error("outbox-relay: store", "error", oneLine(err))
+		return exitFailure
+	}
+	opts := w.cfg.relay
+	opts.BucketCount = w.cfg.outbox.BucketCount
+	opts.Logger = w.log
+	opts.MeterProvider = w.mp
+	if w.notify != nil {
+		opts.Transport = w.notify
+	}
+	w.relay, err = relay.New(store, w.pub, opts)
+	if err != nil { // checked by parseConfig; not expected
+		w.log.Error("outbox-relay: relay", "error", oneLine(err))
+		return exitFailure
 	}
 
 	var srv *http.Server
@@ -271,9 +282,19 @@ func (w *worker) close() {
 	if w.mp != nil {
 		_ = w.mp.Shutdown(context.Background())
 	}
+	if w.db == nil {
+		return
+	}
 	if sqlDB, err := w.db.DB(); err == nil {
 		_ = sqlDB.Close()
 	}
+}
+
+// newGormLogger returns gorm's logger for the worker.
+func newGormLogger(log *slog.Logger) logger.Interface {
+	return logger.NewSlogLogger(log.With("component", "gorm"), logger.Config{
+		SlowThreshold: time.Second, LogLevel: logger.Warn, IgnoreRecordNotFoundError: true,
+	})
 }
 
 // parseLevel parses -log-level.

@@ -296,6 +296,8 @@ func TestWorkerRejectsBadConfiguration(t *testing.T) {
 		{"negative_bucket_count", append(base, "-bucket-count", "-1"), nil, "-bucket-count -1: must be between 1 and 65536"},
 		{"listen_without_port", append(base, "-listen", "9090"), nil, `-listen "9090": want host:port or :port`},
 		{"listen_with_bad_port", append(base, "-listen", "127.0.0.1:http-alt"), nil, `-listen "127.0.0.1:http-alt": port must be a number from 0 to 65535`},
+		{"malformed_mysql_dsn", append(base, "-db-driver", "mysql", "-db-dsn", "root@127.0.0.1:3306/app"), nil, `-db-dsn (mysql): default addr for network`},
+		{"malformed_postgres_dsn", append(base, "-db-driver", "postgres", "-db-dsn", "host=127.0.0.1 port=notaport"), nil, "-db-dsn (postgres):"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
