@@ -32,6 +32,11 @@ import (
 // OUTBOX_DB_DSN.
 const envPrefix = "OUTBOX_"
 
+// defaultListen is the default -listen: the loopback interface only, so a
+// worker started by hand does not expose its metrics to the network. In a
+// pod, set -listen :9090 for the kubelet's probes and the scraper.
+const defaultListen = "127.0.0.1:9090"
+
 // errHelp is returned by parseConfig for -h and -help.
 var errHelp = flag.ErrHelp
 
@@ -128,7 +133,7 @@ func newFlagSet(c *config) *flag.FlagSet {
 	fs.StringVar(&c.notifyDSN, "notify-postgres-dsn", "", "PostgreSQL connection string for cross-process wake-ups over LISTEN/NOTIFY (package pgnotify; empty: polling only)")
 	fs.StringVar(&c.notifyChannel, "notify-channel", pgnotify.DefaultChannel, "LISTEN/NOTIFY channel, the same as the writers' pgnotify.Sender")
 
-	fs.StringVar(&c.listen, "listen", ":9090", "address of the HTTP server for /metrics and /healthz (empty: no server)")
+	fs.StringVar(&c.listen, "listen", defaultListen, "address host:port of the HTTP server for /metrics and /healthz (empty: no server); the default serves this host only: use -listen :9090 to expose it to a Kubernetes probe or a Prometheus scraper")
 	fs.StringVar(&c.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&c.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	return fs

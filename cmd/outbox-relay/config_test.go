@@ -25,3 +25,20 @@ func TestBucketCountZeroMeansTheDefault(t *testing.T) {
 		t.Errorf("-h does not document -bucket-count 0:\n%s", help.String())
 	}
 }
+
+// TestListenDefaultsToLoopback: without -listen the HTTP server binds the
+// loopback interface only, and -h says how to expose it to a probe.
+func TestListenDefaultsToLoopback(t *testing.T) {
+	cfg, err := parseConfig([]string{"-db-driver", "sqlite", "-db-dsn", "x.db", "-kafka-brokers", "a:1"}, func(string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.listen != "127.0.0.1:9090" {
+		t.Errorf("-listen default = %q; want 127.0.0.1:9090", cfg.listen)
+	}
+	var help bytes.Buffer
+	usage(&help)
+	if !strings.Contains(help.String(), "-listen :9090") {
+		t.Errorf("-h does not say how to expose the server:\n%s", help.String())
+	}
+}
