@@ -433,9 +433,14 @@ func usage(w io.Writer) {
 Usage: outbox-relay [flags]
 
 Every flag can also be set by the environment variable shown beside it; a
-flag on the command line wins. Bad configuration prints one error line and
-exits with status 2. SIGTERM or SIGINT stops the relay gracefully: it
-finishes the in-flight batch, releases its bucket leases and exits 0.
+flag on the command line wins. SIGTERM or SIGINT stops the relay
+gracefully: it finishes the in-flight batch, releases its bucket leases and
+exits 0.
+
+Exit status: 0 after a graceful stop; 2 for bad configuration (one error
+line naming the flag, before any connection); 1 for a runtime failure
+(database unreachable at start, outbox tables missing without -migrate, the
+HTTP address taken, a fatal relay error).
 
 HTTP (-listen): /metrics (Prometheus format), /healthz (200 while the relay
 runs and its last cycle succeeded, else 503).

@@ -8,6 +8,14 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"gorm.io/driver/mysql"
+	"gorm.io/driver/postgres"
+	"gorm.io/driver/sqlite"
+	"gorm.io/gorm"
+
+	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/internal/testenv"
 )
 
 // runWorker runs bin to completion (at most a minute) and returns its exit
@@ -53,4 +61,77 @@ func TestWorkerExitsOneWhenTheDatabaseIsUnreachable(t *testing.T) {
 			}
 		})
 	}
+}
+
+// dsnOf returns the DSN a gorm.DB was opened with.
+func dsnOf(t *testing.T, db *gorm.DB) (driver, dsn string) {
+	t.Helper()
+	switch d := db.Dialector.(type) {
+	case *sqlite.Dialector:
+		return "sqlite", d.DSN
+	case *postgres.Dialector:
+		return "postgres", d.DSN
+	case *mysql.Dialector:
+		return "mysql", d.DSN
+	}
+	t.Fatalf("unknown dialector %T", db.Dialector)
+	return "", ""
+}
+
+// TestWorkerWithoutMigrateExitsOnMissingTables: started without -migrate
+// on a database that lacks outbox tables, the worker names exactly the
+// missing tables in one error, suggests -migrate and the dialect's DDL file,
+// and exits 1 at once, instead of retrying forever; gorm logs no SQL.
+func TestWorkerWithoutMigrateExitsOnMissingTables(t *testing.T) {
+	bin := buildWorker(t)
+	testenv.ForEachDB(t, nil, func(t *testing.T, db *gorm.DB) {
+		driver, dsn := dsnOf(t, db)
+		cfg := outbox.Config{MessagesTable: "w_messages", LeasesTable: "w_leases", RelaysTable: "w_relays"}
+		// Only the leases table exists.
+		if err := db.Table(cfg.LeasesTableName()).AutoMigrate(&outbox.Lease{}); err != nil {
+			t.Fatal(err)
+		}
+		args := []string{"-db-driver", driver, "-db-dsn", dsn, "-kafka-brokers", "127.0.0.1:1", "-listen", "",
+			"-messages-table", "w_messages", "-leases-table", "w_leases", "-relays-table", "w_relays"}
+		start := time.Now()
+		code, stderr := runWorker(t, bin, args...)
+		if code != exitFailure {
+			t.Fatalf("exit code = %d; want %d\n%s", code, exitFailure, stderr)
+		}
+		if d := time.Since(start); d > 20*time.Second {
+			t.Errorf("exit after %v; want it at start", d)
+		}
+		var errLines []string
+		for _, l := range strings.Split(strings.TrimSpace(stderr), "\n") {
+			if strings.Contains(l, "level=ERROR") || strings.Contains(l, "level=WARN") {
+				errLines = append(errLines, l)
+			}
+		}
+		if len(errLines) != 1 {
+			t.Fatalf("want exactly one warning or error line, got %d:\n%s", len(errLines), stderr)
+		}
+		msg := errLines[0]
+		for _, want := range []string{"w_messages", "w_relays", "-migrate", "migrations/" + driver + ".sql"} {
+			if !strings.Contains(msg, want) {
+				t.Errorf("error %q lacks %q", msg, want)
+			}
+		}
+		if strings.Contains(msg, "w_leases") {
+			t.Errorf("error %q names w_leases, which exists", msg)
+		}
+		for _, bad := range []string{"SELECT", "INSERT", "SQL executed"} {
+			if strings.Contains(stderr, bad) {
+				t.Errorf("stderr shows SQL (%q):\n%s", bad, stderr)
+			}
+		}
+
+		// With -migrate the same start creates them and runs.
+		w := startWorker(t, bin, append(args[:len(args):len(args)], "-migrate", "-listen", "127.0.0.1:0", "-log-format", "json"))
+		w.terminate(t)
+		for _, tbl := range []string{"w_messages", "w_leases", "w_relays"} {
+			if !db.Migrator().HasTable(tbl) {
+				t.Errorf("table %s missing after -migrate", tbl)
+			}
+		}
+	})
 }

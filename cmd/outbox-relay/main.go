@@ -11,9 +11,10 @@
 // relay runs and its last cycle succeeded), logs with log/slog (-log-format
 // json for JSON lines), and stops gracefully on SIGTERM or SIGINT: it
 // finishes the in-flight batch, releases its leases so that peers take over
-// at once, and exits 0. Bad configuration prints one error line and exits 2;
-// a runtime failure (database unreachable at start, a fatal relay error)
-// exits 1.
+// at once, and exits 0. Bad configuration (a flag or environment value, a
+// malformed DSN) prints one error line and exits 2 before any connection; a
+// runtime failure (database unreachable at start, outbox tables missing
+// without -migrate, the HTTP address taken, a fatal relay error) exits 1.
 package main
 
 import (
@@ -197,6 +198,9 @@ func (w *worker) run(ctx context.Context) int {
 			w.log.Error("outbox-relay: migrate", "error", err)
 			return exitFailure
 		}
+	} else if err := w.checkTables(ctx); err != nil {
+		w.log.Error("outbox-relay: " + err.Error())
+		return exitFailure
 	}
 	store, err := gormstore.New(w.db, gormstore.Options{Config: w.cfg.outbox})
 	if err != nil { // checked by parseConfig; not expected
@@ -295,6 +299,70 @@ func newGormLogger(log *slog.Logger) logger.Interface {
 	return logger.NewSlogLogger(log.With("component", "gorm"), logger.Config{
 		SlowThreshold: time.Second, LogLevel: logger.Warn, IgnoreRecordNotFoundError: true,
 	})
+}
+
+// checkTables reports the outbox tables of the configuration that do not
+// exist, in one error that says how to create them. Without them the relay
+// could only fail every cycle, forever.
+func (w *worker) checkTables(ctx context.Context) error {
+	c := w.cfg.outbox.WithDefaults()
+	qualified := func(t string) string {
+		if c.Schema == "" {
+			return t
+		}
+		return c.Schema + "." + t
+	}
+	var missing []string
+	for _, t := range []string{c.MessagesTable, c.LeasesTable, c.RelaysTable} {
+		ok, err := hasTable(w.db.WithContext(ctx), w.cfg.dbDriver, c.Schema, t)
+		if err != nil {
+			return fmt.Errorf("look up table %s: %v", qualified(t), err)
+		}
+		if !ok {
+			missing = append(missing, qualified(t))
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	renamed := ""
+	if c != (outbox.Config{BucketCount: c.BucketCount}).WithDefaults() {
+		renamed = " with these names"
+	}
+	return fmt.Errorf("missing outbox tables %s: start once with -migrate, or apply migrations/%s.sql%s",
+		strings.Join(missing, ", "), w.cfg.dbDriver, renamed)
+}
+
+// hasTable reports whether table exists in schema (empty: the connection's
+// default). gorm's Migrator().HasTable ignores a schema on MySQL and SQLite
+// and turns a failed query into false; this returns the error.
+func hasTable(db *gorm.DB, driver, schema, table string) (bool, error) {
+	var n int64
+	var err error
+	switch driver {
+	case "postgres":
+		name := `"` + table + `"`
+		if schema != "" {
+			name = `"` + schema + `".` + name
+		}
+		var ok bool
+		err = db.Raw("SELECT to_regclass(?) IS NOT NULL", name).Scan(&ok).Error
+		return ok, err
+	case "mysql":
+		if schema == "" {
+			err = db.Raw("SELECT count(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = ?", table).Scan(&n).Error
+		} else {
+			err = db.Raw("SELECT count(*) FROM information_schema.tables WHERE table_schema = ? AND table_name = ?", schema, table).Scan(&n).Error
+		}
+	case "sqlite":
+		if schema == "" {
+			schema = "main"
+		}
+		err = db.Raw(`SELECT count(*) FROM "`+schema+`".sqlite_master WHERE type = 'table' AND name = ?`, table).Scan(&n).Error
+	default:
+		return false, fmt.Errorf("unknown driver %q", driver)
+	}
+	return n > 0, err
 }
 
 // parseLevel parses -log-level.
