@@ -294,11 +294,36 @@ func (w *worker) close() {
 	}
 }
 
-// newGormLogger returns gorm's logger for the worker.
+// newGormLogger returns gorm's logger for the worker: slow statements
+// (over a second) as warnings, without their bound values (message keys and
+// payloads stay out of the logs). Failed statements are not logged here:
+// every store error reaches the relay, which logs it once with its context
+// (and retries), and the worker logs the errors of its own statements; a
+// second line with the full SQL for each of them only buries the message.
 func newGormLogger(log *slog.Logger) logger.Interface {
-	return logger.NewSlogLogger(log.With("component", "gorm"), logger.Config{
+	return gormLogger{logger.NewSlogLogger(log.With("component", "gorm"), logger.Config{
 		SlowThreshold: time.Second, LogLevel: logger.Warn, IgnoreRecordNotFoundError: true,
-	})
+	})}
+}
+
+// gormLogger drops failed statements and bound values; see newGormLogger.
+type gormLogger struct{ logger.Interface }
+
+func (l gormLogger) LogMode(level logger.LogLevel) logger.Interface {
+	return gormLogger{l.Interface.LogMode(level)}
+}
+
+func (l gormLogger) Trace(ctx context.Context, begin time.Time, fc func() (string, int64), err error) {
+	if err != nil {
+		return
+	}
+	l.Interface.Trace(ctx, begin, fc, nil)
+}
+
+// ParamsFilter implements gorm.ParamsFilter: logged SQL keeps its
+// placeholders.
+func (gormLogger) ParamsFilter(_ context.Context, sql string, _ ...any) (string, []any) {
+	return sql, nil
 }
 
 // checkTables reports the outbox tables of the configuration that do not
