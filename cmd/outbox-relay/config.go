@@ -9,10 +9,15 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
+	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
+	mysqldrv "github.com/go-sql-driver/mysql"
+	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/sasl"
 	"github.com/segmentio/kafka-go/sasl/plain"
@@ -26,6 +31,11 @@ import (
 // envPrefix prefixes the environment variable of every flag: -db-dsn is
 // OUTBOX_DB_DSN.
 const envPrefix = "OUTBOX_"
+
+// defaultListen is the default -listen: the loopback interface only, so a
+// worker started by hand does not expose its metrics to the network. In a
+// pod, set -listen :9090 for the kubelet's probes and the scraper.
+const defaultListen = "127.0.0.1:9090"
 
 // errHelp is returned by parseConfig for -h and -help.
 var errHelp = flag.ErrHelp
@@ -77,13 +87,12 @@ func newFlagSet(c *config) *flag.FlagSet {
 	fs.StringVar(&c.dbDSN, "db-dsn", "", "database DSN in the driver's form (required)")
 	fs.BoolVar(&c.migrate, "migrate", false, "create or update the outbox tables (outbox.AutoMigrate) at start")
 
-	fs.Func("kafka-brokers", "comma-separated Kafka bootstrap addresses host:port (required)", func(s string) error {
-		c.brokers = nil
-		for _, b := range strings.Split(s, ",") {
-			if b = strings.TrimSpace(b); b != "" {
-				c.brokers = append(c.brokers, b)
-			}
+	fs.Func("kafka-brokers", "comma-separated Kafka bootstrap addresses, each host:port (required)", func(s string) error {
+		b, err := parseBrokers(s)
+		if err != nil {
+			return err
 		}
+		c.brokers = b
 		return nil
 	})
 	fs.StringVar(&c.clientID, "kafka-client-id", "outbox-relay", "Kafka client id")
@@ -97,34 +106,34 @@ func newFlagSet(c *config) *flag.FlagSet {
 	fs.StringVar(&c.saslUser, "kafka-sasl-username", "", "SASL user name")
 	fs.StringVar(&c.saslPassword, "kafka-sasl-password", "", "SASL password (prefer the environment variable)")
 	fs.StringVar(&c.messageIDHeader, "message-id-header", relay.DefaultMessageIDHeader, "record header carrying the message id")
-	fs.Int64Var(&c.kafkaBatchBytes, "kafka-batch-bytes", relay.DefaultKafkaBatchBytes, "largest produce request per partition, in bytes; keep it at most the topics' max.message.bytes")
-	fs.IntVar(&c.kafkaMaxRecords, "kafka-max-batch-records", relay.DefaultKafkaMaxBatchRecords, "largest number of records per partition per produce request")
-	fs.IntVar(&c.kafkaMaxAttempts, "kafka-max-attempts", 10, "kafka-go's attempts per produce request on retriable errors")
+	int64Var(fs, &c.kafkaBatchBytes, "kafka-batch-bytes", relay.DefaultKafkaBatchBytes, "largest produce request per partition, in bytes; keep it at most the topics' max.message.bytes")
+	intVar(fs, &c.kafkaMaxRecords, "kafka-max-batch-records", relay.DefaultKafkaMaxBatchRecords, "largest number of records per partition per produce request")
+	intVar(fs, &c.kafkaMaxAttempts, "kafka-max-attempts", 10, "kafka-go's attempts per produce request on retriable errors")
 
-	fs.IntVar(&c.outbox.BucketCount, "bucket-count", outbox.DefaultBucketCount, "ordering buckets; must equal the writers' outbox.Config.BucketCount")
+	intVar(fs, &c.outbox.BucketCount, "bucket-count", outbox.DefaultBucketCount, fmt.Sprintf("ordering buckets, 1 to %d; must equal the writers' outbox.Config.BucketCount (0 means the default, %d, as in outbox.Config)", outbox.MaxBucketCount, outbox.DefaultBucketCount))
 	fs.StringVar(&c.outbox.Schema, "schema", "", "schema (PostgreSQL), database (MySQL) or attached database (SQLite) of the tables (default: the connection's)")
 	fs.StringVar(&c.outbox.MessagesTable, "messages-table", outbox.DefaultMessagesTable, "pending messages table")
 	fs.StringVar(&c.outbox.LeasesTable, "leases-table", outbox.DefaultLeasesTable, "bucket lease table")
 	fs.StringVar(&c.outbox.RelaysTable, "relays-table", outbox.DefaultRelaysTable, "relay heartbeat table")
 
 	o := &c.relay
-	fs.IntVar(&o.BatchSize, "batch-size", relay.DefaultBatchSize, "rows fetched and published per batch")
-	fs.DurationVar(&o.PollInterval, "poll-interval", relay.DefaultPollInterval, "how often to look for pending rows without a hint")
-	fs.DurationVar(&o.ErrorBackoff, "error-backoff", relay.DefaultErrorBackoff, "wait after a store error; first backoff of a failing row")
-	fs.DurationVar(&o.LeaseDuration, "lease-duration", relay.DefaultLeaseDuration, "lifetime of an acquired or renewed bucket lease")
-	fs.DurationVar(&o.LeaseRenewInterval, "lease-renew-interval", relay.DefaultLeaseRenewInterval, "rebalance and renewal cadence; shorter than -lease-duration")
-	fs.DurationVar(&o.MaxPublishDuration, "max-publish-duration", 0, "bound on one publish call (0: unbounded)")
+	intVar(fs, &o.BatchSize, "batch-size", relay.DefaultBatchSize, "rows fetched and published per batch")
+	durationVar(fs, &o.PollInterval, "poll-interval", relay.DefaultPollInterval, "how often to look for pending rows without a hint")
+	durationVar(fs, &o.ErrorBackoff, "error-backoff", relay.DefaultErrorBackoff, "wait after a store error; first backoff of a failing row")
+	durationVar(fs, &o.LeaseDuration, "lease-duration", relay.DefaultLeaseDuration, "lifetime of an acquired or renewed bucket lease")
+	durationVar(fs, &o.LeaseRenewInterval, "lease-renew-interval", relay.DefaultLeaseRenewInterval, "rebalance and renewal cadence; shorter than -lease-duration")
+	durationVar(fs, &o.MaxPublishDuration, "max-publish-duration", 0, "bound on one publish call (0: unbounded)")
 	fs.StringVar(&o.RelayID, "relay-id", "", "relay id in the lease table, unique among live relays (default: host name plus a random suffix)")
 	fs.StringVar(&o.MetricsName, "metrics-name", relay.DefaultMetricsName, "value of the outbox.name metric attribute")
-	fs.DurationVar(&o.MetricsInterval, "metrics-interval", relay.DefaultMetricsInterval, "wait between backlog queries")
-	fs.DurationVar(&o.MetricsTimeout, "metrics-timeout", relay.DefaultMetricsTimeout, "bound on one backlog query")
+	durationVar(fs, &o.MetricsInterval, "metrics-interval", relay.DefaultMetricsInterval, "wait between backlog queries")
+	durationVar(fs, &o.MetricsTimeout, "metrics-timeout", relay.DefaultMetricsTimeout, "bound on one backlog query")
 	fs.BoolVar(&o.MetricsBucketZeroOnly, "metrics-bucket-zero-only", false, "only the owner of bucket 0 samples the backlog (set on every relay)")
-	fs.DurationVar(&o.StopTimeout, "stop-timeout", relay.DefaultStopTimeout, "bound on the cleanup after SIGTERM (in-flight publish, lease release)")
+	durationVar(fs, &o.StopTimeout, "stop-timeout", relay.DefaultStopTimeout, "bound on the cleanup after SIGTERM (in-flight publish, lease release)")
 
 	fs.StringVar(&c.notifyDSN, "notify-postgres-dsn", "", "PostgreSQL connection string for cross-process wake-ups over LISTEN/NOTIFY (package pgnotify; empty: polling only)")
 	fs.StringVar(&c.notifyChannel, "notify-channel", pgnotify.DefaultChannel, "LISTEN/NOTIFY channel, the same as the writers' pgnotify.Sender")
 
-	fs.StringVar(&c.listen, "listen", ":9090", "address of the HTTP server for /metrics and /healthz (empty: no server)")
+	fs.StringVar(&c.listen, "listen", defaultListen, "address host:port of the HTTP server for /metrics and /healthz (empty: no server); the default serves this host only: use -listen :9090 to expose it to a Kubernetes probe or a Prometheus scraper")
 	fs.StringVar(&c.logFormat, "log-format", "text", "log format: text or json")
 	fs.StringVar(&c.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	return fs
@@ -140,7 +149,7 @@ func parseConfig(args []string, getenv func(string) string) (*config, error) {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, errHelp
 		}
-		return nil, err
+		return nil, flagParseError(err)
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
@@ -161,7 +170,156 @@ func parseConfig(args []string, getenv func(string) string) (*config, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Zero means the default, as in outbox.Config; say so everywhere.
+	if c.outbox.BucketCount == 0 {
+		c.outbox.BucketCount = outbox.DefaultBucketCount
+	}
 	return c, c.check()
+}
+
+// flagError matches the flag package's message for a value its Set
+// rejected.
+var flagError = regexp.MustCompile(`^invalid (boolean )?value "(.*)" for (?:flag )?-(\S+): (.*)$`)
+
+// flagParseError puts the flag package's error for a rejected value in the
+// form of every other error: -flag "value": why.
+func flagParseError(err error) error {
+	m := flagError.FindStringSubmatch(err.Error())
+	if m == nil {
+		return err
+	}
+	why := m[4]
+	if m[1] != "" {
+		why = "want true or false"
+	}
+	return fmt.Errorf("-%s %q: %s", m[3], m[2], why)
+}
+
+// durationValue is a time.Duration flag whose errors say what is wrong:
+// the flag package's says only "parse error", and a bare number such as 5
+// (seconds? milliseconds?) is the usual mistake.
+type durationValue struct{ p *time.Duration }
+
+func durationVar(fs *flag.FlagSet, p *time.Duration, name string, def time.Duration, usage string) {
+	*p = def
+	fs.Var(durationValue{p}, name, usage+" (a duration with a unit, e.g. 500ms, 5s, 2m)")
+}
+
+func (v durationValue) String() string {
+	if v.p == nil {
+		return "0s"
+	}
+	return v.p.String()
+}
+
+func (v durationValue) Set(s string) error {
+	d, err := time.ParseDuration(s)
+	if err == nil {
+		*v.p = d
+		return nil
+	}
+	if _, ferr := strconv.ParseFloat(s, 64); ferr == nil {
+		return fmt.Errorf("a duration needs a unit: use a unit, e.g. %ss", s)
+	}
+	return errors.New("not a duration: use a number with a unit, e.g. 5s, 500ms or 2m")
+}
+
+// intValue is an int or int64 flag whose errors say what is wrong.
+type intValue[T int | int64] struct{ p *T }
+
+func intVar(fs *flag.FlagSet, p *int, name string, def int, usage string) {
+	*p = def
+	fs.Var(intValue[int]{p}, name, usage)
+}
+
+func int64Var(fs *flag.FlagSet, p *int64, name string, def int64, usage string) {
+	*p = def
+	fs.Var(intValue[int64]{p}, name, usage)
+}
+
+func (v intValue[T]) String() string {
+	if v.p == nil {
+		return "0"
+	}
+	return strconv.FormatInt(int64(*v.p), 10)
+}
+
+func (v intValue[T]) Set(s string) error {
+	var zero T
+	bits := 64
+	if _, ok := any(zero).(int); ok {
+		bits = strconv.IntSize
+	}
+	n, err := strconv.ParseInt(s, 0, bits)
+	if errors.Is(err, strconv.ErrRange) {
+		return errors.New("out of range")
+	}
+	if err != nil {
+		return errors.New("not an integer")
+	}
+	*v.p = T(n)
+	return nil
+}
+
+// parseBrokers parses -kafka-brokers: a comma-separated list of host:port,
+// with no empty entry (a doubled or trailing comma is a typo, not a list).
+func parseBrokers(s string) ([]string, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, errors.New("empty: want host:port[,host:port...]")
+	}
+	parts := strings.Split(s, ",")
+	out := make([]string, 0, len(parts))
+	for i, p := range parts {
+		p = strings.TrimSpace(p)
+		if p == "" {
+			return nil, fmt.Errorf("entry %d is empty", i+1)
+		}
+		host, port, err := net.SplitHostPort(p)
+		if err != nil {
+			return nil, fmt.Errorf("%q is not host:port", p)
+		}
+		if host == "" {
+			return nil, fmt.Errorf("%q has no host", p)
+		}
+		if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
+			return nil, fmt.Errorf("%q: port must be a number from 1 to 65535", p)
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// checkListen checks -listen: empty, or host:port with an empty host (every
+// interface) and port 0 (any free port) allowed.
+func checkListen(addr string) error {
+	if addr == "" {
+		return nil
+	}
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("-listen %q: want host:port or :port (empty: no server)", addr)
+	}
+	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+		return fmt.Errorf("-listen %q: port must be a number from 0 to 65535", addr)
+	}
+	return nil
+}
+
+// checkDSN parses -db-dsn the way the driver will, so that a malformed DSN
+// is a configuration error (exit 2) and only an unreachable server is a
+// runtime one. The DSN itself is not repeated: it may hold a password.
+func checkDSN(driver, dsn string) error {
+	var err error
+	switch driver {
+	case "mysql":
+		_, err = mysqldrv.ParseDSN(dsn)
+	case "postgres":
+		_, err = pgx.ParseConfig(dsn)
+	}
+	if err != nil {
+		return fmt.Errorf("-db-dsn (%s): %w", driver, err)
+	}
+	return nil
 }
 
 func lookup(getenv func(string) string, name string) (string, bool) {
@@ -181,6 +339,9 @@ func (c *config) check() error {
 	}
 	if c.dbDSN == "" {
 		return errors.New("-db-dsn is required")
+	}
+	if err := checkDSN(c.dbDriver, c.dbDSN); err != nil {
+		return err
 	}
 	if len(c.brokers) == 0 {
 		return errors.New("-kafka-brokers is required")
@@ -205,6 +366,9 @@ func (c *config) check() error {
 		return fmt.Errorf("-log-format %q: must be text or json", c.logFormat)
 	}
 	if _, err := parseLevel(c.logLevel); err != nil {
+		return err
+	}
+	if err := checkListen(c.listen); err != nil {
 		return err
 	}
 	if err := c.outbox.Validate(); err != nil {
@@ -269,9 +433,14 @@ func usage(w io.Writer) {
 Usage: outbox-relay [flags]
 
 Every flag can also be set by the environment variable shown beside it; a
-flag on the command line wins. Bad configuration prints one error line and
-exits with status 2. SIGTERM or SIGINT stops the relay gracefully: it
-finishes the in-flight batch, releases its bucket leases and exits 0.
+flag on the command line wins. SIGTERM or SIGINT stops the relay
+gracefully: it finishes the in-flight batch, releases its bucket leases and
+exits 0.
+
+Exit status: 0 after a graceful stop; 2 for bad configuration (one error
+line naming the flag, before any connection); 1 for a runtime failure
+(database unreachable at start, outbox tables missing without -migrate, the
+HTTP address taken, a fatal relay error).
 
 HTTP (-listen): /metrics (Prometheus format), /healthz (200 while the relay
 runs and its last cycle succeeded, else 503).

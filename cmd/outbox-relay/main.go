@@ -11,9 +11,10 @@
 // relay runs and its last cycle succeeded), logs with log/slog (-log-format
 // json for JSON lines), and stops gracefully on SIGTERM or SIGINT: it
 // finishes the in-flight batch, releases its leases so that peers take over
-// at once, and exits 0. Bad configuration prints one error line and exits 2;
-// a runtime failure (database unreachable at start, a fatal relay error)
-// exits 1.
+// at once, and exits 0. Bad configuration (a flag or environment value, a
+// malformed DSN) prints one error line and exits 2 before any connection; a
+// runtime failure (database unreachable at start, outbox tables missing
+// without -migrate, the HTTP address taken, a fatal relay error) exits 1.
 package main
 
 import (
@@ -92,17 +93,18 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 type worker struct {
 	cfg    *config
 	log    *slog.Logger
-	db     *gorm.DB
+	db     *gorm.DB // opened by run
 	pub    *relay.KafkaPublisher
-	relay  *relay.Relay
+	relay  *relay.Relay // built by run
 	reg    *prometheus.Registry
 	mp     *sdkmetric.MeterProvider
 	notify *pgnotify.Transport // nil: polling only
 }
 
-// build checks and assembles everything without any I/O: the database is
-// opened without a ping and the publisher connects on its first publish, so
-// every configuration error surfaces before the worker touches a service.
+// build checks and assembles everything that needs no connection: the
+// publisher connects on its first publish and the database is opened by
+// run, so every configuration error (exit 2) surfaces before the worker
+// touches a service, and every error after it is a runtime one (exit 1).
 func build(cfg *config, stderr io.Writer) (*worker, error) {
 	level, _ := parseLevel(cfg.logLevel)
 	hopts := &slog.HandlerOptions{Level: level}
@@ -112,30 +114,7 @@ func build(cfg *config, stderr io.Writer) (*worker, error) {
 	}
 	log := slog.New(h)
 
-	var dial gorm.Dialector
-	switch cfg.dbDriver {
-	case "postgres":
-		dial = postgres.Open(cfg.dbDSN)
-	case "mysql":
-		dial = mysql.Open(cfg.dbDSN)
-	case "sqlite":
-		dial = sqlite.Open(cfg.dbDSN)
-	}
-	db, err := gorm.Open(dial, &gorm.Config{
-		DisableAutomaticPing: true,
-		Logger: logger.NewSlogLogger(log.With("component", "gorm"), logger.Config{
-			SlowThreshold: time.Second, LogLevel: logger.Warn, IgnoreRecordNotFoundError: true,
-		}),
-	})
-	if err != nil {
-		return nil, fmt.Errorf("-db-dsn: %w", err)
-	}
-	w := &worker{cfg: cfg, log: log, db: db}
-	store, err := gormstore.New(db, gormstore.Options{Config: cfg.outbox})
-	if err != nil {
-		w.close()
-		return nil, err
-	}
+	w := &worker{cfg: cfg, log: log}
 	transport, err := cfg.transport()
 	if err != nil {
 		w.close()
@@ -168,33 +147,49 @@ func build(cfg *config, stderr io.Writer) (*worker, error) {
 	w.mp = sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp),
 		sdkmetric.WithResource(resource.NewSchemaless(attribute.String("service.name", "outbox-relay"))))
 
-	opts := cfg.relay
-	opts.BucketCount = cfg.outbox.BucketCount
-	opts.Logger = log
-	opts.MeterProvider = w.mp
 	if cfg.notifyDSN != "" {
 		w.notify, err = pgnotify.New(pgnotify.Config{ConnString: cfg.notifyDSN, Channel: cfg.notifyChannel, Logger: log})
 		if err != nil {
 			w.close()
 			return nil, fmt.Errorf("-notify-postgres-dsn: %w", err)
 		}
-		opts.Transport = w.notify
-	}
-	w.relay, err = relay.New(store, w.pub, opts)
-	if err != nil {
-		w.close()
-		return nil, err
 	}
 	return w, nil
+}
+
+// open opens the database and checks that it answers. The MySQL and SQLite
+// dialectors query the server version while opening, so an unreachable
+// server fails here rather than at the ping; either way it is a runtime
+// failure, the DSN having been parsed by checkDSN.
+func (w *worker) open(ctx context.Context) error {
+	var dial gorm.Dialector
+	switch w.cfg.dbDriver {
+	case "postgres":
+		dial = postgres.Open(w.cfg.dbDSN)
+	case "mysql":
+		dial = mysql.Open(w.cfg.dbDSN)
+	case "sqlite":
+		dial = sqlite.Open(w.cfg.dbDSN)
+	}
+	db, err := gorm.Open(dial, &gorm.Config{
+		DisableAutomaticPing: true,
+		Logger:               newGormLogger(w.log),
+	})
+	if db != nil && db.ConnPool != nil {
+		w.db = db // closed by close, also after a failed open
+	}
+	if err != nil {
+		return err
+	}
+	pingCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	return w.ping(pingCtx)
 }
 
 // run connects, serves HTTP and runs the relay until ctx is done or the
 // relay fails; it returns the exit code.
 func (w *worker) run(ctx context.Context) int {
-	pingCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	err := w.ping(pingCtx)
-	cancel()
-	if err != nil {
+	if err := w.open(ctx); err != nil {
 		w.log.Error("outbox-relay: database unreachable", "driver", w.cfg.dbDriver, "error", err)
 		return exitFailure
 	}
@@ -203,6 +198,26 @@ func (w *worker) run(ctx context.Context) int {
 			w.log.Error("outbox-relay: migrate", "error", err)
 			return exitFailure
 		}
+	} else if err := w.checkTables(ctx); err != nil {
+		w.log.Error("outbox-relay: " + err.Error())
+		return exitFailure
+	}
+	store, err := gormstore.New(w.db, gormstore.Options{Config: w.cfg.outbox})
+	if err != nil { // checked by parseConfig; not expected
+		w.log.Error("outbox-relay: store", "error", oneLine(err))
+		return exitFailure
+	}
+	opts := w.cfg.relay
+	opts.BucketCount = w.cfg.outbox.BucketCount
+	opts.Logger = w.log
+	opts.MeterProvider = w.mp
+	if w.notify != nil {
+		opts.Transport = w.notify
+	}
+	w.relay, err = relay.New(store, w.pub, opts)
+	if err != nil { // checked by parseConfig; not expected
+		w.log.Error("outbox-relay: relay", "error", oneLine(err))
+		return exitFailure
 	}
 
 	var srv *http.Server
@@ -271,9 +286,108 @@ func (w *worker) close() {
 	if w.mp != nil {
 		_ = w.mp.Shutdown(context.Background())
 	}
+	if w.db == nil {
+		return
+	}
 	if sqlDB, err := w.db.DB(); err == nil {
 		_ = sqlDB.Close()
 	}
+}
+
+// newGormLogger returns gorm's logger for the worker: slow statements
+// (over a second) as warnings, without their bound values (message keys and
+// payloads stay out of the logs). Failed statements are not logged here:
+// every store error reaches the relay, which logs it once with its context
+// (and retries), and the worker logs the errors of its own statements; a
+// second line with the full SQL for each of them only buries the message.
+func newGormLogger(log *slog.Logger) logger.Interface {
+	return gormLogger{logger.NewSlogLogger(log.With("component", "gorm"), logger.Config{
+		SlowThreshold: time.Second, LogLevel: logger.Warn, IgnoreRecordNotFoundError: true,
+	})}
+}
+
+// gormLogger drops failed statements and bound values; see newGormLogger.
+type gormLogger struct{ logger.Interface }
+
+func (l gormLogger) LogMode(level logger.LogLevel) logger.Interface {
+	return gormLogger{l.Interface.LogMode(level)}
+}
+
+func (l gormLogger) Trace(ctx context.Context, begin time.Time, fc func() (string, int64), err error) {
+	if err != nil {
+		return
+	}
+	l.Interface.Trace(ctx, begin, fc, nil)
+}
+
+// ParamsFilter implements gorm.ParamsFilter: logged SQL keeps its
+// placeholders.
+func (gormLogger) ParamsFilter(_ context.Context, sql string, _ ...any) (string, []any) {
+	return sql, nil
+}
+
+// checkTables reports the outbox tables of the configuration that do not
+// exist, in one error that says how to create them. Without them the relay
+// could only fail every cycle, forever.
+func (w *worker) checkTables(ctx context.Context) error {
+	c := w.cfg.outbox.WithDefaults()
+	qualified := func(t string) string {
+		if c.Schema == "" {
+			return t
+		}
+		return c.Schema + "." + t
+	}
+	var missing []string
+	for _, t := range []string{c.MessagesTable, c.LeasesTable, c.RelaysTable} {
+		ok, err := hasTable(w.db.WithContext(ctx), w.cfg.dbDriver, c.Schema, t)
+		if err != nil {
+			return fmt.Errorf("look up table %s: %v", qualified(t), err)
+		}
+		if !ok {
+			missing = append(missing, qualified(t))
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	renamed := ""
+	if c != (outbox.Config{BucketCount: c.BucketCount}).WithDefaults() {
+		renamed = " with these names"
+	}
+	return fmt.Errorf("missing outbox tables %s: start once with -migrate, or apply migrations/%s.sql%s",
+		strings.Join(missing, ", "), w.cfg.dbDriver, renamed)
+}
+
+// hasTable reports whether table exists in schema (empty: the connection's
+// default). gorm's Migrator().HasTable ignores a schema on MySQL and SQLite
+// and turns a failed query into false; this returns the error.
+func hasTable(db *gorm.DB, driver, schema, table string) (bool, error) {
+	var n int64
+	var err error
+	switch driver {
+	case "postgres":
+		name := `"` + table + `"`
+		if schema != "" {
+			name = `"` + schema + `".` + name
+		}
+		var ok bool
+		err = db.Raw("SELECT to_regclass(?) IS NOT NULL", name).Scan(&ok).Error
+		return ok, err
+	case "mysql":
+		if schema == "" {
+			err = db.Raw("SELECT count(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = ?", table).Scan(&n).Error
+		} else {
+			err = db.Raw("SELECT count(*) FROM information_schema.tables WHERE table_schema = ? AND table_name = ?", schema, table).Scan(&n).Error
+		}
+	case "sqlite":
+		if schema == "" {
+			schema = "main"
+		}
+		err = db.Raw(`SELECT count(*) FROM "`+schema+`".sqlite_master WHERE type = 'table' AND name = ?`, table).Scan(&n).Error
+	default:
+		return false, fmt.Errorf("unknown driver %q", driver)
+	}
+	return n > 0, err
 }
 
 // parseLevel parses -log-level.

@@ -283,14 +283,34 @@ func TestWorkerRejectsBadConfiguration(t *testing.T) {
 		{"unknown_sasl_mechanism", append(base, "-kafka-sasl-mechanism", "kerberos"), nil, "-kafka-sasl-mechanism"},
 		{"bad_log_format", append(base, "-log-format", "xml"), nil, "-log-format"},
 		{"bad_notify_channel", append(base, "-notify-postgres-dsn", "host=127.0.0.1", "-notify-channel", "Orders-Outbox"), nil, "Channel"},
+		{"broker_without_port", append(base, "-kafka-brokers", "nohostport"), nil, `-kafka-brokers "nohostport": "nohostport" is not host:port`},
+		{"broker_list_with_empty_entry", append(base, "-kafka-brokers", "a:1,,b:2"), nil, `-kafka-brokers "a:1,,b:2": entry 2 is empty`},
+		{"broker_with_bad_port", append(base, "-kafka-brokers", "a:1,b:http"), nil, `-kafka-brokers "a:1,b:http": "b:http": port must be a number from 1 to 65535`},
+		{"broker_without_host", append(base, "-kafka-brokers", ":9092"), nil, `-kafka-brokers ":9092": ":9092" has no host`},
+		{"brokers_only_commas", append(base, "-kafka-brokers", ","), nil, `-kafka-brokers ",": entry 1 is empty`},
+		{"duration_without_unit", append(base, "-poll-interval", "5"), nil, `-poll-interval "5": a duration needs a unit: use a unit, e.g. 5s`},
+		{"duration_without_unit_in_environment", base, []string{"OUTBOX_LEASE_DURATION=30"}, `OUTBOX_LEASE_DURATION="30": a duration needs a unit: use a unit, e.g. 30s`},
+		{"duration_nonsense", append(base, "-error-backoff", "soon"), nil, `-error-backoff "soon": not a duration: use a number with a unit, e.g. 5s, 500ms or 2m`},
+		{"boolean_nonsense", append(base, "-migrate=maybe"), nil, `-migrate "maybe": want true or false`},
+		{"integer_nonsense", append(base, "-batch-size", "ten"), nil, `-batch-size "ten": not an integer`},
+		{"negative_bucket_count", append(base, "-bucket-count", "-1"), nil, "-bucket-count -1: must be between 1 and 65536"},
+		{"listen_without_port", append(base, "-listen", "9090"), nil, `-listen "9090": want host:port or :port`},
+		{"listen_with_bad_port", append(base, "-listen", "127.0.0.1:http-alt"), nil, `-listen "127.0.0.1:http-alt": port must be a number from 0 to 65535`},
+		{"malformed_mysql_dsn", append(base, "-db-driver", "mysql", "-db-dsn", "root@127.0.0.1:3306/app"), nil, `-db-dsn (mysql): default addr for network`},
+		{"malformed_postgres_dsn", append(base, "-db-driver", "postgres", "-db-dsn", "host=127.0.0.1 port=notaport"), nil, "-db-dsn (postgres):"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			cmd := exec.Command(bin, tc.args...)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, bin, tc.args...)
 			cmd.Env = append(os.Environ(), tc.env...)
 			var stdout, stderr bytes.Buffer
 			cmd.Stdout, cmd.Stderr = &stdout, &stderr
 			err := cmd.Run()
+			if ctx.Err() != nil {
+				t.Fatalf("the worker accepted the configuration and ran\nstderr: %s", stderr.String())
+			}
 			code := cmd.ProcessState.ExitCode()
 			if code != exitConfig {
 				t.Fatalf("exit code = %d (%v); want %d\nstderr: %s", code, err, exitConfig, stderr.String())
