@@ -265,6 +265,11 @@ func (w *worker) handler() http.Handler {
 	mux.Handle("GET /metrics", promhttp.HandlerFor(w.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(rw http.ResponseWriter, _ *http.Request) {
 		rw.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		if w.relay == nil {
+			rw.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprintln(rw, "outbox-relay: starting: the relay is not built yet")
+			return
+		}
 		if err := w.relay.Health(); err != nil {
 			rw.WriteHeader(http.StatusServiceUnavailable)
 			fmt.Fprintln(rw, err)
