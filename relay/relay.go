@@ -179,17 +179,52 @@ func (r *Relay) Run(ctx context.Context) error {
 		}()
 	}
 
+	// cleanup carries the in-flight publish's MarkPublished: detached from
+	// ctx, so a stop never cancels a delete already running, and cancelled
+	// StopTimeout after the stop begins.
+	stopping, beginStop := context.WithCancel(ctx)
+	defer beginStop()
+	cleanup, cancelCleanup := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelCleanup()
+	stopped := make(chan struct{})
+	var bwg sync.WaitGroup
+	bwg.Add(1)
+	go func() {
+		defer bwg.Done()
+		r.runStopBudget(stopping, stopped, cancelCleanup)
+	}()
+
 	r.health.Store(&errNoCycle)
 	st := &runState{ready: make([]bool, r.opts.BucketCount), retry: map[int]*headRetry{}}
 	st.nextRebalance = r.clock.Now()
-	err = r.loop(ctx, st)
+	err = r.loop(ctx, cleanup, st)
+	beginStop() // a fatal error starts the stop too
 	r.stop(ctx, st)
+	close(stopped)
+	bwg.Wait()
 	if err != nil {
 		r.log.Error("relay: stopped by a fatal error", "relay", r.opts.RelayID, "error", err)
 		return err
 	}
 	r.log.Info("relay: stopped", "relay", r.opts.RelayID)
 	return nil
+}
+
+// runStopBudget cancels cleanup StopTimeout (on the relay's clock) after
+// stopping is done, unless Run closes stopped first.
+func (r *Relay) runStopBudget(stopping context.Context, stopped <-chan struct{}, cancelCleanup context.CancelFunc) {
+	select {
+	case <-stopped:
+		return
+	case <-stopping.Done():
+	}
+	t := r.clock.NewTimer(r.opts.StopTimeout)
+	defer t.Stop()
+	select {
+	case <-stopped:
+	case <-t.C():
+		cancelCleanup()
+	}
 }
 
 // stop releases the leases after the loop ended.
@@ -205,11 +240,14 @@ func (r *Relay) stop(ctx context.Context, st *runState) {
 	}
 }
 
-func (r *Relay) loop(ctx context.Context, st *runState) error {
+// loop runs cycles until ctx is done or a fatal error. cleanup, detached
+// from ctx and bounded by the stop budget, carries the steps a stop must not
+// interrupt.
+func (r *Relay) loop(ctx, cleanup context.Context, st *runState) error {
 	for ctx.Err() == nil {
 		start := r.clock.Now()
 		st.worked = false
-		err := r.cycle(ctx, st)
+		err := r.cycle(ctx, cleanup, st)
 		if err == nil && st.acquireErr != nil {
 			r.recordHealth(ctx, st.acquireErr) // failed acquisition: work goes on, unhealthy
 		} else {
@@ -239,7 +277,7 @@ func (r *Relay) loop(ctx context.Context, st *runState) error {
 
 // cycle runs acquisition when due, discovery when due or hinted, and one
 // sweep over the ready buckets.
-func (r *Relay) cycle(ctx context.Context, st *runState) error {
+func (r *Relay) cycle(ctx, cleanup context.Context, st *runState) error {
 	if !r.clock.Now().Before(st.nextRebalance) {
 		if err := r.acquire(ctx, st); err != nil {
 			return err
@@ -278,12 +316,12 @@ func (r *Relay) cycle(ctx context.Context, st *runState) error {
 			}
 		}
 	}
-	return r.sweep(ctx, st, owned)
+	return r.sweep(ctx, cleanup, st, owned)
 }
 
 // sweep publishes one batch of each ready bucket, so that a full bucket
 // cannot starve the others.
-func (r *Relay) sweep(ctx context.Context, st *runState, owned []int) error {
+func (r *Relay) sweep(ctx, cleanup context.Context, st *runState, owned []int) error {
 	var pre *prefetch // the next bucket's batch, fetched during a publish
 	defer func() {
 		if pre != nil {
@@ -317,7 +355,7 @@ func (r *Relay) sweep(ctx context.Context, st *runState, owned []int) error {
 				}
 			}
 		}
-		if err := r.drainOnce(ctx, st, b, fetched, startNext); err != nil {
+		if err := r.drainOnce(ctx, cleanup, st, b, fetched, startNext); err != nil {
 			return err
 		}
 		if cur, _, _ := st.lease.snapshot(); len(cur) == 0 {
@@ -369,12 +407,12 @@ func (p *prefetch) wait() ([]*outbox.Message, error) {
 }
 
 // drainOnce fetches and publishes one batch of bucket b, then marks the
-// acknowledged prefix.
+// acknowledged prefix on cleanup, which a stop does not cancel.
 //
 // fetched, when non-nil, is b's batch fetched during the previous publish
 // (see ConcurrentFetcher); startNext is called just before the publish, to
 // fetch the next bucket's batch meanwhile.
-func (r *Relay) drainOnce(ctx context.Context, st *runState, b int, fetched *prefetch, startNext func()) error {
+func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fetched *prefetch, startNext func()) error {
 	hr := st.retry[b]
 	limit := r.batchLimit(st, b)
 	if !r.checkLease(st) {
@@ -451,14 +489,11 @@ func (r *Relay) drainOnce(ctx context.Context, st *runState, b int, fetched *pre
 		if !r.checkLease(st) {
 			return fatal // a peer may own the rows now: mark nothing
 		}
-		mctx, cancel := ctx, context.CancelFunc(func() {})
-		if ctx.Err() != nil {
-			mctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), r.opts.StopTimeout)
-		}
 		failpoint("relay/during-delete")
-		err := r.store.MarkPublished(mctx, b, batch[:ack])
-		cancel()
-		if err != nil {
+		if err := r.store.MarkPublished(cleanup, b, batch[:ack]); err != nil {
+			if ctx.Err() != nil {
+				r.log.Warn("relay: mark published failed during the stop; the next owner republishes the rows", "relay", r.opts.RelayID, "bucket", b, "rows", ack, "error", err)
+			}
 			if fatal != nil {
 				return fatal
 			}

@@ -408,6 +408,31 @@ func TestRelay(t *testing.T) {
 		}
 	})
 
+	t.Run("stop_during_the_delete_still_deletes_the_acknowledged_rows", func(t *testing.T) {
+		h := newHarness(t, relay.Options{BucketCount: 1}, nil)
+		h.store.Add(msgs(5, "t")...)
+		deleting := make(chan struct{})
+		stopped := make(chan struct{})
+		var once sync.Once
+		h.ops.setBlock(relaytest.OpMarkPublished, func(ctx context.Context) error {
+			once.Do(func() {
+				close(deleting)
+				<-stopped // the stop arrives while the delete runs
+			})
+			return nil // the MemStore then fails the call if ctx is done
+		})
+		h.start()
+		<-deleting
+		h.cancel()
+		close(stopped)
+		if err := h.stop(); err != nil {
+			t.Fatalf("Run = %v; want nil after a graceful stop", err)
+		}
+		if got := len(h.store.Pending(0)); got != 0 {
+			t.Fatalf("pending after a stop during the delete = %d rows; want 0 (the next owner would republish them)", got)
+		}
+	})
+
 	t.Run("stop_before_the_first_acquisition_releases_nothing", func(t *testing.T) {
 		h := newHarness(t, relay.Options{}, nil)
 		ctx, cancel := context.WithCancel(context.Background())
