@@ -129,9 +129,23 @@ type Options struct {
 	// means local notifications only; polling stays on either way.
 	Transport Transport
 
-	// StopTimeout bounds the cleanup after ctx is done: waiting for the
-	// in-flight publish, marking its acknowledged prefix and releasing the
-	// leases. Zero means DefaultStopTimeout (10s); a negative value fails
+	// StopTimeout is the budget of a whole stop, counted on Clock from the
+	// moment Run's ctx is done (or a fatal error ends its loop). Three steps
+	// share it: waiting for the in-flight publish, marking its acknowledged
+	// prefix, and releasing the leases. The publish and the marking are
+	// cancelled once three quarters of the budget are spent, so that the
+	// release keeps at least the last quarter; the release is cancelled at
+	// the end of the budget. Run thus returns within StopTimeout of the
+	// stop, plus the time the publisher and the store take to return once
+	// their context is cancelled. A cancelled marking leaves its rows to be
+	// published again by the next owner; a cancelled release leaves peers
+	// waiting up to LeaseDuration. Closing the publisher after Run is not
+	// part of the budget.
+	//
+	// Give the process a shutdown grace period longer than StopTimeout plus
+	// the rest of its shutdown: the default, a third of Kubernetes' default
+	// terminationGracePeriodSeconds (30s), leaves the other two thirds to
+	// the rest. Zero means DefaultStopTimeout (10s); a negative value fails
 	// New.
 	StopTimeout time.Duration
 }

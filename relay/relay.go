@@ -132,16 +132,21 @@ type errStore struct{ err error }
 func (e errStore) Error() string { return e.err.Error() }
 func (e errStore) Unwrap() error { return e.err }
 
-// Run publishes until ctx is done, then finishes the in-flight batch (it is
-// awaited, for records cannot be retracted, up to Options.StopTimeout),
-// marks its acknowledged prefix if the lease it ran under is still valid,
-// and releases the leases (when the store implements LeaseReleaser) so that
-// a peer takes over at once; cleanup runs on context.WithoutCancel(ctx)
-// bounded by StopTimeout. It returns nil after such a stop, or a fatal
-// error wrapping ErrMisconfigured (bucket count disagreement, a publish
-// exceeding MaxPublishDuration) after the same cleanup. Run owns every
-// goroutine it starts and returns only after all have exited. Calling Run
-// while another Run of the same relay is running is an error.
+// Run publishes until ctx is done, then stops: it awaits the in-flight
+// publish (records cannot be retracted), marks its acknowledged prefix if
+// the lease it ran under is still valid, and releases the leases (when the
+// store implements LeaseReleaser) so that a peer takes over at once. These
+// steps run on context.WithoutCancel(ctx), so a stop never cancels one
+// already running, and share one budget, Options.StopTimeout, counted from
+// the moment ctx is done: the publish and the marking are cancelled when
+// three quarters of it are spent, the release when all of it is. Run
+// therefore returns within StopTimeout of the stop unless the publisher or
+// the store keeps running after its context is cancelled. It returns nil
+// after such a stop, or a fatal error wrapping ErrMisconfigured (bucket
+// count disagreement, a publish exceeding MaxPublishDuration) after the
+// same stop, whose budget starts when the error ends the loop. Run owns
+// every goroutine it starts and returns only after all have exited. Calling
+// Run while another Run of the same relay is running is an error.
 func (r *Relay) Run(ctx context.Context) error {
 	if !r.running.CompareAndSwap(false, true) {
 		return errors.New("relay: Run called while the relay is already running")
@@ -179,19 +184,22 @@ func (r *Relay) Run(ctx context.Context) error {
 		}()
 	}
 
-	// cleanup carries the in-flight publish's MarkPublished: detached from
-	// ctx, so a stop never cancels a delete already running, and cancelled
-	// StopTimeout after the stop begins.
+	// The stop budget (see Options.StopTimeout). cleanup carries the
+	// publish and its MarkPublished, release the lease release: both are
+	// detached from ctx, so a stop never cancels a step already running,
+	// and runStopBudget ends them when the budget runs out.
 	stopping, beginStop := context.WithCancel(ctx)
 	defer beginStop()
 	cleanup, cancelCleanup := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelCleanup()
+	release, cancelRelease := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelRelease()
 	stopped := make(chan struct{})
 	var bwg sync.WaitGroup
 	bwg.Add(1)
 	go func() {
 		defer bwg.Done()
-		r.runStopBudget(stopping, stopped, cancelCleanup)
+		r.runStopBudget(stopping, stopped, cancelCleanup, cancelRelease)
 	}()
 
 	r.health.Store(&errNoCycle)
@@ -199,7 +207,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	st.nextRebalance = r.clock.Now()
 	err = r.loop(ctx, cleanup, st)
 	beginStop() // a fatal error starts the stop too
-	r.stop(ctx, st)
+	r.stop(release, st)
 	close(stopped)
 	bwg.Wait()
 	if err != nil {
@@ -210,32 +218,50 @@ func (r *Relay) Run(ctx context.Context) error {
 	return nil
 }
 
-// runStopBudget cancels cleanup StopTimeout (on the relay's clock) after
-// stopping is done, unless Run closes stopped first.
-func (r *Relay) runStopBudget(stopping context.Context, stopped <-chan struct{}, cancelCleanup context.CancelFunc) {
+// runStopBudget enforces the stop budget. Once stopping is done it computes
+// the one deadline of the stop, StopTimeout later on the relay's clock; it
+// cancels cleanup (the in-flight publish and its MarkPublished) at the
+// deadline minus the release reserve, and release at the deadline. It
+// returns when Run closes stopped.
+func (r *Relay) runStopBudget(stopping context.Context, stopped <-chan struct{}, cancelCleanup, cancelRelease context.CancelFunc) {
 	select {
 	case <-stopped:
 		return
 	case <-stopping.Done():
 	}
-	t := r.clock.NewTimer(r.opts.StopTimeout)
-	defer t.Stop()
-	select {
-	case <-stopped:
-	case <-t.C():
-		cancelCleanup()
+	deadline := r.clock.Now().Add(r.opts.StopTimeout)
+	steps := []struct {
+		at     time.Time
+		cancel context.CancelFunc
+	}{
+		{deadline.Add(-releaseReserve(r.opts.StopTimeout)), cancelCleanup},
+		{deadline, cancelRelease},
 	}
+	for _, step := range steps {
+		t := r.clock.NewTimer(step.at.Sub(r.clock.Now()))
+		select {
+		case <-stopped:
+			t.Stop()
+			return
+		case <-t.C():
+			step.cancel()
+		}
+	}
+	<-stopped
 }
 
-// stop releases the leases after the loop ended.
-func (r *Relay) stop(ctx context.Context, st *runState) {
+// releaseReserve is the part of the stop budget kept for releasing the
+// leases: a quarter.
+func releaseReserve(stopTimeout time.Duration) time.Duration { return stopTimeout / 4 }
+
+// stop releases the leases after the loop ended, on release (bounded by the
+// stop budget).
+func (r *Relay) stop(release context.Context, st *runState) {
 	r.setLeases(st, nil, time.Time{})
 	if !st.attempted || r.releaser == nil {
 		return
 	}
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.opts.StopTimeout)
-	defer cancel()
-	if err := r.releaser.ReleaseBucketLeases(cctx, r.opts.RelayID); err != nil {
+	if err := r.releaser.ReleaseBucketLeases(release, r.opts.RelayID); err != nil {
 		r.log.Warn("relay: release leases failed; peers take over when they expire", "relay", r.opts.RelayID, "error", err)
 	}
 }
@@ -469,7 +495,7 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 	}
 
 	startNext()
-	res, took := r.publish(ctx, st, batch)
+	res, took := r.publish(cleanup, st, batch)
 	failpoint("relay/after-ack")
 	ack := min(max(res.Acknowledged, 0), len(batch))
 	r.m.publishDur.Record(context.Background(), took.Seconds(), r.m.attrs)
@@ -525,17 +551,16 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 }
 
 // publish calls the publisher beside a guard goroutine that renews the
-// leases and bounds a publish still running after ctx is done. The publish
-// itself does not see ctx's cancellation: records cannot be retracted, so a
-// stop awaits it.
-func (r *Relay) publish(ctx context.Context, st *runState, batch []*outbox.Message) (res Result, took time.Duration) {
-	pubCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+// leases. The publish runs on cleanup, not on Run's ctx: records cannot be
+// retracted, so a stop awaits it, up to the stop budget.
+func (r *Relay) publish(cleanup context.Context, st *runState, batch []*outbox.Message) (res Result, took time.Duration) {
+	pubCtx, cancel := context.WithCancel(cleanup)
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		r.guardPublish(ctx, pubCtx, cancel, st, done)
+		r.guardPublish(pubCtx, st, done)
 	}()
 	start := r.clock.Now()
 	res = r.callPublisher(pubCtx, batch)
