@@ -20,7 +20,7 @@ type Relay struct {
 	store    Store
 	renewer  LeaseRenewer        // nil: the store cannot renew
 	releaser LeaseReleaser       // nil: leases expire on stop
-	sampler  PendingMetricsStore // nil: no backlog sampling
+	sampler  PendingMetricsStore // nil: no backlog sampling (Options.MetricsBacklog)
 	pub      Publisher
 	prefetch bool // fetch the next bucket's batch during a publish (ConcurrentFetcher)
 	opts     Options
@@ -54,7 +54,6 @@ func New(store Store, pub Publisher, opts Options) (*Relay, error) {
 	if pub == nil {
 		return nil, errors.New("relay: nil Publisher")
 	}
-	sample := opts.MeterProvider != nil
 	o, err := opts.withDefaults(store)
 	if err != nil {
 		return nil, err
@@ -90,7 +89,7 @@ func New(store Store, pub Publisher, opts Options) (*Relay, error) {
 		r.prefetch = cf.ConcurrentNextBatch()
 	}
 	r.releaser, _ = store.(LeaseReleaser)
-	if ms, ok := store.(PendingMetricsStore); ok && sample {
+	if ms, ok := store.(PendingMetricsStore); ok && o.MetricsBacklog {
 		r.sampler = ms
 	}
 	return r, nil

@@ -33,6 +33,7 @@ func TestNew(t *testing.T) {
 		{"renew_interval_not_below_lease", mem, relay.Options{LeaseDuration: 10 * time.Second, LeaseRenewInterval: 10 * time.Second}, "LeaseRenewInterval", false},
 		{"negative_metrics_interval", mem, relay.Options{MetricsInterval: -1}, "MetricsInterval", false},
 		{"negative_metrics_timeout", mem, relay.Options{MetricsTimeout: -1}, "MetricsTimeout", false},
+		{"bucket_zero_only_without_metrics_backlog", mem, relay.Options{MetricsBucketZeroOnly: true}, "MetricsBacklog", false},
 		{"negative_stop_timeout", mem, relay.Options{StopTimeout: -1}, "StopTimeout", false},
 		{"negative_max_publish_duration", mem, relay.Options{MaxPublishDuration: -1}, "MaxPublishDuration", false},
 		{"relay_id_too_long", mem, relay.Options{RelayID: strings.Repeat("x", 129)}, "RelayID", false},
