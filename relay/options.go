@@ -130,7 +130,10 @@ type Options struct {
 	// Notifier wakes the relay after commits; pass the one given to
 	// outbox.Plugin (see NewNotifier). A Notifier serves one relay: New fails
 	// if it is already attached to another. Nil means a new Notifier, which
-	// Relay.Notifier returns.
+	// Relay.Notifier returns. When Notifier is nil, Transport is nil and
+	// Relay.Notifier was not called before Run, no commit can wake the
+	// relay: it finds them by polling every PollInterval, and Run says so
+	// once at INFO.
 	Notifier *Notifier
 
 	// Transport, when non-nil, carries bucket hints to and from the relays

@@ -27,8 +27,14 @@ type Relay struct {
 	clock    Clock
 	log      *slog.Logger
 	notifier *Notifier
-	m        *instruments
-	rng      *rand.Rand // jitter; used by Run's goroutine only
+	// ownNotifier: New created the notifier (Options.Notifier was nil);
+	// notifierTaken: Relay.Notifier handed it out; pollNoticed: Run logged
+	// that no commit can wake the relay.
+	ownNotifier   bool
+	notifierTaken atomic.Bool
+	pollNoticed   atomic.Bool
+	m             *instruments
+	rng           *rand.Rand // jitter; used by Run's goroutine only
 
 	running atomic.Bool
 	health  atomic.Pointer[error] // the latest cycle's error; nil: it succeeded (see Health)
@@ -75,14 +81,15 @@ func New(store Store, pub Publisher, opts Options) (*Relay, error) {
 	h := fnv.New64a()
 	h.Write([]byte(o.RelayID))
 	r := &Relay{
-		store:    store,
-		pub:      pub,
-		opts:     o,
-		clock:    o.Clock,
-		log:      o.Logger,
-		notifier: n,
-		m:        m,
-		rng:      rand.New(rand.NewPCG(h.Sum64(), 0x6f7574626f78)),
+		store:       store,
+		pub:         pub,
+		opts:        o,
+		clock:       o.Clock,
+		log:         o.Logger,
+		notifier:    n,
+		ownNotifier: o.Notifier == nil,
+		m:           m,
+		rng:         rand.New(rand.NewPCG(h.Sum64(), 0x6f7574626f78)),
 	}
 	r.renewer, _ = store.(LeaseRenewer)
 	if cf, ok := store.(ConcurrentFetcher); ok && r.renewer != nil {
@@ -101,7 +108,10 @@ func (r *Relay) ID() string { return r.opts.RelayID }
 
 // Notifier returns the relay's notifier: Options.Notifier or the one New
 // created. Pass it to outbox.Plugin so commits wake the relay.
-func (r *Relay) Notifier() *Notifier { return r.notifier }
+func (r *Relay) Notifier() *Notifier {
+	r.notifierTaken.Store(true)
+	return r.notifier
+}
 
 // runState is the state of one Run, owned by its goroutine (the lease set
 // is shared with the renewal goroutine under its mutex).
@@ -152,6 +162,10 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	defer r.running.Store(false)
 	r.log.Info("relay: starting", "relay", r.opts.RelayID, "buckets", r.opts.BucketCount)
+	if r.ownNotifier && r.opts.Transport == nil && !r.notifierTaken.Load() && r.pollNoticed.CompareAndSwap(false, true) {
+		r.log.Info("relay: no notifier wired, so commits are found by polling every poll_interval; for commits to wake the relay, pass one relay.NewNotifier() to outbox.Plugin and to Options.Notifier, or set Options.Transport (package pgnotify) when the writers run in other processes",
+			"relay", r.opts.RelayID, "poll_interval", r.opts.PollInterval)
+	}
 
 	reg, err := r.registerGauges()
 	if err != nil {

@@ -617,6 +617,7 @@ func TestNotifications(t *testing.T) {
 	})
 
 	t.Run("nil_and_unattached_notifiers_ignore_calls", func(t *testing.T) {
+		setDefaultLogger(t) // the unattached notifier's warning
 		var nilN *relay.Notifier
 		nilN.NotifyCommitted()
 		nilN.NotifyBucket(3)
