@@ -150,11 +150,11 @@ type Options struct {
 	// cancelled once three quarters of the budget are spent, so that the
 	// release keeps at least the last quarter; the release is cancelled at
 	// the end of the budget. Run thus returns within StopTimeout of the
-	// stop, plus the time the publisher and the store take to return once
-	// their context is cancelled. A cancelled marking leaves its rows to be
-	// published again by the next owner; a cancelled release leaves peers
-	// waiting up to LeaseDuration. Closing the publisher after Run is not
-	// part of the budget.
+	// stop, plus the time the publisher, the store and Transport take to
+	// return once their context is cancelled. A cancelled marking leaves
+	// its rows to be published again by the next owner; a cancelled release
+	// leaves peers waiting up to LeaseDuration. Closing the publisher after
+	// Run is not part of the budget.
 	//
 	// Give the process a shutdown grace period longer than StopTimeout plus
 	// the rest of its shutdown: the default, a third of Kubernetes' default

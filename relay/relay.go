@@ -149,13 +149,14 @@ func (e errStore) Unwrap() error { return e.err }
 // already running, and share one budget, Options.StopTimeout, counted from
 // the moment ctx is done: the publish and the marking are cancelled when
 // three quarters of it are spent, the release when all of it is. Run
-// therefore returns within StopTimeout of the stop unless the publisher or
-// the store keeps running after its context is cancelled. It returns nil
-// after such a stop, or a fatal error wrapping ErrMisconfigured (bucket
-// count disagreement, a publish exceeding MaxPublishDuration) after the
-// same stop, whose budget starts when the error ends the loop. Run owns
-// every goroutine it starts and returns only after all have exited. Calling
-// Run while another Run of the same relay is running is an error.
+// therefore returns within StopTimeout of the stop unless the publisher,
+// the store or Options.Transport keeps running after its context is
+// cancelled. It returns nil after such a stop, or a fatal error wrapping
+// ErrMisconfigured (bucket count disagreement, a publish exceeding
+// MaxPublishDuration) after the same stop, whose budget starts when the
+// error ends the loop. Run owns every goroutine it starts and returns only
+// after all have exited. Calling Run while another Run of the same relay is
+// running is an error.
 func (r *Relay) Run(ctx context.Context) error {
 	if !r.running.CompareAndSwap(false, true) {
 		return errors.New("relay: Run called while the relay is already running")
