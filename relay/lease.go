@@ -137,17 +137,10 @@ func (r *Relay) checkLease(st *runState) bool {
 
 // guardPublish runs beside one Publish call until done is closed. It renews
 // the leases (when the store can) at min(LeaseRenewInterval, half the
-// remaining lease), and once ctx is done it cancels the publish after
-// StopTimeout.
-func (r *Relay) guardPublish(ctx, pubCtx context.Context, cancelPub context.CancelFunc, st *runState, done <-chan struct{}) {
-	stopping := ctx.Done()
-	var stopC <-chan time.Time
-	var stopT Timer
-	defer func() {
-		if stopT != nil {
-			stopT.Stop()
-		}
-	}()
+// remaining lease), and logs when the stop budget cancels the publish
+// (pubCtx ends).
+func (r *Relay) guardPublish(pubCtx context.Context, st *runState, done <-chan struct{}) {
+	cancelled := pubCtx.Done()
 	for {
 		var renewT Timer
 		var renewC <-chan time.Time
@@ -159,14 +152,13 @@ func (r *Relay) guardPublish(ctx, pubCtx context.Context, cancelPub context.Canc
 		}
 		select {
 		case <-done:
-		case <-stopping:
-			stopping = nil
-			stopT = r.clock.NewTimer(r.opts.StopTimeout)
-			stopC = stopT.C()
-		case <-stopC:
-			stopC = nil
-			r.log.Warn("relay: in-flight publish exceeded the stop timeout; cancelling it", "relay", r.opts.RelayID, "stop_timeout", r.opts.StopTimeout)
-			cancelPub()
+		case <-cancelled:
+			cancelled = nil
+			select {
+			case <-done: // the publish returned first: publish cancelled pubCtx
+			default:
+				r.log.Warn("relay: in-flight publish outlived the stop budget; cancelled", "relay", r.opts.RelayID, "stop_timeout", r.opts.StopTimeout)
+			}
 		case <-renewC:
 			renewC = nil
 			r.renew(pubCtx, st)

@@ -43,8 +43,8 @@ const (
 	// while unknown.
 	MetricPendingOldestAge = "outbox.pending.oldest_age"
 	// MetricPendingAvailable is 1 when a backlog sample is available, and 0
-	// before the first sample, when the store cannot sample, or after a
-	// failed, timed-out or nil sample.
+	// without Options.MetricsBacklog, before the first sample, when the
+	// store cannot sample, or after a failed, timed-out or nil sample.
 	MetricPendingAvailable = "outbox.pending.available"
 )
 
@@ -146,10 +146,8 @@ func (r *Relay) registerGauges() (metric.Registration, error) {
 // time, bounded by MetricsTimeout, then a wait of MetricsInterval.
 //
 // OpenTelemetry's Go API does not tell a callback whether a reader is
-// attached, so "only while observed" is approximated: the sampler runs only
-// when Options.MeterProvider is set (with the default no-op provider nobody
-// can observe, and the store is never queried for metrics) and only while
-// Run is running.
+// attached, so the sampler cannot run "only while observed": it runs only
+// when Options.MetricsBacklog asks for it, and only while Run is running.
 func (r *Relay) sampleBacklog(ctx context.Context) {
 	for {
 		if r.opts.MetricsBucketZeroOnly && !r.ownsBucketZero() {

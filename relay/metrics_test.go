@@ -10,6 +10,7 @@ import (
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/relay"
 	"github.com/gorm-outbox/outbox/relay/relaytest"
+	"go.opentelemetry.io/otel"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 )
@@ -56,7 +57,73 @@ func collect(t *testing.T, r *sdkmetric.ManualReader) readings {
 	return out
 }
 
+// setGlobalMeterProvider installs an SDK provider as the OpenTelemetry
+// global for the test and returns its reader; cleanup restores the previous
+// global and shuts the provider down.
+func setGlobalMeterProvider(t *testing.T) *sdkmetric.ManualReader {
+	t.Helper()
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	prev := otel.GetMeterProvider()
+	otel.SetMeterProvider(mp)
+	t.Cleanup(func() {
+		otel.SetMeterProvider(prev)
+		_ = mp.Shutdown(context.Background())
+	})
+	return reader
+}
+
 func TestMetrics(t *testing.T) {
+	t.Run("nil_meter_provider_records_to_the_global_provider", func(t *testing.T) {
+		reader := setGlobalMeterProvider(t)
+		h := newHarness(t, relay.Options{BucketCount: 1, MetricsName: "global"}, nil)
+		h.store.Add(msgs(3, "t")...)
+		h.start()
+		h.waitFor("store empty", func() bool { return h.store.Len() == 0 })
+		h.waitIdle()
+		got := collect(t, reader)
+		if got.values[relay.MetricPublishAcknowledged] != 3 {
+			t.Errorf("%s on the global provider = %v; want 3", relay.MetricPublishAcknowledged, got.values[relay.MetricPublishAcknowledged])
+		}
+		if got.values[relay.MetricOwnedBuckets] != 1 {
+			t.Errorf("%s on the global provider = %v; want 1", relay.MetricOwnedBuckets, got.values[relay.MetricOwnedBuckets])
+		}
+		if got.names[relay.MetricPublishAcknowledged] != "global" {
+			t.Errorf("outbox.name = %q; want %q", got.names[relay.MetricPublishAcknowledged], "global")
+		}
+	})
+
+	t.Run("default_relay_issues_no_backlog_queries_even_with_a_global_provider", func(t *testing.T) {
+		reader := setGlobalMeterProvider(t)
+		h := newHarness(t, relay.Options{BucketCount: 1, MetricsInterval: time.Second}, nil)
+		h.store.Add(msgs(3, "t")...)
+		h.start()
+		h.waitFor("store empty", func() bool { return h.store.Len() == 0 })
+		for range 3 { // three metrics intervals
+			h.advanceIdle(time.Second)
+		}
+		if got := h.ops.count(relaytest.OpPendingMetrics); got != 0 {
+			t.Fatalf("backlog queries of a default relay = %d; want 0 without Options.MetricsBacklog", got)
+		}
+		if v, ok := collect(t, reader).values[relay.MetricPendingAvailable]; !ok || v != 0 {
+			t.Fatalf("%s = %v (reported %v); want 0", relay.MetricPendingAvailable, v, ok)
+		}
+	})
+
+	t.Run("explicit_meter_provider_alone_issues_no_backlog_queries", func(t *testing.T) {
+		reader := sdkmetric.NewManualReader()
+		h := newHarness(t, relay.Options{BucketCount: 1, MetricsInterval: time.Second, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}, nil)
+		h.store.Add(msgs(3, "t")...)
+		h.start()
+		h.waitFor("store empty", func() bool { return h.store.Len() == 0 })
+		for range 3 {
+			h.advanceIdle(time.Second)
+		}
+		if got := h.ops.count(relaytest.OpPendingMetrics); got != 0 {
+			t.Fatalf("backlog queries with a MeterProvider but no MetricsBacklog = %d; want 0", got)
+		}
+	})
+
 	t.Run("publish_instruments_count_batches_and_acknowledged_attempts", func(t *testing.T) {
 		reader := sdkmetric.NewManualReader()
 		h := newHarness(t, relay.Options{BucketCount: 1, MetricsName: "orders", MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}, nil)
@@ -117,7 +184,7 @@ func TestMetrics(t *testing.T) {
 
 	t.Run("pending_gauges_report_the_sampled_backlog", func(t *testing.T) {
 		reader := sdkmetric.NewManualReader()
-		h := newHarness(t, relay.Options{BucketCount: 1, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}, nil)
+		h := newHarness(t, relay.Options{MetricsBacklog: true, BucketCount: 1, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}, nil)
 		old := outbox.NewStringMessage("t", "k", "v")
 		old.CreatedAt = t0.Add(-90 * time.Second)
 		h.store.Add(old)
@@ -141,7 +208,7 @@ func TestMetrics(t *testing.T) {
 
 	t.Run("pending_is_unavailable_not_zero_when_the_store_cannot_sample", func(t *testing.T) {
 		reader := sdkmetric.NewManualReader()
-		h := newHarness(t, relay.Options{BucketCount: 1, MaxPublishDuration: time.Second, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}, withoutRenewal)
+		h := newHarness(t, relay.Options{MetricsBacklog: true, BucketCount: 1, MaxPublishDuration: time.Second, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}, withoutRenewal)
 		h.start()
 		h.waitIdle()
 		got := collect(t, reader)
@@ -155,7 +222,7 @@ func TestMetrics(t *testing.T) {
 
 	t.Run("pending_is_unavailable_after_a_failed_sample", func(t *testing.T) {
 		reader := sdkmetric.NewManualReader()
-		h := newHarness(t, relay.Options{BucketCount: 1, MetricsInterval: time.Minute, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}, nil)
+		h := newHarness(t, relay.Options{MetricsBacklog: true, BucketCount: 1, MetricsInterval: time.Minute, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}, nil)
 		h.store.Add(msgs(2, "t")...)
 		h.ops.failNext(relaytest.OpPendingMetrics, 1)
 		h.start()
@@ -178,7 +245,7 @@ func TestMetrics(t *testing.T) {
 
 	t.Run("bucket_zero_mode_samples_only_on_the_owner_of_bucket_0", func(t *testing.T) {
 		reader := sdkmetric.NewManualReader()
-		h := newHarness(t, relay.Options{BucketCount: 2, MetricsBucketZeroOnly: true, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}, nil)
+		h := newHarness(t, relay.Options{MetricsBacklog: true, BucketCount: 2, MetricsBucketZeroOnly: true, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}, nil)
 		if _, err := h.store.AcquireBucketLeases(context.Background(), "peer", 2, time.Hour); err != nil {
 			t.Fatal(err)
 		}

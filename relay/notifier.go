@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"log/slog"
 	"sync/atomic"
 
 	"github.com/gorm-outbox/outbox"
@@ -19,8 +20,14 @@ import (
 // it is told about also go to the relays of other processes, coalesced the
 // same way; hints received from them are never sent on. Its methods are safe for concurrent
 // use, never block and never panic; a nil *Notifier ignores every call.
+//
+// A Notifier wakes a relay only once relay.New has attached it (passed in
+// Options.Notifier); until then notifications wake nothing, and the first
+// one is logged at WARN on slog.Default, once per Notifier, because a
+// notifier never attached leaves its relay polling.
 type Notifier struct {
 	attached atomic.Bool
+	warned   atomic.Bool // the unattached warning was logged
 	state    atomic.Pointer[notifyState]
 	unknown  atomic.Bool
 	wake     chan struct{}
@@ -63,6 +70,7 @@ func (n *Notifier) NotifyCommitted() {
 	if n == nil {
 		return
 	}
+	n.checkAttached()
 	if n.sending.Load() {
 		n.outUnknown.Store(true)
 		n.signalOut()
@@ -92,6 +100,7 @@ func (n *Notifier) NotifyBucket(bucket int) {
 	}
 	st := n.state.Load()
 	if st == nil {
+		n.checkAttached()
 		return
 	}
 	if n.sending.Load() {
@@ -103,6 +112,15 @@ func (n *Notifier) NotifyBucket(bucket int) {
 		n.signalOut()
 	}
 	n.local(st, bucket)
+}
+
+// checkAttached logs, once, a notification to a Notifier that no relay
+// was built with.
+func (n *Notifier) checkAttached() {
+	if n.attached.Load() || !n.warned.CompareAndSwap(false, true) {
+		return
+	}
+	slog.Default().Warn("relay: notifier attached to no relay; notifications wake nothing, so commits wait for polling; pass this notifier to relay.New in Options.Notifier")
 }
 
 // receive takes a hint from the transport: it may wake this relay, and is

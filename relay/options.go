@@ -10,8 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric"
-	"go.opentelemetry.io/otel/metric/noop"
 )
 
 // Defaults of Options. A zero Options field takes the matching default.
@@ -91,18 +91,27 @@ type Options struct {
 	MetricsName string
 
 	// MetricsInterval is the wait after each backlog query before the next
-	// one. Zero means DefaultMetricsInterval (30s); a negative value fails
-	// New.
+	// one (see MetricsBacklog). Zero means DefaultMetricsInterval (30s); a
+	// negative value fails New.
 	MetricsInterval time.Duration
 
-	// MetricsTimeout bounds one backlog query. Zero means
-	// DefaultMetricsTimeout (5s); a negative value fails New.
+	// MetricsTimeout bounds one backlog query (see MetricsBacklog). Zero
+	// means DefaultMetricsTimeout (5s); a negative value fails New.
 	MetricsTimeout time.Duration
+
+	// MetricsBacklog turns on the backlog sampler: while Run runs, the relay
+	// asks a store implementing PendingMetricsStore for its pending rows
+	// every MetricsInterval, and reports them in the outbox.pending.*
+	// gauges. Each sample is a query on the whole messages table, so it is
+	// opt-in whatever the MeterProvider. The default is false: no backlog
+	// queries, and outbox.pending.available reports 0.
+	MetricsBacklog bool
 
 	// MetricsBucketZeroOnly makes only the owner of bucket 0 sample the
 	// backlog; other relays report it unavailable. Enable it on every relay
 	// sharing a store to query the backlog once instead of once per relay.
-	// The default is false: every relay samples.
+	// It needs MetricsBacklog (New fails without it). The default is false:
+	// every relay with MetricsBacklog samples.
 	MetricsBucketZeroOnly bool
 
 	// Clock is the source of time for leases, polling and backoff. Nil means
@@ -112,14 +121,19 @@ type Options struct {
 	// Logger receives the relay's logs. Nil means slog.Default().
 	Logger *slog.Logger
 
-	// MeterProvider provides the relay's instruments. Nil means no metrics
-	// (a no-op provider), and no backlog queries.
+	// MeterProvider provides the relay's instruments. Nil means the
+	// OpenTelemetry global, otel.GetMeterProvider(), which records nothing
+	// until the application installs an SDK (otel.SetMeterProvider). The
+	// provider never turns on backlog queries: see MetricsBacklog.
 	MeterProvider metric.MeterProvider
 
 	// Notifier wakes the relay after commits; pass the one given to
 	// outbox.Plugin (see NewNotifier). A Notifier serves one relay: New fails
 	// if it is already attached to another. Nil means a new Notifier, which
-	// Relay.Notifier returns.
+	// Relay.Notifier returns. When Notifier is nil, Transport is nil and
+	// Relay.Notifier was not called before Run, no commit can wake the
+	// relay: it finds them by polling every PollInterval, and Run says so
+	// once at INFO.
 	Notifier *Notifier
 
 	// Transport, when non-nil, carries bucket hints to and from the relays
@@ -129,9 +143,23 @@ type Options struct {
 	// means local notifications only; polling stays on either way.
 	Transport Transport
 
-	// StopTimeout bounds the cleanup after ctx is done: waiting for the
-	// in-flight publish, marking its acknowledged prefix and releasing the
-	// leases. Zero means DefaultStopTimeout (10s); a negative value fails
+	// StopTimeout is the budget of a whole stop, counted on Clock from the
+	// moment Run's ctx is done (or a fatal error ends its loop). Three steps
+	// share it: waiting for the in-flight publish, marking its acknowledged
+	// prefix, and releasing the leases. The publish and the marking are
+	// cancelled once three quarters of the budget are spent, so that the
+	// release keeps at least the last quarter; the release is cancelled at
+	// the end of the budget. Run thus returns within StopTimeout of the
+	// stop, plus the time the publisher, the store and Transport take to
+	// return once their context is cancelled. A cancelled marking leaves
+	// its rows to be published again by the next owner; a cancelled release
+	// leaves peers waiting up to LeaseDuration. Closing the publisher after
+	// Run is not part of the budget.
+	//
+	// Give the process a shutdown grace period longer than StopTimeout plus
+	// the rest of its shutdown: the default, a third of Kubernetes' default
+	// terminationGracePeriodSeconds (30s), leaves the other two thirds to
+	// the rest. Zero means DefaultStopTimeout (10s); a negative value fails
 	// New.
 	StopTimeout time.Duration
 }
@@ -203,6 +231,9 @@ func (o Options) withDefaults(store Store) (Options, error) {
 	} else if strings.TrimSpace(o.MetricsName) == "" || len([]rune(o.MetricsName)) > maxMetricsNameLength {
 		bad("Options.MetricsName %q must be 1 to %d non-blank characters", o.MetricsName, maxMetricsNameLength)
 	}
+	if o.MetricsBucketZeroOnly && !o.MetricsBacklog {
+		bad("Options.MetricsBucketZeroOnly needs Options.MetricsBacklog: without it no relay samples the backlog")
+	}
 	if o.Clock == nil {
 		o.Clock = SystemClock{}
 	}
@@ -210,7 +241,7 @@ func (o Options) withDefaults(store Store) (Options, error) {
 		o.Logger = slog.Default()
 	}
 	if o.MeterProvider == nil {
-		o.MeterProvider = noop.NewMeterProvider()
+		o.MeterProvider = otel.GetMeterProvider()
 	}
 	return o, errors.Join(errs...)
 }

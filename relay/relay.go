@@ -20,15 +20,21 @@ type Relay struct {
 	store    Store
 	renewer  LeaseRenewer        // nil: the store cannot renew
 	releaser LeaseReleaser       // nil: leases expire on stop
-	sampler  PendingMetricsStore // nil: no backlog sampling
+	sampler  PendingMetricsStore // nil: no backlog sampling (Options.MetricsBacklog)
 	pub      Publisher
 	prefetch bool // fetch the next bucket's batch during a publish (ConcurrentFetcher)
 	opts     Options
 	clock    Clock
 	log      *slog.Logger
 	notifier *Notifier
-	m        *instruments
-	rng      *rand.Rand // jitter; used by Run's goroutine only
+	// ownNotifier: New created the notifier (Options.Notifier was nil);
+	// notifierTaken: Relay.Notifier handed it out; pollNoticed: Run logged
+	// that no commit can wake the relay.
+	ownNotifier   bool
+	notifierTaken atomic.Bool
+	pollNoticed   atomic.Bool
+	m             *instruments
+	rng           *rand.Rand // jitter; used by Run's goroutine only
 
 	running atomic.Bool
 	health  atomic.Pointer[error] // the latest cycle's error; nil: it succeeded (see Health)
@@ -54,7 +60,6 @@ func New(store Store, pub Publisher, opts Options) (*Relay, error) {
 	if pub == nil {
 		return nil, errors.New("relay: nil Publisher")
 	}
-	sample := opts.MeterProvider != nil
 	o, err := opts.withDefaults(store)
 	if err != nil {
 		return nil, err
@@ -76,21 +81,22 @@ func New(store Store, pub Publisher, opts Options) (*Relay, error) {
 	h := fnv.New64a()
 	h.Write([]byte(o.RelayID))
 	r := &Relay{
-		store:    store,
-		pub:      pub,
-		opts:     o,
-		clock:    o.Clock,
-		log:      o.Logger,
-		notifier: n,
-		m:        m,
-		rng:      rand.New(rand.NewPCG(h.Sum64(), 0x6f7574626f78)),
+		store:       store,
+		pub:         pub,
+		opts:        o,
+		clock:       o.Clock,
+		log:         o.Logger,
+		notifier:    n,
+		ownNotifier: o.Notifier == nil,
+		m:           m,
+		rng:         rand.New(rand.NewPCG(h.Sum64(), 0x6f7574626f78)),
 	}
 	r.renewer, _ = store.(LeaseRenewer)
 	if cf, ok := store.(ConcurrentFetcher); ok && r.renewer != nil {
 		r.prefetch = cf.ConcurrentNextBatch()
 	}
 	r.releaser, _ = store.(LeaseReleaser)
-	if ms, ok := store.(PendingMetricsStore); ok && sample {
+	if ms, ok := store.(PendingMetricsStore); ok && o.MetricsBacklog {
 		r.sampler = ms
 	}
 	return r, nil
@@ -102,7 +108,10 @@ func (r *Relay) ID() string { return r.opts.RelayID }
 
 // Notifier returns the relay's notifier: Options.Notifier or the one New
 // created. Pass it to outbox.Plugin so commits wake the relay.
-func (r *Relay) Notifier() *Notifier { return r.notifier }
+func (r *Relay) Notifier() *Notifier {
+	r.notifierTaken.Store(true)
+	return r.notifier
+}
 
 // runState is the state of one Run, owned by its goroutine (the lease set
 // is shared with the renewal goroutine under its mutex).
@@ -132,22 +141,32 @@ type errStore struct{ err error }
 func (e errStore) Error() string { return e.err.Error() }
 func (e errStore) Unwrap() error { return e.err }
 
-// Run publishes until ctx is done, then finishes the in-flight batch (it is
-// awaited, for records cannot be retracted, up to Options.StopTimeout),
-// marks its acknowledged prefix if the lease it ran under is still valid,
-// and releases the leases (when the store implements LeaseReleaser) so that
-// a peer takes over at once; cleanup runs on context.WithoutCancel(ctx)
-// bounded by StopTimeout. It returns nil after such a stop, or a fatal
-// error wrapping ErrMisconfigured (bucket count disagreement, a publish
-// exceeding MaxPublishDuration) after the same cleanup. Run owns every
-// goroutine it starts and returns only after all have exited. Calling Run
-// while another Run of the same relay is running is an error.
+// Run publishes until ctx is done, then stops: it awaits the in-flight
+// publish (records cannot be retracted), marks its acknowledged prefix if
+// the lease it ran under is still valid, and releases the leases (when the
+// store implements LeaseReleaser) so that a peer takes over at once. These
+// steps run on context.WithoutCancel(ctx), so a stop never cancels one
+// already running, and share one budget, Options.StopTimeout, counted from
+// the moment ctx is done: the publish and the marking are cancelled when
+// three quarters of it are spent, the release when all of it is. Run
+// therefore returns within StopTimeout of the stop unless the publisher,
+// the store or Options.Transport keeps running after its context is
+// cancelled. It returns nil after such a stop, or a fatal error wrapping
+// ErrMisconfigured (bucket count disagreement, a publish exceeding
+// MaxPublishDuration) after the same stop, whose budget starts when the
+// error ends the loop. Run owns every goroutine it starts and returns only
+// after all have exited. Calling Run while another Run of the same relay is
+// running is an error.
 func (r *Relay) Run(ctx context.Context) error {
 	if !r.running.CompareAndSwap(false, true) {
 		return errors.New("relay: Run called while the relay is already running")
 	}
 	defer r.running.Store(false)
 	r.log.Info("relay: starting", "relay", r.opts.RelayID, "buckets", r.opts.BucketCount)
+	if r.ownNotifier && r.opts.Transport == nil && !r.notifierTaken.Load() && r.pollNoticed.CompareAndSwap(false, true) {
+		r.log.Info("relay: no notifier wired, so commits are found by polling every poll_interval; for commits to wake the relay, pass one relay.NewNotifier() to outbox.Plugin and to Options.Notifier, or set Options.Transport (package pgnotify) when the writers run in other processes",
+			"relay", r.opts.RelayID, "poll_interval", r.opts.PollInterval)
+	}
 
 	reg, err := r.registerGauges()
 	if err != nil {
@@ -179,11 +198,32 @@ func (r *Relay) Run(ctx context.Context) error {
 		}()
 	}
 
+	// The stop budget (see Options.StopTimeout). cleanup carries the
+	// publish and its MarkPublished, release the lease release: both are
+	// detached from ctx, so a stop never cancels a step already running,
+	// and runStopBudget ends them when the budget runs out.
+	stopping, beginStop := context.WithCancel(ctx)
+	defer beginStop()
+	cleanup, cancelCleanup := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelCleanup()
+	release, cancelRelease := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelRelease()
+	stopped := make(chan struct{})
+	var bwg sync.WaitGroup
+	bwg.Add(1)
+	go func() {
+		defer bwg.Done()
+		r.runStopBudget(stopping, stopped, cancelCleanup, cancelRelease)
+	}()
+
 	r.health.Store(&errNoCycle)
 	st := &runState{ready: make([]bool, r.opts.BucketCount), retry: map[int]*headRetry{}}
 	st.nextRebalance = r.clock.Now()
-	err = r.loop(ctx, st)
-	r.stop(ctx, st)
+	err = r.loop(ctx, cleanup, st)
+	beginStop() // a fatal error starts the stop too
+	r.stop(release, st)
+	close(stopped)
+	bwg.Wait()
 	if err != nil {
 		r.log.Error("relay: stopped by a fatal error", "relay", r.opts.RelayID, "error", err)
 		return err
@@ -192,24 +232,62 @@ func (r *Relay) Run(ctx context.Context) error {
 	return nil
 }
 
-// stop releases the leases after the loop ended.
-func (r *Relay) stop(ctx context.Context, st *runState) {
+// runStopBudget enforces the stop budget. Once stopping is done it computes
+// the one deadline of the stop, StopTimeout later on the relay's clock; it
+// cancels cleanup (the in-flight publish and its MarkPublished) at the
+// deadline minus the release reserve, and release at the deadline. It
+// returns when Run closes stopped.
+func (r *Relay) runStopBudget(stopping context.Context, stopped <-chan struct{}, cancelCleanup, cancelRelease context.CancelFunc) {
+	select {
+	case <-stopped:
+		return
+	case <-stopping.Done():
+	}
+	deadline := r.clock.Now().Add(r.opts.StopTimeout)
+	steps := []struct {
+		at     time.Time
+		cancel context.CancelFunc
+	}{
+		{deadline.Add(-releaseReserve(r.opts.StopTimeout)), cancelCleanup},
+		{deadline, cancelRelease},
+	}
+	for _, step := range steps {
+		t := r.clock.NewTimer(step.at.Sub(r.clock.Now()))
+		select {
+		case <-stopped:
+			t.Stop()
+			return
+		case <-t.C():
+			step.cancel()
+		}
+	}
+	<-stopped
+}
+
+// releaseReserve is the part of the stop budget kept for releasing the
+// leases: a quarter.
+func releaseReserve(stopTimeout time.Duration) time.Duration { return stopTimeout / 4 }
+
+// stop releases the leases after the loop ended, on release (bounded by the
+// stop budget).
+func (r *Relay) stop(release context.Context, st *runState) {
 	r.setLeases(st, nil, time.Time{})
 	if !st.attempted || r.releaser == nil {
 		return
 	}
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.opts.StopTimeout)
-	defer cancel()
-	if err := r.releaser.ReleaseBucketLeases(cctx, r.opts.RelayID); err != nil {
+	if err := r.releaser.ReleaseBucketLeases(release, r.opts.RelayID); err != nil {
 		r.log.Warn("relay: release leases failed; peers take over when they expire", "relay", r.opts.RelayID, "error", err)
 	}
 }
 
-func (r *Relay) loop(ctx context.Context, st *runState) error {
+// loop runs cycles until ctx is done or a fatal error. cleanup, detached
+// from ctx and bounded by the stop budget, carries the steps a stop must not
+// interrupt.
+func (r *Relay) loop(ctx, cleanup context.Context, st *runState) error {
 	for ctx.Err() == nil {
 		start := r.clock.Now()
 		st.worked = false
-		err := r.cycle(ctx, st)
+		err := r.cycle(ctx, cleanup, st)
 		if err == nil && st.acquireErr != nil {
 			r.recordHealth(ctx, st.acquireErr) // failed acquisition: work goes on, unhealthy
 		} else {
@@ -239,7 +317,7 @@ func (r *Relay) loop(ctx context.Context, st *runState) error {
 
 // cycle runs acquisition when due, discovery when due or hinted, and one
 // sweep over the ready buckets.
-func (r *Relay) cycle(ctx context.Context, st *runState) error {
+func (r *Relay) cycle(ctx, cleanup context.Context, st *runState) error {
 	if !r.clock.Now().Before(st.nextRebalance) {
 		if err := r.acquire(ctx, st); err != nil {
 			return err
@@ -278,12 +356,12 @@ func (r *Relay) cycle(ctx context.Context, st *runState) error {
 			}
 		}
 	}
-	return r.sweep(ctx, st, owned)
+	return r.sweep(ctx, cleanup, st, owned)
 }
 
 // sweep publishes one batch of each ready bucket, so that a full bucket
 // cannot starve the others.
-func (r *Relay) sweep(ctx context.Context, st *runState, owned []int) error {
+func (r *Relay) sweep(ctx, cleanup context.Context, st *runState, owned []int) error {
 	var pre *prefetch // the next bucket's batch, fetched during a publish
 	defer func() {
 		if pre != nil {
@@ -317,7 +395,7 @@ func (r *Relay) sweep(ctx context.Context, st *runState, owned []int) error {
 				}
 			}
 		}
-		if err := r.drainOnce(ctx, st, b, fetched, startNext); err != nil {
+		if err := r.drainOnce(ctx, cleanup, st, b, fetched, startNext); err != nil {
 			return err
 		}
 		if cur, _, _ := st.lease.snapshot(); len(cur) == 0 {
@@ -369,12 +447,12 @@ func (p *prefetch) wait() ([]*outbox.Message, error) {
 }
 
 // drainOnce fetches and publishes one batch of bucket b, then marks the
-// acknowledged prefix.
+// acknowledged prefix on cleanup, which a stop does not cancel.
 //
 // fetched, when non-nil, is b's batch fetched during the previous publish
 // (see ConcurrentFetcher); startNext is called just before the publish, to
 // fetch the next bucket's batch meanwhile.
-func (r *Relay) drainOnce(ctx context.Context, st *runState, b int, fetched *prefetch, startNext func()) error {
+func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fetched *prefetch, startNext func()) error {
 	hr := st.retry[b]
 	limit := r.batchLimit(st, b)
 	if !r.checkLease(st) {
@@ -431,7 +509,7 @@ func (r *Relay) drainOnce(ctx context.Context, st *runState, b int, fetched *pre
 	}
 
 	startNext()
-	res, took := r.publish(ctx, st, batch)
+	res, took := r.publish(cleanup, st, batch)
 	failpoint("relay/after-ack")
 	ack := min(max(res.Acknowledged, 0), len(batch))
 	r.m.publishDur.Record(context.Background(), took.Seconds(), r.m.attrs)
@@ -451,14 +529,11 @@ func (r *Relay) drainOnce(ctx context.Context, st *runState, b int, fetched *pre
 		if !r.checkLease(st) {
 			return fatal // a peer may own the rows now: mark nothing
 		}
-		mctx, cancel := ctx, context.CancelFunc(func() {})
-		if ctx.Err() != nil {
-			mctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), r.opts.StopTimeout)
-		}
 		failpoint("relay/during-delete")
-		err := r.store.MarkPublished(mctx, b, batch[:ack])
-		cancel()
-		if err != nil {
+		if err := r.store.MarkPublished(cleanup, b, batch[:ack]); err != nil {
+			if ctx.Err() != nil {
+				r.log.Warn("relay: mark published failed during the stop; the next owner republishes the rows", "relay", r.opts.RelayID, "bucket", b, "rows", ack, "error", err)
+			}
 			if fatal != nil {
 				return fatal
 			}
@@ -490,17 +565,16 @@ func (r *Relay) drainOnce(ctx context.Context, st *runState, b int, fetched *pre
 }
 
 // publish calls the publisher beside a guard goroutine that renews the
-// leases and bounds a publish still running after ctx is done. The publish
-// itself does not see ctx's cancellation: records cannot be retracted, so a
-// stop awaits it.
-func (r *Relay) publish(ctx context.Context, st *runState, batch []*outbox.Message) (res Result, took time.Duration) {
-	pubCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+// leases. The publish runs on cleanup, not on Run's ctx: records cannot be
+// retracted, so a stop awaits it, up to the stop budget.
+func (r *Relay) publish(cleanup context.Context, st *runState, batch []*outbox.Message) (res Result, took time.Duration) {
+	pubCtx, cancel := context.WithCancel(cleanup)
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		r.guardPublish(ctx, pubCtx, cancel, st, done)
+		r.guardPublish(pubCtx, st, done)
 	}()
 	start := r.clock.Now()
 	res = r.callPublisher(pubCtx, batch)

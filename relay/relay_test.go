@@ -33,6 +33,7 @@ func TestNew(t *testing.T) {
 		{"renew_interval_not_below_lease", mem, relay.Options{LeaseDuration: 10 * time.Second, LeaseRenewInterval: 10 * time.Second}, "LeaseRenewInterval", false},
 		{"negative_metrics_interval", mem, relay.Options{MetricsInterval: -1}, "MetricsInterval", false},
 		{"negative_metrics_timeout", mem, relay.Options{MetricsTimeout: -1}, "MetricsTimeout", false},
+		{"bucket_zero_only_without_metrics_backlog", mem, relay.Options{MetricsBucketZeroOnly: true}, "MetricsBacklog", false},
 		{"negative_stop_timeout", mem, relay.Options{StopTimeout: -1}, "StopTimeout", false},
 		{"negative_max_publish_duration", mem, relay.Options{MaxPublishDuration: -1}, "MaxPublishDuration", false},
 		{"relay_id_too_long", mem, relay.Options{RelayID: strings.Repeat("x", 129)}, "RelayID", false},
@@ -408,6 +409,111 @@ func TestRelay(t *testing.T) {
 		}
 	})
 
+	t.Run("stop_during_the_delete_still_deletes_the_acknowledged_rows", func(t *testing.T) {
+		h := newHarness(t, relay.Options{BucketCount: 1}, nil)
+		h.store.Add(msgs(5, "t")...)
+		deleting := make(chan struct{})
+		stopped := make(chan struct{})
+		var once sync.Once
+		h.ops.setBlock(relaytest.OpMarkPublished, func(ctx context.Context) error {
+			once.Do(func() {
+				close(deleting)
+				<-stopped // the stop arrives while the delete runs
+			})
+			return nil // the MemStore then fails the call if ctx is done
+		})
+		h.start()
+		<-deleting
+		h.cancel()
+		close(stopped)
+		if err := h.stop(); err != nil {
+			t.Fatalf("Run = %v; want nil after a graceful stop", err)
+		}
+		if got := len(h.store.Pending(0)); got != 0 {
+			t.Fatalf("pending after a stop during the delete = %d rows; want 0 (the next owner would republish them)", got)
+		}
+	})
+
+	t.Run("stop_timeout_bounds_the_whole_stop_not_each_step", func(t *testing.T) {
+		// StopTimeout is far beyond waitLimit: only the manual clock can end
+		// a step, so Run returns only if the three steps share one budget.
+		const stopTimeout = time.Minute
+		h := newHarness(t, relay.Options{BucketCount: 1, StopTimeout: stopTimeout, LeaseDuration: time.Hour}, nil)
+		h.store.Add(msgs(5, "t")...)
+		publishing, finish := make(chan struct{}), make(chan struct{})
+		h.pub.SetHandler(func(ctx context.Context, b []*outbox.Message) relay.Result {
+			close(publishing)
+			<-finish
+			return relay.Result{Acknowledged: 2, Err: errBroker}
+		})
+		marking, releasing := make(chan struct{}), make(chan struct{})
+		blockUntilDone := func(entered chan struct{}) func(ctx context.Context) error {
+			return func(ctx context.Context) error {
+				close(entered)
+				<-ctx.Done()
+				return ctx.Err()
+			}
+		}
+		h.ops.setBlock(relaytest.OpMarkPublished, blockUntilDone(marking))
+		h.ops.setBlock(relaytest.OpRelease, blockUntilDone(releasing))
+		h.start()
+		<-publishing
+		h.cancel()
+		// Parked: the publish's renewal timer and the stop budget's timer.
+		if !h.clock.WaitForWaiters(context.Background(), 2) {
+			t.Fatal("no stop budget timer")
+		}
+		h.clock.Advance(stopTimeout / 3) // the in-flight publish takes a third
+		close(finish)
+		waitClosed(t, marking, "MarkPublished called")
+		h.clock.Advance(stopTimeout - stopTimeout/3) // the rest of the budget
+		if err := h.stop(); err != nil {
+			t.Fatalf("Run = %v; want nil", err)
+		}
+		select {
+		case <-releasing:
+		default:
+			t.Fatalf("ReleaseBucketLeases not called; want it within the budget")
+		}
+	})
+
+	t.Run("release_keeps_a_quarter_of_the_stop_budget_after_a_publish_used_the_rest", func(t *testing.T) {
+		const stopTimeout = time.Minute
+		h := newHarness(t, relay.Options{BucketCount: 1, StopTimeout: stopTimeout}, nil)
+		h.store.Add(msgs(5, "t")...)
+		publishing := make(chan struct{})
+		h.pub.SetHandler(func(ctx context.Context, b []*outbox.Message) relay.Result {
+			close(publishing)
+			<-ctx.Done() // a publish that only the stop budget ends
+			return relay.Result{Err: ctx.Err()}
+		})
+		releasing := make(chan error, 1)
+		h.ops.setBlock(relaytest.OpRelease, func(ctx context.Context) error {
+			releasing <- ctx.Err()
+			<-ctx.Done()
+			return ctx.Err()
+		})
+		h.start()
+		<-publishing
+		h.cancel()
+		if !h.clock.WaitForWaiters(context.Background(), 2) {
+			t.Fatal("no stop budget timer")
+		}
+		h.clock.Advance(stopTimeout - stopTimeout/4)
+		select {
+		case err := <-releasing:
+			if err != nil {
+				t.Fatalf("release context at three quarters of the budget: %v; want a live context", err)
+			}
+		case <-time.After(waitLimit):
+			t.Fatalf("publish not cancelled at three quarters of the stop budget; want the release started")
+		}
+		h.clock.Advance(stopTimeout / 4)
+		if err := h.stop(); err != nil {
+			t.Fatalf("Run = %v; want nil", err)
+		}
+	})
+
 	t.Run("stop_before_the_first_acquisition_releases_nothing", func(t *testing.T) {
 		h := newHarness(t, relay.Options{}, nil)
 		ctx, cancel := context.WithCancel(context.Background())
@@ -511,6 +617,7 @@ func TestNotifications(t *testing.T) {
 	})
 
 	t.Run("nil_and_unattached_notifiers_ignore_calls", func(t *testing.T) {
+		setDefaultLogger(t) // the unattached notifier's warning
 		var nilN *relay.Notifier
 		nilN.NotifyCommitted()
 		nilN.NotifyBucket(3)
@@ -522,6 +629,16 @@ func TestNotifications(t *testing.T) {
 			t.Fatalf("an unattached notifier holds a wake-up; want none")
 		}
 	})
+}
+
+// waitClosed waits for ch to be closed by the relay's goroutine.
+func waitClosed(t *testing.T, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(waitLimit):
+		t.Fatalf("timed out waiting for %s", what)
+	}
 }
 
 func bucketsOf(calls [][]*outbox.Message) []int32 {
