@@ -127,6 +127,7 @@ func newFlagSet(c *config) *flag.FlagSet {
 	fs.StringVar(&o.MetricsName, "metrics-name", relay.DefaultMetricsName, "value of the outbox.name metric attribute")
 	durationVar(fs, &o.MetricsInterval, "metrics-interval", relay.DefaultMetricsInterval, "wait between backlog queries")
 	durationVar(fs, &o.MetricsTimeout, "metrics-timeout", relay.DefaultMetricsTimeout, "bound on one backlog query")
+	fs.BoolVar(&o.MetricsBacklog, "metrics-backlog", true, "sample the backlog (pending count, oldest age) every -metrics-interval with one query; false: no backlog gauges and no such query")
 	fs.BoolVar(&o.MetricsBucketZeroOnly, "metrics-bucket-zero-only", false, "only the owner of bucket 0 samples the backlog (set on every relay)")
 	durationVar(fs, &o.StopTimeout, "stop-timeout", relay.DefaultStopTimeout, "bound on the cleanup after SIGTERM (in-flight publish, lease release)")
 
@@ -469,6 +470,8 @@ var flagNames = strings.NewReplacer(
 	"Options.MetricsName", "-metrics-name",
 	"Options.MetricsInterval", "-metrics-interval",
 	"Options.MetricsTimeout", "-metrics-timeout",
+	"Options.MetricsBacklog", "-metrics-backlog",
+	"Options.MetricsBucketZeroOnly", "-metrics-bucket-zero-only",
 	"Options.StopTimeout", "-stop-timeout",
 	"Options.BucketCount", "-bucket-count",
 	"Config.BucketCount", "-bucket-count",
