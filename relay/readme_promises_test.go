@@ -177,7 +177,7 @@ func TestMetricNamesAsThePrometheusExporterShowsThem(t *testing.T) {
 
 	// One failed publish, then a lease set lost while a publish hangs:
 	// every counter gets a sample.
-	h := newHarness(t, relay.Options{BucketCount: 2, MeterProvider: mp}, nil)
+	h := newHarness(t, relay.Options{BucketCount: 2, MeterProvider: mp, MetricsBacklog: true}, nil)
 	h.store.AddToBucket(0, msgs(1, "t")...)
 	h.ops.setBlock(relaytest.OpRenew, func(context.Context) error { return errors.New("database unreachable") })
 	release := make(chan struct{})
