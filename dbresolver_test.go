@@ -1,8 +1,11 @@
 package outbox_test
 
 import (
+	"context"
 	"database/sql"
+	"fmt"
 	"slices"
+	"sync/atomic"
 	"testing"
 
 	"github.com/gorm-outbox/outbox"
@@ -14,8 +17,20 @@ import (
 	"gorm.io/plugin/dbresolver"
 )
 
+// sourcePool is a pool of its own over a *sql.DB, as a resolver's source;
+// it counts the transactions begun on it.
+type sourcePool struct {
+	*sql.DB
+	begins atomic.Int64
+}
+
+func (p *sourcePool) BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error) {
+	p.begins.Add(1)
+	return p.DB.BeginTx(ctx, opts)
+}
+
 // dialectorOn returns a dialector of the given kind on an existing pool.
-func dialectorOn(name string, sqlDB *sql.DB) gorm.Dialector {
+func dialectorOn(name string, sqlDB gorm.ConnPool) gorm.Dialector {
 	switch name {
 	case testenv.Postgres:
 		return postgres.New(postgres.Config{Conn: sqlDB})
@@ -62,5 +77,71 @@ func TestWithDBResolverRegisteredAfterThePlugin(t *testing.T) {
 				t.Fatalf("count through the replica = %d, %v; want 3", n, err)
 			}
 		})
+	}
+}
+
+// TestWritesDBResolverRoutesToItsSourcesNotify: with Sources, dbresolver
+// sends creates to pools it opened itself; their implicit transactions and
+// autocommit writes still notify after commit, whichever of the two plugins
+// was registered first, and no callback is registered twice.
+func TestWritesDBResolverRoutesToItsSourcesNotify(t *testing.T) {
+	for _, o := range testenv.Databases(t) {
+		for _, resolverFirst := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/resolver_first=%v", o.Name, resolverFirst), func(t *testing.T) {
+				rec := &recorder{}
+				warnings := &testenv.SQLRecorder{}
+				db := o.Open(t, &gorm.Config{Logger: warnings})
+				sqlDB, err := db.DB()
+				if err != nil {
+					t.Fatal(err)
+				}
+				// A source on the same database through a pool of its own
+				// (another gorm.ConnPool value).
+				source := &sourcePool{DB: sqlDB}
+				resolver := dbresolver.Register(dbresolver.Config{Sources: []gorm.Dialector{dialectorOn(o.Name, source)}})
+				plugins := []gorm.Plugin{outbox.Plugin{Notifier: rec}, resolver}
+				if resolverFirst {
+					plugins[0], plugins[1] = plugins[1], plugins[0]
+				}
+				for _, p := range plugins {
+					if err := db.Use(p); err != nil {
+						t.Fatalf("db.Use(%s) = %v", p.Name(), err)
+					}
+				}
+				if err := outbox.AutoMigrate(db, outbox.Config{}); err != nil {
+					t.Fatal(err)
+				}
+				if err := db.Create(inBucket(3)).Error; err != nil {
+					t.Fatal(err)
+				}
+				if err := db.Session(&gorm.Session{SkipDefaultTransaction: true}).Create(inBucket(4)).Error; err != nil {
+					t.Fatal(err)
+				}
+				if n := source.begins.Load(); n != 1 {
+					t.Fatalf("%d transactions begun on dbresolver's source; want 1 (the implicit one)", n)
+				}
+				err = db.Transaction(func(tx *gorm.DB) error { return tx.Create(inBucket(6)).Error })
+				if err != nil {
+					t.Fatal(err)
+				}
+				got := rec.take()
+				if len(got) != 3 || !slices.Equal(got[0], []int{3}) || !slices.Equal(got[1], []int{4}) || !slices.Equal(got[2], []int{6}) {
+					t.Fatalf("notifications for writes routed to dbresolver's source = %v; want [[3] [4] [6]]", got)
+				}
+				// Rolled back on the source: nothing.
+				_ = db.Transaction(func(tx *gorm.DB) error {
+					if err := tx.Create(inBucket(1)).Error; err != nil {
+						return err
+					}
+					return gorm.ErrInvalidData
+				})
+				if got := rec.take(); len(got) != 0 {
+					t.Fatalf("notified %v for a rolled-back transaction; want nothing", got)
+				}
+				if w := warnings.Warnings(); len(w) != 0 {
+					t.Fatalf("gorm warned: %q; want no warning (no callback registered twice)", w)
+				}
+			})
+		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -23,6 +24,9 @@ type notifyState struct {
 	// session derived before db.Use still runs on inner.
 	inner   gorm.ConnPool
 	wrapper *pool
+	// wrappers holds the wrappers of other pools statements were found on
+	// (gorm.ConnPool → *pool): a resolver's source pools.
+	wrappers sync.Map
 	// unnotifiable is set once a commit that should have notified could
 	// not be followed (logged once).
 	unnotifiable atomic.Bool
@@ -85,13 +89,47 @@ func (s *notifyState) cannotNotify(cp gorm.ConnPool) {
 		"conn_pool", fmt.Sprintf("%T", cp))
 }
 
-// usePool runs before gorm begins a create's implicit transaction: a
-// session derived from the *gorm.DB before db.Use still holds the
-// unwrapped pool, and would begin a transaction the plugin cannot follow.
+// usePool runs before gorm begins a create's implicit transaction. The
+// statement's pool may not be the wrapper: a session derived from the
+// *gorm.DB before db.Use still holds the pool the plugin wrapped, and a
+// resolver (dbresolver with Sources) switches writes to pools of its own.
+// Either would begin a transaction the plugin cannot follow, so the
+// statement is moved to a wrapper of that same pool (one per pool, kept).
 func (s *notifyState) usePool(db *gorm.DB) {
-	if db.Error == nil && s.wrapper != nil && db.Statement.ConnPool == s.inner && isMessageStatement(db) {
-		db.Statement.ConnPool = s.wrapper
+	if db.Error != nil || s.wrapper == nil || !isMessageStatement(db) {
+		return
 	}
+	cp := db.Statement.ConnPool
+	if cp == s.inner {
+		db.Statement.ConnPool = s.wrapper
+		return
+	}
+	if w := s.wrapperOf(cp); w != nil {
+		db.Statement.ConnPool = w
+	}
+}
+
+// wrapperOf returns the wrapper of a pool that is neither a transaction nor
+// already wrapped, or nil.
+func (s *notifyState) wrapperOf(cp gorm.ConnPool) *pool {
+	switch cp.(type) {
+	case nil, gorm.Tx:
+		return nil // in a transaction already: it began elsewhere
+	case gorm.TxBeginner, gorm.ConnPoolBeginner:
+	default:
+		return nil
+	}
+	if tx, auto := connTarget(cp); tx != nil || auto != nil {
+		return nil // ours, perhaps beneath a PreparedStmtDB
+	}
+	if reflect.TypeOf(cp).Kind() != reflect.Pointer {
+		return nil // not usable as a map key; never seen in practice
+	}
+	if w, ok := s.wrappers.Load(cp); ok {
+		return w.(*pool)
+	}
+	w, _ := s.wrappers.LoadOrStore(cp, &pool{ConnPool: cp, state: s})
+	return w.(*pool)
 }
 
 // pool wraps the connection pool beneath gorm (and beneath its

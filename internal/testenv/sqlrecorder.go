@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"time"
@@ -9,11 +10,13 @@ import (
 	"gorm.io/gorm/logger"
 )
 
-// SQLRecorder is a gorm logger that records every statement it is shown.
-// Install it with gorm.Config{Logger: rec} or db.Session(&gorm.Session{Logger: rec}).
+// SQLRecorder is a gorm logger that records every statement it is shown,
+// and its warnings. Install it with gorm.Config{Logger: rec} or
+// db.Session(&gorm.Session{Logger: rec}).
 type SQLRecorder struct {
 	mu   sync.Mutex
 	stmt []string
+	warn []string
 }
 
 var _ logger.Interface = (*SQLRecorder)(nil)
@@ -24,8 +27,19 @@ func (r *SQLRecorder) LogMode(logger.LogLevel) logger.Interface { return r }
 // Info implements logger.Interface.
 func (r *SQLRecorder) Info(context.Context, string, ...any) {}
 
-// Warn implements logger.Interface.
-func (r *SQLRecorder) Warn(context.Context, string, ...any) {}
+// Warn implements logger.Interface: it records the warning.
+func (r *SQLRecorder) Warn(_ context.Context, msg string, args ...any) {
+	r.mu.Lock()
+	r.warn = append(r.warn, fmt.Sprintf(msg, args...))
+	r.mu.Unlock()
+}
+
+// Warnings returns the recorded warnings, oldest first.
+func (r *SQLRecorder) Warnings() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.warn...)
+}
 
 // Error implements logger.Interface.
 func (r *SQLRecorder) Error(context.Context, string, ...any) {}
