@@ -123,6 +123,20 @@ func route(stmt *gorm.Statement, cfg Config) {
 	}
 }
 
+// config returns the configuration of a statement: a WithConfig scope's,
+// else the plugin's. An invalid scope is added to the statement's errors.
+func (p *Plugin) config(db *gorm.DB) (Config, bool) {
+	if _, scoped := scopeOf(db); !scoped {
+		return p.Config, true
+	}
+	cfg, err := configFrom(db)
+	if err != nil {
+		db.AddError(err)
+		return Config{}, false
+	}
+	return cfg, true
+}
+
 // routeTable sends queries, updates and deletes of the outbox models to the
 // configured tables, as prepareStatement does for creates.
 func (p *Plugin) routeTable(db *gorm.DB) {
@@ -134,15 +148,9 @@ func (p *Plugin) routeTable(db *gorm.DB) {
 	default:
 		return
 	}
-	cfg := p.Config
-	if _, scoped := scopeOf(db); scoped {
-		var err error
-		if cfg, err = configFrom(db); err != nil {
-			db.AddError(err)
-			return
-		}
+	if cfg, ok := p.config(db); ok {
+		route(db.Statement, cfg)
 	}
-	route(db.Statement, cfg)
 }
 
 // prepareStatement fills, validates and routes the outbox messages of a
@@ -151,13 +159,9 @@ func (p *Plugin) prepareStatement(db *gorm.DB) {
 	if db.Error != nil || !isMessageStatement(db) {
 		return
 	}
-	cfg := p.Config
-	if _, scoped := scopeOf(db); scoped {
-		var err error
-		if cfg, err = configFrom(db); err != nil {
-			db.AddError(err)
-			return
-		}
+	cfg, ok := p.config(db)
+	if !ok {
+		return
 	}
 	route(db.Statement, cfg)
 	// An upsert (Save's fallback when an UPDATE matched no changed row, as
