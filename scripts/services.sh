@@ -785,7 +785,8 @@ max_user_connections = 100
 server_idle_timeout = 10
 autodb_idle_timeout = 30
 server_login_retry = 1
-ignore_startup_parameters = extra_float_digits,options
+; pgx sends neither; "options" (e.g. -c statement_timeout=...) is refused, not silently dropped
+ignore_startup_parameters = extra_float_digits
 log_connections = 0
 log_disconnections = 0
 EOF
