@@ -9,13 +9,20 @@
 //
 // PgBouncer caveat: LISTEN needs a session that stays on one server
 // connection. Through PgBouncer in transaction (or statement) pooling mode a
-// LISTEN is silently lost when the server connection is handed to another
-// client; point ConnString at PostgreSQL directly or at a session-mode pool.
-// NOTIFY (Publish) works through any pooling mode.
+// LISTEN is lost when the server connection is handed to another client, so
+// Listen first checks that a notification sent from another connection
+// reaches its own (a private probe channel) and otherwise fails with an
+// error wrapping ErrTransactionPooler instead of never waking; Check runs the
+// same probe, e.g. at startup. Point ConnString at PostgreSQL directly or at
+// a session-mode pool. NOTIFY (Publish) works through any pooling mode: its
+// connections use pgx's exec mode unless ConnString names another
+// default_query_exec_mode.
 package pgnotify
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -38,6 +45,19 @@ const maxPayload = 7900
 // closeTimeout bounds closing the listening connection after cancellation.
 const closeTimeout = 5 * time.Second
 
+// DefaultProbeTimeout is how long Listen and Check wait for their probe
+// notification when Config.ProbeTimeout is zero.
+const DefaultProbeTimeout = 2 * time.Second
+
+// ErrTransactionPooler is wrapped by the error of Listen and Check when a
+// notification sent to the listening connection never arrived: the
+// connection string leads to a pooler in transaction or statement mode
+// (PgBouncer's pool_mode=transaction, for instance), where LISTEN is lost
+// when the server connection changes hands.
+var ErrTransactionPooler = errors.New("pgnotify: LISTEN does not work through this connection: " +
+	"a notification sent to it never arrived, as through PgBouncer (or another pooler) in transaction or statement pooling mode; " +
+	"point Config.ConnString at PostgreSQL directly or at a session-mode pool")
+
 // channelName is a lowercase PostgreSQL identifier: LISTEN folds unquoted
 // names to lowercase, so mixed case would be a trap.
 var channelName = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,62}$`)
@@ -54,6 +74,11 @@ type Config struct {
 	Channel string
 	// Logger receives the transport's logs. Nil means slog.Default().
 	Logger *slog.Logger
+	// ProbeTimeout is how long Listen (and Check) wait for a notification
+	// sent from another connection to a private channel of the listening
+	// connection before failing with ErrTransactionPooler. Zero means
+	// DefaultProbeTimeout (2s); negative disables the probe.
+	ProbeTimeout time.Duration
 }
 
 // Transport publishes and receives bucket hints over LISTEN/NOTIFY. Its
@@ -82,6 +107,9 @@ func New(cfg Config) (*Transport, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.ProbeTimeout == 0 {
+		cfg.ProbeTimeout = DefaultProbeTimeout
 	}
 	return &Transport{cfg: cfg}, nil
 }
@@ -133,6 +161,11 @@ func (t *Transport) getPool(ctx context.Context) (*pgxpool.Pool, error) {
 		return nil, fmt.Errorf("pgnotify: %w", err)
 	}
 	pc.MaxConns = 2
+	// One statement, nothing to gain from pgx's statement cache, whose
+	// named statements break through a transaction pooler.
+	if pc.ConnConfig.DefaultQueryExecMode == pgx.QueryExecModeCacheStatement {
+		pc.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+	}
 	p, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		return nil, fmt.Errorf("pgnotify: connect: %w", err)
@@ -174,6 +207,12 @@ func (t *Transport) Listen(ctx context.Context, fn func(bucket int)) error {
 		defer cancel()
 		_ = conn.Close(cctx)
 	}()
+	if err := t.probe(ctx, conn); err != nil {
+		if errors.Is(err, ErrTransactionPooler) {
+			t.cfg.Logger.Error("pgnotify: cannot listen: the connection is transaction-pooled", "channel", t.cfg.Channel, "error", err)
+		}
+		return err
+	}
 	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{t.cfg.Channel}.Sanitize()); err != nil {
 		return fmt.Errorf("pgnotify: listen %s: %w", t.cfg.Channel, err)
 	}
@@ -188,6 +227,70 @@ func (t *Transport) Listen(ctx context.Context, fn func(bucket int)) error {
 		}
 		for _, b := range Decode(n.Payload) {
 			fn(b)
+		}
+	}
+}
+
+// Check connects as Listen does and checks that the connection receives
+// notifications (see Config.ProbeTimeout): an error wrapping
+// ErrTransactionPooler means ConnString leads to a transaction-mode pooler,
+// where Listen would fail the same way. Call it at startup to fail fast.
+func (t *Transport) Check(ctx context.Context) error {
+	conn, err := pgx.Connect(ctx, t.cfg.ConnString)
+	if err != nil {
+		return fmt.Errorf("pgnotify: connect listener: %w", err)
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)
+		defer cancel()
+		_ = conn.Close(cctx)
+	}()
+	if t.cfg.ProbeTimeout < 0 {
+		return nil
+	}
+	return t.probe(ctx, conn)
+}
+
+// probe LISTENs on a private channel on conn, NOTIFYs it from the publish
+// pool (another connection) and waits Config.ProbeTimeout for it. Through a
+// transaction pooler conn's LISTEN stays behind on a server connection conn
+// no longer holds, and nothing arrives.
+func (t *Transport) probe(ctx context.Context, conn *pgx.Conn) error {
+	if t.cfg.ProbeTimeout < 0 {
+		return nil
+	}
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	ch := "outbox_probe_" + hex.EncodeToString(b[:])
+	token := hex.EncodeToString(b[:4])
+	if _, err := conn.Exec(ctx, "LISTEN "+ch); err != nil {
+		return fmt.Errorf("pgnotify: listen %s: %w", ch, err)
+	}
+	p, err := t.getPool(ctx)
+	if err != nil {
+		return err
+	}
+	if _, err := p.Exec(ctx, "SELECT pg_notify($1, $2)", ch, token); err != nil {
+		return fmt.Errorf("pgnotify: notify probe %s: %w", ch, err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, t.cfg.ProbeTimeout)
+	defer cancel()
+	for {
+		n, err := conn.WaitForNotification(wctx)
+		switch {
+		case err == nil && n.Channel == ch && n.Payload == token:
+			if _, err := conn.Exec(ctx, "UNLISTEN "+ch); err != nil {
+				return fmt.Errorf("pgnotify: unlisten %s: %w", ch, err)
+			}
+			return nil
+		case err == nil:
+			continue // not ours (cannot happen on a private channel)
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case wctx.Err() != nil:
+			return fmt.Errorf("pgnotify: channel %s: no probe notification within %v: %w", t.cfg.Channel, t.cfg.ProbeTimeout, ErrTransactionPooler)
+		default:
+			return fmt.Errorf("pgnotify: wait for probe on %s: %w", ch, err)
 		}
 	}
 }

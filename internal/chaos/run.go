@@ -38,6 +38,12 @@ type RunConfig struct {
 	Bin string
 	// Dialect and BaseDSN name the database server (sqlite: BaseDSN unused).
 	Dialect, BaseDSN string
+	// PoolerDSN (PostgreSQL only) is a connection pooler in front of
+	// BaseDSN's server, e.g. PgBouncer in transaction pooling mode with
+	// default_query_exec_mode=exec: when set, the writers, the relays and
+	// the harness's checks connect through it to the run's database, which
+	// is still created, killed-into and dropped through BaseDSN.
+	PoolerDSN string
 	// Brokers is the Kafka broker; empty starts an in-process kfake broker
 	// and enables the broker faults.
 	Brokers []string
@@ -161,6 +167,14 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 		return s, err
 	}
 	defer d.Drop(ctx)
+	clientDSN := d.DSN
+	if cfg.PoolerDSN != "" {
+		if cfg.Dialect != Postgres {
+			return s, fmt.Errorf("chaos: RunConfig.PoolerDSN needs PostgreSQL, not %s", cfg.Dialect)
+		}
+		clientDSN = withPostgresParam(cfg.PoolerDSN, "dbname", d.name)
+		s.Dialect += "+pooler"
+	}
 	topic := unique("chaos_run_")
 	if err := CreateTopic(ctx, cfg.Brokers, topic, partitions); err != nil {
 		return s, err
@@ -170,7 +184,7 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 	defer consumer.Wait()
 	defer cancelConsumer()
 
-	db, err := Open(cfg.Dialect, d.DSN, harnessAppName, writers+2)
+	db, err := Open(cfg.Dialect, clientDSN, harnessAppName, writers+2)
 	if err != nil {
 		return s, err
 	}
@@ -180,7 +194,7 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 	}
 
 	relays := &Relays{Bin: cfg.Bin, LogDir: cfg.Dir, Base: RelayConfig{
-		Dialect: cfg.Dialect, DSN: d.DSN, Brokers: cfg.Brokers,
+		Dialect: cfg.Dialect, DSN: clientDSN, Brokers: cfg.Brokers,
 		LeaseDuration: leaseDuration, RenewInterval: renewInterval, PollInterval: pollInterval, BatchSize: batchSize,
 	}}
 	defer relays.StopAll(10 * time.Second)

@@ -1,0 +1,112 @@
+package testenv
+
+import (
+	"context"
+	"database/sql"
+	"os"
+	"testing"
+	"time"
+
+	"gorm.io/driver/postgres"
+	"gorm.io/gorm"
+)
+
+// EnvPgBouncer names PgBouncer in transaction pooling mode in front of the
+// PostgreSQL of OUTBOX_TEST_POSTGRES_DSN, e.g.
+//
+//	host=127.0.0.1 port=56432 user=postgres dbname=outbox_test sslmode=disable default_query_exec_mode=exec
+//
+// (scripts/services.sh starts one). Its databases are created and dropped
+// through OUTBOX_TEST_POSTGRES_DSN, so both must be set; the pooler must
+// forward any database name (a "*" entry in its [databases]).
+const EnvPgBouncer = "OUTBOX_TEST_PGBOUNCER_DSN"
+
+// PgBouncer is the Opener name of PostgreSQL reached through PgBouncer; its
+// gorm dialect is still postgres.
+const PgBouncer = "pgbouncer"
+
+// PgBouncerDSN creates a fresh database directly on the PostgreSQL server
+// (dropped at cleanup) and returns OUTBOX_TEST_PGBOUNCER_DSN pointed at it,
+// to be connected through the pooler; direct is OUTBOX_TEST_POSTGRES_DSN
+// pointed at the same database. ok is false when either variable is unset
+// (a failure under OUTBOX_TEST_REQUIRE_ALL). A later key=value appended to
+// dsn overrides the pooler DSN's own (pgx keeps the last), e.g.
+// dsn+" default_query_exec_mode=cache_statement".
+func PgBouncerDSN(t testing.TB) (dsn, direct string, ok bool) {
+	t.Helper()
+	pgb, base := os.Getenv(EnvPgBouncer), os.Getenv(EnvPostgres)
+	if pgb == "" || base == "" {
+		if RequireAll() {
+			t.Fatalf("testenv: %s and %s must both be set when %s=1", EnvPgBouncer, EnvPostgres, EnvRequireAll)
+		}
+		return "", "", false
+	}
+	name := createPostgresDB(t, base)
+	return withPostgresDB(pgb, name), withPostgresDB(base, name), true
+}
+
+// PgBouncerOpener returns an Opener (Name "pgbouncer") whose every Open
+// creates a fresh database directly on PostgreSQL and connects to it through
+// PgBouncer; ok is false when OUTBOX_TEST_PGBOUNCER_DSN or
+// OUTBOX_TEST_POSTGRES_DSN is unset (a failure under
+// OUTBOX_TEST_REQUIRE_ALL). In transaction pooling mode use gorm's
+// PrepareStmt false (the default) and a DSN exec mode that prepares no named
+// statement (exec or simple_protocol).
+func PgBouncerOpener(t testing.TB) (Opener, bool) {
+	t.Helper()
+	if os.Getenv(EnvPgBouncer) == "" || os.Getenv(EnvPostgres) == "" {
+		if RequireAll() {
+			t.Fatalf("testenv: %s and %s must both be set when %s=1", EnvPgBouncer, EnvPostgres, EnvRequireAll)
+		}
+		return Opener{}, false
+	}
+	return Opener{Name: PgBouncer, open: func(t testing.TB, cfg *gorm.Config) *gorm.DB {
+		t.Helper()
+		dsn, _, _ := PgBouncerDSN(t)
+		db, err := gorm.Open(postgres.Open(dsn), cfg)
+		if err != nil {
+			t.Fatalf("testenv: open postgres through pgbouncer: %v", err)
+		}
+		t.Cleanup(func() { closeDB(t, db) }) // runs before the DROP DATABASE registered earlier
+		return db
+	}}, true
+}
+
+// DatabasesWithPgBouncer is Databases plus, when available, PostgreSQL
+// through PgBouncer.
+func DatabasesWithPgBouncer(t testing.TB) []Opener {
+	t.Helper()
+	dbs := Databases(t)
+	if o, ok := PgBouncerOpener(t); ok {
+		dbs = append(dbs, o)
+	}
+	return dbs
+}
+
+// createPostgresDB creates a database on the server of base and drops it
+// (WITH (FORCE): the pooler's server connections to it end) at cleanup.
+func createPostgresDB(t testing.TB, base string) string {
+	t.Helper()
+	name := Unique("outbox_t_")
+	admin, err := sql.Open("pgx", base)
+	if err != nil {
+		t.Fatalf("testenv: open postgres admin: %v", err)
+	}
+	defer admin.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := admin.ExecContext(ctx, "CREATE DATABASE "+name); err != nil {
+		t.Fatalf("testenv: create postgres database: %v", err)
+	}
+	t.Cleanup(func() {
+		a, err := sql.Open("pgx", base)
+		if err != nil {
+			return
+		}
+		defer a.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, _ = a.ExecContext(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
+	})
+	return name
+}
