@@ -212,6 +212,12 @@ func (w *worker) run(ctx context.Context) int {
 	opts.Logger = w.log
 	opts.MeterProvider = w.mp
 	if w.notify != nil {
+		// LISTEN through a transaction pooler never wakes anyone: refuse
+		// at start rather than restart the listener forever.
+		if err := w.notify.Check(ctx); err != nil {
+			w.log.Error("outbox-relay: -notify-postgres-dsn", "error", err)
+			return exitFailure
+		}
 		opts.Transport = w.notify
 	}
 	w.relay, err = relay.New(store, w.pub, opts)

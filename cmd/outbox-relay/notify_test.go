@@ -1,9 +1,11 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -87,4 +89,25 @@ func TestWorkerWakesOnWritersNotifications(t *testing.T) {
 	}
 
 	w.terminate(t)
+}
+
+// TestWorkerRefusesANotifyDSNThroughATransactionPooler: LISTEN through
+// PgBouncer in transaction mode never delivers; the worker exits 1 at start
+// saying so, instead of restarting its listener forever.
+func TestWorkerRefusesANotifyDSNThroughATransactionPooler(t *testing.T) {
+	dsn, _, ok := testenv.PgBouncerDSN(t)
+	if !ok {
+		t.Skip("OUTBOX_TEST_PGBOUNCER_DSN not set")
+	}
+	var out, errOut bytes.Buffer
+	args := []string{"-db-driver", "sqlite", "-db-dsn", filepath.Join(t.TempDir(), "w.db"), "-migrate",
+		"-kafka-brokers", "127.0.0.1:1", "-listen", "", "-notify-postgres-dsn", dsn, "-notify-channel", testenv.Unique("outbox_")}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if code := run(ctx, args, func(string) string { return "" }, &out, &errOut); code != exitFailure {
+		t.Fatalf("worker with -notify-postgres-dsn through PgBouncer exited %d; want %d\nstdout: %s\nstderr: %s", code, exitFailure, out.String(), errOut.String())
+	}
+	if logs := out.String() + errOut.String(); !strings.Contains(logs, "transaction") || !strings.Contains(logs, "notify-postgres-dsn") {
+		t.Fatalf("worker output does not name the flag and the pooling mode:\n%s", logs)
+	}
 }
