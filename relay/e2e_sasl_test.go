@@ -2,6 +2,8 @@ package relay_test
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"strings"
@@ -191,7 +193,8 @@ func (p *errorRecorder) errors() []error {
 // TestSASLWrongPassword runs the relay against the SASL_SSL listener with a
 // wrong SCRAM-SHA-512 password: every publish fails with kafka-go's
 // SASLAuthenticationFailed, named in the relay's WARN line; the
-// publish.failures counter rises; no row is acknowledged or deleted. A
+// publish.failures counter rises; Health reports the authentication
+// failure; no row is acknowledged or deleted. A
 // relay with the right password then publishes every row once the
 // credentials are fixed: nothing is lost.
 func TestSASLWrongPassword(t *testing.T) {
@@ -280,6 +283,9 @@ func TestSASLWrongPassword(t *testing.T) {
 	go func() { done <- r2.Run(ctx) }()
 	checkSASLRecords(t, b.ReadAll(t, topic, len(committed), time.Minute), committed, rolledBack)
 	waitOutboxEmpty(ctx, t, db)
+	if err := r2.Health(); err != nil {
+		t.Errorf("Health() with the right password = %v; want nil", err)
+	}
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("Run = %v; want nil", err)
@@ -287,11 +293,73 @@ func TestSASLWrongPassword(t *testing.T) {
 }
 
 // checkWrongPasswordHealth checks Health while every publish fails to
-// authenticate. Documented behaviour: a publish failure is not a cycle
-// failure, so Health stays nil; operators alert on publish.failures.
+// authenticate: unhealthy, wrapping kafka-go's SASLAuthenticationFailed
+// (unlike other publish failures, which are not cycle failures).
 func checkWrongPasswordHealth(t *testing.T, r *relay.Relay) {
 	t.Helper()
-	if err := r.Health(); err != nil {
-		t.Fatalf("Health() = %v; want nil (a publish failure is not a cycle failure)", err)
+	deadline := time.Now().Add(30 * time.Second)
+	for { // (until the first cycle completes, Health says so first)
+		err := r.Health()
+		if errors.Is(err, kafka.SASLAuthenticationFailed) && strings.Contains(err.Error(), "cannot authenticate to Kafka") {
+			t.Logf("Health() = %v", err)
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Health() = %v; want the authentication failure", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestSASLUntrustedBrokerCertificate publishes to the SASL_SSL listener
+// with a TLS configuration that does not trust the test CA: the publish
+// fails with an error matching x509.UnknownAuthorityError, the relay
+// reports it in Health, and no row is deleted.
+func TestSASLUntrustedBrokerCertificate(t *testing.T) {
+	b, ok := testenv.RealSASLBroker(t)
+	if !ok {
+		t.Skipf("no SASL_SSL broker: set %s and the rest (scripts/services.sh start prints them)", testenv.EnvKafkaSASL)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	topic := testenv.Unique("e2e-sasl-untrusted-")
+	b.CreateTopic(t, topic, 1)
+	db, store := saslSetup(t, nil)
+	committed, _ := enqueueSASL(t, db, topic, 5)
+	tr := &kafka.Transport{TLS: &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: x509.NewCertPool()}, SASL: b.SCRAM(t, b.Password)}
+	t.Cleanup(tr.CloseIdleConnections)
+	pub, err := relay.NewKafkaPublisher(relay.KafkaConfig{Brokers: b.Addrs, Transport: tr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	rec := &errorRecorder{Publisher: pub}
+	r, err := relay.New(store, rec, relay.Options{PollInterval: 50 * time.Millisecond, ErrorBackoff: 20 * time.Millisecond, LeaseRenewInterval: 200 * time.Millisecond, LeaseDuration: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	var unknownCA x509.UnknownAuthorityError
+	for len(rec.errors()) == 0 || !errors.As(r.Health(), &unknownCA) { // (the first cycle: "no cycle completed yet")
+		if ctx.Err() != nil {
+			t.Fatalf("no failed publish and unhealthy relay after a minute (errors %v, Health %v)", rec.errors(), r.Health())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := rec.errors()[0]; !errors.As(err, &unknownCA) {
+		t.Fatalf("publish error = %v; want one matching x509.UnknownAuthorityError", err)
+	}
+	t.Logf("Health() = %v", r.Health())
+	var left int64
+	if err := db.Model(&outbox.Message{}).Count(&left).Error; err != nil {
+		t.Fatal(err)
+	}
+	if int(left) != len(committed) {
+		t.Fatalf("%d rows left; want all %d kept", left, len(committed))
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run = %v; want nil", err)
 	}
 }
