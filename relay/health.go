@@ -2,7 +2,12 @@ package relay
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
+	"fmt"
+
+	"github.com/segmentio/kafka-go"
 )
 
 // errNoCycle is Health's answer between the start of Run and the end of its
@@ -16,10 +21,15 @@ var errNotRunning = errors.New("relay: not running")
 // its latest cycle (lease acquisition, discovery and one sweep) succeeded;
 // otherwise an error saying why (not running, no cycle completed yet, the
 // latest cycle's store or fatal error, or a failed lease acquisition that
-// no later acquisition has repaired). A publish failure is not a
-// cycle failure: the failing row is retried with backoff and counted by
-// the publish.failures metric. Health is safe to call from any goroutine,
-// e.g. an HTTP health check.
+// no later acquisition has repaired, or a publisher that cannot
+// authenticate to Kafka). A publish failure is not a cycle failure: the
+// failing row is retried with backoff and counted by the publish.failures
+// metric. The exception is a failure to authenticate, which no retry of a
+// row can cure (SASL authentication failed, a SASL mechanism the broker
+// does not enable, a broker certificate that does not verify): Health
+// reports it, wrapping the publish error, until a publish is acknowledged
+// again; the rows are kept and retried as usual. Health is safe to call
+// from any goroutine, e.g. an HTTP health check.
 func (r *Relay) Health() error {
 	if !r.running.Load() {
 		return errNotRunning
@@ -27,7 +37,37 @@ func (r *Relay) Health() error {
 	if p := r.health.Load(); p != nil {
 		return *p
 	}
+	if p := r.authErr.Load(); p != nil {
+		return *p
+	}
 	return nil
+}
+
+// recordPublishHealth remembers an authentication failure of a publish for
+// Health, and forgets it once a publish is acknowledged.
+func (r *Relay) recordPublishHealth(err error, ack int, failed bool) {
+	switch {
+	case ack > 0 || !failed:
+		r.authErr.Store(nil)
+	case authFailure(err):
+		e := fmt.Errorf("relay: the publisher cannot authenticate to Kafka (check the credentials and TLS settings; rows are kept and retried): %w", err)
+		r.authErr.Store(&e)
+	}
+}
+
+// authFailure reports whether a publish error says that the publisher
+// cannot authenticate to the cluster, so that every row fails the same way.
+func authFailure(err error) bool {
+	for _, code := range []kafka.Error{kafka.SASLAuthenticationFailed, kafka.UnsupportedSASLMechanism, kafka.IllegalSASLState} {
+		if errors.Is(err, code) {
+			return true
+		}
+	}
+	var verify *tls.CertificateVerificationError
+	var unknownCA x509.UnknownAuthorityError
+	var hostname x509.HostnameError
+	var invalid x509.CertificateInvalidError
+	return errors.As(err, &verify) || errors.As(err, &unknownCA) || errors.As(err, &hostname) || errors.As(err, &invalid)
 }
 
 // recordHealth remembers the outcome of a cycle for Health. A cycle cut

@@ -38,6 +38,7 @@ type Relay struct {
 
 	running atomic.Bool
 	health  atomic.Pointer[error] // the latest cycle's error; nil: it succeeded (see Health)
+	authErr atomic.Pointer[error] // the publisher cannot authenticate to Kafka; nil: no such failure since the last acknowledgement
 
 	// State read by gauges and the sampler.
 	ownedCount atomic.Int64
@@ -217,6 +218,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	}()
 
 	r.health.Store(&errNoCycle)
+	r.authErr.Store(nil)
 	st := &runState{ready: make([]bool, r.opts.BucketCount), retry: map[int]*headRetry{}}
 	st.nextRebalance = r.clock.Now()
 	err = r.loop(ctx, cleanup, st)
@@ -520,6 +522,7 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 	if failed && !(ctx.Err() != nil && errors.Is(res.Err, context.Canceled)) {
 		r.m.failures.Add(context.Background(), 1, r.m.attrs)
 	}
+	r.recordPublishHealth(res.Err, ack, failed)
 	var fatal error
 	if r.opts.MaxPublishDuration > 0 && took > r.opts.MaxPublishDuration {
 		fatal = fmt.Errorf("relay: bucket %d: publish took %v, more than Options.MaxPublishDuration %v: %w", b, took, r.opts.MaxPublishDuration, ErrMisconfigured)

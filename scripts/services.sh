@@ -29,6 +29,7 @@
 #   OUTBOX_MYSQL_PORT             MariaDB port                    (53306)
 #   OUTBOX_KAFKA_PORT             Kafka client listener           (59092)
 #   OUTBOX_KAFKA_CONTROLLER_PORT  Kafka KRaft controller listener (59093)
+#   OUTBOX_KAFKA_SASL_PORT        Kafka SASL_SSL client listener  (59094)
 #   OUTBOX_KAFKA_HEAP             Kafka JVM -Xmx                  (512m)
 #   OUTBOX_PGBOUNCER_PORT         PgBouncer (transaction pooling) (56432)
 #
@@ -83,6 +84,7 @@ print_env() {
 	printf "export OUTBOX_TEST_POSTGRES_DSN='host=127.0.0.1 port=%s user=postgres dbname=%s sslmode=disable'\n" "$PG_PORT" "$DB_NAME"
 	printf "export OUTBOX_TEST_MYSQL_DSN='%s@tcp(127.0.0.1:%s)/%s?parseTime=true&multiStatements=true'\n" "$MYSQL_USER" "$MYSQL_PORT" "$DB_NAME"
 	printf "export OUTBOX_TEST_KAFKA_BROKERS='127.0.0.1:%s'\n" "$KAFKA_PORT"
+	kf_sasl_print_env
 	print_env_pgbouncer
 }
 
@@ -531,9 +533,9 @@ kf_write_config() {
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@127.0.0.1:$KAFKA_CTRL_PORT
-listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CTRL_PORT
-advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT
-listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CTRL_PORT,SASL_SSL://127.0.0.1:$KAFKA_SASL_PORT
+advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,SASL_SSL://127.0.0.1:$KAFKA_SASL_PORT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
 log.dirs=$KF_DIR/data
@@ -554,6 +556,7 @@ num.recovery.threads.per.data.dir=2
 log.retention.hours=24
 log.segment.bytes=67108864
 EOF
+	kf_sasl_properties >>"$KF_DIR/server.properties"
 	kf_write_log_config
 }
 
@@ -613,12 +616,14 @@ kf_format() {
 	rm -rf "$KF_DIR/data"
 	mkdir -p "$KF_DIR/data"
 	log "formatting KRaft storage (cluster id $cid)"
+	rm -f "$KF_DIR/scram-user"
 	if ! kf_java kafka.tools.StorageTool format -t "$cid" -c "$KF_DIR/server.properties" \
-		</dev/null >"$KF_DIR/format.log" 2>&1 3>&- 9>&-; then
+		--add-scram "$(kf_scram_value)" </dev/null >"$KF_DIR/format.log" 2>&1 3>&- 9>&-; then
 		show_log "$KF_DIR/format.log"
 		return 1
 	fi
 	kafka_version >"$KF_DIR/formatted-by-version"
+	kf_scram_marker >"$KF_DIR/scram-user"
 }
 
 kf_launch() {
@@ -677,6 +682,12 @@ start_kafka() {
 	local t0 note=started fetched=0
 	t0=$(now_us)
 	command -v java >/dev/null 2>&1 || die "java not found"
+	# the SASL_SSL listener's certificates (keytool, ~2 s once), meanwhile
+	local tls_pid=
+	if ! kf_tls_ok; then
+		kf_tls_make &
+		tls_pid=$!
+	fi
 	if ! kafka_jars_ok; then
 		fetched=1
 		if kf_ours_running; then
@@ -690,6 +701,11 @@ start_kafka() {
 	tf=$(since "$t0")
 	local version
 	version=$(kafka_version)
+	if kf_ours_running && port_open "$KAFKA_PORT" && ! kf_sasl_listening; then
+		log "the running broker has no SASL_SSL listener on :$KAFKA_SASL_PORT: restarting it"
+		stop_kafka
+		TAG=kafka
+	fi
 	if kf_ours_running && port_open "$KAFKA_PORT"; then
 		note="already running"
 	else
@@ -702,6 +718,7 @@ start_kafka() {
 			rm -f "$KF_DIR/kafka.pid"
 			port_open "$KAFKA_PORT" && die "port $KAFKA_PORT is in use by another process (not our Kafka)"
 			port_open "$KAFKA_CTRL_PORT" && die "port $KAFKA_CTRL_PORT is in use by another process (not our Kafka)"
+			port_open "$KAFKA_SASL_PORT" && die "port $KAFKA_SASL_PORT is in use by another process (not our Kafka)"
 			kf_write_config
 			local fresh=0
 			if [[ -f $KF_DIR/data/meta.properties && $(cat "$KF_DIR/formatted-by-version" 2>/dev/null) != "$version" ]]; then
@@ -712,6 +729,8 @@ start_kafka() {
 				kf_format || die "kafka storage format failed"
 				fresh=1
 			fi
+			if [[ -n $tls_pid ]]; then wait "$tls_pid" || die "could not make the SASL_SSL listener's certificates with keytool"; fi
+			kf_tls_ok || die "no SASL_SSL certificates in $KF_TLS"
 			if ! kf_launch; then
 				((fresh == 0)) || die "Kafka did not start (logs in $KF_DIR)"
 				log "Kafka did not start on the existing log directory: reformatting it"
@@ -720,10 +739,11 @@ start_kafka() {
 			fi
 		fi
 	fi
+	kf_sasl_ensure_user || die "could not create the SCRAM user $KAFKA_SASL_USER"
 	((fetched)) && note+=", incl. jar fetch ${tf}s"
 	local dt
 	dt=$(since "$t0")
-	log "ready in ${dt}s: Kafka $version on 127.0.0.1:$KAFKA_PORT ($note)"
+	log "ready in ${dt}s: Kafka $version on 127.0.0.1:$KAFKA_PORT, SASL_SSL on :$KAFKA_SASL_PORT ($note)"
 	record kafka "Kafka $version" "$dt" "$note"
 }
 
@@ -735,6 +755,127 @@ stop_kafka() {
 		return 0
 	fi
 	stop_pid kafka "$KF_DIR/kafka.pid" "kafka.Kafka $KF_DIR/server.properties"
+}
+
+# ------------------------------------------------- Kafka: SASL_SSL listener
+#
+# Besides PLAINTEXT, the broker has a SASL_SSL listener on KAFKA_SASL_PORT
+# (SCRAM-SHA-512 and PLAIN) for the secured-Kafka tests. Its certificates are
+# made once with the JDK's keytool in $KF_DIR/tls: a CA, a broker keystore
+# whose certificate the CA signed (SAN 127.0.0.1 and localhost), a truststore
+# with the CA, and ca.pem, the CA in PEM for Go clients. The SCRAM user is
+# created with Kafka's own tools: by `kafka-storage format --add-scram` on a
+# fresh log directory, else (a directory formatted before the listener
+# existed) with kafka-configs against the running broker. The controller and
+# inter-broker listeners stay PLAINTEXT. Test-only credentials, on 127.0.0.1.
+
+KAFKA_SASL_PORT=${OUTBOX_KAFKA_SASL_PORT:-59094}
+KAFKA_SASL_USER=outbox
+KAFKA_SASL_PASSWORD=outbox-test-secret
+KF_TLS=$KF_DIR/tls
+KF_TLS_PASS=outbox-test-store
+
+# the SCRAM credential as kafka-storage format --add-scram spells it
+kf_scram_value() { printf 'SCRAM-SHA-512=[name=%s,password=%s]' "$KAFKA_SASL_USER" "$KAFKA_SASL_PASSWORD"; }
+# what $KF_DIR/scram-user holds once that user exists in the metadata log
+kf_scram_marker() { printf '%s %s\n' "$KAFKA_SASL_USER" "$(printf %s "$KAFKA_SASL_PASSWORD" | sha256sum | cut -d' ' -f1)"; }
+kf_scram_done() { [[ -f $KF_DIR/scram-user && $(cat "$KF_DIR/scram-user") == "$(kf_scram_marker)" ]]; }
+
+kf_tls_ok() {
+	[[ -s $KF_TLS/broker.p12 && -s $KF_TLS/truststore.p12 && -s $KF_TLS/ca.pem ]]
+}
+
+# keytool, C1 only and serial GC: it is short-lived, like the Kafka tools.
+# One PBE/MAC iteration instead of 10000: these are throw-away test stores,
+# and the iterations are most of keytool's time on a busy machine.
+kf_keytool() {
+	keytool -J-XX:TieredStopAtLevel=1 -J-XX:+UseSerialGC -J-Dkeystore.pkcs12.certPbeIterationCount=1 \
+		-J-Dkeystore.pkcs12.keyPbeIterationCount=1 -J-Dkeystore.pkcs12.macIterationCount=1 \
+		-storepass "$KF_TLS_PASS" "$@"
+}
+
+# kf_tls_make: the CA, the broker keystore, the truststore and ca.pem, made
+# in a scratch directory and moved into place whole (no-op when present).
+kf_tls_make() {
+	kf_tls_ok && return 0
+	command -v keytool >/dev/null 2>&1 || { log "keytool not found (it comes with the JDK)"; return 1; }
+	local t0 d="$KF_TLS.tmp.$$" san='SAN=ip:127.0.0.1,dns:localhost'
+	t0=$(now_us)
+	rm -rf "$d"
+	mkdir -p "$d"
+	# EC P-256 keys: RSA key generation takes seconds in keytool, EC a fraction.
+	# The broker's key pair is made and signed in the CA's keystore (-signer),
+	# then copied alone into its own keystore with the chain (broker, CA).
+	if ! {
+		kf_keytool -genkeypair -keystore "$d/ca.p12" -storetype PKCS12 -alias ca -dname 'CN=gorm-outbox test CA' \
+			-keyalg EC -groupname secp256r1 -validity 3650 -ext bc:c -ext KU:c=keyCertSign,cRLSign &&
+			kf_keytool -genkeypair -keystore "$d/ca.p12" -alias broker -signer ca -dname 'CN=localhost' \
+				-keyalg EC -groupname secp256r1 -validity 3650 -ext "$san" \
+				-ext KU:c=digitalSignature -ext EKU=serverAuth &&
+			kf_keytool -importkeystore -srckeystore "$d/ca.p12" -srcstorepass "$KF_TLS_PASS" -srcalias broker \
+				-destkeystore "$d/broker.p12" -deststoretype PKCS12 -deststorepass "$KF_TLS_PASS" -noprompt &&
+			kf_keytool -exportcert -keystore "$d/ca.p12" -alias ca -rfc -file "$d/ca.pem" &&
+			kf_keytool -importcert -keystore "$d/truststore.p12" -storetype PKCS12 -alias ca -file "$d/ca.pem" -noprompt
+	} </dev/null >"$d/keytool.log" 2>&1 3>&- 9>&-; then
+		show_log "$d/keytool.log" 20
+		return 1
+	fi
+	chmod 644 "$d/ca.pem"
+	rm -rf "$KF_TLS"
+	mv "$d" "$KF_TLS"
+	log "TLS: CA, broker keystore and truststore made with keytool in $(since "$t0")s ($KF_TLS)"
+}
+
+# kf_sasl_properties: the server.properties lines of the SASL_SSL listener
+# (the listener itself is in kf_write_config's listeners).
+kf_sasl_properties() {
+	cat <<PROPS
+# SASL_SSL listener (kf_sasl_properties)
+sasl.enabled.mechanisms=SCRAM-SHA-512,PLAIN
+listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+listener.name.sasl_ssl.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required user_$KAFKA_SASL_USER="$KAFKA_SASL_PASSWORD";
+listener.name.sasl_ssl.ssl.keystore.type=PKCS12
+listener.name.sasl_ssl.ssl.keystore.location=$KF_TLS/broker.p12
+listener.name.sasl_ssl.ssl.keystore.password=$KF_TLS_PASS
+listener.name.sasl_ssl.ssl.key.password=$KF_TLS_PASS
+listener.name.sasl_ssl.ssl.truststore.type=PKCS12
+listener.name.sasl_ssl.ssl.truststore.location=$KF_TLS/truststore.p12
+listener.name.sasl_ssl.ssl.truststore.password=$KF_TLS_PASS
+listener.name.sasl_ssl.ssl.client.auth=none
+PROPS
+}
+
+# kf_sasl_listening: the running broker has the SASL_SSL listener (one
+# started by an older services.sh has not).
+kf_sasl_listening() {
+	port_open "$KAFKA_SASL_PORT" && grep -q "SASL_SSL://127.0.0.1:$KAFKA_SASL_PORT" "$KF_DIR/server.properties" 2>/dev/null
+}
+
+# kf_sasl_ensure_user: after the broker started, create the SCRAM user with
+# kafka-configs when the log directory was formatted without it.
+kf_sasl_ensure_user() {
+	kf_scram_done && return 0
+	local t0
+	t0=$(now_us)
+	log "creating SCRAM-SHA-512 user $KAFKA_SASL_USER with kafka-configs (log directory formatted without it)"
+	if ! timeout 60 java -Xmx128m -XX:TieredStopAtLevel=1 -XX:+UseSerialGC \
+		-Dlog4j.configuration="file:$KF_DIR/tools-log4j.properties" \
+		-Dlog4j2.configurationFile="$KF_DIR/tools-log4j2.properties" -cp "$KAFKA_LIB/*" \
+		kafka.admin.ConfigCommand --bootstrap-server "127.0.0.1:$KAFKA_PORT" --alter \
+		--add-config "SCRAM-SHA-512=[password=$KAFKA_SASL_PASSWORD]" --entity-type users \
+		--entity-name "$KAFKA_SASL_USER" </dev/null >"$KF_DIR/scram-user.log" 2>&1 3>&- 9>&-; then
+		show_log "$KF_DIR/scram-user.log" 10
+		return 1
+	fi
+	kf_scram_marker >"$KF_DIR/scram-user"
+	log "SCRAM user created in $(since "$t0")s"
+}
+
+kf_sasl_print_env() {
+	printf "export OUTBOX_TEST_KAFKA_SASL_BROKERS='127.0.0.1:%s'\n" "$KAFKA_SASL_PORT"
+	printf "export OUTBOX_TEST_KAFKA_SASL_USER='%s'\n" "$KAFKA_SASL_USER"
+	printf "export OUTBOX_TEST_KAFKA_SASL_PASSWORD='%s'\n" "$KAFKA_SASL_PASSWORD"
+	printf "export OUTBOX_TEST_KAFKA_CA_FILE='%s'\n" "$KF_TLS/ca.pem"
 }
 
 # -------------------------------------------------------------- PgBouncer
