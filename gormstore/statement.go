@@ -3,6 +3,7 @@ package gormstore
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"math"
 	"strings"
@@ -95,10 +96,6 @@ func (s *Store) kind(ctx context.Context) (int, error) {
 // and MariaDB.
 var readCommitted = &sql.TxOptions{Isolation: sql.LevelReadCommitted, ReadOnly: true}
 
-// pgBound sets PostgreSQL's statement and lock timeouts for the current
-// transaction only (set_config's is_local: the same as SET LOCAL).
-const pgBound = "SELECT set_config('statement_timeout', $1, true), set_config('lock_timeout', $1, true)"
-
 // write runs fn, one writing statement, on the primary, bounded by the
 // statement timeout.
 func (s *Store) write(ctx context.Context, table string, fn func(q *gorm.DB) error) error {
@@ -108,47 +105,67 @@ func (s *Store) write(ctx context.Context, table string, fn func(q *gorm.DB) err
 // read runs fn, one or more reads, on the primary at READ COMMITTED or
 // stronger whatever the pool's default isolation, bounded by the statement
 // timeout: directly where the dialect's autocommit statements already read
-// committed data, else (MySQL, MariaDB) in one READ ONLY transaction at READ
-// COMMITTED, which costs three more round trips (SET TRANSACTION, START
-// TRANSACTION READ ONLY, COMMIT; see BenchmarkNextBatch). fn must not write.
+// committed data (PostgreSQL, SQLite), else (MySQL, MariaDB) in one READ ONLY
+// transaction at READ COMMITTED, which costs three more round trips (SET
+// TRANSACTION, START TRANSACTION READ ONLY, COMMIT; see BenchmarkNextBatch).
+// fn must not write.
 func (s *Store) read(ctx context.Context, table string, fn func(q *gorm.DB) error) error {
 	return s.run(ctx, table, true, fn)
 }
 
-// run runs fn on the primary within the statement timeout: a context
-// deadline of the timeout plus a grace, and the database's own bound of the
-// timeout where it has one, per transaction or per statement, never per
-// session:
+// run runs fn on the primary within the statement timeout, per statement
+// (or per read transaction), never per session. An error from the bound
+// wraps context.DeadlineExceeded:
 //
-//   - PostgreSQL: fn runs in a transaction whose first statement sets
-//     statement_timeout and lock_timeout for that transaction only
-//     (set_config(…, true), i.e. SET LOCAL): BEGIN, that statement and
-//     COMMIT are three more round trips.
+//   - PostgreSQL: a context deadline of the timeout. pgx then closes the
+//     connection and sends PostgreSQL a cancel request, which ends the
+//     statement on the server too (TestAStatementAbandonedByItsContext).
+//     Setting statement_timeout and lock_timeout instead would take a
+//     transaction around each statement (SET LOCAL): three more round trips.
 //   - MariaDB: every statement fn builds is prefixed with SET STATEMENT
 //     max_statement_time=…, lock_wait_timeout=…, innodb_lock_wait_timeout=…
-//     FOR; no extra round trip.
-//   - MySQL (not MariaDB), SQLite and others: the context deadline only.
+//     FOR (no extra round trip), and the context deadline falls a little
+//     later (grace), so that MariaDB's error arrives first and the
+//     connection stays usable. The deadline alone would not do:
+//     go-sql-driver closes the connection without a KILL QUERY, and the
+//     statement keeps waiting on the server.
+//   - MySQL (not MariaDB; untested), SQLite and others: the context deadline
+//     only. On SQLite a write waiting for another writer waits out the
+//     connection's busy timeout whatever the context says (mattn/go-sqlite3
+//     interrupts a running statement, not its busy handler): set _busy_timeout
+//     in the DSN at most StatementTimeout.
 func (s *Store) run(ctx context.Context, table string, read bool, fn func(q *gorm.DB) error) error {
 	k, err := s.kind(ctx)
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(ctx, s.timeout+grace(s.timeout))
+	d := s.timeout
+	if k == kindMariaDB {
+		d += grace(s.timeout)
+	}
+	parent := ctx
+	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
+	err = s.runOn(ctx, k, table, read, fn)
+	if err == nil || errors.Is(err, context.DeadlineExceeded) || parent.Err() != nil {
+		return err
+	}
+	if ctx.Err() != nil || serverTimeout(err) {
+		return fmt.Errorf("%w (StatementTimeout %v: %w)", err, s.timeout, context.DeadlineExceeded)
+	}
+	return err
+}
+
+// serverTimeout reports whether err is MariaDB's max_statement_time (1969)
+// or a lock wait timeout (1205): the store's bound, enforced by the server.
+func serverTimeout(err error) bool {
+	m := err.Error()
+	return strings.Contains(m, "Error 1969") || strings.Contains(m, "Error 1205")
+}
+
+func (s *Store) runOn(ctx context.Context, k int, table string, read bool, fn func(q *gorm.DB) error) error {
 	q := s.primary(ctx, table)
 	switch k {
-	case kindPostgres:
-		var opts *sql.TxOptions
-		if read {
-			opts = &sql.TxOptions{ReadOnly: true}
-		}
-		ms := fmt.Sprint(max(s.timeout.Milliseconds(), 1))
-		return q.Transaction(func(tx *gorm.DB) error {
-			if _, err := tx.Statement.ConnPool.ExecContext(ctx, pgBound, ms); err != nil {
-				return fmt.Errorf("set statement and lock timeouts: %w", err)
-			}
-			return fn(tx)
-		}, opts)
 	case kindMariaDB:
 		q = q.Clauses(mariaBound{prefix: s.mariaPrefix()})
 		if read {
@@ -165,9 +182,8 @@ func (s *Store) run(ctx context.Context, table string, read bool, fn func(q *gor
 	}
 }
 
-// grace is how much later than the database's own bound the context
-// deadline falls, so that the database's error arrives first and the
-// connection stays usable: a fifth of the timeout, at most 1s.
+// grace is how much later than MariaDB's own bound the context deadline
+// falls: a fifth of the timeout, at most 1s.
 func grace(d time.Duration) time.Duration { return min(d/5, time.Second) }
 
 // mariaPrefix is the SET STATEMENT clause bounding one MariaDB statement.

@@ -2,10 +2,9 @@
 // heartbeats and pending outbox rows kept in the three outbox tables on
 // PostgreSQL, MySQL/MariaDB or SQLite.
 //
-// Every lease step is a single guarded statement (on PostgreSQL in a
-// transaction of its own, see Options.StatementTimeout): no row lock is held
-// across steps and no transaction stays open, so a slow relay never blocks
-// its peers. Times are Unix milliseconds from Options.Now, and
+// Every lease step is a single guarded statement run in autocommit: no row
+// lock is held across steps and no transaction stays open, so a slow relay
+// never blocks its peers. Times are Unix milliseconds from Options.Now, and
 // all comparisons are plain integer comparisons on every database. Table
 // names come from the outbox.Config shared with outbox.Plugin and are quoted
 // by GORM, never concatenated into SQL.
@@ -19,9 +18,8 @@
 // default to, so a relay never publishes a row whose transaction then rolls
 // back, nor counts an uncommitted claim or heartbeat:
 //
-//   - PostgreSQL runs READ UNCOMMITTED as READ COMMITTED: the reads need no
-//     particular isolation (each runs in a READ ONLY transaction of its own
-//     only to bound it, see Options.StatementTimeout).
+//   - PostgreSQL runs READ UNCOMMITTED as READ COMMITTED: the reads are plain
+//     autocommit statements.
 //   - MySQL and MariaDB: each read (or the three consecutive reads of an
 //     acquisition round) runs in its own READ ONLY transaction at READ
 //     COMMITTED, which the driver sets for that transaction alone
@@ -33,7 +31,7 @@
 //     while a writer's transaction is open). With the default private cache
 //     every read is of committed data.
 //
-// Writes stay single statements, autocommit or alone in their transaction: each row they change is matched
+// Writes stay single autocommit statements: each row they change is matched
 // against its latest committed version (PostgreSQL re-checks it after a
 // concurrent writer commits; InnoDB uses locking or semi-consistent reads).
 // The liveness guard of a lease write also reads the relay's own heartbeat
@@ -57,8 +55,7 @@
 // No statement depends on or leaves session state (no SET SESSION, no
 // temporary table, no prepared statement of the store's own): the store works
 // behind PgBouncer in transaction pooling mode. Isolation and timeouts are set
-// per transaction (SET TRANSACTION, set_config(…, true)) or per statement
-// (SET STATEMENT … FOR).
+// per transaction (SET TRANSACTION) or per statement (SET STATEMENT … FOR).
 package gormstore
 
 import (
@@ -98,15 +95,17 @@ type Options struct {
 	// StatementTimeout bounds every statement of the store (and each read
 	// transaction of MySQL/MariaDB as a whole): a statement blocked on a lock
 	// (a migration holding the messages table) or a stuck connection becomes
-	// an error the relay reports in Health and backs off from. The database
-	// enforces it too where it can, per transaction or per statement, never
-	// per session (safe behind PgBouncer's transaction pooling): PostgreSQL's
-	// statement_timeout and lock_timeout set LOCAL to a transaction around
-	// the statement, MariaDB's SET STATEMENT max_statement_time,
-	// lock_wait_timeout and innodb_lock_wait_timeout; the statement's context
-	// deadline falls a little later (a fifth of the timeout, at most 1s).
-	// Zero means DefaultStatementTimeout (5s); a negative value fails New.
-	// Keep it well under the relay's LeaseRenewInterval.
+	// an error the relay reports in Health and backs off from. It is a
+	// context deadline per statement, never session state (safe behind
+	// PgBouncer's transaction pooling), and ends the statement on the server
+	// too: on PostgreSQL pgx sends a cancel request when the deadline passes;
+	// on MariaDB each statement carries SET STATEMENT max_statement_time,
+	// lock_wait_timeout and innodb_lock_wait_timeout, with the deadline a
+	// fifth of the timeout (at most 1s) later. On SQLite a write waiting for
+	// another writer is bounded by the DSN's _busy_timeout instead: keep it
+	// at most StatementTimeout. Zero means DefaultStatementTimeout (5s); a
+	// negative value fails New. Keep it well under the relay's
+	// LeaseRenewInterval.
 	StatementTimeout time.Duration
 }
 
