@@ -36,11 +36,30 @@
 // concurrent writer commits; InnoDB uses locking or semi-consistent reads).
 // The liveness guard of a lease write also reads the relay's own heartbeat
 // row, which only that relay's own statements write.
+//
+// # The primary
+//
+// Every statement of the store, reads included, runs on the primary, whatever
+// read/write-splitting resolver is registered on the *gorm.DB: each carries
+// the setting "gorm:db_resolver:write" (what gorm.io/plugin/dbresolver's
+// Write clause sets; the store does not import dbresolver), and, when a
+// callback named "gorm:db_resolver" is registered, the store asks it for the
+// source pool first, so that its transactions (which dbresolver never
+// switches) also begin on the primary. A replica, however fresh, is never
+// read: a lease read-back or a batch from a lagging replica would flap
+// ownership and publish deleted rows again. A resolver of another name must
+// honour the same setting or not split the outbox tables.
+//
+// # Session state
+//
+// No statement depends on or leaves session state (no SET SESSION, no
+// temporary table, no prepared statement of the store's own): the store works
+// behind PgBouncer in transaction pooling mode. Isolation and timeouts are set
+// per transaction (SET TRANSACTION) or per statement (SET STATEMENT … FOR).
 package gormstore
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"slices"
@@ -73,6 +92,21 @@ type Options struct {
 	// relays after 1 × the lease duration), done as part of an acquisition
 	// round. Zero means DefaultPruneInterval (1m); a negative value fails New.
 	PruneInterval time.Duration
+	// StatementTimeout bounds every statement of the store (and each read
+	// transaction of MySQL/MariaDB as a whole): a statement blocked on a lock
+	// (a migration holding the messages table) or a stuck connection becomes
+	// an error the relay reports in Health and backs off from. It is a
+	// context deadline per statement, never session state (safe behind
+	// PgBouncer's transaction pooling), and ends the statement on the server
+	// too: on PostgreSQL pgx sends a cancel request when the deadline passes;
+	// on MariaDB each statement carries SET STATEMENT max_statement_time,
+	// lock_wait_timeout and innodb_lock_wait_timeout, with the deadline a
+	// fifth of the timeout (at most 1s) later. On SQLite a write waiting for
+	// another writer is bounded by the DSN's _busy_timeout instead: keep it
+	// at most StatementTimeout. Zero means DefaultStatementTimeout (5s); a
+	// negative value fails New. Keep it well under the relay's
+	// LeaseRenewInterval.
+	StatementTimeout time.Duration
 }
 
 // Store is a relay.Store on a *gorm.DB. It also implements the optional
@@ -81,18 +115,17 @@ type Options struct {
 // concurrent use; each relay should have its own Store (the store remembers
 // whether it seeded the lease rows and when it last pruned heartbeats).
 type Store struct {
-	db     *gorm.DB
-	cfg    outbox.Config
-	now    func() time.Time
-	prune  time.Duration
-	msgs   string
-	leases string
-	relays string
-	// readTx: run reads in a READ COMMITTED transaction (MySQL, MariaDB
-	// and any dialect not known to read only committed data in autocommit).
-	readTx bool
+	db      *gorm.DB
+	cfg     outbox.Config
+	now     func() time.Time
+	prune   time.Duration
+	msgs    string
+	leases  string
+	relays  string
+	timeout time.Duration
 
 	mu        sync.Mutex
+	dialect   int // a kind*; kindUnknownMySQL until asked
 	seeded    bool
 	nextPrune int64 // Unix ms
 }
@@ -119,6 +152,12 @@ func New(db *gorm.DB, opts Options) (*Store, error) {
 	if opts.PruneInterval < 0 {
 		return nil, fmt.Errorf("gormstore: Options.PruneInterval %v: must not be negative", opts.PruneInterval)
 	}
+	if opts.StatementTimeout < 0 {
+		return nil, fmt.Errorf("gormstore: Options.StatementTimeout %v: must not be negative", opts.StatementTimeout)
+	}
+	if opts.StatementTimeout == 0 {
+		opts.StatementTimeout = DefaultStatementTimeout
+	}
 	if opts.PruneInterval == 0 {
 		opts.PruneInterval = DefaultPruneInterval
 	}
@@ -127,50 +166,22 @@ func New(db *gorm.DB, opts Options) (*Store, error) {
 	}
 	cfg := opts.Config.WithDefaults()
 	return &Store{
-		db:     db,
-		cfg:    cfg,
-		now:    opts.Now,
-		prune:  opts.PruneInterval,
-		msgs:   cfg.MessagesTableName(),
-		leases: cfg.LeasesTableName(),
-		relays: cfg.RelaysTableName(),
-		readTx: readsNeedTx(db.Dialector.Name()),
+		db:      db,
+		cfg:     cfg,
+		now:     opts.Now,
+		prune:   opts.PruneInterval,
+		msgs:    cfg.MessagesTableName(),
+		leases:  cfg.LeasesTableName(),
+		relays:  cfg.RelaysTableName(),
+		timeout: opts.StatementTimeout,
+		dialect: kindOf(db.Dialector.Name()),
 	}, nil
-}
-
-// readsNeedTx reports whether a dialect's autocommit reads may see
-// uncommitted rows at the pool's default isolation: not on PostgreSQL (READ
-// UNCOMMITTED is READ COMMITTED there) nor SQLite (private cache, see the
-// package doc); on MySQL, MariaDB and anything else, yes.
-func readsNeedTx(dialect string) bool {
-	return dialect != "postgres" && dialect != "sqlite"
-}
-
-// readCommitted are the options of the store's read transactions.
-var readCommitted = &sql.TxOptions{Isolation: sql.LevelReadCommitted, ReadOnly: true}
-
-// read runs fn, one or more reads on q, at READ COMMITTED or stronger
-// whatever the pool's default isolation: directly where the dialect's
-// autocommit statements already are, else in one READ ONLY transaction at
-// READ COMMITTED: on MySQL/MariaDB three more round trips (SET TRANSACTION,
-// START TRANSACTION READ ONLY, COMMIT; see BenchmarkNextBatch). fn must not
-// write.
-func (s *Store) read(ctx context.Context, fn func(q *gorm.DB) error) error {
-	q := s.db.WithContext(ctx)
-	if !s.readTx {
-		return fn(q)
-	}
-	return q.Transaction(fn, readCommitted)
 }
 
 // BucketCount implements relay.BucketCounter: the Config's bucket count.
 func (s *Store) BucketCount() int { return s.cfg.BucketCount }
 
 func (s *Store) nowMs() int64 { return s.now().UnixMilli() }
-
-func (s *Store) tx(ctx context.Context, table string) *gorm.DB {
-	return s.db.WithContext(ctx).Table(table)
-}
 
 // liveRelay is the guard every lease write of relayID carries: its heartbeat
 // row is live at now and not stopped. A statement of a relay that already
@@ -220,7 +231,7 @@ func (s *Store) AcquireBucketLeases(ctx context.Context, relayID string, bucketC
 	var bad []int64
 	var active []string
 	var snap []outbox.Lease
-	err := s.read(ctx, func(q *gorm.DB) error {
+	err := s.read(ctx, s.leases, func(q *gorm.DB) error {
 		if err := q.Table(s.msgs).Where("bucket < ? OR bucket >= ?", 0, n).Limit(1).Pluck("bucket", &bad).Error; err != nil {
 			return fmt.Errorf("gormstore: probe for out-of-range buckets: %w", err)
 		}
@@ -266,10 +277,12 @@ func (s *Store) AcquireBucketLeases(ctx context.Context, relayID string, bucketC
 	}
 	guard, guardArgs := s.liveRelay(relayID, now, leaseDuration)
 	if len(keep) > 0 {
-		err := s.tx(ctx, s.leases).
-			Where("owner = ? AND expires_at_ms > ? AND bucket IN ?", relayID, now, keep).
-			Where(guard, guardArgs...).
-			Update("expires_at_ms", notBackwards(exp)).Error
+		err := s.write(ctx, s.leases, func(q *gorm.DB) error {
+			return q.Table(s.leases).
+				Where("owner = ? AND expires_at_ms > ? AND bucket IN ?", relayID, now, keep).
+				Where(guard, guardArgs...).
+				Update("expires_at_ms", notBackwards(exp)).Error
+		})
 		if err != nil {
 			return nil, fmt.Errorf("gormstore: extend %d leases: %w", len(keep), err)
 		}
@@ -281,17 +294,19 @@ func (s *Store) AcquireBucketLeases(ctx context.Context, relayID string, bucketC
 	}
 	if need := share - len(keep); need > 0 && len(free) > 0 {
 		claim := free[:min(need, len(free))]
-		err := s.tx(ctx, s.leases).
-			Where("bucket IN ? AND (owner IS NULL OR expires_at_ms <= ?)", claim, now).
-			Where(guard, guardArgs...).
-			Updates(map[string]any{"owner": relayID, "expires_at_ms": exp}).Error
+		err := s.write(ctx, s.leases, func(q *gorm.DB) error {
+			return q.Table(s.leases).
+				Where("bucket IN ? AND (owner IS NULL OR expires_at_ms <= ?)", claim, now).
+				Where(guard, guardArgs...).
+				Updates(map[string]any{"owner": relayID, "expires_at_ms": exp}).Error
+		})
 		if err != nil {
 			return nil, fmt.Errorf("gormstore: claim %d leases: %w", len(claim), err)
 		}
 	}
 	// 6. Read back.
 	var mine []int
-	if err := s.read(ctx, func(q *gorm.DB) error {
+	if err := s.read(ctx, s.leases, func(q *gorm.DB) error {
 		return q.Table(s.leases).
 			Where("owner = ? AND expires_at_ms >= ? AND bucket >= ? AND bucket < ?", relayID, exp, 0, n).
 			Order("bucket").Pluck("bucket", &mine).Error
@@ -320,16 +335,18 @@ func checkArgs(relayID string, leaseDuration time.Duration) error {
 func (s *Store) heartbeat(ctx context.Context, relayID string, now int64) error {
 	last := clause.Column{Table: s.relays, Name: "last_seen_ms"}
 	stopped := clause.Column{Table: s.relays, Name: "stopped_at_ms"}
-	err := s.tx(ctx, s.relays).Clauses(clause.OnConflict{
-		Columns: []clause.Column{{Name: "relay_id"}},
-		DoUpdates: clause.Set{
-			// stopped_at_ms first: MySQL evaluates assignments left to right
-			// and would otherwise see the new last_seen_ms. Neither
-			// expression reads the other column, so order is only safety.
-			{Column: clause.Column{Name: "stopped_at_ms"}, Value: gorm.Expr("CASE WHEN ? >= ? THEN ? ELSE NULL END", stopped, now, stopped)},
-			{Column: clause.Column{Name: "last_seen_ms"}, Value: gorm.Expr("CASE WHEN ? < ? THEN ? ELSE ? END", last, now, now, last)},
-		},
-	}).Create(&outbox.Relay{RelayID: relayID, LastSeenMs: now}).Error
+	err := s.write(ctx, s.relays, func(q *gorm.DB) error {
+		return q.Table(s.relays).Clauses(clause.OnConflict{
+			Columns: []clause.Column{{Name: "relay_id"}},
+			DoUpdates: clause.Set{
+				// stopped_at_ms first: MySQL evaluates assignments left to right
+				// and would otherwise see the new last_seen_ms. Neither
+				// expression reads the other column, so order is only safety.
+				{Column: clause.Column{Name: "stopped_at_ms"}, Value: gorm.Expr("CASE WHEN ? >= ? THEN ? ELSE NULL END", stopped, now, stopped)},
+				{Column: clause.Column{Name: "last_seen_ms"}, Value: gorm.Expr("CASE WHEN ? < ? THEN ? ELSE ? END", last, now, now, last)},
+			},
+		}).Create(&outbox.Relay{RelayID: relayID, LastSeenMs: now}).Error
+	})
 	if err != nil {
 		return fmt.Errorf("gormstore: heartbeat of %s: %w", relayID, err)
 	}
@@ -343,9 +360,11 @@ func (s *Store) maybePrune(ctx context.Context, now, ld int64) error {
 	if !due {
 		return nil
 	}
-	err := s.tx(ctx, s.relays).
-		Where("(stopped_at_ms IS NULL AND last_seen_ms < ?) OR (stopped_at_ms IS NOT NULL AND stopped_at_ms < ?)", now-10*ld, now-ld).
-		Delete(&outbox.Relay{}).Error
+	err := s.write(ctx, s.relays, func(q *gorm.DB) error {
+		return q.Table(s.relays).
+			Where("(stopped_at_ms IS NULL AND last_seen_ms < ?) OR (stopped_at_ms IS NOT NULL AND stopped_at_ms < ?)", now-10*ld, now-ld).
+			Delete(&outbox.Relay{}).Error
+	})
 	if err != nil {
 		return fmt.Errorf("gormstore: prune heartbeats: %w", err)
 	}
@@ -368,8 +387,10 @@ func (s *Store) seed(ctx context.Context) error {
 	for i := range rows {
 		rows[i].Bucket = int32(i)
 	}
-	err := s.tx(ctx, s.leases).Clauses(clause.OnConflict{Columns: []clause.Column{{Name: "bucket"}}, DoNothing: true}).
-		CreateInBatches(&rows, 1000).Error
+	err := s.write(ctx, s.leases, func(q *gorm.DB) error {
+		return q.Table(s.leases).Clauses(clause.OnConflict{Columns: []clause.Column{{Name: "bucket"}}, DoNothing: true}).
+			CreateInBatches(&rows, 1000).Error
+	})
 	if err != nil {
 		return fmt.Errorf("gormstore: seed %d lease rows: %w", len(rows), err)
 	}
@@ -380,8 +401,10 @@ func (s *Store) seed(ctx context.Context) error {
 }
 
 func (s *Store) free(ctx context.Context, relayID string, buckets []int) error {
-	err := s.tx(ctx, s.leases).Where("owner = ? AND bucket IN ?", relayID, buckets).
-		Updates(map[string]any{"owner": nil, "expires_at_ms": 0}).Error
+	err := s.write(ctx, s.leases, func(q *gorm.DB) error {
+		return q.Table(s.leases).Where("owner = ? AND bucket IN ?", relayID, buckets).
+			Updates(map[string]any{"owner": nil, "expires_at_ms": 0}).Error
+	})
 	if err != nil {
 		return fmt.Errorf("gormstore: release %d leases: %w", len(buckets), err)
 	}
@@ -408,18 +431,22 @@ func (s *Store) RenewBucketLeases(ctx context.Context, relayID string, buckets [
 	}
 	buckets = slices.Compact(slices.Sorted(slices.Values(buckets)))
 	guard, guardArgs := s.liveRelay(relayID, now, leaseDuration)
-	res := s.tx(ctx, s.leases).
-		Where("owner = ? AND expires_at_ms > ? AND bucket IN ?", relayID, now, buckets).
-		Where(guard, guardArgs...).
-		Update("expires_at_ms", notBackwards(exp))
-	if res.Error != nil {
-		return false, fmt.Errorf("gormstore: renew %d leases: %w", len(buckets), res.Error)
+	var renewed int64
+	if err := s.write(ctx, s.leases, func(q *gorm.DB) error {
+		res := q.Table(s.leases).
+			Where("owner = ? AND expires_at_ms > ? AND bucket IN ?", relayID, now, buckets).
+			Where(guard, guardArgs...).
+			Update("expires_at_ms", notBackwards(exp))
+		renewed = res.RowsAffected
+		return res.Error
+	}); err != nil {
+		return false, fmt.Errorf("gormstore: renew %d leases: %w", len(buckets), err)
 	}
-	if res.RowsAffected == int64(len(buckets)) {
+	if renewed == int64(len(buckets)) {
 		return true, nil
 	}
 	var held int64
-	if err := s.read(ctx, func(q *gorm.DB) error {
+	if err := s.read(ctx, s.leases, func(q *gorm.DB) error {
 		return q.Table(s.leases).Where("owner = ? AND expires_at_ms >= ? AND bucket IN ?", relayID, exp, buckets).
 			Count(&held).Error
 	}); err != nil {
@@ -436,15 +463,19 @@ func (s *Store) ReleaseBucketLeases(ctx context.Context, relayID string) error {
 		return err
 	}
 	now := s.nowMs()
-	err := s.tx(ctx, s.relays).Clauses(clause.OnConflict{
-		Columns:   []clause.Column{{Name: "relay_id"}},
-		DoUpdates: clause.Set{{Column: clause.Column{Name: "stopped_at_ms"}, Value: now}},
-	}).Create(&outbox.Relay{RelayID: relayID, LastSeenMs: now, StoppedAtMs: &now}).Error
+	err := s.write(ctx, s.relays, func(q *gorm.DB) error {
+		return q.Table(s.relays).Clauses(clause.OnConflict{
+			Columns:   []clause.Column{{Name: "relay_id"}},
+			DoUpdates: clause.Set{{Column: clause.Column{Name: "stopped_at_ms"}, Value: now}},
+		}).Create(&outbox.Relay{RelayID: relayID, LastSeenMs: now, StoppedAtMs: &now}).Error
+	})
 	if err != nil {
 		return fmt.Errorf("gormstore: stamp %s stopped: %w", relayID, err)
 	}
-	err = s.tx(ctx, s.leases).Where("owner = ?", relayID).
-		Updates(map[string]any{"owner": nil, "expires_at_ms": 0}).Error
+	err = s.write(ctx, s.leases, func(q *gorm.DB) error {
+		return q.Table(s.leases).Where("owner = ?", relayID).
+			Updates(map[string]any{"owner": nil, "expires_at_ms": 0}).Error
+	})
 	if err != nil {
 		return fmt.Errorf("gormstore: release leases of %s: %w", relayID, err)
 	}

@@ -1,0 +1,223 @@
+package gormstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"time"
+
+	"gorm.io/gorm"
+	"gorm.io/gorm/clause"
+)
+
+// DefaultStatementTimeout bounds each store statement when
+// Options.StatementTimeout is zero. It is well under the relay's default
+// LeaseRenewInterval (10s) and LeaseDuration (30s): a renewal that times out
+// still leaves time for the next one before the leases expire.
+const DefaultStatementTimeout = 5 * time.Second
+
+// Settings a read/write-splitting resolver reads. The store sets
+// resolverWrite on every statement: gorm.io/plugin/dbresolver then sends the
+// statement to a source (primary), never to a replica. It is the key
+// dbresolver.Write stores; the store does not import dbresolver.
+const (
+	resolverWrite    = "gorm:db_resolver:write"
+	resolverCallback = "gorm:db_resolver"
+)
+
+// dialect kinds the store treats differently.
+const (
+	kindOther = iota
+	kindPostgres
+	kindSQLite
+	kindMySQL   // MySQL or a MySQL-compatible server that is not MariaDB
+	kindMariaDB // MariaDB: SET STATEMENT … FOR
+	kindUnknownMySQL
+)
+
+func kindOf(dialect string) int {
+	switch dialect {
+	case "postgres":
+		return kindPostgres
+	case "sqlite":
+		return kindSQLite
+	case "mysql":
+		return kindUnknownMySQL
+	default:
+		return kindOther
+	}
+}
+
+// primary returns s.db on ctx with every statement marked for the primary
+// (resolverWrite). When a resolver is registered, its source pool is
+// resolved at once and the returned session starts on it, so that a
+// transaction begun on it runs on the primary too (dbresolver never
+// switches the statements of a transaction). table names the table the
+// statement(s) mainly touch, for per-table resolvers.
+func (s *Store) primary(ctx context.Context, table string) *gorm.DB {
+	q := s.db.WithContext(ctx).Set(resolverWrite, struct{}{})
+	if fc := s.db.Callback().Query().Get(resolverCallback); fc != nil {
+		r := s.db.WithContext(ctx).Set(resolverWrite, struct{}{}).Table(table)
+		fc(r)
+		q.Statement.ConnPool = r.Statement.ConnPool
+	}
+	return q.Session(&gorm.Session{})
+}
+
+// kind returns the store's dialect kind, asking a MySQL-dialect server once
+// whether it is MariaDB.
+func (s *Store) kind(ctx context.Context) (int, error) {
+	s.mu.Lock()
+	k := s.dialect
+	s.mu.Unlock()
+	if k != kindUnknownMySQL {
+		return k, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	var version string
+	if err := s.primary(ctx, s.leases).Raw("SELECT VERSION()").Row().Scan(&version); err != nil {
+		return 0, fmt.Errorf("gormstore: server version: %w", err)
+	}
+	k = kindMySQL
+	if strings.Contains(strings.ToLower(version), "mariadb") {
+		k = kindMariaDB
+	}
+	s.mu.Lock()
+	s.dialect = k
+	s.mu.Unlock()
+	return k, nil
+}
+
+// readCommitted are the options of the store's read transactions on MySQL
+// and MariaDB.
+var readCommitted = &sql.TxOptions{Isolation: sql.LevelReadCommitted, ReadOnly: true}
+
+// write runs fn, one writing statement, on the primary, bounded by the
+// statement timeout.
+func (s *Store) write(ctx context.Context, table string, fn func(q *gorm.DB) error) error {
+	return s.run(ctx, table, false, fn)
+}
+
+// read runs fn, one or more reads, on the primary at READ COMMITTED or
+// stronger whatever the pool's default isolation, bounded by the statement
+// timeout: directly where the dialect's autocommit statements already read
+// committed data (PostgreSQL, SQLite), else (MySQL, MariaDB) in one READ ONLY
+// transaction at READ COMMITTED, which costs three more round trips (SET
+// TRANSACTION, START TRANSACTION READ ONLY, COMMIT; see BenchmarkNextBatch).
+// fn must not write.
+func (s *Store) read(ctx context.Context, table string, fn func(q *gorm.DB) error) error {
+	return s.run(ctx, table, true, fn)
+}
+
+// run runs fn on the primary within the statement timeout, per statement
+// (or per read transaction), never per session. An error from the bound
+// wraps context.DeadlineExceeded:
+//
+//   - PostgreSQL: a context deadline of the timeout. pgx then closes the
+//     connection and sends PostgreSQL a cancel request, which ends the
+//     statement on the server too (TestAStatementAbandonedByItsContext).
+//     Setting statement_timeout and lock_timeout instead would take a
+//     transaction around each statement (SET LOCAL): three more round trips.
+//   - MariaDB: every statement fn builds is prefixed with SET STATEMENT
+//     max_statement_time=…, lock_wait_timeout=…, innodb_lock_wait_timeout=…
+//     FOR (no extra round trip), and the context deadline falls a little
+//     later (grace), so that MariaDB's error arrives first and the
+//     connection stays usable. The deadline alone would not do:
+//     go-sql-driver closes the connection without a KILL QUERY, and the
+//     statement keeps waiting on the server.
+//   - MySQL (not MariaDB; untested), SQLite and others: the context deadline
+//     only. On SQLite a write waiting for another writer waits out the
+//     connection's busy timeout whatever the context says (mattn/go-sqlite3
+//     interrupts a running statement, not its busy handler): set _busy_timeout
+//     in the DSN at most StatementTimeout.
+func (s *Store) run(ctx context.Context, table string, read bool, fn func(q *gorm.DB) error) error {
+	k, err := s.kind(ctx)
+	if err != nil {
+		return err
+	}
+	d := s.timeout
+	if k == kindMariaDB {
+		d += grace(s.timeout)
+	}
+	parent := ctx
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	err = s.runOn(ctx, k, table, read, fn)
+	if err == nil || errors.Is(err, context.DeadlineExceeded) || parent.Err() != nil {
+		return err
+	}
+	if ctx.Err() != nil || serverTimeout(err) {
+		return fmt.Errorf("%w (StatementTimeout %v: %w)", err, s.timeout, context.DeadlineExceeded)
+	}
+	return err
+}
+
+// serverTimeout reports whether err is MariaDB's max_statement_time (1969)
+// or a lock wait timeout (1205): the store's bound, enforced by the server.
+func serverTimeout(err error) bool {
+	m := err.Error()
+	return strings.Contains(m, "Error 1969") || strings.Contains(m, "Error 1205")
+}
+
+func (s *Store) runOn(ctx context.Context, k int, table string, read bool, fn func(q *gorm.DB) error) error {
+	q := s.primary(ctx, table)
+	switch k {
+	case kindMariaDB:
+		q = q.Clauses(mariaBound{prefix: s.mariaPrefix()})
+		if read {
+			return q.Transaction(fn, readCommitted)
+		}
+		return fn(q)
+	case kindMySQL, kindOther:
+		if read {
+			return q.Transaction(fn, readCommitted)
+		}
+		return fn(q)
+	default: // SQLite
+		return fn(q)
+	}
+}
+
+// grace is how much later than MariaDB's own bound the context deadline
+// falls: a fifth of the timeout, at most 1s.
+func grace(d time.Duration) time.Duration { return min(d/5, time.Second) }
+
+// mariaPrefix is the SET STATEMENT clause bounding one MariaDB statement.
+// The lock waits are whole seconds (at least 1), max_statement_time covers
+// every wait to the microsecond.
+func (s *Store) mariaPrefix() string {
+	secs := int64(math.Ceil(s.timeout.Seconds()))
+	return fmt.Sprintf("SET STATEMENT max_statement_time=%.6f, lock_wait_timeout=%d, innodb_lock_wait_timeout=%d FOR",
+		s.timeout.Seconds(), max(secs, 1), max(secs, 1))
+}
+
+// rawPrefix is what a raw SQL statement of the store starts with: the
+// MariaDB bound, or nothing.
+func (s *Store) rawPrefix() string {
+	s.mu.Lock()
+	k := s.dialect
+	s.mu.Unlock()
+	if k == kindMariaDB {
+		return s.mariaPrefix() + " "
+	}
+	return ""
+}
+
+// mariaBound makes the statement GORM builds start with prefix: it sits
+// before the first clause of whichever statement is built (SELECT, INSERT,
+// UPDATE or DELETE); GORM merges its own clause into it and keeps it.
+type mariaBound struct{ prefix string }
+
+func (m mariaBound) ModifyStatement(stmt *gorm.Statement) {
+	for _, name := range []string{"SELECT", "INSERT", "UPDATE", "DELETE"} {
+		c := stmt.Clauses[name]
+		c.BeforeExpression = clause.Expr{SQL: m.prefix}
+		stmt.Clauses[name] = c
+	}
+}
+
+func (mariaBound) Build(clause.Builder) {}
