@@ -25,6 +25,7 @@ import (
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/pgnotify"
+	"github.com/gorm-outbox/outbox/gormstore"
 	"github.com/gorm-outbox/outbox/relay"
 )
 
@@ -62,8 +63,9 @@ type config struct {
 	kafkaMaxRecords  int
 	kafkaMaxAttempts int
 
-	outbox outbox.Config
-	relay  relay.Options
+	outbox           outbox.Config
+	relay            relay.Options
+	statementTimeout time.Duration // gormstore.Options.StatementTimeout
 
 	notifyDSN     string
 	notifyChannel string
@@ -115,6 +117,7 @@ func newFlagSet(c *config) *flag.FlagSet {
 	fs.StringVar(&c.outbox.MessagesTable, "messages-table", outbox.DefaultMessagesTable, "pending messages table")
 	fs.StringVar(&c.outbox.LeasesTable, "leases-table", outbox.DefaultLeasesTable, "bucket lease table")
 	fs.StringVar(&c.outbox.RelaysTable, "relays-table", outbox.DefaultRelaysTable, "relay heartbeat table")
+	durationVar(fs, &c.statementTimeout, "statement-timeout", gormstore.DefaultStatementTimeout, "bound on every store statement (a table locked by a migration, a stuck connection); keep it well under -lease-renew-interval; on SQLite also set _busy_timeout in the DSN")
 
 	o := &c.relay
 	intVar(fs, &o.BatchSize, "batch-size", relay.DefaultBatchSize, "rows fetched and published per batch")
@@ -338,6 +341,9 @@ func (c *config) check() error {
 	default:
 		return fmt.Errorf("-db-driver %q: must be postgres, mysql or sqlite", c.dbDriver)
 	}
+	if c.statementTimeout < 0 {
+		return fmt.Errorf("-statement-timeout %q: must not be negative", c.statementTimeout.String())
+	}
 	if c.dbDSN == "" {
 		return errors.New("-db-dsn is required")
 	}
@@ -444,7 +450,9 @@ line naming the flag, before any connection); 1 for a runtime failure
 HTTP address taken, a fatal relay error).
 
 HTTP (-listen): /metrics (Prometheus format), /healthz (200 while the relay
-runs and its last cycle succeeded, else 503).
+runs and its last cycle and lease acquisition succeeded, else 503 with the
+reason; a publish failure is not reported there, except an authentication
+failure, until a publish is acknowledged again).
 
 Flags:
 `)

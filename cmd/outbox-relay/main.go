@@ -202,7 +202,7 @@ func (w *worker) run(ctx context.Context) int {
 		w.log.Error("outbox-relay: " + err.Error())
 		return exitFailure
 	}
-	store, err := gormstore.New(w.db, gormstore.Options{Config: w.cfg.outbox})
+	store, err := gormstore.New(w.db, gormstore.Options{Config: w.cfg.outbox, StatementTimeout: w.cfg.statementTimeout})
 	if err != nil { // checked by parseConfig; not expected
 		w.log.Error("outbox-relay: store", "error", oneLine(err))
 		return exitFailure

@@ -294,6 +294,7 @@ func TestWorkerRejectsBadConfiguration(t *testing.T) {
 		{"boolean_nonsense", append(base, "-migrate=maybe"), nil, `-migrate "maybe": want true or false`},
 		{"integer_nonsense", append(base, "-batch-size", "ten"), nil, `-batch-size "ten": not an integer`},
 		{"negative_bucket_count", append(base, "-bucket-count", "-1"), nil, "-bucket-count -1: must be between 1 and 65536"},
+		{"negative_statement_timeout", append(base, "-statement-timeout", "-1s"), nil, `-statement-timeout "-1s": must not be negative`},
 		{"listen_without_port", append(base, "-listen", "9090"), nil, `-listen "9090": want host:port or :port`},
 		{"listen_with_bad_port", append(base, "-listen", "127.0.0.1:http-alt"), nil, `-listen "127.0.0.1:http-alt": port must be a number from 0 to 65535`},
 		{"malformed_mysql_dsn", append(base, "-db-driver", "mysql", "-db-dsn", "root@127.0.0.1:3306/app"), nil, `-db-dsn (mysql): default addr for network`},
