@@ -24,8 +24,8 @@ import (
 	"github.com/segmentio/kafka-go/sasl/scram"
 
 	"github.com/gorm-outbox/outbox"
-	"github.com/gorm-outbox/outbox/pgnotify"
 	"github.com/gorm-outbox/outbox/gormstore"
+	"github.com/gorm-outbox/outbox/pgnotify"
 	"github.com/gorm-outbox/outbox/relay"
 )
 
