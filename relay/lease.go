@@ -97,6 +97,7 @@ func (r *Relay) setLeases(st *runState, buckets []int, validUntil time.Time) {
 		if !slices.Contains(buckets, b) {
 			st.ready[b] = false
 			delete(st.retry, b)
+			delete(st.unmarked, b) // the next owner republishes them
 		}
 	}
 	if !slices.Equal(old, buckets) {

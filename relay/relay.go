@@ -124,6 +124,7 @@ type runState struct {
 	discover      bool // discovery forced by new buckets or an unknown hint
 	ready         []bool
 	retry         map[int]*headRetry
+	unmarked      map[int][]*outbox.Message // acknowledged rows whose MarkPublished failed, per bucket
 	hints         []int
 	worked        bool  // the cycle called the store
 	acquireErr    error // the latest acquisition's error, nil after a success
@@ -219,7 +220,7 @@ func (r *Relay) Run(ctx context.Context) error {
 
 	r.health.Store(&errNoCycle)
 	r.authErr.Store(nil)
-	st := &runState{ready: make([]bool, r.opts.BucketCount), retry: map[int]*headRetry{}}
+	st := &runState{ready: make([]bool, r.opts.BucketCount), retry: map[int]*headRetry{}, unmarked: map[int][]*outbox.Message{}}
 	st.nextRebalance = r.clock.Now()
 	err = r.loop(ctx, cleanup, st)
 	beginStop() // a fatal error starts the stop too
@@ -464,6 +465,23 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 		return nil
 	}
 	st.worked = true
+	if done := st.unmarked[b]; done != nil {
+		// The broker acknowledged these rows but deleting them failed:
+		// delete them again rather than publish them again. A batch
+		// prefetched meanwhile may hold them: fetch anew afterwards.
+		if fetched != nil {
+			fetched.wait()
+			fetched = nil
+		}
+		if cur, _, _ := st.lease.snapshot(); !containsSorted(cur, b) {
+			delete(st.unmarked, b)
+			return nil
+		}
+		if err := r.store.MarkPublished(cleanup, b, done); err != nil {
+			return errStore{fmt.Errorf("relay: bucket %d: mark published (again): %w", b, err)}
+		}
+		delete(st.unmarked, b)
+	}
 	var batch []*outbox.Message
 	var err error
 	if fetched != nil && fetched.limit == limit {
@@ -536,6 +554,10 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 		if err := r.store.MarkPublished(cleanup, b, batch[:ack]); err != nil {
 			if ctx.Err() != nil {
 				r.log.Warn("relay: mark published failed during the stop; the next owner republishes the rows", "relay", r.opts.RelayID, "bucket", b, "rows", ack, "error", err)
+			} else {
+				// Retried before the bucket's next fetch, while the lease
+				// holds; only a takeover republishes them.
+				st.unmarked[b] = batch[:ack]
 			}
 			if fatal != nil {
 				return fatal

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -431,6 +432,32 @@ func TestRelay(t *testing.T) {
 		}
 		if got := len(h.store.Pending(0)); got != 0 {
 			t.Fatalf("pending after a stop during the delete = %d rows; want 0 (the next owner would republish them)", got)
+		}
+	})
+
+	t.Run("a_failed_delete_is_retried_not_republished", func(t *testing.T) {
+		h := newHarness(t, relay.Options{BucketCount: 1}, nil)
+		h.store.Add(msgs(5, "t")...)
+		var fails atomic.Int32
+		h.ops.setBlock(relaytest.OpMarkPublished, func(context.Context) error {
+			if fails.Add(1) <= 2 {
+				return errors.New("lock wait timeout exceeded")
+			}
+			return nil
+		})
+		h.start()
+		for i := 0; len(h.store.Pending(0)) > 0; i++ {
+			if i == 10 {
+				t.Fatalf("rows still pending after %d backoffs", i)
+			}
+			h.advanceIdle(time.Second) // ErrorBackoff
+		}
+		var published int
+		for _, c := range h.pub.Calls() {
+			published += len(c)
+		}
+		if published != 5 || fails.Load() != 3 {
+			t.Fatalf("published %d records with %d MarkPublished calls; want 5 records (each once) and 3 calls (2 failed deletes retried)", published, fails.Load())
 		}
 	})
 
