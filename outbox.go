@@ -50,7 +50,8 @@ const MaxBucketCount = 1 << 16
 // Config names one logical outbox: its bucket count and its tables. Share one
 // value between the Plugin (writers) and the store (relays): they must agree.
 // A zero Config means 8 buckets and the default table names in the default
-// schema.
+// schema. The names are used as they are: GORM's NamingStrategy (a
+// TablePrefix, say) does not apply to the outbox tables.
 type Config struct {
 	// BucketCount is the number of ordering buckets, an upper bound on relay
 	// parallelism. It must be identical on every writer and relay sharing the
