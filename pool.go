@@ -20,12 +20,9 @@ type notifyState struct {
 	inline   bool // the notifier promises not to block
 	logger   *slog.Logger
 
-	// inner is the pool the Plugin wrapped and wrapper the wrapper; a
-	// session derived before db.Use still runs on inner.
-	inner   gorm.ConnPool
-	wrapper *pool
-	// wrappers holds the wrappers of other pools statements were found on
-	// (gorm.ConnPool → *pool): a resolver's source pools.
+	// wrappers maps a pool to its wrapper (gorm.ConnPool → *pool): the pool
+	// the Plugin wrapped (a session derived before db.Use still runs on
+	// it), and other pools creates were routed to (a resolver's sources).
 	wrappers sync.Map
 	// unnotifiable is set once a commit that should have notified could
 	// not be followed (logged once).
@@ -96,15 +93,10 @@ func (s *notifyState) cannotNotify(cp gorm.ConnPool) {
 // Either would begin a transaction the plugin cannot follow, so the
 // statement is moved to a wrapper of that same pool (one per pool, kept).
 func (s *notifyState) usePool(db *gorm.DB) {
-	if db.Error != nil || s.wrapper == nil || !isMessageStatement(db) {
+	if db.Error != nil || !isMessageStatement(db) {
 		return
 	}
-	cp := db.Statement.ConnPool
-	if cp == s.inner {
-		db.Statement.ConnPool = s.wrapper
-		return
-	}
-	if w := s.wrapperOf(cp); w != nil {
+	if w := s.wrapperOf(db.Statement.ConnPool); w != nil {
 		db.Statement.ConnPool = w
 	}
 }
@@ -350,9 +342,11 @@ func installPool(db *gorm.DB, state *notifyState) error {
 		default:
 			return nil, fmt.Errorf("outbox: connection pool %T cannot begin transactions; register the plugin on a *gorm.DB opened on a pool, not inside a transaction", cp)
 		}
-		state.inner = cp
-		state.wrapper = &pool{ConnPool: cp, state: state}
-		return state.wrapper, nil
+		w := &pool{ConnPool: cp, state: state}
+		if reflect.TypeOf(cp).Kind() == reflect.Pointer {
+			state.wrappers.Store(cp, w)
+		}
+		return w, nil
 	}
 	if ps, ok := db.Config.ConnPool.(*gorm.PreparedStmtDB); ok {
 		w, err := wrap(ps.ConnPool)
