@@ -24,7 +24,14 @@ var errNotRunning = errors.New("relay: not running")
 // no later acquisition has repaired, or a publisher that cannot
 // authenticate to Kafka). A publish failure is not a cycle failure: the
 // failing row is retried with backoff and counted by the publish.failures
-// metric. The exception is a failure to authenticate, which no retry of a
+// metric. Nor is a store error confined to one bucket (its NextBatch or
+// MarkPublished failed, e.g. on a row the store cannot decode): Health stays
+// about the relay itself, so that bucket backs off alone, logged at WARN
+// once per backoff step with its number, while the other buckets go on and
+// the relay stays healthy. A store failing the relay as a whole still
+// shows: a failed lease acquisition or discovery is a cycle failure, and so
+// is the state where every owned bucket is backing off from its own store
+// error (Health then wraps one of them). The exception is a failure to authenticate, which no retry of a
 // row can cure (SASL authentication failed, a SASL mechanism the broker
 // does not enable, a broker certificate that does not verify): Health
 // reports it, wrapping the publish error, until a publish is acknowledged

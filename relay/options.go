@@ -53,9 +53,13 @@ type Options struct {
 	// fails New.
 	PollInterval time.Duration
 
-	// ErrorBackoff is the wait after a store error, and the first backoff of
-	// a failing head row (doubling, jittered, up to LeaseRenewInterval).
-	// Zero means DefaultErrorBackoff (1s); a negative value fails New.
+	// ErrorBackoff is the wait after a store error of the relay as a whole
+	// (lease acquisition, discovery), and the first backoff of a failing
+	// head row and of a bucket whose own store call (NextBatch,
+	// MarkPublished) failed (doubling, jittered, up to LeaseRenewInterval).
+	// Such a bucket backs off alone: the other buckets go on, and Health
+	// does not count it (see Relay.Health). Zero means DefaultErrorBackoff
+	// (1s); a negative value fails New.
 	ErrorBackoff time.Duration
 
 	// LeaseDuration is how long an acquired or renewed lease lasts: the time

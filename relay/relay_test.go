@@ -180,12 +180,18 @@ func TestRelay(t *testing.T) {
 		if got := len(h.pub.Calls()); got != 0 {
 			t.Fatalf("publish calls after a failed NextBatch = %d; want 0", got)
 		}
-		h.advanceIdle(5 * time.Second) // publishes; MarkPublished fails
+		h.advanceIdle(5 * time.Second) // publishes the head row alone; MarkPublished fails
 		if got := h.store.Len(); got != 3 {
 			t.Fatalf("pending after a failed MarkPublished = %d; want 3", got)
 		}
-		h.clock.Advance(5 * time.Second)
-		h.waitFor("store empty", func() bool { return h.store.Len() == 0 })
+		// The bucket's backoff doubles (jittered, capped at
+		// LeaseRenewInterval 10s): two more ErrorBackoffs reach it.
+		for i := 0; h.store.Len() > 0; i++ {
+			if i == 4 {
+				t.Fatalf("rows still pending after %d backoffs", i)
+			}
+			h.advanceIdle(5 * time.Second)
+		}
 	})
 
 	t.Run("one_batch_per_ready_bucket_per_sweep", func(t *testing.T) {
