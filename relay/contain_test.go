@@ -8,12 +8,14 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/relay"
 	"github.com/gorm-outbox/outbox/relay/relaytest"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 )
 
 // faultyBuckets is a MemStore whose NextBatch and MarkPublished fail for
@@ -265,5 +267,88 @@ func TestHealthWhenEveryBucketFails(t *testing.T) {
 	}
 	if got := len(h.store.Pending(0)); got != 2 {
 		t.Fatalf("bucket 0 pending = %d; want 2 (kept)", got)
+	}
+}
+
+// TestHeadOldestAgeMetric: outbox.head.oldest_age reports how long the
+// longest-failing head row of the owned buckets has been failing (a
+// bucket's store error or a failing publish), 0 when none is.
+func TestHeadOldestAgeMetric(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	var f *faultyBuckets
+	h := newHarness(t, relay.Options{BucketCount: 2, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}, func(m *relaytest.MemStore) relay.Store {
+		f = newFaultyBuckets(m, false)
+		return f
+	})
+	age := func() float64 {
+		t.Helper()
+		v, ok := collect(t, reader).values[relay.MetricHeadOldestAge]
+		if !ok {
+			t.Fatalf("%s not reported", relay.MetricHeadOldestAge)
+		}
+		return v
+	}
+	var failing atomic.Bool
+	h.pub.SetHandler(func(_ context.Context, b []*outbox.Message) relay.Result {
+		if b[0].Bucket == 1 && failing.Load() {
+			return relay.Result{Err: errBroker}
+		}
+		return relay.Result{Acknowledged: len(b)}
+	})
+	h.start()
+	h.waitIdle()
+	if got := age(); got != 0 {
+		t.Fatalf("%s with nothing failing = %v; want 0", relay.MetricHeadOldestAge, got)
+	}
+
+	// Bucket 0's fetch fails from t0 on.
+	f.setNext(0, errors.New("corrupt row"))
+	h.store.AddToBucket(0, msgs(2, "t")...)
+	h.r.Notifier().NotifyBucket(0)
+	h.waitFor("bucket 0's failure", func() bool { return f.failed(0) == 1 })
+	h.waitIdle()
+	failed0 := h.clock.Now()
+	for range 30 {
+		h.advanceIdle(time.Second)
+	}
+	if got, want := age(), h.clock.Now().Sub(failed0).Seconds(); got != want {
+		t.Fatalf("%s with bucket 0 failing = %v; want %v", relay.MetricHeadOldestAge, got, want)
+	}
+
+	// Bucket 1's head row fails to publish 30s later: the max stays bucket 0's.
+	failing.Store(true)
+	h.store.AddToBucket(1, msgs(2, "t")...)
+	h.r.Notifier().NotifyBucket(1)
+	h.waitFor("bucket 1's failed publish", func() bool { return len(h.pub.Calls()) == 1 })
+	h.waitIdle()
+	failed1 := h.clock.Now()
+	h.advanceIdle(time.Second)
+	if got, want := age(), h.clock.Now().Sub(failed0).Seconds(); got != want {
+		t.Fatalf("%s with buckets 0 and 1 failing = %v; want %v (bucket 0's)", relay.MetricHeadOldestAge, got, want)
+	}
+
+	// Bucket 0 recovers: bucket 1's age remains.
+	f.setNext(0, nil)
+	for i := 0; len(h.store.Pending(0)) > 0; i++ {
+		if i == 30 {
+			t.Fatal("bucket 0 still pending")
+		}
+		h.advanceIdle(time.Second)
+	}
+	if got, want := age(), h.clock.Now().Sub(failed1).Seconds(); got != want {
+		t.Fatalf("%s with bucket 1 failing = %v; want %v", relay.MetricHeadOldestAge, got, want)
+	}
+
+	// Bucket 1 recovers: nothing is failing.
+	failing.Store(false)
+	for i := 0; h.store.Len() > 0; i++ {
+		if i == 30 {
+			t.Fatal("bucket 1 still pending")
+		}
+		h.advanceIdle(time.Second)
+	}
+	h.advanceIdle(time.Second)
+	if got := age(); got != 0 {
+		t.Fatalf("%s after recovery = %v; want 0", relay.MetricHeadOldestAge, got)
 	}
 }

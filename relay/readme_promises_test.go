@@ -234,6 +234,7 @@ func TestMetricNamesAsThePrometheusExporterShowsThem(t *testing.T) {
 		"outbox_pending_messages":           dto.MetricType_GAUGE,
 		"outbox_pending_oldest_age_seconds": dto.MetricType_GAUGE,
 		"outbox_pending_available_ratio":    dto.MetricType_GAUGE,
+		"outbox_head_oldest_age_seconds":    dto.MetricType_GAUGE,
 	}
 	var got map[string]*dto.MetricFamily
 	h.waitFor("every documented metric", func() bool {
