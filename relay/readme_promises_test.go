@@ -66,6 +66,7 @@ func TestZeroOptionsUseTheDocumentedDefaults(t *testing.T) {
 		{"DefaultMetricsName", relay.DefaultMetricsName, "outbox"},
 		{"DefaultMetricsInterval", relay.DefaultMetricsInterval, 30 * time.Second},
 		{"DefaultMetricsTimeout", relay.DefaultMetricsTimeout, 5 * time.Second},
+		{"DefaultPublishFailureWindow", relay.DefaultPublishFailureWindow, 5 * time.Minute},
 		{"MaxRelayIDLength", relay.MaxRelayIDLength, 128},
 		{"DefaultMessageIDHeader", relay.DefaultMessageIDHeader, "x-outbox-message-id"},
 		{"DefaultKafkaBatchBytes", relay.DefaultKafkaBatchBytes, 1 << 20},

@@ -37,8 +37,9 @@ type Relay struct {
 	rng           *rand.Rand // jitter; used by Run's goroutine only
 
 	running atomic.Bool
-	health  atomic.Pointer[error] // the latest cycle's error; nil: it succeeded (see Health)
-	authErr atomic.Pointer[error] // the publisher cannot authenticate to Kafka; nil: no such failure since the last acknowledgement
+	health  atomic.Pointer[error]          // the latest cycle's error; nil: it succeeded (see Health)
+	authErr atomic.Pointer[error]          // the publisher cannot authenticate to Kafka; nil: no such failure since the last acknowledgement
+	pubFail atomic.Pointer[publishFailing] // every publish since pubFail.since failed; nil: a publish succeeded since, or none is being retried
 
 	// State read by gauges and the sampler.
 	ownedCount atomic.Int64
@@ -140,6 +141,7 @@ type headRetry struct {
 	notBefore time.Time
 	since     time.Time
 	storeErr  error // the latest failure was this store error; nil: a publish failure
+	published bool  // a publish of the head row failed (see publishFailing)
 }
 
 // errStore marks a store error that the loop backs off from: every bucket
@@ -234,6 +236,7 @@ func (r *Relay) Run(ctx context.Context) error {
 
 	r.health.Store(&errNoCycle)
 	r.authErr.Store(nil)
+	r.pubFail.Store(nil)
 	st := &runState{ready: make([]bool, r.opts.BucketCount), retry: map[int]*headRetry{}, unmarked: map[int][]*outbox.Message{}}
 	st.nextRebalance = r.clock.Now()
 	err = r.loop(ctx, cleanup, st)
@@ -564,10 +567,11 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 		r.m.acked.Add(context.Background(), int64(ack), r.m.attrs)
 	}
 	failed := res.Err != nil && ack < len(batch)
-	if failed && !(ctx.Err() != nil && errors.Is(res.Err, context.Canceled)) {
+	stopped := ctx.Err() != nil && errors.Is(res.Err, context.Canceled)
+	if failed && !stopped {
 		r.m.failures.Add(context.Background(), 1, r.m.attrs)
 	}
-	r.recordPublishHealth(res.Err, ack, failed)
+	r.recordPublishHealth(res.Err, ack, failed, stopped)
 	var fatal error
 	if r.opts.MaxPublishDuration > 0 && took > r.opts.MaxPublishDuration {
 		fatal = fmt.Errorf("relay: bucket %d: publish took %v, more than Options.MaxPublishDuration %v: %w", b, took, r.opts.MaxPublishDuration, ErrMisconfigured)
@@ -601,6 +605,7 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 		}
 		hr, wait := r.retryLater(st, b)
 		hr.storeErr = nil
+		hr.published = true
 		r.log.Warn("relay: publish failed; retrying the head row alone", "relay", r.opts.RelayID, "bucket", b, "acknowledged", ack, "batch", len(batch), "attempt", hr.attempts, "backoff", wait, "error", res.Err)
 		return nil
 	}
@@ -663,10 +668,15 @@ func (r *Relay) everyBucketFailing(st *runState) error {
 // row of the owned buckets first failed (zero: none is failing).
 func (r *Relay) noteStuck(st *runState) {
 	var oldest time.Time
+	publishing := false
 	for _, hr := range st.retry {
 		if oldest.IsZero() || hr.since.Before(oldest) {
 			oldest = hr.since
 		}
+		publishing = publishing || hr.published
+	}
+	if !publishing {
+		r.pubFail.Store(nil) // no failed publish is being retried
 	}
 	if oldest.IsZero() {
 		r.stuckSince.Store(0)

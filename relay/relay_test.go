@@ -37,6 +37,7 @@ func TestNew(t *testing.T) {
 		{"bucket_zero_only_without_metrics_backlog", mem, relay.Options{MetricsBucketZeroOnly: true}, "MetricsBacklog", false},
 		{"negative_stop_timeout", mem, relay.Options{StopTimeout: -1}, "StopTimeout", false},
 		{"negative_max_publish_duration", mem, relay.Options{MaxPublishDuration: -1}, "MaxPublishDuration", false},
+		{"negative_publish_failure_window", mem, relay.Options{PublishFailureWindow: -1}, "PublishFailureWindow", false},
 		{"relay_id_too_long", mem, relay.Options{RelayID: strings.Repeat("x", 129)}, "RelayID", false},
 		{"blank_metrics_name", mem, relay.Options{MetricsName: "   "}, "MetricsName", false},
 		{"metrics_name_too_long", mem, relay.Options{MetricsName: strings.Repeat("m", 65)}, "MetricsName", false},
