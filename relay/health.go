@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/segmentio/kafka-go"
 )
@@ -24,12 +25,23 @@ var errNotRunning = errors.New("relay: not running")
 // no later acquisition has repaired, or a publisher that cannot
 // authenticate to Kafka). A publish failure is not a cycle failure: the
 // failing row is retried with backoff and counted by the publish.failures
-// metric. The exception is a failure to authenticate, which no retry of a
+// metric. Nor is a store error confined to one bucket (its NextBatch or
+// MarkPublished failed, e.g. on a row the store cannot decode): Health stays
+// about the relay itself, so that bucket backs off alone, logged at WARN
+// once per backoff step with its number, while the other buckets go on and
+// the relay stays healthy. A store failing the relay as a whole still
+// shows: a failed lease acquisition or discovery is a cycle failure, and so
+// is the state where every owned bucket is backing off from its own store
+// error (Health then wraps one of them). The exception is a failure to authenticate, which no retry of a
 // row can cure (SASL authentication failed, a SASL mechanism the broker
 // does not enable, a broker certificate that does not verify): Health
 // reports it, wrapping the publish error, until a publish is acknowledged
-// again; the rows are kept and retried as usual. Health is safe to call
-// from any goroutine, e.g. an HTTP health check.
+// again; the rows are kept and retried as usual. The other exception is a
+// publisher that has failed every call for longer than
+// Options.PublishFailureWindow (default 5m), whatever the error: Health
+// reports it, wrapping the latest publish error, until a publish is
+// acknowledged again (or no failed publish is being retried any more).
+// Health is safe to call from any goroutine, e.g. an HTTP health check.
 func (r *Relay) Health() error {
 	if !r.running.Load() {
 		return errNotRunning
@@ -40,19 +52,42 @@ func (r *Relay) Health() error {
 	if p := r.authErr.Load(); p != nil {
 		return *p
 	}
+	if p := r.pubFail.Load(); p != nil {
+		if d := r.clock.Now().Sub(p.since); d > r.opts.PublishFailureWindow {
+			return fmt.Errorf("relay: every publish has failed for %v, longer than Options.PublishFailureWindow %v (rows are kept and retried): %w", d.Round(time.Second), r.opts.PublishFailureWindow, p.last)
+		}
+	}
 	return nil
 }
 
-// recordPublishHealth remembers an authentication failure of a publish for
-// Health, and forgets it once a publish is acknowledged.
-func (r *Relay) recordPublishHealth(err error, ack int, failed bool) {
+// publishFailing is an unbroken run of failed publishes: since the first
+// one, the latest one's error.
+type publishFailing struct {
+	since time.Time
+	last  error
+}
+
+// recordPublishHealth remembers an authentication failure of a publish,
+// and when an unbroken run of failed publishes began, for Health; it
+// forgets both once a publish is acknowledged. A publish cancelled by a
+// stop (stopped) does not count.
+func (r *Relay) recordPublishHealth(err error, ack int, failed, stopped bool) {
 	switch {
 	case ack > 0 || !failed:
 		r.authErr.Store(nil)
+		r.pubFail.Store(nil)
+		return
+	case stopped:
+		return
 	case authFailure(err):
 		e := fmt.Errorf("relay: the publisher cannot authenticate to Kafka (check the credentials and TLS settings; rows are kept and retried): %w", err)
 		r.authErr.Store(&e)
 	}
+	since := r.clock.Now()
+	if p := r.pubFail.Load(); p != nil {
+		since = p.since
+	}
+	r.pubFail.Store(&publishFailing{since: since, last: err})
 }
 
 // authFailure reports whether a publish error says that the publisher

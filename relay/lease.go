@@ -100,6 +100,7 @@ func (r *Relay) setLeases(st *runState, buckets []int, validUntil time.Time) {
 			delete(st.unmarked, b) // the next owner republishes them
 		}
 	}
+	r.noteStuck(st)
 	if !slices.Equal(old, buckets) {
 		r.log.Info("relay: owned buckets changed", "relay", r.opts.RelayID, "buckets", buckets)
 	}

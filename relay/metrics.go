@@ -46,6 +46,17 @@ const (
 	// without Options.MetricsBacklog, before the first sample, when the
 	// store cannot sample, or after a failed, timed-out or nil sample.
 	MetricPendingAvailable = "outbox.pending.available"
+	// MetricHeadOldestAge is a gauge of how long the longest-failing head
+	// row of the relay's owned buckets has been failing, in seconds: for
+	// each bucket whose head row is being retried (its publish failed) or
+	// that backs off from its own store error (its NextBatch or
+	// MarkPublished failed), the time since the first of those consecutive
+	// failures, and the maximum over the buckets; 0 when no head row is
+	// failing. It resets when the bucket's next batch succeeds or the bucket
+	// is no longer owned. Read from the relay's state, never a query; one
+	// alert ("a bucket has been stuck for N minutes") is
+	// max(outbox.head.oldest_age) > N*60.
+	MetricHeadOldestAge = "outbox.head.oldest_age"
 )
 
 // instruments are a relay's OpenTelemetry instruments.
@@ -61,6 +72,7 @@ type instruments struct {
 	pendingMsgs metric.Int64ObservableGauge
 	pendingAge  metric.Float64ObservableGauge
 	pendingOK   metric.Int64ObservableGauge
+	headAge     metric.Float64ObservableGauge
 }
 
 // pendingSample is a cached backlog sample.
@@ -112,6 +124,10 @@ func newInstruments(mp metric.MeterProvider, name string) (*instruments, error) 
 			return err
 		},
 	}
+	steps = append(steps, func() error {
+		in.headAge, err = m.Float64ObservableGauge(MetricHeadOldestAge, metric.WithUnit("s"), metric.WithDescription("How long the longest-failing head row of the owned buckets has been failing; 0 when none is."))
+		return err
+	})
 	for _, step := range steps {
 		if err := step(); err != nil {
 			return nil, err
@@ -125,6 +141,11 @@ func (r *Relay) registerGauges() (metric.Registration, error) {
 	in := r.m
 	return in.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		o.ObserveInt64(in.owned, r.ownedCount.Load(), in.attrs)
+		var headAge float64
+		if since := r.stuckSince.Load(); since != 0 {
+			headAge = max(0, r.clock.Now().Sub(time.Unix(0, since)).Seconds())
+		}
+		o.ObserveFloat64(in.headAge, headAge, in.attrs)
 		s := r.pending.Load()
 		if s == nil {
 			o.ObserveInt64(in.pendingOK, 0, in.attrs)
@@ -139,7 +160,7 @@ func (r *Relay) registerGauges() (metric.Registration, error) {
 			o.ObserveFloat64(in.pendingAge, max(0, r.clock.Now().Sub(s.oldest).Seconds()), in.attrs)
 		}
 		return nil
-	}, in.owned, in.pendingMsgs, in.pendingAge, in.pendingOK)
+	}, in.owned, in.pendingMsgs, in.pendingAge, in.pendingOK, in.headAge)
 }
 
 // sampleBacklog runs the backlog sampler until ctx is done: one query at a

@@ -16,16 +16,17 @@ import (
 
 // Defaults of Options. A zero Options field takes the matching default.
 const (
-	DefaultBucketCount        = 8
-	DefaultBatchSize          = 500
-	DefaultPollInterval       = time.Second
-	DefaultErrorBackoff       = time.Second
-	DefaultLeaseDuration      = 30 * time.Second
-	DefaultLeaseRenewInterval = 10 * time.Second
-	DefaultMetricsName        = "outbox"
-	DefaultMetricsInterval    = 30 * time.Second
-	DefaultMetricsTimeout     = 5 * time.Second
-	DefaultStopTimeout        = 10 * time.Second
+	DefaultBucketCount          = 8
+	DefaultBatchSize            = 500
+	DefaultPollInterval         = time.Second
+	DefaultErrorBackoff         = time.Second
+	DefaultLeaseDuration        = 30 * time.Second
+	DefaultLeaseRenewInterval   = 10 * time.Second
+	DefaultMetricsName          = "outbox"
+	DefaultMetricsInterval      = 30 * time.Second
+	DefaultMetricsTimeout       = 5 * time.Second
+	DefaultStopTimeout          = 10 * time.Second
+	DefaultPublishFailureWindow = 5 * time.Minute
 )
 
 // MaxRelayIDLength is the longest RelayID, the width of the owner column.
@@ -53,9 +54,13 @@ type Options struct {
 	// fails New.
 	PollInterval time.Duration
 
-	// ErrorBackoff is the wait after a store error, and the first backoff of
-	// a failing head row (doubling, jittered, up to LeaseRenewInterval).
-	// Zero means DefaultErrorBackoff (1s); a negative value fails New.
+	// ErrorBackoff is the wait after a store error of the relay as a whole
+	// (lease acquisition, discovery), and the first backoff of a failing
+	// head row and of a bucket whose own store call (NextBatch,
+	// MarkPublished) failed (doubling, jittered, up to LeaseRenewInterval).
+	// Such a bucket backs off alone: the other buckets go on, and Health
+	// does not count it (see Relay.Health). Zero means DefaultErrorBackoff
+	// (1s); a negative value fails New.
 	ErrorBackoff time.Duration
 
 	// LeaseDuration is how long an acquired or renewed lease lasts: the time
@@ -162,6 +167,19 @@ type Options struct {
 	// the rest. Zero means DefaultStopTimeout (10s); a negative value fails
 	// New.
 	StopTimeout time.Duration
+
+	// PublishFailureWindow is how long the publisher may fail every call
+	// before Health reports the relay unhealthy: once the first failure of
+	// an unbroken run of failed Publish calls (no row acknowledged since)
+	// is older than the window, Health returns an error with the latest
+	// publish error, so that a relay whose every publish fails (revoked
+	// credentials, a lost network route) does not hold its buckets healthy
+	// forever. The rows are kept and retried as usual. The next
+	// acknowledged publish, or the relay no longer retrying any failed
+	// publish (the failing buckets drained or were taken over), makes it
+	// healthy again. Publish calls cancelled by a stop do not count. Zero
+	// means DefaultPublishFailureWindow (5m); a negative value fails New.
+	PublishFailureWindow time.Duration
 }
 
 // withDefaults validates o against the store's capabilities and returns it
@@ -184,6 +202,7 @@ func (o Options) withDefaults(store Store) (Options, error) {
 		{"MetricsInterval", &o.MetricsInterval, DefaultMetricsInterval},
 		{"MetricsTimeout", &o.MetricsTimeout, DefaultMetricsTimeout},
 		{"StopTimeout", &o.StopTimeout, DefaultStopTimeout},
+		{"PublishFailureWindow", &o.PublishFailureWindow, DefaultPublishFailureWindow},
 	}
 	for _, d := range durations {
 		switch {

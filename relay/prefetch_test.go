@@ -3,6 +3,7 @@ package relay_test
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -25,8 +26,22 @@ func TestPrefetch(t *testing.T) {
 		h.store.AddToBucket(b, msgs(10, "orders")...)
 	}
 	// The first publish (bucket 1 of the first sweep, with buckets 2, 3 and
-	// 5 ready behind it) waits for a fetch to start meanwhile: that fetch can
-	// only be the prefetch of bucket 2.
+	// 5 ready behind it) waits for a second fetch: that fetch can only be
+	// the prefetch of bucket 2. The prefetch may start before the publisher
+	// is called, so the second fetch waits for the first publish to start
+	// (it would come after the publish, and find it started, without
+	// prefetch): the two then overlap for sure.
+	publishing := make(chan struct{})
+	var fetches atomic.Int32
+	h.ops.setBlock(relaytest.OpNextBatch, func(context.Context) error {
+		if fetches.Add(1) == 2 {
+			select {
+			case <-publishing:
+			case <-time.After(waitLimit):
+			}
+		}
+		return nil
+	})
 	var mu sync.Mutex
 	first, overlapped := true, false
 	h.pub.SetHandler(func(ctx context.Context, batch []*outbox.Message) relay.Result {
@@ -35,13 +50,13 @@ func TestPrefetch(t *testing.T) {
 		first = false
 		mu.Unlock()
 		if isFirst {
-			before := h.ops.count(relaytest.OpNextBatch)
+			close(publishing)
 			deadline := time.Now().Add(waitLimit)
-			for h.ops.count(relaytest.OpNextBatch) == before && time.Now().Before(deadline) {
+			for fetches.Load() < 2 && time.Now().Before(deadline) {
 				time.Sleep(100 * time.Microsecond)
 			}
 			mu.Lock()
-			overlapped = h.ops.count(relaytest.OpNextBatch) > before
+			overlapped = fetches.Load() >= 2
 			mu.Unlock()
 		}
 		return relay.Result{Acknowledged: len(batch)}

@@ -66,6 +66,7 @@ func TestZeroOptionsUseTheDocumentedDefaults(t *testing.T) {
 		{"DefaultMetricsName", relay.DefaultMetricsName, "outbox"},
 		{"DefaultMetricsInterval", relay.DefaultMetricsInterval, 30 * time.Second},
 		{"DefaultMetricsTimeout", relay.DefaultMetricsTimeout, 5 * time.Second},
+		{"DefaultPublishFailureWindow", relay.DefaultPublishFailureWindow, 5 * time.Minute},
 		{"MaxRelayIDLength", relay.MaxRelayIDLength, 128},
 		{"DefaultMessageIDHeader", relay.DefaultMessageIDHeader, "x-outbox-message-id"},
 		{"DefaultKafkaBatchBytes", relay.DefaultKafkaBatchBytes, 1 << 20},
@@ -234,6 +235,7 @@ func TestMetricNamesAsThePrometheusExporterShowsThem(t *testing.T) {
 		"outbox_pending_messages":           dto.MetricType_GAUGE,
 		"outbox_pending_oldest_age_seconds": dto.MetricType_GAUGE,
 		"outbox_pending_available_ratio":    dto.MetricType_GAUGE,
+		"outbox_head_oldest_age_seconds":    dto.MetricType_GAUGE,
 	}
 	var got map[string]*dto.MetricFamily
 	h.waitFor("every documented metric", func() bool {

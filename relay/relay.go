@@ -37,13 +37,15 @@ type Relay struct {
 	rng           *rand.Rand // jitter; used by Run's goroutine only
 
 	running atomic.Bool
-	health  atomic.Pointer[error] // the latest cycle's error; nil: it succeeded (see Health)
-	authErr atomic.Pointer[error] // the publisher cannot authenticate to Kafka; nil: no such failure since the last acknowledgement
+	health  atomic.Pointer[error]          // the latest cycle's error; nil: it succeeded (see Health)
+	authErr atomic.Pointer[error]          // the publisher cannot authenticate to Kafka; nil: no such failure since the last acknowledgement
+	pubFail atomic.Pointer[publishFailing] // every publish since pubFail.since failed; nil: a publish succeeded since, or none is being retried
 
 	// State read by gauges and the sampler.
 	ownedCount atomic.Int64
 	zeroUntil  atomic.Int64 // UnixNano validity of the bucket-0 lease; 0 if not owned
 	pending    atomic.Pointer[pendingSample]
+	stuckSince atomic.Int64 // UnixNano of the first failure of the longest-failing owned head row; 0: none (see noteStuck)
 
 	onIdle func() // test hook: called when Run starts an idle wait
 }
@@ -130,18 +132,32 @@ type runState struct {
 	acquireErr    error // the latest acquisition's error, nil after a success
 }
 
-// headRetry is the backoff state of a bucket whose head row failed: it is
-// retried alone, not before notBefore.
+// headRetry is the backoff state of a bucket whose head row failed, to
+// publish (the publisher's error) or to be read or deleted (a bucket store
+// error): it is retried alone, not before notBefore. since is when the
+// first of these consecutive failures happened.
 type headRetry struct {
 	attempts  int
 	notBefore time.Time
+	since     time.Time
+	storeErr  error // the latest failure was this store error; nil: a publish failure
+	published bool  // a publish of the head row failed (see publishFailing)
 }
 
-// errStore marks a store error that the loop backs off from.
+// errStore marks a store error that the loop backs off from: every bucket
+// waits (discovery, acquisition, a lease too short to publish under).
 type errStore struct{ err error }
 
 func (e errStore) Error() string { return e.err.Error() }
 func (e errStore) Unwrap() error { return e.err }
+
+// errBucket marks a store error of one bucket's reading or deleting
+// (NextBatch, MarkPublished): that bucket alone backs off, the sweep goes on
+// with the others (see Relay.bucketFailed).
+type errBucket struct{ err error }
+
+func (e errBucket) Error() string { return e.err.Error() }
+func (e errBucket) Unwrap() error { return e.err }
 
 // Run publishes until ctx is done, then stops: it awaits the in-flight
 // publish (records cannot be retracted), marks its acknowledged prefix if
@@ -220,6 +236,7 @@ func (r *Relay) Run(ctx context.Context) error {
 
 	r.health.Store(&errNoCycle)
 	r.authErr.Store(nil)
+	r.pubFail.Store(nil)
 	st := &runState{ready: make([]bool, r.opts.BucketCount), retry: map[int]*headRetry{}, unmarked: map[int][]*outbox.Message{}}
 	st.nextRebalance = r.clock.Now()
 	err = r.loop(ctx, cleanup, st)
@@ -291,9 +308,12 @@ func (r *Relay) loop(ctx, cleanup context.Context, st *runState) error {
 		start := r.clock.Now()
 		st.worked = false
 		err := r.cycle(ctx, cleanup, st)
-		if err == nil && st.acquireErr != nil {
+		switch {
+		case err == nil && st.acquireErr != nil:
 			r.recordHealth(ctx, st.acquireErr) // failed acquisition: work goes on, unhealthy
-		} else {
+		case err == nil:
+			r.recordHealth(ctx, r.everyBucketFailing(st))
+		default:
 			r.recordHealth(ctx, err)
 		}
 		if st.worked {
@@ -398,9 +418,19 @@ func (r *Relay) sweep(ctx, cleanup context.Context, st *runState, owned []int) e
 				}
 			}
 		}
-		if err := r.drainOnce(ctx, cleanup, st, b, fetched, startNext); err != nil {
+		err := r.drainOnce(ctx, cleanup, st, b, fetched, startNext)
+		var be errBucket
+		switch {
+		case errors.As(err, &be):
+			if ctx.Err() != nil {
+				return nil
+			}
+			r.bucketFailed(st, b, be.err)
+		case err != nil:
+			r.noteStuck(st)
 			return err
 		}
+		r.noteStuck(st)
 		if cur, _, _ := st.lease.snapshot(); len(cur) == 0 {
 			return nil // leases dropped
 		}
@@ -478,7 +508,7 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 			return nil
 		}
 		if err := r.store.MarkPublished(cleanup, b, done); err != nil {
-			return errStore{fmt.Errorf("relay: bucket %d: mark published (again): %w", b, err)}
+			return errBucket{fmt.Errorf("relay: bucket %d: mark published (again): %w", b, err)}
 		}
 		delete(st.unmarked, b)
 	}
@@ -493,7 +523,7 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 		batch, err = r.store.NextBatch(ctx, b, limit)
 	}
 	if err != nil {
-		return errStore{fmt.Errorf("relay: bucket %d: next batch: %w", b, err)}
+		return errBucket{fmt.Errorf("relay: bucket %d: next batch: %w", b, err)}
 	}
 	if len(batch) == 0 {
 		st.ready[b] = false
@@ -537,10 +567,11 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 		r.m.acked.Add(context.Background(), int64(ack), r.m.attrs)
 	}
 	failed := res.Err != nil && ack < len(batch)
-	if failed && !(ctx.Err() != nil && errors.Is(res.Err, context.Canceled)) {
+	stopped := ctx.Err() != nil && errors.Is(res.Err, context.Canceled)
+	if failed && !stopped {
 		r.m.failures.Add(context.Background(), 1, r.m.attrs)
 	}
-	r.recordPublishHealth(res.Err, ack, failed)
+	r.recordPublishHealth(res.Err, ack, failed, stopped)
 	var fatal error
 	if r.opts.MaxPublishDuration > 0 && took > r.opts.MaxPublishDuration {
 		fatal = fmt.Errorf("relay: bucket %d: publish took %v, more than Options.MaxPublishDuration %v: %w", b, took, r.opts.MaxPublishDuration, ErrMisconfigured)
@@ -562,7 +593,7 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 			if fatal != nil {
 				return fatal
 			}
-			return errStore{fmt.Errorf("relay: bucket %d: mark published: %w", b, err)}
+			return errBucket{fmt.Errorf("relay: bucket %d: mark published: %w", b, err)}
 		}
 	}
 	if fatal != nil {
@@ -572,13 +603,9 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 		if ctx.Err() != nil {
 			return nil
 		}
-		if hr == nil {
-			hr = &headRetry{}
-			st.retry[b] = hr
-		}
-		hr.attempts++
-		wait := r.backoff(hr.attempts)
-		hr.notBefore = r.clock.Now().Add(wait)
+		hr, wait := r.retryLater(st, b)
+		hr.storeErr = nil
+		hr.published = true
 		r.log.Warn("relay: publish failed; retrying the head row alone", "relay", r.opts.RelayID, "bucket", b, "acknowledged", ack, "batch", len(batch), "attempt", hr.attempts, "backoff", wait, "error", res.Err)
 		return nil
 	}
@@ -587,6 +614,75 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 		st.ready[b] = false // drained; a hint or discovery brings it back
 	}
 	return nil
+}
+
+// retryLater records one more failure of bucket b's head row and returns
+// the bucket's backoff state and its new wait.
+func (r *Relay) retryLater(st *runState, b int) (*headRetry, time.Duration) {
+	now := r.clock.Now()
+	hr := st.retry[b]
+	if hr == nil {
+		hr = &headRetry{since: now}
+		st.retry[b] = hr
+	}
+	hr.attempts++
+	wait := r.backoff(hr.attempts)
+	hr.notBefore = now.Add(wait)
+	return hr, wait
+}
+
+// bucketFailed handles a store error confined to bucket b (its NextBatch or
+// MarkPublished failed): the bucket backs off like a failing head row
+// (jittered, exponential, up to LeaseRenewInterval; acknowledged rows whose
+// delete failed stay in st.unmarked and are deleted first on the retry),
+// with one WARN line per backoff step, while the sweep goes on with the
+// other buckets. It is not a failed cycle for Health (see Relay.Health).
+func (r *Relay) bucketFailed(st *runState, b int, err error) {
+	if cur, _, _ := st.lease.snapshot(); !containsSorted(cur, b) {
+		return // lost meanwhile: its state is forgotten
+	}
+	hr, wait := r.retryLater(st, b)
+	hr.storeErr = err
+	r.log.Warn("relay: bucket store error; backing off this bucket, the others go on", "relay", r.opts.RelayID, "bucket", b, "attempt", hr.attempts, "backoff", wait, "failing_for", r.clock.Now().Sub(hr.since), "error", err)
+}
+
+// everyBucketFailing returns, for Health, an error when the relay owns
+// buckets and every one of them is backing off from its own store error:
+// the store fails all of the relay's work, not one bucket's (a locked
+// messages table while every bucket is ready, say, when no discovery runs).
+// It returns nil when any owned bucket is not in such a backoff.
+func (r *Relay) everyBucketFailing(st *runState) error {
+	owned, _, _ := st.lease.snapshot()
+	if len(owned) == 0 {
+		return nil
+	}
+	for _, b := range owned {
+		if hr := st.retry[b]; hr == nil || hr.storeErr == nil {
+			return nil
+		}
+	}
+	return fmt.Errorf("relay: the store fails for every owned bucket (%d); bucket %d: %w", len(owned), owned[0], st.retry[owned[0]].storeErr)
+}
+
+// noteStuck caches, for the head-age gauge, when the longest-failing head
+// row of the owned buckets first failed (zero: none is failing).
+func (r *Relay) noteStuck(st *runState) {
+	var oldest time.Time
+	publishing := false
+	for _, hr := range st.retry {
+		if oldest.IsZero() || hr.since.Before(oldest) {
+			oldest = hr.since
+		}
+		publishing = publishing || hr.published
+	}
+	if !publishing {
+		r.pubFail.Store(nil) // no failed publish is being retried
+	}
+	if oldest.IsZero() {
+		r.stuckSince.Store(0)
+	} else {
+		r.stuckSince.Store(oldest.UnixNano())
+	}
 }
 
 // publish calls the publisher beside a guard goroutine that renews the

@@ -37,6 +37,7 @@ func TestNew(t *testing.T) {
 		{"bucket_zero_only_without_metrics_backlog", mem, relay.Options{MetricsBucketZeroOnly: true}, "MetricsBacklog", false},
 		{"negative_stop_timeout", mem, relay.Options{StopTimeout: -1}, "StopTimeout", false},
 		{"negative_max_publish_duration", mem, relay.Options{MaxPublishDuration: -1}, "MaxPublishDuration", false},
+		{"negative_publish_failure_window", mem, relay.Options{PublishFailureWindow: -1}, "PublishFailureWindow", false},
 		{"relay_id_too_long", mem, relay.Options{RelayID: strings.Repeat("x", 129)}, "RelayID", false},
 		{"blank_metrics_name", mem, relay.Options{MetricsName: "   "}, "MetricsName", false},
 		{"metrics_name_too_long", mem, relay.Options{MetricsName: strings.Repeat("m", 65)}, "MetricsName", false},
@@ -180,12 +181,18 @@ func TestRelay(t *testing.T) {
 		if got := len(h.pub.Calls()); got != 0 {
 			t.Fatalf("publish calls after a failed NextBatch = %d; want 0", got)
 		}
-		h.advanceIdle(5 * time.Second) // publishes; MarkPublished fails
+		h.advanceIdle(5 * time.Second) // publishes the head row alone; MarkPublished fails
 		if got := h.store.Len(); got != 3 {
 			t.Fatalf("pending after a failed MarkPublished = %d; want 3", got)
 		}
-		h.clock.Advance(5 * time.Second)
-		h.waitFor("store empty", func() bool { return h.store.Len() == 0 })
+		// The bucket's backoff doubles (jittered, capped at
+		// LeaseRenewInterval 10s): two more ErrorBackoffs reach it.
+		for i := 0; h.store.Len() > 0; i++ {
+			if i == 4 {
+				t.Fatalf("rows still pending after %d backoffs", i)
+			}
+			h.advanceIdle(5 * time.Second)
+		}
 	})
 
 	t.Run("one_batch_per_ready_bucket_per_sweep", func(t *testing.T) {

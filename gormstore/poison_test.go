@@ -1,0 +1,113 @@
+package gormstore_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/gormstore"
+	"github.com/gorm-outbox/outbox/internal/testenv"
+	"github.com/gorm-outbox/outbox/relay"
+	"github.com/gorm-outbox/outbox/relay/relaytest"
+)
+
+// TestARowTheStoreCannotDecodeStallsOnlyItsBucket runs a real relay on each
+// database with one row in bucket 0 whose header blob has an unknown codec
+// version (9, written by raw SQL as a newer writer or a hand edit would)
+// and healthy rows in buckets 1-7: the 7 healthy rows are published, the
+// corrupt row stays in the table (not lost), the relay logs the error
+// naming bucket 0 (not skipped silently) and stays healthy.
+func TestARowTheStoreCannotDecodeStallsOnlyItsBucket(t *testing.T) {
+	for _, o := range testenv.Databases(t) {
+		t.Run(o.Name, func(t *testing.T) {
+			db := o.Open(t, nil)
+			cfg := outbox.Config{BucketCount: 8}
+			if err := outbox.AutoMigrate(db, cfg); err != nil {
+				t.Fatal(err)
+			}
+			table := cfg.MessagesTableName()
+			bad := pendingMessage(0)
+			bad.Headers = outbox.Headers{{Key: "k", Value: []byte("v")}}
+			if err := raw(db).Table(table).Create(bad).Error; err != nil {
+				t.Fatal(err)
+			}
+			blob := outbox.EncodeHeaders(bad.Headers)
+			blob[0] = 9 // a codec version this build does not know
+			if err := db.Exec(fmt.Sprintf("UPDATE %s SET headers = ? WHERE bucket = 0", table), blob).Error; err != nil {
+				t.Fatal(err)
+			}
+			want := map[outbox.UUID]bool{}
+			for b := int32(1); b < 8; b++ {
+				m := pendingMessage(b)
+				if err := raw(db).Table(table).Create(m).Error; err != nil {
+					t.Fatal(err)
+				}
+				want[m.MessageID] = true
+			}
+
+			store, err := gormstore.New(db, gormstore.Options{Config: cfg})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := store.NextBatch(t.Context(), 0, 10); err == nil {
+				t.Fatal("NextBatch of the corrupt row succeeded; want a decoding error (the test's premise)")
+			}
+			var logs testenv.Logs
+			pub := relaytest.NewPublisher()
+			r, err := relay.New(store, pub, relay.Options{
+				PollInterval: 50 * time.Millisecond, ErrorBackoff: 100 * time.Millisecond,
+				LeaseDuration: 5 * time.Second, LeaseRenewInterval: time.Second,
+				Logger: logs.Logger(),
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(t.Context())
+			done := make(chan error, 1)
+			go func() { done <- r.Run(ctx) }()
+			defer func() {
+				cancel()
+				select {
+				case <-done:
+				case <-time.After(30 * time.Second):
+					t.Error("relay did not stop")
+				}
+			}()
+			deadline := time.Now().Add(20 * time.Second)
+			for len(pub.Acknowledged()) < len(want) || len(logs.Matching("bucket store error")) < 2 {
+				if time.Now().After(deadline) {
+					t.Fatalf("after 20s: %d of %d healthy rows published, %d WARN lines about bucket 0", len(pub.Acknowledged()), len(want), len(logs.Matching("bucket store error")))
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			for _, m := range pub.Acknowledged() {
+				if !want[m.MessageID] {
+					t.Errorf("published message %v (bucket %d); want only the 7 healthy rows", m.MessageID, m.Bucket)
+				}
+			}
+			if err := r.Health(); err != nil {
+				t.Errorf("Health() = %v; want nil (the error is bucket 0's)", err)
+			}
+			var left []struct {
+				MessageID outbox.UUID
+				Bucket    int32
+			}
+			if err := raw(db).Table(table).Select("message_id, bucket").Find(&left).Error; err != nil {
+				t.Fatal(err)
+			}
+			if len(left) != 1 || left[0].MessageID != bad.MessageID || left[0].Bucket != 0 {
+				t.Errorf("rows left = %+v; want only the corrupt row %v in bucket 0", left, bad.MessageID)
+			}
+			warns := logs.Matching("bucket store error")
+			for _, w := range warns {
+				if !strings.Contains(w, "bucket=0 ") || !strings.Contains(w, "unknown version 9") {
+					t.Errorf("WARN line %q; want bucket=0 and the decoding error", w)
+				}
+			}
+			t.Logf("%s", warns[0])
+		})
+	}
+}
