@@ -130,6 +130,7 @@ func newFlagSet(c *config) *flag.FlagSet {
 	fs.StringVar(&o.MetricsName, "metrics-name", relay.DefaultMetricsName, "value of the outbox.name metric attribute")
 	durationVar(fs, &o.MetricsInterval, "metrics-interval", relay.DefaultMetricsInterval, "wait between backlog queries")
 	durationVar(fs, &o.MetricsTimeout, "metrics-timeout", relay.DefaultMetricsTimeout, "bound on one backlog query")
+	durationVar(fs, &o.PublishFailureWindow, "publish-failure-window", relay.DefaultPublishFailureWindow, "/healthz reports 503 once every publish has failed for longer than this")
 	fs.BoolVar(&o.MetricsBacklog, "metrics-backlog", true, "sample the backlog (pending count, oldest age) every -metrics-interval with one query; false: no backlog gauges and no such query")
 	fs.BoolVar(&o.MetricsBucketZeroOnly, "metrics-bucket-zero-only", false, "only the owner of bucket 0 samples the backlog (set on every relay)")
 	durationVar(fs, &o.StopTimeout, "stop-timeout", relay.DefaultStopTimeout, "bound on the cleanup after SIGTERM (in-flight publish, lease release)")
@@ -452,7 +453,8 @@ HTTP address taken, a fatal relay error).
 HTTP (-listen): /metrics (Prometheus format), /healthz (200 while the relay
 runs and its last cycle and lease acquisition succeeded, else 503 with the
 reason; a publish failure is not reported there, except an authentication
-failure, until a publish is acknowledged again).
+failure or every publish failing for -publish-failure-window, until a
+publish is acknowledged again).
 
 Flags:
 `)
@@ -479,6 +481,7 @@ var flagNames = strings.NewReplacer(
 	"Options.MetricsInterval", "-metrics-interval",
 	"Options.MetricsTimeout", "-metrics-timeout",
 	"Options.MetricsBacklog", "-metrics-backlog",
+	"Options.PublishFailureWindow", "-publish-failure-window",
 	"Options.MetricsBucketZeroOnly", "-metrics-bucket-zero-only",
 	"Options.StopTimeout", "-stop-timeout",
 	"Options.BucketCount", "-bucket-count",
