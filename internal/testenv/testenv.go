@@ -134,8 +134,21 @@ func openSQLite(t testing.TB, cfg *gorm.Config) *gorm.DB {
 
 func openPostgres(t testing.TB, dsn string, cfg *gorm.Config) *gorm.DB {
 	t.Helper()
+	name := createPostgresDB(t, dsn)
+	db, err := gorm.Open(postgres.Open(withPostgresDB(dsn, name)), cfg)
+	if err != nil {
+		t.Fatalf("testenv: open postgres %s: %v", name, err)
+	}
+	t.Cleanup(func() { closeDB(t, db) }) // runs before the DROP DATABASE that createPostgresDB registered
+	return db
+}
+
+// createPostgresDB creates a database on the server of base and drops it
+// (WITH (FORCE): the pooler's server connections to it end) at cleanup.
+func createPostgresDB(t testing.TB, base string) string {
+	t.Helper()
 	name := Unique("outbox_t_")
-	admin, err := sql.Open("pgx", dsn)
+	admin, err := sql.Open("pgx", base)
 	if err != nil {
 		t.Fatalf("testenv: open postgres admin: %v", err)
 	}
@@ -145,13 +158,8 @@ func openPostgres(t testing.TB, dsn string, cfg *gorm.Config) *gorm.DB {
 	if _, err := admin.ExecContext(ctx, "CREATE DATABASE "+name); err != nil {
 		t.Fatalf("testenv: create postgres database: %v", err)
 	}
-	db, err := gorm.Open(postgres.Open(withPostgresDB(dsn, name)), cfg)
-	if err != nil {
-		t.Fatalf("testenv: open postgres %s: %v", name, err)
-	}
 	t.Cleanup(func() {
-		closeDB(t, db)
-		a, err := sql.Open("pgx", dsn)
+		a, err := sql.Open("pgx", base)
 		if err != nil {
 			return
 		}
@@ -160,7 +168,7 @@ func openPostgres(t testing.TB, dsn string, cfg *gorm.Config) *gorm.DB {
 		defer cancel()
 		_, _ = a.ExecContext(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
 	})
-	return db
+	return name
 }
 
 // withPostgresDB points a key=value or URL DSN at database name.
