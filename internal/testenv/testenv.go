@@ -224,6 +224,19 @@ func openMySQL(t testing.TB, dsn string, cfg *gorm.Config) *gorm.DB {
 	return db
 }
 
+// DialectorOn returns a gorm dialector of the dialect name (Postgres, MySQL
+// or SQLite) on an existing pool, e.g. for a dbresolver replica or source.
+func DialectorOn(name string, pool gorm.ConnPool) gorm.Dialector {
+	switch name {
+	case Postgres:
+		return postgres.New(postgres.Config{Conn: pool})
+	case MySQL:
+		return mysql.New(mysql.Config{Conn: pool, SkipInitializeWithVersion: true})
+	default:
+		return &sqlite.Dialector{Conn: pool}
+	}
+}
+
 // MustExec runs statements on db, failing t on error.
 func MustExec(t testing.TB, db *gorm.DB, stmts ...string) {
 	t.Helper()
