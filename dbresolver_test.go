@@ -10,9 +10,6 @@ import (
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/internal/testenv"
-	"gorm.io/driver/mysql"
-	"gorm.io/driver/postgres"
-	"gorm.io/driver/sqlite"
 	"gorm.io/gorm"
 	"gorm.io/plugin/dbresolver"
 )
@@ -29,18 +26,6 @@ func (p *sourcePool) BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx,
 	return p.DB.BeginTx(ctx, opts)
 }
 
-// dialectorOn returns a dialector of the given kind on an existing pool.
-func dialectorOn(name string, sqlDB gorm.ConnPool) gorm.Dialector {
-	switch name {
-	case testenv.Postgres:
-		return postgres.New(postgres.Config{Conn: sqlDB})
-	case testenv.MySQL:
-		return mysql.New(mysql.Config{Conn: sqlDB, SkipInitializeWithVersion: true})
-	default:
-		return &sqlite.Dialector{Conn: sqlDB}
-	}
-}
-
 // TestWithDBResolverRegisteredAfterThePlugin proves the documented order:
 // db.Use(outbox.Plugin{...}) first, then db.Use(dbresolver...) with read
 // replicas; writes on the default connection still notify after commit.
@@ -52,7 +37,7 @@ func TestWithDBResolverRegisteredAfterThePlugin(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := db.Use(dbresolver.Register(dbresolver.Config{Replicas: []gorm.Dialector{dialectorOn(o.Name, sqlDB)}})); err != nil {
+			if err := db.Use(dbresolver.Register(dbresolver.Config{Replicas: []gorm.Dialector{testenv.DialectorOn(o.Name, sqlDB)}})); err != nil {
 				t.Fatalf("db.Use(dbresolver) = %v", err)
 			}
 			rec.take()
@@ -98,7 +83,7 @@ func TestWritesDBResolverRoutesToItsSourcesNotify(t *testing.T) {
 				// A source on the same database through a pool of its own
 				// (another gorm.ConnPool value).
 				source := &sourcePool{DB: sqlDB}
-				resolver := dbresolver.Register(dbresolver.Config{Sources: []gorm.Dialector{dialectorOn(o.Name, source)}})
+				resolver := dbresolver.Register(dbresolver.Config{Sources: []gorm.Dialector{testenv.DialectorOn(o.Name, source)}})
 				plugins := []gorm.Plugin{outbox.Plugin{Notifier: rec}, resolver}
 				if resolverFirst {
 					plugins[0], plugins[1] = plugins[1], plugins[0]

@@ -1,7 +1,6 @@
 package gormstore_test
 
 import (
-	"database/sql"
 	"slices"
 	"sync"
 	"testing"
@@ -11,25 +10,10 @@ import (
 	"github.com/gorm-outbox/outbox/gormstore"
 	"github.com/gorm-outbox/outbox/internal/testenv"
 	"github.com/gorm-outbox/outbox/relay/relaytest"
-	"gorm.io/driver/mysql"
-	"gorm.io/driver/postgres"
-	"gorm.io/driver/sqlite"
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
 	"gorm.io/plugin/dbresolver"
 )
-
-// dialectorOn returns a dialector of the given kind on an existing pool.
-func dialectorOn(name string, sqlDB *sql.DB) gorm.Dialector {
-	switch name {
-	case testenv.Postgres:
-		return postgres.New(postgres.Config{Conn: sqlDB})
-	case testenv.MySQL:
-		return mysql.New(mysql.Config{Conn: sqlDB, SkipInitializeWithVersion: true})
-	default:
-		return &sqlite.Dialector{Conn: sqlDB}
-	}
-}
 
 // plainOn opens a second *gorm.DB, without plugins, on db's pool: the
 // test's direct view of one database.
@@ -39,7 +23,7 @@ func plainOn(t *testing.T, name string, db *gorm.DB) *gorm.DB {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := gorm.Open(dialectorOn(name, sqlDB), &gorm.Config{Logger: logger.Discard, SkipDefaultTransaction: true})
+	p, err := gorm.Open(testenv.DialectorOn(name, sqlDB), &gorm.Config{Logger: logger.Discard, SkipDefaultTransaction: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,10 +59,10 @@ func TestEveryStoreStatementRunsOnThePrimaryDespiteAReplica(t *testing.T) {
 				}
 				primary, replica := plainOn(t, o.Name, primaryDB), plainOn(t, o.Name, replicaDB)
 				replicaPool, _ := replicaDB.DB()
-				rc := dbresolver.Config{Replicas: []gorm.Dialector{dialectorOn(o.Name, replicaPool)}}
+				rc := dbresolver.Config{Replicas: []gorm.Dialector{testenv.DialectorOn(o.Name, replicaPool)}}
 				if topo == "sources+replicas" {
 					primaryPool, _ := primaryDB.DB()
-					rc.Sources = []gorm.Dialector{dialectorOn(o.Name, primaryPool)}
+					rc.Sources = []gorm.Dialector{testenv.DialectorOn(o.Name, primaryPool)}
 				}
 				if err := storeDB.Use(dbresolver.Register(rc)); err != nil {
 					t.Fatalf("register dbresolver: %v", err)

@@ -2,7 +2,6 @@ package relay_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -167,106 +166,16 @@ func e2ePooled(t *testing.T, db *gorm.DB, b testenv.Broker, writers, perWriter i
 	topic := testenv.Unique("e2e-pgb-")
 	b.CreateTopic(t, topic, 4, nil)
 	n := relay.NewNotifier()
-	cfg := outbox.Config{BucketCount: 4}
-	if err := db.Use(outbox.Plugin{Config: cfg, Notifier: n}); err != nil {
-		t.Fatal(err)
-	}
-	if err := outbox.AutoMigrate(db, cfg); err != nil {
-		t.Fatal(err)
-	}
-	store, err := gormstore.New(db, gormstore.Options{Config: cfg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pub, err := relay.NewKafkaPublisher(relay.KafkaConfig{Brokers: b.Addrs})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pub.Close()
-	r, err := relay.New(store, pub, relay.Options{Notifier: n, PollInterval: 50 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
+	store := e2eStore(t, db, n)
+	_, done := startKafkaRelay(ctx, t, store, n, relay.KafkaConfig{Brokers: b.Addrs})
 
 	began := time.Now()
-	var mu sync.Mutex
-	committed := map[string]*outbox.Message{}
-	rolledBack := map[string]bool{}
-	var wg sync.WaitGroup
-	errs := make(chan error, writers)
-	for w := 0; w < writers; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; i < perWriter; i += 2 {
-				msgs := []*outbox.Message{
-					outbox.NewStringMessage(topic, fmt.Sprintf("w%d-k%d", w, i%7), fmt.Sprintf("value-%d-%d", w, i), outbox.Header{Key: "n", Value: []byte(fmt.Sprint(i))}),
-					outbox.NewMessage(topic, nil, []byte(fmt.Sprintf("keyless-%d-%d", w, i))),
-				}
-				fail := (i/2)%5 == 4
-				err := db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-					if err := outbox.Enqueue(tx, msgs...); err != nil {
-						return err
-					}
-					if fail {
-						return errors.New("rolled back on purpose")
-					}
-					return nil
-				})
-				if fail != (err != nil) {
-					errs <- fmt.Errorf("writer %d transaction %d = %v; want failure %v", w, i, err, fail)
-					return
-				}
-				mu.Lock()
-				for _, m := range msgs {
-					if fail {
-						rolledBack[m.MessageID.String()] = true
-					} else {
-						committed[m.MessageID.String()] = m
-					}
-				}
-				mu.Unlock()
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
+	committed, rolledBack := writeTransactions(ctx, t, db, topic, writers, perWriter/2)
 	waitOutboxEmpty(ctx, t, db)
 	elapsed := time.Since(began)
 
-	recs := b.ReadAll(t, topic, len(committed), time.Minute)
-	seen := map[string]bool{}
-	for _, rec := range recs {
-		var id string
-		for _, h := range rec.Headers {
-			if h.Key == relay.DefaultMessageIDHeader {
-				id = string(h.Value)
-			}
-		}
-		if rolledBack[id] {
-			t.Fatalf("record %s of a rolled-back transaction was published", id)
-		}
-		m, ok := committed[id]
-		if !ok {
-			t.Fatalf("record with message id %q matches no committed row", id)
-		}
-		if string(rec.Value) != string(m.Value) || string(rec.Key) != string(m.Key) {
-			t.Fatalf("record %s = key %q value %q; want %q %q", id, rec.Key, rec.Value, m.Key, m.Value)
-		}
-		seen[id] = true
-	}
-	if len(seen) != len(committed) {
-		t.Fatalf("consumed %d distinct committed records; want %d", len(seen), len(committed))
-	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatalf("Run = %v; want nil", err)
-	}
+	checkRecords(t, b.ReadAll(t, topic, len(committed), time.Minute), committed, rolledBack)
+	stopRelay(t, cancel, done)
 	t.Logf("%d committed of %d written, drained in %v (%.0f msg/s)", len(committed), writers*perWriter, elapsed.Round(time.Millisecond), float64(len(committed))/elapsed.Seconds())
 	return elapsed
 }

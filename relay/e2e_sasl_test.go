@@ -41,18 +41,7 @@ func saslDB(t *testing.T) *gorm.DB {
 func saslSetup(t *testing.T, n *relay.Notifier) (*gorm.DB, *gormstore.Store) {
 	t.Helper()
 	db := saslDB(t)
-	cfg := outbox.Config{BucketCount: 4}
-	if err := db.Use(outbox.Plugin{Config: cfg, Notifier: n}); err != nil {
-		t.Fatal(err)
-	}
-	if err := outbox.AutoMigrate(db, cfg); err != nil {
-		t.Fatal(err)
-	}
-	store, err := gormstore.New(db, gormstore.Options{Config: cfg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return db, store
+	return db, e2eStore(t, db, n)
 }
 
 // enqueueSASL commits rows transactions of one keyed record each (every
@@ -84,36 +73,6 @@ func enqueueSASL(t *testing.T, db *gorm.DB, topic string, rows int) (committed m
 	return committed, rolledBack
 }
 
-// checkSASLRecords checks that recs (read over SASL_SSL) hold every
-// committed record, with its message-id header, key and value, and no
-// rolled-back one.
-func checkSASLRecords(t *testing.T, recs []kafka.Message, committed map[string]*outbox.Message, rolledBack map[string]bool) {
-	t.Helper()
-	seen := map[string]bool{}
-	for _, rec := range recs {
-		var id string
-		for _, h := range rec.Headers {
-			if h.Key == relay.DefaultMessageIDHeader {
-				id = string(h.Value)
-			}
-		}
-		if rolledBack[id] {
-			t.Fatalf("record %s of a rolled-back transaction was published", id)
-		}
-		m, ok := committed[id]
-		if !ok {
-			t.Fatalf("record with message id %q (key %q) matches no committed row", id, rec.Key)
-		}
-		if string(rec.Value) != string(m.Value) || string(rec.Key) != string(m.Key) {
-			t.Fatalf("record %s = key %q value %q; want %q %q", id, rec.Key, rec.Value, m.Key, m.Value)
-		}
-		seen[id] = true
-	}
-	if len(seen) != len(committed) {
-		t.Fatalf("consumed %d distinct committed records over SASL_SSL; want %d", len(seen), len(committed))
-	}
-}
-
 // TestEndToEndSASLSSL moves GORM-enqueued rows through gormstore, the relay
 // and a KafkaPublisher whose Transport speaks TLS (verified with the test
 // CA) and SASL to the real broker's SASL_SSL listener, and reads every
@@ -140,28 +99,15 @@ func TestEndToEndSASLSSL(t *testing.T) {
 
 			n := relay.NewNotifier()
 			db, store := saslSetup(t, n)
-			pub, err := relay.NewKafkaPublisher(relay.KafkaConfig{Brokers: b.Addrs, Transport: b.Transport(t, tc.mech())})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer pub.Close()
-			r, err := relay.New(store, pub, relay.Options{Notifier: n, PollInterval: 50 * time.Millisecond})
-			if err != nil {
-				t.Fatal(err)
-			}
-			done := make(chan error, 1)
-			go func() { done <- r.Run(ctx) }()
+			r, done := startKafkaRelay(ctx, t, store, n, relay.KafkaConfig{Brokers: b.Addrs, Transport: b.Transport(t, tc.mech())})
 
 			committed, rolledBack := enqueueSASL(t, db, topic, 60)
-			checkSASLRecords(t, b.ReadAll(t, topic, len(committed), time.Minute), committed, rolledBack)
+			checkRecords(t, b.ReadAll(t, topic, len(committed), time.Minute), committed, rolledBack)
 			waitOutboxEmpty(ctx, t, db)
 			if err := r.Health(); err != nil {
 				t.Errorf("Health() = %v; want nil", err)
 			}
-			cancel()
-			if err := <-done; err != nil {
-				t.Fatalf("Run = %v; want nil", err)
-			}
+			stopRelay(t, cancel, done)
 		})
 	}
 }
@@ -264,10 +210,7 @@ func TestSASLWrongPassword(t *testing.T) {
 		t.Fatalf("%d rows in the outbox with a wrong password; want all %d kept", left, len(committed))
 	}
 	checkWrongPasswordHealth(t, r)
-	stop()
-	if err := <-done; err != nil {
-		t.Fatalf("Run = %v; want nil", err)
-	}
+	stopRelay(t, stop, done)
 
 	// 2. fixed: a publisher with the right password publishes every row
 	good, err := relay.NewKafkaPublisher(relay.KafkaConfig{Brokers: b.Addrs, Transport: b.Transport(t, b.SCRAM(t, b.Password))})
@@ -281,15 +224,12 @@ func TestSASLWrongPassword(t *testing.T) {
 		t.Fatal(err)
 	}
 	go func() { done <- r2.Run(ctx) }()
-	checkSASLRecords(t, b.ReadAll(t, topic, len(committed), time.Minute), committed, rolledBack)
+	checkRecords(t, b.ReadAll(t, topic, len(committed), time.Minute), committed, rolledBack)
 	waitOutboxEmpty(ctx, t, db)
 	if err := r2.Health(); err != nil {
 		t.Errorf("Health() with the right password = %v; want nil", err)
 	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatalf("Run = %v; want nil", err)
-	}
+	stopRelay(t, cancel, done)
 }
 
 // checkWrongPasswordHealth checks Health while every publish fails to
@@ -358,8 +298,5 @@ func TestSASLUntrustedBrokerCertificate(t *testing.T) {
 	if int(left) != len(committed) {
 		t.Fatalf("%d rows left; want all %d kept", left, len(committed))
 	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatalf("Run = %v; want nil", err)
-	}
+	stopRelay(t, cancel, done)
 }

@@ -29,6 +29,17 @@ type Broker struct {
 	Addrs []string
 	// Fake is the in-process cluster (for fault injection), nil for Real.
 	Fake *kfake.Cluster
+	// dialer connects CreateTopic and ReadAll to the broker; nil means
+	// kafka-go's default (plaintext). SASLBroker sets one over TLS and SASL.
+	dialer *kafka.Dialer
+}
+
+// dial returns the dialer of CreateTopic and ReadAll.
+func (b Broker) dial() *kafka.Dialer {
+	if b.dialer != nil {
+		return b.dialer
+	}
+	return kafka.DefaultDialer
 }
 
 // NewFake starts an in-process Kafka broker on loopback, closed at cleanup.
@@ -81,7 +92,8 @@ func (b Broker) CreateTopic(t testing.TB, topic string, partitions int, configs 
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	conn, err := (&kafka.Dialer{Timeout: 10 * time.Second}).DialContext(ctx, "tcp", b.Addrs[0])
+	d := b.dial()
+	conn, err := d.DialContext(ctx, "tcp", b.Addrs[0])
 	if err != nil {
 		t.Fatalf("testenv: dial %s: %v", b.Addrs[0], err)
 	}
@@ -90,7 +102,7 @@ func (b Broker) CreateTopic(t testing.TB, topic string, partitions int, configs 
 	if err != nil {
 		t.Fatalf("testenv: find controller: %v", err)
 	}
-	cc, err := (&kafka.Dialer{Timeout: 10 * time.Second}).DialContext(ctx, "tcp", net.JoinHostPort(ctrl.Host, strconv.Itoa(ctrl.Port)))
+	cc, err := d.DialContext(ctx, "tcp", net.JoinHostPort(ctrl.Host, strconv.Itoa(ctrl.Port)))
 	if err != nil {
 		t.Fatalf("testenv: dial controller: %v", err)
 	}
@@ -107,7 +119,7 @@ func (b Broker) CreateTopic(t testing.TB, topic string, partitions int, configs 
 		if err == nil && len(ps) == partitions {
 			ready := true
 			for _, p := range ps {
-				if p.Leader.Host == "" {
+				if p.Leader.Host == "" || p.Error != nil {
 					ready = false
 				}
 			}
@@ -129,9 +141,10 @@ func (b Broker) ReadAll(t testing.TB, topic string, want int, timeout time.Durat
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	conn, err := kafka.DialContext(ctx, "tcp", b.Addrs[0])
+	d := b.dial()
+	conn, err := d.DialContext(ctx, "tcp", b.Addrs[0])
 	if err != nil {
-		t.Fatalf("testenv: dial: %v", err)
+		t.Fatalf("testenv: dial %s: %v", b.Addrs[0], err)
 	}
 	ps, err := conn.ReadPartitions(topic)
 	conn.Close()
@@ -139,17 +152,18 @@ func (b Broker) ReadAll(t testing.TB, topic string, want int, timeout time.Durat
 		t.Fatalf("testenv: read partitions of %s: %v", topic, err)
 	}
 	var out []kafka.Message
-	deadline := time.Now().Add(timeout)
-	for len(out) < want && time.Now().Before(deadline) {
+	for len(out) < want && ctx.Err() == nil {
 		out = out[:0]
 		for _, p := range ps {
-			r := kafka.NewReader(kafka.ReaderConfig{Brokers: b.Addrs, Topic: topic, Partition: p.ID, MaxWait: 50 * time.Millisecond})
-			last, err := lastOffset(ctx, b.Addrs[0], topic, p.ID)
+			last, err := lastOffset(ctx, d, b.Addrs[0], topic, p.ID)
 			if err != nil {
-				r.Close()
 				t.Fatalf("testenv: last offset of %s/%d: %v", topic, p.ID, err)
 			}
-			for off := int64(0); off < last; off++ {
+			if last == 0 {
+				continue
+			}
+			r := kafka.NewReader(kafka.ReaderConfig{Brokers: b.Addrs, Dialer: d, Topic: topic, Partition: p.ID, MaxWait: 50 * time.Millisecond})
+			for {
 				m, err := r.ReadMessage(ctx)
 				if err != nil {
 					break
@@ -168,8 +182,8 @@ func (b Broker) ReadAll(t testing.TB, topic string, want int, timeout time.Durat
 	return out
 }
 
-func lastOffset(ctx context.Context, addr, topic string, partition int) (int64, error) {
-	c, err := kafka.DialLeader(ctx, "tcp", addr, topic, partition)
+func lastOffset(ctx context.Context, d *kafka.Dialer, addr, topic string, partition int) (int64, error) {
+	c, err := d.DialLeader(ctx, "tcp", addr, topic, partition)
 	if err != nil {
 		return 0, err
 	}

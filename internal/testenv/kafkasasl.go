@@ -1,7 +1,6 @@
 package testenv
 
 import (
-	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"os"
@@ -113,39 +112,18 @@ func (b SASLBroker) Dialer(t testing.TB) *kafka.Dialer {
 	return &kafka.Dialer{Timeout: 10 * time.Second, DualStack: true, TLS: b.TLSConfig(), SASLMechanism: b.SCRAM(t, b.Password)}
 }
 
+// Broker returns the SASL_SSL listener as a Broker (Name Real) whose
+// CreateTopic and ReadAll connect with Dialer.
+func (b SASLBroker) Broker(t testing.TB) Broker {
+	t.Helper()
+	return Broker{Name: Real, Addrs: b.Addrs, dialer: b.Dialer(t)}
+}
+
 // CreateTopic creates topic with partitions over the SASL_SSL listener and
 // waits until every partition has a leader.
 func (b SASLBroker) CreateTopic(t testing.TB, topic string, partitions int) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	tr := b.Transport(t, b.SCRAM(t, b.Password))
-	c := &kafka.Client{Addr: kafka.TCP(b.Addrs...), Transport: tr}
-	res, err := c.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{Topic: topic, NumPartitions: partitions, ReplicationFactor: 1}}})
-	if err != nil {
-		t.Fatalf("testenv: create topic %s over SASL_SSL: %v", topic, err)
-	}
-	if err := res.Errors[topic]; err != nil {
-		t.Fatalf("testenv: create topic %s over SASL_SSL: %v", topic, err)
-	}
-	for {
-		md, err := c.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
-		if err == nil && len(md.Topics) == 1 && md.Topics[0].Error == nil && len(md.Topics[0].Partitions) == partitions {
-			ready := true
-			for _, p := range md.Topics[0].Partitions {
-				if p.Leader.Host == "" || p.Error != nil {
-					ready = false
-				}
-			}
-			if ready {
-				return
-			}
-		}
-		if ctx.Err() != nil {
-			t.Fatalf("testenv: topic %s has no leaders after 30s (last error %v)", topic, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	b.Broker(t).CreateTopic(t, topic, partitions, nil)
 }
 
 // ReadAll consumes topic from the start of every partition over the
@@ -153,50 +131,5 @@ func (b SASLBroker) CreateTopic(t testing.TB, topic string, partitions int) {
 // returns them in per-partition order (partitions ascending).
 func (b SASLBroker) ReadAll(t testing.TB, topic string, want int, timeout time.Duration) []kafka.Message {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	d := b.Dialer(t)
-	conn, err := d.DialContext(ctx, "tcp", b.Addrs[0])
-	if err != nil {
-		t.Fatalf("testenv: dial %s over SASL_SSL: %v", b.Addrs[0], err)
-	}
-	ps, err := conn.ReadPartitions(topic)
-	conn.Close()
-	if err != nil {
-		t.Fatalf("testenv: read partitions of %s: %v", topic, err)
-	}
-	var out []kafka.Message
-	for len(out) < want && ctx.Err() == nil {
-		out = out[:0]
-		for _, p := range ps {
-			lc, err := d.DialLeader(ctx, "tcp", b.Addrs[0], topic, p.ID)
-			if err != nil {
-				t.Fatalf("testenv: dial leader of %s/%d: %v", topic, p.ID, err)
-			}
-			last, err := lc.ReadLastOffset()
-			lc.Close()
-			if err != nil {
-				t.Fatalf("testenv: last offset of %s/%d: %v", topic, p.ID, err)
-			}
-			if last == 0 {
-				continue
-			}
-			r := kafka.NewReader(kafka.ReaderConfig{Brokers: b.Addrs, Dialer: d, Topic: topic, Partition: p.ID, MaxWait: 50 * time.Millisecond})
-			for {
-				m, err := r.ReadMessage(ctx)
-				if err != nil {
-					break
-				}
-				out = append(out, m)
-				if m.Offset+1 >= last {
-					break
-				}
-			}
-			r.Close()
-		}
-		if len(out) < want {
-			time.Sleep(50 * time.Millisecond)
-		}
-	}
-	return out
+	return b.Broker(t).ReadAll(t, topic, want, timeout)
 }

@@ -1,11 +1,8 @@
 package testenv
 
 import (
-	"context"
-	"database/sql"
 	"os"
 	"testing"
-	"time"
 
 	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
@@ -81,32 +78,4 @@ func DatabasesWithPgBouncer(t testing.TB) []Opener {
 		dbs = append(dbs, o)
 	}
 	return dbs
-}
-
-// createPostgresDB creates a database on the server of base and drops it
-// (WITH (FORCE): the pooler's server connections to it end) at cleanup.
-func createPostgresDB(t testing.TB, base string) string {
-	t.Helper()
-	name := Unique("outbox_t_")
-	admin, err := sql.Open("pgx", base)
-	if err != nil {
-		t.Fatalf("testenv: open postgres admin: %v", err)
-	}
-	defer admin.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if _, err := admin.ExecContext(ctx, "CREATE DATABASE "+name); err != nil {
-		t.Fatalf("testenv: create postgres database: %v", err)
-	}
-	t.Cleanup(func() {
-		a, err := sql.Open("pgx", base)
-		if err != nil {
-			return
-		}
-		defer a.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		_, _ = a.ExecContext(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
-	})
-	return name
 }

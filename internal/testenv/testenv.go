@@ -134,8 +134,21 @@ func openSQLite(t testing.TB, cfg *gorm.Config) *gorm.DB {
 
 func openPostgres(t testing.TB, dsn string, cfg *gorm.Config) *gorm.DB {
 	t.Helper()
+	name := createPostgresDB(t, dsn)
+	db, err := gorm.Open(postgres.Open(withPostgresDB(dsn, name)), cfg)
+	if err != nil {
+		t.Fatalf("testenv: open postgres %s: %v", name, err)
+	}
+	t.Cleanup(func() { closeDB(t, db) }) // runs before the DROP DATABASE that createPostgresDB registered
+	return db
+}
+
+// createPostgresDB creates a database on the server of base and drops it
+// (WITH (FORCE): the pooler's server connections to it end) at cleanup.
+func createPostgresDB(t testing.TB, base string) string {
+	t.Helper()
 	name := Unique("outbox_t_")
-	admin, err := sql.Open("pgx", dsn)
+	admin, err := sql.Open("pgx", base)
 	if err != nil {
 		t.Fatalf("testenv: open postgres admin: %v", err)
 	}
@@ -145,13 +158,8 @@ func openPostgres(t testing.TB, dsn string, cfg *gorm.Config) *gorm.DB {
 	if _, err := admin.ExecContext(ctx, "CREATE DATABASE "+name); err != nil {
 		t.Fatalf("testenv: create postgres database: %v", err)
 	}
-	db, err := gorm.Open(postgres.Open(withPostgresDB(dsn, name)), cfg)
-	if err != nil {
-		t.Fatalf("testenv: open postgres %s: %v", name, err)
-	}
 	t.Cleanup(func() {
-		closeDB(t, db)
-		a, err := sql.Open("pgx", dsn)
+		a, err := sql.Open("pgx", base)
 		if err != nil {
 			return
 		}
@@ -160,7 +168,7 @@ func openPostgres(t testing.TB, dsn string, cfg *gorm.Config) *gorm.DB {
 		defer cancel()
 		_, _ = a.ExecContext(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
 	})
-	return db
+	return name
 }
 
 // withPostgresDB points a key=value or URL DSN at database name.
@@ -214,6 +222,19 @@ func openMySQL(t testing.TB, dsn string, cfg *gorm.Config) *gorm.DB {
 		_, _ = a.ExecContext(ctx, "DROP DATABASE IF EXISTS "+name)
 	})
 	return db
+}
+
+// DialectorOn returns a gorm dialector of the dialect name (Postgres, MySQL
+// or SQLite) on an existing pool, e.g. for a dbresolver replica or source.
+func DialectorOn(name string, pool gorm.ConnPool) gorm.Dialector {
+	switch name {
+	case Postgres:
+		return postgres.New(postgres.Config{Conn: pool})
+	case MySQL:
+		return mysql.New(mysql.Config{Conn: pool, SkipInitializeWithVersion: true})
+	default:
+		return &sqlite.Dialector{Conn: pool}
+	}
 }
 
 // MustExec runs statements on db, failing t on error.
