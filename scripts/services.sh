@@ -32,6 +32,9 @@
 #   OUTBOX_KAFKA_SASL_PORT        Kafka SASL_SSL client listener  (59094)
 #   OUTBOX_KAFKA_HEAP             Kafka JVM -Xmx                  (512m)
 #   OUTBOX_PGBOUNCER_PORT         PgBouncer (transaction pooling) (56432)
+#   OUTBOX_FAST_UNSAFE=1          PostgreSQL without fsync, MariaDB without a flush per commit:
+#                                 faster, but a killed server loses acknowledged commits
+#                                 (the default is durable, as crash tests need)
 #
 # Runs as root (system users are created for the database servers); also works
 # as an ordinary user when everything needed is already installed.
@@ -318,7 +321,13 @@ pg_launch() {
 	rotate_log "$PG_DIR/postgres.log"
 	chown "$user:" "$PG_DIR/postgres.log"
 	local opts="-c listen_addresses=127.0.0.1 -p $PG_PORT -k $PG_DIR/run"
-	opts+=" -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
+	# Durable: fsync, synchronous commit and full-page writes on (PostgreSQL's
+	# defaults), so that a crash test can tell a lost commit from a library
+	# bug. OUTBOX_FAST_UNSAFE=1 turns them off for quick local runs.
+	if [[ ${OUTBOX_FAST_UNSAFE:-0} == 1 ]]; then
+		opts+=" -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+	fi
+	opts+=" -c max_connections=200"
 	opts+=" -c shared_buffers=128MB -c max_wal_size=1GB"
 	log "pg_ctl start (port $PG_PORT)"
 	if ! as_user "$user" setsid -w "$bindir/pg_ctl" start -D "$PG_DIR/data" -l "$PG_DIR/postgres.log" \
@@ -434,8 +443,15 @@ my_launch() {
 		--socket="$MY_DIR/mysqld.sock" --pid-file="$MY_DIR/mariadbd.pid" --tmpdir="$MY_DIR/tmp"
 		--log-error="$MY_DIR/mariadbd.log" --skip-name-resolve
 		--character-set-server=utf8mb4 --collation-server=utf8mb4_general_ci
-		--innodb-flush-log-at-trx-commit=0 --innodb-doublewrite=0 --innodb-buffer-pool-size=256M
-		--max-connections=300)
+		--innodb-buffer-pool-size=256M --max-connections=300)
+	# Durable: the redo log is flushed at every commit (MariaDB's default), so
+	# a killed server keeps every commit a writer saw acknowledged.
+	# OUTBOX_FAST_UNSAFE=1 trades that for speed in quick local runs.
+	if [[ ${OUTBOX_FAST_UNSAFE:-0} == 1 ]]; then
+		args+=(--innodb-flush-log-at-trx-commit=0 --innodb-doublewrite=0)
+	else
+		args+=(--innodb-flush-log-at-trx-commit=1 --sync-binlog=1)
+	fi
 	is_root && args+=(--user="$user")
 	log "starting mariadbd (port $MYSQL_PORT)"
 	spawn_detached "$MY_DIR/mariadbd.out" "$MY_DIR/mariadbd.launch.pid" "$(mariadbd_bin)" "${args[@]}" ||
