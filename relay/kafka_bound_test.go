@@ -1,9 +1,11 @@
 package relay_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"regexp"
 	"strings"
@@ -14,10 +16,12 @@ import (
 
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/internal/testenv"
 	"github.com/gorm-outbox/outbox/relay"
+	"github.com/gorm-outbox/outbox/relay/relaytest"
 )
 
 // hangBound is the generous bound on a Publish call against a hung broker
@@ -140,4 +144,144 @@ func TestKafkaPublisher_PublishTimeout_bounds_a_publish_to_a_hung_broker(t *test
 		}
 	}
 	t.Logf("%d records for %d messages (duplicates from the held requests: %d)", len(recs), 1+len(batch), len(recs)-1-len(batch))
+}
+
+// logBuffer is a goroutine-safe log sink.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// TestRelay_hung_broker_is_counted_logged_and_visible_then_delivered: a
+// relay publishing through a KafkaPublisher with PublishTimeout 1s to a
+// broker that stops answering produce requests counts a failure and logs a
+// WARN naming the timeout within a few seconds, its in-flight gauge shows
+// the stall meanwhile, every failed attempt is one count and one WARN, and
+// once the broker answers again every row is delivered (0 lost; the held
+// requests may add duplicates).
+func TestRelay_hung_broker_is_counted_logged_and_visible_then_delivered(t *testing.T) {
+	b := testenv.NewFake(t)
+	topic := boundTopic(t, b, 4)
+	pub := boundPublisher(t, b, time.Second)
+	release, held := hangProduce(t, b.Fake)
+
+	store := relaytest.NewMemStore(4, time.Now)
+	var rows []*outbox.Message
+	for i := range 40 {
+		rows = append(rows, &outbox.Message{MessageID: outbox.NewUUID(), Topic: topic, Key: fmt.Appendf(nil, "key-%d", i), Value: fmt.Appendf(nil, "v%d", i)})
+	}
+	store.Add(rows...)
+	reader := sdkmetric.NewManualReader()
+	logs := &logBuffer{}
+	r, err := relay.New(store, pub, relay.Options{
+		BucketCount:   4,
+		PollInterval:  50 * time.Millisecond,
+		ErrorBackoff:  200 * time.Millisecond,
+		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
+		Logger:        slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn})),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() { done <- r.Run(ctx) }()
+	stopped := false
+	stop := func() {
+		if !stopped {
+			stopped = true
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("Run = %v; want nil", err)
+			}
+		}
+	}
+	t.Cleanup(stop)
+
+	// The stall shows: the in-flight age grows, then the failure is counted
+	// and logged, all within the generous bound.
+	var maxAge float64
+	var firstFailure time.Duration
+	for {
+		m := collect(t, reader)
+		maxAge = max(maxAge, m.values[relay.MetricPublishInflightAge])
+		if m.values[relay.MetricPublishFailures] >= 1 {
+			firstFailure = time.Since(start)
+			break
+		}
+		if time.Since(start) > hangBound {
+			t.Fatalf("no publish failure counted %v into a hung broker (in-flight age seen: %vs)", hangBound, maxAge)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("first failure counted %v after the relay started against a hung broker; in-flight age seen before it: %.2fs", firstFailure, maxAge)
+	if maxAge <= 0 {
+		t.Errorf("%s stayed 0 while the publish hung", relay.MetricPublishInflightAge)
+	}
+	waitLog := time.Now().Add(hangBound)
+	for !strings.Contains(logs.String(), "publish failed") {
+		if time.Now().After(waitLog) {
+			t.Fatalf("no WARN for the failed publish; logs:\n%s", logs.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !strings.Contains(logs.String(), "PublishTimeout") {
+		t.Errorf("the WARN does not name the timeout; logs:\n%s", logs.String())
+	}
+
+	// Keep the broker hung a little longer: more attempts, each bounded.
+	time.Sleep(1500 * time.Millisecond)
+	if held.Load() == 0 {
+		t.Fatal("no produce request was held; the test did not hang the broker")
+	}
+	release()
+	for store.Len() > 0 {
+		if time.Since(start) > 30*time.Second {
+			t.Fatalf("%d rows still pending 30s after the start", store.Len())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	stop()
+
+	m := collect(t, reader)
+	failures := m.values[relay.MetricPublishFailures]
+	warns := strings.Count(logs.String(), "publish failed")
+	if failures < 2 || float64(warns) != failures {
+		t.Errorf("failures counted = %v, WARN lines = %d; want equal, and at least 2 (one per bounded attempt)", failures, warns)
+	}
+	if age := m.values[relay.MetricPublishInflightAge]; age != 0 {
+		t.Errorf("%s after the stop = %v; want 0", relay.MetricPublishInflightAge, age)
+	}
+	recs := b.ReadAll(t, topic, len(rows), 10*time.Second)
+	seen := map[string]int{}
+	for _, rec := range recs {
+		for _, h := range rec.Headers {
+			if h.Key == relay.DefaultMessageIDHeader {
+				seen[string(h.Value)]++
+			}
+		}
+	}
+	lost := 0
+	for _, m := range rows {
+		if seen[m.MessageID.String()] == 0 {
+			lost++
+		}
+	}
+	if lost != 0 {
+		t.Errorf("%d of %d rows lost", lost, len(rows))
+	}
+	t.Logf("%v failed attempts, %d held produce requests; %d records for %d rows (%d duplicates), 0 lost", failures, held.Load(), len(recs), len(rows), len(recs)-len(rows))
 }
