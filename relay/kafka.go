@@ -75,10 +75,11 @@ type KafkaConfig struct {
 	// returns the rows acknowledged so far and, for the first other row, an
 	// error wrapping context.DeadlineExceeded that names this field, so that
 	// the relay counts the failure, logs it and retries with its backoff.
-	// It is also each produce request's write timeout (the time the broker
-	// may wait for the in-sync replicas), and a write still in flight when
-	// Publish returns is abandoned by the writer within twice the bound.
-	// Keep it well under the relay's lease (Options.LeaseTTL). Zero means
+	// It is also the writer's WriteTimeout, the bound of each produce
+	// request (kafka-go asks the broker to wait at most half of it for the
+	// in-sync replicas), and a write still in flight when Publish returns
+	// is abandoned by the writer within twice the bound. Keep it well under
+	// the relay's lease (Options.LeaseDuration). Zero means
 	// DefaultKafkaPublishTimeout (10 s); negative fails NewKafkaPublisher.
 	PublishTimeout time.Duration
 
@@ -252,10 +253,9 @@ func (placement) Balance(msg kafka.Message, partitions ...int) int {
 // When ctx is done, or KafkaConfig.PublishTimeout has passed, Publish stops
 // waiting and reports only the rows acknowledged so far, with ctx's error
 // (or the timeout's, wrapping context.DeadlineExceeded) for the first
-// other row. A row
-// already handed to the broker may still be appended after that (the
-// consumer deduplicates by message id); the partition stays busy until
-// that write ends, so a later call cannot overtake it.
+// other row. A row already handed to the broker may still be appended
+// after that (the consumer deduplicates by message id); the partition
+// stays busy until that write ends, so a later call cannot overtake it.
 func (p *KafkaPublisher) Publish(ctx context.Context, batch []*outbox.Message) Result {
 	if len(batch) == 0 {
 		return Result{}
