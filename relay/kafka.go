@@ -25,6 +25,10 @@ const (
 	// DefaultKafkaMaxBatchRecords is the default largest number of records
 	// the publisher sends to one partition in one produce request.
 	DefaultKafkaMaxBatchRecords = 1000
+	// DefaultKafkaPublishTimeout is the default bound on one Publish call
+	// (KafkaConfig.PublishTimeout): kafka-go's own per-request default, one
+	// third of the relay's default 30 s lease.
+	DefaultKafkaPublishTimeout = 10 * time.Second
 )
 
 // ErrPublisherClosed is the error of every row of a Publish called after
@@ -66,15 +70,29 @@ type KafkaConfig struct {
 	// DefaultKafkaMaxBatchRecords (1000); negative fails NewKafkaPublisher.
 	MaxBatchRecords int
 
+	// PublishTimeout bounds one Publish call: when the broker has not
+	// answered within it (a paused, hung or unreachable broker), Publish
+	// returns the rows acknowledged so far and, for the first other row, an
+	// error wrapping context.DeadlineExceeded that names this field, so that
+	// the relay counts the failure, logs it and retries with its backoff.
+	// It is also the writer's WriteTimeout, the bound of each produce
+	// request (kafka-go asks the broker to wait at most half of it for the
+	// in-sync replicas), and a write still in flight when Publish returns
+	// is abandoned by the writer within twice the bound. Keep it well under
+	// the relay's lease (Options.LeaseDuration). Zero means
+	// DefaultKafkaPublishTimeout (10 s); negative fails NewKafkaPublisher.
+	PublishTimeout time.Duration
+
 	// Configure, when set, runs first on the new writer: it may set
-	// Compression, MaxAttempts, WriteBackoffMin/Max, ReadTimeout,
-	// WriteTimeout, AllowAutoTopicCreation, Logger, ErrorLogger, Completion
-	// and Transport (when the Transport field is nil). The publisher then
-	// enforces its invariants, whatever the hook set: Addr (from Brokers),
-	// an empty Topic (each row names its own), RequiredAcks = RequireAll,
-	// Async = false, its own Balancer (explicit partition, else murmur2 of
-	// the key), BatchSize and BatchBytes (from this config) and a batch
-	// timeout that is never waited on.
+	// Compression, ReadTimeout and WriteTimeout (at most PublishTimeout:
+	// zero or longer means PublishTimeout), AllowAutoTopicCreation, Logger,
+	// ErrorLogger, Completion and Transport (when the Transport field is
+	// nil). The publisher then enforces its invariants, whatever the hook
+	// set: Addr (from Brokers), an empty Topic (each row names its own),
+	// RequiredAcks = RequireAll, Async = false, MaxAttempts = 1 (the relay
+	// owns retries, see KafkaPublisher), its own Balancer (explicit
+	// partition, else murmur2 of the key), BatchSize and BatchBytes (from
+	// this config) and a batch timeout that is never waited on.
 	Configure func(*kafka.Writer)
 }
 
@@ -94,14 +112,29 @@ type KafkaConfig struct {
 // (MESSAGE_TOO_LARGE, INVALID_RECORD, CORRUPT_MESSAGE, RECORD_LIST_TOO_LARGE)
 // the publisher resends its rows in halves, in order, so that the rows
 // before the culprit are still acknowledged and the error names the culprit.
-// Retriable broker errors are retried in place by kafka-go
-// (Writer.MaxAttempts).
+// A failed produce request is not retried inside the publisher: the writer
+// makes one attempt (Writer.MaxAttempts = 1) and the error goes back to the
+// relay, which counts it (outbox.publish.failures), logs it and retries
+// the head row with its backoff. A Publish call lasts at most
+// KafkaConfig.PublishTimeout, however long the broker takes to answer.
+//
+// Duplicates: a retry resends rows whose fate the publisher does not
+// know. When the broker appended a request but its acknowledgement was
+// lost (a broker paused or restarted after the append, a connection cut,
+// a PublishTimeout that fired first), the rows are sent again, so a
+// consumer sees the same message id twice (or more, once per such
+// attempt). The copies follow each other in the partition, separated at
+// most by rows of the same retried batches, and deduplication by message
+// id restores the submission order. A write still in flight when Publish
+// returns keeps its partition until it ends, so a retry cannot overtake
+// it.
 //
 // Calls on different partitions run concurrently; calls that share a
 // partition take turns on it. A KafkaPublisher is safe for concurrent use.
 type KafkaPublisher struct {
 	w            *kafka.Writer
 	header       string
+	timeout      time.Duration // PublishTimeout
 	batchBytes   int64
 	maxRecords   int
 	ownTransport *kafka.Transport
@@ -137,8 +170,12 @@ func NewKafkaPublisher(cfg KafkaConfig) (*KafkaPublisher, error) {
 	if cfg.MaxBatchRecords < 0 {
 		return nil, fmt.Errorf("relay: KafkaConfig.MaxBatchRecords is negative (%d)", cfg.MaxBatchRecords)
 	}
+	if cfg.PublishTimeout < 0 {
+		return nil, fmt.Errorf("relay: KafkaConfig.PublishTimeout is negative (%v)", cfg.PublishTimeout)
+	}
 	p := &KafkaPublisher{
 		header:     cfg.MessageIDHeader,
+		timeout:    cfg.PublishTimeout,
 		maxRecords: cfg.MaxBatchRecords,
 		locks:      make(map[topicPartition]chan struct{}),
 	}
@@ -147,6 +184,9 @@ func NewKafkaPublisher(cfg KafkaConfig) (*KafkaPublisher, error) {
 	}
 	if p.maxRecords == 0 {
 		p.maxRecords = DefaultKafkaMaxBatchRecords
+	}
+	if p.timeout == 0 {
+		p.timeout = DefaultKafkaPublishTimeout
 	}
 
 	w := &kafka.Writer{}
@@ -170,6 +210,16 @@ func NewKafkaPublisher(cfg KafkaConfig) (*KafkaPublisher, error) {
 	w.Topic = ""
 	w.RequiredAcks = kafka.RequireAll
 	w.Async = false
+	// One attempt per produce request: kafka-go's retries (10 attempts of
+	// up to 10 s by default) would hold a Publish call for minutes without
+	// a word, and could append a batch several times; the relay retries.
+	w.MaxAttempts = 1
+	if w.WriteTimeout <= 0 || w.WriteTimeout > p.timeout {
+		w.WriteTimeout = p.timeout
+	}
+	if w.ReadTimeout <= 0 || w.ReadTimeout > p.timeout {
+		w.ReadTimeout = p.timeout
+	}
 	w.Balancer = placement{}
 	w.BatchSize = p.maxRecords
 	w.BatchBytes = p.batchBytes
@@ -200,11 +250,12 @@ func (placement) Balance(msg kafka.Message, partitions ...int) int {
 // error of the first unacknowledged row (wrapping kafka-go's error, so
 // errors.Is(res.Err, kafka.MessageSizeTooLarge) and the like work).
 //
-// When ctx is done Publish stops waiting and reports only the rows
-// acknowledged so far, with ctx's error for the first other row. A row
-// already handed to the broker may still be appended after that (the
-// consumer deduplicates by message id); the partition stays busy until
-// that write ends, so a later call cannot overtake it.
+// When ctx is done, or KafkaConfig.PublishTimeout has passed, Publish stops
+// waiting and reports only the rows acknowledged so far, with ctx's error
+// (or the timeout's, wrapping context.DeadlineExceeded) for the first
+// other row. A row already handed to the broker may still be appended
+// after that (the consumer deduplicates by message id); the partition
+// stays busy until that write ends, so a later call cannot overtake it.
 func (p *KafkaPublisher) Publish(ctx context.Context, batch []*outbox.Message) Result {
 	if len(batch) == 0 {
 		return Result{}
@@ -217,6 +268,9 @@ func (p *KafkaPublisher) Publish(ctx context.Context, batch []*outbox.Message) R
 	p.wg.Add(1)
 	p.mu.Unlock()
 	defer p.wg.Done()
+	ctx, cancel := context.WithTimeoutCause(ctx, p.timeout,
+		fmt.Errorf("no answer from the broker within KafkaConfig.PublishTimeout (%v): %w", p.timeout, context.DeadlineExceeded))
+	defer cancel()
 
 	rows := make([]row, len(batch))
 	for i, m := range batch {
@@ -242,7 +296,7 @@ func (p *KafkaPublisher) Publish(ctx context.Context, batch []*outbox.Message) R
 		}
 		err := r.err
 		if err == nil {
-			err = ctx.Err()
+			err = context.Cause(ctx)
 		}
 		if err == nil { // unreachable: every unacknowledged row has a cause
 			err = errors.New("not acknowledged")
@@ -437,6 +491,9 @@ func (p *KafkaPublisher) sendSplit(ctx context.Context, rows []row, idx []int, r
 // the outcome or ctx. The write itself is not cancelled by ctx (so that it
 // stays one unit the partition's next writer cannot join); when ctx ends
 // first, write returns pending and the write calls release when it ends.
+// The write's own bound is the writer's WriteTimeout (one attempt, at most
+// PublishTimeout); a backstop of twice PublishTimeout covers the writer's
+// metadata lookup, which only the call's context bounds.
 func (p *KafkaPublisher) write(ctx context.Context, rows []row, idx []int, release func()) (err error, pending bool) {
 	msgs := make([]kafka.Message, len(idx))
 	for j, i := range idx {
@@ -448,7 +505,9 @@ func (p *KafkaPublisher) write(ctx context.Context, rows []row, idx []int, relea
 	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
-		err := p.w.WriteMessages(context.WithoutCancel(ctx), msgs...)
+		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*p.timeout)
+		err := p.w.WriteMessages(wctx, msgs...)
+		cancel()
 		failpoint("relay/during-publish")
 		mu.Lock()
 		finished = true
@@ -539,7 +598,7 @@ func varIntLen(i int64) int {
 }
 
 // Close waits for in-flight Publish calls and writes (a write abandoned by
-// its caller's ctx ends within the writer's MaxAttempts × WriteTimeout),
+// its caller's ctx ends within twice KafkaConfig.PublishTimeout),
 // flushes and closes the writer, and closes the connections of the
 // transport the publisher created. A Publish after Close fails with
 // ErrPublisherClosed. Close is idempotent.

@@ -26,7 +26,7 @@ func ExampleNewKafkaPublisher() {
 	pub, err := relay.NewKafkaPublisher(relay.KafkaConfig{
 		Brokers: cluster.ListenAddrs(),
 		Configure: func(w *kafka.Writer) {
-			w.MaxAttempts = 3 // kept; acks, placement and batching are enforced
+			w.WriteTimeout = 5 * time.Second // kept (at most PublishTimeout); acks, attempts, placement and batching are enforced
 		},
 	})
 	if err != nil {

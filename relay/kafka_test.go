@@ -140,6 +140,7 @@ func TestNewKafkaPublisher_rejects_invalid_config(t *testing.T) {
 		{"empty_broker", KafkaConfig{Brokers: []string{"a:9092", " "}}, "Brokers[1]"},
 		{"negative_batch_bytes", KafkaConfig{Brokers: []string{"a:9092"}, BatchBytes: -1}, "BatchBytes"},
 		{"negative_max_batch_records", KafkaConfig{Brokers: []string{"a:9092"}, MaxBatchRecords: -1}, "MaxBatchRecords"},
+		{"negative_publish_timeout", KafkaConfig{Brokers: []string{"a:9092"}, PublishTimeout: -time.Second}, "PublishTimeout"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -164,7 +165,7 @@ func TestKafkaPublisher_hook_cannot_downgrade_invariants(t *testing.T) {
 		w.BatchSize = 1
 		w.Async = true
 		w.Topic = "hooked"
-		w.MaxAttempts = 3 // not an invariant: kept
+		w.MaxAttempts = 3 // enforced: 1, the relay retries
 	}})
 	w := p.w
 	if w.RequiredAcks != kafka.RequireAll {
@@ -182,8 +183,11 @@ func TestKafkaPublisher_hook_cannot_downgrade_invariants(t *testing.T) {
 	if w.Async || w.Topic != "" {
 		t.Errorf("writer Async, Topic = %v, %q; want false, \"\"", w.Async, w.Topic)
 	}
-	if w.MaxAttempts != 3 {
-		t.Errorf("writer MaxAttempts = %d; want the hook's 3", w.MaxAttempts)
+	if w.MaxAttempts != 1 {
+		t.Errorf("writer MaxAttempts = %d; want 1 (the relay owns retries)", w.MaxAttempts)
+	}
+	if w.WriteTimeout != DefaultKafkaPublishTimeout || w.ReadTimeout != DefaultKafkaPublishTimeout {
+		t.Errorf("writer WriteTimeout, ReadTimeout = %v, %v; want PublishTimeout's default %v", w.WriteTimeout, w.ReadTimeout, DefaultKafkaPublishTimeout)
 	}
 
 	// On the wire: every produce request asks for acks=all, and keys land

@@ -57,6 +57,14 @@ const (
 	// alert ("a bucket has been stuck for N minutes") is
 	// max(outbox.head.oldest_age) > N*60.
 	MetricHeadOldestAge = "outbox.head.oldest_age"
+	// MetricPublishInflightAge is a gauge of how long the relay's current
+	// Publish call has been running, in seconds on the relay's clock; 0
+	// when no publish is in flight. A hung broker shows as this age
+	// growing up to the publisher's bound (KafkaConfig.PublishTimeout)
+	// and falling back, once per failed attempt; one alert ("publishing
+	// is stuck") is max(outbox.publish.inflight_age) > the bound. Read from
+	// the relay's state, never blocking.
+	MetricPublishInflightAge = "outbox.publish.inflight_age"
 )
 
 // instruments are a relay's OpenTelemetry instruments.
@@ -73,6 +81,7 @@ type instruments struct {
 	pendingAge  metric.Float64ObservableGauge
 	pendingOK   metric.Int64ObservableGauge
 	headAge     metric.Float64ObservableGauge
+	inflightAge metric.Float64ObservableGauge
 }
 
 // pendingSample is a cached backlog sample.
@@ -128,6 +137,10 @@ func newInstruments(mp metric.MeterProvider, name string) (*instruments, error) 
 		in.headAge, err = m.Float64ObservableGauge(MetricHeadOldestAge, metric.WithUnit("s"), metric.WithDescription("How long the longest-failing head row of the owned buckets has been failing; 0 when none is."))
 		return err
 	})
+	steps = append(steps, func() error {
+		in.inflightAge, err = m.Float64ObservableGauge(MetricPublishInflightAge, metric.WithUnit("s"), metric.WithDescription("How long the current Publish call has been running; 0 when none is."))
+		return err
+	})
 	for _, step := range steps {
 		if err := step(); err != nil {
 			return nil, err
@@ -146,6 +159,11 @@ func (r *Relay) registerGauges() (metric.Registration, error) {
 			headAge = max(0, r.clock.Now().Sub(time.Unix(0, since)).Seconds())
 		}
 		o.ObserveFloat64(in.headAge, headAge, in.attrs)
+		var inflight float64
+		if since := r.publishSince.Load(); since != 0 {
+			inflight = max(0, r.clock.Now().Sub(time.Unix(0, since)).Seconds())
+		}
+		o.ObserveFloat64(in.inflightAge, inflight, in.attrs)
 		s := r.pending.Load()
 		if s == nil {
 			o.ObserveInt64(in.pendingOK, 0, in.attrs)
@@ -160,7 +178,7 @@ func (r *Relay) registerGauges() (metric.Registration, error) {
 			o.ObserveFloat64(in.pendingAge, max(0, r.clock.Now().Sub(s.oldest).Seconds()), in.attrs)
 		}
 		return nil
-	}, in.owned, in.pendingMsgs, in.pendingAge, in.pendingOK, in.headAge)
+	}, in.owned, in.pendingMsgs, in.pendingAge, in.pendingOK, in.headAge, in.inflightAge)
 }
 
 // sampleBacklog runs the backlog sampler until ctx is done: one query at a

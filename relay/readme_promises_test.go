@@ -164,7 +164,7 @@ func TestZeroOptionsUseTheDocumentedDefaults(t *testing.T) {
 }
 
 // TestMetricNamesAsThePrometheusExporterShowsThem proves the README's
-// metrics table: the nine instruments, exported through the OpenTelemetry
+// metrics table: the eleven instruments, exported through the OpenTelemetry
 // Prometheus exporter configured as outbox-relay configures it, have the
 // documented names and types and carry outbox_name="outbox" by default.
 func TestMetricNamesAsThePrometheusExporterShowsThem(t *testing.T) {
@@ -226,16 +226,17 @@ func TestMetricNamesAsThePrometheusExporterShowsThem(t *testing.T) {
 	close(release)
 
 	want := map[string]dto.MetricType{
-		"outbox_owned_buckets":              dto.MetricType_GAUGE,
-		"outbox_publish_acknowledged_total": dto.MetricType_COUNTER,
-		"outbox_publish_failures_total":     dto.MetricType_COUNTER,
-		"outbox_lease_expirations_total":    dto.MetricType_COUNTER,
-		"outbox_publish_duration_seconds":   dto.MetricType_HISTOGRAM,
-		"outbox_cycle_duration_seconds":     dto.MetricType_HISTOGRAM,
-		"outbox_pending_messages":           dto.MetricType_GAUGE,
-		"outbox_pending_oldest_age_seconds": dto.MetricType_GAUGE,
-		"outbox_pending_available_ratio":    dto.MetricType_GAUGE,
-		"outbox_head_oldest_age_seconds":    dto.MetricType_GAUGE,
+		"outbox_owned_buckets":                dto.MetricType_GAUGE,
+		"outbox_publish_acknowledged_total":   dto.MetricType_COUNTER,
+		"outbox_publish_failures_total":       dto.MetricType_COUNTER,
+		"outbox_lease_expirations_total":      dto.MetricType_COUNTER,
+		"outbox_publish_duration_seconds":     dto.MetricType_HISTOGRAM,
+		"outbox_cycle_duration_seconds":       dto.MetricType_HISTOGRAM,
+		"outbox_pending_messages":             dto.MetricType_GAUGE,
+		"outbox_pending_oldest_age_seconds":   dto.MetricType_GAUGE,
+		"outbox_pending_available_ratio":      dto.MetricType_GAUGE,
+		"outbox_head_oldest_age_seconds":      dto.MetricType_GAUGE,
+		"outbox_publish_inflight_age_seconds": dto.MetricType_GAUGE,
 	}
 	var got map[string]*dto.MetricFamily
 	h.waitFor("every documented metric", func() bool {

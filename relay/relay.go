@@ -42,10 +42,11 @@ type Relay struct {
 	pubFail atomic.Pointer[publishFailing] // every publish since pubFail.since failed; nil: a publish succeeded since, or none is being retried
 
 	// State read by gauges and the sampler.
-	ownedCount atomic.Int64
-	zeroUntil  atomic.Int64 // UnixNano validity of the bucket-0 lease; 0 if not owned
-	pending    atomic.Pointer[pendingSample]
-	stuckSince atomic.Int64 // UnixNano of the first failure of the longest-failing owned head row; 0: none (see noteStuck)
+	ownedCount   atomic.Int64
+	zeroUntil    atomic.Int64 // UnixNano validity of the bucket-0 lease; 0 if not owned
+	pending      atomic.Pointer[pendingSample]
+	stuckSince   atomic.Int64 // UnixNano of the first failure of the longest-failing owned head row; 0: none (see noteStuck)
+	publishSince atomic.Int64 // UnixNano, on the relay's clock, of the start of the Publish call in flight; 0: none
 
 	onIdle func() // test hook: called when Run starts an idle wait
 }
@@ -698,7 +699,9 @@ func (r *Relay) publish(cleanup context.Context, st *runState, batch []*outbox.M
 		r.guardPublish(pubCtx, st, done)
 	}()
 	start := r.clock.Now()
+	r.publishSince.Store(start.UnixNano())
 	res = r.callPublisher(pubCtx, batch)
+	r.publishSince.Store(0)
 	took = r.clock.Now().Sub(start)
 	close(done)
 	cancel()

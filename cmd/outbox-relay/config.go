@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -61,7 +62,8 @@ type config struct {
 	messageIDHeader  string
 	kafkaBatchBytes  int64
 	kafkaMaxRecords  int
-	kafkaMaxAttempts int
+	kafkaMaxAttempts int           // deprecated: must be 1
+	kafkaPubTimeout  time.Duration // KafkaConfig.PublishTimeout
 
 	outbox           outbox.Config
 	relay            relay.Options
@@ -110,7 +112,8 @@ func newFlagSet(c *config) *flag.FlagSet {
 	fs.StringVar(&c.messageIDHeader, "message-id-header", relay.DefaultMessageIDHeader, "record header carrying the message id")
 	int64Var(fs, &c.kafkaBatchBytes, "kafka-batch-bytes", relay.DefaultKafkaBatchBytes, "largest produce request per partition, in bytes; keep it at most the topics' max.message.bytes")
 	intVar(fs, &c.kafkaMaxRecords, "kafka-max-batch-records", relay.DefaultKafkaMaxBatchRecords, "largest number of records per partition per produce request")
-	intVar(fs, &c.kafkaMaxAttempts, "kafka-max-attempts", 10, "kafka-go's attempts per produce request on retriable errors")
+	durationVar(fs, &c.kafkaPubTimeout, "kafka-publish-timeout", relay.DefaultKafkaPublishTimeout, "bound on one publish call to Kafka: a broker that does not answer within it fails the call, which the relay counts, logs and retries after -error-backoff; keep it well under -lease-duration")
+	intVar(fs, &c.kafkaMaxAttempts, "kafka-max-attempts", 1, "deprecated, must be 1: the publisher makes one attempt per produce request and the relay retries (see -error-backoff, -kafka-publish-timeout)")
 
 	intVar(fs, &c.outbox.BucketCount, "bucket-count", outbox.DefaultBucketCount, fmt.Sprintf("ordering buckets, 1 to %d; must equal the writers' outbox.Config.BucketCount (0 means the default, %d, as in outbox.Config)", outbox.MaxBucketCount, outbox.DefaultBucketCount))
 	fs.StringVar(&c.outbox.Schema, "schema", "", "schema (PostgreSQL), database (MySQL) or attached database (SQLite) of the tables (default: the connection's)")
@@ -365,8 +368,16 @@ func (c *config) check() error {
 	if (c.tlsCert == "") != (c.tlsKey == "") {
 		return errors.New("-kafka-tls-cert and -kafka-tls-key go together")
 	}
-	if c.kafkaMaxAttempts < 1 {
-		return fmt.Errorf("-kafka-max-attempts %d: must be at least 1", c.kafkaMaxAttempts)
+	if c.kafkaMaxAttempts != 1 {
+		return fmt.Errorf("-kafka-max-attempts %d: no longer supported (only 1): the publisher makes one attempt per produce request, bounded by -kafka-publish-timeout, and the relay retries with -error-backoff, counting and logging each failure; remove the flag", c.kafkaMaxAttempts)
+	}
+	if c.kafkaPubTimeout < 0 {
+		return fmt.Errorf("-kafka-publish-timeout %q: must not be negative", c.kafkaPubTimeout.String())
+	}
+	if mpd := c.relay.MaxPublishDuration; mpd > 0 {
+		if pt := cmp.Or(c.kafkaPubTimeout, relay.DefaultKafkaPublishTimeout); pt >= mpd {
+			return fmt.Errorf("-kafka-publish-timeout %v must be shorter than -max-publish-duration %v: a publish to a hung broker would stop the relay", pt, mpd)
+		}
 	}
 	switch c.logFormat {
 	case "text", "json":
@@ -493,6 +504,7 @@ var flagNames = strings.NewReplacer(
 	"KafkaConfig.Brokers", "-kafka-brokers",
 	"KafkaConfig.BatchBytes", "-kafka-batch-bytes",
 	"KafkaConfig.MaxBatchRecords", "-kafka-max-batch-records",
+	"KafkaConfig.PublishTimeout", "-kafka-publish-timeout",
 	"\n", "; ",
 )
 

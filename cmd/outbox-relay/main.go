@@ -34,7 +34,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"github.com/segmentio/kafka-go"
 	"go.opentelemetry.io/otel/attribute"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -126,9 +125,7 @@ func build(cfg *config, stderr io.Writer) (*worker, error) {
 		MessageIDHeader: cfg.messageIDHeader,
 		BatchBytes:      cfg.kafkaBatchBytes,
 		MaxBatchRecords: cfg.kafkaMaxRecords,
-		Configure: func(kw *kafka.Writer) {
-			kw.MaxAttempts = cfg.kafkaMaxAttempts
-		},
+		PublishTimeout:  cfg.kafkaPubTimeout,
 	})
 	if err != nil {
 		w.close()

@@ -1,0 +1,62 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gorm-outbox/outbox/relay"
+)
+
+// TestKafkaPublishTimeoutFlag: -kafka-publish-timeout (and its variable)
+// sets KafkaConfig.PublishTimeout, 10s by default; a negative value, a
+// value not shorter than -max-publish-duration, and the retired
+// -kafka-max-attempts (any value but 1) are configuration errors that say
+// why, on one line, before anything connects.
+func TestKafkaPublishTimeoutFlag(t *testing.T) {
+	noEnv := func(string) string { return "" }
+	cfg, err := parseConfig(base(t), noEnv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.kafkaPubTimeout != relay.DefaultKafkaPublishTimeout || relay.DefaultKafkaPublishTimeout != 10*time.Second {
+		t.Errorf("-kafka-publish-timeout default = %v; want 10s", cfg.kafkaPubTimeout)
+	}
+	cfg, err = parseConfig(base(t), func(k string) string {
+		if k == "OUTBOX_KAFKA_PUBLISH_TIMEOUT" {
+			return "3s"
+		}
+		return ""
+	})
+	if err != nil || cfg.kafkaPubTimeout != 3*time.Second {
+		t.Errorf("OUTBOX_KAFKA_PUBLISH_TIMEOUT=3s: timeout %v, error %v; want 3s", cfg.kafkaPubTimeout, err)
+	}
+	cfg, err = parseConfig(append(base(t), "-kafka-publish-timeout", "2s", "-max-publish-duration", "5s", "-kafka-max-attempts", "1"), noEnv)
+	if err != nil || cfg.kafkaPubTimeout != 2*time.Second {
+		t.Errorf("-kafka-publish-timeout 2s -max-publish-duration 5s: timeout %v, error %v; want 2s", cfg.kafkaPubTimeout, err)
+	}
+
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-kafka-publish-timeout", "-1s"}, `-kafka-publish-timeout "-1s": must not be negative`},
+		{[]string{"-kafka-publish-timeout", "5"}, `-kafka-publish-timeout "5": a duration needs a unit`},
+		{[]string{"-max-publish-duration", "10s"}, "-kafka-publish-timeout 10s must be shorter than -max-publish-duration 10s"},
+		{[]string{"-kafka-publish-timeout", "20s", "-max-publish-duration", "15s"}, "-kafka-publish-timeout 20s must be shorter than -max-publish-duration 15s"},
+		{[]string{"-kafka-max-attempts", "10"}, "-kafka-max-attempts 10: no longer supported (only 1)"},
+	} {
+		var stdout, stderr bytes.Buffer
+		code := run(context.Background(), append(base(t), tc.args...), noEnv, &stdout, &stderr)
+		msg := stderr.String()
+		if code != exitConfig || !strings.Contains(msg, tc.want) || strings.Count(msg, "\n") != 1 {
+			t.Errorf("%v: exit %d, stderr %q; want %d and one line containing %q", tc.args, code, msg, exitConfig, tc.want)
+		}
+	}
+	if got := oneLine(errors.New("relay: KafkaConfig.PublishTimeout is negative (-1s)")); got != "relay: -kafka-publish-timeout is negative (-1s)" {
+		t.Errorf("publisher error on the command line = %q; want it to name -kafka-publish-timeout", got)
+	}
+}
