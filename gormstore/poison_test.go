@@ -1,7 +1,6 @@
 package gormstore_test
 
 import (
-	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -10,7 +9,6 @@ import (
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/gormstore"
 	"github.com/gorm-outbox/outbox/internal/testenv"
-	"github.com/gorm-outbox/outbox/relay"
 	"github.com/gorm-outbox/outbox/relay/relaytest"
 )
 
@@ -57,25 +55,7 @@ func TestARowTheStoreCannotDecodeStallsOnlyItsBucket(t *testing.T) {
 			}
 			var logs testenv.Logs
 			pub := relaytest.NewPublisher()
-			r, err := relay.New(store, pub, relay.Options{
-				PollInterval: 50 * time.Millisecond, ErrorBackoff: 100 * time.Millisecond,
-				LeaseDuration: 5 * time.Second, LeaseRenewInterval: time.Second,
-				Logger: logs.Logger(),
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			ctx, cancel := context.WithCancel(t.Context())
-			done := make(chan error, 1)
-			go func() { done <- r.Run(ctx) }()
-			defer func() {
-				cancel()
-				select {
-				case <-done:
-				case <-time.After(30 * time.Second):
-					t.Error("relay did not stop")
-				}
-			}()
+			r := runRelay(t, store, pub, logs.Logger())
 			deadline := time.Now().Add(20 * time.Second)
 			for len(pub.Acknowledged()) < len(want) || len(logs.Matching("bucket store error")) < 2 {
 				if time.Now().After(deadline) {

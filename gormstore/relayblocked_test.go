@@ -11,7 +11,6 @@ import (
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/gormstore"
 	"github.com/gorm-outbox/outbox/internal/testenv"
-	"github.com/gorm-outbox/outbox/relay"
 	"github.com/gorm-outbox/outbox/relay/relaytest"
 )
 
@@ -50,25 +49,7 @@ func TestARelayReportsABlockedStoreAndRecovers(t *testing.T) {
 				t.Fatal(err)
 			}
 			pub := relaytest.NewPublisher()
-			r, err := relay.New(store, pub, relay.Options{
-				PollInterval: 50 * time.Millisecond, ErrorBackoff: 100 * time.Millisecond,
-				LeaseDuration: 5 * time.Second, LeaseRenewInterval: 1 * time.Second,
-				Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			ctx, cancel := context.WithCancel(t.Context())
-			done := make(chan error, 1)
-			go func() { done <- r.Run(ctx) }()
-			defer func() {
-				cancel()
-				select {
-				case <-done:
-				case <-time.After(30 * time.Second):
-					t.Error("relay did not stop")
-				}
-			}()
+			r := runRelay(t, store, pub, slog.New(slog.NewTextHandler(io.Discard, nil)))
 			waitFor := func(what string, cond func() bool) {
 				t.Helper()
 				deadline := time.Now().Add(20 * time.Second)
