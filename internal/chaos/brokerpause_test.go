@@ -106,16 +106,7 @@ func TestRelayRecoversFromAPausedRealBroker(t *testing.T) {
 	}
 	pid := realBrokerPID(t)
 
-	dialect, dsn := setupDB(t)
-	d, err := chaos.CreateDatabase(context.Background(), dialect, dsn, t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.Drop(context.Background()) })
-	db, err := chaos.Open(dialect, d.DSN, "pause-test", 4)
-	if err != nil {
-		t.Fatal(err)
-	}
+	db := freshDB(t, "pause-test")
 	if err := outbox.AutoMigrate(db, outbox.Config{}); err != nil {
 		t.Fatalf("AutoMigrate: %v", err)
 	}

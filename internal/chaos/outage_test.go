@@ -199,17 +199,7 @@ func TestRelayRecoversFromBrokerOutage(t *testing.T) {
 	if v := os.Getenv(EnvChaos); v == "" || v == "0" {
 		t.Skipf("set %s=1 to run the reliability harness", EnvChaos)
 	}
-	dialect, dsn := setupDB(t)
-	d, err := chaos.CreateDatabase(context.Background(), dialect, dsn, t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.Drop(context.Background()) })
-	db, err := chaos.Open(dialect, d.DSN, "outage-test", 4)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := startRig(t, db)
+	r := startRig(t, freshDB(t, "outage-test"))
 	var down atomic.Bool
 	r.fake.ControlKey(-1, func(kmsg.Request) (kmsg.Response, error, bool) {
 		r.fake.KeepControl()
@@ -226,6 +216,23 @@ func TestRelayRecoversFromBrokerOutage(t *testing.T) {
 	down.Store(false)
 	r.enqueue(t, 500)
 	r.finish(t, "relay: publish failed")
+}
+
+// freshDB opens a fresh database of setupDB's kind, dropped when the test
+// ends, as the application name app.
+func freshDB(t *testing.T, app string) *gorm.DB {
+	t.Helper()
+	dialect, dsn := setupDB(t)
+	d, err := chaos.CreateDatabase(context.Background(), dialect, dsn, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Drop(context.Background()) })
+	db, err := chaos.Open(dialect, d.DSN, app, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return db
 }
 
 // setupDB is setup without the child binary: PostgreSQL when named
