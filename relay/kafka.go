@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -520,12 +521,12 @@ func (p *KafkaPublisher) write(ctx context.Context, rows []row, idx []int, relea
 	}()
 	select {
 	case err := <-done:
-		return firstWriteError(err), false
+		return p.writeError(ctx, err), false
 	case <-ctx.Done():
 		mu.Lock()
 		if finished { // ended meanwhile: report it as usual
 			mu.Unlock()
-			return firstWriteError(<-done), false
+			return p.writeError(ctx, <-done), false
 		}
 		abandoned = true
 		mu.Unlock()
@@ -549,6 +550,18 @@ func (p *KafkaPublisher) acquire(ctx context.Context, key topicPartition) (relea
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
+}
+
+// writeError is the error of a write that ended: firstWriteError, reported
+// as the PublishTimeout when the writer's own deadline (WriteTimeout and
+// ReadTimeout are at most PublishTimeout) or the Publish call's fired, so
+// that it wraps context.DeadlineExceeded whichever of the two came first.
+func (p *KafkaPublisher) writeError(ctx context.Context, err error) error {
+	err = firstWriteError(err)
+	if err != nil && (ctx.Err() != nil || errors.Is(err, os.ErrDeadlineExceeded)) {
+		return fmt.Errorf("no answer from the broker within KafkaConfig.PublishTimeout (%v): %w (%w)", p.timeout, context.DeadlineExceeded, err)
+	}
+	return err
 }
 
 // firstWriteError returns the error of a one-batch WriteMessages call: the
