@@ -124,14 +124,36 @@ func (b Broker) CreateTopic(t testing.TB, topic string, partitions int, configs 
 				}
 			}
 			if ready {
-				return
+				err = leadersServe(ctx, d, topic, ps)
+				if err == nil {
+					return
+				}
 			}
 		}
 		if ctx.Err() != nil {
-			t.Fatalf("testenv: topic %s has no leaders after 30s (last error %v)", topic, err)
+			t.Fatalf("testenv: topic %s has no serving leaders after 30s (last error %v)", topic, err)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// leadersServe asks every partition's leader for its last offset: right
+// after a topic is created a leader may still answer "not leader for
+// partition", which a producer making one attempt (the relay's publisher)
+// reports as a failure.
+func leadersServe(ctx context.Context, d *kafka.Dialer, topic string, ps []kafka.Partition) error {
+	for _, p := range ps {
+		lc, err := d.DialLeader(ctx, "tcp", net.JoinHostPort(p.Leader.Host, strconv.Itoa(p.Leader.Port)), topic, p.ID)
+		if err != nil {
+			return err
+		}
+		_, err = lc.ReadLastOffset()
+		lc.Close()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // ReadAll consumes topic from the beginning of every partition until want
