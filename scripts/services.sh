@@ -465,6 +465,20 @@ my_launch() {
 	fi
 }
 
+# wait_time_wait PORT: mariadbd cannot bind a port that still has connections
+# in TIME-WAIT (left by a server stopped a moment ago, e.g. by the previous
+# CI run); wait for them to clear, up to 70 s.
+wait_time_wait() {
+	command -v ss >/dev/null 2>&1 || return 0
+	local i
+	for ((i = 0; i < 70; i++)); do
+		[[ -z $(ss -Htan state time-wait "( sport = :$1 )" 2>/dev/null) ]] && return 0
+		((i == 0)) && log "port $1 still has connections in TIME-WAIT; waiting for them to clear (up to 70s)"
+		sleep 1
+	done
+	log "port $1 still has connections in TIME-WAIT after 70s; trying anyway"
+}
+
 start_mariadb() {
 	TAG=mariadb
 	local t0 user note=started
@@ -486,6 +500,7 @@ start_mariadb() {
 			rm -f "$MY_DIR/mariadbd.pid" "$MY_DIR/mariadbd.launch.pid"
 			port_open "$MYSQL_PORT" && die "port $MYSQL_PORT is in use by another process (not our MariaDB)"
 			rm -f "$MY_DIR/mysqld.sock" "$MY_DIR/mysqld.sock.lock"
+			wait_time_wait "$MYSQL_PORT"
 			local fresh=0
 			if [[ ! -d $MY_DIR/data/mysql ]]; then
 				my_installdb "$user" || die "mariadb-install-db failed"
