@@ -61,11 +61,15 @@ type LeaseReleaser interface {
 
 // Pending is a backlog snapshot of the whole store.
 type Pending struct {
-	// Count is the number of pending messages in every bucket.
+	// Count is the number of pending messages in every bucket, parked rows
+	// excluded.
 	Count int64
-	// Oldest is the creation time of the oldest pending message; zero when
-	// the store is empty or cannot tell.
+	// Oldest is the creation time of the oldest pending message that is not
+	// parked; zero when there is none or the store cannot tell.
 	Oldest time.Time
+	// Parked is the number of parked rows (see Parker); zero for a store
+	// that cannot park.
+	Parked int64
 }
 
 // PendingMetricsStore is an optional Store capability: backlog metrics. The
