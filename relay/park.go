@@ -21,6 +21,10 @@ var ErrUnpublishable = errors.New("relay: the broker will never accept this row 
 // later rows of its key.
 const CorruptReasonPrefix = "corrupt row: "
 
+// HeldReasonPrefix starts the reason of a row parked behind an earlier
+// parked row of its key (see Parker.HoldBehind); the id of that row follows.
+const HeldReasonPrefix = "held behind parked row "
+
 // CorruptRowError is returned by Store.NextBatch when the head row of the
 // bucket (the oldest pending row that is not parked) cannot be decoded: a
 // message id that is not a UUID, a header blob of an unknown codec version.
@@ -101,9 +105,10 @@ type Parker interface {
 	FleetCanPark(ctx context.Context) (bool, error)
 
 	// ParkedHeads returns, for each of buckets, the parked keys: per
-	// non-nil key, the lowest id among its parked rows that are not corrupt
-	// (reason not starting with CorruptReasonPrefix). The relay calls it for
-	// the buckets it starts owning, before their first batch.
+	// non-nil key, the lowest id among its parked rows that are neither
+	// corrupt nor held (reason starting with neither CorruptReasonPrefix nor
+	// HeldReasonPrefix). The relay calls it for the buckets it starts
+	// owning, before their first batch.
 	ParkedHeads(ctx context.Context, buckets []int) ([]ParkedHead, error)
 
 	// Park marks row id of bucket parked at the store's current time with
@@ -111,8 +116,8 @@ type Parker interface {
 	// parked or gone is left as it is (no error).
 	Park(ctx context.Context, bucket int, id int64, reason string) error
 
-	// HoldBehind parks rows ids of bucket (later rows of head's key) with a
-	// reason naming head, atomically with checking that row head is still
+	// HoldBehind parks rows ids of bucket (later rows of head's key) with
+	// the reason HeldReasonPrefix followed by head's id, atomically with checking that row head is still
 	// parked: a concurrent requeue or deletion of head's key either sees
 	// these rows parked (and requeues or deletes them too) or makes
 	// HoldBehind return false and change nothing.
