@@ -2,6 +2,8 @@ package outbox_test
 
 import (
 	"fmt"
+	"io/fs"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -13,7 +15,8 @@ import (
 )
 
 // describeSchema returns a normalised description of the outbox tables:
-// columns (type, nullability, primary key, length) and indexes.
+// columns (type, nullability, primary key, length, auto-increment, default)
+// and indexes (name, columns in order, uniqueness).
 func describeSchema(t *testing.T, db *gorm.DB) []string {
 	t.Helper()
 	var out []string
@@ -32,8 +35,9 @@ func describeSchema(t *testing.T, db *gorm.DB) []string {
 			pk, _ := c.PrimaryKey()
 			length, _ := c.Length()
 			auto, _ := c.AutoIncrement()
-			out = append(out, fmt.Sprintf("%s.%s type=%s null=%v pk=%v len=%d auto=%v",
-				table, c.Name(), strings.ToLower(c.DatabaseTypeName()), nullable, pk, length, auto))
+			def, _ := c.DefaultValue()
+			out = append(out, fmt.Sprintf("%s.%s type=%s null=%v pk=%v len=%d auto=%v default=%q",
+				table, c.Name(), strings.ToLower(c.DatabaseTypeName()), nullable, pk, length, auto, def))
 		}
 		idx, err := m.GetIndexes(table)
 		if err != nil {
@@ -50,6 +54,38 @@ func describeSchema(t *testing.T, db *gorm.DB) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// applyStatements runs stmts on db, failing t with what names the file.
+func applyStatements(t *testing.T, db *gorm.DB, what string, stmts []string) {
+	t.Helper()
+	for _, st := range stmts {
+		if err := db.Exec(st).Error; err != nil {
+			t.Fatalf("%s: %v\n%s", what, err, st)
+		}
+	}
+}
+
+// sameSchema fails t when got and want differ.
+func sameSchema(t *testing.T, what string, got, want []string) {
+	t.Helper()
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("%s differs from AutoMigrate:\n--- %s\n%s\n--- AutoMigrate\n%s",
+			what, what, strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// autoMigrateChangesNothing fails t when outbox.AutoMigrate over db's
+// schema runs any DDL.
+func autoMigrateChangesNothing(t *testing.T, db *gorm.DB, rec *testenv.SQLRecorder, what string) {
+	t.Helper()
+	rec.Reset()
+	if err := outbox.AutoMigrate(db, outbox.Config{}); err != nil {
+		t.Fatalf("AutoMigrate over %s: %v", what, err)
+	}
+	if ddl := rec.DDL(); len(ddl) != 0 {
+		t.Fatalf("AutoMigrate over %s changed the schema:\n%s", what, strings.Join(ddl, "\n"))
+	}
 }
 
 func TestMigrationsMatchAutoMigrate(t *testing.T) {
@@ -82,6 +118,111 @@ func TestMigrationsMatchAutoMigrate(t *testing.T) {
 			}
 			if ddl := rec.DDL(); len(ddl) != 0 {
 				t.Fatalf("AutoMigrate over migrations/%s.sql changed the schema:\n%s", o.Name, strings.Join(ddl, "\n"))
+			}
+		})
+	}
+}
+
+// TestVersionedMigrationsMatchAutoMigrate: on every database, the versioned
+// steps 000001 + 000002 give exactly the full DDL (which equals a fresh
+// AutoMigrate); outbox.AutoMigrate run over the version 1 schema upgrades
+// it to the same schema (the new index present, the replaced one dropped);
+// and 000002's down step returns to version 1.
+func TestVersionedMigrationsMatchAutoMigrate(t *testing.T) {
+	for _, o := range testenv.Databases(t) {
+		t.Run(o.Name, func(t *testing.T) {
+			steps, err := migrations.Steps(o.Name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(steps) != 2 || steps[0].Version != 1 || steps[1].Version != 2 || steps[1].Name != "parking" {
+				t.Fatalf("Steps(%s) = %d steps; want 000001_init and 000002_parking", o.Name, len(steps))
+			}
+			fsys, err := migrations.Versioned(o.Name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, f := range []string{"000001_init.up.sql", "000001_init.down.sql", "000002_parking.up.sql", "000002_parking.down.sql"} {
+				if _, err := fs.Stat(fsys, f); err != nil {
+					t.Errorf("Versioned(%s) lacks %s: %v", o.Name, f, err)
+				}
+			}
+			fresh := o.Open(t, nil)
+			if err := outbox.AutoMigrate(fresh, outbox.Config{}); err != nil {
+				t.Fatalf("AutoMigrate: %v", err)
+			}
+			want := describeSchema(t, fresh)
+
+			// (b) 000001 + 000002 applied.
+			rec := &testenv.SQLRecorder{}
+			stepped := o.Open(t, &gorm.Config{Logger: rec})
+			applyStatements(t, stepped, "000001_init.up.sql", steps[0].Up)
+			v1 := describeSchema(t, stepped)
+			applyStatements(t, stepped, "000002_parking.up.sql", steps[1].Up)
+			sameSchema(t, "migrations/"+o.Name+"/000001+000002", describeSchema(t, stepped), want)
+			autoMigrateChangesNothing(t, stepped, rec, "000001+000002")
+
+			// Down: back to version 1 (no parked row), then up again.
+			applyStatements(t, stepped, "000002_parking.down.sql", steps[1].Down)
+			if got := describeSchema(t, stepped); strings.Join(got, "\n") != strings.Join(v1, "\n") {
+				t.Fatalf("000002 down did not return to version 1:\n--- after down\n%s\n--- version 1\n%s", strings.Join(got, "\n"), strings.Join(v1, "\n"))
+			}
+
+			// (c) AutoMigrate over the version 1 schema, with rows in it.
+			recU := &testenv.SQLRecorder{}
+			upgraded := o.Open(t, &gorm.Config{Logger: recU})
+			applyStatements(t, upgraded, "000001_init.up.sql", steps[0].Up)
+			if err := upgraded.Exec("INSERT INTO outbox_relays (relay_id, last_seen_ms) VALUES ('old-relay', 1)").Error; err != nil {
+				t.Fatal(err)
+			}
+			if err := outbox.AutoMigrate(upgraded, outbox.Config{}); err != nil {
+				t.Fatalf("AutoMigrate over version 1: %v", err)
+			}
+			got := describeSchema(t, upgraded)
+			sameSchema(t, "AutoMigrate over migrations/"+o.Name+"/000001", got, want)
+			if !slices.ContainsFunc(got, func(l string) bool { return strings.Contains(l, "idx_outbox_messages_bucket_parked_id") }) ||
+				slices.ContainsFunc(got, func(l string) bool { return strings.Contains(l, "idx_outbox_messages_bucket_id ") }) {
+				t.Fatalf("upgraded schema:\n%s\nwant idx_outbox_messages_bucket_parked_id and not idx_outbox_messages_bucket_id", strings.Join(got, "\n"))
+			}
+			var features int64
+			if err := upgraded.Raw("SELECT features FROM outbox_relays WHERE relay_id = 'old-relay'").Scan(&features).Error; err != nil || features != 0 {
+				t.Fatalf("features of a version 1 heartbeat row after the upgrade = %d, %v; want 0", features, err)
+			}
+			autoMigrateChangesNothing(t, upgraded, recU, "the upgraded version 1 schema")
+		})
+	}
+}
+
+// TestAutoMigrateDropsTheReplacedIndexOfCustomTables: the upgrade of a
+// version 1 schema with configured table names drops that table's own
+// (bucket, id) index and creates its (bucket, parked_at_ms, id) index.
+func TestAutoMigrateDropsTheReplacedIndexOfCustomTables(t *testing.T) {
+	for _, o := range testenv.Databases(t) {
+		t.Run(o.Name, func(t *testing.T) {
+			db := o.Open(t, nil)
+			cfg := outbox.Config{MessagesTable: "billing_messages", LeasesTable: "billing_leases", RelaysTable: "billing_relays"}
+			steps, err := migrations.Steps(o.Name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := strings.NewReplacer("outbox_messages", cfg.MessagesTable, "outbox_leases", cfg.LeasesTable, "outbox_relays", cfg.RelaysTable)
+			for _, st := range steps[0].Up {
+				if err := db.Exec(r.Replace(st)).Error; err != nil {
+					t.Fatalf("%v\n%s", err, st)
+				}
+			}
+			if err := outbox.AutoMigrate(db, cfg); err != nil {
+				t.Fatal(err)
+			}
+			m := db.Migrator()
+			if m.HasIndex(cfg.MessagesTable, "idx_billing_messages_bucket_id") {
+				t.Error("idx_billing_messages_bucket_id survived the upgrade")
+			}
+			if !m.HasIndex(cfg.MessagesTable, "idx_billing_messages_bucket_parked_id") {
+				t.Error("idx_billing_messages_bucket_parked_id missing after the upgrade")
+			}
+			if !m.HasColumn(cfg.RelaysTable, "features") || !m.HasColumn(cfg.MessagesTable, "parked_at_ms") || !m.HasColumn(cfg.MessagesTable, "parked_reason") {
+				t.Error("a parking column is missing after the upgrade")
 			}
 		})
 	}

@@ -20,6 +20,10 @@ const (
 	DefaultRelaysTable   = "outbox_relays"
 )
 
+// MaxParkedReasonLength is the width, in characters, of the messages
+// table's parked_reason column.
+const MaxParkedReasonLength = 1000
+
 // MaxTopicLength is the longest topic name Kafka accepts, and the width of
 // the topic column.
 const MaxTopicLength = 249
@@ -33,7 +37,7 @@ const MaxTopicLength = 249
 // is a real (hashed) key, and a nil Value is a tombstone.
 type Message struct {
 	// ID is the auto-increment primary key: submission order within a bucket.
-	ID int64 `gorm:"column:id;primaryKey;autoIncrement;index:,composite:bucket_id,priority:2"`
+	ID int64 `gorm:"column:id;primaryKey;autoIncrement;index:,composite:bucket_parked_id,priority:3"`
 	// MessageID is the record's stable identity, stamped on the record as the
 	// message-id header so consumers can deduplicate. Create generates a
 	// random (version 4) UUID when it is zero, and generates a new one when
@@ -47,7 +51,7 @@ type Message struct {
 	MessageID UUID `gorm:"column:message_id;not null"`
 	// Bucket is the ordering bucket; see BucketOf. It is computed on create
 	// and never recomputed by the relay.
-	Bucket int32 `gorm:"column:bucket;not null;index:,composite:bucket_id,priority:1"`
+	Bucket int32 `gorm:"column:bucket;not null;index:,composite:bucket_parked_id,priority:1"`
 	// Topic is the Kafka topic: 1 to MaxTopicLength characters.
 	Topic string `gorm:"column:topic;size:249;not null"`
 	// Key is the record key; nil means keyless.
@@ -61,6 +65,15 @@ type Message struct {
 	Partition *int32 `gorm:"column:record_partition"`
 	// CreatedAt is when the row was enqueued (UTC); set on create when zero.
 	CreatedAt time.Time `gorm:"column:created_at;not null"`
+	// ParkedAtMs is set by the relay only (see relay.Parker): when the row
+	// was parked, in Unix milliseconds (UTC); nil for a pending row. Creates
+	// and updates through GORM never write it (the column is read-only to
+	// the model); it is read back by queries.
+	ParkedAtMs *int64 `gorm:"column:parked_at_ms;<-:false;index:,composite:bucket_parked_id,priority:2"`
+	// ParkedReason is set by the relay only, with ParkedAtMs: why the row
+	// was parked (at most MaxParkedReasonLength characters). Never written
+	// by creates or updates through GORM.
+	ParkedReason *string `gorm:"column:parked_reason;size:1000;<-:false"`
 
 	// generated is the last MessageID the plugin generated for this struct;
 	// written reports that an insert of the struct with its MessageID was
@@ -122,7 +135,18 @@ type Relay struct {
 	// StoppedAtMs is set when the relay stopped gracefully; a stopped relay
 	// is kept (not deleted) so that a late statement cannot revive it.
 	StoppedAtMs *int64 `gorm:"column:stopped_at_ms"`
+	// Features is a bit set of what the relay supports, written with each
+	// heartbeat (see RelayFeatureParking). A relay of a version that
+	// predates the column never writes it, so its row keeps 0.
+	Features int64 `gorm:"column:features;not null;default:0"`
 }
+
+// Bits of Relay.Features.
+const (
+	// RelayFeatureParking: the relay skips parked rows (relay.Parker), so
+	// rows may be parked while it runs.
+	RelayFeatureParking int64 = 1
+)
 
 // TableName returns the default table name.
 func (Relay) TableName() string { return DefaultRelaysTable }

@@ -138,7 +138,12 @@ func (c Config) RelaysTableName() string { c = c.WithDefaults(); return c.qualif
 
 // AutoMigrate creates or updates the three tables of cfg with GORM's
 // migrator. With a zero Config it is db.AutoMigrate(&Message{}, &Lease{},
-// &Relay{}). The DDL equals migrations/<dialect>.sql.
+// &Relay{}) followed by dropping the round-1 index idx_<messages>_bucket_id
+// (replaced by idx_<messages>_bucket_parked_id) when it exists. The DDL
+// equals migrations/<dialect>.sql; run over a round-1 schema it performs the
+// parking upgrade (migrations/<dialect>/000002_parking.up.sql): the nullable
+// parked_at_ms and parked_reason columns, the new index, and the relays
+// table's features column.
 func AutoMigrate(db *gorm.DB, cfg Config) error {
 	if err := cfg.Validate(); err != nil {
 		return err
@@ -158,6 +163,16 @@ func AutoMigrate(db *gorm.DB, cfg Config) error {
 	} {
 		if err := db.Table(m.table).AutoMigrate(m.model); err != nil {
 			return fmt.Errorf("outbox: migrate %s: %w", m.table, err)
+		}
+	}
+	// The round-1 read index (bucket, id) is replaced by (bucket,
+	// parked_at_ms, id), which AutoMigrate has just created; GORM never
+	// drops an index by itself.
+	table := cfg.MessagesTableName()
+	old := db.NamingStrategy.IndexName(table, "bucket_id")
+	if mig := db.Table(table).Migrator(); mig.HasIndex(&Message{}, old) {
+		if err := db.Table(table).Migrator().DropIndex(&Message{}, old); err != nil {
+			return fmt.Errorf("outbox: migrate %s: drop the replaced index %s: %w", table, old, err)
 		}
 	}
 	return nil

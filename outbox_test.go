@@ -78,7 +78,7 @@ func migrateSQLiteSchema(t *testing.T, db *gorm.DB, cfg outbox.Config) {
 		"CREATE TABLE outbox_messages", "CREATE TABLE "+cfg.MessagesTableName(),
 		"CREATE TABLE outbox_leases", "CREATE TABLE "+cfg.LeasesTableName(),
 		"CREATE TABLE outbox_relays", "CREATE TABLE "+cfg.RelaysTableName(),
-		"CREATE INDEX idx_outbox_messages_bucket_id ON outbox_messages", "CREATE INDEX "+cfg.Schema+".idx_bucket_id ON "+cfg.MessagesTable,
+		"CREATE INDEX idx_outbox_messages_bucket_parked_id ON outbox_messages", "CREATE INDEX "+cfg.Schema+".idx_bucket_parked_id ON "+cfg.MessagesTable,
 	)
 	for _, s := range stmts {
 		testenv.MustExec(t, db, r.Replace(s))

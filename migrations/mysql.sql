@@ -16,8 +16,11 @@ CREATE TABLE outbox_messages (
     headers          longblob,               -- versioned header encoding, NULL = none
     record_partition int,                    -- explicit partition, NULL = by key
     created_at       datetime(3)  NOT NULL,  -- UTC
+    parked_at_ms     bigint,                 -- set by the relay only: parked at (Unix ms, UTC), NULL = pending
+    parked_reason    varchar(1000),          -- set by the relay only: why it was parked
     PRIMARY KEY (id),
-    INDEX idx_outbox_messages_bucket_id (bucket, id) -- the relay's only read path
+    -- the relay's only read path: the unparked rows of one bucket, oldest first
+    INDEX idx_outbox_messages_bucket_parked_id (bucket, parked_at_ms, id)
 );
 
 -- One row per bucket: which relay owns it, until when (Unix ms, UTC).
@@ -33,5 +36,6 @@ CREATE TABLE outbox_relays (
     relay_id      varchar(128) NOT NULL,
     last_seen_ms  bigint       NOT NULL,
     stopped_at_ms bigint,
+    features      bigint       NOT NULL DEFAULT 0, -- capability bits; 1 = parking
     PRIMARY KEY (relay_id)
 );

@@ -15,10 +15,13 @@ CREATE TABLE outbox_messages (
     headers          bytea,                  -- versioned header encoding, NULL = none
     record_partition integer,                -- explicit partition, NULL = by key
     created_at       timestamptz  NOT NULL,
+    parked_at_ms     bigint,                 -- set by the relay only: parked at (Unix ms, UTC), NULL = pending
+    parked_reason    varchar(1000),          -- set by the relay only: why it was parked
     PRIMARY KEY (id)
 );
--- The relay's only read path: oldest rows of one bucket.
-CREATE INDEX idx_outbox_messages_bucket_id ON outbox_messages (bucket, id);
+-- The relay's only read path: the unparked (parked_at_ms IS NULL) rows of
+-- one bucket, oldest first.
+CREATE INDEX idx_outbox_messages_bucket_parked_id ON outbox_messages (bucket, parked_at_ms, id);
 
 -- One row per bucket: which relay owns it, until when (Unix ms, UTC).
 CREATE TABLE outbox_leases (
@@ -33,5 +36,6 @@ CREATE TABLE outbox_relays (
     relay_id      varchar(128) NOT NULL,
     last_seen_ms  bigint       NOT NULL,
     stopped_at_ms bigint,
+    features      bigint       NOT NULL DEFAULT 0, -- capability bits; 1 = parking
     PRIMARY KEY (relay_id)
 );

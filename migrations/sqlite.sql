@@ -15,10 +15,13 @@ CREATE TABLE outbox_messages (
     record_value     blob,               -- NULL = tombstone
     headers          blob,               -- versioned header encoding, NULL = none
     record_partition integer,            -- explicit partition, NULL = by key
-    created_at       datetime NOT NULL   -- UTC
+    created_at       datetime NOT NULL,  -- UTC
+    parked_at_ms     integer,            -- set by the relay only: parked at (Unix ms, UTC), NULL = pending
+    parked_reason    text                -- set by the relay only: why it was parked
 );
--- The relay's only read path: oldest rows of one bucket.
-CREATE INDEX idx_outbox_messages_bucket_id ON outbox_messages (bucket, id);
+-- The relay's only read path: the unparked (parked_at_ms IS NULL) rows of
+-- one bucket, oldest first.
+CREATE INDEX idx_outbox_messages_bucket_parked_id ON outbox_messages (bucket, parked_at_ms, id);
 
 -- One row per bucket: which relay owns it, until when (Unix ms, UTC).
 CREATE TABLE outbox_leases (
@@ -33,5 +36,6 @@ CREATE TABLE outbox_relays (
     relay_id      text,
     last_seen_ms  integer NOT NULL,
     stopped_at_ms integer,
+    features      integer NOT NULL DEFAULT 0, -- capability bits; 1 = parking
     PRIMARY KEY (relay_id)
 );
