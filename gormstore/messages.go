@@ -2,7 +2,8 @@ package gormstore
 
 import (
 	"context"
-	"database/sql/driver"
+	"database/sql"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -24,11 +25,13 @@ const maxIDsPerDelete = 1000
 // BucketsWithPending implements relay.Store with one statement (per 1000
 // buckets) selecting an EXISTS probe per requested bucket:
 //
-//	SELECT EXISTS (SELECT 1 FROM messages WHERE bucket = $1), EXISTS (…$2), …
+//	SELECT EXISTS (SELECT 1 FROM messages WHERE bucket = $1 AND parked_at_ms IS NULL),
+//	       EXISTS (…$2), …
 //
-// Each probe is a single lookup in the (bucket, id) index, so the cost does
-// not grow with the backlog, unlike SELECT DISTINCT bucket … WHERE bucket IN,
-// which walks every pending row of the requested buckets.
+// Each probe is a single lookup in the (bucket, parked_at_ms, id) index, so
+// the cost grows neither with the backlog nor with the parked rows, unlike
+// SELECT DISTINCT bucket … WHERE bucket IN, which walks every pending row of
+// the requested buckets. A bucket holding only parked rows has none pending.
 func (s *Store) BucketsWithPending(ctx context.Context, buckets []int) ([]int, error) {
 	buckets = slices.Compact(slices.Sorted(slices.Values(buckets)))
 	out := []int{}
@@ -42,7 +45,7 @@ func (s *Store) BucketsWithPending(ctx context.Context, buckets []int) ([]int, e
 			if i > 0 {
 				sql.WriteString(", ")
 			}
-			sql.WriteString("EXISTS (SELECT 1 FROM ? WHERE bucket = ?)")
+			sql.WriteString("EXISTS (SELECT 1 FROM ? WHERE bucket = ? AND parked_at_ms IS NULL)")
 			args = append(args, clause.Table{Name: s.msgs}, b)
 		}
 		vals := make([]any, len(chunk))
@@ -97,35 +100,126 @@ func truthy(v any) bool {
 // the overlap contention rather than speed.
 func (s *Store) ConcurrentNextBatch() bool { return s.db.Dialector.Name() != "sqlite" }
 
-// NextBatch implements relay.Store:
+// NextBatch implements relay.Store: the oldest unparked rows of bucket,
 //
-//	SELECT * FROM messages WHERE bucket >= $1 AND bucket <= $1 ORDER BY bucket, id LIMIT $2
+//	SELECT id, message_id, … FROM messages
+//	WHERE bucket >= $1 AND bucket <= $1 AND parked_at_ms IS NULL
+//	ORDER BY bucket, parked_at_ms, id LIMIT $2
+//
+// Each row is decoded in Go (the message id and the headers are scanned as
+// raw bytes). A row it cannot decode — a message id that is not a UUID (MySQL
+// and SQLite store it as text), a header blob of an unknown codec version, an
+// unparsable created_at — ends the batch: the rows before it are returned
+// with a nil error, and when it is the first row NextBatch returns a
+// *relay.CorruptRowError naming it, for the relay to park it.
 func (s *Store) NextBatch(ctx context.Context, bucket, limit int) ([]*outbox.Message, error) {
 	if limit <= 0 {
 		return nil, nil
 	}
-	var rows []batchRow
-	// "bucket >= ? AND bucket <= ?" with ORDER BY bucket, id, not "bucket = ?"
-	// with ORDER BY id: with the equality, PostgreSQL's planner often walks
-	// the primary key in id order and filters by bucket, reading every row
-	// of the other buckets (and every dead row) ahead of this bucket's head:
-	// 130 ms instead of under 1 ms per batch once the buckets drift apart.
-	// The range form matches only the (bucket, id) index's order.
+	var msgs []*outbox.Message
+	var corrupt *relay.CorruptRowError
+	// "bucket >= ? AND bucket <= ?" with ORDER BY bucket, parked_at_ms, id,
+	// not "bucket = ?" with ORDER BY id: with the equality, PostgreSQL's
+	// planner often walks the primary key in id order and filters by bucket,
+	// reading every row of the other buckets (and every dead row) ahead of
+	// this bucket's head: 130 ms instead of under 1 ms per batch once the
+	// buckets drift apart. The range form (with parked_at_ms, constant NULL
+	// here, in the ORDER BY) matches only the (bucket, parked_at_ms, id)
+	// index's order, which PostgreSQL then walks from the bucket's first
+	// unparked entry, never reading the parked ones, without a sort.
 	if err := s.read(ctx, s.msgs, func(q *gorm.DB) error {
-		return q.Table(s.msgs).Where("bucket >= ? AND bucket <= ?", bucket, bucket).Order("bucket, id").Limit(limit).Find(&rows).Error
+		msgs, corrupt = nil, nil
+		rows, err := q.Table(s.msgs).Select(batchColumns).
+			Where("bucket >= ? AND bucket <= ? AND parked_at_ms IS NULL", bucket, bucket).
+			Order("bucket, parked_at_ms, id").Limit(limit).Rows()
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var r rawRow
+			if err := rows.Scan(&r.id, &r.messageID, &r.bucket, &r.topic, &r.key, &r.value, &r.headers, &r.partition, &r.createdAt); err != nil {
+				return err
+			}
+			m, err := r.decode()
+			if err != nil {
+				if len(msgs) == 0 {
+					corrupt = &relay.CorruptRowError{ID: r.id, Bucket: int(r.bucket), Err: err}
+				}
+				break
+			}
+			msgs = append(msgs, m)
+		}
+		return rows.Err()
 	}); err != nil {
 		return nil, fmt.Errorf("gormstore: bucket %d: next batch: %w", bucket, err)
 	}
-	msgs := make([]*outbox.Message, len(rows))
-	for i := range rows {
-		r := &rows[i]
-		msgs[i] = &outbox.Message{
-			ID: r.ID, MessageID: r.MessageID, Bucket: r.Bucket, Topic: r.Topic,
-			Key: r.Key, Value: r.Value, Headers: r.Headers, Partition: r.Partition,
-			CreatedAt: r.CreatedAt.Time,
-		}
+	if corrupt != nil {
+		return nil, corrupt
 	}
 	return msgs, nil
+}
+
+// batchColumns are the columns NextBatch reads, in rawRow's scan order.
+const batchColumns = "id, message_id, bucket, topic, record_key, record_value, headers, record_partition, created_at"
+
+// rawRow is a row of the messages table as NextBatch scans it: nothing that
+// can fail to decode is decoded by the driver, so that a corrupt row is told
+// apart from a failing read. created_at is read by the store itself, so that
+// a MySQL DSN without parseTime=true (the driver's default), which returns
+// DATETIME as text, works as well as one with it.
+type rawRow struct {
+	id        int64
+	messageID any // uuid text, as a string or []byte
+	bucket    int32
+	topic     string
+	key       []byte
+	value     []byte
+	headers   []byte
+	partition sql.NullInt32
+	createdAt any // time.Time, or text (SQLite, MySQL without parseTime)
+}
+
+// messageIDOf decodes a stored message id: text in a form uuid.Parse
+// accepts (never 16 raw bytes: in a text column, 16 characters are not a
+// UUID).
+func messageIDOf(v any) (outbox.UUID, error) {
+	var s string
+	switch x := v.(type) {
+	case string:
+		s = x
+	case []byte:
+		s = string(x)
+	case nil:
+		return outbox.UUID{}, errors.New("message_id is NULL")
+	default:
+		return outbox.UUID{}, fmt.Errorf("message_id: unexpected %T", v)
+	}
+	return outbox.ParseUUID(s)
+}
+
+func (r *rawRow) decode() (*outbox.Message, error) {
+	id, err := messageIDOf(r.messageID)
+	if err != nil {
+		return nil, err
+	}
+	h, err := outbox.DecodeHeaders(r.headers)
+	if err != nil {
+		return nil, err
+	}
+	created, err := parseTime(r.createdAt)
+	if err != nil {
+		return nil, fmt.Errorf("created_at: %w", err)
+	}
+	m := &outbox.Message{
+		ID: r.id, MessageID: id, Bucket: r.bucket, Topic: r.topic,
+		Key: r.key, Value: r.value, Headers: h, CreatedAt: created,
+	}
+	if r.partition.Valid {
+		p := r.partition.Int32
+		m.Partition = &p
+	}
+	return m, nil
 }
 
 // MarkPublished implements relay.Store: it deletes exactly the given rows of
@@ -152,14 +246,20 @@ func (s *Store) MarkPublished(ctx context.Context, bucket int, published []*outb
 // PendingMetrics implements relay.PendingMetricsStore with one aggregate
 // query on ctx:
 //
-//	SELECT COUNT(*), MIN(created_at) FROM messages
+//	SELECT COUNT(*) - COUNT(parked_at_ms),
+//	       MIN(CASE WHEN parked_at_ms IS NULL THEN created_at END),
+//	       COUNT(parked_at_ms)
+//	FROM messages
 //
+// Count and Oldest are of the unparked rows, Parked counts the parked ones.
 // On SQLite, where the minimum comes back as text, it is parsed.
 func (s *Store) PendingMetrics(ctx context.Context) (*relay.Pending, error) {
-	var count int64
+	var count, parked int64
 	var oldest any
 	if err := s.read(ctx, s.msgs, func(q *gorm.DB) error {
-		return q.Table(s.msgs).Select("COUNT(*), MIN(created_at)").Row().Scan(&count, &oldest)
+		return q.Table(s.msgs).
+			Select("COUNT(*) - COUNT(parked_at_ms), MIN(CASE WHEN parked_at_ms IS NULL THEN created_at END), COUNT(parked_at_ms)").
+			Row().Scan(&count, &oldest, &parked)
 	}); err != nil {
 		return nil, fmt.Errorf("gormstore: pending metrics: %w", err)
 	}
@@ -167,43 +267,8 @@ func (s *Store) PendingMetrics(ctx context.Context) (*relay.Pending, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gormstore: pending metrics: oldest created_at: %w", err)
 	}
-	return &relay.Pending{Count: count, Oldest: t}, nil
+	return &relay.Pending{Count: count, Oldest: t, Parked: parked}, nil
 }
-
-// batchRow is a row of the messages table as NextBatch reads it: the
-// columns of outbox.Message, with created_at read by the store itself, so
-// that a MySQL DSN without parseTime=true (the driver's default), which
-// returns DATETIME as text, works as well as one with it.
-type batchRow struct {
-	ID        int64          `gorm:"column:id"`
-	MessageID outbox.UUID    `gorm:"column:message_id"`
-	Bucket    int32          `gorm:"column:bucket"`
-	Topic     string         `gorm:"column:topic"`
-	Key       []byte         `gorm:"column:record_key"`
-	Value     []byte         `gorm:"column:record_value"`
-	Headers   outbox.Headers `gorm:"column:headers"`
-	Partition *int32         `gorm:"column:record_partition"`
-	CreatedAt scannedTime    `gorm:"column:created_at"`
-}
-
-// scannedTime reads a timestamp column whatever form the driver returns
-// it in: a time.Time, or text (MySQL without parseTime, SQLite) in one of
-// timeLayouts, taken as UTC when it carries no offset. The result is UTC.
-type scannedTime struct{ Time time.Time }
-
-// Scan implements sql.Scanner.
-func (t *scannedTime) Scan(v any) error {
-	x, err := parseTime(v)
-	if err != nil {
-		return fmt.Errorf("created_at: %w", err)
-	}
-	t.Time = x
-	return nil
-}
-
-// Value implements driver.Valuer (GORM requires it of a struct column
-// type); the store never writes a scannedTime.
-func (t scannedTime) Value() (driver.Value, error) { return t.Time, nil }
 
 // timeLayouts are the textual forms a timestamp comes back in: SQLite's
 // (as mattn/go-sqlite3 writes time.Time), RFC 3339, and MySQL's without

@@ -96,10 +96,34 @@ func (s *Store) kind(ctx context.Context) (int, error) {
 // and MariaDB.
 var readCommitted = &sql.TxOptions{Isolation: sql.LevelReadCommitted, ReadOnly: true}
 
+// writeCommitted are the options of the store's write transactions.
+var writeCommitted = &sql.TxOptions{Isolation: sql.LevelReadCommitted}
+
+// How run runs fn.
+type runMode int
+
+const (
+	modeWrite   runMode = iota // one autocommit writing statement
+	modeRead                   // reads of committed data
+	modeWriteTx                // a read-write transaction at READ COMMITTED
+)
+
 // write runs fn, one writing statement, on the primary, bounded by the
 // statement timeout.
 func (s *Store) write(ctx context.Context, table string, fn func(q *gorm.DB) error) error {
-	return s.run(ctx, table, false, fn)
+	return s.run(ctx, table, modeWrite, fn)
+}
+
+// writeTx runs fn, the statements of one read-write transaction, on the
+// primary at READ COMMITTED whatever the pool's default isolation (so that
+// each statement sees the rows committed before it started, and a locking
+// read waits for and then reads the latest committed version), bounded as
+// a whole by the statement timeout (on MariaDB each statement also carries
+// the SET STATEMENT bound). The transaction commits when fn returns nil and
+// rolls back otherwise. On SQLite it is a plain transaction (every SQLite
+// transaction is serializable).
+func (s *Store) writeTx(ctx context.Context, table string, fn func(tx *gorm.DB) error) error {
+	return s.run(ctx, table, modeWriteTx, fn)
 }
 
 // read runs fn, one or more reads, on the primary at READ COMMITTED or
@@ -110,7 +134,7 @@ func (s *Store) write(ctx context.Context, table string, fn func(q *gorm.DB) err
 // TRANSACTION, START TRANSACTION READ ONLY, COMMIT; see BenchmarkNextBatch).
 // fn must not write.
 func (s *Store) read(ctx context.Context, table string, fn func(q *gorm.DB) error) error {
-	return s.run(ctx, table, true, fn)
+	return s.run(ctx, table, modeRead, fn)
 }
 
 // run runs fn on the primary within the statement timeout, per statement
@@ -134,7 +158,7 @@ func (s *Store) read(ctx context.Context, table string, fn func(q *gorm.DB) erro
 //     connection's busy timeout whatever the context says (mattn/go-sqlite3
 //     interrupts a running statement, not its busy handler): set _busy_timeout
 //     in the DSN at most StatementTimeout.
-func (s *Store) run(ctx context.Context, table string, read bool, fn func(q *gorm.DB) error) error {
+func (s *Store) run(ctx context.Context, table string, mode runMode, fn func(q *gorm.DB) error) error {
 	k, err := s.kind(ctx)
 	if err != nil {
 		return err
@@ -146,7 +170,7 @@ func (s *Store) run(ctx context.Context, table string, read bool, fn func(q *gor
 	parent := ctx
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
-	err = s.runOn(ctx, k, table, read, fn)
+	err = s.runOn(ctx, k, table, mode, fn)
 	if err == nil || errors.Is(err, context.DeadlineExceeded) || parent.Err() != nil {
 		return err
 	}
@@ -163,21 +187,19 @@ func serverTimeout(err error) bool {
 	return strings.Contains(m, "Error 1969") || strings.Contains(m, "Error 1205")
 }
 
-func (s *Store) runOn(ctx context.Context, k int, table string, read bool, fn func(q *gorm.DB) error) error {
+func (s *Store) runOn(ctx context.Context, k int, table string, mode runMode, fn func(q *gorm.DB) error) error {
 	q := s.primary(ctx, table)
-	switch k {
-	case kindMariaDB:
+	if k == kindMariaDB {
 		q = q.Clauses(mariaBound{prefix: s.mariaPrefix()})
-		if read {
-			return q.Transaction(fn, readCommitted)
-		}
-		return fn(q)
-	case kindMySQL, kindOther:
-		if read {
-			return q.Transaction(fn, readCommitted)
-		}
-		return fn(q)
-	default: // SQLite
+	}
+	switch {
+	case mode == modeWriteTx && k == kindSQLite:
+		return q.Transaction(fn)
+	case mode == modeWriteTx:
+		return q.Transaction(fn, writeCommitted)
+	case mode == modeRead && k != kindSQLite && k != kindPostgres:
+		return q.Transaction(fn, readCommitted)
+	default:
 		return fn(q)
 	}
 }

@@ -111,7 +111,8 @@ type Options struct {
 
 // Store is a relay.Store on a *gorm.DB. It also implements the optional
 // relay.LeaseRenewer, relay.LeaseReleaser, relay.PendingMetricsStore,
-// relay.BucketCounter and relay.ConcurrentFetcher. It is safe for
+// relay.BucketCounter, relay.ConcurrentFetcher, relay.Parker and
+// relay.ParkAdmin. It is safe for
 // concurrent use; each relay should have its own Store (the store remembers
 // whether it seeded the lease rows and when it last pruned heartbeats).
 type Store struct {
@@ -127,7 +128,8 @@ type Store struct {
 	mu        sync.Mutex
 	dialect   int // a kind*; kindUnknownMySQL until asked
 	seeded    bool
-	nextPrune int64 // Unix ms
+	nextPrune int64         // Unix ms
+	lease     time.Duration // of the latest acquisition round; 0 before the first
 }
 
 var (
@@ -137,6 +139,8 @@ var (
 	_ relay.PendingMetricsStore = (*Store)(nil)
 	_ relay.BucketCounter       = (*Store)(nil)
 	_ relay.ConcurrentFetcher   = (*Store)(nil)
+	_ relay.Parker              = (*Store)(nil)
+	_ relay.ParkAdmin           = (*Store)(nil)
 )
 
 // New returns a Store on db. The tables must exist (outbox.AutoMigrate or
@@ -214,6 +218,9 @@ func (s *Store) AcquireBucketLeases(ctx context.Context, relayID string, bucketC
 	now := s.nowMs()
 	ld := leaseDuration.Milliseconds()
 	exp := now + ld
+	s.mu.Lock()
+	s.lease = leaseDuration
+	s.mu.Unlock()
 
 	// 1. Heartbeat, then maybe prune.
 	if err := s.heartbeat(ctx, relayID, now); err != nil {
@@ -329,9 +336,16 @@ func checkArgs(relayID string, leaseDuration time.Duration) error {
 	return nil
 }
 
+// Features is the capability bit set the store writes with every heartbeat
+// (the relays table's features column): parking. A relay of a version
+// without the column's support leaves 0 in its row, which makes
+// FleetCanPark false while it is live.
+const Features = outbox.RelayFeatureParking
+
 // heartbeat upserts relayID's last-seen, never moving it backwards, and
 // clears its stopped stamp unless the stamp is not older than now: a late
-// heartbeat from before a release does not revive the relay.
+// heartbeat from before a release does not revive the relay. It writes the
+// Features bits too.
 func (s *Store) heartbeat(ctx context.Context, relayID string, now int64) error {
 	last := clause.Column{Table: s.relays, Name: "last_seen_ms"}
 	stopped := clause.Column{Table: s.relays, Name: "stopped_at_ms"}
@@ -344,8 +358,9 @@ func (s *Store) heartbeat(ctx context.Context, relayID string, now int64) error 
 				// expression reads the other column, so order is only safety.
 				{Column: clause.Column{Name: "stopped_at_ms"}, Value: gorm.Expr("CASE WHEN ? >= ? THEN ? ELSE NULL END", stopped, now, stopped)},
 				{Column: clause.Column{Name: "last_seen_ms"}, Value: gorm.Expr("CASE WHEN ? < ? THEN ? ELSE ? END", last, now, now, last)},
+				{Column: clause.Column{Name: "features"}, Value: Features},
 			},
-		}).Create(&outbox.Relay{RelayID: relayID, LastSeenMs: now}).Error
+		}).Create(&outbox.Relay{RelayID: relayID, LastSeenMs: now, Features: Features}).Error
 	})
 	if err != nil {
 		return fmt.Errorf("gormstore: heartbeat of %s: %w", relayID, err)
@@ -467,7 +482,7 @@ func (s *Store) ReleaseBucketLeases(ctx context.Context, relayID string) error {
 		return q.Table(s.relays).Clauses(clause.OnConflict{
 			Columns:   []clause.Column{{Name: "relay_id"}},
 			DoUpdates: clause.Set{{Column: clause.Column{Name: "stopped_at_ms"}, Value: now}},
-		}).Create(&outbox.Relay{RelayID: relayID, LastSeenMs: now, StoppedAtMs: &now}).Error
+		}).Create(&outbox.Relay{RelayID: relayID, LastSeenMs: now, StoppedAtMs: &now, Features: Features}).Error
 	})
 	if err != nil {
 		return fmt.Errorf("gormstore: stamp %s stopped: %w", relayID, err)
