@@ -23,15 +23,23 @@ const maxExistsPerStatement = 1000
 const maxIDsPerDelete = 1000
 
 // BucketsWithPending implements relay.Store with one statement (per 1000
-// buckets) selecting an EXISTS probe per requested bucket:
+// buckets) selecting, per requested bucket, the id of its head (the oldest
+// unparked row), NULL when it has none:
 //
-//	SELECT EXISTS (SELECT 1 FROM messages WHERE bucket = $1 AND parked_at_ms IS NULL),
-//	       EXISTS (…$2), …
+//	SELECT (SELECT id FROM messages
+//	        WHERE bucket >= $1 AND bucket <= $1 AND parked_at_ms IS NULL
+//	        ORDER BY bucket, parked_at_ms, id LIMIT 1),
+//	       (… $2 …), …
 //
-// Each probe is a single lookup in the (bucket, parked_at_ms, id) index, so
-// the cost grows neither with the backlog nor with the parked rows, unlike
-// SELECT DISTINCT bucket … WHERE bucket IN, which walks every pending row of
-// the requested buckets. A bucket holding only parked rows has none pending.
+// Each probe is NextBatch's query with LIMIT 1: a single lookup in the
+// (bucket, parked_at_ms, id) index, so the cost grows neither with the
+// backlog nor with the parked rows, unlike SELECT DISTINCT bucket … WHERE
+// bucket IN, which walks every pending row of the requested buckets. Not
+// EXISTS (SELECT 1 … WHERE bucket = $1 …): PostgreSQL drops the ORDER BY of
+// an EXISTS subquery and, when a bucket's rows look plentiful, plans a
+// sequential scan that stops at the first match — in heap order, after
+// every dead or parked row ahead of it. A bucket holding only parked rows
+// has none pending.
 func (s *Store) BucketsWithPending(ctx context.Context, buckets []int) ([]int, error) {
 	buckets = slices.Compact(slices.Sorted(slices.Values(buckets)))
 	out := []int{}
@@ -45,8 +53,8 @@ func (s *Store) BucketsWithPending(ctx context.Context, buckets []int) ([]int, e
 			if i > 0 {
 				sql.WriteString(", ")
 			}
-			sql.WriteString("EXISTS (SELECT 1 FROM ? WHERE bucket = ? AND parked_at_ms IS NULL)")
-			args = append(args, clause.Table{Name: s.msgs}, b)
+			sql.WriteString("(SELECT id FROM ? WHERE bucket >= ? AND bucket <= ? AND parked_at_ms IS NULL ORDER BY bucket, parked_at_ms, id LIMIT 1)")
+			args = append(args, clause.Table{Name: s.msgs}, b, b)
 		}
 		vals := make([]any, len(chunk))
 		if err := s.read(ctx, s.msgs, func(q *gorm.DB) error {
@@ -69,29 +77,12 @@ func (s *Store) BucketsWithPending(ctx context.Context, buckets []int) ([]int, e
 			return nil, fmt.Errorf("gormstore: probe pending buckets: %w", err)
 		}
 		for i, v := range vals {
-			if truthy(v) {
+			if v != nil {
 				out = append(out, chunk[i])
 			}
 		}
 	}
 	return out, nil
-}
-
-// truthy reads an EXISTS result: a bool on PostgreSQL, an integer on MySQL
-// and SQLite.
-func truthy(v any) bool {
-	switch x := v.(type) {
-	case bool:
-		return x
-	case int64:
-		return x != 0
-	case []byte:
-		return len(x) > 0 && string(x) != "0" && string(x) != "f" && string(x) != "false"
-	case string:
-		return x != "" && x != "0" && x != "f" && x != "false"
-	default:
-		return false
-	}
 }
 
 // ConcurrentNextBatch implements relay.ConcurrentFetcher: on PostgreSQL and

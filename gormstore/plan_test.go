@@ -11,12 +11,16 @@ import (
 	"gorm.io/gorm"
 )
 
-// TestNextBatchReadsTheBucketIndexOnPostgres: NextBatch's query must be
-// planned on the (bucket, id) index. With "bucket = $1 ORDER BY id" the
+// TestNextBatchWalksTheParkedIndexInOrderOnPostgres: with 200,000 rows and
+// 100 parked rows at the head of bucket 0, NextBatch's query must be planned
+// as a scan of the (bucket, parked_at_ms, id) index in order (no Sort), which
+// starts at the bucket's first unparked entry, and BucketsWithPending's
+// probes must use the same index. With "bucket = $1 ORDER BY id" the
 // PostgreSQL planner walks the primary key and filters, reading every row of
 // the other buckets ahead of this bucket's head (about 130 ms per batch at
-// 200,000 rows instead of under 1 ms).
-func TestNextBatchReadsTheBucketIndexOnPostgres(t *testing.T) {
+// 200,000 rows instead of under 1 ms); an ORDER BY that does not match the
+// index adds a sort of every unparked row of the bucket.
+func TestNextBatchWalksTheParkedIndexInOrderOnPostgres(t *testing.T) {
 	var pg *testenv.Opener
 	for _, o := range testenv.Databases(t) {
 		if o.Name == testenv.Postgres {
@@ -33,32 +37,61 @@ func TestNextBatchReadsTheBucketIndexOnPostgres(t *testing.T) {
 	}
 	testenv.MustExec(t, db,
 		`INSERT INTO outbox_messages (message_id, bucket, topic, record_value, created_at)
-		 SELECT gen_random_uuid(), g % 8, 'orders', '\x00'::bytea, now() FROM generate_series(1, 50000) g`,
+		 SELECT gen_random_uuid(), g % 8, 'orders', '\x00'::bytea, now() FROM generate_series(1, 200000) g`,
+		`UPDATE outbox_messages SET parked_at_ms = 1, parked_reason = 'test'
+		 WHERE id IN (SELECT id FROM outbox_messages WHERE bucket = 0 ORDER BY id LIMIT 100)`,
 		"ANALYZE outbox_messages")
+	var lastParked int64
+	if err := db.Raw("SELECT max(id) FROM outbox_messages WHERE parked_at_ms IS NOT NULL").Scan(&lastParked).Error; err != nil {
+		t.Fatal(err)
+	}
 	store, err := gormstore.New(db, gormstore.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
+	explain := func(stmt string) string {
+		t.Helper()
+		var plan []string
+		if err := db.Raw("EXPLAIN " + stmt).Scan(&plan).Error; err != nil {
+			t.Fatal(err)
+		}
+		return strings.Join(plan, "\n")
+	}
+
 	rec.Reset()
-	batch, err := store.NextBatch(context.Background(), 3, 500)
+	batch, err := store.NextBatch(context.Background(), 0, 500)
 	if err != nil || len(batch) != 500 {
 		t.Fatalf("NextBatch = %d rows, %v; want 500", len(batch), err)
 	}
+	if batch[0].ID <= lastParked {
+		t.Fatalf("NextBatch starts at id %d; want past the parked rows (last %d)", batch[0].ID, lastParked)
+	}
 	for i := 1; i < len(batch); i++ {
-		if batch[i].Bucket != 3 || batch[i].ID <= batch[i-1].ID {
-			t.Fatalf("row %d: bucket %d id %d after id %d; want bucket 3 in id order", i, batch[i].Bucket, batch[i].ID, batch[i-1].ID)
+		if batch[i].Bucket != 0 || batch[i].ID <= batch[i-1].ID {
+			t.Fatalf("row %d: bucket %d id %d after id %d; want bucket 0 in id order", i, batch[i].Bucket, batch[i].ID, batch[i-1].ID)
 		}
 	}
 	stmts := rec.Statements()
 	if len(stmts) != 1 {
 		t.Fatalf("NextBatch issued %d statements; want 1", len(stmts))
 	}
-	var plan []string
-	if err := db.Raw("EXPLAIN " + stmts[0]).Scan(&plan).Error; err != nil {
-		t.Fatal(err)
+	plan := explain(stmts[0])
+	if !strings.Contains(plan, "Index Scan using idx_outbox_messages_bucket_parked_id") || strings.Contains(plan, "Sort") {
+		t.Fatalf("NextBatch plan is not an in-order scan of the (bucket, parked_at_ms, id) index:\n%s\n%s", stmts[0], plan)
 	}
-	text := strings.Join(plan, "\n")
-	if !strings.Contains(text, "idx_outbox_messages_bucket_id") {
-		t.Fatalf("NextBatch plan does not use the (bucket, id) index:\n%s\n%s", stmts[0], text)
+	t.Logf("NextBatch plan:\n%s", plan)
+
+	rec.Reset()
+	if got, err := store.BucketsWithPending(context.Background(), []int{0, 1, 2}); err != nil || len(got) != 3 {
+		t.Fatalf("BucketsWithPending = %v, %v; want [0 1 2]", got, err)
 	}
+	stmts = rec.Statements()
+	if len(stmts) != 1 {
+		t.Fatalf("BucketsWithPending issued %d statements; want 1", len(stmts))
+	}
+	plan = explain(stmts[0])
+	if strings.Count(plan, "Scan using idx_outbox_messages_bucket_parked_id") != 3 || strings.Contains(plan, "Seq Scan") || strings.Contains(plan, "Sort") {
+		t.Fatalf("BucketsWithPending's probes do not each use the (bucket, parked_at_ms, id) index:\n%s\n%s", stmts[0], plan)
+	}
+	t.Logf("BucketsWithPending plan:\n%s", plan)
 }

@@ -1,6 +1,7 @@
 package gormstore_test
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -9,15 +10,19 @@ import (
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/gormstore"
 	"github.com/gorm-outbox/outbox/internal/testenv"
+	"github.com/gorm-outbox/outbox/relay"
 	"github.com/gorm-outbox/outbox/relay/relaytest"
 )
 
 // TestARowTheStoreCannotDecodeStallsOnlyItsBucket runs a real relay on each
 // database with one row in bucket 0 whose header blob has an unknown codec
 // version (9, written by raw SQL as a newer writer or a hand edit would)
-// and healthy rows in buckets 1-7: the 7 healthy rows are published, the
-// corrupt row stays in the table (not lost), the relay logs the error
-// naming bucket 0 (not skipped silently) and stays healthy.
+// and healthy rows in buckets 1-7. The store reports the row as a
+// *relay.CorruptRowError naming it once it is the head of bucket 0; the 7
+// healthy rows are published, the corrupt row stays in the table (not
+// lost), and the relay either parks it with a corrupt-row reason (a relay
+// with containment) or logs the error naming bucket 0 and retries it; it
+// stays healthy either way.
 func TestARowTheStoreCannotDecodeStallsOnlyItsBucket(t *testing.T) {
 	for _, o := range testenv.Databases(t) {
 		t.Run(o.Name, func(t *testing.T) {
@@ -50,14 +55,21 @@ func TestARowTheStoreCannotDecodeStallsOnlyItsBucket(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := store.NextBatch(t.Context(), 0, 10); err == nil {
-				t.Fatal("NextBatch of the corrupt row succeeded; want a decoding error (the test's premise)")
+			_, err = store.NextBatch(t.Context(), 0, 10)
+			var ce *relay.CorruptRowError
+			if !errors.As(err, &ce) || ce.Bucket != 0 || ce.ID != bad.ID || !strings.Contains(err.Error(), "unknown version 9") {
+				t.Fatalf("NextBatch of the corrupt row = %v; want a *relay.CorruptRowError for row %d of bucket 0 (the test's premise)", err, bad.ID)
 			}
 			var logs testenv.Logs
 			pub := relaytest.NewPublisher()
 			r := runRelay(t, store, pub, logs.Logger())
 			deadline := time.Now().Add(20 * time.Second)
-			for len(pub.Acknowledged()) < len(want) || len(logs.Matching("bucket store error")) < 2 {
+			parked := func() bool {
+				var n int64
+				_ = raw(db).Table(table).Where("id = ? AND parked_at_ms IS NOT NULL", bad.ID).Count(&n).Error
+				return n == 1
+			}
+			for len(pub.Acknowledged()) < len(want) || (len(logs.Matching("bucket store error")) < 2 && !parked()) {
 				if time.Now().After(deadline) {
 					t.Fatalf("after 20s: %d of %d healthy rows published, %d WARN lines about bucket 0", len(pub.Acknowledged()), len(want), len(logs.Matching("bucket store error")))
 				}
@@ -87,7 +99,14 @@ func TestARowTheStoreCannotDecodeStallsOnlyItsBucket(t *testing.T) {
 					t.Errorf("WARN line %q; want bucket=0 and the decoding error", w)
 				}
 			}
-			t.Logf("%s", warns[0])
+			if parked() {
+				rows, err := store.ListParked(t.Context(), 0)
+				if err != nil || len(rows) != 1 || !strings.HasPrefix(rows[0].Reason, relay.CorruptReasonPrefix) {
+					t.Errorf("ListParked = %+v, %v; want the corrupt row with a %q reason", rows, err, relay.CorruptReasonPrefix)
+				}
+			} else {
+				t.Logf("%s", warns[0])
+			}
 		})
 	}
 }
