@@ -108,6 +108,16 @@ func harness(t *testing.T, db *gorm.DB, f *failures, n int) *storetest.Harness {
 			}
 			return db.WithContext(ctx).Table(cfg.LeasesTableName()).Clauses(clause.OnConflict{UpdateAll: true}).Create(&row).Error
 		},
+		InsertCorrupt: func(ctx context.Context, bucket int) error {
+			blob := outbox.EncodeHeaders(outbox.Headers{{Key: "k", Value: []byte("v")}})
+			blob[0] = 9 // a codec version this build does not know
+			m := &outbox.Message{MessageID: outbox.NewUUID(), Bucket: int32(bucket), Topic: "storetest", Key: []byte("corrupt"), CreatedAt: time.Now().UTC()}
+			q := db.WithContext(ctx).Session(&gorm.Session{SkipHooks: true}).Table(cfg.MessagesTableName())
+			if err := q.Create(m).Error; err != nil {
+				return err
+			}
+			return db.WithContext(ctx).Table(cfg.MessagesTableName()).Where("id = ?", m.ID).Update("headers", blob).Error
+		},
 		FailNext: func(step storetest.Step) {
 			switch step {
 			case storetest.StepHeartbeat:

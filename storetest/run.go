@@ -23,8 +23,9 @@ var start = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
 // Run runs every Store scenario as a subtest of t, each on a fresh backend
 // from newHarness. Scenarios that need an optional capability the store
-// lacks (relay.LeaseRenewer, relay.LeaseReleaser, relay.PendingMetricsStore)
-// or a Harness hook left nil are skipped with a message naming it.
+// lacks (relay.LeaseRenewer, relay.LeaseReleaser, relay.PendingMetricsStore,
+// relay.Parker, relay.ParkAdmin) or a Harness hook left nil are skipped with
+// a message naming it.
 func Run(t *testing.T, newHarness Factory) {
 	t.Helper()
 	scenarios := []struct {
@@ -48,6 +49,7 @@ func Run(t *testing.T, newHarness Factory) {
 		{"backlog_metrics_report_count_and_oldest", backlogMetrics},
 		{"randomised_relays_never_share_a_live_bucket", randomisedRun},
 	}
+	scenarios = append(scenarios, parkScenarios...)
 	for _, sc := range scenarios {
 		t.Run(sc.name, func(t *testing.T) { sc.run(t, newHarness) })
 	}

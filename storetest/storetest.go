@@ -1,8 +1,16 @@
 // Package storetest is a conformance kit for relay.Store implementations,
 // like testing/fstest for file systems: Run checks every Store behaviour the
 // relay relies on — fair-share lease acquisition, takeover, renewal, graceful
-// release, batches, misconfiguration, backlog metrics — and a randomised
+// release, batches, misconfiguration, backlog metrics, parking — and a randomised
 // multi-relay run asserting that no bucket ever has two live owners.
+//
+// A store that implements relay.Parker (containment) is also checked for
+// it: parked rows skipped by NextBatch and BucketsWithPending and counted in
+// Pending.Parked, ParkedHeads, HoldBehind parking only behind a parked head,
+// FleetCanPark for a fleet of its own relays, a corrupt row reported as a
+// *relay.CorruptRowError at the head (with Harness.InsertCorrupt), and, for
+// a relay.ParkAdmin, listing, requeue in id order and deletion of parked
+// rows only. A store without these capabilities skips those scenarios.
 //
 // A custom store (MongoDB, DynamoDB, …) passes it by giving Run a factory of
 // Harness values, each on a fresh, empty backend:
@@ -81,6 +89,12 @@ type Harness struct {
 	// backend, fail once with a transient error. Optional: the transient
 	// failure scenarios need it.
 	FailNext func(step Step)
+
+	// InsertCorrupt writes one pending row in bucket, after every row
+	// inserted so far, that the store cannot decode (a header blob of an
+	// unknown codec version, say), as a newer writer or a hand edit would.
+	// Optional: the corrupt-row scenario of a relay.Parker needs it.
+	InsertCorrupt func(ctx context.Context, bucket int) error
 }
 
 // Factory returns a Harness on a fresh, empty backend with bucketCount
