@@ -11,9 +11,10 @@
 //
 // # Isolation
 //
-// Every read that decides what is published, deleted or owned (the next
-// batch, the pending-bucket probe, the lease snapshot and read-back, the
-// active relays, the misconfiguration probe) and the backlog metrics read
+// Every read that decides what is published, deleted, owned or parked (the
+// next batch, the pending-bucket probe, the lease snapshot and read-back,
+// the active relays, the misconfiguration probe, the parked heads, the
+// fleet's features) and the backlog metrics read
 // only committed rows, whatever isolation level the pool's connections
 // default to, so a relay never publishes a row whose transaction then rolls
 // back, nor counts an uncommitted claim or heartbeat:
@@ -31,9 +32,14 @@
 //     while a writer's transaction is open). With the default private cache
 //     every read is of committed data.
 //
-// Writes stay single autocommit statements: each row they change is matched
-// against its latest committed version (PostgreSQL re-checks it after a
-// concurrent writer commits; InnoDB uses locking or semi-consistent reads).
+// Writes are single autocommit statements, except HoldBehind, RequeueParked
+// and DeleteParked on PostgreSQL and MySQL/MariaDB: each is one READ
+// COMMITTED transaction that locks rows (SELECT … FOR UPDATE) before it
+// changes them, so that holding rows behind a parked head and requeueing or
+// deleting that head's key are atomic against each other. Each row a write
+// changes is matched against its latest committed version (PostgreSQL
+// re-checks it after a concurrent writer commits; InnoDB uses locking or
+// semi-consistent reads).
 // The liveness guard of a lease write also reads the relay's own heartbeat
 // row, which only that relay's own statements write.
 //
@@ -49,6 +55,29 @@
 // read: a lease read-back or a batch from a lagging replica would flap
 // ownership and publish deleted rows again. A resolver of another name must
 // honour the same setting or not split the outbox tables.
+//
+// # Parking
+//
+// The store implements relay.Parker and relay.ParkAdmin. A parked row stays
+// in the messages table with parked_at_ms (Unix ms, UTC, from Options.Now)
+// and parked_reason (at most 1000 characters) set; only the relay (through
+// the store) writes them, never outbox.Message creates or updates. The read
+// index is (bucket, parked_at_ms, id): NextBatch and BucketsWithPending read
+// the unparked entries of one bucket (parked_at_ms IS NULL) and never touch
+// the parked ones; ParkedHeads, ListParked, RequeueParked and DeleteParked
+// read the parked entries. The relays table's features column carries
+// Features with every heartbeat; FleetCanPark is false while a live relay's
+// row lacks the parking bit.
+//
+// Upgrade order: apply the schema change first (outbox.AutoMigrate, or
+// migrations/<dialect>/000002_parking.up.sql: nullable columns, a column
+// with a default and the new index; the old (bucket, id) index is dropped),
+// then deploy the new relays. Relays of the previous version keep working on
+// the new schema (they never write the new columns, and their heartbeats
+// keep features 0), and no row is parked while any of them is live, so a
+// rolling upgrade never lets an old relay publish a parked row. Downgrade
+// only after requeueing or deleting every parked row (ParkAdmin), with the
+// new relays stopped: an old relay would publish parked rows out of order.
 //
 // # Session state
 //
