@@ -495,6 +495,7 @@ func usage(w io.Writer) {
 	fmt.Fprintf(w, `outbox-relay publishes the rows of a gorm-outbox outbox table to Kafka.
 
 Usage: outbox-relay [flags]
+       outbox-relay COMMAND [flags]    (parked, requeue, discard, help)
 
 Every flag can also be set by the environment variable shown beside it; a
 flag on the command line wins. SIGTERM or SIGINT stops the relay
@@ -512,8 +513,9 @@ reason; a publish failure is not reported there, except an authentication
 failure or every publish failing for -publish-failure-window, until a
 publish is acknowledged again).
 
-Flags:
 `)
+	subcommandsUsage(w)
+	fmt.Fprintf(w, "Flags:\n")
 	fs.VisitAll(func(f *flag.Flag) {
 		def := ""
 		if f.DefValue != "" && f.DefValue != "0" && f.DefValue != "0s" && f.DefValue != "false" && f.DefValue != "[]" {

@@ -69,7 +69,13 @@ func main() {
 
 // run is the whole worker; it returns the exit code. It stops gracefully
 // when ctx is done.
+//
+// A first argument naming a subcommand (parked, requeue, discard, help)
+// runs that command instead of the relay.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && (args[0] == "help" || findSubcommand(args[0]) != nil) {
+		return runSubcommand(ctx, args[0], args[1:], &adminEnv{getenv: getenv, stdout: stdout, stderr: stderr, open: openStoreAdmin, now: time.Now})
+	}
 	cfg, err := parseConfig(args, getenv)
 	if errors.Is(err, errHelp) {
 		usage(stdout)
