@@ -441,7 +441,7 @@ func runParked(ctx context.Context, e *adminEnv, c *adminConfig) int {
 	case c.rows:
 		err = writeRowsTable(e.stdout, rows, now)
 	default:
-		err = writeGroupsTable(e.stdout, groupParked(rows), now)
+		err = writeGroupsTable(e.stdout, groupParked(rows), now, true)
 	}
 	if err != nil {
 		return e.fail(ctx, "parked", err)
@@ -488,7 +488,7 @@ func runDiscard(ctx context.Context, e *adminEnv, c *adminConfig) int {
 		}
 		chosen := selectParked(c.sel, rows)
 		if len(chosen) > 0 {
-			if err := writeGroupsTable(e.stdout, groupParked(chosen), e.now()); err != nil {
+			if err := writeGroupsTable(e.stdout, groupParked(chosen), e.now(), false); err != nil {
 				return e.fail(ctx, what, err)
 			}
 		}

@@ -214,8 +214,8 @@ func age(now, t time.Time) string {
 func seconds(now, t time.Time) int64 { return int64(max(now.Sub(t), 0) / time.Second) }
 
 // writeGroupsTable writes one line per parked key and bucket, then the rows
-// parked alone, then a summary with the commands that act on them.
-func writeGroupsTable(w io.Writer, groups []*parkedGroup, now time.Time) error {
+// parked alone, then a summary; with hint, the commands that act on them.
+func writeGroupsTable(w io.Writer, groups []*parkedGroup, now time.Time, hint bool) error {
 	var keyed, alone []*parkedGroup
 	rows := 0
 	for _, g := range groups {
@@ -249,8 +249,11 @@ func writeGroupsTable(w io.Writer, groups []*parkedGroup, now time.Time) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	_, err := fmt.Fprintf(w, "\n%s parked: %s, %s alone. Requeue with outbox-relay requeue -id FIRST_ID (that key in that bucket) or -key/-key-hex KEY (every bucket); delete with outbox-relay discard … -confirm.\n",
-		plural(int64(rows), "row"), plural(int64(len(keyed)), "key"), plural(int64(len(alone)), "row"))
+	fmt.Fprintf(w, "\n%s parked: %s, %s alone.", plural(int64(rows), "row"), plural(int64(len(keyed)), "key"), plural(int64(len(alone)), "row"))
+	if hint {
+		fmt.Fprintf(w, " Requeue with outbox-relay requeue -id FIRST_ID (that key in that bucket) or -key/-key-hex KEY (every bucket); delete with outbox-relay discard … -confirm.")
+	}
+	_, err := fmt.Fprintln(w)
 	return err
 }
 
