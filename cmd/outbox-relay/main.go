@@ -15,6 +15,16 @@
 // malformed DSN) prints one error line and exits 2 before any connection; a
 // runtime failure (database unreachable at start, outbox tables missing
 // without -migrate, the HTTP address taken, a fatal relay error) exits 1.
+//
+// Three subcommands manage the rows the relay parked (set aside because the
+// broker will never accept them), with the relay's database flags and
+// nothing else of its configuration; they never publish or serve HTTP:
+//
+//	outbox-relay parked [-rows] [-json] [-limit N]
+//	outbox-relay requeue (-key TEXT | -key-hex HEX | -id N | -all)
+//	outbox-relay discard (-key TEXT | -key-hex HEX | -id N | -all) -confirm
+//
+// outbox-relay help COMMAND describes each.
 package main
 
 import (
