@@ -42,11 +42,21 @@ const defaultListen = "127.0.0.1:9090"
 // errHelp is returned by parseConfig for -h and -help.
 var errHelp = flag.ErrHelp
 
+// dbConfig is the database part of the configuration: the flags the relay
+// shares with the parked-row subcommands (declared by dbFlags, checked by
+// dbConfig.check), so that both read the same names, defaults, environment
+// variables and error messages.
+type dbConfig struct {
+	dbDriver         string
+	dbDSN            string
+	outbox           outbox.Config
+	statementTimeout time.Duration // gormstore.Options.StatementTimeout
+}
+
 // config is the worker's whole configuration.
 type config struct {
-	dbDriver string
-	dbDSN    string
-	migrate  bool
+	dbConfig
+	migrate bool
 
 	brokers          []string
 	clientID         string
@@ -65,9 +75,7 @@ type config struct {
 	kafkaMaxAttempts int           // deprecated: must be 1
 	kafkaPubTimeout  time.Duration // KafkaConfig.PublishTimeout
 
-	outbox           outbox.Config
-	relay            relay.Options
-	statementTimeout time.Duration // gormstore.Options.StatementTimeout
+	relay relay.Options
 
 	notifyDSN     string
 	notifyChannel string
@@ -87,8 +95,7 @@ func newFlagSet(c *config) *flag.FlagSet {
 	fs := flag.NewFlagSet("outbox-relay", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 
-	fs.StringVar(&c.dbDriver, "db-driver", "", "database driver: postgres, mysql or sqlite (required)")
-	fs.StringVar(&c.dbDSN, "db-dsn", "", "database DSN in the driver's form (required)")
+	dbFlags(fs, &c.dbConfig)
 	fs.BoolVar(&c.migrate, "migrate", false, "create or update the outbox tables (outbox.AutoMigrate) at start")
 
 	fs.Func("kafka-brokers", "comma-separated Kafka bootstrap addresses, each host:port (required)", func(s string) error {
@@ -115,13 +122,6 @@ func newFlagSet(c *config) *flag.FlagSet {
 	durationVar(fs, &c.kafkaPubTimeout, "kafka-publish-timeout", relay.DefaultKafkaPublishTimeout, "bound on one publish call to Kafka: a broker that does not answer within it fails the call, which the relay counts, logs and retries after -error-backoff; keep it well under -lease-duration")
 	intVar(fs, &c.kafkaMaxAttempts, "kafka-max-attempts", 1, "deprecated, must be 1: the publisher makes one attempt per produce request and the relay retries (see -error-backoff, -kafka-publish-timeout)")
 
-	intVar(fs, &c.outbox.BucketCount, "bucket-count", outbox.DefaultBucketCount, fmt.Sprintf("ordering buckets, 1 to %d; must equal the writers' outbox.Config.BucketCount (0 means the default, %d, as in outbox.Config)", outbox.MaxBucketCount, outbox.DefaultBucketCount))
-	fs.StringVar(&c.outbox.Schema, "schema", "", "schema (PostgreSQL), database (MySQL) or attached database (SQLite) of the tables (default: the connection's)")
-	fs.StringVar(&c.outbox.MessagesTable, "messages-table", outbox.DefaultMessagesTable, "pending messages table")
-	fs.StringVar(&c.outbox.LeasesTable, "leases-table", outbox.DefaultLeasesTable, "bucket lease table")
-	fs.StringVar(&c.outbox.RelaysTable, "relays-table", outbox.DefaultRelaysTable, "relay heartbeat table")
-	durationVar(fs, &c.statementTimeout, "statement-timeout", gormstore.DefaultStatementTimeout, "bound on every store statement (a table locked by a migration, a stuck connection); keep it well under -lease-renew-interval; on SQLite also set _busy_timeout in the DSN")
-
 	o := &c.relay
 	intVar(fs, &o.BatchSize, "batch-size", relay.DefaultBatchSize, "rows fetched and published per batch")
 	durationVar(fs, &o.PollInterval, "poll-interval", relay.DefaultPollInterval, "how often to look for pending rows without a hint")
@@ -147,6 +147,20 @@ func newFlagSet(c *config) *flag.FlagSet {
 	return fs
 }
 
+// dbFlags declares the database flags into c: the driver and DSN, the
+// outbox tables (schema, names, bucket count) and the statement timeout.
+// The relay and every subcommand declare them through it.
+func dbFlags(fs *flag.FlagSet, c *dbConfig) {
+	fs.StringVar(&c.dbDriver, "db-driver", "", "database driver: postgres, mysql or sqlite (required)")
+	fs.StringVar(&c.dbDSN, "db-dsn", "", "database DSN in the driver's form (required)")
+	intVar(fs, &c.outbox.BucketCount, "bucket-count", outbox.DefaultBucketCount, fmt.Sprintf("ordering buckets, 1 to %d; must equal the writers' outbox.Config.BucketCount (0 means the default, %d, as in outbox.Config)", outbox.MaxBucketCount, outbox.DefaultBucketCount))
+	fs.StringVar(&c.outbox.Schema, "schema", "", "schema (PostgreSQL), database (MySQL) or attached database (SQLite) of the tables (default: the connection's)")
+	fs.StringVar(&c.outbox.MessagesTable, "messages-table", outbox.DefaultMessagesTable, "pending messages table")
+	fs.StringVar(&c.outbox.LeasesTable, "leases-table", outbox.DefaultLeasesTable, "bucket lease table")
+	fs.StringVar(&c.outbox.RelaysTable, "relays-table", outbox.DefaultRelaysTable, "relay heartbeat table")
+	durationVar(fs, &c.statementTimeout, "statement-timeout", gormstore.DefaultStatementTimeout, "bound on every store statement (a table locked by a migration, a stuck connection); keep it well under -lease-renew-interval; on SQLite also set _busy_timeout in the DSN")
+}
+
 // parseConfig reads args, then the OUTBOX_* environment for every flag not
 // given on the command line, and checks the result. Errors are one line and
 // name the flag.
@@ -162,11 +176,23 @@ func parseConfig(args []string, getenv func(string) string) (*config, error) {
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
+	if err := applyEnv(fs, getenv, nil); err != nil {
+		return nil, err
+	}
+	c.defaults()
+	return c, c.check()
+}
+
+// applyEnv sets every flag of fs not given on the command line from its
+// OUTBOX_* environment variable, if set; only, when non-nil, restricts
+// this to the flags it names. An invalid value is an error naming the
+// variable.
+func applyEnv(fs *flag.FlagSet, getenv func(string) string, only map[string]bool) error {
 	given := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
 	var err error
 	fs.VisitAll(func(f *flag.Flag) {
-		if err != nil || given[f.Name] {
+		if err != nil || given[f.Name] || (only != nil && !only[f.Name]) {
 			return
 		}
 		if v, ok := lookup(getenv, envName(f.Name)); ok {
@@ -175,14 +201,15 @@ func parseConfig(args []string, getenv func(string) string) (*config, error) {
 			}
 		}
 	})
-	if err != nil {
-		return nil, err
-	}
+	return err
+}
+
+// defaults fills the settings whose zero means a default.
+func (c *dbConfig) defaults() {
 	// Zero means the default, as in outbox.Config; say so everywhere.
 	if c.outbox.BucketCount == 0 {
 		c.outbox.BucketCount = outbox.DefaultBucketCount
 	}
-	return c, c.check()
 }
 
 // flagError matches the flag package's message for a value its Set
@@ -338,20 +365,7 @@ func lookup(getenv func(string) string, name string) (string, bool) {
 // check reports the first invalid setting the relay and publisher would not
 // report themselves (they are checked by relay.New and NewKafkaPublisher).
 func (c *config) check() error {
-	switch c.dbDriver {
-	case "postgres", "mysql", "sqlite":
-	case "":
-		return errors.New("-db-driver is required (postgres, mysql or sqlite)")
-	default:
-		return fmt.Errorf("-db-driver %q: must be postgres, mysql or sqlite", c.dbDriver)
-	}
-	if c.statementTimeout < 0 {
-		return fmt.Errorf("-statement-timeout %q: must not be negative", c.statementTimeout.String())
-	}
-	if c.dbDSN == "" {
-		return errors.New("-db-dsn is required")
-	}
-	if err := checkDSN(c.dbDriver, c.dbDSN); err != nil {
+	if err := c.dbConfig.checkConnection(); err != nil {
 		return err
 	}
 	if len(c.brokers) == 0 {
@@ -390,7 +404,7 @@ func (c *config) check() error {
 	if err := checkListen(c.listen); err != nil {
 		return err
 	}
-	if err := c.outbox.Validate(); err != nil {
+	if err := c.dbConfig.checkTables(); err != nil {
 		return err
 	}
 	if c.notifyDSN != "" {
@@ -399,6 +413,37 @@ func (c *config) check() error {
 		}
 	}
 	return c.checkRelayOptions()
+}
+
+// checkConnection checks the database driver, DSN and statement timeout.
+func (c *dbConfig) checkConnection() error {
+	switch c.dbDriver {
+	case "postgres", "mysql", "sqlite":
+	case "":
+		return errors.New("-db-driver is required (postgres, mysql or sqlite)")
+	default:
+		return fmt.Errorf("-db-driver %q: must be postgres, mysql or sqlite", c.dbDriver)
+	}
+	if c.statementTimeout < 0 {
+		return fmt.Errorf("-statement-timeout %q: must not be negative", c.statementTimeout.String())
+	}
+	if c.dbDSN == "" {
+		return errors.New("-db-dsn is required")
+	}
+	return checkDSN(c.dbDriver, c.dbDSN)
+}
+
+// checkTables checks the outbox table names and the bucket count. It is
+// separate from checkConnection so that the relay reports its errors in the
+// order it always has.
+func (c *dbConfig) checkTables() error { return c.outbox.Validate() }
+
+// check checks the whole database configuration.
+func (c *dbConfig) check() error {
+	if err := c.checkConnection(); err != nil {
+		return err
+	}
+	return c.checkTables()
 }
 
 // transport returns kafka-go's Transport with the TLS and SASL settings, or
@@ -450,6 +495,7 @@ func usage(w io.Writer) {
 	fmt.Fprintf(w, `outbox-relay publishes the rows of a gorm-outbox outbox table to Kafka.
 
 Usage: outbox-relay [flags]
+       outbox-relay COMMAND [flags]    (parked, requeue, discard, help)
 
 Every flag can also be set by the environment variable shown beside it; a
 flag on the command line wins. SIGTERM or SIGINT stops the relay
@@ -467,8 +513,9 @@ reason; a publish failure is not reported there, except an authentication
 failure or every publish failing for -publish-failure-window, until a
 publish is acknowledged again).
 
-Flags:
 `)
+	subcommandsUsage(w)
+	fmt.Fprintf(w, "Flags:\n")
 	fs.VisitAll(func(f *flag.Flag) {
 		def := ""
 		if f.DefValue != "" && f.DefValue != "0" && f.DefValue != "0s" && f.DefValue != "false" && f.DefValue != "[]" {

@@ -15,6 +15,16 @@
 // malformed DSN) prints one error line and exits 2 before any connection; a
 // runtime failure (database unreachable at start, outbox tables missing
 // without -migrate, the HTTP address taken, a fatal relay error) exits 1.
+//
+// Three subcommands manage the rows the relay parked (set aside because the
+// broker will never accept them), with the relay's database flags and
+// nothing else of its configuration; they never publish or serve HTTP:
+//
+//	outbox-relay parked [-rows] [-json] [-limit N]
+//	outbox-relay requeue (-key TEXT | -key-hex HEX | -id N | -all)
+//	outbox-relay discard (-key TEXT | -key-hex HEX | -id N | -all) -confirm
+//
+// outbox-relay help COMMAND describes each.
 package main
 
 import (
@@ -69,7 +79,13 @@ func main() {
 
 // run is the whole worker; it returns the exit code. It stops gracefully
 // when ctx is done.
+//
+// A first argument naming a subcommand (parked, requeue, discard, help)
+// runs that command instead of the relay.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && (args[0] == "help" || findSubcommand(args[0]) != nil) {
+		return runSubcommand(ctx, args[0], args[1:], &adminEnv{getenv: getenv, stdout: stdout, stderr: stderr, open: openStoreAdmin, now: time.Now})
+	}
 	cfg, err := parseConfig(args, getenv)
 	if errors.Is(err, errHelp) {
 		usage(stdout)
@@ -159,28 +175,43 @@ func build(cfg *config, stderr io.Writer) (*worker, error) {
 // server fails here rather than at the ping; either way it is a runtime
 // failure, the DSN having been parsed by checkDSN.
 func (w *worker) open(ctx context.Context) error {
+	db, err := openDB(ctx, &w.cfg.dbConfig, w.log)
+	if db != nil {
+		w.db = db // closed by close, also after a failed open
+	}
+	return err
+}
+
+// openDB opens the database of c and pings it (see worker.open). The
+// returned *gorm.DB, when not nil, is to be closed by the caller, also when
+// the error is not nil.
+func openDB(ctx context.Context, c *dbConfig, log *slog.Logger) (*gorm.DB, error) {
 	var dial gorm.Dialector
-	switch w.cfg.dbDriver {
+	switch c.dbDriver {
 	case "postgres":
-		dial = postgres.Open(w.cfg.dbDSN)
+		dial = postgres.Open(c.dbDSN)
 	case "mysql":
-		dial = mysql.Open(w.cfg.dbDSN)
+		dial = mysql.Open(c.dbDSN)
 	case "sqlite":
-		dial = sqlite.Open(w.cfg.dbDSN)
+		dial = sqlite.Open(c.dbDSN)
 	}
 	db, err := gorm.Open(dial, &gorm.Config{
 		DisableAutomaticPing: true,
-		Logger:               newGormLogger(w.log),
+		Logger:               newGormLogger(log),
 	})
-	if db != nil && db.ConnPool != nil {
-		w.db = db // closed by close, also after a failed open
+	if db == nil || db.ConnPool == nil {
+		db = nil
 	}
 	if err != nil {
-		return err
+		return db, err
 	}
 	pingCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	return w.ping(pingCtx)
+	sqlDB, err := db.DB()
+	if err != nil {
+		return db, err
+	}
+	return db, sqlDB.PingContext(pingCtx)
 }
 
 // run connects, serves HTTP and runs the relay until ctx is done or the
@@ -252,14 +283,6 @@ func (w *worker) run(ctx context.Context) int {
 	}
 	w.log.Info("outbox-relay: stopped; leases released")
 	return exitOK
-}
-
-func (w *worker) ping(ctx context.Context) error {
-	sqlDB, err := w.db.DB()
-	if err != nil {
-		return err
-	}
-	return sqlDB.PingContext(ctx)
 }
 
 // handler serves /metrics and /healthz.
@@ -338,7 +361,12 @@ func (gormLogger) ParamsFilter(_ context.Context, sql string, _ ...any) (string,
 // exist, in one error that says how to create them. Without them the relay
 // could only fail every cycle, forever.
 func (w *worker) checkTables(ctx context.Context) error {
-	c := w.cfg.outbox.WithDefaults()
+	return checkOutboxTables(ctx, w.db, &w.cfg.dbConfig)
+}
+
+// checkOutboxTables is worker.checkTables on any database.
+func checkOutboxTables(ctx context.Context, db *gorm.DB, dc *dbConfig) error {
+	c := dc.outbox.WithDefaults()
 	qualified := func(t string) string {
 		if c.Schema == "" {
 			return t
@@ -347,7 +375,7 @@ func (w *worker) checkTables(ctx context.Context) error {
 	}
 	var missing []string
 	for _, t := range []string{c.MessagesTable, c.LeasesTable, c.RelaysTable} {
-		ok, err := hasTable(w.db.WithContext(ctx), w.cfg.dbDriver, c.Schema, t)
+		ok, err := hasTable(db.WithContext(ctx), dc.dbDriver, c.Schema, t)
 		if err != nil {
 			return fmt.Errorf("look up table %s: %v", qualified(t), err)
 		}
@@ -363,7 +391,7 @@ func (w *worker) checkTables(ctx context.Context) error {
 		renamed = " with these names"
 	}
 	return fmt.Errorf("missing outbox tables %s: start once with -migrate, or apply migrations/%s.sql%s",
-		strings.Join(missing, ", "), w.cfg.dbDriver, renamed)
+		strings.Join(missing, ", "), dc.dbDriver, renamed)
 }
 
 // hasTable reports whether table exists in schema (empty: the connection's

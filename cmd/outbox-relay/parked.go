@@ -1,0 +1,520 @@
+package main
+
+// The parked-row subcommands: parked, requeue and discard. They open the
+// relay's database with the relay's own database flags (dbFlags), work
+// through the store's relay.ParkAdmin and exit; they never start the relay,
+// the Kafka publisher or the HTTP server.
+
+import (
+	"cmp"
+	"context"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"strconv"
+	"strings"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/gorm-outbox/outbox/gormstore"
+	"github.com/gorm-outbox/outbox/relay"
+)
+
+// defaultParkedLimit is the default -limit of the parked subcommand.
+const defaultParkedLimit = 1000
+
+// subcommand is one command of the binary other than the relay.
+type subcommand struct {
+	name string
+	// args is the synopsis after the command name, before the flags.
+	args string
+	// summary is one line for the general usage.
+	summary string
+	// doc is the paragraph of the command's own usage.
+	doc string
+	// selector: the command takes -key, -key-hex, -id or -all.
+	selector bool
+	run      func(ctx context.Context, e *adminEnv, c *adminConfig) int
+}
+
+// subcommands lists the commands in the order of the usage text.
+var subcommands = []*subcommand{
+	{
+		name:    "parked",
+		args:    "[-rows] [-json] [-limit N]",
+		summary: "list the parked rows, per key",
+		doc: `Lists the parked rows: rows the relay set aside because the broker will never
+accept them as stored (or the store cannot decode them), together with the
+later rows of their key, which wait behind them in order. One line per key
+and bucket (its rows, first id, oldest row's age, how long it has been
+parked and why), then the rows parked alone (keyless or corrupt) by id.
+Printable keys are quoted, others shown in hex; long keys are truncated
+(select them with -id FIRST_ID). Prints "no parked rows" when there are none.`,
+		run: runParked,
+	},
+	{
+		name:     "requeue",
+		args:     "(-key TEXT | -key-hex HEX | -id N | -all)",
+		summary:  "publish parked rows again, in their original order",
+		selector: true,
+		doc: `Clears the parked mark of the chosen rows: the relay publishes them again in
+id order, ahead of the later rows of their key. -key chooses every parked
+row of the key in every bucket; -id N chooses row N alone if it is keyless
+or corrupt, else every parked row of its key in its bucket; -all chooses
+every parked row. Fix the cause first (topic, ACLs, size limit), or the rows
+are parked again.`,
+		run: runRequeue,
+	},
+	{
+		name:     "discard",
+		args:     "(-key TEXT | -key-hex HEX | -id N | -all) -confirm",
+		summary:  "delete parked rows (never publishes them)",
+		selector: true,
+		doc: `Deletes the chosen parked rows; their records are never published. Rows that
+are not parked are never deleted. The selectors are those of requeue.
+Without -confirm it deletes nothing: it shows the rows it would delete and
+exits 2.`,
+		run: runDiscard,
+	},
+}
+
+// findSubcommand returns the subcommand called name, or nil.
+func findSubcommand(name string) *subcommand {
+	for _, sc := range subcommands {
+		if sc.name == name {
+			return sc
+		}
+	}
+	return nil
+}
+
+// adminEnv is what a subcommand runs with. run passes the process's; tests
+// inject a fake store (open) and a fixed clock (now).
+type adminEnv struct {
+	getenv         func(string) string
+	stdout, stderr io.Writer
+	// open returns the store's ParkAdmin on the database of c, and a
+	// function that closes it (never nil when the error is nil).
+	open func(ctx context.Context, c *dbConfig, log *slog.Logger) (relay.ParkAdmin, func(), error)
+	// now is the clock the ages are computed with.
+	now func() time.Time
+}
+
+// adminConfig is a subcommand's configuration.
+type adminConfig struct {
+	dbConfig
+
+	// parked
+	limit  int
+	rows   bool
+	asJSON bool
+
+	// requeue and discard
+	sel     relay.ParkedSelector
+	selDesc string // the selector as the user gave it, e.g. -key "k1"
+	confirm bool
+}
+
+// selectorFlags are the flags of a ParkedSelector, in the order of messages.
+var selectorFlags = []string{"key", "key-hex", "id", "all"}
+
+// newSubcommandFlagSet declares sc's flags into c: its own, then the
+// database flags shared with the relay. Only the database flags are read
+// from the environment (see runSubcommand).
+func newSubcommandFlagSet(sc *subcommand, c *adminConfig) *flag.FlagSet {
+	fs := flag.NewFlagSet("outbox-relay "+sc.name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	dbFlags(fs, &c.dbConfig)
+	switch {
+	case sc.name == "parked":
+		intVar(fs, &c.limit, "limit", defaultParkedLimit, "read at most this many parked rows (0: all)")
+		fs.BoolVar(&c.rows, "rows", false, "list every row instead of one line per key")
+		fs.BoolVar(&c.asJSON, "json", false, "print JSON: one object per line, per key (or per row with -rows), keys in base64 and as text")
+	case sc.selector:
+		fs.Func("key", "choose the parked rows of this key, given as text, in every bucket", func(s string) error {
+			c.sel.Key = append([]byte{}, s...) // never nil: "" is the empty key
+			return nil
+		})
+		fs.Func("key-hex", "choose the parked rows of this key, given in hexadecimal (as parked shows a binary key: 0x optional), in every bucket", func(s string) error {
+			k, err := hex.DecodeString(strings.TrimPrefix(strings.TrimPrefix(s, "0x"), "0X"))
+			if err != nil {
+				return errors.New("not hexadecimal: want pairs of 0-9a-f, e.g. 6b6579 for the key \"key\"")
+			}
+			c.sel.Key = append([]byte{}, k...) // never nil: "" is the empty key
+			return nil
+		})
+		int64Var(fs, &c.sel.ID, "id", 0, "choose parked row N: alone if keyless or corrupt, else with every parked row of its key in its bucket")
+		fs.BoolVar(&c.sel.All, "all", false, "choose every parked row")
+		if sc.name == "discard" {
+			fs.BoolVar(&c.confirm, "confirm", false, "really delete (without it, show what would be deleted and exit 2)")
+		}
+	}
+	return fs
+}
+
+// dbFlagNames returns the names of the flags dbFlags declares: the only
+// flags of a subcommand read from the environment (a selector or -confirm
+// in the environment could delete rows nobody named on the command line).
+func dbFlagNames() map[string]bool {
+	fs := flag.NewFlagSet("", flag.ContinueOnError)
+	dbFlags(fs, &dbConfig{})
+	names := map[string]bool{}
+	fs.VisitAll(func(f *flag.Flag) { names[f.Name] = true })
+	return names
+}
+
+// parseSubcommand parses sc's command line and environment; errors are one
+// line naming the flag. It returns errHelp for -h.
+func parseSubcommand(sc *subcommand, args []string, getenv func(string) string) (*adminConfig, error) {
+	c := &adminConfig{}
+	fs := newSubcommandFlagSet(sc, c)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, errHelp
+		}
+		if name, ok := strings.CutPrefix(err.Error(), "flag provided but not defined: "); ok {
+			return nil, fmt.Errorf("%s: not a flag of outbox-relay %s (it takes the database flags and its own only)", name, sc.name)
+		}
+		return nil, flagParseError(err)
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if err := applyEnv(fs, getenv, dbFlagNames()); err != nil {
+		return nil, err
+	}
+	c.defaults()
+	if sc.name == "parked" && c.limit < 0 {
+		return nil, fmt.Errorf("-limit %d: must not be negative (0: no limit)", c.limit)
+	}
+	if sc.selector {
+		if err := c.parseSelector(fs, sc); err != nil {
+			return nil, err
+		}
+	}
+	return c, c.dbConfig.check()
+}
+
+// parseSelector checks that exactly one selector flag was given and
+// describes it.
+func (c *adminConfig) parseSelector(fs *flag.FlagSet, sc *subcommand) error {
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	var set []string
+	for _, name := range selectorFlags {
+		if given[name] && !(name == "all" && !c.sel.All) { // -all=false chooses nothing
+			set = append(set, "-"+name)
+		}
+	}
+	switch len(set) {
+	case 0:
+		return errors.New("one of -key, -key-hex, -id or -all is required")
+	case 1:
+	default:
+		return fmt.Errorf("%s: give only one of -key, -key-hex, -id or -all", strings.Join(set, " and "))
+	}
+	switch set[0] {
+	case "-key":
+		c.selDesc = "-key " + strconv.Quote(string(c.sel.Key))
+	case "-key-hex":
+		c.selDesc = "-key-hex " + hex.EncodeToString(c.sel.Key)
+	case "-id":
+		if c.sel.ID <= 0 {
+			return fmt.Errorf("-id %d: must be a row id, 1 or more", c.sel.ID)
+		}
+		c.selDesc = "-id " + strconv.FormatInt(c.sel.ID, 10)
+	case "-all":
+		c.selDesc = "-all"
+	}
+	return c.sel.Validate()
+}
+
+// runSubcommand runs the subcommand called name with args (those after the
+// name) and returns the exit code: 0 done, 2 usage or configuration error
+// (or discard without -confirm), 1 runtime failure.
+func runSubcommand(ctx context.Context, name string, args []string, e *adminEnv) int {
+	if name == "help" {
+		return runHelp(args, e)
+	}
+	sc := findSubcommand(name)
+	c, err := parseSubcommand(sc, args, e.getenv)
+	if errors.Is(err, errHelp) {
+		subcommandUsage(e.stdout, sc)
+		return exitOK
+	}
+	if err != nil {
+		fmt.Fprintf(e.stderr, "outbox-relay %s: %s (see outbox-relay %s -h)\n", sc.name, oneLine(err), sc.name)
+		return exitConfig
+	}
+	return sc.run(ctx, e, c)
+}
+
+// runHelp prints the general usage, or a subcommand's.
+func runHelp(args []string, e *adminEnv) int {
+	switch {
+	case len(args) == 0 || len(args) == 1 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help"):
+		usage(e.stdout)
+		return exitOK
+	case len(args) == 1 && findSubcommand(args[0]) != nil:
+		subcommandUsage(e.stdout, findSubcommand(args[0]))
+		return exitOK
+	}
+	fmt.Fprintf(e.stderr, "outbox-relay help: unknown command %q: want %s (see outbox-relay -h)\n", strings.Join(args, " "), commandList())
+	return exitConfig
+}
+
+// commandList returns "parked, requeue or discard".
+func commandList() string {
+	names := make([]string, len(subcommands))
+	for i, sc := range subcommands {
+		names[i] = sc.name
+	}
+	return strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
+}
+
+// subcommandUsage writes sc's usage: its doc, its own flags, then the
+// database flags with their environment variables.
+func subcommandUsage(w io.Writer, sc *subcommand) {
+	fmt.Fprintf(w, "Usage: outbox-relay %s %s [database flags]\n\n%s\n\n", sc.name, sc.args, sc.doc)
+	fmt.Fprintf(w, `Exit status: 0 done (also when no row matched); 2 bad usage or
+configuration (one error line naming the flag, before any connection);
+1 a runtime failure (database unreachable, outbox tables missing, a store
+error, interrupted by SIGINT or SIGTERM). Each statement is bounded by
+-statement-timeout. The Kafka, HTTP and relay flags do not apply.
+
+Flags:
+`)
+	db := dbFlagNames()
+	fs := newSubcommandFlagSet(sc, &adminConfig{})
+	fs.VisitAll(func(f *flag.Flag) {
+		if !db[f.Name] {
+			fmt.Fprintf(w, "  -%s\n    \t%s%s\n", f.Name, f.Usage, defaultNote(f))
+		}
+	})
+	fmt.Fprintf(w, "\nDatabase flags, as the relay's (each also read from the variable beside it):\n")
+	fs.VisitAll(func(f *flag.Flag) {
+		if db[f.Name] {
+			fmt.Fprintf(w, "  -%s  [%s]\n    \t%s%s\n", f.Name, envName(f.Name), f.Usage, defaultNote(f))
+		}
+	})
+}
+
+// defaultNote returns " (default X)" for a flag whose default is not zero.
+func defaultNote(f *flag.Flag) string {
+	switch f.DefValue {
+	case "", "0", "0s", "false", "[]":
+		return ""
+	}
+	return fmt.Sprintf(" (default %s)", f.DefValue)
+}
+
+// subcommandsUsage is the part of the general usage about the subcommands.
+func subcommandsUsage(w io.Writer) {
+	fmt.Fprintf(w, "Commands (outbox-relay COMMAND -h for each; without one, the relay runs):\n")
+	for _, sc := range subcommands {
+		fmt.Fprintf(w, "  outbox-relay %s %s\n    \t%s\n", sc.name, sc.args, sc.summary)
+	}
+	fmt.Fprintf(w, "  outbox-relay help [COMMAND]\n    \tthis text, or a command's\n")
+	fmt.Fprintf(w, `
+The commands take the relay's database flags (-db-driver, -db-dsn, -schema,
+-messages-table, -leases-table, -relays-table, -bucket-count,
+-statement-timeout) and their variables, and flags of their own; they
+neither publish nor serve HTTP.
+
+`)
+}
+
+// openStoreAdmin opens the database of c and returns gormstore's
+// ParkAdmin on it. Errors are runtime failures (exit 1).
+func openStoreAdmin(ctx context.Context, c *dbConfig, log *slog.Logger) (relay.ParkAdmin, func(), error) {
+	db, err := openDB(ctx, c, log)
+	closeDB := func() {
+		if db == nil {
+			return
+		}
+		if sqlDB, err := db.DB(); err == nil {
+			_ = sqlDB.Close()
+		}
+	}
+	if err != nil {
+		closeDB()
+		return nil, nil, fmt.Errorf("database unreachable (%s): %w", c.dbDriver, err)
+	}
+	admin, err := storeAdmin(ctx, db, c)
+	if err != nil {
+		closeDB()
+		return nil, nil, err
+	}
+	return admin, closeDB, nil
+}
+
+// storeAdmin checks that the outbox tables exist and returns the
+// relay.ParkAdmin of a gormstore.Store on db.
+func storeAdmin(ctx context.Context, db *gorm.DB, c *dbConfig) (relay.ParkAdmin, error) {
+	tctx, cancel := context.WithTimeout(ctx, cmp.Or(c.statementTimeout, gormstore.DefaultStatementTimeout))
+	err := checkOutboxTables(tctx, db, c)
+	cancel()
+	if err != nil {
+		return nil, err
+	}
+	store, err := gormstore.New(db, gormstore.Options{Config: c.outbox, StatementTimeout: c.statementTimeout})
+	if err != nil { // checked by parseSubcommand; not expected
+		return nil, err
+	}
+	admin, ok := any(store).(relay.ParkAdmin)
+	if !ok {
+		return nil, errors.New("this build's gormstore.Store cannot list, requeue or delete parked rows (it does not implement relay.ParkAdmin)")
+	}
+	return admin, nil
+}
+
+// connect opens the store for sc, reporting a failure on stderr.
+func (e *adminEnv) connect(ctx context.Context, sc string, c *adminConfig) (relay.ParkAdmin, func(), bool) {
+	log := slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	admin, closeFn, err := e.open(ctx, &c.dbConfig, log)
+	if err != nil {
+		e.fail(ctx, sc, err)
+		return nil, nil, false
+	}
+	return admin, closeFn, true
+}
+
+// fail reports a runtime failure of what (the command and its selector) on
+// stderr and returns exitFailure. An interruption says so: the outcome of a
+// statement cut short is unknown.
+func (e *adminEnv) fail(ctx context.Context, what string, err error) int {
+	if ctx.Err() != nil {
+		fmt.Fprintf(e.stderr, "outbox-relay %s: interrupted (%v); run outbox-relay parked to see what is parked now\n", what, context.Cause(ctx))
+		return exitFailure
+	}
+	fmt.Fprintf(e.stderr, "outbox-relay %s: %s\n", what, oneLine(err))
+	return exitFailure
+}
+
+// listParked returns up to limit parked rows (0: all), and whether there
+// were more.
+func listParked(ctx context.Context, admin relay.ParkAdmin, limit int) ([]relay.ParkedRow, bool, error) {
+	if limit <= 0 {
+		rows, err := admin.ListParked(ctx, 0)
+		return rows, false, err
+	}
+	rows, err := admin.ListParked(ctx, limit+1)
+	if err != nil {
+		return nil, false, err
+	}
+	if len(rows) > limit {
+		return rows[:limit], true, nil
+	}
+	return rows, false, nil
+}
+
+// runParked is the parked subcommand.
+func runParked(ctx context.Context, e *adminEnv, c *adminConfig) int {
+	admin, closeFn, ok := e.connect(ctx, "parked", c)
+	if !ok {
+		return exitFailure
+	}
+	defer closeFn()
+	rows, more, err := listParked(ctx, admin, c.limit)
+	if err != nil {
+		return e.fail(ctx, "parked", err)
+	}
+	now := e.now()
+	if len(rows) == 0 {
+		// With -json, stdout stays valid (empty) JSON lines.
+		out := e.stdout
+		if c.asJSON {
+			out = e.stderr
+		}
+		fmt.Fprintf(out, "no parked rows in %s\n", c.outbox.WithDefaults().MessagesTableName())
+		return exitOK
+	}
+	switch {
+	case c.asJSON && c.rows:
+		err = writeRowsJSON(e.stdout, rows, now)
+	case c.asJSON:
+		err = writeGroupsJSON(e.stdout, groupParked(rows), now)
+	case c.rows:
+		err = writeRowsTable(e.stdout, rows, now)
+	default:
+		err = writeGroupsTable(e.stdout, groupParked(rows), now, true)
+	}
+	if err != nil {
+		return e.fail(ctx, "parked", err)
+	}
+	if more {
+		note := fmt.Sprintf("showing the first %d parked rows (-limit %d); there are more: raise -limit, or -limit 0 for all", c.limit, c.limit)
+		if c.asJSON {
+			fmt.Fprintf(e.stderr, "outbox-relay parked: %s\n", note)
+		} else {
+			fmt.Fprintf(e.stdout, "\n%s\n", note)
+		}
+	}
+	return exitOK
+}
+
+// runRequeue is the requeue subcommand.
+func runRequeue(ctx context.Context, e *adminEnv, c *adminConfig) int {
+	what := "requeue " + c.selDesc
+	admin, closeFn, ok := e.connect(ctx, what, c)
+	if !ok {
+		return exitFailure
+	}
+	defer closeFn()
+	n, err := admin.RequeueParked(ctx, c.sel)
+	if err != nil {
+		return e.fail(ctx, what, err)
+	}
+	fmt.Fprintf(e.stdout, "requeued %s (%s)%s\n", plural(n, "row"), c.selDesc, noneMatched(n))
+	return exitOK
+}
+
+// runDiscard is the discard subcommand.
+func runDiscard(ctx context.Context, e *adminEnv, c *adminConfig) int {
+	what := "discard " + c.selDesc
+	admin, closeFn, ok := e.connect(ctx, what, c)
+	if !ok {
+		return exitFailure
+	}
+	defer closeFn()
+	if !c.confirm {
+		rows, err := admin.ListParked(ctx, 0)
+		if err != nil {
+			return e.fail(ctx, what, err)
+		}
+		chosen := selectParked(c.sel, rows)
+		if len(chosen) > 0 {
+			if err := writeGroupsTable(e.stdout, groupParked(chosen), e.now(), false); err != nil {
+				return e.fail(ctx, what, err)
+			}
+		}
+		fmt.Fprintf(e.stderr, "outbox-relay %s: would delete %s; nothing deleted without -confirm: run it again with -confirm to delete\n",
+			what, plural(int64(len(chosen)), "parked row"))
+		return exitConfig
+	}
+	n, err := admin.DeleteParked(ctx, c.sel)
+	if err != nil {
+		return e.fail(ctx, what, err)
+	}
+	fmt.Fprintf(e.stdout, "deleted %s (%s)%s\n", plural(n, "parked row"), c.selDesc, noneMatched(n))
+	return exitOK
+}
+
+// plural returns "1 row", "2 rows".
+func plural(n int64, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return strconv.FormatInt(n, 10) + " " + noun + "s"
+}
+
+func noneMatched(n int64) string {
+	if n == 0 {
+		return ": no parked row matched"
+	}
+	return ""
+}

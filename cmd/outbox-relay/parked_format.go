@@ -1,0 +1,355 @@
+package main
+
+// Grouping and printing of parked rows for the parked and discard
+// subcommands.
+
+import (
+	"bytes"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/gorm-outbox/outbox/relay"
+)
+
+// Display limits of the tables (-json prints everything in full).
+const (
+	maxKeyDisplay    = 64  // characters of a key's text or hex digits
+	maxReasonDisplay = 160 // characters of a reason
+)
+
+// parkedGroup is the parked rows of one key in one bucket, or one row
+// parked alone (keyless or corrupt).
+type parkedGroup struct {
+	Bucket int
+	// Alone: a keyless or corrupt row, which holds no other row.
+	Alone bool
+	// Rows in id order; Rows[0].ID is the group's first id.
+	Rows []relay.ParkedRow
+	// Head is the row whose reason and parked-at the group shows: the
+	// lowest-id row that is not held behind another (the held rows' reason
+	// only names it). Rows[0] if every row is held (the head was requeued
+	// or deleted while the rows were listed).
+	Head relay.ParkedRow
+}
+
+// isCorrupt reports whether r was parked because it cannot be decoded.
+func isCorrupt(r relay.ParkedRow) bool { return strings.HasPrefix(r.Reason, relay.CorruptReasonPrefix) }
+
+// isHeld reports whether r was parked behind an earlier row of its key.
+func isHeld(r relay.ParkedRow) bool { return strings.HasPrefix(r.Reason, relay.HeldReasonPrefix) }
+
+// parkedAlone reports whether r is parked by itself: it has no key, or it
+// is corrupt.
+func parkedAlone(r relay.ParkedRow) bool { return r.Key == nil || isCorrupt(r) }
+
+// groupParked groups rows (in ListParked's (bucket, id) order) per bucket
+// and key, each row parked alone in a group of its own, in the order of the
+// groups' first rows.
+func groupParked(rows []relay.ParkedRow) []*parkedGroup {
+	type groupKey struct {
+		bucket int
+		key    string
+	}
+	var groups []*parkedGroup
+	index := map[groupKey]*parkedGroup{}
+	for _, r := range rows {
+		if parkedAlone(r) {
+			groups = append(groups, &parkedGroup{Bucket: r.Bucket, Alone: true, Rows: []relay.ParkedRow{r}})
+			continue
+		}
+		k := groupKey{r.Bucket, string(r.Key)}
+		g := index[k]
+		if g == nil {
+			g = &parkedGroup{Bucket: r.Bucket}
+			index[k] = g
+			groups = append(groups, g)
+		}
+		g.Rows = append(g.Rows, r)
+	}
+	for _, g := range groups {
+		g.Head = g.Rows[0]
+		for _, r := range g.Rows {
+			if !isHeld(r) {
+				g.Head = r
+				break
+			}
+		}
+	}
+	return groups
+}
+
+// oldest returns the earliest created-at of g's rows.
+func (g *parkedGroup) oldest() time.Time {
+	t := g.Rows[0].CreatedAt
+	for _, r := range g.Rows[1:] {
+		if r.CreatedAt.Before(t) {
+			t = r.CreatedAt
+		}
+	}
+	return t
+}
+
+// kind is "key", "keyless" or "corrupt".
+func (g *parkedGroup) kind() string {
+	switch {
+	case isCorrupt(g.Rows[0]):
+		return "corrupt"
+	case g.Rows[0].Key == nil:
+		return "keyless"
+	}
+	return "key"
+}
+
+// selectParked returns the rows of rows that sel chooses, as the store's
+// RequeueParked and DeleteParked choose them (see relay.ParkedSelector): it
+// previews a discard without -confirm.
+func selectParked(sel relay.ParkedSelector, rows []relay.ParkedRow) []relay.ParkedRow {
+	var out []relay.ParkedRow
+	switch {
+	case sel.All:
+		return rows
+	case sel.Key != nil:
+		for _, r := range rows {
+			if r.Key != nil && bytes.Equal(r.Key, sel.Key) {
+				out = append(out, r)
+			}
+		}
+	case sel.ID > 0:
+		var chosen *relay.ParkedRow
+		for i := range rows {
+			if rows[i].ID == sel.ID {
+				chosen = &rows[i]
+				break
+			}
+		}
+		if chosen == nil {
+			return nil
+		}
+		if parkedAlone(*chosen) {
+			return []relay.ParkedRow{*chosen}
+		}
+		for _, r := range rows {
+			if r.Bucket == chosen.Bucket && !parkedAlone(r) && bytes.Equal(r.Key, chosen.Key) {
+				out = append(out, r)
+			}
+		}
+	}
+	return out
+}
+
+// printable reports whether key is UTF-8 text of printable characters
+// (spaces included), shown quoted rather than in hex.
+func printable(key []byte) bool {
+	if !utf8.Valid(key) {
+		return false
+	}
+	for _, r := range string(key) {
+		if !unicode.IsPrint(r) {
+			return false
+		}
+	}
+	return true
+}
+
+// keyText returns key for display: (keyless) for nil, printable text
+// Go-quoted ("order-17"), anything else as 0x followed by hex. With max > 0
+// the text or the hex digits are cut to max characters, and an ellipsis
+// follows ("aaaa"…, 0x00ff…).
+func keyText(key []byte, max int) string {
+	if key == nil {
+		return "(keyless)"
+	}
+	if printable(key) {
+		s := string(key)
+		if max > 0 && utf8.RuneCountInString(s) > max {
+			return strconv.Quote(string([]rune(s)[:max])) + "…"
+		}
+		return strconv.Quote(s)
+	}
+	if max > 0 && 2*len(key) > max {
+		return "0x" + hex.EncodeToString(key[:max/2]) + "…"
+	}
+	return "0x" + hex.EncodeToString(key)
+}
+
+// reasonText returns a reason on one line, cut to maxReasonDisplay
+// characters.
+func reasonText(s string) string {
+	s = strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return ' '
+		}
+		return r
+	}, s)
+	if utf8.RuneCountInString(s) > maxReasonDisplay {
+		s = string([]rune(s)[:maxReasonDisplay]) + "…"
+	}
+	return s
+}
+
+// age returns now-t, compactly: 45s, 12m30s, 5h07m, 3d04h. A time in the
+// future (clocks apart) is 0s.
+func age(now, t time.Time) string {
+	d := max(now.Sub(t), 0)
+	switch {
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", int(d/time.Second))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm%02ds", int(d/time.Minute), int(d%time.Minute/time.Second))
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh%02dm", int(d/time.Hour), int(d%time.Hour/time.Minute))
+	}
+	return fmt.Sprintf("%dd%02dh", int(d/(24*time.Hour)), int(d%(24*time.Hour)/time.Hour))
+}
+
+// seconds returns now-t in whole seconds, at least 0.
+func seconds(now, t time.Time) int64 { return int64(max(now.Sub(t), 0) / time.Second) }
+
+// writeGroupsTable writes one line per parked key and bucket, then the rows
+// parked alone, then a summary; with hint, the commands that act on them.
+func writeGroupsTable(w io.Writer, groups []*parkedGroup, now time.Time, hint bool) error {
+	var keyed, alone []*parkedGroup
+	rows := 0
+	for _, g := range groups {
+		rows += len(g.Rows)
+		if g.Alone {
+			alone = append(alone, g)
+		} else {
+			keyed = append(keyed, g)
+		}
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	if len(keyed) > 0 {
+		fmt.Fprintf(tw, "KEY\tBUCKET\tROWS\tFIRST ID\tOLDEST\tPARKED FOR\tREASON\n")
+		for _, g := range keyed {
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\t%s\n", keyText(g.Rows[0].Key, maxKeyDisplay), g.Bucket, len(g.Rows),
+				g.Rows[0].ID, age(now, g.oldest()), age(now, g.Head.ParkedAt), reasonText(g.Head.Reason))
+		}
+	}
+	if len(alone) > 0 {
+		if len(keyed) > 0 {
+			fmt.Fprintf(tw, "\n")
+		}
+		fmt.Fprintf(tw, "PARKED ALONE (keyless or corrupt)\n")
+		fmt.Fprintf(tw, "ID\tBUCKET\tKEY\tAGE\tPARKED FOR\tREASON\n")
+		for _, g := range alone {
+			r := g.Rows[0]
+			fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t%s\n", r.ID, r.Bucket, keyText(r.Key, maxKeyDisplay),
+				age(now, r.CreatedAt), age(now, r.ParkedAt), reasonText(r.Reason))
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "\n%s parked: %s, %s alone.", plural(int64(rows), "row"), plural(int64(len(keyed)), "key"), plural(int64(len(alone)), "row"))
+	if hint {
+		fmt.Fprintf(w, " Requeue with outbox-relay requeue -id FIRST_ID (that key in that bucket) or -key/-key-hex KEY (every bucket); delete with outbox-relay discard … -confirm.")
+	}
+	_, err := fmt.Fprintln(w)
+	return err
+}
+
+// writeRowsTable writes every row.
+func writeRowsTable(w io.Writer, rows []relay.ParkedRow, now time.Time) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "ID\tMESSAGE ID\tBUCKET\tTOPIC\tKEY\tSIZE\tAGE\tPARKED FOR\tREASON\n")
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%s\t%s\t%d\t%s\t%s\t%s\n", r.ID, reasonText(r.MessageID), r.Bucket, r.Topic,
+			keyText(r.Key, maxKeyDisplay), r.Size, age(now, r.CreatedAt), age(now, r.ParkedAt), reasonText(r.Reason))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintf(w, "\n%s parked.\n", plural(int64(len(rows)), "row"))
+	return err
+}
+
+// groupJSON is a parked key of a bucket, or a row parked alone, in -json.
+type groupJSON struct {
+	// Kind is "key", "keyless" or "corrupt" (the last two are one row).
+	Kind   string `json:"kind"`
+	Bucket int    `json:"bucket"`
+	// KeyBase64 is the key (null when keyless); Key its display text as the
+	// table shows it, in full.
+	KeyBase64        []byte    `json:"key_base64"`
+	Key              *string   `json:"key"`
+	Rows             int       `json:"rows"`
+	FirstID          int64     `json:"first_id"`
+	IDs              []int64   `json:"ids"`
+	OldestCreatedAt  time.Time `json:"oldest_created_at"`
+	OldestAgeSeconds int64     `json:"oldest_age_seconds"`
+	// HeadID, ParkedAt, ParkedSeconds and Reason are the head row's.
+	HeadID        int64     `json:"head_id"`
+	ParkedAt      time.Time `json:"parked_at"`
+	ParkedSeconds int64     `json:"parked_seconds"`
+	Reason        string    `json:"reason"`
+}
+
+// rowJSON is a parked row in -json -rows.
+type rowJSON struct {
+	ID            int64     `json:"id"`
+	MessageID     string    `json:"message_id"`
+	Bucket        int       `json:"bucket"`
+	Topic         string    `json:"topic"`
+	KeyBase64     []byte    `json:"key_base64"`
+	Key           *string   `json:"key"`
+	Size          int       `json:"size"`
+	CreatedAt     time.Time `json:"created_at"`
+	AgeSeconds    int64     `json:"age_seconds"`
+	ParkedAt      time.Time `json:"parked_at"`
+	ParkedSeconds int64     `json:"parked_seconds"`
+	Reason        string    `json:"reason"`
+}
+
+// jsonKey returns the display text of key for -json, nil when keyless.
+func jsonKey(key []byte) *string {
+	if key == nil {
+		return nil
+	}
+	s := keyText(key, 0)
+	return &s
+}
+
+// writeGroupsJSON writes one JSON object per line per group.
+func writeGroupsJSON(w io.Writer, groups []*parkedGroup, now time.Time) error {
+	enc := json.NewEncoder(w)
+	for _, g := range groups {
+		o := groupJSON{
+			Kind: g.kind(), Bucket: g.Bucket, KeyBase64: g.Rows[0].Key, Key: jsonKey(g.Rows[0].Key),
+			Rows: len(g.Rows), FirstID: g.Rows[0].ID,
+			OldestCreatedAt: g.oldest().UTC(), OldestAgeSeconds: seconds(now, g.oldest()),
+			HeadID: g.Head.ID, ParkedAt: g.Head.ParkedAt.UTC(), ParkedSeconds: seconds(now, g.Head.ParkedAt), Reason: g.Head.Reason,
+		}
+		for _, r := range g.Rows {
+			o.IDs = append(o.IDs, r.ID)
+		}
+		if err := enc.Encode(o); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// writeRowsJSON writes one JSON object per line per row.
+func writeRowsJSON(w io.Writer, rows []relay.ParkedRow, now time.Time) error {
+	enc := json.NewEncoder(w)
+	for _, r := range rows {
+		if err := enc.Encode(rowJSON{
+			ID: r.ID, MessageID: r.MessageID, Bucket: r.Bucket, Topic: r.Topic,
+			KeyBase64: r.Key, Key: jsonKey(r.Key), Size: r.Size,
+			CreatedAt: r.CreatedAt.UTC(), AgeSeconds: seconds(now, r.CreatedAt),
+			ParkedAt: r.ParkedAt.UTC(), ParkedSeconds: seconds(now, r.ParkedAt), Reason: r.Reason,
+		}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
