@@ -25,8 +25,10 @@ var errNotRunning = errors.New("relay: not running")
 // no later acquisition has repaired, or a publisher that cannot
 // authenticate to Kafka). A publish failure is not a cycle failure: the
 // failing row is retried with backoff and counted by the publish.failures
-// metric. Nor is a store error confined to one bucket (its NextBatch or
-// MarkPublished failed, e.g. on a row the store cannot decode): Health stays
+// metric; parking a row (see Options.ParkPolicy) does not make the relay
+// unhealthy either. Nor is a store error confined to one bucket (its
+// NextBatch or MarkPublished failed, e.g. on a row a store that cannot park
+// cannot decode): Health stays
 // about the relay itself, so that bucket backs off alone, logged at WARN
 // once per backoff step with its number, while the other buckets go on and
 // the relay stays healthy. A store failing the relay as a whole still

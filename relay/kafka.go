@@ -59,7 +59,7 @@ type KafkaConfig struct {
 	// record sizes, that the publisher sends to one partition; a partition's
 	// rows that exceed it go in several requests, one after the other. A
 	// single row larger than BatchBytes fails with an error matching
-	// kafka.MessageSizeTooLarge without being sent. Keep it at most the
+	// kafka.MessageSizeTooLarge and ErrUnpublishable without being sent. Keep it at most the
 	// topics' max.message.bytes: a larger request is rejected by the broker
 	// and the publisher then has to split it. Zero means the BatchBytes the
 	// Configure hook set on the writer, else DefaultKafkaBatchBytes (1 MiB);
@@ -249,7 +249,14 @@ func (placement) Balance(msg kafka.Message, partitions ...int) int {
 
 // Publish sends batch and returns the contiguous acknowledged prefix and the
 // error of the first unacknowledged row (wrapping kafka-go's error, so
-// errors.Is(res.Err, kafka.MessageSizeTooLarge) and the like work).
+// errors.Is(res.Err, kafka.MessageSizeTooLarge) and the like work). The
+// error also wraps ErrUnpublishable, so that the relay's default
+// Options.ParkPolicy parks the row, when it will recur for the row as
+// stored: the row alone is too large for the topic or BatchBytes, or
+// invalid (CORRUPT_MESSAGE, INVALID_RECORD); its topic is empty, invalid
+// or not writable by the relay (TOPIC_AUTHORIZATION_FAILED); or it names a
+// partition its topic does not have. Transient errors (leaders, timeouts,
+// replicas, the network, an unknown topic) never wrap it.
 //
 // When ctx is done, or KafkaConfig.PublishTimeout has passed, Publish stops
 // waiting and reports only the rows acknowledged so far, with ctx's error
@@ -344,6 +351,10 @@ func (p *KafkaPublisher) place(ctx context.Context, batch []*outbox.Message, row
 	var order []topicPartition
 	var parts []int
 	for i, m := range batch {
+		if m.Topic == "" {
+			rows[i].err = unpublishable(errors.New("the row has no topic"))
+			continue
+		}
 		n, seen := counts[m.Topic]
 		err := countErr[m.Topic]
 		if !seen && err == nil {
@@ -355,14 +366,17 @@ func (p *KafkaPublisher) place(ctx context.Context, batch []*outbox.Message, row
 			}
 		}
 		if err != nil {
-			rows[i].err = err
+			rows[i].err = classify(err, true)
 			continue
 		}
 		var part int
 		if m.Partition != nil {
 			part = int(*m.Partition)
 			if part < 0 || part >= n {
-				rows[i].err = fmt.Errorf("partition %d of %d: %w", part, n, kafka.UnknownTopicOrPartition)
+				// Not the writer's business: its balancer would place the
+				// row on another partition. The row names a partition the
+				// topic does not have: it fails alone, as stored.
+				rows[i].err = unpublishable(fmt.Errorf("partition %d does not exist (the topic has %d): %w", part, n, kafka.UnknownTopicOrPartition))
 				continue
 			}
 		} else {
@@ -435,7 +449,7 @@ func (p *KafkaPublisher) publishPartition(ctx context.Context, key topicPartitio
 		for end < len(idx) && end-start < p.maxRecords {
 			n := int64(recordSize(&rows[idx[end]].msg))
 			if n > p.batchBytes {
-				tooLarge = fmt.Errorf("record of %d bytes exceeds BatchBytes %d: %w", n, p.batchBytes, kafka.MessageSizeTooLarge)
+				tooLarge = unpublishable(fmt.Errorf("record of %d bytes exceeds BatchBytes %d: %w", n, p.batchBytes, kafka.MessageSizeTooLarge))
 				break
 			}
 			if size+n > p.batchBytes {
@@ -478,7 +492,7 @@ func (p *KafkaPublisher) sendSplit(ctx context.Context, rows []row, idx []int, r
 		return true, false
 	}
 	if len(idx) == 1 || !recordError(err) {
-		rows[idx[0]].err = err
+		rows[idx[0]].err = classify(err, len(idx) == 1)
 		return false, false
 	}
 	half := len(idx) / 2
@@ -582,12 +596,58 @@ func firstWriteError(err error) error {
 // of its records, so that nothing was appended and a smaller request may
 // succeed.
 func recordError(err error) bool {
-	for _, e := range []kafka.Error{kafka.MessageSizeTooLarge, kafka.RecordListTooLarge, kafka.InvalidRecord, kafka.InvalidMessage} {
+	for _, e := range []kafka.Error{kafka.MessageSizeTooLarge, kafka.RecordListTooLarge, kafka.InvalidRecord, kafka.InvalidMessage} { // InvalidMessage is CORRUPT_MESSAGE
 		if errors.Is(err, e) {
 			return true
 		}
 	}
 	return false
+}
+
+// unpublishableError is a row's publish error that will recur for the row
+// as stored: it matches ErrUnpublishable as well as the original error, and
+// reads as the original.
+type unpublishableError struct{ err error }
+
+func (e *unpublishableError) Error() string   { return e.err.Error() }
+func (e *unpublishableError) Unwrap() []error { return []error{e.err, ErrUnpublishable} }
+
+func unpublishable(err error) error { return &unpublishableError{err} }
+
+// classify returns err wrapping ErrUnpublishable when it will recur for the
+// row as stored, whatever the retry, else err itself. alone says that the
+// failed request held this row only, so that an error about the size or
+// validity of the request's records is about this row and not a batching
+// effect (the publisher resends a rejected request in halves down to one
+// row, see sendSplit):
+//   - about the row, when alone: MESSAGE_TOO_LARGE (larger than the topic's
+//     max.message.bytes), RECORD_LIST_TOO_LARGE (larger than its
+//     segment.bytes), CORRUPT_MESSAGE (kafka.InvalidMessage; e.g. a keyless
+//     record for a compacted topic on older brokers) and INVALID_RECORD
+//     (the broker's record validation);
+//   - about the topic, whatever the request: INVALID_TOPIC_EXCEPTION (a
+//     topic name Kafka cannot have) and TOPIC_AUTHORIZATION_FAILED (the
+//     relay may not write the topic: fix the ACL, then requeue).
+//
+// Everything else is transient: leaders moving or unavailable
+// (LEADER_NOT_AVAILABLE, NOT_LEADER_FOR_PARTITION), timeouts
+// (REQUEST_TIMED_OUT, PublishTimeout, a cancelled context), missing
+// replicas (NOT_ENOUGH_REPLICAS*), network errors, and
+// UNKNOWN_TOPIC_OR_PARTITION from the broker (a topic being created).
+func classify(err error, alone bool) error {
+	if err == nil || errors.Is(err, ErrUnpublishable) ||
+		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return err
+	}
+	for _, e := range []kafka.Error{kafka.InvalidTopic, kafka.TopicAuthorizationFailed} {
+		if errors.Is(err, e) {
+			return unpublishable(err)
+		}
+	}
+	if alone && recordError(err) {
+		return unpublishable(err)
+	}
+	return err
 }
 
 // recordSize is kafka-go's accounting of a message's size against

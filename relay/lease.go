@@ -91,6 +91,7 @@ func (r *Relay) setLeases(st *runState, buckets []int, validUntil time.Time) {
 	for _, b := range buckets {
 		if !slices.Contains(old, b) {
 			st.discover = true
+			st.forgetParked(b) // loaded before its first batch
 		}
 	}
 	for _, b := range old {
@@ -98,6 +99,7 @@ func (r *Relay) setLeases(st *runState, buckets []int, validUntil time.Time) {
 			st.ready[b] = false
 			delete(st.retry, b)
 			delete(st.unmarked, b) // the next owner republishes them
+			st.forgetParked(b)     // reloaded if the bucket comes back
 		}
 	}
 	r.noteStuck(st)

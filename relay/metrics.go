@@ -11,8 +11,8 @@ import (
 // meterName is the instrumentation scope of the relay's instruments.
 const meterName = "github.com/gorm-outbox/outbox/relay"
 
-// Instrument names. Every instrument carries one attribute, outbox.name
-// (Options.MetricsName). Counters and histograms are recorded once per batch
+// Instrument names. Every instrument carries the attribute outbox.name
+// (Options.MetricsName); MetricParked adds outbox.park.reason. Counters and histograms are recorded once per batch
 // or cycle, never per message; gauges read state the relay cached and never
 // query the store.
 const (
@@ -65,6 +65,35 @@ const (
 	// is stuck") is max(outbox.publish.inflight_age) > the bound. Read from
 	// the relay's state, never blocking.
 	MetricPublishInflightAge = "outbox.publish.inflight_age"
+	// MetricParked counts the rows the relay parked (see Parker and
+	// Options.ParkPolicy), with the attribute outbox.park.reason
+	// (AttrParkReason): ParkReasonUnpublishable (a row that failed
+	// Options.ParkAfter times with an error wrapping ErrUnpublishable),
+	// ParkReasonFailure (any other failure, under ParkAnyFailure),
+	// ParkReasonCorrupt (a row the store cannot decode) or ParkReasonHeld (a
+	// later row of a parked row's key, held behind it). Recorded once per
+	// park or hold call, not per message; all four series start at 0 when
+	// the store implements Parker. An alert on a parked row is
+	// increase(outbox.parked{outbox.park.reason!="held"}) > 0.
+	MetricParked = "outbox.parked"
+	// MetricParkedMessages is a gauge of the whole store's parked rows (held
+	// ones included) from the latest backlog sample (Pending.Parked; see
+	// Options.MetricsBacklog), 0 for a store that cannot park; absent while
+	// no sample is available. Rows leave it when an operator requeues or
+	// deletes them (ParkAdmin).
+	MetricParkedMessages = "outbox.parked.messages"
+)
+
+// AttrParkReason is the attribute of MetricParked saying why rows were
+// parked: one of the ParkReason values.
+const AttrParkReason = "outbox.park.reason"
+
+// Values of AttrParkReason.
+const (
+	ParkReasonUnpublishable = "unpublishable"
+	ParkReasonFailure       = "failure"
+	ParkReasonCorrupt       = "corrupt"
+	ParkReasonHeld          = "held"
 )
 
 // instruments are a relay's OpenTelemetry instruments.
@@ -82,17 +111,24 @@ type instruments struct {
 	pendingOK   metric.Int64ObservableGauge
 	headAge     metric.Float64ObservableGauge
 	inflightAge metric.Float64ObservableGauge
+	parked      metric.Int64Counter
+	parkedMsgs  metric.Int64ObservableGauge
+	parkAttrs   map[string]metric.MeasurementOption // AttrParkReason value → outbox.name and that reason
 }
 
 // pendingSample is a cached backlog sample.
 type pendingSample struct {
 	count  int64
 	oldest time.Time // zero: unknown (or empty store)
+	parked int64
 }
 
 func newInstruments(mp metric.MeterProvider, name string) (*instruments, error) {
 	m := mp.Meter(meterName)
-	in := &instruments{meter: m, attrs: metric.WithAttributeSet(attribute.NewSet(attribute.String("outbox.name", name)))}
+	in := &instruments{meter: m, attrs: metric.WithAttributeSet(attribute.NewSet(attribute.String("outbox.name", name))), parkAttrs: map[string]metric.MeasurementOption{}}
+	for _, reason := range []string{ParkReasonUnpublishable, ParkReasonFailure, ParkReasonCorrupt, ParkReasonHeld} {
+		in.parkAttrs[reason] = metric.WithAttributeSet(attribute.NewSet(attribute.String("outbox.name", name), attribute.String(AttrParkReason, reason)))
+	}
 	var err error
 	seconds := []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120}
 	steps := []func() error{
@@ -141,12 +177,24 @@ func newInstruments(mp metric.MeterProvider, name string) (*instruments, error) 
 		in.inflightAge, err = m.Float64ObservableGauge(MetricPublishInflightAge, metric.WithUnit("s"), metric.WithDescription("How long the current Publish call has been running; 0 when none is."))
 		return err
 	})
+	steps = append(steps, func() error {
+		in.parked, err = m.Int64Counter(MetricParked, metric.WithUnit("{message}"), metric.WithDescription("Rows parked by the relay, by reason (unpublishable, failure, corrupt, held)."))
+		return err
+	}, func() error {
+		in.parkedMsgs, err = m.Int64ObservableGauge(MetricParkedMessages, metric.WithUnit("{message}"), metric.WithDescription("Parked rows in the whole store, from the latest sample."))
+		return err
+	})
 	for _, step := range steps {
 		if err := step(); err != nil {
 			return nil, err
 		}
 	}
 	return in, nil
+}
+
+// countParked adds n rows to MetricParked with reason (a ParkReason value).
+func (in *instruments) countParked(reason string, n int) {
+	in.parked.Add(context.Background(), int64(n), in.parkAttrs[reason])
 }
 
 // register installs the gauge callback, which reads only cached state.
@@ -171,6 +219,7 @@ func (r *Relay) registerGauges() (metric.Registration, error) {
 		}
 		o.ObserveInt64(in.pendingOK, 1, in.attrs)
 		o.ObserveInt64(in.pendingMsgs, s.count, in.attrs)
+		o.ObserveInt64(in.parkedMsgs, s.parked, in.attrs)
 		switch {
 		case s.count == 0:
 			o.ObserveFloat64(in.pendingAge, 0, in.attrs)
@@ -178,7 +227,7 @@ func (r *Relay) registerGauges() (metric.Registration, error) {
 			o.ObserveFloat64(in.pendingAge, max(0, r.clock.Now().Sub(s.oldest).Seconds()), in.attrs)
 		}
 		return nil
-	}, in.owned, in.pendingMsgs, in.pendingAge, in.pendingOK, in.headAge, in.inflightAge)
+	}, in.owned, in.pendingMsgs, in.pendingAge, in.pendingOK, in.headAge, in.inflightAge, in.parkedMsgs)
 }
 
 // sampleBacklog runs the backlog sampler until ctx is done: one query at a
@@ -206,7 +255,7 @@ func (r *Relay) sampleBacklog(ctx context.Context) {
 			case r.opts.MetricsBucketZeroOnly && !r.ownsBucketZero():
 				r.pending.Store(nil) // ownership lost during the query
 			default:
-				r.pending.Store(&pendingSample{count: p.Count, oldest: p.Oldest})
+				r.pending.Store(&pendingSample{count: p.Count, oldest: p.Oldest, parked: max(p.Parked, 0)})
 			}
 		}
 		t := r.clock.NewTimer(r.opts.MetricsInterval)

@@ -27,6 +27,7 @@ const (
 	DefaultMetricsTimeout       = 5 * time.Second
 	DefaultStopTimeout          = 10 * time.Second
 	DefaultPublishFailureWindow = 5 * time.Minute
+	DefaultParkAfter            = 3
 )
 
 // MaxRelayIDLength is the longest RelayID, the width of the owner column.
@@ -180,6 +181,38 @@ type Options struct {
 	// healthy again. Publish calls cancelled by a stop do not count. Zero
 	// means DefaultPublishFailureWindow (5m); a negative value fails New.
 	PublishFailureWindow time.Duration
+
+	// ParkPolicy says which publish failures park a row, when the store
+	// implements Parker (see Parker; a store that cannot park retries every
+	// failing row forever, whatever the policy). A failing row is first
+	// retried alone with the usual backoff (head-row isolation); each such
+	// single-row publish that fails with an error the policy counts is one
+	// strike, any other outcome resets the count, and at ParkAfter strikes
+	// the row is parked: it stays in the store, marked, and every later row
+	// of its key in the bucket is parked behind it (held), so that the rest
+	// of the bucket flows on at full speed and the key's order is kept. The
+	// key's rows flow again, in id order, once an operator requeues them
+	// (ParkAdmin.RequeueParked). A row is parked only while every live relay
+	// supports parking (Parker.FleetCanPark): until then it is retried, and
+	// the relay logs so once per row at WARN. Parking a row logs one WARN
+	// line and counts in outbox.parked; it does not make the relay
+	// unhealthy. A row the store cannot decode (a *CorruptRowError from
+	// NextBatch) is parked alone, at once, under every policy. The zero
+	// value is ParkUnpublishable: only errors wrapping ErrUnpublishable
+	// (which KafkaPublisher returns for a record the broker can never
+	// accept) count, so a broker outage parks nothing. ParkNever counts no
+	// error (the reference behaviour: a row the broker never accepts stops
+	// its bucket); ParkAnyFailure counts every failure but a stop's
+	// cancellation. Another value fails New.
+	ParkPolicy ParkPolicy
+
+	// ParkAfter is the number of consecutive failed single-row publishes of
+	// a row, counted by ParkPolicy, after which the relay parks it. With the
+	// defaults (ErrorBackoff 1s doubling per attempt, jittered to [d/2, d],
+	// and ParkAfter 3) a row whose batch failed is parked 3.5 to 7 s after
+	// that failure, and the rows behind it in its bucket wait that long. Zero
+	// means DefaultParkAfter (3); a negative value fails New.
+	ParkAfter int
 }
 
 // withDefaults validates o against the store's capabilities and returns it
@@ -211,6 +244,17 @@ func (o Options) withDefaults(store Store) (Options, error) {
 		case *d.v == 0:
 			*d.v = d.def
 		}
+	}
+	switch {
+	case o.ParkAfter < 0:
+		bad("Options.ParkAfter %d is negative", o.ParkAfter)
+	case o.ParkAfter == 0:
+		o.ParkAfter = DefaultParkAfter
+	}
+	switch o.ParkPolicy {
+	case ParkUnpublishable, ParkNever, ParkAnyFailure:
+	default:
+		bad("Options.ParkPolicy %v is not one of ParkUnpublishable, ParkNever, ParkAnyFailure", o.ParkPolicy)
 	}
 	if o.BatchSize < 0 {
 		bad("Options.BatchSize %d is negative", o.BatchSize)

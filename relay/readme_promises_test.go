@@ -164,7 +164,7 @@ func TestZeroOptionsUseTheDocumentedDefaults(t *testing.T) {
 }
 
 // TestMetricNamesAsThePrometheusExporterShowsThem proves the README's
-// metrics table: the eleven instruments, exported through the OpenTelemetry
+// metrics table: the thirteen instruments, exported through the OpenTelemetry
 // Prometheus exporter configured as outbox-relay configures it, have the
 // documented names and types and carry outbox_name="outbox" by default.
 func TestMetricNamesAsThePrometheusExporterShowsThem(t *testing.T) {
@@ -237,6 +237,8 @@ func TestMetricNamesAsThePrometheusExporterShowsThem(t *testing.T) {
 		"outbox_pending_available_ratio":      dto.MetricType_GAUGE,
 		"outbox_head_oldest_age_seconds":      dto.MetricType_GAUGE,
 		"outbox_publish_inflight_age_seconds": dto.MetricType_GAUGE,
+		"outbox_parked_total":                 dto.MetricType_COUNTER,
+		"outbox_parked_messages":              dto.MetricType_GAUGE,
 	}
 	var got map[string]*dto.MetricFamily
 	h.waitFor("every documented metric", func() bool {

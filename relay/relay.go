@@ -21,6 +21,7 @@ type Relay struct {
 	renewer  LeaseRenewer        // nil: the store cannot renew
 	releaser LeaseReleaser       // nil: leases expire on stop
 	sampler  PendingMetricsStore // nil: no backlog sampling (Options.MetricsBacklog)
+	parker   Parker              // nil: the store cannot park
 	pub      Publisher
 	prefetch bool // fetch the next bucket's batch during a publish (ConcurrentFetcher)
 	opts     Options
@@ -100,6 +101,12 @@ func New(store Store, pub Publisher, opts Options) (*Relay, error) {
 		r.prefetch = cf.ConcurrentNextBatch()
 	}
 	r.releaser, _ = store.(LeaseReleaser)
+	r.parker, _ = store.(Parker)
+	if r.parker != nil {
+		for _, reason := range []string{ParkReasonUnpublishable, ParkReasonFailure, ParkReasonCorrupt, ParkReasonHeld} {
+			m.countParked(reason, 0) // every series exists from the start
+		}
+	}
 	if ms, ok := store.(PendingMetricsStore); ok && o.MetricsBacklog {
 		r.sampler = ms
 	}
@@ -129,8 +136,10 @@ type runState struct {
 	retry         map[int]*headRetry
 	unmarked      map[int][]*outbox.Message // acknowledged rows whose MarkPublished failed, per bucket
 	hints         []int
-	worked        bool  // the cycle called the store
-	acquireErr    error // the latest acquisition's error, nil after a success
+	parked        map[int]map[string]int64 // owned bucket → parked key → its head id; absent: not loaded (see loadParked)
+	strikes       map[int]*strike          // owned bucket → its head row's strikes
+	worked        bool                     // the cycle called the store
+	acquireErr    error                    // the latest acquisition's error, nil after a success
 }
 
 // headRetry is the backoff state of a bucket whose head row failed, to
@@ -238,7 +247,8 @@ func (r *Relay) Run(ctx context.Context) error {
 	r.health.Store(&errNoCycle)
 	r.authErr.Store(nil)
 	r.pubFail.Store(nil)
-	st := &runState{ready: make([]bool, r.opts.BucketCount), retry: map[int]*headRetry{}, unmarked: map[int][]*outbox.Message{}}
+	st := &runState{ready: make([]bool, r.opts.BucketCount), retry: map[int]*headRetry{}, unmarked: map[int][]*outbox.Message{},
+		parked: map[int]map[string]int64{}, strikes: map[int]*strike{}}
 	st.nextRebalance = r.clock.Now()
 	err = r.loop(ctx, cleanup, st)
 	beginStop() // a fatal error starts the stop too
@@ -380,6 +390,7 @@ func (r *Relay) cycle(ctx, cleanup context.Context, st *runState) error {
 			}
 		}
 	}
+	r.loadParked(ctx, st, owned)
 	return r.sweep(ctx, cleanup, st, owned)
 }
 
@@ -439,10 +450,10 @@ func (r *Relay) sweep(ctx, cleanup context.Context, st *runState, owned []int) e
 	return nil
 }
 
-// sweepable reports whether bucket b is ready and not waiting out a head-row
-// backoff.
+// sweepable reports whether bucket b is ready, not waiting out a head-row
+// backoff, and has its parked keys loaded (see loadParked).
 func (r *Relay) sweepable(st *runState, b int) bool {
-	if !st.ready[b] {
+	if !st.ready[b] || !r.parkedLoaded(st, b) {
 		return false
 	}
 	hr := st.retry[b]
@@ -524,17 +535,38 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 		batch, err = r.store.NextBatch(ctx, b, limit)
 	}
 	if err != nil {
+		var ce *CorruptRowError
+		if errors.As(err, &ce) {
+			return r.parkCorrupt(ctx, st, b, ce)
+		}
 		return errBucket{fmt.Errorf("relay: bucket %d: next batch: %w", b, err)}
 	}
 	if len(batch) == 0 {
 		st.ready[b] = false
 		delete(st.retry, b)
+		delete(st.strikes, b)
 		return nil
 	}
 	if len(batch) > limit {
 		batch = batch[:limit]
 	}
 	failpoint("relay/after-fetch")
+	// Rows of a parked key are held behind it, not published; pub is the
+	// rest, in order (see Parker).
+	pub, truncated, ok, err := r.holdParked(ctx, st, b, batch)
+	if err != nil || !ok {
+		return err
+	}
+	drained := hr == nil && len(batch) < limit && !truncated
+	if len(pub) == 0 {
+		// Every fetched row was held: the bucket's head moved on.
+		delete(st.retry, b)
+		delete(st.strikes, b)
+		if drained {
+			st.ready[b] = false
+		}
+		return nil
+	}
 	if r.renewer == nil {
 		// No renewal during the publish: reserve the whole budget plus one
 		// renewal interval, reacquiring first if needed.
@@ -560,14 +592,14 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 	}
 
 	startNext()
-	res, took := r.publish(cleanup, st, batch)
+	res, took := r.publish(cleanup, st, pub)
 	failpoint("relay/after-ack")
-	ack := min(max(res.Acknowledged, 0), len(batch))
+	ack := min(max(res.Acknowledged, 0), len(pub))
 	r.m.publishDur.Record(context.Background(), took.Seconds(), r.m.attrs)
 	if ack > 0 {
 		r.m.acked.Add(context.Background(), int64(ack), r.m.attrs)
 	}
-	failed := res.Err != nil && ack < len(batch)
+	failed := res.Err != nil && ack < len(pub)
 	stopped := ctx.Err() != nil && errors.Is(res.Err, context.Canceled)
 	if failed && !stopped {
 		r.m.failures.Add(context.Background(), 1, r.m.attrs)
@@ -583,13 +615,13 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 			return fatal // a peer may own the rows now: mark nothing
 		}
 		failpoint("relay/during-delete")
-		if err := r.store.MarkPublished(cleanup, b, batch[:ack]); err != nil {
+		if err := r.store.MarkPublished(cleanup, b, pub[:ack]); err != nil {
 			if ctx.Err() != nil {
 				r.log.Warn("relay: mark published failed during the stop; the next owner republishes the rows", "relay", r.opts.RelayID, "bucket", b, "rows", ack, "error", err)
 			} else {
 				// Retried before the bucket's next fetch, while the lease
 				// holds; only a takeover republishes them.
-				st.unmarked[b] = batch[:ack]
+				st.unmarked[b] = pub[:ack]
 			}
 			if fatal != nil {
 				return fatal
@@ -604,14 +636,18 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 		if ctx.Err() != nil {
 			return nil
 		}
+		if parked, err := r.strike(ctx, st, b, pub, ack, res.Err); parked || err != nil {
+			return err
+		}
 		hr, wait := r.retryLater(st, b)
 		hr.storeErr = nil
 		hr.published = true
-		r.log.Warn("relay: publish failed; retrying the head row alone", "relay", r.opts.RelayID, "bucket", b, "acknowledged", ack, "batch", len(batch), "attempt", hr.attempts, "backoff", wait, "error", res.Err)
+		r.log.Warn("relay: publish failed; retrying the head row alone", "relay", r.opts.RelayID, "bucket", b, "acknowledged", ack, "batch", len(pub), "attempt", hr.attempts, "backoff", wait, "error", res.Err)
 		return nil
 	}
 	delete(st.retry, b)
-	if hr == nil && len(batch) < limit {
+	delete(st.strikes, b)
+	if drained {
 		st.ready[b] = false // drained; a hint or discovery brings it back
 	}
 	return nil

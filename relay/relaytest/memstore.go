@@ -20,10 +20,18 @@ const (
 	OpNextBatch          = "NextBatch"
 	OpMarkPublished      = "MarkPublished"
 	OpPendingMetrics     = "PendingMetrics"
+	OpFleetCanPark       = "FleetCanPark"
+	OpParkedHeads        = "ParkedHeads"
+	OpPark               = "Park"
+	OpHoldBehind         = "HoldBehind"
+	OpListParked         = "ListParked"
+	OpRequeueParked      = "RequeueParked"
+	OpDeleteParked       = "DeleteParked"
 )
 
 // MemStore is an in-memory relay.Store with every optional capability
-// (LeaseRenewer, LeaseReleaser, PendingMetricsStore, BucketCounter). It
+// (LeaseRenewer, LeaseReleaser, PendingMetricsStore, BucketCounter, Parker
+// and ParkAdmin). It
 // keeps leases, heartbeats and fair share (relay.Shares) like a database
 // store, with expiry read from an injected clock, so it serves engine tests
 // and shows what a custom store must do. It is safe for concurrent use.
@@ -37,6 +45,10 @@ type MemStore struct {
 	rows   map[int][]*outbox.Message // bucket → rows in ID order
 	leases map[int]memLease
 	relays map[string]*memRelay
+
+	parked  map[int64]memPark    // parked rows by id
+	corrupt map[int64]memCorrupt // undecodable rows by id (see AddCorrupt)
+	noFleet bool                 // FleetCanPark answers false (see SetFleetCanPark)
 }
 
 type memLease struct {
@@ -56,7 +68,8 @@ func NewMemStore(bucketCount int, now func() time.Time) *MemStore {
 	if now == nil {
 		now = time.Now
 	}
-	return &MemStore{now: now, n: bucketCount, rows: map[int][]*outbox.Message{}, leases: map[int]memLease{}, relays: map[string]*memRelay{}}
+	return &MemStore{now: now, n: bucketCount, rows: map[int][]*outbox.Message{}, leases: map[int]memLease{}, relays: map[string]*memRelay{},
+		parked: map[int64]memPark{}, corrupt: map[int64]memCorrupt{}}
 }
 
 // SetHook installs h, called at the start of every store call with the
@@ -120,7 +133,8 @@ func (s *MemStore) add(msgs []*outbox.Message) {
 	}
 }
 
-// Len returns the number of pending messages in all buckets.
+// Len returns the number of messages in all buckets, parked ones included
+// (see Parked).
 func (s *MemStore) Len() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -131,7 +145,8 @@ func (s *MemStore) Len() int {
 	return n
 }
 
-// Pending returns the pending messages of bucket in ID order.
+// Pending returns the messages of bucket in ID order, parked ones included
+// (see Parked).
 func (s *MemStore) Pending(bucket int) []*outbox.Message {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -279,7 +294,7 @@ func (s *MemStore) BucketsWithPending(ctx context.Context, buckets []int) ([]int
 	defer s.mu.Unlock()
 	var out []int
 	for _, b := range buckets {
-		if len(s.rows[b]) > 0 {
+		if slices.ContainsFunc(s.rows[b], func(m *outbox.Message) bool { return !s.isParked(m.ID) }) {
 			out = append(out, b)
 		}
 	}
@@ -288,25 +303,37 @@ func (s *MemStore) BucketsWithPending(ctx context.Context, buckets []int) ([]int
 }
 
 // NextBatch implements relay.Store. It returns copies of the stored
-// messages, oldest first.
+// messages, oldest first, skipping parked rows. A corrupt row (AddCorrupt)
+// ends the batch before it, or, at the head, makes NextBatch return a
+// *relay.CorruptRowError.
 func (s *MemStore) NextBatch(ctx context.Context, bucket, limit int) ([]*outbox.Message, error) {
 	if err := s.enter(ctx, OpNextBatch); err != nil {
 		return nil, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	rows := s.rows[bucket]
-	rows = rows[:min(limit, len(rows))]
-	out := make([]*outbox.Message, len(rows))
-	for i, m := range rows {
+	var out []*outbox.Message
+	for _, m := range s.rows[bucket] {
+		if len(out) >= limit {
+			break
+		}
+		if s.isParked(m.ID) {
+			continue
+		}
+		if c, ok := s.corrupt[m.ID]; ok {
+			if len(out) == 0 {
+				return nil, &relay.CorruptRowError{ID: m.ID, Bucket: bucket, Err: c.err}
+			}
+			break
+		}
 		c := *m
-		out[i] = &c
+		out = append(out, &c)
 	}
 	return out, nil
 }
 
 // MarkPublished implements relay.Store: it deletes the given messages of
-// bucket, by ID.
+// bucket, by ID, leaving parked rows alone.
 func (s *MemStore) MarkPublished(ctx context.Context, bucket int, published []*outbox.Message) error {
 	if err := s.enter(ctx, OpMarkPublished); err != nil {
 		return err
@@ -315,7 +342,7 @@ func (s *MemStore) MarkPublished(ctx context.Context, bucket int, published []*o
 	defer s.mu.Unlock()
 	rows := s.rows[bucket]
 	k := 0 // the usual case: published is the head of the bucket
-	for k < len(published) && k < len(rows) && rows[k].ID == published[k].ID {
+	for k < len(published) && k < len(rows) && rows[k].ID == published[k].ID && !s.isParked(rows[k].ID) {
 		k++
 	}
 	if k == len(published) {
@@ -327,7 +354,7 @@ func (s *MemStore) MarkPublished(ctx context.Context, bucket int, published []*o
 	for _, m := range published {
 		ids[m.ID] = true
 	}
-	s.rows[bucket] = slices.DeleteFunc(s.rows[bucket], func(m *outbox.Message) bool { return ids[m.ID] })
+	s.rows[bucket] = slices.DeleteFunc(s.rows[bucket], func(m *outbox.Message) bool { return ids[m.ID] && !s.isParked(m.ID) })
 	return nil
 }
 
@@ -338,10 +365,13 @@ func (s *MemStore) PendingMetrics(ctx context.Context) (*relay.Pending, error) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	p := &relay.Pending{}
+	p := &relay.Pending{Parked: int64(len(s.parked))}
 	for _, rows := range s.rows {
-		p.Count += int64(len(rows))
 		for _, m := range rows {
+			if s.isParked(m.ID) {
+				continue
+			}
+			p.Count++
 			if p.Oldest.IsZero() || m.CreatedAt.Before(p.Oldest) {
 				p.Oldest = m.CreatedAt
 			}
@@ -356,4 +386,6 @@ var (
 	_ relay.LeaseReleaser       = (*MemStore)(nil)
 	_ relay.PendingMetricsStore = (*MemStore)(nil)
 	_ relay.BucketCounter       = (*MemStore)(nil)
+	_ relay.Parker              = (*MemStore)(nil)
+	_ relay.ParkAdmin           = (*MemStore)(nil)
 )

@@ -1,0 +1,118 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/internal/testenv"
+)
+
+// TestKafkaErrorClassification: errors that will recur for the row as
+// stored wrap ErrUnpublishable and still match the original error; errors
+// about a request's records wrap it only when the request held that row
+// alone (a batch may be too large where each row is not); transient errors
+// never wrap it.
+func TestKafkaErrorClassification(t *testing.T) {
+	timeout := fmt.Errorf("no answer from the broker within KafkaConfig.PublishTimeout (10s): %w (%w)", context.DeadlineExceeded, kafka.MessageSizeTooLarge)
+	for _, tc := range []struct {
+		name  string
+		err   error
+		alone bool
+		want  bool
+	}{
+		{"message_too_large_alone", kafka.MessageSizeTooLarge, true, true},
+		{"message_too_large_in_a_batch", kafka.MessageSizeTooLarge, false, false},
+		{"writer_message_too_large_alone", kafka.MessageTooLargeError{}, true, true},
+		{"record_list_too_large_alone", kafka.RecordListTooLarge, true, true},
+		{"record_list_too_large_in_a_batch", kafka.RecordListTooLarge, false, false},
+		{"corrupt_message_alone", kafka.InvalidMessage, true, true},
+		{"corrupt_message_in_a_batch", kafka.InvalidMessage, false, false},
+		{"invalid_record_alone", fmt.Errorf("%w: key required for compacted topic", kafka.InvalidRecord), true, true},
+		{"invalid_topic_in_a_batch", kafka.InvalidTopic, false, true},
+		{"topic_authorization_failed_in_a_batch", fmt.Errorf("metadata: %w", kafka.TopicAuthorizationFailed), false, true},
+		{"leader_not_available", kafka.LeaderNotAvailable, true, false},
+		{"not_leader_for_partition", kafka.NotLeaderForPartition, true, false},
+		{"request_timed_out", kafka.RequestTimedOut, true, false},
+		{"not_enough_replicas", kafka.NotEnoughReplicas, true, false},
+		{"not_enough_replicas_after_append", kafka.NotEnoughReplicasAfterAppend, true, false},
+		{"unknown_topic_or_partition", kafka.UnknownTopicOrPartition, true, false},
+		{"connection_refused", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}, true, false},
+		{"connection_cut", io.ErrUnexpectedEOF, true, false},
+		{"deadline", context.DeadlineExceeded, true, false},
+		{"publish_timeout_over_a_size_error", timeout, true, false},
+		{"cancelled", context.Canceled, true, false},
+		{"already_classified", unpublishable(errors.New("x")), false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := classify(tc.err, tc.alone)
+			if is := errors.Is(got, ErrUnpublishable); is != tc.want {
+				t.Fatalf("classify(%v, alone=%v) matches ErrUnpublishable = %v; want %v", tc.err, tc.alone, is, tc.want)
+			}
+			if !errors.Is(got, tc.err) && !errors.As(got, new(kafka.MessageTooLargeError)) {
+				t.Fatalf("classify(%v) = %v; want it to match the original error", tc.err, got)
+			}
+			if got.Error() != tc.err.Error() {
+				t.Fatalf("classify(%v) reads %q; want the original's text", tc.err, got.Error())
+			}
+		})
+	}
+	if classify(nil, true) != nil {
+		t.Fatal("classify(nil) != nil")
+	}
+}
+
+// TestKafkaPublisher_reports_unpublishable_rows: a row too large for the
+// topic, a row above BatchBytes, a row naming a partition the topic does
+// not have and a row without a topic fail with ErrUnpublishable (and their
+// original error), after the rows before them are acknowledged; two rows
+// that fit the topic alone but not together are both acknowledged (the
+// batch is split, nothing is unpublishable).
+func TestKafkaPublisher_reports_unpublishable_rows(t *testing.T) {
+	b := testenv.NewFake(t)
+	topic := newTopic(t, b, 2, map[string]string{"max.message.bytes": "2048"})
+	for _, tc := range []struct {
+		name  string
+		cfg   KafkaConfig
+		batch []*outbox.Message
+		ack   int
+		match error // nil: every row acknowledged
+	}{
+		{"too_large_for_the_topic", KafkaConfig{}, []*outbox.Message{msg(topic, "k", "1", 0), msg(topic, "k", strings.Repeat("x", 8192), 0), msg(topic, "k", "3", 0)}, 1, kafka.MessageSizeTooLarge},
+		{"above_batch_bytes", KafkaConfig{BatchBytes: 1024}, []*outbox.Message{msg(topic, "k", "1", 1), msg(topic, "k", strings.Repeat("x", 1500), 1)}, 1, kafka.MessageSizeTooLarge},
+		{"partition_the_topic_lacks", KafkaConfig{}, []*outbox.Message{msg(topic, "k", "1", 1), msg(topic, "k", "2", 7)}, 1, kafka.UnknownTopicOrPartition},
+		{"no_topic", KafkaConfig{}, []*outbox.Message{msg(topic, "k", "1", 0), msg("", "k", "2")}, 1, nil},
+		{"rows_too_large_only_together", KafkaConfig{}, []*outbox.Message{msg(topic, "k", strings.Repeat("a", 1200), 0), msg(topic, "k", strings.Repeat("b", 1200), 0)}, 2, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newPublisher(t, b, tc.cfg)
+			res := p.Publish(context.Background(), tc.batch)
+			if res.Acknowledged != tc.ack {
+				t.Fatalf("Publish = %d acknowledged, %v; want %d", res.Acknowledged, res.Err, tc.ack)
+			}
+			if tc.ack == len(tc.batch) {
+				if res.Err != nil {
+					t.Fatalf("Publish error = %v; want nil", res.Err)
+				}
+				return
+			}
+			if !errors.Is(res.Err, ErrUnpublishable) {
+				t.Fatalf("Publish error = %v; want it to wrap ErrUnpublishable", res.Err)
+			}
+			if tc.match != nil && !errors.Is(res.Err, tc.match) {
+				t.Fatalf("Publish error = %v; want it to match %v too", res.Err, tc.match)
+			}
+			if !strings.Contains(res.Err.Error(), tc.batch[tc.ack].MessageID.String()) {
+				t.Fatalf("Publish error %q does not name the failing row", res.Err)
+			}
+		})
+	}
+}
