@@ -1288,8 +1288,11 @@ cmd_start_cluster() {
 	[[ -n $leader ]] || { cl_quorum | sed 's/^/    | /' >&2; die "the controller quorum has no leader with three voters"; }
 	local dt
 	dt=$(since "$t0")
-	printf 'start-cluster at %s: ready in %ss (%s), Kafka %s, quorum leader node %s\n' \
-		"$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$dt" "$note" "$(kafka_version)" "$leader" >"$CL_DIR/started"
+	# the start time of the last start that started something
+	if [[ $note == started ]]; then
+		printf 'start-cluster at %s: ready in %ss (%s), Kafka %s, quorum leader node %s\n' \
+			"$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$dt" "$note" "$(kafka_version)" "$leader" >"$CL_DIR/started"
+	fi
 	log "ready in ${dt}s: Kafka $(kafka_version), three nodes on $(cl_brokers), quorum leader node $leader ($note)"
 	for n in "${CL_NODES[@]}"; do log "node $n: pid $(read_pid "$(cl_node_dir "$n")/pid") ($(cl_node_dir "$n")/pid)"; done
 	cl_print_env >&3
