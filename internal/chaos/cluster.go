@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"gorm.io/gorm"
 
 	"github.com/gorm-outbox/outbox"
 )
@@ -103,10 +104,12 @@ type FailoverFault struct {
 	// InSync is the time from the restart's end or the resume until every
 	// partition had all its replicas in sync again.
 	InSync time.Duration
-	// Stall is the longest time without a new record delivered (first
-	// copies, by producer timestamp) on the whole topic in the fault's
-	// window (from the fault to the next fault or the end of the writes);
-	// PartitionStall the same on the victim's partition.
+	// Stall is the longest time in the fault's window (from the fault to
+	// the next fault or the end of the writes) in which no relay
+	// acknowledged a record: no outbox row was deleted, the relays
+	// deleting a row once the cluster acknowledged it (acks=all).
+	// PartitionStall is the same for the rows consumed from the victim's
+	// partition.
 	Stall, PartitionStall time.Duration
 }
 
@@ -121,8 +124,8 @@ type FailoverSummary struct {
 	DualOwners             int64
 	Drained                bool
 	Faults                 []FailoverFault
-	BaselineStall          time.Duration // longest gap on the topic before the first fault
-	BaselinePartitionStall time.Duration // longest gap on one partition before the first fault
+	BaselineStall          time.Duration // longest time without an acknowledgement before the first fault
+	BaselinePartitionStall time.Duration // the same, on the partition where it was longest
 	PublishTimeout         time.Duration
 	KillDowntime, PauseFor time.Duration
 	Took                   time.Duration
@@ -253,6 +256,12 @@ func FailoverRun(ctx context.Context, cfg FailoverConfig) (FailoverSummary, erro
 		return s, err
 	}
 	defer d.Drop(ctx)
+	if cfg.Dialect != Postgres {
+		return s, fmt.Errorf("failover: needs PostgreSQL (the acknowledgement audit), not %s", cfg.Dialect)
+	}
+	if err := createAckAudit(ctx, d.DSN); err != nil {
+		return s, err
+	}
 	topic := unique("chaos_failover_")
 	if err := CreateReplicatedTopic(ctx, cfg.Brokers, topic, partitions, cfg.Replication,
 		map[string]string{"min.insync.replicas": strconv.Itoa(cfg.MinISR)}); err != nil {
@@ -367,7 +376,11 @@ func FailoverRun(ctx context.Context, cfg FailoverConfig) (FailoverSummary, erro
 	s.Check = consumer.Verify(led.perKey, led.keyless, led.doubt, led.rolledBack)
 	s.Written, s.Committed, s.RolledBack, s.InDoubt = led.written, led.committed, len(led.rolledBack), len(led.doubt)
 	led.mu.Unlock()
-	measureStalls(&s, consumer, writeStart)
+	acks, err := readAcks(db)
+	if err != nil {
+		return s, err
+	}
+	measureStalls(&s, consumer, acks, writeStart)
 	s.Took = time.Since(start)
 	if faultErr != nil {
 		return s, faultErr
@@ -443,30 +456,75 @@ func leaderFault(ctx context.Context, cfg FailoverConfig, topic, kind string, pa
 	return f, nil
 }
 
-// measureStalls computes the longest delivery gaps, from the producer
-// timestamps of the first copy of each message id.
-func measureStalls(s *FailoverSummary, c *Consumer, writeStart time.Time) {
-	parts, _, _ := c.Snapshot()
-	first := map[string]time.Time{}
-	firstPart := map[string]int{}
-	for p, recs := range parts {
-		for _, r := range recs {
-			if t, ok := first[r.ID]; !ok || r.Produced.Before(t) {
-				first[r.ID], firstPart[r.ID] = r.Produced, p
-			}
+// ack is one acknowledged (deleted) outbox row.
+type ack struct {
+	id string
+	at time.Time
+}
+
+// createAckAudit records the deletion time of every outbox row
+// (PostgreSQL: a statement trigger over the deleted rows, with the
+// database's clock): the relay deletes a row once its record was
+// acknowledged.
+func createAckAudit(ctx context.Context, dsn string) error {
+	db, err := Open(Postgres, dsn, harnessAppName, 1)
+	if err != nil {
+		return err
+	}
+	defer closeGorm(db)
+	for _, q := range []string{
+		"CREATE TABLE chaos_ack_audit (message_id TEXT, at_us BIGINT)",
+		`CREATE FUNCTION chaos_ack_audit() RETURNS trigger AS $$ BEGIN
+  INSERT INTO chaos_ack_audit SELECT message_id::text, floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint FROM gone;
+  RETURN NULL;
+END $$ LANGUAGE plpgsql`,
+		"CREATE TRIGGER chaos_ack_audit AFTER DELETE ON " + outbox.DefaultMessagesTable + " REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION chaos_ack_audit()",
+	} {
+		if err := db.WithContext(ctx).Exec(q).Error; err != nil {
+			return fmt.Errorf("failover: acknowledgement audit: %w", err)
 		}
 	}
-	all := make([]time.Time, 0, len(first))
+	return nil
+}
+
+func readAcks(db *gorm.DB) ([]ack, error) {
+	var rows []struct {
+		MessageID string
+		AtUs      int64
+	}
+	if err := db.Raw("SELECT message_id, at_us FROM chaos_ack_audit ORDER BY at_us").Scan(&rows).Error; err != nil {
+		return nil, fmt.Errorf("failover: read acknowledgement audit: %w", err)
+	}
+	acks := make([]ack, len(rows))
+	for i, r := range rows {
+		acks[i] = ack{id: r.MessageID, at: time.UnixMicro(r.AtUs)}
+	}
+	return acks, nil
+}
+
+// measureStalls computes the longest times without an acknowledgement,
+// on the topic and per partition (a row's partition is the one the
+// consumer read it from).
+func measureStalls(s *FailoverSummary, c *Consumer, acks []ack, writeStart time.Time) {
+	parts, _, _ := c.Snapshot()
+	partOf := map[string]int{}
+	for p, recs := range parts {
+		for _, r := range recs {
+			partOf[r.ID] = p
+		}
+	}
+	all := make([]time.Time, 0, len(acks))
 	byPart := make([][]time.Time, len(parts))
-	for id, t := range first {
-		all = append(all, t)
-		byPart[firstPart[id]] = append(byPart[firstPart[id]], t)
+	for _, a := range acks {
+		all = append(all, a.at)
+		if p, ok := partOf[a.id]; ok {
+			byPart[p] = append(byPart[p], a.at)
+		}
 	}
 	sortTimes(all)
 	for _, ts := range byPart {
 		sortTimes(ts)
 	}
-	end := s.lastWrite
 	if len(s.Faults) > 0 {
 		// baseline: from 2 s into the writes to the first fault
 		from, to := writeStart.Add(2*time.Second), s.Faults[0].At
@@ -477,7 +535,7 @@ func measureStalls(s *FailoverSummary, c *Consumer, writeStart time.Time) {
 	}
 	for i := range s.Faults {
 		f := &s.Faults[i]
-		to := end
+		to := s.lastWrite
 		if i+1 < len(s.Faults) {
 			to = s.Faults[i+1].At
 		}
