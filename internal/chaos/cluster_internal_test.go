@@ -29,3 +29,19 @@ func TestLongestGapSpansTheWindowEdges(t *testing.T) {
 		}
 	}
 }
+
+// TestRelayArgsCarryThePublishTimeout checks that a relay child gets the
+// publish timeout its RelayConfig names (and the default when zero).
+func TestRelayArgsCarryThePublishTimeout(t *testing.T) {
+	for _, want := range []time.Duration{0, 5 * time.Second} {
+		c := RelayConfig{Dialect: Postgres, DSN: "dsn", Brokers: []string{"a:1", "b:2"}, RelayID: "r", PublishTimeout: want}
+		args := c.Args()
+		got, err := ParseRelayFlags(args[1:])
+		if err != nil {
+			t.Fatalf("ParseRelayFlags(%q): %v", args, err)
+		}
+		if got.PublishTimeout != want || len(got.Brokers) != 2 {
+			t.Errorf("ParseRelayFlags(Args()) = publish timeout %v, brokers %q; want %v and 2 brokers", got.PublishTimeout, got.Brokers, want)
+		}
+	}
+}
