@@ -22,6 +22,20 @@
 #           (producer: org.apache.kafka.tools.ConsoleProducer,
 #            consumer: org.apache.kafka.tools.consumer.ConsoleConsumer)
 #
+# A three-node Kafka cluster (KRaft, replication factor 3, min.insync.replicas
+# 2) for the leader-failover chaos test, separate from the services above
+# (own ports, state directory and lock; `start`/`stop` leave it alone):
+#   start-cluster       start the three nodes (no-op for those running), wait
+#                       until each has started and the controller quorum has
+#                       a leader, print the export lines:
+#                           eval "$(scripts/services.sh start-cluster)"
+#   start-cluster-node N  start node N (1..3) when it is not running, and wait
+#                       for it (a test restarts a node it killed)
+#   stop-cluster        stop the three nodes (resuming paused ones first)
+#   status-cluster      tell what runs (exit 0 when all three run, 3 otherwise)
+#   env-cluster         print the export lines only
+#   reset-cluster       stop-cluster and delete its state directory
+#
 # Environment (all optional):
 #   OUTBOX_SERVICES_DIR           state: data, logs, pid files   (/tmp/gorm-outbox-services)
 #   OUTBOX_KAFKA_LIB              Kafka jar cache                 ($HOME/.cache/gorm-outbox/kafka-libs)
@@ -32,6 +46,11 @@
 #   OUTBOX_KAFKA_SASL_PORT        Kafka SASL_SSL client listener  (59094)
 #   OUTBOX_KAFKA_HEAP             Kafka JVM -Xmx                  (512m)
 #   OUTBOX_PGBOUNCER_PORT         PgBouncer (transaction pooling) (56432)
+#   OUTBOX_CLUSTER_DIR            the cluster's state             (/tmp/gorm-outbox-cluster)
+#   OUTBOX_CLUSTER_PORT           node 1's client listener; node N: +N-1, its controller +N+2
+#                                                                 (59192: clients 59192-59194,
+#                                                                  controllers 59195-59197)
+#   OUTBOX_CLUSTER_HEAP           each cluster node's JVM -Xmx    (512m)
 #   OUTBOX_FAST_UNSAFE=1          PostgreSQL without fsync, MariaDB without a flush per commit:
 #                                 faster, but a killed server loses acknowledged commits
 #                                 (the default is durable, as crash tests need)
@@ -1029,6 +1048,321 @@ status_pgbouncer() {
 	fi
 }
 
+# ------------------------------------------------- Kafka: three-node cluster
+#
+# On request only (start-cluster; `start` does not touch it): three KRaft
+# nodes, each a combined broker+controller (process.roles=broker,controller)
+# in a three-voter controller quorum, for the leader-failover chaos test.
+# Replication factor 3 and min.insync.replicas=2 by default, for the
+# internal topics too; unclean leader election off (Kafka's default). Log
+# flushing is Kafka's default: no fsync per message or per interval
+# (log.flush.interval.messages/ms unset), the page cache and the other
+# replicas keep acknowledged records; the KRaft metadata log is fsynced
+# by the controllers. A SIGKILL of a node loses nothing the kernel holds;
+# a power cut of the machine would (all three nodes share it).
+#
+# Its own state directory, ports and lock: it runs beside the single-node
+# services and never touches them. Node N (1..3) has the client listener
+# CLUSTER_PORT+N-1 and the controller listener CLUSTER_PORT+N+2, its
+# configuration, log directory, log and pid file in $CL_DIR/node-N. The JVM
+# flags are kf_launch's, with the heap OUTBOX_CLUSTER_HEAP.
+
+CL_DIR=${OUTBOX_CLUSTER_DIR:-/tmp/gorm-outbox-cluster}
+CL_PORT=${OUTBOX_CLUSTER_PORT:-59192}
+CL_HEAP=${OUTBOX_CLUSTER_HEAP:-512m}
+CL_NODES=(1 2 3)
+
+cl_port() { echo $((CL_PORT + $1 - 1)); }       # client listener of node N
+cl_ctrl_port() { echo $((CL_PORT + $1 + 2)); }  # controller listener of node N
+cl_node_dir() { echo "$CL_DIR/node-$1"; }
+cl_brokers() {
+	local n out=
+	for n in "${CL_NODES[@]}"; do out+="${out:+,}127.0.0.1:$(cl_port "$n")"; done
+	echo "$out"
+}
+cl_pattern() { echo "kafka.Kafka $(cl_node_dir "$1")/server.properties"; }
+cl_running() { # N: our node N's JVM exists (paused or not)
+	local pid
+	pid=$(read_pid "$(cl_node_dir "$1")/pid" || true)
+	[[ -n $pid ]] && proc_matches "$pid" "$(cl_pattern "$1")"
+}
+cl_paused() { # N: node N's JVM is stopped (SIGSTOP)
+	local pid state
+	pid=$(read_pid "$(cl_node_dir "$1")/pid" || true)
+	[[ -n $pid && -r /proc/$pid/stat ]] || return 1
+	state=$(sed 's/^.*) //' "/proc/$pid/stat" | cut -d' ' -f1)
+	[[ $state == T ]]
+}
+# node N finished starting: in combined mode "Kafka Server started" comes
+# once its broker is registered with the quorum and unfenced
+cl_started() {
+	port_open "$(cl_port "$1")" && grep -q 'Kafka Server started' "$(cl_node_dir "$1")/kafka.log"
+}
+
+cl_print_env() {
+	printf "export OUTBOX_TEST_KAFKA_CLUSTER_BROKERS='%s'\n" "$(cl_brokers)"
+	printf "export OUTBOX_TEST_KAFKA_CLUSTER_DIR='%s'\n" "$CL_DIR"
+}
+
+cl_write_config() { # N
+	local n=$1 d v voters=
+	d=$(cl_node_dir "$n")
+	for v in "${CL_NODES[@]}"; do voters+="${voters:+,}$v@127.0.0.1:$(cl_ctrl_port "$v")"; done
+	mkdir -p "$d/data"
+	cat >"$d/server.properties" <<EOF
+# generated by scripts/services.sh start-cluster: node $n of a three-node KRaft cluster
+process.roles=broker,controller
+node.id=$n
+controller.quorum.voters=$voters
+listeners=PLAINTEXT://127.0.0.1:$(cl_port "$n"),CONTROLLER://127.0.0.1:$(cl_ctrl_port "$n")
+advertised.listeners=PLAINTEXT://127.0.0.1:$(cl_port "$n")
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+log.dirs=$d/data
+num.partitions=8
+default.replication.factor=3
+min.insync.replicas=2
+offsets.topic.replication.factor=3
+offsets.topic.num.partitions=8
+transaction.state.log.replication.factor=3
+transaction.state.log.min.isr=2
+transaction.state.log.num.partitions=4
+unclean.leader.election.enable=false
+auto.create.topics.enable=true
+delete.topic.enable=true
+group.initial.rebalance.delay.ms=0
+num.network.threads=2
+num.io.threads=4
+num.recovery.threads.per.data.dir=1
+log.retention.hours=24
+log.segment.bytes=67108864
+# failure detection: Kafka's defaults, written out because the chaos test's
+# timings follow from them (a silent broker is fenced after the session
+# timeout; a lagging follower leaves the ISR after replica.lag.time.max.ms)
+broker.heartbeat.interval.ms=2000
+broker.session.timeout.ms=9000
+replica.lag.time.max.ms=30000
+EOF
+}
+
+cl_format() { # N (the cluster id from $CL_DIR/cluster-id)
+	local n=$1 d
+	d=$(cl_node_dir "$n")
+	rm -rf "$d/data"
+	mkdir -p "$d/data"
+	if ! KF_DIR=$CL_DIR kf_java kafka.tools.StorageTool format -t "$(cat "$CL_DIR/cluster-id")" \
+		-c "$d/server.properties" </dev/null >"$d/format.log" 2>&1 3>&- 9>&-; then
+		show_log "$d/format.log"
+		return 1
+	fi
+	kafka_version >"$d/formatted-by-version"
+}
+
+# cl_spawn N: start node N's JVM (configured and formatted), do not wait
+cl_spawn() {
+	local n=$1 d
+	d=$(cl_node_dir "$n")
+	rotate_log "$d/kafka.log"
+	log "starting node $n (127.0.0.1:$(cl_port "$n"), controller :$(cl_ctrl_port "$n"))"
+	# kf_launch's JVM flags
+	spawn_detached "$d/kafka.log" "$d/pid" \
+		java -Xms256m -Xmx"$CL_HEAP" -XX:TieredStopAtLevel=1 -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
+		-XX:InitiatingHeapOccupancyPercent=35 -XX:+ExplicitGCInvokesConcurrent -Djava.awt.headless=true \
+		-Dlog4j.configuration="file:$CL_DIR/log4j.properties" \
+		-Dlog4j2.configurationFile="$CL_DIR/log4j2.properties" \
+		-Dkafka.logs.dir="$d" \
+		-cp "$KAFKA_LIB/*" kafka.Kafka "$d/server.properties" ||
+		{ show_log "$d/kafka.log"; return 1; }
+}
+
+cl_wait_started() { # N
+	local n=$1 pid
+	pid=$(read_pid "$(cl_node_dir "$n")/pid")
+	if ! wait_until "$KAFKA_TIMEOUT" "$pid" cl_started "$n"; then
+		show_log "$(cl_node_dir "$n")/kafka.log" 40
+		return 1
+	fi
+}
+
+# cl_quorum: the quorum's description (kafka-metadata-quorum describe --status)
+cl_quorum() {
+	timeout 60 java -Xmx128m -XX:TieredStopAtLevel=1 -XX:+UseSerialGC \
+		-Dlog4j.configuration="file:$CL_DIR/tools-log4j.properties" \
+		-Dlog4j2.configurationFile="$CL_DIR/tools-log4j2.properties" -cp "$KAFKA_LIB/*" \
+		org.apache.kafka.tools.MetadataQuorumCommand --bootstrap-server "$(cl_brokers)" describe --status \
+		</dev/null 2>&1 3>&- 9>&-
+}
+# cl_quorum_leader: the quorum leader's node id, once there is one and
+# all three voters are in it
+cl_quorum_leader() {
+	local out leader
+	out=$(cl_quorum) || return 1
+	leader=$(sed -n 's/^LeaderId:[[:space:]]*\([0-9]*\).*/\1/p' <<<"$out")
+	[[ -n $leader && $leader != -1 ]] || return 1
+	grep -q '^CurrentVoters:.*"id": *1\b.*"id": *2\b.*"id": *3\b' <<<"$out" ||
+		grep -q '^CurrentVoters:.*\[1,2,3\]' <<<"$out" || return 1
+	echo "$leader"
+}
+
+cl_check_ports() { # N...
+	local n
+	for n in "$@"; do
+		port_open "$(cl_port "$n")" && die "port $(cl_port "$n") is in use by another process (not our cluster node $n)"
+		port_open "$(cl_ctrl_port "$n")" && die "port $(cl_ctrl_port "$n") is in use by another process (not our cluster node $n)"
+	done
+	return 0
+}
+
+cl_lock() {
+	mkdir -p "$CL_DIR"
+	exec 9>"$CL_DIR/.lock"
+	flock -w 300 9 || die "could not lock $CL_DIR/.lock"
+}
+
+# cl_prepare: jars, log configuration, the cluster id, every node's
+# configuration and formatted log directory (all nodes reformatted when
+# one is missing or was formatted by another Kafka version).
+cl_prepare() {
+	command -v java >/dev/null 2>&1 || die "java not found"
+	fetch_kafka_jars
+	KF_DIR=$CL_DIR kf_write_log_config
+	local n version reformat=0
+	version=$(kafka_version)
+	for n in "${CL_NODES[@]}"; do
+		cl_write_config "$n"
+		[[ -f $(cl_node_dir "$n")/data/meta.properties &&
+			$(cat "$(cl_node_dir "$n")/formatted-by-version" 2>/dev/null) == "$version" ]] || reformat=1
+	done
+	[[ -s $CL_DIR/cluster-id ]] || reformat=1
+	((reformat)) || return 0
+	for n in "${CL_NODES[@]}"; do
+		if cl_running "$n"; then die "node $n runs but the cluster must be reformatted: '$0 stop-cluster' first"; fi
+	done
+	local cid
+	cid=$(head -c16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=')
+	while [[ $cid == -* ]]; do cid=$(head -c16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '='); done
+	echo "$cid" >"$CL_DIR/cluster-id"
+	log "formatting the three nodes' KRaft storage (cluster id $cid)"
+	local pids=() rc=0
+	for n in "${CL_NODES[@]}"; do
+		cl_format "$n" &
+		pids+=($!)
+	done
+	for n in "${pids[@]}"; do wait "$n" || rc=1; done
+	((rc == 0)) || die "kafka storage format failed"
+}
+
+cmd_start_cluster() {
+	exec 3>&1 1>&2
+	TAG=cluster
+	local t0 n todo=() note=started
+	t0=$(now_us)
+	cl_lock
+	cl_prepare
+	for n in "${CL_NODES[@]}"; do
+		if cl_running "$n"; then
+			cl_paused "$n" && { log "node $n is paused (SIGSTOP): resuming it"; kill -CONT "$(read_pid "$(cl_node_dir "$n")/pid")"; }
+		else
+			rm -f "$(cl_node_dir "$n")/pid"
+			todo+=("$n")
+		fi
+	done
+	if ((${#todo[@]} == 0)); then
+		note="already running"
+	else
+		cl_check_ports "${todo[@]}"
+		# all at once: a node's broker finishes starting only once the
+		# quorum (two of the three controllers) has a leader
+		for n in "${todo[@]}"; do cl_spawn "$n" || die "node $n did not start (logs in $(cl_node_dir "$n"))"; done
+	fi
+	local failed=()
+	for n in "${CL_NODES[@]}"; do cl_wait_started "$n" || failed+=("$n"); done
+	((${#failed[@]} == 0)) || die "node(s) ${failed[*]} did not start (logs in $CL_DIR/node-N; '$0 stop-cluster' stops the others)"
+	log "all three nodes started in $(since "$t0")s; checking the controller quorum"
+	local leader=
+	for _ in $(seq 20); do
+		leader=$(cl_quorum_leader) && break
+		sleep 1
+	done
+	[[ -n $leader ]] || { cl_quorum | sed 's/^/    | /' >&2; die "the controller quorum has no leader with three voters"; }
+	local dt
+	dt=$(since "$t0")
+	# the start time of the last start that started something
+	if [[ $note == started ]]; then
+		printf 'start-cluster at %s: ready in %ss (%s), Kafka %s, quorum leader node %s\n' \
+			"$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$dt" "$note" "$(kafka_version)" "$leader" >"$CL_DIR/started"
+	fi
+	log "ready in ${dt}s: Kafka $(kafka_version), three nodes on $(cl_brokers), quorum leader node $leader ($note)"
+	for n in "${CL_NODES[@]}"; do log "node $n: pid $(read_pid "$(cl_node_dir "$n")/pid") ($(cl_node_dir "$n")/pid)"; done
+	cl_print_env >&3
+}
+
+# start-cluster-node N: start one node that is not running (a test restarts
+# the node it killed) and wait until it has started.
+cmd_start_cluster_node() {
+	local n=${1:-}
+	[[ $n =~ ^[1-3]$ ]] || die "usage: $0 start-cluster-node 1|2|3"
+	TAG=cluster-node-$n
+	local t0
+	t0=$(now_us)
+	cl_lock
+	[[ -f $(cl_node_dir "$n")/data/meta.properties ]] || die "node $n was never formatted: run '$0 start-cluster' first"
+	if cl_running "$n"; then
+		log "node $n already runs (pid $(read_pid "$(cl_node_dir "$n")/pid"))"
+		return 0
+	fi
+	rm -f "$(cl_node_dir "$n")/pid"
+	cl_check_ports "$n"
+	cl_spawn "$n" || die "node $n did not start"
+	cl_wait_started "$n" || die "node $n did not start (log $(cl_node_dir "$n")/kafka.log)"
+	log "node $n started in $(since "$t0")s (pid $(read_pid "$(cl_node_dir "$n")/pid"))"
+}
+
+cmd_stop_cluster() {
+	TAG=cluster
+	cl_lock
+	local n pids=() rc=0
+	for n in "${CL_NODES[@]}"; do
+		# a paused JVM handles SIGTERM only once it runs again
+		if cl_running "$n"; then kill -CONT "$(read_pid "$(cl_node_dir "$n")/pid")" 2>/dev/null || true; fi
+		(stop_pid "cluster node $n" "$(cl_node_dir "$n")/pid" "$(cl_pattern "$n")") &
+		pids+=($!)
+	done
+	for n in "${pids[@]}"; do wait "$n" || rc=1; done
+	return $rc
+}
+
+cmd_status_cluster() {
+	local n pid rc=0 leader
+	for n in "${CL_NODES[@]}"; do
+		if cl_running "$n"; then
+			pid=$(read_pid "$(cl_node_dir "$n")/pid")
+			if cl_paused "$n"; then
+				echo "node $n:   paused (SIGSTOP) (pid $pid) on 127.0.0.1:$(cl_port "$n")"
+				rc=3
+			elif port_open "$(cl_port "$n")"; then
+				echo "node $n:   running (pid $pid) on 127.0.0.1:$(cl_port "$n"), controller :$(cl_ctrl_port "$n")"
+			else
+				echo "node $n:   process $pid exists but 127.0.0.1:$(cl_port "$n") is closed"
+				rc=3
+			fi
+		else
+			echo "node $n:   stopped"
+			rc=3
+		fi
+	done
+	if ((rc == 0)); then
+		if leader=$(cl_quorum_leader); then echo "quorum:   leader node $leader, voters 1,2,3"; else
+			echo "quorum:   no leader with three voters"
+			rc=3
+		fi
+	fi
+	[[ -s $CL_DIR/started ]] && echo "last:     $(cat "$CL_DIR/started")"
+	echo "state:    $CL_DIR"
+	return $rc
+}
+
 # ---------------------------------------------------------------- commands
 
 lock() {
@@ -1165,8 +1499,19 @@ reset)
 	log "removing $STATE"
 	rm -rf "$STATE"
 	;;
+start-cluster) cmd_start_cluster ;;
+start-cluster-node) cmd_start_cluster_node "${2:-}" ;;
+stop-cluster) cmd_stop_cluster ;;
+status-cluster) cmd_status_cluster ;;
+env-cluster) cl_print_env ;;
+reset-cluster)
+	cmd_stop_cluster
+	log "removing $CL_DIR"
+	rm -rf "$CL_DIR"
+	;;
 *)
 	echo "usage: $0 start|stop|restart|env|status|reset|kafka-run MAIN-CLASS [ARGS...]" >&2
+	echo "       $0 start-cluster|stop-cluster|status-cluster|env-cluster|reset-cluster|start-cluster-node N" >&2
 	exit 2
 	;;
 esac

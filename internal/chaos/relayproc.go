@@ -33,6 +33,9 @@ type RelayConfig struct {
 	RenewInterval time.Duration
 	PollInterval  time.Duration
 	BatchSize     int
+	// PublishTimeout is relay.KafkaConfig.PublishTimeout; zero means the
+	// library's default.
+	PublishTimeout time.Duration
 }
 
 // Args returns the command-line arguments of the relay subcommand for c.
@@ -40,7 +43,7 @@ func (c RelayConfig) Args() []string {
 	return []string{"relay",
 		"-dialect", c.Dialect, "-dsn", c.DSN, "-brokers", strings.Join(c.Brokers, ","), "-id", c.RelayID,
 		"-lease", c.LeaseDuration.String(), "-renew", c.RenewInterval.String(), "-poll", c.PollInterval.String(),
-		"-batch", fmt.Sprint(c.BatchSize),
+		"-batch", fmt.Sprint(c.BatchSize), "-publish-timeout", c.PublishTimeout.String(),
 	}
 }
 
@@ -57,6 +60,7 @@ func ParseRelayFlags(args []string) (RelayConfig, error) {
 	fs.DurationVar(&c.RenewInterval, "renew", time.Second, "lease renew interval")
 	fs.DurationVar(&c.PollInterval, "poll", 200*time.Millisecond, "poll interval")
 	fs.IntVar(&c.BatchSize, "batch", 100, "batch size")
+	fs.DurationVar(&c.PublishTimeout, "publish-timeout", 0, "the publisher's PublishTimeout (0: the library's default)")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
@@ -80,7 +84,8 @@ func RunRelay(ctx context.Context, c RelayConfig, log *slog.Logger) error {
 		return err
 	}
 	pub, err := relay.NewKafkaPublisher(relay.KafkaConfig{
-		Brokers: c.Brokers,
+		Brokers:        c.Brokers,
+		PublishTimeout: c.PublishTimeout,
 		Configure: func(w *kafka.Writer) {
 			w.MaxAttempts = 3
 			w.WriteBackoffMin = 50 * time.Millisecond

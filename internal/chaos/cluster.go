@@ -1,0 +1,722 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"gorm.io/gorm"
+
+	"github.com/gorm-outbox/outbox"
+)
+
+// Fault kinds of a failover run (FailoverRun): the victim is always the
+// current leader of one partition of the run's topic.
+const (
+	// FaultLeaderKill SIGKILLs the leader's JVM and restarts the node after
+	// FailoverConfig.KillDowntime.
+	FaultLeaderKill = "leader_kill"
+	// FaultLeaderPause SIGSTOPs the leader's JVM for FailoverConfig.PauseFor
+	// (longer than the relays' publish timeout and the brokers' session
+	// timeout), then SIGCONTs it.
+	FaultLeaderPause = "leader_pause"
+)
+
+// ClusterNodes controls the nodes of a Kafka cluster by node id (the
+// broker id in the metadata); testenv.KafkaCluster implements it.
+type ClusterNodes interface {
+	// Signal sends sig to the node's process.
+	Signal(node int, sig syscall.Signal) error
+	// Start starts a stopped node and returns once it has started.
+	Start(ctx context.Context, node int) error
+}
+
+// FailoverConfig configures FailoverRun.
+type FailoverConfig struct {
+	// Bin is the outbox-chaos binary (the relay children).
+	Bin string
+	// Dialect and BaseDSN name the database server.
+	Dialect, BaseDSN string
+	// Brokers are the cluster's bootstrap addresses (one per node).
+	Brokers []string
+	// Nodes kills, pauses and restarts the cluster's nodes.
+	Nodes ClusterNodes
+	// Dir holds the children's logs.
+	Dir string
+	// Replication is the topic's replication factor and MinISR its
+	// min.insync.replicas. Zero means 3 and 2.
+	Replication, MinISR int
+	// Relays is the number of relay processes. Zero means 3.
+	Relays int
+	// Faults is the number of faults, alternately a leader kill and a
+	// leader pause. Zero means 4.
+	Faults int
+	// Messages and WriteFor: the writers spread Messages over WriteFor; the
+	// faults are injected one after the other while they write (a fault
+	// that would not end before the writers do is not injected). Zero
+	// means 15000 and 120s.
+	Messages int
+	WriteFor time.Duration
+	// Warmup is the steady delivery before the first fault. Zero means 8s.
+	Warmup time.Duration
+	// KillDowntime is how long a killed node stays down; PauseFor how long
+	// a paused one stays frozen. Zero means 12s each (longer than Kafka's
+	// default broker.session.timeout.ms of 9s, so that leadership moves).
+	KillDowntime, PauseFor time.Duration
+	// Settle is the wait once every partition has all its replicas in
+	// sync again, before the next fault. Zero means 3s.
+	Settle time.Duration
+	// PublishTimeout is the relays' KafkaConfig.PublishTimeout. Zero means
+	// 5s.
+	PublishTimeout time.Duration
+	// DrainTimeout bounds the wait for the table to drain after the
+	// writers. Zero means 90s.
+	DrainTimeout time.Duration
+	// Seed seeds the writers.
+	Seed int64
+	// Logger receives progress. Nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// FailoverFault is one injected fault and what followed it.
+type FailoverFault struct {
+	Kind      string
+	Node      int // the victim: the partition's leader when the fault began
+	Partition int
+	At        time.Time
+	// Held is how long the node was down (killed) or frozen (paused),
+	// until its restart began or it was resumed.
+	Held time.Duration
+	// LeaderMoved is the time from the fault until the metadata named
+	// another leader for the partition; negative when it never did.
+	LeaderMoved time.Duration
+	// Restart is how long the killed node took to start again.
+	Restart time.Duration
+	// InSync is the time from the restart's end or the resume until every
+	// partition had all its replicas in sync again.
+	InSync time.Duration
+	// Stall is the longest time in the fault's window (from the fault to
+	// the next fault or the end of the writes) in which no relay
+	// acknowledged a record: no outbox row was deleted, the relays
+	// deleting a row once the cluster acknowledged it (acks=all).
+	// PartitionStall is the same for the rows consumed from the victim's
+	// partition.
+	Stall, PartitionStall time.Duration
+}
+
+// FailoverSummary is the verdict of a failover run.
+type FailoverSummary struct {
+	Dialect                string
+	Brokers, Relays        int
+	Replication, MinISR    int
+	Written, Committed     int
+	RolledBack, InDoubt    int
+	Check                  Check
+	DualOwners             int64
+	Drained                bool
+	Faults                 []FailoverFault
+	BaselineStall          time.Duration // longest time without an acknowledgement before the first fault
+	BaselinePartitionStall time.Duration // the same, on the partition where it was longest
+	PublishTimeout         time.Duration
+	KillDowntime, PauseFor time.Duration
+	Took                   time.Duration
+	lastWrite              time.Time
+}
+
+// Count returns the number of faults of kind.
+func (s FailoverSummary) Count(kind string) int {
+	n := 0
+	for _, f := range s.Faults {
+		if f.Kind == kind {
+			n++
+		}
+	}
+	return n
+}
+
+// MaxStall returns the longest topic-wide and partition stall after
+// faults of kind.
+func (s FailoverSummary) MaxStall(kind string) (topic, partition time.Duration) {
+	for _, f := range s.Faults {
+		if f.Kind == kind {
+			topic, partition = max(topic, f.Stall), max(partition, f.PartitionStall)
+		}
+	}
+	return topic, partition
+}
+
+// Err reports the first failed check, or nil.
+func (s FailoverSummary) Err() error {
+	switch {
+	case s.Check.Lost != 0:
+		return fmt.Errorf("failover: %d committed messages lost", s.Check.Lost)
+	case s.Check.RolledBackArrived != 0:
+		return fmt.Errorf("failover: %d rolled-back messages arrived", s.Check.RolledBackArrived)
+	case s.Check.OrderViolations != 0:
+		return fmt.Errorf("failover: %d per-key order violations after dedup", s.Check.OrderViolations)
+	case s.DualOwners != 0:
+		return fmt.Errorf("failover: %d takeovers of a live lease", s.DualOwners)
+	case !s.Drained:
+		return errors.New("failover: the outbox table did not drain")
+	}
+	return nil
+}
+
+// String is the one-line summary.
+func (s FailoverSummary) String() string {
+	ks, ps := s.MaxStall(FaultLeaderKill)
+	kp, pp := s.MaxStall(FaultLeaderPause)
+	return fmt.Sprintf("failover: db=%s brokers=%d rf=%d min_isr=%d relays=%d publish_timeout=%s messages=%d committed=%d rolled_back=%d in_doubt=%d records=%d lost=%d rolled_back_arrived=%d order_violations=%d duplicates=%d dual_owners=%d drained=%t faults=%d (%s=%d %s=%d) longest_stall kill=%s (partition %s) pause=%s (partition %s) baseline=%s (partition %s) took=%s",
+		s.Dialect, s.Brokers, s.Replication, s.MinISR, s.Relays, s.PublishTimeout, s.Written, s.Committed, s.RolledBack, s.InDoubt, s.Check.Records,
+		s.Check.Lost, s.Check.RolledBackArrived, s.Check.OrderViolations, s.Check.Duplicates, s.DualOwners, s.Drained,
+		len(s.Faults), FaultLeaderKill, s.Count(FaultLeaderKill), FaultLeaderPause, s.Count(FaultLeaderPause),
+		ms(ks), ms(ps), ms(kp), ms(pp), ms(s.BaselineStall), ms(s.BaselinePartitionStall), s.Took.Round(time.Second))
+}
+
+func ms(d time.Duration) string {
+	if d < 0 {
+		return "never"
+	}
+	return d.Round(10 * time.Millisecond).String()
+}
+
+// FormatFailover renders the faults of s as a Markdown table.
+func FormatFailover(s FailoverSummary) string {
+	var b strings.Builder
+	b.WriteString("| # | fault | node | partition | held | leader moved after | restart took | all in sync after | longest stall, topic | longest stall, partition |\n")
+	b.WriteString("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for i, f := range s.Faults {
+		restart := "—"
+		if f.Kind == FaultLeaderKill {
+			restart = ms(f.Restart)
+		}
+		fmt.Fprintf(&b, "| %d | %s | %d | %d | %s | %s | %s | %s | %s | %s |\n", i+1, f.Kind, f.Node, f.Partition,
+			ms(f.Held), ms(f.LeaderMoved), restart, ms(f.InSync), ms(f.Stall), ms(f.PartitionStall))
+	}
+	return b.String()
+}
+
+// FailoverRun drives writers and relay processes against a multi-node
+// Kafka cluster while it kills and pauses the leaders of the topic's
+// partitions, one fault at a time, then checks with the independent
+// consumer that nothing committed was lost, no rolled-back message
+// arrived and per-key order held after deduplication, and measures how
+// long delivery stalled after each fault. The error is a setup failure or
+// a cluster that did not heal (see FailoverSummary.Err for the checks).
+func FailoverRun(ctx context.Context, cfg FailoverConfig) (FailoverSummary, error) {
+	start := time.Now()
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	defInt := func(n *int, v int) {
+		if *n == 0 {
+			*n = v
+		}
+	}
+	defInt(&cfg.Replication, 3)
+	defInt(&cfg.MinISR, 2)
+	defInt(&cfg.Relays, 3)
+	defInt(&cfg.Faults, 4)
+	defInt(&cfg.Messages, 15000)
+	def(&cfg.WriteFor, 120*time.Second)
+	def(&cfg.Warmup, 8*time.Second)
+	def(&cfg.KillDowntime, 12*time.Second)
+	def(&cfg.PauseFor, 12*time.Second)
+	def(&cfg.Settle, 3*time.Second)
+	def(&cfg.PublishTimeout, 5*time.Second)
+	def(&cfg.DrainTimeout, 90*time.Second)
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	log := cfg.Logger
+	s := FailoverSummary{Dialect: cfg.Dialect, Brokers: len(cfg.Brokers), Relays: cfg.Relays, Replication: cfg.Replication, MinISR: cfg.MinISR,
+		PublishTimeout: cfg.PublishTimeout, KillDowntime: cfg.KillDowntime, PauseFor: cfg.PauseFor}
+	if len(cfg.Brokers) < cfg.Replication || cfg.Nodes == nil {
+		return s, fmt.Errorf("failover: need %d brokers and their nodes (have %d)", cfg.Replication, len(cfg.Brokers))
+	}
+
+	// Every node runs: a leftover paused or killed node from an aborted
+	// run would make the first fault a double one.
+	if err := WaitInSync(ctx, cfg.Brokers, "", cfg.Replication, 60*time.Second); err != nil {
+		return s, err
+	}
+	d, err := CreateDatabase(ctx, cfg.Dialect, cfg.BaseDSN, cfg.Dir)
+	if err != nil {
+		return s, err
+	}
+	defer d.Drop(ctx)
+	if cfg.Dialect != Postgres {
+		return s, fmt.Errorf("failover: needs PostgreSQL (the acknowledgement audit), not %s", cfg.Dialect)
+	}
+	if err := createAckAudit(ctx, d.DSN); err != nil {
+		return s, err
+	}
+	topic := unique("chaos_failover_")
+	if err := CreateReplicatedTopic(ctx, cfg.Brokers, topic, partitions, cfg.Replication,
+		map[string]string{"min.insync.replicas": strconv.Itoa(cfg.MinISR)}); err != nil {
+		return s, err
+	}
+	cctx, cancelConsumer := context.WithCancel(ctx)
+	consumer := StartConsumer(cctx, cfg.Brokers, topic, partitions)
+	defer consumer.Wait()
+	defer cancelConsumer()
+
+	db, err := Open(cfg.Dialect, d.DSN, harnessAppName, writers+2)
+	if err != nil {
+		return s, err
+	}
+	defer closeGorm(db)
+	if err := db.Use(outbox.Plugin{}); err != nil {
+		return s, err
+	}
+	relays := &Relays{Bin: cfg.Bin, LogDir: cfg.Dir, Base: RelayConfig{
+		Dialect: cfg.Dialect, DSN: d.DSN, Brokers: cfg.Brokers,
+		// No relay faults here: a long lease keeps the buckets with their
+		// owners while the brokers fail.
+		LeaseDuration: 15 * time.Second, RenewInterval: 3 * time.Second, PollInterval: pollInterval, BatchSize: batchSize,
+		PublishTimeout: cfg.PublishTimeout,
+	}}
+	defer relays.StopAll(10 * time.Second)
+	for i := 1; i <= cfg.Relays; i++ {
+		if _, err := relays.Start(fmt.Sprintf("relay-%d", i)); err != nil {
+			return s, err
+		}
+	}
+
+	// Writers: the chaos run's (rollbacks, in-doubt commits, a pinned
+	// partition per writer, a few keyless messages).
+	led := &ledger{perKey: map[string][]string{}, doubt: map[string]bool{}, rolledBack: map[string]bool{}}
+	wcfg := RunConfig{Messages: cfg.Messages, WriteFor: cfg.WriteFor, Seed: cfg.Seed}
+	writeStart := time.Now()
+	writeEnd := writeStart.Add(cfg.WriteFor)
+	var wwg sync.WaitGroup
+	for w := 0; w < writers; w++ {
+		wwg.Add(1)
+		go func() {
+			defer wwg.Done()
+			write(ctx, db, topic, w, wcfg, led)
+		}()
+	}
+	writersDone := make(chan struct{})
+	go func() { wwg.Wait(); close(writersDone) }()
+
+	sleepCtx(ctx, cfg.Warmup)
+	var faultErr error
+	for i := 0; i < cfg.Faults && ctx.Err() == nil; i++ {
+		kind := FaultLeaderKill
+		held := cfg.KillDowntime
+		if i%2 == 1 {
+			kind, held = FaultLeaderPause, cfg.PauseFor
+		}
+		// a fault ends with the node back in sync (a restart takes ~10 s)
+		if time.Until(writeEnd) < held+15*time.Second {
+			log.Warn("failover: no time left for the remaining faults before the writers end", "injected", i, "wanted", cfg.Faults)
+			break
+		}
+		f, err := leaderFault(ctx, cfg, topic, kind, i%partitions, log)
+		if f.Kind != "" {
+			s.Faults = append(s.Faults, f)
+		}
+		if err != nil {
+			faultErr = err
+			break
+		}
+		sleepCtx(ctx, cfg.Settle)
+	}
+	select {
+	case <-writersDone:
+	case <-ctx.Done():
+	}
+	s.lastWrite = time.Now()
+	log.Info("failover: writers done; draining", "faults", len(s.Faults))
+
+	deadline := time.Now().Add(cfg.DrainTimeout)
+	for ctx.Err() == nil {
+		var n int64
+		if err := db.Model(&outbox.Message{}).Count(&n).Error; err == nil && n == 0 {
+			s.Drained = true
+			break
+		}
+		if time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	led.mu.Lock()
+	var sure []string
+	for _, ids := range led.perKey {
+		for _, id := range ids {
+			if !led.doubt[id] {
+				sure = append(sure, id)
+			}
+		}
+	}
+	led.mu.Unlock()
+	for end := time.Now().Add(60 * time.Second); !consumer.Has(sure) && time.Now().Before(end) && ctx.Err() == nil; {
+		time.Sleep(200 * time.Millisecond)
+	}
+	time.Sleep(time.Second) // late copies
+	if v, _, err := DualOwners(db); err == nil {
+		s.DualOwners = v
+	} else {
+		return s, fmt.Errorf("failover: read lease audit: %w", err)
+	}
+	led.mu.Lock()
+	s.Check = consumer.Verify(led.perKey, led.keyless, led.doubt, led.rolledBack)
+	s.Written, s.Committed, s.RolledBack, s.InDoubt = led.written, led.committed, len(led.rolledBack), len(led.doubt)
+	led.mu.Unlock()
+	acks, err := readAcks(db)
+	if err != nil {
+		return s, err
+	}
+	measureStalls(&s, consumer, acks, writeStart)
+	s.Took = time.Since(start)
+	if faultErr != nil {
+		return s, faultErr
+	}
+	return s, ctx.Err()
+}
+
+// leaderFault injects one fault on the leader of partition and waits until
+// every partition has all its replicas in sync again.
+func leaderFault(ctx context.Context, cfg FailoverConfig, topic, kind string, partition int, log *slog.Logger) (FailoverFault, error) {
+	f := FailoverFault{Kind: kind, Partition: partition, LeaderMoved: -1, InSync: -1}
+	lb, err := PartitionLeader(ctx, cfg.Brokers, topic, partition, "")
+	if err != nil {
+		return FailoverFault{}, err
+	}
+	if lb.ID < 0 {
+		return FailoverFault{}, fmt.Errorf("failover: partition %d has no leader", partition)
+	}
+	leader, leaderAddr := lb.ID, net.JoinHostPort(lb.Host, strconv.Itoa(lb.Port))
+	f.Node = leader
+	sig := syscall.SIGKILL
+	if kind == FaultLeaderPause {
+		sig = syscall.SIGSTOP
+	}
+	log.Info("failover: fault", "kind", kind, "node", leader, "partition", partition)
+	f.At = time.Now()
+	if err := cfg.Nodes.Signal(leader, sig); err != nil {
+		return FailoverFault{}, err
+	}
+	// Watch the partition's leadership (asking the other nodes) while the
+	// victim is down.
+	wctx, stopWatch := context.WithCancel(ctx)
+	moved := make(chan time.Duration, 1)
+	go func() {
+		for wctx.Err() == nil {
+			if l, err := PartitionLeader(wctx, cfg.Brokers, topic, partition, leaderAddr); err == nil && l.ID >= 0 && l.ID != leader {
+				moved <- time.Since(f.At)
+				return
+			}
+			sleepCtx(wctx, 200*time.Millisecond)
+		}
+		moved <- -1
+	}()
+	var held time.Duration
+	if kind == FaultLeaderKill {
+		held = cfg.KillDowntime
+	} else {
+		held = cfg.PauseFor
+	}
+	sleepCtx(ctx, held)
+	f.Held = time.Since(f.At)
+	stopWatch()
+	f.LeaderMoved = <-moved
+	var backAt time.Time
+	if kind == FaultLeaderKill {
+		t0 := time.Now()
+		if err := cfg.Nodes.Start(context.WithoutCancel(ctx), leader); err != nil {
+			return f, fmt.Errorf("failover: restart node %d: %w", leader, err)
+		}
+		backAt = time.Now()
+		f.Restart = backAt.Sub(t0)
+	} else {
+		if err := cfg.Nodes.Signal(leader, syscall.SIGCONT); err != nil {
+			return f, err
+		}
+		backAt = time.Now()
+	}
+	if err := WaitInSync(ctx, cfg.Brokers, topic, cfg.Replication, 90*time.Second); err != nil {
+		return f, fmt.Errorf("failover: after %s of node %d: %w", kind, leader, err)
+	}
+	f.InSync = time.Since(backAt)
+	log.Info("failover: recovered", "kind", kind, "node", leader, "leader_moved", f.LeaderMoved, "restart", f.Restart, "in_sync", f.InSync)
+	return f, nil
+}
+
+// ack is one acknowledged (deleted) outbox row.
+type ack struct {
+	id string
+	at time.Time
+}
+
+// createAckAudit records the deletion time of every outbox row
+// (PostgreSQL: a statement trigger over the deleted rows, with the
+// database's clock): the relay deletes a row once its record was
+// acknowledged.
+func createAckAudit(ctx context.Context, dsn string) error {
+	db, err := Open(Postgres, dsn, harnessAppName, 1)
+	if err != nil {
+		return err
+	}
+	defer closeGorm(db)
+	for _, q := range []string{
+		"CREATE TABLE chaos_ack_audit (message_id TEXT, at_us BIGINT)",
+		`CREATE FUNCTION chaos_ack_audit() RETURNS trigger AS $$ BEGIN
+  INSERT INTO chaos_ack_audit SELECT message_id::text, floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint FROM gone;
+  RETURN NULL;
+END $$ LANGUAGE plpgsql`,
+		"CREATE TRIGGER chaos_ack_audit AFTER DELETE ON " + outbox.DefaultMessagesTable + " REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION chaos_ack_audit()",
+	} {
+		if err := db.WithContext(ctx).Exec(q).Error; err != nil {
+			return fmt.Errorf("failover: acknowledgement audit: %w", err)
+		}
+	}
+	return nil
+}
+
+func readAcks(db *gorm.DB) ([]ack, error) {
+	var rows []struct {
+		MessageID string
+		AtUs      int64
+	}
+	if err := db.Raw("SELECT message_id, at_us FROM chaos_ack_audit ORDER BY at_us").Scan(&rows).Error; err != nil {
+		return nil, fmt.Errorf("failover: read acknowledgement audit: %w", err)
+	}
+	acks := make([]ack, len(rows))
+	for i, r := range rows {
+		acks[i] = ack{id: r.MessageID, at: time.UnixMicro(r.AtUs)}
+	}
+	return acks, nil
+}
+
+// measureStalls computes the longest times without an acknowledgement,
+// on the topic and per partition (a row's partition is the one the
+// consumer read it from).
+func measureStalls(s *FailoverSummary, c *Consumer, acks []ack, writeStart time.Time) {
+	parts, _, _ := c.Snapshot()
+	partOf := map[string]int{}
+	for p, recs := range parts {
+		for _, r := range recs {
+			partOf[r.ID] = p
+		}
+	}
+	all := make([]time.Time, 0, len(acks))
+	byPart := make([][]time.Time, len(parts))
+	for _, a := range acks {
+		all = append(all, a.at)
+		if p, ok := partOf[a.id]; ok {
+			byPart[p] = append(byPart[p], a.at)
+		}
+	}
+	sortTimes(all)
+	for _, ts := range byPart {
+		sortTimes(ts)
+	}
+	if len(s.Faults) > 0 {
+		// baseline: from 2 s into the writes to the first fault
+		from, to := writeStart.Add(2*time.Second), s.Faults[0].At
+		s.BaselineStall = longestGap(all, from, to)
+		for _, ts := range byPart {
+			s.BaselinePartitionStall = max(s.BaselinePartitionStall, longestGap(ts, from, to))
+		}
+	}
+	for i := range s.Faults {
+		f := &s.Faults[i]
+		to := s.lastWrite
+		if i+1 < len(s.Faults) {
+			to = s.Faults[i+1].At
+		}
+		f.Stall = longestGap(all, f.At, to)
+		f.PartitionStall = longestGap(byPart[f.Partition], f.At, to)
+	}
+}
+
+func sortTimes(ts []time.Time) { sort.Slice(ts, func(i, j int) bool { return ts[i].Before(ts[j]) }) }
+
+// longestGap is the longest interval inside [from, to] with no time of ts
+// (sorted) in it: the gaps between consecutive times, and from `from` to
+// the first time after it (or to `to` when there is none).
+func longestGap(ts []time.Time, from, to time.Time) time.Duration {
+	var longest time.Duration
+	prev := from
+	for _, t := range ts {
+		if !t.After(from) {
+			continue
+		}
+		if t.After(to) {
+			break
+		}
+		longest = max(longest, t.Sub(prev))
+		prev = t
+	}
+	// nothing until the window's end: the gap runs to it
+	return max(longest, to.Sub(prev))
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) {
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
+}
+
+// clusterDialer bounds every metadata request: a paused broker accepts a
+// connection and never answers.
+var clusterDialer = &kafka.Dialer{Timeout: 2 * time.Second}
+
+// readPartitions asks the first broker that answers, skipping avoid (an
+// address: a paused broker would hold the request until the deadline).
+func readPartitions(ctx context.Context, brokers []string, topic, avoid string) ([]kafka.Partition, error) {
+	var lastErr error
+	for _, addr := range brokers {
+		if addr == avoid {
+			continue
+		}
+		ps, err := func() ([]kafka.Partition, error) {
+			dctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+			defer cancel()
+			conn, err := clusterDialer.DialContext(dctx, "tcp", addr)
+			if err != nil {
+				return nil, err
+			}
+			defer conn.Close()
+			_ = conn.SetDeadline(time.Now().Add(3 * time.Second))
+			if topic == "" {
+				return conn.ReadPartitions()
+			}
+			return conn.ReadPartitions(topic)
+		}()
+		if err == nil {
+			return ps, nil
+		}
+		lastErr = err
+	}
+	return nil, fmt.Errorf("failover: no broker answered a metadata request: %w", lastErr)
+}
+
+// PartitionLeader returns partition's leader (ID -1 when it has none),
+// asking the brokers other than avoid (an address; empty: any).
+func PartitionLeader(ctx context.Context, brokers []string, topic string, partition int, avoid string) (kafka.Broker, error) {
+	ps, err := readPartitions(ctx, brokers, topic, avoid)
+	if err != nil {
+		return kafka.Broker{ID: -1}, err
+	}
+	for _, p := range ps {
+		if p.Topic == topic && p.ID == partition {
+			if p.Leader.Host == "" {
+				return kafka.Broker{ID: -1}, nil
+			}
+			return p.Leader, nil
+		}
+	}
+	return kafka.Broker{ID: -1}, fmt.Errorf("failover: no partition %d of %s in the metadata", partition, topic)
+}
+
+// WaitInSync waits until every partition of topic (every topic when empty)
+// has a leader and replication replicas in sync.
+func WaitInSync(ctx context.Context, brokers []string, topic string, replication int, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var last string
+	for {
+		ps, err := readPartitions(ctx, brokers, topic, "")
+		if err == nil {
+			last = ""
+			for _, p := range ps {
+				if p.Leader.Host == "" || len(p.Isr) < replication {
+					last = fmt.Sprintf("%s/%d: leader %d, %d of %d replicas in sync", p.Topic, p.ID, p.Leader.ID, len(p.Isr), replication)
+					break
+				}
+			}
+			if last == "" {
+				return nil
+			}
+		} else {
+			last = err.Error()
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("failover: replicas not in sync after %s (%s)", timeout, last)
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+// CreateReplicatedTopic creates topic with the given partitions,
+// replication factor and topic configs, and waits until every partition's
+// replicas are in sync and its leader serves requests.
+func CreateReplicatedTopic(ctx context.Context, brokers []string, topic string, partitions, replication int, configs map[string]string) error {
+	cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	conn, err := clusterDialer.DialContext(cctx, "tcp", brokers[0])
+	if err != nil {
+		return fmt.Errorf("failover: dial %s: %w", brokers[0], err)
+	}
+	defer conn.Close()
+	ctrl, err := conn.Controller()
+	if err != nil {
+		return fmt.Errorf("failover: find controller: %w", err)
+	}
+	cc, err := clusterDialer.DialContext(cctx, "tcp", net.JoinHostPort(ctrl.Host, strconv.Itoa(ctrl.Port)))
+	if err != nil {
+		return fmt.Errorf("failover: dial controller: %w", err)
+	}
+	defer cc.Close()
+	tc := kafka.TopicConfig{Topic: topic, NumPartitions: partitions, ReplicationFactor: replication}
+	for k, v := range configs {
+		tc.ConfigEntries = append(tc.ConfigEntries, kafka.ConfigEntry{ConfigName: k, ConfigValue: v})
+	}
+	if err := cc.CreateTopics(tc); err != nil {
+		return fmt.Errorf("failover: create topic %s: %w", topic, err)
+	}
+	for {
+		err := WaitInSync(cctx, brokers, topic, replication, 5*time.Second)
+		if err == nil {
+			if err = leadersAnswer(cctx, brokers, topic, partitions); err == nil {
+				return nil
+			}
+		}
+		if cctx.Err() != nil {
+			return fmt.Errorf("failover: topic %s not ready: %w", topic, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// leadersAnswer asks every partition's leader for its last offset (right
+// after creation a leader may still answer "not leader for partition").
+func leadersAnswer(ctx context.Context, brokers []string, topic string, partitions int) error {
+	ps, err := readPartitions(ctx, brokers, topic, "")
+	if err != nil {
+		return err
+	}
+	if len(ps) != partitions {
+		return fmt.Errorf("%d of %d partitions in the metadata", len(ps), partitions)
+	}
+	for _, p := range ps {
+		lc, err := clusterDialer.DialLeader(ctx, "tcp", net.JoinHostPort(p.Leader.Host, strconv.Itoa(p.Leader.Port)), topic, p.ID)
+		if err != nil {
+			return err
+		}
+		_ = lc.SetDeadline(time.Now().Add(3 * time.Second))
+		_, err = lc.ReadLastOffset()
+		lc.Close()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
