@@ -29,12 +29,18 @@ type Store interface {
 	BucketsWithPending(ctx context.Context, buckets []int) ([]int, error)
 
 	// NextBatch returns up to limit pending messages of bucket, oldest
-	// (lowest submission order) first.
+	// (lowest submission order) first. A Parker skips parked rows and
+	// reports an undecodable head row as a *CorruptRowError (see Parker).
 	NextBatch(ctx context.Context, bucket, limit int) ([]*outbox.Message, error)
 
-	// MarkPublished deletes published messages of bucket. published is always
-	// a prefix of the slice NextBatch returned, holding the same instances, so
-	// a store may identify rows by ID, MessageID or a field of its own.
+	// MarkPublished deletes published messages of bucket. published holds
+	// instances of the slice NextBatch returned, in its order: a prefix of
+	// it, except that with a store implementing Parker the relay leaves out
+	// rows it held behind a parked row of their key (Parker.HoldBehind), and
+	// may end the slice before the first row of a key whose parked head was
+	// requeued meanwhile. A store must identify rows by ID, MessageID or a
+	// field of its own, not by position; deleting only rows that are not
+	// parked is a safe guard.
 	MarkPublished(ctx context.Context, bucket int, published []*outbox.Message) error
 }
 
