@@ -122,8 +122,29 @@ func (s *Store) write(ctx context.Context, table string, fn func(q *gorm.DB) err
 // the SET STATEMENT bound). The transaction commits when fn returns nil and
 // rolls back otherwise. On SQLite it is a plain transaction (every SQLite
 // transaction is serializable).
+//
+// A transaction the database ends as a deadlock victim (InnoDB's 1213,
+// PostgreSQL's 40P01: a requeue locking a key's parked rows while the
+// relay holds new rows behind their head and writers insert) is retried,
+// up to deadlockAttempts times in all: it changed nothing.
 func (s *Store) writeTx(ctx context.Context, table string, fn func(tx *gorm.DB) error) error {
-	return s.run(ctx, table, modeWriteTx, fn)
+	var err error
+	for range deadlockAttempts {
+		if err = s.run(ctx, table, modeWriteTx, fn); err == nil || !deadlocked(err) || ctx.Err() != nil {
+			return err
+		}
+	}
+	return err
+}
+
+// deadlockAttempts bounds the runs of one writeTx ended by deadlocks.
+const deadlockAttempts = 5
+
+// deadlocked reports whether err ended a transaction as a deadlock victim:
+// MySQL/MariaDB error 1213, PostgreSQL SQLSTATE 40P01.
+func deadlocked(err error) bool {
+	m := err.Error()
+	return strings.Contains(m, "Error 1213") || strings.Contains(m, "SQLSTATE 40P01")
 }
 
 // read runs fn, one or more reads, on the primary at READ COMMITTED or

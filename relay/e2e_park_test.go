@@ -4,12 +4,14 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/segmentio/kafka-go"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	"gorm.io/gorm"
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/gormstore"
@@ -224,4 +226,158 @@ func valuesOf(recs []kafka.Message, key string) []string {
 		}
 	}
 	return out
+}
+
+// rejecting is a Publisher that rejects the rows whose message id is
+// poisoned as unpublishable, publishing the rows before the first of them.
+type rejecting struct {
+	relay.Publisher
+	mu     sync.Mutex
+	poison map[outbox.UUID]bool
+}
+
+func (p *rejecting) set(id outbox.UUID, on bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.poison[id] = on
+}
+
+func (p *rejecting) Publish(ctx context.Context, batch []*outbox.Message) relay.Result {
+	p.mu.Lock()
+	cut := -1
+	for i, m := range batch {
+		if p.poison[m.MessageID] {
+			cut = i
+			break
+		}
+	}
+	p.mu.Unlock()
+	if cut < 0 {
+		return p.Publisher.Publish(ctx, batch)
+	}
+	res := relay.Result{}
+	if cut > 0 {
+		if res = p.Publisher.Publish(ctx, batch[:cut]); res.Err != nil {
+			return res
+		}
+	}
+	res.Err = fmt.Errorf("test broker rejects %s: %w", batch[cut].MessageID, relay.ErrUnpublishable)
+	return res
+}
+
+// TestRequeueWhileTheKeyKeepsArrivingKeepsItsOrder races an operator's
+// requeue against a relay that is parking and holding new rows of the same
+// key, on every database: a writer commits rows of keys A and B one
+// transaction at a time while two of A's rows are rejected (parked after
+// one attempt); a requeuer lifts each rejection and requeues key A as soon
+// as it sees it parked, and also requeues while nothing is parked. A
+// deduplicating consumer must read both keys in commit order, and at the
+// end nothing is parked and the table is empty.
+func TestRequeueWhileTheKeyKeepsArrivingKeepsItsOrder(t *testing.T) {
+	testenv.ForEachDB(t, nil, func(t *testing.T, db *gorm.DB) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		b := testenv.NewFake(t)
+		topic := testenv.Unique("requeue-")
+		b.CreateTopic(t, topic, 1, nil)
+		n := relay.NewNotifier()
+		store := e2eStore(t, db, n)
+		keyA, keyB := sameBucketKeys(4)
+
+		kp, err := relay.NewKafkaPublisher(relay.KafkaConfig{Brokers: b.Addrs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = kp.Close() })
+		pub := &rejecting{Publisher: kp, poison: map[outbox.UUID]bool{}}
+		r, err := relay.New(store, pub, relay.Options{Notifier: n, PollInterval: 20 * time.Millisecond, ErrorBackoff: 5 * time.Millisecond, ParkAfter: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- r.Run(ctx) }()
+
+		const rows = 200
+		var (
+			wrote  = make(chan struct{})
+			want   = map[string][]string{}
+			wantMu sync.Mutex
+		)
+		go func() {
+			defer close(wrote)
+			for i := range rows {
+				ma := outbox.NewMessage(topic, []byte(keyA), []byte(fmt.Sprint("A", i)))
+				mb := outbox.NewMessage(topic, []byte(keyB), []byte(fmt.Sprint("B", i)))
+				if i == 20 || i == 120 {
+					ma.MessageID = outbox.NewUUID()
+					pub.set(ma.MessageID, true)
+				}
+				if err := outbox.Enqueue(db.WithContext(ctx), ma, mb); err != nil {
+					t.Error(err)
+					return
+				}
+				wantMu.Lock()
+				want[keyA] = append(want[keyA], string(ma.Value))
+				want[keyB] = append(want[keyB], string(mb.Value))
+				wantMu.Unlock()
+				time.Sleep(time.Millisecond)
+			}
+		}()
+
+		requeued, idle := 0, 0
+		for finished := false; !finished; {
+			select {
+			case <-wrote:
+				finished = true
+			case <-time.After(3 * time.Millisecond):
+			}
+			parked, err := store.ListParked(ctx, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, p := range parked {
+				if !strings.HasPrefix(p.Reason, relay.HeldReasonPrefix) {
+					id, err := outbox.ParseUUID(p.MessageID)
+					if err != nil {
+						t.Fatal(err)
+					}
+					pub.set(id, false) // the operator fixed the cause
+				}
+			}
+			if n, err := store.RequeueParked(ctx, relay.ParkedSelector{Key: []byte(keyA)}); err != nil {
+				t.Fatal(err)
+			} else if n > 0 {
+				requeued++
+			} else {
+				idle++
+			}
+			if finished {
+				// Requeue until the relay has nothing left to park.
+				for end := time.Now().Add(30 * time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+					var left int64
+					if err := db.Table(outbox.DefaultMessagesTable).Count(&left).Error; err != nil {
+						t.Fatal(err)
+					}
+					if left == 0 {
+						break
+					}
+					if _, err := store.RequeueParked(ctx, relay.ParkedSelector{All: true}); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+		}
+		if requeued < 2 {
+			t.Fatalf("requeued parked rows %d times; want at least 2 (two rejected rows)", requeued)
+		}
+		recs := dedupe(b.ReadAll(t, topic, 2*rows, time.Minute))
+		for _, k := range []string{keyA, keyB} {
+			if got := valuesOf(recs, k); strings.Join(got, ",") != strings.Join(want[k], ",") {
+				t.Fatalf("key %s: consumed %d records %v\nwant %d in commit order %v", k, len(got), got, len(want[k]), want[k])
+			}
+		}
+		waitOutboxEmpty(ctx, t, db)
+		t.Logf("requeues that moved rows: %d, requeues that found nothing parked: %d", requeued, idle)
+		stopRelay(t, cancel, done)
+	})
 }

@@ -310,4 +310,5 @@ func TestRelayRecoversFromAPausedRealBroker(t *testing.T) {
 	if ck.Lost != 0 || ck.OrderViolations != 0 {
 		t.Errorf("lost %d, order violations %d; want 0 and 0", ck.Lost, ck.OrderViolations)
 	}
+	checkNothingParked(t, db, strings.Join(logs.Matching("row parked"), ""))
 }

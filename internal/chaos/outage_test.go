@@ -166,6 +166,20 @@ func (r *outageRig) finish(t *testing.T, wantLog string) {
 	if logs := r.logs.String(); !strings.Contains(logs, wantLog) {
 		t.Errorf("relay logs lack %q:\n%s", wantLog, logs)
 	}
+	checkNothingParked(t, r.db, r.logs.String())
+}
+
+// checkNothingParked fails t when an outage parked a row: transient
+// failures (a broker or database down) must never park.
+func checkNothingParked(t *testing.T, db *gorm.DB, logs string) {
+	t.Helper()
+	var parked int64
+	if err := db.Model(&outbox.Message{}).Where("parked_at_ms IS NOT NULL").Count(&parked).Error; err != nil {
+		t.Errorf("count parked rows: %v", err)
+	}
+	if parked != 0 || strings.Contains(logs, "row parked") {
+		t.Errorf("the outage parked rows (%d in the table); want none: only rows the broker rejects as stored are parked", parked)
+	}
 }
 
 // TestRelayRecoversFromDatabaseOutage stops a private PostgreSQL server in
