@@ -25,7 +25,8 @@ import (
 // larger than the topic's max.message.bytes. After ParkAfter attempts A's
 // row is parked with the broker's reason and A's later rows (already there,
 // and committed after the parking) are held behind it, while B's rows are
-// published; the relay stays healthy. Once the operator shrinks the row and
+// published; the relay stays healthy. A relay started afterwards (restart,
+// takeover) holds A's next row too. Once the operator shrinks the row and
 // requeues key A, a deduplicating consumer reads A's rows in commit order
 // and the table is empty.
 func TestOversizedRowParksItsKeyWhileTheBucketFlows(t *testing.T) {
@@ -73,8 +74,9 @@ func TestOversizedRowParksItsKeyWhileTheBucketFlows(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			rctx, stop := context.WithCancel(ctx)
 			done := make(chan error, 1)
-			go func() { done <- r.Run(ctx) }()
+			go func() { done <- r.Run(rctx) }()
 
 			enqueue := func(msgs ...*outbox.Message) time.Time {
 				t.Helper()
@@ -126,22 +128,41 @@ func TestOversizedRowParksItsKeyWhileTheBucketFlows(t *testing.T) {
 				t.Fatalf("%s by reason = %v; want 1 unpublishable and 2 held", relay.MetricParked, byReason)
 			}
 
+			// A new relay (a restart, a takeover) loads the parked key and
+			// holds A's next row too, while B's flows.
+			stopRelay(t, stop, done)
+			store2, err := gormstore.New(db, gormstore.Options{Config: outbox.Config{BucketCount: 4}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			r2, err := relay.New(store2, pub, relay.Options{PollInterval: 50 * time.Millisecond, ErrorBackoff: 50 * time.Millisecond, Logger: logs.Logger()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			rctx, stop = context.WithCancel(ctx)
+			go func() { done <- r2.Run(rctx) }()
+			enqueue(a(4, 0), bm(5))
+			if got := dedupe(b.ReadAll(t, topic, 5, time.Minute)); len(valuesOf(got, keyB)) != 5 || len(got) != 5 {
+				t.Fatalf("records after the restart = %d (%d of key B); want B1..B5 and none of key A", len(got), len(valuesOf(got, keyB)))
+			}
+			waitParked(ctx, t, store, 4)
+
 			// The operator shrinks the row, then requeues the key.
 			if err := db.Table(outbox.DefaultMessagesTable).Where("id = ?", parked[0].ID).Update("record_value", []byte("A1:shrunk")).Error; err != nil {
 				t.Fatal(err)
 			}
-			if n, err := store.RequeueParked(ctx, relay.ParkedSelector{Key: []byte(keyA)}); err != nil || n != 3 {
-				t.Fatalf("RequeueParked(key A) = %d, %v; want 3 rows", n, err)
+			if n, err := store.RequeueParked(ctx, relay.ParkedSelector{Key: []byte(keyA)}); err != nil || n != 4 {
+				t.Fatalf("RequeueParked(key A) = %d, %v; want 4 rows", n, err)
 			}
-			all := b.ReadAll(t, topic, 7, time.Minute)
-			if got, want := valuesOf(dedupe(all), keyA), []string{"A1:shrunk", "A2:", "A3:"}; strings.Join(got, ",") != strings.Join(want, ",") {
+			all := b.ReadAll(t, topic, 9, time.Minute)
+			if got, want := valuesOf(dedupe(all), keyA), []string{"A1:shrunk", "A2:", "A3:", "A4:"}; strings.Join(got, ",") != strings.Join(want, ",") {
 				t.Fatalf("key A after requeue = %v; want %v in commit order", got, want)
 			}
 			waitOutboxEmpty(ctx, t, db)
 			if rows, err := store.ListParked(ctx, 0); err != nil || len(rows) != 0 {
 				t.Fatalf("ListParked after requeue = %d rows, %v; want none", len(rows), err)
 			}
-			stopRelay(t, cancel, done)
+			stopRelay(t, stop, done)
 		})
 	}
 }
