@@ -10,7 +10,6 @@ import (
 
 	"github.com/segmentio/kafka-go"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"gorm.io/gorm"
 
 	"github.com/gorm-outbox/outbox"
@@ -123,7 +122,7 @@ func TestOversizedRowParksItsKeyWhileTheBucketFlows(t *testing.T) {
 			} else {
 				t.Logf("operator sees: %s", strings.TrimSpace(lines[0]))
 			}
-			byReason := parkedCounter(t, reader)
+			byReason := parkedCounts(t, reader)
 			if byReason[relay.ParkReasonUnpublishable] != 1 || byReason[relay.ParkReasonHeld] != 2 {
 				t.Fatalf("%s by reason = %v; want 1 unpublishable and 2 held", relay.MetricParked, byReason)
 			}
@@ -195,28 +194,6 @@ func waitParked(ctx context.Context, t *testing.T, store *gormstore.Store, n int
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-}
-
-// parkedCounter reads MetricParked per reason.
-func parkedCounter(t *testing.T, r *sdkmetric.ManualReader) map[string]int64 {
-	t.Helper()
-	var rm metricdata.ResourceMetrics
-	if err := r.Collect(context.Background(), &rm); err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]int64{}
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if m.Name != relay.MetricParked {
-				continue
-			}
-			for _, p := range m.Data.(metricdata.Sum[int64]).DataPoints {
-				v, _ := p.Attributes.Value(relay.AttrParkReason)
-				out[v.AsString()] += p.Value
-			}
-		}
-	}
-	return out
 }
 
 // dedupe keeps the first record of each message id, in order.

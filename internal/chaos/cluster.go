@@ -341,32 +341,7 @@ func FailoverRun(ctx context.Context, cfg FailoverConfig) (FailoverSummary, erro
 	s.lastWrite = time.Now()
 	log.Info("failover: writers done; draining", "faults", len(s.Faults))
 
-	deadline := time.Now().Add(cfg.DrainTimeout)
-	for ctx.Err() == nil {
-		var n int64
-		if err := db.Model(&outbox.Message{}).Count(&n).Error; err == nil && n == 0 {
-			s.Drained = true
-			break
-		}
-		if time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	led.mu.Lock()
-	var sure []string
-	for _, ids := range led.perKey {
-		for _, id := range ids {
-			if !led.doubt[id] {
-				sure = append(sure, id)
-			}
-		}
-	}
-	led.mu.Unlock()
-	for end := time.Now().Add(60 * time.Second); !consumer.Has(sure) && time.Now().Before(end) && ctx.Err() == nil; {
-		time.Sleep(200 * time.Millisecond)
-	}
-	time.Sleep(time.Second) // late copies
+	s.Drained = drain(ctx, db, led, consumer, cfg.DrainTimeout)
 	if v, _, err := DualOwners(db); err == nil {
 		s.DualOwners = v
 	} else {

@@ -272,32 +272,7 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 	log.Info("chaos: faults over; draining", "faults", s.TotalFaults())
 
 	// Drain: the table empties and the checker sees every committed id.
-	deadline := time.Now().Add(cfg.DrainTimeout)
-	for ctx.Err() == nil {
-		var n int64
-		if err := db.Model(&outbox.Message{}).Count(&n).Error; err == nil && n == 0 {
-			s.Drained = true
-			break
-		}
-		if time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	led.mu.Lock()
-	var sure []string
-	for _, ids := range led.perKey {
-		for _, id := range ids {
-			if !led.doubt[id] {
-				sure = append(sure, id)
-			}
-		}
-	}
-	led.mu.Unlock()
-	for end := time.Now().Add(60 * time.Second); !consumer.Has(sure) && time.Now().Before(end) && ctx.Err() == nil; {
-		time.Sleep(200 * time.Millisecond)
-	}
-	time.Sleep(time.Second) // late copies
+	s.Drained = drain(ctx, db, led, consumer, cfg.DrainTimeout)
 	stopAudit()
 	auditWG.Wait()
 	s.LeaseAudits = audits
@@ -503,4 +478,37 @@ func inject(ctx context.Context, kind string, rng *rand.Rand, pool *relayPool, d
 		return true
 	}
 	return false
+}
+
+// drain waits up to timeout for the messages table to empty, reporting
+// whether it did, then up to a minute for the consumer to see every id the
+// ledger is sure was committed, then a second more for late copies.
+func drain(ctx context.Context, db *gorm.DB, led *ledger, consumer *Consumer, timeout time.Duration) (drained bool) {
+	deadline := time.Now().Add(timeout)
+	for ctx.Err() == nil {
+		var n int64
+		if err := db.Model(&outbox.Message{}).Count(&n).Error; err == nil && n == 0 {
+			drained = true
+			break
+		}
+		if time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	led.mu.Lock()
+	var sure []string
+	for _, ids := range led.perKey {
+		for _, id := range ids {
+			if !led.doubt[id] {
+				sure = append(sure, id)
+			}
+		}
+	}
+	led.mu.Unlock()
+	for end := time.Now().Add(60 * time.Second); !consumer.Has(sure) && time.Now().Before(end) && ctx.Err() == nil; {
+		time.Sleep(200 * time.Millisecond)
+	}
+	time.Sleep(time.Second) // late copies
+	return drained
 }
