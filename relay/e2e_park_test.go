@@ -322,13 +322,9 @@ func TestRequeueWhileTheKeyKeepsArrivingKeepsItsOrder(t *testing.T) {
 			}
 		}()
 
-		requeued, idle := 0, 0
-		for finished := false; !finished; {
-			select {
-			case <-wrote:
-				finished = true
-			case <-time.After(3 * time.Millisecond):
-			}
+		// fix lifts the rejection of every parked head: the operator fixed
+		// the cause.
+		fix := func() {
 			parked, err := store.ListParked(ctx, 0)
 			if err != nil {
 				t.Fatal(err)
@@ -339,9 +335,18 @@ func TestRequeueWhileTheKeyKeepsArrivingKeepsItsOrder(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					pub.set(id, false) // the operator fixed the cause
+					pub.set(id, false)
 				}
 			}
+		}
+		requeued, idle := 0, 0
+		for finished := false; !finished; {
+			select {
+			case <-wrote:
+				finished = true
+			case <-time.After(3 * time.Millisecond):
+			}
+			fix()
 			if n, err := store.RequeueParked(ctx, relay.ParkedSelector{Key: []byte(keyA)}); err != nil {
 				t.Fatal(err)
 			} else if n > 0 {
@@ -359,6 +364,7 @@ func TestRequeueWhileTheKeyKeepsArrivingKeepsItsOrder(t *testing.T) {
 					if left == 0 {
 						break
 					}
+					fix()
 					if _, err := store.RequeueParked(ctx, relay.ParkedSelector{All: true}); err != nil {
 						t.Fatal(err)
 					}
