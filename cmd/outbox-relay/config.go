@@ -133,6 +133,16 @@ func newFlagSet(c *config) *flag.FlagSet {
 	fs.StringVar(&o.MetricsName, "metrics-name", relay.DefaultMetricsName, "value of the outbox.name metric attribute")
 	durationVar(fs, &o.MetricsInterval, "metrics-interval", relay.DefaultMetricsInterval, "wait between backlog queries")
 	durationVar(fs, &o.MetricsTimeout, "metrics-timeout", relay.DefaultMetricsTimeout, "bound on one backlog query")
+	fs.Func("park-policy", "which publish failures park a row: unpublishable (the broker rejects the row as stored: too large, invalid, no such partition or topic, not authorised; an outage parks nothing), never (retry forever) or any-failure (default unpublishable)", func(s string) error {
+		for _, p := range []relay.ParkPolicy{relay.ParkUnpublishable, relay.ParkNever, relay.ParkAnyFailure} {
+			if s == p.String() {
+				o.ParkPolicy = p
+				return nil
+			}
+		}
+		return fmt.Errorf("%q is not unpublishable, never or any-failure", s)
+	})
+	intVar(fs, &o.ParkAfter, "park-after", relay.DefaultParkAfter, "consecutive counted failures of a row published alone before it is parked (see -park-policy)")
 	durationVar(fs, &o.PublishFailureWindow, "publish-failure-window", relay.DefaultPublishFailureWindow, "/healthz reports 503 once every publish has failed for longer than this")
 	fs.BoolVar(&o.MetricsBacklog, "metrics-backlog", true, "sample the backlog (pending count, oldest age) every -metrics-interval with one query; false: no backlog gauges and no such query")
 	fs.BoolVar(&o.MetricsBucketZeroOnly, "metrics-bucket-zero-only", false, "only the owner of bucket 0 samples the backlog (set on every relay)")
@@ -540,6 +550,8 @@ var flagNames = strings.NewReplacer(
 	"Options.MetricsTimeout", "-metrics-timeout",
 	"Options.MetricsBacklog", "-metrics-backlog",
 	"Options.PublishFailureWindow", "-publish-failure-window",
+	"Options.ParkPolicy", "-park-policy",
+	"Options.ParkAfter", "-park-after",
 	"Options.MetricsBucketZeroOnly", "-metrics-bucket-zero-only",
 	"Options.StopTimeout", "-stop-timeout",
 	"Options.BucketCount", "-bucket-count",
