@@ -138,6 +138,18 @@ func (s *Store) nowArg(ctx context.Context) (any, error) {
 	return gorm.Expr(dbClockSQL(k)), nil
 }
 
+// agoArg is "now minus d" as a statement argument, like nowArg.
+func (s *Store) agoArg(ctx context.Context, d time.Duration) (any, error) {
+	if s.now != nil {
+		return s.now().UnixMilli() - d.Milliseconds(), nil
+	}
+	k, err := s.kind(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return gorm.Expr("("+dbClockSQL(k)+" - ?)", d.Milliseconds()), nil
+}
+
 // ClockOffset implements relay.ClockOffsetReporter: the offset of the
 // store's clock (the database's, or Options.Now) to the host's wall clock
 // (Options.HostNow), store minus host, as measured by the latest

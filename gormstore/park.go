@@ -264,14 +264,14 @@ func (s *Store) FleetCanPark(ctx context.Context) (bool, error) {
 	if window <= 0 {
 		window = DefaultLiveness
 	}
-	now, err := s.nowArg(ctx)
+	since, err := s.agoArg(ctx, window)
 	if err != nil {
 		return false, fmt.Errorf("gormstore: relays without parking support: %w", err)
 	}
 	var old []string
 	if err := s.read(ctx, s.relays, func(q *gorm.DB) error {
 		return q.Table(s.relays).
-			Where(fmt.Sprintf("stopped_at_ms IS NULL AND last_seen_ms > ? - ? AND (features & %d) = 0", Features), now, window.Milliseconds()).
+			Where(fmt.Sprintf("stopped_at_ms IS NULL AND last_seen_ms > ? AND (features & %d) = 0", Features), since).
 			Limit(1).Pluck("relay_id", &old).Error
 	}); err != nil {
 		return false, fmt.Errorf("gormstore: relays without parking support: %w", err)
