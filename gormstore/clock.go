@@ -37,8 +37,8 @@ import (
 //
 // Park and HoldBehind stamp parked_at_ms, and FleetCanPark compares
 // last_seen_ms, inside their single statement with the clock expression
-// itself (nowArg): they have no round whose start the value must be fixed
-// at, and parking a row costs no extra round trip.
+// itself (nowArg, agoArg): they have no round whose start the value must be
+// fixed at, so parking a row costs no extra round trip.
 //
 // The value is Unix milliseconds from the database server's clock,
 // independent of the session's time zone:
