@@ -82,7 +82,8 @@ func reasonFor(k int, reason string) string {
 //	UPDATE messages SET parked_at_ms = $now, parked_reason = $reason
 //	WHERE bucket = $1 AND id = $2 AND parked_at_ms IS NULL
 //
-// now is Options.Now in Unix milliseconds. The reason is stored as valid
+// now is the database's clock in Unix milliseconds, evaluated by the
+// statement itself (Options.Now when set). The reason is stored as valid
 // UTF-8 (ASCII on MySQL and MariaDB, other characters as '?'), at most
 // outbox.MaxParkedReasonLength characters.
 func (s *Store) Park(ctx context.Context, bucket int, id int64, reason string) error {
@@ -90,7 +91,10 @@ func (s *Store) Park(ctx context.Context, bucket int, id int64, reason string) e
 	if err != nil {
 		return fmt.Errorf("gormstore: bucket %d: park row %d: %w", bucket, id, err)
 	}
-	now := s.nowMs()
+	now, err := s.nowArg(ctx)
+	if err != nil {
+		return fmt.Errorf("gormstore: bucket %d: park row %d: %w", bucket, id, err)
+	}
 	reason = reasonFor(k, reason)
 	if err := s.write(ctx, s.msgs, func(q *gorm.DB) error {
 		return q.Table(s.msgs).Where("bucket = ? AND id = ? AND parked_at_ms IS NULL", bucket, id).
@@ -120,7 +124,10 @@ func (s *Store) HoldBehind(ctx context.Context, bucket int, head int64, ids []in
 	if err != nil {
 		return false, fmt.Errorf("gormstore: bucket %d: hold rows behind %d: %w", bucket, head, err)
 	}
-	now := s.nowMs()
+	now, err := s.nowArg(ctx)
+	if err != nil {
+		return false, fmt.Errorf("gormstore: bucket %d: hold rows behind %d: %w", bucket, head, err)
+	}
 	ids = slices.Compact(slices.Sorted(slices.Values(ids)))
 	set := map[string]any{"parked_at_ms": now, "parked_reason": relay.HeldReasonPrefix + strconv.FormatInt(head, 10)}
 	headParked := func(q *gorm.DB) (bool, error) {
@@ -243,8 +250,10 @@ func (s *Store) ParkedHeads(ctx context.Context, buckets []int) ([]relay.ParkedH
 // whose heartbeat lacks the parking bit?
 //
 //	SELECT relay_id FROM relays
-//	WHERE stopped_at_ms IS NULL AND last_seen_ms > $1 AND (features & 1) = 0 LIMIT 1
+//	WHERE stopped_at_ms IS NULL AND last_seen_ms > $now - $window AND (features & 1) = 0 LIMIT 1
 //
+// $now is the database's clock, evaluated by the statement (Options.Now
+// when set).
 // The window is the lease duration of this store's latest acquisition
 // round (the window the acquisition counts active relays in), or
 // DefaultLiveness before the first round.
@@ -255,7 +264,10 @@ func (s *Store) FleetCanPark(ctx context.Context) (bool, error) {
 	if window <= 0 {
 		window = DefaultLiveness
 	}
-	since := s.nowMs() - window.Milliseconds()
+	since, err := s.agoArg(ctx, window)
+	if err != nil {
+		return false, fmt.Errorf("gormstore: relays without parking support: %w", err)
+	}
 	var old []string
 	if err := s.read(ctx, s.relays, func(q *gorm.DB) error {
 		return q.Table(s.relays).

@@ -4,10 +4,30 @@
 //
 // Every lease step is a single guarded statement run in autocommit: no row
 // lock is held across steps and no transaction stays open, so a slow relay
-// never blocks its peers. Times are Unix milliseconds from Options.Now, and
-// all comparisons are plain integer comparisons on every database. Table
-// names come from the outbox.Config shared with outbox.Plugin and are quoted
-// by GORM, never concatenated into SQL.
+// never blocks its peers. Times are Unix milliseconds, and all comparisons
+// are plain integer comparisons on every database. Table names come from the
+// outbox.Config shared with outbox.Plugin and are quoted by GORM, never
+// concatenated into SQL.
+//
+// # One clock: the database's
+//
+// Every time the store writes or compares in the lease, relay and park
+// columns (lease expiries, heartbeats, stopped stamps, the liveness windows,
+// pruning, parked_at_ms) comes from the database server's clock, not the
+// relay host's: relays on hosts whose clocks disagree, by any amount, still
+// agree on when a lease expires. Each acquisition round, renewal and
+// release reads the database's time once (one SELECT) and uses it for all
+// of its statements; Park, HoldBehind and FleetCanPark evaluate the clock
+// inside their statement (see clock.go for why). Options.Now, when set,
+// replaces the database's clock (tests inject a manual clock).
+//
+// The relay host's clock still matters in two places, neither of them a
+// lease: the relay bounds how long it trusts a lease by its own monotonic
+// clock (a rate, not a reading), and created_at is stamped by the writers'
+// hosts (outbox.Plugin), which the backlog-age gauges compare with the
+// relay host's clock. Each clock read measures the host's offset to the
+// database's clock, which the store reports as a relay.ClockOffsetReporter
+// (the relay's outbox.clock.offset gauge).
 //
 // # Isolation
 //
@@ -59,7 +79,7 @@
 // # Parking
 //
 // The store implements relay.Parker and relay.ParkAdmin. A parked row stays
-// in the messages table with parked_at_ms (Unix ms, UTC, from Options.Now)
+// in the messages table with parked_at_ms (Unix ms, UTC, the database's clock)
 // and parked_reason (at most 1000 characters) set; only the relay (through
 // the store) writes them, never outbox.Message creates or updates. The read
 // index is (bucket, parked_at_ms, id): NextBatch and BucketsWithPending read
@@ -106,16 +126,26 @@ import (
 const DefaultPruneInterval = time.Minute
 
 // Options configures a Store. A zero Options means the default outbox.Config
-// (8 buckets, default table names), the system clock and a one-minute prune
-// interval.
+// (8 buckets, default table names), the database's clock and a one-minute
+// prune interval.
 type Options struct {
 	// Config names the outbox tables and the bucket count. Share the value
 	// given to outbox.Plugin: writers and relays must agree. The zero Config
 	// means outbox's defaults; an invalid Config fails New.
 	Config outbox.Config
-	// Now returns the current time; lease expiries and heartbeats are its
-	// Unix milliseconds. Nil means time.Now. Tests inject a manual clock's Now.
+	// Now, when set, replaces the database's clock: lease expiries,
+	// heartbeats, stopped stamps, liveness windows, pruning and parked_at_ms
+	// are its Unix milliseconds. Nil (production) means the database
+	// server's clock, read once per acquisition round, renewal and release,
+	// so that relays whose host clocks disagree still agree on every lease.
+	// Tests inject a manual clock's Now. A dialect other than PostgreSQL,
+	// MySQL/MariaDB and SQLite has no known clock expression: New fails
+	// unless Now is set.
 	Now func() time.Time
+	// HostNow is the relay host's wall clock, against which each read of the
+	// store's clock measures the offset that ClockOffset reports. Nil means
+	// time.Now. Leases never use it; tests inject a skewed clock.
+	HostNow func() time.Time
 	// PruneInterval is the least time between two deletions of stale
 	// heartbeat rows (relays unseen for 10 × the lease duration, stopped
 	// relays after 1 × the lease duration), done as part of an acquisition
@@ -141,13 +171,14 @@ type Options struct {
 // Store is a relay.Store on a *gorm.DB. It also implements the optional
 // relay.LeaseRenewer, relay.LeaseReleaser, relay.PendingMetricsStore,
 // relay.BucketCounter, relay.ConcurrentFetcher, relay.Parker and
-// relay.ParkAdmin. It is safe for
+// relay.ParkAdmin and relay.ClockOffsetReporter. It is safe for
 // concurrent use; each relay should have its own Store (the store remembers
 // whether it seeded the lease rows and when it last pruned heartbeats).
 type Store struct {
 	db      *gorm.DB
 	cfg     outbox.Config
-	now     func() time.Time
+	now     func() time.Time // nil: the database's clock
+	hostNow func() time.Time
 	prune   time.Duration
 	msgs    string
 	leases  string
@@ -159,6 +190,7 @@ type Store struct {
 	seeded    bool
 	nextPrune int64         // Unix ms
 	lease     time.Duration // of the latest acquisition round; 0 before the first
+	offset    clockSample   // of the latest clock read (see nowMs)
 }
 
 var (
@@ -194,27 +226,30 @@ func New(db *gorm.DB, opts Options) (*Store, error) {
 	if opts.PruneInterval == 0 {
 		opts.PruneInterval = DefaultPruneInterval
 	}
-	if opts.Now == nil {
-		opts.Now = time.Now
+	if opts.HostNow == nil {
+		opts.HostNow = time.Now
+	}
+	kind := kindOf(db.Dialector.Name())
+	if opts.Now == nil && kind == kindOther {
+		return nil, fmt.Errorf("gormstore: Options.Now: nil, and dialect %q has no known clock expression: set Now", db.Dialector.Name())
 	}
 	cfg := opts.Config.WithDefaults()
 	return &Store{
 		db:      db,
 		cfg:     cfg,
 		now:     opts.Now,
+		hostNow: opts.HostNow,
 		prune:   opts.PruneInterval,
 		msgs:    cfg.MessagesTableName(),
 		leases:  cfg.LeasesTableName(),
 		relays:  cfg.RelaysTableName(),
 		timeout: opts.StatementTimeout,
-		dialect: kindOf(db.Dialector.Name()),
+		dialect: kind,
 	}, nil
 }
 
 // BucketCount implements relay.BucketCounter: the Config's bucket count.
 func (s *Store) BucketCount() int { return s.cfg.BucketCount }
-
-func (s *Store) nowMs() int64 { return s.now().UnixMilli() }
 
 // liveRelay is the guard every lease write of relayID carries: its heartbeat
 // row is live at now and not stopped. A statement of a relay that already
@@ -230,7 +265,8 @@ func notBackwards(exp int64) clause.Expr {
 }
 
 // AcquireBucketLeases implements relay.Store. One round is, each a single
-// statement: heartbeat upsert (and, at most once per PruneInterval, a
+// statement: reading the database's clock (unless Options.Now is set);
+// heartbeat upsert (and, at most once per PruneInterval, a
 // delete of stale heartbeats); seeding the lease rows (until it succeeded
 // once); the misconfiguration probe; the active relays; the lease snapshot;
 // extending the kept leases; releasing the excess (only when there is
@@ -244,7 +280,11 @@ func (s *Store) AcquireBucketLeases(ctx context.Context, relayID string, bucketC
 	if bucketCount != n {
 		return nil, fmt.Errorf("gormstore: bucket count %d: the store's Config.BucketCount is %d: %w", bucketCount, n, relay.ErrMisconfigured)
 	}
-	now := s.nowMs()
+	// 0. The round's "now": the database's clock (or Options.Now).
+	now, err := s.nowMs(ctx)
+	if err != nil {
+		return nil, err
+	}
 	ld := leaseDuration.Milliseconds()
 	exp := now + ld
 	s.mu.Lock()
@@ -267,7 +307,7 @@ func (s *Store) AcquireBucketLeases(ctx context.Context, relayID string, bucketC
 	var bad []int64
 	var active []string
 	var snap []outbox.Lease
-	err := s.read(ctx, s.leases, func(q *gorm.DB) error {
+	err = s.read(ctx, s.leases, func(q *gorm.DB) error {
 		if err := q.Table(s.msgs).Where("bucket < ? OR bucket >= ?", 0, n).Limit(1).Pluck("bucket", &bad).Error; err != nil {
 			return fmt.Errorf("gormstore: probe for out-of-range buckets: %w", err)
 		}
@@ -455,7 +495,8 @@ func (s *Store) free(ctx context.Context, relayID string, buckets []int) error {
 	return nil
 }
 
-// RenewBucketLeases implements relay.LeaseRenewer: a heartbeat, one guarded
+// RenewBucketLeases implements relay.LeaseRenewer: a read of the database's
+// clock (unless Options.Now is set), a heartbeat, one guarded
 // UPDATE extending the leases relayID still holds unexpired (never
 // backwards), and, only when the UPDATE reports fewer rows than buckets, a
 // read that tells a lost lease from a row whose expiry was already far
@@ -465,7 +506,10 @@ func (s *Store) RenewBucketLeases(ctx context.Context, relayID string, buckets [
 	if err := checkArgs(relayID, leaseDuration); err != nil {
 		return false, err
 	}
-	now := s.nowMs()
+	now, err := s.nowMs(ctx)
+	if err != nil {
+		return false, err
+	}
 	exp := now + leaseDuration.Milliseconds()
 	if err := s.heartbeat(ctx, relayID, now); err != nil {
 		return false, err
@@ -499,15 +543,18 @@ func (s *Store) RenewBucketLeases(ctx context.Context, relayID string, buckets [
 	return held == int64(len(buckets)), nil
 }
 
-// ReleaseBucketLeases implements relay.LeaseReleaser: it stamps relayID
-// stopped (so that its own late statements change nothing), then frees its
+// ReleaseBucketLeases implements relay.LeaseReleaser: it reads the
+// database's clock (unless Options.Now is set), stamps relayID stopped (so that its own late statements change nothing), then frees its
 // leases (owner NULL, expiry 0).
 func (s *Store) ReleaseBucketLeases(ctx context.Context, relayID string) error {
 	if err := checkArgs(relayID, time.Millisecond); err != nil {
 		return err
 	}
-	now := s.nowMs()
-	err := s.write(ctx, s.relays, func(q *gorm.DB) error {
+	now, err := s.nowMs(ctx)
+	if err != nil {
+		return err
+	}
+	err = s.write(ctx, s.relays, func(q *gorm.DB) error {
 		return q.Table(s.relays).Clauses(clause.OnConflict{
 			Columns:   []clause.Column{{Name: "relay_id"}},
 			DoUpdates: clause.Set{{Column: clause.Column{Name: "stopped_at_ms"}, Value: now}},

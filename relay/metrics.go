@@ -82,7 +82,22 @@ const (
 	// no sample is available. Rows leave it when an operator requeues or
 	// deletes them (ParkAdmin).
 	MetricParkedMessages = "outbox.parked.messages"
+	// MetricClockOffset is a gauge of the offset of the store's clock (the
+	// database server's, for gormstore) to the relay host's wall clock, in
+	// seconds, database minus host, as the store measured it at its latest
+	// acquisition round or renewal (ClockOffsetReporter); absent while the
+	// store reports none. Leases do not depend on it (they run on the
+	// store's clock); the backlog ages do, as they compare created_at,
+	// stamped by the writers' hosts, with this host's clock. The relay logs
+	// a warning when it exceeds ClockOffsetWarnThreshold.
+	MetricClockOffset = "outbox.clock.offset"
 )
+
+// ClockOffsetWarnThreshold is the clock offset (MetricClockOffset) beyond
+// which the relay logs a warning, once, when the offset minus its
+// uncertainty exceeds it; it warns again only after the offset came back
+// within it.
+const ClockOffsetWarnThreshold = time.Second
 
 // AttrParkReason is the attribute of MetricParked saying why rows were
 // parked: one of the ParkReason values.
@@ -113,6 +128,7 @@ type instruments struct {
 	inflightAge metric.Float64ObservableGauge
 	parked      metric.Int64Counter
 	parkedMsgs  metric.Int64ObservableGauge
+	clockOffset metric.Float64ObservableGauge
 	parkAttrs   map[string]metric.MeasurementOption // AttrParkReason value → outbox.name and that reason
 }
 
@@ -183,6 +199,9 @@ func newInstruments(mp metric.MeterProvider, name string) (*instruments, error) 
 	}, func() error {
 		in.parkedMsgs, err = m.Int64ObservableGauge(MetricParkedMessages, metric.WithUnit("{message}"), metric.WithDescription("Parked rows in the whole store, from the latest sample."))
 		return err
+	}, func() error {
+		in.clockOffset, err = m.Float64ObservableGauge(MetricClockOffset, metric.WithUnit("s"), metric.WithDescription("Offset of the store's (database's) clock to the relay host's clock, database minus host."))
+		return err
 	})
 	for _, step := range steps {
 		if err := step(); err != nil {
@@ -212,6 +231,11 @@ func (r *Relay) registerGauges() (metric.Registration, error) {
 			inflight = max(0, r.clock.Now().Sub(time.Unix(0, since)).Seconds())
 		}
 		o.ObserveFloat64(in.inflightAge, inflight, in.attrs)
+		if r.clockRep != nil {
+			if off, _, ok := r.clockRep.ClockOffset(); ok {
+				o.ObserveFloat64(in.clockOffset, off.Seconds(), in.attrs)
+			}
+		}
 		s := r.pending.Load()
 		if s == nil {
 			o.ObserveInt64(in.pendingOK, 0, in.attrs)
@@ -227,7 +251,7 @@ func (r *Relay) registerGauges() (metric.Registration, error) {
 			o.ObserveFloat64(in.pendingAge, max(0, r.clock.Now().Sub(s.oldest).Seconds()), in.attrs)
 		}
 		return nil
-	}, in.owned, in.pendingMsgs, in.pendingAge, in.pendingOK, in.headAge, in.inflightAge, in.parkedMsgs)
+	}, in.owned, in.pendingMsgs, in.pendingAge, in.pendingOK, in.headAge, in.inflightAge, in.parkedMsgs, in.clockOffset)
 }
 
 // sampleBacklog runs the backlog sampler until ctx is done: one query at a

@@ -164,7 +164,7 @@ func TestZeroOptionsUseTheDocumentedDefaults(t *testing.T) {
 }
 
 // TestMetricNamesAsThePrometheusExporterShowsThem proves the README's
-// metrics table: the thirteen instruments, exported through the OpenTelemetry
+// metrics table: the fourteen instruments, exported through the OpenTelemetry
 // Prometheus exporter configured as outbox-relay configures it, have the
 // documented names and types and carry outbox_name="outbox" by default.
 func TestMetricNamesAsThePrometheusExporterShowsThem(t *testing.T) {
@@ -178,7 +178,12 @@ func TestMetricNamesAsThePrometheusExporterShowsThem(t *testing.T) {
 
 	// One failed publish, then a lease set lost while a publish hangs:
 	// every counter gets a sample.
-	h := newHarness(t, relay.Options{BucketCount: 2, MeterProvider: mp, MetricsBacklog: true}, nil)
+	// The store reports a clock offset, as gormstore does.
+	h := newHarness(t, relay.Options{BucketCount: 2, MeterProvider: mp, MetricsBacklog: true}, func(m *relaytest.MemStore) relay.Store {
+		st := &offsetStore{MemStore: m}
+		st.set(-40*time.Second, time.Millisecond)
+		return st
+	})
 	h.store.AddToBucket(0, msgs(1, "t")...)
 	h.ops.setBlock(relaytest.OpRenew, func(context.Context) error { return errors.New("database unreachable") })
 	release := make(chan struct{})
@@ -239,6 +244,7 @@ func TestMetricNamesAsThePrometheusExporterShowsThem(t *testing.T) {
 		"outbox_publish_inflight_age_seconds": dto.MetricType_GAUGE,
 		"outbox_parked_total":                 dto.MetricType_COUNTER,
 		"outbox_parked_messages":              dto.MetricType_GAUGE,
+		"outbox_clock_offset_seconds":         dto.MetricType_GAUGE,
 	}
 	var got map[string]*dto.MetricFamily
 	h.waitFor("every documented metric", func() bool {

@@ -22,6 +22,7 @@ type Relay struct {
 	releaser LeaseReleaser       // nil: leases expire on stop
 	sampler  PendingMetricsStore // nil: no backlog sampling (Options.MetricsBacklog)
 	parker   Parker              // nil: the store cannot park
+	clockRep ClockOffsetReporter // nil: the store reports no clock offset
 	pub      Publisher
 	prefetch bool // fetch the next bucket's batch during a publish (ConcurrentFetcher)
 	opts     Options
@@ -48,6 +49,7 @@ type Relay struct {
 	pending      atomic.Pointer[pendingSample]
 	stuckSince   atomic.Int64 // UnixNano of the first failure of the longest-failing owned head row; 0: none (see noteStuck)
 	publishSince atomic.Int64 // UnixNano, on the relay's clock, of the start of the Publish call in flight; 0: none
+	clockWarned  bool         // the clock offset warning was logged and the offset has not come back within the threshold since; Run's goroutine only
 
 	onIdle func() // test hook: called when Run starts an idle wait
 }
@@ -102,6 +104,7 @@ func New(store Store, pub Publisher, opts Options) (*Relay, error) {
 	}
 	r.releaser, _ = store.(LeaseReleaser)
 	r.parker, _ = store.(Parker)
+	r.clockRep, _ = store.(ClockOffsetReporter)
 	if r.parker != nil {
 		for _, reason := range []string{ParkReasonUnpublishable, ParkReasonFailure, ParkReasonCorrupt, ParkReasonHeld} {
 			m.countParked(reason, 0) // every series exists from the start
@@ -356,6 +359,7 @@ func (r *Relay) cycle(ctx, cleanup context.Context, st *runState) error {
 		if err := r.acquire(ctx, st); err != nil {
 			return err
 		}
+		r.checkClockOffset()
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -392,6 +396,29 @@ func (r *Relay) cycle(ctx, cleanup context.Context, st *runState) error {
 	}
 	r.loadParked(ctx, st, owned)
 	return r.sweep(ctx, cleanup, st, owned)
+}
+
+// checkClockOffset logs one warning when the store reports the host clock
+// off by more than ClockOffsetWarnThreshold (beyond the measurement's
+// uncertainty), and arms the next only once the offset is back within it.
+func (r *Relay) checkClockOffset() {
+	if r.clockRep == nil {
+		return
+	}
+	off, unc, ok := r.clockRep.ClockOffset()
+	if !ok {
+		return
+	}
+	abs := off.Abs()
+	switch {
+	case !r.clockWarned && abs-unc.Abs() > ClockOffsetWarnThreshold:
+		r.clockWarned = true
+		r.log.Warn("relay: this host's clock is off from the database's; leases do not depend on it (they run on the database's clock), but created_at (stamped by the writers' hosts) and the backlog ages measured from it on this host do: synchronise the host clocks (NTP)",
+			"relay", r.opts.RelayID, "offset", off, "uncertainty", unc, "threshold", ClockOffsetWarnThreshold)
+	case r.clockWarned && abs <= ClockOffsetWarnThreshold:
+		r.clockWarned = false
+		r.log.Info("relay: this host's clock is back within the threshold of the database's", "relay", r.opts.RelayID, "offset", off, "threshold", ClockOffsetWarnThreshold)
+	}
 }
 
 // sweep publishes one batch of each ready bucket, so that a full bucket

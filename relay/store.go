@@ -86,6 +86,20 @@ type PendingMetricsStore interface {
 	PendingMetrics(ctx context.Context) (*Pending, error)
 }
 
+// ClockOffsetReporter is an optional Store capability: a store whose leases
+// run on a clock of its own (gormstore: the database server's) reports how
+// far the relay host's wall clock is from it. The relay exports it as the
+// gauge MetricClockOffset and logs a warning when it exceeds
+// ClockOffsetWarnThreshold. The relay calls it from its metrics callback
+// and after each acquisition round, concurrently with other Store calls.
+type ClockOffsetReporter interface {
+	// ClockOffset returns the latest measured offset, the store's clock
+	// minus the relay host's wall clock, and its uncertainty (typically half
+	// the round trip of the read that measured it); ok is false while
+	// nothing was measured. It must return a cached value and never query.
+	ClockOffset() (offset, uncertainty time.Duration, ok bool)
+}
+
 // ConcurrentFetcher is an optional Store capability. When
 // ConcurrentNextBatch returns true (New asks once), the store allows
 // NextBatch for one bucket to run concurrently with its other methods

@@ -24,7 +24,7 @@ var start = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 // Run runs every Store scenario as a subtest of t, each on a fresh backend
 // from newHarness. Scenarios that need an optional capability the store
 // lacks (relay.LeaseRenewer, relay.LeaseReleaser, relay.PendingMetricsStore,
-// relay.Parker, relay.ParkAdmin) or a Harness hook left nil are skipped with
+// relay.Parker, relay.ParkAdmin, relay.ClockOffsetReporter) or a Harness hook left nil are skipped with
 // a message naming it.
 func Run(t *testing.T, newHarness Factory) {
 	t.Helper()
@@ -48,6 +48,7 @@ func Run(t *testing.T, newHarness Factory) {
 		{"transient_seed_failure_is_returned_and_the_next_round_works", transientFailure(StepSeed)},
 		{"backlog_metrics_report_count_and_oldest", backlogMetrics},
 		{"randomised_relays_never_share_a_live_bucket", randomisedRun},
+		{"clock_offset_is_reported_after_an_acquisition", clockOffsetIsReportedAfterAnAcquisition},
 	}
 	scenarios = append(scenarios, parkScenarios...)
 	for _, sc := range scenarios {

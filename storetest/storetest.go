@@ -10,7 +10,10 @@
 // FleetCanPark for a fleet of its own relays, a corrupt row reported as a
 // *relay.CorruptRowError at the head (with Harness.InsertCorrupt), and, for
 // a relay.ParkAdmin, listing, requeue in id order and deletion of parked
-// rows only. A store without these capabilities skips those scenarios.
+// rows only. A relay.ClockOffsetReporter is checked to report, after an
+// acquisition round, the offset of its clock (the now NewStore gets) to the
+// host's wall clock. A store without these capabilities skips those
+// scenarios.
 //
 // A custom store (MongoDB, DynamoDB, …) passes it by giving Run a factory of
 // Harness values, each on a fresh, empty backend:
