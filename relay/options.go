@@ -71,9 +71,11 @@ type Options struct {
 
 	// LeaseRenewInterval is the rebalance cadence (one acquisition round per
 	// interval) and the renewal cadence during an in-flight publish. It must
-	// be shorter than LeaseDuration; the difference is the tolerated clock
-	// skew between relay hosts. Zero means DefaultLeaseRenewInterval (10s); a
-	// negative value fails New.
+	// be shorter than LeaseDuration; the difference is the margin a renewal
+	// has before the lease expires (a slow statement, a paused process) and,
+	// for a store on the relay hosts' clocks (not gormstore, which uses the
+	// database's), the tolerated clock skew between hosts. Zero means
+	// DefaultLeaseRenewInterval (10s); a negative value fails New.
 	LeaseRenewInterval time.Duration
 
 	// MaxPublishDuration bounds a whole Publish call. It is required when
