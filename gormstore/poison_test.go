@@ -69,9 +69,17 @@ func TestARowTheStoreCannotDecodeStallsOnlyItsBucket(t *testing.T) {
 				_ = raw(db).Table(table).Where("id = ? AND parked_at_ms IS NOT NULL", bad.ID).Count(&n).Error
 				return n == 1
 			}
-			for len(pub.Acknowledged()) < len(want) || (len(logs.Matching("bucket store error")) < 2 && !parked()) {
+			rowsLeft := func() int64 {
+				var n int64
+				_ = raw(db).Table(table).Count(&n).Error
+				return n
+			}
+			// Acknowledged is not yet deleted, and the first cycle ends after
+			// the deletes: wait for both before judging.
+			for len(pub.Acknowledged()) < len(want) || (len(logs.Matching("bucket store error")) < 2 && !parked()) || rowsLeft() != 1 || r.Health() != nil {
 				if time.Now().After(deadline) {
-					t.Fatalf("after 20s: %d of %d healthy rows published, %d WARN lines about bucket 0", len(pub.Acknowledged()), len(want), len(logs.Matching("bucket store error")))
+					t.Fatalf("after 20s: %d of %d healthy rows published, %d WARN lines about bucket 0, corrupt row parked %v, %d rows left (want 1), Health() = %v (want nil: the error is bucket 0's)",
+						len(pub.Acknowledged()), len(want), len(logs.Matching("bucket store error")), parked(), rowsLeft(), r.Health())
 				}
 				time.Sleep(20 * time.Millisecond)
 			}
