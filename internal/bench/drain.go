@@ -363,11 +363,17 @@ func (e *env) naiveLoop(ctx context.Context, db *sql.DB, w *kafka.Writer) error 
 		if err == nil {
 			_, err = tx.ExecContext(ctx, del, id)
 		}
-		if err != nil {
+		if err == nil {
+			err = tx.Commit()
+		} else {
 			_ = tx.Rollback()
-			return err
 		}
-		if err := tx.Commit(); err != nil {
+		if ctx.Err() != nil {
+			// Cancelled once the table drained: database/sql rolled the
+			// transaction back (sql.ErrTxDone), which is no failure.
+			return ctx.Err()
+		}
+		if err != nil {
 			return err
 		}
 	}
