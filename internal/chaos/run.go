@@ -106,10 +106,10 @@ func (s Summary) String() string {
 		total += n
 	}
 	sort.Strings(kinds)
-	dbkill := ""
+	dbkill := fmt.Sprintf(" relay_store_warns=%d", s.RelayStoreWarningsTotal)
 	if len(s.DBKills) > 0 {
 		killed, mid := s.DBKillTotals()
-		dbkill = fmt.Sprintf(" dbkill_sessions=%d (mid-statement %d) relay_store_warns=%d (total %d)", killed, mid, s.RelayStoreWarnings, s.RelayStoreWarningsTotal)
+		dbkill = fmt.Sprintf(" dbkill_sessions=%d (mid-statement %d) relay_store_warns=%d (during dbkill %d)", killed, mid, s.RelayStoreWarningsTotal, s.RelayStoreWarnings)
 	}
 	return fmt.Sprintf("chaos: db=%s broker=%s relays=%d messages=%d committed=%d rolled_back=%d in_doubt=%d lost=%d rolled_back_arrived=%d order_violations=%d dual_owners=%d (lease changes %d, audits %d) drained=%t duplicates=%d records=%d faults=%d (%s)%s took=%s",
 		s.Dialect, s.Broker, s.Relays, s.Written, s.Committed, s.RolledBack, s.InDoubt, s.Check.Lost, s.Check.RolledBackArrived, s.Check.OrderViolations,
