@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"database/sql"
+	"database/sql/driver"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -43,9 +44,17 @@ type Database struct {
 	Dialect string
 	// DSN opens the database.
 	DSN string
+	// RelayDSN opens the database as the relays: DSN, except on MySQL,
+	// where the relays connect as a user of their own (created for the
+	// database and dropped with it), so that a database kill can tell
+	// their sessions from the writers' (PostgreSQL tells them apart by
+	// application name).
+	RelayDSN string
 
-	name  string
-	admin *sql.DB // server-level connection (nil on SQLite)
+	name      string
+	relayUser string  // MySQL: the relays' user
+	admin     *sql.DB // server-level connection (nil on SQLite)
+	locker    *sql.DB // KillRelaySessions' lock connections (opened on first use)
 }
 
 func unique(prefix string) string {
@@ -88,8 +97,24 @@ func CreateDatabase(ctx context.Context, dialect, base, dir string) (*Database, 
 		}
 		c.DBName, c.ParseTime, c.Loc = d.name, true, time.UTC
 		d.DSN = c.FormatDSN()
+		d.relayUser = "relay_" + strings.TrimPrefix(d.name, "outbox_chaos_")
+		for _, q := range []string{
+			"CREATE USER '" + d.relayUser + "'@'%'",
+			"GRANT ALL PRIVILEGES ON " + d.name + ".* TO '" + d.relayUser + "'@'%'",
+		} {
+			if _, err = d.admin.ExecContext(ctx, q); err != nil {
+				d.Drop(ctx)
+				return nil, fmt.Errorf("chaos: create the relays' user: %w", err)
+			}
+		}
+		rc := c.Clone()
+		rc.User, rc.Passwd = d.relayUser, ""
+		d.RelayDSN = rc.FormatDSN()
 	default:
 		return nil, fmt.Errorf("chaos: unknown dialect %q", dialect)
+	}
+	if d.RelayDSN == "" {
+		d.RelayDSN = d.DSN
 	}
 	db, err := Open(dialect, d.DSN, harnessAppName, 2)
 	if err != nil {
@@ -153,43 +178,177 @@ func DualOwners(db *gorm.DB) (violations, changes int64, err error) {
 	return violations, changes, err
 }
 
-// KillConnections terminates the relays' database sessions (PostgreSQL:
-// pg_terminate_backend of the relay application name; MySQL: KILL
-// CONNECTION of every session on the database but the admin one). SQLite
-// has no connections to kill.
-func (d *Database) KillConnections(ctx context.Context) (int, error) {
+// DBKill is the outcome of one database-kill fault (KillRelaySessions).
+type DBKill struct {
+	// At is when the fault began; Took how long it lasted (the lock held,
+	// the kills).
+	At   time.Time
+	Took time.Duration
+	// Locked reports that the harness held the lease tables' lock;
+	// Blocked is the number of relay statements seen waiting on it, Waited
+	// how long it took to see them (at most dbKillHold).
+	Locked  bool
+	Blocked int
+	Waited  time.Duration
+	// Killed counts the relays' sessions terminated; MidStatement those of
+	// them that were running a statement (blocked on the harness's lock).
+	Killed, MidStatement int
+}
+
+// Lock hold of a database-kill fault: at most this long waiting for a
+// relay statement to block on the harness's lock. Well under the lease
+// (3s): a relay renews every second, so one of three blocks within ~0.3s.
+const dbKillHold = 1500 * time.Millisecond
+
+// KillRelaySessions terminates the relays' database sessions while at
+// least one of them is in the middle of a statement.
+//
+// Killing idle pooled connections alone does nothing a relay notices: both
+// drivers check a pooled connection before reusing it (go-sql-driver's
+// connection liveness check, pgx's ping of a connection idle for over a
+// second) and database/sql silently opens a new one; the relays' statements
+// are short and autocommit, so a kill rarely lands inside one. So the
+// harness first takes an exclusive lock on the tables only relays use (the
+// leases and relays tables: PostgreSQL LOCK TABLE … IN ACCESS EXCLUSIVE
+// MODE, MySQL LOCK TABLES … WRITE), waits until a relay's statement is
+// blocked on it (pg_stat_activity wait_event_type 'Lock'; the MySQL
+// processlist state 'Waiting for table metadata lock'), up to dbKillHold,
+// then terminates every session of the relays (PostgreSQL:
+// pg_terminate_backend by application name; MySQL: KILL CONNECTION by the
+// relays' user), and releases the lock. A blocked statement fails with the
+// killed connection, which the relay must log and recover from. Writers
+// only touch the messages table: they are never blocked nor killed.
+//
+// SQLite has no sessions to kill.
+func (d *Database) KillRelaySessions(ctx context.Context) (k DBKill, err error) {
+	k.At = time.Now()
+	defer func() { k.Took = time.Since(k.At) }()
+	if d.Dialect == SQLite {
+		return k, errors.New("chaos: sqlite has no sessions to kill")
+	}
+	release, err := d.lockRelayTables(ctx)
+	if err == nil {
+		k.Locked = true
+		defer release()
+		t0 := time.Now()
+		for end := t0.Add(dbKillHold); time.Now().Before(end) && ctx.Err() == nil; time.Sleep(20 * time.Millisecond) {
+			if n, err := d.blockedRelaySessions(ctx); err == nil && n > 0 {
+				k.Blocked = n
+				break
+			}
+		}
+		k.Waited = time.Since(t0)
+	}
+	// Without the lock (it timed out behind a long statement) the kill
+	// goes on: MidStatement tells whether it hit a statement.
 	switch d.Dialect {
 	case Postgres:
-		var n int
-		err := d.admin.QueryRowContext(ctx, "SELECT COUNT(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = $1 AND application_name = $2", d.name, relayAppName).Scan(&n)
-		return n, err
+		err = d.admin.QueryRowContext(ctx, `SELECT COUNT(*) FILTER (WHERE state = 'active'), COUNT(pg_terminate_backend(pid))
+FROM pg_stat_activity WHERE datname = $1 AND application_name = $2`, d.name, relayAppName).Scan(&k.MidStatement, &k.Killed)
+		return k, err
 	case MySQL:
-		rows, err := d.admin.QueryContext(ctx, "SELECT id FROM information_schema.processlist WHERE db = ? AND id <> CONNECTION_ID()", d.name)
+		rows, err := d.admin.QueryContext(ctx, "SELECT id, command <> 'Sleep' FROM information_schema.processlist WHERE user = ? AND id <> CONNECTION_ID()", d.relayUser)
 		if err != nil {
-			return 0, err
+			return k, err
 		}
-		var ids []int64
+		type sess struct {
+			id     int64
+			active bool
+		}
+		var ss []sess
 		for rows.Next() {
-			var id int64
-			if err := rows.Scan(&id); err == nil {
-				ids = append(ids, id)
+			var s sess
+			if err := rows.Scan(&s.id, &s.active); err == nil {
+				ss = append(ss, s)
 			}
 		}
 		rows.Close()
-		n := 0
-		for _, id := range ids {
-			if _, err := d.admin.ExecContext(ctx, fmt.Sprintf("KILL CONNECTION %d", id)); err == nil {
-				n++
+		for _, s := range ss {
+			if _, err := d.admin.ExecContext(ctx, fmt.Sprintf("KILL CONNECTION %d", s.id)); err == nil {
+				k.Killed++
+				if s.active {
+					k.MidStatement++
+				}
 			}
 		}
-		return n, nil
+		return k, nil
 	}
-	return 0, errors.New("chaos: sqlite has no connections to kill")
+	return k, fmt.Errorf("chaos: unknown dialect %q", d.Dialect)
+}
+
+// lockRelayTables takes the exclusive lock of KillRelaySessions on a
+// connection of its own (waiting at most 2s for it) and returns its release.
+func (d *Database) lockRelayTables(ctx context.Context) (release func(), err error) {
+	cfg := outbox.Config{}.WithDefaults()
+	leases, relays := cfg.LeasesTableName(), cfg.RelaysTableName()
+	if d.locker == nil {
+		driver, dsn := "pgx", withPostgresParam(d.DSN, "application_name", harnessAppName)
+		if d.Dialect == MySQL {
+			driver, dsn = "mysql", d.DSN
+		}
+		if d.locker, err = sql.Open(driver, dsn); err != nil {
+			return nil, err
+		}
+	}
+	conn, err := d.locker.Conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	fail := func(err error) (func(), error) {
+		_ = conn.Raw(func(any) error { return driver.ErrBadConn }) // discard the connection
+		conn.Close()
+		return nil, err
+	}
+	switch d.Dialect {
+	case Postgres:
+		tx, err := conn.BeginTx(ctx, nil)
+		if err != nil {
+			return fail(err)
+		}
+		if _, err := tx.ExecContext(ctx, "SET LOCAL lock_timeout = '2s'"); err != nil {
+			tx.Rollback()
+			return fail(err)
+		}
+		if _, err := tx.ExecContext(ctx, "LOCK TABLE "+leases+", "+relays+" IN ACCESS EXCLUSIVE MODE"); err != nil {
+			tx.Rollback()
+			return fail(err)
+		}
+		return func() { tx.Rollback(); conn.Close() }, nil
+	default:
+		if _, err := conn.ExecContext(ctx, "SET SESSION lock_wait_timeout = 2"); err != nil {
+			return fail(err)
+		}
+		if _, err := conn.ExecContext(ctx, "LOCK TABLES "+leases+" WRITE, "+relays+" WRITE"); err != nil {
+			return fail(err)
+		}
+		return func() {
+			if _, err := conn.ExecContext(context.WithoutCancel(ctx), "UNLOCK TABLES"); err != nil {
+				_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+			}
+			conn.Close()
+		}, nil
+	}
+}
+
+// blockedRelaySessions counts the relays' sessions waiting for a lock.
+func (d *Database) blockedRelaySessions(ctx context.Context) (int, error) {
+	var n int
+	var err error
+	switch d.Dialect {
+	case Postgres:
+		err = d.admin.QueryRowContext(ctx, "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = $1 AND application_name = $2 AND state = 'active' AND wait_event_type = 'Lock'", d.name, relayAppName).Scan(&n)
+	case MySQL:
+		err = d.admin.QueryRowContext(ctx, "SELECT COUNT(*) FROM information_schema.processlist WHERE user = ? AND command <> 'Sleep' AND state LIKE 'Waiting for table%lock'", d.relayUser).Scan(&n)
+	}
+	return n, err
 }
 
 // Drop drops the database (PostgreSQL, MySQL) and closes the admin
 // connection. The SQLite file goes with its directory.
 func (d *Database) Drop(ctx context.Context) {
+	if d.locker != nil {
+		d.locker.Close()
+	}
 	if d.admin == nil {
 		return
 	}
@@ -200,6 +359,9 @@ func (d *Database) Drop(ctx context.Context) {
 		_, _ = d.admin.ExecContext(ctx, "DROP DATABASE IF EXISTS "+d.name+" WITH (FORCE)")
 	case MySQL:
 		_, _ = d.admin.ExecContext(ctx, "DROP DATABASE IF EXISTS "+d.name)
+		if d.relayUser != "" {
+			_, _ = d.admin.ExecContext(ctx, "DROP USER IF EXISTS '"+d.relayUser+"'@'%'")
+		}
 	}
 	d.admin.Close()
 }

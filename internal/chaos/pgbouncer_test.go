@@ -17,9 +17,9 @@ import (
 // terminations of the server sessions the relays last used) over 30s, with
 // the same checks as TestChaosRun. Its name matches CI's -run 'TestChaosRun'.
 func TestChaosRunPgBouncer(t *testing.T) {
-	bin, dialect, dsn, brokers := setup(t)
-	pooler := os.Getenv(testenv.EnvPgBouncer)
-	if pooler == "" || dialect != chaos.Postgres {
+	bin, brokers := setup(t)
+	pooler, dsn := os.Getenv(testenv.EnvPgBouncer), os.Getenv(testenv.EnvPostgres)
+	if pooler == "" || dsn == "" {
 		if testenv.RequireAll() {
 			t.Fatalf("%s and %s must be set when %s=1", testenv.EnvPgBouncer, testenv.EnvPostgres, testenv.EnvRequireAll)
 		}
@@ -28,7 +28,7 @@ func TestChaosRunPgBouncer(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	s, err := chaos.Run(ctx, chaos.RunConfig{
-		Bin: bin, Dialect: dialect, BaseDSN: dsn, PoolerDSN: pooler, Brokers: brokers, Dir: t.TempDir(),
+		Bin: bin, Dialect: chaos.Postgres, BaseDSN: dsn, PoolerDSN: pooler, Brokers: brokers, Dir: t.TempDir(),
 		Messages: 8000, Relays: 3, Faults: 10, WriteFor: 30 * time.Second, Seed: time.Now().UnixNano(),
 	})
 	t.Log(s)

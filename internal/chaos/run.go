@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -24,7 +26,7 @@ const (
 	FaultKill      = "kill"        // SIGKILL a relay, start a replacement
 	FaultPause     = "pause"       // SIGSTOP a relay for longer than the lease, then SIGCONT
 	FaultTerm      = "term"        // SIGTERM (graceful stop), start a replacement
-	FaultDBKill    = "dbkill"      // terminate the relays' database sessions
+	FaultDBKill    = "dbkill"      // terminate the relays' database sessions, one of them mid-statement (Database.KillRelaySessions)
 	FaultProduce   = "produce_err" // the in-process broker fails one produce request (NOT_LEADER_FOR_PARTITION)
 	FaultConnDrop  = "conn_drop"   // the in-process broker drops the connection of one produce request
 	writers        = 8
@@ -75,7 +77,24 @@ type Summary struct {
 	LeaseAudits              int
 	Drained                  bool
 	Faults                   map[string]int
-	Took                     time.Duration
+	// DBKills are the database-kill faults, in order.
+	DBKills []DBKill
+	// RelayStoreWarnings counts the WARN lines of the relays' logs about a
+	// failed database statement (see storeWarnings) logged during a
+	// database-kill fault or within dbKillEcho after it;
+	// RelayStoreWarningsTotal counts them over the whole run.
+	RelayStoreWarnings, RelayStoreWarningsTotal int
+	Took                                        time.Duration
+}
+
+// DBKillTotals sums the sessions the database-kill faults terminated, and
+// those of them that were in the middle of a statement.
+func (s Summary) DBKillTotals() (killed, midStatement int) {
+	for _, k := range s.DBKills {
+		killed += k.Killed
+		midStatement += k.MidStatement
+	}
+	return killed, midStatement
 }
 
 // String is the one-line summary.
@@ -87,9 +106,14 @@ func (s Summary) String() string {
 		total += n
 	}
 	sort.Strings(kinds)
-	return fmt.Sprintf("chaos: db=%s broker=%s relays=%d messages=%d committed=%d rolled_back=%d in_doubt=%d lost=%d rolled_back_arrived=%d order_violations=%d dual_owners=%d (lease changes %d, audits %d) drained=%t duplicates=%d records=%d faults=%d (%s) took=%s",
+	dbkill := fmt.Sprintf(" relay_store_warns=%d", s.RelayStoreWarningsTotal)
+	if len(s.DBKills) > 0 {
+		killed, mid := s.DBKillTotals()
+		dbkill = fmt.Sprintf(" dbkill_sessions=%d (mid-statement %d) relay_store_warns=%d (during dbkill %d)", killed, mid, s.RelayStoreWarningsTotal, s.RelayStoreWarnings)
+	}
+	return fmt.Sprintf("chaos: db=%s broker=%s relays=%d messages=%d committed=%d rolled_back=%d in_doubt=%d lost=%d rolled_back_arrived=%d order_violations=%d dual_owners=%d (lease changes %d, audits %d) drained=%t duplicates=%d records=%d faults=%d (%s)%s took=%s",
 		s.Dialect, s.Broker, s.Relays, s.Written, s.Committed, s.RolledBack, s.InDoubt, s.Check.Lost, s.Check.RolledBackArrived, s.Check.OrderViolations,
-		s.DualOwners, s.LeaseChanges, s.LeaseAudits, s.Drained, s.Check.Duplicates, s.Check.Records, total, strings.Join(kinds, " "), s.Took.Round(time.Second))
+		s.DualOwners, s.LeaseChanges, s.LeaseAudits, s.Drained, s.Check.Duplicates, s.Check.Records, total, strings.Join(kinds, " "), dbkill, s.Took.Round(time.Second))
 }
 
 // TotalFaults is the number of injected faults.
@@ -193,8 +217,12 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 		return s, err
 	}
 
+	relayDSN := d.RelayDSN
+	if cfg.PoolerDSN != "" {
+		relayDSN = clientDSN
+	}
 	relays := &Relays{Bin: cfg.Bin, LogDir: cfg.Dir, Base: RelayConfig{
-		Dialect: cfg.Dialect, DSN: clientDSN, Brokers: cfg.Brokers,
+		Dialect: cfg.Dialect, DSN: relayDSN, Brokers: cfg.Brokers,
 		LeaseDuration: leaseDuration, RenewInterval: renewInterval, PollInterval: pollInterval, BatchSize: batchSize,
 	}}
 	defer relays.StopAll(10 * time.Second)
@@ -252,16 +280,32 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 		kinds = append(kinds, FaultProduce, FaultConnDrop)
 	}
 	interval := cfg.WriteFor / time.Duration(cfg.Faults+1)
+	schedule := faultSchedule(rng, kinds, cfg.Faults)
 	var fwg sync.WaitGroup
 	for n := 0; n < cfg.Faults && ctx.Err() == nil; {
 		select {
 		case <-ctx.Done():
 		case <-time.After(interval):
 		}
-		kind := kinds[rng.IntN(len(kinds))]
-		if inject(ctx, kind, rng, pool, d, fake, &fwg, log) {
+		kind := schedule[n]
+		if kind == FaultDBKill {
+			k, err := d.KillRelaySessions(ctx)
+			if err != nil {
+				log.Warn("chaos: kill relay sessions", "error", err)
+				continue
+			}
+			log.Info("chaos: killed the relays' database sessions", "sessions", k.Killed, "mid_statement", k.MidStatement, "locked", k.Locked, "blocked", k.Blocked, "waited", k.Waited, "took", k.Took)
+			s.DBKills = append(s.DBKills, k)
 			s.Faults[kind]++
 			n++
+			continue
+		}
+		if inject(ctx, kind, rng, pool, fake, &fwg, log) {
+			s.Faults[kind]++
+			n++
+		} else {
+			// no live relay to take: try another kind
+			schedule[n] = kinds[rng.IntN(len(kinds))]
 		}
 	}
 	fwg.Wait() // paused relays resumed, stopped ones replaced
@@ -285,6 +329,20 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 	s.Check = consumer.Verify(led.perKey, led.keyless, led.doubt, led.rolledBack)
 	s.Written, s.Committed, s.RolledBack, s.InDoubt = led.written, led.committed, len(led.rolledBack), len(led.doubt)
 	led.mu.Unlock()
+	relays.StopAll(10 * time.Second) // their logs complete
+	warns, err := storeWarnings(cfg.Dir)
+	if err != nil {
+		return s, err
+	}
+	s.RelayStoreWarningsTotal = len(warns)
+	for _, at := range warns {
+		for _, k := range s.DBKills {
+			if !at.Before(k.At) && at.Before(k.At.Add(k.Took+dbKillEcho)) {
+				s.RelayStoreWarnings++
+				break
+			}
+		}
+	}
 	s.Took = time.Since(start)
 	return s, ctx.Err()
 }
@@ -404,9 +462,74 @@ func (p *relayPool) give(pr *Proc) {
 	p.mu.Unlock()
 }
 
-// inject injects one fault of kind and reports whether it was injected.
-// Process faults finish in the background (tracked by wg).
-func inject(ctx context.Context, kind string, rng *rand.Rand, pool *relayPool, d *Database, fake *kfake.Cluster, wg *sync.WaitGroup, log *slog.Logger) bool {
+// faultSchedule returns n fault kinds in random order: every kind at least
+// once when n allows it (so that a short run still has each fault), the
+// rest drawn at random.
+func faultSchedule(rng *rand.Rand, kinds []string, n int) []string {
+	s := make([]string, n)
+	for i := range s {
+		if i < len(kinds) {
+			s[i] = kinds[i]
+		} else {
+			s[i] = kinds[rng.IntN(len(kinds))]
+		}
+	}
+	rng.Shuffle(len(s), func(i, j int) { s[i], s[j] = s[j], s[i] })
+	return s
+}
+
+// dbKillEcho is how long after a database-kill fault a relay's WARN still
+// counts as its echo: a relay blocked on the harness's lock reports the
+// killed connection at once; one that was idle meets it at its next
+// statement (it reconnects silently: see KillRelaySessions).
+const dbKillEcho = 2 * time.Second
+
+// storeWarnMessages are the relay's WARN messages about a failed store
+// statement.
+var storeWarnMessages = []string{
+	`msg="relay: store error; backing off"`,
+	`msg="relay: bucket store error;`,
+	`msg="relay: acquire leases failed"`,
+	`msg="relay: renew leases failed"`,
+	`msg="relay: release leases failed;`,
+	`msg="relay: mark published failed`,
+}
+
+// storeWarnings returns the times of the store-error WARN lines in the
+// relay children's logs (dir/relay-*.log, slog's text format).
+func storeWarnings(dir string) ([]time.Time, error) {
+	files, err := filepath.Glob(filepath.Join(dir, "relay-*.log"))
+	if err != nil {
+		return nil, err
+	}
+	var at []time.Time
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return nil, err
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if !strings.HasPrefix(line, "time=") || !strings.Contains(line, " level=WARN ") {
+				continue
+			}
+			for _, m := range storeWarnMessages {
+				if strings.Contains(line, m) {
+					ts, _, _ := strings.Cut(strings.TrimPrefix(line, "time="), " ")
+					if t, err := time.Parse(time.RFC3339Nano, ts); err == nil {
+						at = append(at, t)
+					}
+					break
+				}
+			}
+		}
+	}
+	return at, nil
+}
+
+// inject injects one fault of kind (a process or broker fault) and reports
+// whether it was injected. Process faults finish in the background (tracked
+// by wg).
+func inject(ctx context.Context, kind string, rng *rand.Rand, pool *relayPool, fake *kfake.Cluster, wg *sync.WaitGroup, log *slog.Logger) bool {
 	log.Info("chaos: fault", "kind", kind)
 	switch kind {
 	case FaultKill, FaultTerm, FaultPause:
@@ -442,14 +565,6 @@ func inject(ctx context.Context, kind string, rng *rand.Rand, pool *relayPool, d
 				log.Error("chaos: restart relay", "error", err)
 			}
 		}()
-		return true
-	case FaultDBKill:
-		n, err := d.KillConnections(ctx)
-		if err != nil {
-			log.Warn("chaos: kill connections", "error", err)
-			return false
-		}
-		log.Info("chaos: killed database sessions", "sessions", n)
 		return true
 	case FaultProduce:
 		fake.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
