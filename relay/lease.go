@@ -53,7 +53,7 @@ func (r *Relay) acquire(ctx context.Context, st *runState) error {
 	buckets, err := r.store.AcquireBucketLeases(ctx, r.opts.RelayID, r.opts.BucketCount, r.opts.LeaseDuration)
 	t1 := r.clock.Now()
 	failpoint("relay/acquire")
-	st.worked = true
+	st.worked.Store(true)
 	if err != nil {
 		if errors.Is(err, ErrMisconfigured) {
 			return fmt.Errorf("relay: acquire leases: %w", err)
@@ -97,8 +97,8 @@ func (r *Relay) setLeases(st *runState, buckets []int, validUntil time.Time) {
 	for _, b := range old {
 		if !slices.Contains(buckets, b) {
 			st.ready[b] = false
-			delete(st.retry, b)
-			delete(st.unmarked, b) // the next owner republishes them
+			st.clearRetry(b)
+			st.unmarked[b] = nil // the next owner republishes them
 			st.forgetParked(b)     // reloaded if the bucket comes back
 		}
 	}

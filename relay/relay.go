@@ -126,20 +126,48 @@ func (r *Relay) Notifier() *Notifier {
 
 // runState is the state of one Run, owned by its goroutine (the lease set
 // is shared with the renewal goroutine under its mutex).
+//
+// The per-bucket state (the slices indexed by bucket) follows one rule: the
+// goroutine serving bucket b in a sweep owns index b of ready, unmarked,
+// parked and strikes while it runs (see sweepConcurrent); the loop touches
+// them only for buckets no worker is serving. retry is the exception that
+// noteStuck reads across buckets during a sweep: its slots and their fields
+// are written under mu only (setRetry, clearRetry, retryLater); the
+// bucket's owner may read its own slot without mu.
 type runState struct {
 	lease         leaseSet
 	attempted     bool // an acquisition was attempted: release on stop
 	nextRebalance time.Time
 	nextDiscovery time.Time
 	discover      bool // discovery forced by new buckets or an unknown hint
-	ready         []bool
-	retry         map[int]*headRetry
-	unmarked      map[int][]*outbox.Message // acknowledged rows whose MarkPublished failed, per bucket
 	hints         []int
-	parked        map[int]map[string]int64 // owned bucket → parked key → its head id; absent: not loaded (see loadParked)
-	strikes       map[int]*strike          // owned bucket → its head row's strikes
-	worked        bool                     // the cycle called the store
-	acquireErr    error                    // the latest acquisition's error, nil after a success
+	worked        atomic.Bool // the cycle called the store
+	acquireErr    error       // the latest acquisition's error, nil after a success
+
+	ready    []bool
+	unmarked [][]*outbox.Message // acknowledged rows whose MarkPublished failed, per bucket
+	parked   []map[string]int64  // bucket → parked key → its head id; nil: not loaded (see loadParked)
+	strikes  []*strike           // bucket → its head row's strikes
+
+	mu    sync.Mutex    // guards writes to retry (see above)
+	retry []*headRetry // bucket → its head row's backoff; nil: none
+}
+
+func newRunState(buckets int) *runState {
+	return &runState{
+		ready:    make([]bool, buckets),
+		unmarked: make([][]*outbox.Message, buckets),
+		parked:   make([]map[string]int64, buckets),
+		strikes:  make([]*strike, buckets),
+		retry:    make([]*headRetry, buckets),
+	}
+}
+
+// clearRetry ends bucket b's backoff.
+func (st *runState) clearRetry(b int) {
+	st.mu.Lock()
+	st.retry[b] = nil
+	st.mu.Unlock()
 }
 
 // headRetry is the backoff state of a bucket whose head row failed, to
@@ -247,8 +275,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	r.health.Store(&errNoCycle)
 	r.authErr.Store(nil)
 	r.pubFail.Store(nil)
-	st := &runState{ready: make([]bool, r.opts.BucketCount), retry: map[int]*headRetry{}, unmarked: map[int][]*outbox.Message{},
-		parked: map[int]map[string]int64{}, strikes: map[int]*strike{}}
+	st := newRunState(r.opts.BucketCount)
 	st.nextRebalance = r.clock.Now()
 	err = r.loop(ctx, cleanup, st)
 	beginStop() // a fatal error starts the stop too
@@ -317,7 +344,7 @@ func (r *Relay) stop(release context.Context, st *runState) {
 func (r *Relay) loop(ctx, cleanup context.Context, st *runState) error {
 	for ctx.Err() == nil {
 		start := r.clock.Now()
-		st.worked = false
+		st.worked.Store(false)
 		err := r.cycle(ctx, cleanup, st)
 		switch {
 		case err == nil && st.acquireErr != nil:
@@ -327,7 +354,7 @@ func (r *Relay) loop(ctx, cleanup context.Context, st *runState) error {
 		default:
 			r.recordHealth(ctx, err)
 		}
-		if st.worked {
+		if st.worked.Load() {
 			r.m.cycleDur.Record(context.Background(), r.clock.Now().Sub(start).Seconds(), r.m.attrs)
 		}
 		var se errStore
@@ -377,7 +404,7 @@ func (r *Relay) cycle(ctx, cleanup context.Context, st *runState) error {
 		st.discover = false
 		st.nextDiscovery = now.Add(r.opts.PollInterval)
 		if !r.allReady(st, owned) {
-			st.worked = true
+			st.worked.Store(true)
 			pending, err := r.store.BucketsWithPending(ctx, owned)
 			if err != nil {
 				st.discover = true
@@ -506,7 +533,7 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 		}
 		return nil
 	}
-	st.worked = true
+	st.worked.Store(true)
 	if done := st.unmarked[b]; done != nil {
 		// The broker acknowledged these rows but deleting them failed:
 		// delete them again rather than publish them again. A batch
@@ -516,13 +543,13 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 			fetched = nil
 		}
 		if cur, _, _ := st.lease.snapshot(); !containsSorted(cur, b) {
-			delete(st.unmarked, b)
+			st.unmarked[b] = nil
 			return nil
 		}
 		if err := r.store.MarkPublished(cleanup, b, done); err != nil {
 			return errBucket{fmt.Errorf("relay: bucket %d: mark published (again): %w", b, err)}
 		}
-		delete(st.unmarked, b)
+		st.unmarked[b] = nil
 	}
 	var batch []*outbox.Message
 	var err error
@@ -543,8 +570,8 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 	}
 	if len(batch) == 0 {
 		st.ready[b] = false
-		delete(st.retry, b)
-		delete(st.strikes, b)
+		st.clearRetry(b)
+		st.strikes[b] = nil
 		return nil
 	}
 	if len(batch) > limit {
@@ -560,8 +587,8 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 	drained := hr == nil && len(batch) < limit && !truncated
 	if len(pub) == 0 {
 		// Every fetched row was held: the bucket's head moved on.
-		delete(st.retry, b)
-		delete(st.strikes, b)
+		st.clearRetry(b)
+		st.strikes[b] = nil
 		if drained {
 			st.ready[b] = false
 		}
@@ -639,24 +666,25 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 		if parked, err := r.strike(ctx, st, b, pub, ack, res.Err); parked || err != nil {
 			return err
 		}
-		hr, wait := r.retryLater(st, b)
-		hr.storeErr = nil
-		hr.published = true
+		hr, wait := r.retryLater(st, b, nil, true)
 		r.log.Warn("relay: publish failed; retrying the head row alone", "relay", r.opts.RelayID, "bucket", b, "acknowledged", ack, "batch", len(pub), "attempt", hr.attempts, "backoff", wait, "error", res.Err)
 		return nil
 	}
-	delete(st.retry, b)
-	delete(st.strikes, b)
+	st.clearRetry(b)
+	st.strikes[b] = nil
 	if drained {
 		st.ready[b] = false // drained; a hint or discovery brings it back
 	}
 	return nil
 }
 
-// retryLater records one more failure of bucket b's head row and returns
-// the bucket's backoff state and its new wait.
-func (r *Relay) retryLater(st *runState, b int) (*headRetry, time.Duration) {
+// retryLater records one more failure of bucket b's head row, a store
+// error (storeErr) or a failed publish (storeErr nil, published), and
+// returns the bucket's backoff state and its new wait.
+func (r *Relay) retryLater(st *runState, b int, storeErr error, published bool) (*headRetry, time.Duration) {
 	now := r.clock.Now()
+	st.mu.Lock()
+	defer st.mu.Unlock()
 	hr := st.retry[b]
 	if hr == nil {
 		hr = &headRetry{since: now}
@@ -665,6 +693,8 @@ func (r *Relay) retryLater(st *runState, b int) (*headRetry, time.Duration) {
 	hr.attempts++
 	wait := r.backoff(hr.attempts)
 	hr.notBefore = now.Add(wait)
+	hr.storeErr = storeErr
+	hr.published = hr.published || published
 	return hr, wait
 }
 
@@ -678,8 +708,7 @@ func (r *Relay) bucketFailed(st *runState, b int, err error) {
 	if cur, _, _ := st.lease.snapshot(); !containsSorted(cur, b) {
 		return // lost meanwhile: its state is forgotten
 	}
-	hr, wait := r.retryLater(st, b)
-	hr.storeErr = err
+	hr, wait := r.retryLater(st, b, err, false)
 	r.log.Warn("relay: bucket store error; backing off this bucket, the others go on", "relay", r.opts.RelayID, "bucket", b, "attempt", hr.attempts, "backoff", wait, "failing_for", r.clock.Now().Sub(hr.since), "error", err)
 }
 
@@ -706,12 +735,17 @@ func (r *Relay) everyBucketFailing(st *runState) error {
 func (r *Relay) noteStuck(st *runState) {
 	var oldest time.Time
 	publishing := false
+	st.mu.Lock()
 	for _, hr := range st.retry {
+		if hr == nil {
+			continue
+		}
 		if oldest.IsZero() || hr.since.Before(oldest) {
 			oldest = hr.since
 		}
 		publishing = publishing || hr.published
 	}
+	st.mu.Unlock()
 	if !publishing {
 		r.pubFail.Store(nil) // no failed publish is being retried
 	}
