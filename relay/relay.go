@@ -22,8 +22,13 @@ type Relay struct {
 	releaser LeaseReleaser       // nil: leases expire on stop
 	sampler  PendingMetricsStore // nil: no backlog sampling (Options.MetricsBacklog)
 	parker   Parker              // nil: the store cannot park
+	bytes    ByteBoundedFetcher  // nil: NextBatch, trimmed to MaxBatchBytes afterwards
+	raw      Store               // the store itself; store and the capabilities above may pass through a storeGate (see serialStore)
+	rawBytes ByteBoundedFetcher  // raw's, for prefetch
+	gate     *storeGate          // nil: a ConcurrentStore, or no concurrent call at all (no LeaseRenewer)
 	pub      Publisher
-	prefetch bool // fetch the next bucket's batch during a publish (ConcurrentFetcher)
+	prefetch bool // fetch the next bucket's batch during a publish (ConcurrentFetcher, sequential sweeps)
+	workers  int  // buckets served at once: MaxConcurrentBuckets for a ConcurrentStore with a LeaseRenewer, else 1
 	opts     Options
 	clock    Clock
 	log      *slog.Logger
@@ -35,7 +40,7 @@ type Relay struct {
 	notifierTaken atomic.Bool
 	pollNoticed   atomic.Bool
 	m             *instruments
-	rng           *rand.Rand // jitter; used by Run's goroutine only
+	rng           *rand.Rand // jitter; used under runState.mu only (retryLater)
 
 	running atomic.Bool
 	health  atomic.Pointer[error]          // the latest cycle's error; nil: it succeeded (see Health)
@@ -47,7 +52,11 @@ type Relay struct {
 	zeroUntil    atomic.Int64 // UnixNano validity of the bucket-0 lease; 0 if not owned
 	pending      atomic.Pointer[pendingSample]
 	stuckSince   atomic.Int64 // UnixNano of the first failure of the longest-failing owned head row; 0: none (see noteStuck)
-	publishSince atomic.Int64 // UnixNano, on the relay's clock, of the start of the Publish call in flight; 0: none
+	publishSince atomic.Int64 // UnixNano, on the relay's clock, of the start of the oldest Publish call in flight; 0: none (see inflight)
+	inflight     inflightPublishes
+
+	phase atomic.Int32  // the loop's phase (phaseWorking, …), read by renewLoop
+	kick  chan struct{} // wakes renewLoop: the leases or the loop's phase changed
 
 	onIdle func() // test hook: called when Run starts an idle wait
 }
@@ -95,13 +104,26 @@ func New(store Store, pub Publisher, opts Options) (*Relay, error) {
 		ownNotifier: o.Notifier == nil,
 		m:           m,
 		rng:         rand.New(rand.NewPCG(h.Sum64(), 0x6f7574626f78)),
+		kick:        make(chan struct{}, 1),
 	}
+	r.raw = store
 	r.renewer, _ = store.(LeaseRenewer)
-	if cf, ok := store.(ConcurrentFetcher); ok && r.renewer != nil {
-		r.prefetch = cf.ConcurrentNextBatch()
-	}
 	r.releaser, _ = store.(LeaseReleaser)
 	r.parker, _ = store.(Parker)
+	r.bytes, _ = store.(ByteBoundedFetcher)
+	r.rawBytes = r.bytes
+	r.workers = 1
+	cs, ok := store.(ConcurrentStore)
+	concurrent := ok && cs.ConcurrentBuckets()
+	if concurrent && r.renewer != nil {
+		r.workers = o.MaxConcurrentBuckets
+	}
+	if cf, ok := store.(ConcurrentFetcher); ok && r.renewer != nil && r.workers == 1 {
+		r.prefetch = cf.ConcurrentNextBatch()
+	}
+	if !concurrent && r.renewer != nil {
+		r.serialize()
+	}
 	if r.parker != nil {
 		for _, reason := range []string{ParkReasonUnpublishable, ParkReasonFailure, ParkReasonCorrupt, ParkReasonHeld} {
 			m.countParked(reason, 0) // every series exists from the start
@@ -111,6 +133,24 @@ func New(store Store, pub Publisher, opts Options) (*Relay, error) {
 		r.sampler = ms
 	}
 	return r, nil
+}
+
+// serialize routes every store call but the backlog sampler's and the
+// prefetch (see ConcurrentFetcher) through a storeGate: the renewal
+// goroutine then never calls the store concurrently with the loop.
+func (r *Relay) serialize() {
+	r.gate = newStoreGate()
+	ss := &serialStore{g: r.gate, s: r.store, ren: r.renewer, rel: r.releaser, park: r.parker, bytes: r.bytes}
+	r.store, r.renewer = ss, ss
+	if r.releaser != nil {
+		r.releaser = ss
+	}
+	if r.parker != nil {
+		r.parker = ss
+	}
+	if r.bytes != nil {
+		r.bytes = ss
+	}
 }
 
 // ID returns the relay id used in the lease table (Options.RelayID or the
@@ -149,7 +189,7 @@ type runState struct {
 	parked   []map[string]int64  // bucket → parked key → its head id; nil: not loaded (see loadParked)
 	strikes  []*strike           // bucket → its head row's strikes
 
-	mu    sync.Mutex    // guards writes to retry (see above)
+	mu    sync.Mutex   // guards writes to retry (see above)
 	retry []*headRetry // bucket → its head row's backoff; nil: none
 }
 
@@ -277,8 +317,24 @@ func (r *Relay) Run(ctx context.Context) error {
 	r.pubFail.Store(nil)
 	st := newRunState(r.opts.BucketCount)
 	st.nextRebalance = r.clock.Now()
+	r.phase.Store(phaseWorking)
+	// The renewal goroutine runs on cleanup, so that it keeps the leases
+	// while a stop awaits the in-flight publishes; it ends before the
+	// release.
+	renewing, stopRenewing := context.WithCancel(cleanup)
+	defer stopRenewing()
+	var rwg sync.WaitGroup
+	if r.renewer != nil {
+		rwg.Add(1)
+		go func() {
+			defer rwg.Done()
+			r.renewLoop(renewing, st)
+		}()
+	}
 	err = r.loop(ctx, cleanup, st)
 	beginStop() // a fatal error starts the stop too
+	stopRenewing()
+	rwg.Wait()
 	r.stop(release, st)
 	close(stopped)
 	bwg.Wait()
@@ -380,13 +436,17 @@ func (r *Relay) loop(ctx, cleanup context.Context, st *runState) error {
 // sweep over the ready buckets.
 func (r *Relay) cycle(ctx, cleanup context.Context, st *runState) error {
 	if !r.clock.Now().Before(st.nextRebalance) {
-		if err := r.acquire(ctx, st); err != nil {
+		r.setPhase(phaseAcquiring)
+		err := r.acquire(ctx, st)
+		r.setPhase(phaseWorking)
+		if err != nil {
 			return err
 		}
 		if ctx.Err() != nil {
 			return nil
 		}
 	}
+	r.setPhase(phaseWorking)
 	r.checkLease(st)
 	owned, _, _ := st.lease.snapshot()
 	var unknown bool
@@ -508,9 +568,18 @@ func (r *Relay) startPrefetch(ctx context.Context, b, limit int) *prefetch {
 	p := &prefetch{bucket: b, limit: limit, done: make(chan struct{})}
 	go func() {
 		defer close(p.done)
-		p.batch, p.err = r.store.NextBatch(ctx, b, limit)
+		p.batch, p.err = r.fetch(ctx, r.raw, r.rawBytes, b, limit)
 	}()
 	return p
+}
+
+// fetch reads up to limit rows of bucket b, from bf (bounded by
+// MaxBatchBytes) when the store has it, else from s.
+func (r *Relay) fetch(ctx context.Context, s Store, bf ByteBoundedFetcher, b, limit int) ([]*outbox.Message, error) {
+	if bf != nil {
+		return bf.NextBatchBytes(ctx, b, limit, r.opts.MaxBatchBytes)
+	}
+	return s.NextBatch(ctx, b, limit)
 }
 
 func (p *prefetch) wait() ([]*outbox.Message, error) {
@@ -559,7 +628,7 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 		if fetched != nil {
 			fetched.wait()
 		}
-		batch, err = r.store.NextBatch(ctx, b, limit)
+		batch, err = r.fetch(ctx, r.store, r.bytes, b, limit)
 	}
 	if err != nil {
 		var ce *CorruptRowError
@@ -577,6 +646,7 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 	if len(batch) > limit {
 		batch = batch[:limit]
 	}
+	batch, over := trimToBytes(batch, r.opts.MaxBatchBytes)
 	failpoint("relay/after-fetch")
 	// Rows of a parked key are held behind it, not published; pub is the
 	// rest, in order (see Parker).
@@ -584,7 +654,7 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 	if err != nil || !ok {
 		return err
 	}
-	drained := hr == nil && len(batch) < limit && !truncated
+	drained := hr == nil && len(batch) < limit && !truncated && !over
 	if len(pub) == 0 {
 		// Every fetched row was held: the bucket's head moved on.
 		st.clearRetry(b)
@@ -619,7 +689,7 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 	}
 
 	startNext()
-	res, took := r.publish(cleanup, st, pub)
+	res, took := r.publish(cleanup, pub)
 	failpoint("relay/after-ack")
 	ack := min(max(res.Acknowledged, 0), len(pub))
 	r.m.publishDur.Record(context.Background(), took.Seconds(), r.m.attrs)
@@ -756,22 +826,22 @@ func (r *Relay) noteStuck(st *runState) {
 	}
 }
 
-// publish calls the publisher beside a guard goroutine that renews the
-// leases. The publish runs on cleanup, not on Run's ctx: records cannot be
-// retracted, so a stop awaits it, up to the stop budget.
-func (r *Relay) publish(cleanup context.Context, st *runState, batch []*outbox.Message) (res Result, took time.Duration) {
+// publish calls the publisher. The publish runs on cleanup, not on Run's
+// ctx: records cannot be retracted, so a stop awaits it, up to the stop
+// budget. The leases are renewed meanwhile by renewLoop, not here.
+func (r *Relay) publish(cleanup context.Context, batch []*outbox.Message) (res Result, took time.Duration) {
 	pubCtx, cancel := context.WithCancel(cleanup)
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		r.guardPublish(pubCtx, st, done)
+		r.watchPublish(pubCtx, done)
 	}()
 	start := r.clock.Now()
-	r.publishSince.Store(start.UnixNano())
+	token := r.inflight.begin(r, start)
 	res = r.callPublisher(pubCtx, batch)
-	r.publishSince.Store(0)
+	r.inflight.end(r, token)
 	took = r.clock.Now().Sub(start)
 	close(done)
 	cancel()
@@ -832,6 +902,7 @@ func (r *Relay) idle(ctx context.Context, st *runState) {
 	}
 	t := r.clock.NewTimer(deadline.Sub(now))
 	defer t.Stop()
+	r.setPhase(phaseIdle) // the wait ends by the rebalance: see renewLoop
 	if r.onIdle != nil {
 		r.onIdle()
 	}
