@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
@@ -182,4 +183,69 @@ func (s *serialStore) Park(ctx context.Context, bucket int, id int64, reason str
 
 func (s *serialStore) HoldBehind(ctx context.Context, bucket int, head int64, ids []int64) (bool, error) {
 	return gated(s.g, false, func() (bool, error) { return s.park.HoldBehind(ctx, bucket, head, ids) })
+}
+
+// bucketDone is the outcome of one bucket's batch in a concurrent sweep.
+type bucketDone struct {
+	bucket int
+	err    error
+}
+
+// sweepConcurrent publishes one batch of each ready bucket like the
+// sequential sweep, serving up to r.workers buckets at once, each on its own
+// goroutine running drainOnce. The invariants:
+//
+//   - A bucket is served by at most one goroutine, once per sweep, so at
+//     most one of its batches is in flight and its rows go out in order.
+//   - That goroutine owns the bucket's state while it runs (see runState);
+//     this goroutine (the loop's) handles its outcome (bucketFailed) only
+//     after it returned, and starts no other bucket's worker on it.
+//   - Workers check the leases before every change of their rows and never
+//     drop them; an invalid lease set stops the dispatch of further
+//     buckets, and is dropped here once every worker has returned.
+//   - The sweep returns only after every worker has returned: no publish or
+//     store call outlives it, so a stop awaits every in-flight publish.
+//
+// A fatal error (not a bucket's store error) stops the dispatch; it is
+// returned once the running workers have returned.
+func (r *Relay) sweepConcurrent(ctx, cleanup context.Context, st *runState, owned []int) error {
+	done := make(chan bucketDone)
+	running := 0
+	var fatal error
+	next := 0
+	for {
+		for running < r.workers && next < len(owned) && fatal == nil && ctx.Err() == nil && r.leaseValid(st) {
+			b := owned[next]
+			next++
+			if !r.sweepable(st, b) {
+				continue
+			}
+			running++
+			go func() {
+				done <- bucketDone{b, r.drainOnce(ctx, cleanup, st, b, nil, func() {})}
+			}()
+		}
+		if running == 0 {
+			break
+		}
+		st.serving = running
+		d := <-done
+		running--
+		st.serving = running
+		var be errBucket
+		switch {
+		case errors.As(d.err, &be):
+			if ctx.Err() == nil {
+				r.bucketFailed(st, d.bucket, be.err)
+			}
+		case d.err != nil && fatal == nil:
+			fatal = d.err
+		}
+		r.noteStuck(st)
+	}
+	if fatal != nil {
+		return fatal
+	}
+	r.checkLease(st)
+	return nil
 }

@@ -126,6 +126,11 @@ func (r *Relay) publishOwnership(buckets []int, validUntil time.Time) {
 	}
 }
 
+// leaseValid reports whether the relay may act on its leases at the
+// relay's clock's now; unlike checkLease it changes nothing, so that sweep
+// workers may call it.
+func (r *Relay) leaseValid(st *runState) bool { return st.lease.valid(r.clock.Now()) }
+
 // checkLease drops the lease set if it is no longer valid by the relay's
 // clock, and reports whether the relay may act on it.
 func (r *Relay) checkLease(st *runState) bool {

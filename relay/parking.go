@@ -37,9 +37,10 @@ func (r *Relay) parkedLoaded(st *runState, b int) bool {
 }
 
 // mayAct reports whether the relay may change bucket b's rows: its leases
-// are valid by the relay's clock and b is one of them.
+// are valid by the relay's clock and b is one of them. It does not drop an
+// invalid set (it runs on sweep workers; see drainOnce).
 func (r *Relay) mayAct(st *runState, b int) bool {
-	if !r.checkLease(st) {
+	if !r.leaseValid(st) {
 		return false
 	}
 	cur, _, _ := st.lease.snapshot()

@@ -189,6 +189,8 @@ type runState struct {
 	parked   []map[string]int64  // bucket → parked key → its head id; nil: not loaded (see loadParked)
 	strikes  []*strike           // bucket → its head row's strikes
 
+	serving int // workers of a concurrent sweep running; read and written by the loop only
+
 	mu    sync.Mutex   // guards writes to retry (see above)
 	retry []*headRetry // bucket → its head row's backoff; nil: none
 }
@@ -482,8 +484,12 @@ func (r *Relay) cycle(ctx, cleanup context.Context, st *runState) error {
 }
 
 // sweep publishes one batch of each ready bucket, so that a full bucket
-// cannot starve the others.
+// cannot starve the others: one bucket after the other, or up to
+// MaxConcurrentBuckets at once (see sweepConcurrent).
 func (r *Relay) sweep(ctx, cleanup context.Context, st *runState, owned []int) error {
+	if r.workers > 1 {
+		return r.sweepConcurrent(ctx, cleanup, st, owned)
+	}
 	var pre *prefetch // the next bucket's batch, fetched during a publish
 	defer func() {
 		if pre != nil {
@@ -530,7 +536,7 @@ func (r *Relay) sweep(ctx, cleanup context.Context, st *runState, owned []int) e
 			return err
 		}
 		r.noteStuck(st)
-		if cur, _, _ := st.lease.snapshot(); len(cur) == 0 {
+		if !r.checkLease(st) {
 			return nil // leases dropped
 		}
 	}
@@ -590,13 +596,19 @@ func (p *prefetch) wait() ([]*outbox.Message, error) {
 // drainOnce fetches and publishes one batch of bucket b, then marks the
 // acknowledged prefix on cleanup, which a stop does not cancel.
 //
+// It may run on a worker goroutine of a concurrent sweep: it touches only
+// bucket b's state (see runState) and checks the leases without dropping
+// them (leaseValid: the sweep drops an invalid set once it ends). Every
+// step that changes b's rows (MarkPublished, parking) is preceded by that
+// check.
+//
 // fetched, when non-nil, is b's batch fetched during the previous publish
 // (see ConcurrentFetcher); startNext is called just before the publish, to
 // fetch the next bucket's batch meanwhile.
 func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fetched *prefetch, startNext func()) error {
 	hr := st.retry[b]
 	limit := r.batchLimit(st, b)
-	if !r.checkLease(st) {
+	if !r.leaseValid(st) {
 		if fetched != nil {
 			fetched.wait()
 		}
@@ -673,7 +685,7 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 				return err
 			}
 		}
-		if !r.checkLease(st) {
+		if !r.leaseValid(st) {
 			return nil
 		}
 		if cur, _, _ := st.lease.snapshot(); !containsSorted(cur, b) {
@@ -684,7 +696,7 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 			return errStore{fmt.Errorf("relay: bucket %d: lease shorter than MaxPublishDuration + LeaseRenewInterval", b)}
 		}
 	}
-	if !r.checkLease(st) {
+	if !r.leaseValid(st) {
 		return nil
 	}
 
@@ -708,7 +720,7 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 	}
 
 	if ack > 0 {
-		if !r.checkLease(st) {
+		if !r.leaseValid(st) {
 			return fatal // a peer may own the rows now: mark nothing
 		}
 		failpoint("relay/during-delete")
@@ -816,8 +828,10 @@ func (r *Relay) noteStuck(st *runState) {
 		publishing = publishing || hr.published
 	}
 	st.mu.Unlock()
-	if !publishing {
-		r.pubFail.Store(nil) // no failed publish is being retried
+	if !publishing && st.serving == 0 {
+		// No failed publish is being retried. (A worker still running may
+		// have failed one and not yet recorded its retry: judge after it.)
+		r.pubFail.Store(nil)
 	}
 	if oldest.IsZero() {
 		r.stuckSince.Store(0)
