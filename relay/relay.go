@@ -240,8 +240,8 @@ func (e errBucket) Error() string { return e.err.Error() }
 func (e errBucket) Unwrap() error { return e.err }
 
 // Run publishes until ctx is done, then stops: it awaits the in-flight
-// publish (records cannot be retracted), marks its acknowledged prefix if
-// the lease it ran under is still valid, and releases the leases (when the
+// publishes (one per bucket being served; records cannot be retracted),
+// marks each acknowledged prefix if the leases are still valid, and releases the leases (when the
 // store implements LeaseReleaser) so that a peer takes over at once. These
 // steps run on context.WithoutCancel(ctx), so a stop never cancels one
 // already running, and share one budget, Options.StopTimeout, counted from
