@@ -7,4 +7,11 @@
 // or many, share the work; a relay that dies or stalls loses its buckets to
 // a peer when its leases expire. The engine never calls a database API: the
 // Store (gormstore for GORM) does.
+//
+// Hot path: a relay renews its leases on its own timer while it works, so
+// no amount of work lets a healthy relay's leases lapse; it serves up to
+// Options.MaxConcurrentBuckets buckets at once when the store is a
+// ConcurrentStore (each bucket with at most one batch in flight, in order,
+// under the same lease checks); and it bounds each batch in bytes
+// (Options.MaxBatchBytes) as well as rows.
 package relay

@@ -12,7 +12,20 @@ import (
 
 func TestEndToEndTakeoverGormstore(t *testing.T) {
 	for _, o := range testenv.Databases(t) {
-		t.Run(o.Name+"_50000_rows_two_relays_forced_takeover", func(t *testing.T) {
+		testTakeoverGormstore(t, o, false)
+		if o.Name != testenv.SQLite {
+			testTakeoverGormstore(t, o, true) // buckets served concurrently
+		}
+	}
+}
+
+func testTakeoverGormstore(t *testing.T, o testenv.Opener, concurrent bool) {
+	name := o.Name + "_50000_rows_two_relays_forced_takeover"
+	if concurrent {
+		name += "_concurrent_buckets"
+	}
+	{
+		t.Run(name, func(t *testing.T) {
 			db := o.Open(t, nil)
 			cfg := outbox.Config{}
 			if err := outbox.AutoMigrate(db, cfg); err != nil {
@@ -42,7 +55,7 @@ func TestEndToEndTakeoverGormstore(t *testing.T) {
 				}
 				return int(n)
 			}
-			runTakeover(t, e2eEnv{clock: clock, storeA: a, storeB: b, pending: pending, total: total})
+			runTakeover(t, e2eEnv{clock: clock, storeA: a, storeB: b, pending: pending, total: total, concurrent: concurrent})
 		})
 	}
 }

@@ -100,7 +100,15 @@ type e2eEnv struct {
 	storeB  fullStore
 	pending func() int
 	total   int
+	// concurrent declares both stores relay.ConcurrentStore, so that each
+	// relay serves its buckets concurrently.
+	concurrent bool
 }
+
+// concurrentFull is a fullStore declared a relay.ConcurrentStore.
+type concurrentFull struct{ fullStore }
+
+func (concurrentFull) ConcurrentBuckets() bool { return true }
 
 type published struct {
 	bucket int32
@@ -146,11 +154,15 @@ func runTakeover(t *testing.T, env e2eEnv) {
 		return relay.Result{Acknowledged: len(b)}
 	})
 	quiet := slog.New(slog.DiscardHandler)
-	a, err := relay.New(pa, pubA, relay.Options{RelayID: "relay-a", Clock: env.clock, Logger: quiet})
+	var storeA, storeB relay.Store = pa, env.storeB
+	if env.concurrent {
+		storeA, storeB = concurrentFull{pa}, concurrentFull{env.storeB}
+	}
+	a, err := relay.New(storeA, pubA, relay.Options{RelayID: "relay-a", Clock: env.clock, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := relay.New(env.storeB, pubB, relay.Options{RelayID: "relay-b", Clock: env.clock, Logger: quiet})
+	b, err := relay.New(storeB, pubB, relay.Options{RelayID: "relay-b", Clock: env.clock, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}

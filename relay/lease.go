@@ -12,12 +12,15 @@ import (
 // leaseSet is the relay's local view of its leases. validUntil is the
 // relay-clock time read before the acquisition or renewal call that granted
 // them, plus LeaseDuration: the store may have extended them later, never
-// earlier. The renewal goroutine updates it during a publish.
+// earlier. The renewal goroutine (renewLoop) extends it; the loop replaces
+// it (setLeases), which bumps gen so that a renewal of the previous set
+// changes nothing.
 type leaseSet struct {
 	mu         sync.Mutex
 	buckets    []int
 	validUntil time.Time
-	lost       bool // a renewal reported the set lost
+	lost       bool   // a renewal reported the set lost
+	gen        uint64 // bumped by every setLeases
 }
 
 func (l *leaseSet) snapshot() ([]int, time.Time, bool) {
@@ -53,7 +56,7 @@ func (r *Relay) acquire(ctx context.Context, st *runState) error {
 	buckets, err := r.store.AcquireBucketLeases(ctx, r.opts.RelayID, r.opts.BucketCount, r.opts.LeaseDuration)
 	t1 := r.clock.Now()
 	failpoint("relay/acquire")
-	st.worked = true
+	st.worked.Store(true)
 	if err != nil {
 		if errors.Is(err, ErrMisconfigured) {
 			return fmt.Errorf("relay: acquire leases: %w", err)
@@ -87,7 +90,9 @@ func (r *Relay) setLeases(st *runState, buckets []int, validUntil time.Time) {
 	st.lease.buckets = buckets
 	st.lease.validUntil = validUntil
 	st.lease.lost = false
+	st.lease.gen++
 	st.lease.mu.Unlock()
+	r.kickRenewer()
 	for _, b := range buckets {
 		if !slices.Contains(old, b) {
 			st.discover = true
@@ -97,9 +102,9 @@ func (r *Relay) setLeases(st *runState, buckets []int, validUntil time.Time) {
 	for _, b := range old {
 		if !slices.Contains(buckets, b) {
 			st.ready[b] = false
-			delete(st.retry, b)
-			delete(st.unmarked, b) // the next owner republishes them
-			st.forgetParked(b)     // reloaded if the bucket comes back
+			st.clearRetry(b)
+			st.unmarked[b] = nil // the next owner republishes them
+			st.forgetParked(b)   // reloaded if the bucket comes back
 		}
 	}
 	r.noteStuck(st)
@@ -121,6 +126,11 @@ func (r *Relay) publishOwnership(buckets []int, validUntil time.Time) {
 	}
 }
 
+// leaseValid reports whether the relay may act on its leases at the
+// relay's clock's now; unlike checkLease it changes nothing, so that sweep
+// workers may call it.
+func (r *Relay) leaseValid(st *runState) bool { return st.lease.valid(r.clock.Now()) }
+
 // checkLease drops the lease set if it is no longer valid by the relay's
 // clock, and reports whether the relay may act on it.
 func (r *Relay) checkLease(st *runState) bool {
@@ -139,55 +149,135 @@ func (r *Relay) checkLease(st *runState) bool {
 	return false
 }
 
-// guardPublish runs beside one Publish call until done is closed. It renews
-// the leases (when the store can) at min(LeaseRenewInterval, half the
-// remaining lease), and logs when the stop budget cancels the publish
-// (pubCtx ends).
-func (r *Relay) guardPublish(pubCtx context.Context, st *runState, done <-chan struct{}) {
-	cancelled := pubCtx.Done()
+// Phases of the loop, read by the renewal goroutine (see renewLoop).
+const (
+	phaseWorking   int32 = iota // in a cycle past its acquisition, or backing off
+	phaseIdle                   // waiting in idle, whose deadline includes the rebalance
+	phaseAcquiring              // in an acquisition round, which extends the leases
+)
+
+// setPhase records the loop's phase and wakes the renewal goroutine when it
+// changed.
+func (r *Relay) setPhase(p int32) {
+	if r.phase.Swap(p) != p {
+		r.kickRenewer()
+	}
+}
+
+// kickRenewer makes the renewal goroutine look at the leases and the loop's
+// phase again.
+func (r *Relay) kickRenewer() {
+	select {
+	case r.kick <- struct{}{}:
+	default:
+	}
+}
+
+// renewLoop keeps the leases alive, on its own timer, for the whole Run
+// (stores implementing LeaseRenewer): whenever the lease set has gone
+// min(LeaseRenewInterval, half its remaining time) without being extended,
+// by an acquisition or a renewal, it renews it, so that no amount of work in
+// a sweep (many buckets, slow store calls, a slow publish) lets a healthy
+// relay's leases lapse. A failed renewal is retried on the same rule,
+// counted from the attempt.
+//
+// It leaves the leases to the loop while the loop is idle or acquiring: the
+// idle wait ends at the rebalance, whose acquisition round extends them
+// (due at the same cadence), so an idle relay makes no extra store call.
+// Only the loop drops an invalid lease set (checkLease); a renewal marks
+// it lost or extends it, never beyond what the store granted (see renew).
+func (r *Relay) renewLoop(ctx context.Context, st *runState) {
+	var tried time.Time // start of the latest renewal attempt
 	for {
-		var renewT Timer
-		var renewC <-chan time.Time
-		if r.renewer != nil {
-			if rem := st.lease.remaining(r.clock.Now()); rem > 0 && st.lease.valid(r.clock.Now()) {
-				renewT = r.clock.NewTimer(min(r.opts.LeaseRenewInterval, rem/2))
-				renewC = renewT.C()
-			}
+		var t Timer
+		var fire <-chan time.Time
+		if due, ok := r.renewalDue(st, tried); ok {
+			t = r.clock.NewTimer(due.Sub(r.clock.Now()))
+			fire = t.C()
 		}
 		select {
-		case <-done:
-		case <-cancelled:
-			cancelled = nil
-			select {
-			case <-done: // the publish returned first: publish cancelled pubCtx
-			default:
-				r.log.Warn("relay: in-flight publish outlived the stop budget; cancelled", "relay", r.opts.RelayID, "stop_timeout", r.opts.StopTimeout)
-			}
-		case <-renewC:
-			renewC = nil
-			r.renew(pubCtx, st)
+		case <-ctx.Done():
+		case <-r.kick:
+		case <-fire:
 		}
-		if renewT != nil {
-			renewT.Stop()
+		if t != nil {
+			t.Stop()
 		}
-		select {
-		case <-done:
+		if ctx.Err() != nil {
 			return
+		}
+		if fire == nil {
+			continue
+		}
+		// The phase first: a loop that is working again has recorded its
+		// acquisition's leases before it says so.
+		if r.phase.Load() != phaseWorking {
+			select {
+			case <-ctx.Done():
+				return
+			case <-r.kick:
+			}
+			continue
+		}
+		now := r.clock.Now()
+		if due, ok := r.renewalDue(st, tried); !ok || due.After(now) {
+			continue // extended or dropped meanwhile
+		}
+		tried = now
+		r.renew(ctx, st)
+	}
+}
+
+// renewalDue returns when the leases need renewing: min(LeaseRenewInterval,
+// half the remaining lease) after they were granted or the latest renewal
+// attempt (tried), whichever is later; ok is false when there is nothing to
+// renew (no leases, lost, or expired).
+func (r *Relay) renewalDue(st *runState, tried time.Time) (time.Time, bool) {
+	buckets, validUntil, lost := st.lease.snapshot()
+	if len(buckets) == 0 || lost {
+		return time.Time{}, false
+	}
+	base := validUntil.Add(-r.opts.LeaseDuration)
+	if tried.After(base) {
+		base = tried
+	}
+	rem := validUntil.Sub(base)
+	if rem <= 0 {
+		return time.Time{}, false
+	}
+	return base.Add(min(r.opts.LeaseRenewInterval, rem/2)), true
+}
+
+// watchPublish runs beside one Publish call until done is closed, and logs
+// when the stop budget cancels the publish (pubCtx ends first).
+func (r *Relay) watchPublish(pubCtx context.Context, done <-chan struct{}) {
+	select {
+	case <-done:
+	case <-pubCtx.Done():
+		select {
+		case <-done: // the publish returned first: publish cancelled pubCtx
 		default:
+			r.log.Warn("relay: in-flight publish outlived the stop budget; cancelled", "relay", r.opts.RelayID, "stop_timeout", r.opts.StopTimeout)
 		}
 	}
 }
 
-// renew extends the leases during a publish. An answer that arrives after
-// the previous lease expired counts as lost, like a false answer.
+// renew extends the leases. An answer that arrives after the previous lease
+// expired counts as lost, like a false answer. An answer about a lease set
+// the loop has replaced meanwhile (an acquisition round, a drop) is ignored.
 func (r *Relay) renew(ctx context.Context, st *runState) {
-	buckets, validUntil, _ := st.lease.snapshot()
+	st.lease.mu.Lock()
+	buckets, validUntil, gen := st.lease.buckets, st.lease.validUntil, st.lease.gen
+	st.lease.mu.Unlock()
 	t0 := r.clock.Now()
 	ok, err := r.renewer.RenewBucketLeases(ctx, r.opts.RelayID, buckets, r.opts.LeaseDuration)
 	failpoint("relay/renew")
 	t1 := r.clock.Now()
 	st.lease.mu.Lock()
 	defer st.lease.mu.Unlock()
+	if st.lease.gen != gen {
+		return
+	}
 	switch {
 	case err != nil:
 		if ctx.Err() == nil {

@@ -28,6 +28,19 @@ const (
 	DefaultStopTimeout          = 10 * time.Second
 	DefaultPublishFailureWindow = 5 * time.Minute
 	DefaultParkAfter            = 3
+	// DefaultMaxConcurrentBuckets serves up to four buckets at once: with
+	// the default 8 buckets shared by two or three relays, each serves all
+	// of its ready buckets together, overlapping database and broker round
+	// trips, while holding at most four store connections (plus one for
+	// renewal) and four batches in memory.
+	DefaultMaxConcurrentBuckets = 4
+	// DefaultMaxBatchBytes bounds a batch at 4 MiB: four produce requests
+	// of KafkaPublisher's default 1 MiB, well above a batch of 500 typical
+	// rows of a few KiB (so it rarely cuts one), while a bucket of 1 MiB
+	// rows is published a few rows at a time instead of 500 MiB at once;
+	// with DefaultMaxConcurrentBuckets it bounds a relay's batches in
+	// memory to about 16 MiB.
+	DefaultMaxBatchBytes = 4 << 20
 )
 
 // MaxRelayIDLength is the longest RelayID, the width of the owner column.
@@ -50,6 +63,27 @@ type Options struct {
 	// means DefaultBatchSize (500); a negative value fails New.
 	BatchSize int
 
+	// MaxBatchBytes bounds a batch in bytes as well (MessageSize: key, value
+	// and headers): the relay publishes the longest prefix of each fetched
+	// batch within the bound, and always at least one row, so a row larger
+	// than the bound is published alone. Rows left out come first in the
+	// bucket's next batch, in order. A store implementing ByteBoundedFetcher
+	// is asked for the bound at fetch time, so the rows are not even read.
+	// Zero means DefaultMaxBatchBytes (4 MiB); a negative value fails New.
+	MaxBatchBytes int64
+
+	// MaxConcurrentBuckets is how many of its buckets one relay serves at
+	// once, when the store implements ConcurrentStore (returning true) and
+	// LeaseRenewer: the fetch, publish and delete of different buckets
+	// overlap, each bucket still having at most one batch in flight, in
+	// order, under the same lease checks. A sweep still serves each ready
+	// bucket one batch, and ends when all of them are done. With 1, or with
+	// any other store, buckets are served one after the other, and a
+	// ConcurrentFetcher store still gets the next bucket's batch fetched
+	// during a publish. Zero means DefaultMaxConcurrentBuckets (4); a
+	// negative value fails New.
+	MaxConcurrentBuckets int
+
 	// PollInterval is how often the relay looks for pending rows when no
 	// hint arrives. Zero means DefaultPollInterval (1s); a negative value
 	// fails New.
@@ -70,11 +104,16 @@ type Options struct {
 	LeaseDuration time.Duration
 
 	// LeaseRenewInterval is the rebalance cadence (one acquisition round per
-	// interval) and the renewal cadence during an in-flight publish. It must
-	// be shorter than LeaseDuration; the difference is the margin a renewal
-	// has before the lease expires (a slow statement, a paused process) and,
-	// for a store on the relay hosts' clocks (not gormstore, which uses the
-	// database's), the tolerated clock skew between hosts. Zero means
+	// interval) and the renewal cadence: with a store implementing
+	// LeaseRenewer, the relay renews its leases on its own timer whenever
+	// they have gone min(LeaseRenewInterval, half the remaining lease)
+	// without being extended while it works (sweeps, publishes), so no
+	// amount of work lets them lapse; an idle relay's acquisition rounds
+	// extend them, with no extra call. It must be shorter than
+	// LeaseDuration; the difference is the margin a renewal has before the
+	// lease expires (a slow statement, a paused process) and, for a store
+	// on the relay hosts' clocks (not gormstore, which uses the database's),
+	// the tolerated clock skew between hosts. Zero means
 	// DefaultLeaseRenewInterval (10s); a negative value fails New.
 	LeaseRenewInterval time.Duration
 
@@ -257,6 +296,18 @@ func (o Options) withDefaults(store Store) (Options, error) {
 	case ParkUnpublishable, ParkNever, ParkAnyFailure:
 	default:
 		bad("Options.ParkPolicy %v is not one of ParkUnpublishable, ParkNever, ParkAnyFailure", o.ParkPolicy)
+	}
+	switch {
+	case o.MaxBatchBytes < 0:
+		bad("Options.MaxBatchBytes %d is negative", o.MaxBatchBytes)
+	case o.MaxBatchBytes == 0:
+		o.MaxBatchBytes = DefaultMaxBatchBytes
+	}
+	switch {
+	case o.MaxConcurrentBuckets < 0:
+		bad("Options.MaxConcurrentBuckets %d is negative", o.MaxConcurrentBuckets)
+	case o.MaxConcurrentBuckets == 0:
+		o.MaxConcurrentBuckets = DefaultMaxConcurrentBuckets
 	}
 	if o.BatchSize < 0 {
 		bad("Options.BatchSize %d is negative", o.BatchSize)

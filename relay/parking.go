@@ -33,14 +33,14 @@ func (r *Relay) parkedLoaded(st *runState, b int) bool {
 	if r.parker == nil {
 		return true
 	}
-	_, ok := st.parked[b]
-	return ok
+	return st.parked[b] != nil
 }
 
 // mayAct reports whether the relay may change bucket b's rows: its leases
-// are valid by the relay's clock and b is one of them.
+// are valid by the relay's clock and b is one of them. It does not drop an
+// invalid set (it runs on sweep workers; see drainOnce).
 func (r *Relay) mayAct(st *runState, b int) bool {
-	if !r.checkLease(st) {
+	if !r.leaseValid(st) {
 		return false
 	}
 	cur, _, _ := st.lease.snapshot()
@@ -58,7 +58,7 @@ func (r *Relay) loadParked(ctx context.Context, st *runState, owned []int) {
 	now := r.clock.Now()
 	var need []int
 	for _, b := range owned {
-		if _, ok := st.parked[b]; ok {
+		if st.parked[b] != nil {
 			continue
 		}
 		if hr := st.retry[b]; hr != nil && now.Before(hr.notBefore) {
@@ -69,7 +69,7 @@ func (r *Relay) loadParked(ctx context.Context, st *runState, owned []int) {
 	if len(need) == 0 || !r.checkLease(st) {
 		return
 	}
-	st.worked = true
+	st.worked.Store(true)
 	heads, err := r.parker.ParkedHeads(ctx, need)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -78,8 +78,7 @@ func (r *Relay) loadParked(ctx context.Context, st *runState, owned []int) {
 		err = fmt.Errorf("relay: load parked keys: %w", err)
 		var waits []any
 		for _, b := range need {
-			hr, wait := r.retryLater(st, b)
-			hr.storeErr = err
+			_, wait := r.retryLater(st, b, err, false)
 			waits = append(waits, wait)
 		}
 		r.log.Warn("relay: loading parked keys failed; backing off these buckets, the others go on", "relay", r.opts.RelayID, "buckets", need, "backoff", waits[0], "error", err)
@@ -87,12 +86,15 @@ func (r *Relay) loadParked(ctx context.Context, st *runState, owned []int) {
 	}
 	for _, b := range need {
 		st.parked[b] = map[string]int64{}
-		delete(st.retry, b) // its only failure can have been a load
+		st.clearRetry(b) // its only failure can have been a load
 	}
 	n := 0
 	for _, h := range heads {
-		keys, ok := st.parked[h.Bucket]
-		if !ok || !containsSorted(need, h.Bucket) || h.Key == nil {
+		if !containsSorted(need, h.Bucket) || h.Key == nil {
+			continue
+		}
+		keys := st.parked[h.Bucket]
+		if keys == nil {
 			continue
 		}
 		if cur, ok := keys[string(h.Key)]; !ok || h.ID < cur {
@@ -107,8 +109,8 @@ func (r *Relay) loadParked(ctx context.Context, st *runState, owned []int) {
 
 // forgetParked drops the parking state of bucket b (no longer owned).
 func (st *runState) forgetParked(b int) {
-	delete(st.parked, b)
-	delete(st.strikes, b)
+	st.parked[b] = nil
+	st.strikes[b] = nil
 }
 
 // holdParked holds the rows of batch (fetched from bucket b) whose key is
@@ -217,8 +219,8 @@ func (r *Relay) parkCorrupt(ctx context.Context, st *runState, b int, ce *Corrup
 	}
 	r.m.countParked(ParkReasonCorrupt, 1)
 	r.log.Warn("relay: corrupt row parked; the rest of its bucket goes on", "relay", r.opts.RelayID, "bucket", b, "id", ce.ID, "reason", reason)
-	delete(st.retry, b)
-	delete(st.strikes, b)
+	st.clearRetry(b)
+	st.strikes[b] = nil
 	st.ready[b] = true
 	return nil
 }
@@ -288,8 +290,8 @@ func (r *Relay) strike(ctx context.Context, st *runState, b int, batch []*outbox
 	}
 	r.m.countParked(class, 1)
 	r.log.Warn("relay: row parked; later rows of its key wait until it is requeued", "relay", r.opts.RelayID, "bucket", b, "id", row.ID, "message_id", row.MessageID.String(), "topic", row.Topic, "key", printableKey(row.Key), "reason", reason, "attempts", s.n)
-	delete(st.retry, b) // the bucket goes on at full speed
-	delete(st.strikes, b)
+	st.clearRetry(b) // the bucket goes on at full speed
+	st.strikes[b] = nil
 	return true, nil
 }
 

@@ -23,8 +23,13 @@ type Relay struct {
 	sampler  PendingMetricsStore // nil: no backlog sampling (Options.MetricsBacklog)
 	parker   Parker              // nil: the store cannot park
 	clockRep ClockOffsetReporter // nil: the store reports no clock offset
+	bytes    ByteBoundedFetcher  // nil: NextBatch, trimmed to MaxBatchBytes afterwards
+	raw      Store               // the store itself; store and the capabilities above may pass through a storeGate (see serialStore)
+	rawBytes ByteBoundedFetcher  // raw's, for prefetch
+	gate     *storeGate          // nil: a ConcurrentStore, or no concurrent call at all (no LeaseRenewer)
 	pub      Publisher
-	prefetch bool // fetch the next bucket's batch during a publish (ConcurrentFetcher)
+	prefetch bool // fetch the next bucket's batch during a publish (ConcurrentFetcher, sequential sweeps)
+	workers  int  // buckets served at once: MaxConcurrentBuckets for a ConcurrentStore with a LeaseRenewer, else 1
 	opts     Options
 	clock    Clock
 	log      *slog.Logger
@@ -36,7 +41,7 @@ type Relay struct {
 	notifierTaken atomic.Bool
 	pollNoticed   atomic.Bool
 	m             *instruments
-	rng           *rand.Rand // jitter; used by Run's goroutine only
+	rng           *rand.Rand // jitter; used under runState.mu only (retryLater)
 
 	running atomic.Bool
 	health  atomic.Pointer[error]          // the latest cycle's error; nil: it succeeded (see Health)
@@ -48,8 +53,12 @@ type Relay struct {
 	zeroUntil    atomic.Int64 // UnixNano validity of the bucket-0 lease; 0 if not owned
 	pending      atomic.Pointer[pendingSample]
 	stuckSince   atomic.Int64 // UnixNano of the first failure of the longest-failing owned head row; 0: none (see noteStuck)
-	publishSince atomic.Int64 // UnixNano, on the relay's clock, of the start of the Publish call in flight; 0: none
 	clockWarned  bool         // the clock offset warning was logged and the offset has not come back within the threshold since; Run's goroutine only
+	publishSince atomic.Int64 // UnixNano, on the relay's clock, of the start of the oldest Publish call in flight; 0: none (see inflight)
+	inflight     inflightPublishes
+
+	phase atomic.Int32  // the loop's phase (phaseWorking, …), read by renewLoop
+	kick  chan struct{} // wakes renewLoop: the leases or the loop's phase changed
 
 	onIdle func() // test hook: called when Run starts an idle wait
 }
@@ -97,14 +106,27 @@ func New(store Store, pub Publisher, opts Options) (*Relay, error) {
 		ownNotifier: o.Notifier == nil,
 		m:           m,
 		rng:         rand.New(rand.NewPCG(h.Sum64(), 0x6f7574626f78)),
+		kick:        make(chan struct{}, 1),
 	}
+	r.raw = store
 	r.renewer, _ = store.(LeaseRenewer)
-	if cf, ok := store.(ConcurrentFetcher); ok && r.renewer != nil {
-		r.prefetch = cf.ConcurrentNextBatch()
-	}
 	r.releaser, _ = store.(LeaseReleaser)
 	r.parker, _ = store.(Parker)
 	r.clockRep, _ = store.(ClockOffsetReporter)
+	r.bytes, _ = store.(ByteBoundedFetcher)
+	r.rawBytes = r.bytes
+	r.workers = 1
+	cs, ok := store.(ConcurrentStore)
+	concurrent := ok && cs.ConcurrentBuckets()
+	if concurrent && r.renewer != nil {
+		r.workers = o.MaxConcurrentBuckets
+	}
+	if cf, ok := store.(ConcurrentFetcher); ok && r.renewer != nil && r.workers == 1 {
+		r.prefetch = cf.ConcurrentNextBatch()
+	}
+	if !concurrent && r.renewer != nil {
+		r.serialize()
+	}
 	if r.parker != nil {
 		for _, reason := range []string{ParkReasonUnpublishable, ParkReasonFailure, ParkReasonCorrupt, ParkReasonHeld} {
 			m.countParked(reason, 0) // every series exists from the start
@@ -114,6 +136,24 @@ func New(store Store, pub Publisher, opts Options) (*Relay, error) {
 		r.sampler = ms
 	}
 	return r, nil
+}
+
+// serialize routes every store call but the backlog sampler's and the
+// prefetch (see ConcurrentFetcher) through a storeGate: the renewal
+// goroutine then never calls the store concurrently with the loop.
+func (r *Relay) serialize() {
+	r.gate = newStoreGate()
+	ss := &serialStore{g: r.gate, s: r.store, ren: r.renewer, rel: r.releaser, park: r.parker, bytes: r.bytes}
+	r.store, r.renewer = ss, ss
+	if r.releaser != nil {
+		r.releaser = ss
+	}
+	if r.parker != nil {
+		r.parker = ss
+	}
+	if r.bytes != nil {
+		r.bytes = ss
+	}
 }
 
 // ID returns the relay id used in the lease table (Options.RelayID or the
@@ -129,20 +169,50 @@ func (r *Relay) Notifier() *Notifier {
 
 // runState is the state of one Run, owned by its goroutine (the lease set
 // is shared with the renewal goroutine under its mutex).
+//
+// The per-bucket state (the slices indexed by bucket) follows one rule: the
+// goroutine serving bucket b in a sweep owns index b of ready, unmarked,
+// parked and strikes while it runs (see sweepConcurrent); the loop touches
+// them only for buckets no worker is serving. retry is the exception that
+// noteStuck reads across buckets during a sweep: its slots and their fields
+// are written under mu only (setRetry, clearRetry, retryLater); the
+// bucket's owner may read its own slot without mu.
 type runState struct {
 	lease         leaseSet
 	attempted     bool // an acquisition was attempted: release on stop
 	nextRebalance time.Time
 	nextDiscovery time.Time
 	discover      bool // discovery forced by new buckets or an unknown hint
-	ready         []bool
-	retry         map[int]*headRetry
-	unmarked      map[int][]*outbox.Message // acknowledged rows whose MarkPublished failed, per bucket
 	hints         []int
-	parked        map[int]map[string]int64 // owned bucket → parked key → its head id; absent: not loaded (see loadParked)
-	strikes       map[int]*strike          // owned bucket → its head row's strikes
-	worked        bool                     // the cycle called the store
-	acquireErr    error                    // the latest acquisition's error, nil after a success
+	worked        atomic.Bool // the cycle called the store
+	acquireErr    error       // the latest acquisition's error, nil after a success
+
+	ready    []bool
+	unmarked [][]*outbox.Message // acknowledged rows whose MarkPublished failed, per bucket
+	parked   []map[string]int64  // bucket → parked key → its head id; nil: not loaded (see loadParked)
+	strikes  []*strike           // bucket → its head row's strikes
+
+	serving int // workers of a concurrent sweep running; read and written by the loop only
+
+	mu    sync.Mutex   // guards writes to retry (see above)
+	retry []*headRetry // bucket → its head row's backoff; nil: none
+}
+
+func newRunState(buckets int) *runState {
+	return &runState{
+		ready:    make([]bool, buckets),
+		unmarked: make([][]*outbox.Message, buckets),
+		parked:   make([]map[string]int64, buckets),
+		strikes:  make([]*strike, buckets),
+		retry:    make([]*headRetry, buckets),
+	}
+}
+
+// clearRetry ends bucket b's backoff.
+func (st *runState) clearRetry(b int) {
+	st.mu.Lock()
+	st.retry[b] = nil
+	st.mu.Unlock()
 }
 
 // headRetry is the backoff state of a bucket whose head row failed, to
@@ -173,8 +243,8 @@ func (e errBucket) Error() string { return e.err.Error() }
 func (e errBucket) Unwrap() error { return e.err }
 
 // Run publishes until ctx is done, then stops: it awaits the in-flight
-// publish (records cannot be retracted), marks its acknowledged prefix if
-// the lease it ran under is still valid, and releases the leases (when the
+// publishes (one per bucket being served; records cannot be retracted),
+// marks each acknowledged prefix if the leases are still valid, and releases the leases (when the
 // store implements LeaseReleaser) so that a peer takes over at once. These
 // steps run on context.WithoutCancel(ctx), so a stop never cancels one
 // already running, and share one budget, Options.StopTimeout, counted from
@@ -250,11 +320,26 @@ func (r *Relay) Run(ctx context.Context) error {
 	r.health.Store(&errNoCycle)
 	r.authErr.Store(nil)
 	r.pubFail.Store(nil)
-	st := &runState{ready: make([]bool, r.opts.BucketCount), retry: map[int]*headRetry{}, unmarked: map[int][]*outbox.Message{},
-		parked: map[int]map[string]int64{}, strikes: map[int]*strike{}}
+	st := newRunState(r.opts.BucketCount)
 	st.nextRebalance = r.clock.Now()
+	r.phase.Store(phaseWorking)
+	// The renewal goroutine runs on cleanup, so that it keeps the leases
+	// while a stop awaits the in-flight publishes; it ends before the
+	// release.
+	renewing, stopRenewing := context.WithCancel(cleanup)
+	defer stopRenewing()
+	var rwg sync.WaitGroup
+	if r.renewer != nil {
+		rwg.Add(1)
+		go func() {
+			defer rwg.Done()
+			r.renewLoop(renewing, st)
+		}()
+	}
 	err = r.loop(ctx, cleanup, st)
 	beginStop() // a fatal error starts the stop too
+	stopRenewing()
+	rwg.Wait()
 	r.stop(release, st)
 	close(stopped)
 	bwg.Wait()
@@ -320,7 +405,7 @@ func (r *Relay) stop(release context.Context, st *runState) {
 func (r *Relay) loop(ctx, cleanup context.Context, st *runState) error {
 	for ctx.Err() == nil {
 		start := r.clock.Now()
-		st.worked = false
+		st.worked.Store(false)
 		err := r.cycle(ctx, cleanup, st)
 		switch {
 		case err == nil && st.acquireErr != nil:
@@ -330,7 +415,7 @@ func (r *Relay) loop(ctx, cleanup context.Context, st *runState) error {
 		default:
 			r.recordHealth(ctx, err)
 		}
-		if st.worked {
+		if st.worked.Load() {
 			r.m.cycleDur.Record(context.Background(), r.clock.Now().Sub(start).Seconds(), r.m.attrs)
 		}
 		var se errStore
@@ -356,7 +441,10 @@ func (r *Relay) loop(ctx, cleanup context.Context, st *runState) error {
 // sweep over the ready buckets.
 func (r *Relay) cycle(ctx, cleanup context.Context, st *runState) error {
 	if !r.clock.Now().Before(st.nextRebalance) {
-		if err := r.acquire(ctx, st); err != nil {
+		r.setPhase(phaseAcquiring)
+		err := r.acquire(ctx, st)
+		r.setPhase(phaseWorking)
+		if err != nil {
 			return err
 		}
 		r.checkClockOffset()
@@ -364,6 +452,7 @@ func (r *Relay) cycle(ctx, cleanup context.Context, st *runState) error {
 			return nil
 		}
 	}
+	r.setPhase(phaseWorking)
 	r.checkLease(st)
 	owned, _, _ := st.lease.snapshot()
 	var unknown bool
@@ -381,7 +470,7 @@ func (r *Relay) cycle(ctx, cleanup context.Context, st *runState) error {
 		st.discover = false
 		st.nextDiscovery = now.Add(r.opts.PollInterval)
 		if !r.allReady(st, owned) {
-			st.worked = true
+			st.worked.Store(true)
 			pending, err := r.store.BucketsWithPending(ctx, owned)
 			if err != nil {
 				st.discover = true
@@ -422,8 +511,12 @@ func (r *Relay) checkClockOffset() {
 }
 
 // sweep publishes one batch of each ready bucket, so that a full bucket
-// cannot starve the others.
+// cannot starve the others: one bucket after the other, or up to
+// MaxConcurrentBuckets at once (see sweepConcurrent).
 func (r *Relay) sweep(ctx, cleanup context.Context, st *runState, owned []int) error {
+	if r.workers > 1 {
+		return r.sweepConcurrent(ctx, cleanup, st, owned)
+	}
 	var pre *prefetch // the next bucket's batch, fetched during a publish
 	defer func() {
 		if pre != nil {
@@ -470,7 +563,7 @@ func (r *Relay) sweep(ctx, cleanup context.Context, st *runState, owned []int) e
 			return err
 		}
 		r.noteStuck(st)
-		if cur, _, _ := st.lease.snapshot(); len(cur) == 0 {
+		if !r.checkLease(st) {
 			return nil // leases dropped
 		}
 	}
@@ -508,9 +601,18 @@ func (r *Relay) startPrefetch(ctx context.Context, b, limit int) *prefetch {
 	p := &prefetch{bucket: b, limit: limit, done: make(chan struct{})}
 	go func() {
 		defer close(p.done)
-		p.batch, p.err = r.store.NextBatch(ctx, b, limit)
+		p.batch, p.err = r.fetch(ctx, r.raw, r.rawBytes, b, limit)
 	}()
 	return p
+}
+
+// fetch reads up to limit rows of bucket b, from bf (bounded by
+// MaxBatchBytes) when the store has it, else from s.
+func (r *Relay) fetch(ctx context.Context, s Store, bf ByteBoundedFetcher, b, limit int) ([]*outbox.Message, error) {
+	if bf != nil {
+		return bf.NextBatchBytes(ctx, b, limit, r.opts.MaxBatchBytes)
+	}
+	return s.NextBatch(ctx, b, limit)
 }
 
 func (p *prefetch) wait() ([]*outbox.Message, error) {
@@ -521,19 +623,25 @@ func (p *prefetch) wait() ([]*outbox.Message, error) {
 // drainOnce fetches and publishes one batch of bucket b, then marks the
 // acknowledged prefix on cleanup, which a stop does not cancel.
 //
+// It may run on a worker goroutine of a concurrent sweep: it touches only
+// bucket b's state (see runState) and checks the leases without dropping
+// them (leaseValid: the sweep drops an invalid set once it ends). Every
+// step that changes b's rows (MarkPublished, parking) is preceded by that
+// check.
+//
 // fetched, when non-nil, is b's batch fetched during the previous publish
 // (see ConcurrentFetcher); startNext is called just before the publish, to
 // fetch the next bucket's batch meanwhile.
 func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fetched *prefetch, startNext func()) error {
 	hr := st.retry[b]
 	limit := r.batchLimit(st, b)
-	if !r.checkLease(st) {
+	if !r.leaseValid(st) {
 		if fetched != nil {
 			fetched.wait()
 		}
 		return nil
 	}
-	st.worked = true
+	st.worked.Store(true)
 	if done := st.unmarked[b]; done != nil {
 		// The broker acknowledged these rows but deleting them failed:
 		// delete them again rather than publish them again. A batch
@@ -543,13 +651,13 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 			fetched = nil
 		}
 		if cur, _, _ := st.lease.snapshot(); !containsSorted(cur, b) {
-			delete(st.unmarked, b)
+			st.unmarked[b] = nil
 			return nil
 		}
 		if err := r.store.MarkPublished(cleanup, b, done); err != nil {
 			return errBucket{fmt.Errorf("relay: bucket %d: mark published (again): %w", b, err)}
 		}
-		delete(st.unmarked, b)
+		st.unmarked[b] = nil
 	}
 	var batch []*outbox.Message
 	var err error
@@ -559,7 +667,7 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 		if fetched != nil {
 			fetched.wait()
 		}
-		batch, err = r.store.NextBatch(ctx, b, limit)
+		batch, err = r.fetch(ctx, r.store, r.bytes, b, limit)
 	}
 	if err != nil {
 		var ce *CorruptRowError
@@ -570,13 +678,14 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 	}
 	if len(batch) == 0 {
 		st.ready[b] = false
-		delete(st.retry, b)
-		delete(st.strikes, b)
+		st.clearRetry(b)
+		st.strikes[b] = nil
 		return nil
 	}
 	if len(batch) > limit {
 		batch = batch[:limit]
 	}
+	batch, over := trimToBytes(batch, r.opts.MaxBatchBytes)
 	failpoint("relay/after-fetch")
 	// Rows of a parked key are held behind it, not published; pub is the
 	// rest, in order (see Parker).
@@ -584,11 +693,11 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 	if err != nil || !ok {
 		return err
 	}
-	drained := hr == nil && len(batch) < limit && !truncated
+	drained := hr == nil && len(batch) < limit && !truncated && !over
 	if len(pub) == 0 {
 		// Every fetched row was held: the bucket's head moved on.
-		delete(st.retry, b)
-		delete(st.strikes, b)
+		st.clearRetry(b)
+		st.strikes[b] = nil
 		if drained {
 			st.ready[b] = false
 		}
@@ -603,7 +712,7 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 				return err
 			}
 		}
-		if !r.checkLease(st) {
+		if !r.leaseValid(st) {
 			return nil
 		}
 		if cur, _, _ := st.lease.snapshot(); !containsSorted(cur, b) {
@@ -614,12 +723,12 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 			return errStore{fmt.Errorf("relay: bucket %d: lease shorter than MaxPublishDuration + LeaseRenewInterval", b)}
 		}
 	}
-	if !r.checkLease(st) {
+	if !r.leaseValid(st) {
 		return nil
 	}
 
 	startNext()
-	res, took := r.publish(cleanup, st, pub)
+	res, took := r.publish(cleanup, pub)
 	failpoint("relay/after-ack")
 	ack := min(max(res.Acknowledged, 0), len(pub))
 	r.m.publishDur.Record(context.Background(), took.Seconds(), r.m.attrs)
@@ -638,7 +747,7 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 	}
 
 	if ack > 0 {
-		if !r.checkLease(st) {
+		if !r.leaseValid(st) {
 			return fatal // a peer may own the rows now: mark nothing
 		}
 		failpoint("relay/during-delete")
@@ -666,24 +775,25 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 		if parked, err := r.strike(ctx, st, b, pub, ack, res.Err); parked || err != nil {
 			return err
 		}
-		hr, wait := r.retryLater(st, b)
-		hr.storeErr = nil
-		hr.published = true
+		hr, wait := r.retryLater(st, b, nil, true)
 		r.log.Warn("relay: publish failed; retrying the head row alone", "relay", r.opts.RelayID, "bucket", b, "acknowledged", ack, "batch", len(pub), "attempt", hr.attempts, "backoff", wait, "error", res.Err)
 		return nil
 	}
-	delete(st.retry, b)
-	delete(st.strikes, b)
+	st.clearRetry(b)
+	st.strikes[b] = nil
 	if drained {
 		st.ready[b] = false // drained; a hint or discovery brings it back
 	}
 	return nil
 }
 
-// retryLater records one more failure of bucket b's head row and returns
-// the bucket's backoff state and its new wait.
-func (r *Relay) retryLater(st *runState, b int) (*headRetry, time.Duration) {
+// retryLater records one more failure of bucket b's head row, a store
+// error (storeErr) or a failed publish (storeErr nil, published), and
+// returns the bucket's backoff state and its new wait.
+func (r *Relay) retryLater(st *runState, b int, storeErr error, published bool) (*headRetry, time.Duration) {
 	now := r.clock.Now()
+	st.mu.Lock()
+	defer st.mu.Unlock()
 	hr := st.retry[b]
 	if hr == nil {
 		hr = &headRetry{since: now}
@@ -692,6 +802,8 @@ func (r *Relay) retryLater(st *runState, b int) (*headRetry, time.Duration) {
 	hr.attempts++
 	wait := r.backoff(hr.attempts)
 	hr.notBefore = now.Add(wait)
+	hr.storeErr = storeErr
+	hr.published = hr.published || published
 	return hr, wait
 }
 
@@ -705,8 +817,7 @@ func (r *Relay) bucketFailed(st *runState, b int, err error) {
 	if cur, _, _ := st.lease.snapshot(); !containsSorted(cur, b) {
 		return // lost meanwhile: its state is forgotten
 	}
-	hr, wait := r.retryLater(st, b)
-	hr.storeErr = err
+	hr, wait := r.retryLater(st, b, err, false)
 	r.log.Warn("relay: bucket store error; backing off this bucket, the others go on", "relay", r.opts.RelayID, "bucket", b, "attempt", hr.attempts, "backoff", wait, "failing_for", r.clock.Now().Sub(hr.since), "error", err)
 }
 
@@ -733,14 +844,21 @@ func (r *Relay) everyBucketFailing(st *runState) error {
 func (r *Relay) noteStuck(st *runState) {
 	var oldest time.Time
 	publishing := false
+	st.mu.Lock()
 	for _, hr := range st.retry {
+		if hr == nil {
+			continue
+		}
 		if oldest.IsZero() || hr.since.Before(oldest) {
 			oldest = hr.since
 		}
 		publishing = publishing || hr.published
 	}
-	if !publishing {
-		r.pubFail.Store(nil) // no failed publish is being retried
+	st.mu.Unlock()
+	if !publishing && st.serving == 0 {
+		// No failed publish is being retried. (A worker still running may
+		// have failed one and not yet recorded its retry: judge after it.)
+		r.pubFail.Store(nil)
 	}
 	if oldest.IsZero() {
 		r.stuckSince.Store(0)
@@ -749,22 +867,22 @@ func (r *Relay) noteStuck(st *runState) {
 	}
 }
 
-// publish calls the publisher beside a guard goroutine that renews the
-// leases. The publish runs on cleanup, not on Run's ctx: records cannot be
-// retracted, so a stop awaits it, up to the stop budget.
-func (r *Relay) publish(cleanup context.Context, st *runState, batch []*outbox.Message) (res Result, took time.Duration) {
+// publish calls the publisher. The publish runs on cleanup, not on Run's
+// ctx: records cannot be retracted, so a stop awaits it, up to the stop
+// budget. The leases are renewed meanwhile by renewLoop, not here.
+func (r *Relay) publish(cleanup context.Context, batch []*outbox.Message) (res Result, took time.Duration) {
 	pubCtx, cancel := context.WithCancel(cleanup)
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		r.guardPublish(pubCtx, st, done)
+		r.watchPublish(pubCtx, done)
 	}()
 	start := r.clock.Now()
-	r.publishSince.Store(start.UnixNano())
+	token := r.inflight.begin(r, start)
 	res = r.callPublisher(pubCtx, batch)
-	r.publishSince.Store(0)
+	r.inflight.end(r, token)
 	took = r.clock.Now().Sub(start)
 	close(done)
 	cancel()
@@ -825,6 +943,7 @@ func (r *Relay) idle(ctx context.Context, st *runState) {
 	}
 	t := r.clock.NewTimer(deadline.Sub(now))
 	defer t.Stop()
+	r.setPhase(phaseIdle) // the wait ends by the rebalance: see renewLoop
 	if r.onIdle != nil {
 		r.onIdle()
 	}

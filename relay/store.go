@@ -12,9 +12,10 @@ import (
 // MySQL/MariaDB and SQLite; storetest checks any implementation.
 //
 // The relay calls Store methods from one goroutine at a time (lease renewal
-// runs concurrently with a publish, never with another Store call except the
-// optional PendingMetrics, which has its own goroutine), unless the store
-// implements ConcurrentFetcher. Every method must honour ctx.
+// runs on its own goroutine, concurrently with publishes, never with another
+// Store call except the optional PendingMetrics, which has its own
+// goroutine), unless the store implements ConcurrentFetcher or
+// ConcurrentStore. Every method must honour ctx.
 type Store interface {
 	// AcquireBucketLeases runs one acquisition round for relayID: it records
 	// a heartbeat, takes or keeps this relay's fair share of the bucketCount

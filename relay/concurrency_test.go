@@ -1,0 +1,436 @@
+package relay_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+
+	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/relay"
+	"github.com/gorm-outbox/outbox/relay/relaytest"
+)
+
+// concurrentStore is a MemStore (safe for concurrent use) that declares it
+// to the relay as a relay.ConcurrentStore.
+type concurrentStore struct{ *relaytest.MemStore }
+
+func (concurrentStore) ConcurrentBuckets() bool { return true }
+
+func asConcurrent(m *relaytest.MemStore) relay.Store { return concurrentStore{m} }
+
+// checkPublishedOnce fails unless every row of want was published exactly
+// once, each bucket's rows in id order, and nothing else was published.
+func checkPublishedOnce(t *testing.T, calls [][]*outbox.Message, want int) {
+	t.Helper()
+	seen := map[int64]bool{}
+	last := map[int32]int64{}
+	for _, call := range calls {
+		for _, m := range call {
+			if seen[m.ID] {
+				t.Fatalf("row %d published twice", m.ID)
+			}
+			seen[m.ID] = true
+			if m.ID < last[m.Bucket] {
+				t.Fatalf("bucket %d: row %d published after row %d; want id order", m.Bucket, m.ID, last[m.Bucket])
+			}
+			last[m.Bucket] = m.ID
+		}
+	}
+	if len(seen) != want {
+		t.Fatalf("published %d rows; want %d", len(seen), want)
+	}
+}
+
+// TestLeaseRenewedDuringLongSweep: a sweep over many buckets whose every
+// NextBatch and MarkPublished takes a second of the (manual) clock lasts far
+// longer than the 30 s lease; the renewal goroutine keeps the leases meanwhile,
+// so they are never lost, the store never sees them expire, and every row is
+// published once. Both for a store called one call at a time (the renewal
+// waits for the store call in progress, then goes first) and for a
+// ConcurrentStore served four buckets at once.
+func TestLeaseRenewedDuringLongSweep(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		wrap func(*relaytest.MemStore) relay.Store
+	}{
+		{"serial_store", nil},
+		{"concurrent_store", asConcurrent},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const buckets, rows = 16, 3
+			reader := sdkmetric.NewManualReader()
+			h := newHarness(t, relay.Options{BucketCount: buckets, BatchSize: 1, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}, tc.wrap)
+			for b := range buckets {
+				h.store.AddToBucket(b, msgs(rows, "t")...)
+			}
+			var mu sync.Mutex
+			var lapses []string
+			h.store.SetHook(func(ctx context.Context, op string) error {
+				if err := h.ops.hook(ctx, op); err != nil {
+					return err
+				}
+				if op != relaytest.OpNextBatch && op != relaytest.OpMarkPublished {
+					return nil
+				}
+				if owners := h.store.Owners(); len(owners) > 0 && len(owners) != buckets {
+					mu.Lock()
+					lapses = append(lapses, fmt.Sprintf("at +%v the store holds %d leases; want %d", h.clock.Now().Sub(t0), len(owners), buckets))
+					mu.Unlock()
+				}
+				h.clock.Advance(time.Second) // a slow database
+				// Let the renewal goroutine settle on the moved clock: its
+				// next renewal in the future, or queued for the store.
+				h.waitFor("the renewal goroutine to settle", func() bool {
+					next, ok := h.clock.NextDeadline()
+					return ok && next.After(h.clock.Now()) || relay.RenewalWaiting(h.r)
+				})
+				return nil
+			})
+			h.start()
+			h.waitFor("store empty", func() bool { return h.store.Len() == 0 })
+			mu.Lock()
+			defer mu.Unlock()
+			if len(lapses) > 0 {
+				t.Fatalf("leases lapsed during the sweep: %v", lapses)
+			}
+			span := h.clock.Now().Sub(t0)
+			if span < 3*relay.DefaultLeaseDuration {
+				t.Fatalf("the work took %v of the clock; want several lease durations", span)
+			}
+			if got := collect(t, reader).values[relay.MetricLeaseExpirations]; got != 0 {
+				t.Fatalf("%s = %v; want 0", relay.MetricLeaseExpirations, got)
+			}
+			if n := h.ops.count(relaytest.OpRenew); n < int(span/relay.DefaultLeaseDuration) {
+				t.Fatalf("%d renewals over %v; want them every renew interval while working", n, span)
+			}
+			checkPublishedOnce(t, h.pub.Calls(), buckets*rows)
+			t.Logf("%v of work, %d renewals, %d acquisitions", span, h.ops.count(relaytest.OpRenew), h.ops.count(relaytest.OpAcquire))
+		})
+	}
+}
+
+// TestConcurrentBucketsKeepOrder: a ConcurrentStore's buckets are served
+// several at once (never more than MaxConcurrentBuckets), by a publisher of
+// random latency, and each bucket's rows are still published in id order,
+// each once, and deleted.
+func TestConcurrentBucketsKeepOrder(t *testing.T) {
+	const buckets, rows, workers = 16, 40, 4
+	h := newHarness(t, relay.Options{BucketCount: buckets, BatchSize: 3, MaxConcurrentBuckets: workers}, asConcurrent)
+	if got := relay.Workers(h.r); got != workers {
+		t.Fatalf("workers = %d; want %d", got, workers)
+	}
+	for b := range buckets {
+		h.store.AddToBucket(b, msgs(rows, "t")...)
+	}
+	var inFlight, most atomic.Int32
+	overlap := make(chan struct{})
+	var once sync.Once
+	var mu sync.Mutex
+	rng := rand.New(rand.NewPCG(1, 2))
+	h.pub.SetHandler(func(ctx context.Context, b []*outbox.Message) relay.Result {
+		n := inFlight.Add(1)
+		defer inFlight.Add(-1)
+		for {
+			m := most.Load()
+			if n <= m || most.CompareAndSwap(m, n) {
+				break
+			}
+		}
+		if n >= 2 {
+			once.Do(func() { close(overlap) })
+		}
+		// The first publishes wait for a second one to overlap them.
+		select {
+		case <-overlap:
+		case <-time.After(waitLimit):
+		}
+		mu.Lock()
+		yields := rng.IntN(200)
+		fail := rng.IntN(10) == 0
+		mu.Unlock()
+		for range yields { // random latency
+			runtime.Gosched()
+		}
+		if fail && len(b) > 1 {
+			return relay.Result{Acknowledged: len(b) / 2, Err: errBroker}
+		}
+		return relay.Result{Acknowledged: len(b)}
+	})
+	h.start()
+	for h.store.Len() > 0 {
+		h.advanceIdle(relay.DefaultErrorBackoff) // failed batches back off
+	}
+	if m := most.Load(); m < 2 || m > workers {
+		t.Fatalf("at most %d publishes in flight at once; want 2 to %d", m, workers)
+	}
+	acked := map[int64]int{}
+	last := map[int32]int64{}
+	for _, m := range h.pub.Acknowledged() {
+		acked[m.ID]++
+		if acked[m.ID] > 1 {
+			t.Fatalf("row %d acknowledged twice", m.ID)
+		}
+		if m.ID < last[m.Bucket] {
+			t.Fatalf("bucket %d: row %d acknowledged after row %d; want id order", m.Bucket, m.ID, last[m.Bucket])
+		}
+		last[m.Bucket] = m.ID
+	}
+	if len(acked) != buckets*rows {
+		t.Fatalf("acknowledged %d rows; want %d", len(acked), buckets*rows)
+	}
+	t.Logf("%d publish calls, at most %d in flight", len(h.pub.Calls()), most.Load())
+}
+
+// lostRenewal is a concurrent MemStore whose renewals report the leases
+// lost once lose is set.
+type lostRenewal struct {
+	concurrentStore
+	lose atomic.Bool
+	lost atomic.Int32 // renewals answered false
+}
+
+func (l *lostRenewal) RenewBucketLeases(ctx context.Context, id string, b []int, d time.Duration) (bool, error) {
+	if l.lose.Load() {
+		l.lost.Add(1)
+		return false, nil
+	}
+	return l.MemStore.RenewBucketLeases(ctx, id, b, d)
+}
+
+// TestConcurrentLeaseLostMidFlight: with four publishes in flight, a
+// renewal reports the leases lost; none of the four batches is deleted
+// (they are published again under the reacquired leases).
+func TestConcurrentLeaseLostMidFlight(t *testing.T) {
+	var ls *lostRenewal
+	h := newHarness(t, relay.Options{BucketCount: 4, MaxConcurrentBuckets: 4}, func(m *relaytest.MemStore) relay.Store {
+		ls = &lostRenewal{concurrentStore: concurrentStore{m}}
+		return ls
+	})
+	for b := range 4 {
+		h.store.AddToBucket(b, msgs(2, "t")...)
+	}
+	release := make(chan struct{})
+	var releaseOnce sync.Once
+	t.Cleanup(func() { releaseOnce.Do(func() { close(release) }) })
+	var first atomic.Int32
+	h.pub.SetHandler(func(ctx context.Context, b []*outbox.Message) relay.Result {
+		if first.Add(1) <= 4 {
+			<-release
+		}
+		return relay.Result{Acknowledged: len(b)}
+	})
+	h.start()
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	if !h.pub.WaitCalls(ctx, 4) {
+		t.Fatal("four publishes did not start")
+	}
+	ls.lose.Store(true)
+	h.clock.WaitForWaiters(ctx, 1) // the renewal timer
+	h.clock.Advance(relay.DefaultLeaseRenewInterval)
+	h.waitFor("the renewal", func() bool { return ls.lost.Load() >= 1 })
+	marks := h.ops.count(relaytest.OpMarkPublished)
+	ls.lose.Store(false)
+	releaseOnce.Do(func() { close(release) })
+	h.waitFor("store empty", func() bool { return h.store.Len() == 0 })
+	if marks != 0 {
+		t.Fatalf("MarkPublished calls before the release = %d; want 0", marks)
+	}
+	calls := h.pub.Calls()
+	if len(calls) < 8 {
+		t.Fatalf("publish calls = %d; want the 4 batches published under the lost leases published again", len(calls))
+	}
+	again := map[int64]bool{}
+	for _, c := range calls[4:] {
+		for _, m := range c {
+			again[m.ID] = true
+		}
+	}
+	for _, c := range calls[:4] {
+		for _, m := range c {
+			if !again[m.ID] {
+				t.Fatalf("row %d, published under the lost leases, was deleted; want it published again", m.ID)
+			}
+		}
+	}
+}
+
+// TestConcurrentFailingBucketBacksOffAlone: bucket 0's head row fails and
+// backs off while the other buckets are served, concurrently, to the end;
+// the head row is retried alone after its backoff.
+func TestConcurrentFailingBucketBacksOffAlone(t *testing.T) {
+	h := newHarness(t, relay.Options{BucketCount: 4, BatchSize: 2, ErrorBackoff: time.Second}, asConcurrent)
+	poison := msgs(3, "poison")
+	h.store.AddToBucket(0, poison...)
+	for b := 1; b < 4; b++ {
+		h.store.AddToBucket(b, msgs(10, "healthy")...)
+	}
+	var healed atomic.Bool
+	h.pub.SetHandler(relaytest.FailWhere(func(m *outbox.Message) error {
+		if m.ID == poison[0].ID && !healed.Load() {
+			return errBroker
+		}
+		return nil
+	}))
+	h.start()
+	h.waitFor("the healthy buckets drained", func() bool { return h.store.Len() == 3 })
+	var poisonCalls int
+	for _, c := range h.pub.Calls() {
+		if c[0].Bucket == 0 {
+			poisonCalls++
+		}
+	}
+	if poisonCalls != 1 {
+		t.Fatalf("publishes of bucket 0 before its backoff elapsed = %d; want 1", poisonCalls)
+	}
+	healed.Store(true)
+	h.drainIdle()
+	h.clock.Advance(time.Second) // the jittered backoff is at most ErrorBackoff
+	h.waitFor("store empty", func() bool { return h.store.Len() == 0 })
+	var zero [][]*outbox.Message
+	for _, c := range h.pub.Calls() {
+		if c[0].Bucket == 0 {
+			zero = append(zero, c)
+		}
+	}
+	if len(zero) < 2 || len(zero[1]) != 1 || zero[1][0].ID != poison[0].ID {
+		t.Fatalf("bucket 0's publishes %v; want the head row %d retried alone", zero, poison[0].ID)
+	}
+}
+
+// TestConcurrentStopAwaitsInflightPublishes: a stop while three buckets'
+// publishes are in flight waits for all of them, marks them, and returns.
+func TestConcurrentStopAwaitsInflightPublishes(t *testing.T) {
+	h := newHarness(t, relay.Options{BucketCount: 3}, asConcurrent)
+	for b := range 3 {
+		h.store.AddToBucket(b, msgs(2, "t")...)
+	}
+	release := make(chan struct{})
+	h.pub.SetHandler(func(ctx context.Context, b []*outbox.Message) relay.Result {
+		<-release
+		return relay.Result{Acknowledged: len(b)}
+	})
+	h.start()
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	if !h.pub.WaitCalls(ctx, 3) {
+		t.Fatal("three publishes did not start")
+	}
+	h.cancel()
+	// Parked: the renewal timer and the stop budget's timer.
+	if !h.clock.WaitForWaiters(ctx, 2) {
+		t.Fatal("no stop budget timer")
+	}
+	select {
+	case err := <-h.done:
+		t.Fatalf("Run returned %v with three publishes in flight", err)
+	default:
+	}
+	close(release)
+	if err := h.stop(); err != nil {
+		t.Fatalf("Run = %v; want nil", err)
+	}
+	if got := h.store.Len(); got != 0 {
+		t.Fatalf("pending after the stop = %d; want 0 (the in-flight batches marked)", got)
+	}
+	if got := h.ops.count(relaytest.OpRelease); got != 1 {
+		t.Fatalf("ReleaseBucketLeases calls = %d; want 1", got)
+	}
+}
+
+// heldFetch is a concurrent MemStore whose NextBatch of bucket 1 waits
+// for hold to be closed.
+type heldFetch struct {
+	concurrentStore
+	hold chan struct{}
+}
+
+func (s heldFetch) NextBatch(ctx context.Context, b, limit int) ([]*outbox.Message, error) {
+	if b == 1 {
+		<-s.hold
+	}
+	return s.MemStore.NextBatch(ctx, b, limit)
+}
+
+// TestInflightAgeIsTheOldestPublish: with two publishes in flight, started
+// 3 s apart, the inflight-age gauge reports the older one's age.
+func TestInflightAgeIsTheOldestPublish(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	hold := make(chan struct{})
+	h := newHarness(t, relay.Options{BucketCount: 2, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}, func(m *relaytest.MemStore) relay.Store {
+		return heldFetch{concurrentStore{m}, hold}
+	})
+	h.store.AddToBucket(0, msgs(1, "t")...)
+	h.store.AddToBucket(1, msgs(1, "t")...)
+	started := make(chan int32, 2)
+	releases := []chan struct{}{make(chan struct{}), make(chan struct{})}
+	h.pub.SetHandler(func(ctx context.Context, b []*outbox.Message) relay.Result {
+		started <- b[0].Bucket
+		<-releases[b[0].Bucket]
+		return relay.Result{Acknowledged: len(b)}
+	})
+	age := func() float64 { return collect(t, reader).values[relay.MetricPublishInflightAge] }
+	h.start()
+	if b := <-started; b != 0 {
+		t.Fatalf("first publish of bucket %d; want 0", b)
+	}
+	h.clock.Advance(3 * time.Second) // less than the renew interval
+	close(hold)
+	<-started
+	h.clock.Advance(2 * time.Second)
+	if got := age(); got != 5 {
+		t.Fatalf("inflight age with publishes 5 s and 2 s old = %v; want 5", got)
+	}
+	close(releases[0])
+	h.waitFor("bucket 0 marked", func() bool { return len(h.store.Pending(0)) == 0 })
+	if got := age(); got != 2 {
+		t.Fatalf("inflight age with one publish 2 s old = %v; want 2", got)
+	}
+	close(releases[1])
+	h.waitFor("age back to 0", func() bool { return age() == 0 })
+}
+
+// TestMaxConcurrentBucketsOneIsSequential: a ConcurrentStore with
+// MaxConcurrentBuckets 1 never has two publishes in flight.
+func TestMaxConcurrentBucketsOneIsSequential(t *testing.T) {
+	h := newHarness(t, relay.Options{BucketCount: 4, BatchSize: 2, MaxConcurrentBuckets: 1}, asConcurrent)
+	for b := range 4 {
+		h.store.AddToBucket(b, msgs(6, "t")...)
+	}
+	var inFlight atomic.Int32
+	var overlapped atomic.Bool
+	h.pub.SetHandler(func(ctx context.Context, b []*outbox.Message) relay.Result {
+		if inFlight.Add(1) > 1 {
+			overlapped.Store(true)
+		}
+		runtime.Gosched()
+		inFlight.Add(-1)
+		return relay.Result{Acknowledged: len(b)}
+	})
+	h.start()
+	h.waitFor("store empty", func() bool { return h.store.Len() == 0 })
+	if overlapped.Load() {
+		t.Fatal("two publishes overlapped with MaxConcurrentBuckets 1")
+	}
+	calls := h.pub.Calls()
+	if got := bucketsOf(calls[:4]); !slices.Equal(got, []int32{0, 1, 2, 3}) {
+		t.Fatalf("first sweep served buckets %v; want 0, 1, 2, 3 in order", got)
+	}
+	checkPublishedOnce(t, calls, 24)
+}
+
+func TestNegativeNewOptions(t *testing.T) {
+	for _, o := range []relay.Options{{MaxConcurrentBuckets: -1}, {MaxBatchBytes: -1}} {
+		if _, err := relay.New(relaytest.NewMemStore(8, nil), relaytest.NewPublisher(), o); err == nil {
+			t.Errorf("New(%+v) = nil error; want one", o)
+		}
+	}
+}
