@@ -3,7 +3,6 @@ package gormstore
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -97,51 +96,54 @@ func (s *Store) ConcurrentNextBatch() bool { return s.db.Dialector.Name() != "sq
 //	WHERE bucket >= $1 AND bucket <= $1 AND parked_at_ms IS NULL
 //	ORDER BY bucket, parked_at_ms, id LIMIT $2
 //
-// Each row is decoded in Go (the message id and the headers are scanned as
-// raw bytes). A row it cannot decode — a message id that is not a UUID (MySQL
-// and SQLite store it as text), a header blob of an unknown codec version, an
-// unparsable created_at — ends the batch: the rows before it are returned
-// with a nil error, and when it is the first row NextBatch returns a
-// *relay.CorruptRowError naming it, for the relay to park it.
+// run through database/sql with hand-scanned columns (see "The hot path"
+// in hotpath.go). Each row is decoded in Go (the message id and the headers
+// are read as raw bytes). A row it cannot decode — a message id that is not
+// a UUID (MySQL and SQLite store it as text), a header blob of an unknown
+// codec version, an unparsable created_at — ends the batch: the rows before
+// it are returned with a nil error, and when it is the first row NextBatch
+// returns a *relay.CorruptRowError naming it, for the relay to park it.
+//
+// "bucket >= ? AND bucket <= ?" with ORDER BY bucket, parked_at_ms, id, not
+// "bucket = ?" with ORDER BY id: with the equality, PostgreSQL's planner
+// often walks the primary key in id order and filters by bucket, reading
+// every row of the other buckets (and every dead row) ahead of this
+// bucket's head: 130 ms instead of under 1 ms per batch once the buckets
+// drift apart. The range form (with parked_at_ms, constant NULL here, in
+// the ORDER BY) matches only the (bucket, parked_at_ms, id) index's order,
+// which PostgreSQL then walks from the bucket's first unparked entry, never
+// reading the parked ones, without a sort.
 func (s *Store) NextBatch(ctx context.Context, bucket, limit int) ([]*outbox.Message, error) {
+	return s.nextBatch(ctx, bucket, limit, 0)
+}
+
+// NextBatchBytes is NextBatch bounded in bytes as well as rows: it stops
+// adding rows once the sum of len(Key)+len(Value)+len(encoded headers) of
+// the batch would exceed maxBytes, and then stops reading (it closes the
+// cursor; the statement's LIMIT is still limit). The batch holds at least
+// one row whatever its size. maxBytes <= 0 means no byte bound. A row past
+// the bound is not decoded: when it is corrupt, the next batch reports it.
+func (s *Store) NextBatchBytes(ctx context.Context, bucket, limit int, maxBytes int64) ([]*outbox.Message, error) {
+	return s.nextBatch(ctx, bucket, limit, maxBytes)
+}
+
+func (s *Store) nextBatch(ctx context.Context, bucket, limit int, maxBytes int64) ([]*outbox.Message, error) {
 	if limit <= 0 {
 		return nil, nil
 	}
 	var msgs []*outbox.Message
 	var corrupt *relay.CorruptRowError
-	// "bucket >= ? AND bucket <= ?" with ORDER BY bucket, parked_at_ms, id,
-	// not "bucket = ?" with ORDER BY id: with the equality, PostgreSQL's
-	// planner often walks the primary key in id order and filters by bucket,
-	// reading every row of the other buckets (and every dead row) ahead of
-	// this bucket's head: 130 ms instead of under 1 ms per batch once the
-	// buckets drift apart. The range form (with parked_at_ms, constant NULL
-	// here, in the ORDER BY) matches only the (bucket, parked_at_ms, id)
-	// index's order, which PostgreSQL then walks from the bucket's first
-	// unparked entry, never reading the parked ones, without a sort.
 	if err := s.read(ctx, s.msgs, func(q *gorm.DB) error {
 		msgs, corrupt = nil, nil
-		rows, err := q.Table(s.msgs).Select(batchColumns).
-			Where("bucket >= ? AND bucket <= ? AND parked_at_ms IS NULL", bucket, bucket).
-			Order("bucket, parked_at_ms, id").Limit(limit).Rows()
-		if err != nil {
-			return err
+		query := s.rawPrefix() + s.hot.nextBatch
+		args := []any{bucket, bucket, limit}
+		begin := time.Now()
+		rows, err := queryRows(q, query, args...)
+		if err == nil {
+			msgs, corrupt, err = scanBatch(rows, limit, maxBytes)
 		}
-		defer rows.Close()
-		for rows.Next() {
-			var r rawRow
-			if err := rows.Scan(&r.id, &r.messageID, &r.bucket, &r.topic, &r.key, &r.value, &r.headers, &r.partition, &r.createdAt); err != nil {
-				return err
-			}
-			m, err := r.decode()
-			if err != nil {
-				if len(msgs) == 0 {
-					corrupt = &relay.CorruptRowError{ID: r.id, Bucket: int(r.bucket), Err: err}
-				}
-				break
-			}
-			msgs = append(msgs, m)
-		}
-		return rows.Err()
+		trace(q, begin, query, args, int64(len(msgs)), err)
+		return err
 	}); err != nil {
 		return nil, fmt.Errorf("gormstore: bucket %d: next batch: %w", bucket, err)
 	}
@@ -151,87 +153,112 @@ func (s *Store) NextBatch(ctx context.Context, bucket, limit int) ([]*outbox.Mes
 	return msgs, nil
 }
 
-// batchColumns are the columns NextBatch reads, in rawRow's scan order.
+// scanBatch reads NextBatch's rows (and closes them): at most limit, and,
+// when maxBytes > 0, no more bytes than maxBytes unless the first row alone
+// is larger.
+func scanBatch(rows *sql.Rows, limit int, maxBytes int64) ([]*outbox.Message, *relay.CorruptRowError, error) {
+	defer rows.Close()
+	sc := newBatchScanner()
+	msgs := make([]*outbox.Message, 0, min(limit, 64))
+	var total int64
+	for rows.Next() {
+		if err := rows.Scan(sc.dest...); err != nil {
+			return nil, nil, err
+		}
+		size := sc.size()
+		if maxBytes > 0 && len(msgs) > 0 && total+size > maxBytes {
+			break
+		}
+		m, err := sc.message(limit - len(msgs))
+		if err != nil {
+			if len(msgs) == 0 {
+				return nil, &relay.CorruptRowError{ID: sc.id.v, Bucket: int(sc.bucket.v), Err: err}, nil
+			}
+			break
+		}
+		total += size
+		msgs = append(msgs, m)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, nil, err
+	}
+	return msgs, nil, nil
+}
+
+// batchColumns are the columns NextBatch reads, in batchScanner's order.
 const batchColumns = "id, message_id, bucket, topic, record_key, record_value, headers, record_partition, created_at"
 
-// rawRow is a row of the messages table as NextBatch scans it: nothing that
-// can fail to decode is decoded by the driver, so that a corrupt row is told
-// apart from a failing read. created_at is read by the store itself, so that
-// a MySQL DSN without parseTime=true (the driver's default), which returns
-// DATETIME as text, works as well as one with it.
-type rawRow struct {
-	id        int64
-	messageID any // uuid text, as a string or []byte
-	bucket    int32
-	topic     string
-	key       []byte
-	value     []byte
-	headers   []byte
-	partition sql.NullInt32
-	createdAt any // time.Time, or text (SQLite, MySQL without parseTime)
-}
-
-// messageIDOf decodes a stored message id: text in a form uuid.Parse
-// accepts (never 16 raw bytes: in a text column, 16 characters are not a
-// UUID).
-func messageIDOf(v any) (outbox.UUID, error) {
-	var s string
-	switch x := v.(type) {
-	case string:
-		s = x
-	case []byte:
-		s = string(x)
-	case nil:
-		return outbox.UUID{}, errors.New("message_id is NULL")
-	default:
-		return outbox.UUID{}, fmt.Errorf("message_id: unexpected %T", v)
-	}
-	return outbox.ParseUUID(s)
-}
-
-func (r *rawRow) decode() (*outbox.Message, error) {
-	id, err := messageIDOf(r.messageID)
-	if err != nil {
-		return nil, err
-	}
-	h, err := outbox.DecodeHeaders(r.headers)
-	if err != nil {
-		return nil, err
-	}
-	created, err := parseTime(r.createdAt)
-	if err != nil {
-		return nil, fmt.Errorf("created_at: %w", err)
-	}
-	m := &outbox.Message{
-		ID: r.id, MessageID: id, Bucket: r.bucket, Topic: r.topic,
-		Key: r.key, Value: r.value, Headers: h, CreatedAt: created,
-	}
-	if r.partition.Valid {
-		p := r.partition.Int32
-		m.Partition = &p
-	}
-	return m, nil
-}
-
 // MarkPublished implements relay.Store: it deletes exactly the given rows of
-// bucket, by primary key (in statements of at most 1000 ids):
+// bucket, by primary key, unless parked, each statement in autocommit (no
+// transaction around it): on PostgreSQL one statement per 10,000 ids,
 //
-//	DELETE FROM messages WHERE bucket = $1 AND id IN ($2, …)
+//	DELETE FROM messages WHERE bucket = $1 AND parked_at_ms IS NULL AND id = ANY($2::bigint[])
+//
+// elsewhere one per 1000 ids,
+//
+//	DELETE FROM messages WHERE bucket = ? AND parked_at_ms IS NULL AND id IN (?, …)
+//
+// Each id is one probe of the primary key (or of the (bucket, parked_at_ms,
+// id) index with all three columns bound), so the cost does not grow with
+// the rows, live or dead, of the bucket
+// (TestHotPathStaysOnTheIndexAfterABurstOnPostgres). A parked row is never
+// deleted: a row parked after it was read is published again once
+// requeued, never lost.
 func (s *Store) MarkPublished(ctx context.Context, bucket int, published []*outbox.Message) error {
+	if len(published) == 0 {
+		return nil
+	}
 	ids := make([]int64, 0, len(published))
 	for _, m := range published {
 		ids = append(ids, m.ID)
 	}
+	per := maxIDsPerDelete
+	if s.hot.deleteIDs != "" {
+		per = maxIDsPerArray
+	}
 	for len(ids) > 0 {
-		chunk := ids[:min(len(ids), maxIDsPerDelete)]
+		chunk := ids[:min(len(ids), per)]
 		ids = ids[len(chunk):]
 		if err := s.write(ctx, s.msgs, func(q *gorm.DB) error {
-			return q.Table(s.msgs).Where("bucket = ? AND id IN ?", bucket, chunk).Delete(&outbox.Message{}).Error
+			query, args := s.deleteStatement(bucket, chunk)
+			query = s.rawPrefix() + query
+			begin := time.Now()
+			res, err := q.Statement.ConnPool.ExecContext(q.Statement.Context, query, args...)
+			var n int64
+			if err == nil {
+				n, _ = res.RowsAffected()
+			}
+			trace(q, begin, query, args, n, err)
+			return err
 		}); err != nil {
 			return fmt.Errorf("gormstore: bucket %d: mark %d published: %w", bucket, len(chunk), err)
 		}
 	}
 	return nil
+}
+
+// maxIDsPerArray bounds the ids of one PostgreSQL MarkPublished DELETE.
+const maxIDsPerArray = 10000
+
+// deleteStatement is MarkPublished's statement for ids of bucket.
+func (s *Store) deleteStatement(bucket int, ids []int64) (string, []any) {
+	if s.hot.deleteIDs != "" {
+		return s.hot.deleteIDs, []any{bucket, idsArray(ids)}
+	}
+	var b strings.Builder
+	b.Grow(len(s.hot.deletePrefix) + 4*len(ids) + 1)
+	b.WriteString(s.hot.deletePrefix)
+	args := make([]any, 0, 1+len(ids))
+	args = append(args, bucket)
+	for i, id := range ids {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(s.hot.binds[i+1])
+		args = append(args, id)
+	}
+	b.WriteByte(')')
+	return b.String(), args
 }
 
 // PendingMetrics implements relay.PendingMetricsStore with one aggregate

@@ -184,6 +184,7 @@ type Store struct {
 	leases  string
 	relays  string
 	timeout time.Duration
+	hot     hotSQL
 
 	mu        sync.Mutex
 	dialect   int // a kind*; kindUnknownMySQL until asked
@@ -245,6 +246,7 @@ func New(db *gorm.DB, opts Options) (*Store, error) {
 		relays:  cfg.RelaysTableName(),
 		timeout: opts.StatementTimeout,
 		dialect: kind,
+		hot:     buildHotSQL(db, cfg.MessagesTableName()),
 	}, nil
 }
 
