@@ -112,6 +112,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -354,15 +355,16 @@ func (s *Store) AcquireBucketLeases(ctx context.Context, relayID string, bucketC
 		keep, excess = owned[:share], owned[share:]
 	}
 	guard, guardArgs := s.liveRelay(relayID, now, leaseDuration)
-	if len(keep) > 0 {
+	for _, set := range bucketSets(keep) {
 		err := s.write(ctx, s.leases, func(q *gorm.DB) error {
 			return q.Table(s.leases).
-				Where("owner = ? AND expires_at_ms > ? AND bucket IN ?", relayID, now, keep).
+				Where("owner = ? AND expires_at_ms > ?", relayID, now).
+				Where(set.cond, set.args...).
 				Where(guard, guardArgs...).
 				Update("expires_at_ms", notBackwards(exp)).Error
 		})
 		if err != nil {
-			return nil, fmt.Errorf("gormstore: extend %d leases: %w", len(keep), err)
+			return nil, fmt.Errorf("gormstore: extend %d leases: %w", set.n, err)
 		}
 	}
 	if len(excess) > 0 {
@@ -372,14 +374,17 @@ func (s *Store) AcquireBucketLeases(ctx context.Context, relayID string, bucketC
 	}
 	if need := share - len(keep); need > 0 && len(free) > 0 {
 		claim := free[:min(need, len(free))]
-		err := s.write(ctx, s.leases, func(q *gorm.DB) error {
-			return q.Table(s.leases).
-				Where("bucket IN ? AND (owner IS NULL OR expires_at_ms <= ?)", claim, now).
-				Where(guard, guardArgs...).
-				Updates(map[string]any{"owner": relayID, "expires_at_ms": exp}).Error
-		})
-		if err != nil {
-			return nil, fmt.Errorf("gormstore: claim %d leases: %w", len(claim), err)
+		for _, set := range bucketSets(claim) {
+			err := s.write(ctx, s.leases, func(q *gorm.DB) error {
+				return q.Table(s.leases).
+					Where("(owner IS NULL OR expires_at_ms <= ?)", now).
+					Where(set.cond, set.args...).
+					Where(guard, guardArgs...).
+					Updates(map[string]any{"owner": relayID, "expires_at_ms": exp}).Error
+			})
+			if err != nil {
+				return nil, fmt.Errorf("gormstore: claim %d leases: %w", set.n, err)
+			}
 		}
 	}
 	// 6. Read back.
@@ -487,12 +492,14 @@ func (s *Store) seed(ctx context.Context) error {
 }
 
 func (s *Store) free(ctx context.Context, relayID string, buckets []int) error {
-	err := s.write(ctx, s.leases, func(q *gorm.DB) error {
-		return q.Table(s.leases).Where("owner = ? AND bucket IN ?", relayID, buckets).
-			Updates(map[string]any{"owner": nil, "expires_at_ms": 0}).Error
-	})
-	if err != nil {
-		return fmt.Errorf("gormstore: release %d leases: %w", len(buckets), err)
+	for _, set := range bucketSets(buckets) {
+		err := s.write(ctx, s.leases, func(q *gorm.DB) error {
+			return q.Table(s.leases).Where("owner = ?", relayID).Where(set.cond, set.args...).
+				Updates(map[string]any{"owner": nil, "expires_at_ms": 0}).Error
+		})
+		if err != nil {
+			return fmt.Errorf("gormstore: release %d leases: %w", set.n, err)
+		}
 	}
 	return nil
 }
@@ -521,26 +528,34 @@ func (s *Store) RenewBucketLeases(ctx context.Context, relayID string, buckets [
 	}
 	buckets = slices.Compact(slices.Sorted(slices.Values(buckets)))
 	guard, guardArgs := s.liveRelay(relayID, now, leaseDuration)
+	sets := bucketSets(buckets)
 	var renewed int64
-	if err := s.write(ctx, s.leases, func(q *gorm.DB) error {
-		res := q.Table(s.leases).
-			Where("owner = ? AND expires_at_ms > ? AND bucket IN ?", relayID, now, buckets).
-			Where(guard, guardArgs...).
-			Update("expires_at_ms", notBackwards(exp))
-		renewed = res.RowsAffected
-		return res.Error
-	}); err != nil {
-		return false, fmt.Errorf("gormstore: renew %d leases: %w", len(buckets), err)
+	for _, set := range sets {
+		if err := s.write(ctx, s.leases, func(q *gorm.DB) error {
+			res := q.Table(s.leases).
+				Where("owner = ? AND expires_at_ms > ?", relayID, now).
+				Where(set.cond, set.args...).
+				Where(guard, guardArgs...).
+				Update("expires_at_ms", notBackwards(exp))
+			renewed += res.RowsAffected
+			return res.Error
+		}); err != nil {
+			return false, fmt.Errorf("gormstore: renew %d leases: %w", set.n, err)
+		}
 	}
 	if renewed == int64(len(buckets)) {
 		return true, nil
 	}
 	var held int64
-	if err := s.read(ctx, s.leases, func(q *gorm.DB) error {
-		return q.Table(s.leases).Where("owner = ? AND expires_at_ms >= ? AND bucket IN ?", relayID, exp, buckets).
-			Count(&held).Error
-	}); err != nil {
-		return false, fmt.Errorf("gormstore: verify renewal: %w", err)
+	for _, set := range sets {
+		var n int64
+		if err := s.read(ctx, s.leases, func(q *gorm.DB) error {
+			return q.Table(s.leases).Where("owner = ? AND expires_at_ms >= ?", relayID, exp).Where(set.cond, set.args...).
+				Count(&n).Error
+		}); err != nil {
+			return false, fmt.Errorf("gormstore: verify renewal: %w", err)
+		}
+		held += n
 	}
 	return held == int64(len(buckets)), nil
 }
@@ -573,4 +588,66 @@ func (s *Store) ReleaseBucketLeases(ctx context.Context, relayID string) error {
 		return fmt.Errorf("gormstore: release leases of %s: %w", relayID, err)
 	}
 	return nil
+}
+
+// bucketSet is one statement's share of a set of buckets: a condition on
+// the bucket column and its arguments.
+type bucketSet struct {
+	cond string
+	args []any
+	n    int // buckets it covers
+}
+
+// bucketSets splits buckets (any order, duplicates allowed) into
+// conditions of at most maxPerStatement bind variables each, so that a
+// statement stays under every dialect's limit (SQLite: 32,766 host
+// parameters; PostgreSQL and MySQL: 65,535) whatever the bucket count: a
+// contiguous run of three or more buckets is one range (bucket >= ? AND
+// bucket <= ?, two variables however long the run), the others go in an
+// IN list. A relay holding every bucket, or a contiguous share, needs one
+// statement.
+func bucketSets(buckets []int) []bucketSet {
+	buckets = slices.Compact(slices.Sorted(slices.Values(buckets)))
+	var out []bucketSet
+	var conds []string
+	var args []any
+	var singles []int
+	n, vars := 0, 0
+	flush := func() {
+		if len(singles) > 0 {
+			conds = append(conds, "bucket IN ?")
+			args = append(args, singles)
+		}
+		if len(conds) > 0 {
+			out = append(out, bucketSet{cond: "(" + strings.Join(conds, " OR ") + ")", args: args, n: n})
+		}
+		conds, args, singles, n, vars = nil, nil, nil, 0, 0
+	}
+	for i := 0; i < len(buckets); {
+		j := i + 1
+		for j < len(buckets) && buckets[j] == buckets[j-1]+1 {
+			j++
+		}
+		if j-i >= 3 {
+			if vars+2 > maxPerStatement {
+				flush()
+			}
+			conds = append(conds, "bucket >= ? AND bucket <= ?")
+			args = append(args, buckets[i], buckets[j-1])
+			vars += 2
+			n += j - i
+		} else {
+			for _, b := range buckets[i:j] {
+				if vars+1 > maxPerStatement {
+					flush()
+				}
+				singles = append(singles, b)
+				vars++
+				n++
+			}
+		}
+		i = j
+	}
+	flush()
+	return out
 }
