@@ -261,31 +261,212 @@ func (s *Store) deleteStatement(bucket int, ids []int64) (string, []any) {
 	return b.String(), args
 }
 
-// PendingMetrics implements relay.PendingMetricsStore with one aggregate
-// query on ctx:
+// pendingExactBelow is the (estimated) size of the messages table under
+// which PendingMetrics counts and finds the oldest row exactly: a scan of
+// at most this many rows, a few milliseconds.
+const pendingExactBelow = 50_000
+
+// PendingMetrics implements relay.PendingMetricsStore. Its cost does not
+// grow with the backlog beyond pendingExactBelow rows; what the numbers
+// mean depends on the table's size.
+//
+// Small table (the database's estimate of its rows is under
+// pendingExactBelow, 50,000, or there is no estimate): one aggregate,
+// exact on every field,
 //
 //	SELECT COUNT(*) - COUNT(parked_at_ms),
 //	       MIN(CASE WHEN parked_at_ms IS NULL THEN created_at END),
 //	       COUNT(parked_at_ms)
 //	FROM messages
 //
-// Count and Oldest are of the unparked rows, Parked counts the parked ones.
-// On SQLite, where the minimum comes back as text, it is parsed.
+// Large table, on PostgreSQL and MySQL/MariaDB:
+//
+//   - Count is an estimate: the table's live rows as the database's
+//     statistics have them (PostgreSQL: pg_stat_get_live_tuples, the
+//     n_live_tup of pg_stat_user_tables, counted by every commit and
+//     flushed about once a second; MariaDB and
+//     MySQL: information_schema.TABLES.TABLE_ROWS, InnoDB's sampled
+//     estimate, which can be off by tens of percent, and on MySQL 8 is
+//     cached for information_schema_stats_expiry) minus Parked, never
+//     negative.
+//   - Oldest is the oldest created_at among the buckets' heads (each
+//     bucket's lowest unparked id, one probe of the (bucket, parked_at_ms,
+//     id) index per bucket). Rows of a bucket are inserted in about
+//     created_at order, so this is the oldest pending row unless a writer
+//     committed a row with an older created_at behind a newer one (a long
+//     transaction, a writer host's clock behind): then Oldest is younger
+//     than the truth by at most that lag.
+//   - Parked stays exact: a count of the parked entries of the index, per
+//     1000 buckets, which costs in proportion to the parked rows.
+//
+// SQLite has no cheap estimate: Count and Parked are always exact (a scan
+// of the (bucket, parked_at_ms, id) index), and Oldest is exact while the
+// unparked rows are under pendingExactBelow, from the heads above it.
+//
+// Cost, measured once with EXPLAIN ANALYZE on PostgreSQL 15 at 1,000,000
+// rows in 8 buckets (not in CI): the exact aggregate took 215 ms (a
+// parallel sequential scan of 10,310 buffers; the issue measured 406–760
+// ms on a busier server), the large-table statements 0.1 ms (the
+// estimate, one catalog lookup), 0.16 ms (parked, 25 buffers) and 0.13 ms
+// (8 head probes, 33 buffers). On SQLite the created_at column comes back
+// as text and is parsed.
 func (s *Store) PendingMetrics(ctx context.Context) (*relay.Pending, error) {
+	k, err := s.kind(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("gormstore: pending metrics: %w", err)
+	}
+	est, err := s.rowEstimate(ctx, k)
+	if err != nil {
+		return nil, fmt.Errorf("gormstore: pending metrics: row estimate: %w", err)
+	}
+	if est >= pendingExactBelow {
+		p := &relay.Pending{}
+		if p.Parked, err = s.countParked(ctx); err != nil {
+			return nil, fmt.Errorf("gormstore: pending metrics: parked rows: %w", err)
+		}
+		p.Count = max(est-p.Parked, 0)
+		if p.Oldest, err = s.oldestHead(ctx, k); err != nil {
+			return nil, fmt.Errorf("gormstore: pending metrics: bucket heads: %w", err)
+		}
+		return p, nil
+	}
 	var count, parked int64
 	var oldest any
+	exactOldest := "MIN(CASE WHEN parked_at_ms IS NULL THEN created_at END)"
+	if k == kindSQLite {
+		exactOldest = "NULL"
+	}
 	if err := s.read(ctx, s.msgs, func(q *gorm.DB) error {
 		return q.Table(s.msgs).
-			Select("COUNT(*) - COUNT(parked_at_ms), MIN(CASE WHEN parked_at_ms IS NULL THEN created_at END), COUNT(parked_at_ms)").
+			Select("COUNT(*) - COUNT(parked_at_ms), "+exactOldest+", COUNT(parked_at_ms)").
 			Row().Scan(&count, &oldest, &parked)
 	}); err != nil {
 		return nil, fmt.Errorf("gormstore: pending metrics: %w", err)
 	}
-	t, err := parseTime(oldest)
+	var t time.Time
+	switch {
+	case k != kindSQLite:
+		t, err = parseTime(oldest)
+	case count < pendingExactBelow:
+		err = s.read(ctx, s.msgs, func(q *gorm.DB) error {
+			return q.Table(s.msgs).Select("MIN(created_at)").Where("parked_at_ms IS NULL").Row().Scan(&oldest)
+		})
+		if err == nil {
+			t, err = parseTime(oldest)
+		}
+	default:
+		t, err = s.oldestHead(ctx, k)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("gormstore: pending metrics: oldest created_at: %w", err)
 	}
 	return &relay.Pending{Count: count, Oldest: t, Parked: parked}, nil
+}
+
+// rowEstimate is the database's estimate of the messages table's live rows
+// (see PendingMetrics), or -1 when it has none (SQLite, another dialect,
+// a table without statistics yet).
+func (s *Store) rowEstimate(ctx context.Context, k int) (int64, error) {
+	var query string
+	var args []any
+	switch k {
+	case kindPostgres:
+		query = "SELECT COALESCE(pg_stat_get_live_tuples(to_regclass(?)), -1)"
+		args = []any{s.db.Statement.Quote(clause.Table{Name: s.msgs})}
+	case kindMySQL, kindMariaDB:
+		schema, table := "", s.msgs
+		if i := strings.LastIndexByte(table, '.'); i >= 0 {
+			schema, table = table[:i], table[i+1:]
+		}
+		query = "SELECT COALESCE((SELECT TABLE_ROWS FROM information_schema.TABLES WHERE TABLE_SCHEMA = COALESCE(NULLIF(?, ''), DATABASE()) AND TABLE_NAME = ?), -1)"
+		args = []any{schema, table}
+	default:
+		return -1, nil
+	}
+	var est sql.NullInt64
+	err := s.read(ctx, s.msgs, func(q *gorm.DB) error {
+		return q.Raw(s.rawPrefix()+query, args...).Row().Scan(&est)
+	})
+	if err != nil || !est.Valid {
+		return -1, err
+	}
+	return est.Int64, nil
+}
+
+// countParked counts the parked rows from the parked entries of the
+// (bucket, parked_at_ms, id) index, per 1000 buckets.
+func (s *Store) countParked(ctx context.Context) (int64, error) {
+	var total int64
+	for _, c := range s.allBuckets() {
+		var n int64
+		if err := s.read(ctx, s.msgs, func(q *gorm.DB) error {
+			return q.Table(s.msgs).Where("bucket IN ? AND parked_at_ms IS NOT NULL", c).Count(&n).Error
+		}); err != nil {
+			return 0, err
+		}
+		total += n
+	}
+	return total, nil
+}
+
+// oldestHead is the oldest created_at among the buckets' heads (their
+// lowest unparked id), zero when no bucket has an unparked row. On
+// PostgreSQL one statement,
+//
+//	SELECT MIN(h.created_at) FROM generate_series(0, $n-1) AS g(n)
+//	CROSS JOIN LATERAL (SELECT created_at FROM messages
+//	  WHERE bucket >= g.n AND bucket <= g.n AND parked_at_ms IS NULL
+//	  ORDER BY bucket, parked_at_ms, id LIMIT 1) h
+//
+// elsewhere one statement per 1000 buckets of scalar subqueries, one per
+// bucket, as in BucketsWithPending: each is one index probe.
+func (s *Store) oldestHead(ctx context.Context, k int) (time.Time, error) {
+	const head = "SELECT created_at FROM ? WHERE bucket >= %s AND bucket <= %s AND parked_at_ms IS NULL ORDER BY bucket, parked_at_ms, id LIMIT 1"
+	if k == kindPostgres {
+		var oldest any
+		err := s.read(ctx, s.msgs, func(q *gorm.DB) error {
+			return q.Raw("SELECT MIN(h.created_at) FROM generate_series(0, ?) AS g(n) CROSS JOIN LATERAL ("+
+				fmt.Sprintf(head, "g.n", "g.n")+") h", s.cfg.BucketCount-1, clause.Table{Name: s.msgs}).Row().Scan(&oldest)
+		})
+		if err != nil {
+			return time.Time{}, err
+		}
+		return parseTime(oldest)
+	}
+	var oldest time.Time
+	for _, c := range s.allBuckets() {
+		var b strings.Builder
+		args := make([]any, 0, 3*len(c))
+		b.WriteString(s.rawPrefix() + "SELECT ")
+		for i, bucket := range c {
+			if i > 0 {
+				b.WriteString(", ")
+			}
+			b.WriteString("(" + fmt.Sprintf(head, "?", "?") + ")")
+			args = append(args, clause.Table{Name: s.msgs}, bucket, bucket)
+		}
+		vals := make([]any, len(c))
+		err := s.read(ctx, s.msgs, func(q *gorm.DB) error {
+			ptrs := make([]any, len(vals))
+			for i := range vals {
+				ptrs[i] = &vals[i]
+			}
+			return q.Raw(b.String(), args...).Row().Scan(ptrs...)
+		})
+		if err != nil {
+			return time.Time{}, err
+		}
+		for _, v := range vals {
+			t, err := parseTime(v)
+			if err != nil {
+				return time.Time{}, err
+			}
+			if !t.IsZero() && (oldest.IsZero() || t.Before(oldest)) {
+				oldest = t
+			}
+		}
+	}
+	return oldest, nil
 }
 
 // timeLayouts are the textual forms a timestamp comes back in: SQLite's
