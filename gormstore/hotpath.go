@@ -118,6 +118,9 @@ func (a *arena) clone(b []byte) []byte {
 		return nil
 	}
 	n := len(b)
+	if n == 0 {
+		return []byte{} // empty, not nil: a nil Value is a tombstone
+	}
 	if n > arenaChunk/4 || cap(a.buf)-len(a.buf) < n {
 		return append(make([]byte, 0, n), b...)
 	}
