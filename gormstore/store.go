@@ -74,7 +74,11 @@
 // switches) also begin on the primary. A replica, however fresh, is never
 // read: a lease read-back or a batch from a lagging replica would flap
 // ownership and publish deleted rows again. A resolver of another name must
-// honour the same setting or not split the outbox tables.
+// honour the same setting or not split the outbox tables. NextBatch and
+// MarkPublished run on that same resolved pool, straight through
+// database/sql (see "The hot path" in hotpath.go), so they bypass GORM's
+// callbacks: a resolver of another name is not asked for them, and they
+// run on the *gorm.DB's own pool.
 //
 // # Parking
 //
@@ -173,7 +177,10 @@ type Options struct {
 // Store is a relay.Store on a *gorm.DB. It also implements the optional
 // relay.LeaseRenewer, relay.LeaseReleaser, relay.PendingMetricsStore,
 // relay.BucketCounter, relay.ConcurrentFetcher, relay.Parker and
-// relay.ParkAdmin and relay.ClockOffsetReporter. It is safe for
+// relay.ParkAdmin and relay.ClockOffsetReporter, and reads batches bounded
+// in bytes (NextBatchBytes). Any bucket count up to outbox.MaxBucketCount
+// works on every dialect: statements over a set of buckets are split so
+// that none exceeds a dialect's bind-variable limit. It is safe for
 // concurrent use; each relay should have its own Store (the store remembers
 // whether it seeded the lease rows and when it last pruned heartbeats).
 type Store struct {
