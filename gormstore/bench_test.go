@@ -58,3 +58,46 @@ func BenchmarkNextBatch(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkMarkPublished measures one MarkPublished call deleting 1 and
+// 500 rows of a bucket (the rows are inserted, untimed, before each call,
+// beside 1000 other pending rows of the bucket) on every available database.
+func BenchmarkMarkPublished(b *testing.B) {
+	for _, o := range testenv.Databases(b) {
+		b.Run(o.Name, func(b *testing.B) {
+			db := o.Open(b, nil)
+			cfg := outbox.Config{BucketCount: 8}
+			if err := outbox.AutoMigrate(db, cfg); err != nil {
+				b.Fatal(err)
+			}
+			insert := func(n int) []*outbox.Message {
+				rows := make([]*outbox.Message, n)
+				for i := range rows {
+					rows[i] = pendingMessage(0)
+					rows[i].Value = make([]byte, 100)
+				}
+				if err := raw(db).Table(cfg.MessagesTableName()).CreateInBatches(rows, 250).Error; err != nil {
+					b.Fatal(err)
+				}
+				return rows
+			}
+			insert(1000)
+			store, err := gormstore.New(db, gormstore.Options{Config: cfg})
+			if err != nil {
+				b.Fatal(err)
+			}
+			for _, n := range []int{1, 500} {
+				b.Run(fmt.Sprintf("batch=%d", n), func(b *testing.B) {
+					for b.Loop() {
+						b.StopTimer()
+						rows := insert(n)
+						b.StartTimer()
+						if err := store.MarkPublished(b.Context(), 0, rows); err != nil {
+							b.Fatal(err)
+						}
+					}
+				})
+			}
+		})
+	}
+}

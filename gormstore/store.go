@@ -74,7 +74,11 @@
 // switches) also begin on the primary. A replica, however fresh, is never
 // read: a lease read-back or a batch from a lagging replica would flap
 // ownership and publish deleted rows again. A resolver of another name must
-// honour the same setting or not split the outbox tables.
+// honour the same setting or not split the outbox tables. NextBatch and
+// MarkPublished run on that same resolved pool, straight through
+// database/sql (see "The hot path" in hotpath.go), so they bypass GORM's
+// callbacks: a resolver of another name is not asked for them, and they
+// run on the *gorm.DB's own pool.
 //
 // # Parking
 //
@@ -109,9 +113,11 @@ package gormstore
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -171,7 +177,10 @@ type Options struct {
 // Store is a relay.Store on a *gorm.DB. It also implements the optional
 // relay.LeaseRenewer, relay.LeaseReleaser, relay.PendingMetricsStore,
 // relay.BucketCounter, relay.ConcurrentFetcher, relay.Parker and
-// relay.ParkAdmin and relay.ClockOffsetReporter. It is safe for
+// relay.ParkAdmin and relay.ClockOffsetReporter, and reads batches bounded
+// in bytes (NextBatchBytes). Any bucket count up to outbox.MaxBucketCount
+// works on every dialect: statements over a set of buckets are split so
+// that none exceeds a dialect's bind-variable limit. It is safe for
 // concurrent use; each relay should have its own Store (the store remembers
 // whether it seeded the lease rows and when it last pruned heartbeats).
 type Store struct {
@@ -184,6 +193,7 @@ type Store struct {
 	leases  string
 	relays  string
 	timeout time.Duration
+	hot     hotSQL
 
 	mu        sync.Mutex
 	dialect   int // a kind*; kindUnknownMySQL until asked
@@ -245,6 +255,7 @@ func New(db *gorm.DB, opts Options) (*Store, error) {
 		relays:  cfg.RelaysTableName(),
 		timeout: opts.StatementTimeout,
 		dialect: kind,
+		hot:     buildHotSQL(db, cfg.MessagesTableName()),
 	}, nil
 }
 
@@ -318,7 +329,8 @@ func (s *Store) AcquireBucketLeases(ctx context.Context, relayID string, bucketC
 		if err := q.Table(s.relays).Where("last_seen_ms > ? AND stopped_at_ms IS NULL", now-ld).Pluck("relay_id", &active).Error; err != nil {
 			return fmt.Errorf("gormstore: read active relays: %w", err)
 		}
-		if err := q.Table(s.leases).Where("bucket >= ? AND bucket < ?", 0, n).Order("bucket").Find(&snap).Error; err != nil {
+		snap = snap[:0]
+		if err := s.scanLeases(q, n, &snap); err != nil {
 			return fmt.Errorf("gormstore: read leases: %w", err)
 		}
 		return nil
@@ -352,15 +364,16 @@ func (s *Store) AcquireBucketLeases(ctx context.Context, relayID string, bucketC
 		keep, excess = owned[:share], owned[share:]
 	}
 	guard, guardArgs := s.liveRelay(relayID, now, leaseDuration)
-	if len(keep) > 0 {
+	for _, set := range bucketSets(keep) {
 		err := s.write(ctx, s.leases, func(q *gorm.DB) error {
 			return q.Table(s.leases).
-				Where("owner = ? AND expires_at_ms > ? AND bucket IN ?", relayID, now, keep).
+				Where("owner = ? AND expires_at_ms > ?", relayID, now).
+				Where(set.cond, set.args...).
 				Where(guard, guardArgs...).
 				Update("expires_at_ms", notBackwards(exp)).Error
 		})
 		if err != nil {
-			return nil, fmt.Errorf("gormstore: extend %d leases: %w", len(keep), err)
+			return nil, fmt.Errorf("gormstore: extend %d leases: %w", set.n, err)
 		}
 	}
 	if len(excess) > 0 {
@@ -370,14 +383,17 @@ func (s *Store) AcquireBucketLeases(ctx context.Context, relayID string, bucketC
 	}
 	if need := share - len(keep); need > 0 && len(free) > 0 {
 		claim := free[:min(need, len(free))]
-		err := s.write(ctx, s.leases, func(q *gorm.DB) error {
-			return q.Table(s.leases).
-				Where("bucket IN ? AND (owner IS NULL OR expires_at_ms <= ?)", claim, now).
-				Where(guard, guardArgs...).
-				Updates(map[string]any{"owner": relayID, "expires_at_ms": exp}).Error
-		})
-		if err != nil {
-			return nil, fmt.Errorf("gormstore: claim %d leases: %w", len(claim), err)
+		for _, set := range bucketSets(claim) {
+			err := s.write(ctx, s.leases, func(q *gorm.DB) error {
+				return q.Table(s.leases).
+					Where("(owner IS NULL OR expires_at_ms <= ?)", now).
+					Where(set.cond, set.args...).
+					Where(guard, guardArgs...).
+					Updates(map[string]any{"owner": relayID, "expires_at_ms": exp}).Error
+			})
+			if err != nil {
+				return nil, fmt.Errorf("gormstore: claim %d leases: %w", set.n, err)
+			}
 		}
 	}
 	// 6. Read back.
@@ -485,12 +501,14 @@ func (s *Store) seed(ctx context.Context) error {
 }
 
 func (s *Store) free(ctx context.Context, relayID string, buckets []int) error {
-	err := s.write(ctx, s.leases, func(q *gorm.DB) error {
-		return q.Table(s.leases).Where("owner = ? AND bucket IN ?", relayID, buckets).
-			Updates(map[string]any{"owner": nil, "expires_at_ms": 0}).Error
-	})
-	if err != nil {
-		return fmt.Errorf("gormstore: release %d leases: %w", len(buckets), err)
+	for _, set := range bucketSets(buckets) {
+		err := s.write(ctx, s.leases, func(q *gorm.DB) error {
+			return q.Table(s.leases).Where("owner = ?", relayID).Where(set.cond, set.args...).
+				Updates(map[string]any{"owner": nil, "expires_at_ms": 0}).Error
+		})
+		if err != nil {
+			return fmt.Errorf("gormstore: release %d leases: %w", set.n, err)
+		}
 	}
 	return nil
 }
@@ -519,26 +537,34 @@ func (s *Store) RenewBucketLeases(ctx context.Context, relayID string, buckets [
 	}
 	buckets = slices.Compact(slices.Sorted(slices.Values(buckets)))
 	guard, guardArgs := s.liveRelay(relayID, now, leaseDuration)
+	sets := bucketSets(buckets)
 	var renewed int64
-	if err := s.write(ctx, s.leases, func(q *gorm.DB) error {
-		res := q.Table(s.leases).
-			Where("owner = ? AND expires_at_ms > ? AND bucket IN ?", relayID, now, buckets).
-			Where(guard, guardArgs...).
-			Update("expires_at_ms", notBackwards(exp))
-		renewed = res.RowsAffected
-		return res.Error
-	}); err != nil {
-		return false, fmt.Errorf("gormstore: renew %d leases: %w", len(buckets), err)
+	for _, set := range sets {
+		if err := s.write(ctx, s.leases, func(q *gorm.DB) error {
+			res := q.Table(s.leases).
+				Where("owner = ? AND expires_at_ms > ?", relayID, now).
+				Where(set.cond, set.args...).
+				Where(guard, guardArgs...).
+				Update("expires_at_ms", notBackwards(exp))
+			renewed += res.RowsAffected
+			return res.Error
+		}); err != nil {
+			return false, fmt.Errorf("gormstore: renew %d leases: %w", set.n, err)
+		}
 	}
 	if renewed == int64(len(buckets)) {
 		return true, nil
 	}
 	var held int64
-	if err := s.read(ctx, s.leases, func(q *gorm.DB) error {
-		return q.Table(s.leases).Where("owner = ? AND expires_at_ms >= ? AND bucket IN ?", relayID, exp, buckets).
-			Count(&held).Error
-	}); err != nil {
-		return false, fmt.Errorf("gormstore: verify renewal: %w", err)
+	for _, set := range sets {
+		var n int64
+		if err := s.read(ctx, s.leases, func(q *gorm.DB) error {
+			return q.Table(s.leases).Where("owner = ? AND expires_at_ms >= ?", relayID, exp).Where(set.cond, set.args...).
+				Count(&n).Error
+		}); err != nil {
+			return false, fmt.Errorf("gormstore: verify renewal: %w", err)
+		}
+		held += n
 	}
 	return held == int64(len(buckets)), nil
 }
@@ -571,4 +597,99 @@ func (s *Store) ReleaseBucketLeases(ctx context.Context, relayID string) error {
 		return fmt.Errorf("gormstore: release leases of %s: %w", relayID, err)
 	}
 	return nil
+}
+
+// bucketSet is one statement's share of a set of buckets: a condition on
+// the bucket column and its arguments.
+type bucketSet struct {
+	cond string
+	args []any
+	n    int // buckets it covers
+}
+
+// bucketSets splits buckets (any order, duplicates allowed) into
+// conditions of at most maxPerStatement bind variables each, so that a
+// statement stays under every dialect's limit (SQLite: 32,766 host
+// parameters; PostgreSQL and MySQL: 65,535) whatever the bucket count: a
+// contiguous run of three or more buckets is one range (bucket >= ? AND
+// bucket <= ?, two variables however long the run), the others go in an
+// IN list. A relay holding every bucket, or a contiguous share, needs one
+// statement.
+func bucketSets(buckets []int) []bucketSet {
+	buckets = slices.Compact(slices.Sorted(slices.Values(buckets)))
+	var out []bucketSet
+	var conds []string
+	var args []any
+	var singles []int
+	n, vars := 0, 0
+	flush := func() {
+		if len(singles) > 0 {
+			conds = append(conds, "bucket IN ?")
+			args = append(args, singles)
+		}
+		if len(conds) > 0 {
+			out = append(out, bucketSet{cond: "(" + strings.Join(conds, " OR ") + ")", args: args, n: n})
+		}
+		conds, args, singles, n, vars = nil, nil, nil, 0, 0
+	}
+	for i := 0; i < len(buckets); {
+		j := i + 1
+		for j < len(buckets) && buckets[j] == buckets[j-1]+1 {
+			j++
+		}
+		if j-i >= 3 {
+			if vars+2 > maxPerStatement {
+				flush()
+			}
+			conds = append(conds, "bucket >= ? AND bucket <= ?")
+			args = append(args, buckets[i], buckets[j-1])
+			vars += 2
+			n += j - i
+		} else {
+			for _, b := range buckets[i:j] {
+				if vars+1 > maxPerStatement {
+					flush()
+				}
+				singles = append(singles, b)
+				vars++
+				n++
+			}
+		}
+		i = j
+	}
+	flush()
+	return out
+}
+
+// scanLeases appends the lease rows of buckets [0, n) to snap, in bucket
+// order, scanned by hand (no reflection per row: an acquisition round
+// reads up to 65,536 of them). The owners are interned: a relay's id is
+// one string however many buckets it holds.
+func (s *Store) scanLeases(q *gorm.DB, n int, snap *[]outbox.Lease) error {
+	rows, err := q.Table(s.leases).Select("bucket, owner, expires_at_ms").
+		Where("bucket >= ? AND bucket < ?", 0, n).Order("bucket").Rows()
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	var bucket, exp intCol
+	var owner sql.RawBytes
+	owners := map[string]*string{}
+	for rows.Next() {
+		if err := rows.Scan(&bucket, &owner, &exp); err != nil {
+			return err
+		}
+		l := outbox.Lease{Bucket: int32(bucket.v), ExpiresAtMs: exp.v}
+		if owner != nil {
+			o, ok := owners[string(owner)]
+			if !ok {
+				str := string(owner)
+				o = &str
+				owners[str] = o
+			}
+			l.Owner = o
+		}
+		*snap = append(*snap, l)
+	}
+	return rows.Err()
 }

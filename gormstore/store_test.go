@@ -279,8 +279,10 @@ func TestIdleRoundStatements(t *testing.T) {
 			measure("mark published", func() error {
 				return s.MarkPublished(ctx, owned[0], append(batch, &outbox.Message{ID: 1}, &outbox.Message{ID: 2}))
 			})
-			if got := measure("pending metrics", func() error { _, err := s.PendingMetrics(ctx); return err }); len(got) != 1 {
-				t.Errorf("PendingMetrics ran %d statements; want 1", len(got))
+			// A small table: the row estimate (none on SQLite), then the
+			// exact count and oldest row (on SQLite two statements).
+			if got := measure("pending metrics", func() error { _, err := s.PendingMetrics(ctx); return err }); len(got) != 2 {
+				t.Errorf("PendingMetrics ran %d statements; want 2", len(got))
 			}
 			measure("release", func() error { return s.ReleaseBucketLeases(ctx, "relay-a") })
 		})

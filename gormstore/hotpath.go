@@ -1,0 +1,309 @@
+package gormstore
+
+import (
+	"database/sql"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/gorm-outbox/outbox"
+	"gorm.io/gorm"
+	"gorm.io/gorm/clause"
+)
+
+// The hot path
+//
+// NextBatch and MarkPublished run once per batch of every owned bucket:
+// they are the relay's cost per message. GORM still configures them — the
+// dialect, the quoted table name and the bind-variable syntax come from the
+// *gorm.DB's dialector, and they run on the connection pool the store's
+// other statements use (s.primary: the primary, through a registered
+// "gorm:db_resolver"), within the same StatementTimeout (MariaDB's SET
+// STATEMENT prefix included) and, on MySQL/MariaDB, NextBatch in the same
+// READ COMMITTED read transaction — but the statement itself goes straight
+// to database/sql (gorm.ConnPool's QueryContext / ExecContext):
+//
+//   - NextBatch scans each column into a reusable target (sql.RawBytes, or a
+//     small sql.Scanner that converts the driver's value without
+//     reflection), so a row costs no reflection and no per-column
+//     allocation of the store's own; key and value are copied once, from
+//     the driver's buffer into a per-batch arena the Message's slices point
+//     into, and the headers are decoded straight from the driver's buffer.
+//   - MarkPublished is one autocommit DELETE per chunk: no GORM default
+//     transaction around it (BEGIN + DELETE + COMMIT were three round trips
+//     and a WAL flush of their own).
+//
+// Each statement is shown to the *gorm.DB's logger (Trace) like GORM's
+// own, with its arguments. The SQL texts are built once, in New; a
+// resolver other than dbresolver's that switches pools in GORM callbacks is
+// not consulted by these two statements (the store's documented routing
+// already required it to honour the write setting).
+
+// hotSQL are the statement texts of the hot path, built by the dialector.
+type hotSQL struct {
+	// nextBatch has three bind variables: bucket, bucket, limit.
+	nextBatch string
+	// deleteIDs, with two bind variables (bucket, ids as a PostgreSQL array
+	// literal), is PostgreSQL's MarkPublished statement; "" elsewhere.
+	deleteIDs string
+	// deletePrefix is the MarkPublished statement up to its IN list, with
+	// one bind variable (bucket): the ids' bind variables follow
+	// (binds[1:]), then ")".
+	deletePrefix string
+	// binds[i] is the bind variable of the statement's argument i+1.
+	binds []string
+}
+
+// buildHotSQL renders the hot path's statements with db's dialector.
+func buildHotSQL(db *gorm.DB, msgs string) hotSQL {
+	stmt := &gorm.Statement{DB: db, Clauses: map[string]clause.Clause{}}
+	table := stmt.Quote(clause.Table{Name: msgs})
+	h := hotSQL{binds: make([]string, maxIDsPerDelete+1)}
+	for i := range h.binds {
+		var w strings.Builder
+		stmt.Vars = make([]any, i+1)
+		db.Dialector.BindVarTo(&w, stmt, nil)
+		h.binds[i] = w.String()
+	}
+	h.nextBatch = "SELECT " + batchColumns + " FROM " + table +
+		" WHERE bucket >= " + h.binds[0] + " AND bucket <= " + h.binds[1] + " AND parked_at_ms IS NULL" +
+		" ORDER BY bucket, parked_at_ms, id LIMIT " + h.binds[2]
+	del := "DELETE FROM " + table + " WHERE bucket = " + h.binds[0] + " AND parked_at_ms IS NULL AND id "
+	if db.Dialector.Name() == "postgres" {
+		h.deleteIDs = del + "= ANY(" + h.binds[1] + "::bigint[])"
+	}
+	h.deletePrefix = del + "IN ("
+	return h
+}
+
+// queryRows runs query on q's connection (the primary pool, or the read
+// transaction) within q's context.
+func queryRows(q *gorm.DB, query string, args ...any) (*sql.Rows, error) {
+	return q.Statement.ConnPool.QueryContext(q.Statement.Context, query, args...)
+}
+
+// trace shows a statement the store ran outside GORM to q's logger, as
+// GORM shows its own.
+func trace(q *gorm.DB, begin time.Time, query string, args []any, rows int64, err error) {
+	if q.Logger == nil {
+		return
+	}
+	q.Logger.Trace(q.Statement.Context, begin, func() (string, int64) {
+		return q.Dialector.Explain(query, args...), rows
+	}, err)
+}
+
+// arenaChunk is the size of the blocks NextBatch copies keys and values
+// into; a larger key+value gets a block of its own.
+const arenaChunk = 32 << 10
+
+// arena hands out slices of shared blocks: one allocation for many rows'
+// keys and values.
+type arena struct{ buf []byte }
+
+// reserve makes room for n bytes, in a new block sized for rows more rows
+// like this one (at most arenaChunk) when the current one is full.
+func (a *arena) reserve(n, rows int) {
+	if n <= arenaChunk/4 && cap(a.buf)-len(a.buf) < n {
+		a.buf = make([]byte, 0, min(arenaChunk, n*max(rows, 1)))
+	}
+}
+
+// clone returns a copy of b, nil for nil.
+func (a *arena) clone(b []byte) []byte {
+	if b == nil {
+		return nil
+	}
+	n := len(b)
+	if n == 0 {
+		return []byte{} // empty, not nil: a nil Value is a tombstone
+	}
+	if n > arenaChunk/4 || cap(a.buf)-len(a.buf) < n {
+		return append(make([]byte, 0, n), b...)
+	}
+	start := len(a.buf)
+	a.buf = append(a.buf, b...)
+	return a.buf[start : start+n : start+n]
+}
+
+// intCol scans an integer column without reflection: the driver's int64,
+// or its text form (MySQL's text protocol).
+type intCol struct {
+	v     int64
+	valid bool
+}
+
+func (c *intCol) Scan(src any) error {
+	c.valid = true
+	switch x := src.(type) {
+	case int64:
+		c.v = x
+	case int32:
+		c.v = int64(x)
+	case int:
+		c.v = int64(x)
+	case []byte:
+		return c.parse(x)
+	case string:
+		return c.parse([]byte(x))
+	case nil:
+		c.v, c.valid = 0, false
+	default:
+		return fmt.Errorf("integer column: unexpected %T", src)
+	}
+	return nil
+}
+
+func (c *intCol) parse(b []byte) error {
+	var n int64
+	neg := len(b) > 0 && b[0] == '-'
+	digits := b
+	if neg {
+		digits = b[1:]
+	}
+	if len(digits) == 0 || len(digits) > 19 {
+		return fmt.Errorf("integer column: %q", b)
+	}
+	for _, d := range digits {
+		if d < '0' || d > '9' {
+			return fmt.Errorf("integer column: %q", b)
+		}
+		n = n*10 + int64(d-'0')
+	}
+	if neg {
+		n = -n
+	}
+	c.v = n
+	return nil
+}
+
+// uuidCol decodes message_id while scanning; a value that is not a UUID is
+// kept as an error for the row's decoding (a corrupt row, not a failed
+// read).
+type uuidCol struct {
+	v   outbox.UUID
+	err error
+}
+
+func (c *uuidCol) Scan(src any) error {
+	c.err = nil
+	var u uuid.UUID
+	var err error
+	switch x := src.(type) {
+	case string:
+		u, err = uuid.Parse(x)
+	case []byte:
+		u, err = uuid.ParseBytes(x)
+	case nil:
+		c.err = errors.New("message_id is NULL")
+		return nil
+	default:
+		c.err = fmt.Errorf("message_id: unexpected %T", src)
+		return nil
+	}
+	if err != nil {
+		c.err = fmt.Errorf("outbox: parse message id %q: %w", textOf(src), err)
+		return nil
+	}
+	c.v = outbox.UUID(u)
+	return nil
+}
+
+// timeCol decodes created_at while scanning: the driver's time.Time, or
+// text (SQLite, MySQL without parseTime); an unparsable value is kept as an
+// error for the row's decoding.
+type timeCol struct {
+	v   time.Time
+	err error
+}
+
+func (c *timeCol) Scan(src any) error {
+	c.err = nil
+	if t, ok := src.(time.Time); ok {
+		c.v = t.UTC()
+		return nil
+	}
+	c.v, c.err = parseTime(src)
+	if c.err != nil {
+		c.err = fmt.Errorf("created_at: %w", c.err)
+	}
+	return nil
+}
+
+// batchScanner scans NextBatch's rows into Messages.
+type batchScanner struct {
+	id, bucket, partition intCol
+	messageID             uuidCol
+	createdAt             timeCol
+	topic                 sql.RawBytes
+	key, value, headers   sql.RawBytes
+	dest                  []any
+
+	lastTopic string
+	arena     arena
+	block     []outbox.Message
+}
+
+func newBatchScanner() *batchScanner {
+	s := &batchScanner{}
+	s.dest = []any{&s.id, &s.messageID, &s.bucket, &s.topic, &s.key, &s.value, &s.headers, &s.partition, &s.createdAt}
+	return s
+}
+
+// size is the current row's key, value and headers in bytes, as stored.
+func (s *batchScanner) size() int64 {
+	return int64(len(s.key) + len(s.value) + len(s.headers))
+}
+
+// message decodes the current row, copying its key and value once. left
+// is how many more rows the batch may hold (the size of the next block of
+// Messages).
+func (s *batchScanner) message(left int) (*outbox.Message, error) {
+	if s.messageID.err != nil {
+		return nil, s.messageID.err
+	}
+	h, err := outbox.DecodeHeaders(s.headers)
+	if err != nil {
+		return nil, err
+	}
+	if s.createdAt.err != nil {
+		return nil, s.createdAt.err
+	}
+	if string(s.topic) != s.lastTopic {
+		s.lastTopic = string(s.topic)
+	}
+	if len(s.block) == 0 {
+		s.block = make([]outbox.Message, max(1, min(left, 64)))
+	}
+	s.arena.reserve(len(s.key)+len(s.value), left)
+	m := &s.block[0]
+	s.block = s.block[1:]
+	*m = outbox.Message{
+		ID: s.id.v, MessageID: s.messageID.v, Bucket: int32(s.bucket.v), Topic: s.lastTopic,
+		Key: s.arena.clone(s.key), Value: s.arena.clone(s.value), Headers: h, CreatedAt: s.createdAt.v,
+	}
+	if s.partition.valid {
+		p := int32(s.partition.v)
+		m.Partition = &p
+	}
+	return m, nil
+}
+
+// idsArray is ids as a PostgreSQL bigint[] literal: {1,2,3}. Passed as
+// text and cast in the statement, it works with every driver and query
+// mode (pgx's extended or simple protocol, lib/pq).
+func idsArray(ids []int64) string {
+	b := make([]byte, 0, 2+len(ids)*8)
+	b = append(b, '{')
+	for i, id := range ids {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, id, 10)
+	}
+	b = append(b, '}')
+	return string(b)
+}

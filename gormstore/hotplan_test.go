@@ -1,0 +1,145 @@
+package gormstore_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/gormstore"
+	"github.com/gorm-outbox/outbox/internal/testenv"
+	"gorm.io/gorm"
+)
+
+// errRollback ends a test transaction that must change nothing.
+var errRollback = errors.New("rollback")
+
+// TestHotPathStaysOnTheIndexAfterABurstOnPostgres: 200,000 rows in 8
+// buckets, then a burst that publishes 24,000 of bucket 0's 25,000 rows in
+// batches of 500 through the store (autovacuum off on the table, no VACUUM,
+// statistics from before the burst), leaving dead tuples at the bucket's
+// head. NextBatch's statement and MarkPublished's DELETE must then still be
+// index scans of the (bucket, parked_at_ms, id) index or the primary key —
+// never a bitmap scan of the whole bucket nor a sequential scan — for the
+// custom plan and for the generic plan a driver's cached prepared statement
+// may get. The figures (buffers, time) are logged.
+func TestHotPathStaysOnTheIndexAfterABurstOnPostgres(t *testing.T) {
+	var pg *testenv.Opener
+	for _, o := range testenv.Databases(t) {
+		if o.Name == testenv.Postgres {
+			pg = &o
+		}
+	}
+	if pg == nil {
+		t.Skip("OUTBOX_TEST_POSTGRES_DSN not set")
+	}
+	rec := &testenv.SQLRecorder{}
+	db := pg.Open(t, &gorm.Config{Logger: rec})
+	if err := outbox.AutoMigrate(db, outbox.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.MustExec(t, db,
+		"ALTER TABLE outbox_messages SET (autovacuum_enabled = false)",
+		`INSERT INTO outbox_messages (message_id, bucket, topic, record_value, created_at)
+		 SELECT gen_random_uuid(), g % 8, 'orders', '\x00'::bytea, now() FROM generate_series(1, 200000) g`,
+		"ANALYZE outbox_messages")
+	store, err := gormstore.New(db, gormstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for range 48 {
+		batch, err := store.NextBatch(ctx, 0, 500)
+		if err != nil || len(batch) != 500 {
+			t.Fatalf("NextBatch = %d rows, %v; want 500", len(batch), err)
+		}
+		if err := store.MarkPublished(ctx, 0, batch); err != nil {
+			t.Fatal(err)
+		}
+	}
+	explain := func(stmt string) string {
+		t.Helper()
+		var plan []string
+		err := db.Transaction(func(tx *gorm.DB) error {
+			if err := tx.Raw("EXPLAIN (ANALYZE, BUFFERS) " + stmt).Scan(&plan).Error; err != nil {
+				return err
+			}
+			return errRollback
+		})
+		if !errors.Is(err, errRollback) {
+			t.Fatal(err)
+		}
+		return strings.Join(plan, "\n")
+	}
+	onIndex := func(what, stmt, plan string) {
+		t.Helper()
+		if !strings.Contains(plan, "Index Scan using idx_outbox_messages_bucket_parked_id") &&
+			!strings.Contains(plan, "Index Only Scan using idx_outbox_messages_bucket_parked_id") &&
+			!strings.Contains(plan, "Index Scan using outbox_messages_pkey") ||
+			strings.Contains(plan, "Bitmap") || strings.Contains(plan, "Seq Scan") || strings.Contains(plan, "Sort") {
+			t.Fatalf("%s is not an index scan of (bucket, parked_at_ms, id) or the primary key:\n%s\n%s", what, stmt, plan)
+		}
+		t.Logf("%s plan after the burst:\n%s", what, plan)
+	}
+
+	rec.Reset()
+	batch, err := store.NextBatch(ctx, 0, 500)
+	if err != nil || len(batch) != 500 {
+		t.Fatalf("NextBatch = %d rows, %v; want 500", len(batch), err)
+	}
+	if stmts := rec.Statements(); len(stmts) != 1 {
+		t.Fatalf("NextBatch issued %d statements; want 1: %q", len(stmts), stmts)
+	}
+	nb := rec.Statements()[0]
+	onIndex("NextBatch", nb, explain(nb))
+
+	rec.Reset()
+	if err := store.MarkPublished(ctx, 0, batch[:197]); err != nil {
+		t.Fatal(err)
+	}
+	stmts := rec.Statements()
+	if len(stmts) != 1 || !strings.HasPrefix(stmts[0], "DELETE") {
+		t.Fatalf("MarkPublished issued %q; want one DELETE (no BEGIN/COMMIT)", stmts)
+	}
+	// The rows are gone: explain the same statement for the next 197 rows.
+	del := strings.Replace(stmts[0], idList(batch[:197]), idList(batch[197:394]), 1)
+	onIndex("MarkPublished (custom plan)", del, explain(del))
+
+	// A driver caching the statement may get PostgreSQL's generic plan.
+	var generic []string
+	err = db.Connection(func(c *gorm.DB) error {
+		if err := c.Exec("PREPARE i17_delete(int, text) AS DELETE FROM outbox_messages WHERE bucket = $1 AND parked_at_ms IS NULL AND id = ANY($2::bigint[])").Error; err != nil {
+			return err
+		}
+		defer c.Exec("DEALLOCATE i17_delete")
+		return c.Transaction(func(tx *gorm.DB) error {
+			if err := tx.Exec("SET LOCAL plan_cache_mode = force_generic_plan").Error; err != nil {
+				return err
+			}
+			if err := tx.Raw("EXPLAIN (ANALYZE, BUFFERS) EXECUTE i17_delete(0, '" + idList(batch[197:394]) + "')").Scan(&generic).Error; err != nil {
+				return err
+			}
+			return errRollback
+		})
+	})
+	if !errors.Is(err, errRollback) {
+		t.Fatal(err)
+	}
+	onIndex("MarkPublished (generic plan)", "EXECUTE i17_delete", strings.Join(generic, "\n"))
+}
+
+// idList is the ids of msgs as MarkPublished's PostgreSQL array literal.
+func idList(msgs []*outbox.Message) string {
+	var b strings.Builder
+	b.WriteByte('{')
+	for i, m := range msgs {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.FormatInt(m.ID, 10))
+	}
+	b.WriteByte('}')
+	return b.String()
+}
