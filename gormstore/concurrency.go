@@ -11,3 +11,5 @@ var _ relay.ConcurrentStore = (*Store)(nil)
 // the latest clock reading) is under its mutex. Not on SQLite, whose single
 // writer turns the overlap into lock waits.
 func (s *Store) ConcurrentBuckets() bool { return s.db.Dialector.Name() != "sqlite" }
+
+var _ relay.ByteBoundedFetcher = (*Store)(nil)

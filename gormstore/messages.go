@@ -117,12 +117,11 @@ func (s *Store) NextBatch(ctx context.Context, bucket, limit int) ([]*outbox.Mes
 	return s.nextBatch(ctx, bucket, limit, 0)
 }
 
-// NextBatchBytes is NextBatch bounded in bytes as well as rows: it stops
-// adding rows once the sum of len(Key)+len(Value)+len(encoded headers) of
-// the batch would exceed maxBytes, and then stops reading (it closes the
-// cursor; the statement's LIMIT is still limit). The batch holds at least
-// one row whatever its size. maxBytes <= 0 means no byte bound. A row past
-// the bound is not decoded: when it is corrupt, the next batch reports it.
+// NextBatchBytes implements relay.ByteBoundedFetcher: NextBatch bounded in
+// bytes as well as rows. It stops after the first row that brings the
+// batch's relay.MessageSize total beyond maxBytes (that row included, as the
+// contract asks), and then stops reading (it closes the cursor; the
+// statement's LIMIT is still limit). maxBytes <= 0 means no byte bound.
 func (s *Store) NextBatchBytes(ctx context.Context, bucket, limit int, maxBytes int64) ([]*outbox.Message, error) {
 	return s.nextBatch(ctx, bucket, limit, maxBytes)
 }
@@ -154,8 +153,8 @@ func (s *Store) nextBatch(ctx context.Context, bucket, limit int, maxBytes int64
 }
 
 // scanBatch reads NextBatch's rows (and closes them): at most limit, and,
-// when maxBytes > 0, no more bytes than maxBytes unless the first row alone
-// is larger.
+// when maxBytes > 0, up to and including the row whose relay.MessageSize
+// brings the total beyond maxBytes.
 func scanBatch(rows *sql.Rows, limit int, maxBytes int64) ([]*outbox.Message, *relay.CorruptRowError, error) {
 	defer rows.Close()
 	sc := newBatchScanner()
@@ -165,10 +164,6 @@ func scanBatch(rows *sql.Rows, limit int, maxBytes int64) ([]*outbox.Message, *r
 		if err := rows.Scan(sc.dest...); err != nil {
 			return nil, nil, err
 		}
-		size := sc.size()
-		if maxBytes > 0 && len(msgs) > 0 && total+size > maxBytes {
-			break
-		}
 		m, err := sc.message(limit - len(msgs))
 		if err != nil {
 			if len(msgs) == 0 {
@@ -176,8 +171,16 @@ func scanBatch(rows *sql.Rows, limit int, maxBytes int64) ([]*outbox.Message, *r
 			}
 			break
 		}
-		total += size
 		msgs = append(msgs, m)
+		if maxBytes > 0 {
+			// The row crossing the bound is included, as
+			// relay.ByteBoundedFetcher asks: the relay tells a batch cut by
+			// size from a drained bucket by it (and publishes the rows within
+			// the bound).
+			if total += relay.MessageSize(m); total > maxBytes {
+				break
+			}
+		}
 	}
 	if err := rows.Err(); err != nil {
 		return nil, nil, err
