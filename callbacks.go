@@ -352,6 +352,7 @@ func (p *Plugin) wrapCreate(db *gorm.DB) error {
 	ins := inserter{
 		returning: slices.Contains(cp.Clauses, "RETURNING"),
 		lastID:    db.Dialector.Name() == "sqlite" || db.Dialector.Name() == "mysql",
+		skipIDs:   p.SkipIDReadBack,
 		sql:       new(sync.Map),
 	}
 	switch db.Dialector.Name() {
@@ -378,13 +379,14 @@ func (p *Plugin) wrapCreate(db *gorm.DB) error {
 type inserter struct {
 	returning bool      // the dialector supports RETURNING
 	lastID    bool      // LastInsertId is the id of a one-row INSERT
+	skipIDs   bool      // Plugin.SkipIDReadBack: ids are not read back
 	sql       *sync.Map // sqlKey → the one-row INSERT's text
 }
 
 // sqlKey names a cached one-row INSERT.
 type sqlKey struct {
 	dialect, table string
-	lastID         bool
+	returning      bool
 }
 
 // createColumns are the columns GORM's Create writes for a Message with a
@@ -445,11 +447,8 @@ func (ins inserter) insertable(db *gorm.DB) ([]*Message, bool) {
 			return nil, false
 		}
 	}
-	if len(msgs) > 1 && !ins.returning {
+	if !ins.skipIDs && !ins.returning && (len(msgs) > 1 || !ins.lastID) {
 		return nil, false // GORM's LastInsertId arithmetic, as before
-	}
-	if len(msgs) == 1 && !ins.lastID && !ins.returning {
-		return nil, false
 	}
 	return msgs, true
 }
@@ -469,14 +468,17 @@ func (ins inserter) insert(db *gorm.DB, msgs []*Message) {
 	for i, m := range msgs {
 		values.Values[i] = []any{m.MessageID, m.Bucket, m.Topic, m.Key, m.Value, m.Headers, m.Partition, m.CreatedAt}
 	}
-	useLastID := len(msgs) == 1 && ins.lastID
+	// The ids come from RETURNING "id", or from LastInsertId for one row
+	// where that is exact, or not at all (SkipIDReadBack).
+	returning := !ins.skipIDs && (len(msgs) > 1 || !ins.lastID)
+	useLastID := !ins.skipIDs && !returning
 	// A one-row INSERT's text depends only on the dialect, the table and
 	// RETURNING or not (every value binds one placeholder): built by GORM
 	// once, then reused.
 	var key sqlKey
 	cacheable := len(msgs) == 1 && stmt.TableExpr == nil && len(stmt.Vars) == 0
 	if cacheable {
-		key = sqlKey{dialect: db.Dialector.Name(), table: stmt.Table, lastID: useLastID}
+		key = sqlKey{dialect: db.Dialector.Name(), table: stmt.Table, returning: returning}
 		if q, ok := ins.sql.Load(key); ok {
 			stmt.SQL.WriteString(q.(string))
 			stmt.Vars = values.Values[0]
@@ -487,7 +489,7 @@ func (ins inserter) insert(db *gorm.DB, msgs []*Message) {
 		stmt.SQL.Grow(180)
 		stmt.AddClause(clause.Insert{})
 		stmt.AddClause(values)
-		if !useLastID {
+		if returning {
 			stmt.AddClause(returningID)
 		}
 		stmt.Build(stmt.BuildClauses...)
@@ -496,7 +498,7 @@ func (ins inserter) insert(db *gorm.DB, msgs []*Message) {
 		}
 	}
 
-	if useLastID {
+	if !returning {
 		res, err := stmt.ConnPool.ExecContext(stmt.Context, stmt.SQL.String(), stmt.Vars...)
 		if db.AddError(err) != nil {
 			return
@@ -506,7 +508,7 @@ func (ins inserter) insert(db *gorm.DB, msgs []*Message) {
 			stmt.Result.Result = res
 			stmt.Result.RowsAffected = db.RowsAffected
 		}
-		if db.RowsAffected == 0 {
+		if db.RowsAffected == 0 || !useLastID {
 			return
 		}
 		id, err := res.LastInsertId()

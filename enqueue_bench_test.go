@@ -98,10 +98,12 @@ func BenchmarkEnqueueVsHandInsert(b *testing.B) {
 					return err
 				}},
 			}
-			extra := enqueueBenchVariants(msg)
-			for _, e := range extra {
-				variants = append(variants, variant{name: e.name, gorm: e.write})
-			}
+			// The same INSERT with RETURNING id read back: what reading the
+			// id costs at the driver, whatever writes the SQL.
+			variants = append(variants, variant{name: "sql_returning", sql: func(tx *sql.Tx) error {
+				var id int64
+				return tx.QueryRowContext(ctx, rawInsert+" RETURNING id", handArgs()...).Scan(&id)
+			}})
 			for _, v := range variants {
 				// Warm up the statement caches and the connection.
 				for range 20 {
@@ -194,15 +196,6 @@ func BenchmarkEnqueueVsHandInsert(b *testing.B) {
 		})
 	}
 }
-
-// enqueueBenchVariant is a further plugin write path to compare.
-type enqueueBenchVariant struct {
-	name  string
-	write func(tx *gorm.DB) error
-}
-
-// enqueueBenchVariants returns the further write paths (none yet).
-func enqueueBenchVariants(func() *outbox.Message) []enqueueBenchVariant { return nil }
 
 // reportCPU reports, when the returned func is called, the process's CPU
 // time (user + system) per operation since reportCPU was called: the
