@@ -13,6 +13,7 @@ import (
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/internal/testenv"
 	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
 )
 
 // nopNotifier is a relay-like notifier (non-blocking, bucket hints) that
@@ -67,6 +68,15 @@ func BenchmarkEnqueueVsHandInsert(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
+			// The same database through a second *gorm.DB whose plugin skips
+			// reading the ids back.
+			noIDs, err := gorm.Open(testenv.DialectorOn(o.Name, sqlDB), &gorm.Config{Logger: logger.Default.LogMode(logger.Silent)})
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := noIDs.Use(outbox.Plugin{Notifier: nopNotifier{}, SkipIDReadBack: true}); err != nil {
+				b.Fatal(err)
+			}
 			rawInsert := handInsert
 			if o.Name == testenv.Postgres {
 				rawInsert = dollarPlaceholders(handInsert)
@@ -85,6 +95,7 @@ func BenchmarkEnqueueVsHandInsert(b *testing.B) {
 			// A gorm-side writer and a database/sql-side writer of one row.
 			type variant struct {
 				name string
+				db   *gorm.DB // nil: db
 				gorm func(tx *gorm.DB) error
 				sql  func(tx *sql.Tx) error
 			}
@@ -92,6 +103,8 @@ func BenchmarkEnqueueVsHandInsert(b *testing.B) {
 			variants := []variant{
 				{name: "create", gorm: func(tx *gorm.DB) error { return tx.Create(msg()).Error }},
 				{name: "enqueue", gorm: func(tx *gorm.DB) error { return outbox.Enqueue(tx, msg()) }},
+				{name: "create_skip_id", db: noIDs, gorm: func(tx *gorm.DB) error { return tx.Create(msg()).Error }},
+				{name: "enqueue_skip_id", db: noIDs, gorm: func(tx *gorm.DB) error { return outbox.Enqueue(tx, msg()) }},
 				{name: "gorm_exec", gorm: func(tx *gorm.DB) error { return tx.Exec(handInsert, handArgs()...).Error }},
 				{name: "sql_exec", sql: func(tx *sql.Tx) error {
 					_, err := tx.ExecContext(ctx, rawInsert, handArgs()...)
@@ -104,11 +117,16 @@ func BenchmarkEnqueueVsHandInsert(b *testing.B) {
 				var id int64
 				return tx.QueryRowContext(ctx, rawInsert+" RETURNING id", handArgs()...).Scan(&id)
 			}})
+			for i := range variants {
+				if variants[i].db == nil {
+					variants[i].db = db
+				}
+			}
 			for _, v := range variants {
 				// Warm up the statement caches and the connection.
 				for range 20 {
 					if v.gorm != nil {
-						if err := db.Transaction(v.gorm); err != nil {
+						if err := v.db.Transaction(v.gorm); err != nil {
 							b.Fatal(err)
 						}
 					} else {
@@ -132,7 +150,7 @@ func BenchmarkEnqueueVsHandInsert(b *testing.B) {
 						defer reportCPU(b)()
 						for range b.N {
 							if v.gorm != nil {
-								if err := db.Transaction(v.gorm); err != nil {
+								if err := v.db.Transaction(v.gorm); err != nil {
 									b.Fatal(err)
 								}
 								continue
@@ -156,7 +174,7 @@ func BenchmarkEnqueueVsHandInsert(b *testing.B) {
 					b.Run(v.name, func(b *testing.B) {
 						b.ReportAllocs()
 						if v.gorm != nil {
-							tx := db.Begin()
+							tx := v.db.Begin()
 							if tx.Error != nil {
 								b.Fatal(tx.Error)
 							}
