@@ -5,6 +5,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -44,105 +45,122 @@ func dollarPlaceholders(q string) string {
 	return b.String()
 }
 
+// enqueueVariant writes one outbox row, through GORM (gorm, in a
+// transaction of db) or through database/sql (sql).
+type enqueueVariant struct {
+	name string
+	db   *gorm.DB
+	gorm func(tx *gorm.DB) error
+	sql  func(tx *sql.Tx) error
+}
+
+// enqueueBenchSetup opens a fresh database of o with the plugin and the
+// tables, and returns the variants of BenchmarkEnqueueVsHandInsert, warmed
+// up, the *gorm.DB and its *sql.DB.
+func enqueueBenchSetup(b *testing.B, o testenv.Opener) ([]enqueueVariant, *gorm.DB, *sql.DB) {
+	b.Helper()
+	value := bytes.Repeat([]byte("v"), 1024)
+	db := o.Open(b, nil)
+	if err := db.Use(outbox.Plugin{Notifier: nopNotifier{}}); err != nil {
+		b.Fatal(err)
+	}
+	if err := outbox.AutoMigrate(db, outbox.Config{}); err != nil {
+		b.Fatal(err)
+	}
+	sqlDB, err := db.DB()
+	if err != nil {
+		b.Fatal(err)
+	}
+	// The same database through a second *gorm.DB whose plugin skips
+	// reading the ids back.
+	noIDs, err := gorm.Open(testenv.DialectorOn(o.Name, sqlDB), &gorm.Config{Logger: logger.Default.LogMode(logger.Silent)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := noIDs.Use(outbox.Plugin{Notifier: nopNotifier{}, SkipIDReadBack: true}); err != nil {
+		b.Fatal(err)
+	}
+	rawInsert := handInsert
+	if o.Name == testenv.Postgres {
+		rawInsert = dollarPlaceholders(handInsert)
+	}
+	seq := 0
+	msg := func() *outbox.Message {
+		seq++
+		return &outbox.Message{Topic: "orders", Key: fmt.Appendf(nil, "order-%010d", seq), Value: value}
+	}
+	handArgs := func() []any {
+		seq++
+		key := fmt.Appendf(nil, "order-%010d", seq)
+		id := outbox.NewUUID()
+		return []any{id, outbox.BucketOf(key, nil, id, outbox.DefaultBucketCount), "orders", key, value, nil, nil, time.Now().UTC()}
+	}
+	ctx := context.Background()
+	variants := []enqueueVariant{
+		{name: "create", gorm: func(tx *gorm.DB) error { return tx.Create(msg()).Error }},
+		{name: "enqueue", gorm: func(tx *gorm.DB) error { return outbox.Enqueue(tx, msg()) }},
+		{name: "create_skip_id", db: noIDs, gorm: func(tx *gorm.DB) error { return tx.Create(msg()).Error }},
+		{name: "enqueue_skip_id", db: noIDs, gorm: func(tx *gorm.DB) error { return outbox.Enqueue(tx, msg()) }},
+		{name: "gorm_exec", gorm: func(tx *gorm.DB) error { return tx.Exec(handInsert, handArgs()...).Error }},
+		{name: "sql_exec", sql: func(tx *sql.Tx) error {
+			_, err := tx.ExecContext(ctx, rawInsert, handArgs()...)
+			return err
+		}},
+	}
+	// The same INSERT with RETURNING id read back: what reading the
+	// id costs at the driver, whatever writes the SQL.
+	variants = append(variants, enqueueVariant{name: "sql_returning", sql: func(tx *sql.Tx) error {
+		var id int64
+		return tx.QueryRowContext(ctx, rawInsert+" RETURNING id", handArgs()...).Scan(&id)
+	}})
+	for i := range variants {
+		if variants[i].db == nil {
+			variants[i].db = db
+		}
+	}
+	for _, v := range variants {
+		// Warm up the statement caches and the connection.
+		for range 20 {
+			if err := v.once(ctx, sqlDB); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	return variants, db, sqlDB
+}
+
+// once writes one row in a transaction of its own.
+func (v enqueueVariant) once(ctx context.Context, sqlDB *sql.DB) error {
+	if v.gorm != nil {
+		return v.db.Transaction(v.gorm)
+	}
+	tx, err := sqlDB.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	if err := v.sql(tx); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	return tx.Commit()
+}
+
 // BenchmarkEnqueueVsHandInsert compares one outbox row written through the
 // plugin (tx.Create, outbox.Enqueue) with the same row written by hand
 // (through the same *gorm.DB's Exec, and through database/sql), per
 // database: each in its own transaction (tx: BEGIN, INSERT, COMMIT) and as
 // the statement alone inside one long transaction (stmt). The hand-written
 // variants compute what the plugin computes (message id, bucket, created
-// at).
+// at). Variants also cover Plugin.SkipIDReadBack (a second *gorm.DB on the
+// same pool) and the database/sql INSERT with RETURNING id read back.
+// BenchmarkEnqueueInterleaved gives the ratios under a changing load.
 //
 //	go test -run '^$' -bench EnqueueVsHandInsert -benchtime 2000x -count 5 .
 func BenchmarkEnqueueVsHandInsert(b *testing.B) {
-	value := bytes.Repeat([]byte("v"), 1024)
 	for _, o := range testenv.Databases(b) {
 		b.Run(o.Name, func(b *testing.B) {
-			db := o.Open(b, nil)
-			if err := db.Use(outbox.Plugin{Notifier: nopNotifier{}}); err != nil {
-				b.Fatal(err)
-			}
-			if err := outbox.AutoMigrate(db, outbox.Config{}); err != nil {
-				b.Fatal(err)
-			}
-			sqlDB, err := db.DB()
-			if err != nil {
-				b.Fatal(err)
-			}
-			// The same database through a second *gorm.DB whose plugin skips
-			// reading the ids back.
-			noIDs, err := gorm.Open(testenv.DialectorOn(o.Name, sqlDB), &gorm.Config{Logger: logger.Default.LogMode(logger.Silent)})
-			if err != nil {
-				b.Fatal(err)
-			}
-			if err := noIDs.Use(outbox.Plugin{Notifier: nopNotifier{}, SkipIDReadBack: true}); err != nil {
-				b.Fatal(err)
-			}
-			rawInsert := handInsert
-			if o.Name == testenv.Postgres {
-				rawInsert = dollarPlaceholders(handInsert)
-			}
-			seq := 0
-			msg := func() *outbox.Message {
-				seq++
-				return &outbox.Message{Topic: "orders", Key: fmt.Appendf(nil, "order-%010d", seq), Value: value}
-			}
-			handArgs := func() []any {
-				seq++
-				key := fmt.Appendf(nil, "order-%010d", seq)
-				id := outbox.NewUUID()
-				return []any{id, outbox.BucketOf(key, nil, id, outbox.DefaultBucketCount), "orders", key, value, nil, nil, time.Now().UTC()}
-			}
-			// A gorm-side writer and a database/sql-side writer of one row.
-			type variant struct {
-				name string
-				db   *gorm.DB // nil: db
-				gorm func(tx *gorm.DB) error
-				sql  func(tx *sql.Tx) error
-			}
+			variants, _, sqlDB := enqueueBenchSetup(b, o)
 			ctx := context.Background()
-			variants := []variant{
-				{name: "create", gorm: func(tx *gorm.DB) error { return tx.Create(msg()).Error }},
-				{name: "enqueue", gorm: func(tx *gorm.DB) error { return outbox.Enqueue(tx, msg()) }},
-				{name: "create_skip_id", db: noIDs, gorm: func(tx *gorm.DB) error { return tx.Create(msg()).Error }},
-				{name: "enqueue_skip_id", db: noIDs, gorm: func(tx *gorm.DB) error { return outbox.Enqueue(tx, msg()) }},
-				{name: "gorm_exec", gorm: func(tx *gorm.DB) error { return tx.Exec(handInsert, handArgs()...).Error }},
-				{name: "sql_exec", sql: func(tx *sql.Tx) error {
-					_, err := tx.ExecContext(ctx, rawInsert, handArgs()...)
-					return err
-				}},
-			}
-			// The same INSERT with RETURNING id read back: what reading the
-			// id costs at the driver, whatever writes the SQL.
-			variants = append(variants, variant{name: "sql_returning", sql: func(tx *sql.Tx) error {
-				var id int64
-				return tx.QueryRowContext(ctx, rawInsert+" RETURNING id", handArgs()...).Scan(&id)
-			}})
-			for i := range variants {
-				if variants[i].db == nil {
-					variants[i].db = db
-				}
-			}
-			for _, v := range variants {
-				// Warm up the statement caches and the connection.
-				for range 20 {
-					if v.gorm != nil {
-						if err := v.db.Transaction(v.gorm); err != nil {
-							b.Fatal(err)
-						}
-					} else {
-						tx, err := sqlDB.BeginTx(ctx, nil)
-						if err != nil {
-							b.Fatal(err)
-						}
-						if err := v.sql(tx); err != nil {
-							b.Fatal(err)
-						}
-						if err := tx.Commit(); err != nil {
-							b.Fatal(err)
-						}
-					}
-				}
-			}
 			b.Run("tx", func(b *testing.B) {
 				for _, v := range variants {
 					b.Run(v.name, func(b *testing.B) {
@@ -210,6 +228,98 @@ func BenchmarkEnqueueVsHandInsert(b *testing.B) {
 						}
 					})
 				}
+			})
+		})
+	}
+}
+
+// BenchmarkEnqueueInterleaved runs the variants of
+// BenchmarkEnqueueVsHandInsert in turn, so that a machine whose load
+// changes (shared cores) loads them alike, and reports each variant's
+// median time per row (<variant>-ns) and the ratios to the hand-written
+// INSERT through GORM's Exec (<variant>/gorm_exec). tx: each row in its own
+// transaction, the variants alternating row by row; stmt: the statement
+// alone, the variants alternating by blocks of 20 rows, each block in a
+// transaction of its own (not timed). b.N is the rows per variant.
+//
+//	go test -run '^$' -bench EnqueueInterleaved -benchtime 2000x -count 5 .
+func BenchmarkEnqueueInterleaved(b *testing.B) {
+	const block = 20
+	for _, o := range testenv.Databases(b) {
+		b.Run(o.Name, func(b *testing.B) {
+			variants, _, sqlDB := enqueueBenchSetup(b, o)
+			ctx := context.Background()
+			report := func(b *testing.B, times [][]time.Duration) {
+				med := make([]float64, len(variants))
+				base := 0.0
+				for i, v := range variants {
+					slices.Sort(times[i])
+					med[i] = float64(times[i][len(times[i])/2].Nanoseconds())
+					if v.name == "gorm_exec" {
+						base = med[i]
+					}
+				}
+				for i, v := range variants {
+					b.ReportMetric(med[i], v.name+"-ns")
+					if v.name != "gorm_exec" && base > 0 {
+						b.ReportMetric(med[i]/base, v.name+"/gorm_exec")
+					}
+				}
+				b.ReportMetric(0, "ns/op")
+			}
+			b.Run("tx", func(b *testing.B) {
+				times := make([][]time.Duration, len(variants))
+				for range b.N {
+					for i, v := range variants {
+						start := time.Now()
+						if err := v.once(ctx, sqlDB); err != nil {
+							b.Fatal(err)
+						}
+						times[i] = append(times[i], time.Since(start))
+					}
+				}
+				report(b, times)
+			})
+			b.Run("stmt", func(b *testing.B) {
+				times := make([][]time.Duration, len(variants))
+				for done := 0; done < b.N; done += block {
+					n := min(block, b.N-done)
+					for i, v := range variants {
+						var err error
+						if v.gorm != nil {
+							err = v.db.Transaction(func(tx *gorm.DB) error {
+								for range n {
+									start := time.Now()
+									if err := v.gorm(tx); err != nil {
+										return err
+									}
+									times[i] = append(times[i], time.Since(start))
+								}
+								return nil
+							})
+						} else {
+							var tx *sql.Tx
+							if tx, err = sqlDB.BeginTx(ctx, nil); err == nil {
+								for range n {
+									start := time.Now()
+									if err = v.sql(tx); err != nil {
+										break
+									}
+									times[i] = append(times[i], time.Since(start))
+								}
+								if err == nil {
+									err = tx.Commit()
+								} else {
+									_ = tx.Rollback()
+								}
+							}
+						}
+						if err != nil {
+							b.Fatalf("%s: %v", v.name, err)
+						}
+					}
+				}
+				report(b, times)
 			})
 		})
 	}

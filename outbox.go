@@ -213,6 +213,18 @@ type BucketNotifier interface {
 // (SkipDefaultTransaction) the batches before an invalid message are
 // committed. Enqueue validates the whole call before its first statement.
 //
+// The plugin writes a plain create of messages (no upsert, Select, Omit
+// or clauses of the caller's, not a dry run) with its own INSERT in place
+// of GORM's gorm:create step: the statement GORM would build (its clause
+// builders and quoting; the one-row text cached), bound from the struct
+// fields without GORM's per-field reflection, the ids read back from
+// LastInsertId for one row on SQLite and MySQL/MariaDB, else from
+// RETURNING "id". It also skips GORM's create steps that do nothing for
+// such a statement (beginning a transaction inside one, the Message
+// hooks). Any other create runs GORM's steps as registered, so a step
+// another plugin replaced before db.Use is bypassed only for plain message
+// creates. db.Use logs GORM's "replacing callback" for these at Info.
+//
 // Register the plugin before deriving sessions from db where you can:
 // implicit transactions of a session derived earlier still notify, but a
 // transaction begun on such a session (db.Transaction, db.Begin) runs on the
