@@ -37,6 +37,8 @@ const MaxTopicLength = 249
 // is a real (hashed) key, and a nil Value is a tombstone.
 type Message struct {
 	// ID is the auto-increment primary key: submission order within a bucket.
+	// Create and Enqueue fill it with the row's id, unless the Plugin has
+	// SkipIDReadBack set (then it stays 0).
 	ID int64 `gorm:"column:id;primaryKey;autoIncrement;index:,composite:bucket_parked_id,priority:3"`
 	// MessageID is the record's stable identity, stamped on the record as the
 	// message-id header so consumers can deduplicate. Create generates a
