@@ -15,39 +15,20 @@ import (
 // table empties. SQLite, PostgreSQL and MySQL with the in-process broker,
 // and PostgreSQL with the real broker when the environment names both.
 func TestEndToEndGormToKafka(t *testing.T) {
-	type pairing struct {
-		db     testenv.Opener
-		broker func(t *testing.T) (testenv.Broker, bool)
-	}
-	fake := func(t *testing.T) (testenv.Broker, bool) { return testenv.NewFake(t), true }
-	real := func(t *testing.T) (testenv.Broker, bool) { return testenv.RealBroker(t) }
-	var pairings []pairing
-	for _, o := range testenv.Databases(t) {
-		pairings = append(pairings, pairing{o, fake})
-		if o.Name == testenv.Postgres {
-			pairings = append(pairings, pairing{o, real})
-		}
-	}
-	for _, p := range pairings {
-		b, ok := p.broker(t)
-		if !ok {
-			continue
-		}
-		t.Run(p.db.Name+"_"+b.Name, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-			defer cancel()
-			topic := testenv.Unique("e2e-")
-			b.CreateTopic(t, topic, 4, nil)
+	forEachDBAndBroker(t, func(t *testing.T, dbo testenv.Opener, b testenv.Broker) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		topic := testenv.Unique("e2e-")
+		b.CreateTopic(t, topic, 4, nil)
 
-			db := p.db.Open(t, nil)
-			n := relay.NewNotifier()
-			store := e2eStore(t, db, n)
-			_, done := startKafkaRelay(ctx, t, store, n, relay.KafkaConfig{Brokers: b.Addrs})
+		db := dbo.Open(t, nil)
+		n := relay.NewNotifier()
+		store := e2eStore(t, db, n)
+		_, done := startKafkaRelay(ctx, t, store, n, relay.KafkaConfig{Brokers: b.Addrs})
 
-			committed, rolledBack := writeTransactions(ctx, t, db, topic, 1, 60)
-			checkRecords(t, b.ReadAll(t, topic, len(committed), time.Minute), committed, rolledBack)
-			waitOutboxEmpty(ctx, t, db)
-			stopRelay(t, cancel, done)
-		})
-	}
+		committed, rolledBack := writeTransactions(ctx, t, db, topic, 1, 60)
+		checkRecords(t, b.ReadAll(t, topic, len(committed), time.Minute), committed, rolledBack)
+		waitOutboxEmpty(ctx, t, db)
+		stopRelay(t, cancel, done)
+	})
 }

@@ -29,141 +29,122 @@ import (
 // requeues key A, a deduplicating consumer reads A's rows in commit order
 // and the table is empty.
 func TestOversizedRowParksItsKeyWhileTheBucketFlows(t *testing.T) {
-	type pairing struct {
-		db     testenv.Opener
-		broker func(t *testing.T) (testenv.Broker, bool)
-	}
-	fake := func(t *testing.T) (testenv.Broker, bool) { return testenv.NewFake(t), true }
-	real := func(t *testing.T) (testenv.Broker, bool) { return testenv.RealBroker(t) }
-	var pairings []pairing
-	for _, o := range testenv.Databases(t) {
-		pairings = append(pairings, pairing{o, fake})
-		if o.Name == testenv.Postgres {
-			pairings = append(pairings, pairing{o, real})
+	forEachDBAndBroker(t, func(t *testing.T, dbo testenv.Opener, b testenv.Broker) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		const limit = 4096
+		topic := testenv.Unique("park-")
+		b.CreateTopic(t, topic, 1, map[string]string{"max.message.bytes": fmt.Sprint(limit)})
+
+		db := dbo.Open(t, nil)
+		n := relay.NewNotifier()
+		store := e2eStore(t, db, n)
+		keyA, keyB := sameBucketKeys(4)
+
+		logs := &testenv.Logs{}
+		reader := sdkmetric.NewManualReader()
+		pub, err := relay.NewKafkaPublisher(relay.KafkaConfig{Brokers: b.Addrs})
+		if err != nil {
+			t.Fatal(err)
 		}
-	}
-	for _, p := range pairings {
-		b, ok := p.broker(t)
-		if !ok {
-			continue
-		}
-		t.Run(p.db.Name+"_"+b.Name, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-			defer cancel()
-			const limit = 4096
-			topic := testenv.Unique("park-")
-			b.CreateTopic(t, topic, 1, map[string]string{"max.message.bytes": fmt.Sprint(limit)})
-
-			db := p.db.Open(t, nil)
-			n := relay.NewNotifier()
-			store := e2eStore(t, db, n)
-			keyA, keyB := sameBucketKeys(4)
-
-			logs := &testenv.Logs{}
-			reader := sdkmetric.NewManualReader()
-			pub, err := relay.NewKafkaPublisher(relay.KafkaConfig{Brokers: b.Addrs})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { _ = pub.Close() })
-			r, err := relay.New(store, pub, relay.Options{
-				Notifier: n, PollInterval: 50 * time.Millisecond, ErrorBackoff: 50 * time.Millisecond,
-				Logger: logs.Logger(), MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			rctx, stop := context.WithCancel(ctx)
-			done := make(chan error, 1)
-			go func() { done <- r.Run(rctx) }()
-
-			enqueue := func(msgs ...*outbox.Message) time.Time {
-				t.Helper()
-				if err := outbox.Enqueue(db.WithContext(ctx), msgs...); err != nil {
-					t.Fatal(err)
-				}
-				return time.Now()
-			}
-			a := func(i int, size int) *outbox.Message {
-				return outbox.NewMessage(topic, []byte(keyA), []byte(fmt.Sprintf("A%d:%s", i, strings.Repeat("x", size))))
-			}
-			bm := func(i int) *outbox.Message {
-				return outbox.NewMessage(topic, []byte(keyB), []byte(fmt.Sprintf("B%d", i)))
-			}
-			enqueue(a(1, 2*limit), a(2, 0))
-			committedB := enqueue(bm(1), bm(2), bm(3))
-
-			recs := dedupe(b.ReadAll(t, topic, 3, time.Minute))
-			for i, rec := range recs {
-				if string(rec.Key) != keyB {
-					t.Fatalf("record %d has key %q while A's head row is rejected; want only B's rows", i, rec.Key)
-				}
-			}
-			t.Logf("key B's first row reached the broker %v after its commit, while key A's head row was being rejected", recs[0].Time.Sub(committedB).Round(time.Millisecond))
-
-			parked := waitParked(ctx, t, store, 2)
-			if !strings.Contains(strings.ToLower(parked[0].Reason), "too large") || parked[0].Key == nil || string(parked[0].Key) != keyA {
-				t.Fatalf("parked head = key %q reason %q; want key A rejected as too large", parked[0].Key, parked[0].Reason)
-			}
-			if !strings.HasPrefix(parked[1].Reason, relay.HeldReasonPrefix) {
-				t.Fatalf("A's second row reason = %q; want held behind the head", parked[1].Reason)
-			}
-			// Committed after the parking: A's row is held, B's flows.
-			enqueue(a(3, 0), bm(4))
-			if got := dedupe(b.ReadAll(t, topic, 4, time.Minute)); len(valuesOf(got, keyB)) != 4 || len(got) != 4 {
-				t.Fatalf("records = %d (%d of key B); want B1..B4 and none of key A", len(got), len(valuesOf(got, keyB)))
-			}
-			parked = waitParked(ctx, t, store, 3)
-			if err := r.Health(); err != nil {
-				t.Fatalf("Health() = %v while a key is parked; want nil (parking is containment, not an outage)", err)
-			}
-			if lines := logs.Matching("row parked"); len(lines) != 1 {
-				t.Fatalf("%d 'row parked' log lines; want exactly 1:\n%s", len(lines), strings.Join(lines, ""))
-			} else {
-				t.Logf("operator sees: %s", strings.TrimSpace(lines[0]))
-			}
-			byReason := parkedCounts(t, reader)
-			if byReason[relay.ParkReasonUnpublishable] != 1 || byReason[relay.ParkReasonHeld] != 2 {
-				t.Fatalf("%s by reason = %v; want 1 unpublishable and 2 held", relay.MetricParked, byReason)
-			}
-
-			// A new relay (a restart, a takeover) loads the parked key and
-			// holds A's next row too, while B's flows.
-			stopRelay(t, stop, done)
-			store2, err := gormstore.New(db, gormstore.Options{Config: outbox.Config{BucketCount: 4}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			r2, err := relay.New(store2, pub, relay.Options{PollInterval: 50 * time.Millisecond, ErrorBackoff: 50 * time.Millisecond, Logger: logs.Logger()})
-			if err != nil {
-				t.Fatal(err)
-			}
-			rctx, stop = context.WithCancel(ctx)
-			go func() { done <- r2.Run(rctx) }()
-			enqueue(a(4, 0), bm(5))
-			if got := dedupe(b.ReadAll(t, topic, 5, time.Minute)); len(valuesOf(got, keyB)) != 5 || len(got) != 5 {
-				t.Fatalf("records after the restart = %d (%d of key B); want B1..B5 and none of key A", len(got), len(valuesOf(got, keyB)))
-			}
-			waitParked(ctx, t, store, 4)
-
-			// The operator shrinks the row, then requeues the key.
-			if err := db.Table(outbox.DefaultMessagesTable).Where("id = ?", parked[0].ID).Update("record_value", []byte("A1:shrunk")).Error; err != nil {
-				t.Fatal(err)
-			}
-			if n, err := store.RequeueParked(ctx, relay.ParkedSelector{Key: []byte(keyA)}); err != nil || n != 4 {
-				t.Fatalf("RequeueParked(key A) = %d, %v; want 4 rows", n, err)
-			}
-			all := b.ReadAll(t, topic, 9, time.Minute)
-			if got, want := valuesOf(dedupe(all), keyA), []string{"A1:shrunk", "A2:", "A3:", "A4:"}; strings.Join(got, ",") != strings.Join(want, ",") {
-				t.Fatalf("key A after requeue = %v; want %v in commit order", got, want)
-			}
-			waitOutboxEmpty(ctx, t, db)
-			if rows, err := store.ListParked(ctx, 0); err != nil || len(rows) != 0 {
-				t.Fatalf("ListParked after requeue = %d rows, %v; want none", len(rows), err)
-			}
-			stopRelay(t, stop, done)
+		t.Cleanup(func() { _ = pub.Close() })
+		r, err := relay.New(store, pub, relay.Options{
+			Notifier: n, PollInterval: 50 * time.Millisecond, ErrorBackoff: 50 * time.Millisecond,
+			Logger: logs.Logger(), MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
 		})
-	}
+		if err != nil {
+			t.Fatal(err)
+		}
+		rctx, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- r.Run(rctx) }()
+
+		enqueue := func(msgs ...*outbox.Message) time.Time {
+			t.Helper()
+			if err := outbox.Enqueue(db.WithContext(ctx), msgs...); err != nil {
+				t.Fatal(err)
+			}
+			return time.Now()
+		}
+		a := func(i int, size int) *outbox.Message {
+			return outbox.NewMessage(topic, []byte(keyA), []byte(fmt.Sprintf("A%d:%s", i, strings.Repeat("x", size))))
+		}
+		bm := func(i int) *outbox.Message {
+			return outbox.NewMessage(topic, []byte(keyB), []byte(fmt.Sprintf("B%d", i)))
+		}
+		enqueue(a(1, 2*limit), a(2, 0))
+		committedB := enqueue(bm(1), bm(2), bm(3))
+
+		recs := dedupe(b.ReadAll(t, topic, 3, time.Minute))
+		for i, rec := range recs {
+			if string(rec.Key) != keyB {
+				t.Fatalf("record %d has key %q while A's head row is rejected; want only B's rows", i, rec.Key)
+			}
+		}
+		t.Logf("key B's first row reached the broker %v after its commit, while key A's head row was being rejected", recs[0].Time.Sub(committedB).Round(time.Millisecond))
+
+		parked := waitParked(ctx, t, store, 2)
+		if !strings.Contains(strings.ToLower(parked[0].Reason), "too large") || parked[0].Key == nil || string(parked[0].Key) != keyA {
+			t.Fatalf("parked head = key %q reason %q; want key A rejected as too large", parked[0].Key, parked[0].Reason)
+		}
+		if !strings.HasPrefix(parked[1].Reason, relay.HeldReasonPrefix) {
+			t.Fatalf("A's second row reason = %q; want held behind the head", parked[1].Reason)
+		}
+		// Committed after the parking: A's row is held, B's flows.
+		enqueue(a(3, 0), bm(4))
+		if got := dedupe(b.ReadAll(t, topic, 4, time.Minute)); len(valuesOf(got, keyB)) != 4 || len(got) != 4 {
+			t.Fatalf("records = %d (%d of key B); want B1..B4 and none of key A", len(got), len(valuesOf(got, keyB)))
+		}
+		parked = waitParked(ctx, t, store, 3)
+		if err := r.Health(); err != nil {
+			t.Fatalf("Health() = %v while a key is parked; want nil (parking is containment, not an outage)", err)
+		}
+		if lines := logs.Matching("row parked"); len(lines) != 1 {
+			t.Fatalf("%d 'row parked' log lines; want exactly 1:\n%s", len(lines), strings.Join(lines, ""))
+		} else {
+			t.Logf("operator sees: %s", strings.TrimSpace(lines[0]))
+		}
+		byReason := parkedCounts(t, reader)
+		if byReason[relay.ParkReasonUnpublishable] != 1 || byReason[relay.ParkReasonHeld] != 2 {
+			t.Fatalf("%s by reason = %v; want 1 unpublishable and 2 held", relay.MetricParked, byReason)
+		}
+
+		// A new relay (a restart, a takeover) loads the parked key and
+		// holds A's next row too, while B's flows.
+		stopRelay(t, stop, done)
+		store2, err := gormstore.New(db, gormstore.Options{Config: outbox.Config{BucketCount: 4}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		r2, err := relay.New(store2, pub, relay.Options{PollInterval: 50 * time.Millisecond, ErrorBackoff: 50 * time.Millisecond, Logger: logs.Logger()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rctx, stop = context.WithCancel(ctx)
+		go func() { done <- r2.Run(rctx) }()
+		enqueue(a(4, 0), bm(5))
+		if got := dedupe(b.ReadAll(t, topic, 5, time.Minute)); len(valuesOf(got, keyB)) != 5 || len(got) != 5 {
+			t.Fatalf("records after the restart = %d (%d of key B); want B1..B5 and none of key A", len(got), len(valuesOf(got, keyB)))
+		}
+		waitParked(ctx, t, store, 4)
+
+		// The operator shrinks the row, then requeues the key.
+		if err := db.Table(outbox.DefaultMessagesTable).Where("id = ?", parked[0].ID).Update("record_value", []byte("A1:shrunk")).Error; err != nil {
+			t.Fatal(err)
+		}
+		if n, err := store.RequeueParked(ctx, relay.ParkedSelector{Key: []byte(keyA)}); err != nil || n != 4 {
+			t.Fatalf("RequeueParked(key A) = %d, %v; want 4 rows", n, err)
+		}
+		all := b.ReadAll(t, topic, 9, time.Minute)
+		if got, want := valuesOf(dedupe(all), keyA), []string{"A1:shrunk", "A2:", "A3:", "A4:"}; strings.Join(got, ",") != strings.Join(want, ",") {
+			t.Fatalf("key A after requeue = %v; want %v in commit order", got, want)
+		}
+		waitOutboxEmpty(ctx, t, db)
+		if rows, err := store.ListParked(ctx, 0); err != nil || len(rows) != 0 {
+			t.Fatalf("ListParked after requeue = %d rows, %v; want none", len(rows), err)
+		}
+		stopRelay(t, stop, done)
+	})
 }
 
 // sameBucketKeys returns two keys that the outbox hashes to one bucket of n.
