@@ -355,7 +355,10 @@ func (e *env) naiveLoop(ctx context.Context, db *sql.DB, w *kafka.Writer) error 
 		}
 		id, m, err := scanRow(tx.QueryRowContext(ctx, sel))
 		if errors.Is(err, sql.ErrNoRows) {
-			return tx.Rollback()
+			if err := tx.Rollback(); err != nil && ctx.Err() == nil {
+				return err
+			}
+			return ctx.Err() // nil: drained; else cancelled, which rolled the transaction back
 		}
 		if err == nil {
 			err = w.WriteMessages(ctx, m)
