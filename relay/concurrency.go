@@ -191,15 +191,23 @@ type bucketDone struct {
 	err    error
 }
 
-// sweepConcurrent publishes one batch of each ready bucket like the
-// sequential sweep, serving up to r.workers buckets at once, each on its own
-// goroutine running drainOnce. The invariants:
+// sweepConcurrent serves the ready buckets like the sequential sweep, up
+// to r.workers at once, each on its own goroutine running drainOnce, but
+// without waiting for the slowest of them: a worker's slot goes to the next
+// ready bucket as soon as it is free, and the hints that arrive meanwhile
+// make their buckets ready at once, so a committed row waits for about one
+// batch of its bucket, not for a whole sweep. Buckets are served round
+// robin: one that is still ready after its batch queues behind the others.
+// The sweep stops dispatching, and returns once its workers have, when
+// nothing is left to serve, when the rebalance or a discovery is due (the
+// loop runs them between sweeps), and on a fatal error, a stop or an
+// invalid lease set. The invariants:
 //
-//   - A bucket is served by at most one goroutine, once per sweep, so at
-//     most one of its batches is in flight and its rows go out in order.
+//   - A bucket is served by at most one goroutine at a time, so at most one
+//     of its batches is in flight and its rows go out in order.
 //   - That goroutine owns the bucket's state while it runs (see runState);
-//     this goroutine (the loop's) handles its outcome (bucketFailed) only
-//     after it returned, and starts no other bucket's worker on it.
+//     this goroutine (the loop's) handles its outcome (bucketFailed) and
+//     the hints for it only after it returned.
 //   - Workers check the leases before every change of their rows and never
 //     drop them; an invalid lease set stops the dispatch of further
 //     buckets, and is dropped here once every worker has returned.
@@ -212,15 +220,45 @@ func (r *Relay) sweepConcurrent(ctx, cleanup context.Context, st *runState, owne
 	done := make(chan bucketDone)
 	running := 0
 	var fatal error
-	next := 0
+	busy := make(map[int]bool, r.workers)   // buckets being served
+	hinted := make(map[int]bool, r.workers) // hinted while being served
+	queue := make([]int, 0, len(owned))     // buckets to serve, in turn
+	queued := make(map[int]bool, len(owned))
+	enqueue := func(b int) {
+		if !queued[b] {
+			queued[b] = true
+			queue = append(queue, b)
+		}
+	}
+	for _, b := range owned {
+		enqueue(b)
+	}
+	dispatching := func() bool {
+		if fatal != nil || ctx.Err() != nil || !r.leaseValid(st) || st.discover {
+			return false
+		}
+		now := r.clock.Now()
+		if !now.Before(st.nextRebalance) {
+			return false
+		}
+		if now.Before(st.nextDiscovery) {
+			return true
+		}
+		for _, b := range owned {
+			if !busy[b] && !st.ready[b] { // a busy bucket's is its worker's
+				return false // discovery is due: the loop runs it
+			}
+		}
+		return true
+	}
 	for {
-		for running < r.workers && next < len(owned) && fatal == nil && ctx.Err() == nil && r.leaseValid(st) {
-			b := owned[next]
-			next++
-			if !r.sweepable(st, b) {
-				continue
+		for running < r.workers && dispatching() {
+			b, ok := r.nextServable(st, &queue, queued, busy)
+			if !ok {
+				break
 			}
 			running++
+			busy[b] = true
 			go func() {
 				done <- bucketDone{b, r.drainOnce(ctx, cleanup, st, b, nil, func() {})}
 			}()
@@ -229,23 +267,77 @@ func (r *Relay) sweepConcurrent(ctx, cleanup context.Context, st *runState, owne
 			break
 		}
 		st.serving = running
-		d := <-done
-		running--
-		st.serving = running
-		var be errBucket
-		switch {
-		case errors.As(d.err, &be):
-			if ctx.Err() == nil {
-				r.bucketFailed(st, d.bucket, be.err)
+		select {
+		case d := <-done:
+			running--
+			st.serving = running
+			delete(busy, d.bucket)
+			var be errBucket
+			switch {
+			case errors.As(d.err, &be):
+				if ctx.Err() == nil {
+					r.bucketFailed(st, d.bucket, be.err)
+				}
+			case d.err != nil && fatal == nil:
+				fatal = d.err
 			}
-		case d.err != nil && fatal == nil:
-			fatal = d.err
+			if hinted[d.bucket] {
+				delete(hinted, d.bucket)
+				st.ready[d.bucket] = true
+			}
+			if st.ready[d.bucket] {
+				enqueue(d.bucket)
+			}
+			r.noteStuck(st)
+		case <-r.notifier.wake:
+			var unknown bool
+			st.hints, unknown = r.notifier.take(st.hints[:0])
+			for _, b := range st.hints {
+				switch {
+				case b >= len(st.ready) || !containsSorted(owned, b):
+				case busy[b]:
+					hinted[b] = true // its worker may be clearing ready
+				default:
+					st.ready[b] = true
+					enqueue(b)
+				}
+			}
+			if unknown {
+				st.discover = true // the loop discovers, after this sweep
+			}
 		}
-		r.noteStuck(st)
+	}
+	for b := range hinted {
+		st.ready[b] = true
 	}
 	if fatal != nil {
 		return fatal
 	}
 	r.checkLease(st)
 	return nil
+}
+
+// nextServable removes from the queue, and returns, its first bucket that
+// is sweepable and not busy; buckets no longer ready leave the queue, and
+// those waiting out a backoff keep their place.
+func (r *Relay) nextServable(st *runState, queue *[]int, queued, busy map[int]bool) (int, bool) {
+	q := *queue
+	for i, b := range q {
+		if busy[b] || !st.ready[b] || !r.sweepable(st, b) {
+			continue // dropped below unless it waits
+		}
+		// Keep the skipped ones that still wait, in order.
+		kept := q[:0]
+		for _, c := range q[:i] {
+			if busy[c] || st.ready[c] {
+				kept = append(kept, c)
+			} else {
+				delete(queued, c)
+			}
+		}
+		delete(queued, b)
+		*queue = append(kept, q[i+1:]...)
+		return b, true
+	}
+	return 0, false
 }

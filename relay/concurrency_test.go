@@ -205,6 +205,42 @@ func (l *lostRenewal) RenewBucketLeases(ctx context.Context, id string, b []int,
 	return l.MemStore.RenewBucketLeases(ctx, id, b, d)
 }
 
+// TestConcurrentHintedBucketNotHeldBySlowBucket: while one bucket's publish
+// hangs, rows committed to another bucket are published at once on their
+// hint, batch after batch: a free worker takes the next ready bucket without
+// waiting for the slow one (no sweep-wide barrier), so a row waits for about
+// one batch of its own bucket, not for the slowest bucket of the relay.
+func TestConcurrentHintedBucketNotHeldBySlowBucket(t *testing.T) {
+	h := newHarness(t, relay.Options{BucketCount: 2, MaxConcurrentBuckets: 2}, asConcurrent)
+	release := make(chan struct{})
+	hung := make(chan struct{})
+	var once sync.Once
+	h.pub.SetHandler(func(ctx context.Context, b []*outbox.Message) relay.Result {
+		if b[0].Bucket == 0 {
+			once.Do(func() { close(hung) })
+			<-release
+		}
+		return relay.Result{Acknowledged: len(b)}
+	})
+	h.store.AddToBucket(0, msgs(1, "slow")...)
+	h.start()
+	select {
+	case <-hung:
+	case <-time.After(waitLimit):
+		t.Fatal("bucket 0 was not published")
+	}
+	for round := range 3 {
+		h.store.AddToBucket(1, msgs(2, "fast")...)
+		h.r.Notifier().NotifyBucket(1)
+		h.waitFor(fmt.Sprintf("round %d: bucket 1 published and deleted while bucket 0 hangs", round), func() bool {
+			return h.store.Len() == 1 // only bucket 0's row is left
+		})
+	}
+	close(release)
+	h.waitFor("store empty", func() bool { return h.store.Len() == 0 })
+	checkPublishedOnce(t, h.pub.Calls(), 7)
+}
+
 // TestConcurrentLeaseLostMidFlight: with four publishes in flight, a
 // renewal reports the leases lost; none of the four batches is deleted
 // (they are published again under the reacquired leases).

@@ -34,6 +34,8 @@ const (
 	MetricPublishDuration = "outbox.publish.duration"
 	// MetricCycleDuration is a histogram of relay cycles (acquisition,
 	// discovery and one sweep), excluding idle waits and backoff, in seconds.
+	// With buckets served concurrently a sweep goes on while hints keep
+	// buckets ready, up to the next discovery or rebalance.
 	MetricCycleDuration = "outbox.cycle.duration"
 	// MetricPendingMessages is a gauge of the whole store's pending rows from
 	// the latest backlog sample; absent while no sample is available.

@@ -76,8 +76,9 @@ type Options struct {
 	// once, when the store implements ConcurrentStore (returning true) and
 	// LeaseRenewer: the fetch, publish and delete of different buckets
 	// overlap, each bucket still having at most one batch in flight, in
-	// order, under the same lease checks. A sweep still serves each ready
-	// bucket one batch, and ends when all of them are done. With 1, or with
+	// order, under the same lease checks. A bucket's slot goes to the next
+	// ready bucket as soon as its batch is done, and buckets take turns
+	// (one still ready after its batch waits behind the others). With 1, or with
 	// any other store, buckets are served one after the other, and a
 	// ConcurrentFetcher store still gets the next bucket's batch fetched
 	// during a publish. Zero means DefaultMaxConcurrentBuckets (4); a
