@@ -208,3 +208,19 @@ func TestPublishSpan(t *testing.T) {
 		})
 	}
 }
+
+// TestTracingREADMEFigures pins the figures the README's Tracing section
+// gives: the link cap, and what a traceparent header adds to a record's
+// size as BatchBytes counts it.
+func TestTracingREADMEFigures(t *testing.T) {
+	if MaxPublishSpanLinks != 128 {
+		t.Errorf("MaxPublishSpanLinks = %d; the README documents 128", MaxPublishSpanLinks)
+	}
+	tp, _ := traceparentOf(1, 1)
+	plain := kafka.Message{Key: []byte("k"), Value: []byte("v"), Headers: []kafka.Header{{Key: DefaultMessageIDHeader, Value: []byte(outbox.NewUUID().String())}}}
+	traced := plain
+	traced.Headers = append([]kafka.Header{{Key: "traceparent", Value: []byte(tp)}}, plain.Headers...)
+	if d := recordSize(&traced) - recordSize(&plain); d != 68 {
+		t.Errorf("a traceparent header adds %d bytes to recordSize; the README documents 68", d)
+	}
+}
