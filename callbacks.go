@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"reflect"
@@ -188,7 +189,7 @@ func (p *Plugin) prepareStatement(db *gorm.DB) {
 	// row again, not a new record: it keeps its id and message id.
 	_, upsert := db.Statement.Clauses["ON CONFLICT"]
 	tr := newTraceInjector(db.Statement.Context, p.Propagator)
-	if err := prepareAll(db.Statement.ReflectValue, cfg, time.Now(), upsert, tr); err != nil {
+	if err := prepareAll(db.Statement.Context, db.Statement.ReflectValue, cfg, time.Now(), upsert, tr); err != nil {
 		db.AddError(err)
 		return
 	}
@@ -196,12 +197,12 @@ func (p *Plugin) prepareStatement(db *gorm.DB) {
 }
 
 // prepareAll prepares every message of a create statement's value, naming
-// the index of the first invalid one, and injects tr's trace context into
-// each new one (not into an upserted row, which is written again as it
-// is). Two rows of one statement never share a message id: the same
+// the index of the first invalid one, and injects the trace context of
+// ctx, the statement's, into each new one with tr (not into an upserted
+// row, which is written again as it is). Two rows of one statement never share a message id: the same
 // *Message twice, or two messages with one caller-set MessageID, is an
 // error.
-func prepareAll(rv reflect.Value, cfg Config, now time.Time, upsert bool, tr traceInjector) error {
+func prepareAll(ctx context.Context, rv reflect.Value, cfg Config, now time.Time, upsert bool, tr traceInjector) error {
 	var seen map[UUID]int
 	if rv.Kind() == reflect.Slice || rv.Kind() == reflect.Array {
 		seen = make(map[UUID]int, rv.Len())
@@ -215,7 +216,7 @@ func prepareAll(rv reflect.Value, cfg Config, now time.Time, upsert bool, tr tra
 			return err
 		}
 		if !again {
-			tr.inject(m)
+			tr.inject(ctx, m)
 		}
 		if seen != nil {
 			if j, dup := seen[m.MessageID]; dup {

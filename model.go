@@ -114,7 +114,7 @@ func (m *Message) BeforeCreate(tx *gorm.DB) error {
 	if err := cfg.prepare(m, time.Now(), false); err != nil {
 		return err
 	}
-	newTraceInjector(tx.Statement.Context, nil).inject(m)
+	newTraceInjector(tx.Statement.Context, nil).inject(tx.Statement.Context, m)
 	return nil
 }
 

@@ -17,31 +17,31 @@ const (
 	tracestateHeader  = "tracestate"
 )
 
-// traceInjector injects the trace context of one create statement into its new
-// messages. Its zero value (no span in the statement's context) only drops
-// what an earlier injection left on a reused struct.
+// traceInjector injects the trace context of one create statement into its
+// new messages. Its zero value (no span in the statement's context) only
+// drops what an earlier injection left on a reused struct.
 type traceInjector struct {
-	ctx  context.Context
 	prop propagation.TextMapPropagator // nil: the global, looked up on use
-	on   bool                          // ctx carries a valid span context
+	on   bool                          // the statement's context carries a valid span context
 }
 
-// newTraceInjector returns the injector of a statement whose context is ctx; prop nil
-// means otel.GetTextMapPropagator(). Without a valid span context in ctx it
-// does no work and allocates nothing.
+// newTraceInjector returns the injector of a statement whose context is
+// ctx; prop nil means otel.GetTextMapPropagator(). Without a valid span
+// context in ctx it does no work and allocates nothing.
 func newTraceInjector(ctx context.Context, prop propagation.TextMapPropagator) traceInjector {
 	if ctx == nil || !trace.SpanContextFromContext(ctx).IsValid() {
 		return traceInjector{}
 	}
-	return traceInjector{ctx: ctx, prop: prop, on: true}
+	return traceInjector{prop: prop, on: true}
 }
 
-// inject adds the trace context to m's headers (see Plugin.Propagator).
+// inject adds the trace context of ctx, the statement's context, to m's
+// headers (see Plugin.Propagator).
 // Headers an earlier injection appended to this struct, still as it left
 // them, are dropped first, so that a struct created again (reused for
 // another record, or retried after a rollback) carries the context of the
 // create that writes it, and none when that create has no span.
-func (t traceInjector) inject(m *Message) {
+func (t traceInjector) inject(ctx context.Context, m *Message) {
 	if m.traced != nil {
 		if n := len(m.traced); len(m.Headers) == n && &m.Headers[0] == &m.traced[0] {
 			m.Headers = m.Headers[:m.tracedFrom:m.tracedFrom]
@@ -59,7 +59,7 @@ func (t traceInjector) inject(m *Message) {
 		prop = otel.GetTextMapPropagator()
 	}
 	m.tracedFrom = len(m.Headers)
-	prop.Inject(t.ctx, (*headerCarrier)(m)) // a pointer: no allocation
+	prop.Inject(ctx, (*headerCarrier)(m)) // a pointer: no allocation
 	if len(m.Headers) == m.tracedFrom {
 		m.tracedFrom = 0
 		return
@@ -103,7 +103,7 @@ func (c *headerCarrier) Set(key, value string) {
 		}
 	}
 	if len(c.Headers) == c.tracedFrom {
-		c.Headers = slices.Clip(c.Headers) // the append below copies into a new array
+		c.Headers = slices.Clip(c.Headers) // append copies into a new array
 	}
 	c.Headers = append(c.Headers, Header{Key: key, Value: []byte(value)})
 }

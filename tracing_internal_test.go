@@ -26,7 +26,7 @@ func TestTraceInjectionAllocatesNothingWhenNothingIsInjected(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			allocs := testing.AllocsPerRun(100, func() {
-				newTraceInjector(c.ctx, c.prop).inject(m)
+				newTraceInjector(c.ctx, c.prop).inject(c.ctx, m)
 			})
 			if allocs != 0 {
 				t.Errorf("inject = %v allocations; want 0", allocs)
@@ -55,7 +55,7 @@ func BenchmarkTraceInjection(b *testing.B) {
 			m := &Message{Topic: "t", Headers: Headers{{Key: "n", Value: []byte("1")}}}
 			b.ReportAllocs()
 			for b.Loop() {
-				newTraceInjector(c.ctx, c.prop).inject(m)
+				newTraceInjector(c.ctx, c.prop).inject(c.ctx, m)
 			}
 		})
 	}

@@ -28,7 +28,8 @@ const MaxPublishSpanLinks = 128
 // as the relay's instruments'.
 const tracerName = meterName
 
-// publishTracer records the KafkaPublisher's spans (see KafkaConfig.TracerProvider).
+// publishTracer records the KafkaPublisher's spans (see
+// KafkaConfig.TracerProvider).
 type publishTracer struct {
 	tracer trace.Tracer
 	prop   propagation.TextMapPropagator // nil: the global, looked up on use
@@ -76,7 +77,8 @@ func (t publishTracer) start(ctx context.Context, batch []*outbox.Message) (cont
 	} else {
 		attrs = append(attrs, semconv.MessagingBatchMessageCount(len(batch)))
 	}
-	ctx, span := t.tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(attrs...))
+	ctx, span := t.tracer.Start(ctx, name,
+		trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(attrs...))
 	if span.IsRecording() {
 		t.link(span, batch)
 	}
