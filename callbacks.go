@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"reflect"
@@ -187,7 +188,8 @@ func (p *Plugin) prepareStatement(db *gorm.DB) {
 	// MySQL counts them; OnConflict) of a row that has an id writes that
 	// row again, not a new record: it keeps its id and message id.
 	_, upsert := db.Statement.Clauses["ON CONFLICT"]
-	if err := prepareAll(db.Statement.ReflectValue, cfg, time.Now(), upsert); err != nil {
+	tr := newTraceInjector(db.Statement.Context, p.Propagator)
+	if err := prepareAll(db.Statement.Context, db.Statement.ReflectValue, cfg, time.Now(), upsert, tr); err != nil {
 		db.AddError(err)
 		return
 	}
@@ -195,20 +197,26 @@ func (p *Plugin) prepareStatement(db *gorm.DB) {
 }
 
 // prepareAll prepares every message of a create statement's value, naming
-// the index of the first invalid one. Two rows of one statement never share
-// a message id: the same *Message twice, or two messages with one
-// caller-set MessageID, is an error.
-func prepareAll(rv reflect.Value, cfg Config, now time.Time, upsert bool) error {
+// the index of the first invalid one, and injects the trace context of
+// ctx, the statement's, into each new one with tr (not into an upserted
+// row, which is written again as it is). Two rows of one statement never share a message id: the same
+// *Message twice, or two messages with one caller-set MessageID, is an
+// error.
+func prepareAll(ctx context.Context, rv reflect.Value, cfg Config, now time.Time, upsert bool, tr traceInjector) error {
 	var seen map[UUID]int
 	if rv.Kind() == reflect.Slice || rv.Kind() == reflect.Array {
 		seen = make(map[UUID]int, rv.Len())
 	}
 	return eachMessage(rv, func(i int, m *Message) error {
-		if err := cfg.prepare(m, now, upsert && m.ID != 0); err != nil {
+		again := upsert && m.ID != 0
+		if err := cfg.prepare(m, now, again); err != nil {
 			if i >= 0 {
 				return fmt.Errorf("message %d: %w", i, err)
 			}
 			return err
+		}
+		if !again {
+			tr.inject(ctx, m)
 		}
 		if seen != nil {
 			if j, dup := seen[m.MessageID]; dup {

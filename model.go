@@ -83,6 +83,11 @@ type Message struct {
 	// reused struct whose id was generated gets a new one.
 	generated UUID
 	written   bool
+	// traced is the Headers slice the trace-context injection left
+	// (tracing.go), nil when it injected nothing; tracedFrom is how many of
+	// its headers are the caller's (during an injection: of Headers).
+	traced     Headers
+	tracedFrom int
 }
 
 // TableName returns the default table name. The Plugin routes creates,
@@ -93,8 +98,10 @@ func (Message) TableName() string { return DefaultMessagesTable }
 
 // BeforeCreate fills and validates a message that is created without the
 // Plugin: the default Config applies, or a WithConfig scope's, whose table
-// the message is then written to. With the Plugin registered it does
-// nothing, as the plugin has already prepared the row.
+// the message is then written to, and the trace context is injected as the
+// Plugin does with a nil Propagator (see Plugin.Propagator). With the
+// Plugin registered it does nothing, as the plugin has already prepared the
+// row.
 func (m *Message) BeforeCreate(tx *gorm.DB) error {
 	if _, done := tx.Statement.Settings.Load(preparedKey); done {
 		return nil
@@ -104,7 +111,11 @@ func (m *Message) BeforeCreate(tx *gorm.DB) error {
 		return err
 	}
 	route(tx.Statement, cfg)
-	return cfg.prepare(m, time.Now(), false)
+	if err := cfg.prepare(m, time.Now(), false); err != nil {
+		return err
+	}
+	newTraceInjector(tx.Statement.Context, nil).inject(tx.Statement.Context, m)
+	return nil
 }
 
 // AfterCreate records that m was written, so that creating the same struct

@@ -34,6 +34,7 @@ import (
 	"regexp"
 	"time"
 
+	"go.opentelemetry.io/otel/propagation"
 	"gorm.io/gorm"
 )
 
@@ -255,6 +256,35 @@ type Plugin struct {
 	// Logger receives the plugin's rare logs (a recovered notifier panic, a
 	// commit it could not follow). Nil means slog.Default().
 	Logger *slog.Logger
+	// Propagator injects the trace context of a create's context (the
+	// statement's, db.WithContext(ctx)) into the headers of each message it
+	// writes, so that the consumer of the record can continue the writer's
+	// trace. It runs only when that context carries a valid span context
+	// (trace.SpanContextFromContext(ctx).IsValid()); then, with
+	// propagation.TraceContext, the headers gain traceparent and, when the
+	// span has one, tracestate (and baggage with propagation.Baggage in a
+	// composite propagator). The injected headers follow the caller's. A
+	// header the caller set is never replaced: a name the message already
+	// has (compared without regard to case) is not injected, and neither is
+	// tracestate when the caller set traceparent. A struct created again
+	// (reused, or retried after a rollback) gets the context of the create
+	// that writes it. An upsert of an existing row (Save) is written as it
+	// is.
+	//
+	// Nil means the OpenTelemetry global, otel.GetTextMapPropagator(), read
+	// at each create: it injects nothing until the application sets one,
+	// e.g.
+	//
+	//	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(
+	//		propagation.TraceContext{}, propagation.Baggage{}))
+	//
+	// To inject nothing while a global propagator is set, pass
+	// propagation.NewCompositeTextMapPropagator() (empty). A create whose
+	// context has no span does no tracing work and allocates nothing. The
+	// injected headers count towards the record's size like any other
+	// (traceparent adds 68 bytes in Kafka's record encoding, which the
+	// relay's KafkaConfig.BatchBytes bound counts).
+	Propagator propagation.TextMapPropagator
 
 	state *notifyState // set by Initialize
 }

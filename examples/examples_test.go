@@ -18,7 +18,7 @@ import (
 )
 
 // programs are the example directories; each must hold a main package.
-var programs = []string{"quickstart", "customstore", "twooutboxes", "dedup", "multirelay"}
+var programs = []string{"quickstart", "customstore", "twooutboxes", "dedup", "multirelay", "tracing"}
 
 // build compiles every example into a temporary directory.
 func build(t *testing.T) string {
@@ -59,6 +59,7 @@ func TestExamples(t *testing.T) {
 		{"customstore", "customstore", nil, []string{"published orders key=order-1 value=shipped", "pending after the relay stopped: 0"}},
 		{"twooutboxes", "twooutboxes", nil, []string{"topic orders   holds 3 records", "topic invoices holds 3 records"}},
 		{"dedup", "dedup", nil, []string{"6 records consumed, 3 side effects"}},
+		{"tracing", "tracing", nil, []string{"baggage              tenant=acme", `consumer "process orders"`, "OK: the consumer continued the writer's trace; the publish span links to the writer's span."}},
 	}
 	if dsn, ok := testenv.PostgresDSN(t); ok {
 		var kafkaEnv []string

@@ -11,6 +11,8 @@ import (
 
 	"github.com/segmentio/kafka-go"
 	metadataAPI "github.com/segmentio/kafka-go/protocol/metadata"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/gorm-outbox/outbox"
 )
@@ -95,6 +97,31 @@ type KafkaConfig struct {
 	// partition, else murmur2 of the key), BatchSize and BatchBytes (from
 	// this config) and a batch timeout that is never waited on.
 	Configure func(*kafka.Writer)
+
+	// TracerProvider provides the tracer of the publish spans: one span per
+	// Publish call, of kind PRODUCER, named "send <topic>" ("send" when the
+	// rows name several topics), with the OpenTelemetry messaging
+	// attributes (messaging.system kafka, messaging.operation.type and
+	// .name send, messaging.destination.name for one topic,
+	// messaging.destination.partition.id when every row went to one
+	// partition, messaging.batch.message_count for several rows,
+	// messaging.message.id for one), the error of the first unacknowledged
+	// row, and a link to each distinct span context found in the rows'
+	// headers (the writers' trace contexts, see outbox.Plugin.Propagator),
+	// at most MaxPublishSpanLinks. The links are added after the span
+	// starts, so samplers do not see them. Nil means the OpenTelemetry
+	// global, otel.GetTracerProvider(), which records nothing until the
+	// application installs an SDK (otel.SetTracerProvider); a span that
+	// does not record costs a few allocations per call and none per row.
+	TracerProvider trace.TracerProvider
+
+	// Propagator extracts the trace context from each row's headers, for
+	// the publish span's links; use the writers' (outbox.Plugin.Propagator).
+	// The publisher sends the headers as stored, so the consumer continues
+	// the writer's trace, not the publish span's. Nil means the
+	// OpenTelemetry global, otel.GetTextMapPropagator(), which extracts
+	// nothing until the application sets one.
+	Propagator propagation.TextMapPropagator
 }
 
 // KafkaPublisher is the Publisher built on kafka-go's Writer: acks=all,
@@ -130,6 +157,11 @@ type KafkaConfig struct {
 // returns keeps its partition until it ends, so a retry cannot overtake
 // it.
 //
+// Each Publish call records a PRODUCER span linked to the trace contexts
+// the writers stored in the rows' headers (see KafkaConfig.TracerProvider);
+// the records carry those headers as stored, so that a consumer continues
+// the writer's trace.
+//
 // Calls on different partitions run concurrently; calls that share a
 // partition take turns on it. A KafkaPublisher is safe for concurrent use.
 type KafkaPublisher struct {
@@ -139,6 +171,7 @@ type KafkaPublisher struct {
 	batchBytes   int64
 	maxRecords   int
 	ownTransport *kafka.Transport
+	tracing      publishTracer
 
 	mu     sync.Mutex
 	closed bool
@@ -179,6 +212,7 @@ func NewKafkaPublisher(cfg KafkaConfig) (*KafkaPublisher, error) {
 		timeout:    cfg.PublishTimeout,
 		maxRecords: cfg.MaxBatchRecords,
 		locks:      make(map[topicPartition]chan struct{}),
+		tracing:    newPublishTracer(cfg.TracerProvider, cfg.Propagator),
 	}
 	if p.header == "" {
 		p.header = DefaultMessageIDHeader
@@ -276,6 +310,7 @@ func (p *KafkaPublisher) Publish(ctx context.Context, batch []*outbox.Message) R
 	p.wg.Add(1)
 	p.mu.Unlock()
 	defer p.wg.Done()
+	ctx, span := p.tracing.start(ctx, batch)
 	ctx, cancel := context.WithTimeoutCause(ctx, p.timeout,
 		fmt.Errorf("no answer from the broker within KafkaConfig.PublishTimeout (%v): %w", p.timeout, context.DeadlineExceeded))
 	defer cancel()
@@ -297,6 +332,14 @@ func (p *KafkaPublisher) Publish(ctx context.Context, batch []*outbox.Message) R
 	}
 	wg.Wait()
 
+	res := outcome(ctx, rows)
+	p.tracing.end(span, rows, res)
+	return res
+}
+
+// outcome is the Result of a Publish call whose rows ended: the contiguous
+// acknowledged prefix, and the error of the first other row.
+func outcome(ctx context.Context, rows []row) Result {
 	for i := range rows {
 		r := &rows[i]
 		if r.acked {
@@ -315,7 +358,7 @@ func (p *KafkaPublisher) Publish(ctx context.Context, batch []*outbox.Message) R
 		}
 		return Result{Acknowledged: i, Err: fmt.Errorf("relay: publish message %s to %s: %w", r.id, where, err)}
 	}
-	return Result{Acknowledged: len(batch)}
+	return Result{Acknowledged: len(rows)}
 }
 
 // row is one message of a Publish call and its outcome.
