@@ -23,7 +23,7 @@ const (
 // outbox cannot accept (empty, over-long or illegal topic, negative
 // partition, bucket disagreement) or for a value that is not made of
 // outbox.Message structs (maps, other structs). Nothing is written.
-var ErrInvalidMessage = errors.New("outbox: invalid message")
+var ErrInvalidMessage = errors.New("invalid message")
 
 // topicChars reports whether topic is made only of the characters Kafka
 // allows in a topic name, [A-Za-z0-9._-]: a byte loop, as every create
@@ -85,7 +85,7 @@ func register(db *gorm.DB, p *Plugin, state *notifyState) error {
 // WithConfig scope, else the registered Plugin's, else the defaults.
 func configFrom(db *gorm.DB) (Config, error) {
 	if sc, ok := scopeOf(db); ok {
-		if err := sc.cfg.Validate(); err != nil {
+		if err := sc.cfg.validate(); err != nil {
 			return Config{}, err
 		}
 		return sc.cfg.WithDefaults(), nil
@@ -151,7 +151,7 @@ func (p *Plugin) config(db *gorm.DB) (Config, bool) {
 	}
 	cfg, err := configFrom(db)
 	if err != nil {
-		db.AddError(err)
+		db.AddError(outboxError{err})
 		return Config{}, false
 	}
 	return cfg, true
@@ -190,7 +190,7 @@ func (p *Plugin) prepareStatement(db *gorm.DB) {
 	_, upsert := db.Statement.Clauses["ON CONFLICT"]
 	tr := newTraceInjector(db.Statement.Context, p.Propagator)
 	if err := prepareAll(db.Statement.Context, db.Statement.ReflectValue, cfg, time.Now(), upsert, tr); err != nil {
-		db.AddError(err)
+		db.AddError(outboxError{err})
 		return
 	}
 	db.Statement.Settings.Store(preparedKey, true)
@@ -291,9 +291,25 @@ func messageAt(e reflect.Value, i int) (*Message, error) {
 	return e.Addr().Interface().(*Message), nil
 }
 
+// outboxError is an error of the plugin's callbacks: it reads as its cause
+// with the package prefix, which Enqueue replaces with its own context.
+type outboxError struct{ err error }
+
+func (e outboxError) Error() string { return "outbox: " + e.err.Error() }
+func (e outboxError) Unwrap() error { return e.err }
+
 // ValidateTopic reports whether topic is a legal Kafka topic name: 1 to 249
-// characters from [A-Za-z0-9._-], and neither "." nor "..".
+// characters from [A-Za-z0-9._-], and neither "." nor "..". Its error wraps
+// ErrInvalidMessage.
 func ValidateTopic(topic string) error {
+	if err := validateTopic(topic); err != nil {
+		return fmt.Errorf("outbox: %w", err)
+	}
+	return nil
+}
+
+// validateTopic is ValidateTopic without the package prefix.
+func validateTopic(topic string) error {
 	switch {
 	case topic == "":
 		return fmt.Errorf("%w: topic is empty", ErrInvalidMessage)
@@ -319,7 +335,7 @@ func ValidateTopic(topic string) error {
 // retried transaction enqueues the same message id. A caller's MessageID is
 // always kept.
 func (c Config) prepare(m *Message, now time.Time, again bool) error {
-	if err := ValidateTopic(m.Topic); err != nil {
+	if err := validateTopic(m.Topic); err != nil {
 		return err
 	}
 	if m.Partition != nil && *m.Partition < 0 {

@@ -108,11 +108,11 @@ func (m *Message) BeforeCreate(tx *gorm.DB) error {
 	}
 	cfg, err := configFrom(tx)
 	if err != nil {
-		return err
+		return fmt.Errorf("outbox: %w", err)
 	}
 	route(tx.Statement, cfg)
 	if err := cfg.prepare(m, time.Now(), false); err != nil {
-		return err
+		return fmt.Errorf("outbox: %w", err)
 	}
 	newTraceInjector(tx.Statement.Context, nil).inject(tx.Statement.Context, m)
 	return nil
@@ -241,7 +241,7 @@ const headersV1 = 1
 
 // ErrCorruptHeaders is returned (wrapped) by DecodeHeaders and Headers.Scan
 // when a stored header blob is malformed or of an unknown version.
-var ErrCorruptHeaders = errors.New("outbox: corrupt headers")
+var ErrCorruptHeaders = errors.New("corrupt headers")
 
 // EncodeHeaders returns the version 1 encoding of h, or nil for an empty list.
 func EncodeHeaders(h Headers) []byte {
@@ -272,6 +272,14 @@ func EncodeHeaders(h Headers) []byte {
 // nil. It never allocates more than the blob could hold: a count or length
 // larger than the remaining bytes is an error wrapping ErrCorruptHeaders.
 func DecodeHeaders(b []byte) (Headers, error) {
+	h, err := decodeHeaders(b)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: %w", err)
+	}
+	return h, nil
+}
+
+func decodeHeaders(b []byte) (Headers, error) {
 	if len(b) == 0 {
 		return nil, nil
 	}

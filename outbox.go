@@ -29,6 +29,7 @@ package outbox
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"regexp"
@@ -100,22 +101,31 @@ func (c Config) WithDefaults() Config {
 
 // Validate reports the first invalid field of c (after defaults), naming it.
 func (c Config) Validate() error {
+	if err := c.validate(); err != nil {
+		return fmt.Errorf("outbox: %w", err)
+	}
+	return nil
+}
+
+// validate is Validate without the package prefix, for errors that are
+// wrapped with their own.
+func (c Config) validate() error {
 	c = c.WithDefaults()
 	if c.BucketCount < 1 || c.BucketCount > MaxBucketCount {
-		return fmt.Errorf("outbox: Config.BucketCount %d: must be between 1 and %d", c.BucketCount, MaxBucketCount)
+		return fmt.Errorf("Config.BucketCount %d: must be between 1 and %d", c.BucketCount, MaxBucketCount)
 	}
 	if c.Schema != "" && !identifier.MatchString(c.Schema) {
-		return fmt.Errorf("outbox: Config.Schema %q: must match %s", c.Schema, identifier)
+		return fmt.Errorf("Config.Schema %q: must match %s", c.Schema, identifier)
 	}
 	for _, f := range []struct{ name, v string }{
 		{"MessagesTable", c.MessagesTable}, {"LeasesTable", c.LeasesTable}, {"RelaysTable", c.RelaysTable},
 	} {
 		if !identifier.MatchString(f.v) {
-			return fmt.Errorf("outbox: Config.%s %q: must match %s", f.name, f.v, identifier)
+			return fmt.Errorf("Config.%s %q: must match %s", f.name, f.v, identifier)
 		}
 	}
 	if c.MessagesTable == c.LeasesTable || c.MessagesTable == c.RelaysTable || c.LeasesTable == c.RelaysTable {
-		return fmt.Errorf("outbox: Config tables %q, %q, %q: must be distinct", c.MessagesTable, c.LeasesTable, c.RelaysTable)
+		return fmt.Errorf("Config tables %q, %q, %q: must be distinct", c.MessagesTable, c.LeasesTable, c.RelaysTable)
 	}
 	return nil
 }
@@ -380,6 +390,9 @@ func Enqueue(tx *gorm.DB, msgs ...*Message) error {
 		}
 	}
 	if err := tx.Create(&msgs).Error; err != nil {
+		if oe := (outboxError{}); errors.As(err, &oe) {
+			err = oe.err // the plugin's: this context replaces its prefix
+		}
 		return fmt.Errorf("outbox: enqueue %d messages: %w", len(msgs), err)
 	}
 	return nil

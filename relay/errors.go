@@ -8,4 +8,4 @@ import "errors"
 // implementations return it from AcquireBucketLeases; Run returns it and
 // stops, so that a misconfigured deployment fails loudly instead of
 // silently never publishing.
-var ErrMisconfigured = errors.New("relay: misconfigured")
+var ErrMisconfigured = errors.New("misconfigured")

@@ -14,7 +14,7 @@ import (
 // such Kafka errors; a custom Publisher wraps it to let the default
 // ParkPolicy park the row. Transient failures (a broker or leader
 // unavailable, timeouts, network errors) must not wrap it.
-var ErrUnpublishable = errors.New("relay: the broker will never accept this row as stored")
+var ErrUnpublishable = errors.New("the broker will never accept this row as stored")
 
 // CorruptReasonPrefix starts the reason of a row parked because the store
 // could not decode it. Such a row is parked alone: it does not hold the

@@ -56,6 +56,10 @@ func TestNew(t *testing.T) {
 			if got := errors.Is(err, relay.ErrMisconfigured); got != tc.mis {
 				t.Fatalf("errors.Is(%v, ErrMisconfigured) = %v; want %v", err, got, tc.mis)
 			}
+			// It reads once: one "relay: " prefix, "misconfigured" at most once.
+			if msg := err.Error(); strings.Count(msg, "relay: ") != 1 || !strings.HasPrefix(msg, "relay: ") || strings.Count(msg, "misconfigured") > 1 {
+				t.Fatalf("New error = %q; want one \"relay: \" prefix and no repeated words", msg)
+			}
 		})
 	}
 	t.Run("zero_options_are_valid_defaults", func(t *testing.T) {

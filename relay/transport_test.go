@@ -39,12 +39,14 @@ type endpoint struct {
 	listens  atomic.Int32  // Listen calls so far
 	active   atomic.Int32  // Listen calls running now
 	sendFail atomic.Bool
+	failed   atomic.Int32 // Publish calls failed by sendFail
 }
 
 func (h *hub) endpoint() *endpoint { return &endpoint{h: h, drop: make(chan error, 1)} }
 
 func (e *endpoint) Publish(ctx context.Context, buckets []int) error {
 	if e.sendFail.Load() {
+		e.failed.Add(1)
 		return errors.New("hub: send failed")
 	}
 	e.h.mu.Lock()
@@ -247,6 +249,9 @@ func TestCrossPodNotifications(t *testing.T) {
 		clock, store, h, a, _ := twoPods(t, time.Hour)
 		a.tr.sendFail.Store(true)
 		a.r.Notifier().NotifyBucket(5)
+		// The failed send, then the sender's backoff timer (the relays'
+		// own timers count among the waiters too).
+		waitUntil(t, "A's send fails", func() bool { return a.tr.failed.Load() >= 1 })
 		waitUntil(t, "A's sender backs off", func() bool { return clock.Waiters() >= 3 })
 		a.tr.sendFail.Store(false)
 		clock.Advance(relay.DefaultErrorBackoff)
