@@ -79,7 +79,7 @@ func BenchmarkCrossPodLatency(b *testing.B) {
 					if err != nil {
 						b.Fatal(err)
 					}
-					b.Cleanup(tr.Close)
+					b.Cleanup(func() { tr.Close() })
 					opts.Transport = tr
 				}
 				pub := &stampPublisher{seen: map[outbox.UUID]time.Time{}, ch: make(chan struct{}, 1)}

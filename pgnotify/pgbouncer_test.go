@@ -29,7 +29,7 @@ func TestTransactionPoolerRefused(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(tr.Close)
+		t.Cleanup(func() { tr.Close() })
 		return tr
 	}
 

@@ -25,6 +25,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"regexp"
 	"strconv"
@@ -295,13 +296,17 @@ func (t *Transport) probe(ctx context.Context, conn *pgx.Conn) error {
 	}
 }
 
-// Close releases the publishing connections. Listen connections close when
-// their ctx is done.
-func (t *Transport) Close() {
+// Close releases the publishing connections; it is an io.Closer, and
+// returns nil (closing the pool cannot fail). Listen connections close
+// when their ctx is done. Close is idempotent.
+func (t *Transport) Close() error {
 	t.poolMu.Lock()
 	defer t.poolMu.Unlock()
 	if t.pool != nil {
 		t.pool.Close()
 		t.pool = nil
 	}
+	return nil
 }
+
+var _ io.Closer = (*Transport)(nil)

@@ -112,7 +112,7 @@ func TestTransport(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(tr.Close)
+		t.Cleanup(func() { tr.Close() })
 		return tr
 	}
 

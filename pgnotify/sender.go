@@ -109,7 +109,8 @@ func (s *Sender) take(dst []int) []int {
 	return dst
 }
 
-// Run sends the pending hints until ctx is done, and returns ctx's error.
+// Run sends the pending hints until ctx is done, and then returns nil, as
+// relay.Relay.Run does after a clean stop.
 // A failed send drops its batch, is logged, and waits Backoff. Hints
 // recorded after Run returned are never sent.
 func (s *Sender) Run(ctx context.Context) error {
@@ -117,7 +118,7 @@ func (s *Sender) Run(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return nil
 		case <-s.wake:
 		}
 		buf = s.take(buf[:0])
@@ -126,14 +127,14 @@ func (s *Sender) Run(ctx context.Context) error {
 		}
 		if err := s.t.Publish(ctx, buf); err != nil {
 			if ctx.Err() != nil {
-				return ctx.Err()
+				return nil
 			}
 			s.opts.Logger.Warn("pgnotify: send failed; hints dropped", "channel", s.t.cfg.Channel, "error", err, "backoff", s.opts.Backoff)
 			t := time.NewTimer(s.opts.Backoff)
 			select {
 			case <-ctx.Done():
 				t.Stop()
-				return ctx.Err()
+				return nil
 			case <-t.C:
 			}
 		}

@@ -45,12 +45,13 @@ type KafkaConfig struct {
 	// list or an empty address fails NewKafkaPublisher.
 	Brokers []string
 
-	// Transport carries TLS, SASL, dial and metadata settings; it is passed
-	// to the writer untouched and the caller keeps ownership (Close does not
-	// close it). Nil means the Transport the Configure hook set on the
-	// writer, else a default kafka.Transport owned (and closed) by the
-	// publisher.
-	Transport *kafka.Transport
+	// Transport carries the writer's requests: a *kafka.Transport with TLS,
+	// SASL, dial and metadata settings, or any kafka.RoundTripper (one that
+	// records or injects faults, say). It is passed to the writer untouched
+	// and the caller keeps ownership (Close does not close it). Nil means the
+	// Transport the Configure hook set on the writer, else a default
+	// kafka.Transport owned (and closed) by the publisher.
+	Transport kafka.RoundTripper
 
 	// MessageIDHeader is the header that carries each row's message id as
 	// 36-character lowercase text. Caller headers of that name are dropped

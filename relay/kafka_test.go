@@ -8,9 +8,11 @@ import (
 	"fmt"
 	"maps"
 	"math/rand/v2"
+	"net"
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -296,6 +298,37 @@ func TestKafkaPublisher_round_trips_records(t *testing.T) {
 		}
 		if id := idOf(r); len(id) != 36 || id != strings.ToLower(id) {
 			t.Errorf("message id header = %q; want 36-char lowercase", id)
+		}
+	})
+}
+
+// countingTransport is a kafka.RoundTripper that counts the requests it
+// passes to a kafka.Transport.
+type countingTransport struct {
+	inner *kafka.Transport
+	n     atomic.Int64
+}
+
+func (c *countingTransport) RoundTrip(ctx context.Context, addr net.Addr, req kafka.Request) (kafka.Response, error) {
+	c.n.Add(1)
+	return c.inner.RoundTrip(ctx, addr, req)
+}
+
+// TestKafkaPublisher_accepts_any_round_tripper: KafkaConfig.Transport takes
+// any kafka.RoundTripper, not only a *kafka.Transport, and every request of
+// the publisher goes through it.
+func TestKafkaPublisher_accepts_any_round_tripper(t *testing.T) {
+	testenv.ForEachBroker(t, func(t *testing.T, b testenv.Broker) {
+		topic := newTopic(t, b, 2, nil)
+		rt := &countingTransport{inner: &kafka.Transport{}}
+		t.Cleanup(rt.inner.CloseIdleConnections)
+		p := newPublisher(t, b, KafkaConfig{Transport: rt})
+		batch := []*outbox.Message{msg(topic, "a", "1"), msg(topic, "b", "2")}
+		if res := p.Publish(context.Background(), batch); res.Acknowledged != len(batch) || res.Err != nil {
+			t.Fatalf("Publish = %+v; want %d acknowledged", res, len(batch))
+		}
+		if rt.n.Load() == 0 {
+			t.Fatal("no request went through KafkaConfig.Transport")
 		}
 	})
 }
