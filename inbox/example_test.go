@@ -92,7 +92,9 @@ func ExampleConsumer() {
 	}
 	defer cluster.Close()
 
-	id := func(s string) []kafka.Header { return []kafka.Header{{Key: relay.DefaultMessageIDHeader, Value: []byte(s)}} }
+	id := func(s string) []kafka.Header {
+		return []kafka.Header{{Key: relay.DefaultMessageIDHeader, Value: []byte(s)}}
+	}
 	w := &kafka.Writer{Addr: kafka.TCP(cluster.ListenAddrs()...), Topic: "orders", BatchTimeout: time.Millisecond}
 	err = w.WriteMessages(context.Background(),
 		kafka.Message{Key: []byte("order-7"), Value: []byte("created"), Headers: id("6c1e0d8a-0001-4000-8000-000000000001")},
