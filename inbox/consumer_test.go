@@ -1,8 +1,10 @@
 package inbox_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -237,6 +239,36 @@ func TestConsumer(t *testing.T) {
 			}
 		})
 
+		t.Run("a_stop_right_after_the_transaction_still_commits_the_offset", func(t *testing.T) {
+			topic, group := testenv.Unique("inbox-stopcommit-"), testenv.Unique("g-")
+			b.CreateTopic(t, topic, 1, nil)
+			produce(t, b, topic, withID(0, "last", "l"))
+			ib, _ := setup(t, db, inbox.Options{})
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			var attempts atomic.Int32
+			// The stop arrives as the offset commit begins: that attempt
+			// fails with the cancelled context, the last one at the stop
+			// goes through.
+			r := watchedReader{Reader: groupReader(t, b, topic, group), onCommit: func(ctx context.Context, _ []kafka.Message) error {
+				if attempts.Add(1) == 1 {
+					cancel()
+					return ctx.Err()
+				}
+				return nil
+			}}
+			c, err := inbox.NewConsumer(ib, r, "stopcommit", applyRecord, inbox.ConsumerOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Run(ctx); err != nil {
+				t.Fatalf("Run = %v; want nil after the stop", err)
+			}
+			if got := committed(t, b, group, topic, 1)[0]; got != 1 || attempts.Load() != 2 {
+				t.Fatalf("committed offset = %d after %d commit attempts; want 1 after 2", got, attempts.Load())
+			}
+		})
+
 		t.Run("a_stop_while_fetching_returns_nil", func(t *testing.T) {
 			topic, group := testenv.Unique("inbox-idle-"), testenv.Unique("g-")
 			b.CreateTopic(t, topic, 1, nil)
@@ -255,6 +287,27 @@ func TestConsumer(t *testing.T) {
 			}
 		})
 	})
+}
+
+// closedReader is a Reader whose fetches fail as a closed kafka.Reader's.
+type closedReader struct{}
+
+func (closedReader) FetchMessage(context.Context) (kafka.Message, error) {
+	return kafka.Message{}, io.EOF
+}
+func (closedReader) CommitMessages(context.Context, ...kafka.Message) error {
+	return errors.New("not reached")
+}
+
+func TestRunReturnsTheReadersError(t *testing.T) {
+	ib, _ := setup(t, testenv.Databases(t)[0].Open(t, nil), inbox.Options{})
+	c, err := inbox.NewConsumer(ib, closedReader{}, "closed", applyRecord, inbox.ConsumerOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Run(context.Background()); !errors.Is(err, io.EOF) {
+		t.Fatalf("Run = %v; want an error wrapping io.EOF", err)
+	}
 }
 
 // TestTwoConsumersOfOneGroupRacingOneID: two consumer instances of one
