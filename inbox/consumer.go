@@ -193,6 +193,7 @@ type Consumer struct {
 	fn      HandlerFunc
 	opts    ConsumerOptions
 	log     *slog.Logger
+	dlTopic string // the dead-letter topic, for logs
 }
 
 // NewConsumer returns a Consumer that handles r's records with fn under the
@@ -221,7 +222,20 @@ func NewConsumer(ib *Inbox, r Reader, handler string, fn HandlerFunc, opts Consu
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	return &Consumer{ib: ib, r: r, handler: handler, fn: fn, opts: opts, log: ib.log.With("handler", handler)}, nil
+	log := ib.log.With("handler", handler)
+	if kr, ok := r.(*kafka.Reader); ok {
+		cfg := kr.Config()
+		topics := cfg.GroupTopics
+		if cfg.Topic != "" {
+			topics = append([]string{cfg.Topic}, topics...)
+		}
+		log = log.With("group", cfg.GroupID, "topics", topics)
+	}
+	dlTopic := opts.DeadLetterTopic
+	if w, ok := opts.DeadLetter.(*kafka.Writer); ok && dlTopic == "" {
+		dlTopic = w.Topic
+	}
+	return &Consumer{ib: ib, r: r, handler: handler, fn: fn, opts: opts, log: log, dlTopic: dlTopic}, nil
 }
 
 // Run consumes until ctx is done and returns nil then, or returns the
@@ -231,7 +245,11 @@ func NewConsumer(ib *Inbox, r Reader, handler string, fn HandlerFunc, opts Consu
 // whose transaction committed still has its offset committed, within
 // ConsumerOptions.CommitTimeout. Run must not be called twice at once.
 func (c *Consumer) Run(ctx context.Context) error {
-	c.log.Info("inbox: consumer starting", "max_attempts", c.opts.MaxAttempts, "dead_letter_topic", c.opts.DeadLetterTopic)
+	if c.opts.DeadLetter != nil {
+		c.log.Info("inbox: consumer starting", "dead_letter_topic", c.dlTopic, "max_attempts", c.opts.MaxAttempts)
+	} else {
+		c.log.Info("inbox: consumer starting; a failing record is retried until it succeeds (no dead-letter topic)")
+	}
 	defer c.log.Info("inbox: consumer stopped")
 	for {
 		m, err := c.r.FetchMessage(ctx)
@@ -321,7 +339,7 @@ func (c *Consumer) deadLetter(ctx context.Context, m kafka.Message, attempts int
 		err := c.opts.DeadLetter.WriteMessages(ctx, dl)
 		if err == nil {
 			c.ib.m.deadLettered.Add(context.WithoutCancel(ctx), 1, c.ib.m.attrs(c.handler))
-			c.log.Warn("inbox: message dead-lettered", "topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "attempts", attempts, "dead_letter_topic", c.opts.DeadLetterTopic, "error", cause)
+			c.log.Warn("inbox: message dead-lettered", "topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "attempts", attempts, "dead_letter_topic", c.dlTopic, "error", cause)
 			return true
 		}
 		if ctx.Err() != nil {

@@ -111,12 +111,12 @@ func New(db *gorm.DB, opts Options) (*Inbox, error) {
 // of the others: an error too, and again a retry settles it.
 //
 // fn gets the transaction, bound to ctx: every write of its effect must go
-// through tx (an outbox.Message created there is published only if the
-// transaction commits, so consume-transform-produce is effectively once
-// too). It must not commit or roll tx back; a panic in fn rolls the
-// transaction back and goes on. A failed commit is ambiguous (the
-// transaction may have committed): it is returned as an error, and handling
-// m again returns Duplicate if it had committed.
+// through tx (with the outbox Plugin on db, an outbox.Message created there
+// is published only if the transaction commits, so consume-transform-produce
+// is effectively once too). It must not commit or roll tx back. A panic in
+// fn rolls the transaction back and continues up the stack. A failed commit
+// is ambiguous (the transaction may have committed): it is returned as an
+// error, and handling m again returns Duplicate if it had committed.
 //
 // The message id is the last Options.MessageIDHeader header of m (see
 // Options.IDFromOffset for records without one). A record without one
@@ -129,10 +129,7 @@ func (ib *Inbox) Handle(ctx context.Context, handler string, m kafka.Message, fn
 	return out, err
 }
 
-// errDuplicate ends the transaction of a duplicate.
-var errDuplicate = errors.New("inbox: duplicate")
-
-func (ib *Inbox) handle(ctx context.Context, handler string, m kafka.Message, fn func(tx *gorm.DB) error) (out Outcome, err error) {
+func (ib *Inbox) handle(ctx context.Context, handler string, m kafka.Message, fn func(tx *gorm.DB) error) (Outcome, error) {
 	if err := checkHandler(handler); err != nil {
 		return 0, err
 	}
@@ -171,7 +168,7 @@ func (ib *Inbox) handle(ctx context.Context, handler string, m kafka.Message, fn
 	return Processed, nil
 }
 
-// checkHandler reports whether handler is a valid handler name.
+// checkHandler returns an error naming what is wrong with handler, or nil.
 func checkHandler(handler string) error {
 	if handler == "" || len(handler) > MaxHandlerLength {
 		return fmt.Errorf("inbox: handler name %q: must be 1 to %d bytes", handler, MaxHandlerLength)
