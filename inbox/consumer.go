@@ -53,12 +53,17 @@ const maxErrorHeader = 4 << 10
 // FetchMessage does not commit and whose CommitMessages commits the offset
 // after a message.
 type Reader interface {
+	// FetchMessage returns the next record without committing its offset,
+	// blocking until one arrives or ctx is done.
 	FetchMessage(ctx context.Context) (kafka.Message, error)
+	// CommitMessages commits the group's offsets past msgs.
 	CommitMessages(ctx context.Context, msgs ...kafka.Message) error
 }
 
 // Writer is where a Consumer dead-letters records: a *kafka.Writer.
 type Writer interface {
+	// WriteMessages returns once msgs are written (acknowledged, with the
+	// writer's RequiredAcks), or with an error.
 	WriteMessages(ctx context.Context, msgs ...kafka.Message) error
 }
 
