@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"gorm.io/gorm"
 
 	"github.com/gorm-outbox/outbox"
@@ -39,6 +41,29 @@ type DrainResult struct {
 	// CPUPerSec is this process's CPU time (relays, consumer and, with
 	// kfake, the broker) per wall-clock second of the drain.
 	CPUPerSec float64 `json:"cpu_per_sec"`
+	// CPUPerMsgUs is this process's CPU time per message drained, in
+	// microseconds (CPUPerSec × Seconds / Rows); CPUVsRaw is that relative
+	// to the raw loop of the same run (0 for the raw loop itself).
+	CPUPerMsgUs float64 `json:"cpu_per_msg_us"`
+	CPUVsRaw    float64 `json:"cpu_vs_raw"`
+	// FirstQuarterMsgPerSec and LastQuarterMsgPerSec are the consumer's
+	// rate of distinct ids over the first quarter of the rows (from the
+	// preload's commit until the Rows/4-th id was read) and over the last
+	// quarter (from the read of the (Rows-Rows/4)-th id until the last);
+	// EndVsStart is LastQuarterMsgPerSec / FirstQuarterMsgPerSec, so a value
+	// of at least 1 means the drain did not slow down towards its end.
+	FirstQuarterMsgPerSec float64 `json:"first_quarter_msg_per_sec"`
+	LastQuarterMsgPerSec  float64 `json:"last_quarter_msg_per_sec"`
+	EndVsStart            float64 `json:"end_vs_start"`
+	// LeaseLosses (relays only; nil for the baselines) is the sum over the
+	// fleet of relay.MetricLeaseExpirations, read through an SDK
+	// MeterProvider with a manual reader, from the relays' start until the
+	// drain ended: observed losses of a nonempty lease set, with no fault
+	// injected.
+	LeaseLosses *int64 `json:"lease_losses,omitempty"`
+	// MaxConcurrentBuckets (relays only) is the relays'
+	// Options.MaxConcurrentBuckets as configured (0: the library default).
+	MaxConcurrentBuckets int `json:"max_concurrent_buckets,omitempty"`
 	// PreloadSeconds is how long the one-transaction preload took.
 	PreloadSeconds float64 `json:"preload_seconds"`
 	// Note qualifies the run (e.g. no SKIP LOCKED on SQLite).
@@ -107,6 +132,14 @@ func ratio(a, b float64) float64 {
 }
 
 func cpuPerSec(cpu, wall time.Duration) float64 { return cpu.Seconds() / wall.Seconds() }
+
+// cpuPerMsgUs is cpu per message in microseconds, or 0 without rows.
+func cpuPerMsgUs(cpu time.Duration, rows int) float64 {
+	if rows <= 0 {
+		return 0
+	}
+	return float64(cpu.Microseconds()) / float64(rows)
+}
 
 // preload commits n rows to topic in one transaction (so that they all
 // appear at once) and returns when the commit returned.
@@ -187,6 +220,7 @@ func runDrain(ctx context.Context, e *env) ([]DrainResult, error) {
 		naive.Note = "one row per tx (BEGIN IMMEDIATE; SQLite has no FOR UPDATE SKIP LOCKED): SELECT, produce, DELETE, COMMIT"
 	}
 	naive.VsRaw = ratio(naive.MsgPerSec, raw.MsgPerSec)
+	naive.CPUVsRaw = ratio(naive.CPUPerMsgUs, raw.CPUPerMsgUs)
 	out = append(out, naive)
 	for _, r := range e.cfg.Relays {
 		res, err := e.drainRelays(ctx, r)
@@ -195,6 +229,7 @@ func runDrain(ctx context.Context, e *env) ([]DrainResult, error) {
 		}
 		res.VsRaw = ratio(res.MsgPerSec, raw.MsgPerSec)
 		res.VsNaive = ratio(res.MsgPerSec, naive.MsgPerSec)
+		res.CPUVsRaw = ratio(res.CPUPerMsgUs, raw.CPUPerMsgUs)
 		out = append(out, res)
 	}
 	return out, nil
@@ -260,9 +295,12 @@ func (e *env) drainBaseline(ctx context.Context, name string, n int, loop loopFu
 	if err != nil {
 		return DrainResult{}, fmt.Errorf("%s: %w", name, err)
 	}
-	wall := end.Sub(start)
+	wall, cpu := end.Sub(start), cpuTime()-cpu0
+	q1, q4 := c.quarterRates(start)
 	return DrainResult{Name: name, Relays: 1, Rows: n, Seconds: wall.Seconds(), MsgPerSec: perSec(n, wall),
-		CPUPerSec: cpuPerSec(cpuTime()-cpu0, wall), PreloadSeconds: pre.Seconds()}, nil
+		CPUPerSec: cpuPerSec(cpu, wall), CPUPerMsgUs: cpuPerMsgUs(cpu, n),
+		FirstQuarterMsgPerSec: q1, LastQuarterMsgPerSec: q4, EndVsStart: ratio(q4, q1),
+		PreloadSeconds: pre.Seconds()}, nil
 }
 
 // warmWriter writes one record without a message id (the consumer ignores
@@ -426,6 +464,7 @@ func (e *env) startFleet(ctx context.Context, n int, open func() (*gorm.DB, erro
 		o := opts
 		o.RelayID = fmt.Sprintf("bench-%d-%s", i, unique(""))
 		o.BatchSize = e.cfg.BatchSize
+		o.MaxConcurrentBuckets = e.cfg.MaxConcurrentBuckets
 		if o.Logger == nil {
 			o.Logger = slog.New(warnOnly{e.log().Handler()})
 		}
@@ -514,7 +553,12 @@ func (e *env) drainRelays(ctx context.Context, n int) (DrainResult, error) {
 		return DrainResult{}, err
 	}
 	defer e.deleteTopic(topic)
-	f, err := e.startFleet(ctx, n, func() (*gorm.DB, error) { return e.open(nil) }, relay.Options{}, nil)
+	// The relays' instruments go to an SDK MeterProvider read by hand, to
+	// count lease losses (relay.MetricLeaseExpirations) over the fleet.
+	metrics := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(metrics))
+	defer func() { _ = mp.Shutdown(context.Background()) }()
+	f, err := e.startFleet(ctx, n, func() (*gorm.DB, error) { return e.open(nil) }, relay.Options{MeterProvider: mp}, nil)
 	if err != nil {
 		return DrainResult{}, err
 	}
@@ -539,11 +583,47 @@ func (e *env) drainRelays(ctx context.Context, n int) (DrainResult, error) {
 		return DrainResult{}, fmt.Errorf("relay ×%d: %w", n, err)
 	}
 	cpu := cpuTime() - cpu0
+	losses, err := counterSum(ctx, metrics, relay.MetricLeaseExpirations)
+	if err != nil {
+		return DrainResult{}, fmt.Errorf("relay ×%d: read lease losses: %w", n, err)
+	}
 	if err := f.stop(); err != nil {
 		return DrainResult{}, fmt.Errorf("relay ×%d: %w", n, err)
 	}
 	wall := end.Sub(start)
+	q1, q4 := c.quarterRates(start)
+	conc := "max concurrent buckets: library default"
+	if e.cfg.MaxConcurrentBuckets > 0 {
+		conc = fmt.Sprintf("max concurrent buckets %d", e.cfg.MaxConcurrentBuckets)
+	}
 	return DrainResult{Name: "relay", Relays: n, Rows: e.cfg.N, Seconds: wall.Seconds(), MsgPerSec: perSec(e.cfg.N, wall),
-		CPUPerSec: cpuPerSec(cpu, wall), PreloadSeconds: pre.Seconds(),
-		Note: fmt.Sprintf("gormstore + KafkaPublisher, %d buckets, batch %d, leases balanced before the preload commit", e.cfg.Buckets, e.cfg.BatchSize)}, nil
+		CPUPerSec: cpuPerSec(cpu, wall), CPUPerMsgUs: cpuPerMsgUs(cpu, e.cfg.N),
+		FirstQuarterMsgPerSec: q1, LastQuarterMsgPerSec: q4, EndVsStart: ratio(q4, q1),
+		LeaseLosses: &losses, MaxConcurrentBuckets: e.cfg.MaxConcurrentBuckets, PreloadSeconds: pre.Seconds(),
+		Note: fmt.Sprintf("gormstore + KafkaPublisher, %d buckets, batch %d, %s, leases balanced before the preload commit", e.cfg.Buckets, e.cfg.BatchSize, conc)}, nil
+}
+
+// counterSum collects reader and returns the sum of every data point of the
+// int64 counter name (over all attribute sets, i.e. over all relays).
+func counterSum(ctx context.Context, reader *sdkmetric.ManualReader, name string) (int64, error) {
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(ctx, &rm); err != nil {
+		return 0, err
+	}
+	var n int64
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name != name {
+				continue
+			}
+			sum, ok := m.Data.(metricdata.Sum[int64])
+			if !ok {
+				return 0, fmt.Errorf("%s is a %T, not an int64 sum", name, m.Data)
+			}
+			for _, dp := range sum.DataPoints {
+				n += dp.Value
+			}
+		}
+	}
+	return n, nil
 }
