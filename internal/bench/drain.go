@@ -46,6 +46,14 @@ type DrainResult struct {
 	// to the raw loop of the same run (0 for the raw loop itself).
 	CPUPerMsgUs float64 `json:"cpu_per_msg_us"`
 	CPUVsRaw    float64 `json:"cpu_vs_raw"`
+	// DBCPUPerMsgUs (PostgreSQL on this host only, else 0) is the CPU time
+	// of the server's backends serving the run's database per message
+	// drained, in microseconds: a lower bound that leaves out the shared
+	// server processes (WAL writer, checkpointer) and at most one sampling
+	// interval of a backend that exited (see backendCPU). AllCPUVsRaw is
+	// CPUPerMsgUs + DBCPUPerMsgUs relative to the same sum of the raw loop.
+	DBCPUPerMsgUs float64 `json:"db_cpu_per_msg_us,omitempty"`
+	AllCPUVsRaw   float64 `json:"all_cpu_vs_raw,omitempty"`
 	// FirstQuarterMsgPerSec and LastQuarterMsgPerSec are the consumer's
 	// rate of distinct ids over the first quarter of the rows (from the
 	// preload's commit until the Rows/4-th id was read) and over the last
@@ -132,6 +140,23 @@ func ratio(a, b float64) float64 {
 }
 
 func cpuPerSec(cpu, wall time.Duration) float64 { return cpu.Seconds() / wall.Seconds() }
+
+// allCPUVsRaw compares the process's and the database backends' CPU per
+// message with the raw loop's; 0 when either lacks the database's figure.
+func allCPUVsRaw(d, raw DrainResult) float64 {
+	if d.DBCPUPerMsgUs <= 0 || raw.DBCPUPerMsgUs <= 0 {
+		return 0
+	}
+	return ratio(d.CPUPerMsgUs+d.DBCPUPerMsgUs, raw.CPUPerMsgUs+raw.DBCPUPerMsgUs)
+}
+
+// dbCPUPerMsgUs is the backends' CPU per message, 0 when not measured.
+func dbCPUPerMsgUs(cpu time.Duration, ok bool, rows int) float64 {
+	if !ok {
+		return 0
+	}
+	return cpuPerMsgUs(cpu, rows)
+}
 
 // cpuPerMsgUs is cpu per message in microseconds, or 0 without rows.
 func cpuPerMsgUs(cpu time.Duration, rows int) float64 {
@@ -221,6 +246,7 @@ func runDrain(ctx context.Context, e *env) ([]DrainResult, error) {
 	}
 	naive.VsRaw = ratio(naive.MsgPerSec, raw.MsgPerSec)
 	naive.CPUVsRaw = ratio(naive.CPUPerMsgUs, raw.CPUPerMsgUs)
+	naive.AllCPUVsRaw = allCPUVsRaw(naive, raw)
 	out = append(out, naive)
 	for _, r := range e.cfg.Relays {
 		res, err := e.drainRelays(ctx, r)
@@ -230,10 +256,15 @@ func runDrain(ctx context.Context, e *env) ([]DrainResult, error) {
 		res.VsRaw = ratio(res.MsgPerSec, raw.MsgPerSec)
 		res.VsNaive = ratio(res.MsgPerSec, naive.MsgPerSec)
 		res.CPUVsRaw = ratio(res.CPUPerMsgUs, raw.CPUPerMsgUs)
+		res.AllCPUVsRaw = allCPUVsRaw(res, raw)
 		out = append(out, res)
 	}
 	return out, nil
 }
+
+// backendSampleInterval is how often the database backends' CPU is sampled
+// during a drain.
+const backendSampleInterval = 200 * time.Millisecond
 
 // loopFunc drains the table into topic until it is empty.
 type loopFunc func(ctx context.Context, db *sql.DB, w *kafka.Writer) error
@@ -278,16 +309,27 @@ func (e *env) drainBaseline(ctx context.Context, name string, n int, loop loopFu
 	}
 	c := startConsumer(ctx, e.brokers, topic, e.cfg.Partitions, n)
 	defer c.stop()
+	admin, err := e.open(nil)
+	if err != nil {
+		return DrainResult{}, err
+	}
+	defer closeDB(admin)
+	adminSQL, err := admin.DB()
+	if err != nil {
+		return DrainResult{}, err
+	}
 	start, pre, err := e.preload(ctx, db, topic, n)
 	if err != nil {
 		return DrainResult{}, err
 	}
 	cpu0 := cpuTime()
+	dbCPU := e.startBackendCPU(ctx, adminSQL, backendSampleInterval)
 	lctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	loopErr := make(chan error, 1)
 	go func() { loopErr <- loop(lctx, sqlDB, w) }()
 	end, err := e.waitDrained(ctx, db, c, n)
+	dbc, dbOK := dbCPU.stop(ctx)
 	cancel()
 	if lerr := <-loopErr; lerr != nil && !errors.Is(lerr, context.Canceled) {
 		return DrainResult{}, fmt.Errorf("%s: %w", name, lerr)
@@ -298,7 +340,7 @@ func (e *env) drainBaseline(ctx context.Context, name string, n int, loop loopFu
 	wall, cpu := end.Sub(start), cpuTime()-cpu0
 	q1, q4 := c.quarterRates(start)
 	return DrainResult{Name: name, Relays: 1, Rows: n, Seconds: wall.Seconds(), MsgPerSec: perSec(n, wall),
-		CPUPerSec: cpuPerSec(cpu, wall), CPUPerMsgUs: cpuPerMsgUs(cpu, n),
+		CPUPerSec: cpuPerSec(cpu, wall), CPUPerMsgUs: cpuPerMsgUs(cpu, n), DBCPUPerMsgUs: dbCPUPerMsgUs(dbc, dbOK, n),
 		FirstQuarterMsgPerSec: q1, LastQuarterMsgPerSec: q4, EndVsStart: ratio(q4, q1),
 		PreloadSeconds: pre.Seconds()}, nil
 }
@@ -545,6 +587,10 @@ func (e *env) drainRelays(ctx context.Context, n int) (DrainResult, error) {
 		return DrainResult{}, err
 	}
 	defer closeDB(admin)
+	adminSQL, err := admin.DB()
+	if err != nil {
+		return DrainResult{}, err
+	}
 	if err := e.reset(admin); err != nil {
 		return DrainResult{}, err
 	}
@@ -578,7 +624,9 @@ func (e *env) drainRelays(ctx context.Context, n int) (DrainResult, error) {
 		return DrainResult{}, err
 	}
 	cpu0 := cpuTime()
+	dbCPU := e.startBackendCPU(ctx, adminSQL, backendSampleInterval)
 	end, err := e.waitDrained(ctx, admin, c, e.cfg.N)
+	dbc, dbOK := dbCPU.stop(ctx)
 	if err != nil {
 		return DrainResult{}, fmt.Errorf("relay ×%d: %w", n, err)
 	}
@@ -597,7 +645,7 @@ func (e *env) drainRelays(ctx context.Context, n int) (DrainResult, error) {
 		conc = fmt.Sprintf("max concurrent buckets %d", e.cfg.MaxConcurrentBuckets)
 	}
 	return DrainResult{Name: "relay", Relays: n, Rows: e.cfg.N, Seconds: wall.Seconds(), MsgPerSec: perSec(e.cfg.N, wall),
-		CPUPerSec: cpuPerSec(cpu, wall), CPUPerMsgUs: cpuPerMsgUs(cpu, e.cfg.N),
+		CPUPerSec: cpuPerSec(cpu, wall), CPUPerMsgUs: cpuPerMsgUs(cpu, e.cfg.N), DBCPUPerMsgUs: dbCPUPerMsgUs(dbc, dbOK, e.cfg.N),
 		FirstQuarterMsgPerSec: q1, LastQuarterMsgPerSec: q4, EndVsStart: ratio(q4, q1),
 		LeaseLosses: &losses, MaxConcurrentBuckets: e.cfg.MaxConcurrentBuckets, PreloadSeconds: pre.Seconds(),
 		Note: fmt.Sprintf("gormstore + KafkaPublisher, %d buckets, batch %d, %s, leases balanced before the preload commit", e.cfg.Buckets, e.cfg.BatchSize, conc)}, nil
