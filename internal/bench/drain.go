@@ -355,11 +355,12 @@ func (e *env) drainBaseline(ctx context.Context, name string, n int, loop loopFu
 }
 
 // analyze updates the messages table's statistics after a baseline's
-// preload, before its clock starts. Without it, PostgreSQL plans the raw
-// loop's DELETE … WHERE id <= $1 on the just-filled table as a sequential
-// scan of the whole table (about 80 ms per 500-row batch at 200,000 rows,
-// against 1 ms on the primary key once analyzed) until autovacuum's
-// ANALYZE comes by, which made the raw loop 1.5–9× slower in some runs and
+// preload, before its clock starts. Without them, PostgreSQL estimates the
+// raw loop's DELETE … WHERE id <= $1 at a third of the table or more and
+// plans a sequential scan (about 80 ms per 500-row batch at 200,000 rows,
+// against 1.4 ms on the primary key once analyzed) or a bitmap scan that
+// re-reads the entries of every row deleted before, until autovacuum's
+// ANALYZE comes by; that made the raw loop 1.3–5.8× slower in some runs and
 // the relay's ratios to it meaningless. A production loop runs on a table
 // with statistics, so the baselines get them, free of charge. The relays do
 // not: their statements stay on the indexes without statistics (gormstore's
