@@ -29,7 +29,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/gorm-outbox/outbox/internal/bench"
+	"github.com/gorm-outbox/outbox/cmd/internal/bench"
 )
 
 func main() {

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gorm-outbox/outbox/internal/bench"
+	"github.com/gorm-outbox/outbox/cmd/internal/bench"
 	"github.com/gorm-outbox/outbox/internal/testenv"
 )
 
