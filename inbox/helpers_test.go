@@ -7,11 +7,10 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"gorm.io/gorm"
 
 	"github.com/gorm-outbox/outbox/inbox"
+	"github.com/gorm-outbox/outbox/internal/metrictest"
 	"github.com/gorm-outbox/outbox/internal/testenv"
 	"github.com/gorm-outbox/outbox/relay"
 )
@@ -25,8 +24,9 @@ type effect struct {
 }
 
 // setup migrates the inbox and effect tables on db and returns an Inbox
-// with opts, whose instruments a fresh ManualReader collects.
-func setup(t testing.TB, db *gorm.DB, opts inbox.Options) (*inbox.Inbox, *sdkmetric.ManualReader) {
+// with opts, whose instruments a fresh metrictest.Reader collects (unless
+// opts has a MeterProvider).
+func setup(t testing.TB, db *gorm.DB, opts inbox.Options) (*inbox.Inbox, *metrictest.Reader) {
 	t.Helper()
 	if err := inbox.AutoMigrate(db, opts.Config); err != nil {
 		t.Fatal(err)
@@ -34,11 +34,9 @@ func setup(t testing.TB, db *gorm.DB, opts inbox.Options) (*inbox.Inbox, *sdkmet
 	if err := db.AutoMigrate(&effect{}); err != nil {
 		t.Fatal(err)
 	}
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	reader := metrictest.NewReader()
 	if opts.MeterProvider == nil {
-		opts.MeterProvider = mp
+		opts.MeterProvider = reader.MeterProvider()
 	}
 	ib, err := inbox.New(db, opts)
 	if err != nil {
@@ -90,25 +88,19 @@ func recorded(t testing.TB, db *gorm.DB) int64 {
 // counts, by instrument name.
 type readings map[string]int64
 
-func collect(t testing.TB, r *sdkmetric.ManualReader) readings {
+func collect(t testing.TB, r *metrictest.Reader) readings {
 	t.Helper()
-	var rm metricdata.ResourceMetrics
-	if err := r.Collect(context.Background(), &rm); err != nil {
+	points, err := r.Collect(context.Background())
+	if err != nil {
 		t.Fatalf("Collect: %v", err)
 	}
 	out := readings{}
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			switch d := m.Data.(type) {
-			case metricdata.Sum[int64]:
-				for _, p := range d.DataPoints {
-					out[m.Name] += p.Value
-				}
-			case metricdata.Histogram[float64]:
-				for _, p := range d.DataPoints {
-					out[m.Name] += int64(p.Count)
-				}
-			}
+	for _, p := range points {
+		switch p.Kind {
+		case metrictest.Counter:
+			out[p.Name] += int64(p.Value)
+		case metrictest.Histogram:
+			out[p.Name] += int64(p.Count)
 		}
 	}
 	return out

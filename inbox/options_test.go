@@ -8,12 +8,11 @@ import (
 
 	"github.com/segmentio/kafka-go"
 	"go.opentelemetry.io/otel"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"gorm.io/driver/sqlite"
 	"gorm.io/gorm"
 
 	"github.com/gorm-outbox/outbox/inbox"
+	"github.com/gorm-outbox/outbox/internal/metrictest"
 	"github.com/gorm-outbox/outbox/internal/testenv"
 )
 
@@ -127,14 +126,10 @@ func TestNewAndNewConsumerRejectMisuse(t *testing.T) {
 // the inbox's instruments come from the OpenTelemetry global, as the
 // relay's do.
 func TestNilMeterProviderRecordsToTheGlobalProvider(t *testing.T) {
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	reader := metrictest.NewReader()
 	prev := otel.GetMeterProvider()
-	otel.SetMeterProvider(mp)
-	t.Cleanup(func() {
-		otel.SetMeterProvider(prev)
-		_ = mp.Shutdown(context.Background())
-	})
+	otel.SetMeterProvider(reader.MeterProvider())
+	t.Cleanup(func() { otel.SetMeterProvider(prev) })
 	db := testenv.Databases(t)[0].Open(t, nil)
 	if err := inbox.AutoMigrate(db, inbox.Config{}); err != nil {
 		t.Fatal(err)
@@ -149,19 +144,16 @@ func TestNilMeterProviderRecordsToTheGlobalProvider(t *testing.T) {
 		}
 	}
 	collect(t, reader).check(t, readings{inbox.MetricProcessed: 1, inbox.MetricDuplicates: 1, inbox.MetricHandleDuration: 2})
-	var rm metricdata.ResourceMetrics
-	if err := reader.Collect(context.Background(), &rm); err != nil {
+	points, err := reader.Collect(context.Background())
+	if err != nil {
 		t.Fatal(err)
 	}
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if sum, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == inbox.MetricProcessed {
-				v, _ := sum.DataPoints[0].Attributes.Value(inbox.AttrHandler)
-				if sm.Scope.Name != "github.com/gorm-outbox/outbox/inbox" || v.AsString() != "global" {
-					t.Fatalf("%s: scope %q, %s=%q; want the inbox's scope and global", m.Name, sm.Scope.Name, inbox.AttrHandler, v.AsString())
-				}
-				return
+	for _, p := range points {
+		if p.Kind == metrictest.Counter && p.Name == inbox.MetricProcessed {
+			if p.Scope != "github.com/gorm-outbox/outbox/inbox" || p.Attr(inbox.AttrHandler) != "global" {
+				t.Fatalf("%s: scope %q, %s=%q; want the inbox's scope and global", p.Name, p.Scope, inbox.AttrHandler, p.Attr(inbox.AttrHandler))
 			}
+			return
 		}
 	}
 	t.Fatalf("no %s data point", inbox.MetricProcessed)

@@ -1,8 +1,12 @@
 package inbox_test
 
 // Tests of what the README's "Consuming" section promises and no other
-// test pins down: the defaults and the metric names as the Prometheus
-// exporter shows them.
+// test pins down: the defaults and the instruments behind the metrics
+// table. The metric names as the Prometheus exporter shows them are checked
+// in the cmd module (cmd/outbox-relay,
+// TestInboxMetricNamesAsThePrometheusExporterShowsThem): the exporter and
+// the OpenTelemetry SDK stay out of the library module's go.mod (see
+// scripts/importer-check.sh).
 
 import (
 	"context"
@@ -11,14 +15,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"github.com/segmentio/kafka-go"
-	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"gorm.io/gorm"
 
 	"github.com/gorm-outbox/outbox/inbox"
+	"github.com/gorm-outbox/outbox/internal/metrictest"
 	"github.com/gorm-outbox/outbox/internal/testenv"
 	"github.com/gorm-outbox/outbox/relay/relaytest"
 )
@@ -101,21 +102,18 @@ func (w *memWriter) len() int {
 	return len(w.msgs)
 }
 
-// TestMetricNamesAsThePrometheusExporterShowsThem proves the README's
-// inbox metrics table: the six instruments, exported through the
-// OpenTelemetry Prometheus exporter, have the documented names and types
-// and carry inbox_handler (inbox_table for the purge counter).
-func TestMetricNamesAsThePrometheusExporterShowsThem(t *testing.T) {
-	reg := prometheus.NewRegistry()
-	exp, err := otelprom.New(otelprom.WithRegisterer(reg))
-	if err != nil {
-		t.Fatal(err)
-	}
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp))
-	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+// TestMetricInstrumentsBehindTheREADMEsTable proves the instruments behind
+// the README's inbox metrics table: the six of them, with the kinds and
+// units that make the OpenTelemetry Prometheus exporter show the
+// documented names and types (a counter gains _total, unit s _seconds, a
+// {annotation} nothing), each carrying inbox.handler (inbox.table for the
+// purge counter), and no other. cmd/outbox-relay's
+// TestInboxMetricNamesAsThePrometheusExporterShowsThem checks the names
+// themselves through the exporter.
+func TestMetricInstrumentsBehindTheREADMEsTable(t *testing.T) {
 	clock := relaytest.NewManualClock(time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC))
 	db := testenv.Databases(t)[0].Open(t, nil)
-	ib, _ := setup(t, db, inbox.Options{MeterProvider: mp, Clock: clock, Retention: time.Hour})
+	ib, reader := setup(t, db, inbox.Options{Clock: clock, Retention: time.Hour})
 	ctx := withTimeout(t, time.Minute)
 
 	// processed, duplicates, failures, the duration: three Handle calls.
@@ -144,50 +142,44 @@ func TestMetricNamesAsThePrometheusExporterShowsThem(t *testing.T) {
 		t.Fatalf("Purge = %d, %v; want 1", n, err)
 	}
 
-	want := map[string]dto.MetricType{
-		"inbox_processed_total":         dto.MetricType_COUNTER,
-		"inbox_duplicates_total":        dto.MetricType_COUNTER,
-		"inbox_failures_total":          dto.MetricType_COUNTER,
-		"inbox_handle_duration_seconds": dto.MetricType_HISTOGRAM,
-		"inbox_dead_lettered_total":     dto.MetricType_COUNTER,
-		"inbox_purged_total":            dto.MetricType_COUNTER,
+	type instrument struct {
+		kind metrictest.Kind
+		unit string
 	}
-	fams, err := reg.Gather()
+	want := map[string]instrument{
+		inbox.MetricProcessed:      {metrictest.Counter, "{message}"}, // inbox_processed_total
+		inbox.MetricDuplicates:     {metrictest.Counter, "{message}"}, // inbox_duplicates_total
+		inbox.MetricFailures:       {metrictest.Counter, "{attempt}"}, // inbox_failures_total
+		inbox.MetricHandleDuration: {metrictest.Histogram, "s"},       // inbox_handle_duration_seconds
+		inbox.MetricDeadLettered:   {metrictest.Counter, "{message}"}, // inbox_dead_lettered_total
+		inbox.MetricPurged:         {metrictest.Counter, "{message}"}, // inbox_purged_total
+	}
+	got, err := reader.Collect(context.Background())
 	if err != nil {
-		t.Fatalf("Gather: %v", err)
+		t.Fatalf("Collect: %v", err)
 	}
-	got := map[string]*dto.MetricFamily{}
-	for _, f := range fams {
-		got[f.GetName()] = f
-	}
-	for name, typ := range want {
-		f := got[name]
-		if f == nil {
-			t.Errorf("%s is not exported", name)
+	seen := map[string]bool{}
+	for _, p := range got {
+		seen[p.Name] = true
+		w, ok := want[p.Name]
+		if !ok {
+			t.Errorf("instrument %s is not in the README's metrics table", p.Name)
 			continue
 		}
-		if f.GetType() != typ {
-			t.Errorf("%s has type %v; the README documents %v", name, f.GetType(), typ)
+		if p.Kind != w.kind || p.Unit != w.unit {
+			t.Errorf("%s is a %s in %q; the README's name and type need a %s in %q", p.Name, p.Kind, p.Unit, w.kind, w.unit)
 		}
-		label, value := "inbox_handler", "readme"
-		if name == "inbox_purged_total" {
-			label, value = "inbox_table", inbox.DefaultTable
+		key, value := inbox.AttrHandler, "readme"
+		if p.Name == inbox.MetricPurged {
+			key, value = inbox.AttrTable, inbox.DefaultTable
 		}
-		for _, m := range f.GetMetric() {
-			v := ""
-			for _, l := range m.GetLabel() {
-				if l.GetName() == label {
-					v = l.GetValue()
-				}
-			}
-			if v != value {
-				t.Errorf("%s has %s=%q; want %q", name, label, v, value)
-			}
+		if v := p.Attr(key); v != value {
+			t.Errorf("%s has %s=%q; want %q", p.Name, key, v, value)
 		}
 	}
-	for name := range got {
-		if _, ok := want[name]; strings.HasPrefix(name, "inbox_") && !ok {
-			t.Errorf("exported %s is not in the README's metrics table", name)
+	for name := range want {
+		if !seen[name] {
+			t.Errorf("%s has no data point", name)
 		}
 	}
 }
