@@ -85,7 +85,7 @@ func TestLeasesRunOnTheDatabaseClock(t *testing.T) {
 			if len(got) != 4 {
 				t.Fatalf("owns %v; want all 4 buckets", got)
 			}
-			var leases []outbox.Lease
+			var leases []outbox.BucketLease
 			if err := db.Table(cfg.LeasesTableName()).Order("bucket").Find(&leases).Error; err != nil {
 				t.Fatal(err)
 			}
@@ -95,7 +95,7 @@ func TestLeasesRunOnTheDatabaseClock(t *testing.T) {
 						l.Bucket, l.ExpiresAtMs, e, before, after, skewed(40*time.Second)().UnixMilli())
 				}
 			}
-			var hb outbox.Relay
+			var hb outbox.RelayHeartbeat
 			if err := db.Table(cfg.RelaysTableName()).Where("relay_id = ?", "relay-a").Take(&hb).Error; err != nil {
 				t.Fatal(err)
 			}
@@ -151,7 +151,7 @@ func TestParkingStampsRunOnTheDatabaseClock(t *testing.T) {
 			}
 			// An old relay (features 0) seen 10 s ago by the database's clock:
 			// live for the default window (30 s), so parking is off.
-			old := outbox.Relay{RelayID: "old", LastSeenMs: dbClockMs(t, db) - 10_000}
+			old := outbox.RelayHeartbeat{RelayID: "old", LastSeenMs: dbClockMs(t, db) - 10_000}
 			if err := db.Table(cfg.RelaysTableName()).Create(&old).Error; err != nil {
 				t.Fatal(err)
 			}
@@ -378,7 +378,7 @@ func checkSkewOwners(t *testing.T, db *gorm.DB, cfg outbox.Config, round int, re
 			owner[b] = r
 		}
 	}
-	var leases []outbox.Lease
+	var leases []outbox.BucketLease
 	if err := db.Table(cfg.LeasesTableName()).Order("bucket").Find(&leases).Error; err != nil {
 		t.Fatal(err)
 	}

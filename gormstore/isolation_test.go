@@ -263,7 +263,7 @@ func TestLeaseReadsIgnoreUncommittedWritesOnAReadUncommittedPool(t *testing.T) {
 			for _, err := range []error{
 				w.Table(cfg.LeasesTableName()).Where("bucket = ?", 2).
 					Updates(map[string]any{"owner": "relay-b", "expires_at_ms": far}).Error,
-				w.Table(cfg.RelaysTableName()).Create(&outbox.Relay{RelayID: "relay-c", LastSeenMs: far}).Error,
+				w.Table(cfg.RelaysTableName()).Create(&outbox.RelayHeartbeat{RelayID: "relay-c", LastSeenMs: far}).Error,
 				raw(w).Table(cfg.MessagesTableName()).Create(pendingMessage(7)).Error,
 			} {
 				if err != nil {

@@ -317,7 +317,7 @@ func (s *Store) AcquireBucketLeases(ctx context.Context, relayID string, bucketC
 	// counts), lease snapshot.
 	var bad []int64
 	var active []string
-	var snap []outbox.Lease
+	var snap []outbox.BucketLease
 	err = s.read(ctx, s.leases, func(q *gorm.DB) error {
 		if err := q.Table(s.msgs).Where("bucket < ? OR bucket >= ?", 0, n).Limit(1).Pluck("bucket", &bad).Error; err != nil {
 			return fmt.Errorf("gormstore: probe for out-of-range buckets: %w", err)
@@ -445,7 +445,7 @@ func (s *Store) heartbeat(ctx context.Context, relayID string, now int64) error 
 				{Column: clause.Column{Name: "last_seen_ms"}, Value: gorm.Expr("CASE WHEN ? < ? THEN ? ELSE ? END", last, now, now, last)},
 				{Column: clause.Column{Name: "features"}, Value: Features},
 			},
-		}).Create(&outbox.Relay{RelayID: relayID, LastSeenMs: now, Features: Features}).Error
+		}).Create(&outbox.RelayHeartbeat{RelayID: relayID, LastSeenMs: now, Features: Features}).Error
 	})
 	if err != nil {
 		return fmt.Errorf("gormstore: heartbeat of %s: %w", relayID, err)
@@ -463,7 +463,7 @@ func (s *Store) maybePrune(ctx context.Context, now, ld int64) error {
 	err := s.write(ctx, s.relays, func(q *gorm.DB) error {
 		return q.Table(s.relays).
 			Where("(stopped_at_ms IS NULL AND last_seen_ms < ?) OR (stopped_at_ms IS NOT NULL AND stopped_at_ms < ?)", now-10*ld, now-ld).
-			Delete(&outbox.Relay{}).Error
+			Delete(&outbox.RelayHeartbeat{}).Error
 	})
 	if err != nil {
 		return fmt.Errorf("gormstore: prune heartbeats: %w", err)
@@ -483,7 +483,7 @@ func (s *Store) seed(ctx context.Context) error {
 	if done {
 		return nil
 	}
-	rows := make([]outbox.Lease, s.cfg.BucketCount)
+	rows := make([]outbox.BucketLease, s.cfg.BucketCount)
 	for i := range rows {
 		rows[i].Bucket = int32(i)
 	}
@@ -584,7 +584,7 @@ func (s *Store) ReleaseBucketLeases(ctx context.Context, relayID string) error {
 		return q.Table(s.relays).Clauses(clause.OnConflict{
 			Columns:   []clause.Column{{Name: "relay_id"}},
 			DoUpdates: clause.Set{{Column: clause.Column{Name: "stopped_at_ms"}, Value: now}},
-		}).Create(&outbox.Relay{RelayID: relayID, LastSeenMs: now, StoppedAtMs: &now, Features: Features}).Error
+		}).Create(&outbox.RelayHeartbeat{RelayID: relayID, LastSeenMs: now, StoppedAtMs: &now, Features: Features}).Error
 	})
 	if err != nil {
 		return fmt.Errorf("gormstore: stamp %s stopped: %w", relayID, err)
@@ -665,7 +665,7 @@ func bucketSets(buckets []int) []bucketSet {
 // order, scanned by hand (no reflection per row: an acquisition round
 // reads up to 65,536 of them). The owners are interned: a relay's id is
 // one string however many buckets it holds.
-func (s *Store) scanLeases(q *gorm.DB, n int, snap *[]outbox.Lease) error {
+func (s *Store) scanLeases(q *gorm.DB, n int, snap *[]outbox.BucketLease) error {
 	rows, err := q.Table(s.leases).Select("bucket, owner, expires_at_ms").
 		Where("bucket >= ? AND bucket < ?", 0, n).Order("bucket").Rows()
 	if err != nil {
@@ -679,7 +679,7 @@ func (s *Store) scanLeases(q *gorm.DB, n int, snap *[]outbox.Lease) error {
 		if err := rows.Scan(&bucket, &owner, &exp); err != nil {
 			return err
 		}
-		l := outbox.Lease{Bucket: int32(bucket.v), ExpiresAtMs: exp.v}
+		l := outbox.BucketLease{Bucket: int32(bucket.v), ExpiresAtMs: exp.v}
 		if owner != nil {
 			o, ok := owners[string(owner)]
 			if !ok {

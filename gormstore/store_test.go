@@ -82,7 +82,7 @@ func harness(t *testing.T, db *gorm.DB, f *failures, n int) *storetest.Harness {
 			return db.WithContext(ctx).Session(&gorm.Session{SkipHooks: true}).Table(cfg.MessagesTableName()).Create(&msgs).Error
 		},
 		Leases: func(ctx context.Context) ([]storetest.Lease, error) {
-			var rows []outbox.Lease
+			var rows []outbox.BucketLease
 			if err := db.WithContext(ctx).Table(cfg.LeasesTableName()).Order("bucket").Find(&rows).Error; err != nil {
 				return nil, err
 			}
@@ -99,7 +99,7 @@ func harness(t *testing.T, db *gorm.DB, f *failures, n int) *storetest.Harness {
 			return out, nil
 		},
 		SetLease: func(ctx context.Context, l storetest.Lease) error {
-			row := outbox.Lease{Bucket: int32(l.Bucket)}
+			row := outbox.BucketLease{Bucket: int32(l.Bucket)}
 			if l.Owner != "" {
 				row.Owner = &l.Owner
 			}

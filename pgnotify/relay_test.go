@@ -55,7 +55,7 @@ func openPod(t *testing.T, dsn string, clock relay.Clock, now func() time.Time, 
 	t.Cleanup(func() { tr.Close() })
 	pub := relaytest.NewPublisher()
 	r, err := relay.New(store, pub, relay.Options{
-		RelayID: id, Clock: clock, PollInterval: poll, Notifier: n, Transport: tr,
+		RelayID: id, Clock: clock, PollInterval: poll, Notifier: n, HintTransport: tr,
 		Logger: slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
@@ -80,7 +80,7 @@ func openPod(t *testing.T, dsn string, clock relay.Clock, now func() time.Time, 
 
 func leaseOwners(t *testing.T, db *gorm.DB) map[int]string {
 	t.Helper()
-	var ls []outbox.Lease
+	var ls []outbox.BucketLease
 	if err := db.Find(&ls).Error; err != nil {
 		t.Fatal(err)
 	}
