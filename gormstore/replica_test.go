@@ -101,7 +101,7 @@ func TestEveryStoreStatementRunsOnThePrimaryDespiteAReplica(t *testing.T) {
 					return n
 				}
 
-				store, err := gormstore.New(storeDB, gormstore.Options{Config: cfg, Now: clock.Now})
+				store, err := gormstore.New(storeDB, gormstore.Options{Config: cfg, Clock: clock})
 				if err != nil {
 					t.Fatal(err)
 				}

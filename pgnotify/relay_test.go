@@ -44,7 +44,7 @@ func openPod(t *testing.T, dsn string, clock relay.Clock, now func() time.Time, 
 	if err := outbox.AutoMigrate(db, outbox.Config{}); err != nil {
 		t.Fatal(err)
 	}
-	store, err := gormstore.New(db, gormstore.Options{Now: now})
+	store, err := gormstore.New(db, gormstore.Options{Clock: nowFunc(now)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -240,3 +240,8 @@ func waitListeners(ctx context.Context, t *testing.T, db *gorm.DB, channel strin
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// nowFunc is a gormstore.Clock reading a function.
+type nowFunc func() time.Time
+
+func (f nowFunc) Now() time.Time { return f() }
