@@ -505,7 +505,7 @@ func usage(w io.Writer) {
 	fmt.Fprintf(w, `outbox-relay publishes the rows of a gorm-outbox outbox table to Kafka.
 
 Usage: outbox-relay [flags]
-       outbox-relay COMMAND [flags]    (parked, requeue, discard, help)
+       outbox-relay COMMAND [flags]    (status, check, parked, requeue, discard, rebucket, help)
 
 Every flag can also be set by the environment variable shown beside it; a
 flag on the command line wins. SIGTERM or SIGINT stops the relay

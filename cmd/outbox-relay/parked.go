@@ -1,9 +1,11 @@
 package main
 
-// The parked-row subcommands: parked, requeue and discard. They open the
-// relay's database with the relay's own database flags (dbFlags), work
-// through the store's relay.ParkAdmin and exit; they never start the relay,
-// the Kafka publisher or the HTTP server.
+// The subcommands, and the parked-row ones: parked, requeue and discard.
+// Every subcommand opens the relay's database with the relay's own database
+// flags (dbFlags) and exits; none starts the relay, the Kafka publisher or
+// the HTTP server. parked, requeue and discard work through the store's
+// relay.ParkAdmin; status, check and rebucket (status.go, check.go,
+// rebucket.go) read the outbox tables through GORM.
 
 import (
 	"cmp"
@@ -38,11 +40,22 @@ type subcommand struct {
 	doc string
 	// selector: the command takes -key, -key-hex, -id or -all.
 	selector bool
-	run      func(ctx context.Context, e *adminEnv, c *adminConfig) int
+	// flags, when set, declares the command's own flags.
+	flags func(fs *flag.FlagSet, c *adminConfig)
+	// env names the command's own flags that are read from the
+	// environment as well (the database flags always are).
+	env []string
+	// check, when set, checks the command's own flags after parsing.
+	check func(fs *flag.FlagSet, c *adminConfig) error
+	// exit, when set, replaces the usual paragraph on exit codes.
+	exit string
+	run  func(ctx context.Context, e *adminEnv, c *adminConfig) int
 }
 
 // subcommands lists the commands in the order of the usage text.
 var subcommands = []*subcommand{
+	statusCommand,
+	checkCommand,
 	{
 		name:    "parked",
 		args:    "[-rows] [-json] [-limit N]",
@@ -80,6 +93,7 @@ Without -confirm it deletes nothing: it shows the rows it would delete and
 exits 2.`,
 		run: runDiscard,
 	},
+	rebucketCommand,
 }
 
 // findSubcommand returns the subcommand called name, or nil.
@@ -102,6 +116,9 @@ type adminEnv struct {
 	open func(ctx context.Context, c *dbConfig, log *slog.Logger) (relay.ParkAdmin, func(), error)
 	// now is the clock the ages are computed with.
 	now func() time.Time
+	// dbNow, when set, replaces the database's clock (gormstore.Store.Now)
+	// for status, check and rebucket: tests fix it.
+	dbNow func(ctx context.Context) (time.Time, error)
 }
 
 // adminConfig is a subcommand's configuration.
@@ -117,6 +134,14 @@ type adminConfig struct {
 	sel     relay.ParkedSelector
 	selDesc string // the selector as the user gave it, e.g. -key "k1"
 	confirm bool
+
+	// status, check and rebucket
+	leaseDuration time.Duration // the relays' -lease-duration
+	maxAge        time.Duration // status
+	allBuckets    bool          // status
+	to            int           // rebucket
+	force         bool          // rebucket
+	rehash        bool          // rebucket
 }
 
 // selectorFlags are the flags of a ParkedSelector, in the order of messages.
@@ -130,6 +155,8 @@ func newSubcommandFlagSet(sc *subcommand, c *adminConfig) *flag.FlagSet {
 	fs.SetOutput(io.Discard)
 	dbFlags(fs, &c.dbConfig)
 	switch {
+	case sc.flags != nil:
+		sc.flags(fs, c)
 	case sc.name == "parked":
 		intVar(fs, &c.limit, "limit", defaultParkedLimit, "read at most this many parked rows (0: all)")
 		fs.BoolVar(&c.rows, "rows", false, "list every row instead of one line per key")
@@ -156,14 +183,25 @@ func newSubcommandFlagSet(sc *subcommand, c *adminConfig) *flag.FlagSet {
 	return fs
 }
 
-// dbFlagNames returns the names of the flags dbFlags declares: the only
-// flags of a subcommand read from the environment (a selector or -confirm
-// in the environment could delete rows nobody named on the command line).
+// dbFlagNames returns the names of the flags dbFlags declares: with a
+// command's env, the only flags of a subcommand read from the environment
+// (a selector or -confirm in the environment could delete rows nobody
+// named on the command line).
 func dbFlagNames() map[string]bool {
 	fs := flag.NewFlagSet("", flag.ContinueOnError)
 	dbFlags(fs, &dbConfig{})
 	names := map[string]bool{}
 	fs.VisitAll(func(f *flag.Flag) { names[f.Name] = true })
+	return names
+}
+
+// envFlagNames returns the names of sc's flags read from the environment:
+// the database flags and sc.env.
+func envFlagNames(sc *subcommand) map[string]bool {
+	names := dbFlagNames()
+	for _, name := range sc.env {
+		names[name] = true
+	}
 	return names
 }
 
@@ -184,12 +222,17 @@ func parseSubcommand(sc *subcommand, args []string, getenv func(string) string) 
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
 	}
-	if err := applyEnv(fs, getenv, dbFlagNames()); err != nil {
+	if err := applyEnv(fs, getenv, envFlagNames(sc)); err != nil {
 		return nil, err
 	}
 	c.defaults()
 	if sc.name == "parked" && c.limit < 0 {
 		return nil, fmt.Errorf("-limit %d: must not be negative (0: no limit)", c.limit)
+	}
+	if sc.check != nil {
+		if err := sc.check(fs, c); err != nil {
+			return nil, err
+		}
 	}
 	if sc.selector {
 		if err := c.parseSelector(fs, sc); err != nil {
@@ -280,18 +323,23 @@ func commandList() string {
 // database flags with their environment variables.
 func subcommandUsage(w io.Writer, sc *subcommand) {
 	fmt.Fprintf(w, "Usage: outbox-relay %s %s [database flags]\n\n%s\n\n", sc.name, sc.args, sc.doc)
-	fmt.Fprintf(w, `Exit status: 0 done (also when no row matched); 2 bad usage or
+	exit := sc.exit
+	if exit == "" {
+		exit = `Exit status: 0 done (also when no row matched); 2 bad usage or
 configuration (one error line naming the flag, before any connection);
 1 a runtime failure (database unreachable, outbox tables missing, a store
-error, interrupted by SIGINT or SIGTERM). Each statement is bounded by
--statement-timeout. The Kafka, HTTP and relay flags do not apply.
-
-Flags:
-`)
+error, interrupted by SIGINT or SIGTERM).`
+	}
+	fmt.Fprintf(w, "%s Each statement is bounded by\n-statement-timeout. The relay's flags not listed here do not apply.\n\nFlags:\n", exit)
 	db := dbFlagNames()
+	env := envFlagNames(sc)
 	fs := newSubcommandFlagSet(sc, &adminConfig{})
 	fs.VisitAll(func(f *flag.Flag) {
-		if !db[f.Name] {
+		switch {
+		case db[f.Name]:
+		case env[f.Name]:
+			fmt.Fprintf(w, "  -%s  [%s]\n    \t%s%s\n", f.Name, envName(f.Name), f.Usage, defaultNote(f))
+		default:
 			fmt.Fprintf(w, "  -%s\n    \t%s%s\n", f.Name, f.Usage, defaultNote(f))
 		}
 	})
@@ -322,8 +370,9 @@ func subcommandsUsage(w io.Writer) {
 	fmt.Fprintf(w, `
 The commands take the relay's database flags (-db-driver, -db-dsn, -schema,
 -messages-table, -leases-table, -relays-table, -bucket-count,
--statement-timeout) and their variables, and flags of their own; they
-neither publish nor serve HTTP.
+-statement-timeout) and their variables (status, check and rebucket also
+-lease-duration), and flags of their own; they neither publish nor serve
+HTTP. Only requeue, discard and rebucket change anything.
 
 `)
 }

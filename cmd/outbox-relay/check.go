@@ -1,0 +1,658 @@
+package main
+
+// The check subcommand: is the outbox's configuration consistent, as far
+// as the tables show? Missing tables, columns and indexes; rows and lease
+// rows outside the bucket count; writers whose rows hash to other buckets;
+// relays that run with another bucket count, without parking support, or
+// with a longer lease duration.
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/gorm-outbox/outbox"
+)
+
+// checkSampleRows is how many of the newest rows check hashes again to
+// find writers with another bucket count.
+const checkSampleRows = 1000
+
+// leaseDurationTolerance absorbs the clock reads and statement delays
+// between a relay's heartbeat and its lease write in the lease-duration
+// check.
+const leaseDurationTolerance = time.Second
+
+var checkCommand = &subcommand{
+	name:    "check",
+	args:    "[-json]",
+	summary: "configuration consistency: tables, columns, indexes, buckets, writers and relays that disagree; one line per problem",
+	doc: `Checks what the tables show against the configuration (-bucket-count and
+the table names) and prints one line per problem:
+
+  - a missing table, column (schema version 2 added parked_at_ms,
+    parked_reason and features) or index: the relay's read index
+    (bucket, parked_at_ms, id), and the primary keys of the three tables
+    (the leases' and heartbeats' upserts need them);
+  - rows in buckets outside -bucket-count (writers with a larger count:
+    relays stop with ErrMisconfigured);
+  - among the newest 1000 rows, rows whose bucket is not the one
+    -bucket-count gives their key (outbox.BucketOf): writers with another
+    count, which the relays cannot see; the counts that fit are named;
+  - lease rows outside -bucket-count (a relay with a larger count, live if
+    it holds one, or a count lowered without resetting the leases), or
+    missing lease rows while relays are live (relays with a smaller count:
+    a relay creates all its lease rows when it starts);
+  - live relays without parking support (an older version: no row is
+    parked while one runs);
+  - a relay whose leases run further past its last heartbeat than
+    -lease-duration (it runs with a longer -lease-duration: relays that
+    disagree on it disagree on who is live).
+
+Times are compared on the database's clock. Prints "ok: …" when there is
+no problem.`,
+	flags: func(fs *flag.FlagSet, c *adminConfig) {
+		fs.BoolVar(&c.asJSON, "json", false, `print one JSON object {"ok": …, "problems": [{"check": …, "message": …}]}`)
+		leaseDurationFlag(fs, c)
+	},
+	env:   []string{"lease-duration"},
+	check: func(_ *flag.FlagSet, c *adminConfig) error { return checkLeaseDuration(c) },
+	exit: `Exit status: 0 no problem; 1 problems (one line each on stdout, their
+number on stderr), or a runtime failure (database unreachable, a failed
+read, interrupted by SIGINT or SIGTERM: one line on stderr); 2 bad usage or
+configuration (one error line naming the flag, before any connection).`,
+	run: runCheck,
+}
+
+// Check names of check's problems (the "check" field with -json).
+const (
+	checkMissingTable     = "missing_table"
+	checkMissingColumn    = "missing_column"
+	checkMissingIndex     = "missing_index"
+	checkRowsOutside      = "rows_outside_bucket_count"
+	checkRowsMisplaced    = "rows_of_another_bucket_count"
+	checkLeasesOutside    = "lease_rows_outside_bucket_count"
+	checkLeasesMissing    = "lease_rows_missing"
+	checkRelayParking     = "relay_without_parking"
+	checkRelayLeaseLonger = "relay_lease_duration"
+)
+
+// checkProblem is one problem check found.
+type checkProblem struct {
+	Check   string `json:"check"`
+	Message string `json:"message"`
+}
+
+// checkReport is what check found.
+type checkReport struct {
+	OK       bool           `json:"ok"`
+	Problems []checkProblem `json:"problems"`
+	// checked says what was found sound, for the "ok" line.
+	checked []string
+}
+
+func (r *checkReport) add(check, format string, args ...any) {
+	r.Problems = append(r.Problems, checkProblem{Check: check, Message: fmt.Sprintf(format, args...)})
+}
+
+// runCheck is the check subcommand.
+func runCheck(ctx context.Context, e *adminEnv, c *adminConfig) int {
+	o, ok := e.openOps(ctx, "check", c, false)
+	if !ok {
+		return exitFailure
+	}
+	defer o.close()
+	rep, err := e.check(ctx, o)
+	if err != nil {
+		return e.opsFail(ctx, "check", err)
+	}
+	if c.asJSON {
+		enc := json.NewEncoder(e.stdout)
+		enc.SetIndent("", "  ")
+		err = enc.Encode(rep)
+	} else {
+		err = writeCheck(e.stdout, rep)
+	}
+	if err != nil {
+		return e.opsFail(ctx, "check", err)
+	}
+	if !rep.OK {
+		fmt.Fprintf(e.stderr, "outbox-relay check: %s\n", plural(int64(len(rep.Problems)), "problem"))
+		return exitFailure
+	}
+	return exitOK
+}
+
+func writeCheck(w io.Writer, rep *checkReport) error {
+	if rep.OK {
+		_, err := fmt.Fprintf(w, "ok: %s\n", strings.Join(rep.checked, "; "))
+		return err
+	}
+	for _, p := range rep.Problems {
+		if _, err := fmt.Fprintln(w, p.Message); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// outboxColumns are the columns of each table the current schema (version
+// 2) has; the relay reads or writes every one.
+var outboxColumns = struct{ messages, leases, relays []string }{
+	messages: []string{"id", "message_id", "bucket", "topic", "record_key", "record_value", "headers", "record_partition", "created_at", "parked_at_ms", "parked_reason"},
+	leases:   []string{"bucket", "owner", "expires_at_ms"},
+	relays:   []string{"relay_id", "last_seen_ms", "stopped_at_ms", "features"},
+}
+
+// version2Columns are the columns schema version 2 (parking) added.
+var version2Columns = map[string]bool{"parked_at_ms": true, "parked_reason": true, "features": true}
+
+// check runs every check on o.
+func (e *adminEnv) check(ctx context.Context, o *opsDB) (*checkReport, error) {
+	rep := &checkReport{Problems: []checkProblem{}}
+	cfg, c := o.cfg, o.c
+	n := cfg.BucketCount
+	tables := []struct {
+		name    string
+		columns []string
+	}{
+		{cfg.MessagesTable, outboxColumns.messages},
+		{cfg.LeasesTable, outboxColumns.leases},
+		{cfg.RelaysTable, outboxColumns.relays},
+	}
+	// Tables and columns. sound[t] is false when t or one of its columns
+	// is missing: the checks that read it are skipped.
+	sound := map[string]bool{}
+	for _, t := range tables {
+		q, cancel := o.stmt(ctx)
+		ok, err := hasTable(q, c.dbDriver, cfg.Schema, t.name)
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("look up table %s: %w", qualify(cfg, t.name), err)
+		}
+		if !ok {
+			rep.add(checkMissingTable, "missing table %s: start a relay once with -migrate, or apply migrations/%s.sql", qualify(cfg, t.name), c.dbDriver)
+			continue
+		}
+		missing, err := o.missingColumns(ctx, qualify(cfg, t.name), t.columns)
+		if err != nil {
+			return nil, err
+		}
+		if len(missing) > 0 {
+			fix := fmt.Sprintf("apply migrations/%s.sql", c.dbDriver)
+			if all(missing, func(col string) bool { return version2Columns[col] }) {
+				fix = fmt.Sprintf("schema version 1: apply migrations/%s/000002_parking.up.sql, or start a relay once with -migrate", c.dbDriver)
+			}
+			rep.add(checkMissingColumn, "%s lacks %s %s: %s", qualify(cfg, t.name), pluralWord(len(missing), "column"), strings.Join(missing, ", "), fix)
+			continue
+		}
+		sound[t.name] = true
+	}
+	if err := o.checkIndexes(ctx, rep, sound); err != nil {
+		return nil, err
+	}
+	if len(rep.Problems) == 0 {
+		rep.checked = append(rep.checked, fmt.Sprintf("%s, %s and %s have their columns and indexes",
+			cfg.MessagesTableName(), cfg.LeasesTableName(), cfg.RelaysTableName()))
+	}
+
+	if sound[cfg.MessagesTable] {
+		if err := o.checkRows(ctx, rep, n); err != nil {
+			return nil, err
+		}
+	}
+	if sound[cfg.LeasesTable] && sound[cfg.RelaysTable] {
+		clk, err := e.clock(ctx, o)
+		if err != nil {
+			return nil, err
+		}
+		if err := o.checkLeasesAndRelays(ctx, rep, clk.now, n); err != nil {
+			return nil, err
+		}
+	}
+	rep.OK = len(rep.Problems) == 0
+	return rep, nil
+}
+
+// qualify returns table qualified by cfg's schema.
+func qualify(cfg outbox.Config, table string) string {
+	if cfg.Schema == "" {
+		return table
+	}
+	return cfg.Schema + "." + table
+}
+
+func all[T any](s []T, f func(T) bool) bool {
+	for _, v := range s {
+		if !f(v) {
+			return false
+		}
+	}
+	return true
+}
+
+// pluralWord returns "column" or "columns".
+func pluralWord(n int, noun string) string {
+	if n == 1 {
+		return noun
+	}
+	return noun + "s"
+}
+
+// missingColumns returns the columns of table that a SELECT cannot read:
+// one probe of all of them (WHERE 1 = 0: no row is read), then one per
+// column if it fails. If every column fails, the table cannot be read at
+// all, which is an error.
+func (o *opsDB) missingColumns(ctx context.Context, table string, columns []string) ([]string, error) {
+	probe := func(cols []string) error {
+		q, cancel := o.stmt(ctx)
+		defer cancel()
+		rows, err := q.Table(table).Select(strings.Join(cols, ", ")).Where("1 = 0").Rows()
+		if err != nil {
+			return err
+		}
+		return rows.Close()
+	}
+	allErr := probe(columns)
+	if allErr == nil {
+		return nil, nil
+	}
+	if ctx.Err() != nil {
+		return nil, allErr
+	}
+	var missing []string
+	for _, col := range columns {
+		if probe([]string{col}) != nil {
+			missing = append(missing, col)
+		}
+	}
+	if len(missing) == len(columns) {
+		return nil, fmt.Errorf("read %s: %w", table, allErr)
+	}
+	return missing, nil
+}
+
+// indexInfo is one index (or primary key) of a table.
+type indexInfo struct {
+	name    string
+	unique  bool
+	partial bool
+	columns []string // "" for an expression
+}
+
+// tableIndexes lists the indexes of table in schema (empty: the
+// connection's), primary key included.
+func tableIndexes(q *gorm.DB, driver, schema, table string) ([]indexInfo, error) {
+	var out []indexInfo
+	add := func(name string, unique, partial bool, col string) {
+		if len(out) == 0 || out[len(out)-1].name != name {
+			out = append(out, indexInfo{name: name, unique: unique, partial: partial})
+		}
+		out[len(out)-1].columns = append(out[len(out)-1].columns, col)
+	}
+	var rows *sql.Rows
+	var err error
+	switch driver {
+	case "postgres":
+		name := `"` + table + `"`
+		if schema != "" {
+			name = `"` + schema + `".` + name
+		}
+		rows, err = q.Raw(`SELECT i.relname, x.indisunique, x.indpred IS NOT NULL, COALESCE(a.attname, '')
+FROM pg_index x
+JOIN pg_class i ON i.oid = x.indexrelid
+CROSS JOIN LATERAL unnest(x.indkey::int2[]) WITH ORDINALITY AS k(attnum, n)
+LEFT JOIN pg_attribute a ON a.attrelid = x.indrelid AND a.attnum = k.attnum
+WHERE x.indrelid = to_regclass(?) AND k.n <= x.indnkeyatts
+ORDER BY i.relname, k.n`, name).Rows()
+	case "mysql":
+		rows, err = q.Raw(`SELECT INDEX_NAME, NON_UNIQUE = 0, FALSE, COALESCE(COLUMN_NAME, '')
+FROM information_schema.STATISTICS
+WHERE TABLE_SCHEMA = COALESCE(NULLIF(?, ''), DATABASE()) AND TABLE_NAME = ?
+ORDER BY INDEX_NAME, SEQ_IN_INDEX`, schema, table).Rows()
+	case "sqlite":
+		if schema == "" {
+			schema = "main"
+		}
+		// The primary key (a rowid alias has no index of its own), then
+		// each index's key columns.
+		var pk []string
+		if err := q.Raw(`SELECT name FROM pragma_table_info(?, ?) WHERE pk > 0 ORDER BY pk`, table, schema).Scan(&pk).Error; err != nil {
+			return nil, err
+		}
+		for _, col := range pk {
+			add("PRIMARY KEY", true, false, col)
+		}
+		rows, err = q.Raw(`SELECT il.name, il."unique", il.partial, COALESCE(ii.name, '')
+FROM pragma_index_list(?, ?) AS il, pragma_index_info(il.name, ?) AS ii
+ORDER BY il.name, ii.seqno`, table, schema, schema).Rows()
+	default:
+		return nil, fmt.Errorf("unknown driver %q", driver)
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var name, col string
+		var unique, partial bool
+		if err := rows.Scan(&name, &unique, &partial, &col); err != nil {
+			return nil, err
+		}
+		add(name, unique, partial, col)
+	}
+	return out, rows.Err()
+}
+
+// checkIndexes checks the indexes the relay and the store need, on the
+// tables that are sound.
+func (o *opsDB) checkIndexes(ctx context.Context, rep *checkReport, sound map[string]bool) error {
+	cfg, driver := o.cfg, o.c.dbDriver
+	type need struct {
+		table   string
+		columns []string
+		unique  bool // a primary key or unique index on exactly these columns
+		why     string
+	}
+	needs := []need{
+		{cfg.MessagesTable, []string{"id"}, true, "the primary key: ids are the submission order"},
+		{cfg.MessagesTable, []string{"bucket", "parked_at_ms", "id"}, false,
+			fmt.Sprintf("the relay's read path: without it every batch and pending probe scans the table (migrations/%s.sql creates it as idx_%s_bucket_parked_id)", driver, cfg.MessagesTable)},
+		{cfg.LeasesTable, []string{"bucket"}, true, "the primary key: the relays' lease seeding (INSERT … ON CONFLICT (bucket)) needs it"},
+		{cfg.RelaysTable, []string{"relay_id"}, true, "the primary key: the heartbeat upsert (ON CONFLICT (relay_id)) needs it"},
+	}
+	indexes := map[string][]indexInfo{}
+	for _, nd := range needs {
+		if !sound[nd.table] {
+			continue
+		}
+		if _, ok := indexes[nd.table]; !ok {
+			q, cancel := o.stmt(ctx)
+			list, err := tableIndexes(q, driver, cfg.Schema, nd.table)
+			cancel()
+			if err != nil {
+				return fmt.Errorf("list the indexes of %s: %w", qualify(cfg, nd.table), err)
+			}
+			indexes[nd.table] = list
+		}
+		found := slices.ContainsFunc(indexes[nd.table], func(ix indexInfo) bool {
+			if ix.partial {
+				return false
+			}
+			if nd.unique {
+				return ix.unique && slices.Equal(ix.columns, nd.columns)
+			}
+			return len(ix.columns) >= len(nd.columns) && slices.Equal(ix.columns[:len(nd.columns)], nd.columns)
+		})
+		if !found {
+			kind := "index"
+			if nd.unique {
+				kind = "primary key or unique index"
+			}
+			rep.add(checkMissingIndex, "%s has no %s on (%s), %s", qualify(cfg, nd.table), kind, strings.Join(nd.columns, ", "), nd.why)
+		}
+	}
+	return nil
+}
+
+// checkRows finds rows outside the bucket count n, and, among the newest
+// rows, rows in a bucket that n does not give them.
+func (o *opsDB) checkRows(ctx context.Context, rep *checkReport, n int) error {
+	table := o.cfg.MessagesTableName()
+	type outside struct {
+		Bucket int64
+		Rows   int64
+	}
+	var out []outside
+	q, cancel := o.stmt(ctx)
+	err := q.Table(table).Select("bucket, COUNT(*) AS rows").Where("bucket < ? OR bucket >= ?", 0, n).
+		Group("bucket").Order("bucket").Scan(&out).Error
+	cancel()
+	if err != nil {
+		return fmt.Errorf("probe %s for buckets outside %d: %w", table, n, err)
+	}
+	if len(out) > 0 {
+		var buckets []int
+		var total int64
+		for _, b := range out {
+			buckets = append(buckets, int(b.Bucket))
+			total += b.Rows
+		}
+		rep.add(checkRowsOutside, "%s holds %s in %s, outside -bucket-count %d: a writer uses a larger outbox.Config.BucketCount (or this command the wrong -bucket-count), and relays with %d stop with ErrMisconfigured",
+			table, plural(total, "row"), someBuckets(buckets), n, n)
+	}
+
+	// The newest rows, hashed again.
+	q, cancel = o.stmt(ctx)
+	rows, err := q.Table(table).Select("id, bucket, record_key, record_partition, message_id").Order("id DESC").Limit(checkSampleRows).Rows()
+	if err != nil {
+		cancel()
+		return fmt.Errorf("read the newest rows of %s: %w", table, err)
+	}
+	type sample struct {
+		id     int64
+		bucket int64
+		key    []byte
+		part   *int32
+		msgID  outbox.UUID
+	}
+	var read, misplaced []sample
+	for rows.Next() {
+		var s sample
+		var part sql.NullInt32
+		var msgID any
+		if err := rows.Scan(&s.id, &s.bucket, &s.key, &part, &msgID); err != nil {
+			rows.Close()
+			cancel()
+			return fmt.Errorf("read the newest rows of %s: %w", table, err)
+		}
+		if part.Valid {
+			s.part = &part.Int32
+		}
+		if s.key == nil && s.part == nil {
+			id, err := parseMessageID(msgID)
+			if err != nil {
+				continue // a corrupt row: its bucket cannot be computed (see outbox-relay parked)
+			}
+			s.msgID = id
+		}
+		read = append(read, s)
+		if s.bucket >= 0 && s.bucket < int64(n) && int64(outbox.BucketOf(s.key, s.part, s.msgID, n)) != s.bucket {
+			misplaced = append(misplaced, s)
+		}
+	}
+	err = rows.Err()
+	rows.Close()
+	cancel()
+	if err != nil {
+		return fmt.Errorf("read the newest rows of %s: %w", table, err)
+	}
+	if len(misplaced) > 0 {
+		// The counts that give every misplaced row its bucket.
+		first := misplaced[0]
+		var fits []int
+		for count := 1; count <= outbox.MaxBucketCount; count++ {
+			if int64(outbox.BucketOf(first.key, first.part, first.msgID, count)) != first.bucket {
+				continue
+			}
+			if all(misplaced[1:], func(s sample) bool { return int64(outbox.BucketOf(s.key, s.part, s.msgID, count)) == s.bucket }) {
+				fits = append(fits, count)
+			}
+		}
+		what := "no single bucket count fits them all"
+		switch {
+		case len(fits) == 1:
+			what = fmt.Sprintf("a count of %d fits each of them", fits[0])
+		case len(fits) > 1 && len(fits) <= 3:
+			what = fmt.Sprintf("counts %s fit each of them", joinInts(fits))
+		case len(fits) > 3:
+			what = fmt.Sprintf("counts %s, … fit each of them", joinInts(fits[:3]))
+		}
+		rep.add(checkRowsMisplaced, "%d of the newest %d rows of %s (ids %d to %d) are not in the bucket -bucket-count %d gives their key: a writer uses another outbox.Config.BucketCount (%s); relays cannot tell, and that key's order across buckets is lost",
+			len(misplaced), len(read), table, misplaced[len(misplaced)-1].id, misplaced[0].id, n, what)
+	}
+	switch {
+	case len(out) > 0 || len(misplaced) > 0:
+	case len(read) == 0:
+		rep.checked = append(rep.checked, fmt.Sprintf("%s is empty", table))
+	default:
+		rep.checked = append(rep.checked, fmt.Sprintf("every row of %s is in one of the %d buckets, and the newest %s hash to theirs", table, n, plural(int64(len(read)), "row")))
+	}
+	return nil
+}
+
+// parseMessageID reads a message_id column: a native uuid or its text.
+func parseMessageID(v any) (outbox.UUID, error) {
+	switch x := v.(type) {
+	case string:
+		return outbox.ParseUUID(x)
+	case [16]byte:
+		return outbox.UUID(x), nil
+	case []byte:
+		if len(x) == 16 {
+			var u outbox.UUID
+			copy(u[:], x)
+			return u, nil
+		}
+		return outbox.ParseUUID(string(x))
+	}
+	return outbox.UUID{}, fmt.Errorf("unexpected %T", v)
+}
+
+func joinInts(v []int) string {
+	s := make([]string, len(v))
+	for i, x := range v {
+		s[i] = strconv.Itoa(x)
+	}
+	if len(s) <= 1 {
+		return strings.Join(s, "")
+	}
+	return strings.Join(s[:len(s)-1], ", ") + " or " + s[len(s)-1]
+}
+
+// checkLeasesAndRelays compares the lease rows and heartbeats with the
+// bucket count n and with each other, at now on the database's clock.
+func (o *opsDB) checkLeasesAndRelays(ctx context.Context, rep *checkReport, now time.Time, n int) error {
+	leases, err := o.leases(ctx)
+	if err != nil {
+		return err
+	}
+	relays, err := o.relays(ctx)
+	if err != nil {
+		return err
+	}
+	nowMs, ld := now.UnixMilli(), o.c.leaseDuration
+	leasesTable := o.cfg.LeasesTableName()
+	byID := map[string]relayRow{}
+	var live []string
+	for _, r := range relays {
+		byID[r.RelayID] = r
+		if r.state(nowMs, ld) == relayLive {
+			live = append(live, r.RelayID)
+		}
+	}
+	problems := len(rep.Problems)
+
+	// Lease rows outside the count: held ones name their owner.
+	var outside []int
+	heldOutside := map[string][]int{}
+	present := map[int64]bool{}
+	for _, l := range leases {
+		present[l.Bucket] = true
+		if l.Bucket >= 0 && l.Bucket < int64(n) {
+			continue
+		}
+		outside = append(outside, int(l.Bucket))
+		if l.held(nowMs) {
+			heldOutside[*l.Owner] = append(heldOutside[*l.Owner], int(l.Bucket))
+		}
+	}
+	for _, owner := range sortedKeys(heldOutside) {
+		rep.add(checkLeasesOutside, "relay %s holds a lease on %s, outside -bucket-count %d: it runs with a larger bucket count (at least %d)",
+			owner, someBuckets(heldOutside[owner]), n, slices.Max(heldOutside[owner])+1)
+	}
+	if len(outside) > 0 && len(heldOutside) == 0 {
+		rep.add(checkLeasesOutside, "%s has rows for %s, outside -bucket-count %d: a relay ran with a larger bucket count (at least %d), or the count was lowered without resetting the leases (outbox-relay rebucket -to %d)",
+			leasesTable, someBuckets(outside), n, slices.Max(outside)+1, n)
+	}
+
+	// Missing lease rows while relays are live: each relay creates every
+	// lease row of its count in its first round.
+	if len(live) > 0 {
+		var missing []int
+		for b := range n {
+			if !present[int64(b)] {
+				missing = append(missing, b)
+			}
+		}
+		if len(missing) > 0 {
+			rep.add(checkLeasesMissing, "%s has no row for %s although %s live (%s): they run with a smaller bucket count (%d?), since each relay creates the lease rows of its count when it starts",
+				leasesTable, someBuckets(missing), pluralRelays(len(live)), strings.Join(live, ", "), missing[0])
+		}
+	}
+
+	// Live relays without parking support.
+	for _, id := range live {
+		if byID[id].Features&outbox.RelayFeatureParking == 0 {
+			rep.add(checkRelayParking, "relay %s is live without parking support (features %d): an older version; no row is parked while it runs", id, byID[id].Features)
+		}
+	}
+
+	// Leases that run past their owner's heartbeat by more than ld: a relay
+	// writes its heartbeat and its expiries (now + its lease duration) from
+	// one reading of the database's clock.
+	longest := map[string]int64{}
+	for _, l := range leases {
+		r, ok := byID[ptrValue(l.Owner)]
+		if !l.held(nowMs) || !ok || r.StoppedAtMs != nil {
+			continue
+		}
+		longest[r.RelayID] = max(longest[r.RelayID], l.ExpiresAtMs-r.LastSeenMs)
+	}
+	for _, id := range sortedKeys(longest) {
+		if d := time.Duration(longest[id]) * time.Millisecond; d > ld+leaseDurationTolerance {
+			rep.add(checkRelayLeaseLonger, "relay %s holds leases that expire %s after its last heartbeat, more than -lease-duration %s: it runs with a longer -lease-duration (at least %s), and relays that disagree on it disagree on which relays are live",
+				id, durText(d.Round(time.Second)), durText(ld), durText(d.Round(time.Second)))
+		}
+	}
+	if len(rep.Problems) == problems {
+		relays := "no relay is live"
+		if len(live) > 0 {
+			relays = fmt.Sprintf("%s, with parking support and leases within -lease-duration %s", pluralRelays(len(live)), durText(ld))
+		}
+		rep.checked = append(rep.checked, fmt.Sprintf("the lease rows match the %d buckets; %s", n, relays))
+	}
+	return nil
+}
+
+func pluralRelays(n int) string {
+	if n == 1 {
+		return "1 relay is live"
+	}
+	return strconv.Itoa(n) + " relays are live"
+}
+
+func ptrValue(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}

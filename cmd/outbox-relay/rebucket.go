@@ -1,0 +1,441 @@
+package main
+
+// The rebucket subcommand: the README's bucket-count change ("Changing
+// the bucket count safely") with its safety checks.
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"gorm.io/gorm"
+	"gorm.io/gorm/clause"
+
+	"github.com/gorm-outbox/outbox"
+)
+
+// rebucketBatch is how many rows rebucket -rehash reads, and lease rows it
+// creates, per statement.
+const rebucketBatch = 1000
+
+var rebucketCommand = &subcommand{
+	name:    "rebucket",
+	args:    "-to N [-rehash] [-force] -confirm",
+	summary: "change the bucket count: check that it is safe, reset the lease rows (move the rows with -rehash)",
+	doc: `Steps 2 to 4 of the README's bucket-count change, with their safety checks:
+it refuses while a relay holds a lease or is live (a heartbeat within
+-lease-duration, not stopped), and while the messages table holds rows
+(pending or parked); then, in one transaction, it deletes every lease row
+and creates the -to free ones (buckets 0 to N-1), and prints what it
+changed. Then deploy every writer (outbox.Config.BucketCount) and relay
+(-bucket-count) with the new count. Stop the writers first (step 1): the
+tables cannot show whether they are stopped.
+
+-rehash moves the rows still in the table to the buckets the new count gives
+them (outbox.BucketOf, as the writers' plugin computes it; parked rows stay
+parked), in the same transaction, instead of waiting for the relays to drain
+them: each key's rows stay in id order in one bucket. A row without a key or
+partition whose message id is not a UUID cannot be placed: it is refused.
+
+-force proceeds although the tables show a live relay or a held lease: only
+for relays you know are gone (their heartbeats and leases run out within
+-lease-duration: waiting is safer). A relay that still runs with the old
+count publishes and claims with it. -rehash with rows to move is refused
+while a relay may be publishing them, even with -force.
+
+Without -confirm it changes nothing: it runs the checks and shows what it
+would do.`,
+	flags: func(fs *flag.FlagSet, c *adminConfig) {
+		intVar(fs, &c.to, "to", 0, fmt.Sprintf("the new bucket count, 1 to %d (required)", outbox.MaxBucketCount))
+		fs.BoolVar(&c.rehash, "rehash", false, "move the rows in the table to their buckets under the new count instead of refusing")
+		fs.BoolVar(&c.force, "force", false, "proceed although a relay is live or holds a lease (only for relays you know are gone)")
+		fs.BoolVar(&c.confirm, "confirm", false, "really change the tables (without it, run the checks and show what would change, and exit 2)")
+		fs.BoolVar(&c.asJSON, "json", false, "print one JSON object: the checks, what changed (or would), and the counts")
+		leaseDurationFlag(fs, c)
+	},
+	env: []string{"lease-duration"},
+	check: func(fs *flag.FlagSet, c *adminConfig) error {
+		given := false
+		fs.Visit(func(f *flag.Flag) { given = given || f.Name == "to" })
+		if !given {
+			return errors.New("-to is required: the new bucket count")
+		}
+		if c.to < 1 || c.to > outbox.MaxBucketCount {
+			return fmt.Errorf("-to %d: must be between 1 and %d", c.to, outbox.MaxBucketCount)
+		}
+		return checkLeaseDuration(c)
+	},
+	exit: `Exit status: 0 done (the tables changed, as printed); 2 without -confirm
+(the checks passed: nothing changed), or bad usage or configuration (one
+error line naming the flag, before any connection); 1 refused (a check
+failed: the reasons are printed, nothing changed) or a runtime failure
+(database unreachable, a failed statement: the transaction is rolled back
+and nothing changed; interrupted by SIGINT or SIGTERM).`,
+	run: runRebucket,
+}
+
+// rebucketCheck is one safety check of rebucket.
+type rebucketCheck struct {
+	Check   string `json:"check"` // leases, relays or rows
+	OK      bool   `json:"ok"`
+	Message string `json:"message"`
+}
+
+// rebucketReport is what rebucket checked and did; with -json it is
+// printed as is.
+type rebucketReport struct {
+	MessagesTable string          `json:"messages_table"`
+	From          int             `json:"from"` // -bucket-count
+	To            int             `json:"to"`
+	DatabaseTime  time.Time       `json:"database_time"`
+	Checks        []rebucketCheck `json:"checks"`
+	Refused       bool            `json:"refused"`
+	Confirmed     bool            `json:"confirmed"`
+	Done          bool            `json:"done"`
+	// LeaseRowsDeleted and LeaseBucketsDeleted are the lease rows deleted
+	// (or that would be); LeaseRowsCreated the free rows created.
+	LeaseRowsDeleted    int   `json:"lease_rows_deleted"`
+	LeaseBucketsDeleted []int `json:"lease_buckets_deleted"`
+	LeaseRowsCreated    int   `json:"lease_rows_created"`
+	// Rows is the rows in the messages table; RowsMoved those -rehash moved
+	// to another bucket.
+	Rows      int64 `json:"rows"`
+	RowsMoved int64 `json:"rows_moved"`
+}
+
+// errRefused is returned by the transaction when a check failed inside it.
+var errRefused = errors.New("refused")
+
+// rebucketState is what the safety checks look at.
+type rebucketState struct {
+	held    map[string][]int // owner → buckets of its unexpired leases
+	live    []string         // relays with a heartbeat within ld, not stopped
+	buckets []int            // every lease row's bucket
+	pending int64
+	parked  int64
+}
+
+// readRebucketState reads the leases, relays and row counts through q
+// (in a transaction, or not).
+func readRebucketState(o *opsDB, q *gorm.DB, nowMs int64) (*rebucketState, error) {
+	st := &rebucketState{held: map[string][]int{}}
+	var leases []leaseRow
+	if err := q.Table(o.cfg.LeasesTableName()).Select("bucket, owner, expires_at_ms").Order("bucket").Scan(&leases).Error; err != nil {
+		return nil, fmt.Errorf("read %s: %w", o.cfg.LeasesTableName(), err)
+	}
+	for _, l := range leases {
+		st.buckets = append(st.buckets, int(l.Bucket))
+		if l.held(nowMs) {
+			st.held[*l.Owner] = append(st.held[*l.Owner], int(l.Bucket))
+		}
+	}
+	var relays []relayRow
+	if err := q.Table(o.cfg.RelaysTableName()).Select("relay_id, last_seen_ms, stopped_at_ms, features").Order("relay_id").Scan(&relays).Error; err != nil {
+		return nil, fmt.Errorf("read %s: %w", o.cfg.RelaysTableName(), err)
+	}
+	for _, r := range relays {
+		if r.state(nowMs, o.c.leaseDuration) == relayLive {
+			st.live = append(st.live, r.RelayID)
+		}
+	}
+	if err := q.Table(o.cfg.MessagesTableName()).Select("COUNT(*) - COUNT(parked_at_ms), COUNT(parked_at_ms)").
+		Row().Scan(&st.pending, &st.parked); err != nil {
+		return nil, fmt.Errorf("count the rows of %s: %w", o.cfg.MessagesTableName(), err)
+	}
+	return st, nil
+}
+
+// checks runs the safety checks on st for c; refused is true when one
+// failed.
+func (st *rebucketState) checks(o *opsDB, c *adminConfig) (checks []rebucketCheck, refused bool) {
+	add := func(check string, ok bool, format string, args ...any) {
+		checks = append(checks, rebucketCheck{Check: check, OK: ok, Message: fmt.Sprintf(format, args...)})
+		refused = refused || !ok
+	}
+	live := len(st.held) > 0 || len(st.live) > 0
+	rows := st.pending + st.parked
+	switch {
+	case len(st.buckets) == 0:
+		add("leases", true, "no relay holds a lease (no lease rows)")
+	case len(st.held) == 0:
+		add("leases", true, "no relay holds a lease (%s: free or expired)", plural(int64(len(st.buckets)), "lease row"))
+	default:
+		var holders []string
+		for _, owner := range sortedKeys(st.held) {
+			holders = append(holders, fmt.Sprintf("%s holds %s", owner, someBuckets(st.held[owner])))
+		}
+		msg := strings.Join(holders, "; ")
+		if c.force {
+			add("leases", true, "%s; -force: proceeding", msg)
+		} else {
+			add("leases", false, "%s: stop every relay first (step 3), or pass -force if you know they are gone", msg)
+		}
+	}
+	if len(st.live) == 0 {
+		add("relays", true, "no relay is live (none has a heartbeat within -lease-duration %s)", durText(c.leaseDuration))
+	} else {
+		msg := fmt.Sprintf("%s (%s)", pluralRelays(len(st.live)), strings.Join(st.live, ", "))
+		if c.force {
+			add("relays", true, "%s; -force: proceeding", msg)
+		} else {
+			add("relays", false, "%s: stop every relay first (step 3), or pass -force if you know they are gone", msg)
+		}
+	}
+	table := o.cfg.MessagesTableName()
+	switch {
+	case rows == 0:
+		add("rows", true, "%s is empty", table)
+	case !c.rehash:
+		add("rows", false, "%s holds %d pending and %d parked rows: let the relays drain it (step 2; requeue or discard the parked ones), or pass -rehash to move them to their buckets under %d",
+			table, st.pending, st.parked, c.to)
+	case live:
+		add("rows", false, "%s holds %d pending and %d parked rows, which -rehash would move while a relay may be publishing them: stop every relay first", table, st.pending, st.parked)
+	default:
+		add("rows", true, "%s holds %d pending and %d parked rows: -rehash moves them to their buckets under %d", table, st.pending, st.parked, c.to)
+	}
+	return checks, refused
+}
+
+// runRebucket is the rebucket subcommand.
+func runRebucket(ctx context.Context, e *adminEnv, c *adminConfig) int {
+	what := fmt.Sprintf("rebucket -to %d", c.to)
+	o, ok := e.openOps(ctx, what, c, true)
+	if !ok {
+		return exitFailure
+	}
+	defer o.close()
+	clk, err := e.clock(ctx, o)
+	if err != nil {
+		return e.opsFail(ctx, what, err)
+	}
+	nowMs := clk.now.UnixMilli()
+	rep := &rebucketReport{MessagesTable: o.cfg.MessagesTableName(), From: o.cfg.BucketCount, To: c.to, DatabaseTime: clk.now,
+		Confirmed: c.confirm, LeaseBucketsDeleted: []int{}}
+	sctx, cancel := o.bound(ctx)
+	st, err := readRebucketState(o, o.db.WithContext(sctx), nowMs)
+	cancel()
+	if err != nil {
+		return e.opsFail(ctx, what, err)
+	}
+	rep.Checks, rep.Refused = st.checks(o, c)
+	rep.Rows = st.pending + st.parked
+	rep.LeaseRowsDeleted, rep.LeaseRowsCreated = len(st.buckets), c.to
+	rep.LeaseBucketsDeleted = append(rep.LeaseBucketsDeleted, st.buckets...)
+
+	if !rep.Refused && c.confirm {
+		err = o.rebucket(ctx, c, nowMs, rep)
+		if errors.Is(err, errRefused) {
+			rep.Done = false // the checks, run again in the transaction, failed
+		} else if err != nil {
+			return e.opsFail(ctx, what, fmt.Errorf("%w (rolled back: nothing changed)", err))
+		}
+	}
+	if c.asJSON {
+		enc := json.NewEncoder(e.stdout)
+		enc.SetIndent("", "  ")
+		err = enc.Encode(rep)
+	} else {
+		err = writeRebucket(e.stdout, rep)
+	}
+	if err != nil {
+		return e.opsFail(ctx, what, err)
+	}
+	switch {
+	case rep.Refused:
+		fmt.Fprintf(e.stderr, "outbox-relay %s: refused: nothing changed\n", what)
+		return exitFailure
+	case !rep.Done:
+		fmt.Fprintf(e.stderr, "outbox-relay %s: nothing changed without -confirm: run it again with -confirm to change the tables\n", what)
+		return exitConfig
+	}
+	return exitOK
+}
+
+// rebucket changes the tables in one transaction: it locks the lease rows
+// (PostgreSQL, MySQL), runs the checks again on what it locked, deletes
+// every lease row, creates c.to free ones and, with -rehash, moves the
+// rows. It fills rep with what it did; a check failing inside the
+// transaction returns errRefused.
+func (o *opsDB) rebucket(ctx context.Context, c *adminConfig, nowMs int64, rep *rebucketReport) error {
+	leases, msgs := o.cfg.LeasesTableName(), o.cfg.MessagesTableName()
+	return o.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		// step runs one statement of the transaction, bounded by
+		// -statement-timeout.
+		step := func(f func(q *gorm.DB) error) error {
+			sctx, cancel := o.bound(ctx)
+			defer cancel()
+			return f(tx.WithContext(sctx))
+		}
+		if c.dbDriver != "sqlite" { // SQLite: the transaction's write lock
+			if err := step(func(q *gorm.DB) error {
+				var locked []int64
+				return q.Table(leases).Clauses(clause.Locking{Strength: "UPDATE"}).Pluck("bucket", &locked).Error
+			}); err != nil {
+				return fmt.Errorf("lock %s: %w", leases, err)
+			}
+		}
+		var st *rebucketState
+		if err := step(func(q *gorm.DB) (err error) {
+			st, err = readRebucketState(o, q, nowMs)
+			return err
+		}); err != nil {
+			return err
+		}
+		rep.Checks, rep.Refused = st.checks(o, c)
+		if rep.Refused {
+			return errRefused
+		}
+		rep.Rows = st.pending + st.parked
+		rep.LeaseBucketsDeleted = append(rep.LeaseBucketsDeleted[:0], st.buckets...)
+
+		var deleted int64
+		if err := step(func(q *gorm.DB) error {
+			res := q.Exec("DELETE FROM ?", clause.Table{Name: leases})
+			deleted = res.RowsAffected
+			return res.Error
+		}); err != nil {
+			return fmt.Errorf("delete the rows of %s: %w", leases, err)
+		}
+		for start := 0; start < c.to; start += rebucketBatch {
+			rows := make([]map[string]any, 0, min(rebucketBatch, c.to-start))
+			for b := start; b < min(start+rebucketBatch, c.to); b++ {
+				rows = append(rows, map[string]any{"bucket": b, "owner": nil, "expires_at_ms": 0})
+			}
+			if err := step(func(q *gorm.DB) error { return q.Table(leases).Create(rows).Error }); err != nil {
+				return fmt.Errorf("create %d lease rows in %s: %w", c.to, leases, err)
+			}
+		}
+		if c.rehash && rep.Rows > 0 {
+			moved, err := o.rehash(ctx, tx, msgs, c.to, rep)
+			if err != nil {
+				return err
+			}
+			rep.RowsMoved = moved
+		}
+		rep.LeaseRowsDeleted, rep.LeaseRowsCreated, rep.Done = int(deleted), c.to, true
+		return nil
+	})
+}
+
+// rehash moves every row of msgs to the bucket n gives it, in batches of
+// rebucketBatch rows in id order, within tx. It returns how many rows
+// changed bucket. A row it cannot place fails the rows check of rep and
+// returns errRefused.
+func (o *opsDB) rehash(ctx context.Context, tx *gorm.DB, msgs string, n int, rep *rebucketReport) (int64, error) {
+	var moved int64
+	after := int64(0)
+	for {
+		type row struct {
+			id, bucket int64
+		}
+		var batch []row
+		next := map[int32][]int64{} // new bucket → ids moving there
+		sctx, cancel := o.bound(ctx)
+		rows, err := tx.WithContext(sctx).Table(msgs).Select("id, bucket, record_key, record_partition, message_id").
+			Where("id > ?", after).Order("id").Limit(rebucketBatch).Rows()
+		if err != nil {
+			cancel()
+			return 0, fmt.Errorf("read the rows of %s: %w", msgs, err)
+		}
+		for rows.Next() {
+			var r row
+			var key []byte
+			var part sql.NullInt32
+			var msgID any
+			if err := rows.Scan(&r.id, &r.bucket, &key, &part, &msgID); err != nil {
+				rows.Close()
+				cancel()
+				return 0, fmt.Errorf("read the rows of %s: %w", msgs, err)
+			}
+			var p *int32
+			if part.Valid {
+				p = &part.Int32
+			}
+			var id outbox.UUID
+			if key == nil && p == nil {
+				if id, err = parseMessageID(msgID); err != nil {
+					rows.Close()
+					cancel()
+					rep.Checks = append(rep.Checks, rebucketCheck{Check: "rows", Message: fmt.Sprintf(
+						"row %d has no key or partition, and its message id is not a UUID (%v): -rehash cannot compute its bucket; delete it first (outbox-relay discard -id %d -confirm, if it is parked)", r.id, err, r.id)})
+					rep.Refused = true
+					return 0, errRefused
+				}
+			}
+			batch = append(batch, r)
+			if b := outbox.BucketOf(key, p, id, n); int64(b) != r.bucket {
+				next[b] = append(next[b], r.id)
+			}
+		}
+		err = rows.Err()
+		rows.Close()
+		cancel()
+		if err != nil {
+			return 0, fmt.Errorf("read the rows of %s: %w", msgs, err)
+		}
+		if len(batch) == 0 {
+			return moved, nil
+		}
+		after = batch[len(batch)-1].id
+		for b, ids := range next {
+			sctx, cancel := o.bound(ctx)
+			res := tx.WithContext(sctx).Table(msgs).Where("id IN ?", ids).Update("bucket", b)
+			cancel()
+			if res.Error != nil {
+				return 0, fmt.Errorf("move %d rows of %s to bucket %d: %w", len(ids), msgs, b, res.Error)
+			}
+			moved += res.RowsAffected
+		}
+	}
+}
+
+// writeRebucket writes the report as text.
+func writeRebucket(w io.Writer, rep *rebucketReport) error {
+	fmt.Fprintf(w, "rebucket %s: %d → %d buckets, at %s on the database's clock\n", rep.MessagesTable, rep.From, rep.To,
+		rep.DatabaseTime.Format("2006-01-02 15:04:05 UTC"))
+	for _, ch := range rep.Checks {
+		mark := "ok     "
+		if !ch.OK {
+			mark = "REFUSED"
+		}
+		fmt.Fprintf(w, "  %s  %s\n", mark, ch.Message)
+	}
+	deleted := plural(int64(rep.LeaseRowsDeleted), "lease row")
+	if len(rep.LeaseBucketsDeleted) > 0 {
+		deleted += " (" + someBuckets(rep.LeaseBucketsDeleted) + ")"
+	}
+	created := fmt.Sprintf("%s (%s)", plural(int64(rep.LeaseRowsCreated), "free lease row"), someBuckets(seq(rep.LeaseRowsCreated)))
+	switch {
+	case rep.Refused:
+		fmt.Fprintf(w, "refused: nothing changed\n")
+	case !rep.Done:
+		fmt.Fprintf(w, "would delete %s and create %s", deleted, created)
+		if rep.Rows > 0 {
+			fmt.Fprintf(w, ", and move the %d rows to their buckets under %d", rep.Rows, rep.To)
+		}
+		fmt.Fprintf(w, "; nothing changed without -confirm\n")
+	default:
+		fmt.Fprintf(w, "deleted %s and created %s", deleted, created)
+		if rep.Rows > 0 {
+			fmt.Fprintf(w, "; moved %d of the %d rows to another bucket", rep.RowsMoved, rep.Rows)
+		}
+		fmt.Fprintf(w, "\nnext: deploy every writer with outbox.Config.BucketCount %d and every relay with -bucket-count %d (OUTBOX_BUCKET_COUNT=%d); never run both counts at once\n",
+			rep.To, rep.To, rep.To)
+	}
+	return nil
+}
+
+// seq returns 0, 1, …, n-1.
+func seq(n int) []int {
+	s := make([]int, n)
+	for i := range s {
+		s[i] = i
+	}
+	return s
+}
