@@ -410,11 +410,11 @@ func (o *opsDB) checkRows(ctx context.Context, rep *checkReport, n int) error {
 	table := o.cfg.MessagesTableName()
 	type outside struct {
 		Bucket int64
-		Rows   int64
+		N      int64
 	}
 	var out []outside
 	q, cancel := o.stmt(ctx)
-	err := q.Table(table).Select("bucket, COUNT(*) AS rows").Where("bucket < ? OR bucket >= ?", 0, n).
+	err := q.Table(table).Select("bucket, COUNT(*) AS n").Where("bucket < ? OR bucket >= ?", 0, n).
 		Group("bucket").Order("bucket").Scan(&out).Error
 	cancel()
 	if err != nil {
@@ -425,9 +425,9 @@ func (o *opsDB) checkRows(ctx context.Context, rep *checkReport, n int) error {
 		var total int64
 		for _, b := range out {
 			buckets = append(buckets, int(b.Bucket))
-			total += b.Rows
+			total += b.N
 		}
-		rep.add(checkRowsOutside, "%s holds %s in %s, outside -bucket-count %d: a writer uses a larger outbox.Config.BucketCount (or this command the wrong -bucket-count), and relays with %d stop with ErrMisconfigured",
+		rep.add(checkRowsOutside, "%s holds %s in %s, outside -bucket-count %d: a writer uses a larger outbox.Config.BucketCount (or this command the wrong -bucket-count), and relays with %d buckets stop with ErrMisconfigured",
 			table, plural(total, "row"), someBuckets(buckets), n, n)
 	}
 
@@ -497,7 +497,7 @@ func (o *opsDB) checkRows(ctx context.Context, rep *checkReport, n int) error {
 		case len(fits) > 3:
 			what = fmt.Sprintf("counts %s, … fit each of them", joinInts(fits[:3]))
 		}
-		rep.add(checkRowsMisplaced, "%d of the newest %d rows of %s (ids %d to %d) are not in the bucket -bucket-count %d gives their key: a writer uses another outbox.Config.BucketCount (%s); relays cannot tell, and that key's order across buckets is lost",
+		rep.add(checkRowsMisplaced, "%d of the newest %d rows of %s (ids %d to %d) are not in the bucket -bucket-count %d gives their key: a writer uses another outbox.Config.BucketCount (%s); relays cannot tell, and a key written with both counts is published from two buckets, out of order",
 			len(misplaced), len(read), table, misplaced[len(misplaced)-1].id, misplaced[0].id, n, what)
 	}
 	switch {
@@ -595,7 +595,7 @@ func (o *opsDB) checkLeasesAndRelays(ctx context.Context, rep *checkReport, now 
 			}
 		}
 		if len(missing) > 0 {
-			rep.add(checkLeasesMissing, "%s has no row for %s although %s live (%s): they run with a smaller bucket count (%d?), since each relay creates the lease rows of its count when it starts",
+			rep.add(checkLeasesMissing, "%s has no row for %s although %s (%s): they run with a smaller bucket count (probably %d), since each relay creates the lease rows of its count when it starts",
 				leasesTable, someBuckets(missing), pluralRelays(len(live)), strings.Join(live, ", "), missing[0])
 		}
 	}
