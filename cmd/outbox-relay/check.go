@@ -581,7 +581,7 @@ func (o *opsDB) checkLeasesAndRelays(ctx context.Context, rep *checkReport, now 
 			owner, someBuckets(heldOutside[owner]), n, slices.Max(heldOutside[owner])+1)
 	}
 	if len(outside) > 0 && len(heldOutside) == 0 {
-		rep.add(checkLeasesOutside, "%s has rows for %s, outside -bucket-count %d: a relay ran with a larger bucket count (at least %d), or the count was lowered without resetting the leases (outbox-relay rebucket -to %d)",
+		rep.add(checkLeasesOutside, "%s has rows for %s, outside -bucket-count %d: a relay ran with a larger bucket count (at least %d), or the count was lowered without resetting the leases (outbox-relay rebucket -to %d), or they were reset for a larger one and this command's -bucket-count is the old one",
 			leasesTable, someBuckets(outside), n, slices.Max(outside)+1, n)
 	}
 

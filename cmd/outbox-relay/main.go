@@ -16,15 +16,24 @@
 // runtime failure (database unreachable at start, outbox tables missing
 // without -migrate, the HTTP address taken, a fatal relay error) exits 1.
 //
-// Three subcommands manage the rows the relay parked (set aside because the
-// broker will never accept them), with the relay's database flags and
-// nothing else of its configuration; they never publish or serve HTTP:
+// Subcommands serve the operator, with the relay's database flags (and, for
+// status, check and rebucket, its -lease-duration) and nothing else of its
+// configuration; they never publish or serve HTTP, and only requeue,
+// discard -confirm and rebucket -confirm change anything:
 //
+//	outbox-relay status [-json] [-max-age D] [-all-buckets]
+//	outbox-relay check [-json]
 //	outbox-relay parked [-rows] [-json] [-limit N]
 //	outbox-relay requeue (-key TEXT | -key-hex HEX | -id N | -all)
 //	outbox-relay discard (-key TEXT | -key-hex HEX | -id N | -all) -confirm
+//	outbox-relay rebucket -to N [-rehash] [-force] -confirm
 //
-// outbox-relay help COMMAND describes each.
+// status shows the backlog, leases and relays per bucket (exit 1 unless
+// healthy), check the configuration as the tables show it (one line per
+// problem), parked, requeue and discard the rows the relay parked (set
+// aside because the broker will never accept them), and rebucket changes
+// the bucket count with its safety checks. outbox-relay help COMMAND
+// describes each.
 package main
 
 import (
@@ -80,8 +89,8 @@ func main() {
 // run is the whole worker; it returns the exit code. It stops gracefully
 // when ctx is done.
 //
-// A first argument naming a subcommand (parked, requeue, discard, help)
-// runs that command instead of the relay.
+// A first argument naming a subcommand (status, check, parked, requeue,
+// discard, rebucket, help) runs that command instead of the relay.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && (args[0] == "help" || findSubcommand(args[0]) != nil) {
 		return runSubcommand(ctx, args[0], args[1:], &adminEnv{getenv: getenv, stdout: stdout, stderr: stderr, open: openStoreAdmin, now: time.Now})

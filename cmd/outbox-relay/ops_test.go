@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -438,4 +439,64 @@ func eqPtr[T comparable](a, b *T) bool { return (a == nil) == (b == nil) && (a =
 func jsonOf(v any) string {
 	b, _ := json.Marshal(v)
 	return string(b)
+}
+
+// readmeBlock returns the text of README.md's code block that starts with
+// the line first, up to its closing fence.
+func readmeBlock(t *testing.T, first string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, after, ok := strings.Cut(string(b), "```\n"+first+"\n")
+	block, _, closed := strings.Cut(after, "```")
+	if !ok || !closed {
+		t.Fatalf("README.md has no code block starting with %q", first)
+	}
+	return block
+}
+
+// TestREADMEStatusSampleIsWhatStatusPrints: the README's sample of
+// outbox-relay status is the command's output over the situation it
+// describes (a relay stopped answering 34 s ago; its bucket's lease expired
+// 4 s ago), on every database.
+func TestREADMEStatusSampleIsWhatStatusPrints(t *testing.T) {
+	want := readmeBlock(t, "$ outbox-relay status")
+	testenv.ForEachDB(t, nil, func(t *testing.T, db *gorm.DB) {
+		cfg := outbox.Config{}
+		if err := outbox.AutoMigrate(db, cfg); err != nil {
+			t.Fatal(err)
+		}
+		driver, dsn := dsnOf(t, db)
+		f := &opsFixture{db: db, cfg: cfg.WithDefaults(), driver: driver, flags: []string{"-db-driver", driver, "-db-dsn", dsn}}
+		at := func(d time.Duration) time.Time { return testNow.Add(d) }
+		for i := range 12 {
+			f.enqueue(t, 0, 0, "order-1", at(-time.Second-time.Duration(i)*time.Millisecond))
+		}
+		for range 3 {
+			f.enqueue(t, 0, 2, "order-9", at(-2*time.Second))
+		}
+		f.park(t, f.enqueue(t, 0, 5, "order-17", at(-2*time.Hour-13*time.Minute)), at(-2*time.Hour-10*time.Minute))
+		for range 36 {
+			f.enqueue(t, 0, 7, "order-4", at(-35*time.Second))
+		}
+		for b := range 8 {
+			switch {
+			case b < 4:
+				f.lease(t, b, "relay-a1f3", at(27*time.Second))
+			case b < 7:
+				f.lease(t, b, "relay-b07e", at(24*time.Second))
+			default:
+				f.lease(t, b, "relay-c9d2", at(-4*time.Second))
+			}
+		}
+		f.heartbeat(t, "relay-a1f3", at(-3*time.Second), time.Time{}, 1)
+		f.heartbeat(t, "relay-b07e", at(-6*time.Second), time.Time{}, 1)
+		f.heartbeat(t, "relay-c9d2", at(-34*time.Second), time.Time{}, 1)
+		code, stdout, _ := fixed().run(t, f, "status")
+		if code != exitFailure || stdout != want {
+			t.Errorf("status = %d\n%s\nthe README shows (exit 1)\n%s", code, stdout, want)
+		}
+	})
 }

@@ -188,16 +188,16 @@ func (st *rebucketState) checks(o *opsDB, c *adminConfig) (checks []rebucketChec
 		}
 	}
 	table := o.cfg.MessagesTableName()
+	held := fmt.Sprintf("%s holds %s (%d pending, %d parked)", table, plural(rows, "row"), st.pending, st.parked)
 	switch {
 	case rows == 0:
 		add("rows", true, "%s is empty", table)
 	case !c.rehash:
-		add("rows", false, "%s holds %d pending and %d parked rows: let the relays drain it (step 2; requeue or discard the parked ones), or pass -rehash to move them to their buckets under %d",
-			table, st.pending, st.parked, c.to)
+		add("rows", false, "%s: let the relays drain it (step 2; requeue or discard the parked ones), or pass -rehash to move them to their buckets under %d", held, c.to)
 	case live:
-		add("rows", false, "%s holds %d pending and %d parked rows, which -rehash would move while a relay may be publishing them: stop every relay first", table, st.pending, st.parked)
+		add("rows", false, "%s, which -rehash would move while a relay may be publishing them: stop every relay first", held)
 	default:
-		add("rows", true, "%s holds %d pending and %d parked rows: -rehash moves them to their buckets under %d", table, st.pending, st.parked, c.to)
+		add("rows", true, "%s: -rehash moves them to their buckets under %d", held, c.to)
 	}
 	return checks, refused
 }

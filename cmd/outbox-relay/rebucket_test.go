@@ -54,7 +54,7 @@ func cmpOr(s, def string) string {
 const rebucketRefusedGolden = `rebucket rb_messages: 8 → 4 buckets, at 2025-03-01 12:00:00 UTC on the database's clock
   REFUSED  relay-a holds buckets 0-7: stop every relay first (step 3), or pass -force if you know they are gone
   REFUSED  1 relay is live (relay-a): stop every relay first (step 3), or pass -force if you know they are gone
-  REFUSED  rb_messages holds 2 pending and 1 parked rows: let the relays drain it (step 2; requeue or discard the parked ones), or pass -rehash to move them to their buckets under 4
+  REFUSED  rb_messages holds 3 rows (2 pending, 1 parked): let the relays drain it (step 2; requeue or discard the parked ones), or pass -rehash to move them to their buckets under 4
 refused: nothing changed
 `
 
@@ -192,7 +192,7 @@ func TestRebucketRehashMovesRowsToTheirNewBuckets(t *testing.T) {
 		}
 
 		if code, stdout, _ := (opsRun{}).run(t, f, "rebucket", "-to", "3", "-confirm"); code != exitFailure ||
-			!strings.Contains(stdout, "REFUSED  rh_messages holds 31 pending and 1 parked rows: let the relays drain it") {
+			!strings.Contains(stdout, "REFUSED  rh_messages holds 32 rows (31 pending, 1 parked): let the relays drain it") {
 			t.Errorf("rebucket with rows, without -rehash = %d; want 1, refused", code)
 		}
 		code, stdout, _ := opsRun{}.run(t, f, "rebucket", "-to", "3", "-rehash", "-confirm", "-json")
@@ -241,7 +241,7 @@ func TestRebucketRehashIsRefusedWhileARelayMayPublish(t *testing.T) {
 			t.Fatal(err)
 		}
 		code, stdout, _ := opsRun{}.run(t, f, "rebucket", "-to", "3", "-rehash", "-force", "-confirm")
-		if code != exitFailure || !strings.Contains(stdout, "REFUSED  rl_messages holds 2 pending and 0 parked rows, which -rehash would move while a relay may be publishing them: stop every relay first") {
+		if code != exitFailure || !strings.Contains(stdout, "REFUSED  rl_messages holds 2 rows (2 pending, 0 parked), which -rehash would move while a relay may be publishing them: stop every relay first") {
 			t.Errorf("rebucket -rehash -force under a live relay = %d; want 1, refused", code)
 		}
 		if n := len(f.leaseRows(t)); n != 8 {
