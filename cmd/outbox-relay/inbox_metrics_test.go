@@ -86,7 +86,7 @@ func (w *memWriter) len() int {
 // inbox_ metric exists.
 func TestInboxMetricNamesAsThePrometheusExporterShowsThem(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	exp, err := otelprom.New(otelprom.WithRegisterer(reg))
+	exp, err := otelprom.New(otelprom.WithRegisterer(reg), otelprom.WithoutScopeInfo())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -161,7 +161,10 @@ func build(cfg *config, stderr io.Writer) (*worker, error) {
 	// registry of our own (no global state), plus Go and process metrics.
 	w.reg = prometheus.NewRegistry()
 	w.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	exp, err := otelprom.New(otelprom.WithRegisterer(w.reg))
+	// WithoutScopeInfo: every series would otherwise carry otel_scope_name
+	// and the empty otel_scope_version and otel_scope_schema_url labels;
+	// the metric names (outbox_*, inbox_*) already say where they come from.
+	exp, err := otelprom.New(otelprom.WithRegisterer(w.reg), otelprom.WithoutScopeInfo())
 	if err != nil {
 		w.close()
 		return nil, fmt.Errorf("prometheus exporter: %w", err)

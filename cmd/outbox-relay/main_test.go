@@ -175,6 +175,11 @@ func TestWorker(t *testing.T) {
 					t.Errorf("/metrics lacks %s:\n%s", name, body)
 				}
 			}
+			// No otel_scope_* labels (the exporter's WithoutScopeInfo): they
+			// were on every series, two of them always empty.
+			if strings.Contains(body, "otel_scope_") {
+				t.Errorf("/metrics carries otel_scope_* labels:\n%s", outboxLines(body))
+			}
 			if testing.Verbose() {
 				t.Logf("/metrics excerpt:\n%s", outboxLines(body))
 			}
