@@ -172,8 +172,10 @@ func (p *KafkaPublisher) addPartitions(ctx context.Context, prod *txnProducer, p
 		if !ok {
 			return fmt.Errorf("unexpected response %T", m)
 		}
+		answered := 0
 		for _, t := range r.Results {
 			for _, rp := range t.Results {
+				answered++
 				e := kafkaError(rp.ErrorCode, nil)
 				switch {
 				case e == nil, errors.Is(e, kafka.Error(55)): // OPERATION_NOT_ATTEMPTED
@@ -186,6 +188,10 @@ func (p *KafkaPublisher) addPartitions(ctx context.Context, prod *txnProducer, p
 					}
 				}
 			}
+		}
+		if answered < len(parts) {
+			// Retried: every partition needs its answer.
+			return fmt.Errorf("answer for %d of %d partitions", answered, len(parts))
 		}
 		return nil
 	})
