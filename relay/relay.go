@@ -779,7 +779,7 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 		if errors.Is(res.Err, ErrFenced) {
 			// Not the row's fault (no strike, no backoff): the bucket's
 			// lease is lost at the broker; the loop drops it (dropFenced).
-			return errBucket{&errFencedBucket{fmt.Errorf("relay: bucket %d: %w", b, res.Err)}}
+			return errBucket{&errFencedBucket{res.Err}}
 		}
 		if parked, err := r.strike(ctx, st, b, pub, ack, res.Err); parked || err != nil {
 			return err

@@ -320,8 +320,14 @@ func (p *KafkaPublisher) producePartition(ctx context.Context, prod *txnProducer
 }
 
 // produceBatch sends msgs to tp as one record batch of prod's with base
-// sequence seq. unknown reports that the broker may have appended it, or
-// that its sequence state is no longer the producer's.
+// sequence seq. A failure that leaves the batch appended or not, as the
+// broker's idempotence decides (a network error, REQUEST_TIMED_OUT,
+// NETWORK_EXCEPTION, NOT_ENOUGH_REPLICAS (the leader could not verify the
+// transaction with its coordinator), CONCURRENT_TRANSACTIONS), is retried
+// with the same bytes and sequence number until ctx ends: the broker
+// appends a producer's batch once, and answers a resent one with its first
+// append. unknown reports that the batch may have been appended, or that
+// the broker's sequence state is no longer the producer's.
 func (p *KafkaPublisher) produceBatch(ctx context.Context, prod *txnProducer, tp topicPartition, seq int32, ts int64, msgs []kafka.Message) (err error, unknown bool) {
 	set, err := encodeRecordBatch(producerBatch{
 		producerID:    prod.pid,
@@ -332,6 +338,57 @@ func (p *KafkaPublisher) produceBatch(ctx context.Context, prod *txnProducer, tp
 	if err != nil {
 		return unpublishable(err), false
 	}
+	wait := txnRetryFirst
+	resent := false
+	for {
+		e, sent := p.sendBatch(ctx, prod, tp, set)
+		switch {
+		case e == nil:
+			return nil, false
+		case resent && errors.Is(e, kafka.DuplicateSequenceNumber):
+			return nil, false // the first attempt was appended
+		case producerFenced(e), errors.Is(e, kafka.InvalidTransactionState):
+			// INVALID_TXN_STATE: the partition is not in an ongoing
+			// transaction of this epoch (the coordinator aborted it).
+			return fmt.Errorf("produce: %w: %w", e, ErrFenced), false
+		case errors.Is(e, kafka.OutOfOrderSequenceNumber), errors.Is(e, kafka.DuplicateSequenceNumber), errors.Is(e, kafka.UnknownProducerId):
+			return fmt.Errorf("produce: %w", e), true
+		case !produceRetriable(e):
+			// A broker's answer leaves nothing appended, unless an
+			// earlier attempt was; a request cut off (its context ended)
+			// may have been.
+			var ke kafka.Error
+			return fmt.Errorf("produce: %w", e), resent || (sent && !errors.As(e, &ke))
+		}
+		resent = resent || sent
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("produce: %w (last error: %w)", context.Cause(ctx), e), true
+		case <-t.C:
+		}
+		wait = min(2*wait, txnRetryMax)
+	}
+}
+
+// produceRetriable reports whether a produce error is resent in place (see
+// produceBatch).
+func produceRetriable(err error) bool {
+	var ke kafka.Error
+	if !errors.As(err, &ke) {
+		return !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded)
+	}
+	switch ke {
+	case kafka.RequestTimedOut, kafka.NetworkException, kafka.NotEnoughReplicas, kafka.NotEnoughReplicasAfterAppend, kafka.ConcurrentTransactions:
+		return true
+	}
+	return false
+}
+
+// sendBatch sends one produce request of set to tp. sent is false when the
+// request certainly did not reach the broker.
+func (p *KafkaPublisher) sendBatch(ctx context.Context, prod *txnProducer, tp topicPartition, set []byte) (err error, sent bool) {
 	// The broker waits at most half the time left for the in-sync
 	// replicas, as kafka-go's writer asks.
 	wait := p.timeout / 2
@@ -351,28 +408,14 @@ func (p *KafkaPublisher) produceBatch(ctx context.Context, prod *txnProducer, tp
 		}},
 	})
 	if err != nil {
-		if ctx.Err() != nil {
-			return fmt.Errorf("produce: %w (%w)", context.Cause(ctx), err), true
-		}
-		return fmt.Errorf("produce: %w", err), true
+		var re *rawproduce.Error // no route to the leader: never sent
+		return err, !errors.As(err, &re)
 	}
 	r, ok := m.(*produce.Response)
 	if !ok || len(r.Topics) == 0 || len(r.Topics[0].Partitions) == 0 {
-		return fmt.Errorf("produce: unexpected response %T", m), true
+		return fmt.Errorf("unexpected response %T", m), true
 	}
 	rp := r.Topics[0].Partitions[0]
 	msg := rp.ErrorMessage
-	e := kafkaError(rp.ErrorCode, &msg)
-	switch {
-	case e == nil:
-		return nil, false
-	case producerFenced(e), errors.Is(e, kafka.InvalidTransactionState):
-		// INVALID_TXN_STATE: the partition is not in an ongoing
-		// transaction of this epoch (the coordinator aborted it).
-		return fmt.Errorf("produce: %w: %w", e, ErrFenced), false
-	case errors.Is(e, kafka.OutOfOrderSequenceNumber), errors.Is(e, kafka.DuplicateSequenceNumber), errors.Is(e, kafka.UnknownProducerId),
-		errors.Is(e, kafka.RequestTimedOut), errors.Is(e, kafka.NotEnoughReplicasAfterAppend):
-		return fmt.Errorf("produce: %w", e), true
-	}
-	return fmt.Errorf("produce: %w", e), false
+	return kafkaError(rp.ErrorCode, &msg), true
 }

@@ -35,6 +35,7 @@ import (
 type faultyTransport struct {
 	inner    *kafka.Transport
 	lose     func(req kafka.Request) bool
+	cut      bool         // a lost answer fails at once (a cut connection), not when the context ends
 	produces atomic.Int64 // produce requests passed on
 }
 
@@ -50,6 +51,9 @@ func (f *faultyTransport) RoundTrip(ctx context.Context, addr net.Addr, req kafk
 	}
 	res, err := f.inner.RoundTrip(ctx, addr, req)
 	if err == nil && f.lose != nil && f.lose(req) {
+		if f.cut {
+			return nil, errors.New("connection reset after the request was sent")
+		}
 		<-ctx.Done()
 		return nil, fmt.Errorf("answer lost: %w", ctx.Err())
 	}
@@ -216,6 +220,54 @@ func TestTxnPublisher_bumps_the_epoch_after_a_produce_of_unknown_outcome(t *test
 		}
 		if got := values(readIsolated(t, b, topic, kgo.ReadUncommitted(), 4, 300*time.Millisecond)); got != "1,2,1,2" {
 			t.Fatalf("read_uncommitted = %s; want 1,2,1,2 (the aborted copy first)", got)
+		}
+	})
+}
+
+// A produce whose answer is lost to a cut connection, or that the broker
+// refuses without appending it (NOT_ENOUGH_REPLICAS: the leader could not
+// verify the transaction with its coordinator), is resent in place with
+// the same sequence number: the broker appends it once, so even a
+// read_uncommitted consumer sees each row once, and the epoch stays.
+func TestTxnPublisher_resends_a_produce_in_place(t *testing.T) {
+	check := func(t *testing.T, b testenv.Broker, p *KafkaPublisher, topic string) {
+		t.Helper()
+		own(t, p, 0)
+		epoch := p.producer(0).epoch
+		batch := []*outbox.Message{bucketMsg(0, topic, "k", "1"), bucketMsg(0, topic, "k", "2")}
+		if res := p.Publish(context.Background(), batch); res.Acknowledged != 2 || res.Err != nil {
+			t.Fatalf("Publish = %d, %v; want 2, nil", res.Acknowledged, res.Err)
+		}
+		if got := p.producer(0).epoch; got != epoch {
+			t.Fatalf("epoch %d after the publish; want %d (no bump)", got, epoch)
+		}
+		if got := values(readIsolated(t, b, topic, kgo.ReadUncommitted(), 2, 300*time.Millisecond)); got != "1,2" {
+			t.Fatalf("read_uncommitted = %s; want 1,2 (appended once)", got)
+		}
+	}
+	t.Run("answer_lost_to_a_cut_connection", func(t *testing.T) {
+		testenv.ForEachBroker(t, func(t *testing.T, b testenv.Broker) {
+			topic := newTopic(t, b, 1, nil)
+			ft := newFaultyTransport(t, once(func(req kafka.Request) bool {
+				_, ok := req.(*rawproduce.Request)
+				return ok
+			}))
+			ft.cut = true
+			p := newTestTxnPublisher(t, b, topic, KafkaConfig{Transport: ft})
+			check(t, b, p, topic)
+			if n := ft.produces.Load(); n != 2 {
+				t.Fatalf("produce requests = %d; want 2 (one resent)", n)
+			}
+		})
+	})
+	t.Run("not_enough_replicas", func(t *testing.T) {
+		b := testenv.NewFake(t)
+		topic := newTopic(t, b, 1, nil)
+		p := newTestTxnPublisher(t, b, topic, KafkaConfig{})
+		h := b.Fake.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Err: kerr.NotEnoughReplicas, Count: 3})
+		check(t, b, p, topic)
+		if n := h.Hits(); n != 3 {
+			t.Fatalf("produce answered NOT_ENOUGH_REPLICAS %d times; want 3", n)
 		}
 	})
 }

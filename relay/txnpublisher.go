@@ -62,16 +62,20 @@ const (
 // rows before that record are published again alone, in a new transaction
 // of the same call (bisecting a rejected request, as the default mode
 // does), so that Publish acknowledges exactly the prefix before the
-// culprit and per-key order holds. A transient failure (a leader moving, a
-// timeout) aborts the transaction and fails the call at its first row; the
-// relay retries it with its backoff. CONCURRENT_TRANSACTIONS and a
-// coordinator moving or loading (NOT_COORDINATOR, COORDINATOR_NOT_AVAILABLE,
-// COORDINATOR_LOAD_IN_PROGRESS) are retried inside the call (5 ms, doubling
-// to 250 ms) until PublishTimeout. After a failure whose outcome is unknown
-// (a timeout) the publisher aborts the transaction and bumps its epoch
-// (InitProducerId with its current producer id and epoch, which the
-// coordinator refuses to a fenced producer) before the next one, so that
-// sequence numbers restart.
+// culprit and per-key order holds. Inside the call (5 ms, doubling to
+// 250 ms, until PublishTimeout) the publisher retries what the protocol
+// makes safe to retry: coordinator requests answered
+// CONCURRENT_TRANSACTIONS or by a coordinator moving or loading
+// (NOT_COORDINATOR, COORDINATOR_NOT_AVAILABLE, COORDINATOR_LOAD_IN_PROGRESS)
+// or cut off by the network, and a produce request cut off or answered
+// REQUEST_TIMED_OUT, NETWORK_EXCEPTION, NOT_ENOUGH_REPLICAS or
+// CONCURRENT_TRANSACTIONS, which is resent with the same sequence number so
+// that the broker appends it once. Any other failure (a leader moving, the
+// call's timeout) aborts the transaction and fails the call at its first
+// row; the relay retries it with its backoff. After a failure that leaves
+// the broker's sequence numbers unknown, the publisher aborts and bumps its
+// epoch (InitProducerId with its current producer id and epoch, which the
+// coordinator refuses to a fenced producer) before the next transaction.
 //
 // Duplicates. A commit whose answer was lost is resolved by the next
 // Publish of the bucket (EndTxn commit again): if it committed, the rows it
