@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/segmentio/kafka-go/protocol/addpartitionstotxn"
 	"github.com/segmentio/kafka-go/protocol/endtxn"
 	"github.com/segmentio/kafka-go/protocol/initproducerid"
+	metadataAPI "github.com/segmentio/kafka-go/protocol/metadata"
 	"github.com/segmentio/kafka-go/protocol/produce"
 	"github.com/segmentio/kafka-go/protocol/rawproduce"
 )
@@ -26,7 +28,7 @@ import (
 
 // Backoff of the requests retried inside a call (see coordinate).
 const (
-	txnRetryFirst = 5 * time.Millisecond
+	txnRetryFirst = time.Millisecond
 	txnRetryMax   = 250 * time.Millisecond
 )
 
@@ -264,21 +266,83 @@ type partitionOutcome struct {
 	unknown bool
 }
 
-// produceAll sends the rows of every partition of a transaction, all
-// partitions at once, each as requests of at most batchBytes and maxRecords
-// in order, stopping a partition at its first failure.
+// produceAll sends the rows of every partition of a transaction in rounds:
+// round k carries the k-th chunk (at most batchBytes and maxRecords) of
+// every partition that has one, as one produce request per leader broker,
+// all leaders at once. A partition stops at its first failure. One request
+// per broker matters beyond saving round trips: a partition leader verifies
+// a transaction's first batch on it with the coordinator, and concurrent
+// verifications of one transactional id on one broker fail all but one
+// (NOT_ENOUGH_REPLICAS, "Unable to verify the partition has been added to
+// the transaction", NETWORK_EXCEPTION).
 func (p *KafkaPublisher) produceAll(ctx context.Context, prod *txnProducer, rows []row, parts []topicPartition, idx map[topicPartition][]int) []partitionOutcome {
 	out := make([]partitionOutcome, len(parts))
-	var wg sync.WaitGroup
+	chunks := make([][][]int, len(parts))
 	for i, tp := range parts {
 		out[i] = partitionOutcome{tp: tp, seq: prod.seq[tp]}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			p.producePartition(ctx, prod, rows, idx[tp], &out[i])
-		}()
+		chunks[i] = p.chunk(rows, idx[tp])
 	}
-	wg.Wait()
+	leaders := p.leaders(ctx, parts)
+	ts := p.txn.now().UnixMilli()
+	for round := 0; ; round++ {
+		groups := map[int32][]*produceItem{}
+		var order []int32
+		for i := range parts {
+			o := &out[i]
+			if o.err != nil || round >= len(chunks[i]) {
+				continue
+			}
+			c := chunks[i][round]
+			msgs := make([]kafka.Message, len(c))
+			for j, r := range c {
+				msgs[j] = rows[r].msg
+			}
+			set, err := encodeRecordBatch(producerBatch{
+				producerID: prod.pid, producerEpoch: prod.epoch, baseSequence: o.seq, transactional: true,
+			}, ts, p.w.Compression, msgs)
+			if err != nil {
+				o.failed, o.err = c, unpublishable(err)
+				continue
+			}
+			leader := leaders[o.tp]
+			if _, ok := groups[leader]; !ok {
+				order = append(order, leader)
+			}
+			groups[leader] = append(groups[leader], &produceItem{out: o, rows: c, set: set})
+		}
+		if len(order) == 0 {
+			break
+		}
+		var wg sync.WaitGroup
+		for _, leader := range order {
+			items := groups[leader]
+			if leader < 0 { // leader unknown: each alone
+				for _, it := range items {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						p.sendItems(ctx, prod, []*produceItem{it})
+					}()
+				}
+				continue
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				p.sendItems(ctx, prod, items)
+			}()
+		}
+		wg.Wait()
+		for _, leader := range order {
+			for _, it := range groups[leader] {
+				if it.err != nil {
+					it.out.failed, it.out.err, it.out.unknown = it.rows, it.err, it.unknown
+				} else {
+					it.out.seq = nextSequence(it.out.seq, len(it.rows))
+				}
+			}
+		}
+	}
 	for i := range out {
 		prod.seq[out[i].tp] = out[i].seq
 		if errors.Is(out[i].err, ErrFenced) && prod.fenced == nil {
@@ -289,11 +353,11 @@ func (p *KafkaPublisher) produceAll(ctx context.Context, prod *txnProducer, rows
 	return out
 }
 
-// producePartition sends one partition's rows (indexes into rows, in
-// order) and records the outcome in o.
-func (p *KafkaPublisher) producePartition(ctx context.Context, prod *txnProducer, rows []row, idx []int, o *partitionOutcome) {
-	msgs := make([]kafka.Message, 0, min(len(idx), p.maxRecords))
-	ts := p.txn.now().UnixMilli()
+// chunk splits a partition's rows (indexes into rows, in order) into the
+// rows of successive requests: at most maxRecords each, and at most
+// batchBytes unless a single row is larger.
+func (p *KafkaPublisher) chunk(rows []row, idx []int) [][]int {
+	var out [][]int
 	for start := 0; start < len(idx); {
 		var size int64
 		end := start
@@ -305,75 +369,206 @@ func (p *KafkaPublisher) producePartition(ctx context.Context, prod *txnProducer
 			size += n
 			end++
 		}
-		msgs = msgs[:0]
-		for _, i := range idx[start:end] {
-			msgs = append(msgs, rows[i].msg)
-		}
-		err, unknown := p.produceBatch(ctx, prod, o.tp, o.seq, ts, msgs)
-		if err != nil {
-			o.failed, o.err, o.unknown = idx[start:end], err, unknown
-			return
-		}
-		o.seq = nextSequence(o.seq, end-start)
+		out = append(out, idx[start:end])
 		start = end
 	}
+	return out
 }
 
-// produceBatch sends msgs to tp as one record batch of prod's with base
-// sequence seq. A failure that leaves the batch appended or not, as the
-// broker's idempotence decides (a network error, REQUEST_TIMED_OUT,
-// NETWORK_EXCEPTION, NOT_ENOUGH_REPLICAS (the leader could not verify the
-// transaction with its coordinator), CONCURRENT_TRANSACTIONS), is retried
-// with the same bytes and sequence number until ctx ends: the broker
-// appends a producer's batch once, and answers a resent one with its first
-// append. unknown reports that the batch may have been appended, or that
-// the broker's sequence state is no longer the producer's.
-func (p *KafkaPublisher) produceBatch(ctx context.Context, prod *txnProducer, tp topicPartition, seq int32, ts int64, msgs []kafka.Message) (err error, unknown bool) {
-	set, err := encodeRecordBatch(producerBatch{
-		producerID:    prod.pid,
-		producerEpoch: prod.epoch,
-		baseSequence:  seq,
-		transactional: true,
-	}, ts, p.w.Compression, msgs)
-	if err != nil {
-		return unpublishable(err), false
-	}
-	wait := txnRetryFirst
-	resent := false
-	for {
-		e, sent := p.sendBatch(ctx, prod, tp, set)
-		switch {
-		case e == nil:
-			return nil, false
-		case resent && errors.Is(e, kafka.DuplicateSequenceNumber):
-			return nil, false // the first attempt was appended
-		case producerFenced(e), errors.Is(e, kafka.InvalidTransactionState):
-			// INVALID_TXN_STATE: the partition is not in an ongoing
-			// transaction of this epoch (the coordinator aborted it).
-			return fmt.Errorf("produce: %w: %w", e, ErrFenced), false
-		case errors.Is(e, kafka.OutOfOrderSequenceNumber), errors.Is(e, kafka.DuplicateSequenceNumber), errors.Is(e, kafka.UnknownProducerId):
-			return fmt.Errorf("produce: %w", e), true
-		case !produceRetriable(e):
-			// A broker's answer leaves nothing appended, unless an
-			// earlier attempt was; a request cut off (its context ended)
-			// may have been.
-			var ke kafka.Error
-			return fmt.Errorf("produce: %w", e), resent || (sent && !errors.As(e, &ke))
+// leaders returns the leader broker of each partition from the transport's
+// (cached) metadata; -1 where it does not know.
+func (p *KafkaPublisher) leaders(ctx context.Context, parts []topicPartition) map[topicPartition]int32 {
+	out := make(map[topicPartition]int32, len(parts))
+	var topics []string
+	for _, tp := range parts {
+		out[tp] = -1
+		if !slices.Contains(topics, tp.topic) {
+			topics = append(topics, tp.topic)
 		}
-		resent = resent || sent
+	}
+	res, err := p.roundTrip(ctx, &metadataAPI.Request{TopicNames: topics})
+	if err != nil {
+		return out
+	}
+	meta, ok := res.(*metadataAPI.Response)
+	if !ok {
+		return out
+	}
+	for _, t := range meta.Topics {
+		for _, pt := range t.Partitions {
+			tp := topicPartition{t.Name, int(pt.PartitionIndex)}
+			if _, ok := out[tp]; ok && pt.ErrorCode == 0 {
+				out[tp] = pt.LeaderID
+			}
+		}
+	}
+	return out
+}
+
+// produceItem is one partition's record batch in a produce request.
+type produceItem struct {
+	out  *partitionOutcome
+	rows []int
+	set  []byte // the request's record set: size prefix, batch
+
+	done bool  // settled: appended (err nil) or failed
+	err  error // the failure, or the latest attempt's error while pending
+	// maybeAppended: an attempt may have been appended (cut off, or
+	// answered REQUEST_TIMED_OUT, NOT_ENOUGH_REPLICAS_AFTER_APPEND or
+	// NETWORK_EXCEPTION); unknown: the item failed so.
+	maybeAppended bool
+	unknown       bool
+}
+
+// sendItems sends items (partitions led by one broker) in one produce
+// request and records each one's outcome. A failure that leaves a batch
+// appended or not, as the broker's idempotence decides (a network error,
+// REQUEST_TIMED_OUT, NETWORK_EXCEPTION, NOT_ENOUGH_REPLICAS,
+// CONCURRENT_TRANSACTIONS), is retried with the same bytes and sequence
+// number until ctx ends: the broker appends a producer's batch once and
+// answers a resent one as the first. When the transport finds no common
+// leader for the partitions (its metadata moved), they go one by one.
+func (p *KafkaPublisher) sendItems(ctx context.Context, prod *txnProducer, items []*produceItem) {
+	wait := txnRetryFirst
+	for {
+		var pending []*produceItem
+		for _, it := range items {
+			if !it.done {
+				pending = append(pending, it)
+			}
+		}
+		if len(pending) == 0 {
+			return
+		}
+		retry, split := p.sendOnce(ctx, prod, pending)
+		if split {
+			var wg sync.WaitGroup
+			for _, it := range pending {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					p.sendItems(ctx, prod, []*produceItem{it})
+				}()
+			}
+			wg.Wait()
+			return
+		}
+		if !retry {
+			continue // every pending item is done
+		}
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return fmt.Errorf("produce: %w (last error: %w)", context.Cause(ctx), e), true
+			for _, it := range items {
+				if !it.done {
+					it.done, it.unknown = true, it.maybeAppended
+					it.err = fmt.Errorf("%w (last error: %w)", context.Cause(ctx), it.err)
+				}
+			}
+			return
 		case <-t.C:
 		}
 		wait = min(2*wait, txnRetryMax)
 	}
 }
 
+// sendOnce sends pending in one request and settles the items it can;
+// retry reports items left to resend, split a request the transport could
+// not route as one (no common leader).
+func (p *KafkaPublisher) sendOnce(ctx context.Context, prod *txnProducer, pending []*produceItem) (retry, split bool) {
+	// The broker waits at most half the time left for the in-sync
+	// replicas, as kafka-go's writer asks.
+	wait := p.timeout / 2
+	if d, ok := ctx.Deadline(); ok {
+		wait = max(time.Until(d)/2, time.Millisecond)
+	}
+	req := &rawproduce.Request{
+		TransactionalID: prod.id,
+		Acks:            int16(kafka.RequireAll),
+		Timeout:         int32(min(wait, time.Duration(1<<31-1)*time.Millisecond) / time.Millisecond),
+	}
+	byTopic := map[string]int{}
+	for _, it := range pending {
+		i, ok := byTopic[it.out.tp.topic]
+		if !ok {
+			i = len(req.Topics)
+			byTopic[it.out.tp.topic] = i
+			req.Topics = append(req.Topics, rawproduce.RequestTopic{Topic: it.out.tp.topic})
+		}
+		req.Topics[i].Partitions = append(req.Topics[i].Partitions, rawproduce.RequestPartition{
+			Partition: int32(it.out.tp.partition),
+			RecordSet: protocol.RawRecordSet{Reader: bytes.NewReader(it.set)},
+		})
+	}
+	m, err := p.roundTrip(ctx, req)
+	if err != nil {
+		var re *rawproduce.Error // no route: never sent
+		if errors.As(err, &re) && len(pending) > 1 {
+			return false, true
+		}
+		sent := !errors.As(err, &re)
+		for _, it := range pending {
+			settle(it, err, false, sent)
+		}
+		return !pending[0].done, false
+	}
+	r, ok := m.(*produce.Response)
+	if !ok {
+		err := fmt.Errorf("unexpected response %T", m)
+		for _, it := range pending {
+			settle(it, err, false, true)
+		}
+		return !pending[0].done, false
+	}
+	codes := map[topicPartition]error{}
+	for _, t := range r.Topics {
+		for _, rp := range t.Partitions {
+			msg := rp.ErrorMessage
+			codes[topicPartition{t.Topic, int(rp.Partition)}] = kafkaError(rp.ErrorCode, &msg)
+		}
+	}
+	for _, it := range pending {
+		e, ok := codes[it.out.tp]
+		if !ok {
+			settle(it, errors.New("no answer for the partition"), false, true)
+		} else {
+			settle(it, e, true, true)
+		}
+		retry = retry || !it.done
+	}
+	return retry, false
+}
+
+// settle records the outcome of one attempt of it: e (nil: appended),
+// answered when e is the broker's code for it, sent when the request
+// reached the broker. It leaves it pending when the attempt is to be
+// resent.
+func settle(it *produceItem, e error, answered, sent bool) {
+	uncertain := sent && (!answered || errors.Is(e, kafka.RequestTimedOut) ||
+		errors.Is(e, kafka.NotEnoughReplicasAfterAppend) || errors.Is(e, kafka.NetworkException))
+	switch {
+	case e == nil:
+		it.done, it.err = true, nil
+	case it.maybeAppended && errors.Is(e, kafka.DuplicateSequenceNumber):
+		it.done, it.err = true, nil // an earlier attempt was appended
+	case producerFenced(e), errors.Is(e, kafka.InvalidTransactionState):
+		// INVALID_TXN_STATE: the partition is not in an ongoing
+		// transaction of this epoch (the coordinator aborted it).
+		it.done, it.err = true, fmt.Errorf("produce: %w: %w", e, ErrFenced)
+	case errors.Is(e, kafka.OutOfOrderSequenceNumber), errors.Is(e, kafka.DuplicateSequenceNumber), errors.Is(e, kafka.UnknownProducerId):
+		it.done, it.err, it.unknown = true, fmt.Errorf("produce: %w", e), true
+	case produceRetriable(e):
+		it.err = fmt.Errorf("produce: %w", e) // resent
+		it.maybeAppended = it.maybeAppended || uncertain
+	default:
+		it.done, it.err = true, fmt.Errorf("produce: %w", e)
+		it.unknown = it.maybeAppended || uncertain
+	}
+}
+
 // produceRetriable reports whether a produce error is resent in place (see
-// produceBatch).
+// sendItems).
 func produceRetriable(err error) bool {
 	var ke kafka.Error
 	if !errors.As(err, &ke) {
@@ -384,38 +579,4 @@ func produceRetriable(err error) bool {
 		return true
 	}
 	return false
-}
-
-// sendBatch sends one produce request of set to tp. sent is false when the
-// request certainly did not reach the broker.
-func (p *KafkaPublisher) sendBatch(ctx context.Context, prod *txnProducer, tp topicPartition, set []byte) (err error, sent bool) {
-	// The broker waits at most half the time left for the in-sync
-	// replicas, as kafka-go's writer asks.
-	wait := p.timeout / 2
-	if d, ok := ctx.Deadline(); ok {
-		wait = max(time.Until(d)/2, time.Millisecond)
-	}
-	m, err := p.roundTrip(ctx, &rawproduce.Request{
-		TransactionalID: prod.id,
-		Acks:            int16(kafka.RequireAll),
-		Timeout:         int32(min(wait, time.Duration(1<<31-1)*time.Millisecond) / time.Millisecond),
-		Topics: []rawproduce.RequestTopic{{
-			Topic: tp.topic,
-			Partitions: []rawproduce.RequestPartition{{
-				Partition: int32(tp.partition),
-				RecordSet: protocol.RawRecordSet{Reader: bytes.NewReader(set)},
-			}},
-		}},
-	})
-	if err != nil {
-		var re *rawproduce.Error // no route to the leader: never sent
-		return err, !errors.As(err, &re)
-	}
-	r, ok := m.(*produce.Response)
-	if !ok || len(r.Topics) == 0 || len(r.Topics[0].Partitions) == 0 {
-		return fmt.Errorf("unexpected response %T", m), true
-	}
-	rp := r.Topics[0].Partitions[0]
-	msg := rp.ErrorMessage
-	return kafkaError(rp.ErrorCode, &msg), true
 }
