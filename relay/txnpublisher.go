@@ -83,9 +83,10 @@ const (
 // transaction are therefore published twice only when the relay committed
 // them and then could not delete them as the owner: a crash, a stop or a
 // lost lease between the commit and the delete, or a lost commit answer
-// followed by the loss of the bucket; the next owner publishes that one
-// batch again, after it, and a consumer deduplicating by message id sees
-// each key's records in commit order.
+// followed by the loss of the bucket; the bucket's next owner publishes
+// that batch again, after it (one batch per bucket the relay was
+// publishing), and a consumer deduplicating by message id sees each key's
+// records in commit order.
 //
 // Requirements and costs: the relay's principal needs WRITE and DESCRIBE on
 // the transactional ids (ACL resource TransactionalId, prefix IDPrefix),
