@@ -44,7 +44,8 @@ func (p *recordingPublisher) Publish(ctx context.Context, batch []*outbox.Messag
 // the buckets, and rejoins. A read_committed consumer sees every committed
 // row exactly once and each key's rows in commit order, with no
 // deduplication; a read_uncommitted consumer shows what the zombie wrote:
-// its aborted copies, duplicates out of order.
+// its aborted copies, ahead of the new owner's (duplicates, and inversions
+// where its batch held a key twice).
 func TestZombieRelayIsFenced(t *testing.T) {
 	forEachDBAndBroker(t, func(t *testing.T, o testenv.Opener, b testenv.Broker) {
 		for _, step := range []string{"produced", "added"} {
@@ -234,8 +235,8 @@ func runZombie(t *testing.T, o testenv.Opener, b testenv.Broker, step string) {
 	}
 	t.Logf("%d rows; relay A fenced %d times; read_committed %d records, 0 duplicates, order kept; read_uncommitted %d records, %d duplicates, %d per-key inversions",
 		len(committed), pubA.fenced.Load(), len(rc), len(ru), dupsRU, inversions)
-	if step == "produced" && (dupsRU == 0 || inversions == 0) {
-		t.Fatalf("read_uncommitted: %d duplicates, %d inversions; want the zombie's aborted copies (some of each)", dupsRU, inversions)
+	if step == "produced" && dupsRU == 0 {
+		t.Fatalf("read_uncommitted: no duplicate; want the zombie's aborted copies (its batch was appended)")
 	}
 }
 

@@ -137,6 +137,11 @@ type KafkaConfig struct {
 // murmur2 key placement (explicit partitions honoured), the message-id
 // header on every record, and ordered across partial failure.
 //
+// With KafkaConfig.Transactions it publishes in Kafka transactions instead,
+// one transactional producer per owned bucket (fenced publishing: see
+// KafkaTransactions, which also says how its requests, retries and
+// duplicates differ from what follows).
+//
 // Publish groups a batch's rows by topic partition, in submission order,
 // and sends every partition's rows at once, each partition as one produce
 // request (several, in sequence, beyond BatchBytes or MaxBatchRecords), so a

@@ -153,8 +153,12 @@ func TestTxnPublisher_new_owner_fences_the_old_one(t *testing.T) {
 		nb := newTestTxnPublisher(t, b, topic, KafkaConfig{})
 		own(t, nb, 0)
 		res := a.Publish(context.Background(), []*outbox.Message{bucketMsg(0, topic, "k", "a2")})
-		if res.Acknowledged != 0 || !errors.Is(res.Err, ErrFenced) {
-			t.Fatalf("A's Publish after B's init = %d, %v; want 0, ErrFenced", res.Acknowledged, res.Err)
+		if res.Acknowledged != 0 || !errors.Is(res.Err, ErrFenced) || !errors.Is(res.Err, kafka.ProducerFenced) && !errors.Is(res.Err, kafka.InvalidProducerEpoch) {
+			t.Fatalf("A's Publish after B's init = %d, %v; want 0, ErrFenced and the broker's error", res.Acknowledged, res.Err)
+		}
+		// It reads once: one origin, the sentinel's word once at the end.
+		if msg := res.Err.Error(); strings.Count(msg, "relay: ") != 1 || !strings.HasSuffix(msg, ": fenced") || strings.Count(msg, ": fenced") != 1 {
+			t.Errorf("fenced error = %q; want one \"relay: \" and \": fenced\" once, at the end", msg)
 		}
 		// Sticky: A never publishes again with that producer.
 		if res := a.Publish(context.Background(), []*outbox.Message{bucketMsg(0, topic, "k", "a3")}); !errors.Is(res.Err, ErrFenced) {
