@@ -275,46 +275,54 @@ func TestTxnPublisher_resends_a_produce_in_place(t *testing.T) {
 // A transaction open longer than KafkaTransactions.Timeout is aborted by
 // the coordinator, which bumps the epoch: the stalled producer's next
 // request is fenced, its publish fails with ErrFenced, and nothing of it
-// becomes visible.
+// becomes visible. The real broker looks for timed-out transactions every
+// 10 s (transaction.abort.timed.out.transaction.cleanup.interval.ms), so its
+// stall is longer.
 func TestTxnPublisher_transaction_timeout_fences_the_producer(t *testing.T) {
-	for _, step := range []string{"added", "produced"} {
-		t.Run("stalled_after_"+step, func(t *testing.T) {
-			b := testenv.NewFake(t)
-			topic := newTopic(t, b, 1, nil)
-			p := newTestTxnPublisher(t, b, topic, KafkaConfig{
-				PublishTimeout: 300 * time.Millisecond,
-				Transactions:   &KafkaTransactions{Timeout: 500 * time.Millisecond},
-			})
-			own(t, p, 0)
-			p.txn.hook = func(_ int, s string) {
-				if s == step {
-					time.Sleep(1500 * time.Millisecond) // past the transaction timeout
+	testenv.ForEachBroker(t, func(t *testing.T, b testenv.Broker) {
+		stall, steps := 1500*time.Millisecond, []string{"added", "produced"}
+		if b.Fake == nil {
+			stall, steps = 12*time.Second, []string{"produced"}
+		}
+		for _, step := range steps {
+			t.Run("stalled_after_"+step, func(t *testing.T) {
+				topic := newTopic(t, b, 1, nil)
+				p := newTestTxnPublisher(t, b, topic, KafkaConfig{
+					PublishTimeout: 300 * time.Millisecond,
+					Transactions:   &KafkaTransactions{Timeout: time.Second},
+				})
+				own(t, p, 0)
+				p.txn.hook = func(_ int, s string) {
+					if s == step {
+						time.Sleep(stall) // past the transaction timeout
+					}
 				}
-			}
-			res := p.Publish(context.Background(), []*outbox.Message{bucketMsg(0, topic, "k", "1")})
-			if res.Acknowledged != 0 || res.Err == nil {
-				t.Fatalf("stalled Publish = %d, %v; want 0 and an error", res.Acknowledged, res.Err)
-			}
-			p.txn.hook = nil
-			// The relay retries: the producer is found fenced.
-			res = p.Publish(context.Background(), []*outbox.Message{bucketMsg(0, topic, "k", "1")})
-			if res.Acknowledged != 0 || !errors.Is(res.Err, ErrFenced) {
-				t.Fatalf("retry = %d, %v; want 0, ErrFenced", res.Acknowledged, res.Err)
-			}
-			if got := readIsolated(t, b, topic, kgo.ReadCommitted(), 0, 300*time.Millisecond); len(got) != 0 {
-				t.Fatalf("read_committed = %s; want nothing", values(got))
-			}
-			// A new acquisition initialises a new producer, which publishes.
-			p.OwnedBuckets(nil)
-			own(t, p, 0)
-			if res := p.Publish(context.Background(), []*outbox.Message{bucketMsg(0, topic, "k", "1")}); res.Err != nil {
-				t.Fatalf("Publish after re-initialisation = %v", res.Err)
-			}
-			if got := values(readIsolated(t, b, topic, kgo.ReadCommitted(), 1, 300*time.Millisecond)); got != "1" {
-				t.Fatalf("read_committed = %s; want 1", got)
-			}
-		})
-	}
+				res := p.Publish(context.Background(), []*outbox.Message{bucketMsg(0, topic, "k", "1")})
+				if res.Acknowledged != 0 || res.Err == nil {
+					t.Fatalf("stalled Publish = %d, %v; want 0 and an error", res.Acknowledged, res.Err)
+				}
+				p.txn.hook = nil
+				// The relay retries: the producer is found fenced.
+				res = p.Publish(context.Background(), []*outbox.Message{bucketMsg(0, topic, "k", "1")})
+				if res.Acknowledged != 0 || !errors.Is(res.Err, ErrFenced) {
+					t.Fatalf("retry = %d, %v; want 0, ErrFenced", res.Acknowledged, res.Err)
+				}
+				t.Logf("retry after the timeout: %v", res.Err)
+				if got := readIsolated(t, b, topic, kgo.ReadCommitted(), 0, 300*time.Millisecond); len(got) != 0 {
+					t.Fatalf("read_committed = %s; want nothing", values(got))
+				}
+				// A new acquisition initialises a new producer, which publishes.
+				p.OwnedBuckets(nil)
+				own(t, p, 0)
+				if res := p.Publish(context.Background(), []*outbox.Message{bucketMsg(0, topic, "k", "1")}); res.Err != nil {
+					t.Fatalf("Publish after re-initialisation = %v", res.Err)
+				}
+				if got := values(readIsolated(t, b, topic, kgo.ReadCommitted(), 1, 300*time.Millisecond)); got != "1" {
+					t.Fatalf("read_committed = %s; want 1", got)
+				}
+			})
+		}
+	})
 }
 
 // The in-process broker restarts (its state persisted in a directory)
