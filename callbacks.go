@@ -41,8 +41,8 @@ func topicChars(topic string) bool {
 
 var (
 	messageType = reflect.TypeOf(Message{})
-	leaseType   = reflect.TypeOf(Lease{})
-	relayType   = reflect.TypeOf(Relay{})
+	leaseType   = reflect.TypeOf(BucketLease{})
+	relayType   = reflect.TypeOf(RelayHeartbeat{})
 )
 
 func register(db *gorm.DB, p *Plugin, state *notifyState) error {

@@ -193,10 +193,10 @@ func TestGormReadsUpdatesAndDeletesFollowTheConfiguredTables(t *testing.T) {
 			if topic != "orders.v2" {
 				t.Fatalf("topic after Update = %q; want orders.v2", topic)
 			}
-			if err := db.Model(&outbox.Lease{}).Count(&n).Error; err != nil {
+			if err := db.Model(&outbox.BucketLease{}).Count(&n).Error; err != nil {
 				t.Fatalf("Model(&Lease{}).Count = %v; want the configured leases table", err)
 			}
-			if err := db.Model(&outbox.Relay{}).Count(&n).Error; err != nil {
+			if err := db.Model(&outbox.RelayHeartbeat{}).Count(&n).Error; err != nil {
 				t.Fatalf("Model(&Relay{}).Count = %v; want the configured relays table", err)
 			}
 			if res := db.Delete(m); res.Error != nil || res.RowsAffected != 1 {

@@ -92,7 +92,7 @@ func TestMigrationsMatchAutoMigrate(t *testing.T) {
 	for _, o := range testenv.Databases(t) {
 		t.Run(o.Name, func(t *testing.T) {
 			auto := o.Open(t, nil)
-			if err := auto.AutoMigrate(&outbox.Message{}, &outbox.Lease{}, &outbox.Relay{}); err != nil {
+			if err := auto.AutoMigrate(&outbox.Message{}, &outbox.BucketLease{}, &outbox.RelayHeartbeat{}); err != nil {
 				t.Fatalf("AutoMigrate: %v", err)
 			}
 			rec := &testenv.SQLRecorder{}

@@ -126,8 +126,8 @@ func (m *Message) AfterCreate(*gorm.DB) error {
 	return nil
 }
 
-// Lease is one bucket's lease: which relay owns it and until when.
-type Lease struct {
+// BucketLease is one bucket's lease: which relay owns it and until when.
+type BucketLease struct {
 	// Bucket is the bucket number, 0 to BucketCount-1.
 	Bucket int32 `gorm:"column:bucket;primaryKey;autoIncrement:false"`
 	// Owner is the relay id holding the lease, or nil.
@@ -137,10 +137,10 @@ type Lease struct {
 }
 
 // TableName returns the default table name.
-func (Lease) TableName() string { return DefaultLeasesTable }
+func (BucketLease) TableName() string { return DefaultLeasesTable }
 
-// Relay is one relay's heartbeat.
-type Relay struct {
+// RelayHeartbeat is one relay's heartbeat.
+type RelayHeartbeat struct {
 	// RelayID identifies the relay instance.
 	RelayID string `gorm:"column:relay_id;primaryKey;size:128"`
 	// LastSeenMs is the last heartbeat in Unix milliseconds (UTC).
@@ -162,7 +162,7 @@ const (
 )
 
 // TableName returns the default table name.
-func (Relay) TableName() string { return DefaultRelaysTable }
+func (RelayHeartbeat) TableName() string { return DefaultRelaysTable }
 
 // UUID is a message id: a github.com/google/uuid UUID stored as a native
 // uuid on PostgreSQL and as 36-character lowercase text elsewhere.

@@ -148,8 +148,8 @@ func (c Config) LeasesTableName() string { c = c.WithDefaults(); return c.qualif
 func (c Config) RelaysTableName() string { c = c.WithDefaults(); return c.qualify(c.RelaysTable) }
 
 // AutoMigrate creates or updates the three tables of cfg with GORM's
-// migrator. With a zero Config it is db.AutoMigrate(&Message{}, &Lease{},
-// &Relay{}) followed by dropping the round-1 index idx_<messages>_bucket_id
+// migrator. With a zero Config it is db.AutoMigrate(&Message{}, &BucketLease{},
+// &RelayHeartbeat{}) followed by dropping the round-1 index idx_<messages>_bucket_id
 // (replaced by idx_<messages>_bucket_parked_id) when it exists. The DDL
 // equals migrations/<dialect>.sql; run over a round-1 schema it performs the
 // parking upgrade (migrations/<dialect>/000002_parking.up.sql): the nullable
@@ -169,8 +169,8 @@ func AutoMigrate(db *gorm.DB, cfg Config) error {
 		model any
 	}{
 		{cfg.MessagesTableName(), &Message{}},
-		{cfg.LeasesTableName(), &Lease{}},
-		{cfg.RelaysTableName(), &Relay{}},
+		{cfg.LeasesTableName(), &BucketLease{}},
+		{cfg.RelaysTableName(), &RelayHeartbeat{}},
 	} {
 		if err := db.Table(m.table).AutoMigrate(m.model); err != nil {
 			return fmt.Errorf("outbox: migrate %s: %w", m.table, err)
@@ -189,22 +189,22 @@ func AutoMigrate(db *gorm.DB, cfg Config) error {
 	return nil
 }
 
-// Notifier is told, after a successful commit, that outbox rows were
+// CommitNotifier is told, after a successful commit, that outbox rows were
 // written. The relay's notifier implements it. Implementations must be safe
 // for concurrent use. One that implements NonBlocking (the relay's does) is
 // called on the committing goroutine right after the commit, and must not
 // block; any other is called on a goroutine of its own, so that it can never
 // delay a commit. A panic in either is recovered and logged.
-type Notifier interface {
+type CommitNotifier interface {
 	// NotifyCommitted reports committed rows in unknown buckets.
 	NotifyCommitted()
 }
 
-// BucketNotifier is a Notifier that accepts exact bucket hints. The Plugin
+// BucketNotifier is a CommitNotifier that accepts exact bucket hints. The Plugin
 // calls NotifyBucket when a transaction wrote one bucket and NotifyBuckets
 // (with a slice it does not retain) when it wrote several.
 type BucketNotifier interface {
-	Notifier
+	CommitNotifier
 	NotifyBucket(bucket int)
 	NotifyBuckets(buckets []int)
 }
@@ -246,7 +246,7 @@ type Plugin struct {
 	Config Config
 	// Notifier, when non-nil, is told about committed outbox rows. It never
 	// delays or fails a commit: a panic in it is recovered and logged.
-	Notifier Notifier
+	Notifier CommitNotifier
 	// SkipIDReadBack, when set, makes the plugin's INSERTs of messages
 	// leave Message.ID at 0 instead of reading the database-assigned id
 	// back: no RETURNING "id" (PostgreSQL; multi-row INSERTs everywhere),
@@ -331,7 +331,7 @@ func WithConfig(cfg Config) func(*gorm.DB) *gorm.DB {
 // tables) instead of the Plugin's Notifier. n follows the Plugin.Notifier
 // rules: never blocking the commit, panics recovered. A nil n notifies
 // nobody.
-func WithOutbox(cfg Config, n Notifier) func(*gorm.DB) *gorm.DB {
+func WithOutbox(cfg Config, n CommitNotifier) func(*gorm.DB) *gorm.DB {
 	sc := scope{cfg: cfg}
 	if n != nil {
 		sc.notify = newNotifyState(n, nil)

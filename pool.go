@@ -16,7 +16,7 @@ import (
 // notifyState is what a registered Plugin shares with its pool wrapper and
 // callbacks.
 type notifyState struct {
-	notifier Notifier
+	notifier CommitNotifier
 	inline   bool // the notifier promises not to block
 	logger   *slog.Logger
 
@@ -29,7 +29,7 @@ type notifyState struct {
 	unnotifiable atomic.Bool
 }
 
-func newNotifyState(n Notifier, logger *slog.Logger) *notifyState {
+func newNotifyState(n CommitNotifier, logger *slog.Logger) *notifyState {
 	if logger == nil {
 		logger = slog.Default()
 	}

@@ -16,12 +16,12 @@ import (
 // must all be read from the same clock, or a relay whose host clock runs
 // ahead claims its peers' leases early (and one running behind keeps its
 // own too long). The database is the one clock every relay sees, so with
-// Options.Now nil the store takes "now" from it.
+// Options.Clock nil the store takes "now" from it.
 //
 // Design: each lease operation (acquisition round, renewal, release) reads
 // the database's time once, with one SELECT of the dialect's clock
 // expression (dbClockSQL), and uses that value as "now" for every statement
-// of the operation, exactly as it used Options.Now before. The alternative,
+// of the operation, exactly as it used Options.Clock before. The alternative,
 // embedding the clock expression in every statement, saves that round trip
 // but changes what a statement means when it is late: a heartbeat delayed
 // past the relay's own release would be stamped with the time it finally
@@ -30,7 +30,7 @@ import (
 // start of the round the relay's local validity is counted from. Reading
 // the time once keeps every statement, and its behaviour under delay, as it
 // was (storetest's late-statement scenarios, which inject a frozen
-// Options.Now, exercise the same statements production runs), and it
+// Options.Clock, exercise the same statements production runs), and it
 // measures the host's clock offset for free (ClockOffset). The cost is one
 // round trip per acquisition round (which already runs at least six
 // statements), per renewal and per release: one every LeaseRenewInterval.
@@ -66,7 +66,7 @@ func dbClockSQL(kind int) string {
 	default:
 		// Another dialect: SQL's CURRENT_TIMESTAMP has no portable
 		// conversion to epoch milliseconds. New rejects such a store unless
-		// Options.Now is set.
+		// Options.Clock is set.
 		return ""
 	}
 }
@@ -79,8 +79,8 @@ type clockSample struct {
 }
 
 // nowMs returns "now" in Unix milliseconds for one lease operation: from
-// Options.Now when set, else from the database's clock (one SELECT). Either
-// way it measures the offset of that clock to the host's (Options.HostNow):
+// Options.Clock when set, else from the database's clock (one SELECT). Either
+// way it measures the offset of that clock to the host's (Options.HostClock):
 // the clock's reading minus the midpoint of the host readings taken just
 // before and just after it, with half their distance (the round trip) as
 // the uncertainty.
@@ -125,7 +125,7 @@ func (s *Store) dbNow(ctx context.Context) (int64, error) {
 }
 
 // nowArg is "now" as a statement argument for a single statement: the
-// value of Options.Now in Unix milliseconds when set, else the database's
+// value of Options.Clock in Unix milliseconds when set, else the database's
 // clock expression, evaluated by the statement itself.
 func (s *Store) nowArg(ctx context.Context) (any, error) {
 	if s.now != nil {
@@ -151,8 +151,8 @@ func (s *Store) agoArg(ctx context.Context, d time.Duration) (any, error) {
 }
 
 // ClockOffset implements relay.ClockOffsetReporter: the offset of the
-// store's clock (the database's, or Options.Now) to the host's wall clock
-// (Options.HostNow), store minus host, as measured by the latest
+// store's clock (the database's, or Options.Clock) to the host's wall clock
+// (Options.HostClock), store minus host, as measured by the latest
 // acquisition round, renewal or release, and its uncertainty (half that
 // operation's clock read round trip, plus the millisecond resolution). ok
 // is false before the first measurement. It never queries.

@@ -38,8 +38,21 @@ func dbClockMs(t *testing.T, db *gorm.DB) int64 {
 }
 
 // skewed returns a host clock offset by d from the real one.
-func skewed(d time.Duration) func() time.Time {
-	return func() time.Time { return time.Now().Add(d) }
+func skewed(d time.Duration) gormstore.Clock {
+	return nowFunc(func() time.Time { return time.Now().Add(d) })
+}
+
+// nowFunc is a gormstore.Clock reading a function.
+type nowFunc func() time.Time
+
+func (f nowFunc) Now() time.Time { return f() }
+
+// clockOf is now as a gormstore.Clock; nil (the database's clock) for nil.
+func clockOf(now func() time.Time) gormstore.Clock {
+	if now == nil {
+		return nil
+	}
+	return nowFunc(now)
 }
 
 // clockTolerance absorbs the two clock expressions' rounding (to the
@@ -47,7 +60,7 @@ func skewed(d time.Duration) func() time.Time {
 // the statement arrives.
 const clockTolerance = 2
 
-// TestLeasesRunOnTheDatabaseClock: with Options.Now nil, the expiry an
+// TestLeasesRunOnTheDatabaseClock: with Options.Clock nil, the expiry an
 // acquisition writes is the database's time during the call plus the lease
 // duration, and the heartbeat its time, whatever the host clock says (here
 // 40 s fast). On MySQL/MariaDB also under a session time_zone far from
@@ -72,7 +85,7 @@ func TestLeasesRunOnTheDatabaseClock(t *testing.T) {
 				testenv.MustExec(t, db, "SET time_zone = '+09:30'")
 			}
 			cfg := newConfig(t, db, 4)
-			s, err := gormstore.New(db, gormstore.Options{Config: cfg, HostNow: skewed(40 * time.Second)})
+			s, err := gormstore.New(db, gormstore.Options{Config: cfg, HostClock: skewed(40 * time.Second)})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -85,17 +98,17 @@ func TestLeasesRunOnTheDatabaseClock(t *testing.T) {
 			if len(got) != 4 {
 				t.Fatalf("owns %v; want all 4 buckets", got)
 			}
-			var leases []outbox.Lease
+			var leases []outbox.BucketLease
 			if err := db.Table(cfg.LeasesTableName()).Order("bucket").Find(&leases).Error; err != nil {
 				t.Fatal(err)
 			}
 			for _, l := range leases {
 				if e := l.ExpiresAtMs - ld.Milliseconds(); e < before-clockTolerance || e > after+clockTolerance {
 					t.Errorf("bucket %d expires at %d = database time %d + lease; want database time in [%d, %d] (the host clock says %d)",
-						l.Bucket, l.ExpiresAtMs, e, before, after, skewed(40*time.Second)().UnixMilli())
+						l.Bucket, l.ExpiresAtMs, e, before, after, skewed(40*time.Second).Now().UnixMilli())
 				}
 			}
-			var hb outbox.Relay
+			var hb outbox.RelayHeartbeat
 			if err := db.Table(cfg.RelaysTableName()).Where("relay_id = ?", "relay-a").Take(&hb).Error; err != nil {
 				t.Fatal(err)
 			}
@@ -121,7 +134,7 @@ func TestLeasesRunOnTheDatabaseClock(t *testing.T) {
 }
 
 // TestParkingStampsRunOnTheDatabaseClock: parked_at_ms is the database's
-// time when Options.Now is nil, and FleetCanPark judges liveness by it: a
+// time when Options.Clock is nil, and FleetCanPark judges liveness by it: a
 // relay whose heartbeat the database clock calls live, and that lacks the
 // parking bit, blocks parking even for a store whose host clock is far off.
 func TestParkingStampsRunOnTheDatabaseClock(t *testing.T) {
@@ -129,7 +142,7 @@ func TestParkingStampsRunOnTheDatabaseClock(t *testing.T) {
 		t.Run(o.Name, func(t *testing.T) {
 			db := o.Open(t, nil)
 			cfg := newConfig(t, db, 2)
-			s, err := gormstore.New(db, gormstore.Options{Config: cfg, HostNow: skewed(-40 * time.Second)})
+			s, err := gormstore.New(db, gormstore.Options{Config: cfg, HostClock: skewed(-40 * time.Second)})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -151,7 +164,7 @@ func TestParkingStampsRunOnTheDatabaseClock(t *testing.T) {
 			}
 			// An old relay (features 0) seen 10 s ago by the database's clock:
 			// live for the default window (30 s), so parking is off.
-			old := outbox.Relay{RelayID: "old", LastSeenMs: dbClockMs(t, db) - 10_000}
+			old := outbox.RelayHeartbeat{RelayID: "old", LastSeenMs: dbClockMs(t, db) - 10_000}
 			if err := db.Table(cfg.RelaysTableName()).Create(&old).Error; err != nil {
 				t.Fatal(err)
 			}
@@ -187,7 +200,7 @@ type skewRelay struct {
 // are 40 s fast, exact and 40 s slow (twice the old tolerance of
 // LeaseDuration − LeaseRenewInterval) run randomised acquisition rounds,
 // renewals, pauses past their lease and releases on one database, with
-// Options.Now nil: after every round no bucket has two live owners, live
+// Options.Clock nil: after every round no bucket has two live owners, live
 // judged by the database's clock, and the lease table names each live owner
 // until at least its believed expiry. Leases last about 40 acquisition
 // calls (measured first), so that they expire while the run goes on, past a
@@ -218,7 +231,7 @@ func TestRelaysWithSkewedHostClocksNeverShareABucket(t *testing.T) {
 			cfg := newConfig(t, db, n)
 			var relays []*skewRelay
 			for i, skew := range []time.Duration{40 * time.Second, 0, -40 * time.Second} {
-				s, err := gormstore.New(db, gormstore.Options{Config: cfg, HostNow: skewed(skew)})
+				s, err := gormstore.New(db, gormstore.Options{Config: cfg, HostClock: skewed(skew)})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -378,7 +391,7 @@ func checkSkewOwners(t *testing.T, db *gorm.DB, cfg outbox.Config, round int, re
 			owner[b] = r
 		}
 	}
-	var leases []outbox.Lease
+	var leases []outbox.BucketLease
 	if err := db.Table(cfg.LeasesTableName()).Order("bucket").Find(&leases).Error; err != nil {
 		t.Fatal(err)
 	}
@@ -405,7 +418,7 @@ func checkSkewOwners(t *testing.T, db *gorm.DB, cfg outbox.Config, round int, re
 // TestTheDatabaseClockCostsOneStatementPerLeaseOperation measures the price
 // of the database's clock: an idle acquisition round, a renewal and a
 // release each run exactly one statement more (the clock read) than with
-// an injected Options.Now, and Park and FleetCanPark none.
+// an injected Options.Clock, and Park and FleetCanPark none.
 func TestTheDatabaseClockCostsOneStatementPerLeaseOperation(t *testing.T) {
 	for _, o := range testenv.Databases(t) {
 		t.Run(o.Name, func(t *testing.T) {
@@ -423,7 +436,7 @@ func TestTheDatabaseClockCostsOneStatementPerLeaseOperation(t *testing.T) {
 			}
 			run := func(now func() time.Time) map[string]int {
 				cfg := newConfig(t, db, 4)
-				s, err := gormstore.New(db, gormstore.Options{Config: cfg, Now: now})
+				s, err := gormstore.New(db, gormstore.Options{Config: cfg, Clock: clockOf(now)})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -448,14 +461,14 @@ func TestTheDatabaseClockCostsOneStatementPerLeaseOperation(t *testing.T) {
 			}
 			injected := run(time.Now)
 			database := run(nil)
-			t.Logf("%s: statements with Options.Now %v; with the database's clock %v", o.Name, injected, database)
+			t.Logf("%s: statements with Options.Clock %v; with the database's clock %v", o.Name, injected, database)
 			for op, n := range injected {
 				want := n
 				if op == "idle round" || op == "renew" || op == "release" {
 					want++
 				}
 				if database[op] != want {
-					t.Errorf("%s: %d statements on the database's clock, %d with Options.Now; want %d", op, database[op], n, want)
+					t.Errorf("%s: %d statements on the database's clock, %d with Options.Clock; want %d", op, database[op], n, want)
 				}
 			}
 		})

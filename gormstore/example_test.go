@@ -9,6 +9,7 @@ import (
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/gormstore"
+	"github.com/gorm-outbox/outbox/relay/relaytest"
 	"gorm.io/driver/sqlite"
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
@@ -26,10 +27,9 @@ func Example() {
 	if err := outbox.AutoMigrate(db, cfg); err != nil {
 		panic(err)
 	}
-	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	clock := func() time.Time { return now }
-	a, _ := gormstore.New(db, gormstore.Options{Config: cfg, Now: clock})
-	b, _ := gormstore.New(db, gormstore.Options{Config: cfg, Now: clock})
+	clock := relaytest.NewManualClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+	a, _ := gormstore.New(db, gormstore.Options{Config: cfg, Clock: clock})
+	b, _ := gormstore.New(db, gormstore.Options{Config: cfg, Clock: clock})
 
 	ctx := context.Background()
 	round := func(s *gormstore.Store, id string) []int {

@@ -44,8 +44,17 @@ import (
 
 // hotSQL are the statement texts of the hot path, built by the dialector.
 type hotSQL struct {
-	// nextBatch has three bind variables: bucket, bucket, limit.
+	// nextBatch has three bind variables: bucket, bucket, limit; on SQLite
+	// two: bucket, limit (see bucketEquality).
 	nextBatch string
+	// bucketEquality says the statements select a bucket with "bucket = ?"
+	// (SQLite), not the range form "bucket >= ? AND bucket <= ?": SQLite
+	// plans the range as a range scan of the index followed by a sort of
+	// the whole bucket ("USE TEMP B-TREE FOR RIGHT PART OF ORDER BY"), 57 ms
+	// per batch on a 25k-row bucket against 3 ms with the equality, which
+	// walks the (bucket, parked_at_ms, id) index in order and stops at the
+	// limit. PostgreSQL needs the range form (see Store.NextBatch).
+	bucketEquality bool
 	// deleteIDs, with two bind variables (bucket, ids as a PostgreSQL array
 	// literal), is PostgreSQL's MarkPublished statement; "" elsewhere.
 	deleteIDs string
@@ -68,9 +77,16 @@ func buildHotSQL(db *gorm.DB, msgs string) hotSQL {
 		db.Dialector.BindVarTo(&w, stmt, nil)
 		h.binds[i] = w.String()
 	}
-	h.nextBatch = "SELECT " + batchColumns + " FROM " + table +
-		" WHERE bucket >= " + h.binds[0] + " AND bucket <= " + h.binds[1] + " AND parked_at_ms IS NULL" +
-		" ORDER BY bucket, parked_at_ms, id LIMIT " + h.binds[2]
+	h.bucketEquality = db.Dialector.Name() == "sqlite"
+	if h.bucketEquality {
+		h.nextBatch = "SELECT " + batchColumns + " FROM " + table +
+			" WHERE bucket = " + h.binds[0] + " AND parked_at_ms IS NULL" +
+			" ORDER BY bucket, parked_at_ms, id LIMIT " + h.binds[1]
+	} else {
+		h.nextBatch = "SELECT " + batchColumns + " FROM " + table +
+			" WHERE bucket >= " + h.binds[0] + " AND bucket <= " + h.binds[1] + " AND parked_at_ms IS NULL" +
+			" ORDER BY bucket, parked_at_ms, id LIMIT " + h.binds[2]
+	}
 	del := "DELETE FROM " + table + " WHERE bucket = " + h.binds[0] + " AND parked_at_ms IS NULL AND id "
 	if db.Dialector.Name() == "postgres" {
 		h.deleteIDs = del + "= ANY(" + h.binds[1] + "::bigint[])"

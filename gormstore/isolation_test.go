@@ -231,11 +231,11 @@ func TestLeaseReadsIgnoreUncommittedWritesOnAReadUncommittedPool(t *testing.T) {
 			const lease = 30 * time.Second
 			// relay-b, the relay under test, sorts after its peer: with a third
 			// live relay, relay-a would keep the odd bucket and relay-b give one up.
-			b, err := gormstore.New(pool, gormstore.Options{Config: cfg, Now: clock.Now})
+			b, err := gormstore.New(pool, gormstore.Options{Config: cfg, Clock: clock})
 			if err != nil {
 				t.Fatal(err)
 			}
-			a, err := gormstore.New(db, gormstore.Options{Config: cfg, Now: clock.Now})
+			a, err := gormstore.New(db, gormstore.Options{Config: cfg, Clock: clock})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -263,7 +263,7 @@ func TestLeaseReadsIgnoreUncommittedWritesOnAReadUncommittedPool(t *testing.T) {
 			for _, err := range []error{
 				w.Table(cfg.LeasesTableName()).Where("bucket = ?", 2).
 					Updates(map[string]any{"owner": "relay-b", "expires_at_ms": far}).Error,
-				w.Table(cfg.RelaysTableName()).Create(&outbox.Relay{RelayID: "relay-c", LastSeenMs: far}).Error,
+				w.Table(cfg.RelaysTableName()).Create(&outbox.RelayHeartbeat{RelayID: "relay-c", LastSeenMs: far}).Error,
 				raw(w).Table(cfg.MessagesTableName()).Create(pendingMessage(7)).Error,
 			} {
 				if err != nil {

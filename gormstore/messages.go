@@ -30,7 +30,8 @@ const maxIDsPerDelete = 1000
 //	        ORDER BY bucket, parked_at_ms, id LIMIT 1),
 //	       (… $2 …), …
 //
-// Each probe is NextBatch's query with LIMIT 1: a single lookup in the
+// (On SQLite "bucket = $1": see hotSQL.bucketEquality.) Each probe is
+// NextBatch's query with LIMIT 1: a single lookup in the
 // (bucket, parked_at_ms, id) index, so the cost grows neither with the
 // backlog nor with the parked rows, unlike SELECT DISTINCT bucket … WHERE
 // bucket IN, which walks every pending row of the requested buckets. Not
@@ -52,8 +53,13 @@ func (s *Store) BucketsWithPending(ctx context.Context, buckets []int) ([]int, e
 			if i > 0 {
 				sql.WriteString(", ")
 			}
-			sql.WriteString("(SELECT id FROM ? WHERE bucket >= ? AND bucket <= ? AND parked_at_ms IS NULL ORDER BY bucket, parked_at_ms, id LIMIT 1)")
-			args = append(args, clause.Table{Name: s.msgs}, b, b)
+			if s.hot.bucketEquality {
+				sql.WriteString("(SELECT id FROM ? WHERE bucket = ? AND parked_at_ms IS NULL ORDER BY bucket, parked_at_ms, id LIMIT 1)")
+				args = append(args, clause.Table{Name: s.msgs}, b)
+			} else {
+				sql.WriteString("(SELECT id FROM ? WHERE bucket >= ? AND bucket <= ? AND parked_at_ms IS NULL ORDER BY bucket, parked_at_ms, id LIMIT 1)")
+				args = append(args, clause.Table{Name: s.msgs}, b, b)
+			}
 		}
 		vals := make([]any, len(chunk))
 		if err := s.read(ctx, s.msgs, func(q *gorm.DB) error {
@@ -136,6 +142,9 @@ func (s *Store) nextBatch(ctx context.Context, bucket, limit int, maxBytes int64
 		msgs, corrupt = nil, nil
 		query := s.rawPrefix() + s.hot.nextBatch
 		args := []any{bucket, bucket, limit}
+		if s.hot.bucketEquality {
+			args = []any{bucket, limit}
+		}
 		begin := time.Now()
 		rows, err := queryRows(q, query, args...)
 		if err == nil {

@@ -83,7 +83,7 @@ func reasonFor(k int, reason string) string {
 //	WHERE bucket = $1 AND id = $2 AND parked_at_ms IS NULL
 //
 // now is the database's clock in Unix milliseconds, evaluated by the
-// statement itself (Options.Now when set). The reason is stored as valid
+// statement itself (Options.Clock when set). The reason is stored as valid
 // UTF-8 (ASCII on MySQL and MariaDB, other characters as '?'), at most
 // outbox.MaxParkedReasonLength characters.
 func (s *Store) Park(ctx context.Context, bucket int, id int64, reason string) error {
@@ -252,7 +252,7 @@ func (s *Store) ParkedHeads(ctx context.Context, buckets []int) ([]relay.ParkedH
 //	SELECT relay_id FROM relays
 //	WHERE stopped_at_ms IS NULL AND last_seen_ms > $now - $window AND (features & 1) = 0 LIMIT 1
 //
-// $now is the database's clock, evaluated by the statement (Options.Now
+// $now is the database's clock, evaluated by the statement (Options.Clock
 // when set).
 // The window is the lease duration of this store's latest acquisition
 // round (the window the acquisition counts active relays in), or

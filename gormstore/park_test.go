@@ -36,7 +36,7 @@ func newParkEnv(t *testing.T, o testenv.Opener, db *gorm.DB) *parkEnv {
 	}
 	cfg := newConfig(t, db, 4)
 	clock := relaytest.NewManualClock(time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC))
-	s, err := gormstore.New(db, gormstore.Options{Config: cfg, Now: clock.Now})
+	s, err := gormstore.New(db, gormstore.Options{Config: cfg, Clock: clock})
 	if err != nil {
 		t.Fatal(err)
 	}

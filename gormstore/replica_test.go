@@ -75,11 +75,11 @@ func TestEveryStoreStatementRunsOnThePrimaryDespiteAReplica(t *testing.T) {
 				clock := relaytest.NewManualClock(start)
 				far := start.Add(time.Hour).UnixMilli()
 				for b := range 4 {
-					if err := replica.Table(cfg.LeasesTableName()).Create(&outbox.Lease{Bucket: int32(b), Owner: &ghost, ExpiresAtMs: far}).Error; err != nil {
+					if err := replica.Table(cfg.LeasesTableName()).Create(&outbox.BucketLease{Bucket: int32(b), Owner: &ghost, ExpiresAtMs: far}).Error; err != nil {
 						t.Fatal(err)
 					}
 				}
-				if err := replica.Table(cfg.RelaysTableName()).Create(&outbox.Relay{RelayID: ghost, LastSeenMs: far}).Error; err != nil {
+				if err := replica.Table(cfg.RelaysTableName()).Create(&outbox.RelayHeartbeat{RelayID: ghost, LastSeenMs: far}).Error; err != nil {
 					t.Fatal(err)
 				}
 				old := pendingMessage(1)
@@ -101,7 +101,7 @@ func TestEveryStoreStatementRunsOnThePrimaryDespiteAReplica(t *testing.T) {
 					return n
 				}
 
-				store, err := gormstore.New(storeDB, gormstore.Options{Config: cfg, Now: clock.Now})
+				store, err := gormstore.New(storeDB, gormstore.Options{Config: cfg, Clock: clock})
 				if err != nil {
 					t.Fatal(err)
 				}

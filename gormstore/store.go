@@ -18,7 +18,7 @@
 // agree on when a lease expires. Each acquisition round, renewal and
 // release reads the database's time once (one SELECT) and uses it for all
 // of its statements; Park, HoldBehind and FleetCanPark evaluate the clock
-// inside their statement (see clock.go for why). Options.Now, when set,
+// inside their statement (see clock.go for why). Options.Clock, when set,
 // replaces the database's clock (tests inject a manual clock).
 //
 // The relay host's clock still matters in two places, neither of them a
@@ -131,6 +131,13 @@ import (
 // the heartbeat rows of long-gone relays when Options.PruneInterval is zero.
 const DefaultPruneInterval = time.Minute
 
+// Clock is the time source the store reads (only Now): relay.Clock and
+// relaytest.ManualClock satisfy it, so a test gives the store the relay's
+// clock.
+type Clock interface {
+	Now() time.Time
+}
+
 // Options configures a Store. A zero Options means the default outbox.Config
 // (8 buckets, default table names), the database's clock and a one-minute
 // prune interval.
@@ -139,19 +146,21 @@ type Options struct {
 	// given to outbox.Plugin: writers and relays must agree. The zero Config
 	// means outbox's defaults; an invalid Config fails New.
 	Config outbox.Config
-	// Now, when set, replaces the database's clock: lease expiries,
+	// Clock, when set, replaces the database's clock: lease expiries,
 	// heartbeats, stopped stamps, liveness windows, pruning and parked_at_ms
 	// are its Unix milliseconds. Nil (production) means the database
 	// server's clock, read once per acquisition round, renewal and release,
 	// so that relays whose host clocks disagree still agree on every lease.
-	// Tests inject a manual clock's Now. A dialect other than PostgreSQL,
-	// MySQL/MariaDB and SQLite has no known clock expression: New fails
-	// unless Now is set.
-	Now func() time.Time
-	// HostNow is the relay host's wall clock, against which each read of the
-	// store's clock measures the offset that ClockOffset reports. Nil means
-	// time.Now. Leases never use it; tests inject a skewed clock.
-	HostNow func() time.Time
+	// Tests inject the relay's manual clock (relaytest.ManualClock; any
+	// relay.Clock will do: only Now is read). A dialect other than
+	// PostgreSQL, MySQL/MariaDB and SQLite has no known clock expression:
+	// New fails unless Clock is set.
+	Clock Clock
+	// HostClock is the relay host's wall clock, against which each read of
+	// the store's clock measures the offset that ClockOffset reports. Nil
+	// means the system clock. Leases never use it; tests inject a skewed
+	// clock.
+	HostClock Clock
 	// PruneInterval is the least time between two deletions of stale
 	// heartbeat rows (relays unseen for 10 × the lease duration, stopped
 	// relays after 1 × the lease duration), done as part of an acquisition
@@ -236,19 +245,23 @@ func New(db *gorm.DB, opts Options) (*Store, error) {
 	if opts.PruneInterval == 0 {
 		opts.PruneInterval = DefaultPruneInterval
 	}
-	if opts.HostNow == nil {
-		opts.HostNow = time.Now
+	if opts.HostClock == nil {
+		opts.HostClock = relay.SystemClock{}
 	}
 	kind := kindOf(db.Dialector.Name())
-	if opts.Now == nil && kind == kindOther {
-		return nil, fmt.Errorf("gormstore: Options.Now: nil, and dialect %q has no known clock expression: set Now", db.Dialector.Name())
+	if opts.Clock == nil && kind == kindOther {
+		return nil, fmt.Errorf("gormstore: Options.Clock: nil, and dialect %q has no known clock expression: set Clock", db.Dialector.Name())
+	}
+	var now func() time.Time
+	if opts.Clock != nil {
+		now = opts.Clock.Now
 	}
 	cfg := opts.Config.WithDefaults()
 	return &Store{
 		db:      db,
 		cfg:     cfg,
-		now:     opts.Now,
-		hostNow: opts.HostNow,
+		now:     now,
+		hostNow: opts.HostClock.Now,
 		prune:   opts.PruneInterval,
 		msgs:    cfg.MessagesTableName(),
 		leases:  cfg.LeasesTableName(),
@@ -276,7 +289,7 @@ func notBackwards(exp int64) clause.Expr {
 }
 
 // AcquireBucketLeases implements relay.Store. One round is, each a single
-// statement: reading the database's clock (unless Options.Now is set);
+// statement: reading the database's clock (unless Options.Clock is set);
 // heartbeat upsert (and, at most once per PruneInterval, a
 // delete of stale heartbeats); seeding the lease rows (until it succeeded
 // once); the misconfiguration probe; the active relays; the lease snapshot;
@@ -291,7 +304,7 @@ func (s *Store) AcquireBucketLeases(ctx context.Context, relayID string, bucketC
 	if bucketCount != n {
 		return nil, fmt.Errorf("gormstore: bucket count %d: the store's Config.BucketCount is %d: %w", bucketCount, n, relay.ErrMisconfigured)
 	}
-	// 0. The round's "now": the database's clock (or Options.Now).
+	// 0. The round's "now": the database's clock (or Options.Clock).
 	now, err := s.nowMs(ctx)
 	if err != nil {
 		return nil, err
@@ -317,7 +330,7 @@ func (s *Store) AcquireBucketLeases(ctx context.Context, relayID string, bucketC
 	// counts), lease snapshot.
 	var bad []int64
 	var active []string
-	var snap []outbox.Lease
+	var snap []outbox.BucketLease
 	err = s.read(ctx, s.leases, func(q *gorm.DB) error {
 		if err := q.Table(s.msgs).Where("bucket < ? OR bucket >= ?", 0, n).Limit(1).Pluck("bucket", &bad).Error; err != nil {
 			return fmt.Errorf("gormstore: probe for out-of-range buckets: %w", err)
@@ -445,7 +458,7 @@ func (s *Store) heartbeat(ctx context.Context, relayID string, now int64) error 
 				{Column: clause.Column{Name: "last_seen_ms"}, Value: gorm.Expr("CASE WHEN ? < ? THEN ? ELSE ? END", last, now, now, last)},
 				{Column: clause.Column{Name: "features"}, Value: Features},
 			},
-		}).Create(&outbox.Relay{RelayID: relayID, LastSeenMs: now, Features: Features}).Error
+		}).Create(&outbox.RelayHeartbeat{RelayID: relayID, LastSeenMs: now, Features: Features}).Error
 	})
 	if err != nil {
 		return fmt.Errorf("gormstore: heartbeat of %s: %w", relayID, err)
@@ -463,7 +476,7 @@ func (s *Store) maybePrune(ctx context.Context, now, ld int64) error {
 	err := s.write(ctx, s.relays, func(q *gorm.DB) error {
 		return q.Table(s.relays).
 			Where("(stopped_at_ms IS NULL AND last_seen_ms < ?) OR (stopped_at_ms IS NOT NULL AND stopped_at_ms < ?)", now-10*ld, now-ld).
-			Delete(&outbox.Relay{}).Error
+			Delete(&outbox.RelayHeartbeat{}).Error
 	})
 	if err != nil {
 		return fmt.Errorf("gormstore: prune heartbeats: %w", err)
@@ -483,7 +496,7 @@ func (s *Store) seed(ctx context.Context) error {
 	if done {
 		return nil
 	}
-	rows := make([]outbox.Lease, s.cfg.BucketCount)
+	rows := make([]outbox.BucketLease, s.cfg.BucketCount)
 	for i := range rows {
 		rows[i].Bucket = int32(i)
 	}
@@ -514,7 +527,7 @@ func (s *Store) free(ctx context.Context, relayID string, buckets []int) error {
 }
 
 // RenewBucketLeases implements relay.LeaseRenewer: a read of the database's
-// clock (unless Options.Now is set), a heartbeat, one guarded
+// clock (unless Options.Clock is set), a heartbeat, one guarded
 // UPDATE extending the leases relayID still holds unexpired (never
 // backwards), and, only when the UPDATE reports fewer rows than buckets, a
 // read that tells a lost lease from a row whose expiry was already far
@@ -570,7 +583,7 @@ func (s *Store) RenewBucketLeases(ctx context.Context, relayID string, buckets [
 }
 
 // ReleaseBucketLeases implements relay.LeaseReleaser: it reads the
-// database's clock (unless Options.Now is set), stamps relayID stopped (so that its own late statements change nothing), then frees its
+// database's clock (unless Options.Clock is set), stamps relayID stopped (so that its own late statements change nothing), then frees its
 // leases (owner NULL, expiry 0).
 func (s *Store) ReleaseBucketLeases(ctx context.Context, relayID string) error {
 	if err := checkArgs(relayID, time.Millisecond); err != nil {
@@ -584,7 +597,7 @@ func (s *Store) ReleaseBucketLeases(ctx context.Context, relayID string) error {
 		return q.Table(s.relays).Clauses(clause.OnConflict{
 			Columns:   []clause.Column{{Name: "relay_id"}},
 			DoUpdates: clause.Set{{Column: clause.Column{Name: "stopped_at_ms"}, Value: now}},
-		}).Create(&outbox.Relay{RelayID: relayID, LastSeenMs: now, StoppedAtMs: &now, Features: Features}).Error
+		}).Create(&outbox.RelayHeartbeat{RelayID: relayID, LastSeenMs: now, StoppedAtMs: &now, Features: Features}).Error
 	})
 	if err != nil {
 		return fmt.Errorf("gormstore: stamp %s stopped: %w", relayID, err)
@@ -665,7 +678,7 @@ func bucketSets(buckets []int) []bucketSet {
 // order, scanned by hand (no reflection per row: an acquisition round
 // reads up to 65,536 of them). The owners are interned: a relay's id is
 // one string however many buckets it holds.
-func (s *Store) scanLeases(q *gorm.DB, n int, snap *[]outbox.Lease) error {
+func (s *Store) scanLeases(q *gorm.DB, n int, snap *[]outbox.BucketLease) error {
 	rows, err := q.Table(s.leases).Select("bucket, owner, expires_at_ms").
 		Where("bucket >= ? AND bucket < ?", 0, n).Order("bucket").Rows()
 	if err != nil {
@@ -679,7 +692,7 @@ func (s *Store) scanLeases(q *gorm.DB, n int, snap *[]outbox.Lease) error {
 		if err := rows.Scan(&bucket, &owner, &exp); err != nil {
 			return err
 		}
-		l := outbox.Lease{Bucket: int32(bucket.v), ExpiresAtMs: exp.v}
+		l := outbox.BucketLease{Bucket: int32(bucket.v), ExpiresAtMs: exp.v}
 		if owner != nil {
 			o, ok := owners[string(owner)]
 			if !ok {

@@ -72,7 +72,7 @@ func harness(t *testing.T, db *gorm.DB, f *failures, n int) *storetest.Harness {
 	cfg := newConfig(t, db, n)
 	return &storetest.Harness{
 		NewStore: func(now func() time.Time) relay.Store {
-			s, err := gormstore.New(db, gormstore.Options{Config: cfg, Now: now})
+			s, err := gormstore.New(db, gormstore.Options{Config: cfg, Clock: clockOf(now)})
 			if err != nil {
 				t.Fatalf("gormstore.New: %v", err)
 			}
@@ -82,7 +82,7 @@ func harness(t *testing.T, db *gorm.DB, f *failures, n int) *storetest.Harness {
 			return db.WithContext(ctx).Session(&gorm.Session{SkipHooks: true}).Table(cfg.MessagesTableName()).Create(&msgs).Error
 		},
 		Leases: func(ctx context.Context) ([]storetest.Lease, error) {
-			var rows []outbox.Lease
+			var rows []outbox.BucketLease
 			if err := db.WithContext(ctx).Table(cfg.LeasesTableName()).Order("bucket").Find(&rows).Error; err != nil {
 				return nil, err
 			}
@@ -99,7 +99,7 @@ func harness(t *testing.T, db *gorm.DB, f *failures, n int) *storetest.Harness {
 			return out, nil
 		},
 		SetLease: func(ctx context.Context, l storetest.Lease) error {
-			row := outbox.Lease{Bucket: int32(l.Bucket)}
+			row := outbox.BucketLease{Bucket: int32(l.Bucket)}
 			if l.Owner != "" {
 				row.Owner = &l.Owner
 			}
@@ -237,11 +237,11 @@ func TestIdleRoundStatements(t *testing.T) {
 			db, c := countingDB(t, o)
 			cfg := newConfig(t, db, 8)
 			clock := relaytest.NewManualClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
-			s, err := gormstore.New(db, gormstore.Options{Config: cfg, Now: clock.Now})
+			s, err := gormstore.New(db, gormstore.Options{Config: cfg, Clock: clock})
 			if err != nil {
 				t.Fatalf("New: %v", err)
 			}
-			peer, _ := gormstore.New(db, gormstore.Options{Config: cfg, Now: clock.Now})
+			peer, _ := gormstore.New(db, gormstore.Options{Config: cfg, Clock: clock})
 			measure := func(what string, f func() error) []string {
 				t.Helper()
 				c.start()
@@ -299,7 +299,7 @@ func TestStaleHeartbeatsArePruned(t *testing.T) {
 			db := o.Open(t, nil)
 			cfg := newConfig(t, db, 4)
 			clock := relaytest.NewManualClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
-			store, err := gormstore.New(db, gormstore.Options{Config: cfg, Now: clock.Now, PruneInterval: time.Minute})
+			store, err := gormstore.New(db, gormstore.Options{Config: cfg, Clock: clock, PruneInterval: time.Minute})
 			if err != nil {
 				t.Fatal(err)
 			}

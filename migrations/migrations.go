@@ -35,6 +35,15 @@
 // only once every live relay writes the parking bit of its heartbeat, so a
 // rolling upgrade is safe in any order after the migration. Downgrade only
 // after requeueing or deleting every parked row, with the new relays stopped.
+//
+// # The inbox table
+//
+// inbox/<dialect>.sql is the DDL of the consumer side's processed-messages
+// table (package inbox), identical to what inbox.AutoMigrate creates; a test
+// on every database keeps them so. It is one table at its first version:
+// apply it in the consumer's database (which may or may not be the
+// outbox's) with InboxSQL or InboxStatements, or copy it into the
+// consumer's own migrations.
 package migrations
 
 import (
@@ -47,7 +56,7 @@ import (
 	"strings"
 )
 
-//go:embed *.sql postgres mysql sqlite
+//go:embed *.sql postgres mysql sqlite inbox
 var files embed.FS
 
 // SQL returns the full DDL of the current schema for dialect ("postgres",
@@ -64,6 +73,26 @@ func SQL(dialect string) (string, error) {
 // without comments, ready for one Exec each.
 func Statements(dialect string) ([]string, error) {
 	s, err := SQL(dialect)
+	if err != nil {
+		return nil, err
+	}
+	return Split(s), nil
+}
+
+// InboxSQL returns the DDL of the inbox's processed-messages table (package
+// inbox, default table name) for dialect ("postgres", "mysql" or "sqlite").
+func InboxSQL(dialect string) (string, error) {
+	b, err := files.ReadFile("inbox/" + dialect + ".sql")
+	if err != nil {
+		return "", fmt.Errorf("migrations: no inbox DDL for dialect %q", dialect)
+	}
+	return string(b), nil
+}
+
+// InboxStatements returns InboxSQL(dialect) split into single statements,
+// without comments, ready for one Exec each.
+func InboxStatements(dialect string) ([]string, error) {
+	s, err := InboxSQL(dialect)
 	if err != nil {
 		return nil, err
 	}

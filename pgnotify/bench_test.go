@@ -80,7 +80,7 @@ func BenchmarkCrossPodLatency(b *testing.B) {
 						b.Fatal(err)
 					}
 					b.Cleanup(func() { tr.Close() })
-					opts.Transport = tr
+					opts.HintTransport = tr
 				}
 				pub := &stampPublisher{seen: map[outbox.UUID]time.Time{}, ch: make(chan struct{}, 1)}
 				r, err := relay.New(store, pub, opts)
@@ -95,7 +95,7 @@ func BenchmarkCrossPodLatency(b *testing.B) {
 			_, pubB := open("pod-b")
 			var bBucket int32 = -1
 			for deadline := time.Now().Add(30 * time.Second); bBucket < 0; {
-				var ls []outbox.Lease
+				var ls []outbox.BucketLease
 				dbA.Find(&ls)
 				for _, l := range ls {
 					if l.Owner != nil && *l.Owner == "pod-b" && l.ExpiresAtMs > time.Now().UnixMilli() {

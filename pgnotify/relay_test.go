@@ -44,7 +44,7 @@ func openPod(t *testing.T, dsn string, clock relay.Clock, now func() time.Time, 
 	if err := outbox.AutoMigrate(db, outbox.Config{}); err != nil {
 		t.Fatal(err)
 	}
-	store, err := gormstore.New(db, gormstore.Options{Now: now})
+	store, err := gormstore.New(db, gormstore.Options{Clock: nowFunc(now)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +55,7 @@ func openPod(t *testing.T, dsn string, clock relay.Clock, now func() time.Time, 
 	t.Cleanup(func() { tr.Close() })
 	pub := relaytest.NewPublisher()
 	r, err := relay.New(store, pub, relay.Options{
-		RelayID: id, Clock: clock, PollInterval: poll, Notifier: n, Transport: tr,
+		RelayID: id, Clock: clock, PollInterval: poll, Notifier: n, HintTransport: tr,
 		Logger: slog.New(slog.DiscardHandler),
 	})
 	if err != nil {
@@ -80,7 +80,7 @@ func openPod(t *testing.T, dsn string, clock relay.Clock, now func() time.Time, 
 
 func leaseOwners(t *testing.T, db *gorm.DB) map[int]string {
 	t.Helper()
-	var ls []outbox.Lease
+	var ls []outbox.BucketLease
 	if err := db.Find(&ls).Error; err != nil {
 		t.Fatal(err)
 	}
@@ -240,3 +240,8 @@ func waitListeners(ctx context.Context, t *testing.T, db *gorm.DB, channel strin
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// nowFunc is a gormstore.Clock reading a function.
+type nowFunc func() time.Time
+
+func (f nowFunc) Now() time.Time { return f() }

@@ -23,7 +23,7 @@ const DefaultSendBackoff = time.Second
 // no relay (writers scaled apart from cmd/outbox-relay workers): give it to
 // outbox.Plugin, and it broadcasts the committed bucket ids over the
 // Transport so that the owning relays wake at once. A process that runs a
-// relay does not need it: relay.Options.Transport already sends.
+// relay does not need it: relay.Options.HintTransport already sends.
 //
 // Notifications never block and never fail the commit: they are coalesced
 // (a set of bucket ids, or "unknown" once more than 1,024 are pending) and

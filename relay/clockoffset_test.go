@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorm-outbox/outbox/internal/metrictest"
 	"github.com/gorm-outbox/outbox/relay"
 	"github.com/gorm-outbox/outbox/relay/relaytest"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 )
 
 // offsetStore is a MemStore (every optional capability kept) that also
@@ -43,9 +43,8 @@ const clockWarning = "host's clock is off from the database's"
 // outbox.clock.offset is absent while the store has measured nothing, then
 // reports the store's offset in seconds (database minus host), sign kept.
 func TestClockOffsetGaugeIsObservedOnlyWhenTheStoreReportsOne(t *testing.T) {
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	t.Cleanup(func() { _ = mp.Shutdown(t.Context()) })
+	reader := metrictest.NewReader()
+	mp := reader.MeterProvider()
 	var st *offsetStore
 	h := newHarness(t, relay.Options{BucketCount: 2, MeterProvider: mp}, func(m *relaytest.MemStore) relay.Store {
 		st = &offsetStore{MemStore: m}

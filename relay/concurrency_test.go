@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"github.com/gorm-outbox/outbox/internal/metrictest"
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/relay"
@@ -66,8 +66,8 @@ func TestLeaseRenewedDuringLongSweep(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			const buckets, rows = 16, 3
-			reader := sdkmetric.NewManualReader()
-			h := newHarness(t, relay.Options{BucketCount: buckets, BatchSize: 1, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}, tc.wrap)
+			reader := metrictest.NewReader()
+			h := newHarness(t, relay.Options{BucketCount: buckets, BatchSize: 1, MeterProvider: reader.MeterProvider()}, tc.wrap)
 			for b := range buckets {
 				h.store.AddToBucket(b, msgs(rows, "t")...)
 			}
@@ -399,9 +399,9 @@ func (s heldFetch) NextBatch(ctx context.Context, b, limit int) ([]*outbox.Messa
 // TestInflightAgeIsTheOldestPublish: with two publishes in flight, started
 // 3 s apart, the inflight-age gauge reports the older one's age.
 func TestInflightAgeIsTheOldestPublish(t *testing.T) {
-	reader := sdkmetric.NewManualReader()
+	reader := metrictest.NewReader()
 	hold := make(chan struct{})
-	h := newHarness(t, relay.Options{BucketCount: 2, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}, func(m *relaytest.MemStore) relay.Store {
+	h := newHarness(t, relay.Options{BucketCount: 2, MeterProvider: reader.MeterProvider()}, func(m *relaytest.MemStore) relay.Store {
 		return heldFetch{concurrentStore{m}, hold}
 	})
 	h.store.AddToBucket(0, msgs(1, "t")...)

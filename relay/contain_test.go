@@ -13,9 +13,9 @@ import (
 	"time"
 
 	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/internal/metrictest"
 	"github.com/gorm-outbox/outbox/relay"
 	"github.com/gorm-outbox/outbox/relay/relaytest"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 )
 
 // faultyBuckets is a MemStore whose NextBatch and MarkPublished fail for
@@ -274,9 +274,9 @@ func TestHealthWhenEveryBucketFails(t *testing.T) {
 // longest-failing head row of the owned buckets has been failing (a
 // bucket's store error or a failing publish), 0 when none is.
 func TestHeadOldestAgeMetric(t *testing.T) {
-	reader := sdkmetric.NewManualReader()
+	reader := metrictest.NewReader()
 	var f *faultyBuckets
-	h := newHarness(t, relay.Options{BucketCount: 2, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}, func(m *relaytest.MemStore) relay.Store {
+	h := newHarness(t, relay.Options{BucketCount: 2, MeterProvider: reader.MeterProvider()}, func(m *relaytest.MemStore) relay.Store {
 		f = newFaultyBuckets(m, false)
 		return f
 	})

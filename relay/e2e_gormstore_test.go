@@ -40,11 +40,11 @@ func testTakeoverGormstore(t *testing.T, o testenv.Opener, concurrent bool) {
 				t.Fatalf("insert: %v", err)
 			}
 			clock := relaytest.NewManualClock(t0)
-			a, err := gormstore.New(db, gormstore.Options{Config: cfg, Now: clock.Now})
+			a, err := gormstore.New(db, gormstore.Options{Config: cfg, Clock: clock})
 			if err != nil {
 				t.Fatal(err)
 			}
-			b, err := gormstore.New(db, gormstore.Options{Config: cfg, Now: clock.Now})
+			b, err := gormstore.New(db, gormstore.Options{Config: cfg, Clock: clock})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -32,7 +32,7 @@ func TestCommitWakesIdleRelay(t *testing.T) {
 				t.Fatal(err)
 			}
 			clock := relaytest.NewManualClock(t0)
-			store, err := gormstore.New(db, gormstore.Options{Now: clock.Now})
+			store, err := gormstore.New(db, gormstore.Options{Clock: clock})
 			if err != nil {
 				t.Fatal(err)
 			}

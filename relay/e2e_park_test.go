@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorm-outbox/outbox/internal/metrictest"
 	"github.com/segmentio/kafka-go"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"gorm.io/gorm"
 
 	"github.com/gorm-outbox/outbox"
@@ -42,7 +42,7 @@ func TestOversizedRowParksItsKeyWhileTheBucketFlows(t *testing.T) {
 		keyA, keyB := sameBucketKeys(4)
 
 		logs := &testenv.Logs{}
-		reader := sdkmetric.NewManualReader()
+		reader := metrictest.NewReader()
 		pub, err := relay.NewKafkaPublisher(relay.KafkaConfig{Brokers: b.Addrs})
 		if err != nil {
 			t.Fatal(err)
@@ -50,7 +50,7 @@ func TestOversizedRowParksItsKeyWhileTheBucketFlows(t *testing.T) {
 		t.Cleanup(func() { _ = pub.Close() })
 		r, err := relay.New(store, pub, relay.Options{
 			Notifier: n, PollInterval: 50 * time.Millisecond, ErrorBackoff: 50 * time.Millisecond,
-			Logger: logs.Logger(), MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
+			Logger: logs.Logger(), MeterProvider: reader.MeterProvider(),
 		})
 		if err != nil {
 			t.Fatal(err)

@@ -11,9 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorm-outbox/outbox/internal/metrictest"
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/sasl"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"gorm.io/gorm"
 
 	"github.com/gorm-outbox/outbox"
@@ -163,14 +163,14 @@ func TestSASLWrongPassword(t *testing.T) {
 	defer bad.Close()
 	rec := &errorRecorder{Publisher: bad}
 	var logs testenv.Logs
-	reader := sdkmetric.NewManualReader()
+	reader := metrictest.NewReader()
 	opts := relay.Options{
 		PollInterval:       50 * time.Millisecond,
 		ErrorBackoff:       20 * time.Millisecond,
 		LeaseRenewInterval: 200 * time.Millisecond,
 		LeaseDuration:      5 * time.Second,
 		Logger:             logs.Logger(),
-		MeterProvider:      sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
+		MeterProvider:      reader.MeterProvider(),
 	}
 	r, err := relay.New(store, rec, opts)
 	if err != nil {

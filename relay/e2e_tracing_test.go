@@ -9,12 +9,11 @@ import (
 	"github.com/segmentio/kafka-go"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/propagation"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 	"gorm.io/gorm"
 
 	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/internal/spantest"
 	"github.com/gorm-outbox/outbox/internal/testenv"
 	"github.com/gorm-outbox/outbox/relay"
 )
@@ -55,9 +54,8 @@ func TestTraceFromWriterToConsumer(t *testing.T) {
 		defer cancel()
 		topic := testenv.Unique("trace-")
 		b.CreateTopic(t, topic, 2, nil)
-		exp := tracetest.NewInMemoryExporter()
-		tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
-		t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+		rec := spantest.NewRecorder()
+		tp := rec.TracerProvider()
 		tracer := tp.Tracer("test")
 
 		db := dbo.Open(t, nil)
@@ -113,8 +111,8 @@ func TestTraceFromWriterToConsumer(t *testing.T) {
 
 		linked := map[trace.SpanID]bool{}
 		var producers, consumers int
-		for _, s := range exp.GetSpans() {
-			switch s.SpanKind {
+		for _, s := range rec.Ended() {
+			switch s.Kind {
 			case trace.SpanKindProducer:
 				producers++
 				if s.Name != "send "+topic {

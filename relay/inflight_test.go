@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"github.com/gorm-outbox/outbox/internal/metrictest"
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/relay"
@@ -15,8 +15,8 @@ import (
 // relay's clock, how long the Publish call in flight has been running, and
 // 0 when none is; reading it does not wait for the hung publish.
 func TestPublishInflightAgeMetric(t *testing.T) {
-	reader := sdkmetric.NewManualReader()
-	h := newHarness(t, relay.Options{BucketCount: 1, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}, nil)
+	reader := metrictest.NewReader()
+	h := newHarness(t, relay.Options{BucketCount: 1, MeterProvider: reader.MeterProvider()}, nil)
 	age := func() float64 {
 		t.Helper()
 		v, ok := collect(t, reader).values[relay.MetricPublishInflightAge]

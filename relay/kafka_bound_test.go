@@ -14,9 +14,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorm-outbox/outbox/internal/metrictest"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/internal/testenv"
@@ -183,13 +183,13 @@ func TestRelay_hung_broker_is_counted_logged_and_visible_then_delivered(t *testi
 		rows = append(rows, &outbox.Message{MessageID: outbox.NewUUID(), Topic: topic, Key: fmt.Appendf(nil, "key-%d", i), Value: fmt.Appendf(nil, "v%d", i)})
 	}
 	store.Add(rows...)
-	reader := sdkmetric.NewManualReader()
+	reader := metrictest.NewReader()
 	logs := &logBuffer{}
 	r, err := relay.New(store, pub, relay.Options{
 		BucketCount:   4,
 		PollInterval:  50 * time.Millisecond,
 		ErrorBackoff:  200 * time.Millisecond,
-		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
+		MeterProvider: reader.MeterProvider(),
 		Logger:        slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	})
 	if err != nil {

@@ -8,11 +8,10 @@ import (
 	"time"
 
 	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/internal/metrictest"
 	"github.com/gorm-outbox/outbox/relay"
 	"github.com/gorm-outbox/outbox/relay/relaytest"
 	"go.opentelemetry.io/otel"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 )
 
 // readings collects the reader's current values: counters and gauges by
@@ -23,53 +22,36 @@ type readings struct {
 	names  map[string]string // instrument → outbox.name attribute
 }
 
-func collect(t *testing.T, r *sdkmetric.ManualReader) readings {
+func collect(t *testing.T, r *metrictest.Reader) readings {
 	t.Helper()
-	var rm metricdata.ResourceMetrics
-	if err := r.Collect(context.Background(), &rm); err != nil {
+	points, err := r.Collect(context.Background())
+	if err != nil {
 		t.Fatalf("Collect: %v", err)
 	}
 	out := readings{values: map[string]float64{}, counts: map[string]uint64{}, names: map[string]string{}}
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			switch d := m.Data.(type) {
-			case metricdata.Sum[int64]:
-				for _, p := range d.DataPoints {
-					out.values[m.Name] += float64(p.Value)
-					v, _ := p.Attributes.Value("outbox.name")
-					out.names[m.Name] = v.AsString()
-				}
-			case metricdata.Gauge[int64]:
-				for _, p := range d.DataPoints {
-					out.values[m.Name] = float64(p.Value)
-				}
-			case metricdata.Gauge[float64]:
-				for _, p := range d.DataPoints {
-					out.values[m.Name] = p.Value
-				}
-			case metricdata.Histogram[float64]:
-				for _, p := range d.DataPoints {
-					out.counts[m.Name] += p.Count
-				}
-			}
+	for _, p := range points {
+		switch p.Kind {
+		case metrictest.Counter:
+			out.values[p.Name] += p.Value
+			out.names[p.Name] = p.Attr("outbox.name")
+		case metrictest.Gauge:
+			out.values[p.Name] = p.Value
+		case metrictest.Histogram:
+			out.counts[p.Name] += p.Count
 		}
 	}
 	return out
 }
 
-// setGlobalMeterProvider installs an SDK provider as the OpenTelemetry
+// setGlobalMeterProvider installs a recording provider as the OpenTelemetry
 // global for the test and returns its reader; cleanup restores the previous
-// global and shuts the provider down.
-func setGlobalMeterProvider(t *testing.T) *sdkmetric.ManualReader {
+// global.
+func setGlobalMeterProvider(t *testing.T) *metrictest.Reader {
 	t.Helper()
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	reader := metrictest.NewReader()
 	prev := otel.GetMeterProvider()
-	otel.SetMeterProvider(mp)
-	t.Cleanup(func() {
-		otel.SetMeterProvider(prev)
-		_ = mp.Shutdown(context.Background())
-	})
+	otel.SetMeterProvider(reader.MeterProvider())
+	t.Cleanup(func() { otel.SetMeterProvider(prev) })
 	return reader
 }
 
@@ -111,8 +93,8 @@ func TestMetrics(t *testing.T) {
 	})
 
 	t.Run("explicit_meter_provider_alone_issues_no_backlog_queries", func(t *testing.T) {
-		reader := sdkmetric.NewManualReader()
-		h := newHarness(t, relay.Options{BucketCount: 1, MetricsInterval: time.Second, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}, nil)
+		reader := metrictest.NewReader()
+		h := newHarness(t, relay.Options{BucketCount: 1, MetricsInterval: time.Second, MeterProvider: reader.MeterProvider()}, nil)
 		h.store.Add(msgs(3, "t")...)
 		h.start()
 		h.waitFor("store empty", func() bool { return h.store.Len() == 0 })
@@ -125,8 +107,8 @@ func TestMetrics(t *testing.T) {
 	})
 
 	t.Run("publish_instruments_count_batches_and_acknowledged_attempts", func(t *testing.T) {
-		reader := sdkmetric.NewManualReader()
-		h := newHarness(t, relay.Options{BucketCount: 1, MetricsName: "orders", MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}, nil)
+		reader := metrictest.NewReader()
+		h := newHarness(t, relay.Options{BucketCount: 1, MetricsName: "orders", MeterProvider: reader.MeterProvider()}, nil)
 		h.store.Add(msgs(5, "t")...)
 		var once sync.Once
 		h.pub.SetHandler(func(_ context.Context, b []*outbox.Message) relay.Result {
@@ -160,8 +142,8 @@ func TestMetrics(t *testing.T) {
 	})
 
 	t.Run("lease_expiration_counted_once_per_lost_lease_set", func(t *testing.T) {
-		reader := sdkmetric.NewManualReader()
-		h := newHarness(t, relay.Options{BucketCount: 2, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}, nil)
+		reader := metrictest.NewReader()
+		h := newHarness(t, relay.Options{BucketCount: 2, MeterProvider: reader.MeterProvider()}, nil)
 		h.store.AddToBucket(0, msgs(1, "t")...)
 		h.ops.setBlock(relaytest.OpRenew, func(context.Context) error { return errors.New("database unreachable") })
 		release := make(chan struct{})
@@ -183,8 +165,8 @@ func TestMetrics(t *testing.T) {
 	})
 
 	t.Run("pending_gauges_report_the_sampled_backlog", func(t *testing.T) {
-		reader := sdkmetric.NewManualReader()
-		h := newHarness(t, relay.Options{MetricsBacklog: true, BucketCount: 1, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}, nil)
+		reader := metrictest.NewReader()
+		h := newHarness(t, relay.Options{MetricsBacklog: true, BucketCount: 1, MeterProvider: reader.MeterProvider()}, nil)
 		old := outbox.NewStringMessage("t", "k", "v")
 		old.CreatedAt = t0.Add(-90 * time.Second)
 		h.store.Add(old)
@@ -207,8 +189,8 @@ func TestMetrics(t *testing.T) {
 	})
 
 	t.Run("pending_is_unavailable_not_zero_when_the_store_cannot_sample", func(t *testing.T) {
-		reader := sdkmetric.NewManualReader()
-		h := newHarness(t, relay.Options{MetricsBacklog: true, BucketCount: 1, MaxPublishDuration: time.Second, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}, withoutRenewal)
+		reader := metrictest.NewReader()
+		h := newHarness(t, relay.Options{MetricsBacklog: true, BucketCount: 1, MaxPublishDuration: time.Second, MeterProvider: reader.MeterProvider()}, withoutRenewal)
 		h.start()
 		h.waitIdle()
 		got := collect(t, reader)
@@ -221,8 +203,8 @@ func TestMetrics(t *testing.T) {
 	})
 
 	t.Run("pending_is_unavailable_after_a_failed_sample", func(t *testing.T) {
-		reader := sdkmetric.NewManualReader()
-		h := newHarness(t, relay.Options{MetricsBacklog: true, BucketCount: 1, MetricsInterval: time.Minute, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}, nil)
+		reader := metrictest.NewReader()
+		h := newHarness(t, relay.Options{MetricsBacklog: true, BucketCount: 1, MetricsInterval: time.Minute, MeterProvider: reader.MeterProvider()}, nil)
 		h.store.Add(msgs(2, "t")...)
 		h.ops.failNext(relaytest.OpPendingMetrics, 1)
 		h.start()
@@ -244,8 +226,8 @@ func TestMetrics(t *testing.T) {
 	})
 
 	t.Run("bucket_zero_mode_samples_only_on_the_owner_of_bucket_0", func(t *testing.T) {
-		reader := sdkmetric.NewManualReader()
-		h := newHarness(t, relay.Options{MetricsBacklog: true, BucketCount: 2, MetricsBucketZeroOnly: true, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}, nil)
+		reader := metrictest.NewReader()
+		h := newHarness(t, relay.Options{MetricsBacklog: true, BucketCount: 2, MetricsBucketZeroOnly: true, MeterProvider: reader.MeterProvider()}, nil)
 		if _, err := h.store.AcquireBucketLeases(context.Background(), "peer", 2, time.Hour); err != nil {
 			t.Fatal(err)
 		}

@@ -16,7 +16,7 @@ import (
 // a notification that arrives before the relay waits stays pending. Only
 // hints for buckets the relay owns (and unknown-bucket notifications while it
 // owns any) wake it; hints never authorise publication or change ordering,
-// they only make the relay look sooner. With Options.Transport, the commits
+// they only make the relay look sooner. With Options.HintTransport, the commits
 // it is told about also go to the relays of other processes, coalesced the
 // same way; hints received from them are never sent on. Its methods are safe for concurrent
 // use, never block and never panic; a nil *Notifier ignores every call.
@@ -32,7 +32,7 @@ type Notifier struct {
 	unknown  atomic.Bool
 	wake     chan struct{}
 
-	// Outgoing hints for Options.Transport: every locally committed bucket,
+	// Outgoing hints for Options.HintTransport: every locally committed bucket,
 	// owned or not, coalesced until the sender takes them.
 	sending    atomic.Bool
 	outUnknown atomic.Bool
@@ -88,7 +88,7 @@ func (n *Notifier) localUnknown() {
 
 // NotifyBucket reports committed rows in bucket. A negative bucket means
 // unknown (as NotifyCommitted). A bucket the relay does not own does not
-// wake it; with Options.Transport every committed bucket is also sent to
+// wake it; with Options.HintTransport every committed bucket is also sent to
 // the other relays, so that its owner wakes.
 func (n *Notifier) NotifyBucket(bucket int) {
 	if n == nil {

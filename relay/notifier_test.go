@@ -132,10 +132,10 @@ func TestNotifierWiring(t *testing.T) {
 
 	t.Run("relay_with_a_transport_logs_no_polling_notice", func(t *testing.T) {
 		rec := &recorder{}
-		h := newHarness(t, relay.Options{Transport: newHub().endpoint(), Logger: slog.New(rec)}, nil)
+		h := newHarness(t, relay.Options{HintTransport: newHub().endpoint(), Logger: slog.New(rec)}, nil)
 		runOnce(t, h)
 		if got := rec.matching(slog.LevelInfo, pollingNotice); len(got) != 0 {
-			t.Fatalf("polling notice with Options.Transport set: %v; want none", got)
+			t.Fatalf("polling notice with Options.HintTransport set: %v; want none", got)
 		}
 	})
 

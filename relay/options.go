@@ -178,18 +178,18 @@ type Options struct {
 	// Notifier wakes the relay after commits; pass the one given to
 	// outbox.Plugin (see NewNotifier). A Notifier serves one relay: New fails
 	// if it is already attached to another. Nil means a new Notifier, which
-	// Relay.Notifier returns. When Notifier is nil, Transport is nil and
+	// Relay.Notifier returns. When Notifier is nil, HintTransport is nil and
 	// Relay.Notifier was not called before Run, no commit can wake the
 	// relay: it finds them by polling every PollInterval, and Run says so
 	// once at INFO.
 	Notifier *Notifier
 
-	// Transport, when non-nil, carries bucket hints to and from the relays
-	// of other processes (see Transport and package pgnotify): commits
+	// HintTransport, when non-nil, carries bucket hints to and from the relays
+	// of other processes (see HintTransport and package pgnotify): commits
 	// notified here are sent to peers by one background sender, and hints
 	// received by one listener wake this relay for the buckets it owns. Nil
 	// means local notifications only; polling stays on either way.
-	Transport Transport
+	HintTransport HintTransport
 
 	// StopTimeout is the budget of a whole stop, counted on Clock from the
 	// moment Run's ctx is done (or a fatal error ends its loop). Three steps
@@ -198,7 +198,7 @@ type Options struct {
 	// cancelled once three quarters of the budget are spent, so that the
 	// release keeps at least the last quarter; the release is cancelled at
 	// the end of the budget. Run thus returns within StopTimeout of the
-	// stop, plus the time the publisher, the store and Transport take to
+	// stop, plus the time the publisher, the store and HintTransport take to
 	// return once their context is cancelled. A cancelled marking leaves
 	// its rows to be published again by the next owner; a cancelled release
 	// leaves peers waiting up to LeaseDuration. Closing the publisher after

@@ -15,11 +15,10 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/internal/metrictest"
 	"github.com/gorm-outbox/outbox/internal/testenv"
 	"github.com/gorm-outbox/outbox/relay"
 	"github.com/gorm-outbox/outbox/relay/relaytest"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 )
 
 // errTooLarge is a publish error that recurs for the row as stored.
@@ -70,22 +69,16 @@ func parkReasons(s *relaytest.MemStore) map[int64]string {
 }
 
 // parkedCounts returns outbox.parked by outbox.park.reason.
-func parkedCounts(t *testing.T, r *sdkmetric.ManualReader) map[string]int64 {
+func parkedCounts(t *testing.T, r *metrictest.Reader) map[string]int64 {
 	t.Helper()
-	var rm metricdata.ResourceMetrics
-	if err := r.Collect(context.Background(), &rm); err != nil {
+	points, err := r.Collect(context.Background())
+	if err != nil {
 		t.Fatalf("Collect: %v", err)
 	}
 	out := map[string]int64{}
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if m.Name != relay.MetricParked {
-				continue
-			}
-			for _, p := range m.Data.(metricdata.Sum[int64]).DataPoints {
-				v, _ := p.Attributes.Value(relay.AttrParkReason)
-				out[v.AsString()] += p.Value
-			}
+	for _, p := range points {
+		if p.Name == relay.MetricParked {
+			out[p.Attr(relay.AttrParkReason)] += int64(p.Value)
 		}
 	}
 	return out
@@ -124,8 +117,8 @@ func rejectKey(h *harness, key string, err error, reject *atomic.Bool) {
 // and says so once at WARN.
 func TestCorruptHeadRowIsParkedAloneWhileOtherBucketsFlow(t *testing.T) {
 	logs := &recorder{}
-	reader := sdkmetric.NewManualReader()
-	h := newHarness(t, relay.Options{Logger: slog.New(logs), MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}, nil)
+	reader := metrictest.NewReader()
+	h := newHarness(t, relay.Options{Logger: slog.New(logs), MeterProvider: reader.MeterProvider()}, nil)
 	bad := h.store.AddCorrupt(0, []byte("c"))
 	behind := outbox.NewStringMessage("orders", "c", "behind")
 	h.store.AddToBucket(0, behind)
@@ -183,8 +176,8 @@ func TestCorruptHeadRowIsParkedAloneWhileOtherBucketsFlow(t *testing.T) {
 // are published in id order and the store ends empty.
 func TestUnpublishableRowParksItsKeyWhileOtherKeysFlow(t *testing.T) {
 	logs := &recorder{}
-	reader := sdkmetric.NewManualReader()
-	h := newHarness(t, relay.Options{BucketCount: 1, Logger: slog.New(logs), MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}, nil)
+	reader := metrictest.NewReader()
+	h := newHarness(t, relay.Options{BucketCount: 1, Logger: slog.New(logs), MeterProvider: reader.MeterProvider()}, nil)
 	a, b := keyed("A", 3), keyed("B", 3)
 	h.store.AddToBucket(0, a[0], b[0], a[1], b[1], a[2])
 	var reject atomic.Bool
@@ -645,8 +638,8 @@ func TestRecordTooLargeForTheTopicIsParkedWhileItsBucketFlows(t *testing.T) {
 // TestParkedMessagesGauge: outbox.parked.messages reports the parked rows
 // of the latest backlog sample, and outbox.pending.messages leaves them out.
 func TestParkedMessagesGauge(t *testing.T) {
-	reader := sdkmetric.NewManualReader()
-	h := newHarness(t, relay.Options{BucketCount: 1, MetricsBacklog: true, MetricsInterval: time.Minute, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}, nil)
+	reader := metrictest.NewReader()
+	h := newHarness(t, relay.Options{BucketCount: 1, MetricsBacklog: true, MetricsInterval: time.Minute, MeterProvider: reader.MeterProvider()}, nil)
 	h.store.AddCorrupt(0, nil)
 	h.store.AddToBucket(0, msgs(2, "t")...)
 	if v, ok := collect(t, reader).values[relay.MetricParkedMessages]; ok {

@@ -1,8 +1,10 @@
 package relay_test
 
 // Tests of relay behaviour the README promises and no other test pins down:
-// the defaults of a zero relay.Options, and the metric names as the
-// Prometheus exporter of outbox-relay shows them.
+// the defaults of a zero relay.Options, and the instruments behind the
+// README's metrics table (their names as the Prometheus exporter of
+// outbox-relay shows them are checked in cmd/outbox-relay, the module with
+// the exporter).
 
 import (
 	"context"
@@ -15,12 +17,9 @@ import (
 	"time"
 
 	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/internal/metrictest"
 	"github.com/gorm-outbox/outbox/relay"
 	"github.com/gorm-outbox/outbox/relay/relaytest"
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
-	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 )
 
 // argsStore records the arguments the relay passes to the store; embedding
@@ -167,18 +166,16 @@ func TestZeroOptionsUseTheDocumentedDefaults(t *testing.T) {
 	})
 }
 
-// TestMetricNamesAsThePrometheusExporterShowsThem proves the README's
-// metrics table: the fourteen instruments, exported through the OpenTelemetry
-// Prometheus exporter configured as outbox-relay configures it, have the
-// documented names and types and carry outbox_name="outbox" by default.
-func TestMetricNamesAsThePrometheusExporterShowsThem(t *testing.T) {
-	reg := prometheus.NewRegistry()
-	exp, err := otelprom.New(otelprom.WithRegisterer(reg))
-	if err != nil {
-		t.Fatal(err)
-	}
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp))
-	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+// TestMetricInstrumentsBehindTheREADMEsTable proves the instruments behind
+// the README's metrics table: the fourteen of them, with the kinds and units
+// that make the OpenTelemetry Prometheus exporter show the documented names
+// and types (a counter gains _total, unit s _seconds, unit 1 _ratio, a
+// {annotation} nothing), each carrying outbox.name="outbox" by default, and
+// no other. cmd/outbox-relay's TestMetricNamesAsThePrometheusExporterShowsThem
+// checks the names themselves through the worker's exporter.
+func TestMetricInstrumentsBehindTheREADMEsTable(t *testing.T) {
+	reader := metrictest.NewReader()
+	mp := reader.MeterProvider()
 
 	// One failed publish, then a lease set lost while a publish hangs:
 	// every counter gets a sample.
@@ -234,59 +231,54 @@ func TestMetricNamesAsThePrometheusExporterShowsThem(t *testing.T) {
 	}
 	close(release)
 
-	want := map[string]dto.MetricType{
-		"outbox_owned_buckets":                dto.MetricType_GAUGE,
-		"outbox_publish_acknowledged_total":   dto.MetricType_COUNTER,
-		"outbox_publish_failures_total":       dto.MetricType_COUNTER,
-		"outbox_lease_expirations_total":      dto.MetricType_COUNTER,
-		"outbox_publish_duration_seconds":     dto.MetricType_HISTOGRAM,
-		"outbox_cycle_duration_seconds":       dto.MetricType_HISTOGRAM,
-		"outbox_pending_messages":             dto.MetricType_GAUGE,
-		"outbox_pending_oldest_age_seconds":   dto.MetricType_GAUGE,
-		"outbox_pending_available_ratio":      dto.MetricType_GAUGE,
-		"outbox_head_oldest_age_seconds":      dto.MetricType_GAUGE,
-		"outbox_publish_inflight_age_seconds": dto.MetricType_GAUGE,
-		"outbox_parked_total":                 dto.MetricType_COUNTER,
-		"outbox_parked_messages":              dto.MetricType_GAUGE,
-		"outbox_clock_offset_seconds":         dto.MetricType_GAUGE,
+	type instrument struct {
+		kind metrictest.Kind
+		unit string
 	}
-	var got map[string]*dto.MetricFamily
-	h.waitFor("every documented metric", func() bool {
-		fams, err := reg.Gather()
-		if err != nil {
-			t.Fatalf("Gather: %v", err)
+	want := map[string]instrument{
+		relay.MetricOwnedBuckets:        {metrictest.Gauge, "{bucket}"},    // outbox_owned_buckets
+		relay.MetricPublishAcknowledged: {metrictest.Counter, "{message}"}, // outbox_publish_acknowledged_total
+		relay.MetricPublishFailures:     {metrictest.Counter, "{attempt}"}, // outbox_publish_failures_total
+		relay.MetricLeaseExpirations:    {metrictest.Counter, "{event}"},   // outbox_lease_expirations_total
+		relay.MetricPublishDuration:     {metrictest.Histogram, "s"},       // outbox_publish_duration_seconds
+		relay.MetricCycleDuration:       {metrictest.Histogram, "s"},       // outbox_cycle_duration_seconds
+		relay.MetricPendingMessages:     {metrictest.Gauge, "{message}"},   // outbox_pending_messages
+		relay.MetricPendingOldestAge:    {metrictest.Gauge, "s"},           // outbox_pending_oldest_age_seconds
+		relay.MetricPendingAvailable:    {metrictest.Gauge, "1"},           // outbox_pending_available_ratio
+		relay.MetricHeadOldestAge:       {metrictest.Gauge, "s"},           // outbox_head_oldest_age_seconds
+		relay.MetricPublishInflightAge:  {metrictest.Gauge, "s"},           // outbox_publish_inflight_age_seconds
+		relay.MetricParked:              {metrictest.Counter, "{message}"}, // outbox_parked_total
+		relay.MetricParkedMessages:      {metrictest.Gauge, "{message}"},   // outbox_parked_messages
+		relay.MetricClockOffset:         {metrictest.Gauge, "s"},           // outbox_clock_offset_seconds
+	}
+	var got []metrictest.Point
+	h.waitFor("every documented instrument", func() bool {
+		var err error
+		if got, err = reader.Collect(context.Background()); err != nil {
+			t.Fatalf("Collect: %v", err)
 		}
-		got = map[string]*dto.MetricFamily{}
-		for _, f := range fams {
-			got[f.GetName()] = f
+		seen := map[string]bool{}
+		for _, p := range got {
+			seen[p.Name] = true
 		}
 		for name := range want {
-			if got[name] == nil {
+			if !seen[name] {
 				return false
 			}
 		}
 		return true
 	})
-	for name, typ := range want {
-		f := got[name]
-		if f.GetType() != typ {
-			t.Errorf("%s has type %v; the README documents %v", name, f.GetType(), typ)
+	for _, p := range got {
+		w, ok := want[p.Name]
+		if !ok {
+			t.Errorf("instrument %s is not in the README's metrics table", p.Name)
+			continue
 		}
-		for _, m := range f.GetMetric() {
-			label := ""
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "outbox_name" {
-					label = l.GetValue()
-				}
-			}
-			if label != "outbox" {
-				t.Errorf("%s has outbox_name=%q; want %q", name, label, "outbox")
-			}
+		if p.Kind != w.kind || p.Unit != w.unit {
+			t.Errorf("%s is a %s in %q; the README's name and type need a %s in %q", p.Name, p.Kind, p.Unit, w.kind, w.unit)
 		}
-	}
-	for name := range got {
-		if _, ok := want[name]; strings.HasPrefix(name, "outbox_") && !ok {
-			t.Errorf("exported %s is not in the README's metrics table", name)
+		if name := p.Attr("outbox.name"); name != "outbox" {
+			t.Errorf("%s has outbox.name=%q; want %q", p.Name, name, "outbox")
 		}
 	}
 }

@@ -94,7 +94,7 @@ func New(store Store, pub Publisher, opts Options) (*Relay, error) {
 	if !n.attach(o.BucketCount) {
 		return nil, errors.New("relay: Options.Notifier is already attached to another relay")
 	}
-	if o.Transport != nil {
+	if o.HintTransport != nil {
 		n.sending.Store(true)
 	}
 	h := fnv.New64a()
@@ -255,7 +255,7 @@ func (e errBucket) Unwrap() error { return e.err }
 // the moment ctx is done: the publish and the marking are cancelled when
 // three quarters of it are spent, the release when all of it is. Run
 // therefore returns within StopTimeout of the stop unless the publisher,
-// the store or Options.Transport keeps running after its context is
+// the store or Options.HintTransport keeps running after its context is
 // cancelled. It returns nil after such a stop, or a fatal error wrapping
 // ErrMisconfigured (bucket count disagreement, a publish exceeding
 // MaxPublishDuration) after the same stop, whose budget starts when the
@@ -268,8 +268,8 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	defer r.running.Store(false)
 	r.log.Info("relay: starting", "relay", r.opts.RelayID, "buckets", r.opts.BucketCount)
-	if r.ownNotifier && r.opts.Transport == nil && !r.notifierTaken.Load() && r.pollNoticed.CompareAndSwap(false, true) {
-		r.log.Info("relay: no notifier wired, so commits are found by polling every poll_interval; for commits to wake the relay, pass one relay.NewNotifier() to outbox.Plugin and to Options.Notifier, or set Options.Transport (package pgnotify) when the writers run in other processes",
+	if r.ownNotifier && r.opts.HintTransport == nil && !r.notifierTaken.Load() && r.pollNoticed.CompareAndSwap(false, true) {
+		r.log.Info("relay: no notifier wired, so commits are found by polling every poll_interval; for commits to wake the relay, pass one relay.NewNotifier() to outbox.Plugin and to Options.Notifier, or set Options.HintTransport (package pgnotify) when the writers run in other processes",
 			"relay", r.opts.RelayID, "poll_interval", r.opts.PollInterval)
 	}
 
@@ -292,7 +292,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		}()
 	}
 	defer r.pending.Store(nil)
-	if r.opts.Transport != nil {
+	if r.opts.HintTransport != nil {
 		tctx, cancel := context.WithCancel(ctx)
 		var twg sync.WaitGroup
 		twg.Add(2) // sender and listener

@@ -5,9 +5,9 @@ import (
 	"time"
 )
 
-// Transport carries bucket hints between relay processes, so that a commit
+// HintTransport carries bucket hints between relay processes, so that a commit
 // in one process wakes the relay that owns the bucket in another before its
-// poll interval. It is optional (Options.Transport): polling alone delivers
+// poll interval. It is optional (Options.HintTransport): polling alone delivers
 // everything, and hints are advisory — they may be duplicated, reordered or
 // lost, and never authorise publication or change ordering. pgnotify
 // implements it with PostgreSQL LISTEN/NOTIFY.
@@ -15,7 +15,7 @@ import (
 // The relay calls Publish from one background sender goroutine and Listen
 // from one listener goroutine, concurrently, never from a committing
 // goroutine. Both must honour ctx.
-type Transport interface {
+type HintTransport interface {
 	// Publish broadcasts committed bucket ids (−1 = unknown bucket: look
 	// everywhere) to every relay sharing the outbox, this one included. It
 	// must not retain buckets. On error the relay drops that advisory batch
@@ -33,7 +33,7 @@ type Transport interface {
 // runTransport runs the sender and the listener until ctx is done.
 func (r *Relay) runTransport(ctx context.Context, done func()) {
 	defer done()
-	t := r.opts.Transport
+	t := r.opts.HintTransport
 	n := r.notifier
 	go func() {
 		defer done()

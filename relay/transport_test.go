@@ -120,7 +120,7 @@ func twoPods(t *testing.T, poll time.Duration) (*relaytest.ManualClock, *relayte
 	h := newHub()
 	mk := func(id string) *pod {
 		p := &pod{pub: relaytest.NewPublisher(), tr: h.endpoint(), idle: make(chan struct{}, 1), done: make(chan error, 1)}
-		r, err := relay.New(store, p.pub, relay.Options{RelayID: id, Clock: clock, PollInterval: poll, Transport: p.tr, Logger: slog.New(slog.DiscardHandler)})
+		r, err := relay.New(store, p.pub, relay.Options{RelayID: id, Clock: clock, PollInterval: poll, HintTransport: p.tr, Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gorm-outbox/outbox/internal/bench"
+	"github.com/gorm-outbox/outbox/cmd/internal/bench"
 	"github.com/gorm-outbox/outbox/internal/testenv"
 )
 
@@ -66,6 +66,13 @@ func TestSmokeRunsEveryScenario(t *testing.T) {
 				if d.Rows == 0 || d.MsgPerSec <= 0 {
 					t.Errorf("drain %s ×%d = %+v; want rows drained at a positive rate", d.Name, d.Relays, d)
 				}
+				if d.FirstQuarterMsgPerSec <= 0 || d.LastQuarterMsgPerSec <= 0 || d.EndVsStart <= 0 {
+					t.Errorf("drain %s ×%d: quarter rates %v, %v (end/start %v); want positive", d.Name, d.Relays,
+						d.FirstQuarterMsgPerSec, d.LastQuarterMsgPerSec, d.EndVsStart)
+				}
+				if got, want := d.LeaseLosses != nil, d.Name == "relay"; got != want {
+					t.Errorf("drain %s ×%d: lease losses reported %v; want %v", d.Name, d.Relays, got, want)
+				}
 			}
 			wantModes := 2 // local, poll
 			if tg.db == "postgres" {
@@ -97,6 +104,7 @@ func TestSmokeRunsEveryScenario(t *testing.T) {
 func TestRejectsBadFlags(t *testing.T) {
 	for _, args := range [][]string{
 		{"-relays", "0"},
+		{"-max-concurrent-buckets", "-1"},
 		{"-rates", "x"},
 		{"-scenarios", "nope"},
 		{"-db", "oracle"},

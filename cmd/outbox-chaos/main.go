@@ -29,7 +29,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/gorm-outbox/outbox/internal/chaos"
+	"github.com/gorm-outbox/outbox/cmd/internal/chaos"
 )
 
 func main() {

@@ -88,7 +88,7 @@ func TestWorkerWithoutMigrateExitsOnMissingTables(t *testing.T) {
 		driver, dsn := dsnOf(t, db)
 		cfg := outbox.Config{MessagesTable: "w_messages", LeasesTable: "w_leases", RelaysTable: "w_relays"}
 		// Only the leases table exists.
-		if err := db.Table(cfg.LeasesTableName()).AutoMigrate(&outbox.Lease{}); err != nil {
+		if err := db.Table(cfg.LeasesTableName()).AutoMigrate(&outbox.BucketLease{}); err != nil {
 			t.Fatal(err)
 		}
 		args := []string{"-db-driver", driver, "-db-dsn", dsn, "-kafka-brokers", "127.0.0.1:1", "-listen", "",

@@ -246,7 +246,7 @@ func (w *worker) run(ctx context.Context) int {
 			w.log.Error("outbox-relay: -notify-postgres-dsn", "error", err)
 			return exitFailure
 		}
-		opts.Transport = w.notify
+		opts.HintTransport = w.notify
 	}
 	w.relay, err = relay.New(store, w.pub, opts)
 	if err != nil { // checked by parseConfig; not expected

@@ -181,7 +181,7 @@ func TestWorker(t *testing.T) {
 
 			// SIGTERM: exit 0, leases released, relay marked stopped.
 			w.terminate(t)
-			var leases []outbox.Lease
+			var leases []outbox.BucketLease
 			if err := db.Table(cfg.LeasesTableName()).Find(&leases).Error; err != nil {
 				t.Fatal(err)
 			}
@@ -193,7 +193,7 @@ func TestWorker(t *testing.T) {
 					t.Errorf("bucket %d still leased to %s until %d after SIGTERM; want released", l.Bucket, *l.Owner, l.ExpiresAtMs)
 				}
 			}
-			var rel outbox.Relay
+			var rel outbox.RelayHeartbeat
 			if err := db.Table(cfg.RelaysTableName()).Where("relay_id = ?", "worker-under-test").First(&rel).Error; err != nil {
 				t.Fatalf("relay row: %v", err)
 			}

@@ -1,10 +1,12 @@
-// Command dedup shows consumer-side deduplication with kafka-go's Reader.
-// The outbox delivers at least once: a retried batch whose first attempt
-// was appended, or a lease takeover, can put a record on the topic twice,
-// always with the same x-outbox-message-id header. The consumer records each
-// message id in a processed_messages table in the same transaction as its
-// side effect, so a redelivered record changes nothing, and commits the
-// Kafka offset only after that transaction.
+// Command dedup shows the consumer side of the outbox: package inbox with
+// kafka-go's consumer-group Reader. The outbox delivers at least once: a
+// retried batch whose first attempt was appended, or a lease takeover, can
+// put a record on the topic twice, always with the same
+// x-outbox-message-id header. The inbox records each message id in the
+// same database transaction as the record's side effect and skips the ids
+// it has recorded; its Consumer commits the Kafka offset only after that
+// transaction, so a crash in between redelivers a record that is then
+// skipped as a duplicate.
 //
 // It needs nothing but Go: an in-process Kafka broker (kfake) on loopback
 // and a SQLite file in a temporary directory.
@@ -16,26 +18,22 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"gorm.io/driver/sqlite"
 	"gorm.io/gorm"
-	"gorm.io/gorm/clause"
 	"gorm.io/gorm/logger"
 
 	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/inbox"
 	"github.com/gorm-outbox/outbox/relay"
 )
-
-// ProcessedMessage remembers a handled message id: the deduplication key.
-type ProcessedMessage struct {
-	MessageID   string `gorm:"primaryKey;size:36"`
-	ProcessedAt time.Time
-}
 
 // Shipment is the consumer's side effect.
 type Shipment struct {
@@ -79,8 +77,11 @@ func run() error {
 			return res.Err
 		}
 	}
+	records := 2 * len(batch)
 
-	// The consumer side: its own database with the dedup table.
+	// The consumer side: its own database, with the inbox's table
+	// (inbox.AutoMigrate, or migrations/inbox/<dialect>.sql) next to the
+	// side effect's.
 	dir, err := os.MkdirTemp("", "dedup-")
 	if err != nil {
 		return err
@@ -90,62 +91,77 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	if err := db.AutoMigrate(&ProcessedMessage{}, &Shipment{}); err != nil {
+	if err := inbox.AutoMigrate(db, inbox.Config{}); err != nil {
 		return err
 	}
+	if err := db.AutoMigrate(&Shipment{}); err != nil {
+		return err
+	}
+	ib, err := inbox.New(db, inbox.Options{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		return err
+	}
+	// Processed ids are kept 7 days (inbox.Options.Retention) and purged
+	// hourly in bounded batches.
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = ib.RunPurge(ctx) }()
 
-	r := kafka.NewReader(kafka.ReaderConfig{
-		Brokers: brokers, Topic: "orders", Partition: 0, // a consumer group (GroupID) works the same way
-		MaxWait: 50 * time.Millisecond,
-	})
+	r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, GroupID: "shipping", Topic: "orders", MaxWait: 50 * time.Millisecond})
 	defer r.Close()
-	for range 2 * len(batch) {
-		m, err := r.FetchMessage(ctx)
-		if err != nil {
-			return err
-		}
-		id := header(m, relay.DefaultMessageIDHeader)
-		if id == "" {
-			return errors.New("record without a message id")
-		}
-		var duplicate bool
-		err = db.Transaction(func(tx *gorm.DB) error {
-			res := tx.Clauses(clause.OnConflict{DoNothing: true}).Create(&ProcessedMessage{MessageID: id, ProcessedAt: time.Now()})
-			if res.Error != nil {
-				return res.Error
-			}
-			if duplicate = res.RowsAffected == 0; duplicate {
-				return nil // seen before: skip the side effect
-			}
-			return tx.Create(&Shipment{OrderID: string(m.Key), Event: string(m.Value)}).Error
-		})
-		if err != nil {
-			return err
-		}
-		verdict := "processed"
-		if duplicate {
-			verdict = "duplicate, skipped"
-		}
-		fmt.Printf("offset %d  %s %-8s %s\n", m.Offset, m.Key, m.Value, verdict)
-		// With a GroupID, commit after the transaction: r.CommitMessages(ctx, m).
+	consumeCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	applied := map[int64]bool{} // offsets whose side effect ran; the consumer handles one record at a time
+	shown := &showCommits{Reader: r, applied: applied, last: int64(records - 1), stop: stop}
+	c, err := inbox.NewConsumer(ib, shown, "shipping", func(tx *gorm.DB, m kafka.Message) error {
+		// The side effect, in the transaction that records the message id.
+		applied[m.Offset] = true
+		return tx.Create(&Shipment{OrderID: string(m.Key), Event: string(m.Value)}).Error
+	}, inbox.ConsumerOptions{})
+	if err != nil {
+		return err
+	}
+	if err := c.Run(consumeCtx); err != nil {
+		return err
+	}
+	if ctx.Err() != nil {
+		return errors.New("timed out before every record was consumed")
 	}
 	var n int64
 	if err := db.Model(&Shipment{}).Count(&n).Error; err != nil {
 		return err
 	}
-	fmt.Printf("%d records consumed, %d side effects\n", 2*len(batch), n)
+	fmt.Printf("%d records consumed, %d side effects\n", records, n)
 	if n != int64(len(batch)) {
 		return fmt.Errorf("%d side effects; want %d", n, len(batch))
 	}
 	return nil
 }
 
-// header returns the value of the record header key, or "".
-func header(m kafka.Message, key string) string {
-	for _, h := range m.Headers {
-		if h.Key == key {
-			return string(h.Value)
+// showCommits is the consumer's Reader: a *kafka.Reader that prints each
+// record as its offset is committed (after the record's transaction) and
+// stops the consumer after the last one.
+type showCommits struct {
+	*kafka.Reader
+	applied map[int64]bool
+	last    int64
+	stop    context.CancelFunc
+}
+
+func (s *showCommits) CommitMessages(ctx context.Context, msgs ...kafka.Message) error {
+	if err := s.Reader.CommitMessages(ctx, msgs...); err != nil {
+		return err
+	}
+	for _, m := range msgs {
+		verdict := "processed"
+		if !s.applied[m.Offset] {
+			verdict = "duplicate, skipped"
+		}
+		fmt.Printf("offset %d  %s %-8s %s\n", m.Offset, m.Key, m.Value, verdict)
+		if m.Offset == s.last {
+			s.stop()
 		}
 	}
-	return ""
+	return nil
 }

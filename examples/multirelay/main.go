@@ -208,7 +208,7 @@ func runParent(dsn string) error {
 	}()
 
 	owners := func() map[string][]int {
-		var leases []outbox.Lease
+		var leases []outbox.BucketLease
 		_ = db.Table(cfg.LeasesTableName()).Order("bucket").Find(&leases).Error
 		out := map[string][]int{}
 		now := time.Now().UnixMilli()

@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"time"
 
@@ -127,6 +128,35 @@ func (c *consumer) readAt(id string) (time.Time, bool) {
 	defer c.mu.Unlock()
 	t, ok := c.seen[id]
 	return t, ok
+}
+
+// quarterRates returns the consumer's rate, in distinct ids per second,
+// over the first and over the last quarter of the ids it read: the first
+// from start (the preload's commit) until the n/4-th distinct id was read,
+// the last from the read of the (n-n/4)-th id until the n-th. Both are 0
+// with fewer than 4 ids.
+func (c *consumer) quarterRates(start time.Time) (first, last float64) {
+	c.mu.Lock()
+	ts := make([]time.Time, 0, len(c.seen))
+	for _, t := range c.seen {
+		ts = append(ts, t)
+	}
+	c.mu.Unlock()
+	n := len(ts)
+	q := n / 4
+	if q == 0 {
+		return 0, 0
+	}
+	slices.SortFunc(ts, func(a, b time.Time) int { return a.Compare(b) })
+	return rateOver(q, ts[q-1].Sub(start)), rateOver(q, ts[n-1].Sub(ts[n-q-1]))
+}
+
+// rateOver is n per d in seconds, or 0 when d is not positive.
+func rateOver(n int, d time.Duration) float64 {
+	if d <= 0 {
+		return 0
+	}
+	return float64(n) / d.Seconds()
 }
 
 func (c *consumer) stop() error {

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gorm-outbox/outbox/internal/chaos"
+	"github.com/gorm-outbox/outbox/cmd/internal/chaos"
 	"github.com/gorm-outbox/outbox/internal/testenv"
 )
 

@@ -62,6 +62,9 @@ type Config struct {
 	// Relays are the relay counts of the drain scenario (scaling). Nil means
 	// [1].
 	Relays []int
+	// MaxConcurrentBuckets is every relay's Options.MaxConcurrentBuckets.
+	// Zero means the library default (relay.DefaultMaxConcurrentBuckets).
+	MaxConcurrentBuckets int
 
 	// Rates are the commit rates (per second) of the latency scenario. Nil
 	// means [100, 1000].
@@ -137,7 +140,7 @@ func (c Config) withDefaults() (Config, error) {
 	for _, v := range []struct {
 		name string
 		v    int
-	}{{"N", c.N}, {"NaiveN", c.NaiveN}, {"ValueSize", c.ValueSize}, {"Buckets", c.Buckets}, {"Partitions", c.Partitions}, {"BatchSize", c.BatchSize}, {"EnqueueTx", c.EnqueueTx}} {
+	}{{"N", c.N}, {"NaiveN", c.NaiveN}, {"ValueSize", c.ValueSize}, {"Buckets", c.Buckets}, {"Partitions", c.Partitions}, {"BatchSize", c.BatchSize}, {"EnqueueTx", c.EnqueueTx}, {"MaxConcurrentBuckets", c.MaxConcurrentBuckets}} {
 		if v.v < 0 {
 			return c, fmt.Errorf("bench: Config.%s %d is negative", v.name, v.v)
 		}
@@ -175,16 +178,19 @@ type Machine struct {
 
 // ReportConfig is the effective configuration of a run.
 type ReportConfig struct {
-	DB         string   `json:"db"`
-	Broker     string   `json:"broker"`
-	N          int      `json:"n"`
-	NaiveN     int      `json:"naive_n"`
-	ValueSize  int      `json:"value_size"`
-	Buckets    int      `json:"buckets"`
-	Partitions int      `json:"partitions"`
-	BatchSize  int      `json:"batch_size"`
-	Relays     []int    `json:"relays"`
-	Scenarios  []string `json:"scenarios"`
+	DB         string `json:"db"`
+	Broker     string `json:"broker"`
+	N          int    `json:"n"`
+	NaiveN     int    `json:"naive_n"`
+	ValueSize  int    `json:"value_size"`
+	Buckets    int    `json:"buckets"`
+	Partitions int    `json:"partitions"`
+	BatchSize  int    `json:"batch_size"`
+	Relays     []int  `json:"relays"`
+	// MaxConcurrentBuckets is the relays' Options.MaxConcurrentBuckets
+	// (0: the library default).
+	MaxConcurrentBuckets int      `json:"max_concurrent_buckets"`
+	Scenarios            []string `json:"scenarios"`
 }
 
 // Run runs the configured scenarios and returns their results. It fails on
@@ -205,7 +211,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		Started: start.UTC(),
 		Machine: Machine{GOOS: runtime.GOOS, GOARCH: runtime.GOARCH, NumCPU: runtime.NumCPU(), GoVersion: runtime.Version(), GOMAXPROCS: runtime.GOMAXPROCS(0)},
 		Config: ReportConfig{DB: cfg.DB, Broker: cfg.Broker, N: cfg.N, NaiveN: cfg.NaiveN, ValueSize: cfg.ValueSize,
-			Buckets: cfg.Buckets, Partitions: cfg.Partitions, BatchSize: cfg.BatchSize, Relays: cfg.Relays, Scenarios: cfg.Scenarios},
+			Buckets: cfg.Buckets, Partitions: cfg.Partitions, BatchSize: cfg.BatchSize, Relays: cfg.Relays, MaxConcurrentBuckets: cfg.MaxConcurrentBuckets, Scenarios: cfg.Scenarios},
 		DBVersion: e.version,
 	}
 	for _, s := range cfg.Scenarios {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 )
@@ -13,15 +14,26 @@ func (r *Report) WriteTables(w io.Writer) error {
 	fmt.Fprintf(w, "outbox-bench: db=%s (%s) broker=%s N=%d value=%dB buckets=%d partitions=%d batch=%d cpus=%d %s\n",
 		r.Config.DB, r.DBVersion, r.Config.Broker, r.Config.N, r.Config.ValueSize, r.Config.Buckets, r.Config.Partitions,
 		r.Config.BatchSize, r.Machine.NumCPU, r.Machine.GoVersion)
+	if r.Config.MaxConcurrentBuckets > 0 {
+		fmt.Fprintf(w, "relays: MaxConcurrentBuckets=%d\n", r.Config.MaxConcurrentBuckets)
+	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	if len(r.Drain) > 0 {
 		fmt.Fprintln(w, "\nDrain throughput (preload committed in one transaction; until the table is empty and every id consumed)")
-		fmt.Fprintln(tw, "name\trelays\trows\tseconds\tmsg/s\tvs raw\tvs naive\tcpu/s\tpreload s\t")
+		fmt.Fprintln(tw, "name\trelays\trows\tseconds\tmsg/s\tvs raw\tvs naive\tcpu/s\tcpu µs/msg\tcpu vs raw\tdb µs/msg\t+db vs raw\tq1 msg/s\tq4 msg/s\tq4/q1\tlease losses\tpreload s\tanalyze s\t")
 		for _, d := range r.Drain {
-			fmt.Fprintf(tw, "%s\t%d\t%d\t%.2f\t%.0f\t%s\t%s\t%.2f\t%.1f\t\n", d.Name, d.Relays, d.Rows, d.Seconds, d.MsgPerSec,
-				x(d.VsRaw), x(d.VsNaive), d.CPUPerSec, d.PreloadSeconds)
+			losses := "-"
+			if d.LeaseLosses != nil {
+				losses = strconv.FormatInt(*d.LeaseLosses, 10)
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%.2f\t%.0f\t%s\t%s\t%.2f\t%.1f\t%s\t%s\t%s\t%.0f\t%.0f\t%s\t%s\t%.1f\t%s\t\n", d.Name, d.Relays, d.Rows, d.Seconds, d.MsgPerSec,
+				x(d.VsRaw), x(d.VsNaive), d.CPUPerSec, d.CPUPerMsgUs, x(d.CPUVsRaw), num(d.DBCPUPerMsgUs), x(d.AllCPUVsRaw), d.FirstQuarterMsgPerSec, d.LastQuarterMsgPerSec,
+				x(d.EndVsStart), losses, d.PreloadSeconds, secs(d.AnalyzeSeconds))
 		}
 		tw.Flush()
+		fmt.Fprintln(w, "  cpu: this process (relays or loop, consumer, and kfake when in-process); db: the PostgreSQL backends of the run's database")
+		fmt.Fprintln(w, "  (from /proc, a lower bound; -: not measured); +db vs raw: both per message vs the raw loop's; q1/q4: consumer's rate over the first/last quarter of the ids;")
+		fmt.Fprintln(w, "  lease losses: sum of outbox.lease.expirations over the fleet from its start until drained (no fault injected)")
 		for _, d := range r.Drain {
 			if d.Note != "" {
 				fmt.Fprintf(w, "  %s: %s\n", d.Name, d.Note)
@@ -81,6 +93,13 @@ func x(v float64) string {
 		return "-"
 	}
 	return fmt.Sprintf("%.2f×", v)
+}
+
+func secs(v float64) string {
+	if v == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f", v)
 }
 
 func num(v float64) string {

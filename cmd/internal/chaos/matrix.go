@@ -194,7 +194,7 @@ func crashCell(ctx context.Context, cfg MatrixConfig, cell string, step MatrixSt
 	}
 	owned := map[int]bool{}
 	var buckets []int
-	if err := db.Model(&outbox.Lease{}).Where("owner = ?", victimID).Pluck("bucket", &buckets).Error; err != nil {
+	if err := db.Model(&outbox.BucketLease{}).Where("owner = ?", victimID).Pluck("bucket", &buckets).Error; err != nil {
 		return row, err
 	}
 	for _, b := range buckets {

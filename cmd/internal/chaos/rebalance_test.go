@@ -15,8 +15,8 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/cmd/internal/chaos"
 	"github.com/gorm-outbox/outbox/gormstore"
-	"github.com/gorm-outbox/outbox/internal/chaos"
 	"github.com/gorm-outbox/outbox/relay"
 )
 

@@ -1,0 +1,161 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// clockTicks is Linux's USER_HZ, the unit of utime and stime in
+// /proc/<pid>/stat (100 on every mainstream architecture and build).
+const clockTicks = 100
+
+// backendCPU samples the CPU time of the PostgreSQL backends serving the
+// run's database, from /proc/<pid>/stat of the pids pg_stat_activity lists
+// for it (the server must run on this host, as with scripts/services.sh).
+// A backend alive when sampling starts counts from that moment, one born
+// later from its birth; one that exits between two samples loses at most
+// the CPU of one sampling interval. Shared server processes (WAL writer,
+// checkpointer, background writer) and other databases' backends are not
+// counted, so the figure is a lower bound of the database's cost, comparable
+// between variants of one run.
+type backendCPU struct {
+	db     *sql.DB
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	mu    sync.Mutex
+	first map[int]int64 // pid → ticks at its first sample (0 for pids born after the start)
+	last  map[int]int64 // pid → ticks at its latest sample
+	err   error
+}
+
+// startBackendCPU starts sampling every interval on db, or returns nil when
+// the database is not PostgreSQL or its backends' /proc entries cannot be
+// read (another host, another OS).
+func (e *env) startBackendCPU(ctx context.Context, db *sql.DB, interval time.Duration) *backendCPU {
+	if e.dialect != "postgres" {
+		return nil
+	}
+	b := &backendCPU{db: db, first: map[int]int64{}, last: map[int]int64{}, done: make(chan struct{})}
+	pids, err := b.pids(ctx)
+	if err != nil || len(pids) == 0 {
+		return nil
+	}
+	for _, pid := range pids {
+		t, err := procTicks(pid)
+		if err != nil {
+			continue // exited since the query
+		}
+		b.first[pid], b.last[pid] = t, t
+	}
+	if len(b.first) == 0 {
+		return nil // no readable /proc entry: not this host
+	}
+	ctx, b.cancel = context.WithCancel(ctx)
+	go func() {
+		defer close(b.done)
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				b.sample(ctx)
+			}
+		}
+	}()
+	return b
+}
+
+func (b *backendCPU) pids(ctx context.Context) ([]int, error) {
+	rows, err := b.db.QueryContext(ctx, "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var pids []int
+	for rows.Next() {
+		var pid int
+		if err := rows.Scan(&pid); err != nil {
+			return nil, err
+		}
+		pids = append(pids, pid)
+	}
+	return pids, rows.Err()
+}
+
+func (b *backendCPU) sample(ctx context.Context) {
+	pids, err := b.pids(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			b.mu.Lock()
+			b.err = err
+			b.mu.Unlock()
+		}
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, pid := range pids {
+		t, err := procTicks(pid)
+		if err != nil {
+			continue
+		}
+		if _, ok := b.first[pid]; !ok {
+			b.first[pid] = 0 // born after the start
+		}
+		b.last[pid] = max(b.last[pid], t)
+	}
+}
+
+// stop takes a last sample and returns the backends' CPU time since the
+// start. It is nil-safe (0 and false for a nil sampler).
+func (b *backendCPU) stop(ctx context.Context) (time.Duration, bool) {
+	if b == nil {
+		return 0, false
+	}
+	b.cancel()
+	<-b.done
+	b.sample(ctx)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.err != nil {
+		return 0, false
+	}
+	var ticks int64
+	for pid, l := range b.last {
+		ticks += l - b.first[pid]
+	}
+	return time.Duration(ticks) * time.Second / clockTicks, true
+}
+
+// procTicks returns utime + stime of pid in clock ticks.
+func procTicks(pid int) (int64, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, err
+	}
+	// pid (comm) state ppid …: comm may hold spaces and parentheses.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("/proc/%d/stat: no command", pid)
+	}
+	f := bytes.Fields(b[i+1:])
+	if len(f) < 13 {
+		return 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f))
+	}
+	// f[0] is field 3 (state); utime and stime are fields 14 and 15.
+	u, err1 := strconv.ParseInt(string(f[11]), 10, 64)
+	s, err2 := strconv.ParseInt(string(f[12]), 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("/proc/%d/stat: bad utime/stime", pid)
+	}
+	return u + s, nil
+}

@@ -1,0 +1,216 @@
+package inbox
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/segmentio/kafka-go"
+	"gorm.io/gorm"
+
+	"github.com/gorm-outbox/outbox/relay"
+)
+
+// Outcome says what Handle did with a message.
+type Outcome int
+
+const (
+	// Processed: the handler ran and its transaction committed, with the
+	// message id recorded for the handler.
+	Processed Outcome = iota + 1
+	// Duplicate: the message id was already recorded for the handler (by
+	// an earlier delivery, or by a concurrent one that committed first);
+	// the handler was not called and nothing was written.
+	Duplicate
+)
+
+// String returns "processed", "duplicate" or, for the zero Outcome that
+// comes with an error, "failed".
+func (o Outcome) String() string {
+	switch o {
+	case Processed:
+		return "processed"
+	case Duplicate:
+		return "duplicate"
+	default:
+		return "failed"
+	}
+}
+
+// Inbox records the ids of processed messages in one table, in the
+// transaction of their effects, so that a redelivered message is skipped:
+// at-least-once delivery, effectively-once effects. It is safe for
+// concurrent use; one Inbox serves any number of handlers and consumers of
+// its table.
+type Inbox struct {
+	db    *gorm.DB
+	opts  Options
+	table string // Config.TableName()
+	sql   statements
+	clock relay.Clock
+	log   *slog.Logger
+	m     *instruments
+}
+
+// New returns an Inbox on db's processed-messages table (opts.Config; create
+// it with AutoMigrate or migrations.InboxSQL). db must be a *gorm.DB of
+// PostgreSQL, MySQL/MariaDB or SQLite, not a transaction: each Handle
+// begins its own. New fails with an error naming the field for invalid
+// Options.
+func New(db *gorm.DB, opts Options) (*Inbox, error) {
+	if db == nil {
+		return nil, errors.New("inbox: New: nil *gorm.DB")
+	}
+	opts, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	table := opts.Config.TableName()
+	st, err := buildStatements(db, table, opts.PurgeBatchSize)
+	if err != nil {
+		return nil, err
+	}
+	m, err := newInstruments(opts.MeterProvider, table)
+	if err != nil {
+		return nil, fmt.Errorf("inbox: create instruments: %w", err)
+	}
+	return &Inbox{
+		db:    db,
+		opts:  opts,
+		table: table,
+		sql:   st,
+		clock: opts.Clock,
+		log:   opts.Logger.With("inbox", table),
+		m:     m,
+	}, nil
+}
+
+// Handle runs fn and records m's message id for handler in one database
+// transaction, unless that id is already recorded for handler: then it
+// returns Duplicate without calling fn. Otherwise it returns Processed once
+// the transaction committed, or the first error (fn's, the database's,
+// wrapped), with the transaction rolled back, nothing recorded, and m to be
+// handled again.
+//
+// The id is recorded first, with the primary key (handler, id) deciding:
+// of concurrent deliveries of one id (two consumer instances during a
+// rebalance), the first to insert holds the row until its transaction
+// ends; the others wait on it, then return Duplicate if it committed (or go
+// on as the first if it rolled back). Exactly one fn's effects commit, and
+// no delivery fails because of another. This holds at the databases'
+// default isolation levels (READ COMMITTED on PostgreSQL, REPEATABLE READ
+// on MySQL/MariaDB); under SERIALIZABLE the waiting side may get a
+// serialization failure instead, returned as an error (a retry then
+// returns Duplicate). On MySQL/MariaDB, three or more concurrent deliveries
+// of one id whose first rolls back can make InnoDB report a deadlock to one
+// of the others: an error too, and again a retry settles it.
+//
+// fn gets the transaction, bound to ctx: every write of its effect must go
+// through tx (with the outbox Plugin on db, an outbox.Message created there
+// is published only if the transaction commits, so consume-transform-produce
+// is effectively once too). It must not commit or roll tx back. A panic in
+// fn rolls the transaction back and continues up the stack. A failed commit
+// is ambiguous (the transaction may have committed): it is returned as an
+// error, and handling m again returns Duplicate if it had committed.
+//
+// The message id is the last Options.MessageIDHeader header of m (see
+// Options.IDFromOffset for records without one). A record without one
+// fails with an error wrapping ErrNoMessageID, an unusable id with
+// ErrInvalidMessageID; handler must be 1 to MaxHandlerLength bytes.
+func (ib *Inbox) Handle(ctx context.Context, handler string, m kafka.Message, fn func(tx *gorm.DB) error) (Outcome, error) {
+	start := ib.clock.Now()
+	out, err := ib.handle(ctx, handler, m, fn)
+	ib.m.handled(ctx, handler, out, err, ib.clock.Now().Sub(start))
+	return out, err
+}
+
+func (ib *Inbox) handle(ctx context.Context, handler string, m kafka.Message, fn func(tx *gorm.DB) error) (Outcome, error) {
+	if err := checkHandler(handler); err != nil {
+		return 0, err
+	}
+	if fn == nil {
+		return 0, fmt.Errorf("inbox: handler %s: nil function", handler)
+	}
+	id, err := ib.MessageID(m)
+	if err != nil {
+		return 0, fmt.Errorf("inbox: handler %s: %w", handler, err)
+	}
+	tx := ib.db.WithContext(ctx).Begin()
+	if err := tx.Error; err != nil {
+		return 0, fmt.Errorf("inbox: handler %s: message %s: begin: %w", handler, id, err)
+	}
+	done := false
+	defer func() {
+		if !done {
+			tx.Rollback() // fn panicked, or failed
+		}
+	}()
+	inserted, err := ib.record(tx, handler, id)
+	switch {
+	case err != nil:
+		return 0, fmt.Errorf("inbox: handler %s: message %s: record: %w", handler, id, err)
+	case !inserted:
+		ib.log.Debug("inbox: duplicate skipped", "handler", handler, "message_id", id, "topic", m.Topic, "partition", m.Partition, "offset", m.Offset)
+		return Duplicate, nil
+	}
+	if err := fn(tx); err != nil {
+		return 0, fmt.Errorf("inbox: handler %s: message %s: %w", handler, id, err)
+	}
+	done = true
+	if err := tx.Commit().Error; err != nil {
+		return 0, fmt.Errorf("inbox: handler %s: message %s: commit: %w", handler, id, err)
+	}
+	return Processed, nil
+}
+
+// checkHandler returns an error naming what is wrong with handler, or nil.
+func checkHandler(handler string) error {
+	if handler == "" || len(handler) > MaxHandlerLength {
+		return fmt.Errorf("inbox: handler name %q: must be 1 to %d bytes", handler, MaxHandlerLength)
+	}
+	if !utf8.ValidString(handler) || strings.IndexByte(handler, 0) >= 0 {
+		return fmt.Errorf("inbox: handler name %q: must be UTF-8 without NUL", handler)
+	}
+	return nil
+}
+
+// MessageID returns the id Handle records for m: the value of its last
+// Options.MessageIDHeader header or, without one (or with an empty one)
+// and with Options.IDFromOffset, "<topic>/<partition>/<offset>". It fails
+// with an error wrapping ErrNoMessageID or ErrInvalidMessageID.
+func (ib *Inbox) MessageID(m kafka.Message) (string, error) {
+	var id []byte
+	found := false
+	for _, h := range m.Headers {
+		if h.Key == ib.opts.MessageIDHeader {
+			id, found = h.Value, true
+		}
+	}
+	switch {
+	case len(id) > 0:
+	case ib.opts.IDFromOffset:
+		b := make([]byte, 0, len(m.Topic)+24)
+		b = append(b, m.Topic...)
+		b = append(b, '/')
+		b = strconv.AppendInt(b, int64(m.Partition), 10)
+		b = append(b, '/')
+		b = strconv.AppendInt(b, m.Offset, 10)
+		return string(b), nil
+	case found:
+		return "", fmt.Errorf("%s[%d]@%d: header %s is empty: %w", m.Topic, m.Partition, m.Offset, ib.opts.MessageIDHeader, ErrNoMessageID)
+	default:
+		return "", fmt.Errorf("%s[%d]@%d: no header %s: %w", m.Topic, m.Partition, m.Offset, ib.opts.MessageIDHeader, ErrNoMessageID)
+	}
+	switch {
+	case len(id) > MaxMessageIDLength:
+		return "", fmt.Errorf("%s[%d]@%d: header %s is %d bytes long, above %d: %w", m.Topic, m.Partition, m.Offset, ib.opts.MessageIDHeader, len(id), MaxMessageIDLength, ErrInvalidMessageID)
+	case !utf8.Valid(id) || bytes.IndexByte(id, 0) >= 0:
+		return "", fmt.Errorf("%s[%d]@%d: header %s %q is not UTF-8 without NUL: %w", m.Topic, m.Partition, m.Offset, ib.opts.MessageIDHeader, id, ErrInvalidMessageID)
+	}
+	return string(id), nil
+}

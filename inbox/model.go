@@ -1,0 +1,136 @@
+package inbox
+
+import (
+	"fmt"
+	"regexp"
+	"strconv"
+
+	"gorm.io/gorm"
+	"gorm.io/gorm/schema"
+)
+
+// DefaultTable is the processed-messages table when Config.Table is empty.
+const DefaultTable = "inbox_processed_messages"
+
+// MaxHandlerLength is the longest handler name, in bytes: the width of the
+// handler_name column.
+const MaxHandlerLength = 128
+
+// MaxMessageIDLength is the longest message id, in bytes: the width of the
+// message_id column. It holds an outbox message id (36 characters) and an id
+// derived from a record's position (Options.IDFromOffset: a topic of up to
+// 249 characters, its partition and offset).
+const MaxMessageIDLength = 300
+
+// ProcessedMessage is one row of the processed-messages table: handler
+// HandlerName committed the effect of the message MessageID at
+// ProcessedAtMs. The primary key is (HandlerName, MessageID), so a message
+// is recorded once per handler; ProcessedAtMs is indexed for Purge.
+type ProcessedMessage struct {
+	// HandlerName names the consumer or handler that processed the message,
+	// 1 to MaxHandlerLength bytes: one message is processed once per
+	// handler, and independent handlers of one message each record it.
+	HandlerName ExactString `gorm:"column:handler_name;primaryKey;size:128;not null"`
+	// MessageID is the message's id (the outbox's message-id header, or the
+	// id Options.IDFromOffset derives), 1 to MaxMessageIDLength bytes.
+	MessageID ExactString `gorm:"column:message_id;primaryKey;size:300;not null"`
+	// ProcessedAtMs is when the handler's transaction recorded the message,
+	// in Unix milliseconds (UTC) on the consumer host's clock (Options.Clock).
+	ProcessedAtMs int64 `gorm:"column:processed_at_ms;not null;index"`
+}
+
+// ExactString is text the database compares byte for byte, as a message id
+// must be: varchar on PostgreSQL, text on SQLite, and varbinary on MySQL and
+// MariaDB, whose default collations ignore case and trailing spaces (they
+// would take "Order-1" for a duplicate of "order-1").
+type ExactString string
+
+// GormDBDataType gives the column type per database: varchar(size) on
+// PostgreSQL, varbinary(size) on MySQL/MariaDB, text on SQLite, for the
+// field's size tag.
+func (ExactString) GormDBDataType(db *gorm.DB, f *schema.Field) string {
+	size := strconv.Itoa(f.Size)
+	switch db.Dialector.Name() {
+	case "postgres":
+		return "varchar(" + size + ")"
+	case "mysql":
+		return "varbinary(" + size + ")"
+	case "sqlite":
+		return "text"
+	default:
+		return ""
+	}
+}
+
+// TableName returns the default table name; Config.Table overrides it in
+// AutoMigrate, Handle and Purge.
+func (ProcessedMessage) TableName() string { return DefaultTable }
+
+// Config names the processed-messages table. A zero Config means
+// DefaultTable in the connection's default schema. The name is used as it
+// is: GORM's NamingStrategy (a TablePrefix, say) does not apply.
+type Config struct {
+	// Schema optionally qualifies the table name (a PostgreSQL schema, a
+	// MySQL database, an attached SQLite database). Empty means the
+	// connection's default.
+	Schema string
+	// Table is the processed-messages table. Empty means DefaultTable
+	// ("inbox_processed_messages").
+	Table string
+}
+
+// identifier is what a table or schema name may be, as in package outbox:
+// letters, digits and underscores, not starting with a digit, at most 63
+// characters (the PostgreSQL limit).
+var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
+
+// WithDefaults returns c with every zero field replaced by its default.
+func (c Config) WithDefaults() Config {
+	if c.Table == "" {
+		c.Table = DefaultTable
+	}
+	return c
+}
+
+// Validate reports the first invalid field of c (after defaults), naming it.
+func (c Config) Validate() error {
+	c = c.WithDefaults()
+	if c.Schema != "" && !identifier.MatchString(c.Schema) {
+		return fmt.Errorf("inbox: Config.Schema %q: must match %s", c.Schema, identifier)
+	}
+	if !identifier.MatchString(c.Table) {
+		return fmt.Errorf("inbox: Config.Table %q: must match %s", c.Table, identifier)
+	}
+	return nil
+}
+
+// TableName returns the schema-qualified table name (after defaults), in
+// the form GORM's Table accepts.
+func (c Config) TableName() string {
+	c = c.WithDefaults()
+	if c.Schema == "" {
+		return c.Table
+	}
+	return c.Schema + "." + c.Table
+}
+
+// AutoMigrate creates or updates the processed-messages table of cfg with
+// GORM's migrator. With a zero Config it is
+// db.AutoMigrate(&ProcessedMessage{}); the DDL equals
+// migrations/inbox/<dialect>.sql (migrations.InboxSQL). The table may share a
+// database with the outbox tables or live in the consumer's own.
+func AutoMigrate(db *gorm.DB, cfg Config) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	if cfg.Schema != "" && db.Dialector.Name() == "sqlite" {
+		// As for the outbox tables: gorm's sqlite migrator qualifies the
+		// indexed table, not the index name, which SQLite rejects.
+		return fmt.Errorf("inbox: AutoMigrate with Config.Schema %q is not supported on SQLite; apply migrations/inbox/sqlite.sql inside the attached database instead", cfg.Schema)
+	}
+	table := cfg.TableName()
+	if err := db.Table(table).AutoMigrate(&ProcessedMessage{}); err != nil {
+		return fmt.Errorf("inbox: migrate %s: %w", table, err)
+	}
+	return nil
+}

@@ -1,0 +1,65 @@
+package inbox
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// Purge deletes the processed ids recorded more than Options.Retention ago
+// (on Options.Clock), in statements of at most Options.PurgeBatchSize rows
+// each, until no such id is left or ctx is done, and returns how many it
+// deleted. Each statement commits on its own, so a large backlog never
+// holds a long transaction, and an error or a cancellation keeps what the
+// earlier statements deleted. A purged id's message, delivered again, is
+// processed again: keep Retention above the longest redelivery you expect
+// (see DefaultRetention). Purge is safe to run alongside Handle and from
+// several processes at once.
+func (ib *Inbox) Purge(ctx context.Context) (int64, error) {
+	cutoff := ib.clock.Now().Add(-ib.opts.Retention).UnixMilli()
+	var total int64
+	for {
+		res := ib.db.WithContext(ctx).Exec(ib.sql.purge, cutoff)
+		if err := res.Error; err != nil {
+			return total, fmt.Errorf("inbox: purge %s: %w", ib.table, err)
+		}
+		total += res.RowsAffected
+		if res.RowsAffected > 0 {
+			ib.m.purged.Add(context.WithoutCancel(ctx), res.RowsAffected, ib.m.tableAttrs)
+		}
+		if res.RowsAffected < int64(ib.opts.PurgeBatchSize) {
+			return total, nil
+		}
+		if err := ctx.Err(); err != nil {
+			return total, fmt.Errorf("inbox: purge %s: %w", ib.table, err)
+		}
+	}
+}
+
+// RunPurge runs Purge at once and then every Options.PurgeInterval, until
+// ctx is done; it returns nil then. A failed purge is logged at WARN and
+// retried at the next interval; a purge that deleted rows is logged at
+// INFO.
+func (ib *Inbox) RunPurge(ctx context.Context) error {
+	for {
+		start := ib.clock.Now()
+		n, err := ib.Purge(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case err != nil:
+			ib.log.Warn("inbox: purge failed; retrying at the next interval", "purged", n, "next", ib.opts.PurgeInterval, "error", err)
+		case n > 0:
+			ib.log.Info("inbox: purged processed ids", "purged", n, "retention", ib.opts.Retention, "took", ib.clock.Now().Sub(start).Round(time.Millisecond))
+		default:
+			ib.log.Debug("inbox: nothing to purge", "retention", ib.opts.Retention)
+		}
+		t := ib.clock.NewTimer(ib.opts.PurgeInterval)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C():
+		}
+	}
+}
