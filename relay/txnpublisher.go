@@ -97,7 +97,9 @@ const (
 // A Publish costs three more coordinator round trips than the default mode
 // (kafka-go's transport looks the coordinator up before each), one of them
 // a commit that writes the transaction log and markers. A transactional
-// KafkaPublisher serves one relay: bucket numbers name its producers.
+// KafkaPublisher serves one relay: bucket numbers name its producers. A
+// batch's producer is its rows' Message.Bucket, so the store must return
+// rows with their bucket set (gormstore and relaytest.MemStore do).
 type KafkaTransactions struct {
 	// Outbox names the outbox in its transactional ids. Required: the ids
 	// must be unique to this outbox across the Kafka cluster, since two
