@@ -123,11 +123,24 @@ type KafkaConfig struct {
 	// OpenTelemetry global, otel.GetTextMapPropagator(), which extracts
 	// nothing until the application sets one.
 	Propagator propagation.TextMapPropagator
+
+	// Transactions, when set, makes the publisher transactional (fenced
+	// publishing, opt-in): one Kafka transactional producer per bucket the
+	// relay owns, each batch published in one Kafka transaction, so that a
+	// relay that lost its bucket cannot publish to read_committed
+	// consumers. See KafkaTransactions. Nil means the default mode:
+	// kafka-go's Writer, no producer id.
+	Transactions *KafkaTransactions
 }
 
 // KafkaPublisher is the Publisher built on kafka-go's Writer: acks=all,
 // murmur2 key placement (explicit partitions honoured), the message-id
 // header on every record, and ordered across partial failure.
+//
+// With KafkaConfig.Transactions it publishes in Kafka transactions instead,
+// one transactional producer per owned bucket (fenced publishing: see
+// KafkaTransactions, which also says how its requests, retries and
+// duplicates differ from what follows).
 //
 // Publish groups a batch's rows by topic partition, in submission order,
 // and sends every partition's rows at once, each partition as one produce
@@ -173,6 +186,7 @@ type KafkaPublisher struct {
 	maxRecords   int
 	ownTransport *kafka.Transport
 	tracing      publishTracer
+	txn          *txnPublisher // nil: the default mode (see KafkaConfig.Transactions)
 
 	mu     sync.Mutex
 	closed bool
@@ -223,6 +237,13 @@ func NewKafkaPublisher(cfg KafkaConfig) (*KafkaPublisher, error) {
 	}
 	if p.timeout == 0 {
 		p.timeout = DefaultKafkaPublishTimeout
+	}
+	if cfg.Transactions != nil {
+		tc, err := cfg.Transactions.check(p.timeout)
+		if err != nil {
+			return nil, err
+		}
+		p.txn = newTxnPublisher(tc)
 	}
 
 	w := &kafka.Writer{}
@@ -311,6 +332,9 @@ func (p *KafkaPublisher) Publish(ctx context.Context, batch []*outbox.Message) R
 	p.wg.Add(1)
 	p.mu.Unlock()
 	defer p.wg.Done()
+	if p.txn != nil {
+		return p.publishTxn(ctx, batch) // see KafkaTransactions
+	}
 	ctx, span := p.tracing.start(ctx, batch)
 	ctx, cancel := context.WithTimeoutCause(ctx, p.timeout,
 		fmt.Errorf("no answer from the broker within KafkaConfig.PublishTimeout (%v): %w", p.timeout, context.DeadlineExceeded))
@@ -728,6 +752,7 @@ func (p *KafkaPublisher) Close() error {
 	p.closed = true
 	p.mu.Unlock()
 	p.wg.Wait()
+	p.abortOnClose() // the transactional mode's open transactions
 	err := p.w.Close()
 	if p.ownTransport != nil {
 		p.ownTransport.CloseIdleConnections()

@@ -115,9 +115,10 @@ func (r *Relay) setLeases(st *runState, buckets []int, validUntil time.Time) {
 }
 
 // publishOwnership updates the state read by the notifier, the gauges and
-// the backlog sampler.
+// the backlog sampler, and tells a BucketOwnershipObserver publisher.
 func (r *Relay) publishOwnership(buckets []int, validUntil time.Time) {
 	r.notifier.setOwned(buckets)
+	r.observeOwnership(buckets) // the publisher (see BucketOwnershipObserver)
 	r.ownedCount.Store(int64(len(buckets)))
 	if len(buckets) > 0 && buckets[0] == 0 {
 		r.zeroUntil.Store(validUntil.UnixNano())

@@ -60,6 +60,9 @@ type Relay struct {
 	phase atomic.Int32  // the loop's phase (phaseWorking, …), read by renewLoop
 	kick  chan struct{} // wakes renewLoop: the leases or the loop's phase changed
 
+	// owners is pub as a BucketOwnershipObserver; nil when it is none.
+	owners BucketOwnershipObserver
+
 	onIdle func() // test hook: called when Run starts an idle wait
 }
 
@@ -109,6 +112,7 @@ func New(store Store, pub Publisher, opts Options) (*Relay, error) {
 		kick:        make(chan struct{}, 1),
 	}
 	r.raw = store
+	r.owners, _ = pub.(BucketOwnershipObserver)
 	r.renewer, _ = store.(LeaseRenewer)
 	r.releaser, _ = store.(LeaseReleaser)
 	r.parker, _ = store.(Parker)
@@ -635,7 +639,7 @@ func (p *prefetch) wait() ([]*outbox.Message, error) {
 func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fetched *prefetch, startNext func()) error {
 	hr := st.retry[b]
 	limit := r.batchLimit(st, b)
-	if !r.leaseValid(st) {
+	if !r.ownsBucket(st, b) {
 		if fetched != nil {
 			fetched.wait()
 		}
@@ -723,7 +727,7 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 			return errStore{fmt.Errorf("relay: bucket %d: lease shorter than MaxPublishDuration + LeaseRenewInterval", b)}
 		}
 	}
-	if !r.leaseValid(st) {
+	if !r.ownsBucket(st, b) {
 		return nil
 	}
 
@@ -747,7 +751,7 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 	}
 
 	if ack > 0 {
-		if !r.leaseValid(st) {
+		if !r.ownsBucket(st, b) {
 			return fatal // a peer may own the rows now: mark nothing
 		}
 		failpoint("relay/during-delete")
@@ -771,6 +775,11 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 	if failed {
 		if ctx.Err() != nil {
 			return nil
+		}
+		if errors.Is(res.Err, ErrFenced) {
+			// Not the row's fault (no strike, no backoff): the bucket's
+			// lease is lost at the broker; the loop drops it (dropFenced).
+			return errBucket{&errFencedBucket{res.Err}}
 		}
 		if parked, err := r.strike(ctx, st, b, pub, ack, res.Err); parked || err != nil {
 			return err
@@ -813,9 +822,15 @@ func (r *Relay) retryLater(st *runState, b int, storeErr error, published bool) 
 // delete failed stay in st.unmarked and are deleted first on the retry),
 // with one WARN line per backoff step, while the sweep goes on with the
 // other buckets. It is not a failed cycle for Health (see Relay.Health).
+// A publish the publisher reported fenced (errFencedBucket) drops the
+// bucket instead (dropFenced).
 func (r *Relay) bucketFailed(st *runState, b int, err error) {
 	if cur, _, _ := st.lease.snapshot(); !containsSorted(cur, b) {
 		return // lost meanwhile: its state is forgotten
+	}
+	if fb := (*errFencedBucket)(nil); errors.As(err, &fb) {
+		r.dropFenced(st, b, fb.err)
+		return
 	}
 	hr, wait := r.retryLater(st, b, err, false)
 	r.log.Warn("relay: bucket store error; backing off this bucket, the others go on", "relay", r.opts.RelayID, "bucket", b, "attempt", hr.attempts, "backoff", wait, "failing_for", r.clock.Now().Sub(hr.since), "error", err)

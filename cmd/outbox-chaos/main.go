@@ -5,9 +5,9 @@
 //
 // Subcommands:
 //
-//	outbox-chaos matrix [-db postgres|mysql|sqlite] [-messages N]
+//	outbox-chaos matrix [-db postgres|mysql|sqlite] [-messages N] [-txn]
 //	    the crash matrix: SIGKILL a relay child at each step, print the table
-//	outbox-chaos run [-db ...] [-messages N] [-relays N] [-faults N] [-write-for D]
+//	outbox-chaos run [-db ...] [-messages N] [-relays N] [-faults N] [-write-for D] [-txn]
 //	    a chaos run; prints one summary line, exits 1 on a failed check
 //	outbox-chaos relay -dialect ... -dsn ... -brokers ... -id ...
 //	    one relay process (the child the harness starts)
@@ -93,6 +93,7 @@ func matrix(ctx context.Context, args []string, log *slog.Logger) error {
 	fs := flag.NewFlagSet("matrix", flag.ContinueOnError)
 	dialect := fs.String("db", chaos.Postgres, "database: postgres, mysql or sqlite")
 	messages := fs.Int("messages", 3000, "messages per cell")
+	txn := fs.Bool("txn", false, "the transactional variant: relays publish in Kafka transactions, the checker reads read_committed")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -105,8 +106,12 @@ func matrix(ctx context.Context, args []string, log *slog.Logger) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	rows, err := chaos.CrashMatrix(ctx, chaos.MatrixConfig{Bin: bin, Dialect: *dialect, BaseDSN: dsn, Brokers: brokers, Dir: dir, Messages: *messages, Logger: log})
-	fmt.Print(chaos.FormatMatrix(rows))
+	rows, err := chaos.CrashMatrix(ctx, chaos.MatrixConfig{Bin: bin, Dialect: *dialect, BaseDSN: dsn, Brokers: brokers, Dir: dir, Messages: *messages, Logger: log, Transactional: *txn})
+	if *txn {
+		fmt.Print(chaos.FormatTxnMatrix(rows))
+	} else {
+		fmt.Print(chaos.FormatMatrix(rows))
+	}
 	if err != nil {
 		return err
 	}
@@ -127,6 +132,7 @@ func run(ctx context.Context, args []string, log *slog.Logger) error {
 	fs.IntVar(&cfg.Faults, "faults", 24, "faults to inject")
 	fs.DurationVar(&cfg.WriteFor, "write-for", 75*time.Second, "how long the writers take to write the messages")
 	fs.Int64Var(&cfg.Seed, "seed", time.Now().UnixNano(), "random seed")
+	fs.BoolVar(&cfg.Transactional, "txn", false, "the transactional variant: relays publish in Kafka transactions, the checker reads read_committed")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

@@ -72,6 +72,8 @@ type MatrixConfig struct {
 	Messages int
 	// Logger receives progress. Nil means slog.Default().
 	Logger *slog.Logger
+	// Transactional runs the transactional variant (see txn.go).
+	Transactional bool
 }
 
 // MatrixRow is the outcome of one cell of the crash matrix.
@@ -80,6 +82,9 @@ type MatrixRow struct {
 	Messages               int
 	Lost, Duplicates       int
 	OrderViolations        int
+	// RawOrderViolations (transactional variant, else -1): per-key
+	// inversions without deduplication (see Consumer.RawOrderViolations).
+	RawOrderViolations int
 	// Resumed is the time from the kill until the first record of the
 	// victim's buckets was produced again; negative when no row was left to
 	// publish after the kill.
@@ -117,7 +122,7 @@ func CrashMatrix(ctx context.Context, cfg MatrixConfig) ([]MatrixRow, error) {
 }
 
 func crashCell(ctx context.Context, cfg MatrixConfig, cell string, step MatrixStep, mode string) (MatrixRow, error) {
-	row := MatrixRow{Step: step.Name, Failpoints: step.Failpoints, Mode: mode, Messages: cfg.Messages, Resumed: -1}
+	row := MatrixRow{Step: step.Name, Failpoints: step.Failpoints, Mode: mode, Messages: cfg.Messages, Resumed: -1, RawOrderViolations: -1}
 	d, err := CreateDatabase(ctx, cfg.Dialect, cfg.BaseDSN, cfg.Dir)
 	if err != nil {
 		return row, err
@@ -128,7 +133,7 @@ func crashCell(ctx context.Context, cfg MatrixConfig, cell string, step MatrixSt
 		return row, err
 	}
 	cctx, cancel := context.WithCancel(ctx)
-	consumer := StartConsumer(cctx, cfg.Brokers, topic, partitions)
+	consumer := startChecker(cctx, cfg.Transactional, cfg.Brokers, topic, partitions)
 	defer consumer.Wait()
 	defer cancel()
 
@@ -161,6 +166,7 @@ func crashCell(ctx context.Context, cfg MatrixConfig, cell string, step MatrixSt
 	relays := &Relays{Bin: cfg.Bin, LogDir: cfg.Dir, Base: RelayConfig{
 		Dialect: cfg.Dialect, DSN: d.DSN, Brokers: cfg.Brokers,
 		LeaseDuration: leaseDuration, RenewInterval: renewInterval, PollInterval: pollInterval, BatchSize: batchSize,
+		TxnOutbox: txnOutbox(cfg.Transactional, topic),
 	}}
 	defer relays.StopAll(10 * time.Second)
 	victimID := "victim-" + cell
@@ -224,6 +230,9 @@ func crashCell(ctx context.Context, cfg MatrixConfig, cell string, step MatrixSt
 	}
 	ck := consumer.Verify(perKey, nil, nil, nil)
 	row.Lost, row.Duplicates, row.OrderViolations = ck.Lost, ck.Duplicates, ck.OrderViolations
+	if cfg.Transactional {
+		row.RawOrderViolations = consumer.RawOrderViolations(perKey)
+	}
 	return row, nil
 }
 

@@ -36,6 +36,9 @@ type RelayConfig struct {
 	// PublishTimeout is relay.KafkaConfig.PublishTimeout; zero means the
 	// library's default.
 	PublishTimeout time.Duration
+	// TxnOutbox, when set, makes the publisher transactional with this
+	// outbox name (relay.KafkaTransactions.Outbox).
+	TxnOutbox string
 }
 
 // Args returns the command-line arguments of the relay subcommand for c.
@@ -44,6 +47,7 @@ func (c RelayConfig) Args() []string {
 		"-dialect", c.Dialect, "-dsn", c.DSN, "-brokers", strings.Join(c.Brokers, ","), "-id", c.RelayID,
 		"-lease", c.LeaseDuration.String(), "-renew", c.RenewInterval.String(), "-poll", c.PollInterval.String(),
 		"-batch", fmt.Sprint(c.BatchSize), "-publish-timeout", c.PublishTimeout.String(),
+		"-txn-outbox", c.TxnOutbox,
 	}
 }
 
@@ -61,6 +65,7 @@ func ParseRelayFlags(args []string) (RelayConfig, error) {
 	fs.DurationVar(&c.PollInterval, "poll", 200*time.Millisecond, "poll interval")
 	fs.IntVar(&c.BatchSize, "batch", 100, "batch size")
 	fs.DurationVar(&c.PublishTimeout, "publish-timeout", 0, "the publisher's PublishTimeout (0: the library's default)")
+	fs.StringVar(&c.TxnOutbox, "txn-outbox", "", "publish transactionally, with this outbox name (empty: the default mode)")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
@@ -83,7 +88,7 @@ func RunRelay(ctx context.Context, c RelayConfig, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	pub, err := relay.NewKafkaPublisher(relay.KafkaConfig{
+	kc := relay.KafkaConfig{
 		Brokers:        c.Brokers,
 		PublishTimeout: c.PublishTimeout,
 		Configure: func(w *kafka.Writer) {
@@ -93,7 +98,11 @@ func RunRelay(ctx context.Context, c RelayConfig, log *slog.Logger) error {
 			w.ReadTimeout = 5 * time.Second
 			w.WriteTimeout = 5 * time.Second
 		},
-	})
+	}
+	if c.TxnOutbox != "" {
+		kc.Transactions = &relay.KafkaTransactions{Outbox: c.TxnOutbox}
+	}
+	pub, err := relay.NewKafkaPublisher(kc)
 	if err != nil {
 		return err
 	}

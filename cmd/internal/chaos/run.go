@@ -64,6 +64,8 @@ type RunConfig struct {
 	Seed int64
 	// Logger receives progress. Nil means slog.Default().
 	Logger *slog.Logger
+	// Transactional runs the transactional variant (see txn.go).
+	Transactional bool
 }
 
 // Summary is the verdict of a chaos run.
@@ -85,6 +87,11 @@ type Summary struct {
 	// RelayStoreWarningsTotal counts them over the whole run.
 	RelayStoreWarnings, RelayStoreWarningsTotal int
 	Took                                        time.Duration
+	// Transactional: the transactional variant; RawOrderViolations are
+	// its checker's per-key inversions without deduplication (see
+	// Consumer.RawOrderViolations).
+	Transactional      bool
+	RawOrderViolations int
 }
 
 // DBKillTotals sums the sessions the database-kill faults terminated, and
@@ -113,7 +120,7 @@ func (s Summary) String() string {
 	}
 	return fmt.Sprintf("chaos: db=%s broker=%s relays=%d messages=%d committed=%d rolled_back=%d in_doubt=%d lost=%d rolled_back_arrived=%d order_violations=%d dual_owners=%d (lease changes %d, audits %d) drained=%t duplicates=%d records=%d faults=%d (%s)%s took=%s",
 		s.Dialect, s.Broker, s.Relays, s.Written, s.Committed, s.RolledBack, s.InDoubt, s.Check.Lost, s.Check.RolledBackArrived, s.Check.OrderViolations,
-		s.DualOwners, s.LeaseChanges, s.LeaseAudits, s.Drained, s.Check.Duplicates, s.Check.Records, total, strings.Join(kinds, " "), dbkill, s.Took.Round(time.Second))
+		s.DualOwners, s.LeaseChanges, s.LeaseAudits, s.Drained, s.Check.Duplicates, s.Check.Records, total, strings.Join(kinds, " "), dbkill+s.txnSummary(), s.Took.Round(time.Second))
 }
 
 // TotalFaults is the number of injected faults.
@@ -134,6 +141,8 @@ func (s Summary) Err() error {
 		return fmt.Errorf("chaos: %d rolled-back messages arrived", s.Check.RolledBackArrived)
 	case s.Check.OrderViolations != 0:
 		return fmt.Errorf("chaos: %d per-key order violations", s.Check.OrderViolations)
+	case s.Transactional && s.RawOrderViolations != 0 && s.Check.Duplicates == 0:
+		return fmt.Errorf("chaos: %d per-key order violations without deduplication, with no duplicate to explain them", s.RawOrderViolations)
 	case s.DualOwners != 0:
 		return fmt.Errorf("chaos: %d takeovers of a live lease", s.DualOwners)
 	case !s.Drained:
@@ -176,7 +185,7 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 		cfg.Logger = slog.Default()
 	}
 	log := cfg.Logger
-	s := Summary{Dialect: cfg.Dialect, Broker: "kafka", Relays: cfg.Relays, Faults: map[string]int{}}
+	s := Summary{Dialect: cfg.Dialect, Broker: "kafka", Relays: cfg.Relays, Faults: map[string]int{}, Transactional: cfg.Transactional}
 	var fake *kfake.Cluster
 	if len(cfg.Brokers) == 0 {
 		c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.DefaultNumPartitions(partitions))
@@ -204,7 +213,7 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 		return s, err
 	}
 	cctx, cancelConsumer := context.WithCancel(ctx)
-	consumer := StartConsumer(cctx, cfg.Brokers, topic, partitions)
+	consumer := startChecker(cctx, cfg.Transactional, cfg.Brokers, topic, partitions)
 	defer consumer.Wait()
 	defer cancelConsumer()
 
@@ -224,6 +233,7 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 	relays := &Relays{Bin: cfg.Bin, LogDir: cfg.Dir, Base: RelayConfig{
 		Dialect: cfg.Dialect, DSN: relayDSN, Brokers: cfg.Brokers,
 		LeaseDuration: leaseDuration, RenewInterval: renewInterval, PollInterval: pollInterval, BatchSize: batchSize,
+		TxnOutbox: txnOutbox(cfg.Transactional, topic),
 	}}
 	defer relays.StopAll(10 * time.Second)
 	pool := &relayPool{relays: relays}
@@ -327,6 +337,9 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 	}
 	led.mu.Lock()
 	s.Check = consumer.Verify(led.perKey, led.keyless, led.doubt, led.rolledBack)
+	if cfg.Transactional {
+		s.RawOrderViolations = consumer.RawOrderViolations(led.perKey)
+	}
 	s.Written, s.Committed, s.RolledBack, s.InDoubt = led.written, led.committed, len(led.rolledBack), len(led.doubt)
 	led.mu.Unlock()
 	relays.StopAll(10 * time.Second) // their logs complete

@@ -1,0 +1,606 @@
+package relay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/gorm-outbox/outbox"
+)
+
+// Transactional publishing defaults (see KafkaTransactions).
+const (
+	// DefaultTransactionalIDPrefix starts every transactional.id of a
+	// transactional KafkaPublisher.
+	DefaultTransactionalIDPrefix = "outbox-"
+	// DefaultKafkaTransactionTimeout is the default transaction timeout a
+	// transactional KafkaPublisher asks its coordinator for, the Java
+	// producer's default.
+	DefaultKafkaTransactionTimeout = time.Minute
+)
+
+// KafkaTransactions makes a KafkaPublisher transactional
+// (KafkaConfig.Transactions): fenced publishing. The publisher keeps one
+// Kafka transactional producer per bucket its relay owns, with the
+// transactional.id TransactionalID(bucket), and publishes each batch inside
+// one Kafka transaction.
+//
+// Fencing. When the relay acquires a bucket (it tells the publisher, see
+// BucketOwnershipObserver), the publisher initialises the bucket's
+// transactional.id (InitProducerId). The coordinator then aborts any
+// transaction a previous owner left open and bumps the producer epoch, so
+// that every later request of the previous owner (a relay that stalled past
+// its lease: a GC pause, a partition, SIGSTOP) is refused: its produce,
+// its commit. The publisher never initialises a producer on its own, only
+// when told of an acquisition, so a stalled relay cannot take the epoch
+// back. A Publish whose producer was fenced, or whose transaction the
+// coordinator aborted (it stayed open longer than Timeout), fails with an
+// error wrapping ErrFenced and acknowledges nothing, and the relay drops
+// the bucket (see ErrFenced). Consumers reading with
+// isolation.level=read_committed never see a record of an aborted
+// transaction, so no record of a fenced relay becomes visible to them.
+//
+// Each Publish: AddPartitionsToTxn for the batch's partitions, one produce
+// request per partition (several beyond BatchBytes or MaxBatchRecords, in
+// order) carrying a v2 record batch with the producer id, epoch and
+// per-partition sequence numbers, all partitions at once, then EndTxn
+// (commit). Publish reports the batch acknowledged only once the commit
+// succeeded, so the relay deletes rows only after it. The message-id
+// header, placement, BatchBytes, MaxBatchRecords, PublishTimeout, the
+// writer's Compression and the tracing are the default mode's.
+//
+// Partial failure. When the broker rejects a record (too large, invalid,
+// a topic the relay may not write), the transaction is aborted and the
+// rows before that record are published again alone, in a new transaction
+// of the same call (bisecting a rejected request, as the default mode
+// does), so that Publish acknowledges exactly the prefix before the
+// culprit and per-key order holds. Inside the call (5 ms, doubling to
+// 250 ms, until PublishTimeout) the publisher retries what the protocol
+// makes safe to retry: coordinator requests answered
+// CONCURRENT_TRANSACTIONS or by a coordinator moving or loading
+// (NOT_COORDINATOR, COORDINATOR_NOT_AVAILABLE, COORDINATOR_LOAD_IN_PROGRESS)
+// or cut off by the network, and a produce request cut off or answered
+// REQUEST_TIMED_OUT, NETWORK_EXCEPTION, NOT_ENOUGH_REPLICAS or
+// CONCURRENT_TRANSACTIONS, which is resent with the same sequence number so
+// that the broker appends it once. Any other failure (a leader moving, the
+// call's timeout) aborts the transaction and fails the call at its first
+// row; the relay retries it with its backoff. After a failure that leaves
+// the broker's sequence numbers unknown, the publisher aborts and bumps its
+// epoch (InitProducerId with its current producer id and epoch, which the
+// coordinator refuses to a fenced producer) before the next transaction.
+//
+// Duplicates. A commit whose answer was lost is resolved by the next
+// Publish of the bucket (EndTxn commit again): if it committed, the rows it
+// held are acknowledged without being sent again. Records of a committed
+// transaction are therefore published twice only when the relay committed
+// them and then could not delete them as the owner: a crash, a stop or a
+// lost lease between the commit and the delete, or a lost commit answer
+// followed by the loss of the bucket; the bucket's next owner publishes
+// that batch again, after it (one batch per bucket the relay was
+// publishing), and a consumer deduplicating by message id sees each key's
+// records in commit order.
+//
+// Requirements and costs: the relay's principal needs WRITE and DESCRIBE on
+// the transactional ids (ACL resource TransactionalId, prefix IDPrefix),
+// the brokers a transaction state log, and consumers read_committed
+// isolation. An open transaction holds back read_committed consumers of the
+// partitions it wrote (the last stable offset) until it ends: normally one
+// publish, at worst until the next owner initialises the bucket or Timeout.
+// A Publish costs three more coordinator round trips than the default mode
+// (kafka-go's transport looks the coordinator up before each), one of them
+// a commit that writes the transaction log and markers. A transactional
+// KafkaPublisher serves one relay: bucket numbers name its producers. A
+// batch's producer is its rows' Message.Bucket, so the store must return
+// rows with their bucket set (gormstore and relaytest.MemStore do).
+type KafkaTransactions struct {
+	// Outbox names the outbox in its transactional ids. Required: the ids
+	// must be unique to this outbox across the Kafka cluster, since two
+	// outboxes sharing them fence each other.
+	Outbox string
+
+	// IDPrefix starts every transactional id. Empty means
+	// DefaultTransactionalIDPrefix ("outbox-").
+	IDPrefix string
+
+	// Timeout is the transaction timeout the publisher asks for
+	// (transaction.timeout.ms): the coordinator aborts a transaction open
+	// longer and fences its producer. It must exceed
+	// KafkaConfig.PublishTimeout and be at most the brokers'
+	// transaction.max.timeout.ms (15 min by default). Zero means
+	// DefaultKafkaTransactionTimeout (1 min); negative fails
+	// NewKafkaPublisher.
+	Timeout time.Duration
+}
+
+// TransactionalID returns the transactional.id of bucket: IDPrefix (or
+// DefaultTransactionalIDPrefix), Outbox, "-" and the bucket number, e.g.
+// "outbox-orders-3".
+func (t KafkaTransactions) TransactionalID(bucket int) string {
+	prefix := t.IDPrefix
+	if prefix == "" {
+		prefix = DefaultTransactionalIDPrefix
+	}
+	return prefix + t.Outbox + "-" + strconv.Itoa(bucket)
+}
+
+// check validates t for a publisher whose PublishTimeout is publishTimeout
+// and returns it with its defaults.
+func (t KafkaTransactions) check(publishTimeout time.Duration) (KafkaTransactions, error) {
+	if strings.TrimSpace(t.Outbox) == "" {
+		return t, errors.New("relay: KafkaTransactions.Outbox is empty")
+	}
+	if t.Timeout < 0 {
+		return t, fmt.Errorf("relay: KafkaTransactions.Timeout is negative (%v)", t.Timeout)
+	}
+	if t.Timeout == 0 {
+		t.Timeout = DefaultKafkaTransactionTimeout
+	}
+	if t.Timeout <= publishTimeout {
+		return t, fmt.Errorf("relay: KafkaTransactions.Timeout %v is not longer than KafkaConfig.PublishTimeout %v", t.Timeout, publishTimeout)
+	}
+	if t.Timeout/time.Millisecond > math.MaxInt32 {
+		return t, fmt.Errorf("relay: KafkaTransactions.Timeout %v is too long", t.Timeout)
+	}
+	if t.IDPrefix == "" {
+		t.IDPrefix = DefaultTransactionalIDPrefix
+	}
+	return t, nil
+}
+
+// txnPublisher is the transactional state of a KafkaPublisher.
+type txnPublisher struct {
+	cfg KafkaTransactions // with defaults
+	// producers are the owned buckets' producers, guarded by
+	// KafkaPublisher.mu.
+	producers map[int]*txnProducer
+	// hook, when set (tests), is called at the steps of a transaction:
+	// "added" (partitions added, nothing produced) and "produced" (every
+	// record appended, not committed), from the Publish goroutine.
+	hook func(bucket int, step string)
+	now  func() time.Time // record timestamps
+}
+
+// txnProducer is the transactional producer of one bucket. Its fields but
+// ready and initErr belong to the holder of turn.
+type txnProducer struct {
+	bucket int
+	id     string // transactional.id
+
+	ready   chan struct{} // closed when the initialisation ended
+	initErr error         // set before ready is closed; wraps ErrFenced
+
+	turn chan struct{} // one Publish (or abort) at a time
+
+	pid   int64
+	epoch int16
+	seq   map[topicPartition]int32 // next sequence number per partition, this epoch
+
+	// open: a transaction may be open on the coordinator (partitions were
+	// added, no EndTxn answered). bump: the epoch must be bumped before the
+	// next transaction (a produce of unknown outcome left the sequence
+	// numbers unknown). fenced: the producer is fenced for good (wraps
+	// ErrFenced).
+	open   bool
+	bump   bool
+	fenced error
+
+	// inDoubt are the rows of a transaction whose commit was sent but not
+	// answered; committed those of such a transaction found committed,
+	// which the relay has not yet been told were acknowledged.
+	inDoubt   []outbox.UUID
+	committed []outbox.UUID
+}
+
+func newTxnPublisher(cfg KafkaTransactions) *txnPublisher {
+	return &txnPublisher{cfg: cfg, producers: map[int]*txnProducer{}, now: time.Now}
+}
+
+var _ BucketOwnershipObserver = (*KafkaPublisher)(nil)
+
+// OwnedBuckets implements BucketOwnershipObserver. In the transactional
+// mode it starts, in the background, the initialisation of a producer for
+// each bucket new to the set (InitProducerId for TransactionalID(bucket),
+// which fences the bucket's previous owner), bounded by PublishTimeout; a
+// Publish of the bucket waits for it. A bucket that leaves the set loses
+// its producer; a transaction it left open (or a commit whose answer was
+// lost) is aborted in the background, unless a newer owner's producer
+// fenced it already. A bucket whose initialisation failed keeps its failed
+// producer, so that its Publish fails with ErrFenced and the relay drops
+// the bucket and acquires it again. In the default mode it does nothing.
+func (p *KafkaPublisher) OwnedBuckets(buckets []int) {
+	if p.txn == nil {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return
+	}
+	for b, prod := range p.txn.producers {
+		if !slices.Contains(buckets, b) {
+			delete(p.txn.producers, b)
+			p.wg.Add(1)
+			go func() {
+				defer p.wg.Done()
+				p.retire(prod)
+			}()
+		}
+	}
+	for _, b := range buckets {
+		if _, ok := p.txn.producers[b]; ok {
+			continue
+		}
+		prod := &txnProducer{
+			bucket: b,
+			id:     p.txn.cfg.TransactionalID(b),
+			ready:  make(chan struct{}),
+			turn:   make(chan struct{}, 1),
+		}
+		p.txn.producers[b] = prod
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			p.initProducer(prod)
+		}()
+	}
+}
+
+// initProducer initialises prod (InitProducerId without a producer id:
+// a new epoch that fences every older one) and closes prod.ready.
+func (p *KafkaPublisher) initProducer(prod *txnProducer) {
+	defer close(prod.ready)
+	ctx, cancel := context.WithTimeoutCause(context.Background(), p.timeout,
+		fmt.Errorf("no answer from the coordinator within KafkaConfig.PublishTimeout (%v): %w", p.timeout, context.DeadlineExceeded))
+	defer cancel()
+	pid, epoch, err := p.initProducerID(ctx, prod.id, -1, -1)
+	if err != nil {
+		prod.initErr = fmt.Errorf("bucket %d: init transactional producer %s: %w: %w", prod.bucket, prod.id, err, ErrFenced)
+		return
+	}
+	prod.pid, prod.epoch = pid, epoch
+	prod.seq = map[topicPartition]int32{}
+}
+
+// retire ends what a producer the relay no longer owns left on the
+// coordinator: an open transaction, or one whose commit answer was lost, is
+// aborted (bounded by PublishTimeout), so that read_committed consumers of
+// its partitions are not held back until the next owner's initialisation or
+// the transaction timeout. A fenced producer has nothing to end.
+func (p *KafkaPublisher) retire(prod *txnProducer) {
+	ctx, cancel := context.WithTimeout(context.Background(), p.timeout)
+	defer cancel()
+	select {
+	case <-prod.ready:
+	case <-ctx.Done():
+		return
+	}
+	select {
+	case prod.turn <- struct{}{}:
+		defer func() { <-prod.turn }()
+	case <-ctx.Done():
+		return
+	}
+	if prod.initErr != nil || prod.fenced != nil || (!prod.open && prod.inDoubt == nil) {
+		return
+	}
+	_, _ = p.endTxn(ctx, prod, false)
+}
+
+// producer returns the producer of bucket, nil when the relay did not
+// report owning it.
+func (p *KafkaPublisher) producer(bucket int) *txnProducer {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.txn.producers[bucket]
+}
+
+// publishTxn is Publish in the transactional mode (see KafkaTransactions).
+func (p *KafkaPublisher) publishTxn(ctx context.Context, batch []*outbox.Message) Result {
+	bucket := int(batch[0].Bucket)
+	for _, m := range batch[1:] {
+		if int(m.Bucket) != bucket {
+			return Result{Err: fmt.Errorf("relay: transactional publish: the batch mixes buckets %d and %d", bucket, m.Bucket)}
+		}
+	}
+	prod := p.producer(bucket)
+	if prod == nil {
+		return Result{Err: fmt.Errorf("relay: bucket %d: no transactional producer (the relay does not own the bucket, see BucketOwnershipObserver): %w", bucket, ErrFenced)}
+	}
+	ctx, span := p.tracing.start(ctx, batch)
+	ctx, cancel := context.WithTimeoutCause(ctx, p.timeout,
+		fmt.Errorf("no answer from the broker within KafkaConfig.PublishTimeout (%v): %w", p.timeout, context.DeadlineExceeded))
+	defer cancel()
+
+	rows := make([]row, len(batch))
+	for i, m := range batch {
+		rows[i] = row{msg: p.record(m), id: m.MessageID, partition: -1}
+	}
+	select {
+	case <-prod.ready:
+		select {
+		case prod.turn <- struct{}{}:
+			p.runTxns(ctx, prod, batch, rows)
+			<-prod.turn
+		case <-ctx.Done():
+		}
+	case <-ctx.Done():
+	}
+	res := outcome(ctx, rows)
+	p.tracing.end(span, rows, res)
+	return res
+}
+
+// runTxns publishes rows (batch's) under prod's turn: it acknowledges the
+// rows a lost-then-resolved commit already published, then publishes the
+// others in transactions (see txnRange).
+func (p *KafkaPublisher) runTxns(ctx context.Context, prod *txnProducer, batch []*outbox.Message, rows []row) {
+	if prod.initErr != nil {
+		rows[0].err = prod.initErr
+		return
+	}
+	if prod.fenced != nil {
+		rows[0].err = prod.fenced
+		return
+	}
+	if prod.inDoubt != nil {
+		if err := p.resolveInDoubt(ctx, prod); err != nil {
+			rows[0].err = err
+			return
+		}
+	}
+	skip := 0
+	for skip < len(batch) && skip < len(prod.committed) && batch[skip].MessageID == prod.committed[skip] {
+		rows[skip].acked = true
+		skip++
+	}
+	if skip > 0 {
+		prod.committed = prod.committed[skip:]
+	} else {
+		prod.committed = nil // the relay moved on (or never saw them fail)
+	}
+	if len(prod.committed) == 0 {
+		prod.committed = nil
+	}
+	if skip == len(rows) {
+		return
+	}
+
+	p.place(ctx, batch, rows)
+	hi := len(rows)
+	for i := skip; i < len(rows); i++ {
+		if rows[i].err != nil {
+			hi = i
+			break
+		}
+		if n := int64(recordSize(&rows[i].msg)); n > p.batchBytes {
+			rows[i].err = unpublishable(fmt.Errorf("record of %d bytes exceeds BatchBytes %d: %w", n, p.batchBytes, kafka.MessageSizeTooLarge))
+			hi = i
+			break
+		}
+	}
+	p.txnRange(ctx, prod, rows, skip, hi)
+}
+
+// resolveInDoubt sends the commit whose answer was lost again: a commit
+// that was applied is acknowledged again, an open transaction is committed
+// now (every record of it was appended). Its rows become prod.committed.
+func (p *KafkaPublisher) resolveInDoubt(ctx context.Context, prod *txnProducer) error {
+	if _, err := p.endTxn(ctx, prod, true); err != nil {
+		if prod.fenced != nil {
+			prod.inDoubt = nil // the next owner publishes them again
+		}
+		return err
+	}
+	prod.committed = append(prod.committed, prod.inDoubt...)
+	prod.inDoubt = nil
+	return nil
+}
+
+// txnRange publishes rows[lo:hi] (placed, none too large) in one
+// transaction and reports whether it committed. On failure the first row
+// that was not acknowledged has the error: rows[lo] for a transient
+// failure or a fenced producer; for a record the broker rejected, the
+// rows before it are published in transactions of their own first (see
+// KafkaTransactions) and the culprit gets the error.
+func (p *KafkaPublisher) txnRange(ctx context.Context, prod *txnProducer, rows []row, lo, hi int) bool {
+	if lo >= hi {
+		return true
+	}
+	if err := p.readyTxn(ctx, prod); err != nil {
+		rows[lo].err = err
+		return false
+	}
+
+	// The range's partitions, in the order of their first row.
+	idx := map[topicPartition][]int{}
+	var parts []topicPartition
+	for i := lo; i < hi; i++ {
+		tp := topicPartition{rows[i].msg.Topic, rows[i].partition}
+		if _, ok := idx[tp]; !ok {
+			parts = append(parts, tp)
+		}
+		idx[tp] = append(idx[tp], i)
+	}
+
+	failed, err := p.addPartitions(ctx, prod, parts)
+	if err != nil {
+		if failed == nil {
+			rows[lo].err = err
+			return false
+		}
+		// Partitions the coordinator refused: the rows before the first
+		// of their rows go alone.
+		cut := hi
+		for _, tp := range failed {
+			cut = min(cut, idx[tp][0])
+		}
+		rows[cut].err = classify(err, false)
+		p.txnRange(ctx, prod, rows, lo, cut)
+		return false
+	}
+	p.step(prod, "added")
+
+	out := p.produceAll(ctx, prod, rows, parts, idx)
+	if prod.fenced != nil {
+		rows[lo].err = prod.fenced
+		return false
+	}
+	var first *partitionOutcome
+	unknown := false
+	for i := range out {
+		o := &out[i]
+		unknown = unknown || o.unknown
+		if o.err != nil && (first == nil || o.failed[0] < first.failed[0]) {
+			first = o
+		}
+	}
+	if first == nil {
+		p.step(prod, "produced")
+		failpoint("relay/during-publish")
+		if err := p.commit(ctx, prod, rows[lo:hi]); err != nil {
+			rows[lo].err = err
+			return false
+		}
+		for i := lo; i < hi; i++ {
+			rows[i].acked = true
+		}
+		return true
+	}
+
+	// A produce failed: the transaction is aborted.
+	if unknown {
+		prod.bump = true
+	}
+	if _, err := p.endTxn(ctx, prod, false); err != nil && prod.fenced != nil {
+		rows[lo].err = err
+		return false
+	}
+	switch {
+	case first.unknown:
+		rows[lo].err = first.err
+		return false
+	case recordError(first.err):
+		c := first.failed
+		if len(c) == 1 {
+			rows[c[0]].err = classify(first.err, true)
+			p.txnRange(ctx, prod, rows, lo, c[0])
+			return false
+		}
+		mid := c[len(c)/2]
+		if !p.txnRange(ctx, prod, rows, lo, mid) {
+			return false
+		}
+		return p.txnRange(ctx, prod, rows, mid, hi)
+	case errors.Is(classify(first.err, false), ErrUnpublishable):
+		// About the topic (not writable, invalid): every row of the
+		// partition fails, so the rows before its first go alone.
+		cut := idx[first.tp][0]
+		rows[cut].err = classify(first.err, false)
+		p.txnRange(ctx, prod, rows, lo, cut)
+		return false
+	default:
+		rows[lo].err = fmt.Errorf("transaction aborted: %s[%d]: %w", first.tp.topic, first.tp.partition, first.err)
+		return false
+	}
+}
+
+// readyTxn prepares prod for a new transaction: it aborts one that may be
+// open and, when a produce of unknown outcome left the sequence numbers
+// unknown, bumps the epoch (after the abort, which also tells whether the
+// producer was fenced meanwhile: a bump is only ever asked for by a
+// producer whose epoch the coordinator just accepted).
+func (p *KafkaPublisher) readyTxn(ctx context.Context, prod *txnProducer) error {
+	if prod.fenced != nil {
+		return prod.fenced
+	}
+	if prod.open || prod.bump {
+		if _, err := p.endTxn(ctx, prod, false); err != nil {
+			return err
+		}
+	}
+	if prod.bump {
+		pid, epoch, err := p.initProducerID(ctx, prod.id, prod.pid, prod.epoch)
+		if err != nil {
+			if errors.Is(err, ErrFenced) {
+				prod.fenced = p.fencedError(prod, err)
+				return prod.fenced
+			}
+			return fmt.Errorf("bump the producer epoch: %w", err)
+		}
+		prod.pid, prod.epoch = pid, epoch
+		clear(prod.seq)
+		prod.bump = false
+	}
+	return nil
+}
+
+// commit ends prod's transaction with a commit. When the answer is lost
+// (the call's context ended first), the rows are in doubt: the next
+// Publish of the bucket resolves them (see resolveInDoubt).
+func (p *KafkaPublisher) commit(ctx context.Context, prod *txnProducer, rows []row) error {
+	definite, err := p.endTxn(ctx, prod, true)
+	if err == nil {
+		return nil
+	}
+	if !definite && prod.fenced == nil {
+		prod.inDoubt = make([]outbox.UUID, len(rows))
+		for i := range rows {
+			prod.inDoubt[i] = rows[i].id
+		}
+		return fmt.Errorf("commit (outcome unknown, resolved by the next publish of the bucket): %w", err)
+	}
+	return err
+}
+
+// step calls the test hook, if any.
+func (p *KafkaPublisher) step(prod *txnProducer, name string) {
+	if p.txn.hook != nil {
+		p.txn.hook(prod.bucket, name)
+	}
+}
+
+// fencedError is the sticky error of a fenced producer.
+func (p *KafkaPublisher) fencedError(prod *txnProducer, err error) error {
+	if !errors.Is(err, ErrFenced) {
+		err = fmt.Errorf("%w: %w", err, ErrFenced)
+	}
+	return fmt.Errorf("transactional producer %s (epoch %d): %w", prod.id, prod.epoch, err)
+}
+
+// nextSequence returns the sequence number after n records from seq;
+// sequence numbers wrap at math.MaxInt32 to 0, as Kafka's do.
+func nextSequence(seq int32, n int) int32 {
+	return int32((int64(seq) + int64(n)) % (math.MaxInt32 + 1))
+}
+
+// abortOnClose is Close's part for the transactional mode: the owned
+// producers are retired as if the relay had stopped owning them.
+func (p *KafkaPublisher) abortOnClose() {
+	if p.txn == nil {
+		return
+	}
+	p.mu.Lock()
+	prods := make([]*txnProducer, 0, len(p.txn.producers))
+	for b, prod := range p.txn.producers {
+		prods = append(prods, prod)
+		delete(p.txn.producers, b)
+	}
+	p.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, prod := range prods {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p.retire(prod)
+		}()
+	}
+	wg.Wait()
+}
