@@ -125,6 +125,7 @@ import (
 	"github.com/gorm-outbox/outbox/relay"
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
+	"gorm.io/gorm/logger"
 )
 
 // DefaultPruneInterval is how often, at most, an acquisition round deletes
@@ -257,6 +258,9 @@ func New(db *gorm.DB, opts Options) (*Store, error) {
 		now = opts.Clock.Now
 	}
 	cfg := opts.Config.WithDefaults()
+	if db.Logger != nil {
+		db = db.Session(&gorm.Session{Logger: quietErrors{db.Logger}})
+	}
 	return &Store{
 		db:      db,
 		cfg:     cfg,
@@ -705,4 +709,24 @@ func (s *Store) scanLeases(q *gorm.DB, n int, snap *[]outbox.BucketLease) error 
 		*snap = append(*snap, l)
 	}
 	return rows.Err()
+}
+
+// quietErrors is the GORM logger of the store's statements: the user's,
+// except that a failed statement is not reported through it. Its error is
+// returned to the relay, which logs it once with its context (the bucket,
+// the backoff); through GORM's logger it would also print at ERROR with
+// the full SQL on every attempt, every second while the database is down.
+// Successful statements are traced as before (SQL at the user's level,
+// slow queries).
+type quietErrors struct{ logger.Interface }
+
+func (q quietErrors) LogMode(l logger.LogLevel) logger.Interface {
+	return quietErrors{q.Interface.LogMode(l)}
+}
+
+func (q quietErrors) Trace(ctx context.Context, begin time.Time, fc func() (string, int64), err error) {
+	if err != nil {
+		return
+	}
+	q.Interface.Trace(ctx, begin, fc, nil)
 }

@@ -251,11 +251,11 @@ func NewConsumer(ib *Inbox, r Reader, handler string, fn HandlerFunc, opts Consu
 // ConsumerOptions.CommitTimeout. Run must not be called twice at once.
 func (c *Consumer) Run(ctx context.Context) error {
 	if c.opts.DeadLetter != nil {
-		c.log.Info("inbox: consumer starting", "dead_letter_topic", c.dlTopic, "max_attempts", c.opts.MaxAttempts)
+		c.log.Info("consumer starting", "dead_letter_topic", c.dlTopic, "max_attempts", c.opts.MaxAttempts)
 	} else {
-		c.log.Info("inbox: consumer starting; a failing record is retried until it succeeds (no dead-letter topic)")
+		c.log.Info("consumer starting; a failing record is retried until it succeeds (no dead-letter topic)")
 	}
-	defer c.log.Info("inbox: consumer stopped")
+	defer c.log.Info("consumer stopped")
 	for {
 		m, err := c.r.FetchMessage(ctx)
 		if err != nil {
@@ -288,7 +288,7 @@ func (c *Consumer) settle(ctx context.Context, m kafka.Message) bool {
 		})
 		if err == nil {
 			if out == Processed {
-				c.log.Debug("inbox: message processed", "topic", m.Topic, "partition", m.Partition, "offset", m.Offset)
+				c.log.Debug("message processed", "topic", m.Topic, "partition", m.Partition, "offset", m.Offset)
 			}
 			return true
 		}
@@ -312,7 +312,7 @@ func (c *Consumer) settle(ctx context.Context, m kafka.Message) bool {
 			level, lastLogged, lastErr = slog.LevelWarn, now, err.Error()
 		}
 		wait := jitter(backoff)
-		c.log.Log(ctx, level, "inbox: handling failed; retrying the message", "topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "failures", failures, "attempts", attempts, "backoff", wait, "error", err)
+		c.log.Log(ctx, level, "handling failed; retrying the message", "topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "failures", failures, "attempts", attempts, "backoff", wait, "error", err)
 		if !c.sleep(ctx, wait) {
 			return false
 		}
@@ -344,14 +344,14 @@ func (c *Consumer) deadLetter(ctx context.Context, m kafka.Message, attempts int
 		err := c.opts.DeadLetter.WriteMessages(ctx, dl)
 		if err == nil {
 			c.ib.m.deadLettered.Add(context.WithoutCancel(ctx), 1, c.ib.m.attrs(c.handler))
-			c.log.Warn("inbox: message dead-lettered", "topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "attempts", attempts, "dead_letter_topic", c.dlTopic, "error", cause)
+			c.log.Warn("message dead-lettered", "topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "attempts", attempts, "dead_letter_topic", c.dlTopic, "error", cause)
 			return true
 		}
 		if ctx.Err() != nil {
 			return false
 		}
 		wait := jitter(backoff)
-		c.log.Warn("inbox: dead-letter write failed; retrying", "topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "backoff", wait, "error", err)
+		c.log.Warn("dead-letter write failed; retrying", "topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "backoff", wait, "error", err)
 		if !c.sleep(ctx, wait) {
 			return false
 		}
@@ -370,7 +370,7 @@ func (c *Consumer) commit(ctx context.Context, m kafka.Message) bool {
 			err := c.r.CommitMessages(cctx, m)
 			cancel()
 			if err != nil {
-				c.log.Warn("inbox: offset commit at stop failed; the message will be redelivered and skipped as a duplicate", "topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "error", err)
+				c.log.Warn("offset commit at stop failed; the message will be redelivered and skipped as a duplicate", "topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "error", err)
 			}
 			return false
 		}
@@ -382,7 +382,7 @@ func (c *Consumer) commit(ctx context.Context, m kafka.Message) bool {
 			continue // the last attempt above
 		}
 		wait := jitter(backoff)
-		c.log.Warn("inbox: offset commit failed; retrying", "topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "backoff", wait, "error", err)
+		c.log.Warn("offset commit failed; retrying", "topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "backoff", wait, "error", err)
 		if !c.sleep(ctx, wait) {
 			continue
 		}

@@ -110,7 +110,7 @@ func TestConsumer(t *testing.T) {
 				t.Fatalf("effects = %d, %d; want 1, 1", a, b)
 			}
 			collect(t, reader).check(t, readings{inbox.MetricProcessed: 2, inbox.MetricFailures: 2})
-			if warns := logs.Matching("level=WARN msg=\"inbox: handling failed; retrying the message\""); len(warns) != 1 {
+			if warns := logs.Matching("level=WARN msg=\"handling failed; retrying the message\""); len(warns) != 1 {
 				t.Fatalf("WARN lines for a repeated failure = %d; want 1 (then DEBUG):\n%s", len(warns), strings.Join(warns, "\n"))
 			}
 		})
@@ -396,10 +396,16 @@ func TestTwoConsumersOfOneGroupRacingOneID(t *testing.T) {
 			t.Fatalf("effects of the raced id = %d; want 1", n)
 		}
 		after := collect(t, reader)
-		for name, want := range map[string]int64{inbox.MetricProcessed: 1, inbox.MetricDuplicates: 1, inbox.MetricFailures: 0} {
+		for name, want := range map[string]int64{inbox.MetricProcessed: 1, inbox.MetricFailures: 0} {
 			if got := after[name] - before[name]; got != want {
 				t.Errorf("%s rose by %d for the raced id; want %d", name, got, want)
 			}
+		}
+		// Both copies were fetched (below), one was processed and none
+		// failed: the other was a duplicate. A warm-up record that a late
+		// rebalance redelivers meanwhile is one more, so at least one.
+		if got := after[inbox.MetricDuplicates] - before[inbox.MetricDuplicates]; got < 1 {
+			t.Errorf("%s rose by %d for the raced id; want at least 1", inbox.MetricDuplicates, got)
 		}
 		mu.Lock()
 		defer mu.Unlock()

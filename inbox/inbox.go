@@ -155,7 +155,7 @@ func (ib *Inbox) handle(ctx context.Context, handler string, m kafka.Message, fn
 	case err != nil:
 		return 0, fmt.Errorf("inbox: handler %s: message %s: record: %w", handler, id, err)
 	case !inserted:
-		ib.log.Debug("inbox: duplicate skipped", "handler", handler, "message_id", id, "topic", m.Topic, "partition", m.Partition, "offset", m.Offset)
+		ib.log.Debug("duplicate skipped", "handler", handler, "message_id", id, "topic", m.Topic, "partition", m.Partition, "offset", m.Offset)
 		return Duplicate, nil
 	}
 	if err := fn(tx); err != nil {

@@ -48,11 +48,11 @@ func (ib *Inbox) RunPurge(ctx context.Context) error {
 		case ctx.Err() != nil:
 			return nil
 		case err != nil:
-			ib.log.Warn("inbox: purge failed; retrying at the next interval", "purged", n, "next", ib.opts.PurgeInterval, "error", err)
+			ib.log.Warn("purge failed; retrying at the next interval", "purged", n, "next", ib.opts.PurgeInterval, "error", err)
 		case n > 0:
-			ib.log.Info("inbox: purged processed ids", "purged", n, "retention", ib.opts.Retention, "took", ib.clock.Now().Sub(start).Round(time.Millisecond))
+			ib.log.Info("purged processed ids", "purged", n, "retention", ib.opts.Retention, "took", ib.clock.Now().Sub(start).Round(time.Millisecond))
 		default:
-			ib.log.Debug("inbox: nothing to purge", "retention", ib.opts.Retention)
+			ib.log.Debug("nothing to purge", "retention", ib.opts.Retention)
 		}
 		t := ib.clock.NewTimer(ib.opts.PurgeInterval)
 		select {

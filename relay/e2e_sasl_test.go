@@ -194,7 +194,7 @@ func TestSASLWrongPassword(t *testing.T) {
 		}
 	}
 	t.Logf("publish error: %v", rec.errors()[0])
-	warn := logs.Matching("relay: publish failed")
+	warn := logs.Matching("publish failed")
 	if len(warn) == 0 || !strings.Contains(warn[0], "SASL Authentication Failed") || !strings.Contains(warn[0], "level=WARN") {
 		t.Fatalf("WARN lines %q; want a publish failure naming SASL Authentication Failed", warn)
 	}

@@ -97,7 +97,7 @@ func (r *Relay) dropFenced(st *runState, b int, cause error) {
 	st.forgetParked(b)
 	now := r.clock.Now()
 	st.nextRebalance = earliest(st.nextRebalance, now.Add(r.opts.ErrorBackoff))
-	r.log.Warn("relay: bucket fenced at the broker; dropped until the next acquisition round", "relay", r.opts.RelayID, "bucket", b, "error", cause)
+	r.log.Warn("bucket fenced at the broker; dropped until the next acquisition round", "bucket", b, "error", cause)
 	r.noteStuck(st)
 	r.publishOwnership(buckets, validUntil)
 }

@@ -64,7 +64,7 @@ func (r *Relay) acquire(ctx context.Context, st *runState) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		r.log.Warn("relay: acquire leases failed", "relay", r.opts.RelayID, "error", err)
+		r.log.Warn("acquire leases failed", "error", err)
 		st.acquireErr = fmt.Errorf("relay: acquire leases: %w", err)
 		st.nextRebalance = t1.Add(r.opts.ErrorBackoff)
 		return nil
@@ -72,7 +72,7 @@ func (r *Relay) acquire(ctx context.Context, st *runState) error {
 	st.acquireErr = nil
 	validUntil := t0.Add(r.opts.LeaseDuration)
 	if !t1.Before(validUntil) {
-		r.log.Warn("relay: lease acquisition answered after the leases expired", "relay", r.opts.RelayID, "took", t1.Sub(t0))
+		r.log.Warn("lease acquisition answered after the leases expired", "took", t1.Sub(t0))
 		buckets = nil
 	}
 	buckets = slices.DeleteFunc(slices.Clone(buckets), func(b int) bool { return b < 0 || b >= r.opts.BucketCount })
@@ -109,7 +109,7 @@ func (r *Relay) setLeases(st *runState, buckets []int, validUntil time.Time) {
 	}
 	r.noteStuck(st)
 	if !slices.Equal(old, buckets) {
-		r.log.Info("relay: owned buckets changed", "relay", r.opts.RelayID, "buckets", buckets)
+		r.log.Info("owned buckets changed", "buckets", buckets)
 	}
 	r.publishOwnership(buckets, validUntil)
 }
@@ -144,7 +144,7 @@ func (r *Relay) checkLease(st *runState) bool {
 		return false
 	}
 	r.m.expirations.Add(context.Background(), 1, r.m.attrs)
-	r.log.Warn("relay: leases lost", "relay", r.opts.RelayID, "buckets", buckets, "renewal_lost", lost, "expired_for", now.Sub(validUntil))
+	r.log.Warn("leases lost", "buckets", buckets, "renewal_lost", lost, "expired_for", now.Sub(validUntil))
 	r.setLeases(st, nil, time.Time{})
 	st.nextRebalance = now // try to reacquire a fair share at once
 	return false
@@ -258,7 +258,7 @@ func (r *Relay) watchPublish(pubCtx context.Context, done <-chan struct{}) {
 		select {
 		case <-done: // the publish returned first: publish cancelled pubCtx
 		default:
-			r.log.Warn("relay: in-flight publish outlived the stop budget; cancelled", "relay", r.opts.RelayID, "stop_timeout", r.opts.StopTimeout)
+			r.log.Warn("in-flight publish outlived the stop budget; cancelled", "stop_timeout", r.opts.StopTimeout)
 		}
 	}
 }
@@ -282,13 +282,13 @@ func (r *Relay) renew(ctx context.Context, st *runState) {
 	switch {
 	case err != nil:
 		if ctx.Err() == nil {
-			r.log.Warn("relay: renew leases failed", "relay", r.opts.RelayID, "error", err)
+			r.log.Warn("renew leases failed", "error", err)
 		}
 	case !ok:
-		r.log.Warn("relay: renewal reported the leases lost", "relay", r.opts.RelayID, "buckets", buckets)
+		r.log.Warn("renewal reported the leases lost", "buckets", buckets)
 		st.lease.lost = true
 	case !t1.Before(validUntil):
-		r.log.Warn("relay: renewal answered after the leases expired", "relay", r.opts.RelayID, "buckets", buckets, "took", t1.Sub(t0))
+		r.log.Warn("renewal answered after the leases expired", "buckets", buckets, "took", t1.Sub(t0))
 		st.lease.lost = true
 	default:
 		if v := t0.Add(r.opts.LeaseDuration); v.After(st.lease.validUntil) {

@@ -274,7 +274,7 @@ func (r *Relay) sampleBacklog(ctx context.Context) {
 			case ctx.Err() != nil:
 				return
 			case err != nil:
-				r.log.Warn("relay: backlog sample failed", "relay", r.opts.RelayID, "error", err)
+				r.log.Warn("backlog sample failed", "error", err)
 				r.pending.Store(nil)
 			case p == nil || p.Count < 0:
 				r.pending.Store(nil)

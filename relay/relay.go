@@ -104,7 +104,7 @@ func New(store Store, pub Publisher, opts Options) (*Relay, error) {
 		pub:         pub,
 		opts:        o,
 		clock:       o.Clock,
-		log:         o.Logger,
+		log:         o.Logger.With("relay", o.RelayID, "outbox", o.MetricsName), // said once, on every line
 		notifier:    n,
 		ownNotifier: o.Notifier == nil,
 		m:           m,
@@ -267,10 +267,10 @@ func (r *Relay) Run(ctx context.Context) error {
 		return errors.New("relay: Run called while the relay is already running")
 	}
 	defer r.running.Store(false)
-	r.log.Info("relay: starting", "relay", r.opts.RelayID, "buckets", r.opts.BucketCount)
+	r.log.Info("starting", "buckets", r.opts.BucketCount)
 	if r.ownNotifier && r.opts.HintTransport == nil && !r.notifierTaken.Load() && r.pollNoticed.CompareAndSwap(false, true) {
-		r.log.Info("relay: no notifier wired, so commits are found by polling every poll_interval; for commits to wake the relay, pass one relay.NewNotifier() to outbox.Plugin and to Options.Notifier, or set Options.HintTransport (package pgnotify) when the writers run in other processes",
-			"relay", r.opts.RelayID, "poll_interval", r.opts.PollInterval)
+		r.log.Info("no notifier wired, so commits are found by polling every poll_interval; for commits to wake the relay, pass one relay.NewNotifier() to outbox.Plugin and to Options.Notifier, or set Options.HintTransport (package pgnotify) when the writers run in other processes",
+			"poll_interval", r.opts.PollInterval)
 	}
 
 	reg, err := r.registerGauges()
@@ -348,10 +348,10 @@ func (r *Relay) Run(ctx context.Context) error {
 	close(stopped)
 	bwg.Wait()
 	if err != nil {
-		r.log.Error("relay: stopped by a fatal error", "relay", r.opts.RelayID, "error", err)
+		r.log.Error("stopped by a fatal error", "error", err)
 		return err
 	}
-	r.log.Info("relay: stopped", "relay", r.opts.RelayID)
+	r.log.Info("stopped")
 	return nil
 }
 
@@ -399,7 +399,7 @@ func (r *Relay) stop(release context.Context, st *runState) {
 		return
 	}
 	if err := r.releaser.ReleaseBucketLeases(release, r.opts.RelayID); err != nil {
-		r.log.Warn("relay: release leases failed; peers take over when they expire", "relay", r.opts.RelayID, "error", err)
+		r.log.Warn("release leases failed; peers take over when they expire", "error", err)
 	}
 }
 
@@ -427,7 +427,7 @@ func (r *Relay) loop(ctx, cleanup context.Context, st *runState) error {
 		case ctx.Err() != nil:
 			return nil
 		case errors.As(err, &se):
-			r.log.Warn("relay: store error; backing off", "relay", r.opts.RelayID, "error", se.err, "backoff", r.opts.ErrorBackoff)
+			r.log.Warn("store error; backing off", "error", se.err, "backoff", r.opts.ErrorBackoff)
 			r.sleep(ctx, r.opts.ErrorBackoff)
 			continue
 		case err != nil:
@@ -506,11 +506,11 @@ func (r *Relay) checkClockOffset() {
 	switch {
 	case !r.clockWarned && abs-unc.Abs() > ClockOffsetWarnThreshold:
 		r.clockWarned = true
-		r.log.Warn("relay: this host's clock is off from the database's; leases do not depend on it (they run on the database's clock), but created_at (stamped by the writers' hosts) and the backlog ages measured from it on this host do: synchronise the host clocks (NTP)",
-			"relay", r.opts.RelayID, "offset", off, "uncertainty", unc, "threshold", ClockOffsetWarnThreshold)
+		r.log.Warn("this host's clock is off from the database's; leases do not depend on it (they run on the database's clock), but created_at (stamped by the writers' hosts) and the backlog ages measured from it on this host do: synchronise the host clocks (NTP)",
+			"offset", off, "uncertainty", unc, "threshold", ClockOffsetWarnThreshold)
 	case r.clockWarned && abs <= ClockOffsetWarnThreshold:
 		r.clockWarned = false
-		r.log.Info("relay: this host's clock is back within the threshold of the database's", "relay", r.opts.RelayID, "offset", off, "threshold", ClockOffsetWarnThreshold)
+		r.log.Info("this host's clock is back within the threshold of the database's", "offset", off, "threshold", ClockOffsetWarnThreshold)
 	}
 }
 
@@ -723,7 +723,7 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 			return nil
 		}
 		if st.lease.remaining(r.clock.Now()) < need {
-			r.log.Error("relay: lease too short for MaxPublishDuration; rows kept unpublished", "relay", r.opts.RelayID, "bucket", b, "max_publish_duration", r.opts.MaxPublishDuration)
+			r.log.Error("lease too short for MaxPublishDuration; rows kept unpublished", "bucket", b, "max_publish_duration", r.opts.MaxPublishDuration)
 			return errStore{fmt.Errorf("relay: bucket %d: lease shorter than MaxPublishDuration + LeaseRenewInterval", b)}
 		}
 	}
@@ -750,14 +750,16 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 		fatal = fmt.Errorf("relay: bucket %d: publish took %v, more than Options.MaxPublishDuration %v: %w", b, took, r.opts.MaxPublishDuration, ErrMisconfigured)
 	}
 
+	var markStart time.Time
 	if ack > 0 {
 		if !r.ownsBucket(st, b) {
 			return fatal // a peer may own the rows now: mark nothing
 		}
 		failpoint("relay/during-delete")
+		markStart = r.clock.Now()
 		if err := r.store.MarkPublished(cleanup, b, pub[:ack]); err != nil {
 			if ctx.Err() != nil {
-				r.log.Warn("relay: mark published failed during the stop; the next owner republishes the rows", "relay", r.opts.RelayID, "bucket", b, "rows", ack, "error", err)
+				r.log.Warn("mark published failed during the stop; the next owner republishes the rows", "bucket", b, "rows", ack, "error", err)
 			} else {
 				// Retried before the bucket's next fetch, while the lease
 				// holds; only a takeover republishes them.
@@ -768,6 +770,10 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 			}
 			return errBucket{fmt.Errorf("relay: bucket %d: mark published: %w", b, err)}
 		}
+	}
+	if ack > 0 && r.log.Enabled(ctx, slog.LevelDebug) {
+		r.log.DebugContext(ctx, "batch published", "bucket", b, "rows", len(pub), "acknowledged", ack,
+			"publish_ms", took.Milliseconds(), "delete_ms", r.clock.Now().Sub(markStart).Milliseconds())
 	}
 	if fatal != nil {
 		return fatal
@@ -785,7 +791,7 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 			return err
 		}
 		hr, wait := r.retryLater(st, b, nil, true)
-		r.log.Warn("relay: publish failed; retrying the head row alone", "relay", r.opts.RelayID, "bucket", b, "acknowledged", ack, "batch", len(pub), "attempt", hr.attempts, "backoff", wait, "error", res.Err)
+		r.log.Warn("publish failed; retrying the head row alone", "bucket", b, "acknowledged", ack, "batch", len(pub), "attempt", hr.attempts, "backoff", wait, "error", res.Err)
 		return nil
 	}
 	st.clearRetry(b)
@@ -833,7 +839,7 @@ func (r *Relay) bucketFailed(st *runState, b int, err error) {
 		return
 	}
 	hr, wait := r.retryLater(st, b, err, false)
-	r.log.Warn("relay: bucket store error; backing off this bucket, the others go on", "relay", r.opts.RelayID, "bucket", b, "attempt", hr.attempts, "backoff", wait, "failing_for", r.clock.Now().Sub(hr.since), "error", err)
+	r.log.Warn("bucket store error; backing off this bucket, the others go on", "bucket", b, "attempt", hr.attempts, "backoff", wait, "failing_for", r.clock.Now().Sub(hr.since), "error", err)
 }
 
 // everyBucketFailing returns, for Health, an error when the relay owns

@@ -42,7 +42,7 @@ func (r *Relay) runTransport(ctx context.Context, done func()) {
 			if ctx.Err() != nil {
 				return
 			}
-			r.log.Warn("relay: notification listener ended; restarting after backoff", "relay", r.opts.RelayID, "error", err, "backoff", r.opts.ErrorBackoff)
+			r.log.Warn("notification listener ended; restarting after backoff", "error", err, "backoff", r.opts.ErrorBackoff)
 			r.pause(ctx, r.opts.ErrorBackoff)
 		}
 	}()
@@ -65,7 +65,7 @@ func (r *Relay) runTransport(ctx context.Context, done func()) {
 			if ctx.Err() != nil {
 				return
 			}
-			r.log.Warn("relay: notification send failed; hints dropped", "relay", r.opts.RelayID, "error", err, "backoff", r.opts.ErrorBackoff)
+			r.log.Warn("notification send failed; hints dropped", "error", err, "backoff", r.opts.ErrorBackoff)
 			r.pause(ctx, r.opts.ErrorBackoff)
 		}
 	}

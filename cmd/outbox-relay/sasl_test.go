@@ -107,7 +107,7 @@ func TestWorkerSASLSSL(t *testing.T) {
 				break
 			}
 		}
-		if !strings.Contains(warn, `"level":"WARN"`) || !strings.Contains(warn, "relay: publish failed") ||
+		if !strings.Contains(warn, `"level":"WARN"`) || !strings.Contains(warn, "publish failed") ||
 			!strings.Contains(warn, "invalid credentials with SASL mechanism SCRAM-SHA-512") {
 			t.Errorf("log line %s; want a WARN publish failure naming the invalid SCRAM-SHA-512 credentials", warn)
 		}

@@ -202,7 +202,7 @@ func TestRelayRecoversFromDatabaseOutage(t *testing.T) {
 	time.Sleep(4 * time.Second)
 	pg.ctl(t, "start", "-w")
 	r.enqueue(t, 1000)
-	r.finish(t, "relay: store error; backing off")
+	r.finish(t, "store error; backing off")
 }
 
 // TestRelayRecoversFromBrokerOutage makes the in-process broker drop every
@@ -229,7 +229,7 @@ func TestRelayRecoversFromBrokerOutage(t *testing.T) {
 	time.Sleep(5 * time.Second)
 	down.Store(false)
 	r.enqueue(t, 500)
-	r.finish(t, "relay: publish failed")
+	r.finish(t, "publish failed")
 }
 
 // freshDB opens a fresh database of setupDB's kind, dropped when the test

@@ -500,12 +500,12 @@ const dbKillEcho = 2 * time.Second
 // storeWarnMessages are the relay's WARN messages about a failed store
 // statement.
 var storeWarnMessages = []string{
-	`msg="relay: store error; backing off"`,
-	`msg="relay: bucket store error;`,
-	`msg="relay: acquire leases failed"`,
-	`msg="relay: renew leases failed"`,
-	`msg="relay: release leases failed;`,
-	`msg="relay: mark published failed`,
+	`msg="store error; backing off"`,
+	`msg="bucket store error;`,
+	`msg="acquire leases failed"`,
+	`msg="renew leases failed"`,
+	`msg="release leases failed;`,
+	`msg="mark published failed`,
 }
 
 // storeWarnings returns the times of the store-error WARN lines in the
