@@ -96,23 +96,22 @@ func (c KafkaCluster) Start(ctx context.Context, node int) error {
 	return nil
 }
 
-// servicesScript finds scripts/services.sh above the working directory.
+// servicesScript finds scripts/services.sh in the working directory or
+// above it: the repository root, which holds the library's go.mod, above
+// the nested modules (cmd/, examples/) that have their own.
 func servicesScript() (string, error) {
 	dir, err := os.Getwd()
 	if err != nil {
 		return "", err
 	}
 	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			s := filepath.Join(dir, "scripts", "services.sh")
-			if _, err := os.Stat(s); err != nil {
-				return "", fmt.Errorf("testenv: %w", err)
-			}
+		s := filepath.Join(dir, "scripts", "services.sh")
+		if _, err := os.Stat(s); err == nil {
 			return s, nil
 		}
 		parent := filepath.Dir(dir)
 		if parent == dir {
-			return "", errors.New("testenv: no go.mod above the working directory")
+			return "", errors.New("testenv: no scripts/services.sh in the working directory or above it")
 		}
 		dir = parent
 	}
