@@ -48,8 +48,8 @@
 #   OUTBOX_PGBOUNCER_PORT         PgBouncer (transaction pooling) (56432)
 #   OUTBOX_CLUSTER_DIR            the cluster's state             (/tmp/gorm-outbox-cluster)
 #   OUTBOX_CLUSTER_PORT           node 1's client listener; node N: +N-1, its controller +N+2
-#                                                                 (59192: clients 59192-59194,
-#                                                                  controllers 59195-59197)
+#                                                                 (29192: clients 29192-29194,
+#                                                                  controllers 29195-29197)
 #   OUTBOX_CLUSTER_HEAP           each cluster node's JVM -Xmx    (512m)
 #   OUTBOX_FAST_UNSAFE=1          PostgreSQL without fsync, MariaDB without a flush per commit:
 #                                 faster, but a killed server loses acknowledged commits
@@ -89,6 +89,11 @@ log() { printf '%s [%s] %s\n' "$(date +%H:%M:%S)" "$TAG" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
 show_log() { # file [lines]
 	if [[ -s $1 ]]; then
+		# a JVM's shutdown buries the cause under its last lines
+		if grep -qE '(ERROR|FATAL|Exception)' "$1"; then
+			log "first error lines of $1:"
+			grep -m 12 -E '(ERROR|FATAL|Exception)' "$1" | cut -c1-400 | sed 's/^/    | /' >&2
+		fi
 		log "last ${2:-40} lines of $1:"
 		tail -n "${2:-40}" "$1" | sed 's/^/    | /' >&2
 	else
@@ -1062,13 +1067,18 @@ status_pgbouncer() {
 # a power cut of the machine would (all three nodes share it).
 #
 # Its own state directory, ports and lock: it runs beside the single-node
-# services and never touches them. Node N (1..3) has the client listener
+# services and never touches them. Its ports lie below Linux's ephemeral
+# range (32768-60999): the cluster starts, and its nodes restart, after
+# the test suite has cycled through thousands of outbound connections,
+# and a node whose port an outbound socket holds at that moment exits
+# with "Address already in use" (the suspected cause of a CI run where
+# node 3 exited 15 s into its start, when the ports were 59192-59197). Node N (1..3) has the client listener
 # CLUSTER_PORT+N-1 and the controller listener CLUSTER_PORT+N+2, its
 # configuration, log directory, log and pid file in $CL_DIR/node-N. The JVM
 # flags are kf_launch's, with the heap OUTBOX_CLUSTER_HEAP.
 
 CL_DIR=${OUTBOX_CLUSTER_DIR:-/tmp/gorm-outbox-cluster}
-CL_PORT=${OUTBOX_CLUSTER_PORT:-59192}
+CL_PORT=${OUTBOX_CLUSTER_PORT:-29192}
 CL_HEAP=${OUTBOX_CLUSTER_HEAP:-512m}
 CL_NODES=(1 2 3)
 
@@ -1276,8 +1286,20 @@ cmd_start_cluster() {
 		# quorum (two of the three controllers) has a leader
 		for n in "${todo[@]}"; do cl_spawn "$n" || die "node $n did not start (logs in $(cl_node_dir "$n"))"; done
 	fi
-	local failed=()
+	local failed=() retry=()
 	for n in "${CL_NODES[@]}"; do cl_wait_started "$n" || failed+=("$n"); done
+	# a node that exited while the others run gets one more start: the
+	# quorum is up by now and takes it back
+	for n in "${failed[@]}"; do
+		if ! cl_running "$n"; then
+			log "node $n exited while starting: starting it once more"
+			rm -f "$(cl_node_dir "$n")/pid"
+			cl_check_ports "$n"
+			cl_spawn "$n" && cl_wait_started "$n" && continue
+		fi
+		retry+=("$n")
+	done
+	failed=("${retry[@]}")
 	((${#failed[@]} == 0)) || die "node(s) ${failed[*]} did not start (logs in $CL_DIR/node-N; '$0 stop-cluster' stops the others)"
 	log "all three nodes started in $(since "$t0")s; checking the controller quorum"
 	local leader=

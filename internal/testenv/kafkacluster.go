@@ -18,7 +18,7 @@ import (
 // are opt-in).
 const (
 	// EnvKafkaCluster lists the cluster's bootstrap addresses, e.g.
-	// 127.0.0.1:59192,127.0.0.1:59193,127.0.0.1:59194.
+	// 127.0.0.1:29192,127.0.0.1:29193,127.0.0.1:29194.
 	EnvKafkaCluster = "OUTBOX_TEST_KAFKA_CLUSTER_BROKERS"
 	// EnvKafkaClusterDir is the cluster's state directory: node N's pid
 	// file is node-N/pid (N is the broker's node.id).
