@@ -61,7 +61,7 @@ func (s *notifyState) notify(buckets []int) {
 func (s *notifyState) call(buckets []int) {
 	defer func() {
 		if r := recover(); r != nil {
-			s.logger.Error("outbox: notifier panicked", "panic", fmt.Sprint(r), "buckets", buckets)
+			s.logger.Error("commit notifier panicked", "panic", fmt.Sprint(r), "buckets", buckets)
 		}
 	}()
 	bn, ok := s.notifier.(BucketNotifier)
@@ -81,7 +81,7 @@ func (s *notifyState) cannotNotify(cp gorm.ConnPool) {
 	if s.notifier == nil || !s.unnotifiable.CompareAndSwap(false, true) {
 		return
 	}
-	s.logger.Warn("outbox: outbox rows were written in a transaction the plugin cannot follow to its commit, so their relay is not woken and finds them by polling; "+
+	s.logger.Warn("outbox rows were written in a transaction the plugin cannot follow to its commit, so their relay is not woken and finds them by polling; "+
 		"begin transactions on a *gorm.DB (or a session) derived after db.Use(outbox.Plugin{...}), not on one derived before it, nor on a pool another plugin opened",
 		"conn_pool", fmt.Sprintf("%T", cp))
 }

@@ -210,14 +210,14 @@ func (t *Transport) Listen(ctx context.Context, fn func(bucket int)) error {
 	}()
 	if err := t.probe(ctx, conn); err != nil {
 		if errors.Is(err, ErrTransactionPooler) {
-			t.cfg.Logger.Error("pgnotify: cannot listen: the connection is transaction-pooled", "channel", t.cfg.Channel, "error", err)
+			t.cfg.Logger.ErrorContext(ctx, "notification listener cannot listen: the connection is transaction-pooled", "channel", t.cfg.Channel, "error", err)
 		}
 		return err
 	}
 	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{t.cfg.Channel}.Sanitize()); err != nil {
 		return fmt.Errorf("pgnotify: listen %s: %w", t.cfg.Channel, err)
 	}
-	t.cfg.Logger.Debug("pgnotify: listening", "channel", t.cfg.Channel)
+	t.cfg.Logger.DebugContext(ctx, "notification listener listening", "channel", t.cfg.Channel)
 	for {
 		n, err := conn.WaitForNotification(ctx)
 		if err != nil {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/internal/logrepeat"
 )
 
 // maxPendingBuckets bounds what a Sender holds between two sends; beyond it
@@ -29,8 +30,9 @@ const DefaultSendBackoff = time.Second
 // (a set of bucket ids, or "unknown" once more than 1,024 are pending) and
 // sent by Run's goroutine. Hints are advisory; the relays still poll.
 type Sender struct {
-	t    *Transport
-	opts SenderOptions
+	t       *Transport
+	opts    SenderOptions
+	repeats *logrepeat.Limiter
 
 	mu      sync.Mutex
 	pending map[int]struct{}
@@ -60,7 +62,7 @@ func (t *Transport) NewSender(opts SenderOptions) *Sender {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	return &Sender{t: t, opts: opts, pending: map[int]struct{}{}, wake: make(chan struct{}, 1)}
+	return &Sender{t: t, opts: opts, repeats: logrepeat.New(logrepeat.Interval), pending: map[int]struct{}{}, wake: make(chan struct{}, 1)}
 }
 
 // NonBlockingNotifier marks the Sender as never blocking (outbox.NonBlocking).
@@ -111,7 +113,9 @@ func (s *Sender) take(dst []int) []int {
 
 // Run sends the pending hints until ctx is done, and then returns nil, as
 // relay.Relay.Run does after a clean stop.
-// A failed send drops its batch, is logged, and waits Backoff. Hints
+// A failed send drops its batch, is logged (at WARN the first time, then
+// the same error at most once a minute, DEBUG in between), and waits
+// Backoff. Hints
 // recorded after Run returned are never sent.
 func (s *Sender) Run(ctx context.Context) error {
 	var buf []int
@@ -129,7 +133,12 @@ func (s *Sender) Run(ctx context.Context) error {
 			if ctx.Err() != nil {
 				return nil
 			}
-			s.opts.Logger.Warn("pgnotify: send failed; hints dropped", "channel", s.t.cfg.Channel, "error", err, "backoff", s.opts.Backoff)
+			level, repeated := s.repeats.Failure("send", err, time.Now())
+			args := []any{"channel", s.t.cfg.Channel, "backoff", s.opts.Backoff}
+			if repeated > 0 {
+				args = append(args, "repeated", repeated)
+			}
+			s.opts.Logger.Log(ctx, level, "notification send failed; hints dropped", append(args, "error", err)...)
 			t := time.NewTimer(s.opts.Backoff)
 			select {
 			case <-ctx.Done():
@@ -137,6 +146,10 @@ func (s *Sender) Run(ctx context.Context) error {
 				return nil
 			case <-t.C:
 			}
+			continue
+		}
+		if n, since := s.repeats.Recovered("send"); n > 0 {
+			s.opts.Logger.InfoContext(ctx, "notification send succeeds again", "channel", s.t.cfg.Channel, "failures", n, "failing_for", time.Since(since))
 		}
 	}
 }

@@ -78,6 +78,13 @@ func (c *opCounter) failNext(op string, n int) {
 	c.fail[op] += n
 }
 
+// remaining returns the failures still to inject into op.
+func (c *opCounter) remaining(op string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.fail[op]
+}
+
 func (c *opCounter) setBlock(op string, f func(ctx context.Context) error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -64,15 +64,16 @@ func (r *Relay) acquire(ctx context.Context, st *runState) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		r.log.Warn("acquire leases failed", "error", err)
+		r.logFailure(ctx, "acquire", "acquire leases failed", err)
 		st.acquireErr = fmt.Errorf("relay: acquire leases: %w", err)
 		st.nextRebalance = t1.Add(r.opts.ErrorBackoff)
 		return nil
 	}
 	st.acquireErr = nil
+	r.logRecovered(ctx, "acquire", "acquire leases succeeds again")
 	validUntil := t0.Add(r.opts.LeaseDuration)
 	if !t1.Before(validUntil) {
-		r.log.Warn("lease acquisition answered after the leases expired", "took", t1.Sub(t0))
+		r.log.WarnContext(ctx, "lease acquisition answered after the leases expired", "took", t1.Sub(t0))
 		buckets = nil
 	}
 	buckets = slices.DeleteFunc(slices.Clone(buckets), func(b int) bool { return b < 0 || b >= r.opts.BucketCount })
@@ -282,15 +283,16 @@ func (r *Relay) renew(ctx context.Context, st *runState) {
 	switch {
 	case err != nil:
 		if ctx.Err() == nil {
-			r.log.Warn("renew leases failed", "error", err)
+			r.logFailure(ctx, "renew", "renew leases failed", err)
 		}
 	case !ok:
-		r.log.Warn("renewal reported the leases lost", "buckets", buckets)
+		r.log.WarnContext(ctx, "renewal reported the leases lost", "buckets", buckets)
 		st.lease.lost = true
 	case !t1.Before(validUntil):
-		r.log.Warn("renewal answered after the leases expired", "buckets", buckets, "took", t1.Sub(t0))
+		r.log.WarnContext(ctx, "renewal answered after the leases expired", "buckets", buckets, "took", t1.Sub(t0))
 		st.lease.lost = true
 	default:
+		r.logRecovered(ctx, "renew", "renew leases succeeds again")
 		if v := t0.Add(r.opts.LeaseDuration); v.After(st.lease.validUntil) {
 			st.lease.validUntil = v
 			if len(buckets) > 0 && buckets[0] == 0 {

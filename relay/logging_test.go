@@ -4,11 +4,14 @@ import (
 	"bytes"
 	"encoding/json"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/gorm-outbox/outbox/relay"
+	"github.com/gorm-outbox/outbox/relay/relaytest"
 )
 
 // syncBuffer is a bytes.Buffer safe for the relay's goroutines.
@@ -72,5 +75,105 @@ func TestLogsSayThingsOnce(t *testing.T) {
 	}
 	if batches[0] != 3 || batches[1] != 2 {
 		t.Fatalf("DEBUG batch lines account for %v rows per bucket; want 3 in bucket 0 and 2 in bucket 1:\n%s", batches, buf.String())
+	}
+}
+
+// TestStoreOutageLogsBoundedLines: a database that is down for ten minutes
+// (every store call fails, the relay retrying each second) leaves about one
+// WARN line per minute per failing operation, the later ones saying how
+// many times the failure repeated in between at DEBUG; when the database
+// is back, one INFO line per operation says so, with the failures counted.
+func TestStoreOutageLogsBoundedLines(t *testing.T) {
+	var buf syncBuffer
+	logger := slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	h := newHarness(t, relay.Options{BucketCount: 4, Logger: logger}, nil)
+	h.store.AddToBucket(0, msgs(2, "t")...)
+	h.start()
+	h.waitFor("store empty", func() bool { return h.store.Len() == 0 })
+	h.waitIdle()
+
+	down := []string{relaytest.OpAcquire, relaytest.OpRenew, relaytest.OpRelease, relaytest.OpBucketsWithPending, relaytest.OpNextBatch, relaytest.OpMarkPublished}
+	for _, op := range down {
+		h.ops.failNext(op, 1<<30)
+	}
+	const outage = 10 * time.Minute
+	for elapsed := time.Duration(0); elapsed < outage; elapsed += time.Second {
+		h.advanceIdle(time.Second)
+	}
+	for _, op := range down {
+		h.ops.failNext(op, -h.ops.remaining(op))
+	}
+	h.store.AddToBucket(1, msgs(1, "t")...)
+	h.waitFor("the relay to deliver after the outage", func() bool {
+		h.clock.Advance(time.Second)
+		return h.store.Len() == 0
+	})
+	if err := h.stop(); err != nil {
+		t.Fatal(err)
+	}
+
+	type count struct{ warn, debug, repeated int }
+	byMsg := map[string]*count{}
+	var recovered []string
+	for _, line := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
+		var rec map[string]any
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Fatalf("log line %q: %v", line, err)
+		}
+		msg, _ := rec["msg"].(string)
+		e, _ := rec["error"].(string)
+		if !strings.Contains(e, "injected") {
+			if strings.HasSuffix(msg, "succeeds again") || msg == "store answers again" {
+				if n, _ := rec["failures"].(float64); n < 2 {
+					t.Errorf("recovery line %s counts %v failures; want the outage's", line, rec["failures"])
+				}
+				recovered = append(recovered, msg)
+			}
+			continue
+		}
+		c := byMsg[msg]
+		if c == nil {
+			c = &count{}
+			byMsg[msg] = c
+		}
+		switch rec["level"] {
+		case "WARN":
+			c.warn++
+			if n, _ := rec["repeated"].(float64); n > 0 {
+				c.repeated += int(n)
+			}
+		case "DEBUG":
+			c.debug++
+		default:
+			t.Errorf("store failure logged at %v: %s", rec["level"], line)
+		}
+	}
+	if len(byMsg) == 0 {
+		t.Fatalf("no store failure was logged during the outage:\n%s", buf.String())
+	}
+	total := 0
+	for msg, c := range byMsg {
+		total += c.warn
+		if max := int(outage/time.Minute) + 1; c.warn > max {
+			t.Errorf("%q: %d WARN lines in a %v outage; want at most %d (one a minute)", msg, c.warn, outage, max)
+		}
+		if c.warn > 1 && c.repeated == 0 {
+			t.Errorf("%q: %d WARN lines, none saying how often it repeated", msg, c.warn)
+		}
+		// the DEBUG lines after the last WARN line are not counted by
+		// any: at most a minute's worth
+		if c.repeated > c.debug || c.debug-c.repeated >= 60 {
+			t.Errorf("%q: the WARN lines account for %d repeats of %d DEBUG lines", msg, c.repeated, c.debug)
+		}
+	}
+	t.Logf("a %v outage: %d WARN lines in all; per message: %v", outage, total, func() map[string]count {
+		m := map[string]count{}
+		for k, v := range byMsg {
+			m[k] = *v
+		}
+		return m
+	}())
+	if !slices.Contains(recovered, "acquire leases succeeds again") {
+		t.Errorf("no INFO line said the lease acquisition recovered; recovery lines: %v", recovered)
 	}
 }

@@ -274,7 +274,7 @@ func (r *Relay) sampleBacklog(ctx context.Context) {
 			case ctx.Err() != nil:
 				return
 			case err != nil:
-				r.log.Warn("backlog sample failed", "error", err)
+				r.logFailure(ctx, "backlog", "backlog sample failed", err)
 				r.pending.Store(nil)
 			case p == nil || p.Count < 0:
 				r.pending.Store(nil)
@@ -282,6 +282,9 @@ func (r *Relay) sampleBacklog(ctx context.Context) {
 				r.pending.Store(nil) // ownership lost during the query
 			default:
 				r.pending.Store(&pendingSample{count: p.Count, oldest: p.Oldest, parked: max(p.Parked, 0)})
+			}
+			if err == nil {
+				r.logRecovered(ctx, "backlog", "backlog sample succeeds again")
 			}
 		}
 		t := r.clock.NewTimer(r.opts.MetricsInterval)

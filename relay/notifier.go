@@ -120,7 +120,7 @@ func (n *Notifier) checkAttached() {
 	if n.attached.Load() || !n.warned.CompareAndSwap(false, true) {
 		return
 	}
-	slog.Default().Warn("relay: a commit notified a notifier that no relay uses (yet); until relay.New takes it in Options.Notifier, commits wait for polling. Harmless once at startup, before the relay is built; otherwise pass this notifier to relay.New")
+	slog.Default().Warn("a commit notified a notifier that no relay uses (yet); until relay.New takes it in Options.Notifier, commits wait for polling. Harmless once at startup, before the relay is built; otherwise pass this notifier to relay.New")
 }
 
 // receive takes a hint from the transport: it may wake this relay, and is

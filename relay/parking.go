@@ -81,7 +81,7 @@ func (r *Relay) loadParked(ctx context.Context, st *runState, owned []int) {
 			_, wait := r.retryLater(st, b, err, false)
 			waits = append(waits, wait)
 		}
-		r.log.Warn("loading parked keys failed; backing off these buckets, the others go on", "buckets", need, "backoff", waits[0], "error", err)
+		r.logFailure(ctx, "load parked", "loading parked keys failed; backing off these buckets, the others go on", err, "buckets", need, "backoff", waits[0])
 		return
 	}
 	for _, b := range need {
@@ -103,7 +103,7 @@ func (r *Relay) loadParked(ctx context.Context, st *runState, owned []int) {
 		}
 	}
 	if n > 0 {
-		r.log.Info("parked keys loaded; their later rows wait until they are requeued", "buckets", need, "keys", n)
+		r.log.InfoContext(ctx, "parked keys loaded; their later rows wait until they are requeued", "buckets", need, "keys", n)
 	}
 }
 
@@ -143,7 +143,7 @@ func (r *Relay) holdParked(ctx context.Context, st *runState, b int, batch []*ou
 		}
 		if m.ID <= head { // the key was requeued: its rows flow again
 			delete(keys, k)
-			r.log.Info("parked key requeued; its rows flow again", "bucket", b, "key", printableKey(m.Key), "head", head)
+			r.log.InfoContext(ctx, "parked key requeued; its rows flow again", "bucket", b, "key", printableKey(m.Key), "head", head)
 			continue
 		}
 		h := holds[k]
@@ -173,11 +173,11 @@ func (r *Relay) holdParked(ctx context.Context, st *runState, b int, batch []*ou
 			// lower id) comes first in the next batch.
 			delete(keys, k)
 			end = h.first
-			r.log.Info("parked key requeued or deleted meanwhile; its rows flow again from the next batch", "bucket", b, "key", printableKey([]byte(k)), "head", h.head)
+			r.log.InfoContext(ctx, "parked key requeued or deleted meanwhile; its rows flow again from the next batch", "bucket", b, "key", printableKey([]byte(k)), "head", h.head)
 			continue
 		}
 		r.m.countParked(ParkReasonHeld, len(h.ids))
-		r.log.Debug("rows held behind the parked row of their key", "bucket", b, "head", h.head, "rows", len(h.ids), "first", h.ids[0], "last", h.ids[len(h.ids)-1])
+		r.log.DebugContext(ctx, "rows held behind the parked row of their key", "bucket", b, "head", h.head, "rows", len(h.ids), "first", h.ids[0], "last", h.ids[len(h.ids)-1])
 	}
 	pub = make([]*outbox.Message, 0, end)
 	for i, m := range batch[:end] {
@@ -218,7 +218,7 @@ func (r *Relay) parkCorrupt(ctx context.Context, st *runState, b int, ce *Corrup
 		return errBucket{fmt.Errorf("relay: bucket %d: park corrupt row %d: %w", b, ce.ID, err)}
 	}
 	r.m.countParked(ParkReasonCorrupt, 1)
-	r.log.Warn("corrupt row parked; the rest of its bucket goes on", "bucket", b, "id", ce.ID, "reason", reason)
+	r.log.WarnContext(ctx, "corrupt row parked; the rest of its bucket goes on", "bucket", b, "id", ce.ID, "reason", reason)
 	st.clearRetry(b)
 	st.strikes[b] = nil
 	st.ready[b] = true
@@ -270,7 +270,7 @@ func (r *Relay) strike(ctx context.Context, st *runState, b int, batch []*outbox
 	if !can {
 		if !s.deferred {
 			s.deferred = true
-			r.log.Warn("parking deferred: a live relay predates parking; retrying the row", "bucket", b, "id", row.ID, "message_id", row.MessageID.String(), "topic", row.Topic, "attempts", s.n, "error", pubErr)
+			r.log.WarnContext(ctx, "parking deferred: a live relay predates parking; retrying the row", "bucket", b, "id", row.ID, "message_id", row.MessageID.String(), "topic", row.Topic, "attempts", s.n, "error", pubErr)
 		}
 		return false, nil
 	}
@@ -289,7 +289,7 @@ func (r *Relay) strike(ctx context.Context, st *runState, b int, batch []*outbox
 		class = ParkReasonUnpublishable
 	}
 	r.m.countParked(class, 1)
-	r.log.Warn("row parked; later rows of its key wait until it is requeued", "bucket", b, "id", row.ID, "message_id", row.MessageID.String(), "topic", row.Topic, "key", printableKey(row.Key), "reason", reason, "attempts", s.n)
+	r.log.WarnContext(ctx, "row parked; later rows of its key wait until it is requeued", "bucket", b, "id", row.ID, "message_id", row.MessageID.String(), "topic", row.Topic, "key", printableKey(row.Key), "reason", reason, "attempts", s.n)
 	st.clearRetry(b) // the bucket goes on at full speed
 	st.strikes[b] = nil
 	return true, nil

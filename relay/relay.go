@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/internal/logrepeat"
 )
 
 // Relay publishes the pending rows of the buckets it leases. Create it with
@@ -33,6 +34,7 @@ type Relay struct {
 	opts     Options
 	clock    Clock
 	log      *slog.Logger
+	repeats  *logrepeat.Limiter // bounds the lines of failures the relay retries (logFailure)
 	notifier *Notifier
 	// ownNotifier: New created the notifier (Options.Notifier was nil);
 	// notifierTaken: Relay.Notifier handed it out; pollNoticed: Run logged
@@ -105,6 +107,7 @@ func New(store Store, pub Publisher, opts Options) (*Relay, error) {
 		opts:        o,
 		clock:       o.Clock,
 		log:         o.Logger.With("relay", o.RelayID, "outbox", o.MetricsName), // said once, on every line
+		repeats:     logrepeat.New(logrepeat.Interval),
 		notifier:    n,
 		ownNotifier: o.Notifier == nil,
 		m:           m,
@@ -267,9 +270,9 @@ func (r *Relay) Run(ctx context.Context) error {
 		return errors.New("relay: Run called while the relay is already running")
 	}
 	defer r.running.Store(false)
-	r.log.Info("starting", "buckets", r.opts.BucketCount)
+	r.log.InfoContext(ctx, "starting", "buckets", r.opts.BucketCount)
 	if r.ownNotifier && r.opts.HintTransport == nil && !r.notifierTaken.Load() && r.pollNoticed.CompareAndSwap(false, true) {
-		r.log.Info("no notifier wired, so commits are found by polling every poll_interval; for commits to wake the relay, pass one relay.NewNotifier() to outbox.Plugin and to Options.Notifier, or set Options.HintTransport (package pgnotify) when the writers run in other processes",
+		r.log.InfoContext(ctx, "no notifier wired, so commits are found by polling every poll_interval; for commits to wake the relay, pass one relay.NewNotifier() to outbox.Plugin and to Options.Notifier, or set Options.HintTransport (package pgnotify) when the writers run in other processes",
 			"poll_interval", r.opts.PollInterval)
 	}
 
@@ -348,10 +351,10 @@ func (r *Relay) Run(ctx context.Context) error {
 	close(stopped)
 	bwg.Wait()
 	if err != nil {
-		r.log.Error("stopped by a fatal error", "error", err)
+		r.log.ErrorContext(ctx, "stopped by a fatal error", "error", err)
 		return err
 	}
-	r.log.Info("stopped")
+	r.log.InfoContext(ctx, "stopped")
 	return nil
 }
 
@@ -427,12 +430,13 @@ func (r *Relay) loop(ctx, cleanup context.Context, st *runState) error {
 		case ctx.Err() != nil:
 			return nil
 		case errors.As(err, &se):
-			r.log.Warn("store error; backing off", "error", se.err, "backoff", r.opts.ErrorBackoff)
+			r.logFailure(ctx, "cycle", "store error; backing off", se.err, "backoff", r.opts.ErrorBackoff)
 			r.sleep(ctx, r.opts.ErrorBackoff)
 			continue
 		case err != nil:
 			return err
 		}
+		r.logRecovered(ctx, "cycle", "store answers again")
 		if r.eligible(st, r.clock.Now()) {
 			continue
 		}
@@ -723,7 +727,7 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 			return nil
 		}
 		if st.lease.remaining(r.clock.Now()) < need {
-			r.log.Error("lease too short for MaxPublishDuration; rows kept unpublished", "bucket", b, "max_publish_duration", r.opts.MaxPublishDuration)
+			r.log.ErrorContext(ctx, "lease too short for MaxPublishDuration; rows kept unpublished", "bucket", b, "max_publish_duration", r.opts.MaxPublishDuration)
 			return errStore{fmt.Errorf("relay: bucket %d: lease shorter than MaxPublishDuration + LeaseRenewInterval", b)}
 		}
 	}
@@ -759,7 +763,7 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 		markStart = r.clock.Now()
 		if err := r.store.MarkPublished(cleanup, b, pub[:ack]); err != nil {
 			if ctx.Err() != nil {
-				r.log.Warn("mark published failed during the stop; the next owner republishes the rows", "bucket", b, "rows", ack, "error", err)
+				r.log.WarnContext(ctx, "mark published failed during the stop; the next owner republishes the rows", "bucket", b, "rows", ack, "error", err)
 			} else {
 				// Retried before the bucket's next fetch, while the lease
 				// holds; only a takeover republishes them.
@@ -791,7 +795,7 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 			return err
 		}
 		hr, wait := r.retryLater(st, b, nil, true)
-		r.log.Warn("publish failed; retrying the head row alone", "bucket", b, "acknowledged", ack, "batch", len(pub), "attempt", hr.attempts, "backoff", wait, "error", res.Err)
+		r.logFailure(ctx, "publish", "publish failed; retrying the head row alone", res.Err, "bucket", b, "acknowledged", ack, "batch", len(pub), "attempt", hr.attempts, "backoff", wait)
 		return nil
 	}
 	st.clearRetry(b)
@@ -826,7 +830,8 @@ func (r *Relay) retryLater(st *runState, b int, storeErr error, published bool) 
 // MarkPublished failed): the bucket backs off like a failing head row
 // (jittered, exponential, up to LeaseRenewInterval; acknowledged rows whose
 // delete failed stay in st.unmarked and are deleted first on the retry),
-// with one WARN line per backoff step, while the sweep goes on with the
+// with a line per backoff step (WARN for a new error and once a minute,
+// DEBUG in between: logFailure), while the sweep goes on with the
 // other buckets. It is not a failed cycle for Health (see Relay.Health).
 // A publish the publisher reported fenced (errFencedBucket) drops the
 // bucket instead (dropFenced).
@@ -839,7 +844,7 @@ func (r *Relay) bucketFailed(st *runState, b int, err error) {
 		return
 	}
 	hr, wait := r.retryLater(st, b, err, false)
-	r.log.Warn("bucket store error; backing off this bucket, the others go on", "bucket", b, "attempt", hr.attempts, "backoff", wait, "failing_for", r.clock.Now().Sub(hr.since), "error", err)
+	r.logFailure(context.Background(), "bucket store", "bucket store error; backing off this bucket, the others go on", err, "bucket", b, "attempt", hr.attempts, "backoff", wait, "failing_for", r.clock.Now().Sub(hr.since))
 }
 
 // everyBucketFailing returns, for Health, an error when the relay owns

@@ -42,7 +42,7 @@ func (r *Relay) runTransport(ctx context.Context, done func()) {
 			if ctx.Err() != nil {
 				return
 			}
-			r.log.Warn("notification listener ended; restarting after backoff", "error", err, "backoff", r.opts.ErrorBackoff)
+			r.logFailure(ctx, "listen", "notification listener ended; restarting after backoff", err, "backoff", r.opts.ErrorBackoff)
 			r.pause(ctx, r.opts.ErrorBackoff)
 		}
 	}()
@@ -65,9 +65,11 @@ func (r *Relay) runTransport(ctx context.Context, done func()) {
 			if ctx.Err() != nil {
 				return
 			}
-			r.log.Warn("notification send failed; hints dropped", "error", err, "backoff", r.opts.ErrorBackoff)
+			r.logFailure(ctx, "send hints", "notification send failed; hints dropped", err, "backoff", r.opts.ErrorBackoff)
 			r.pause(ctx, r.opts.ErrorBackoff)
+			continue
 		}
+		r.logRecovered(ctx, "send hints", "notification send succeeds again")
 	}
 }
 

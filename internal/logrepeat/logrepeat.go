@@ -1,0 +1,121 @@
+// Package logrepeat bounds the log lines of failures that repeat.
+//
+// A relay retries what fails: a database that is down for an hour fails
+// its lease renewal every second and each bucket's fetch at every backoff
+// step. One line per attempt buries the first, telling line under
+// thousands of copies. A Limiter lets the first occurrence of each
+// failure through at WARN, then the same failure (the same operation
+// failing with the same error text) at most once per interval, with the
+// number of occurrences in between; the others go to DEBUG. A new error
+// text is a new failure and is logged at once.
+package logrepeat
+
+import (
+	"log/slog"
+	"sync"
+	"time"
+)
+
+// Interval is the default spacing of a repeated failure's WARN lines.
+const Interval = time.Minute
+
+// maxCauses bounds the failures a Limiter remembers; past it, the one
+// logged longest ago is forgotten (its next occurrence logs at WARN).
+const maxCauses = 256
+
+type key struct{ op, cause string }
+
+type entry struct {
+	logged   time.Time // last WARN line
+	repeated int       // occurrences since, logged at DEBUG
+}
+
+type streak struct {
+	first    time.Time
+	failures int
+}
+
+// A Limiter decides the level of each failure's log line. Its zero value
+// is not usable; call New. It is safe for concurrent use.
+type Limiter struct {
+	every time.Duration
+
+	mu      sync.Mutex
+	seen    map[key]*entry
+	streaks map[string]*streak
+}
+
+// New returns a Limiter that logs a repeated failure at WARN at most once
+// per every (Interval when every is not positive).
+func New(every time.Duration) *Limiter {
+	if every <= 0 {
+		every = Interval
+	}
+	return &Limiter{every: every, seen: map[key]*entry{}, streaks: map[string]*streak{}}
+}
+
+// Failure records that op failed with err at now and returns the level of
+// its line: WARN for the first occurrence of this op and error text and
+// once per interval after it, DEBUG otherwise. repeated is the number of
+// occurrences logged at DEBUG since the previous WARN line (0 on a first
+// occurrence); log it with a WARN line.
+func (l *Limiter) Failure(op string, err error, now time.Time) (level slog.Level, repeated int) {
+	cause := ""
+	if err != nil {
+		cause = err.Error()
+	}
+	k := key{op, cause}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s := l.streaks[op]
+	if s == nil {
+		s = &streak{first: now}
+		l.streaks[op] = s
+	}
+	s.failures++
+	e := l.seen[k]
+	if e == nil {
+		if len(l.seen) >= maxCauses {
+			l.forgetOldest()
+		}
+		l.seen[k] = &entry{logged: now}
+		return slog.LevelWarn, 0
+	}
+	if now.Sub(e.logged) >= l.every {
+		repeated = e.repeated
+		e.logged, e.repeated = now, 0
+		return slog.LevelWarn, repeated
+	}
+	e.repeated++
+	return slog.LevelDebug, 0
+}
+
+// Recovered records that op succeeded: its failures are forgotten, so the
+// next one logs at WARN at once. It returns how many failures the streak
+// that ended had and when it began; failures is 0 when op was not failing.
+func (l *Limiter) Recovered(op string) (failures int, since time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s := l.streaks[op]
+	if s == nil {
+		return 0, time.Time{}
+	}
+	delete(l.streaks, op)
+	for k := range l.seen {
+		if k.op == op {
+			delete(l.seen, k)
+		}
+	}
+	return s.failures, s.first
+}
+
+func (l *Limiter) forgetOldest() {
+	var oldest key
+	var at time.Time
+	for k, e := range l.seen {
+		if at.IsZero() || e.logged.Before(at) {
+			oldest, at = k, e.logged
+		}
+	}
+	delete(l.seen, oldest)
+}
