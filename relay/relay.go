@@ -278,7 +278,9 @@ func (r *Relay) Run(ctx context.Context) error {
 
 	reg, err := r.registerGauges()
 	if err != nil {
-		return fmt.Errorf("relay: register gauges: %w", err)
+		err = fmt.Errorf("relay: register gauges: %w", err)
+		r.log.ErrorContext(ctx, "cannot start", "error", err)
+		return err
 	}
 	defer func() { _ = reg.Unregister() }()
 	var wg sync.WaitGroup

@@ -230,21 +230,21 @@ func openDB(ctx context.Context, c *dbConfig, log *slog.Logger) (*gorm.DB, error
 // relay fails; it returns the exit code.
 func (w *worker) run(ctx context.Context) int {
 	if err := w.open(ctx); err != nil {
-		w.log.Error("outbox-relay: database unreachable", "driver", w.cfg.dbDriver, "error", err)
+		w.log.Error("database unreachable", "driver", w.cfg.dbDriver, "error", err)
 		return exitFailure
 	}
 	if w.cfg.migrate {
 		if err := outbox.AutoMigrate(w.db.WithContext(ctx), w.cfg.outbox); err != nil {
-			w.log.Error("outbox-relay: migrate", "error", err)
+			w.log.Error("migrate failed", "error", err)
 			return exitFailure
 		}
 	} else if err := w.checkTables(ctx); err != nil {
-		w.log.Error("outbox-relay: " + err.Error())
+		w.log.Error(err.Error())
 		return exitFailure
 	}
 	store, err := gormstore.New(w.db, gormstore.Options{Config: w.cfg.outbox, StatementTimeout: w.cfg.statementTimeout})
 	if err != nil { // checked by parseConfig; not expected
-		w.log.Error("outbox-relay: store", "error", oneLine(err))
+		w.log.Error("store options", "error", oneLine(err))
 		return exitFailure
 	}
 	opts := w.cfg.relay
@@ -255,14 +255,14 @@ func (w *worker) run(ctx context.Context) int {
 		// LISTEN through a transaction pooler never wakes anyone: refuse
 		// at start rather than restart the listener forever.
 		if err := w.notify.Check(ctx); err != nil {
-			w.log.Error("outbox-relay: -notify-postgres-dsn", "error", err)
+			w.log.Error("-notify-postgres-dsn unusable", "error", err)
 			return exitFailure
 		}
 		opts.HintTransport = w.notify
 	}
 	w.relay, err = relay.New(store, w.pub, opts)
 	if err != nil { // checked by parseConfig; not expected
-		w.log.Error("outbox-relay: relay", "error", oneLine(err))
+		w.log.Error("relay options", "error", oneLine(err))
 		return exitFailure
 	}
 
@@ -271,15 +271,15 @@ func (w *worker) run(ctx context.Context) int {
 	if w.cfg.listen != "" {
 		ln, err := net.Listen("tcp", w.cfg.listen)
 		if err != nil {
-			w.log.Error("outbox-relay: listen", "addr", w.cfg.listen, "error", err)
+			w.log.Error("cannot listen", "addr", w.cfg.listen, "error", err)
 			return exitFailure
 		}
 		srv = &http.Server{Handler: w.handler(), ReadHeaderTimeout: 10 * time.Second}
-		w.log.Info("outbox-relay: serving /metrics and /healthz", "addr", ln.Addr().String())
+		w.log.Info("serving /metrics and /healthz", "addr", ln.Addr().String())
 		go func() { srvDone <- srv.Serve(ln) }()
 	}
 
-	w.log.Info("outbox-relay: starting", "relay", w.relay.ID(), "driver", w.cfg.dbDriver,
+	w.log.Info("connected; starting the relay", "relay", w.relay.ID(), "driver", w.cfg.dbDriver,
 		"brokers", strings.Join(w.cfg.brokers, ","), "messages_table", w.cfg.outbox.MessagesTableName(), "buckets", w.cfg.outbox.BucketCount)
 	runErr := w.relay.Run(ctx)
 
@@ -290,10 +290,9 @@ func (w *worker) run(ctx context.Context) int {
 		<-srvDone
 	}
 	if runErr != nil {
-		w.log.Error("outbox-relay: relay failed", "error", runErr)
-		return exitFailure
+		return exitFailure // the relay logged why ("stopped by a fatal error")
 	}
-	w.log.Info("outbox-relay: stopped; leases released")
+	w.log.Info("exiting; leases released")
 	return exitOK
 }
 

@@ -60,7 +60,7 @@ func (l *logLines) scan(r io.Reader) {
 			Msg  string `json:"msg"`
 			Addr string `json:"addr"`
 		}
-		if json.Unmarshal([]byte(line), &rec) == nil && strings.HasPrefix(rec.Msg, "outbox-relay: serving") {
+		if json.Unmarshal([]byte(line), &rec) == nil && strings.HasPrefix(rec.Msg, "serving /metrics") {
 			l.addr <- rec.Addr
 		}
 	}
