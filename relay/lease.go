@@ -71,6 +71,7 @@ func (r *Relay) acquire(ctx context.Context, st *runState) error {
 	}
 	st.acquireErr = nil
 	r.logRecovered(ctx, "acquire", "acquire leases succeeds again")
+	r.repeats.Recovered("renew") // an acquisition renews too: the renewals' failures ended with it
 	validUntil := t0.Add(r.opts.LeaseDuration)
 	if !t1.Before(validUntil) {
 		r.log.WarnContext(ctx, "lease acquisition answered after the leases expired", "took", t1.Sub(t0))

@@ -438,7 +438,6 @@ func (r *Relay) loop(ctx, cleanup context.Context, st *runState) error {
 		case err != nil:
 			return err
 		}
-		r.logRecovered(ctx, "cycle", "store answers again")
 		if r.eligible(st, r.clock.Now()) {
 			continue
 		}
@@ -486,6 +485,7 @@ func (r *Relay) cycle(ctx, cleanup context.Context, st *runState) error {
 				st.discover = true
 				return errStore{fmt.Errorf("relay: discover pending buckets: %w", err)}
 			}
+			r.logRecovered(ctx, "cycle", "store answers again")
 			for _, b := range pending {
 				if b >= 0 && b < len(st.ready) && containsSorted(owned, b) {
 					st.ready[b] = true
