@@ -272,7 +272,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	defer r.running.Store(false)
 	r.log.InfoContext(ctx, "starting", "buckets", r.opts.BucketCount)
 	if r.ownNotifier && r.opts.HintTransport == nil && !r.notifierTaken.Load() && r.pollNoticed.CompareAndSwap(false, true) {
-		r.log.InfoContext(ctx, "no notifier wired, so commits are found by polling every poll_interval; for commits to wake the relay, pass one relay.NewNotifier() to outbox.Plugin and to Options.Notifier, or set Options.HintTransport (package pgnotify) when the writers run in other processes",
+		r.log.InfoContext(ctx, "no notifier wired, so commits are found by polling every poll_interval; for commits to wake the relay, pass one relay.NewNotifier() to outbox.Plugin and to Options.Notifier, or set Options.HintTransport (package pgnotify; the outbox-relay worker: -notify-postgres-dsn) when the writers run in other processes",
 			"poll_interval", r.opts.PollInterval)
 	}
 
