@@ -74,6 +74,9 @@ type config struct {
 	kafkaMaxRecords  int
 	kafkaMaxAttempts int           // deprecated: must be 1
 	kafkaPubTimeout  time.Duration // KafkaConfig.PublishTimeout
+	txnOutbox        string        // KafkaTransactions.Outbox; empty: the default (non-transactional) mode
+	txnIDPrefix      string        // KafkaTransactions.IDPrefix
+	txnTimeout       time.Duration // KafkaTransactions.Timeout
 
 	relay relay.Options
 
@@ -120,6 +123,9 @@ func newFlagSet(c *config) *flag.FlagSet {
 	int64Var(fs, &c.kafkaBatchBytes, "kafka-batch-bytes", relay.DefaultKafkaBatchBytes, "largest produce request per partition, in bytes; keep it at most the topics' max.message.bytes")
 	intVar(fs, &c.kafkaMaxRecords, "kafka-max-batch-records", relay.DefaultKafkaMaxBatchRecords, "largest number of records per partition per produce request")
 	durationVar(fs, &c.kafkaPubTimeout, "kafka-publish-timeout", relay.DefaultKafkaPublishTimeout, "bound on one publish call to Kafka: a broker that does not answer within it fails the call, which the relay counts, logs and retries after -error-backoff; keep it well under -lease-duration")
+	fs.StringVar(&c.txnOutbox, "kafka-transactions", "", "fenced publishing (opt-in): publish each batch in a Kafka transaction, one transactional producer per bucket, so a relay that lost its bucket cannot write to read_committed consumers; the value names this outbox in the transactional ids (<prefix><name>-<bucket>), unique to the outbox across the Kafka cluster and the same on all its relays; consumers must read with isolation.level=read_committed (empty: off)")
+	fs.StringVar(&c.txnIDPrefix, "kafka-transactional-id-prefix", relay.DefaultTransactionalIDPrefix, "with -kafka-transactions: the transactional ids' prefix (the relay's principal needs WRITE and DESCRIBE on TransactionalId resources with this prefix)")
+	durationVar(fs, &c.txnTimeout, "kafka-transaction-timeout", relay.DefaultKafkaTransactionTimeout, "with -kafka-transactions: transaction.timeout.ms; longer than -kafka-publish-timeout, at most the brokers' transaction.max.timeout.ms")
 	intVar(fs, &c.kafkaMaxAttempts, "kafka-max-attempts", 1, "deprecated, must be 1: the publisher makes one attempt per produce request and the relay retries (see -error-backoff, -kafka-publish-timeout)")
 
 	o := &c.relay
@@ -398,6 +404,12 @@ func (c *config) check() error {
 	if c.kafkaPubTimeout < 0 {
 		return fmt.Errorf("-kafka-publish-timeout %q: must not be negative", c.kafkaPubTimeout.String())
 	}
+	if c.txnOutbox == "" && c.txnIDPrefix != relay.DefaultTransactionalIDPrefix {
+		return errors.New("-kafka-transactional-id-prefix goes with -kafka-transactions")
+	}
+	if c.txnOutbox == "" && c.txnTimeout != relay.DefaultKafkaTransactionTimeout {
+		return errors.New("-kafka-transaction-timeout goes with -kafka-transactions")
+	}
 	if mpd := c.relay.MaxPublishDuration; mpd > 0 {
 		if pt := cmp.Or(c.kafkaPubTimeout, relay.DefaultKafkaPublishTimeout); pt >= mpd {
 			return fmt.Errorf("-kafka-publish-timeout %v must be shorter than -max-publish-duration %v: a publish to a hung broker would stop the relay", pt, mpd)
@@ -458,6 +470,15 @@ func (c *dbConfig) check() error {
 
 // transport returns kafka-go's Transport with the TLS and SASL settings, or
 // nil when none is set.
+// transactions returns the publisher's KafkaTransactions: nil without
+// -kafka-transactions.
+func (c *config) transactions() *relay.KafkaTransactions {
+	if c.txnOutbox == "" {
+		return nil
+	}
+	return &relay.KafkaTransactions{Outbox: c.txnOutbox, IDPrefix: c.txnIDPrefix, Timeout: c.txnTimeout}
+}
+
 func (c *config) transport() (*kafka.Transport, error) {
 	t := &kafka.Transport{ClientID: c.clientID}
 	if c.tlsEnable || c.tlsCA != "" || c.tlsCert != "" || c.tlsServerName != "" || c.tlsSkipVerify {
@@ -564,6 +585,8 @@ var flagNames = strings.NewReplacer(
 	"KafkaConfig.BatchBytes", "-kafka-batch-bytes",
 	"KafkaConfig.MaxBatchRecords", "-kafka-max-batch-records",
 	"KafkaConfig.PublishTimeout", "-kafka-publish-timeout",
+	"KafkaTransactions.Outbox", "-kafka-transactions",
+	"KafkaTransactions.Timeout", "-kafka-transaction-timeout",
 	"\n", "; ",
 )
 

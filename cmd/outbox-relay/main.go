@@ -151,6 +151,7 @@ func build(cfg *config, stderr io.Writer) (*worker, error) {
 		BatchBytes:      cfg.kafkaBatchBytes,
 		MaxBatchRecords: cfg.kafkaMaxRecords,
 		PublishTimeout:  cfg.kafkaPubTimeout,
+		Transactions:    cfg.transactions(),
 	})
 	if err != nil {
 		w.close()

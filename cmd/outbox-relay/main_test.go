@@ -286,6 +286,8 @@ func TestWorkerRejectsBadConfiguration(t *testing.T) {
 		{"bad_table_name", append(base, "-messages-table", "drop table;"), nil, "-messages-table"},
 		{"bad_duration_in_environment", base, []string{"OUTBOX_POLL_INTERVAL=soon"}, `OUTBOX_POLL_INTERVAL="soon"`},
 		{"unknown_sasl_mechanism", append(base, "-kafka-sasl-mechanism", "kerberos"), nil, "-kafka-sasl-mechanism"},
+		{"transactional_prefix_without_transactions", append(base, "-kafka-transactional-id-prefix", "svc-"), nil, "-kafka-transactional-id-prefix goes with -kafka-transactions"},
+		{"transaction_timeout_not_above_publish_timeout", append(base, "-kafka-transactions", "orders", "-kafka-transaction-timeout", "5s"), nil, "-kafka-transaction-timeout 5s is not longer than -kafka-publish-timeout 10s"},
 		{"bad_log_format", append(base, "-log-format", "xml"), nil, "-log-format"},
 		{"bad_notify_channel", append(base, "-notify-postgres-dsn", "host=127.0.0.1", "-notify-channel", "Orders-Outbox"), nil, "Channel"},
 		{"broker_without_port", append(base, "-kafka-brokers", "nohostport"), nil, `-kafka-brokers "nohostport": "nohostport" is not host:port`},
