@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"context"
 	"errors"
 	"slices"
 )
@@ -97,6 +98,7 @@ func (r *Relay) dropFenced(st *runState, b int, cause error) {
 	st.forgetParked(b)
 	now := r.clock.Now()
 	st.nextRebalance = earliest(st.nextRebalance, now.Add(r.opts.ErrorBackoff))
+	r.m.fenced.Add(context.Background(), 1, r.m.attrs)
 	r.log.Warn("bucket fenced at the broker; dropped until the next acquisition round", "bucket", b, "error", cause)
 	r.noteStuck(st)
 	r.publishOwnership(buckets, validUntil)

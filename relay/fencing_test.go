@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/internal/metrictest"
 	"github.com/gorm-outbox/outbox/relay"
 	"github.com/gorm-outbox/outbox/relay/relaytest"
 )
@@ -67,13 +68,14 @@ func testDropsFencedBucket(t *testing.T, concurrent bool) {
 		}
 	}
 	idle := make(chan struct{}, 1)
+	reader := metrictest.NewReader()
 	var s relay.Store = store
 	if concurrent {
 		s = concurrentFull{store} // two buckets served at once; no Parker
 	}
 	r, err := relay.New(s, pub, relay.Options{
 		RelayID: "relay-a", BucketCount: 2, Clock: clock, Logger: slog.New(slog.DiscardHandler),
-		ParkPolicy: relay.ParkAnyFailure, ParkAfter: 1,
+		ParkPolicy: relay.ParkAnyFailure, ParkAfter: 1, MeterProvider: reader.MeterProvider(),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -115,6 +117,9 @@ func testDropsFencedBucket(t *testing.T, concurrent bool) {
 	sets := pub.owned()
 	if len(sets) < 2 || !slices.Equal(sets[0], []int{0, 1}) || !slices.Equal(sets[len(sets)-1], []int{0}) {
 		t.Fatalf("owned sets = %v; want [0 1] then [0] after the fence", sets)
+	}
+	if n := collect(t, reader).values[relay.MetricFenced]; n != 1 {
+		t.Fatalf("%s = %v after one fenced publish; want 1", relay.MetricFenced, n)
 	}
 	if owner := store.Owners()[1]; owner != "relay-a" {
 		t.Fatalf("store owner of bucket 1 = %q; want relay-a (only the local lease is dropped)", owner)

@@ -29,6 +29,12 @@ const (
 	// MetricLeaseExpirations counts observed losses of a nonempty lease set
 	// (once per loss, not per bucket).
 	MetricLeaseExpirations = "outbox.lease.expirations"
+	// MetricFenced counts buckets the broker fenced: with
+	// KafkaConfig.Transactions, a publish refused because another relay
+	// initialised the bucket's transactional id (the relay drops the
+	// bucket). Nonzero means two relays believed they owned a bucket: a
+	// relay that stalled past its lease, or a clock or configuration fault.
+	MetricFenced = "outbox.fenced"
 	// MetricPublishDuration is a histogram of whole Publish calls, failed
 	// and cancelled ones included, in seconds.
 	MetricPublishDuration = "outbox.publish.duration"
@@ -121,6 +127,7 @@ type instruments struct {
 	acked       metric.Int64Counter
 	failures    metric.Int64Counter
 	expirations metric.Int64Counter
+	fenced      metric.Int64Counter
 	publishDur  metric.Float64Histogram
 	cycleDur    metric.Float64Histogram
 	pendingMsgs metric.Int64ObservableGauge
@@ -164,6 +171,10 @@ func newInstruments(mp metric.MeterProvider, name string) (*instruments, error) 
 		},
 		func() error {
 			in.expirations, err = m.Int64Counter(MetricLeaseExpirations, metric.WithUnit("{event}"), metric.WithDescription("Observed losses of a nonempty lease set."))
+			return err
+		},
+		func() error {
+			in.fenced, err = m.Int64Counter(MetricFenced, metric.WithUnit("{bucket}"), metric.WithDescription("Buckets dropped because the broker fenced their transactional producer."))
 			return err
 		},
 		func() error {

@@ -240,6 +240,7 @@ func TestMetricInstrumentsBehindTheREADMEsTable(t *testing.T) {
 		relay.MetricPublishAcknowledged: {metrictest.Counter, "{message}"}, // outbox_publish_acknowledged_total
 		relay.MetricPublishFailures:     {metrictest.Counter, "{attempt}"}, // outbox_publish_failures_total
 		relay.MetricLeaseExpirations:    {metrictest.Counter, "{event}"},   // outbox_lease_expirations_total
+		relay.MetricFenced:              {metrictest.Counter, "{bucket}"},  // outbox_fenced_total
 		relay.MetricPublishDuration:     {metrictest.Histogram, "s"},       // outbox_publish_duration_seconds
 		relay.MetricCycleDuration:       {metrictest.Histogram, "s"},       // outbox_cycle_duration_seconds
 		relay.MetricPendingMessages:     {metrictest.Gauge, "{message}"},   // outbox_pending_messages
