@@ -175,6 +175,7 @@ func TestMetricNamesAsThePrometheusExporterShowsThem(t *testing.T) {
 		"outbox_publish_acknowledged_total":   dto.MetricType_COUNTER,
 		"outbox_publish_failures_total":       dto.MetricType_COUNTER,
 		"outbox_lease_expirations_total":      dto.MetricType_COUNTER,
+		"outbox_fenced_total":                 dto.MetricType_COUNTER,
 		"outbox_publish_duration_seconds":     dto.MetricType_HISTOGRAM,
 		"outbox_cycle_duration_seconds":       dto.MetricType_HISTOGRAM,
 		"outbox_pending_messages":             dto.MetricType_GAUGE,
