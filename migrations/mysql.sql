@@ -1,6 +1,6 @@
 -- gorm-outbox schema for MySQL 8 and MariaDB 10.6+, default table names.
 -- Identical to what outbox.AutoMigrate (or db.AutoMigrate(&outbox.Message{},
--- &outbox.Lease{}, &outbox.Relay{})) creates; TestMigrationsMatchAutoMigrate
+-- &outbox.BucketLease{}, &outbox.RelayHeartbeat{})) creates; TestMigrationsMatchAutoMigrate
 -- keeps the two in step. For custom names, replace outbox_messages,
 -- outbox_leases and outbox_relays (and the index name) consistently.
 -- Connect with parseTime=true; created_at holds UTC.

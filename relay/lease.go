@@ -260,7 +260,7 @@ func (r *Relay) watchPublish(pubCtx context.Context, done <-chan struct{}) {
 		select {
 		case <-done: // the publish returned first: publish cancelled pubCtx
 		default:
-			r.log.Warn("in-flight publish outlived the stop budget; cancelled", "stop_timeout", r.opts.StopTimeout)
+			r.log.WarnContext(pubCtx, "in-flight publish outlived the stop budget; cancelled", "stop_timeout", r.opts.StopTimeout)
 		}
 	}
 }

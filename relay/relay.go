@@ -406,7 +406,7 @@ func (r *Relay) stop(release context.Context, st *runState) {
 		return
 	}
 	if err := r.releaser.ReleaseBucketLeases(release, r.opts.RelayID); err != nil {
-		r.log.Warn("release leases failed; peers take over when they expire", "error", err)
+		r.log.WarnContext(release, "release leases failed; peers take over when they expire", "error", err)
 	}
 }
 
