@@ -85,6 +85,10 @@ type MatrixRow struct {
 	// RawOrderViolations (transactional variant, else -1): per-key
 	// inversions without deduplication (see Consumer.RawOrderViolations).
 	RawOrderViolations int
+	// UnexplainedOrderViolations (transactional variant, else -1): those
+	// of them that no batch published again explains (see
+	// Consumer.UnexplainedOrderViolations).
+	UnexplainedOrderViolations int
 	// Resumed is the time from the kill until the first record of the
 	// victim's buckets was produced again; negative when no row was left to
 	// publish after the kill.
@@ -122,7 +126,7 @@ func CrashMatrix(ctx context.Context, cfg MatrixConfig) ([]MatrixRow, error) {
 }
 
 func crashCell(ctx context.Context, cfg MatrixConfig, cell string, step MatrixStep, mode string) (MatrixRow, error) {
-	row := MatrixRow{Step: step.Name, Failpoints: step.Failpoints, Mode: mode, Messages: cfg.Messages, Resumed: -1, RawOrderViolations: -1}
+	row := MatrixRow{Step: step.Name, Failpoints: step.Failpoints, Mode: mode, Messages: cfg.Messages, Resumed: -1, RawOrderViolations: -1, UnexplainedOrderViolations: -1}
 	d, err := CreateDatabase(ctx, cfg.Dialect, cfg.BaseDSN, cfg.Dir)
 	if err != nil {
 		return row, err
@@ -232,6 +236,7 @@ func crashCell(ctx context.Context, cfg MatrixConfig, cell string, step MatrixSt
 	row.Lost, row.Duplicates, row.OrderViolations = ck.Lost, ck.Duplicates, ck.OrderViolations
 	if cfg.Transactional {
 		row.RawOrderViolations = consumer.RawOrderViolations(perKey)
+		row.UnexplainedOrderViolations = consumer.UnexplainedOrderViolations(perKey)
 	}
 	return row, nil
 }

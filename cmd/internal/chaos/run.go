@@ -89,9 +89,12 @@ type Summary struct {
 	Took                                        time.Duration
 	// Transactional: the transactional variant; RawOrderViolations are
 	// its checker's per-key inversions without deduplication (see
-	// Consumer.RawOrderViolations).
-	Transactional      bool
-	RawOrderViolations int
+	// Consumer.RawOrderViolations), UnexplainedOrderViolations those of
+	// them that no batch published again explains (see
+	// Consumer.UnexplainedOrderViolations).
+	Transactional              bool
+	RawOrderViolations         int
+	UnexplainedOrderViolations int
 }
 
 // DBKillTotals sums the sessions the database-kill faults terminated, and
@@ -141,8 +144,8 @@ func (s Summary) Err() error {
 		return fmt.Errorf("chaos: %d rolled-back messages arrived", s.Check.RolledBackArrived)
 	case s.Check.OrderViolations != 0:
 		return fmt.Errorf("chaos: %d per-key order violations", s.Check.OrderViolations)
-	case s.Transactional && s.RawOrderViolations != 0 && s.Check.Duplicates == 0:
-		return fmt.Errorf("chaos: %d per-key order violations without deduplication, with no duplicate to explain them", s.RawOrderViolations)
+	case s.Transactional && s.UnexplainedOrderViolations != 0:
+		return fmt.Errorf("chaos: %d per-key order violations without deduplication that no batch published again explains (of %d in all)", s.UnexplainedOrderViolations, s.RawOrderViolations)
 	case s.DualOwners != 0:
 		return fmt.Errorf("chaos: %d takeovers of a live lease", s.DualOwners)
 	case !s.Drained:
@@ -339,6 +342,7 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 	s.Check = consumer.Verify(led.perKey, led.keyless, led.doubt, led.rolledBack)
 	if cfg.Transactional {
 		s.RawOrderViolations = consumer.RawOrderViolations(led.perKey)
+		s.UnexplainedOrderViolations = consumer.UnexplainedOrderViolations(led.perKey)
 	}
 	s.Written, s.Committed, s.RolledBack, s.InDoubt = led.written, led.committed, len(led.rolledBack), len(led.doubt)
 	led.mu.Unlock()
