@@ -65,7 +65,7 @@ func TestLogsSayThingsOnce(t *testing.T) {
 			t.Errorf("record %s says the relay more than once", line)
 		}
 		if msg == "batch published" {
-			for _, k := range []string{"rows", "acknowledged", "publish_ms", "delete_ms"} {
+			for _, k := range []string{"rows", "acknowledged", "fetch_ms", "publish_ms", "delete_ms"} {
 				if _, ok := rec[k]; !ok {
 					t.Errorf("batch line %s lacks %s", line, k)
 				}

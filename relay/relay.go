@@ -673,6 +673,7 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 	}
 	var batch []*outbox.Message
 	var err error
+	fetchStart := r.clock.Now()
 	if fetched != nil && fetched.limit == limit {
 		batch, err = fetched.wait()
 	} else {
@@ -681,6 +682,7 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 		}
 		batch, err = r.fetch(ctx, r.store, r.bytes, b, limit)
 	}
+	fetchTook := r.clock.Now().Sub(fetchStart)
 	if err != nil {
 		var ce *CorruptRowError
 		if errors.As(err, &ce) {
@@ -781,7 +783,7 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 	}
 	if ack > 0 && r.log.Enabled(ctx, slog.LevelDebug) {
 		r.log.DebugContext(ctx, "batch published", "bucket", b, "rows", len(pub), "acknowledged", ack,
-			"publish_ms", took.Milliseconds(), "delete_ms", r.clock.Now().Sub(markStart).Milliseconds())
+			"fetch_ms", fetchTook.Milliseconds(), "publish_ms", took.Milliseconds(), "delete_ms", r.clock.Now().Sub(markStart).Milliseconds())
 	}
 	if fatal != nil {
 		return fatal
