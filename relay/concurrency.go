@@ -199,9 +199,10 @@ type bucketDone struct {
 // batch of its bucket, not for a whole sweep. Buckets are served round
 // robin: one that is still ready after its batch queues behind the others.
 // The sweep stops dispatching, and returns once its workers have, when
-// nothing is left to serve, when the rebalance or a discovery is due (the
-// loop runs them between sweeps), and on a fatal error, a stop or an
-// invalid lease set. The invariants:
+// nothing is left to serve, when the rebalance is due, when a discovery is
+// due once every bucket servable at the sweep's start had a batch (the loop
+// runs them between sweeps), and on a fatal error, a stop or an invalid
+// lease set. The invariants:
 //
 //   - A bucket is served by at most one goroutine at a time, so at most one
 //     of its batches is in flight and its rows go out in order.
@@ -230,9 +231,14 @@ func (r *Relay) sweepConcurrent(ctx, cleanup context.Context, st *runState, owne
 			queue = append(queue, b)
 		}
 	}
+	firstPass := 0 // buckets servable at the start: each gets a batch first
 	for _, b := range owned {
 		enqueue(b)
+		if r.sweepable(st, b) {
+			firstPass++
+		}
 	}
+	dispatched := 0
 	dispatching := func() bool {
 		if fatal != nil || ctx.Err() != nil || !r.leaseValid(st) || st.discover {
 			return false
@@ -241,7 +247,12 @@ func (r *Relay) sweepConcurrent(ctx, cleanup context.Context, st *runState, owne
 		if !now.Before(st.nextRebalance) {
 			return false
 		}
-		if now.Before(st.nextDiscovery) {
+		if now.Before(st.nextDiscovery) || dispatched < firstPass {
+			// A due discovery waits until every bucket servable at the
+			// start had its batch, as in the sequential sweep: a discovery
+			// slower than PollInterval (tens of thousands of buckets) is
+			// due again as soon as it ends, and must not end every sweep
+			// before its first dispatch.
 			return true
 		}
 		for _, b := range owned {
@@ -258,6 +269,7 @@ func (r *Relay) sweepConcurrent(ctx, cleanup context.Context, st *runState, owne
 				break
 			}
 			running++
+			dispatched++
 			busy[b] = true
 			go func() {
 				done <- bucketDone{b, r.drainOnce(ctx, cleanup, st, b, nil, func() {})}
@@ -325,6 +337,11 @@ func (r *Relay) nextServable(st *runState, queue *[]int, queued, busy map[int]bo
 	for i, b := range q {
 		if busy[b] || !st.ready[b] || !r.sweepable(st, b) {
 			continue // dropped below unless it waits
+		}
+		if i == 0 { // the usual case: no copy of the queue per dispatch
+			delete(queued, b)
+			*queue = q[1:]
+			return b, true
 		}
 		// Keep the skipped ones that still wait, in order.
 		kept := q[:0]

@@ -470,3 +470,40 @@ func TestNegativeNewOptions(t *testing.T) {
 		}
 	}
 }
+
+// TestConcurrentSweepProgressesWhenDiscoveryOutlastsThePollInterval: with
+// tens of thousands of buckets a discovery takes longer than PollInterval
+// (about 1.2 s for 65,536 buckets on PostgreSQL), so the next one is due as
+// soon as it ends. A concurrent sweep must still serve every bucket that
+// was ready at its start before a due discovery ends it; it used to stop
+// before its first dispatch whenever an owned bucket was idle, and the
+// relay discovered forever and published nothing. Here every discovery
+// takes two poll intervals of the manual clock and half the buckets are
+// empty: every row is published once, in order, with a few discoveries.
+func TestConcurrentSweepProgressesWhenDiscoveryOutlastsThePollInterval(t *testing.T) {
+	const buckets, rows = 64, 3
+	h := newHarness(t, relay.Options{BucketCount: buckets, BatchSize: 1}, asConcurrent)
+	for b := 0; b < buckets; b += 2 {
+		h.store.AddToBucket(b, msgs(rows, "t")...)
+	}
+	h.store.SetHook(func(ctx context.Context, op string) error {
+		if err := h.ops.hook(ctx, op); err != nil {
+			return err
+		}
+		if op != relaytest.OpBucketsWithPending {
+			return nil
+		}
+		h.clock.Advance(2 * relay.DefaultPollInterval) // a discovery slower than the poll interval
+		h.waitFor("the renewal goroutine to settle", func() bool {
+			next, ok := h.clock.NextDeadline()
+			return ok && next.After(h.clock.Now()) || relay.RenewalWaiting(h.r)
+		})
+		return nil
+	})
+	h.start()
+	h.waitFor("store empty", func() bool { return h.store.Len() == 0 })
+	checkPublishedOnce(t, h.pub.Calls(), buckets/2*rows)
+	if n := h.ops.count(relaytest.OpBucketsWithPending); n > 4*rows {
+		t.Fatalf("%d discoveries for %d rows per bucket; want about one per sweep", n, rows)
+	}
+}

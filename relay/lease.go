@@ -95,14 +95,14 @@ func (r *Relay) setLeases(st *runState, buckets []int, validUntil time.Time) {
 	st.lease.gen++
 	st.lease.mu.Unlock()
 	r.kickRenewer()
-	for _, b := range buckets {
-		if !slices.Contains(old, b) {
+	for _, b := range buckets { // both sorted: O(n log n) at 65,536 buckets, not O(n²)
+		if !containsSorted(old, b) {
 			st.discover = true
 			st.forgetParked(b) // loaded before its first batch
 		}
 	}
 	for _, b := range old {
-		if !slices.Contains(buckets, b) {
+		if !containsSorted(buckets, b) {
 			st.ready[b] = false
 			st.clearRetry(b)
 			st.unmarked[b] = nil // the next owner republishes them

@@ -7,6 +7,7 @@ import (
 	"hash/fnv"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -201,8 +202,9 @@ type runState struct {
 
 	serving int // workers of a concurrent sweep running; read and written by the loop only
 
-	mu    sync.Mutex   // guards writes to retry (see above)
-	retry []*headRetry // bucket → its head row's backoff; nil: none
+	mu       sync.Mutex       // guards writes to retry and retrying (see above)
+	retry    []*headRetry     // bucket → its head row's backoff; nil: none
+	retrying map[int]struct{} // the buckets whose retry is set: noteStuck reads these, not all BucketCount slots, per batch
 }
 
 func newRunState(buckets int) *runState {
@@ -212,6 +214,7 @@ func newRunState(buckets int) *runState {
 		parked:   make([]map[string]int64, buckets),
 		strikes:  make([]*strike, buckets),
 		retry:    make([]*headRetry, buckets),
+		retrying: map[int]struct{}{},
 	}
 }
 
@@ -219,6 +222,7 @@ func newRunState(buckets int) *runState {
 func (st *runState) clearRetry(b int) {
 	st.mu.Lock()
 	st.retry[b] = nil
+	delete(st.retrying, b)
 	st.mu.Unlock()
 }
 
@@ -823,6 +827,7 @@ func (r *Relay) retryLater(st *runState, b int, storeErr error, published bool) 
 	if hr == nil {
 		hr = &headRetry{since: now}
 		st.retry[b] = hr
+		st.retrying[b] = struct{}{}
 	}
 	hr.attempts++
 	wait := r.backoff(hr.attempts)
@@ -877,10 +882,8 @@ func (r *Relay) noteStuck(st *runState) {
 	var oldest time.Time
 	publishing := false
 	st.mu.Lock()
-	for _, hr := range st.retry {
-		if hr == nil {
-			continue
-		}
+	for b := range st.retrying {
+		hr := st.retry[b]
 		if oldest.IsZero() || hr.since.Before(oldest) {
 			oldest = hr.since
 		}
@@ -1016,10 +1019,6 @@ func earliest(a, b time.Time) time.Time {
 }
 
 func containsSorted(s []int, v int) bool {
-	for _, x := range s {
-		if x == v {
-			return true
-		}
-	}
-	return false
+	_, ok := slices.BinarySearch(s, v)
+	return ok
 }
