@@ -85,13 +85,7 @@ func TestLeaseRenewedDuringLongSweep(t *testing.T) {
 					lapses = append(lapses, fmt.Sprintf("at +%v the store holds %d leases; want %d", h.clock.Now().Sub(t0), len(owners), buckets))
 					mu.Unlock()
 				}
-				h.clock.Advance(time.Second) // a slow database
-				// Let the renewal goroutine settle on the moved clock: its
-				// next renewal in the future, or queued for the store.
-				h.waitFor("the renewal goroutine to settle", func() bool {
-					next, ok := h.clock.NextDeadline()
-					return ok && next.After(h.clock.Now()) || relay.RenewalWaiting(h.r)
-				})
+				h.advanceInStoreCall(time.Second) // a slow database
 				return nil
 			})
 			h.start()
@@ -493,11 +487,7 @@ func TestConcurrentSweepProgressesWhenDiscoveryOutlastsThePollInterval(t *testin
 		if op != relaytest.OpBucketsWithPending {
 			return nil
 		}
-		h.clock.Advance(2 * relay.DefaultPollInterval) // a discovery slower than the poll interval
-		h.waitFor("the renewal goroutine to settle", func() bool {
-			next, ok := h.clock.NextDeadline()
-			return ok && next.After(h.clock.Now()) || relay.RenewalWaiting(h.r)
-		})
+		h.advanceInStoreCall(2 * relay.DefaultPollInterval) // a discovery slower than the poll interval
 		return nil
 	})
 	h.start()

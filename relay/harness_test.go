@@ -167,6 +167,17 @@ func (h *harness) waitIdle() {
 	}
 }
 
+// advanceInStoreCall moves the manual clock by d from inside a store call
+// (a slow database), then waits until the renewal goroutine has settled on
+// the moved clock: its next renewal in the future, or queued for the store.
+func (h *harness) advanceInStoreCall(d time.Duration) {
+	h.clock.Advance(d)
+	h.waitFor("the renewal goroutine to settle", func() bool {
+		next, ok := h.clock.NextDeadline()
+		return ok && next.After(h.clock.Now()) || relay.RenewalWaiting(h.r)
+	})
+}
+
 // waitFor polls cond until it holds, leaving idle signals to waitIdle.
 func (h *harness) waitFor(what string, cond func() bool) {
 	h.t.Helper()
