@@ -497,3 +497,48 @@ func TestConcurrentSweepProgressesWhenDiscoveryOutlastsThePollInterval(t *testin
 		t.Fatalf("%d discoveries for %d rows per bucket; want about one per sweep", n, rows)
 	}
 }
+
+// TestSlowDiscoveryRestsThreeTimesItsDuration: a discovery slower than a
+// quarter of PollInterval (here two poll intervals of the manual clock, as
+// 65,536 buckets take on a real database) is followed by a rest of three
+// times its duration, so an idle relay spends at most a quarter of its time
+// discovering; it used to start the next discovery as soon as one ended,
+// keeping the database busy (0.7 of a PostgreSQL core at 65,536 buckets).
+func TestSlowDiscoveryRestsThreeTimesItsDuration(t *testing.T) {
+	const took = 2 * relay.DefaultPollInterval
+	h := newHarness(t, relay.Options{BucketCount: 8}, nil)
+	var mu sync.Mutex
+	var starts []time.Time
+	h.store.SetHook(func(ctx context.Context, op string) error {
+		if err := h.ops.hook(ctx, op); err != nil {
+			return err
+		}
+		if op == relaytest.OpBucketsWithPending {
+			mu.Lock()
+			starts = append(starts, h.clock.Now())
+			mu.Unlock()
+			h.advanceInStoreCall(took)
+		}
+		return nil
+	})
+	h.start()
+	h.waitIdle()
+	for h.clock.Now().Sub(t0) < time.Minute {
+		next, ok := h.clock.NextDeadline()
+		if !ok {
+			t.Fatal("the idle relay waits on no timer")
+		}
+		h.advanceIdle(next.Sub(h.clock.Now())) // to the relay's next wake-up
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	t.Logf("%d discoveries in a minute of the clock", len(starts))
+	if len(starts) < 3 {
+		t.Fatalf("%d discoveries in a minute; want them to go on", len(starts))
+	}
+	for i := 1; i < len(starts); i++ {
+		if gap := starts[i].Sub(starts[i-1]); gap < 4*took {
+			t.Fatalf("discovery %d started %v after the previous one, which took %v; want at least %v (the discovery and three times its duration)", i, gap, took, 4*took)
+		}
+	}
+}

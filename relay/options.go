@@ -87,7 +87,10 @@ type Options struct {
 
 	// PollInterval is how often the relay looks for pending rows when no
 	// hint arrives. Zero means DefaultPollInterval (1s); a negative value
-	// fails New.
+	// fails New. A discovery that takes longer than a quarter of it (one
+	// index probe per owned bucket: tens of thousands of buckets) waits
+	// three times its own duration before the next, so discovery never
+	// takes more than a quarter of the relay's time.
 	PollInterval time.Duration
 
 	// ErrorBackoff is the wait after a store error of the relay as a whole

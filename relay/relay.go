@@ -491,6 +491,13 @@ func (r *Relay) cycle(ctx, cleanup context.Context, st *runState) error {
 				st.discover = true
 				return errStore{fmt.Errorf("relay: discover pending buckets: %w", err)}
 			}
+			// A discovery that takes a good part of PollInterval (tens of
+			// thousands of buckets: one index probe each) would otherwise
+			// run back to back; it rests discoveryRest times as long as it
+			// took, so it takes at most a quarter of the relay's time.
+			if end := r.clock.Now(); end.Sub(now)*(discoveryRest+1) > r.opts.PollInterval {
+				st.nextDiscovery = end.Add(end.Sub(now) * discoveryRest)
+			}
 			r.logRecovered(ctx, "cycle", "store answers again")
 			for _, b := range pending {
 				if b >= 0 && b < len(st.ready) && containsSorted(owned, b) {
@@ -1017,6 +1024,10 @@ func earliest(a, b time.Time) time.Time {
 	}
 	return a
 }
+
+// discoveryRest is how many times its own duration a discovery slower than
+// a quarter of PollInterval waits before the next one (see cycle).
+const discoveryRest = 3
 
 func containsSorted(s []int, v int) bool {
 	_, ok := slices.BinarySearch(s, v)
