@@ -15,8 +15,11 @@ import (
 // TestPendingMetricsOnALargeTable: with 60,000 rows (above the exact
 // threshold) in 8 buckets, the heads of bucket 1 parked, PendingMetrics
 // reports Parked exactly, Oldest as the oldest unparked head, and Count
-// as an estimate within 25% of the truth (exact on SQLite), without the
-// whole-table aggregate on PostgreSQL and MySQL.
+// as an estimate of the right order of magnitude (exact on SQLite),
+// without the whole-table aggregate on PostgreSQL and MySQL. The estimate
+// comes from statistics the database refreshes when it likes, so the test
+// pins what the gauge is for — a backlog of tens of thousands, not
+// thousands or millions — not a tolerance the statistics may miss.
 func TestPendingMetricsOnALargeTable(t *testing.T) {
 	if testing.Short() {
 		t.Skip("short")
@@ -81,8 +84,8 @@ func TestPendingMetricsOnALargeTable(t *testing.T) {
 				if got.Count != want {
 					t.Errorf("Count = %d; want exactly %d", got.Count, want)
 				}
-			} else if got.Count < want*3/4 || got.Count > want*5/4 {
-				t.Errorf("Count = %d; want %d ± 25%%", got.Count, want)
+			} else if got.Count < want/10 || got.Count > want*10 {
+				t.Errorf("Count = %d; want the order of magnitude of %d (within a factor of 10)", got.Count, want)
 			}
 			if o.Name != testenv.SQLite {
 				for _, s := range rec.Statements() {
