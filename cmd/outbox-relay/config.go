@@ -58,25 +58,24 @@ type config struct {
 	dbConfig
 	migrate bool
 
-	brokers          []string
-	clientID         string
-	tlsEnable        bool
-	tlsCA            string
-	tlsCert          string
-	tlsKey           string
-	tlsServerName    string
-	tlsSkipVerify    bool
-	saslMechanism    string
-	saslUser         string
-	saslPassword     string
-	messageIDHeader  string
-	kafkaBatchBytes  int64
-	kafkaMaxRecords  int
-	kafkaMaxAttempts int           // deprecated: must be 1
-	kafkaPubTimeout  time.Duration // KafkaConfig.PublishTimeout
-	txnOutbox        string        // KafkaTransactions.Outbox; empty: the default (non-transactional) mode
-	txnIDPrefix      string        // KafkaTransactions.IDPrefix
-	txnTimeout       time.Duration // KafkaTransactions.Timeout
+	brokers         []string
+	clientID        string
+	tlsEnable       bool
+	tlsCA           string
+	tlsCert         string
+	tlsKey          string
+	tlsServerName   string
+	tlsSkipVerify   bool
+	saslMechanism   string
+	saslUser        string
+	saslPassword    string
+	messageIDHeader string
+	kafkaBatchBytes int64
+	kafkaMaxRecords int
+	kafkaPubTimeout time.Duration // KafkaConfig.PublishTimeout
+	txnOutbox       string        // KafkaTransactions.Outbox; empty: the default (non-transactional) mode
+	txnIDPrefix     string        // KafkaTransactions.IDPrefix
+	txnTimeout      time.Duration // KafkaTransactions.Timeout
 
 	relay relay.Options
 
@@ -126,7 +125,6 @@ func newFlagSet(c *config) *flag.FlagSet {
 	fs.StringVar(&c.txnOutbox, "kafka-transactions", "", "fenced publishing (opt-in): publish each batch in a Kafka transaction, one transactional producer per bucket, so a relay that lost its bucket cannot write to read_committed consumers; the value names this outbox in the transactional ids (<prefix><name>-<bucket>), unique to the outbox across the Kafka cluster and the same on all its relays; consumers must read with isolation.level=read_committed (empty: off)")
 	fs.StringVar(&c.txnIDPrefix, "kafka-transactional-id-prefix", relay.DefaultTransactionalIDPrefix, "with -kafka-transactions: the transactional ids' prefix (the relay's principal needs WRITE and DESCRIBE on TransactionalId resources with this prefix)")
 	durationVar(fs, &c.txnTimeout, "kafka-transaction-timeout", relay.DefaultKafkaTransactionTimeout, "with -kafka-transactions: transaction.timeout.ms; longer than -kafka-publish-timeout, at most the brokers' transaction.max.timeout.ms")
-	intVar(fs, &c.kafkaMaxAttempts, "kafka-max-attempts", 1, "deprecated, must be 1: the publisher makes one attempt per produce request and the relay retries (see -error-backoff, -kafka-publish-timeout)")
 
 	o := &c.relay
 	intVar(fs, &o.BatchSize, "batch-size", relay.DefaultBatchSize, "rows fetched and published per batch")
@@ -398,9 +396,6 @@ func (c *config) check() error {
 	if (c.tlsCert == "") != (c.tlsKey == "") {
 		return errors.New("-kafka-tls-cert and -kafka-tls-key go together")
 	}
-	if c.kafkaMaxAttempts != 1 {
-		return fmt.Errorf("-kafka-max-attempts %d: no longer supported (only 1): the publisher makes one attempt per produce request, bounded by -kafka-publish-timeout, and the relay retries with -error-backoff, counting and logging each failure; remove the flag", c.kafkaMaxAttempts)
-	}
 	if c.kafkaPubTimeout < 0 {
 		return fmt.Errorf("-kafka-publish-timeout %q: must not be negative", c.kafkaPubTimeout.String())
 	}
@@ -520,16 +515,35 @@ func (c *config) transport() (*kafka.Transport, error) {
 	return t, nil
 }
 
-// usage writes the flag list with each flag's environment variable.
+// usage is `outbox-relay -h`: what the command does, its commands and the
+// flags most deployments set; `outbox-relay help flags` lists the rest.
 func usage(w io.Writer) {
-	fs := newFlagSet(&config{})
 	fmt.Fprintf(w, `outbox-relay publishes the rows of a gorm-outbox outbox table to Kafka.
 
-Usage: outbox-relay [flags]
-       outbox-relay COMMAND [flags]    (status, check, parked, requeue, discard, rebucket, help)
+Usage: outbox-relay [flags]            run the relay; SIGTERM or SIGINT stops it gracefully
+       outbox-relay COMMAND [flags]    an operator's command (below)
+       outbox-relay help flags         every flag of the relay, with its variable
 
-Every flag can also be set by the environment variable shown beside it; a
-flag on the command line wins. SIGTERM or SIGINT stops the relay
+`)
+	subcommandsUsage(w)
+	fmt.Fprintf(w, "Common flags (each also read from the variable shown; the command line wins):\n")
+	fs := newFlagSet(&config{})
+	for _, name := range []string{"db-driver", "db-dsn", "kafka-brokers", "migrate", "listen", "log-format"} {
+		printFlag(w, fs.Lookup(name))
+	}
+	fmt.Fprintf(w, `
+Exit status: 0 after a graceful stop; 2 for bad configuration (one line
+naming the flag, before any connection); 1 for a runtime failure.
+`)
+}
+
+// flagsUsage is `outbox-relay help flags`: every flag of the relay with its
+// environment variable, and what the exit codes and HTTP endpoints mean.
+func flagsUsage(w io.Writer) {
+	fmt.Fprintf(w, `Usage: outbox-relay [flags]
+
+Runs the relay. Every flag can also be set by the environment variable shown
+beside it; a flag on the command line wins. SIGTERM or SIGINT stops the relay
 gracefully: it finishes the in-flight batch, releases its bucket leases and
 exits 0.
 
@@ -544,16 +558,14 @@ reason; a publish failure is not reported there, except an authentication
 failure or every publish failing for -publish-failure-window, until a
 publish is acknowledged again).
 
+Flags:
 `)
-	subcommandsUsage(w)
-	fmt.Fprintf(w, "Flags:\n")
-	fs.VisitAll(func(f *flag.Flag) {
-		def := ""
-		if f.DefValue != "" && f.DefValue != "0" && f.DefValue != "0s" && f.DefValue != "false" && f.DefValue != "[]" {
-			def = fmt.Sprintf(" (default %s)", f.DefValue)
-		}
-		fmt.Fprintf(w, "  -%s  [%s]\n    \t%s%s\n", f.Name, envName(f.Name), f.Usage, def)
-	})
+	newFlagSet(&config{}).VisitAll(func(f *flag.Flag) { printFlag(w, f) })
+}
+
+// printFlag writes one flag, its variable, usage and default.
+func printFlag(w io.Writer, f *flag.Flag) {
+	fmt.Fprintf(w, "  -%s  [%s]\n    \t%s%s\n", f.Name, envName(f.Name), f.Usage, defaultNote(f))
 }
 
 // flagNames maps the option names in relay, outbox and publisher errors to

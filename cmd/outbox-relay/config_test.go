@@ -21,9 +21,9 @@ func TestBucketCountZeroMeansTheDefault(t *testing.T) {
 		t.Errorf("bucket count = %d; want %d", cfg.outbox.BucketCount, outbox.DefaultBucketCount)
 	}
 	var help bytes.Buffer
-	usage(&help)
+	flagsUsage(&help)
 	if !strings.Contains(help.String(), "0 means the default") {
-		t.Errorf("-h does not document -bucket-count 0:\n%s", help.String())
+		t.Errorf("help flags does not document -bucket-count 0:\n%s", help.String())
 	}
 }
 
@@ -38,9 +38,9 @@ func TestListenDefaultsToLoopback(t *testing.T) {
 		t.Errorf("-listen default = %q; want 127.0.0.1:9090", cfg.listen)
 	}
 	var help bytes.Buffer
-	usage(&help)
+	flagsUsage(&help)
 	if !strings.Contains(help.String(), "-listen :9090") {
-		t.Errorf("-h does not say how to expose the server:\n%s", help.String())
+		t.Errorf("help flags does not say how to expose the server:\n%s", help.String())
 	}
 }
 

@@ -6,7 +6,7 @@
 //	outbox-relay -db-driver postgres -db-dsn "host=db user=app dbname=app" -kafka-brokers kafka-1:9092,kafka-2:9092
 //
 // Every flag has an environment variable (-db-dsn is OUTBOX_DB_DSN); run
-// outbox-relay -h for the list. The worker serves /metrics (Prometheus format,
+// outbox-relay help flags for the list (-h for an overview). The worker serves /metrics (Prometheus format,
 // through the OpenTelemetry Prometheus exporter) and /healthz (200 while the
 // relay runs and its last cycle succeeded), logs with log/slog (-log-format
 // json for JSON lines), and stops gracefully on SIGTERM or SIGINT: it
@@ -92,6 +92,9 @@ func main() {
 // A first argument naming a subcommand (status, check, parked, requeue,
 // discard, rebucket, help) runs that command instead of the relay.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && (args[0] == "version" || args[0] == "-version" || args[0] == "--version") {
+		return printVersion(stdout)
+	}
 	if len(args) > 0 && (args[0] == "help" || findSubcommand(args[0]) != nil) {
 		return runSubcommand(ctx, args[0], args[1:], &adminEnv{getenv: getenv, stdout: stdout, stderr: stderr, open: openStoreAdmin, now: time.Now})
 	}
@@ -101,7 +104,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return exitOK
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "outbox-relay: %s (see outbox-relay -h)\n", oneLine(err))
+		fmt.Fprintf(stderr, "outbox-relay: %s (see outbox-relay help flags)\n", oneLine(err))
 		return exitConfig
 	}
 	w, err := build(cfg, stderr)
@@ -161,7 +164,9 @@ func build(cfg *config, stderr io.Writer) (*worker, error) {
 	// Metrics: the OpenTelemetry SDK with the Prometheus exporter on a
 	// registry of our own (no global state), plus Go and process metrics.
 	w.reg = prometheus.NewRegistry()
-	w.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	// go_build_info{path,version,checksum} carries the binary's version (a
+	// tag, or a pseudo-version naming the VCS revision).
+	w.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), collectors.NewBuildInfoCollector())
 	// WithoutScopeInfo: every series would otherwise carry otel_scope_name
 	// and the empty otel_scope_version and otel_scope_schema_url labels;
 	// the metric names (outbox_*, inbox_*) already say where they come from.
@@ -280,8 +285,9 @@ func (w *worker) run(ctx context.Context) int {
 		go func() { srvDone <- srv.Serve(ln) }()
 	}
 
-	w.log.Info("connected; starting the relay", "relay", w.relay.ID(), "driver", w.cfg.dbDriver,
-		"brokers", strings.Join(w.cfg.brokers, ","), "messages_table", w.cfg.outbox.MessagesTableName(), "buckets", w.cfg.outbox.BucketCount)
+	w.log.Info("connected; starting the relay", append([]any{"relay", w.relay.ID(), "driver", w.cfg.dbDriver,
+		"brokers", strings.Join(w.cfg.brokers, ","), "messages_table", w.cfg.outbox.MessagesTableName(), "buckets", w.cfg.outbox.BucketCount},
+		readBuildVersion().logAttrs()...)...)
 	runErr := w.relay.Run(ctx)
 
 	if srv != nil {

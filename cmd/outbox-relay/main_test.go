@@ -170,10 +170,14 @@ func TestWorker(t *testing.T) {
 				return hasSample(body, "outbox_publish_acknowledged_total", fmt.Sprint(rows)) &&
 					hasSample(body, "outbox_pending_messages", "0")
 			})
-			for _, name := range []string{"outbox_owned_buckets", "outbox_publish_duration_seconds_bucket", "outbox_cycle_duration_seconds_bucket", "outbox_pending_available_ratio", "outbox_pending_oldest_age_seconds", "go_goroutines"} {
+			for _, name := range []string{"outbox_owned_buckets", "outbox_publish_duration_seconds_bucket", "outbox_cycle_duration_seconds_bucket", "outbox_pending_available_ratio", "outbox_pending_oldest_age_seconds", "go_goroutines", "go_build_info"} {
 				if !strings.Contains(body, name) {
 					t.Errorf("/metrics lacks %s:\n%s", name, body)
 				}
+			}
+			// The startup line names the build (outbox-relay version's fields).
+			if !strings.Contains(logs.String(), `"go_version":"`+runtime.Version()+`"`) {
+				t.Errorf("the startup log line lacks go_version:\n%s", logs)
 			}
 			// No otel_scope_* labels (the exporter's WithoutScopeInfo): they
 			// were on every series, two of them always empty.

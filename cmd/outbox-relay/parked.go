@@ -302,6 +302,9 @@ func runHelp(args []string, e *adminEnv) int {
 	case len(args) == 0 || len(args) == 1 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help"):
 		usage(e.stdout)
 		return exitOK
+	case len(args) == 1 && args[0] == "flags":
+		flagsUsage(e.stdout)
+		return exitOK
 	case len(args) == 1 && findSubcommand(args[0]) != nil:
 		subcommandUsage(e.stdout, findSubcommand(args[0]))
 		return exitOK
@@ -366,7 +369,8 @@ func subcommandsUsage(w io.Writer) {
 	for _, sc := range subcommands {
 		fmt.Fprintf(w, "  outbox-relay %s %s\n    \t%s\n", sc.name, sc.args, sc.summary)
 	}
-	fmt.Fprintf(w, "  outbox-relay help [COMMAND]\n    \tthis text, or a command's\n")
+	fmt.Fprintf(w, "  outbox-relay version\n    \tthe build's version, the library's, the VCS revision and the Go version\n")
+	fmt.Fprintf(w, "  outbox-relay help [COMMAND | flags]\n    \tthis text, a command's, or every flag of the relay\n")
 	fmt.Fprintf(w, `
 The commands take the relay's database flags (-db-driver, -db-dsn, -schema,
 -messages-table, -leases-table, -relays-table, -bucket-count,

@@ -498,6 +498,32 @@ func TestKeyTextQuotesPrintableKeysHexesOthersAndTruncates(t *testing.T) {
 	}
 }
 
+// TestTopLevelHelpIsShort: outbox-relay -h fits a screen (at most 60
+// lines): every command, the common flags and the way to the rest
+// (help flags); the full flag list is not in it.
+func TestTopLevelHelpIsShort(t *testing.T) {
+	var out, errOut bytes.Buffer
+	if code := run(context.Background(), []string{"-h"}, noEnv, &out, &errOut); code != exitOK {
+		t.Fatalf("-h exited %d: %s", code, errOut.String())
+	}
+	help := out.String()
+	if n := strings.Count(help, "\n"); n > 60 {
+		t.Errorf("-h is %d lines; want at most 60:\n%s", n, help)
+	}
+	want := []string{"outbox-relay help flags", "outbox-relay version", "-db-dsn  [OUTBOX_DB_DSN]", "-kafka-brokers  [OUTBOX_KAFKA_BROKERS]"}
+	for _, sc := range subcommands {
+		want = append(want, "outbox-relay "+sc.name+" ")
+	}
+	for _, w := range want {
+		if !strings.Contains(help, w) {
+			t.Errorf("-h lacks %q:\n%s", w, help)
+		}
+	}
+	if strings.Contains(help, "-kafka-sasl-password") {
+		t.Errorf("-h lists every flag; want the common ones:\n%s", help)
+	}
+}
+
 func TestHelpMentionsTheSubcommands(t *testing.T) {
 	for _, args := range [][]string{{"-h"}, {"help"}} {
 		var out, errOut bytes.Buffer

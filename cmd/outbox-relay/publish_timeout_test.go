@@ -13,9 +13,8 @@ import (
 
 // TestKafkaPublishTimeoutFlag: -kafka-publish-timeout (and its variable)
 // sets KafkaConfig.PublishTimeout, 10s by default; a negative value, a
-// value not shorter than -max-publish-duration, and the retired
-// -kafka-max-attempts (any value but 1) are configuration errors that say
-// why, on one line, before anything connects.
+// value not shorter than -max-publish-duration are configuration errors
+// that say why, on one line, before anything connects.
 func TestKafkaPublishTimeoutFlag(t *testing.T) {
 	noEnv := func(string) string { return "" }
 	cfg, err := parseConfig(base(t), noEnv)
@@ -34,7 +33,7 @@ func TestKafkaPublishTimeoutFlag(t *testing.T) {
 	if err != nil || cfg.kafkaPubTimeout != 3*time.Second {
 		t.Errorf("OUTBOX_KAFKA_PUBLISH_TIMEOUT=3s: timeout %v, error %v; want 3s", cfg.kafkaPubTimeout, err)
 	}
-	cfg, err = parseConfig(append(base(t), "-kafka-publish-timeout", "2s", "-max-publish-duration", "5s", "-kafka-max-attempts", "1"), noEnv)
+	cfg, err = parseConfig(append(base(t), "-kafka-publish-timeout", "2s", "-max-publish-duration", "5s"), noEnv)
 	if err != nil || cfg.kafkaPubTimeout != 2*time.Second {
 		t.Errorf("-kafka-publish-timeout 2s -max-publish-duration 5s: timeout %v, error %v; want 2s", cfg.kafkaPubTimeout, err)
 	}
@@ -47,7 +46,6 @@ func TestKafkaPublishTimeoutFlag(t *testing.T) {
 		{[]string{"-kafka-publish-timeout", "5"}, `-kafka-publish-timeout "5": a duration needs a unit`},
 		{[]string{"-max-publish-duration", "10s"}, "-kafka-publish-timeout 10s must be shorter than -max-publish-duration 10s"},
 		{[]string{"-kafka-publish-timeout", "20s", "-max-publish-duration", "15s"}, "-kafka-publish-timeout 20s must be shorter than -max-publish-duration 15s"},
-		{[]string{"-kafka-max-attempts", "10"}, "-kafka-max-attempts 10: no longer supported (only 1)"},
 	} {
 		var stdout, stderr bytes.Buffer
 		code := run(context.Background(), append(base(t), tc.args...), noEnv, &stdout, &stderr)

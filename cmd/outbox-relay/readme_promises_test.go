@@ -34,8 +34,8 @@ func noEnv(string) string { return "" }
 
 func TestHelpListsTheDocumentedFlagsWithTheirEnvironmentVariables(t *testing.T) {
 	var out, errOut bytes.Buffer
-	if code := run(context.Background(), []string{"-h"}, noEnv, &out, &errOut); code != 0 {
-		t.Fatalf("outbox-relay -h exited %d; want 0\nstderr: %s", code, errOut.String())
+	if code := run(context.Background(), []string{"help", "flags"}, noEnv, &out, &errOut); code != 0 {
+		t.Fatalf("outbox-relay help flags exited %d; want 0\nstderr: %s", code, errOut.String())
 	}
 	help := out.String()
 	// The flags and variables the README names.
@@ -47,18 +47,18 @@ func TestHelpListsTheDocumentedFlagsWithTheirEnvironmentVariables(t *testing.T) 
 		"notify-postgres-dsn", "notify-channel", "listen", "log-format", "log-level",
 	} {
 		if want := "-" + name + "  [" + envName(name) + "]"; !strings.Contains(help, want) {
-			t.Errorf("outbox-relay -h lacks %q", want)
+			t.Errorf("outbox-relay help flags lacks %q", want)
 		}
 	}
 	for _, v := range []string{"OUTBOX_DB_DSN", "OUTBOX_KAFKA_SASL_PASSWORD"} {
 		if !strings.Contains(help, "["+v+"]") {
-			t.Errorf("outbox-relay -h lacks the variable %s", v)
+			t.Errorf("outbox-relay help flags lacks the variable %s", v)
 		}
 	}
 	// Every flag is listed with its variable.
 	newFlagSet(&config{}).VisitAll(func(f *flag.Flag) {
 		if want := "-" + f.Name + "  [" + envName(f.Name) + "]"; !strings.Contains(help, want) {
-			t.Errorf("outbox-relay -h lacks %q", want)
+			t.Errorf("outbox-relay help flags lacks %q", want)
 		}
 	})
 }
