@@ -11,6 +11,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
@@ -95,9 +96,13 @@ type rebucketReport struct {
 	To            int             `json:"to"`
 	DatabaseTime  time.Time       `json:"database_time"`
 	Checks        []rebucketCheck `json:"checks"`
-	Refused       bool            `json:"refused"`
-	Confirmed     bool            `json:"confirmed"`
-	Done          bool            `json:"done"`
+	// Unchanged is true when the lease rows already are buckets 0 to To-1
+	// and -rehash was not asked for: there is nothing to change, and nothing
+	// was checked or changed.
+	Unchanged bool `json:"unchanged"`
+	Refused   bool `json:"refused"`
+	Confirmed bool `json:"confirmed"`
+	Done      bool `json:"done"`
 	// LeaseRowsDeleted and LeaseBucketsDeleted are the lease rows deleted
 	// (or that would be); LeaseRowsCreated the free rows created.
 	LeaseRowsDeleted    int   `json:"lease_rows_deleted"`
@@ -223,6 +228,10 @@ func runRebucket(ctx context.Context, e *adminEnv, c *adminConfig) int {
 	if err != nil {
 		return e.opsFail(ctx, what, err)
 	}
+	if !c.rehash && slices.Equal(st.buckets, seq(c.to)) {
+		rep.Unchanged, rep.Checks = true, []rebucketCheck{}
+		return e.printRebucket(ctx, what, c, rep)
+	}
 	rep.Checks, rep.Refused = st.checks(o, c)
 	rep.Rows = st.pending + st.parked
 	rep.LeaseRowsDeleted, rep.LeaseRowsCreated = len(st.buckets), c.to
@@ -236,6 +245,12 @@ func runRebucket(ctx context.Context, e *adminEnv, c *adminConfig) int {
 			return e.opsFail(ctx, what, fmt.Errorf("%w (rolled back: nothing changed)", err))
 		}
 	}
+	return e.printRebucket(ctx, what, c, rep)
+}
+
+// printRebucket prints rep and returns rebucket's exit code.
+func (e *adminEnv) printRebucket(ctx context.Context, what string, c *adminConfig, rep *rebucketReport) int {
+	var err error
 	if c.asJSON {
 		enc := json.NewEncoder(e.stdout)
 		enc.SetIndent("", "  ")
@@ -247,6 +262,8 @@ func runRebucket(ctx context.Context, e *adminEnv, c *adminConfig) int {
 		return e.opsFail(ctx, what, err)
 	}
 	switch {
+	case rep.Unchanged:
+		return exitOK
 	case rep.Refused:
 		fmt.Fprintf(e.stderr, "outbox-relay %s: refused: nothing changed\n", what)
 		return exitFailure
@@ -405,6 +422,10 @@ func writeRebucket(w io.Writer, rep *rebucketReport) error {
 			mark = "REFUSED"
 		}
 		fmt.Fprintf(w, "  %s  %s\n", mark, ch.Message)
+	}
+	if rep.Unchanged {
+		fmt.Fprintf(w, "nothing to change: the lease rows already are %s\n", someBuckets(seq(rep.To)))
+		return nil
 	}
 	deleted := plural(int64(rep.LeaseRowsDeleted), "lease row")
 	if len(rep.LeaseBucketsDeleted) > 0 {

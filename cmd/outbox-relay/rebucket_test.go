@@ -148,6 +148,33 @@ func TestRebucketResetsTheLeasesOnceTheRelaysStopped(t *testing.T) {
 	})
 }
 
+// TestRebucketToTheCurrentCountChangesNothing: rebucket -to 8 on a table
+// whose lease rows are buckets 0-7 says there is nothing to change and
+// exits 0, even with -confirm and a live relay holding the leases, whose
+// leases stay as they were.
+func TestRebucketToTheCurrentCountChangesNothing(t *testing.T) {
+	ctx := context.Background()
+	testenv.ForEachDB(t, nil, func(t *testing.T, db *gorm.DB) {
+		f := newOpsFixture(t, db, "rn", 8)
+		if _, err := f.store(t, 8).AcquireBucketLeases(ctx, "relay-1", 8, 30*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		before := describeLeases(f.leaseRows(t))
+		code, stdout, stderr := opsRun{}.run(t, f, "rebucket", "-to", "8", "-confirm")
+		if code != exitOK || !strings.Contains(stdout, "nothing to change: the lease rows already are buckets 0-7\n") || stderr != "" {
+			t.Errorf("rebucket -to 8 on 8 buckets = %d\nstdout: %s\nstderr: %s; want 0 and nothing to change", code, stdout, stderr)
+		}
+		if after := describeLeases(f.leaseRows(t)); after != before {
+			t.Errorf("leases changed: %s → %s", before, after)
+		}
+		code, stdout, _ = opsRun{}.run(t, f, "rebucket", "-to", "8", "-json")
+		var rep rebucketReport
+		if err := json.Unmarshal([]byte(stdout), &rep); err != nil || code != exitOK || !rep.Unchanged || rep.Done || rep.Refused {
+			t.Errorf("rebucket -to 8 -json = %d, %+v, %v; want 0 and unchanged", code, rep, err)
+		}
+	})
+}
+
 // TestRebucketForceProceedsDespiteALiveRelay: -force overrides the lease
 // and relay checks, says so, and resets the leases under the relay.
 func TestRebucketForceProceedsDespiteALiveRelay(t *testing.T) {
