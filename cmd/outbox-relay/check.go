@@ -33,9 +33,10 @@ const checkSampleRows = 1000
 const leaseDurationTolerance = time.Second
 
 var checkCommand = &subcommand{
-	name:    "check",
-	args:    "[-json]",
-	summary: "configuration consistency: tables, columns, indexes, buckets, writers and relays that disagree; one line per problem",
+	name:     "check",
+	readOnly: true,
+	args:     "[-json]",
+	summary:  "configuration consistency: tables, columns, indexes, buckets, writers and relays that disagree; one line per problem",
 	doc: `Checks what the tables show against the configuration (-bucket-count and
 the table names) and prints one line per problem:
 

@@ -51,6 +51,7 @@ type dbConfig struct {
 	dbDSN            string
 	outbox           outbox.Config
 	statementTimeout time.Duration // gormstore.Options.StatementTimeout
+	readOnly         bool          // a read-only subcommand's: SQLite opened with mode=ro
 }
 
 // config is the worker's whole configuration.

@@ -211,7 +211,11 @@ func openDB(ctx context.Context, c *dbConfig, log *slog.Logger) (*gorm.DB, error
 	case "mysql":
 		dial = mysql.Open(c.dbDSN)
 	case "sqlite":
-		dial = sqlite.Open(c.dbDSN)
+		dsn := c.dbDSN
+		if c.readOnly {
+			dsn = sqliteReadOnly(dsn)
+		}
+		dial = sqlite.Open(dsn)
 	}
 	db, err := gorm.Open(dial, &gorm.Config{
 		DisableAutomaticPing: true,
@@ -230,6 +234,21 @@ func openDB(ctx context.Context, c *dbConfig, log *slog.Logger) (*gorm.DB, error
 		return db, err
 	}
 	return db, sqlDB.PingContext(pingCtx)
+}
+
+// sqliteReadOnly returns dsn as a SQLite URI filename opened read-only
+// (mode=ro, after any parameter of the DSN's): SQLite then fails on a file
+// that does not exist instead of creating it.
+func sqliteReadOnly(dsn string) string {
+	name, query, _ := strings.Cut(dsn, "?")
+	if !strings.HasPrefix(name, "file:") {
+		// In a URI filename, '%', '?' and '#' are escapes and delimiters.
+		name = "file:" + strings.NewReplacer("%", "%25", "?", "%3f", "#", "%23").Replace(name)
+	}
+	if query != "" {
+		query += "&"
+	}
+	return name + "?" + query + "mode=ro"
 }
 
 // run connects, serves HTTP and runs the relay until ctx is done or the

@@ -399,6 +399,32 @@ func TestStatusOnAnUnreachableDatabaseExitsOneWithOneLine(t *testing.T) {
 	}
 }
 
+// TestReadOnlyCommandsCreateNoDatabaseFile: status, check and parked on a
+// SQLite path that does not exist (a typo) fail with one line, exit 1, and
+// leave no file behind: they open the database read-only.
+func TestReadOnlyCommandsCreateNoDatabaseFile(t *testing.T) {
+	for _, cmd := range [][]string{{"status"}, {"check"}, {"parked"}, {"parked", "-json"}} {
+		for _, dsn := range []string{"typo.db", "typo.db?_busy_timeout=1000", "file:typo.db?_busy_timeout=1000"} {
+			dir := t.TempDir()
+			path := filepath.Join(dir, "typo.db")
+			dsn = strings.Replace(dsn, "typo.db", path, 1)
+			code, stdout, stderr := opsRun{}.run(t, nil, append(cmd, "-db-driver", "sqlite", "-db-dsn", dsn)...)
+			if code != exitFailure || stdout != "" || strings.Count(stderr, "\n") != 1 {
+				t.Errorf("%v -db-dsn %s = %d, stdout %q, stderr %q; want 1, nothing, one line", cmd, dsn, code, stdout, stderr)
+			}
+			if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+				t.Errorf("%v -db-dsn %s left %d file(s) behind (%s, …)", cmd, dsn, len(entries), entries[0].Name())
+			}
+		}
+	}
+	// A plain path becomes a URI filename ('%' and '#' escaped; like the
+	// driver, the first '?' starts the parameters). The other status,
+	// check and parked tests read existing databases through it.
+	if got := sqliteReadOnly("/data/a b%#.db?_txlock=immediate"); got != "file:/data/a b%25%23.db?_txlock=immediate&mode=ro" {
+		t.Errorf("sqliteReadOnly = %q", got)
+	}
+}
+
 // TestOpsUsageErrorsExitTwoNamingTheFlag: bad flags of status, check and
 // rebucket are one line naming the flag, exit 2, before any connection;
 // their action flags are never read from the environment, -lease-duration

@@ -40,6 +40,10 @@ type subcommand struct {
 	doc string
 	// selector: the command takes -key, -key-hex, -id or -all.
 	selector bool
+	// readOnly: the command only reads. A SQLite database is opened
+	// read-only (mode=ro), so that a mistyped path fails instead of
+	// leaving an empty database file behind.
+	readOnly bool
 	// flags, when set, declares the command's own flags.
 	flags func(fs *flag.FlagSet, c *adminConfig)
 	// env names the command's own flags that are read from the
@@ -57,9 +61,10 @@ var subcommands = []*subcommand{
 	statusCommand,
 	checkCommand,
 	{
-		name:    "parked",
-		args:    "[-rows] [-json] [-limit N]",
-		summary: "list the parked rows, per key",
+		name:     "parked",
+		readOnly: true,
+		args:     "[-rows] [-json] [-limit N]",
+		summary:  "list the parked rows, per key",
 		doc: `Lists the parked rows: rows the relay set aside because the broker will never
 accept them as stored (or the store cannot decode them), together with the
 later rows of their key, which wait behind them in order. One line per key
@@ -293,6 +298,7 @@ func runSubcommand(ctx context.Context, name string, args []string, e *adminEnv)
 		fmt.Fprintf(e.stderr, "outbox-relay %s: %s (see outbox-relay %s -h)\n", sc.name, oneLine(err), sc.name)
 		return exitConfig
 	}
+	c.readOnly = sc.readOnly
 	return sc.run(ctx, e, c)
 }
 

@@ -28,9 +28,10 @@ const statusAllBucketsUpTo = 64
 const maxProblemBuckets = 10
 
 var statusCommand = &subcommand{
-	name:    "status",
-	args:    "[-json] [-max-age D] [-all-buckets]",
-	summary: "backlog, lease owner and expiry per bucket, relays, totals; exit 1 unless healthy",
+	name:     "status",
+	readOnly: true,
+	args:     "[-json] [-max-age D] [-all-buckets]",
+	summary:  "backlog, lease owner and expiry per bucket, relays, totals; exit 1 unless healthy",
 	doc: `Shows, per bucket, the pending rows, the age of the oldest one, the parked
 rows, and the lease: its owner and "expires in 24s", "expired 3m05s ago" or
 "free"; then every relay of the heartbeat table (live, silent or stopped,
