@@ -277,8 +277,9 @@ type groupJSON struct {
 	// Kind is "key", "keyless" or "corrupt" (the last two are one row).
 	Kind   string `json:"kind"`
 	Bucket int    `json:"bucket"`
-	// KeyBase64 is the key (null when keyless); Key its display text as the
-	// table shows it, in full.
+	// KeyBase64 is the key (null when keyless); Key the same key as text
+	// when it is valid UTF-8, else null (keyless, or a binary key: read
+	// KeyBase64).
 	KeyBase64        []byte    `json:"key_base64"`
 	Key              *string   `json:"key"`
 	Rows             int       `json:"rows"`
@@ -309,12 +310,13 @@ type rowJSON struct {
 	Reason        string    `json:"reason"`
 }
 
-// jsonKey returns the display text of key for -json, nil when keyless.
+// jsonKey returns key as text for -json, as it is, unquoted; nil when
+// keyless or not valid UTF-8 (key_base64 has every key).
 func jsonKey(key []byte) *string {
-	if key == nil {
+	if key == nil || !utf8.Valid(key) {
 		return nil
 	}
-	s := keyText(key, 0)
+	s := string(key)
 	return &s
 }
 

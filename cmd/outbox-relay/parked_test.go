@@ -400,6 +400,9 @@ func TestParkedRowsListsEveryRow(t *testing.T) {
 	}
 }
 
+// TestParkedJSONIsOneObjectPerGroupWithKeysInBase64AndText: parked -json
+// gives every key in key_base64, and in key as the raw text (not quoted
+// again inside JSON) when it is UTF-8, null for a binary key.
 func TestParkedJSONIsOneObjectPerGroupWithKeysInBase64AndText(t *testing.T) {
 	code, stdout, _ := runFake(t, &fakeAdmin{rows: fixtureRows()}, nil, withDB("parked", "-json")...)
 	if code != exitOK {
@@ -417,23 +420,23 @@ func TestParkedJSONIsOneObjectPerGroupWithKeysInBase64AndText(t *testing.T) {
 		t.Fatalf("%d objects; want 5 (3 keys, 2 alone):\n%s", len(groups), stdout)
 	}
 	k1 := groups[1]
-	if k1["kind"] != "key" || k1["key_base64"] != "azE=" || k1["key"] != `"k1"` || k1["rows"] != 3.0 || k1["first_id"] != 10.0 ||
+	if k1["kind"] != "key" || k1["key_base64"] != "azE=" || k1["key"] != "k1" || k1["rows"] != 3.0 || k1["first_id"] != 10.0 ||
 		k1["head_id"] != 10.0 || k1["reason"] != "broker: message too large" || k1["oldest_age_seconds"] != 5400.0 || k1["parked_seconds"] != 4800.0 {
 		t.Errorf("k1 group = %v", k1)
 	}
 	if ids, _ := k1["ids"].([]any); len(ids) != 3 {
 		t.Errorf("k1 ids = %v; want 3", k1["ids"])
 	}
-	if long := groups[0]["key"].(string); long != `"`+strings.Repeat("a", 100)+`"` {
+	if long := groups[0]["key"].(string); long != strings.Repeat("a", 100) {
 		t.Errorf("a long key in JSON = %q; want it in full", long)
 	}
-	if bin := groups[3]; bin["key_base64"] != "AP8Q" || bin["key"] != "0x00ff10" {
+	if bin := groups[3]; bin["key_base64"] != "AP8Q" || bin["key"] != nil {
 		t.Errorf("binary key group = %v", bin)
 	}
 	if kl := groups[2]; kl["kind"] != "keyless" || kl["key_base64"] != nil || kl["key"] != nil || kl["first_id"] != 15.0 {
 		t.Errorf("keyless row = %v", kl)
 	}
-	if c := groups[4]; c["kind"] != "corrupt" || c["first_id"] != 30.0 || c["key"] != `"k1"` {
+	if c := groups[4]; c["kind"] != "corrupt" || c["first_id"] != 30.0 || c["key"] != "k1" {
 		t.Errorf("corrupt row = %v", c)
 	}
 
