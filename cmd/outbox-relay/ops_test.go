@@ -322,6 +322,35 @@ func TestStatusIsHealthyWhenEveryBucketHasALiveOwnerAndNoOldRow(t *testing.T) {
 	})
 }
 
+// TestStatusReportsLeasesOutsideItsBucketCount: a relay at 8 buckets holds
+// leases 0-7; status -bucket-count 4 is unhealthy (exit 1), naming the lease
+// rows outside its count and their holder, as check does; at 8 it is
+// healthy.
+func TestStatusReportsLeasesOutsideItsBucketCount(t *testing.T) {
+	testenv.ForEachDB(t, nil, func(t *testing.T, db *gorm.DB) {
+		f := newOpsFixture(t, db, "so", 8)
+		for b := range 8 {
+			f.lease(t, b, "relay-a", testNow.Add(20*time.Second))
+		}
+		f.heartbeat(t, "relay-a", testNow.Add(-time.Second), time.Time{}, 1)
+		if code, _, _ := fixed().run(t, f, "status"); code != exitOK {
+			t.Errorf("status -bucket-count 8 = %d; want 0", code)
+		}
+		f.flags[5] = "4" // -bucket-count
+		code, stdout, _ := fixed().run(t, f, "status")
+		want := "so_leases has lease rows for buckets 4-7, outside -bucket-count 4, held by relay-a"
+		if code != exitFailure || !strings.Contains(stdout, want) {
+			t.Errorf("status -bucket-count 4 = %d; want 1 and %q", code, want)
+		}
+		code, stdout, _ = fixed().run(t, f, "status", "-json")
+		var rep statusReport
+		if err := json.Unmarshal([]byte(stdout), &rep); err != nil || code != exitFailure || rep.Healthy || len(rep.Outside) != 4 ||
+			rep.Outside[0].Bucket != 4 || rep.Outside[0].Lease != "held" {
+			t.Errorf("status -json -bucket-count 4 = %d, %v; want unhealthy with buckets 4-7 outside, held", code, err)
+		}
+	})
+}
+
 // TestStatusComparesLeasesWithTheDatabaseClock: with this host's clock an
 // hour ahead of the database's, status still reports the lease as held
 // for its remaining time on the database's clock, and says how far the

@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -46,8 +47,8 @@ one aggregate over the messages table (a scan of its index: about 0.2 s per
 million rows on PostgreSQL).
 
 Healthy means: every bucket has a live owner (a lease whose expiry is
-ahead), no pending row is older than -max-age, and no row lies in a bucket
-outside -bucket-count. Parked rows are listed, not counted as unhealthy
+ahead), no pending row is older than -max-age, and no row or lease row lies
+in a bucket outside -bucket-count. Parked rows are listed, not counted as unhealthy
 (see outbox-relay parked).`,
 	flags: func(fs *flag.FlagSet, c *adminConfig) {
 		fs.BoolVar(&c.asJSON, "json", false, "print one JSON object (every bucket, relay and problem) instead of the tables")
@@ -84,7 +85,8 @@ type statusReport struct {
 	Problems []string       `json:"problems"`
 	Totals   statusTotals   `json:"totals"`
 	Buckets  []bucketStatus `json:"buckets"`
-	// Outside lists the buckets outside [0, BucketCount) that hold rows.
+	// Outside lists the buckets outside [0, BucketCount) that hold rows or
+	// have a lease row.
 	Outside []bucketStatus `json:"outside_buckets"`
 	Relays  []relayStatus  `json:"relays"`
 }
@@ -173,12 +175,26 @@ func buildStatus(cfg outbox.Config, clk dbClock, ld, maxAge time.Duration, rows 
 		rep.Outside = append(rep.Outside, b)
 	}
 	owned := map[string][]int{}
+	var leasesOutside []int
+	var holdersOutside []string
 	for i := range leases {
 		l := &leases[i]
-		if l.Bucket < 0 || l.Bucket >= int64(n) {
-			continue // check reports lease rows outside the count
+		inside := l.Bucket >= 0 && l.Bucket < int64(n)
+		var b *bucketStatus
+		if inside {
+			b = &rep.Buckets[l.Bucket]
+		} else {
+			// A lease row outside the count: a relay with another bucket
+			// count, or a wrong -bucket-count here. Listed with the rows
+			// outside, and a problem.
+			leasesOutside = append(leasesOutside, int(l.Bucket))
+			j := slices.IndexFunc(rep.Outside, func(o bucketStatus) bool { return o.Bucket == int(l.Bucket) })
+			if j < 0 {
+				rep.Outside = append(rep.Outside, bucketStatus{Bucket: int(l.Bucket), Lease: "free"})
+				j = len(rep.Outside) - 1
+			}
+			b = &rep.Outside[j]
 		}
-		b := &rep.Buckets[l.Bucket]
 		b.lease = l
 		if l.Owner == nil {
 			continue
@@ -188,14 +204,19 @@ func buildStatus(cfg outbox.Config, clk dbClock, ld, maxAge time.Duration, rows 
 		in := ms(l.ExpiresAtMs).Sub(now)
 		s := int64(in / time.Second)
 		b.LeaseExpiresInSeconds = &s
-		if l.held(nowMs) {
-			b.Lease = "held"
-			owned[*l.Owner] = append(owned[*l.Owner], int(l.Bucket))
-			rep.Totals.BucketsOwned++
-		} else {
+		if !l.held(nowMs) {
 			b.Lease = "expired"
+			continue
+		}
+		b.Lease = "held"
+		owned[*l.Owner] = append(owned[*l.Owner], int(l.Bucket))
+		if inside {
+			rep.Totals.BucketsOwned++
+		} else if !slices.Contains(holdersOutside, *l.Owner) {
+			holdersOutside = append(holdersOutside, *l.Owner)
 		}
 	}
+	slices.SortFunc(rep.Outside, func(a, b bucketStatus) int { return a.Bucket - b.Bucket })
 
 	// Relays, and lease owners without a heartbeat row.
 	seen := map[string]bool{}
@@ -258,13 +279,23 @@ func buildStatus(cfg outbox.Config, clk dbClock, ld, maxAge time.Duration, rows 
 		rep.Totals.oldest = oldest
 		rep.Totals.OldestAgeSeconds = secondsPtr(max(now.Sub(oldest), 0))
 	}
-	if len(rep.Outside) > 0 {
-		var buckets []int
-		var rowsOutside int64
-		for _, b := range rep.Outside {
+	var buckets []int
+	var rowsOutside int64
+	for _, b := range rep.Outside {
+		if b.Pending+b.Parked > 0 {
 			buckets = append(buckets, b.Bucket)
 			rowsOutside += b.Pending + b.Parked
 		}
+	}
+	if len(leasesOutside) > 0 {
+		held := ""
+		if len(holdersOutside) > 0 {
+			held = ", held by " + strings.Join(holdersOutside, ", ")
+		}
+		rep.Problems = append(rep.Problems, fmt.Sprintf("%s has lease rows for %s, outside -bucket-count %d%s: a relay runs with another bucket count, or this command's -bucket-count is not the fleet's (see outbox-relay check)",
+			cfg.LeasesTableName(), someBuckets(leasesOutside), n, held))
+	}
+	if rowsOutside > 0 {
 		rep.Problems = append(rep.Problems, fmt.Sprintf("%s holds %s in %s, outside -bucket-count %d: writers and relays disagree, and relays stop with ErrMisconfigured (see outbox-relay check)",
 			rep.MessagesTable, plural(rowsOutside, "row"), bucketsNoun(buckets), n))
 	}
