@@ -290,6 +290,15 @@ func (w *worker) run(ctx context.Context) int {
 		w.log.Error("relay options", "error", oneLine(err))
 		return exitFailure
 	}
+	if w.notify == nil {
+		// The relay's own advice names Go options (a notifier passed to the
+		// plugin) that a worker has no use for: taking its notifier, which
+		// no writer in this process can feed, silences it, and the worker
+		// names its flag instead.
+		_ = w.relay.Notifier()
+		w.log.Info("polling for new rows every -poll-interval; for the writers' commits to wake the relay at once, set -notify-postgres-dsn (the writers send with pgnotify.Sender)",
+			"poll_interval", w.cfg.relay.PollInterval)
+	}
 
 	var srv *http.Server
 	srvDone := make(chan error, 1)
@@ -326,21 +335,27 @@ func (w *worker) run(ctx context.Context) int {
 func (w *worker) handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(w.reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("GET /healthz", func(rw http.ResponseWriter, _ *http.Request) {
-		rw.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	mux.Handle("GET /healthz", healthz(func() error {
 		if w.relay == nil {
-			rw.WriteHeader(http.StatusServiceUnavailable)
-			fmt.Fprintln(rw, "outbox-relay: starting: the relay is not built yet")
-			return
+			return errors.New("outbox-relay: starting: the relay is not built yet")
 		}
-		if err := w.relay.Health(); err != nil {
+		return w.relay.Health()
+	}))
+	return mux
+}
+
+// healthz serves health: 200 "ok", or 503 and the reason on one line, with
+// the relay's option names replaced by the flags that set them.
+func healthz(health func() error) http.HandlerFunc {
+	return func(rw http.ResponseWriter, _ *http.Request) {
+		rw.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		if err := health(); err != nil {
 			rw.WriteHeader(http.StatusServiceUnavailable)
-			fmt.Fprintln(rw, err)
+			fmt.Fprintln(rw, oneLine(err))
 			return
 		}
 		fmt.Fprintln(rw, "ok")
-	})
-	return mux
+	}
 }
 
 // close releases the publisher, the meter provider and the database pool.

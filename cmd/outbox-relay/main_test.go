@@ -175,6 +175,10 @@ func TestWorker(t *testing.T) {
 					t.Errorf("/metrics lacks %s:\n%s", name, body)
 				}
 			}
+			// Advice names the worker's flags, never Go options.
+			if !strings.Contains(logs.String(), "set -notify-postgres-dsn") || strings.Contains(logs.String(), "relay.NewNotifier") {
+				t.Errorf("the polling advice should name -notify-postgres-dsn and no Go option:\n%s", logs)
+			}
 			// The startup line names the build (outbox-relay version's fields).
 			if !strings.Contains(logs.String(), `"go_version":"`+runtime.Version()+`"`) {
 				t.Errorf("the startup log line lacks go_version:\n%s", logs)

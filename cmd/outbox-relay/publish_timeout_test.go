@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -56,5 +58,25 @@ func TestKafkaPublishTimeoutFlag(t *testing.T) {
 	}
 	if got := oneLine(errors.New("relay: KafkaConfig.PublishTimeout is negative (-1s)")); got != "relay: -kafka-publish-timeout is negative (-1s)" {
 		t.Errorf("publisher error on the command line = %q; want it to name -kafka-publish-timeout", got)
+	}
+}
+
+// TestHealthzNamesTheFlags: /healthz's 503 reason names the worker's flags,
+// not the relay's Go options, on one line.
+func TestHealthzNamesTheFlags(t *testing.T) {
+	h := healthz(func() error {
+		return errors.New("relay: every publish has failed for 6m0s, longer than Options.PublishFailureWindow 5m0s (rows are kept and retried): broker down\nsecond line")
+	})
+	rec := httptest.NewRecorder()
+	h(rec, httptest.NewRequest("GET", "/healthz", nil))
+	body := rec.Body.String()
+	if rec.Code != http.StatusServiceUnavailable || !strings.Contains(body, "longer than -publish-failure-window 5m0s") ||
+		strings.Contains(body, "Options.") || strings.Count(body, "\n") != 1 {
+		t.Errorf("/healthz = %d %q; want 503, one line naming -publish-failure-window", rec.Code, body)
+	}
+	rec = httptest.NewRecorder()
+	healthz(func() error { return nil })(rec, httptest.NewRequest("GET", "/healthz", nil))
+	if rec.Code != http.StatusOK || rec.Body.String() != "ok\n" {
+		t.Errorf("/healthz healthy = %d %q; want 200 ok", rec.Code, rec.Body.String())
 	}
 }
