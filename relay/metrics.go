@@ -224,6 +224,18 @@ func newInstruments(mp metric.MeterProvider, name string) (*instruments, error) 
 	return in, nil
 }
 
+// exportCounters adds 0 to every counter (and every park reason), so that
+// each series exists from the start: increase() and rate() then see the
+// first failure, fence or park, not only the second.
+func (in *instruments) exportCounters(ctx context.Context) {
+	for _, c := range []metric.Int64Counter{in.acked, in.failures, in.expirations, in.fenced} {
+		c.Add(ctx, 0, in.attrs)
+	}
+	for _, attrs := range in.parkAttrs {
+		in.parked.Add(ctx, 0, attrs)
+	}
+}
+
 // countParked adds n rows to MetricParked with reason (a ParkReason value).
 func (in *instruments) countParked(reason string, n int) {
 	in.parked.Add(context.Background(), int64(n), in.parkAttrs[reason])

@@ -106,6 +106,33 @@ func TestMetrics(t *testing.T) {
 		}
 	})
 
+	t.Run("every_counter_is_exported_at_zero_from_the_start", func(t *testing.T) {
+		// increase() over a series that appears with its first failure
+		// misses that failure: every counter exists, at 0, once Run starts.
+		reader := metrictest.NewReader()
+		h := newHarness(t, relay.Options{BucketCount: 1, MeterProvider: reader.MeterProvider()}, nil)
+		h.start()
+		h.waitIdle()
+		points, err := reader.Collect(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		zero := map[string]int{}
+		for _, p := range points {
+			if p.Kind == metrictest.Counter && p.Value == 0 {
+				zero[p.Name]++
+			}
+		}
+		for name, series := range map[string]int{
+			relay.MetricPublishAcknowledged: 1, relay.MetricPublishFailures: 1, relay.MetricLeaseExpirations: 1,
+			relay.MetricFenced: 1, relay.MetricParked: 4, // one per park reason
+		} {
+			if zero[name] != series {
+				t.Errorf("%s: %d series at 0 before any event; want %d", name, zero[name], series)
+			}
+		}
+	})
+
 	t.Run("publish_instruments_count_batches_and_acknowledged_attempts", func(t *testing.T) {
 		reader := metrictest.NewReader()
 		h := newHarness(t, relay.Options{BucketCount: 1, MetricsName: "orders", MeterProvider: reader.MeterProvider()}, nil)

@@ -280,8 +280,7 @@ func (r *Relay) Run(ctx context.Context) error {
 			"poll_interval", r.opts.PollInterval)
 	}
 
-	// At 0 from the start: an alert on increase() sees the first fence.
-	r.m.fenced.Add(ctx, 0, r.m.attrs)
+	r.m.exportCounters(ctx)
 	reg, err := r.registerGauges()
 	if err != nil {
 		err = fmt.Errorf("relay: register gauges: %w", err)
