@@ -2,11 +2,18 @@ package gormstore_test
 
 import (
 	"context"
+	"errors"
 	"log/slog"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/gormstore"
+	"github.com/gorm-outbox/outbox/internal/testenv"
 	"github.com/gorm-outbox/outbox/relay"
+	"github.com/gorm-outbox/outbox/relay/relaytest"
 )
 
 // runRelay runs a relay on store with fast test timings until the test
@@ -33,4 +40,46 @@ func runRelay(t *testing.T, store relay.Store, pub relay.Publisher, logger *slog
 		}
 	})
 	return r
+}
+
+// TestRunWithoutTheTablesFailsNamingThem: a relay on a store whose tables
+// were never created stops at once with an error that names the missing
+// tables and outbox.AutoMigrate and wraps relay.ErrMisconfigured (it
+// retried every round forever, logging "no such table", and Run returned
+// nil when cancelled). MissingTables names them too, and none once they
+// exist.
+func TestRunWithoutTheTablesFailsNamingThem(t *testing.T) {
+	for _, o := range testenv.Databases(t) {
+		t.Run(o.Name, func(t *testing.T) {
+			db := o.Open(t, nil)
+			cfg := outbox.Config{BucketCount: 2, MessagesTable: "nt_messages", LeasesTable: "nt_leases", RelaysTable: "nt_relays"}
+			store, err := gormstore.New(db, gormstore.Options{Config: cfg})
+			if err != nil {
+				t.Fatalf("New without the tables: %v; want it to succeed (it does no I/O)", err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if missing, err := store.MissingTables(ctx); err != nil || !slices.Equal(missing, []string{"nt_messages", "nt_leases", "nt_relays"}) {
+				t.Errorf("MissingTables = %v, %v; want the three", missing, err)
+			}
+			r, err := relay.New(store, relaytest.NewPublisher(), relay.Options{BucketCount: 2, ErrorBackoff: 10 * time.Millisecond})
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = r.Run(ctx)
+			if !errors.Is(err, relay.ErrMisconfigured) || !strings.Contains(err.Error(), "missing outbox tables nt_messages, nt_leases, nt_relays") ||
+				!strings.Contains(err.Error(), "outbox.AutoMigrate") {
+				t.Errorf("Run = %v; want ErrMisconfigured naming the three tables and outbox.AutoMigrate", err)
+			}
+			if ctx.Err() != nil {
+				t.Errorf("Run returned only when its context ended")
+			}
+			if err := outbox.AutoMigrate(db, cfg); err != nil {
+				t.Fatal(err)
+			}
+			if missing, err := store.MissingTables(ctx); err != nil || len(missing) != 0 {
+				t.Errorf("MissingTables after AutoMigrate = %v, %v; want none", missing, err)
+			}
+		})
+	}
 }

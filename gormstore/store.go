@@ -300,7 +300,18 @@ func notBackwards(exp int64) clause.Expr {
 // extending the kept leases; releasing the excess (only when there is
 // some); claiming free or expired buckets (only when short of the share);
 // and reading back what this relay owns.
+//
+// When one of the store's tables is missing, the error names it and wraps
+// relay.ErrMisconfigured, which stops the relay.
 func (s *Store) AcquireBucketLeases(ctx context.Context, relayID string, bucketCount int, leaseDuration time.Duration) ([]int, error) {
+	buckets, err := s.acquireBucketLeases(ctx, relayID, bucketCount, leaseDuration)
+	if err != nil && !errors.Is(err, relay.ErrMisconfigured) && ctx.Err() == nil {
+		err = s.explainMissingTables(ctx, err)
+	}
+	return buckets, err
+}
+
+func (s *Store) acquireBucketLeases(ctx context.Context, relayID string, bucketCount int, leaseDuration time.Duration) ([]int, error) {
 	if err := checkArgs(relayID, leaseDuration); err != nil {
 		return nil, err
 	}

@@ -173,14 +173,12 @@ func (e *adminEnv) check(ctx context.Context, o *opsDB) (*checkReport, error) {
 	// Tables and columns. sound[t] is false when t or one of its columns
 	// is missing: the checks that read it are skipped.
 	sound := map[string]bool{}
+	missingTables, err := o.store.MissingTables(ctx)
+	if err != nil {
+		return nil, err
+	}
 	for _, t := range tables {
-		q, cancel := o.stmt(ctx)
-		ok, err := hasTable(q, c.dbDriver, cfg.Schema, t.name)
-		cancel()
-		if err != nil {
-			return nil, fmt.Errorf("look up table %s: %w", qualify(cfg, t.name), err)
-		}
-		if !ok {
+		if slices.Contains(missingTables, qualify(cfg, t.name)) {
 			rep.add(checkMissingTable, "missing table %s: start a relay once with -migrate, or apply migrations/%s.sql", qualify(cfg, t.name), c.dbDriver)
 			continue
 		}

@@ -418,64 +418,20 @@ func (w *worker) checkTables(ctx context.Context) error {
 
 // checkOutboxTables is worker.checkTables on any database.
 func checkOutboxTables(ctx context.Context, db *gorm.DB, dc *dbConfig) error {
-	c := dc.outbox.WithDefaults()
-	qualified := func(t string) string {
-		if c.Schema == "" {
-			return t
-		}
-		return c.Schema + "." + t
+	store, err := gormstore.New(db, gormstore.Options{Config: dc.outbox, StatementTimeout: dc.statementTimeout})
+	if err != nil {
+		return err
 	}
-	var missing []string
-	for _, t := range []string{c.MessagesTable, c.LeasesTable, c.RelaysTable} {
-		ok, err := hasTable(db.WithContext(ctx), dc.dbDriver, c.Schema, t)
-		if err != nil {
-			return fmt.Errorf("look up table %s: %v", qualified(t), err)
-		}
-		if !ok {
-			missing = append(missing, qualified(t))
-		}
-	}
-	if len(missing) == 0 {
-		return nil
+	missing, err := store.MissingTables(ctx)
+	if err != nil || len(missing) == 0 {
+		return err
 	}
 	renamed := ""
-	if c != (outbox.Config{BucketCount: c.BucketCount}).WithDefaults() {
+	if c := dc.outbox.WithDefaults(); c != (outbox.Config{BucketCount: c.BucketCount}).WithDefaults() {
 		renamed = " with these names"
 	}
 	return fmt.Errorf("missing outbox tables %s: start once with -migrate, or apply migrations/%s.sql%s",
 		strings.Join(missing, ", "), dc.dbDriver, renamed)
-}
-
-// hasTable reports whether table exists in schema (empty: the connection's
-// default). gorm's Migrator().HasTable ignores a schema on MySQL and SQLite
-// and turns a failed query into false; this returns the error.
-func hasTable(db *gorm.DB, driver, schema, table string) (bool, error) {
-	var n int64
-	var err error
-	switch driver {
-	case "postgres":
-		name := `"` + table + `"`
-		if schema != "" {
-			name = `"` + schema + `".` + name
-		}
-		var ok bool
-		err = db.Raw("SELECT to_regclass(?) IS NOT NULL", name).Scan(&ok).Error
-		return ok, err
-	case "mysql":
-		if schema == "" {
-			err = db.Raw("SELECT count(*) FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name = ?", table).Scan(&n).Error
-		} else {
-			err = db.Raw("SELECT count(*) FROM information_schema.tables WHERE table_schema = ? AND table_name = ?", schema, table).Scan(&n).Error
-		}
-	case "sqlite":
-		if schema == "" {
-			schema = "main"
-		}
-		err = db.Raw(`SELECT count(*) FROM "`+schema+`".sqlite_master WHERE type = 'table' AND name = ?`, table).Scan(&n).Error
-	default:
-		return false, fmt.Errorf("unknown driver %q", driver)
-	}
-	return n > 0, err
 }
 
 // parseLevel parses -log-level.

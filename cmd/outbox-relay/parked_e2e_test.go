@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -251,13 +252,17 @@ func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 // missing outbox tables are runtime failures (exit 1), reported in one
 // line without the DSN's password.
 func TestSubcommandsExitOneWhenTheDatabaseFails(t *testing.T) {
+	empty := filepath.Join(t.TempDir(), "empty.db")
+	if err := os.WriteFile(empty, nil, 0o644); err != nil { // an empty SQLite database
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		name  string
 		flags []string
 		want  string
 	}{
 		{"unreachable", []string{"-db-driver", "postgres", "-db-dsn", "host=127.0.0.1 port=1 user=app password=secret dbname=app sslmode=disable connect_timeout=5"}, "database unreachable (postgres)"},
-		{"missing_tables", []string{"-db-driver", "sqlite", "-db-dsn", "file:" + filepath.Join(t.TempDir(), "empty.db"), "-messages-table", "nothing_here"}, "missing outbox tables nothing_here, outbox_leases, outbox_relays"},
+		{"missing_tables", []string{"-db-driver", "sqlite", "-db-dsn", "file:" + empty, "-messages-table", "nothing_here"}, "missing outbox tables nothing_here, outbox_leases, outbox_relays"},
 	} {
 		for _, args := range [][]string{{"parked"}, {"requeue", "-all"}, {"discard", "-id", "1", "-confirm"}} {
 			t.Run(tc.name+"/"+args[0], func(t *testing.T) {
