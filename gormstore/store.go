@@ -112,10 +112,12 @@
 package gormstore
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -182,6 +184,9 @@ type Options struct {
 	// negative value fails New. Keep it well under the relay's
 	// LeaseRenewInterval.
 	StatementTimeout time.Duration
+	// Logger receives the store's own warnings (lease rows it had to
+	// recreate). Nil means slog.Default().
+	Logger *slog.Logger
 }
 
 // Store is a relay.Store on a *gorm.DB. It also implements the optional
@@ -204,6 +209,7 @@ type Store struct {
 	relays  string
 	timeout time.Duration
 	hot     hotSQL
+	log     *slog.Logger
 
 	mu        sync.Mutex
 	dialect   int // a kind*; kindUnknownMySQL until asked
@@ -273,6 +279,7 @@ func New(db *gorm.DB, opts Options) (*Store, error) {
 		timeout: opts.StatementTimeout,
 		dialect: kind,
 		hot:     buildHotSQL(db, cfg.MessagesTableName()),
+		log:     cmp.Or(opts.Logger, slog.Default()),
 	}, nil
 }
 
@@ -365,6 +372,13 @@ func (s *Store) acquireBucketLeases(ctx context.Context, relayID string, bucketC
 	})
 	if err != nil {
 		return nil, err
+	}
+	if len(snap) < n {
+		// Lease rows went missing after the seed (a restore, a mistaken
+		// cleanup): without them no relay could ever own those buckets.
+		if snap, err = s.reseed(ctx, snap); err != nil {
+			return nil, err
+		}
 	}
 	// Share, keep / release / claim.
 	held := make(map[string]int, len(active)+1)
@@ -526,6 +540,35 @@ func (s *Store) seed(ctx context.Context) error {
 	s.seeded = true
 	s.mu.Unlock()
 	return nil
+}
+
+// reseed recreates the lease rows missing from snap (free, with no owner)
+// and returns snap with them, in bucket order. The rows are inserted as on
+// the first seed (a row another relay recreated meanwhile is kept); the
+// claims that follow are guarded, so a row claimed meanwhile is not taken.
+func (s *Store) reseed(ctx context.Context, snap []outbox.BucketLease) ([]outbox.BucketLease, error) {
+	s.mu.Lock()
+	s.seeded = false
+	s.mu.Unlock()
+	if err := s.seed(ctx); err != nil {
+		return nil, err
+	}
+	n := s.cfg.BucketCount
+	have := make([]bool, n)
+	for _, l := range snap {
+		have[l.Bucket] = true
+	}
+	var missing []int
+	for b := range n {
+		if !have[b] {
+			missing = append(missing, b)
+			snap = append(snap, outbox.BucketLease{Bucket: int32(b)})
+		}
+	}
+	slices.SortFunc(snap, func(a, b outbox.BucketLease) int { return int(a.Bucket - b.Bucket) })
+	s.log.WarnContext(ctx, "lease rows were missing (deleted by a restore or a cleanup?): recreated them free",
+		"table", s.leases, "recreated", len(missing), "first_bucket", missing[0], "bucket_count", n)
+	return snap, nil
 }
 
 func (s *Store) free(ctx context.Context, relayID string, buckets []int) error {

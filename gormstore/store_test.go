@@ -3,6 +3,7 @@ package gormstore_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -334,6 +335,42 @@ func TestStaleHeartbeatsArePruned(t *testing.T) {
 			acquire("survivor")
 			if got := relays(); !slices.Equal(got, []string{"survivor"}) {
 				t.Fatalf("relays after 10m = %v; want [survivor]", got)
+			}
+		})
+	}
+}
+
+// TestDeletedLeaseRowsAreRecreated: after the lease rows are deleted under
+// a running relay (a restore, a mistaken DELETE FROM outbox_leases), its
+// next acquisition round recreates them, says so at WARN, and the relay
+// owns its buckets again (it owned none, forever, and nothing said so).
+func TestDeletedLeaseRowsAreRecreated(t *testing.T) {
+	for _, o := range testenv.Databases(t) {
+		t.Run(o.Name, func(t *testing.T) {
+			db := o.Open(t, nil)
+			cfg := newConfig(t, db, 4)
+			var logs strings.Builder
+			store, err := gormstore.New(db, gormstore.Options{Config: cfg, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			if got, err := store.AcquireBucketLeases(ctx, "relay-1", 4, 30*time.Second); err != nil || len(got) != 4 {
+				t.Fatalf("first acquisition = %v, %v; want 4 buckets", got, err)
+			}
+			if err := db.Exec("DELETE FROM " + cfg.LeasesTableName()).Error; err != nil {
+				t.Fatal(err)
+			}
+			got, err := store.AcquireBucketLeases(ctx, "relay-1", 4, 30*time.Second)
+			if err != nil || !slices.Equal(got, []int{0, 1, 2, 3}) {
+				t.Errorf("acquisition after the lease rows were deleted = %v, %v; want [0 1 2 3]", got, err)
+			}
+			var n int64
+			if err := db.Table(cfg.LeasesTableName()).Where("owner = ?", "relay-1").Count(&n).Error; err != nil || n != 4 {
+				t.Errorf("lease rows owned by relay-1 = %d, %v; want 4", n, err)
+			}
+			if !strings.Contains(logs.String(), "level=WARN msg=\"lease rows were missing") || !strings.Contains(logs.String(), "recreated=4") {
+				t.Errorf("no WARN about the recreated lease rows:\n%s", logs.String())
 			}
 		})
 	}

@@ -267,7 +267,7 @@ func (w *worker) run(ctx context.Context) int {
 		w.log.Error(err.Error())
 		return exitFailure
 	}
-	store, err := gormstore.New(w.db, gormstore.Options{Config: w.cfg.outbox, StatementTimeout: w.cfg.statementTimeout})
+	store, err := gormstore.New(w.db, gormstore.Options{Config: w.cfg.outbox, StatementTimeout: w.cfg.statementTimeout, Logger: w.log})
 	if err != nil { // checked by parseConfig; not expected
 		w.log.Error("store options", "error", oneLine(err))
 		return exitFailure

@@ -140,7 +140,7 @@ func TestWorker(t *testing.T) {
 			}
 
 			w := startWorker(t, bin, []string{"-db-dsn", dsn, "-listen", "127.0.0.1:0", "-log-format", "json",
-				"-poll-interval", "50ms", "-metrics-interval", "50ms", "-relay-id", "worker-under-test"},
+				"-poll-interval", "50ms", "-metrics-interval", "50ms", "-relay-id", "worker-under-test", "-lease-duration", "6s", "-lease-renew-interval", "1s", "-statement-timeout", "500ms"},
 				"OUTBOX_DB_DRIVER="+tg.driver, // the environment is read too
 				"OUTBOX_KAFKA_BROKERS="+strings.Join(broker.Addrs, ","),
 				"OUTBOX_BUCKET_COUNT=4",
@@ -190,6 +190,31 @@ func TestWorker(t *testing.T) {
 			}
 			if testing.Verbose() {
 				t.Logf("/metrics excerpt:\n%s", outboxLines(body))
+			}
+
+			// The lease rows deleted under the running worker (a restore, a
+			// mistaken cleanup): it recreates them, says so at WARN, owns its
+			// buckets again and publishes what is committed next.
+			if err := db.Exec("DELETE FROM " + cfg.LeasesTableName()).Error; err != nil {
+				t.Fatal(err)
+			}
+			more := make([]*outbox.Message, 20)
+			for i := range more {
+				more[i] = outbox.NewStringMessage(topic, fmt.Sprintf("key-%d", i%13), fmt.Sprintf("after-delete-%d", i))
+			}
+			if err := outbox.Enqueue(db, more...); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, "the worker recreates the lease rows and publishes the rows committed after the delete", logs, func() bool {
+				var owned, pending int64
+				return db.Table(cfg.LeasesTableName()).Where("owner = ?", "worker-under-test").Count(&owned).Error == nil && owned == 4 &&
+					db.Table(cfg.MessagesTableName()).Count(&pending).Error == nil && pending == 0
+			})
+			if got := broker.ReadAll(t, topic, rows+len(more), 60*time.Second); len(got) < rows+len(more) {
+				t.Errorf("read %d records after the lease rows were deleted; want %d", len(got), rows+len(more))
+			}
+			if !strings.Contains(logs.String(), `"level":"WARN","msg":"lease rows were missing`) {
+				t.Errorf("no WARN about the recreated lease rows:\n%s", logs)
 			}
 
 			// SIGTERM: exit 0, leases released, relay marked stopped.
