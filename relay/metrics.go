@@ -146,6 +146,7 @@ type pendingSample struct {
 	count  int64
 	oldest time.Time // zero: unknown (or empty store)
 	parked int64
+	at     time.Time // when it was taken, on the relay's clock
 }
 
 func newInstruments(mp metric.MeterProvider, name string) (*instruments, error) {
@@ -304,7 +305,7 @@ func (r *Relay) sampleBacklog(ctx context.Context) {
 			case r.opts.MetricsBucketZeroOnly && !r.ownsBucketZero():
 				r.pending.Store(nil) // ownership lost during the query
 			default:
-				r.pending.Store(&pendingSample{count: p.Count, oldest: p.Oldest, parked: max(p.Parked, 0)})
+				r.pending.Store(&pendingSample{count: p.Count, oldest: p.Oldest, parked: max(p.Parked, 0), at: r.clock.Now()})
 			}
 			if err == nil {
 				r.logRecovered(ctx, "backlog", "backlog sample succeeds again")
@@ -316,7 +317,27 @@ func (r *Relay) sampleBacklog(ctx context.Context) {
 			t.Stop()
 			return
 		case <-t.C():
+		case <-r.resample:
+			t.Stop()
 		}
+	}
+}
+
+// backlogLooksDrained is called when a discovery found none of the owned
+// buckets pending. If the cached sample still counts pending rows and is
+// older than PollInterval, the sampler takes a new one now instead of at
+// the end of MetricsInterval: the gauges never show a drained backlog for
+// longer than about one poll interval (they showed 20,000 rows for a
+// minute after a drain). While peers still drain their buckets this
+// samples at most once per PollInterval.
+func (r *Relay) backlogLooksDrained() {
+	s := r.pending.Load()
+	if r.sampler == nil || s == nil || s.count == 0 || r.clock.Now().Sub(s.at) < r.opts.PollInterval {
+		return
+	}
+	select {
+	case r.resample <- struct{}{}:
+	default:
 	}
 }
 

@@ -215,6 +215,39 @@ func TestMetrics(t *testing.T) {
 		close(release)
 	})
 
+	t.Run("a_drained_backlog_is_resampled_within_a_poll_interval", func(t *testing.T) {
+		// MetricsInterval is an hour: only the drain can bring the next
+		// sample, one poll interval after the relay finds its buckets empty.
+		reader := metrictest.NewReader()
+		h := newHarness(t, relay.Options{MetricsBacklog: true, BucketCount: 1, PollInterval: time.Second, MetricsInterval: time.Hour,
+			MeterProvider: reader.MeterProvider()}, nil)
+		h.store.Add(msgs(3, "t")...)
+		sampled := make(chan struct{})
+		h.pub.SetHandler(func(ctx context.Context, b []*outbox.Message) relay.Result {
+			<-sampled // publish only once the sample counted the backlog
+			return relay.Result{Acknowledged: len(b)}
+		})
+		h.start()
+		h.waitFor("the first sample", func() bool { return collect(t, reader).values[relay.MetricPendingMessages] == 3 })
+		close(sampled)
+		h.waitFor("store empty", func() bool { return h.store.Len() == 0 })
+		h.waitIdle()
+		samples := h.ops.count(relaytest.OpPendingMetrics)
+		for range 2 {
+			h.advanceIdle(time.Second)
+		}
+		h.waitFor("a new sample after the drain", func() bool { return h.ops.count(relaytest.OpPendingMetrics) > samples })
+		h.waitFor("the gauge at 0", func() bool { return collect(t, reader).values[relay.MetricPendingMessages] == 0 })
+		// An empty backlog is not resampled again before MetricsInterval.
+		after := h.ops.count(relaytest.OpPendingMetrics)
+		for range 3 {
+			h.advanceIdle(time.Second)
+		}
+		if got := h.ops.count(relaytest.OpPendingMetrics); got != after {
+			t.Errorf("backlog queries while idle with an empty sample = %d more; want none before MetricsInterval", got-after)
+		}
+	})
+
 	t.Run("pending_is_unavailable_not_zero_when_the_store_cannot_sample", func(t *testing.T) {
 		reader := metrictest.NewReader()
 		h := newHarness(t, relay.Options{MetricsBacklog: true, BucketCount: 1, MaxPublishDuration: time.Second, MeterProvider: reader.MeterProvider()}, withoutRenewal)

@@ -55,6 +55,7 @@ type Relay struct {
 	ownedCount   atomic.Int64
 	zeroUntil    atomic.Int64 // UnixNano validity of the bucket-0 lease; 0 if not owned
 	pending      atomic.Pointer[pendingSample]
+	resample     chan struct{} // wakes the backlog sampler before MetricsInterval ends
 	stuckSince   atomic.Int64 // UnixNano of the first failure of the longest-failing owned head row; 0: none (see noteStuck)
 	clockWarned  bool         // the clock offset warning was logged and the offset has not come back within the threshold since; Run's goroutine only
 	publishSince atomic.Int64 // UnixNano, on the relay's clock, of the start of the oldest Publish call in flight; 0: none (see inflight)
@@ -114,6 +115,7 @@ func New(store Store, pub Publisher, opts Options) (*Relay, error) {
 		m:           m,
 		rng:         rand.New(rand.NewPCG(h.Sum64(), 0x6f7574626f78)),
 		kick:        make(chan struct{}, 1),
+		resample:    make(chan struct{}, 1),
 	}
 	r.raw = store
 	r.owners, _ = pub.(BucketOwnershipObserver)
@@ -498,6 +500,9 @@ func (r *Relay) cycle(ctx, cleanup context.Context, st *runState) error {
 				st.nextDiscovery = end.Add(end.Sub(now) * discoveryRest)
 			}
 			r.logRecovered(ctx, "cycle", "store answers again")
+			if len(pending) == 0 {
+				r.backlogLooksDrained()
+			}
 			for _, b := range pending {
 				if b >= 0 && b < len(st.ready) && containsSorted(owned, b) {
 					st.ready[b] = true
