@@ -11,7 +11,7 @@ import (
 
 // inflightPublishes tracks the start times of the Publish calls in flight
 // (several when buckets are served concurrently) and keeps
-// Relay.publishSince at the oldest one, for the inflight-age gauge.
+// Relay.publishSince at the oldest one, for the stalled gauge.
 type inflightPublishes struct {
 	mu     sync.Mutex
 	next   uint64

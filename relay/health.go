@@ -62,18 +62,19 @@ func (r *Relay) Health() error {
 	return nil
 }
 
-// publishFailing is an unbroken run of failed publishes: since the first
-// one, the latest one's error.
+// publishFailing is an unbroken run of failed publishes: since the start of
+// the first one, the latest one's error.
 type publishFailing struct {
 	since time.Time
 	last  error
 }
 
 // recordPublishHealth remembers an authentication failure of a publish,
-// and when an unbroken run of failed publishes began, for Health; it
-// forgets both once a publish is acknowledged. A publish cancelled by a
-// stop (stopped) does not count.
-func (r *Relay) recordPublishHealth(err error, ack int, failed, stopped bool) {
+// and when an unbroken run of failed publishes began (the start of its
+// first call), for Health and MetricPublishStalled; it forgets both once a
+// publish is acknowledged. A publish cancelled by a stop (stopped) does not
+// count.
+func (r *Relay) recordPublishHealth(err error, ack int, failed, stopped bool, start time.Time) {
 	switch {
 	case ack > 0 || !failed:
 		r.authErr.Store(nil)
@@ -85,7 +86,7 @@ func (r *Relay) recordPublishHealth(err error, ack int, failed, stopped bool) {
 		e := fmt.Errorf("relay: the publisher cannot authenticate to Kafka (check the credentials and TLS settings; rows are kept and retried): %w", err)
 		r.authErr.Store(&e)
 	}
-	since := r.clock.Now()
+	since := start
 	if p := r.pubFail.Load(); p != nil {
 		since = p.since
 	}

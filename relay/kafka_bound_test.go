@@ -217,7 +217,7 @@ func TestRelay_hung_broker_is_counted_logged_and_visible_then_delivered(t *testi
 	var firstFailure time.Duration
 	for {
 		m := collect(t, reader)
-		maxAge = max(maxAge, m.values[relay.MetricPublishInflightAge])
+		maxAge = max(maxAge, m.values[relay.MetricPublishStalled])
 		if m.values[relay.MetricPublishFailures] >= 1 {
 			firstFailure = time.Since(start)
 			break
@@ -229,7 +229,7 @@ func TestRelay_hung_broker_is_counted_logged_and_visible_then_delivered(t *testi
 	}
 	t.Logf("first failure counted %v after the relay started against a hung broker; in-flight age seen before it: %.2fs", firstFailure, maxAge)
 	if maxAge <= 0 {
-		t.Errorf("%s stayed 0 while the publish hung", relay.MetricPublishInflightAge)
+		t.Errorf("%s stayed 0 while the publish hung", relay.MetricPublishStalled)
 	}
 	waitLog := time.Now().Add(hangBound)
 	for !strings.Contains(logs.String(), "publish failed") {
@@ -262,8 +262,8 @@ func TestRelay_hung_broker_is_counted_logged_and_visible_then_delivered(t *testi
 	if failures < 2 || float64(warns) != failures {
 		t.Errorf("failures counted = %v, WARN lines = %d; want equal, and at least 2 (one per bounded attempt)", failures, warns)
 	}
-	if age := m.values[relay.MetricPublishInflightAge]; age != 0 {
-		t.Errorf("%s after the stop = %v; want 0", relay.MetricPublishInflightAge, age)
+	if age := m.values[relay.MetricPublishStalled]; age != 0 {
+		t.Errorf("%s after the stop = %v; want 0", relay.MetricPublishStalled, age)
 	}
 	recs := b.ReadAll(t, topic, len(rows), 10*time.Second)
 	seen := map[string]int{}

@@ -65,14 +65,18 @@ const (
 	// alert ("a bucket has been stuck for N minutes") is
 	// max(outbox.head.oldest_age) > N*60.
 	MetricHeadOldestAge = "outbox.head.oldest_age"
-	// MetricPublishInflightAge is a gauge of how long the relay's current
-	// Publish call has been running, in seconds on the relay's clock; 0
-	// when no publish is in flight. A hung broker shows as this age
-	// growing up to the publisher's bound (KafkaConfig.PublishTimeout)
-	// and falling back, once per failed attempt; one alert ("publishing
-	// is stuck") is max(outbox.publish.inflight_age) > the bound. Read from
-	// the relay's state, never blocking.
-	MetricPublishInflightAge = "outbox.publish.inflight_age"
+	// MetricPublishStalled is a gauge of how long publishing has made no
+	// progress, in seconds on the relay's clock: since the start of the
+	// oldest Publish call in flight or, while failed publishes are being
+	// retried with none acknowledged since, since the start of the first
+	// of them; 0 when no publish is in flight and none is being retried.
+	// A hung or paused broker shows as this value growing through every
+	// failed attempt and its backoff until a publish is acknowledged (an
+	// in-flight age alone fell back at each failed attempt, so an alert's
+	// "for" never held). One alert ("the broker does not answer") is
+	// max(outbox.publish.stalled) > a bound, for a while. Read from the
+	// relay's state, never blocking.
+	MetricPublishStalled = "outbox.publish.stalled"
 	// MetricParked counts the rows the relay parked (see Parker and
 	// Options.ParkPolicy), with the attribute outbox.park.reason
 	// (AttrParkReason): ParkReasonUnpublishable (a row that failed
@@ -134,7 +138,7 @@ type instruments struct {
 	pendingAge  metric.Float64ObservableGauge
 	pendingOK   metric.Int64ObservableGauge
 	headAge     metric.Float64ObservableGauge
-	inflightAge metric.Float64ObservableGauge
+	stalled     metric.Float64ObservableGauge
 	parked      metric.Int64Counter
 	parkedMsgs  metric.Int64ObservableGauge
 	clockOffset metric.Float64ObservableGauge
@@ -204,7 +208,7 @@ func newInstruments(mp metric.MeterProvider, name string) (*instruments, error) 
 		return err
 	})
 	steps = append(steps, func() error {
-		in.inflightAge, err = m.Float64ObservableGauge(MetricPublishInflightAge, metric.WithUnit("s"), metric.WithDescription("How long the current Publish call has been running; 0 when none is."))
+		in.stalled, err = m.Float64ObservableGauge(MetricPublishStalled, metric.WithUnit("s"), metric.WithDescription("How long publishing has made no progress: since the start of the oldest publish in flight, or of the first of the failed publishes being retried since the last acknowledgement; 0 when none."))
 		return err
 	})
 	steps = append(steps, func() error {
@@ -252,11 +256,11 @@ func (r *Relay) registerGauges() (metric.Registration, error) {
 			headAge = max(0, r.clock.Now().Sub(time.Unix(0, since)).Seconds())
 		}
 		o.ObserveFloat64(in.headAge, headAge, in.attrs)
-		var inflight float64
-		if since := r.publishSince.Load(); since != 0 {
-			inflight = max(0, r.clock.Now().Sub(time.Unix(0, since)).Seconds())
+		var stalled float64
+		if since := r.stalledSince(); !since.IsZero() {
+			stalled = max(0, r.clock.Now().Sub(since).Seconds())
 		}
-		o.ObserveFloat64(in.inflightAge, inflight, in.attrs)
+		o.ObserveFloat64(in.stalled, stalled, in.attrs)
 		if r.clockRep != nil {
 			if off, _, ok := r.clockRep.ClockOffset(); ok {
 				o.ObserveFloat64(in.clockOffset, off.Seconds(), in.attrs)
@@ -277,7 +281,24 @@ func (r *Relay) registerGauges() (metric.Registration, error) {
 			o.ObserveFloat64(in.pendingAge, max(0, r.clock.Now().Sub(s.oldest).Seconds()), in.attrs)
 		}
 		return nil
-	}, in.owned, in.pendingMsgs, in.pendingAge, in.pendingOK, in.headAge, in.inflightAge, in.parkedMsgs, in.clockOffset)
+	}, in.owned, in.pendingMsgs, in.pendingAge, in.pendingOK, in.headAge, in.stalled, in.parkedMsgs, in.clockOffset)
+}
+
+// stalledSince is when publishing stopped making progress (see
+// MetricPublishStalled): the start of the oldest publish in flight, or of
+// the first failed publish being retried since the last acknowledgement,
+// whichever is earlier; zero when neither.
+func (r *Relay) stalledSince() time.Time {
+	var since time.Time
+	if p := r.pubFail.Load(); p != nil {
+		since = p.since
+	}
+	if ns := r.publishSince.Load(); ns != 0 {
+		if t := time.Unix(0, ns); since.IsZero() || t.Before(since) {
+			since = t
+		}
+	}
+	return since
 }
 
 // sampleBacklog runs the backlog sampler until ctx is done: one query at a

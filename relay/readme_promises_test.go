@@ -247,7 +247,7 @@ func TestMetricInstrumentsBehindTheREADMEsTable(t *testing.T) {
 		relay.MetricPendingOldestAge:    {metrictest.Gauge, "s"},           // outbox_pending_oldest_age_seconds
 		relay.MetricPendingAvailable:    {metrictest.Gauge, "1"},           // outbox_pending_available_ratio
 		relay.MetricHeadOldestAge:       {metrictest.Gauge, "s"},           // outbox_head_oldest_age_seconds
-		relay.MetricPublishInflightAge:  {metrictest.Gauge, "s"},           // outbox_publish_inflight_age_seconds
+		relay.MetricPublishStalled:      {metrictest.Gauge, "s"},           // outbox_publish_stalled_seconds
 		relay.MetricParked:              {metrictest.Counter, "{message}"}, // outbox_parked_total
 		relay.MetricParkedMessages:      {metrictest.Gauge, "{message}"},   // outbox_parked_messages
 		relay.MetricClockOffset:         {metrictest.Gauge, "s"},           // outbox_clock_offset_seconds

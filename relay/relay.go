@@ -56,9 +56,9 @@ type Relay struct {
 	zeroUntil    atomic.Int64 // UnixNano validity of the bucket-0 lease; 0 if not owned
 	pending      atomic.Pointer[pendingSample]
 	resample     chan struct{} // wakes the backlog sampler before MetricsInterval ends
-	stuckSince   atomic.Int64 // UnixNano of the first failure of the longest-failing owned head row; 0: none (see noteStuck)
-	clockWarned  bool         // the clock offset warning was logged and the offset has not come back within the threshold since; Run's goroutine only
-	publishSince atomic.Int64 // UnixNano, on the relay's clock, of the start of the oldest Publish call in flight; 0: none (see inflight)
+	stuckSince   atomic.Int64  // UnixNano of the first failure of the longest-failing owned head row; 0: none (see noteStuck)
+	clockWarned  bool          // the clock offset warning was logged and the offset has not come back within the threshold since; Run's goroutine only
+	publishSince atomic.Int64  // UnixNano, on the relay's clock, of the start of the oldest Publish call in flight; 0: none (see inflight, stalledSince)
 	inflight     inflightPublishes
 
 	phase atomic.Int32  // the loop's phase (phaseWorking, …), read by renewLoop
@@ -769,7 +769,7 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 	if failed && !stopped {
 		r.m.failures.Add(context.Background(), 1, r.m.attrs)
 	}
-	r.recordPublishHealth(res.Err, ack, failed, stopped)
+	r.recordPublishHealth(res.Err, ack, failed, stopped, r.clock.Now().Add(-took))
 	var fatal error
 	if r.opts.MaxPublishDuration > 0 && took > r.opts.MaxPublishDuration {
 		fatal = fmt.Errorf("relay: bucket %d: publish took %v, more than Options.MaxPublishDuration %v: %w", b, took, r.opts.MaxPublishDuration, ErrMisconfigured)

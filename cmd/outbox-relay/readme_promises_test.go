@@ -171,21 +171,21 @@ func TestMetricNamesAsThePrometheusExporterShowsThem(t *testing.T) {
 	})
 
 	want := map[string]dto.MetricType{
-		"outbox_owned_buckets":                dto.MetricType_GAUGE,
-		"outbox_publish_acknowledged_total":   dto.MetricType_COUNTER,
-		"outbox_publish_failures_total":       dto.MetricType_COUNTER,
-		"outbox_lease_expirations_total":      dto.MetricType_COUNTER,
-		"outbox_fenced_total":                 dto.MetricType_COUNTER,
-		"outbox_publish_duration_seconds":     dto.MetricType_HISTOGRAM,
-		"outbox_cycle_duration_seconds":       dto.MetricType_HISTOGRAM,
-		"outbox_pending_messages":             dto.MetricType_GAUGE,
-		"outbox_pending_oldest_age_seconds":   dto.MetricType_GAUGE,
-		"outbox_pending_available_ratio":      dto.MetricType_GAUGE,
-		"outbox_head_oldest_age_seconds":      dto.MetricType_GAUGE,
-		"outbox_publish_inflight_age_seconds": dto.MetricType_GAUGE,
-		"outbox_parked_total":                 dto.MetricType_COUNTER,
-		"outbox_parked_messages":              dto.MetricType_GAUGE,
-		"outbox_clock_offset_seconds":         dto.MetricType_GAUGE,
+		"outbox_owned_buckets":              dto.MetricType_GAUGE,
+		"outbox_publish_acknowledged_total": dto.MetricType_COUNTER,
+		"outbox_publish_failures_total":     dto.MetricType_COUNTER,
+		"outbox_lease_expirations_total":    dto.MetricType_COUNTER,
+		"outbox_fenced_total":               dto.MetricType_COUNTER,
+		"outbox_publish_duration_seconds":   dto.MetricType_HISTOGRAM,
+		"outbox_cycle_duration_seconds":     dto.MetricType_HISTOGRAM,
+		"outbox_pending_messages":           dto.MetricType_GAUGE,
+		"outbox_pending_oldest_age_seconds": dto.MetricType_GAUGE,
+		"outbox_pending_available_ratio":    dto.MetricType_GAUGE,
+		"outbox_head_oldest_age_seconds":    dto.MetricType_GAUGE,
+		"outbox_publish_stalled_seconds":    dto.MetricType_GAUGE,
+		"outbox_parked_total":               dto.MetricType_COUNTER,
+		"outbox_parked_messages":            dto.MetricType_GAUGE,
+		"outbox_clock_offset_seconds":       dto.MetricType_GAUGE,
 	}
 	var got map[string]*dto.MetricFamily
 	eventually(t, "every documented metric", gathered{&got}, func() bool {

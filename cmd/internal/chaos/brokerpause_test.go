@@ -78,7 +78,7 @@ func pauseMetrics(t *testing.T, r *sdkmetric.ManualReader) (failures int64, infl
 					}
 				}
 			case metricdata.Gauge[float64]:
-				if m.Name == relay.MetricPublishInflightAge {
+				if m.Name == relay.MetricPublishStalled {
 					for _, p := range d.DataPoints {
 						inflightAge = max(inflightAge, p.Value)
 					}
@@ -284,7 +284,7 @@ func TestRelayRecoversFromAPausedRealBroker(t *testing.T) {
 		}
 		return at.Sub(contAt).Round(time.Millisecond).String()
 	}
-	t.Logf("paused=%v publish_timeout=%v first_failure_after=%v first_warn_after=%v max_inflight_age=%.2fs messages=%d lost=%d duplicates=%d order_violations=%d backlog_after_cont=%s last_record_after_cont=%s",
+	t.Logf("paused=%v publish_timeout=%v first_failure_after=%v first_warn_after=%v max_stalled=%.2fs messages=%d lost=%d duplicates=%d order_violations=%d backlog_after_cont=%s last_record_after_cont=%s",
 		pausedFor.Round(time.Millisecond), pausePublishTimeout, failureAfter.Round(time.Millisecond), warnAfter.Round(time.Millisecond), maxAge,
 		len(ids), ck.Lost, ck.Duplicates, ck.OrderViolations, since(backlogAt), since(lastAt))
 
@@ -297,7 +297,7 @@ func TestRelayRecoversFromAPausedRealBroker(t *testing.T) {
 		t.Errorf("the publish failure was not logged at WARN: %s", warns[baseWarns])
 	}
 	if maxAge <= 0 {
-		t.Errorf("%s stayed 0 while the broker was paused", relay.MetricPublishInflightAge)
+		t.Errorf("%s stayed 0 while the broker was paused", relay.MetricPublishStalled)
 	}
 	if writeErr != nil {
 		t.Logf("writer transactions that failed (not in the ledger): %v", writeErr)
