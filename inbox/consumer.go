@@ -287,8 +287,9 @@ func (c *Consumer) settle(ctx context.Context, m kafka.Message) bool {
 			return fnErr
 		})
 		if err == nil {
-			if out == Processed {
-				c.log.Debug("message processed", "topic", m.Topic, "partition", m.Partition, "offset", m.Offset)
+			if out == Processed && c.log.Enabled(ctx, slog.LevelDebug) {
+				id, _ := c.ib.MessageID(m) // Handle succeeded: the id is valid
+				c.log.Debug("message processed", "message_id", id, "topic", m.Topic, "partition", m.Partition, "offset", m.Offset)
 			}
 			return true
 		}
