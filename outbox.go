@@ -325,6 +325,13 @@ func (Plugin) Name() string { return PluginName }
 
 // Initialize implements gorm.Plugin: it validates the Config and registers
 // the callbacks.
+//
+// One *gorm.DB takes one Plugin. A second db.Use(outbox.Plugin{...}) fails
+// with gorm.ErrRegistered: GORM refuses a name in use before calling the
+// plugin, so that error is GORM's own, "registered". A second registration
+// GORM lets through (the Plugin also in gorm.Config.Plugins under another
+// key, or Initialize called again) fails here, with an error wrapping
+// gorm.ErrRegistered that says so.
 func (p Plugin) Initialize(db *gorm.DB) error {
 	if err := p.Config.Validate(); err != nil {
 		return err

@@ -335,7 +335,7 @@ func distinct(b []int) []int {
 func installPool(db *gorm.DB, state *notifyState) error {
 	wrap := func(cp gorm.ConnPool) (*pool, error) {
 		if _, ok := cp.(*pool); ok {
-			return nil, fmt.Errorf("outbox: connection pool already wrapped")
+			return nil, fmt.Errorf("outbox: Plugin already registered on this *gorm.DB: its connection pool is the plugin's already (a second registration, or a *gorm.DB opened on the pool of one with the plugin): %w", gorm.ErrRegistered)
 		}
 		switch cp.(type) {
 		case gorm.TxBeginner, gorm.ConnPoolBeginner:
