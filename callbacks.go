@@ -329,11 +329,11 @@ func validateTopic(topic string) error {
 // unless again is set (an upsert of an existing row), which keeps both ID
 // and MessageID.
 //
-// A MessageID the plugin generated is generated anew when this struct was
-// already written with it and that write was not rolled back (the struct is
-// being reused for another record); after a rollback it is kept, so a
-// retried transaction enqueues the same message id. A caller's MessageID is
-// always kept.
+// A MessageID the plugin generated (or a zero one) is the id of this
+// create's position in the struct's run of creates (see Message.first): a
+// retry after a rollback takes the ids of the same positions, and a create
+// after a commit (a struct reused for another record) a new one. A
+// caller's MessageID is always kept.
 func (c Config) prepare(m *Message, now time.Time, again bool) error {
 	if err := validateTopic(m.Topic); err != nil {
 		return err
@@ -341,14 +341,20 @@ func (c Config) prepare(m *Message, now time.Time, again bool) error {
 	if m.Partition != nil && *m.Partition < 0 {
 		return fmt.Errorf("%w: partition %d is negative", ErrInvalidMessage, *m.Partition)
 	}
+	k := int(max(m.kept, 0)) // this create's position in the struct's run
 	id := m.MessageID
-	if id.IsZero() || (m.written && id == m.generated && !again) {
-		id = NewUUID()
+	if id.IsZero() || (id == m.generated && !again) {
+		if id = m.idAt(k); id.IsZero() {
+			id = NewUUID()
+		}
 	}
 	b := BucketOf(m.Key, m.Partition, id, c.BucketCount)
-	if m.Bucket != 0 && m.Bucket != b && !m.written { // a reused struct's bucket is ours
+	ours := m.kept != 0 || !m.generated.IsZero() // a reused struct's bucket is ours
+	if m.Bucket != 0 && m.Bucket != b && !ours {
 		return fmt.Errorf("%w: bucket %d set by the caller disagrees with bucket %d for BucketCount %d", ErrInvalidMessage, m.Bucket, b, c.BucketCount)
 	}
+	m.setAt(k, id)
+	m.kept = int32(k)
 	if id != m.MessageID {
 		m.MessageID, m.generated = id, id
 	}
@@ -360,7 +366,6 @@ func (c Config) prepare(m *Message, now time.Time, again bool) error {
 	if !again {
 		m.ID = 0
 	}
-	m.written = false
 	return nil
 }
 

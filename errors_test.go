@@ -3,8 +3,11 @@ package outbox_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
+
+	"gorm.io/gorm"
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/internal/testenv"
@@ -54,5 +57,37 @@ func TestErrorsReadOnce(t *testing.T) {
 		if c.sentinel != nil && !errors.Is(c.err, c.sentinel) {
 			t.Errorf("%s: %q does not match %v", c.name, msg, c.sentinel)
 		}
+	}
+}
+
+// TestASecondRegistrationFailsWithErrRegistered: a *gorm.DB takes one
+// Plugin. GORM refuses a second db.Use by name with its own ErrRegistered;
+// a second registration GORM lets through (the Plugin in gorm.Config.Plugins
+// under another key, then db.Use) fails with an error wrapping it that says
+// what happened, and the first registration keeps working.
+func TestASecondRegistrationFailsWithErrRegistered(t *testing.T) {
+	o := testenv.Databases(t)[0]
+	db := o.Open(t, nil)
+	if err := db.Use(outbox.Plugin{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Use(outbox.Plugin{}); !errors.Is(err, gorm.ErrRegistered) {
+		t.Fatalf("a second db.Use = %v; want gorm.ErrRegistered", err)
+	}
+
+	rec := &recorder{}
+	db = o.Open(t, &gorm.Config{Plugins: map[string]gorm.Plugin{"orders-outbox": outbox.Plugin{Notifier: rec}}})
+	err := db.Use(outbox.Plugin{})
+	if !errors.Is(err, gorm.ErrRegistered) || !strings.Contains(err.Error(), "outbox: Plugin already registered on this *gorm.DB") {
+		t.Fatalf("db.Use after gorm.Config.Plugins registered the plugin = %v; want an error wrapping gorm.ErrRegistered saying the plugin is already registered", err)
+	}
+	if err := outbox.AutoMigrate(db, outbox.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Create(inBucket(2)).Error; err != nil {
+		t.Fatal(err)
+	}
+	if got := rec.take(); len(got) != 1 || !slices.Equal(got[0], []int{2}) {
+		t.Fatalf("notifications after the refused registration = %v; want [[2]] from the first", got)
 	}
 }

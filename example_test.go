@@ -11,6 +11,7 @@ import (
 	"gorm.io/gorm/logger"
 
 	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/relay"
 )
 
 // printBuckets is a Notifier that prints the buckets of each commit, as the
@@ -42,6 +43,32 @@ func openExampleDB() (*gorm.DB, func()) {
 		}
 		_ = os.RemoveAll(dir)
 	}
+}
+
+// The setup of the package documentation and the README: the plugin,
+// registered right after gorm.Open with the relay's notifier, and the
+// tables.
+func Example_setup() {
+	db, done := openExampleDB()
+	defer done()
+
+	setup := func(db *gorm.DB) error {
+		cfg := outbox.Config{}          // 8 buckets, tables outbox_messages / outbox_leases / outbox_relays
+		notifier := relay.NewNotifier() // wakes the relay after each commit; it can exist before the relay
+		if err := db.Use(outbox.Plugin{Config: cfg, Notifier: notifier}); err != nil {
+			return err
+		}
+		if err := outbox.AutoMigrate(db, cfg); err != nil { // or apply migrations/<dialect>.sql
+			return err
+		}
+		// later, the relay: relay.New(store, pub, relay.Options{Notifier: notifier})
+		return nil
+	}
+	fmt.Println("setup:", setup(db))
+	fmt.Println("tables:", db.Migrator().HasTable(outbox.DefaultMessagesTable), db.Migrator().HasTable(outbox.DefaultLeasesTable), db.Migrator().HasTable(outbox.DefaultRelaysTable))
+	// Output:
+	// setup: <nil>
+	// tables: true true true
 }
 
 // The plugin makes a plain Create of an outbox.Message part of the caller's

@@ -1,6 +1,7 @@
 package outbox_test
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -97,6 +98,79 @@ func TestRetriedTransactionKeepsItsMessageID(t *testing.T) {
 			ids := messageIDs(t, db, outbox.DefaultMessagesTable)
 			if len(ids) != 1 || ids[0] != first.String() {
 				t.Fatalf("after a rolled-back attempt and a retry: rows %v; want one row with the first attempt's id %s", ids, first)
+			}
+		})
+	}
+}
+
+// TestRetriedTransactionKeepsTheIDOfEachPositionOfAReusedStruct: one
+// Message struct reused for two records in a transaction that rolls back
+// (the whole of it, or a nested one to its savepoint): the retry's records
+// get the ids of the same positions, so a commit whose answer was lost and
+// its retry still deduplicate; after the commit, the struct's next record
+// gets a new id.
+func TestRetriedTransactionKeepsTheIDOfEachPositionOfAReusedStruct(t *testing.T) {
+	for _, o := range testenv.Databases(t) {
+		t.Run(o.Name, func(t *testing.T) {
+			db := setup(t, o, outbox.Config{}, nil)
+			var m outbox.Message
+			m.Topic = "orders"
+			create := func(tx *gorm.DB, key string) (outbox.UUID, error) {
+				m.Key, m.Value = []byte(key), []byte("v")
+				err := tx.Create(&m).Error
+				return m.MessageID, err
+			}
+			errRollback := errors.New("rolled back")
+			attempt := func(fail bool) (ids [2]outbox.UUID, err error) {
+				err = db.Transaction(func(tx *gorm.DB) error {
+					for i, key := range []string{"a", "b"} {
+						if ids[i], err = create(tx, key); err != nil {
+							return err
+						}
+					}
+					if fail {
+						return errRollback
+					}
+					return nil
+				})
+				return ids, err
+			}
+			first, err := attempt(true)
+			if !errors.Is(err, errRollback) || first[0] == first[1] {
+				t.Fatalf("first attempt = %v with ids %v; want the rollback, two ids", err, first)
+			}
+			retry, err := attempt(false)
+			if err != nil || retry != first {
+				t.Fatalf("retry = %v with ids %v; want the first attempt's ids %v, position by position", err, retry, first)
+			}
+
+			// A nested transaction rolled back to its savepoint, retried.
+			var outer, nested [2]outbox.UUID
+			err = db.Transaction(func(tx *gorm.DB) error {
+				var err error
+				if outer[0], err = create(tx, "c"); err != nil {
+					return err
+				}
+				for i := range nested {
+					err := tx.Transaction(func(tx *gorm.DB) error {
+						var err error
+						if nested[i], err = create(tx, "d"); err != nil || i == 0 {
+							return cmp.Or(err, errRollback)
+						}
+						return nil
+					})
+					if i == 0 && !errors.Is(err, errRollback) || i == 1 && err != nil {
+						return fmt.Errorf("nested attempt %d: %w", i, err)
+					}
+				}
+				return nil
+			})
+			if err != nil || nested[0] != nested[1] || nested[0] == outer[0] || slices.Contains(first[:], outer[0]) {
+				t.Fatalf("outer %v, nested attempts %v, err %v; want the nested retry to take the rolled-back nested id, all new to the struct", outer, nested, err)
+			}
+			want := []string{first[0].String(), first[1].String(), outer[0].String(), nested[1].String()}
+			if got := messageIDs(t, db, outbox.DefaultMessagesTable); !slices.Equal(got, want) {
+				t.Fatalf("rows %v; want %v", got, want)
 			}
 		})
 	}

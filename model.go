@@ -44,16 +44,23 @@ type Message struct {
 	// message-id header so consumers can deduplicate. Create generates a
 	// random (version 4) UUID when it is zero, and generates a new one when
 	// the struct is created again after a write that was not rolled back
-	// (a struct reused for the next record), so each record has its own;
-	// after a rollback the generated id is kept, so a retried transaction
-	// enqueues the same id. A MessageID the caller set is kept as it is:
-	// two records with one id are one record to a deduplicating consumer,
-	// so set it only to a value that identifies the record (one statement
-	// refuses two messages with one id).
+	// (a struct reused for the next record), so each record has its own.
+	// After a rollback (of the transaction, or to a savepoint) the
+	// generated ids are kept by position: the retry's first create of the
+	// struct takes the id of the first attempt's first create, its second
+	// create the second's, and so on, so a retried transaction enqueues the
+	// same ids even from one struct reused for several records (with the
+	// Plugin, which follows rollbacks). A MessageID the caller set is kept
+	// as it is: two records with one id are one record to a deduplicating
+	// consumer, so set it only to a value that identifies the record (one
+	// statement refuses two messages with one id).
 	MessageID UUID `gorm:"column:message_id;not null"`
 	// Bucket is the ordering bucket; see BucketOf. It is computed on create
 	// and never recomputed by the relay.
 	Bucket int32 `gorm:"column:bucket;not null;index:,composite:bucket_parked_id,priority:1"`
+	// kept is the plugin's (GORM maps no unexported field; here it fills
+	// Bucket's padding): see generated.
+	kept int32
 	// Topic is the Kafka topic: 1 to MaxTopicLength characters.
 	Topic string `gorm:"column:topic;size:249;not null"`
 	// Key is the record key; nil means keyless.
@@ -77,12 +84,18 @@ type Message struct {
 	// by creates or updates through GORM.
 	ParkedReason *string `gorm:"column:parked_reason;size:1000;<-:false"`
 
-	// generated is the last MessageID the plugin generated for this struct;
-	// written reports that an insert of the struct with its MessageID was
-	// kept (committed, or pending in a transaction that has not ended). A
-	// reused struct whose id was generated gets a new one.
+	// generated is the last MessageID the plugin put in this struct. The
+	// creates of a struct in the transaction under way form a run: kept is
+	// how many of them stand (written, not rolled back), -1 once the run
+	// ended (committed, or written where the plugin cannot follow a
+	// rollback: settle). ids are the message ids of the run's creates by
+	// position, nil while it has at most one (whose id is then generated).
+	// A rollback, of the transaction or to a savepoint, takes back the
+	// creates it undid, so that the creates of the retry take the ids of
+	// the same positions; after the run ended, the struct's next create is
+	// a new record with a new id.
 	generated UUID
-	written   bool
+	ids       *[]UUID
 	// traced is the Headers slice the trace-context injection left
 	// (tracing.go), nil when it injected nothing; tracedFrom is how many of
 	// its headers are the caller's (during an injection: of Headers).
@@ -122,8 +135,44 @@ func (m *Message) BeforeCreate(tx *gorm.DB) error {
 // again (reusing it for another record) generates a new MessageID when the
 // plugin generated the current one.
 func (m *Message) AfterCreate(*gorm.DB) error {
-	m.written = true
+	m.settle()
 	return nil
+}
+
+// idAt returns the message id of the create at position k of m's run
+// (see Message.generated), zero when there was none.
+func (m *Message) idAt(k int) UUID {
+	switch {
+	case m.kept < 0:
+		return UUID{} // the run ended
+	case m.ids != nil && k < len(*m.ids):
+		return (*m.ids)[k]
+	case m.ids == nil && k == 0:
+		return m.generated
+	}
+	return UUID{}
+}
+
+// setAt records id as the message id of the create at position k of m's
+// run, whose positions before k are recorded; it runs before generated
+// takes a new id.
+func (m *Message) setAt(k int, id UUID) {
+	switch {
+	case k == 0 && m.ids == nil:
+		// generated holds it (a caller's id needs no keeping)
+	case m.ids == nil:
+		m.ids = &[]UUID{m.generated, id} // k == 1: a second create
+	case k < len(*m.ids):
+		(*m.ids)[k] = id
+	default:
+		*m.ids = append(*m.ids, id)
+	}
+}
+
+// settle ends m's run of creates: they are committed (or beyond the
+// plugin's sight), so its next create is a new record.
+func (m *Message) settle() {
+	m.kept, m.ids = -1, nil
 }
 
 // BucketLease is one bucket's lease: which relay owns it and until when.

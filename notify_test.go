@@ -1,6 +1,7 @@
 package outbox_test
 
 import (
+	"database/sql"
 	"errors"
 	"fmt"
 	"slices"
@@ -275,6 +276,51 @@ func TestSessionsKeepNotifying(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestThePoolIsReachableThroughDBBehindTheWrappers proves what the Setup
+// docs say of the wrappers: the pools GORM hands out are no longer a
+// *sql.DB or *sql.Tx, and db.DB() (GORM's GetDBConnector hook) reaches the
+// *sql.DB from the *gorm.DB and from a transaction, with and without
+// prepared statements, while the transaction's gorm.ConnPool methods run
+// in the transaction.
+func TestThePoolIsReachableThroughDBBehindTheWrappers(t *testing.T) {
+	for _, o := range testenv.Databases(t) {
+		for _, prepare := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/prepare_stmt_%v", o.Name, prepare), func(t *testing.T) {
+				db, rec := notifyingDB(t, o, &gorm.Config{PrepareStmt: prepare})
+				sqlDB, err := db.DB()
+				if err != nil || sqlDB == nil || sqlDB.Ping() != nil {
+					t.Fatalf("db.DB() = %v, %v; want the *sql.DB", sqlDB, err)
+				}
+				if _, ok := db.ConnPool.(*sql.DB); ok {
+					t.Errorf("db.ConnPool is a *sql.DB; the docs say the plugin wraps it")
+				}
+				err = db.Transaction(func(tx *gorm.DB) error {
+					if _, ok := tx.Statement.ConnPool.(*sql.Tx); ok {
+						t.Errorf("tx.Statement.ConnPool is a *sql.Tx; the docs say the plugin wraps it")
+					}
+					if inner, err := tx.DB(); err != nil || inner != sqlDB {
+						t.Errorf("tx.DB() = %v, %v; want db.DB()'s *sql.DB", inner, err)
+					}
+					if err := tx.Create(inBucket(3)).Error; err != nil {
+						return err
+					}
+					var n int
+					if err := tx.Statement.ConnPool.QueryRowContext(t.Context(), "SELECT COUNT(*) FROM "+outbox.DefaultMessagesTable).Scan(&n); err != nil || n != 1 {
+						t.Errorf("COUNT(*) through tx.Statement.ConnPool = %d, %v; want 1 (the transaction's own row)", n, err)
+					}
+					return nil
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got := rec.take(); len(got) != 1 || !slices.Equal(got[0], []int{3}) {
+					t.Fatalf("notifications = %v; want [[3]]", got)
+				}
+			})
+		}
 	}
 }
 

@@ -8,12 +8,20 @@
 // transaction, and every record carries a stable message-id header
 // (x-outbox-message-id) so consumers can deduplicate.
 //
-// Register the Plugin, migrate the tables, and create messages in the same
-// transaction as the business change:
+// Register the Plugin right after gorm.Open, create the tables, and give
+// the same notifier to the plugin and to the relay (package relay):
 //
-//	cfg := outbox.Config{} // 8 buckets, default table names
-//	if err := db.Use(outbox.Plugin{Config: cfg}); err != nil { ... }
-//	if err := outbox.AutoMigrate(db, cfg); err != nil { ... }
+//	cfg := outbox.Config{}          // 8 buckets, tables outbox_messages / outbox_leases / outbox_relays
+//	notifier := relay.NewNotifier() // wakes the relay after each commit; it can exist before the relay
+//	if err := db.Use(outbox.Plugin{Config: cfg, Notifier: notifier}); err != nil {
+//		return err
+//	}
+//	if err := outbox.AutoMigrate(db, cfg); err != nil { // or apply migrations/<dialect>.sql
+//		return err
+//	}
+//	// later, the relay: relay.New(store, pub, relay.Options{Notifier: notifier})
+//
+// Then create messages in the same transaction as the business change:
 //
 //	err := db.Transaction(func(tx *gorm.DB) error {
 //		if err := tx.Create(&order).Error; err != nil {
@@ -25,6 +33,19 @@
 // Create fills the message id, the bucket and the creation time, routes the
 // row to the configured table and rejects invalid messages (empty, over-long
 // or illegal topic, negative partition) before anything is written.
+//
+// The Plugin wraps the connection pool beneath GORM, so after db.Use the
+// connection pools GORM hands out change type: db.ConnPool (with
+// PrepareStmt, the gorm.PreparedStmtDB's ConnPool) is the plugin's pool
+// wrapper, and a transaction's tx.Statement.ConnPool its transaction
+// wrapper (inside a gorm.PreparedStmtTX with PrepareStmt). GORM and its
+// drivers are unaffected, but code that type-asserts *sql.DB or *sql.Tx
+// on them gets ok == false. Reach the pool with db.DB(), which works inside
+// a transaction too (both wrappers implement gorm.GetDBConnector, GORM's
+// hook for it), and run statements of a transaction through tx, or
+// through the gorm.ConnPool methods of tx.Statement.ConnPool (ExecContext,
+// QueryContext, …), which reach the *sql.Tx; GORM has no hook that hands
+// out the *sql.Tx itself.
 package outbox
 
 import (
@@ -304,6 +325,13 @@ func (Plugin) Name() string { return PluginName }
 
 // Initialize implements gorm.Plugin: it validates the Config and registers
 // the callbacks.
+//
+// One *gorm.DB takes one Plugin. A second db.Use(outbox.Plugin{...}) fails
+// with gorm.ErrRegistered: GORM refuses a name in use before calling the
+// plugin, so that error is GORM's own, "registered". A second registration
+// GORM lets through (the Plugin also in gorm.Config.Plugins under another
+// key, or Initialize called again) fails here, with an error wrapping
+// gorm.ErrRegistered that says so.
 func (p Plugin) Initialize(db *gorm.DB) error {
 	if err := p.Config.Validate(); err != nil {
 		return err

@@ -192,8 +192,9 @@ func getDBConn(cp gorm.ConnPool) (*sql.DB, error) {
 
 // notifyingTx is a transaction whose successful Commit reports the buckets
 // of the outbox rows written in it. Rollback, a failed Commit and a
-// rolled-back savepoint forget the rows written since, and mark their
-// messages unwritten (so that a retry keeps their generated ids).
+// rolled-back savepoint forget the rows written since, and take back their
+// messages' creates (so that a retry takes their generated ids again, by
+// position; see Message.first).
 type notifyingTx struct {
 	gorm.Tx
 	pool *pool
@@ -250,8 +251,8 @@ func (t *notifyingTx) Rollback() error {
 	return t.Tx.Rollback()
 }
 
-// end takes the written rows, marking their messages unwritten when the
-// transaction did not commit.
+// end takes the written rows: their messages' creates are taken back
+// when the transaction did not commit, settled when it did.
 func (t *notifyingTx) end(undone bool) []written {
 	t.mu.Lock()
 	w := t.written
@@ -259,13 +260,21 @@ func (t *notifyingTx) end(undone bool) []written {
 	t.mu.Unlock()
 	if undone {
 		unwrite(w)
+	} else {
+		for _, x := range w {
+			x.msg.settle()
+		}
 	}
 	return w
 }
 
+// unwrite takes back the creates of w, rolled back: the next creates of
+// their messages take the same ids (see Message.first).
 func unwrite(w []written) {
 	for _, x := range w {
-		x.msg.written = false
+		if x.msg.kept > 0 {
+			x.msg.kept--
+		}
 	}
 }
 
@@ -335,7 +344,7 @@ func distinct(b []int) []int {
 func installPool(db *gorm.DB, state *notifyState) error {
 	wrap := func(cp gorm.ConnPool) (*pool, error) {
 		if _, ok := cp.(*pool); ok {
-			return nil, fmt.Errorf("outbox: connection pool already wrapped")
+			return nil, fmt.Errorf("outbox: Plugin already registered on this *gorm.DB: its connection pool is the plugin's already (a second registration, or a *gorm.DB opened on the pool of one with the plugin): %w", gorm.ErrRegistered)
 		}
 		switch cp.(type) {
 		case gorm.TxBeginner, gorm.ConnPoolBeginner:
@@ -404,7 +413,11 @@ func (p *Plugin) collectBuckets(db *gorm.DB) {
 	}
 	var w []written
 	_ = eachMessage(db.Statement.ReflectValue, func(_ int, m *Message) error {
-		m.written = true
+		if tx != nil {
+			m.kept = max(m.kept, 0) + 1 // until the transaction ends
+		} else {
+			m.settle() // autocommit, or a transaction the plugin cannot follow
+		}
 		w = append(w, written{to: to, bucket: int(m.Bucket), msg: m})
 		return nil
 	})

@@ -6,6 +6,8 @@ package outbox_test
 
 import (
 	"errors"
+	"os"
+	"slices"
 	"strings"
 	"testing"
 
@@ -105,5 +107,49 @@ func TestDocumentedWriteDefaults(t *testing.T) {
 				t.Fatalf("MaxTopicLength = %d; the README documents 249", outbox.MaxTopicLength)
 			}
 		})
+	}
+}
+
+// TestSetupSnippetIsTheSameInTheREADMEThePackageDocAndExampleSetup keeps
+// the one setup snippet one: the README's (Setup), the package
+// documentation's (go doc outbox) and Example_setup's, which compiles and
+// runs it, hold the same lines (indentation and alignment aside).
+func TestSetupSnippetIsTheSameInTheREADMEThePackageDocAndExampleSetup(t *testing.T) {
+	read := func(name string) string {
+		b, err := os.ReadFile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	// between returns the lines of s after the first line containing from
+	// (itself after after) up to the first containing to, each with its
+	// indentation, a strip prefix and repeated spaces removed.
+	between := func(s, after, from, to, strip string) []string {
+		_, s, _ = strings.Cut(s, after)
+		_, s, ok := strings.Cut(s, from)
+		if !ok {
+			t.Fatalf("no %q after %q", from, after)
+		}
+		_, s, _ = strings.Cut(s, "\n")
+		s, _, ok = strings.Cut(s, to)
+		if !ok {
+			t.Fatalf("no %q after %q", to, from)
+		}
+		var out []string
+		for line := range strings.Lines(s) {
+			line = strings.TrimPrefix(strings.TrimSpace(line), strip)
+			if line = strings.Join(strings.Fields(line), " "); line != "" {
+				out = append(out, line)
+			}
+		}
+		return out
+	}
+	readme := between(read("README.md"), "\n## Setup\n", "```go", "```", "")
+	doc := between(read("outbox.go"), "Package outbox is", "same notifier", "// Then create", "//")
+	example := between(read("example_test.go"), "func Example_setup", "setup := func", "return nil\n", "")
+	if len(readme) < 5 || !slices.Equal(readme, doc) || !slices.Equal(readme, example) {
+		t.Fatalf("the setup snippets differ:\nREADME:\n%s\npackage doc:\n%s\nExample_setup:\n%s",
+			strings.Join(readme, "\n"), strings.Join(doc, "\n"), strings.Join(example, "\n"))
 	}
 }

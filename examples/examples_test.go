@@ -61,6 +61,11 @@ func TestExamples(t *testing.T) {
 		{"dedup", "dedup", nil, []string{"6 records consumed, 3 side effects"}},
 		{"tracing", "tracing", nil, []string{"baggage              tenant=acme", `consumer "process orders"`, "OK: the consumer continued the writer's trace; the publish span links to the writer's span."}},
 	}
+	if b, ok := testenv.RealBroker(t); ok {
+		// The tracing example honours KAFKA_BROKERS as the quickstart does.
+		brokers := strings.Join(b.Addrs, ",")
+		runs = append(runs, run{"tracing_kafka_brokers", "tracing", []string{"KAFKA_BROKERS=" + brokers}, []string{"kafka: KAFKA_BROKERS " + brokers + ", topic orders-", "OK: the consumer continued the writer's trace"}})
+	}
 	if dsn, ok := testenv.PostgresDSN(t); ok {
 		var kafkaEnv []string
 		if b, ok := testenv.RealBroker(t); ok {

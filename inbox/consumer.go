@@ -100,8 +100,11 @@ type ConsumerOptions struct {
 	// failed write is retried with the same backoff, never skipped). Only
 	// the message's own failures count as attempts — the handler's
 	// errors and a missing or invalid message id — so a database that
-	// cannot begin or commit (an outage) dead-letters nothing: it is
-	// retried forever. Nil means no dead-letter topic: a failing message is
+	// cannot begin, record or commit (an outage) dead-letters nothing: it
+	// is retried forever. A handler error counts unless the transaction's
+	// connection was lost under it (the rollback that follows fails too: a
+	// dropped connection, a killed session, a restarted server), which is
+	// an outage as well. Nil means no dead-letter topic: a failing message is
 	// retried until it succeeds, holding back the messages behind it
 	// (every partition of the reader, as one Consumer handles one message
 	// at a time). A crash between the write and the offset commit writes
@@ -281,14 +284,13 @@ func (c *Consumer) settle(ctx context.Context, m kafka.Message) bool {
 	var lastLogged time.Time
 	var lastErr string
 	for {
-		var fnErr error
 		out, err := c.ib.Handle(ctx, c.handler, m, func(tx *gorm.DB) error {
-			fnErr = c.fn(tx, m)
-			return fnErr
+			return c.fn(tx, m)
 		})
 		if err == nil {
-			if out == Processed {
-				c.log.Debug("message processed", "topic", m.Topic, "partition", m.Partition, "offset", m.Offset)
+			if out == Processed && c.log.Enabled(ctx, slog.LevelDebug) {
+				id, _ := c.ib.MessageID(m) // Handle succeeded: the id is valid
+				c.log.Debug("message processed", "message_id", id, "topic", m.Topic, "partition", m.Partition, "offset", m.Offset)
 			}
 			return true
 		}
@@ -296,9 +298,9 @@ func (c *Consumer) settle(ctx context.Context, m kafka.Message) bool {
 			return false
 		}
 		failures++
-		// The message's own failures count; the database's (begin, record,
-		// commit) are retried without counting.
-		if fnErr != nil || errors.Is(err, ErrNoMessageID) || errors.Is(err, ErrInvalidMessageID) {
+		// The message's own failures count; the database's (see outage)
+		// are retried without counting.
+		if !isOutage(err) {
 			attempts++
 		}
 		if c.opts.DeadLetter != nil && attempts >= c.opts.MaxAttempts {

@@ -3,6 +3,7 @@ package inbox
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -114,9 +115,11 @@ func New(db *gorm.DB, opts Options) (*Inbox, error) {
 // through tx (with the outbox Plugin on db, an outbox.Message created there
 // is published only if the transaction commits, so consume-transform-produce
 // is effectively once too). It must not commit or roll tx back. A panic in
-// fn rolls the transaction back and continues up the stack. A failed commit
-// is ambiguous (the transaction may have committed): it is returned as an
-// error, and handling m again returns Duplicate if it had committed.
+// fn rolls the transaction back and continues up the stack. When fn fails
+// and the rollback fails too (the connection was lost under fn), the error
+// ends with "(rollback: …)". A failed commit is ambiguous (the transaction
+// may have committed): it is returned as an error, and handling m again
+// returns Duplicate if it had committed.
 //
 // The message id is the last Options.MessageIDHeader header of m (see
 // Options.IDFromOffset for records without one). A record without one
@@ -142,30 +145,66 @@ func (ib *Inbox) handle(ctx context.Context, handler string, m kafka.Message, fn
 	}
 	tx := ib.db.WithContext(ctx).Begin()
 	if err := tx.Error; err != nil {
-		return 0, fmt.Errorf("inbox: handler %s: message %s: begin: %w", handler, id, err)
+		return 0, outage{fmt.Errorf("inbox: handler %s: message %s: begin: %w", handler, id, err)}
 	}
 	done := false
 	defer func() {
 		if !done {
-			tx.Rollback() // fn panicked, or failed
+			tx.Rollback() // fn panicked
 		}
 	}()
 	inserted, err := ib.record(tx, handler, id)
 	switch {
 	case err != nil:
-		return 0, fmt.Errorf("inbox: handler %s: message %s: record: %w", handler, id, err)
+		return 0, outage{fmt.Errorf("inbox: handler %s: message %s: record: %w", handler, id, err)}
 	case !inserted:
 		ib.log.Debug("duplicate skipped", "handler", handler, "message_id", id, "topic", m.Topic, "partition", m.Partition, "offset", m.Offset)
 		return Duplicate, nil
 	}
 	if err := fn(tx); err != nil {
-		return 0, fmt.Errorf("inbox: handler %s: message %s: %w", handler, id, err)
+		done = true
+		err = fmt.Errorf("inbox: handler %s: message %s: %w", handler, id, err)
+		if rb := rollback(tx); rb != nil {
+			// The transaction's connection is gone (dropped, killed, the
+			// server restarted): the database failed, whatever fn saw.
+			return 0, outage{fmt.Errorf("%w (rollback: %w)", err, rb)}
+		}
+		return 0, err
 	}
 	done = true
 	if err := tx.Commit().Error; err != nil {
-		return 0, fmt.Errorf("inbox: handler %s: message %s: commit: %w", handler, id, err)
+		return 0, outage{fmt.Errorf("inbox: handler %s: message %s: commit: %w", handler, id, err)}
 	}
 	return Processed, nil
+}
+
+// outage marks an error of the database rather than of the message: one
+// of Handle's own statements failed (begin, record, commit), or the
+// rollback after a failed fn did, which means the transaction's connection
+// is gone, whatever error fn saw. A Consumer retries an outage without
+// counting an attempt (see ConsumerOptions.DeadLetter).
+type outage struct{ error }
+
+func (o outage) Unwrap() error { return o.error }
+
+// isOutage reports whether err, from Handle, is an outage.
+func isOutage(err error) bool {
+	var o outage
+	return errors.As(err, &o)
+}
+
+// rollback rolls tx back and returns that statement's error, nil when it
+// succeeded or when fn had ended the transaction itself (sql.ErrTxDone:
+// misuse, not an outage).
+func rollback(tx *gorm.DB) error {
+	c, ok := tx.Statement.ConnPool.(gorm.TxCommitter)
+	if !ok {
+		return nil
+	}
+	if err := c.Rollback(); err != nil && !errors.Is(err, sql.ErrTxDone) {
+		return err
+	}
+	return nil
 }
 
 // checkHandler returns an error naming what is wrong with handler, or nil.

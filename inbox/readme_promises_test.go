@@ -62,10 +62,12 @@ func equalAny(a, b any) bool {
 }
 
 // queueReader is an in-memory Reader: it hands out its records, then
-// blocks until ctx is done; commits are accepted.
+// blocks until ctx is done; commits are accepted, each signalled on
+// commits when it is non-nil.
 type queueReader struct {
-	mu   sync.Mutex
-	msgs []kafka.Message
+	mu      sync.Mutex
+	msgs    []kafka.Message
+	commits chan kafka.Message
 }
 
 func (q *queueReader) FetchMessage(ctx context.Context) (kafka.Message, error) {
@@ -81,7 +83,14 @@ func (q *queueReader) FetchMessage(ctx context.Context) (kafka.Message, error) {
 	return kafka.Message{}, ctx.Err()
 }
 
-func (q *queueReader) CommitMessages(context.Context, ...kafka.Message) error { return nil }
+func (q *queueReader) CommitMessages(_ context.Context, msgs ...kafka.Message) error {
+	if q.commits != nil {
+		for _, m := range msgs {
+			q.commits <- m
+		}
+	}
+	return nil
+}
 
 // memWriter is an in-memory dead-letter Writer.
 type memWriter struct {

@@ -224,8 +224,12 @@ func (p *KafkaPublisher) OwnedBuckets(buckets []int) {
 	if p.closed {
 		return
 	}
+	owned := buckets // ascending, from the relay: O(p log n) lookups
+	if !slices.IsSorted(owned) {
+		owned = slices.Sorted(slices.Values(buckets))
+	}
 	for b, prod := range p.txn.producers {
-		if !slices.Contains(buckets, b) {
+		if _, ok := slices.BinarySearch(owned, b); !ok {
 			delete(p.txn.producers, b)
 			p.wg.Add(1)
 			go func() {

@@ -12,10 +12,17 @@
 // e.g. with OTLP).
 //
 //	go run ./examples/tracing
+//
+// As in the quickstart, one environment variable swaps in a real broker:
+//
+//	KAFKA_BROKERS  comma-separated bootstrap addresses of a real Kafka cluster
+//	               (the example creates a fresh topic orders-<random>)
 package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -50,8 +57,6 @@ type Order struct {
 	Amount int
 }
 
-const topic = "orders"
-
 func main() {
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "tracing:", err)
@@ -80,11 +85,11 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	broker, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, topic))
+	brokers, topic, kafkaDesc, stopBroker, err := startBroker(ctx)
 	if err != nil {
 		return err
 	}
-	defer broker.Close()
+	defer stopBroker()
 
 	// The outbox: the plugin (Propagator nil: the global one) and a relay
 	// whose publisher records its spans with the global TracerProvider.
@@ -103,7 +108,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	pub, err := relay.NewKafkaPublisher(relay.KafkaConfig{Brokers: broker.ListenAddrs()})
+	pub, err := relay.NewKafkaPublisher(relay.KafkaConfig{Brokers: brokers})
 	if err != nil {
 		return err
 	}
@@ -140,7 +145,7 @@ func run() error {
 	}
 
 	// The consumer.
-	reader := kafka.NewReader(kafka.ReaderConfig{Brokers: broker.ListenAddrs(), Topic: topic, Partition: 0, MaxWait: 50 * time.Millisecond})
+	reader := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, Partition: 0, MaxWait: 50 * time.Millisecond})
 	defer reader.Close()
 	rec, err := reader.ReadMessage(ctx)
 	if err != nil {
@@ -152,7 +157,35 @@ func run() error {
 	if err := <-relayDone; err != nil {
 		return fmt.Errorf("relay: %w", err)
 	}
-	return report(rec, tenant, writer.SpanContext(), spans.GetSpans())
+	return report(rec, kafkaDesc, tenant, writer.SpanContext(), spans.GetSpans())
+}
+
+// startBroker returns the brokers of KAFKA_BROKERS and a fresh
+// one-partition topic created there when the variable is set, else an
+// in-process broker (kfake) on loopback with the topic "orders".
+func startBroker(ctx context.Context) (brokers []string, topic, desc string, stop func(), err error) {
+	if v := os.Getenv("KAFKA_BROKERS"); v != "" {
+		brokers = strings.Split(v, ",")
+		b := make([]byte, 4)
+		_, _ = rand.Read(b)
+		topic = "orders-" + hex.EncodeToString(b)
+		client := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 30 * time.Second}
+		res, err := client.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{Topic: topic, NumPartitions: 1, ReplicationFactor: 1}}})
+		if err == nil {
+			err = res.Errors[topic]
+		}
+		if err != nil {
+			return nil, "", "", nil, fmt.Errorf("create topic %s on KAFKA_BROKERS %s: %w", topic, v, err)
+		}
+		return brokers, topic, "KAFKA_BROKERS " + v + ", topic " + topic, func() {}, nil
+	}
+	topic = "orders"
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, topic))
+	if err != nil {
+		return nil, "", "", nil, fmt.Errorf("start in-process broker: %w", err)
+	}
+	addrs := c.ListenAddrs()
+	return addrs, topic, "in-process broker (kfake) at " + strings.Join(addrs, ",") + ", topic " + topic, c.Close, nil
 }
 
 // consume handles one record in a CONSUMER span that continues the trace
@@ -201,8 +234,9 @@ func (c headerCarrier) Keys() []string {
 // report prints the record's headers and the spans, and checks that the
 // consumer continued the writer's trace and that a publish span links to
 // the writer's span.
-func report(rec kafka.Message, tenant string, writer trace.SpanContext, spans tracetest.SpanStubs) error {
+func report(rec kafka.Message, kafkaDesc, tenant string, writer trace.SpanContext, spans tracetest.SpanStubs) error {
 	fmt.Println("gorm-outbox tracing")
+	fmt.Println("  kafka:", kafkaDesc)
 	fmt.Println("  record headers:")
 	for _, h := range rec.Headers {
 		fmt.Printf("    %-20s %s\n", h.Key, h.Value)
