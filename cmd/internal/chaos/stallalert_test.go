@@ -272,6 +272,18 @@ func TestPublishStalledAlertFiresWhileTheBrokerIsPaused(t *testing.T) {
 	}
 	t.Logf("rule %s > %g for %v (deploy/prometheus/outbox-alerts.yaml): broker paused at 0s for %v; pending at %s, firing at %s, %d breaks while pending; peak %s %.1fs; publish failures counted at %v; resolved %v after the resume",
 		metric, threshold, hold, pauseFor, offset(pendingAt), offset(firingAt), breaks, metric, peak, failureAts, resolvedAfter.Round(100*time.Millisecond))
+	// Why attempts after the first end before PublishTimeout: the errors
+	// of the first failed attempts, as the worker logged them.
+	logMu.Lock()
+	var failed []string
+	for _, line := range logs {
+		var l struct{ Msg, Error string }
+		if json.Unmarshal([]byte(line), &l) == nil && strings.HasPrefix(l.Msg, "publish failed") && len(failed) < 3 {
+			failed = append(failed, l.Error)
+		}
+	}
+	logMu.Unlock()
+	t.Logf("the first failed attempts' errors: %q", failed)
 	if firingAt.IsZero() {
 		t.Errorf("OutboxPublishStalled never fired during a %v pause (pending at %s, %d breaks, peak %.1f)", pauseFor, offset(pendingAt), breaks, peak)
 	} else if latest := time.Duration(threshold*float64(time.Second)) + hold + 5*time.Second; firingAt.Sub(paused) > latest {
