@@ -111,7 +111,7 @@ func TestDocumentedWriteDefaults(t *testing.T) {
 }
 
 // TestSetupSnippetIsTheSameInTheREADMEThePackageDocAndExampleSetup keeps
-// the one setup snippet one: the README's (Setup), the package
+// the one setup snippet one: docs/writing.md's (Setup), the package
 // documentation's (go doc outbox) and Example_setup's, which compiles and
 // runs it, hold the same lines (indentation and alignment aside).
 func TestSetupSnippetIsTheSameInTheREADMEThePackageDocAndExampleSetup(t *testing.T) {
@@ -145,11 +145,41 @@ func TestSetupSnippetIsTheSameInTheREADMEThePackageDocAndExampleSetup(t *testing
 		}
 		return out
 	}
-	readme := between(read("README.md"), "\n## Setup\n", "```go", "```", "")
+	readme := between(read("docs/writing.md"), "\n## Setup\n", "```go", "```", "")
 	doc := between(read("outbox.go"), "Package outbox is", "same notifier", "// Then create", "//")
 	example := between(read("example_test.go"), "func Example_setup", "setup := func", "return nil\n", "")
 	if len(readme) < 5 || !slices.Equal(readme, doc) || !slices.Equal(readme, example) {
-		t.Fatalf("the setup snippets differ:\nREADME:\n%s\npackage doc:\n%s\nExample_setup:\n%s",
+		t.Fatalf("the setup snippets differ:\ndocs/writing.md:\n%s\npackage doc:\n%s\nExample_setup:\n%s",
 			strings.Join(readme, "\n"), strings.Join(doc, "\n"), strings.Join(example, "\n"))
+	}
+}
+
+// TestREADMEExampleIsExampleReadme: the README's example is the body of
+// Example_readme, which the build compiles, line for line.
+func TestREADMEExampleIsExampleReadme(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := os.ReadFile("example_test.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, block, ok := strings.Cut(string(readme), "\n## Example\n\n```go\n")
+	block, _, closed := strings.Cut(block, "```")
+	if !ok || !closed {
+		t.Fatal("README.md has no go block under \"## Example\"")
+	}
+	_, body, ok := strings.Cut(string(src), "func Example_readme() {\n")
+	body, _, closed = strings.Cut(body, "\n}\n")
+	if !ok || !closed {
+		t.Fatal("example_test.go has no Example_readme")
+	}
+	var lines []string
+	for line := range strings.Lines(body + "\n") {
+		lines = append(lines, strings.TrimPrefix(line, "\t"))
+	}
+	if want := strings.Join(lines, ""); block != want {
+		t.Errorf("README.md's example differs from Example_readme:\nREADME:\n%s\nExample_readme:\n%s", block, want)
 	}
 }

@@ -207,31 +207,32 @@ func scrapedNames(body string) map[string]bool {
 	return names
 }
 
-// TestDeployRulesHoldTheREADMEAlerts: every example alert of the README's
-// Metrics section is a rule of deploy/prometheus/outbox-alerts.yaml, with
-// the same expression and duration, in the same order, first.
-func TestDeployRulesHoldTheREADMEAlerts(t *testing.T) {
-	b, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+// TestDeployRulesHoldTheDocumentedAlerts: every example alert of
+// docs/operating.md's Metrics section is a rule of
+// deploy/prometheus/outbox-alerts.yaml, with the same expression and
+// duration, in the same order, first.
+func TestDeployRulesHoldTheDocumentedAlerts(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "..", "docs", "operating.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, after, ok := strings.Cut(string(b), "Example alerts (PromQL):\n\n```yaml\n")
 	block, _, closed := strings.Cut(after, "```")
 	if !ok || !closed {
-		t.Fatal("README.md: no yaml block after \"Example alerts (PromQL):\"")
+		t.Fatal("docs/operating.md: no yaml block after \"Example alerts (PromQL):\"")
 	}
 	var readme []alertRule
 	if err := yaml.Unmarshal([]byte(block), &readme); err != nil {
-		t.Fatalf("README.md's example alerts: %v", err)
+		t.Fatalf("docs/operating.md's example alerts: %v", err)
 	}
 	rules := readRules(t)
 	if len(readme) == 0 || len(rules) < len(readme) {
-		t.Fatalf("%d README alerts, %d rules; want every README alert in the rules", len(readme), len(rules))
+		t.Fatalf("%d documented alerts, %d rules; want every documented alert in the rules", len(readme), len(rules))
 	}
 	for i, want := range readme {
 		got := rules[i]
 		if got.Alert != want.Alert || got.Expr != want.Expr || got.For != want.For {
-			t.Errorf("rule %d = %s: %q for %q; the README has %s: %q for %q", i, got.Alert, got.Expr, got.For, want.Alert, want.Expr, want.For)
+			t.Errorf("rule %d = %s: %q for %q; docs/operating.md has %s: %q for %q", i, got.Alert, got.Expr, got.For, want.Alert, want.Expr, want.For)
 		}
 	}
 }
@@ -390,10 +391,11 @@ func (w *inProcessWorker) stop(t *testing.T) {
 	}
 }
 
-// TestDeployMetricsAreTheREADMEs: the metric names deploy/ uses are among
-// the README's metrics table (outbox_*) and their histogram series.
-func TestDeployMetricsAreTheREADMEs(t *testing.T) {
-	b, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+// TestDeployMetricsAreTheDocumentedOnes: the metric names deploy/ uses are
+// among docs/operating.md's metrics table (outbox_*) and their histogram
+// series.
+func TestDeployMetricsAreTheDocumentedOnes(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "..", "docs", "operating.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -403,7 +405,7 @@ func TestDeployMetricsAreTheREADMEs(t *testing.T) {
 			base = strings.TrimSuffix(base, suffix)
 		}
 		if !strings.Contains(string(b), "| `"+base+"` |") {
-			t.Errorf("%s uses %s, which is not in the README's metrics table", where, name)
+			t.Errorf("%s uses %s, which is not in docs/operating.md's metrics table", where, name)
 		}
 	}
 	if names := sortedKeys(deployMetrics(t)); !slices.Contains(names, "outbox_publish_duration_seconds_bucket") {

@@ -496,28 +496,28 @@ func jsonOf(v any) string {
 	return string(b)
 }
 
-// readmeBlock returns the text of README.md's code block that starts with
-// the line first, up to its closing fence.
-func readmeBlock(t *testing.T, first string) string {
+// docBlock returns the text of docs/operating.md's code block that starts
+// with the line first, up to its closing fence.
+func docBlock(t *testing.T, first string) string {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join("..", "..", "README.md"))
+	b, err := os.ReadFile(filepath.Join("..", "..", "docs", "operating.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, after, ok := strings.Cut(string(b), "```\n"+first+"\n")
 	block, _, closed := strings.Cut(after, "```")
 	if !ok || !closed {
-		t.Fatalf("README.md has no code block starting with %q", first)
+		t.Fatalf("docs/operating.md has no code block starting with %q", first)
 	}
 	return block
 }
 
-// TestREADMEStatusSampleIsWhatStatusPrints: the README's sample of
+// TestDocumentedStatusSampleIsWhatStatusPrints: docs/operating.md's sample of
 // outbox-relay status is the command's output over the situation it
 // describes (a relay stopped answering 34 s ago; its bucket's lease expired
 // 4 s ago), on every database.
-func TestREADMEStatusSampleIsWhatStatusPrints(t *testing.T) {
-	want := readmeBlock(t, "$ outbox-relay status")
+func TestDocumentedStatusSampleIsWhatStatusPrints(t *testing.T) {
+	want := docBlock(t, "$ outbox-relay status")
 	testenv.ForEachDB(t, nil, func(t *testing.T, db *gorm.DB) {
 		cfg := outbox.Config{}
 		if err := outbox.AutoMigrate(db, cfg); err != nil {

@@ -1,6 +1,6 @@
 package main
 
-// The rebucket subcommand: the README's bucket-count change ("Changing
+// The rebucket subcommand: the bucket-count change of docs/relays.md ("Changing
 // the bucket count safely") with its safety checks.
 
 import (
@@ -29,7 +29,7 @@ var rebucketCommand = &subcommand{
 	name:    "rebucket",
 	args:    "-to N [-rehash] [-force] -confirm",
 	summary: "change the bucket count: check that it is safe, reset the lease rows (move the rows with -rehash)",
-	doc: `Steps 2 to 4 of the README's bucket-count change, with their safety checks:
+	doc: `Steps 2 to 4 of the bucket-count change (docs/relays.md, Scaling), with their safety checks:
 it refuses while a relay holds a lease or is live (a heartbeat within
 -lease-duration, not stopped), and while the messages table holds rows
 (pending or parked); then, in one transaction, it deletes every lease row

@@ -17,7 +17,7 @@ import (
 	"github.com/gorm-outbox/outbox"
 )
 
-// defaultStatusMaxAge is the default -max-age of status: the README's
+// defaultStatusMaxAge is the default -max-age of status: docs/operating.md's
 // OutboxBacklogOld alert threshold.
 const defaultStatusMaxAge = 5 * time.Minute
 

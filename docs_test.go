@@ -1,0 +1,73 @@
+package outbox_test
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// TestDocsLinksResolve: every relative link of README.md, docs/,
+// BENCHMARKS.md and CHAOS.md names a file of the repository, and every
+// #anchor a heading of its page (GitHub's anchors: lower case, spaces to
+// hyphens, punctuation dropped). A guide moved or a heading renamed breaks
+// the build, not a reader's click.
+func TestDocsLinksResolve(t *testing.T) {
+	pages, err := filepath.Glob("docs/*.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pages = append(pages, "README.md", "BENCHMARKS.md", "CHAOS.md")
+	link := regexp.MustCompile(`\]\(([^)\s]+)\)`)
+	anchors := map[string]map[string]bool{}
+	headingsOf := func(page string) map[string]bool {
+		if a, ok := anchors[page]; ok {
+			return a
+		}
+		b, err := os.ReadFile(page)
+		if err != nil {
+			return nil
+		}
+		a := map[string]bool{}
+		inCode := false
+		for line := range strings.Lines(string(b)) {
+			if strings.HasPrefix(line, "```") {
+				inCode = !inCode
+			}
+			if inCode || !strings.HasPrefix(line, "#") {
+				continue
+			}
+			h := strings.ToLower(strings.TrimSpace(strings.TrimLeft(line, "#")))
+			h = regexp.MustCompile(`[^\p{L}\p{N}_\- ]`).ReplaceAllString(h, "")
+			a[strings.ReplaceAll(h, " ", "-")] = true
+		}
+		anchors[page] = a
+		return a
+	}
+	for _, page := range pages {
+		b, err := os.ReadFile(page)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range link.FindAllStringSubmatch(string(b), -1) {
+			target := m[1]
+			if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+				continue
+			}
+			file, anchor, _ := strings.Cut(target, "#")
+			if file == "" {
+				file = page
+			} else {
+				file = filepath.Join(filepath.Dir(page), file)
+			}
+			if _, err := os.Stat(file); err != nil {
+				t.Errorf("%s: link %q: no file %s", page, target, file)
+				continue
+			}
+			if anchor != "" && strings.HasSuffix(file, ".md") && !headingsOf(file)[anchor] {
+				t.Errorf("%s: link %q: %s has no heading #%s", page, target, file, anchor)
+			}
+		}
+	}
+}
