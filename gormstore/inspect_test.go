@@ -50,3 +50,62 @@ func TestNowIsTheClockOfTheLeases(t *testing.T) {
 		})
 	}
 }
+
+// TestInspectionReadsLeasesHeartbeatsAndBacklog: Leases, Heartbeats and
+// Backlog return the tables as they are — a relay's leases and heartbeat,
+// and per bucket the pending and parked rows and the oldest pending
+// created_at (parsed from every driver's form) — including a bucket
+// outside the count, which an operator must see.
+func TestInspectionReadsLeasesHeartbeatsAndBacklog(t *testing.T) {
+	ctx := context.Background()
+	base := time.Date(2030, 1, 1, 12, 0, 0, 0, time.UTC)
+	for _, o := range testenv.Databases(t) {
+		t.Run(o.Name, func(t *testing.T) {
+			db := o.Open(t, nil)
+			cfg := outbox.Config{BucketCount: 2}
+			if err := outbox.AutoMigrate(db, cfg); err != nil {
+				t.Fatal(err)
+			}
+			s, err := gormstore.New(db, gormstore.Options{Config: cfg})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.AcquireBucketLeases(ctx, "relay-1", 2, time.Minute); err != nil {
+				t.Fatal(err)
+			}
+			msgs := []*outbox.Message{pendingMessage(1), pendingMessage(1), pendingMessage(1), pendingMessage(5)}
+			for i, m := range msgs {
+				m.CreatedAt = base.Add(time.Duration(i) * time.Minute)
+			}
+			if err := raw(db).Table(cfg.MessagesTableName()).Create(msgs).Error; err != nil {
+				t.Fatal(err)
+			}
+			if err := db.Table(cfg.MessagesTableName()).Where("id = ?", msgs[0].ID).
+				Updates(map[string]any{"parked_at_ms": 1, "parked_reason": "test"}).Error; err != nil {
+				t.Fatal(err)
+			}
+
+			leases, err := s.Leases(ctx)
+			if err != nil || len(leases) != 2 || leases[1].Bucket != 1 || leases[1].Owner == nil || *leases[1].Owner != "relay-1" {
+				t.Errorf("Leases = %+v, %v; want buckets 0 and 1 owned by relay-1", leases, err)
+			}
+			hbs, err := s.Heartbeats(ctx)
+			if err != nil || len(hbs) != 1 || hbs[0].RelayID != "relay-1" || hbs[0].StoppedAtMs != nil {
+				t.Errorf("Heartbeats = %+v, %v; want relay-1, not stopped", hbs, err)
+			}
+			got, err := s.Backlog(ctx)
+			want := []gormstore.BucketBacklog{
+				{Bucket: 1, Pending: 2, Parked: 1, Oldest: base.Add(time.Minute)},
+				{Bucket: 5, Pending: 1, Oldest: base.Add(3 * time.Minute)},
+			}
+			if err != nil || len(got) != len(want) {
+				t.Fatalf("Backlog = %+v, %v; want %+v", got, err, want)
+			}
+			for i := range want {
+				if got[i].Bucket != want[i].Bucket || got[i].Pending != want[i].Pending || got[i].Parked != want[i].Parked || !got[i].Oldest.Equal(want[i].Oldest) {
+					t.Errorf("Backlog[%d] = %+v; want %+v", i, got[i], want[i])
+				}
+			}
+		})
+	}
+}

@@ -137,13 +137,15 @@ type leaseRow struct {
 // expiry after now, as the relays count it.
 func (l leaseRow) held(nowMs int64) bool { return l.Owner != nil && l.ExpiresAtMs > nowMs }
 
-// leases reads every lease row, in bucket order.
+// leases reads every lease row, in bucket order (gormstore.Store.Leases).
 func (o *opsDB) leases(ctx context.Context) ([]leaseRow, error) {
-	q, cancel := o.stmt(ctx)
-	defer cancel()
-	var rows []leaseRow
-	if err := q.Table(o.cfg.LeasesTableName()).Select("bucket, owner, expires_at_ms").Order("bucket").Scan(&rows).Error; err != nil {
-		return nil, fmt.Errorf("read %s: %w", o.cfg.LeasesTableName(), err)
+	ls, err := o.store.Leases(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rows := make([]leaseRow, len(ls))
+	for i, l := range ls {
+		rows[i] = leaseRow{Bucket: int64(l.Bucket), Owner: l.Owner, ExpiresAtMs: l.ExpiresAtMs}
 	}
 	return rows, nil
 }
@@ -156,13 +158,16 @@ type relayRow struct {
 	Features    int64
 }
 
-// relays reads every heartbeat row, in relay id order.
+// relays reads every heartbeat row, in relay id order
+// (gormstore.Store.Heartbeats).
 func (o *opsDB) relays(ctx context.Context) ([]relayRow, error) {
-	q, cancel := o.stmt(ctx)
-	defer cancel()
-	var rows []relayRow
-	if err := q.Table(o.cfg.RelaysTableName()).Select("relay_id, last_seen_ms, stopped_at_ms, features").Order("relay_id").Scan(&rows).Error; err != nil {
-		return nil, fmt.Errorf("read %s: %w", o.cfg.RelaysTableName(), err)
+	hs, err := o.store.Heartbeats(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rows := make([]relayRow, len(hs))
+	for i, h := range hs {
+		rows[i] = relayRow(h)
 	}
 	return rows, nil
 }
@@ -188,85 +193,12 @@ func (r relayRow) state(nowMs int64, ld time.Duration) string {
 }
 
 // bucketRows is what the messages table holds in one bucket.
-type bucketRows struct {
-	Bucket  int64
-	Pending int64
-	Parked  int64
-	// Oldest is the oldest created_at of the pending (unparked) rows; zero
-	// when there are none.
-	Oldest time.Time
-}
+type bucketRows = gormstore.BucketBacklog
 
 // bucketRows counts the pending and parked rows of every bucket that has
-// any, and finds each one's oldest pending row: one aggregate over the
-// messages table (a scan of its index; about 0.2 s per million rows on
-// PostgreSQL), in bucket order.
+// any, with each one's oldest pending row (gormstore.Store.Backlog).
 func (o *opsDB) bucketRows(ctx context.Context) ([]bucketRows, error) {
-	q, cancel := o.stmt(ctx)
-	defer cancel()
-	rows, err := q.Table(o.cfg.MessagesTableName()).
-		Select("bucket, COUNT(*) - COUNT(parked_at_ms), COUNT(parked_at_ms), MIN(CASE WHEN parked_at_ms IS NULL THEN created_at END)").
-		Group("bucket").Order("bucket").Rows()
-	if err != nil {
-		return nil, fmt.Errorf("count the rows of %s: %w", o.cfg.MessagesTableName(), err)
-	}
-	defer rows.Close()
-	var out []bucketRows
-	for rows.Next() {
-		var b bucketRows
-		var oldest any
-		if err := rows.Scan(&b.Bucket, &b.Pending, &b.Parked, &oldest); err != nil {
-			return nil, fmt.Errorf("count the rows of %s: %w", o.cfg.MessagesTableName(), err)
-		}
-		if b.Oldest, err = parseDBTime(oldest); err != nil {
-			return nil, fmt.Errorf("count the rows of %s: bucket %d: created_at: %w", o.cfg.MessagesTableName(), b.Bucket, err)
-		}
-		out = append(out, b)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("count the rows of %s: %w", o.cfg.MessagesTableName(), err)
-	}
-	return out, nil
-}
-
-// dbTimeLayouts are the textual forms a timestamp comes back in: SQLite's
-// (as mattn/go-sqlite3 writes a time.Time), RFC 3339, and MySQL's without
-// parseTime.
-var dbTimeLayouts = []string{
-	"2006-01-02 15:04:05.999999999-07:00",
-	"2006-01-02T15:04:05.999999999-07:00",
-	time.RFC3339Nano,
-	"2006-01-02 15:04:05.999999999",
-	"2006-01-02T15:04:05.999999999",
-}
-
-// parseDBTime reads a timestamp column, which comes back as a time.Time,
-// text or bytes depending on the driver and its settings; NULL is the zero
-// time. A time without a zone is UTC, as the outbox writes it.
-func parseDBTime(v any) (time.Time, error) {
-	var s string
-	switch x := v.(type) {
-	case nil:
-		return time.Time{}, nil
-	case time.Time:
-		return x.UTC(), nil
-	case []byte:
-		s = string(x)
-	case string:
-		s = x
-	default:
-		return time.Time{}, fmt.Errorf("unexpected %T", v)
-	}
-	s = strings.TrimSpace(s)
-	if z, ok := strings.CutSuffix(s, "Z"); ok {
-		s = z + "+00:00"
-	}
-	for _, l := range dbTimeLayouts {
-		if t, err := time.Parse(l, s); err == nil {
-			return t.UTC(), nil
-		}
-	}
-	return time.Time{}, fmt.Errorf("unparsable timestamp %q", s)
+	return o.store.Backlog(ctx)
 }
 
 // ms returns Unix milliseconds as a UTC time.

@@ -166,11 +166,11 @@ func buildStatus(cfg outbox.Config, clk dbClock, ld, maxAge time.Duration, rows 
 		}
 	}
 	for _, r := range rows {
-		if r.Bucket >= 0 && r.Bucket < int64(n) {
+		if r.Bucket >= 0 && r.Bucket < n {
 			fill(&rep.Buckets[r.Bucket], r)
 			continue
 		}
-		b := bucketStatus{Bucket: int(r.Bucket), Lease: "free"}
+		b := bucketStatus{Bucket: r.Bucket, Lease: "free"}
 		fill(&b, r)
 		rep.Outside = append(rep.Outside, b)
 	}
