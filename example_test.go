@@ -1,12 +1,9 @@
 package outbox_test
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"log"
 	"os"
-	"os/signal"
 	"path/filepath"
 
 	"gorm.io/driver/sqlite"
@@ -14,7 +11,6 @@ import (
 	"gorm.io/gorm/logger"
 
 	"github.com/gorm-outbox/outbox"
-	"github.com/gorm-outbox/outbox/gormstore"
 	"github.com/gorm-outbox/outbox/relay"
 )
 
@@ -161,54 +157,4 @@ func ExampleMessage() {
 	// id 2, bucket 0, key order-42, value paid, headers 1, message id set: true
 	// stored: orders order-42=paid, header trace-id=abc
 	// empty topic rejected: true
-}
-
-// The README's example, compiled: the plugin, a business row and its
-// Kafka record in one transaction, and the relay that publishes the
-// committed record (acks=all) and deletes it once Kafka acknowledged it.
-// (It needs a broker at localhost:9092, so it has no Output to check.)
-func Example_readme() {
-	db, err := gorm.Open(sqlite.Open("orders.db"), &gorm.Config{})
-	if err != nil {
-		log.Fatal(err)
-	}
-	cfg := outbox.Config{}          // 8 buckets, tables outbox_messages / _leases / _relays
-	notifier := relay.NewNotifier() // wakes the relay right after each commit
-	if err := db.Use(outbox.Plugin{Config: cfg, Notifier: notifier}); err != nil {
-		log.Fatal(err)
-	}
-	if err := outbox.AutoMigrate(db, cfg); err != nil {
-		log.Fatal(err)
-	}
-
-	// The business row and its record commit together, or not at all.
-	err = db.Transaction(func(tx *gorm.DB) error {
-		if err := tx.Create(&Order{ID: "o-17"}).Error; err != nil {
-			return err
-		}
-		return outbox.Enqueue(tx, outbox.NewStringMessage("orders", "o-17", `{"id":"o-17"}`))
-	})
-	if err != nil {
-		log.Fatal(err)
-	}
-
-	// The relay: any number of them share the buckets through leases.
-	store, err := gormstore.New(db, gormstore.Options{Config: cfg})
-	if err != nil {
-		log.Fatal(err)
-	}
-	pub, err := relay.NewKafkaPublisher(relay.KafkaConfig{Brokers: []string{"localhost:9092"}})
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer pub.Close()
-	r, err := relay.New(store, pub, relay.Options{Notifier: notifier})
-	if err != nil {
-		log.Fatal(err)
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	defer stop()
-	if err := r.Run(ctx); err != nil { // until ctx ends; then it releases its leases
-		log.Fatal(err)
-	}
 }

@@ -154,14 +154,15 @@ func TestSetupSnippetIsTheSameInTheREADMEThePackageDocAndExampleSetup(t *testing
 	}
 }
 
-// TestREADMEExampleIsExampleReadme: the README's example is the body of
-// Example_readme, which the build compiles, line for line.
-func TestREADMEExampleIsExampleReadme(t *testing.T) {
+// TestREADMEExampleIsExamplesReadme: the README's example is
+// examples/readme/main.go, which the build compiles, character for
+// character.
+func TestREADMEExampleIsExamplesReadme(t *testing.T) {
 	readme, err := os.ReadFile("README.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	src, err := os.ReadFile("example_test.go")
+	src, err := os.ReadFile("examples/readme/main.go")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,16 +171,7 @@ func TestREADMEExampleIsExampleReadme(t *testing.T) {
 	if !ok || !closed {
 		t.Fatal("README.md has no go block under \"## Example\"")
 	}
-	_, body, ok := strings.Cut(string(src), "func Example_readme() {\n")
-	body, _, closed = strings.Cut(body, "\n}\n")
-	if !ok || !closed {
-		t.Fatal("example_test.go has no Example_readme")
-	}
-	var lines []string
-	for line := range strings.Lines(body + "\n") {
-		lines = append(lines, strings.TrimPrefix(line, "\t"))
-	}
-	if want := strings.Join(lines, ""); block != want {
-		t.Errorf("README.md's example differs from Example_readme:\nREADME:\n%s\nExample_readme:\n%s", block, want)
+	if block != string(src) {
+		t.Errorf("README.md's example differs from examples/readme/main.go:\nREADME:\n%s\nexamples/readme/main.go:\n%s", block, src)
 	}
 }

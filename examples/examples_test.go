@@ -18,7 +18,7 @@ import (
 )
 
 // programs are the example directories; each must hold a main package.
-var programs = []string{"quickstart", "customstore", "twooutboxes", "dedup", "multirelay", "tracing"}
+var programs = []string{"quickstart", "customstore", "twooutboxes", "dedup", "multirelay", "tracing", "readme"}
 
 // build compiles every example into a temporary directory.
 func build(t *testing.T) string {
