@@ -13,6 +13,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -21,6 +22,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/gorm-outbox/outbox/internal/testenv"
 )
 
 var kubeDir = filepath.Join(deployDir, "kubernetes")
@@ -553,5 +556,157 @@ func TestKubernetesManifestsConfigureTheWorkerItAccepts(t *testing.T) {
 	}
 	if got := slices.Sorted(slices.Values(kust.Resources)); !slices.Equal(got, want) {
 		t.Errorf("kustomization.yaml: resources %q; want every manifest %q", got, want)
+	}
+}
+
+// buildAsDockerfile runs the Dockerfile's go build, as written but for its
+// -o path, at the repository root with the build stage's environment, and
+// returns the binary.
+func buildAsDockerfile(t *testing.T, b dockerBuild) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "outbox-relay")
+	argv := slices.Clone(b.argv)
+	for i := range argv[:len(argv)-1] {
+		if argv[i] == "-o" {
+			argv[i+1] = bin
+		}
+	}
+	root, err := filepath.Abs(filepath.Join("..", ".."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(goBin, argv[1:]...)
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), b.env...)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("the Dockerfile's %s: %v\n%s", strings.Join(b.argv, " "), err, out)
+	}
+	return bin
+}
+
+// argGroups splits args into each flag with its value, as fs parses them.
+func argGroups(fs *flag.FlagSet, args []string) (names []string, groups [][]string) {
+	for i := 0; i < len(args); i++ {
+		name, _, hasValue := strings.Cut(strings.TrimLeft(args[i], "-"), "=")
+		g := []string{args[i]}
+		f := fs.Lookup(name)
+		isBool := false
+		if bf, ok := f.Value.(interface{ IsBoolFlag() bool }); ok {
+			isBool = bf.IsBoolFlag()
+		}
+		if !hasValue && !isBool && i+1 < len(args) {
+			i++
+			g = append(g, args[i])
+		}
+		names = append(names, name)
+		groups = append(groups, g)
+	}
+	return names, groups
+}
+
+// servicesFlag says whether the test replaces the manifest's setting of
+// the flag: where the database and the brokers are and how to reach them,
+// the listen address (a free local port), and the log format (the test
+// reads JSON lines).
+func servicesFlag(name string) bool {
+	switch name {
+	case "db-driver", "db-dsn", "kafka-brokers", "notify-postgres-dsn", "listen", "log-format":
+		return true
+	}
+	return strings.HasPrefix(name, "kafka-tls") || strings.HasPrefix(name, "kafka-sasl")
+}
+
+// TestDeployProbesAnswerOnTheWorkerTheDockerfileBuilds builds the worker
+// with the Dockerfile's own go build, finds every flag and variable of the
+// Deployment in that binary's `help flags`, runs it with the Deployment's
+// settings (the database, the brokers and the listen address replaced by
+// the test's SQLite file, in-process broker and a free local port), and
+// GETs every probe path and the PodMonitor's scrape path: each answers
+// 200, readiness once the relay runs. SIGTERM then stops the worker with
+// exit 0 within terminationGracePeriodSeconds.
+func TestDeployProbesAnswerOnTheWorkerTheDockerfileBuilds(t *testing.T) {
+	d, c := kubeWorker(t)
+	bin := buildAsDockerfile(t, readDockerBuild(t, readDockerfile(t)))
+
+	// The binary's own list of its flags and variables.
+	out, err := exec.Command(bin, "help", "flags").Output()
+	if err != nil {
+		t.Fatalf("outbox-relay help flags: %v", err)
+	}
+	listed := map[string]bool{}
+	for line := range strings.Lines(string(out)) {
+		if f := strings.Fields(line); len(f) == 2 && strings.HasPrefix(f[0], "-") && strings.HasPrefix(f[1], "[") {
+			listed[f[0]], listed[strings.Trim(f[1], "[]")] = true, true
+		}
+	}
+	flags := newFlagSet(&config{})
+	if err := flags.Parse(c.Args); err != nil {
+		t.Fatalf("deployment.yaml: args %q: %v", c.Args, err)
+	}
+	names, groups := argGroups(flags, c.Args)
+	for _, name := range names {
+		if !listed["-"+name] {
+			t.Errorf("deployment.yaml: -%s is not in outbox-relay help flags", name)
+		}
+	}
+	var args, env []string
+	for i, name := range names {
+		if !servicesFlag(name) {
+			args = append(args, groups[i]...)
+		}
+	}
+	for _, e := range c.Env {
+		if strings.HasPrefix(e.Name, envPrefix) && !listed[e.Name] {
+			t.Errorf("deployment.yaml: %s is not in outbox-relay help flags", e.Name)
+		}
+		if strings.HasPrefix(e.Name, envPrefix) && servicesFlag(strings.ToLower(strings.ReplaceAll(strings.TrimPrefix(e.Name, envPrefix), "_", "-"))) {
+			continue
+		}
+		if e.ValueFrom != nil {
+			t.Fatalf("deployment.yaml: %s comes from a Secret but is not a connection setting this test replaces", e.Name)
+		}
+		env = append(env, e.Name+"="+e.Value)
+	}
+
+	broker := testenv.NewFake(t)
+	dsn := "file:" + filepath.Join(t.TempDir(), "outbox.db") + "?_busy_timeout=5000&_journal_mode=WAL&_txlock=immediate"
+	args = append(args, "-db-driver", "sqlite", "-db-dsn", dsn, "-migrate",
+		"-kafka-brokers", strings.Join(broker.Addrs, ","), "-listen", "127.0.0.1:0", "-log-format", "json")
+	w := startWorker(t, bin, args, env...)
+
+	paths := map[string]string{}
+	for kind, p := range kubeProbes(t, c) {
+		paths[kind] = p.path
+	}
+	var pm struct {
+		Spec struct {
+			Endpoints []struct {
+				Path string `yaml:"path"`
+			} `yaml:"podMetricsEndpoints"`
+		} `yaml:"spec"`
+	}
+	readKube(t, "podmonitor.yaml", "PodMonitor", &pm)
+	for _, ep := range pm.Spec.Endpoints {
+		paths["podmonitor.yaml"] = ep.Path
+	}
+	for _, where := range sortedKeys(paths) {
+		path := paths[where]
+		var code int
+		var body string
+		eventually(t, where+" "+path+" answers 200", w.logs, func() bool {
+			code, body = get("http://" + w.addr + path)
+			return code == 200
+		})
+		t.Logf("%s: GET %s: %d %.40q", where, path, code, body)
+	}
+
+	start := time.Now()
+	w.terminate(t)
+	if g := d.Spec.Template.Spec.TerminationGracePeriodSeconds; g != nil && time.Since(start) >= time.Duration(*g)*time.Second {
+		t.Errorf("the worker took %v to stop after SIGTERM; terminationGracePeriodSeconds is %ds", time.Since(start), *g)
 	}
 }
