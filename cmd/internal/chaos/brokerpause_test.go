@@ -61,6 +61,21 @@ func realBrokerPID(t *testing.T) int {
 	return pid
 }
 
+// pausableBroker skips unless OUTBOX_CHAOS is set (a test that freezes the
+// shared broker must not run beside the other packages' tests), and
+// returns the real broker and the pid of its JVM.
+func pausableBroker(t *testing.T) (testenv.Broker, int) {
+	t.Helper()
+	if v := os.Getenv(EnvChaos); v == "" || v == "0" {
+		t.Skipf("set %s=1 to run the reliability harness", EnvChaos)
+	}
+	broker, ok := testenv.RealBroker(t)
+	if !ok {
+		t.Skipf("%s is not set", testenv.EnvKafka)
+	}
+	return broker, realBrokerPID(t)
+}
+
 // pauseMetrics reads the relay's publish failures and in-flight age.
 func pauseMetrics(t *testing.T, r *sdkmetric.ManualReader) (failures int64, inflightAge float64) {
 	t.Helper()
@@ -97,14 +112,7 @@ func pauseMetrics(t *testing.T, r *sdkmetric.ManualReader) (failures int64, infl
 // and that once the broker resumed every committed row was delivered (0
 // lost, no per-key order violation after dedup; duplicates are reported).
 func TestRelayRecoversFromAPausedRealBroker(t *testing.T) {
-	if v := os.Getenv(EnvChaos); v == "" || v == "0" {
-		t.Skipf("set %s=1 to run the reliability harness", EnvChaos)
-	}
-	broker, ok := testenv.RealBroker(t)
-	if !ok {
-		t.Skipf("%s is not set", testenv.EnvKafka)
-	}
-	pid := realBrokerPID(t)
+	broker, pid := pausableBroker(t)
 
 	db := freshDB(t, "pause-test")
 	if err := outbox.AutoMigrate(db, outbox.Config{}); err != nil {

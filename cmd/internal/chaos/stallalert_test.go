@@ -22,7 +22,6 @@ import (
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/cmd/internal/chaos"
-	"github.com/gorm-outbox/outbox/internal/testenv"
 )
 
 // stallRule is deploy/prometheus/outbox-alerts.yaml's OutboxPublishStalled,
@@ -90,14 +89,7 @@ func scrapeMax(page, metric string) (float64, bool) {
 // alert resolves. (The in-flight age it replaced fell back to 0 at each
 // failed attempt, so the rule never fired.)
 func TestPublishStalledAlertFiresWhileTheBrokerIsPaused(t *testing.T) {
-	if v := os.Getenv(EnvChaos); v == "" || v == "0" {
-		t.Skipf("set %s=1 to run the reliability harness", EnvChaos)
-	}
-	broker, ok := testenv.RealBroker(t)
-	if !ok {
-		t.Skipf("%s is not set", testenv.EnvKafka)
-	}
-	pid := realBrokerPID(t)
+	broker, pid := pausableBroker(t)
 	metric, threshold, hold := stallRule(t)
 	dialect, base := setupDB(t)
 	if dialect != chaos.Postgres {
