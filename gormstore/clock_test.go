@@ -193,6 +193,7 @@ type skewRelay struct {
 	owned  []int
 	expiry int64 // database Unix ms
 	paused int   // rounds left without acting; -1: released (stopped), rejoins later
+	until  int64 // with paused > 0: paused until the database clock passes it (Unix ms); 0: for paused rounds
 	rounds int   // rounds after which it owned at least one bucket
 }
 
@@ -272,6 +273,10 @@ func TestRelaysWithSkewedHostClocksNeverShareABucket(t *testing.T) {
 				var live []*skewRelay
 				for _, r := range relays {
 					switch {
+					case r.paused > 0 && r.until != 0:
+						if dbClockMs(t, db) > r.until {
+							r.paused, r.until = 0, 0
+						}
 					case r.paused > 0:
 						r.paused--
 					case r.paused < 0 && rng.IntN(20) == 0:
@@ -311,8 +316,16 @@ func TestRelaysWithSkewedHostClocksNeverShareABucket(t *testing.T) {
 					}
 				case p < 85 && len(live) > 1:
 					// One of several paused for a while: keeps its belief (a zombie until its
-					// expiry, which the others must wait out).
-					live[rng.IntN(len(live))].paused = 10 + rng.IntN(120)
+					// expiry, which the others must wait out). Every other pause lasts past
+					// its lease on the database's clock, however long the rounds take, so
+					// that the run exercises takeovers whatever the machine's load (a pause
+					// counted in rounds alone could end before a lease measured when the
+					// machine was slower).
+					r := live[rng.IntN(len(live))]
+					r.paused = 10 + rng.IntN(120)
+					if rng.IntN(2) == 0 {
+						r.until = max(r.expiry, dbClockMs(t, db)) + ld.Milliseconds()/2
+					}
 					counts["pause"]++
 				case p >= 85 && p < 89 && len(live) > 1:
 					r := live[rng.IntN(len(live))]
