@@ -16,6 +16,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -203,23 +204,29 @@ func leaves(ts []*testResult) []*testResult {
 // logLine matches what t.Error, t.Fatal and t.Log print: "file.go:123: …".
 var logLine = regexp.MustCompile(`^\s*[\w./-]+\.go:\d+: `)
 
-// firstFailure is the first message the test printed through t.Error or
-// t.Fatal (or a panic), on one line, at most 300 characters.
+// firstFailure is the test's first failure message, on one line, at most
+// 300 characters: a panic or a data race; else the first line t.Error or
+// t.Fatal printed that reads like a failure ("… want …", "timed out"),
+// since t.Log lines look the same in the output; else the first such line.
 func (t *testResult) firstFailure() string {
-	msg := ""
+	var first, failure string
 	for _, o := range t.firstOutput {
 		s := strings.TrimSpace(o)
 		if strings.HasPrefix(s, "panic:") || strings.Contains(s, "DATA RACE") {
-			msg = s
+			failure = s
 			break
 		}
-		if logLine.MatchString(o) && msg == "" {
-			msg = s
+		if !logLine.MatchString(o) {
+			continue
+		}
+		if first == "" {
+			first = s
+		}
+		if failure == "" && (strings.Contains(s, "want") || strings.Contains(s, "timed out") || strings.Contains(s, "unexpected")) {
+			failure = s
 		}
 	}
-	if msg == "" {
-		return "(no message; see the test's output above)"
-	}
+	msg := cmp.Or(failure, first, "(no message; see the test's output above)")
 	if len(msg) > 300 {
 		msg = msg[:300] + "…"
 	}

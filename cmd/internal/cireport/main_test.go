@@ -16,7 +16,8 @@ const events = `{"Action":"run","Package":"example.com/p","Test":"TestOK"}
 {"Action":"run","Package":"example.com/p","Test":"TestFlaky"}
 {"Action":"run","Package":"example.com/p","Test":"TestFlaky/sub"}
 {"Action":"output","Package":"example.com/p","Test":"TestFlaky/sub","Output":"=== RUN   TestFlaky/sub\n"}
-{"Action":"output","Package":"example.com/p","Test":"TestFlaky/sub","Output":"    flaky_test.go:12: lease still held after 3s\n"}
+{"Action":"output","Package":"example.com/p","Test":"TestFlaky/sub","Output":"    flaky_test.go:10: seed 42 (a t.Log line)\n"}
+{"Action":"output","Package":"example.com/p","Test":"TestFlaky/sub","Output":"    flaky_test.go:12: lease still held after 3s; want it expired\n"}
 {"Action":"output","Package":"example.com/p","Test":"TestFlaky/sub","Output":"    flaky_test.go:13: second message\n"}
 {"Action":"fail","Package":"example.com/p","Test":"TestFlaky/sub"}
 {"Action":"fail","Package":"example.com/p","Test":"TestFlaky"}
@@ -53,7 +54,7 @@ func reportOf(t *testing.T) string {
 
 func TestATestThatPassesOnItsRerunIsListedWithItsFirstFailure(t *testing.T) {
 	out := reportOf(t)
-	want := "  RERUN TestFlaky/sub (example.com/p, phase tests): first failure: flaky_test.go:12: lease still held after 3s\n"
+	want := "  RERUN TestFlaky/sub (example.com/p, phase tests): first failure: flaky_test.go:12: lease still held after 3s; want it expired\n"
 	if !strings.Contains(out, want) {
 		t.Errorf("report lacks %q:\n%s", want, out)
 	}
