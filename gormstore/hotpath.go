@@ -44,8 +44,8 @@ import (
 
 // hotSQL are the statement texts of the hot path, built by the dialector.
 type hotSQL struct {
-	// nextBatch has three bind variables: bucket, bucket, limit; on SQLite
-	// two: bucket, limit (see bucketEquality).
+	// nextBatch has four bind variables: bucket, bucket, bucket, limit; on
+	// SQLite three: bucket, bucket, limit (see bucketEquality).
 	nextBatch string
 	// bucketEquality says the statements select a bucket with "bucket = ?"
 	// (SQLite), not the range form "bucket >= ? AND bucket <= ?": SQLite
@@ -78,14 +78,22 @@ func buildHotSQL(db *gorm.DB, msgs string) hotSQL {
 		h.binds[i] = w.String()
 	}
 	h.bucketEquality = db.Dialector.Name() == "sqlite"
+	// held: the bucket has no parked row (a subquery of constants, run once
+	// per statement), or no parked row of the row's key with a smaller id
+	// holds it (run per row only when the first is false).
+	held := func(bucket string) string {
+		return " AND (NOT EXISTS (SELECT 1 FROM " + table + " WHERE bucket = " + bucket + " AND parked_at_ms IS NOT NULL)" +
+			" OR NOT EXISTS (SELECT 1 FROM " + table + " p WHERE p.bucket = m.bucket AND p.parked_at_ms IS NOT NULL" +
+			" AND p.id < m.id AND p.record_key = m.record_key AND " + notCorrupt("p") + "))"
+	}
 	if h.bucketEquality {
-		h.nextBatch = "SELECT " + batchColumns + " FROM " + table +
-			" WHERE bucket = " + h.binds[0] + " AND parked_at_ms IS NULL" +
-			" ORDER BY bucket, parked_at_ms, id LIMIT " + h.binds[1]
-	} else {
-		h.nextBatch = "SELECT " + batchColumns + " FROM " + table +
-			" WHERE bucket >= " + h.binds[0] + " AND bucket <= " + h.binds[1] + " AND parked_at_ms IS NULL" +
+		h.nextBatch = "SELECT " + batchColumns + " FROM " + table + " m" +
+			" WHERE bucket = " + h.binds[0] + " AND parked_at_ms IS NULL" + held(h.binds[1]) +
 			" ORDER BY bucket, parked_at_ms, id LIMIT " + h.binds[2]
+	} else {
+		h.nextBatch = "SELECT " + batchColumns + " FROM " + table + " m" +
+			" WHERE bucket >= " + h.binds[0] + " AND bucket <= " + h.binds[1] + " AND parked_at_ms IS NULL" + held(h.binds[2]) +
+			" ORDER BY bucket, parked_at_ms, id LIMIT " + h.binds[3]
 	}
 	del := "DELETE FROM " + table + " WHERE bucket = " + h.binds[0] + " AND parked_at_ms IS NULL AND id "
 	if db.Dialector.Name() == "postgres" {

@@ -21,9 +21,7 @@ const (
 	OpMarkPublished      = "MarkPublished"
 	OpPendingMetrics     = "PendingMetrics"
 	OpFleetCanPark       = "FleetCanPark"
-	OpParkedHeads        = "ParkedHeads"
 	OpPark               = "Park"
-	OpHoldBehind         = "HoldBehind"
 	OpListParked         = "ListParked"
 	OpRequeueParked      = "RequeueParked"
 	OpDeleteParked       = "DeleteParked"
@@ -303,7 +301,8 @@ func (s *MemStore) BucketsWithPending(ctx context.Context, buckets []int) ([]int
 }
 
 // NextBatch implements relay.Store. It returns copies of the stored
-// messages, oldest first, skipping parked rows. A corrupt row (AddCorrupt)
+// messages, oldest first, skipping parked rows and the rows behind a parked
+// row of their key (see relay.Parker). A corrupt row (AddCorrupt)
 // ends the batch before it, or, at the head, makes NextBatch return a
 // *relay.CorruptRowError.
 func (s *MemStore) NextBatch(ctx context.Context, bucket, limit int) ([]*outbox.Message, error) {
@@ -313,11 +312,18 @@ func (s *MemStore) NextBatch(ctx context.Context, bucket, limit int) ([]*outbox.
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []*outbox.Message
+	held := map[string]bool{} // keys with a parked row so far that holds
 	for _, m := range s.rows[bucket] {
 		if len(out) >= limit {
 			break
 		}
-		if s.isParked(m.ID) {
+		if p, ok := s.parked[m.ID]; ok {
+			if m.Key != nil && holds(p) {
+				held[string(m.Key)] = true
+			}
+			continue
+		}
+		if m.Key != nil && held[string(m.Key)] {
 			continue
 		}
 		if c, ok := s.corrupt[m.ID]; ok {
