@@ -30,7 +30,8 @@ const maxIDsPerDelete = 1000
 //	        ORDER BY bucket, parked_at_ms, id LIMIT 1),
 //	       (… $2 …), …
 //
-// (On SQLite "bucket = $1": see hotSQL.bucketEquality.) Each probe is
+// (On SQLite, MySQL and MariaDB "bucket = $1", ordered by hotSQL.order:
+// see hotSQL.bucketEquality.) Each probe is
 // NextBatch's query with LIMIT 1: a single lookup in the
 // (bucket, parked_at_ms, id) index, so the cost grows neither with the
 // backlog nor with the parked rows, unlike SELECT DISTINCT bucket … WHERE
@@ -54,7 +55,7 @@ func (s *Store) BucketsWithPending(ctx context.Context, buckets []int) ([]int, e
 				sql.WriteString(", ")
 			}
 			if s.hot.bucketEquality {
-				sql.WriteString("(SELECT id FROM ? WHERE bucket = ? AND parked_at_ms IS NULL ORDER BY bucket, parked_at_ms, id LIMIT 1)")
+				sql.WriteString("(SELECT id FROM ? WHERE bucket = ? AND parked_at_ms IS NULL ORDER BY " + s.hot.order + " LIMIT 1)")
 				args = append(args, clause.Table{Name: s.msgs}, b)
 			} else {
 				sql.WriteString("(SELECT id FROM ? WHERE bucket >= ? AND bucket <= ? AND parked_at_ms IS NULL ORDER BY bucket, parked_at_ms, id LIMIT 1)")
@@ -102,7 +103,7 @@ func (s *Store) ConcurrentNextBatch() bool { return s.db.Dialector.Name() != "sq
 //	SELECT id, message_id, … FROM messages m
 //	WHERE bucket >= $1 AND bucket <= $1 AND parked_at_ms IS NULL
 //	  AND (NOT EXISTS (SELECT 1 FROM messages WHERE bucket = $1 AND parked_at_ms IS NOT NULL)
-//	    OR NOT EXISTS (SELECT 1 FROM messages p WHERE p.bucket = m.bucket AND p.parked_at_ms IS NOT NULL
+//	    OR NOT EXISTS (SELECT 1 FROM messages p WHERE p.bucket = $1 AND p.parked_at_ms IS NOT NULL
 //	      AND p.id < m.id AND p.record_key = m.record_key AND <p is not corrupt>))
 //	ORDER BY bucket, parked_at_ms, id LIMIT $2
 //
@@ -153,10 +154,11 @@ func (s *Store) nextBatch(ctx context.Context, bucket, limit int, maxBytes int64
 	if err := s.read(ctx, s.msgs, func(q *gorm.DB) error {
 		msgs, corrupt = nil, nil
 		query := s.rawPrefix() + s.hot.nextBatch
-		args := []any{bucket, bucket, bucket, limit}
-		if s.hot.bucketEquality {
-			args = []any{bucket, bucket, limit}
+		args := make([]any, 0, s.hot.nextBatchBuckets+1)
+		for range s.hot.nextBatchBuckets {
+			args = append(args, bucket)
 		}
+		args = append(args, limit)
 		begin := time.Now()
 		rows, err := queryRows(q, query, args...)
 		if err == nil {
