@@ -85,8 +85,9 @@ const (
 	// the store implements Parker. An alert on a parked row is
 	// increase(outbox.parked{outbox.park.reason!="held"}) > 0.
 	MetricParked = "outbox.parked"
-	// MetricParkedMessages is a gauge of the whole store's parked rows (held
-	// ones included) from the latest backlog sample (Pending.Parked; see
+	// MetricParkedMessages is a gauge of the whole store's parked rows (not
+	// the rows waiting behind them, which are pending) from the latest
+	// backlog sample (Pending.Parked; see
 	// Options.MetricsBacklog), 0 for a store that cannot park; absent while
 	// no sample is available. Rows leave it when an operator requeues or
 	// deletes them (ParkAdmin).
