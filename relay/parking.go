@@ -63,6 +63,7 @@ func (r *Relay) parkCorrupt(ctx context.Context, st *runState, b int, ce *Corrup
 		cause = ce.Err.Error()
 	}
 	reason := CorruptReasonPrefix + cause
+	failpoint("relay/before-park")
 	if err := r.parker.Park(ctx, r.opts.RelayID, b, ce.ID, reason); err != nil {
 		return errBucket{fmt.Errorf("relay: bucket %d: park corrupt row %d: %w", b, ce.ID, err)}
 	}
@@ -127,6 +128,7 @@ func (r *Relay) strike(ctx context.Context, st *runState, b int, batch []*outbox
 		return true, nil
 	}
 	reason := pubErr.Error()
+	failpoint("relay/before-park")
 	if err := r.parker.Park(ctx, r.opts.RelayID, b, row.ID, reason); err != nil {
 		return false, errBucket{fmt.Errorf("relay: bucket %d: park row %d: %w", b, row.ID, err)}
 	}
