@@ -23,8 +23,10 @@ func pendingMessage(bucket int32) *outbox.Message {
 }
 
 // BenchmarkNextBatch measures one NextBatch call of 1 and of 500 rows (of
-// 1000 pending in the bucket, values of 100 bytes) on every available
-// database.
+// 1000 pending in the bucket, values of 100 bytes, no parked row) on every
+// available database, alternating with the previous release's statement
+// (without the hold condition of issue 27): current/previous is their
+// ratio in one run.
 func BenchmarkNextBatch(b *testing.B) {
 	for _, o := range testenv.Databases(b) {
 		b.Run(o.Name, func(b *testing.B) {
@@ -47,12 +49,38 @@ func BenchmarkNextBatch(b *testing.B) {
 			}
 			for _, limit := range []int{1, 500} {
 				b.Run(fmt.Sprintf("batch=%d", limit), func(b *testing.B) {
-					for b.Loop() {
-						got, err := store.NextBatch(b.Context(), 0, limit)
+					fetch := func(previous bool) time.Duration {
+						start := time.Now()
+						var got []*outbox.Message
+						var err error
+						if previous {
+							got, err = gormstore.NextBatchWithoutHolds(b.Context(), store, 0, limit)
+						} else {
+							got, err = store.NextBatch(b.Context(), 0, limit)
+						}
 						if err != nil || len(got) != limit {
 							b.Fatalf("NextBatch = %d rows, %v; want %d", len(got), err, limit)
 						}
+						return time.Since(start)
 					}
+					// Alternating calls, so that both statements see the
+					// same machine: ns/op is the current statement's,
+					// previous-ns/op the previous release's.
+					var cur, prev time.Duration
+					n := 0
+					for b.Loop() {
+						if n%2 == 0 {
+							prev += fetch(true)
+							cur += fetch(false)
+						} else {
+							cur += fetch(false)
+							prev += fetch(true)
+						}
+						n++
+					}
+					b.ReportMetric(float64(cur.Nanoseconds())/float64(n), "current-ns/op")
+					b.ReportMetric(float64(prev.Nanoseconds())/float64(n), "previous-ns/op")
+					b.ReportMetric(float64(cur)/float64(prev), "current/previous")
 				})
 			}
 		})

@@ -150,8 +150,11 @@ func TestParkingStampsRunOnTheDatabaseClock(t *testing.T) {
 			if err := db.Session(&gorm.Session{SkipHooks: true}).Table(cfg.MessagesTableName()).Create(m).Error; err != nil {
 				t.Fatal(err)
 			}
+			if _, err := s.AcquireBucketLeases(t.Context(), "relay-a", 2, 30*time.Second); err != nil {
+				t.Fatal(err)
+			}
 			before := dbClockMs(t, db)
-			if err := s.Park(t.Context(), 1, m.ID, "test"); err != nil {
+			if err := s.Park(t.Context(), "relay-a", 1, m.ID, "test"); err != nil {
 				t.Fatal(err)
 			}
 			after := dbClockMs(t, db)
@@ -468,7 +471,7 @@ func TestTheDatabaseClockCostsOneStatementPerLeaseOperation(t *testing.T) {
 					t.Fatal(err)
 				}
 				got["fleet can park"] = count("fleet can park", func() error { _, err := s.FleetCanPark(ctx); return err })
-				got["park"] = count("park", func() error { return s.Park(ctx, 1, m.ID, "test") })
+				got["park"] = count("park", func() error { return s.Park(ctx, "relay-a", 1, m.ID, "test") })
 				got["release"] = count("release", func() error { return s.ReleaseBucketLeases(ctx, "relay-a") })
 				return got
 			}

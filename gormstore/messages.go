@@ -30,7 +30,8 @@ const maxIDsPerDelete = 1000
 //	        ORDER BY bucket, parked_at_ms, id LIMIT 1),
 //	       (… $2 …), …
 //
-// (On SQLite "bucket = $1": see hotSQL.bucketEquality.) Each probe is
+// (On SQLite, MySQL and MariaDB "bucket = $1", ordered by hotSQL.order:
+// see hotSQL.bucketEquality.) Each probe is
 // NextBatch's query with LIMIT 1: a single lookup in the
 // (bucket, parked_at_ms, id) index, so the cost grows neither with the
 // backlog nor with the parked rows, unlike SELECT DISTINCT bucket … WHERE
@@ -54,7 +55,7 @@ func (s *Store) BucketsWithPending(ctx context.Context, buckets []int) ([]int, e
 				sql.WriteString(", ")
 			}
 			if s.hot.bucketEquality {
-				sql.WriteString("(SELECT id FROM ? WHERE bucket = ? AND parked_at_ms IS NULL ORDER BY bucket, parked_at_ms, id LIMIT 1)")
+				sql.WriteString("(SELECT id FROM ? WHERE bucket = ? AND parked_at_ms IS NULL ORDER BY " + s.hot.order + " LIMIT 1)")
 				args = append(args, clause.Table{Name: s.msgs}, b)
 			} else {
 				sql.WriteString("(SELECT id FROM ? WHERE bucket >= ? AND bucket <= ? AND parked_at_ms IS NULL ORDER BY bucket, parked_at_ms, id LIMIT 1)")
@@ -96,11 +97,23 @@ func (s *Store) BucketsWithPending(ctx context.Context, buckets []int) ([]int, e
 // the overlap contention rather than speed.
 func (s *Store) ConcurrentNextBatch() bool { return s.db.Dialector.Name() != "sqlite" }
 
-// NextBatch implements relay.Store: the oldest unparked rows of bucket,
+// NextBatch implements relay.Store: the oldest unparked rows of bucket
+// that no parked row of their key holds (see relay.Parker),
 //
-//	SELECT id, message_id, … FROM messages
+//	SELECT id, message_id, … FROM messages m
 //	WHERE bucket >= $1 AND bucket <= $1 AND parked_at_ms IS NULL
+//	  AND (NOT EXISTS (SELECT 1 FROM messages WHERE bucket = $1 AND parked_at_ms IS NOT NULL)
+//	    OR NOT EXISTS (SELECT 1 FROM messages p WHERE p.bucket = $1 AND p.parked_at_ms IS NOT NULL
+//	      AND p.id < m.id AND p.record_key = m.record_key AND <p is not corrupt>))
 //	ORDER BY bucket, parked_at_ms, id LIMIT $2
+//
+// The first NOT EXISTS does not depend on the row: the database runs it
+// once per statement, one probe of the parked entries of the (bucket,
+// parked_at_ms, id) index, and while the bucket has no parked row (the
+// common case) the second never runs. Otherwise the second runs per row:
+// a range of the bucket's parked index entries, whose rows' keys are
+// compared. Which rows wait is thus decided by the table, not by what a
+// relay remembers.
 //
 // run through database/sql with hand-scanned columns (see "The hot path"
 // in hotpath.go). Each row is decoded in Go (the message id and the headers
@@ -141,10 +154,11 @@ func (s *Store) nextBatch(ctx context.Context, bucket, limit int, maxBytes int64
 	if err := s.read(ctx, s.msgs, func(q *gorm.DB) error {
 		msgs, corrupt = nil, nil
 		query := s.rawPrefix() + s.hot.nextBatch
-		args := []any{bucket, bucket, limit}
-		if s.hot.bucketEquality {
-			args = []any{bucket, limit}
+		args := make([]any, 0, s.hot.nextBatchBuckets+1)
+		for range s.hot.nextBatchBuckets {
+			args = append(args, bucket)
 		}
+		args = append(args, limit)
 		begin := time.Now()
 		rows, err := queryRows(q, query, args...)
 		if err == nil {
@@ -408,8 +422,12 @@ func (s *Store) rowEstimate(ctx context.Context, k int) (int64, error) {
 // countParked counts the parked rows from the parked entries of the
 // (bucket, parked_at_ms, id) index, per 1000 buckets.
 func (s *Store) countParked(ctx context.Context) (int64, error) {
+	all, err := s.allBuckets(ctx)
+	if err != nil {
+		return 0, err
+	}
 	var total int64
-	for _, c := range s.allBuckets() {
+	for _, c := range all {
 		var n int64
 		if err := s.read(ctx, s.msgs, func(q *gorm.DB) error {
 			return q.Table(s.msgs).Where("bucket IN ? AND parked_at_ms IS NOT NULL", c).Count(&n).Error
@@ -446,7 +464,7 @@ func (s *Store) oldestHead(ctx context.Context, k int) (time.Time, error) {
 		return parseTime(oldest)
 	}
 	var oldest time.Time
-	for _, c := range s.allBuckets() {
+	for _, c := range chunks(s.configuredBuckets()) {
 		var b strings.Builder
 		args := make([]any, 0, 3*len(c))
 		b.WriteString(s.rawPrefix() + "SELECT ")

@@ -4,8 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"slices"
-	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -38,15 +36,49 @@ func chunks[T any](xs []T) [][]T {
 	return out
 }
 
-// allBuckets is 0..BucketCount-1 in chunks: the bucket condition of the
-// statements over every parked row, so that each one reads the parked
-// entries of the (bucket, parked_at_ms, id) index instead of the table.
-func (s *Store) allBuckets() [][]int {
+// notCorrupt is the condition that the parked row (of table alias t, ""
+// for none) is not corrupt: it holds its key's later rows, and an ID
+// selection of its key chooses it. The prefix is a constant of the
+// statement, not an argument: the hot path's statement text is built once.
+func notCorrupt(t string) string {
+	if t != "" {
+		t += "."
+	}
+	return fmt.Sprintf("COALESCE(SUBSTR(%sparked_reason, 1, %d), '') <> '%s'", t, len(relay.CorruptReasonPrefix), relay.CorruptReasonPrefix)
+}
+
+// configuredBuckets is 0..BucketCount-1.
+func (s *Store) configuredBuckets() []int {
 	b := make([]int, s.cfg.BucketCount)
 	for i := range b {
 		b[i] = i
 	}
-	return chunks(b)
+	return b
+}
+
+// allBuckets is every bucket the table may hold rows of, in chunks: 0 to
+// BucketCount-1 and any bucket outside that range that has rows (written
+// with another bucket count), found with one read of the lowest and highest
+// bucket (two probes of the (bucket, parked_at_ms, id) index). The chunks
+// are the bucket condition of the statements over every parked row, so
+// that each one reads the parked entries of that index instead of the
+// table.
+func (s *Store) allBuckets(ctx context.Context) ([][]int, error) {
+	lo, hi := 0, s.cfg.BucketCount-1
+	var lim struct{ Lo, Hi sql.NullInt64 }
+	if err := s.read(ctx, s.msgs, func(q *gorm.DB) error {
+		return q.Table(s.msgs).Select("MIN(bucket) AS lo, MAX(bucket) AS hi").Scan(&lim).Error
+	}); err != nil {
+		return nil, fmt.Errorf("bucket range: %w", err)
+	}
+	if lim.Lo.Valid {
+		lo, hi = min(lo, int(lim.Lo.Int64)), max(hi, int(lim.Hi.Int64))
+	}
+	b := make([]int, 0, hi-lo+1)
+	for i := lo; i <= hi; i++ {
+		b = append(b, i)
+	}
+	return chunks(b), nil
 }
 
 // reasonFor returns reason as the parked_reason column can hold it on
@@ -77,16 +109,20 @@ func reasonFor(k int, reason string) string {
 	return reason
 }
 
-// Park implements relay.Parker with one autocommit statement:
+// Park implements relay.Parker with one autocommit statement that carries
+// the relay's lease:
 //
 //	UPDATE messages SET parked_at_ms = $now, parked_reason = $reason
 //	WHERE bucket = $1 AND id = $2 AND parked_at_ms IS NULL
+//	  AND EXISTS (SELECT 1 FROM leases WHERE bucket = $1 AND owner = $relay AND expires_at_ms > $now)
 //
 // now is the database's clock in Unix milliseconds, evaluated by the
-// statement itself (Options.Clock when set). The reason is stored as valid
-// UTF-8 (ASCII on MySQL and MariaDB, other characters as '?'), at most
-// outbox.MaxParkedReasonLength characters.
-func (s *Store) Park(ctx context.Context, bucket int, id int64, reason string) error {
+// statement itself (Options.Clock when set). When it changes no row, one
+// read of the lease tells a lost lease (an error wrapping
+// relay.ErrLeaseLost) from a row already parked or gone (nil). The reason
+// is stored as valid UTF-8 (ASCII on MySQL and MariaDB, other characters
+// as '?'), at most outbox.MaxParkedReasonLength characters.
+func (s *Store) Park(ctx context.Context, relayID string, bucket int, id int64, reason string) error {
 	k, err := s.kind(ctx)
 	if err != nil {
 		return fmt.Errorf("gormstore: bucket %d: park row %d: %w", bucket, id, err)
@@ -96,153 +132,36 @@ func (s *Store) Park(ctx context.Context, bucket int, id int64, reason string) e
 		return fmt.Errorf("gormstore: bucket %d: park row %d: %w", bucket, id, err)
 	}
 	reason = reasonFor(k, reason)
+	var n int64
 	if err := s.write(ctx, s.msgs, func(q *gorm.DB) error {
-		return q.Table(s.msgs).Where("bucket = ? AND id = ? AND parked_at_ms IS NULL", bucket, id).
-			Updates(map[string]any{"parked_at_ms": now, "parked_reason": reason}).Error
+		res := q.Table(s.msgs).Where("bucket = ? AND id = ? AND parked_at_ms IS NULL", bucket, id).
+			Where(s.leaseHeld(relayID, bucket, now)).
+			Updates(map[string]any{"parked_at_ms": now, "parked_reason": reason})
+		n = res.RowsAffected
+		return res.Error
 	}); err != nil {
 		return fmt.Errorf("gormstore: bucket %d: park row %d: %w", bucket, id, err)
+	}
+	if n > 0 {
+		return nil
+	}
+	var held []int
+	if err := s.read(ctx, s.leases, func(q *gorm.DB) error {
+		return q.Table(s.leases).Where("bucket = ? AND owner = ? AND expires_at_ms > ?", bucket, relayID, now).Pluck("bucket", &held).Error
+	}); err != nil {
+		return fmt.Errorf("gormstore: bucket %d: park row %d: read the lease: %w", bucket, id, err)
+	}
+	if len(held) == 0 {
+		return fmt.Errorf("gormstore: bucket %d: park row %d: %w", bucket, id, relay.ErrLeaseLost)
 	}
 	return nil
 }
 
-// HoldBehind implements relay.Parker. On PostgreSQL and MySQL/MariaDB it is
-// one READ COMMITTED transaction:
-//
-//	SELECT id FROM messages WHERE bucket = $1 AND id = $head AND parked_at_ms IS NOT NULL FOR UPDATE
-//	-- no row: the head was requeued or deleted; change nothing, return false
-//	UPDATE messages SET parked_at_ms = $now, parked_reason = 'held behind parked row <head>'
-//	WHERE bucket = $1 AND id IN (…) AND parked_at_ms IS NULL   -- per 1000 ids
-//
-// The head's row lock orders it against RequeueParked and DeleteParked,
-// which lock the parked rows of the key first: a requeue that committed
-// first leaves the head unparked (false); one that waits for this
-// transaction then sees the held rows and requeues them too. On SQLite (one
-// writer at a time) each UPDATE carries the head check as an EXISTS
-// subquery, in one transaction when there are more than 1000 ids.
-func (s *Store) HoldBehind(ctx context.Context, bucket int, head int64, ids []int64) (bool, error) {
-	k, err := s.kind(ctx)
-	if err != nil {
-		return false, fmt.Errorf("gormstore: bucket %d: hold rows behind %d: %w", bucket, head, err)
-	}
-	now, err := s.nowArg(ctx)
-	if err != nil {
-		return false, fmt.Errorf("gormstore: bucket %d: hold rows behind %d: %w", bucket, head, err)
-	}
-	ids = slices.Compact(slices.Sorted(slices.Values(ids)))
-	set := map[string]any{"parked_at_ms": now, "parked_reason": relay.HeldReasonPrefix + strconv.FormatInt(head, 10)}
-	headParked := func(q *gorm.DB) (bool, error) {
-		var got []int64
-		if k != kindSQLite {
-			q = q.Clauses(clause.Locking{Strength: "UPDATE"})
-		}
-		err := q.Table(s.msgs).Where("bucket = ? AND id = ? AND parked_at_ms IS NOT NULL", bucket, head).Pluck("id", &got).Error
-		return len(got) > 0, err
-	}
-	held := false
-	run := func(q *gorm.DB) error {
-		held = false
-		if k == kindSQLite {
-			// The UPDATEs come first: the first one takes the write lock, so
-			// that the final read sees what they saw.
-			for _, c := range chunks(ids) {
-				if err := q.Table(s.msgs).
-					Where("bucket = ? AND id IN ? AND parked_at_ms IS NULL", bucket, c).
-					Where("EXISTS (SELECT 1 FROM ? WHERE bucket = ? AND id = ? AND parked_at_ms IS NOT NULL)", clause.Table{Name: s.msgs}, bucket, head).
-					Updates(set).Error; err != nil {
-					return err
-				}
-			}
-			var err error
-			held, err = headParked(q)
-			return err
-		}
-		ok, err := headParked(q)
-		if err != nil || !ok {
-			return err
-		}
-		for _, c := range chunks(ids) {
-			if err := q.Table(s.msgs).Where("bucket = ? AND id IN ? AND parked_at_ms IS NULL", bucket, c).Updates(set).Error; err != nil {
-				return err
-			}
-		}
-		held = true
-		return nil
-	}
-	if k == kindSQLite && len(ids) <= maxPerStatement && len(ids) > 0 {
-		// One statement is atomic; the read after it only tells whether the
-		// head was parked (it changes nothing either way).
-		err = s.write(ctx, s.msgs, run)
-	} else {
-		err = s.writeTx(ctx, s.msgs, run)
-	}
-	if err != nil {
-		return false, fmt.Errorf("gormstore: bucket %d: hold %d rows behind parked row %d: %w", bucket, len(ids), head, err)
-	}
-	return held, nil
-}
-
-// ParkedHeads implements relay.Parker: per 1000 buckets one read of the
-// parked rows with a key,
-//
-//	SELECT bucket, id, record_key, parked_reason FROM messages
-//	WHERE bucket IN (…) AND parked_at_ms IS NOT NULL AND record_key IS NOT NULL
-//	ORDER BY bucket, id
-//
-// (the parked entries of the (bucket, parked_at_ms, id) index), grouped by
-// (bucket, key) in Go, exactly: MySQL groups BLOBs by their first
-// max_sort_length bytes only, and its LIKE ignores case. Rows whose reason
-// starts with relay.CorruptReasonPrefix or relay.HeldReasonPrefix are not
-// heads.
-func (s *Store) ParkedHeads(ctx context.Context, buckets []int) ([]relay.ParkedHead, error) {
-	buckets = slices.Compact(slices.Sorted(slices.Values(buckets)))
-	out := []relay.ParkedHead{}
-	for _, c := range chunks(buckets) {
-		type seenKey struct {
-			bucket int
-			key    string
-		}
-		var heads []relay.ParkedHead
-		err := s.read(ctx, s.msgs, func(q *gorm.DB) error {
-			heads = nil
-			seen := map[seenKey]bool{}
-			rows, err := q.Table(s.msgs).Select("bucket, id, record_key, parked_reason").
-				Where("bucket IN ? AND parked_at_ms IS NOT NULL AND record_key IS NOT NULL", c).
-				Order("bucket, id").Rows()
-			if err != nil {
-				return err
-			}
-			defer rows.Close()
-			for rows.Next() {
-				var (
-					bucket int
-					id     int64
-					key    []byte
-					reason sql.NullString
-				)
-				if err := rows.Scan(&bucket, &id, &key, &reason); err != nil {
-					return err
-				}
-				if strings.HasPrefix(reason.String, relay.CorruptReasonPrefix) || strings.HasPrefix(reason.String, relay.HeldReasonPrefix) {
-					continue
-				}
-				sk := seenKey{bucket, string(key)}
-				if seen[sk] {
-					continue
-				}
-				seen[sk] = true
-				if key == nil {
-					key = []byte{}
-				}
-				heads = append(heads, relay.ParkedHead{Bucket: bucket, Key: key, ID: id})
-			}
-			return rows.Err()
-		})
-		if err != nil {
-			return nil, fmt.Errorf("gormstore: parked heads of %d buckets from %d: %w", len(c), c[0], err)
-		}
-		out = append(out, heads...)
-	}
-	return out, nil
+// leaseHeld is the condition, for a statement on bucket's rows, that
+// relayID holds bucket's lease unexpired at now (nowArg's value).
+func (s *Store) leaseHeld(relayID string, bucket int, now any) clause.Expr {
+	return gorm.Expr("EXISTS (SELECT 1 FROM ? WHERE bucket = ? AND owner = ? AND expires_at_ms > ?)",
+		clause.Table{Name: s.leases}, bucket, relayID, now)
 }
 
 // FleetCanPark implements relay.Parker with one read: is there a live
@@ -286,8 +205,12 @@ func (s *Store) FleetCanPark(ctx context.Context) (bool, error) {
 // so values are not transferred. MessageID is the stored text, whatever it
 // holds.
 func (s *Store) ListParked(ctx context.Context, limit int) ([]relay.ParkedRow, error) {
+	all, err := s.allBuckets(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("gormstore: list parked rows: %w", err)
+	}
 	out := []relay.ParkedRow{}
-	for _, c := range s.allBuckets() {
+	for _, c := range all {
 		left := -1
 		if limit > 0 {
 			left = limit - len(out)
@@ -372,17 +295,17 @@ func (s *Store) RequeueParked(ctx context.Context, sel relay.ParkedSelector) (in
 // DeleteParked implements relay.ParkAdmin: it deletes the chosen parked
 // rows, never an unparked one.
 //
-// Selection: Key chooses every parked row of the key in every bucket; All
-// every parked row (both per 1000 buckets); ID the row alone when it is
-// keyless or corrupt (reason starting with relay.CorruptReasonPrefix), else
-// every parked row of its key in its bucket. On PostgreSQL and MySQL/MariaDB
+// Selection is relay.ParkedSelector.Choose's: Key chooses every parked row
+// of the key in every bucket; All every parked row (both per 1000 buckets,
+// over every bucket the table holds rows of, see allBuckets); ID the row
+// alone when it is keyless or corrupt (reason starting with
+// relay.CorruptReasonPrefix), else every parked row of its key in its
+// bucket that is not corrupt. On PostgreSQL and MySQL/MariaDB
 // each step is one READ COMMITTED transaction that first locks the chosen
 // parked rows (SELECT id … FOR UPDATE, the ID selection's own row first)
 // and then, in a second statement with the same selection, deletes (or
-// requeues) them: a HoldBehind holding the key's head lock makes the lock
-// wait, and the second statement, reading anew, also finds the rows it held
-// behind the head; a later HoldBehind finds the head gone and changes
-// nothing. On SQLite each step is one statement.
+// requeues) them, so that the step sees the rows it locked as they are once
+// locked. On SQLite each step is one statement.
 func (s *Store) DeleteParked(ctx context.Context, sel relay.ParkedSelector) (int64, error) {
 	n, err := s.alterParked(ctx, sel, true)
 	if err != nil {
@@ -449,11 +372,11 @@ func (s *Store) alterParked(ctx context.Context, sel relay.ParkedSelector, del b
 	if sel.ID != 0 {
 		if k == kindSQLite {
 			// The row's own key and bucket, unless it is keyless or corrupt.
-			sub := fmt.Sprintf("FROM ? WHERE id = ? AND parked_at_ms IS NOT NULL AND record_key IS NOT NULL AND COALESCE(substr(parked_reason, 1, %d), '') <> ?", len(relay.CorruptReasonPrefix))
+			sub := "FROM ? WHERE id = ? AND parked_at_ms IS NOT NULL AND record_key IS NOT NULL AND " + notCorrupt("")
 			t := clause.Table{Name: s.msgs}
 			return step(func(q *gorm.DB) (int64, error) {
-				return change(q, "id = ? OR (bucket = (SELECT bucket "+sub+") AND record_key = (SELECT record_key "+sub+"))",
-					sel.ID, t, sel.ID, relay.CorruptReasonPrefix, t, sel.ID, relay.CorruptReasonPrefix)
+				return change(q, "id = ? OR (bucket = (SELECT bucket "+sub+") AND record_key = (SELECT record_key "+sub+") AND "+notCorrupt("")+")",
+					sel.ID, t, sel.ID, t, sel.ID)
 			})
 		}
 		return step(func(q *gorm.DB) (int64, error) {
@@ -474,11 +397,15 @@ func (s *Store) alterParked(ctx context.Context, sel relay.ParkedSelector, del b
 			if r.RecordKey == nil || strings.HasPrefix(r.ParkedReason.String, relay.CorruptReasonPrefix) {
 				return change(q, "id = ?", sel.ID)
 			}
-			return change(q, "bucket = ? AND record_key = ?", r.Bucket, r.RecordKey)
+			return change(q, "bucket = ? AND record_key = ? AND "+notCorrupt(""), r.Bucket, r.RecordKey)
 		})
 	}
+	all, err := s.allBuckets(ctx)
+	if err != nil {
+		return 0, err
+	}
 	var total int64
-	for _, c := range s.allBuckets() {
+	for _, c := range all {
 		var n int64
 		if sel.All {
 			n, err = step(func(q *gorm.DB) (int64, error) { return change(q, "bucket IN ?", c) })

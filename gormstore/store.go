@@ -17,7 +17,7 @@
 // relay host's: relays on hosts whose clocks disagree, by any amount, still
 // agree on when a lease expires. Each acquisition round, renewal and
 // release reads the database's time once (one SELECT) and uses it for all
-// of its statements; Park, HoldBehind and FleetCanPark evaluate the clock
+// of its statements; Park and FleetCanPark evaluate the clock
 // inside their statement (see clock.go for why). Options.Clock, when set,
 // replaces the database's clock (tests inject a manual clock).
 //
@@ -52,12 +52,10 @@
 //     while a writer's transaction is open). With the default private cache
 //     every read is of committed data.
 //
-// Writes are single autocommit statements, except HoldBehind, RequeueParked
-// and DeleteParked on PostgreSQL and MySQL/MariaDB: each is one READ
-// COMMITTED transaction that locks rows (SELECT … FOR UPDATE) before it
-// changes them, so that holding rows behind a parked head and requeueing or
-// deleting that head's key are atomic against each other. Each row a write
-// changes is matched against its latest committed version (PostgreSQL
+// Writes are single autocommit statements, except RequeueParked and
+// DeleteParked on PostgreSQL and MySQL/MariaDB: each is one READ COMMITTED
+// transaction that locks rows (SELECT … FOR UPDATE) before it changes them.
+// Each row a write changes is matched against its latest committed version (PostgreSQL
 // re-checks it after a concurrent writer commits; InnoDB uses locking or
 // semi-consistent reads).
 // The liveness guard of a lease write also reads the relay's own heartbeat
@@ -88,8 +86,9 @@
 // the store) writes them, never outbox.Message creates or updates. The read
 // index is (bucket, parked_at_ms, id): NextBatch and BucketsWithPending read
 // the unparked entries of one bucket (parked_at_ms IS NULL) and never touch
-// the parked ones; ParkedHeads, ListParked, RequeueParked and DeleteParked
-// read the parked entries. The relays table's features column carries
+// the parked ones, except that NextBatch, when the bucket has a parked row,
+// looks up the parked rows of each row's key (see Store.NextBatch);
+// ListParked, RequeueParked and DeleteParked read the parked entries. The relays table's features column carries
 // Features with every heartbeat; FleetCanPark is false while a live relay's
 // row lacks the parking bit.
 //

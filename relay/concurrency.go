@@ -172,17 +172,9 @@ func (s *serialStore) FleetCanPark(ctx context.Context) (bool, error) {
 	return gated(s.g, false, func() (bool, error) { return s.park.FleetCanPark(ctx) })
 }
 
-func (s *serialStore) ParkedHeads(ctx context.Context, buckets []int) ([]ParkedHead, error) {
-	return gated(s.g, false, func() ([]ParkedHead, error) { return s.park.ParkedHeads(ctx, buckets) })
-}
-
-func (s *serialStore) Park(ctx context.Context, bucket int, id int64, reason string) error {
-	_, err := gated(s.g, false, func() (struct{}, error) { return struct{}{}, s.park.Park(ctx, bucket, id, reason) })
+func (s *serialStore) Park(ctx context.Context, relayID string, bucket int, id int64, reason string) error {
+	_, err := gated(s.g, false, func() (struct{}, error) { return struct{}{}, s.park.Park(ctx, relayID, bucket, id, reason) })
 	return err
-}
-
-func (s *serialStore) HoldBehind(ctx context.Context, bucket int, head int64, ids []int64) (bool, error) {
-	return gated(s.g, false, func() (bool, error) { return s.park.HoldBehind(ctx, bucket, head, ids) })
 }
 
 // bucketDone is the outcome of one bucket's batch in a concurrent sweep.

@@ -32,6 +32,7 @@ import (
 //	relay/during-delete   MarkPublished about to run (killafter lands inside it)
 //	relay/acquire         an acquisition round answered, its leases not yet recorded
 //	relay/renew           a renewal answered, its extension not yet recorded
+//	relay/before-park     the lease checked, the Park statement not yet sent
 const envFailpoints = "OUTBOX_FAILPOINTS"
 
 type failpointRule struct {

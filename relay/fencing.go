@@ -72,13 +72,13 @@ func (r *Relay) ownsBucket(st *runState, b int) bool {
 }
 
 // dropFenced drops bucket b from the lease set after its publisher reported
-// ErrFenced (cause): the bucket's state is forgotten as if a round had not
+// ErrFenced (cause; atBroker), or the store ErrLeaseLost: the bucket's state is forgotten as if a round had not
 // granted it, the publisher and the notifier are told, and the next
 // acquisition round comes within ErrorBackoff (it takes the bucket back if
 // the store still grants it to this relay). The other buckets' leases, their
 // validity and a renewal's verdict on them are unchanged. The loop's
 // goroutine only (the bucket's worker has returned).
-func (r *Relay) dropFenced(st *runState, b int, cause error) {
+func (r *Relay) dropFenced(st *runState, b int, cause error, atBroker bool) {
 	st.lease.mu.Lock()
 	i := slices.Index(st.lease.buckets, b)
 	if i < 0 {
@@ -95,11 +95,14 @@ func (r *Relay) dropFenced(st *runState, b int, cause error) {
 	st.clearRetry(b)
 	st.strikes[b] = nil
 	st.unmarked[b] = nil // the next owner republishes them
-	st.forgetParked(b)
 	now := r.clock.Now()
 	st.nextRebalance = earliest(st.nextRebalance, now.Add(r.opts.ErrorBackoff))
-	r.m.fenced.Add(context.Background(), 1, r.m.attrs)
-	r.log.Warn("bucket fenced at the broker; dropped until the next acquisition round", "bucket", b, "error", cause)
+	if atBroker {
+		r.m.fenced.Add(context.Background(), 1, r.m.attrs)
+		r.log.Warn("bucket fenced at the broker; dropped until the next acquisition round", "bucket", b, "error", cause)
+	} else {
+		r.log.Warn("bucket's lease lost at the store; dropped until the next acquisition round", "bucket", b, "error", cause)
+	}
 	r.noteStuck(st)
 	r.publishOwnership(buckets, validUntil)
 }

@@ -98,7 +98,7 @@ func (r *Relay) setLeases(st *runState, buckets []int, validUntil time.Time) {
 	for _, b := range buckets { // both sorted: O(n log n) at 65,536 buckets, not O(n²)
 		if !containsSorted(old, b) {
 			st.discover = true
-			st.forgetParked(b) // loaded before its first batch
+			st.strikes[b] = nil
 		}
 	}
 	for _, b := range old {
@@ -106,7 +106,7 @@ func (r *Relay) setLeases(st *runState, buckets []int, validUntil time.Time) {
 			st.ready[b] = false
 			st.clearRetry(b)
 			st.unmarked[b] = nil // the next owner republishes them
-			st.forgetParked(b)   // reloaded if the bucket comes back
+			st.strikes[b] = nil
 		}
 	}
 	r.noteStuck(st)

@@ -82,14 +82,16 @@ const (
 	// (AttrParkReason): ParkReasonUnpublishable (a row that failed
 	// Options.ParkAfter times with an error wrapping ErrUnpublishable),
 	// ParkReasonFailure (any other failure, under ParkAnyFailure),
-	// ParkReasonCorrupt (a row the store cannot decode) or ParkReasonHeld (a
-	// later row of a parked row's key, held behind it). Recorded once per
-	// park or hold call, not per message; all four series start at 0 when
+	// ParkReasonCorrupt (a row the store cannot decode) or ParkReasonHeld
+	// (kept for dashboards: since the store holds a parked row's later rows
+	// by its read, without marking them, it stays 0). Recorded once per
+	// park call; all four series start at 0 when
 	// the store implements Parker. An alert on a parked row is
 	// increase(outbox.parked{outbox.park.reason!="held"}) > 0.
 	MetricParked = "outbox.parked"
-	// MetricParkedMessages is a gauge of the whole store's parked rows (held
-	// ones included) from the latest backlog sample (Pending.Parked; see
+	// MetricParkedMessages is a gauge of the whole store's parked rows (not
+	// the rows waiting behind them, which are pending) from the latest
+	// backlog sample (Pending.Parked; see
 	// Options.MetricsBacklog), 0 for a store that cannot park; absent while
 	// no sample is available. Rows leave it when an operator requeues or
 	// deletes them (ParkAdmin).

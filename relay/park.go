@@ -1,9 +1,12 @@
 package relay
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -21,8 +24,11 @@ var ErrUnpublishable = errors.New("the broker will never accept this row as stor
 // later rows of its key.
 const CorruptReasonPrefix = "corrupt row: "
 
-// HeldReasonPrefix starts the reason of a row parked behind an earlier
-// parked row of its key (see Parker.HoldBehind); the id of that row follows.
+// HeldReasonPrefix starts the reason of a row that a relay of an earlier
+// release parked behind an earlier parked row of its key; the id of that
+// row follows. Such a row is a parked row like any other (see Parker):
+// requeued with its key's head, it keeps holding its key's later rows
+// until then.
 const HeldReasonPrefix = "held behind parked row "
 
 // CorruptRowError is returned by Store.NextBatch when the head row of the
@@ -77,22 +83,27 @@ func (p ParkPolicy) String() string {
 	return fmt.Sprintf("ParkPolicy(%d)", int(p))
 }
 
-// ParkedHead is the first parked row of a key in a bucket: every later row
-// of that key in the bucket waits behind it until it is requeued or deleted.
-type ParkedHead struct {
-	Bucket int
-	// Key is the record key (never nil: keyless rows are parked alone).
-	Key []byte
-	// ID is the lowest id among the key's parked rows in the bucket.
-	ID int64
-}
+// ErrLeaseLost is wrapped by the error of Parker.Park when the relay no
+// longer holds the bucket's lease on the store's clock: the statement
+// changed nothing. The relay then drops the bucket until its next
+// acquisition round.
+var ErrLeaseLost = errors.New("the relay no longer holds the bucket's lease")
 
 // Parker is an optional Store capability: containment. A row that can never
-// be published is parked (marked in place, never deleted) together with the
-// later rows of its key, so that the rest of its bucket flows on and per-key
-// order is kept. NextBatch and BucketsWithPending of a Parker skip parked
-// rows; PendingMetrics counts them in Pending.Parked. The conformance kit
-// (package storetest) checks the contract.
+// be published is parked (marked in place, never deleted), so that the rest
+// of its bucket flows on while per-key order is kept.
+//
+// Holds are the store's: NextBatch of a Parker never returns a parked row,
+// nor a row of a key (non-nil) that has a parked row with a smaller id in
+// the same bucket whose reason does not start with CorruptReasonPrefix (a
+// corrupt row is parked alone). So a key's later rows wait behind its
+// parked row whatever a relay saw or missed, and requeueing or deleting
+// that row releases them. BucketsWithPending may still report a bucket
+// whose only unparked rows wait so (the relay then finds an empty batch).
+// PendingMetrics counts the parked rows in Pending.Parked. Rows parked with
+// a reason starting with HeldReasonPrefix (by relays of earlier releases)
+// are parked rows like any other. The conformance kit (package storetest)
+// checks the contract.
 //
 // Only the relay owning a bucket parks its rows; requeue and deletion
 // (ParkAdmin) may run anywhere. A parked row keeps its id, message id, key,
@@ -104,24 +115,13 @@ type Parker interface {
 	// false (a rolling upgrade in progress).
 	FleetCanPark(ctx context.Context) (bool, error)
 
-	// ParkedHeads returns, for each of buckets, the parked keys: per
-	// non-nil key, the lowest id among its parked rows that are neither
-	// corrupt nor held (reason starting with neither CorruptReasonPrefix nor
-	// HeldReasonPrefix). The relay calls it for the buckets it starts
-	// owning, before their first batch.
-	ParkedHeads(ctx context.Context, buckets []int) ([]ParkedHead, error)
-
 	// Park marks row id of bucket parked at the store's current time with
-	// reason (the store may truncate it to its column size). A row already
-	// parked or gone is left as it is (no error).
-	Park(ctx context.Context, bucket int, id int64, reason string) error
-
-	// HoldBehind parks rows ids of bucket (later rows of head's key) with
-	// the reason HeldReasonPrefix followed by head's id, atomically with checking that row head is still
-	// parked: a concurrent requeue or deletion of head's key either sees
-	// these rows parked (and requeues or deletes them too) or makes
-	// HoldBehind return false and change nothing.
-	HoldBehind(ctx context.Context, bucket int, head int64, ids []int64) (bool, error)
+	// reason (the store may truncate it to its column size), in one atomic
+	// step with checking that relayID holds bucket's lease unexpired on the
+	// store's clock (the clock the leases are granted on). Without the
+	// lease it changes nothing and returns an error wrapping ErrLeaseLost.
+	// A row already parked or gone is left as it is (no error).
+	Park(ctx context.Context, relayID string, bucket int, id int64, reason string) error
 }
 
 // ParkedRow is a parked row as ParkAdmin lists it.
@@ -139,17 +139,57 @@ type ParkedRow struct {
 }
 
 // ParkedSelector chooses parked rows for ParkAdmin's requeue and deletion.
-// Exactly one of its fields is set.
+// Exactly one of its fields is set. Choose is the definition of what it
+// chooses: every ParkAdmin, and a preview of what it would change, choose
+// exactly those rows.
 type ParkedSelector struct {
-	// ID chooses one row. A corrupt or keyless row is chosen alone; a row of
-	// a parked key chooses every parked row of that key in its bucket, so
-	// that the key's order is kept.
+	// ID chooses one row. A corrupt (reason starting with
+	// CorruptReasonPrefix) or keyless row is chosen alone; any other row
+	// chooses every parked row of its key in its bucket that is not
+	// corrupt, so that the key's order is kept.
 	ID int64
 	// Key chooses every parked row of this key (an empty non-nil key is a
 	// key), in every bucket, corrupt ones included.
 	Key []byte
 	// All chooses every parked row.
 	All bool
+}
+
+// Choose returns the rows of parked (every parked row of the store, in any
+// order) that s chooses, in parked's order.
+func (s ParkedSelector) Choose(parked []ParkedRow) []ParkedRow {
+	var out []ParkedRow
+	switch {
+	case s.All:
+		return slices.Clone(parked)
+	case s.Key != nil:
+		for _, r := range parked {
+			if r.Key != nil && bytes.Equal(r.Key, s.Key) {
+				out = append(out, r)
+			}
+		}
+		return out
+	}
+	i := slices.IndexFunc(parked, func(r ParkedRow) bool { return r.ID == s.ID })
+	if i < 0 {
+		return nil
+	}
+	chosen := parked[i]
+	if chosen.parkedAlone() {
+		return []ParkedRow{chosen}
+	}
+	for _, r := range parked {
+		if r.Bucket == chosen.Bucket && r.Key != nil && bytes.Equal(r.Key, chosen.Key) && !r.parkedAlone() {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// parkedAlone reports whether r holds nothing and is chosen alone by an ID
+// selection: keyless or corrupt.
+func (r ParkedRow) parkedAlone() bool {
+	return r.Key == nil || strings.HasPrefix(r.Reason, CorruptReasonPrefix)
 }
 
 // Validate reports an error when not exactly one field of s is set.

@@ -200,17 +200,12 @@ func TestUnpublishableRowParksItsKeyWhileOtherKeysFlow(t *testing.T) {
 		t.Fatalf("A's row was published alone %d times before parking; want ParkAfter = %d", alone, relay.DefaultParkAfter)
 	}
 	h.waitFor("B's second row published", func() bool { return h.store.Len() == 3 })
-	if got, want := h.store.ParkedIDs(0), []int64{a[0].ID, a[1].ID, a[2].ID}; !slices.Equal(got, want) {
-		t.Fatalf("parked ids = %v; want A's rows %v", got, want)
+	if got, want := h.store.ParkedIDs(0), []int64{a[0].ID}; !slices.Equal(got, want) {
+		t.Fatalf("parked ids = %v; want A's head row %v (the store holds the rows behind it)", got, want)
 	}
 	reasons := parkReasons(h.store)
 	if r := reasons[a[0].ID]; !strings.Contains(r, errTooLarge.Error()) {
 		t.Fatalf("A's head row parked with reason %q; want the publish error", r)
-	}
-	for _, m := range a[1:] {
-		if r, want := reasons[m.ID], fmt.Sprintf("%s%d", relay.HeldReasonPrefix, a[0].ID); r != want {
-			t.Fatalf("row %d parked with reason %q; want %q", m.ID, r, want)
-		}
 	}
 
 	// Rows committed after the parking: A's are held, B's flow.
@@ -219,8 +214,8 @@ func TestUnpublishableRowParksItsKeyWhileOtherKeysFlow(t *testing.T) {
 	h.r.Notifier().NotifyBucket(0)
 	h.waitFor("the late B row published", func() bool { return !slices.Contains(ids(h.store.Pending(0)), b2.ID) })
 	h.waitIdle()
-	if got := h.store.ParkedIDs(0); !slices.Contains(got, a3.ID) {
-		t.Fatalf("parked ids = %v; want the late A row %d held too", got, a3.ID)
+	if got := ids(h.store.Pending(0)); !slices.Contains(got, a3.ID) {
+		t.Fatalf("pending ids = %v; want the late A row %d held too", got, a3.ID)
 	}
 	for _, m := range h.pub.Acknowledged() {
 		if string(m.Key) == "A" {
@@ -239,15 +234,15 @@ func TestUnpublishableRowParksItsKeyWhileOtherKeysFlow(t *testing.T) {
 			t.Fatalf("WARN attribute %s = %v; want %v", k, v, want)
 		}
 	}
-	if got := parkedCounts(t, reader); got[relay.ParkReasonUnpublishable] != 1 || got[relay.ParkReasonHeld] != 3 {
-		t.Fatalf("%s = %v; want unpublishable=1, held=3", relay.MetricParked, got)
+	if got := parkedCounts(t, reader); got[relay.ParkReasonUnpublishable] != 1 || got[relay.ParkReasonHeld] != 0 {
+		t.Fatalf("%s = %v; want unpublishable=1, held=0", relay.MetricParked, got)
 	}
 
 	// The fix, then the requeue: A's rows go out in id order.
 	reject.Store(false)
 	n, err := h.store.RequeueParked(context.Background(), relay.ParkedSelector{Key: []byte("A")})
-	if err != nil || n != 4 {
-		t.Fatalf("RequeueParked(A) = %d, %v; want 4, nil", n, err)
+	if err != nil || n != 1 {
+		t.Fatalf("RequeueParked(A) = %d, %v; want 1 (the parked head), nil", n, err)
 	}
 	h.r.Notifier().NotifyBucket(0)
 	h.waitFor("the store empty", func() bool { return h.store.Len() == 0 })
@@ -299,7 +294,7 @@ func TestParkPolicyDecidesWhichFailuresPark(t *testing.T) {
 					t.Fatalf("A's row published alone %d times before parking; want ParkAfter = %d", got, tc.parkAfter)
 				}
 				h.waitFor("B published", func() bool { return h.store.Len() == 2 })
-				if got, want := h.store.ParkedIDs(0), []int64{a[0].ID, a[1].ID}; !slices.Equal(got, want) {
+				if got, want := h.store.ParkedIDs(0), []int64{a[0].ID}; !slices.Equal(got, want) {
 					t.Fatalf("parked = %v; want %v", got, want)
 				}
 				return
@@ -408,7 +403,7 @@ func (h *harness) peer(id string, opts relay.Options, wrap func(*relaytest.MemSt
 
 // TestParkedKeysSurviveRestartAndTakeover: a relay that starts owning a
 // bucket (after a peer's graceful stop, or taking over from a crashed one)
-// loads its parked keys before publishing, and holds the key's new rows
+// holds the key's new rows (its store's read does)
 // instead of publishing them, even though its broker would accept them.
 func TestParkedKeysSurviveRestartAndTakeover(t *testing.T) {
 	h := newHarness(t, relay.Options{BucketCount: 1}, nil)
@@ -420,7 +415,7 @@ func TestParkedKeysSurviveRestartAndTakeover(t *testing.T) {
 	rejectKey(h, "A", errTooLarge, &reject)
 	h.start()
 	h.waitIdle()
-	h.step("A parked and B published", 20, func() bool { return h.store.Len() == 2 && len(h.store.ParkedIDs(0)) == 2 })
+	h.step("A parked and B published", 20, func() bool { return h.store.Len() == 2 && len(h.store.ParkedIDs(0)) == 1 })
 	if err := h.stop(); err != nil {
 		t.Fatalf("Run = %v", err)
 	}
@@ -431,8 +426,8 @@ func TestParkedKeysSurviveRestartAndTakeover(t *testing.T) {
 	rb.start()
 	rb.waitFor("relay-b published B's new row", func() bool { return len(rb.pub.Acknowledged()) == 1 })
 	rb.waitIdle()
-	if got, want := h.store.ParkedIDs(0), []int64{a[0].ID, a[1].ID, a[2].ID}; !slices.Equal(got, want) {
-		t.Fatalf("after the restart parked = %v; want %v (A's new row held)", got, want)
+	if got, want := ids(h.store.Pending(0)), []int64{a[0].ID, a[1].ID, a[2].ID}; !slices.Equal(got, want) {
+		t.Fatalf("after the restart rows left = %v; want %v (A's new row held)", got, want)
 	}
 	if err := rb.stop(); err != nil {
 		t.Fatalf("relay-b Run = %v", err)
@@ -445,8 +440,8 @@ func TestParkedKeysSurviveRestartAndTakeover(t *testing.T) {
 	rc.start()
 	rc.waitFor("relay-c published B's newest row", func() bool { return len(rc.pub.Acknowledged()) == 1 })
 	rc.waitIdle()
-	if got, want := h.store.ParkedIDs(0), []int64{a[0].ID, a[1].ID, a[2].ID, a[3].ID}; !slices.Equal(got, want) {
-		t.Fatalf("after the takeover parked = %v; want %v", got, want)
+	if got, want := ids(h.store.Pending(0)), []int64{a[0].ID, a[1].ID, a[2].ID, a[3].ID}; !slices.Equal(got, want) {
+		t.Fatalf("after the takeover rows left = %v; want %v", got, want)
 	}
 	for _, p := range []*harness{rb, rc} {
 		for _, m := range p.pub.Calls() {
@@ -458,8 +453,8 @@ func TestParkedKeysSurviveRestartAndTakeover(t *testing.T) {
 		}
 	}
 
-	if n, err := h.store.RequeueParked(context.Background(), relay.ParkedSelector{ID: a[0].ID}); err != nil || n != 4 {
-		t.Fatalf("RequeueParked(ID %d) = %d, %v; want 4, nil", a[0].ID, n, err)
+	if n, err := h.store.RequeueParked(context.Background(), relay.ParkedSelector{ID: a[0].ID}); err != nil || n != 1 {
+		t.Fatalf("RequeueParked(ID %d) = %d, %v; want 1, nil", a[0].ID, n, err)
 	}
 	rc.r.Notifier().NotifyBucket(0)
 	rc.waitFor("the store empty", func() bool { return h.store.Len() == 0 })
@@ -483,13 +478,12 @@ func requeueOnOp(h *harness, op string, key []byte, armed *atomic.Bool) {
 }
 
 // TestRequeueRacingAPublishingRelayKeepsKeyOrder: a requeue of key A that
-// lands while the relay publishes, just before it fetches or just before it
-// holds A's rows (HoldBehind then sees the head requeued and the batch is
-// cut), or while new rows of A keep arriving: A's rows are acknowledged in
+// lands while the relay publishes, just before it fetches, or while new
+// rows of A keep arriving: A's rows are acknowledged in
 // id order, with no gap, and nothing stays parked. A and B share bucket 1,
 // whose batches are prefetched during bucket 0's publishes (key C).
 func TestRequeueRacingAPublishingRelayKeepsKeyOrder(t *testing.T) {
-	for _, window := range []string{relaytest.OpNextBatch, relaytest.OpHoldBehind, "free-running"} {
+	for _, window := range []string{relaytest.OpNextBatch, "free-running"} {
 		t.Run(window, func(t *testing.T) {
 			logs := &recorder{}
 			h := newHarness(t, relay.Options{BucketCount: 2, BatchSize: 4, Logger: slog.New(logs)}, func(m *relaytest.MemStore) relay.Store { return concurrentMem{m} })
@@ -507,7 +501,7 @@ func TestRequeueRacingAPublishingRelayKeepsKeyOrder(t *testing.T) {
 			add(keyed("A", 1)[0], keyed("B", 1)[0], keyed("A", 1)[0])
 			h.start()
 			h.waitIdle()
-			h.step("A parked", 20, func() bool { return len(h.store.ParkedIDs(1)) == 2 })
+			h.step("A parked", 20, func() bool { return len(h.store.ParkedIDs(1)) == 1 })
 			reject.Store(false)
 
 			var armed atomic.Bool
@@ -544,11 +538,6 @@ func TestRequeueRacingAPublishingRelayKeepsKeyOrder(t *testing.T) {
 			}
 			if got := keyOrder(h.pub.Acknowledged(), "A"); !slices.Equal(got, wantA) {
 				t.Fatalf("A acknowledged %v; want %v (id order, no gap)", got, wantA)
-			}
-			if window == relaytest.OpHoldBehind {
-				if n := len(logs.matching(slog.LevelInfo, "requeued or deleted meanwhile")); n != 1 {
-					t.Fatalf("%d lines about a head requeued during the hold; want 1 (the window was not hit)", n)
-				}
 			}
 		})
 	}
@@ -610,7 +599,7 @@ func TestRecordTooLargeForTheTopicIsParkedWhileItsBucketFlows(t *testing.T) {
 	h.store.AddToBucket(0, big, b1, a2, b2)
 	h.start()
 	h.waitIdle()
-	h.step("A's row parked", 20, func() bool { return len(h.store.ParkedIDs(0)) == 2 })
+	h.step("A's row parked", 20, func() bool { return len(h.store.ParkedIDs(0)) == 1 })
 	h.waitFor("B's rows published", func() bool { return h.store.Len() == 2 })
 
 	mu.Lock()
@@ -623,7 +612,7 @@ func TestRecordTooLargeForTheTopicIsParkedWhileItsBucketFlows(t *testing.T) {
 			t.Fatalf("publish error %v; want ErrUnpublishable and MessageSizeTooLarge", err)
 		}
 	}
-	if got, want := h.store.ParkedIDs(0), []int64{big.ID, a2.ID}; !slices.Equal(got, want) {
+	if got, want := h.store.ParkedIDs(0), []int64{big.ID}; !slices.Equal(got, want) {
 		t.Fatalf("parked = %v; want %v", got, want)
 	}
 	var got []string

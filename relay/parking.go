@@ -13,11 +13,10 @@ import (
 )
 
 // Containment (see Parker and Options.ParkPolicy): the relay side of
-// parking. Per owned bucket the relay keeps the parked keys (key → the id of
-// the key's first parked row), loaded with Parker.ParkedHeads before the
-// bucket's first batch; a row of such a key is held behind that row
-// (Parker.HoldBehind) instead of being published, unless its id is not
-// greater than the head's, which means the key was requeued.
+// parking. Which rows of a parked key wait is the store's decision (its
+// NextBatch never returns a row behind a parked row of its key), so the
+// relay keeps no parked keys: it only counts a head row's failures and asks
+// the store to park it, under its lease.
 
 // strike counts the consecutive failed single-row publishes of a bucket's
 // head row that the ParkPolicy counts.
@@ -25,15 +24,6 @@ type strike struct {
 	id       int64 // the row
 	n        int
 	deferred bool // "parking deferred" was logged for this row
-}
-
-// parkedLoaded reports whether bucket b may be swept as far as parking is
-// concerned: the store cannot park, or b's parked keys are loaded.
-func (r *Relay) parkedLoaded(st *runState, b int) bool {
-	if r.parker == nil {
-		return true
-	}
-	return st.parked[b] != nil
 }
 
 // mayAct reports whether the relay may change bucket b's rows: its leases
@@ -45,147 +35,6 @@ func (r *Relay) mayAct(st *runState, b int) bool {
 	}
 	cur, _, _ := st.lease.snapshot()
 	return containsSorted(cur, b)
-}
-
-// loadParked loads the parked keys of the owned buckets that have none
-// loaded (newly owned) and are not backing off, in one ParkedHeads call. A
-// failed call makes those buckets back off like a bucket store error; they
-// are not swept until a later call succeeds.
-func (r *Relay) loadParked(ctx context.Context, st *runState, owned []int) {
-	if r.parker == nil {
-		return
-	}
-	now := r.clock.Now()
-	var need []int
-	for _, b := range owned {
-		if st.parked[b] != nil {
-			continue
-		}
-		if hr := st.retry[b]; hr != nil && now.Before(hr.notBefore) {
-			continue
-		}
-		need = append(need, b)
-	}
-	if len(need) == 0 || !r.checkLease(st) {
-		return
-	}
-	st.worked.Store(true)
-	heads, err := r.parker.ParkedHeads(ctx, need)
-	if err != nil {
-		if ctx.Err() != nil {
-			return
-		}
-		err = fmt.Errorf("relay: load parked keys: %w", err)
-		var waits []any
-		for _, b := range need {
-			_, wait := r.retryLater(st, b, err, false)
-			waits = append(waits, wait)
-		}
-		r.logFailure(ctx, "load parked", "loading parked keys failed; backing off these buckets, the others go on", err, "buckets", need, "backoff", waits[0])
-		return
-	}
-	for _, b := range need {
-		st.parked[b] = map[string]int64{}
-		st.clearRetry(b) // its only failure can have been a load
-	}
-	n := 0
-	for _, h := range heads {
-		if !containsSorted(need, h.Bucket) || h.Key == nil {
-			continue
-		}
-		keys := st.parked[h.Bucket]
-		if keys == nil {
-			continue
-		}
-		if cur, ok := keys[string(h.Key)]; !ok || h.ID < cur {
-			keys[string(h.Key)] = h.ID
-			n++
-		}
-	}
-	if n > 0 {
-		r.log.InfoContext(ctx, "parked keys loaded; their later rows wait until they are requeued", "buckets", need, "keys", n)
-	}
-}
-
-// forgetParked drops the parking state of bucket b (no longer owned).
-func (st *runState) forgetParked(b int) {
-	st.parked[b] = nil
-	st.strikes[b] = nil
-}
-
-// holdParked holds the rows of batch (fetched from bucket b) whose key is
-// parked behind the key's parked head, and returns the rows to publish, in
-// their order. truncated reports that the batch was cut before a key whose
-// head was requeued or deleted meanwhile (its rows come again, requeued
-// head first, in the next batch). ok is false when the relay may no longer
-// act on b (nothing is published).
-func (r *Relay) holdParked(ctx context.Context, st *runState, b int, batch []*outbox.Message) (pub []*outbox.Message, truncated, ok bool, err error) {
-	keys := st.parked[b]
-	if len(keys) == 0 {
-		return batch, false, true, nil
-	}
-	type hold struct {
-		head  int64
-		first int // index in batch of the key's first row
-		ids   []int64
-	}
-	var order []string
-	holds := map[string]*hold{}
-	held := make([]bool, len(batch))
-	for i, m := range batch {
-		if m.Key == nil {
-			continue
-		}
-		k := string(m.Key)
-		head, parked := keys[k]
-		if !parked {
-			continue
-		}
-		if m.ID <= head { // the key was requeued: its rows flow again
-			delete(keys, k)
-			r.log.InfoContext(ctx, "parked key requeued; its rows flow again", "bucket", b, "key", printableKey(m.Key), "head", head)
-			continue
-		}
-		h := holds[k]
-		if h == nil {
-			h = &hold{head: head, first: i}
-			holds[k] = h
-			order = append(order, k)
-		}
-		h.ids = append(h.ids, m.ID)
-		held[i] = true
-	}
-	end := len(batch)
-	for _, k := range order {
-		h := holds[k]
-		if h.first >= end {
-			break // order is by first row: the later keys are cut too
-		}
-		if !r.mayAct(st, b) {
-			return nil, false, false, nil
-		}
-		still, err := r.parker.HoldBehind(ctx, b, h.head, h.ids)
-		if err != nil {
-			return nil, false, false, errBucket{fmt.Errorf("relay: bucket %d: hold rows behind parked row %d: %w", b, h.head, err)}
-		}
-		if !still {
-			// Requeued or deleted since the fetch: the requeued head (a
-			// lower id) comes first in the next batch.
-			delete(keys, k)
-			end = h.first
-			r.log.InfoContext(ctx, "parked key requeued or deleted meanwhile; its rows flow again from the next batch", "bucket", b, "key", printableKey([]byte(k)), "head", h.head)
-			continue
-		}
-		r.m.countParked(ParkReasonHeld, len(h.ids))
-		r.log.DebugContext(ctx, "rows held behind the parked row of their key", "bucket", b, "head", h.head, "rows", len(h.ids), "first", h.ids[0], "last", h.ids[len(h.ids)-1])
-	}
-	pub = make([]*outbox.Message, 0, end)
-	for i, m := range batch[:end] {
-		if !held[i] {
-			pub = append(pub, m)
-		}
-	}
-	return pub, end < len(batch), true, nil
 }
 
 // parkCorrupt parks the undecodable head row of bucket b alone, when the
@@ -214,7 +63,8 @@ func (r *Relay) parkCorrupt(ctx context.Context, st *runState, b int, ce *Corrup
 		cause = ce.Err.Error()
 	}
 	reason := CorruptReasonPrefix + cause
-	if err := r.parker.Park(ctx, b, ce.ID, reason); err != nil {
+	failpoint("relay/before-park")
+	if err := r.parker.Park(ctx, r.opts.RelayID, b, ce.ID, reason); err != nil {
 		return errBucket{fmt.Errorf("relay: bucket %d: park corrupt row %d: %w", b, ce.ID, err)}
 	}
 	r.m.countParked(ParkReasonCorrupt, 1)
@@ -278,11 +128,9 @@ func (r *Relay) strike(ctx context.Context, st *runState, b int, batch []*outbox
 		return true, nil
 	}
 	reason := pubErr.Error()
-	if err := r.parker.Park(ctx, b, row.ID, reason); err != nil {
+	failpoint("relay/before-park")
+	if err := r.parker.Park(ctx, r.opts.RelayID, b, row.ID, reason); err != nil {
 		return false, errBucket{fmt.Errorf("relay: bucket %d: park row %d: %w", b, row.ID, err)}
-	}
-	if row.Key != nil {
-		st.parked[b][string(row.Key)] = row.ID
 	}
 	class := ParkReasonFailure
 	if errors.Is(pubErr, ErrUnpublishable) {

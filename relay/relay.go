@@ -181,8 +181,8 @@ func (r *Relay) Notifier() *Notifier {
 // is shared with the renewal goroutine under its mutex).
 //
 // The per-bucket state (the slices indexed by bucket) follows one rule: the
-// goroutine serving bucket b in a sweep owns index b of ready, unmarked,
-// parked and strikes while it runs (see sweepConcurrent); the loop touches
+// goroutine serving bucket b in a sweep owns index b of ready, unmarked
+// and strikes while it runs (see sweepConcurrent); the loop touches
 // them only for buckets no worker is serving. retry is the exception that
 // noteStuck reads across buckets during a sweep: its slots and their fields
 // are written under mu only (setRetry, clearRetry, retryLater); the
@@ -199,7 +199,6 @@ type runState struct {
 
 	ready    []bool
 	unmarked [][]*outbox.Message // acknowledged rows whose MarkPublished failed, per bucket
-	parked   []map[string]int64  // bucket → parked key → its head id; nil: not loaded (see loadParked)
 	strikes  []*strike           // bucket → its head row's strikes
 
 	serving int // workers of a concurrent sweep running; read and written by the loop only
@@ -213,7 +212,6 @@ func newRunState(buckets int) *runState {
 	return &runState{
 		ready:    make([]bool, buckets),
 		unmarked: make([][]*outbox.Message, buckets),
-		parked:   make([]map[string]int64, buckets),
 		strikes:  make([]*strike, buckets),
 		retry:    make([]*headRetry, buckets),
 		retrying: map[int]struct{}{},
@@ -510,7 +508,6 @@ func (r *Relay) cycle(ctx, cleanup context.Context, st *runState) error {
 			}
 		}
 	}
-	r.loadParked(ctx, st, owned)
 	return r.sweep(ctx, cleanup, st, owned)
 }
 
@@ -598,9 +595,9 @@ func (r *Relay) sweep(ctx, cleanup context.Context, st *runState, owned []int) e
 }
 
 // sweepable reports whether bucket b is ready, not waiting out a head-row
-// backoff, and has its parked keys loaded (see loadParked).
+// backoff.
 func (r *Relay) sweepable(st *runState, b int) bool {
-	if !st.ready[b] || !r.parkedLoaded(st, b) {
+	if !st.ready[b] {
 		return false
 	}
 	hr := st.retry[b]
@@ -716,22 +713,10 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 	}
 	batch, over := trimToBytes(batch, r.opts.MaxBatchBytes)
 	failpoint("relay/after-fetch")
-	// Rows of a parked key are held behind it, not published; pub is the
-	// rest, in order (see Parker).
-	pub, truncated, ok, err := r.holdParked(ctx, st, b, batch)
-	if err != nil || !ok {
-		return err
-	}
-	drained := hr == nil && len(batch) < limit && !truncated && !over
-	if len(pub) == 0 {
-		// Every fetched row was held: the bucket's head moved on.
-		st.clearRetry(b)
-		st.strikes[b] = nil
-		if drained {
-			st.ready[b] = false
-		}
-		return nil
-	}
+	// The store left out the rows behind a parked row of their key (see
+	// Parker): the whole batch is published.
+	pub := batch
+	drained := hr == nil && len(batch) < limit && !over
 	if r.renewer == nil {
 		// No renewal during the publish: reserve the whole budget plus one
 		// renewal interval, reacquiring first if needed.
@@ -862,7 +847,11 @@ func (r *Relay) bucketFailed(st *runState, b int, err error) {
 		return // lost meanwhile: its state is forgotten
 	}
 	if fb := (*errFencedBucket)(nil); errors.As(err, &fb) {
-		r.dropFenced(st, b, fb.err)
+		r.dropFenced(st, b, fb.err, true)
+		return
+	}
+	if errors.Is(err, ErrLeaseLost) {
+		r.dropFenced(st, b, err, false)
 		return
 	}
 	hr, wait := r.retryLater(st, b, err, false)

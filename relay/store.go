@@ -36,12 +36,9 @@ type Store interface {
 
 	// MarkPublished deletes published messages of bucket. published holds
 	// instances of the slice NextBatch returned, in its order: a prefix of
-	// it, except that with a store implementing Parker the relay leaves out
-	// rows it held behind a parked row of their key (Parker.HoldBehind), and
-	// may end the slice before the first row of a key whose parked head was
-	// requeued meanwhile. A store must identify rows by ID, MessageID or a
-	// field of its own, not by position; deleting only rows that are not
-	// parked is a safe guard.
+	// it. A store must identify rows by ID, MessageID or a field of its own,
+	// not by position; deleting only rows that are not parked is a safe
+	// guard (a row may be parked after it was read).
 	MarkPublished(ctx context.Context, bucket int, published []*outbox.Message) error
 }
 

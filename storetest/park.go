@@ -3,8 +3,9 @@ package storetest
 import (
 	"errors"
 	"slices"
-	"strings"
+	"strconv"
 	"testing"
+	"time"
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/relay"
@@ -17,23 +18,29 @@ var parkScenarios = []struct {
 	run  func(t *testing.T, f Factory)
 }{
 	{"parked_rows_are_skipped_by_next_batch_and_pending_probe_and_counted_apart", parkedRowsSkipped},
-	{"parked_heads_are_the_lowest_id_per_key_neither_held_nor_corrupt", parkedHeads},
-	{"hold_behind_parks_only_while_the_head_is_parked", holdBehindNeedsParkedHead},
+	{"a_parked_row_holds_the_later_rows_of_its_key_in_its_bucket", parkedRowHolds},
+	{"requeueing_a_corrupt_row_of_a_parked_key_releases_nothing_behind_its_head", requeueCorruptReleasesNothing},
+	{"park_without_the_lease_changes_nothing", parkNeedsTheLease},
+	{"selectors_change_exactly_the_rows_choose_previews", selectorsMatchChoose},
 	{"requeue_by_key_restores_the_rows_in_id_order", requeueRestoresOrder},
 	{"delete_parked_never_deletes_an_unparked_row", deleteParkedOnlyParked},
 	{"a_fleet_of_current_relays_can_park", fleetCanPark},
 	{"a_corrupt_row_ends_the_batch_and_is_reported_at_the_head", corruptRow},
 }
 
-// parker returns a store of e implementing relay.Parker, or skips t.
+// parker returns a store of e implementing relay.Parker, whose relay
+// "relay-a" holds every bucket's lease, or skips t.
 func (e *env) parker() (relay.Store, relay.Parker) {
 	e.t.Helper()
-	s := e.relay("relay-a").s
-	p, ok := s.(relay.Parker)
+	r := e.relay("relay-a")
+	p, ok := r.s.(relay.Parker)
 	if !ok {
 		e.t.Skip("storetest: the store does not implement relay.Parker")
 	}
-	return s, p
+	if got := e.acquire(r); len(got) != e.n {
+		e.t.Fatalf("AcquireBucketLeases(relay-a) = %v; want all %d buckets", got, e.n)
+	}
+	return r.s, p
 }
 
 func (e *env) admin(s relay.Store) relay.ParkAdmin {
@@ -82,17 +89,11 @@ func (e *env) batch(s relay.Store, bucket int) []int64 {
 	return msgIDs(got)
 }
 
+// park parks row id of bucket on behalf of relay-a (see parker).
 func (e *env) park(p relay.Parker, bucket int, id int64, reason string) {
 	e.t.Helper()
-	if err := p.Park(e.ctx, bucket, id, reason); err != nil {
-		e.t.Fatalf("Park(%d, %d): %v", bucket, id, err)
-	}
-}
-
-func (e *env) hold(p relay.Parker, bucket int, head int64, ids []int64, want bool) {
-	e.t.Helper()
-	if ok, err := p.HoldBehind(e.ctx, bucket, head, ids); err != nil || ok != want {
-		e.t.Fatalf("HoldBehind(%d, head %d, %v) = %v, %v; want %v", bucket, head, ids, ok, err, want)
+	if err := p.Park(e.ctx, "relay-a", bucket, id, reason); err != nil {
+		e.t.Fatalf("Park(relay-a, %d, %d): %v", bucket, id, err)
 	}
 }
 
@@ -103,75 +104,160 @@ func parkedRowsSkipped(t *testing.T, f Factory) {
 	b := msgIDs(e.keyed(s, 1, "b", 2))
 	only := msgIDs(e.keyed(s, 2, "c", 1))
 	e.park(p, 1, a[0], "rejected")
-	e.hold(p, 1, a[0], a[1:], true)
 	e.park(p, 2, only[0], "rejected")
 	if got := e.batch(s, 1); !slices.Equal(got, b) {
-		t.Fatalf("NextBatch(1) = %v; want the unparked rows %v", got, b)
+		t.Fatalf("NextBatch(1) = %v; want the rows of the other key %v (a's rows wait behind its parked row)", got, b)
 	}
 	if got, err := s.BucketsWithPending(e.ctx, all(8)); err != nil || !slices.Equal(got, []int{1}) {
 		t.Fatalf("BucketsWithPending = %v, %v; want [1] (bucket 2 holds only a parked row)", got, err)
 	}
 	if pm, ok := s.(relay.PendingMetricsStore); ok {
 		got, err := pm.PendingMetrics(e.ctx)
-		if err != nil || got == nil || got.Count != 2 || got.Parked != 4 {
-			t.Fatalf("PendingMetrics = %+v, %v; want Count 2, Parked 4", got, err)
+		if err != nil || got == nil || got.Count != 4 || got.Parked != 2 {
+			t.Fatalf("PendingMetrics = %+v, %v; want Count 4 (the waiting rows are pending), Parked 2", got, err)
 		}
 	}
 }
 
-func parkedHeads(t *testing.T, f Factory) {
+// parkedRowHolds: a parked row holds its key's later rows in its bucket
+// (not the earlier ones, not other buckets' rows of the key); a corrupt
+// parked row holds nothing; a row an earlier release parked as held
+// (relay.HeldReasonPrefix) holds like any parked row.
+func parkedRowHolds(t *testing.T, f Factory) {
 	e := newEnv(t, f, 8)
 	s, p := e.parker()
 	a := msgIDs(e.keyed(s, 1, "a", 3))
-	c := msgIDs(e.keyed(s, 1, "c", 1))
-	d := msgIDs(e.keyed(s, 3, "d", 2))
-	e.park(p, 1, a[0], "rejected")
-	e.hold(p, 1, a[0], a[1:], true)
+	c := msgIDs(e.keyed(s, 1, "c", 2))
+	elsewhere := msgIDs(e.keyed(s, 3, "a", 1))
+	h := msgIDs(e.keyed(s, 4, "h", 2))
+	e.park(p, 1, a[1], "rejected")
 	e.park(p, 1, c[0], relay.CorruptReasonPrefix+"bad headers")
-	e.park(p, 3, d[1], "rejected")
-	got, err := p.ParkedHeads(e.ctx, []int{1, 2, 3})
-	if err != nil {
-		t.Fatalf("ParkedHeads: %v", err)
+	e.park(p, 4, h[0], relay.HeldReasonPrefix+"1")
+	if got, want := e.batch(s, 1), []int64{a[0], c[1]}; !slices.Equal(got, want) {
+		t.Fatalf("NextBatch(1) = %v; want %v (a's row before its parked row, and c's row behind a corrupt one)", got, want)
 	}
-	want := []relay.ParkedHead{{Bucket: 1, Key: []byte("a"), ID: a[0]}, {Bucket: 3, Key: []byte("d"), ID: d[1]}}
-	slices.SortFunc(got, func(x, y relay.ParkedHead) int { return x.Bucket - y.Bucket })
-	if len(got) != len(want) {
-		t.Fatalf("ParkedHeads = %v; want %v", got, want)
+	if got := e.batch(s, 3); !slices.Equal(got, elsewhere) {
+		t.Fatalf("NextBatch(3) = %v; want %v (a parked row holds only its bucket's rows)", got, elsewhere)
 	}
-	for i := range want {
-		if got[i].Bucket != want[i].Bucket || string(got[i].Key) != string(want[i].Key) || got[i].ID != want[i].ID {
-			t.Fatalf("ParkedHeads = %v; want %v (held and corrupt rows are not heads)", got, want)
-		}
+	if got := e.batch(s, 4); len(got) != 0 {
+		t.Fatalf("NextBatch(4) = %v; want nothing (a row parked as held holds its key)", got)
 	}
-	if got, err := p.ParkedHeads(e.ctx, []int{2}); err != nil || len(got) != 0 {
-		t.Fatalf("ParkedHeads(bucket without parked rows) = %v, %v; want none", got, err)
-	}
-}
-
-func holdBehindNeedsParkedHead(t *testing.T, f Factory) {
-	e := newEnv(t, f, 8)
-	s, p := e.parker()
-	k := msgIDs(e.keyed(s, 4, "k", 3))
-	e.hold(p, 4, k[0], k[1:], false)
-	if got := e.batch(s, 4); !slices.Equal(got, k) {
-		t.Fatalf("NextBatch after HoldBehind of an unparked head = %v; want every row %v", got, k)
-	}
-	e.park(p, 4, k[0], "rejected")
-	e.hold(p, 4, k[0], k[1:2], true)
-	if got := e.batch(s, 4); !slices.Equal(got, k[2:]) {
-		t.Fatalf("NextBatch after HoldBehind = %v; want %v", got, k[2:])
-	}
-	a, ok := s.(relay.ParkAdmin)
+	adm, ok := s.(relay.ParkAdmin)
 	if !ok {
 		return
 	}
-	if n, err := a.RequeueParked(e.ctx, relay.ParkedSelector{Key: []byte("k")}); err != nil || n != 2 {
-		t.Fatalf("RequeueParked(key k) = %d, %v; want 2", n, err)
+	if n, err := adm.RequeueParked(e.ctx, relay.ParkedSelector{ID: a[1]}); err != nil || n != 1 {
+		t.Fatalf("RequeueParked(ID %d) = %d, %v; want 1", a[1], n, err)
 	}
-	e.hold(p, 4, k[0], k[2:], false)
-	if got := e.batch(s, 4); !slices.Equal(got, k) {
-		t.Fatalf("NextBatch after requeue and a late HoldBehind = %v; want every row %v", got, k)
+	if got, want := e.batch(s, 1), []int64{a[0], a[1], a[2], c[1]}; !slices.Equal(got, want) {
+		t.Fatalf("NextBatch(1) after the requeue = %v; want %v", got, want)
 	}
+}
+
+// requeueCorruptReleasesNothing: key k's corrupt row, parked alone, is
+// requeued by id (after a repair) while k's head is parked: the requeued
+// row flows, k's rows behind the head keep waiting.
+func requeueCorruptReleasesNothing(t *testing.T, f Factory) {
+	e := newEnv(t, f, 8)
+	s, p := e.parker()
+	adm := e.admin(s)
+	k := msgIDs(e.keyed(s, 2, "k", 3))
+	e.park(p, 2, k[0], relay.CorruptReasonPrefix+"bad headers")
+	e.park(p, 2, k[1], "rejected")
+	if n, err := adm.RequeueParked(e.ctx, relay.ParkedSelector{ID: k[0]}); err != nil || n != 1 {
+		t.Fatalf("RequeueParked(ID %d, corrupt) = %d, %v; want 1 (the corrupt row alone)", k[0], n, err)
+	}
+	later := e.msg(2, start)
+	later.Key = []byte("k")
+	e.insert(later)
+	if got := e.batch(s, 2); !slices.Equal(got, k[:1]) {
+		t.Fatalf("NextBatch(2) = %v; want only the requeued row %v (%v and the later row wait behind the parked head %d)", got, k[:1], k[2], k[1])
+	}
+}
+
+// parkNeedsTheLease: Park by a relay whose lease expired (on the store's
+// clock), or that a peer took over, changes nothing and reports
+// relay.ErrLeaseLost.
+func parkNeedsTheLease(t *testing.T, f Factory) {
+	e := newEnv(t, f, 8)
+	s, p := e.parker()
+	k := msgIDs(e.keyed(s, 3, "k", 2))
+	e.clock.Advance(LeaseDuration + time.Second)
+	if err := p.Park(e.ctx, "relay-a", 3, k[0], "rejected"); !errors.Is(err, relay.ErrLeaseLost) {
+		t.Fatalf("Park with an expired lease = %v; want an error wrapping relay.ErrLeaseLost", err)
+	}
+	b := e.relay("relay-b")
+	if got := e.acquire(b); !slices.Contains(got, 3) {
+		t.Fatalf("relay-b acquired %v; want bucket 3", got)
+	}
+	if err := p.Park(e.ctx, "relay-a", 3, k[0], "rejected"); !errors.Is(err, relay.ErrLeaseLost) {
+		t.Fatalf("Park after a peer took the bucket = %v; want an error wrapping relay.ErrLeaseLost", err)
+	}
+	if got := e.batch(s, 3); !slices.Equal(got, k) {
+		t.Fatalf("NextBatch(3) = %v; want every row %v (nothing parked)", got, k)
+	}
+	if err := p.Park(e.ctx, "relay-b", 3, k[0], "rejected"); err != nil {
+		t.Fatalf("Park by the new owner: %v", err)
+	}
+}
+
+// selectorsMatchChoose: each selection requeues or deletes exactly the rows
+// relay.ParkedSelector.Choose picks from ListParked (what a preview shows).
+func selectorsMatchChoose(t *testing.T, f Factory) {
+	for _, del := range []bool{false, true} {
+		t.Run(map[bool]string{false: "requeue", true: "delete"}[del], func(t *testing.T) {
+			e := newEnv(t, f, 8)
+			s, p := e.parker()
+			adm := e.admin(s)
+			k := msgIDs(e.keyed(s, 5, "k", 4))
+			other := msgIDs(e.keyed(s, 6, "k", 1))
+			keyless := e.msg(5, start)
+			keyless.Key = nil
+			e.insert(keyless)
+			got, err := s.NextBatch(e.ctx, 5, 100)
+			if err != nil || len(got) != 5 {
+				t.Fatalf("NextBatch(5) = %d rows, %v; want 5", len(got), err)
+			}
+			nokey := got[4].ID
+			e.park(p, 5, k[0], relay.CorruptReasonPrefix+"bad headers")
+			e.park(p, 5, k[1], "rejected")
+			e.park(p, 5, k[2], relay.HeldReasonPrefix+strconv.FormatInt(k[1], 10))
+			e.park(p, 5, nokey, "rejected")
+			e.park(p, 6, other[0], "rejected")
+			for _, sel := range []relay.ParkedSelector{{ID: k[2]}, {ID: k[0]}, {ID: nokey}, {Key: []byte("k")}, {All: true}} {
+				e.park(p, 5, nokey, "rejected") // again after the All of the requeue run
+				before, err := adm.ListParked(e.ctx, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				want := sel.Choose(before)
+				var n int64
+				if del {
+					n, err = adm.DeleteParked(e.ctx, sel)
+				} else {
+					n, err = adm.RequeueParked(e.ctx, sel)
+				}
+				if err != nil || n != int64(len(want)) {
+					t.Fatalf("%+v: changed %d rows, %v; want the %d rows Choose previews: %v", sel, n, err, len(want), parkedIDs(want))
+				}
+				after, err := adm.ListParked(e.ctx, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if left, wantLeft := parkedIDs(after), slices.DeleteFunc(parkedIDs(before), func(id int64) bool { return slices.Contains(parkedIDs(want), id) }); !slices.Equal(left, wantLeft) {
+					t.Fatalf("%+v: parked after = %v; want %v", sel, left, wantLeft)
+				}
+			}
+		})
+	}
+}
+
+func parkedIDs(rows []relay.ParkedRow) []int64 {
+	out := []int64{}
+	for _, r := range rows {
+		out = append(out, r.ID)
+	}
+	return out
 }
 
 func requeueRestoresOrder(t *testing.T, f Factory) {
@@ -180,18 +266,17 @@ func requeueRestoresOrder(t *testing.T, f Factory) {
 	a := e.admin(s)
 	k := msgIDs(e.keyed(s, 5, "k", 3))
 	e.park(p, 5, k[0], "rejected")
-	e.hold(p, 5, k[0], k[1:], true)
+	e.park(p, 5, k[1], "rejected")
 	later := msgIDs(e.keyed(s, 5, "other", 2))
 	rows, err := a.ListParked(e.ctx, 0)
-	if err != nil || len(rows) != 3 || rows[0].ID != k[0] || rows[0].Bucket != 5 || string(rows[0].Key) != "k" || rows[0].Reason != "rejected" ||
-		!strings.HasPrefix(rows[1].Reason, relay.HeldReasonPrefix) {
-		t.Fatalf("ListParked = %+v, %v; want the 3 parked rows of key k in id order", rows, err)
+	if err != nil || len(rows) != 2 || rows[0].ID != k[0] || rows[0].Bucket != 5 || string(rows[0].Key) != "k" || rows[0].Reason != "rejected" {
+		t.Fatalf("ListParked = %+v, %v; want the 2 parked rows of key k in id order", rows, err)
 	}
-	if rows, err := a.ListParked(e.ctx, 2); err != nil || len(rows) != 2 {
-		t.Fatalf("ListParked(limit 2) = %d rows, %v; want 2", len(rows), err)
+	if rows, err := a.ListParked(e.ctx, 1); err != nil || len(rows) != 1 {
+		t.Fatalf("ListParked(limit 1) = %d rows, %v; want 1", len(rows), err)
 	}
-	if n, err := a.RequeueParked(e.ctx, relay.ParkedSelector{Key: []byte("k")}); err != nil || n != 3 {
-		t.Fatalf("RequeueParked(key k) = %d, %v; want 3", n, err)
+	if n, err := a.RequeueParked(e.ctx, relay.ParkedSelector{Key: []byte("k")}); err != nil || n != 2 {
+		t.Fatalf("RequeueParked(key k) = %d, %v; want 2", n, err)
 	}
 	if got, want := e.batch(s, 5), slices.Concat(k, later); !slices.Equal(got, want) {
 		t.Fatalf("NextBatch after requeue = %v; want %v (the key's rows first, in id order)", got, want)
@@ -207,7 +292,7 @@ func deleteParkedOnlyParked(t *testing.T, f Factory) {
 	a := e.admin(s)
 	k := msgIDs(e.keyed(s, 6, "k", 3))
 	e.park(p, 6, k[0], "rejected")
-	e.hold(p, 6, k[0], k[1:2], true)
+	e.park(p, 6, k[1], "rejected")
 	if n, err := a.DeleteParked(e.ctx, relay.ParkedSelector{ID: k[0]}); err != nil || n != 2 {
 		t.Fatalf("DeleteParked(id of the head) = %d, %v; want the key's 2 parked rows", n, err)
 	}

@@ -6,11 +6,14 @@
 //
 // A store that implements relay.Parker (containment) is also checked for
 // it: parked rows skipped by NextBatch and BucketsWithPending and counted in
-// Pending.Parked, ParkedHeads, HoldBehind parking only behind a parked head,
-// FleetCanPark for a fleet of its own relays, a corrupt row reported as a
+// Pending.Parked, the later rows of a parked row's key held by NextBatch (a
+// corrupt row holding nothing, a requeue of a corrupt row releasing
+// nothing), Park changing nothing without the relay's lease, FleetCanPark
+// for a fleet of its own relays, a corrupt row reported as a
 // *relay.CorruptRowError at the head (with Harness.InsertCorrupt), and, for
-// a relay.ParkAdmin, listing, requeue in id order and deletion of parked
-// rows only. A relay.ClockOffsetReporter is checked to report, after an
+// a relay.ParkAdmin, listing, requeue in id order, deletion of parked rows
+// only, and each selection changing exactly the rows
+// relay.ParkedSelector.Choose picks. A relay.ClockOffsetReporter is checked to report, after an
 // acquisition round, the offset of its clock (the now NewStore gets) to the
 // host's wall clock. A store without these capabilities skips those
 // scenarios.

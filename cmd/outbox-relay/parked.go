@@ -545,7 +545,7 @@ func runDiscard(ctx context.Context, e *adminEnv, c *adminConfig) int {
 		if err != nil {
 			return e.fail(ctx, what, err)
 		}
-		chosen := selectParked(c.sel, rows)
+		chosen := c.sel.Choose(rows)
 		if len(chosen) > 0 {
 			if err := writeGroupsTable(e.stdout, groupParked(chosen), e.now(), false); err != nil {
 				return e.fail(ctx, what, err)

@@ -51,6 +51,10 @@ func TestParkedRowCommandsOnARealStore(t *testing.T) {
 			t.Fatal("gormstore.Store does not implement relay.Parker")
 		}
 
+		// The test parks rows as relay "test-relay", which needs the leases.
+		if got, err := store.AcquireBucketLeases(t.Context(), "test-relay", 4, time.Hour); err != nil || len(got) != 4 {
+			t.Fatalf("AcquireBucketLeases = %v, %v; want all 4 buckets", got, err)
+		}
 		driver, dsn := dsnOf(t, db)
 		flags := []string{"-db-driver", driver, "-db-dsn", dsn, "-bucket-count", "4",
 			"-messages-table", cfg.MessagesTable, "-leases-table", cfg.LeasesTable, "-relays-table", cfg.RelaysTable}
@@ -93,18 +97,16 @@ func parkedScenario(t *testing.T, db *gorm.DB, cfg outbox.Config, admin relay.Pa
 	park := func(value, reason string) {
 		t.Helper()
 		r := m[value]
-		if err := parker.Park(ctx, int(r.Bucket), r.ID, reason); err != nil {
+		if err := parker.Park(ctx, "test-relay", int(r.Bucket), r.ID, reason); err != nil {
 			t.Fatalf("Park %s: %v", value, err)
 		}
 	}
+	// hold parks values as held behind head, as a relay of an earlier
+	// release did.
 	hold := func(head string, values ...string) {
 		t.Helper()
-		var ids []int64
 		for _, v := range values {
-			ids = append(ids, m[v].ID)
-		}
-		if ok, err := parker.HoldBehind(ctx, int(m[head].Bucket), m[head].ID, ids); err != nil || !ok {
-			t.Fatalf("HoldBehind %s: %v, %v; want true", head, ok, err)
+			park(v, relay.HeldReasonPrefix+strconv.FormatInt(m[head].ID, 10))
 		}
 	}
 	park("k1-0", "broker: message too large")

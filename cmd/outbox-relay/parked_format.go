@@ -4,7 +4,6 @@ package main
 // subcommands.
 
 import (
-	"bytes"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -106,43 +105,6 @@ func (g *parkedGroup) kind() string {
 		return "keyless"
 	}
 	return "key"
-}
-
-// selectParked returns the rows of rows that sel chooses, as the store's
-// RequeueParked and DeleteParked choose them (see relay.ParkedSelector): it
-// previews a discard without -confirm.
-func selectParked(sel relay.ParkedSelector, rows []relay.ParkedRow) []relay.ParkedRow {
-	var out []relay.ParkedRow
-	switch {
-	case sel.All:
-		return rows
-	case sel.Key != nil:
-		for _, r := range rows {
-			if r.Key != nil && bytes.Equal(r.Key, sel.Key) {
-				out = append(out, r)
-			}
-		}
-	case sel.ID > 0:
-		var chosen *relay.ParkedRow
-		for i := range rows {
-			if rows[i].ID == sel.ID {
-				chosen = &rows[i]
-				break
-			}
-		}
-		if chosen == nil {
-			return nil
-		}
-		if parkedAlone(*chosen) {
-			return []relay.ParkedRow{*chosen}
-		}
-		for _, r := range rows {
-			if r.Bucket == chosen.Bucket && !parkedAlone(r) && bytes.Equal(r.Key, chosen.Key) {
-				out = append(out, r)
-			}
-		}
-	}
-	return out
 }
 
 // printable reports whether key is UTF-8 text of printable characters

@@ -16,7 +16,7 @@ import (
 )
 
 // fakeAdmin is a relay.ParkAdmin in memory; requeue and delete choose rows
-// as selectParked does and take them out of the list.
+// as relay.ParkedSelector.Choose does and take them out of the list.
 type fakeAdmin struct {
 	rows     []relay.ParkedRow
 	err      error // returned by every call when set
@@ -38,7 +38,7 @@ func (f *fakeAdmin) ListParked(ctx context.Context, limit int) ([]relay.ParkedRo
 
 func (f *fakeAdmin) take(sel relay.ParkedSelector) int64 {
 	chosen := map[int64]bool{}
-	for _, r := range selectParked(sel, f.rows) {
+	for _, r := range sel.Choose(f.rows) {
 		chosen[r.ID] = true
 	}
 	var kept []relay.ParkedRow
@@ -587,8 +587,8 @@ func TestSelectParkedChoosesAsTheStoreDoes(t *testing.T) {
 		{relay.ParkedSelector{Key: []byte{}}, nil},
 		{relay.ParkedSelector{All: true}, []int64{5, 10, 11, 12, 15, 20, 30}},
 	} {
-		if got := ids(selectParked(tc.sel, rows)); !slicesEqual(got, tc.want) {
-			t.Errorf("selectParked(%+v) = %v; want %v", tc.sel, got, tc.want)
+		if got := ids(tc.sel.Choose(rows)); !slicesEqual(got, tc.want) {
+			t.Errorf("%+v.Choose = %v; want %v", tc.sel, got, tc.want)
 		}
 	}
 }

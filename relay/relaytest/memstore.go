@@ -21,9 +21,7 @@ const (
 	OpMarkPublished      = "MarkPublished"
 	OpPendingMetrics     = "PendingMetrics"
 	OpFleetCanPark       = "FleetCanPark"
-	OpParkedHeads        = "ParkedHeads"
 	OpPark               = "Park"
-	OpHoldBehind         = "HoldBehind"
 	OpListParked         = "ListParked"
 	OpRequeueParked      = "RequeueParked"
 	OpDeleteParked       = "DeleteParked"
@@ -38,7 +36,11 @@ const (
 type MemStore struct {
 	now func() time.Time
 	n   int
+	*memShared
+}
 
+// memShared is the state every view of a MemStore shares (see WithClock).
+type memShared struct {
 	mu     sync.Mutex
 	hook   func(ctx context.Context, op string) error
 	nextID int64
@@ -59,6 +61,7 @@ type memLease struct {
 type memRelay struct {
 	lastSeen time.Time
 	stopped  bool
+	stopAt   time.Time // when it was stopped (released)
 }
 
 // NewMemStore returns an empty store for bucketCount buckets whose leases
@@ -68,8 +71,15 @@ func NewMemStore(bucketCount int, now func() time.Time) *MemStore {
 	if now == nil {
 		now = time.Now
 	}
-	return &MemStore{now: now, n: bucketCount, rows: map[int][]*outbox.Message{}, leases: map[int]memLease{}, relays: map[string]*memRelay{},
-		parked: map[int64]memPark{}, corrupt: map[int64]memCorrupt{}}
+	return &MemStore{now: now, n: bucketCount, memShared: &memShared{rows: map[int][]*outbox.Message{}, leases: map[int]memLease{}, relays: map[string]*memRelay{},
+		parked: map[int64]memPark{}, corrupt: map[int64]memCorrupt{}}}
+}
+
+// WithClock returns a view of s whose leases and heartbeats read now
+// instead: the same rows, leases and relays, as another process with its
+// own clock sees them (the conformance kit replays a late statement so).
+func (s *MemStore) WithClock(now func() time.Time) *MemStore {
+	return &MemStore{now: now, n: s.n, memShared: s.memShared}
 }
 
 // SetHook installs h, called at the start of every store call with the
@@ -172,7 +182,8 @@ func (s *MemStore) BucketCount() int { return s.n }
 
 // AcquireBucketLeases implements relay.Store: heartbeat, then take or keep
 // relayID's fair share of free or expired leases, freeing any excess. A
-// relay that was released (stopped) gets nothing.
+// relay that was released (stopped) gets nothing from a round that started
+// before its release (by the store's clock); a later round is a restart.
 func (s *MemStore) AcquireBucketLeases(ctx context.Context, relayID string, bucketCount int, leaseDuration time.Duration) ([]int, error) {
 	if err := s.enter(ctx, OpAcquire); err != nil {
 		return nil, err
@@ -194,7 +205,10 @@ func (s *MemStore) AcquireBucketLeases(ctx context.Context, relayID string, buck
 		s.relays[relayID] = rel
 	}
 	if rel.stopped {
-		return nil, nil // a late statement of a stopped relay changes nothing
+		if !now.After(rel.stopAt) {
+			return nil, nil // a late statement of a stopped relay changes nothing
+		}
+		rel.stopped = false // the same id started again
 	}
 	rel.lastSeen = now
 	held := map[string]int{}
@@ -276,7 +290,7 @@ func (s *MemStore) ReleaseBucketLeases(ctx context.Context, relayID string) erro
 		rel = &memRelay{}
 		s.relays[relayID] = rel
 	}
-	rel.stopped = true
+	rel.stopped, rel.stopAt = true, s.now()
 	for b, l := range s.leases {
 		if l.owner == relayID {
 			delete(s.leases, b)
@@ -303,7 +317,8 @@ func (s *MemStore) BucketsWithPending(ctx context.Context, buckets []int) ([]int
 }
 
 // NextBatch implements relay.Store. It returns copies of the stored
-// messages, oldest first, skipping parked rows. A corrupt row (AddCorrupt)
+// messages, oldest first, skipping parked rows and the rows behind a parked
+// row of their key (see relay.Parker). A corrupt row (AddCorrupt)
 // ends the batch before it, or, at the head, makes NextBatch return a
 // *relay.CorruptRowError.
 func (s *MemStore) NextBatch(ctx context.Context, bucket, limit int) ([]*outbox.Message, error) {
@@ -313,11 +328,18 @@ func (s *MemStore) NextBatch(ctx context.Context, bucket, limit int) ([]*outbox.
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []*outbox.Message
+	held := map[string]bool{} // keys with a parked row so far that holds
 	for _, m := range s.rows[bucket] {
 		if len(out) >= limit {
 			break
 		}
-		if s.isParked(m.ID) {
+		if p, ok := s.parked[m.ID]; ok {
+			if m.Key != nil && holds(p) {
+				held[string(m.Key)] = true
+			}
+			continue
+		}
+		if m.Key != nil && held[string(m.Key)] {
 			continue
 		}
 		if c, ok := s.corrupt[m.ID]; ok {

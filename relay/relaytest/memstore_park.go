@@ -6,7 +6,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -40,6 +39,14 @@ func (s *MemStore) AddCorrupt(bucket int, key []byte) int64 {
 	defer s.mu.Unlock()
 	s.corrupt[m.ID] = memCorrupt{messageID: CorruptMessageID, err: fmt.Errorf("message id %q is not a UUID", CorruptMessageID)}
 	return m.ID
+}
+
+// Repair makes the corrupt row id decodable again, as an operator's fix of
+// the stored row would; its parked mark is left as it is.
+func (s *MemStore) Repair(id int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.corrupt, id)
 }
 
 // SetFleetCanPark sets FleetCanPark's answer (true until set otherwise).
@@ -85,29 +92,6 @@ func (s *MemStore) FleetCanPark(ctx context.Context) (bool, error) {
 	return !s.noFleet, nil
 }
 
-// ParkedHeads implements relay.Parker.
-func (s *MemStore) ParkedHeads(ctx context.Context, buckets []int) ([]relay.ParkedHead, error) {
-	if err := s.enter(ctx, OpParkedHeads); err != nil {
-		return nil, err
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var out []relay.ParkedHead
-	for _, b := range slices.Compact(slices.Sorted(slices.Values(buckets))) {
-		seen := map[string]bool{}
-		for _, m := range s.rows[b] { // id order: the first is the lowest
-			p, ok := s.parked[m.ID]
-			if !ok || m.Key == nil || seen[string(m.Key)] ||
-				strings.HasPrefix(p.reason, relay.CorruptReasonPrefix) || strings.HasPrefix(p.reason, relay.HeldReasonPrefix) {
-				continue
-			}
-			seen[string(m.Key)] = true
-			out = append(out, relay.ParkedHead{Bucket: b, Key: bytes.Clone(m.Key), ID: m.ID})
-		}
-	}
-	return out, nil
-}
-
 // row returns row id of bucket, or nil.
 func (s *MemStore) row(bucket int, id int64) *outbox.Message {
 	rows := s.rows[bucket]
@@ -118,37 +102,27 @@ func (s *MemStore) row(bucket int, id int64) *outbox.Message {
 	return rows[i]
 }
 
-// Park implements relay.Parker.
-func (s *MemStore) Park(ctx context.Context, bucket int, id int64, reason string) error {
+// Park implements relay.Parker: the row is parked only while relayID holds
+// bucket's lease unexpired on the store's clock.
+func (s *MemStore) Park(ctx context.Context, relayID string, bucket int, id int64, reason string) error {
 	if err := s.enter(ctx, OpPark); err != nil {
 		return err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	now := s.now()
+	if l := s.leases[bucket]; l.owner != relayID || !now.Before(l.expires) {
+		return fmt.Errorf("relaytest: bucket %d: park row %d: %w", bucket, id, relay.ErrLeaseLost)
+	}
 	if s.row(bucket, id) != nil && !s.isParked(id) {
-		s.parked[id] = memPark{at: s.now().UTC(), reason: reason}
+		s.parked[id] = memPark{at: now.UTC(), reason: reason}
 	}
 	return nil
 }
 
-// HoldBehind implements relay.Parker, atomically under the store's mutex.
-func (s *MemStore) HoldBehind(ctx context.Context, bucket int, head int64, ids []int64) (bool, error) {
-	if err := s.enter(ctx, OpHoldBehind); err != nil {
-		return false, err
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.row(bucket, head) == nil || !s.isParked(head) {
-		return false, nil
-	}
-	p := memPark{at: s.now().UTC(), reason: relay.HeldReasonPrefix + strconv.FormatInt(head, 10)}
-	for _, id := range ids {
-		if s.row(bucket, id) != nil && !s.isParked(id) {
-			s.parked[id] = p
-		}
-	}
-	return true, nil
-}
+// holds reports whether parked row p of a keyed row holds the later rows of
+// its key (see relay.Parker): unless it is corrupt.
+func holds(p memPark) bool { return !strings.HasPrefix(p.reason, relay.CorruptReasonPrefix) }
 
 // ListParked implements relay.ParkAdmin.
 func (s *MemStore) ListParked(ctx context.Context, limit int) ([]relay.ParkedRow, error) {
@@ -194,44 +168,12 @@ func mapKeys[V any](m map[int]V) func(func(int) bool) {
 	}
 }
 
-// chosen returns bucket → ids of the parked rows sel chooses.
+// chosen returns bucket → ids of the parked rows sel chooses
+// (relay.ParkedSelector.Choose).
 func (s *MemStore) chosen(sel relay.ParkedSelector) map[int][]int64 {
 	out := map[int][]int64{}
-	pick := func(b int, match func(*outbox.Message, memPark) bool) {
-		for _, m := range s.rows[b] {
-			if p, ok := s.parked[m.ID]; ok && match(m, p) {
-				out[b] = append(out[b], m.ID)
-			}
-		}
-	}
-	switch {
-	case sel.All:
-		for b := range s.rows {
-			pick(b, func(*outbox.Message, memPark) bool { return true })
-		}
-	case sel.Key != nil:
-		for b := range s.rows {
-			pick(b, func(m *outbox.Message, _ memPark) bool { return m.Key != nil && bytes.Equal(m.Key, sel.Key) })
-		}
-	default:
-		for b := range s.rows {
-			m := s.row(b, sel.ID)
-			if m == nil {
-				continue
-			}
-			p, ok := s.parked[m.ID]
-			if !ok {
-				return out
-			}
-			if m.Key == nil || strings.HasPrefix(p.reason, relay.CorruptReasonPrefix) {
-				out[b] = []int64{m.ID}
-				return out
-			}
-			pick(b, func(o *outbox.Message, op memPark) bool {
-				return o.Key != nil && bytes.Equal(o.Key, m.Key) && !strings.HasPrefix(op.reason, relay.CorruptReasonPrefix)
-			})
-			return out
-		}
+	for _, r := range sel.Choose(s.listParkedLocked(0)) {
+		out[r.Bucket] = append(out[r.Bucket], r.ID)
 	}
 	return out
 }

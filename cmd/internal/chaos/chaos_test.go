@@ -86,6 +86,9 @@ func TestCrashMatrix(t *testing.T) {
 			if r.Lost != 0 || r.OrderViolations != 0 {
 				t.Errorf("%s, %s: lost %d, order violations %d; want 0 and 0", r.Step, r.Mode, r.Lost, r.OrderViolations)
 			}
+			if !r.PoisonParked {
+				t.Errorf("%s, %s: the poison row was never parked", r.Step, r.Mode)
+			}
 			if r.Resumed < 0 && !strings.Contains(r.Step, "acquisition") {
 				t.Errorf("%s, %s: no delivery after the kill; want the rest of the messages delivered", r.Step, r.Mode)
 			}

@@ -14,6 +14,8 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/gormstore"
+	"github.com/gorm-outbox/outbox/relay"
 )
 
 // Timing of every harness relay: short leases so that takeovers happen
@@ -34,17 +36,22 @@ type MatrixStep struct {
 	Name string
 	// Failpoints is the OUTBOX_FAILPOINTS value armed in the victim.
 	Failpoints string
+	// PeerAfterKill starts the peer of a peer-takeover cell only once the
+	// victim is killed, so that the victim owns every bucket until then
+	// (the step needs the poison row's bucket).
+	PeerAfterKill bool
 }
 
 // MatrixSteps returns the steps of the crash matrix.
 func MatrixSteps() []MatrixStep {
 	return []MatrixStep{
-		{"after fetch, before publish", "relay/after-fetch=kill@3"},
-		{"during publish (appended, no answer yet)", "relay/during-publish=kill@3"},
-		{"after ack, before delete", "relay/after-ack=kill@3"},
-		{"during delete", "relay/during-delete=killafter(1ms)@3"},
-		{"during lease acquisition", "relay/acquire=kill@1"},
-		{"during renewal (slow publish)", "relay/during-publish=sleep(2500ms);relay/renew=kill@1"},
+		{"after fetch, before publish", "relay/after-fetch=kill@3", false},
+		{"during publish (appended, no answer yet)", "relay/during-publish=kill@3", false},
+		{"after ack, before delete", "relay/after-ack=kill@3", false},
+		{"during delete", "relay/during-delete=killafter(1ms)@3", false},
+		{"during lease acquisition", "relay/acquire=kill@1", false},
+		{"during renewal (slow publish)", "relay/during-publish=sleep(2500ms);relay/renew=kill@1", false},
+		{"before parking (lease checked, statement not sent)", "relay/before-park=kill@1", true},
 	}
 }
 
@@ -93,6 +100,9 @@ type MatrixRow struct {
 	// victim's buckets was produced again; negative when no row was left to
 	// publish after the kill.
 	Resumed time.Duration
+	// PoisonParked: the cell's poison row (see crashCell) was seen parked
+	// before its repair and requeue.
+	PoisonParked bool
 }
 
 // CrashMatrix runs every step in both modes and returns the rows.
@@ -118,7 +128,7 @@ func CrashMatrix(ctx context.Context, cfg MatrixConfig) ([]MatrixRow, error) {
 			if err != nil {
 				return rows, fmt.Errorf("chaos: %s, %s: %w", s.Name, mode, err)
 			}
-			cfg.Logger.Info("chaos: crash cell", "step", s.Name, "mode", mode, "lost", row.Lost, "duplicates", row.Duplicates, "order_violations", row.OrderViolations, "resumed", row.Resumed)
+			cfg.Logger.Info("chaos: crash cell", "step", s.Name, "mode", mode, "lost", row.Lost, "duplicates", row.Duplicates, "order_violations", row.OrderViolations, "resumed", row.Resumed, "poison_parked", row.PoisonParked)
 			rows = append(rows, row)
 		}
 	}
@@ -151,6 +161,19 @@ func crashCell(ctx context.Context, cfg MatrixConfig, cell string, step MatrixSt
 	}
 	perKey := map[string][]string{}
 	var all []string
+	// The poison key: a head row beyond the relays' BatchBytes, which they
+	// park, and rows behind it; after the kill it is repaired and requeued.
+	poisonMsgs := []*outbox.Message{outbox.NewStringMessage(topic, poisonKey, "head:"+strings.Repeat("x", 2<<20))}
+	for i := range 3 {
+		poisonMsgs = append(poisonMsgs, outbox.NewStringMessage(topic, poisonKey, fmt.Sprint(i)))
+	}
+	if err := outbox.Enqueue(db.WithContext(ctx), poisonMsgs...); err != nil {
+		return row, err
+	}
+	for _, m := range poisonMsgs {
+		perKey[poisonKey] = append(perKey[poisonKey], m.MessageID.String())
+		all = append(all, m.MessageID.String())
+	}
 	for start := 0; start < cfg.Messages; start += 100 {
 		var msgs []*outbox.Message
 		for i := start; i < min(start+100, cfg.Messages); i++ {
@@ -178,7 +201,7 @@ func crashCell(ctx context.Context, cfg MatrixConfig, cell string, step MatrixSt
 	if err != nil {
 		return row, err
 	}
-	if mode == ModePeer {
+	if mode == ModePeer && !step.PeerAfterKill {
 		time.Sleep(300 * time.Millisecond)
 		if _, err := relays.Start("peer-" + cell); err != nil {
 			return row, err
@@ -214,6 +237,28 @@ func crashCell(ctx context.Context, cfg MatrixConfig, cell string, step MatrixSt
 			return row, err
 		}
 	}
+	if mode == ModePeer && step.PeerAfterKill {
+		if _, err := relays.Start("peer-" + cell); err != nil {
+			return row, err
+		}
+	}
+	head := poisonMsgs[0].ID
+	for end := time.Now().Add(30 * time.Second); !row.PoisonParked && time.Now().Before(end) && ctx.Err() == nil; time.Sleep(100 * time.Millisecond) {
+		var n int64
+		if err := db.Model(&outbox.Message{}).Where("id = ? AND parked_at_ms IS NOT NULL", head).Count(&n).Error; err == nil && n == 1 {
+			row.PoisonParked = true
+		}
+	}
+	if err := db.Model(&outbox.Message{}).Where("id = ?", head).Update("record_value", []byte("head:repaired")).Error; err != nil {
+		return row, fmt.Errorf("repair the poison row: %w", err)
+	}
+	store, err := gormstore.New(db, gormstore.Options{})
+	if err != nil {
+		return row, err
+	}
+	if _, err := store.RequeueParked(ctx, relay.ParkedSelector{Key: []byte(poisonKey)}); err != nil {
+		return row, fmt.Errorf("requeue the poison key: %w", err)
+	}
 	deadline := time.Now().Add(90 * time.Second)
 	for {
 		var n int64
@@ -244,14 +289,14 @@ func crashCell(ctx context.Context, cfg MatrixConfig, cell string, step MatrixSt
 // FormatMatrix renders rows as a Markdown table.
 func FormatMatrix(rows []MatrixRow) string {
 	var b strings.Builder
-	b.WriteString("| step (failpoints) | recovery | messages | lost | duplicates | order violations | delivery resumed after |\n")
-	b.WriteString("|---|---|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| step (failpoints) | recovery | messages | lost | duplicates | order violations | delivery resumed after | poison parked |\n")
+	b.WriteString("|---|---|---:|---:|---:|---:|---:|---|\n")
 	for _, r := range rows {
 		resumed := "— (nothing left)"
 		if r.Resumed >= 0 {
 			resumed = r.Resumed.Round(10 * time.Millisecond).String()
 		}
-		fmt.Fprintf(&b, "| %s (`%s`) | %s | %d | %d | %d | %d | %s |\n", r.Step, r.Failpoints, r.Mode, r.Messages, r.Lost, r.Duplicates, r.OrderViolations, resumed)
+		fmt.Fprintf(&b, "| %s (`%s`) | %s | %d | %d | %d | %d | %s | %t |\n", r.Step, r.Failpoints, r.Mode, r.Messages, r.Lost, r.Duplicates, r.OrderViolations, resumed, r.PoisonParked)
 	}
 	return b.String()
 }

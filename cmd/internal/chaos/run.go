@@ -95,6 +95,10 @@ type Summary struct {
 	Transactional              bool
 	RawOrderViolations         int
 	UnexplainedOrderViolations int
+	// PoisonParked: the poison key's head (see poison) was seen parked;
+	// PoisonRequeued is how many rows its requeue changed.
+	PoisonParked   bool
+	PoisonRequeued int64
 }
 
 // DBKillTotals sums the sessions the database-kill faults terminated, and
@@ -121,9 +125,9 @@ func (s Summary) String() string {
 		killed, mid := s.DBKillTotals()
 		dbkill = fmt.Sprintf(" dbkill_sessions=%d (mid-statement %d) relay_store_warns=%d (during dbkill %d)", killed, mid, s.RelayStoreWarningsTotal, s.RelayStoreWarnings)
 	}
-	return fmt.Sprintf("chaos: db=%s broker=%s relays=%d messages=%d committed=%d rolled_back=%d in_doubt=%d lost=%d rolled_back_arrived=%d order_violations=%d dual_owners=%d (lease changes %d, audits %d) drained=%t duplicates=%d records=%d faults=%d (%s)%s took=%s",
+	return fmt.Sprintf("chaos: db=%s broker=%s relays=%d messages=%d committed=%d rolled_back=%d in_doubt=%d lost=%d rolled_back_arrived=%d order_violations=%d dual_owners=%d (lease changes %d, audits %d) drained=%t duplicates=%d records=%d poison_parked=%t poison_requeued=%d faults=%d (%s)%s took=%s",
 		s.Dialect, s.Broker, s.Relays, s.Written, s.Committed, s.RolledBack, s.InDoubt, s.Check.Lost, s.Check.RolledBackArrived, s.Check.OrderViolations,
-		s.DualOwners, s.LeaseChanges, s.LeaseAudits, s.Drained, s.Check.Duplicates, s.Check.Records, total, strings.Join(kinds, " "), dbkill+s.txnSummary(), s.Took.Round(time.Second))
+		s.DualOwners, s.LeaseChanges, s.LeaseAudits, s.Drained, s.Check.Duplicates, s.Check.Records, s.PoisonParked, s.PoisonRequeued, total, strings.Join(kinds, " "), dbkill+s.txnSummary(), s.Took.Round(time.Second))
 }
 
 // TotalFaults is the number of injected faults.
@@ -150,6 +154,8 @@ func (s Summary) Err() error {
 		return fmt.Errorf("chaos: %d takeovers of a live lease", s.DualOwners)
 	case !s.Drained:
 		return errors.New("chaos: the outbox table did not drain")
+	case !s.PoisonParked:
+		return errors.New("chaos: the poison row was never parked")
 	}
 	return nil
 }
@@ -280,6 +286,12 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 			write(ctx, db, topic, w, cfg, led)
 		}()
 	}
+	var poisonErr error
+	wwg.Add(1)
+	go func() {
+		defer wwg.Done()
+		s.PoisonParked, s.PoisonRequeued, poisonErr = poison(ctx, db, topic, cfg, led)
+	}()
 	writersDone := make(chan struct{})
 	go func() { wwg.Wait(); close(writersDone) }()
 
@@ -326,7 +338,7 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 	case <-writersDone:
 	case <-ctx.Done():
 	}
-	log.Info("chaos: faults over; draining", "faults", s.TotalFaults())
+	log.Info("chaos: faults over; draining", "faults", s.TotalFaults(), "poison_parked", s.PoisonParked, "poison_requeued", s.PoisonRequeued)
 
 	// Drain: the table empties and the checker sees every committed id.
 	s.Drained = drain(ctx, db, led, consumer, cfg.DrainTimeout)
@@ -361,6 +373,9 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 		}
 	}
 	s.Took = time.Since(start)
+	if poisonErr != nil {
+		return s, poisonErr
+	}
 	return s, ctx.Err()
 }
 
