@@ -1,3 +1,9 @@
+// The parking contract: the errors that make a row unpublishable or
+// corrupt, the ParkPolicy, the store's Parker and the operator's ParkAdmin
+// with one definition of what a ParkedSelector chooses. The engine's side
+// (counting a head row's failures, asking the store to park it) is
+// strikes.go.
+
 package relay
 
 import (
