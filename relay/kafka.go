@@ -630,17 +630,19 @@ func (p *KafkaPublisher) acquire(ctx context.Context, key topicPartition) (relea
 	case ch <- struct{}{}:
 		return func() { <-ch }, nil
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return nil, context.Cause(ctx) // the PublishTimeout, named, when it ended the wait
 	}
 }
 
 // writeError is the error of a write that ended: firstWriteError, reported
 // as the PublishTimeout when the writer's own deadline (WriteTimeout and
-// ReadTimeout are at most PublishTimeout) or the Publish call's fired, so
-// that it wraps context.DeadlineExceeded whichever of the two came first.
+// ReadTimeout are at most PublishTimeout; kafka-go's Client derives a
+// context of the same length, which can end a moment before the Publish
+// call's) or the Publish call's fired, so that it names the timeout and
+// wraps context.DeadlineExceeded whichever came first.
 func (p *KafkaPublisher) writeError(ctx context.Context, err error) error {
 	err = firstWriteError(err)
-	if err != nil && (ctx.Err() != nil || errors.Is(err, os.ErrDeadlineExceeded)) {
+	if err != nil && (ctx.Err() != nil || errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, context.DeadlineExceeded)) {
 		return fmt.Errorf("no answer from the broker within KafkaConfig.PublishTimeout (%v): %w (%w)", p.timeout, context.DeadlineExceeded, err)
 	}
 	return err
