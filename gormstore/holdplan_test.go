@@ -157,10 +157,16 @@ func planProblem(dialect, plan string) string {
 	const idx = "idx_outbox_messages_bucket_parked_id"
 	switch dialect {
 	case testenv.Postgres:
-		if strings.Contains(plan, "Sort") || strings.Contains(plan, "Seq Scan") || strings.Contains(plan, "Bitmap") {
+		if strings.Contains(plan, "Sort") || strings.Contains(plan, "Seq Scan") {
 			return "sorts or scans the table"
 		}
-		if strings.Count(plan, "using "+idx) < 3 {
+		// The hold subquery probes a few parked rows: PostgreSQL reads them
+		// by an index scan or, as its statistics make it choose, by a bitmap
+		// built from the same index; either is on the index.
+		if strings.Count(plan, "Bitmap Heap Scan") > strings.Count(plan, "Bitmap Index Scan on "+idx) {
+			return "reads a bitmap not built from the index"
+		}
+		if strings.Count(plan, "using "+idx)+strings.Count(plan, "Bitmap Index Scan on "+idx) < 3 {
 			return "does not use the index for the scan and both subqueries"
 		}
 	case testenv.MySQL:
