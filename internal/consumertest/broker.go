@@ -64,7 +64,9 @@ func committed(t testing.TB, b testenv.Broker, group, topic string, partitions i
 	for i := range ps {
 		ps[i] = i
 	}
-	c := &kafka.Client{Addr: kafka.TCP(b.Addrs...), Transport: &kafka.Transport{}}
+	tr := &kafka.Transport{} // its own: the default caches metadata
+	defer tr.CloseIdleConnections()
+	c := &kafka.Client{Addr: kafka.TCP(b.Addrs...), Transport: tr}
 	res, err := c.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: group, Topics: map[string][]int{topic: ps}})
 	if err != nil {
 		t.Fatalf("OffsetFetch(%s): %v", group, err)
