@@ -54,3 +54,8 @@ func (c kafkaGoConsumer) Close() { _ = c.r.Close() }
 func BenchmarkConsumerVsBareTransaction(b *testing.B) {
 	consumertest.Bench(b, kafkaGo)
 }
+
+// TestEffectsAudit: see consumertest.RunEffects.
+func TestEffectsAudit(t *testing.T) {
+	consumertest.RunEffects(t, kafkaGo)
+}

@@ -47,3 +47,8 @@ var franzGo = consumertest.Client{
 func BenchmarkConsumerVsBareTransaction(b *testing.B) {
 	consumertest.Bench(b, franzGo)
 }
+
+// TestEffectsAudit: see consumertest.RunEffects.
+func TestEffectsAudit(t *testing.T) {
+	consumertest.RunEffects(t, franzGo)
+}

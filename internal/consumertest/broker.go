@@ -16,9 +16,16 @@ import (
 // real broker when the environment names one.
 func forEachDBAndBroker(t *testing.T, f func(t *testing.T, o testenv.Opener, b testenv.Broker)) {
 	t.Helper()
+	forEachPairing(t, false, f)
+}
+
+// forEachPairing is forEachDBAndBroker, with the real broker on every
+// database when everyDB is set.
+func forEachPairing(t *testing.T, everyDB bool, f func(t *testing.T, o testenv.Opener, b testenv.Broker)) {
+	t.Helper()
 	for _, o := range testenv.Databases(t) {
 		t.Run(o.Name+"_"+testenv.InProcess, func(t *testing.T) { f(t, o, testenv.NewFake(t)) })
-		if o.Name != testenv.Postgres {
+		if o.Name != testenv.Postgres && !everyDB {
 			continue
 		}
 		t.Run(o.Name+"_"+testenv.Real, func(t *testing.T) {
