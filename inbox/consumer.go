@@ -72,6 +72,17 @@ var (
 	_ Writer = (*kafka.Writer)(nil)
 )
 
+// MarkerFreeReader is implemented by a Reader whose client never returns
+// transaction markers (franz-go's, which drops control records itself). A
+// Consumer then handles every record it fetches; with any other Reader it
+// skips the records shaped like a transaction marker (see Consumer).
+type MarkerFreeReader interface {
+	Reader
+	// ReturnsNoTransactionMarkers reports whether FetchMessage never
+	// returns a transaction marker.
+	ReturnsNoTransactionMarkers() bool
+}
+
 // HandlerFunc applies a message's effect in tx, the transaction that
 // records its id. tx is bound to the Consumer's context
 // (tx.Statement.Context). An error rolls the transaction back and makes the
@@ -94,21 +105,23 @@ type ConsumerOptions struct {
 	MaxRetryBackoff time.Duration
 
 	// DeadLetter, when non-nil, receives a message that failed MaxAttempts
-	// times: the original key, value and headers, followed by HeaderError,
-	// HeaderHandler, HeaderAttempts, HeaderTopic, HeaderPartition and
-	// HeaderOffset; its offset is committed once the write succeeded (a
-	// failed write is retried with the same backoff, never skipped). Only
-	// the message's own failures count as attempts — the handler's
-	// errors and a missing or invalid message id — so a database that
-	// cannot begin, record or commit (an outage) dead-letters nothing: it
-	// is retried forever. A handler error counts unless the transaction's
-	// connection was lost under it (the rollback that follows fails too: a
-	// dropped connection, a killed session, a restarted server), which is
-	// an outage as well. Nil means no dead-letter topic: a failing message is
-	// retried until it succeeds, holding back the messages behind it
-	// (every partition of the reader, as one Consumer handles one message
-	// at a time). A crash between the write and the offset commit writes
-	// the message again on restart.
+	// times (a record without a usable message id at its first failure:
+	// no retry can give it one): the original key, value and headers,
+	// followed by HeaderError, HeaderHandler, HeaderAttempts, HeaderTopic,
+	// HeaderPartition and HeaderOffset; its offset is committed once the
+	// write succeeded (a failed write is retried with the same backoff,
+	// never skipped). Only the message's own failures count as attempts
+	// (the handler's errors), so a database that cannot begin, record or
+	// commit (an outage) dead-letters nothing: it is retried forever. A
+	// handler error counts unless the transaction's connection was lost
+	// under it (the rollback that follows fails too: a dropped connection,
+	// a killed session, a restarted server), which is an outage as well.
+	// Nil means no dead-letter topic: a failing message is retried until
+	// it succeeds, holding back the messages behind it (every partition of
+	// the reader, as one Consumer handles one message at a time), and a
+	// record without a usable message id stops Run with an error. A crash
+	// between the write and the offset commit writes the message again on
+	// restart.
 	DeadLetter Writer
 
 	// DeadLetterTopic is the topic of dead-lettered records. Empty means
@@ -194,6 +207,25 @@ func (o ConsumerOptions) withDefaults() (ConsumerOptions, error) {
 // A Consumer handles one record at a time, in the reader's order (each
 // partition's records in offset order). Run several Consumers, each with
 // its own Reader in the same group, to handle partitions in parallel.
+//
+// A record without a usable message id (ErrNoMessageID,
+// ErrInvalidMessageID) cannot succeed on a retry: with a DeadLetter writer
+// it is dead-lettered at its first failure; without one Run stops with an
+// error wrapping the cause, its offset uncommitted (set
+// Options.IDFromOffset to consume topics whose producers set no id).
+//
+// Transactional topics: kafka-go's Reader returns a transaction's commit
+// or abort marker (a control record) as a message, and it does not drop
+// the records of aborted transactions, even with IsolationLevel
+// kafka.ReadCommitted. A Consumer skips the markers: a record without
+// headers whose key is a marker's (4 bytes: version 0, type 0 for abort
+// or 1 for commit) and whose value is a marker's (6 bytes, version 0) is
+// never handled, counted or dead-lettered; its offset is committed. (The
+// Reader exposes no control flag, so the shape decides: with
+// IDFromOffset, a data record without headers shaped exactly so is
+// skipped too.) Records of aborted transactions are handled like any
+// other: see the README's "Consuming" for what that means on a topic the
+// relay publishes with fenced publishing.
 type Consumer struct {
 	ib      *Inbox
 	r       Reader
@@ -202,6 +234,7 @@ type Consumer struct {
 	opts    ConsumerOptions
 	log     *slog.Logger
 	dlTopic string // the dead-letter topic, for logs
+	markers bool   // skip the records shaped like transaction markers
 }
 
 // NewConsumer returns a Consumer that handles r's records with fn under the
@@ -243,12 +276,18 @@ func NewConsumer(ib *Inbox, r Reader, handler string, fn HandlerFunc, opts Consu
 	if w, ok := opts.DeadLetter.(*kafka.Writer); ok && dlTopic == "" {
 		dlTopic = w.Topic
 	}
-	return &Consumer{ib: ib, r: r, handler: handler, fn: fn, opts: opts, log: log, dlTopic: dlTopic}, nil
+	markers := true
+	if mf, ok := r.(MarkerFreeReader); ok && mf.ReturnsNoTransactionMarkers() {
+		markers = false
+	}
+	return &Consumer{ib: ib, r: r, handler: handler, fn: fn, opts: opts, log: log, dlTopic: dlTopic, markers: markers}, nil
 }
 
 // Run consumes until ctx is done and returns nil then, or returns the
 // reader's error when FetchMessage fails otherwise (a closed reader
-// returns io.EOF). A stop interrupts a transaction in flight (it is rolled
+// returns io.EOF), or, without a DeadLetter writer, an error wrapping
+// ErrNoMessageID or ErrInvalidMessageID for a record without a usable
+// message id (its offset is not committed). A stop interrupts a transaction in flight (it is rolled
 // back, and its record redelivered later) and a retry's wait; a record
 // whose transaction committed still has its offset committed, within
 // ConsumerOptions.CommitTimeout. Run must not be called twice at once.
@@ -267,8 +306,16 @@ func (c *Consumer) Run(ctx context.Context) error {
 			}
 			return fmt.Errorf("inbox: handler %s: fetch: %w", c.handler, err)
 		}
-		if !c.settle(ctx, m) {
-			return nil
+		if c.markers && isTransactionMarker(m) {
+			c.log.Debug("transaction marker skipped", "topic", m.Topic, "partition", m.Partition, "offset", m.Offset)
+		} else {
+			ok, err := c.settle(ctx, m)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				return nil
+			}
 		}
 		if !c.commit(ctx, m) {
 			return nil
@@ -276,9 +323,27 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 }
 
+// isTransactionMarker reports whether m has the shape of a transaction
+// marker as kafka-go's Reader returns it: no headers, the control record
+// key of an abort or a commit (version 0, type 0 or 1) and the end-marker
+// value (version 0, then the coordinator epoch).
+func isTransactionMarker(m kafka.Message) bool {
+	k, v := m.Key, m.Value
+	return len(m.Headers) == 0 &&
+		len(k) == 4 && k[0] == 0 && k[1] == 0 && k[2] == 0 && k[3] <= 1 &&
+		len(v) == 6 && v[0] == 0 && v[1] == 0
+}
+
+// permanent reports whether err, from Handle, fails m on every attempt: m
+// has no usable message id.
+func permanent(err error) bool {
+	return errors.Is(err, ErrNoMessageID) || errors.Is(err, ErrInvalidMessageID)
+}
+
 // settle handles m until it is processed, a duplicate or dead-lettered,
-// retrying with backoff; it reports false when ctx ended first.
-func (c *Consumer) settle(ctx context.Context, m kafka.Message) bool {
+// retrying with backoff; it reports false when ctx ended first, and an
+// error for a record without a usable message id and no DeadLetter.
+func (c *Consumer) settle(ctx context.Context, m kafka.Message) (bool, error) {
 	backoff := c.opts.RetryBackoff
 	attempts, failures := 0, 0
 	var lastLogged time.Time
@@ -292,10 +357,10 @@ func (c *Consumer) settle(ctx context.Context, m kafka.Message) bool {
 				id, _ := c.ib.MessageID(m) // Handle succeeded: the id is valid
 				c.log.Debug("message processed", "message_id", id, "topic", m.Topic, "partition", m.Partition, "offset", m.Offset)
 			}
-			return true
+			return true, nil
 		}
 		if ctx.Err() != nil {
-			return false
+			return false, nil
 		}
 		failures++
 		// The message's own failures count; the database's (see outage)
@@ -303,8 +368,15 @@ func (c *Consumer) settle(ctx context.Context, m kafka.Message) bool {
 		if !isOutage(err) {
 			attempts++
 		}
+		if permanent(err) {
+			if c.opts.DeadLetter == nil {
+				c.log.Error("record without a usable message id; stopping (no dead-letter topic)", "topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "error", err)
+				return false, err
+			}
+			return c.deadLetter(ctx, m, attempts, err, backoff), nil
+		}
 		if c.opts.DeadLetter != nil && attempts >= c.opts.MaxAttempts {
-			return c.deadLetter(ctx, m, attempts, err, backoff)
+			return c.deadLetter(ctx, m, attempts, err, backoff), nil
 		}
 		// Logged at WARN on the first failure, when the error changes and
 		// at most once a minute; DEBUG otherwise.
@@ -316,7 +388,7 @@ func (c *Consumer) settle(ctx context.Context, m kafka.Message) bool {
 		wait := jitter(backoff)
 		c.log.Log(ctx, level, "handling failed; retrying the message", "topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "failures", failures, "attempts", attempts, "backoff", wait, "error", err)
 		if !c.sleep(ctx, wait) {
-			return false
+			return false, nil
 		}
 		backoff = min(2*backoff, c.opts.MaxRetryBackoff)
 	}

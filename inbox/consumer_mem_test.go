@@ -1,6 +1,7 @@
 package inbox_test
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"sync/atomic"
@@ -115,5 +116,105 @@ func TestHandlerErrorFromADroppedConnectionIsAnOutageNotAnAttempt(t *testing.T) 
 			t.Fatalf("effects = %d; want 1", n)
 		}
 		collect(t, metrics).check(t, readings{inbox.MetricFailures: 3, inbox.MetricProcessed: 1, inbox.MetricDeadLettered: 0})
+	})
+}
+
+// TestRecordWithoutMessageID: no retry can give a record an id, so it is
+// dead-lettered at its first failure, or stops Run without a dead-letter
+// topic; either way it is a counted failure, and never skipped.
+func TestRecordWithoutMessageID(t *testing.T) {
+	forEachDB(t, func(t *testing.T, _ testenv.Opener, db *gorm.DB) {
+		t.Run("dead_lettered_at_its_first_failure", func(t *testing.T) {
+			ib, metrics := setup(t, db, inbox.Options{})
+			r := newQueueReader(withID(0, "", "no-id"), withID(0, "after", "a"))
+			dl := &memWriter{}
+			c, err := inbox.NewConsumer(ib, r, "noid-dl", applyRecord, inbox.ConsumerOptions{DeadLetter: dl, DeadLetterTopic: "dlq", MaxAttempts: 5})
+			if err != nil {
+				t.Fatal(err)
+			}
+			stop := runConsumer(t, c)
+			waitCommits(t, r, 2)
+			stop()
+			if n := dl.len(); n != 1 {
+				t.Fatalf("dead-lettered %d records; want 1", n)
+			}
+			if a, _ := header(dl.msgs[0], inbox.HeaderAttempts); a != "1" {
+				t.Errorf("%s = %q; want 1", inbox.HeaderAttempts, a)
+			}
+			collect(t, metrics).check(t, readings{inbox.MetricFailures: 1, inbox.MetricDeadLettered: 1, inbox.MetricProcessed: 1})
+		})
+		t.Run("stops_Run_without_a_dead_letter_topic", func(t *testing.T) {
+			ib, metrics := setup(t, db, inbox.Options{})
+			r := newQueueReader(withID(0, "before", "b"), withID(0, "", "no-id"), withID(0, "after2", "a"))
+			c, err := inbox.NewConsumer(ib, r, "noid-stop", applyRecord, inbox.ConsumerOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = c.Run(withTimeout(t, time.Minute))
+			if !errors.Is(err, inbox.ErrNoMessageID) || !strings.Contains(err.Error(), "mem[0]@1") {
+				t.Fatalf("Run = %v; want an error wrapping ErrNoMessageID naming mem[0]@1", err)
+			}
+			if n := len(r.commits); n != 1 {
+				t.Fatalf("commits = %d; want 1 (the record before, not the one without an id)", n)
+			}
+			collect(t, metrics).check(t, readings{inbox.MetricFailures: 1, inbox.MetricProcessed: 1})
+		})
+	})
+}
+
+// markerFree wraps a queueReader as a reader whose client filters
+// transaction markers.
+type markerFree struct{ *queueReader }
+
+func (markerFree) ReturnsNoTransactionMarkers() bool { return true }
+
+// TestTransactionMarkersAreSkipped: records shaped like kafka-go's view of
+// a commit or abort marker are not handled, counted or dead-lettered, and
+// their offsets are committed; the same shape with a header, another
+// type, version or length is a record like any other. A MarkerFreeReader
+// turns the check off.
+func TestTransactionMarkersAreSkipped(t *testing.T) {
+	marker := func(typ byte) kafka.Message {
+		return kafka.Message{Key: []byte{0, 0, 0, typ}, Value: []byte{0, 0, 0, 0, 0, 7}}
+	}
+	notMarkers := []kafka.Message{
+		{Key: []byte{0, 0, 0, 2}, Value: []byte{0, 0, 0, 0, 0, 7}},                                      // another control type
+		{Key: []byte{0, 1, 0, 1}, Value: []byte{0, 0, 0, 0, 0, 7}},                                      // another key version
+		{Key: []byte{0, 0, 0, 1}, Value: []byte{0, 0, 0, 0, 7}},                                         // a short value
+		{Key: []byte{0, 0, 0, 1}, Value: []byte{0, 1, 0, 0, 0, 7}},                                      // another value version
+		{Key: []byte{0, 0, 0, 1}, Value: []byte{0, 0, 0, 0, 0, 7}, Headers: []kafka.Header{{Key: "h"}}}, // a header
+	}
+	forEachDB(t, func(t *testing.T, _ testenv.Opener, db *gorm.DB) {
+		ib, metrics := setup(t, db, inbox.Options{IDFromOffset: true})
+		msgs := append([]kafka.Message{marker(0), withID(0, "real", "r"), marker(1)}, notMarkers...)
+		r := newQueueReader(msgs...)
+		dl := &memWriter{}
+		var handled atomic.Int32
+		fn := func(tx *gorm.DB, m kafka.Message) error { handled.Add(1); return nil }
+		c, err := inbox.NewConsumer(ib, r, "markers", fn, inbox.ConsumerOptions{DeadLetter: dl, DeadLetterTopic: "dlq"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		stop := runConsumer(t, c)
+		waitCommits(t, r, len(msgs))
+		stop()
+		if got, want := handled.Load(), int32(1+len(notMarkers)); got != want || dl.len() != 0 {
+			t.Fatalf("handled %d records, dead-lettered %d; want %d and 0 (the two markers skipped)", got, dl.len(), want)
+		}
+		collect(t, metrics).check(t, readings{inbox.MetricProcessed: int64(1 + len(notMarkers)), inbox.MetricFailures: 0})
+
+		// A reader whose client filters markers itself: the shape is a record.
+		handled.Store(0)
+		r = newQueueReader(marker(1))
+		c, err = inbox.NewConsumer(ib, markerFree{r}, "markers-free", fn, inbox.ConsumerOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		stop = runConsumer(t, c)
+		waitCommits(t, r, 1)
+		stop()
+		if handled.Load() != 1 {
+			t.Fatalf("handled %d records through a MarkerFreeReader; want 1", handled.Load())
+		}
 	})
 }

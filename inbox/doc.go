@@ -1,6 +1,7 @@
 // Package inbox is the consumer side of the outbox: it turns at-least-once
 // delivery into effectively-once effects for Go services on GORM that
-// consume with kafka-go.
+// consume with kafka-go (this package's Consumer) or franz-go (module
+// github.com/gorm-outbox/outbox/inbox/franz, the same loop).
 //
 // The relay delivers every record at least once, each with a stable
 // message-id header (x-outbox-message-id); a retried publish, a lease

@@ -202,12 +202,6 @@ func (w watchedReader) CommitMessages(ctx context.Context, msgs ...kafka.Message
 	return w.Reader.CommitMessages(ctx, msgs...)
 }
 
-// readTopic reads want records of a one-partition topic from the start.
-func readTopic(t testing.TB, b testenv.Broker, topic string, want int) []kafka.Message {
-	t.Helper()
-	return b.ReadAll(t, topic, want, time.Minute)
-}
-
 // header returns the value of m's last header key, and whether it has one.
 func header(m kafka.Message, key string) (string, bool) {
 	v, ok := "", false

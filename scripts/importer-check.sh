@@ -12,9 +12,9 @@
 # It fails when
 #   - a forbidden module is in the importer's graph (the Prometheus client,
 #     the OpenTelemetry SDK and exporters, protobuf, this repository's nested
-#     modules): only the worker, the benchmark, the chaos harness or the
-#     examples need them, and they live in the nested modules cmd/ and
-#     examples/;
+#     modules): only the worker, the benchmark, the chaos harness, the
+#     examples or the franz-go inbox consumer need them, and they live in
+#     the nested modules cmd/, examples/ and inbox/franz/;
 #   - a module is in the importer's graph that is neither in the direct
 #     stack's graph nor in EXTRA_ALLOWED below (each with the reason it must
 #     stay in the library module's go.mod).
@@ -32,7 +32,7 @@ FORBIDDEN=(
 	'^go\.opentelemetry\.io/otel/sdk($|/)'  # OpenTelemetry SDK: the worker, tests of the commands
 	'^go\.opentelemetry\.io/otel/exporters/' # OpenTelemetry exporters: the worker
 	'^google\.golang\.org/protobuf$'        # came with the Prometheus client
-	"^${root_module//./\\.}/(cmd|examples)$" # the nested modules themselves
+	"^${root_module//./\\.}/(cmd|examples|inbox/franz)$" # the nested modules themselves
 )
 
 # Modules beyond the direct stack that the library module's go.mod must list

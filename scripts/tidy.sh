@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # tidy: `go mod tidy` in every module of the workspace (go.work: the library
-# at the root, cmd/ and examples/).
+# at the root, cmd/, examples/ and inbox/franz/).
 #
 # `go mod tidy` ignores go.work, and the nested modules require the library
 # at a version that may not be published yet (the placeholder

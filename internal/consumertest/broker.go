@@ -1,0 +1,121 @@
+package consumertest
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/gorm-outbox/outbox/internal/testenv"
+)
+
+// forEachDBAndBroker runs f as subtests named <database>_<broker>: every
+// database with the in-process broker and, on PostgreSQL, also with the
+// real broker when the environment names one.
+func forEachDBAndBroker(t *testing.T, f func(t *testing.T, o testenv.Opener, b testenv.Broker)) {
+	t.Helper()
+	forEachPairing(t, false, f)
+}
+
+// forEachPairing is forEachDBAndBroker, with the real broker on every
+// database when everyDB is set.
+func forEachPairing(t *testing.T, everyDB bool, f func(t *testing.T, o testenv.Opener, b testenv.Broker)) {
+	t.Helper()
+	for _, o := range testenv.Databases(t) {
+		t.Run(o.Name+"_"+testenv.InProcess, func(t *testing.T) { f(t, o, testenv.NewFake(t)) })
+		if o.Name != testenv.Postgres && !everyDB {
+			continue
+		}
+		t.Run(o.Name+"_"+testenv.Real, func(t *testing.T) {
+			b, ok := testenv.RealBroker(t)
+			if !ok {
+				t.Skipf("%s is not set", testenv.EnvKafka)
+			}
+			f(t, o, b)
+		})
+	}
+}
+
+// produce writes msgs to topic, each to its Partition.
+func produce(t testing.TB, b testenv.Broker, topic string, msgs ...kafka.Message) {
+	t.Helper()
+	// A transport of its own: kafka-go's shared default caches metadata, in
+	// which a topic created a moment ago may not exist yet.
+	tr := &kafka.Transport{}
+	defer tr.CloseIdleConnections()
+	w := &kafka.Writer{
+		Addr:         kafka.TCP(b.Addrs...),
+		Transport:    tr,
+		Topic:        topic,
+		Balancer:     kafka.BalancerFunc(func(m kafka.Message, _ ...int) int { return m.Partition }),
+		RequiredAcks: kafka.RequireAll,
+		BatchTimeout: time.Millisecond,
+	}
+	defer w.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := w.WriteMessages(ctx, msgs...); err != nil {
+		t.Fatalf("produce to %s: %v", topic, err)
+	}
+}
+
+// committed returns the group's committed offset of each of topic's
+// partitions (-1 for none).
+func committed(t testing.TB, b testenv.Broker, group, topic string, partitions int) map[int]int64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ps := make([]int, partitions)
+	for i := range ps {
+		ps[i] = i
+	}
+	tr := &kafka.Transport{} // its own: the default caches metadata
+	defer tr.CloseIdleConnections()
+	c := &kafka.Client{Addr: kafka.TCP(b.Addrs...), Transport: tr}
+	res, err := c.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: group, Topics: map[string][]int{topic: ps}})
+	if err != nil {
+		t.Fatalf("OffsetFetch(%s): %v", group, err)
+	}
+	out := map[int]int64{}
+	if errors.Is(res.Error, kafka.GroupIdNotFound) { // kfake, before the group's first join
+		for _, p := range ps {
+			out[p] = -1
+		}
+		return out
+	}
+	if res.Error != nil {
+		t.Fatalf("OffsetFetch(%s): %v", group, res.Error)
+	}
+	for _, p := range res.Topics[topic] {
+		if p.Error != nil {
+			t.Fatalf("OffsetFetch(%s) partition %d: %v", group, p.Partition, p.Error)
+		}
+		out[p.Partition] = p.CommittedOffset
+	}
+	return out
+}
+
+// waitCommitted waits until the group's committed offsets reach want
+// (partition → offset), failing t after a minute.
+func waitCommitted(t testing.TB, b testenv.Broker, group, topic string, want map[int]int64) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		got := committed(t, b, group, topic, len(want))
+		done := true
+		for p, off := range want {
+			if got[p] < off {
+				done = false
+			}
+		}
+		if done {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("committed offsets of %s = %v; want %v", group, got, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -1,0 +1,327 @@
+package consumertest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/gormstore"
+	"github.com/gorm-outbox/outbox/inbox"
+	"github.com/gorm-outbox/outbox/internal/testenv"
+	"github.com/gorm-outbox/outbox/relay"
+)
+
+// RunEffects is the effects audit, end to end, in the consumer's
+// database: writers commit business rows with outbox messages (every
+// seventh transaction rolled back), relays publish them (in the default
+// mode through a publisher that loses every third acknowledgement, so
+// that rows are published twice; in fenced mode in Kafka transactions),
+// and consumers of c apply one effect per message: a per-key counter and
+// a per-key log row. Meanwhile a relay stops and another takes its
+// buckets over, and a consumer stops and leaves the group (a rebalance).
+// The audit: every committed row has exactly one effect, no rolled-back
+// row has one, each key's effects are in commit order, and each key's
+// counter equals its committed rows. It is the CI-sized variant: no
+// zombie relay stalled inside a transaction, no process kills, no broker
+// pause, no database kill. It runs on every database with the in-process
+// broker and, when the environment names one, the real broker.
+func RunEffects(t *testing.T, c Client) {
+	forEachPairing(t, true, func(t *testing.T, o testenv.Opener, b testenv.Broker) {
+		for _, fenced := range []bool{false, true} {
+			name := "default_mode"
+			if fenced {
+				name = "fenced_mode"
+			}
+			t.Run(name, func(t *testing.T) { effectsRun(t, c, o, b, fenced) })
+		}
+	})
+}
+
+// order is the writers' business row.
+type order struct {
+	ID  uint   `gorm:"primaryKey"`
+	Key string `gorm:"size:64"`
+	Seq int
+}
+
+func (order) TableName() string { return "consumertest_orders" }
+
+// effectLog is one applied effect, in the consumer's database.
+type effectLog struct {
+	ID        uint   `gorm:"primaryKey"`
+	Key       string `gorm:"size:64"`
+	Seq       int
+	MessageID string `gorm:"size:64"`
+}
+
+func (effectLog) TableName() string { return "consumertest_effect_log" }
+
+// effectCounter counts a key's applied effects.
+type effectCounter struct {
+	Key string `gorm:"primaryKey;size:64"`
+	N   int
+}
+
+func (effectCounter) TableName() string { return "consumertest_effect_counters" }
+
+// lossyPublisher loses every third acknowledgement of a publish that
+// landed: the relay publishes those rows again.
+type lossyPublisher struct {
+	relay.Publisher
+	calls, lost atomic.Int64
+}
+
+func (p *lossyPublisher) Publish(ctx context.Context, batch []*outbox.Message) relay.Result {
+	res := p.Publisher.Publish(ctx, batch)
+	if p.calls.Add(1)%3 == 0 && res.Acknowledged > 0 {
+		p.lost.Add(int64(res.Acknowledged))
+		return relay.Result{Err: errors.New("acknowledgement lost (injected)")}
+	}
+	return res
+}
+
+func effectsRun(t *testing.T, c Client, o testenv.Opener, b testenv.Broker, fenced bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const partitions, keys, perKey = 4, 8, 30
+	topic, group := testenv.Unique("inbox-effects-"), testenv.Unique("g-")
+	b.CreateTopic(t, topic, partitions, nil)
+	quiet := slog.New(slog.DiscardHandler)
+
+	// The producing service's database.
+	odb := o.Open(t, nil)
+	cfg := outbox.Config{BucketCount: 8}
+	if err := odb.Use(outbox.Plugin{Config: cfg}); err != nil {
+		t.Fatal(err)
+	}
+	if err := outbox.AutoMigrate(odb, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := odb.AutoMigrate(&order{}); err != nil {
+		t.Fatal(err)
+	}
+	var lossy []*lossyPublisher // every relay's, in the default mode
+	lost := func() (n int64) {
+		for _, p := range lossy {
+			n += p.lost.Load()
+		}
+		return n
+	}
+	startRelay := func(id string) (stop func()) {
+		store, err := gormstore.New(odb, gormstore.Options{Config: cfg})
+		if err != nil {
+			t.Fatal(err)
+		}
+		kc := relay.KafkaConfig{Brokers: b.Addrs, PublishTimeout: 5 * time.Second}
+		if fenced {
+			kc.Transactions = &relay.KafkaTransactions{Outbox: topic}
+		}
+		kp, err := relay.NewKafkaPublisher(kc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = kp.Close() })
+		var pub relay.Publisher = kp
+		if !fenced {
+			lp := &lossyPublisher{Publisher: kp}
+			lossy = append(lossy, lp)
+			pub = lp
+		}
+		rl, err := relay.New(store, pub, relay.Options{
+			RelayID: id, BucketCount: cfg.BucketCount, LeaseDuration: 2 * time.Second,
+			LeaseRenewInterval: 500 * time.Millisecond, PollInterval: 50 * time.Millisecond,
+			ErrorBackoff: 20 * time.Millisecond, Logger: quiet,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rctx, rcancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- rl.Run(rctx) }()
+		var once sync.Once
+		stop = func() {
+			once.Do(func() {
+				rcancel()
+				if err := <-done; err != nil {
+					t.Errorf("relay %s: Run = %v", id, err)
+				}
+			})
+		}
+		t.Cleanup(stop)
+		return stop
+	}
+
+	// The consuming service's database.
+	cdb := o.Open(t, nil)
+	if err := cdb.AutoMigrate(&effectLog{}, &effectCounter{}); err != nil {
+		t.Fatal(err)
+	}
+	for k := range keys {
+		if err := cdb.Create(&effectCounter{Key: fmt.Sprintf("key-%d", k)}).Error; err != nil {
+			t.Fatal(err)
+		}
+	}
+	ib, metrics := setup(t, cdb, inbox.Options{Logger: quiet})
+	apply := func(tx *gorm.DB, r Record) error {
+		id, _ := header(r.Headers, relay.DefaultMessageIDHeader)
+		key, s, _ := strings.Cut(string(r.Value), ":")
+		seq, err := strconv.Atoi(s)
+		if err != nil {
+			return fmt.Errorf("value %q: %w", r.Value, err)
+		}
+		if err := tx.Create(&effectLog{Key: key, Seq: seq, MessageID: id}).Error; err != nil {
+			return err
+		}
+		return tx.Model(&effectCounter{Key: key}).Update("n", gorm.Expr("n + 1")).Error // by primary key
+	}
+	opts := inbox.ConsumerOptions{RetryBackoff: 10 * time.Millisecond, MaxRetryBackoff: 100 * time.Millisecond}
+	startConsumer := func() (stop func()) {
+		cons := c.New(t, b, ib, group, topic, "effects", apply, opts)
+		stopRun := runConsumer(t, cons)
+		return func() {
+			stopRun()
+			cons.Close()
+		}
+	}
+
+	stopRelay1 := startRelay("relay-1")
+	startRelay("relay-2")
+	stopConsumer1 := startConsumer()
+	startConsumer()
+
+	// Writers: one per key, each transaction a business row and its
+	// message; a key's commit order is its sequence numbers' order.
+	var (
+		mu                    sync.Mutex
+		committed             = map[string][]int{}
+		committedIDs, rolledB = map[string]bool{}, map[string]bool{}
+		written               atomic.Int64
+		wg                    sync.WaitGroup
+	)
+	for k := range keys {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			key := fmt.Sprintf("key-%d", k)
+			for seq := 1; seq <= perKey; seq++ {
+				m := outbox.NewStringMessage(topic, key, fmt.Sprintf("%s:%d", key, seq))
+				fail := (k+seq)%7 == 0
+				err := odb.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+					if err := tx.Create(&order{Key: key, Seq: seq}).Error; err != nil {
+						return err
+					}
+					if err := outbox.Enqueue(tx, m); err != nil {
+						return err
+					}
+					if fail {
+						return errors.New("rolled back on purpose")
+					}
+					return nil
+				})
+				if (err != nil) != fail {
+					t.Errorf("writer %s seq %d: %v", key, seq, err)
+					return
+				}
+				mu.Lock()
+				if fail {
+					rolledB[m.MessageID.String()] = true
+				} else {
+					committed[key] = append(committed[key], seq)
+					committedIDs[m.MessageID.String()] = true
+				}
+				mu.Unlock()
+				written.Add(1)
+				time.Sleep(2 * time.Millisecond)
+			}
+		}()
+	}
+	total := int64(keys * perKey)
+	waitWritten := func(n int64) {
+		for written.Load() < n && ctx.Err() == nil {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	waitWritten(total / 3)
+	stopRelay1() // its buckets go to relay-2 and relay-3
+	startRelay("relay-3")
+	waitWritten(2 * total / 3)
+	stopConsumer1() // a rebalance: its partitions go to the others
+	startConsumer()
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+
+	// Every committed row applied: wait for as many effects.
+	want := int64(len(committedIDs))
+	for {
+		var n int64
+		if err := cdb.Model(&effectLog{}).Count(&n).Error; err != nil {
+			t.Fatal(err)
+		}
+		if n >= want {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("%d effects; want %d", n, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(500 * time.Millisecond) // room for a late duplicate effect to show
+
+	var logs []effectLog
+	if err := cdb.Order("id").Find(&logs).Error; err != nil {
+		t.Fatal(err)
+	}
+	perID := map[string]int{}
+	applied := map[string][]int{}
+	var dup, ghost, inversions int
+	for _, l := range logs {
+		perID[l.MessageID]++
+		switch {
+		case perID[l.MessageID] > 1:
+			dup++
+		case rolledB[l.MessageID] || !committedIDs[l.MessageID]:
+			ghost++
+		}
+		if s := applied[l.Key]; len(s) > 0 && s[len(s)-1] >= l.Seq {
+			inversions++
+		}
+		applied[l.Key] = append(applied[l.Key], l.Seq)
+	}
+	lostEffects := 0
+	for id := range committedIDs {
+		if perID[id] == 0 {
+			lostEffects++
+		}
+	}
+	var counters []effectCounter
+	if err := cdb.Find(&counters).Error; err != nil {
+		t.Fatal(err)
+	}
+	badCounters := 0
+	for _, ct := range counters {
+		if ct.N != len(committed[ct.Key]) {
+			badCounters++
+		}
+	}
+	r := collect(t, metrics)
+	t.Logf("%s: %d committed rows, %d rolled back, %d acknowledgements lost; %d processed, %d duplicates skipped; audit: %d lost effects, %d duplicate effects, %d effects of rolled-back rows, %d per-key order violations, %d wrong counters",
+		c.Name, len(committedIDs), len(rolledB), lost(), r[inbox.MetricProcessed], r[inbox.MetricDuplicates], lostEffects, dup, ghost, inversions, badCounters)
+	if lostEffects+dup+ghost+inversions+badCounters > 0 {
+		t.Fatalf("the effects audit failed (see above); effects per key: %v; committed: %v", applied, committed)
+	}
+	if !fenced && lost() == 0 {
+		t.Errorf("no acknowledgement was lost: the default mode published nothing twice")
+	}
+}
