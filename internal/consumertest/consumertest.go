@@ -360,7 +360,17 @@ func twoConsumersRebalance(t *testing.T, c Client, db *gorm.DB, b testenv.Broker
 		}
 		last[id[1]] = id
 	}
-	collect(t, metrics).check(t, readings{inbox.MetricProcessed: int64(len(msgs)), inbox.MetricFailures: 0})
+	// Each record's effect is applied once (above). The counters may tell
+	// a record apart: one whose transaction committed while the first
+	// consumer stopped is counted by the second as a duplicate when its
+	// offset had not been committed, so processed may be short by the
+	// records in flight at the stop, never over.
+	m := collect(t, metrics)
+	processed, dups := m[inbox.MetricProcessed], m[inbox.MetricDuplicates]
+	if processed > int64(len(msgs)) || processed+dups < int64(len(msgs)) || processed < int64(len(msgs))-int64(partitions) || m[inbox.MetricFailures] != 0 {
+		t.Errorf("processed %d, duplicates %d, failures %d; want %d records processed or, at most one per partition in flight at the stop, seen again as duplicates, and no failure",
+			processed, dups, m[inbox.MetricFailures], len(msgs))
+	}
 }
 
 // effect is the side effect the suite's handlers write: one row per
