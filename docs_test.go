@@ -1,6 +1,8 @@
 package outbox_test
 
 import (
+	"go/parser"
+	"go/token"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -69,5 +71,60 @@ func TestDocsLinksResolve(t *testing.T) {
 				t.Errorf("%s: link %q: %s has no heading #%s", page, target, file, anchor)
 			}
 		}
+	}
+}
+
+// TestDocsGoBlocksParse: every go code block of README.md and docs/ is Go
+// a reader can paste: a whole file, declarations, or statements (a "…"
+// stands for code the reader writes). It parses them; the README's
+// example and the setup snippet are compiled too (examples/readme,
+// Example_setup), the guides' fragments are not type-checked.
+func TestDocsGoBlocksParse(t *testing.T) {
+	pages, err := filepath.Glob("docs/*.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pages = append(pages, "README.md")
+	block := regexp.MustCompile("(?s)```go\n(.*?)```")
+	isFile := regexp.MustCompile(`(?m)^package `)
+	// paste makes a block Go: a "…" in code (not in a comment) becomes an
+	// empty statement.
+	paste := func(block string) string {
+		var out []string
+		for line := range strings.Lines(block) {
+			code, comment, found := strings.Cut(line, "//")
+			code = strings.ReplaceAll(code, "…", ";")
+			if found {
+				code += "//" + comment
+			}
+			out = append(out, code)
+		}
+		return strings.Join(out, "")
+	}
+	blocks := 0
+	for _, page := range pages {
+		b, err := os.ReadFile(page)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range block.FindAllStringSubmatch(string(b), -1) {
+			blocks++
+			src := paste(m[1])
+			fset := token.NewFileSet()
+			if isFile.MatchString(src) {
+				if _, err := parser.ParseFile(fset, page, src, 0); err != nil {
+					t.Errorf("%s: a go block does not parse: %v\n%s", page, err, m[1])
+				}
+				continue
+			}
+			_, declErr := parser.ParseFile(fset, page, "package p\n"+src, 0)
+			_, stmtErr := parser.ParseFile(fset, page, "package p\nfunc _() {\n"+src+"\n}\n", 0)
+			if declErr != nil && stmtErr != nil {
+				t.Errorf("%s: a go block parses neither as declarations nor as statements: %v\n%s", page, stmtErr, m[1])
+			}
+		}
+	}
+	if blocks < 10 {
+		t.Errorf("found %d go blocks; the pattern lost them", blocks)
 	}
 }
