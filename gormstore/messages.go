@@ -463,17 +463,26 @@ func (s *Store) oldestHead(ctx context.Context, k int) (time.Time, error) {
 		}
 		return parseTime(oldest)
 	}
+	// MySQL and MariaDB read a bucket's head by equality in id order, as
+	// NextBatch does: with the range form MariaDB sorts the whole bucket.
+	bucketHead, perBucket := fmt.Sprintf(head, "?", "?"), 2
+	if k == kindMySQL || k == kindMariaDB {
+		bucketHead, perBucket = "SELECT created_at FROM ? WHERE bucket = ? AND parked_at_ms IS NULL ORDER BY id LIMIT 1", 1
+	}
 	var oldest time.Time
 	for _, c := range chunks(s.configuredBuckets()) {
 		var b strings.Builder
-		args := make([]any, 0, 3*len(c))
+		args := make([]any, 0, (1+perBucket)*len(c))
 		b.WriteString(s.rawPrefix() + "SELECT ")
 		for i, bucket := range c {
 			if i > 0 {
 				b.WriteString(", ")
 			}
-			b.WriteString("(" + fmt.Sprintf(head, "?", "?") + ")")
-			args = append(args, clause.Table{Name: s.msgs}, bucket, bucket)
+			b.WriteString("(" + bucketHead + ")")
+			args = append(args, clause.Table{Name: s.msgs}, bucket)
+			if perBucket == 2 {
+				args = append(args, bucket)
+			}
 		}
 		vals := make([]any, len(c))
 		err := s.read(ctx, s.msgs, func(q *gorm.DB) error {
