@@ -1,7 +1,9 @@
 package gormstore
 
 import (
+	"cmp"
 	"context"
+	"database/sql"
 	"fmt"
 	"strings"
 	"time"
@@ -176,6 +178,185 @@ func (s *Store) Backlog(ctx context.Context) ([]BucketBacklog, error) {
 	})
 	if err != nil {
 		return nil, fmt.Errorf("gormstore: count the rows of %s: %w", s.msgs, err)
+	}
+	return out, nil
+}
+
+// MissingColumns returns the columns of table (one of the store's tables,
+// as Config names it, schema-qualified) that a SELECT cannot read: one
+// probe of all of them (WHERE 1 = 0: no row is read), then one per column
+// if it fails. If every column fails, the table cannot be read at all,
+// which is an error.
+func (s *Store) MissingColumns(ctx context.Context, table string, columns []string) ([]string, error) {
+	probe := func(cols []string) error {
+		return s.read(ctx, table, func(q *gorm.DB) error {
+			rows, err := q.Table(table).Select(strings.Join(cols, ", ")).Where("1 = 0").Rows()
+			if err != nil {
+				return err
+			}
+			return rows.Close()
+		})
+	}
+	allErr := probe(columns)
+	if allErr == nil || ctx.Err() != nil {
+		return nil, allErr
+	}
+	var missing []string
+	for _, col := range columns {
+		if probe([]string{col}) != nil {
+			missing = append(missing, col)
+		}
+	}
+	if len(missing) == len(columns) {
+		return nil, fmt.Errorf("gormstore: read %s: %w", table, allErr)
+	}
+	return missing, nil
+}
+
+// Index is one index of a table, or its primary key.
+type Index struct {
+	Name    string
+	Unique  bool
+	Partial bool
+	// Columns are the key columns in order; "" for an expression.
+	Columns []string
+}
+
+// Indexes lists the indexes of table (unqualified; in Config.Schema when
+// set), its primary key included, from the database's catalogue.
+func (s *Store) Indexes(ctx context.Context, table string) ([]Index, error) {
+	k, err := s.kind(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []Index
+	add := func(name string, unique, partial bool, col string) {
+		if len(out) == 0 || out[len(out)-1].Name != name {
+			out = append(out, Index{Name: name, Unique: unique, Partial: partial})
+		}
+		out[len(out)-1].Columns = append(out[len(out)-1].Columns, col)
+	}
+	schema := s.cfg.Schema
+	err = s.read(ctx, table, func(q *gorm.DB) error {
+		out = out[:0]
+		var rows *sql.Rows
+		var err error
+		switch k {
+		case kindPostgres:
+			name := `"` + table + `"`
+			if schema != "" {
+				name = `"` + schema + `".` + name
+			}
+			rows, err = q.Raw(`SELECT i.relname, x.indisunique, x.indpred IS NOT NULL, COALESCE(a.attname, '')
+FROM pg_index x
+JOIN pg_class i ON i.oid = x.indexrelid
+CROSS JOIN LATERAL unnest(x.indkey::int2[]) WITH ORDINALITY AS k(attnum, n)
+LEFT JOIN pg_attribute a ON a.attrelid = x.indrelid AND a.attnum = k.attnum
+WHERE x.indrelid = to_regclass(?) AND k.n <= x.indnkeyatts
+ORDER BY i.relname, k.n`, name).Rows()
+		case kindMySQL, kindMariaDB:
+			rows, err = q.Raw(`SELECT INDEX_NAME, NON_UNIQUE = 0, FALSE, COALESCE(COLUMN_NAME, '')
+FROM information_schema.STATISTICS
+WHERE TABLE_SCHEMA = COALESCE(NULLIF(?, ''), DATABASE()) AND TABLE_NAME = ?
+ORDER BY INDEX_NAME, SEQ_IN_INDEX`, schema, table).Rows()
+		case kindSQLite:
+			sch := cmp.Or(schema, "main")
+			// The primary key (a rowid alias has no index of its own), then
+			// each index's key columns.
+			var pk []string
+			if err := q.Raw(`SELECT name FROM pragma_table_info(?, ?) WHERE pk > 0 ORDER BY pk`, table, sch).Scan(&pk).Error; err != nil {
+				return err
+			}
+			for _, col := range pk {
+				add("PRIMARY KEY", true, false, col)
+			}
+			rows, err = q.Raw(`SELECT il.name, il."unique", il.partial, COALESCE(ii.name, '')
+FROM pragma_index_list(?, ?) AS il, pragma_index_info(il.name, ?) AS ii
+ORDER BY il.name, ii.seqno`, table, sch, sch).Rows()
+		default:
+			return fmt.Errorf("no index catalogue for dialect %q", s.db.Dialector.Name())
+		}
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var name, col string
+			var unique, partial bool
+			if err := rows.Scan(&name, &unique, &partial, &col); err != nil {
+				return err
+			}
+			add(name, unique, partial, col)
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, fmt.Errorf("gormstore: list the indexes of %s: %w", qualified(schema, table), err)
+	}
+	return out, nil
+}
+
+// BucketRows is a bucket and how many rows it holds.
+type BucketRows struct {
+	Bucket int
+	Rows   int64 `gorm:"column:n"` // not "rows": a reserved word on MariaDB
+}
+
+// RowsOutsideBuckets counts the rows of every bucket outside
+// [0, Config.BucketCount): rows of writers with a larger count, which no
+// relay of this count publishes. One statement on the (bucket, …) index.
+func (s *Store) RowsOutsideBuckets(ctx context.Context) ([]BucketRows, error) {
+	var out []BucketRows
+	err := s.read(ctx, s.msgs, func(q *gorm.DB) error {
+		return q.Table(s.msgs).Select("bucket, COUNT(*) AS n").Where("bucket < ? OR bucket >= ?", 0, s.cfg.BucketCount).
+			Group("bucket").Order("bucket").Scan(&out).Error
+	})
+	if err != nil {
+		return nil, fmt.Errorf("gormstore: probe %s for buckets outside %d: %w", s.msgs, s.cfg.BucketCount, err)
+	}
+	return out, nil
+}
+
+// RowPlacement is what decides a row's bucket: its key, its explicit
+// partition and, for a keyless row, its message id (outbox.BucketOf).
+type RowPlacement struct {
+	ID        int64
+	Bucket    int
+	Key       []byte
+	Partition *int32
+	MessageID outbox.UUID
+	// IDErr is set when message_id is not a UUID: a corrupt row, whose
+	// bucket cannot be computed when it has no key.
+	IDErr error
+}
+
+// NewestRows returns the placement of the newest n rows, newest first.
+func (s *Store) NewestRows(ctx context.Context, n int) ([]RowPlacement, error) {
+	var out []RowPlacement
+	err := s.read(ctx, s.msgs, func(q *gorm.DB) error {
+		out = out[:0]
+		rows, err := q.Table(s.msgs).Select("id, bucket, record_key, record_partition, message_id").Order("id DESC").Limit(n).Rows()
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var r RowPlacement
+			var part sql.NullInt32
+			var id uuidCol
+			if err := rows.Scan(&r.ID, &r.Bucket, &r.Key, &part, &id); err != nil {
+				return err
+			}
+			if part.Valid {
+				r.Partition = &part.Int32
+			}
+			r.MessageID, r.IDErr = id.v, id.err
+			out = append(out, r)
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return nil, fmt.Errorf("gormstore: read the newest rows of %s: %w", s.msgs, err)
 	}
 	return out, nil
 }

@@ -2,6 +2,7 @@ package gormstore_test
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -105,6 +106,57 @@ func TestInspectionReadsLeasesHeartbeatsAndBacklog(t *testing.T) {
 				if got[i].Bucket != want[i].Bucket || got[i].Pending != want[i].Pending || got[i].Parked != want[i].Parked || !got[i].Oldest.Equal(want[i].Oldest) {
 					t.Errorf("Backlog[%d] = %+v; want %+v", i, got[i], want[i])
 				}
+			}
+		})
+	}
+}
+
+// TestInspectionReadsTheSchemaAndThePlacementOfRows: Indexes finds the
+// read path's (bucket, parked_at_ms, id) index and the primary keys,
+// MissingColumns names a column the table lacks, RowsOutsideBuckets counts
+// rows of a larger bucket count, and NewestRows returns the newest rows'
+// placement, newest first — what outbox-relay check reports from.
+func TestInspectionReadsTheSchemaAndThePlacementOfRows(t *testing.T) {
+	ctx := context.Background()
+	for _, o := range testenv.Databases(t) {
+		t.Run(o.Name, func(t *testing.T) {
+			db := o.Open(t, nil)
+			cfg := outbox.Config{BucketCount: 2}
+			if err := outbox.AutoMigrate(db, cfg); err != nil {
+				t.Fatal(err)
+			}
+			s, err := gormstore.New(db, gormstore.Options{Config: cfg})
+			if err != nil {
+				t.Fatal(err)
+			}
+			idx, err := s.Indexes(ctx, outbox.DefaultMessagesTable)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var read, pk bool
+			for _, ix := range idx {
+				read = read || slices.Equal(ix.Columns, []string{"bucket", "parked_at_ms", "id"}) && !ix.Partial
+				pk = pk || ix.Unique && slices.Equal(ix.Columns, []string{"id"})
+			}
+			if !read || !pk {
+				t.Errorf("Indexes(%s) = %+v; want the read path's index and the primary key", outbox.DefaultMessagesTable, idx)
+			}
+			missing, err := s.MissingColumns(ctx, cfg.MessagesTableName(), []string{"id", "bucket", "no_such_column"})
+			if err != nil || !slices.Equal(missing, []string{"no_such_column"}) {
+				t.Errorf("MissingColumns = %v, %v; want [no_such_column]", missing, err)
+			}
+			msgs := []*outbox.Message{pendingMessage(0), pendingMessage(1), pendingMessage(7), pendingMessage(7)}
+			if err := raw(db).Table(cfg.MessagesTableName()).Create(msgs).Error; err != nil {
+				t.Fatal(err)
+			}
+			out, err := s.RowsOutsideBuckets(ctx)
+			if err != nil || len(out) != 1 || out[0] != (gormstore.BucketRows{Bucket: 7, Rows: 2}) {
+				t.Errorf("RowsOutsideBuckets = %+v, %v; want bucket 7 with 2 rows", out, err)
+			}
+			newest, err := s.NewestRows(ctx, 3)
+			if err != nil || len(newest) != 3 || newest[0].ID != msgs[3].ID || newest[2].ID != msgs[1].ID ||
+				newest[0].MessageID != msgs[3].MessageID || newest[0].IDErr != nil || newest[1].Bucket != 7 {
+				t.Errorf("NewestRows(3) = %+v, %v; want the last three rows, newest first, with their message ids", newest, err)
 			}
 		})
 	}

@@ -8,7 +8,6 @@ package main
 
 import (
 	"context"
-	"database/sql"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -18,9 +17,8 @@ import (
 	"strings"
 	"time"
 
-	"gorm.io/gorm"
-
 	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/gormstore"
 )
 
 // checkSampleRows is how many of the newest rows check hashes again to
@@ -182,7 +180,7 @@ func (e *adminEnv) check(ctx context.Context, o *opsDB) (*checkReport, error) {
 			rep.add(checkMissingTable, "missing table %s: start a relay once with -migrate, or apply migrations/%s.sql", qualify(cfg, t.name), c.dbDriver)
 			continue
 		}
-		missing, err := o.missingColumns(ctx, qualify(cfg, t.name), t.columns)
+		missing, err := o.store.MissingColumns(ctx, qualify(cfg, t.name), t.columns)
 		if err != nil {
 			return nil, err
 		}
@@ -247,111 +245,6 @@ func pluralWord(n int, noun string) string {
 	return noun + "s"
 }
 
-// missingColumns returns the columns of table that a SELECT cannot read:
-// one probe of all of them (WHERE 1 = 0: no row is read), then one per
-// column if it fails. If every column fails, the table cannot be read at
-// all, which is an error.
-func (o *opsDB) missingColumns(ctx context.Context, table string, columns []string) ([]string, error) {
-	probe := func(cols []string) error {
-		q, cancel := o.stmt(ctx)
-		defer cancel()
-		rows, err := q.Table(table).Select(strings.Join(cols, ", ")).Where("1 = 0").Rows()
-		if err != nil {
-			return err
-		}
-		return rows.Close()
-	}
-	allErr := probe(columns)
-	if allErr == nil {
-		return nil, nil
-	}
-	if ctx.Err() != nil {
-		return nil, allErr
-	}
-	var missing []string
-	for _, col := range columns {
-		if probe([]string{col}) != nil {
-			missing = append(missing, col)
-		}
-	}
-	if len(missing) == len(columns) {
-		return nil, fmt.Errorf("read %s: %w", table, allErr)
-	}
-	return missing, nil
-}
-
-// indexInfo is one index (or primary key) of a table.
-type indexInfo struct {
-	name    string
-	unique  bool
-	partial bool
-	columns []string // "" for an expression
-}
-
-// tableIndexes lists the indexes of table in schema (empty: the
-// connection's), primary key included.
-func tableIndexes(q *gorm.DB, driver, schema, table string) ([]indexInfo, error) {
-	var out []indexInfo
-	add := func(name string, unique, partial bool, col string) {
-		if len(out) == 0 || out[len(out)-1].name != name {
-			out = append(out, indexInfo{name: name, unique: unique, partial: partial})
-		}
-		out[len(out)-1].columns = append(out[len(out)-1].columns, col)
-	}
-	var rows *sql.Rows
-	var err error
-	switch driver {
-	case "postgres":
-		name := `"` + table + `"`
-		if schema != "" {
-			name = `"` + schema + `".` + name
-		}
-		rows, err = q.Raw(`SELECT i.relname, x.indisunique, x.indpred IS NOT NULL, COALESCE(a.attname, '')
-FROM pg_index x
-JOIN pg_class i ON i.oid = x.indexrelid
-CROSS JOIN LATERAL unnest(x.indkey::int2[]) WITH ORDINALITY AS k(attnum, n)
-LEFT JOIN pg_attribute a ON a.attrelid = x.indrelid AND a.attnum = k.attnum
-WHERE x.indrelid = to_regclass(?) AND k.n <= x.indnkeyatts
-ORDER BY i.relname, k.n`, name).Rows()
-	case "mysql":
-		rows, err = q.Raw(`SELECT INDEX_NAME, NON_UNIQUE = 0, FALSE, COALESCE(COLUMN_NAME, '')
-FROM information_schema.STATISTICS
-WHERE TABLE_SCHEMA = COALESCE(NULLIF(?, ''), DATABASE()) AND TABLE_NAME = ?
-ORDER BY INDEX_NAME, SEQ_IN_INDEX`, schema, table).Rows()
-	case "sqlite":
-		if schema == "" {
-			schema = "main"
-		}
-		// The primary key (a rowid alias has no index of its own), then
-		// each index's key columns.
-		var pk []string
-		if err := q.Raw(`SELECT name FROM pragma_table_info(?, ?) WHERE pk > 0 ORDER BY pk`, table, schema).Scan(&pk).Error; err != nil {
-			return nil, err
-		}
-		for _, col := range pk {
-			add("PRIMARY KEY", true, false, col)
-		}
-		rows, err = q.Raw(`SELECT il.name, il."unique", il.partial, COALESCE(ii.name, '')
-FROM pragma_index_list(?, ?) AS il, pragma_index_info(il.name, ?) AS ii
-ORDER BY il.name, ii.seqno`, table, schema, schema).Rows()
-	default:
-		return nil, fmt.Errorf("unknown driver %q", driver)
-	}
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	for rows.Next() {
-		var name, col string
-		var unique, partial bool
-		if err := rows.Scan(&name, &unique, &partial, &col); err != nil {
-			return nil, err
-		}
-		add(name, unique, partial, col)
-	}
-	return out, rows.Err()
-}
-
 // checkIndexes checks the indexes the relay and the store need, on the
 // tables that are sound.
 func (o *opsDB) checkIndexes(ctx context.Context, rep *checkReport, sound map[string]bool) error {
@@ -369,28 +262,26 @@ func (o *opsDB) checkIndexes(ctx context.Context, rep *checkReport, sound map[st
 		{cfg.LeasesTable, []string{"bucket"}, true, "the primary key: the relays' lease seeding (INSERT … ON CONFLICT (bucket)) needs it"},
 		{cfg.RelaysTable, []string{"relay_id"}, true, "the primary key: the heartbeat upsert (ON CONFLICT (relay_id)) needs it"},
 	}
-	indexes := map[string][]indexInfo{}
+	indexes := map[string][]gormstore.Index{}
 	for _, nd := range needs {
 		if !sound[nd.table] {
 			continue
 		}
 		if _, ok := indexes[nd.table]; !ok {
-			q, cancel := o.stmt(ctx)
-			list, err := tableIndexes(q, driver, cfg.Schema, nd.table)
-			cancel()
+			list, err := o.store.Indexes(ctx, nd.table)
 			if err != nil {
-				return fmt.Errorf("list the indexes of %s: %w", qualify(cfg, nd.table), err)
+				return err
 			}
 			indexes[nd.table] = list
 		}
-		found := slices.ContainsFunc(indexes[nd.table], func(ix indexInfo) bool {
-			if ix.partial {
+		found := slices.ContainsFunc(indexes[nd.table], func(ix gormstore.Index) bool {
+			if ix.Partial {
 				return false
 			}
 			if nd.unique {
-				return ix.unique && slices.Equal(ix.columns, nd.columns)
+				return ix.Unique && slices.Equal(ix.Columns, nd.columns)
 			}
-			return len(ix.columns) >= len(nd.columns) && slices.Equal(ix.columns[:len(nd.columns)], nd.columns)
+			return len(ix.Columns) >= len(nd.columns) && slices.Equal(ix.Columns[:len(nd.columns)], nd.columns)
 		})
 		if !found {
 			kind := "index"
@@ -407,83 +298,47 @@ func (o *opsDB) checkIndexes(ctx context.Context, rep *checkReport, sound map[st
 // rows, rows in a bucket that n does not give them.
 func (o *opsDB) checkRows(ctx context.Context, rep *checkReport, n int) error {
 	table := o.cfg.MessagesTableName()
-	type outside struct {
-		Bucket int64
-		N      int64
-	}
-	var out []outside
-	q, cancel := o.stmt(ctx)
-	err := q.Table(table).Select("bucket, COUNT(*) AS n").Where("bucket < ? OR bucket >= ?", 0, n).
-		Group("bucket").Order("bucket").Scan(&out).Error
-	cancel()
+	out, err := o.store.RowsOutsideBuckets(ctx)
 	if err != nil {
-		return fmt.Errorf("probe %s for buckets outside %d: %w", table, n, err)
+		return err
 	}
 	if len(out) > 0 {
 		var buckets []int
 		var total int64
 		for _, b := range out {
-			buckets = append(buckets, int(b.Bucket))
-			total += b.N
+			buckets = append(buckets, b.Bucket)
+			total += b.Rows
 		}
 		rep.add(checkRowsOutside, "%s holds %s in %s, outside -bucket-count %d: a writer uses a larger outbox.Config.BucketCount (or this command the wrong -bucket-count), and relays with %d buckets stop with ErrMisconfigured",
 			table, plural(total, "row"), someBuckets(buckets), n, n)
 	}
 
 	// The newest rows, hashed again.
-	q, cancel = o.stmt(ctx)
-	rows, err := q.Table(table).Select("id, bucket, record_key, record_partition, message_id").Order("id DESC").Limit(checkSampleRows).Rows()
+	rows, err := o.store.NewestRows(ctx, checkSampleRows)
 	if err != nil {
-		cancel()
-		return fmt.Errorf("read the newest rows of %s: %w", table, err)
+		return err
 	}
-	type sample struct {
-		id     int64
-		bucket int64
-		key    []byte
-		part   *int32
-		msgID  outbox.UUID
-	}
-	var read, misplaced []sample
-	for rows.Next() {
-		var s sample
-		var part sql.NullInt32
-		var msgID any
-		if err := rows.Scan(&s.id, &s.bucket, &s.key, &part, &msgID); err != nil {
-			rows.Close()
-			cancel()
-			return fmt.Errorf("read the newest rows of %s: %w", table, err)
+	var read, misplaced []gormstore.RowPlacement
+	for _, r := range rows {
+		if r.Key == nil && r.Partition == nil && r.IDErr != nil {
+			continue // a corrupt row: its bucket cannot be computed (see outbox-relay parked)
 		}
-		if part.Valid {
-			s.part = &part.Int32
+		read = append(read, r)
+		if r.Bucket >= 0 && r.Bucket < n && int(outbox.BucketOf(r.Key, r.Partition, r.MessageID, n)) != r.Bucket {
+			misplaced = append(misplaced, r)
 		}
-		if s.key == nil && s.part == nil {
-			id, err := parseMessageID(msgID)
-			if err != nil {
-				continue // a corrupt row: its bucket cannot be computed (see outbox-relay parked)
-			}
-			s.msgID = id
-		}
-		read = append(read, s)
-		if s.bucket >= 0 && s.bucket < int64(n) && int64(outbox.BucketOf(s.key, s.part, s.msgID, n)) != s.bucket {
-			misplaced = append(misplaced, s)
-		}
-	}
-	err = rows.Err()
-	rows.Close()
-	cancel()
-	if err != nil {
-		return fmt.Errorf("read the newest rows of %s: %w", table, err)
 	}
 	if len(misplaced) > 0 {
 		// The counts that give every misplaced row its bucket.
 		first := misplaced[0]
 		var fits []int
 		for count := 1; count <= outbox.MaxBucketCount; count++ {
-			if int64(outbox.BucketOf(first.key, first.part, first.msgID, count)) != first.bucket {
+			if int(outbox.BucketOf(first.Key, first.Partition, first.MessageID, count)) != first.Bucket {
 				continue
 			}
-			if all(misplaced[1:], func(s sample) bool { return int64(outbox.BucketOf(s.key, s.part, s.msgID, count)) == s.bucket }) {
+			if all(misplaced[1:], func(r gormstore.RowPlacement) bool {
+				return int(outbox.BucketOf(r.Key, r.Partition, r.MessageID, count)) == r.Bucket
+			}) {
 				fits = append(fits, count)
 			}
 		}
@@ -497,7 +352,7 @@ func (o *opsDB) checkRows(ctx context.Context, rep *checkReport, n int) error {
 			what = fmt.Sprintf("counts %s, … fit each of them", joinInts(fits[:3]))
 		}
 		rep.add(checkRowsMisplaced, "%d of the newest %d rows of %s (ids %d to %d) are not in the bucket -bucket-count %d gives their key: a writer uses another outbox.Config.BucketCount (%s); relays cannot tell, and a key written with both counts is published from two buckets, out of order",
-			len(misplaced), len(read), table, misplaced[len(misplaced)-1].id, misplaced[0].id, n, what)
+			len(misplaced), len(read), table, misplaced[len(misplaced)-1].ID, misplaced[0].ID, n, what)
 	}
 	switch {
 	case len(out) > 0 || len(misplaced) > 0:
