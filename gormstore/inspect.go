@@ -334,29 +334,36 @@ type RowPlacement struct {
 func (s *Store) NewestRows(ctx context.Context, n int) ([]RowPlacement, error) {
 	var out []RowPlacement
 	err := s.read(ctx, s.msgs, func(q *gorm.DB) error {
-		out = out[:0]
 		rows, err := q.Table(s.msgs).Select("id, bucket, record_key, record_partition, message_id").Order("id DESC").Limit(n).Rows()
 		if err != nil {
 			return err
 		}
 		defer rows.Close()
-		for rows.Next() {
-			var r RowPlacement
-			var part sql.NullInt32
-			var id uuidCol
-			if err := rows.Scan(&r.ID, &r.Bucket, &r.Key, &part, &id); err != nil {
-				return err
-			}
-			if part.Valid {
-				r.Partition = &part.Int32
-			}
-			r.MessageID, r.IDErr = id.v, id.err
-			out = append(out, r)
-		}
-		return rows.Err()
+		out, err = scanPlacements(rows)
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("gormstore: read the newest rows of %s: %w", s.msgs, err)
 	}
 	return out, nil
+}
+
+// scanPlacements reads rows of (id, bucket, record_key, record_partition,
+// message_id).
+func scanPlacements(rows *sql.Rows) ([]RowPlacement, error) {
+	var out []RowPlacement
+	for rows.Next() {
+		var r RowPlacement
+		var part sql.NullInt32
+		var id uuidCol
+		if err := rows.Scan(&r.ID, &r.Bucket, &r.Key, &part, &id); err != nil {
+			return nil, err
+		}
+		if part.Valid {
+			r.Partition = &part.Int32
+		}
+		r.MessageID, r.IDErr = id.v, id.err
+		out = append(out, r)
+	}
+	return out, rows.Err()
 }

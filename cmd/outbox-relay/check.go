@@ -364,24 +364,6 @@ func (o *opsDB) checkRows(ctx context.Context, rep *checkReport, n int) error {
 	return nil
 }
 
-// parseMessageID reads a message_id column: a native uuid or its text.
-func parseMessageID(v any) (outbox.UUID, error) {
-	switch x := v.(type) {
-	case string:
-		return outbox.ParseUUID(x)
-	case [16]byte:
-		return outbox.UUID(x), nil
-	case []byte:
-		if len(x) == 16 {
-			var u outbox.UUID
-			copy(u[:], x)
-			return u, nil
-		}
-		return outbox.ParseUUID(string(x))
-	}
-	return outbox.UUID{}, fmt.Errorf("unexpected %T", v)
-}
-
 func joinInts(v []int) string {
 	s := make([]string, len(v))
 	for i, x := range v {

@@ -87,18 +87,6 @@ func (e *adminEnv) opsFail(ctx context.Context, what string, err error) int {
 	return exitFailure
 }
 
-// stmt returns the database for one statement, bounded by
-// -statement-timeout, and the function that ends the bound.
-func (o *opsDB) stmt(ctx context.Context) (*gorm.DB, context.CancelFunc) {
-	ctx, cancel := o.bound(ctx)
-	return o.db.WithContext(ctx), cancel
-}
-
-// bound returns ctx bounded by -statement-timeout, for one statement.
-func (o *opsDB) bound(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, cmp.Or(o.c.statementTimeout, gormstore.DefaultStatementTimeout))
-}
-
 // dbClock is a reading of the database's clock.
 type dbClock struct {
 	// now is the database's time.

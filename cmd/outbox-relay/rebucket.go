@@ -5,7 +5,6 @@ package main
 
 import (
 	"context"
-	"database/sql"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -15,15 +14,9 @@ import (
 	"strings"
 	"time"
 
-	"gorm.io/gorm"
-	"gorm.io/gorm/clause"
-
 	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/gormstore"
 )
-
-// rebucketBatch is how many rows rebucket -rehash reads, and lease rows it
-// creates, per statement.
-const rebucketBatch = 1000
 
 var rebucketCommand = &subcommand{
 	name:    "rebucket",
@@ -126,34 +119,21 @@ type rebucketState struct {
 	parked  int64
 }
 
-// readRebucketState reads the leases, relays and row counts through q
-// (in a transaction, or not).
-func readRebucketState(o *opsDB, q *gorm.DB, nowMs int64) (*rebucketState, error) {
-	st := &rebucketState{held: map[string][]int{}}
-	var leases []leaseRow
-	if err := q.Table(o.cfg.LeasesTableName()).Select("bucket, owner, expires_at_ms").Order("bucket").Scan(&leases).Error; err != nil {
-		return nil, fmt.Errorf("read %s: %w", o.cfg.LeasesTableName(), err)
-	}
-	for _, l := range leases {
-		st.buckets = append(st.buckets, int(l.Bucket))
-		if l.held(nowMs) {
-			st.held[*l.Owner] = append(st.held[*l.Owner], int(l.Bucket))
+// summarize is what the safety checks look at in st, at nowMs.
+func summarize(o *opsDB, st *gormstore.RebucketState, nowMs int64) *rebucketState {
+	sum := &rebucketState{held: map[string][]int{}, pending: st.Pending, parked: st.Parked}
+	for _, l := range st.Leases {
+		sum.buckets = append(sum.buckets, int(l.Bucket))
+		if l := (leaseRow{Bucket: int64(l.Bucket), Owner: l.Owner, ExpiresAtMs: l.ExpiresAtMs}); l.held(nowMs) {
+			sum.held[*l.Owner] = append(sum.held[*l.Owner], int(l.Bucket))
 		}
 	}
-	var relays []relayRow
-	if err := q.Table(o.cfg.RelaysTableName()).Select("relay_id, last_seen_ms, stopped_at_ms, features").Order("relay_id").Scan(&relays).Error; err != nil {
-		return nil, fmt.Errorf("read %s: %w", o.cfg.RelaysTableName(), err)
-	}
-	for _, r := range relays {
-		if r.state(nowMs, o.c.leaseDuration) == relayLive {
-			st.live = append(st.live, r.RelayID)
+	for _, h := range st.Heartbeats {
+		if relayRow(h).state(nowMs, o.c.leaseDuration) == relayLive {
+			sum.live = append(sum.live, h.RelayID)
 		}
 	}
-	if err := q.Table(o.cfg.MessagesTableName()).Select("COUNT(*) - COUNT(parked_at_ms), COUNT(parked_at_ms)").
-		Row().Scan(&st.pending, &st.parked); err != nil {
-		return nil, fmt.Errorf("count the rows of %s: %w", o.cfg.MessagesTableName(), err)
-	}
-	return st, nil
+	return sum
 }
 
 // checks runs the safety checks on st for c; refused is true when one
@@ -222,12 +202,11 @@ func runRebucket(ctx context.Context, e *adminEnv, c *adminConfig) int {
 	nowMs := clk.now.UnixMilli()
 	rep := &rebucketReport{MessagesTable: o.cfg.MessagesTableName(), From: o.cfg.BucketCount, To: c.to, DatabaseTime: clk.now,
 		Confirmed: c.confirm, LeaseBucketsDeleted: []int{}}
-	sctx, cancel := o.bound(ctx)
-	st, err := readRebucketState(o, o.db.WithContext(sctx), nowMs)
-	cancel()
+	state, err := o.store.RebucketState(ctx)
 	if err != nil {
 		return e.opsFail(ctx, what, err)
 	}
+	st := summarize(o, state, nowMs)
 	if !c.rehash && slices.Equal(st.buckets, seq(c.to)) {
 		rep.Unchanged, rep.Checks = true, []rebucketCheck{}
 		return e.printRebucket(ctx, what, c, rep)
@@ -274,142 +253,33 @@ func (e *adminEnv) printRebucket(ctx context.Context, what string, c *adminConfi
 	return exitOK
 }
 
-// rebucket changes the tables in one transaction: it locks the lease rows
-// (PostgreSQL, MySQL), runs the checks again on what it locked, deletes
-// every lease row, creates c.to free ones and, with -rehash, moves the
-// rows. It fills rep with what it did; a check failing inside the
-// transaction returns errRefused.
+// rebucket changes the tables in one transaction (gormstore.Store.Rebucket),
+// running the checks again on what it locked. It fills rep with what it
+// did; a check failing inside the transaction, or a row -rehash cannot
+// place, returns errRefused.
 func (o *opsDB) rebucket(ctx context.Context, c *adminConfig, nowMs int64, rep *rebucketReport) error {
-	leases, msgs := o.cfg.LeasesTableName(), o.cfg.MessagesTableName()
-	return o.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		// step runs one statement of the transaction, bounded by
-		// -statement-timeout.
-		step := func(f func(q *gorm.DB) error) error {
-			sctx, cancel := o.bound(ctx)
-			defer cancel()
-			return f(tx.WithContext(sctx))
-		}
-		if c.dbDriver != "sqlite" { // SQLite: the transaction's write lock
-			if err := step(func(q *gorm.DB) error {
-				var locked []int64
-				return q.Table(leases).Clauses(clause.Locking{Strength: "UPDATE"}).Pluck("bucket", &locked).Error
-			}); err != nil {
-				return fmt.Errorf("lock %s: %w", leases, err)
-			}
-		}
-		var st *rebucketState
-		if err := step(func(q *gorm.DB) (err error) {
-			st, err = readRebucketState(o, q, nowMs)
-			return err
-		}); err != nil {
-			return err
-		}
+	res, err := o.store.Rebucket(ctx, c.to, c.rehash, func(state *gormstore.RebucketState) error {
+		st := summarize(o, state, nowMs)
 		rep.Checks, rep.Refused = st.checks(o, c)
 		if rep.Refused {
 			return errRefused
 		}
 		rep.Rows = st.pending + st.parked
 		rep.LeaseBucketsDeleted = append(rep.LeaseBucketsDeleted[:0], st.buckets...)
-
-		var deleted int64
-		if err := step(func(q *gorm.DB) error {
-			res := q.Exec("DELETE FROM ?", clause.Table{Name: leases})
-			deleted = res.RowsAffected
-			return res.Error
-		}); err != nil {
-			return fmt.Errorf("delete the rows of %s: %w", leases, err)
-		}
-		for start := 0; start < c.to; start += rebucketBatch {
-			rows := make([]map[string]any, 0, min(rebucketBatch, c.to-start))
-			for b := start; b < min(start+rebucketBatch, c.to); b++ {
-				rows = append(rows, map[string]any{"bucket": b, "owner": nil, "expires_at_ms": 0})
-			}
-			if err := step(func(q *gorm.DB) error { return q.Table(leases).Create(rows).Error }); err != nil {
-				return fmt.Errorf("create %d lease rows in %s: %w", c.to, leases, err)
-			}
-		}
-		if c.rehash && rep.Rows > 0 {
-			moved, err := o.rehash(ctx, tx, msgs, c.to, rep)
-			if err != nil {
-				return err
-			}
-			rep.RowsMoved = moved
-		}
-		rep.LeaseRowsDeleted, rep.LeaseRowsCreated, rep.Done = int(deleted), c.to, true
 		return nil
 	})
-}
-
-// rehash moves every row of msgs to the bucket n gives it, in batches of
-// rebucketBatch rows in id order, within tx. It returns how many rows
-// changed bucket. A row it cannot place fails the rows check of rep and
-// returns errRefused.
-func (o *opsDB) rehash(ctx context.Context, tx *gorm.DB, msgs string, n int, rep *rebucketReport) (int64, error) {
-	var moved int64
-	after := int64(0)
-	for {
-		type row struct {
-			id, bucket int64
-		}
-		var batch []row
-		next := map[int32][]int64{} // new bucket → ids moving there
-		sctx, cancel := o.bound(ctx)
-		rows, err := tx.WithContext(sctx).Table(msgs).Select("id, bucket, record_key, record_partition, message_id").
-			Where("id > ?", after).Order("id").Limit(rebucketBatch).Rows()
-		if err != nil {
-			cancel()
-			return 0, fmt.Errorf("read the rows of %s: %w", msgs, err)
-		}
-		for rows.Next() {
-			var r row
-			var key []byte
-			var part sql.NullInt32
-			var msgID any
-			if err := rows.Scan(&r.id, &r.bucket, &key, &part, &msgID); err != nil {
-				rows.Close()
-				cancel()
-				return 0, fmt.Errorf("read the rows of %s: %w", msgs, err)
-			}
-			var p *int32
-			if part.Valid {
-				p = &part.Int32
-			}
-			var id outbox.UUID
-			if key == nil && p == nil {
-				if id, err = parseMessageID(msgID); err != nil {
-					rows.Close()
-					cancel()
-					rep.Checks = append(rep.Checks, rebucketCheck{Check: "rows", Message: fmt.Sprintf(
-						"row %d has no key or partition, and its message id is not a UUID (%v): -rehash cannot compute its bucket; delete it first (outbox-relay discard -id %d -confirm, if it is parked)", r.id, err, r.id)})
-					rep.Refused = true
-					return 0, errRefused
-				}
-			}
-			batch = append(batch, r)
-			if b := outbox.BucketOf(key, p, id, n); int64(b) != r.bucket {
-				next[b] = append(next[b], r.id)
-			}
-		}
-		err = rows.Err()
-		rows.Close()
-		cancel()
-		if err != nil {
-			return 0, fmt.Errorf("read the rows of %s: %w", msgs, err)
-		}
-		if len(batch) == 0 {
-			return moved, nil
-		}
-		after = batch[len(batch)-1].id
-		for b, ids := range next {
-			sctx, cancel := o.bound(ctx)
-			res := tx.WithContext(sctx).Table(msgs).Where("id IN ?", ids).Update("bucket", b)
-			cancel()
-			if res.Error != nil {
-				return 0, fmt.Errorf("move %d rows of %s to bucket %d: %w", len(ids), msgs, b, res.Error)
-			}
-			moved += res.RowsAffected
-		}
+	var unplaceable *gormstore.UnplaceableRowError
+	if errors.As(err, &unplaceable) {
+		rep.Checks = append(rep.Checks, rebucketCheck{Check: "rows", Message: fmt.Sprintf(
+			"row %d has no key or partition, and its message id is not a UUID (%v): -rehash cannot compute its bucket; delete it first (outbox-relay discard -id %d -confirm, if it is parked)", unplaceable.ID, unplaceable.Err, unplaceable.ID)})
+		rep.Refused = true
+		return errRefused
 	}
+	if err != nil {
+		return err
+	}
+	rep.LeaseRowsDeleted, rep.LeaseRowsCreated, rep.RowsMoved, rep.Done = int(res.LeaseRowsDeleted), res.LeaseRowsCreated, res.RowsMoved, true
+	return nil
 }
 
 // writeRebucket writes the report as text.
