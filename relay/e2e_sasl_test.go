@@ -234,13 +234,14 @@ func TestSASLWrongPassword(t *testing.T) {
 
 // checkWrongPasswordHealth checks Health while every publish fails to
 // authenticate: unhealthy, wrapping kafka-go's SASLAuthenticationFailed
-// (unlike other publish failures, which are not cycle failures).
+// and ErrPublisherAuth (unlike other publish failures, which are not cycle
+// failures).
 func checkWrongPasswordHealth(t *testing.T, r *relay.Relay) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for { // (until the first cycle completes, Health says so first)
 		err := r.Health()
-		if errors.Is(err, kafka.SASLAuthenticationFailed) && strings.Contains(err.Error(), "cannot authenticate to Kafka") {
+		if errors.Is(err, kafka.SASLAuthenticationFailed) && errors.Is(err, relay.ErrPublisherAuth) && strings.Contains(err.Error(), "cannot authenticate to Kafka") {
 			t.Logf("Health() = %v", err)
 			return
 		}

@@ -377,6 +377,7 @@ func outcome(ctx context.Context, rows []row) Result {
 		if err == nil { // unreachable: every unacknowledged row has a cause
 			err = errors.New("not acknowledged")
 		}
+		err = classifyAuth(err)
 		where := r.msg.Topic
 		if r.partition >= 0 {
 			where = fmt.Sprintf("%s[%d]", r.msg.Topic, r.partition)
@@ -683,6 +684,29 @@ func (e *unpublishableError) Error() string   { return e.err.Error() }
 func (e *unpublishableError) Unwrap() []error { return []error{e.err, ErrUnpublishable} }
 
 func unpublishable(err error) error { return &unpublishableError{err} }
+
+// authError is a publish error that says the broker rejected the
+// publisher's credentials: it matches ErrPublisherAuth as well as the
+// original error, and reads as the original.
+type authError struct{ err error }
+
+func (e *authError) Error() string   { return e.err.Error() }
+func (e *authError) Unwrap() []error { return []error{e.err, ErrPublisherAuth} }
+
+// classifyAuth returns err wrapping ErrPublisherAuth when the broker
+// rejected the publisher's credentials (SASL_AUTHENTICATION_FAILED,
+// UNSUPPORTED_SASL_MECHANISM, ILLEGAL_SASL_STATE), else err itself.
+func classifyAuth(err error) error {
+	if err == nil || errors.Is(err, ErrPublisherAuth) {
+		return err
+	}
+	for _, code := range []kafka.Error{kafka.SASLAuthenticationFailed, kafka.UnsupportedSASLMechanism, kafka.IllegalSASLState} {
+		if errors.Is(err, code) {
+			return &authError{err}
+		}
+	}
+	return err
+}
 
 // classify returns err wrapping ErrUnpublishable when it will recur for the
 // row as stored, whatever the retry, else err itself. alone says that the

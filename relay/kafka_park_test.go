@@ -70,6 +70,37 @@ func TestKafkaErrorClassification(t *testing.T) {
 	}
 }
 
+// TestKafkaAuthErrorClassification: the broker's SASL refusals wrap
+// ErrPublisherAuth (for the relay's Health) and still match and read as
+// the original error; other errors do not wrap it.
+func TestKafkaAuthErrorClassification(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"sasl_authentication_failed", fmt.Errorf("metadata: %w", kafka.SASLAuthenticationFailed), true},
+		{"unsupported_sasl_mechanism", kafka.UnsupportedSASLMechanism, true},
+		{"illegal_sasl_state", kafka.IllegalSASLState, true},
+		{"topic_authorization_failed", kafka.TopicAuthorizationFailed, false},
+		{"connection_refused", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}, false},
+		{"deadline", context.DeadlineExceeded, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := classifyAuth(tc.err)
+			if is := errors.Is(got, ErrPublisherAuth); is != tc.want {
+				t.Fatalf("classifyAuth(%v) matches ErrPublisherAuth = %v; want %v", tc.err, is, tc.want)
+			}
+			if !errors.Is(got, tc.err) || got.Error() != tc.err.Error() {
+				t.Fatalf("classifyAuth(%v) = %v; want it to match and read as the original error", tc.err, got)
+			}
+		})
+	}
+	if classifyAuth(nil) != nil {
+		t.Fatal("classifyAuth(nil) != nil")
+	}
+}
+
 // TestKafkaPublisher_reports_unpublishable_rows: a row too large for the
 // topic, a row above BatchBytes, a row naming a partition the topic does
 // not have and a row without a topic fail with ErrUnpublishable (and their
