@@ -27,7 +27,7 @@ import (
 // The failpoints, one per step of the relay's life:
 //
 //	relay/after-fetch     a batch fetched, nothing published yet
-//	relay/during-publish  records appended by the broker, the answer not yet seen by the relay
+//	relay/during-publish  records appended by the broker, the answer not yet seen by the relay (kafkapub)
 //	relay/after-ack       the batch acknowledged, nothing deleted yet
 //	relay/during-delete   MarkPublished about to run (killafter lands inside it)
 //	relay/acquire         an acquisition round answered, its leases not yet recorded
