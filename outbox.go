@@ -314,7 +314,7 @@ type Plugin struct {
 	// context has no span does no tracing work and allocates nothing. The
 	// injected headers count towards the record's size like any other
 	// (traceparent adds 68 bytes in Kafka's record encoding, which the
-	// relay's KafkaConfig.BatchBytes bound counts).
+	// publisher's kafkapub.Config.BatchBytes bound counts).
 	Propagator propagation.TextMapPropagator
 
 	state *notifyState // set by Initialize

@@ -15,7 +15,7 @@ import (
 
 	"github.com/gorm-outbox/outbox/inbox"
 	"github.com/gorm-outbox/outbox/internal/testenv"
-	"github.com/gorm-outbox/outbox/relay"
+	"github.com/gorm-outbox/outbox/kafkapub"
 )
 
 // withID returns a record for partition carrying id in the message-id
@@ -23,7 +23,7 @@ import (
 func withID(partition int, id, note string) kafka.Message {
 	m := kafka.Message{Partition: partition, Key: []byte("key-" + id), Value: []byte(note), Headers: []kafka.Header{{Key: "trace", Value: []byte("t-" + note)}}}
 	if id != "" {
-		m.Headers = append(m.Headers, kafka.Header{Key: relay.DefaultMessageIDHeader, Value: []byte(id)})
+		m.Headers = append(m.Headers, kafka.Header{Key: kafkapub.DefaultMessageIDHeader, Value: []byte(id)})
 	}
 	return m
 }
@@ -31,7 +31,7 @@ func withID(partition int, id, note string) kafka.Message {
 // applyRecord is a HandlerFunc writing one effect row for the record's
 // message id, with its value as the note.
 func applyRecord(tx *gorm.DB, m kafka.Message) error {
-	id, _ := header(m, relay.DefaultMessageIDHeader)
+	id, _ := header(m, kafkapub.DefaultMessageIDHeader)
 	return tx.Create(&effect{MessageID: id, Note: string(m.Value)}).Error
 }
 
@@ -118,7 +118,7 @@ func TestTwoConsumersOfOneGroupRacingOneID(t *testing.T) {
 		)
 		newConsumer := func(name string) {
 			r := watchedReader{Reader: groupReader(t, b, topic, group), onFetch: func(m kafka.Message) {
-				id, _ := header(m, relay.DefaultMessageIDHeader)
+				id, _ := header(m, kafkapub.DefaultMessageIDHeader)
 				mu.Lock()
 				defer mu.Unlock()
 				if fetches[id]++; id == "dup" && fetches[id] == 2 {

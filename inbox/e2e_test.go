@@ -16,6 +16,7 @@ import (
 	"github.com/gorm-outbox/outbox/gormstore"
 	"github.com/gorm-outbox/outbox/inbox"
 	"github.com/gorm-outbox/outbox/internal/testenv"
+	"github.com/gorm-outbox/outbox/kafkapub"
 	"github.com/gorm-outbox/outbox/relay"
 )
 
@@ -95,7 +96,7 @@ func TestEndToEndOutboxRelayDuplicatesInbox(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		kp, err := relay.NewKafkaPublisher(relay.KafkaConfig{Brokers: b.Addrs})
+		kp, err := kafkapub.New(kafkapub.Config{Brokers: b.Addrs})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -15,7 +15,7 @@ import (
 	"gorm.io/gorm/logger"
 
 	"github.com/gorm-outbox/outbox/inbox"
-	"github.com/gorm-outbox/outbox/relay"
+	"github.com/gorm-outbox/outbox/kafkapub"
 )
 
 // Shipment is the side effect of the examples' consumer.
@@ -61,7 +61,7 @@ func ExampleInbox_Handle() {
 	}
 	msg := kafka.Message{
 		Topic: "orders", Key: []byte("order-7"), Value: []byte("paid"),
-		Headers: []kafka.Header{{Key: relay.DefaultMessageIDHeader, Value: []byte("0b6f2f1e-9b8f-4c1e-8d1a-2f4e5b6c7d01")}},
+		Headers: []kafka.Header{{Key: kafkapub.DefaultMessageIDHeader, Value: []byte("0b6f2f1e-9b8f-4c1e-8d1a-2f4e5b6c7d01")}},
 	}
 	for range 3 {
 		out, err := ib.Handle(context.Background(), "shipping", msg, func(tx *gorm.DB) error {
@@ -93,7 +93,7 @@ func ExampleConsumer() {
 	defer cluster.Close()
 
 	id := func(s string) []kafka.Header {
-		return []kafka.Header{{Key: relay.DefaultMessageIDHeader, Value: []byte(s)}}
+		return []kafka.Header{{Key: kafkapub.DefaultMessageIDHeader, Value: []byte(s)}}
 	}
 	w := &kafka.Writer{Addr: kafka.TCP(cluster.ListenAddrs()...), Topic: "orders", BatchTimeout: time.Millisecond}
 	err = w.WriteMessages(context.Background(),

@@ -12,7 +12,7 @@ import (
 	"github.com/gorm-outbox/outbox/inbox"
 	"github.com/gorm-outbox/outbox/internal/metrictest"
 	"github.com/gorm-outbox/outbox/internal/testenv"
-	"github.com/gorm-outbox/outbox/relay"
+	"github.com/gorm-outbox/outbox/kafkapub"
 )
 
 // effect is the side effect the tests' handlers write: one row per
@@ -50,7 +50,7 @@ func setup(t testing.TB, db *gorm.DB, opts inbox.Options) (*inbox.Inbox, *metric
 func record(topic string, partition int, offset int64, id string) kafka.Message {
 	m := kafka.Message{Topic: topic, Partition: partition, Offset: offset, Key: []byte("k"), Value: []byte("v")}
 	if id != "" {
-		m.Headers = []kafka.Header{{Key: "other", Value: []byte("x")}, {Key: relay.DefaultMessageIDHeader, Value: []byte(id)}}
+		m.Headers = []kafka.Header{{Key: "other", Value: []byte("x")}, {Key: kafkapub.DefaultMessageIDHeader, Value: []byte(id)}}
 	}
 	return m
 }

@@ -13,7 +13,7 @@ import (
 
 	"github.com/gorm-outbox/outbox/inbox"
 	"github.com/gorm-outbox/outbox/internal/testenv"
-	"github.com/gorm-outbox/outbox/relay"
+	"github.com/gorm-outbox/outbox/kafkapub"
 )
 
 func TestHandle(t *testing.T) {
@@ -123,7 +123,7 @@ func TestHandle(t *testing.T) {
 			before := recorded(t, db)
 			for _, m := range []kafka.Message{
 				record("orders", 2, 9, ""),
-				{Topic: "orders", Headers: []kafka.Header{{Key: relay.DefaultMessageIDHeader}}},
+				{Topic: "orders", Headers: []kafka.Header{{Key: kafkapub.DefaultMessageIDHeader}}},
 			} {
 				out, err := ib.Handle(ctx, "shipping", m, func(*gorm.DB) error { called = true; return nil })
 				if !errors.Is(err, inbox.ErrNoMessageID) || out != 0 {

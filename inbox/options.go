@@ -9,6 +9,7 @@ import (
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/gorm-outbox/outbox/kafkapub"
 	"github.com/gorm-outbox/outbox/relay"
 )
 
@@ -39,9 +40,9 @@ type Options struct {
 	Config Config
 
 	// MessageIDHeader is the record header holding the message id. Empty
-	// means relay.DefaultMessageIDHeader ("x-outbox-message-id"), the
+	// means kafkapub.DefaultMessageIDHeader ("x-outbox-message-id"), the
 	// header the relay stamps; set it to the relay's
-	// KafkaConfig.MessageIDHeader when that is changed. When a record has
+	// kafkapub.Config.MessageIDHeader when that is changed. When a record has
 	// the header more than once, the last one counts.
 	MessageIDHeader string
 
@@ -104,7 +105,7 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	o.Config = o.Config.WithDefaults()
 	if o.MessageIDHeader == "" {
-		o.MessageIDHeader = relay.DefaultMessageIDHeader
+		o.MessageIDHeader = kafkapub.DefaultMessageIDHeader
 	}
 	for _, d := range []struct {
 		name string

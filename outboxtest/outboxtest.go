@@ -34,6 +34,7 @@ import (
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/gormstore"
+	"github.com/gorm-outbox/outbox/kafkapub"
 	"github.com/gorm-outbox/outbox/relay"
 )
 
@@ -113,7 +114,7 @@ func New(t testing.TB, opts Options) *Env {
 	if err != nil {
 		t.Fatalf("outboxtest: %v", err)
 	}
-	pub, err := relay.NewKafkaPublisher(relay.KafkaConfig{Brokers: brokers})
+	pub, err := kafkapub.New(kafkapub.Config{Brokers: brokers})
 	if err != nil {
 		t.Fatalf("outboxtest: %v", err)
 	}
@@ -163,7 +164,7 @@ func (e *Env) Topic(t testing.TB, partitions int) string {
 // Records waits until at least n records are on topic (every partition,
 // from the start) and returns them, ordered by partition and offset. It
 // fails the test if they are not there within 30 s. Each record carries
-// the message id header (relay.DefaultMessageIDHeader, unless the relay
+// the message id header (kafkapub.DefaultMessageIDHeader, unless the relay
 // options changed it).
 func (e *Env) Records(t testing.TB, topic string, n int) []kafka.Message {
 	t.Helper()

@@ -8,8 +8,8 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/kafkapub"
 	"github.com/gorm-outbox/outbox/outboxtest"
-	"github.com/gorm-outbox/outbox/relay"
 )
 
 type order struct {
@@ -51,7 +51,7 @@ func TestEnvPublishesCommittedRowsOnly(t *testing.T) {
 	}
 	var id string
 	for _, h := range recs[0].Headers {
-		if h.Key == relay.DefaultMessageIDHeader {
+		if h.Key == kafkapub.DefaultMessageIDHeader {
 			id = string(h.Value)
 		}
 	}

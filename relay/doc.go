@@ -1,12 +1,16 @@
-// Package relay publishes committed outbox rows to Kafka.
+// Package relay publishes committed outbox rows through a Publisher: the
+// engine of the outbox, which calls no database API and imports no Kafka
+// library.
 //
 // A Relay owns a fair share of the outbox's buckets through leases kept in
 // the Store, reads each owned bucket's rows oldest first, hands them to a
-// Publisher (NewKafkaPublisher: kafka-go with acks=all) and deletes only the
+// Publisher (kafkapub.New: kafka-go with acks=all) and deletes only the
 // contiguous prefix the broker acknowledged. Several relays, in one process
 // or many, share the work; a relay that dies or stalls loses its buckets to
 // a peer when its leases expire. The engine never calls a database API: the
-// Store (gormstore for GORM) does.
+// Store (gormstore for GORM) does. Nor does it read a broker's errors: the
+// Publisher classifies them into the sentinels the engine acts on
+// (ErrUnpublishable, ErrFenced, ErrPublisherAuth).
 //
 // Hot path: a relay renews its leases on its own timer while it works, so
 // no amount of work lets a healthy relay's leases lapse; it serves up to

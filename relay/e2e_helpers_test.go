@@ -14,6 +14,7 @@ import (
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/gormstore"
 	"github.com/gorm-outbox/outbox/internal/testenv"
+	"github.com/gorm-outbox/outbox/kafkapub"
 	"github.com/gorm-outbox/outbox/relay"
 )
 
@@ -66,11 +67,11 @@ func e2eStore(t *testing.T, db *gorm.DB, n *relay.Notifier) *gormstore.Store {
 }
 
 // startKafkaRelay runs a relay over store, woken by n and polling every
-// 50ms, that publishes through a KafkaPublisher of kc (closed at cleanup)
+// 50ms, that publishes through a kafkapub.Publisher of kc (closed at cleanup)
 // until ctx ends; Run's result arrives on the returned channel.
-func startKafkaRelay(ctx context.Context, t *testing.T, store relay.Store, n *relay.Notifier, kc relay.KafkaConfig) (*relay.Relay, <-chan error) {
+func startKafkaRelay(ctx context.Context, t *testing.T, store relay.Store, n *relay.Notifier, kc kafkapub.Config) (*relay.Relay, <-chan error) {
 	t.Helper()
-	pub, err := relay.NewKafkaPublisher(kc)
+	pub, err := kafkapub.New(kc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,7 +159,7 @@ func checkRecords(t *testing.T, recs []kafka.Message, committed map[string]*outb
 	for _, rec := range recs {
 		var id string
 		for _, h := range rec.Headers {
-			if h.Key == relay.DefaultMessageIDHeader {
+			if h.Key == kafkapub.DefaultMessageIDHeader {
 				id = string(h.Value)
 			}
 		}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/gorm-outbox/outbox/internal/testenv"
+	"github.com/gorm-outbox/outbox/kafkapub"
 	"github.com/gorm-outbox/outbox/relay"
 )
 
@@ -24,7 +25,7 @@ func TestEndToEndGormToKafka(t *testing.T) {
 		db := dbo.Open(t, nil)
 		n := relay.NewNotifier()
 		store := e2eStore(t, db, n)
-		_, done := startKafkaRelay(ctx, t, store, n, relay.KafkaConfig{Brokers: b.Addrs})
+		_, done := startKafkaRelay(ctx, t, store, n, kafkapub.Config{Brokers: b.Addrs})
 
 		committed, rolledBack := writeTransactions(ctx, t, db, topic, 1, 60)
 		checkRecords(t, b.ReadAll(t, topic, len(committed), time.Minute), committed, rolledBack)

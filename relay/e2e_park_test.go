@@ -15,6 +15,7 @@ import (
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/gormstore"
 	"github.com/gorm-outbox/outbox/internal/testenv"
+	"github.com/gorm-outbox/outbox/kafkapub"
 	"github.com/gorm-outbox/outbox/relay"
 )
 
@@ -43,7 +44,7 @@ func TestOversizedRowParksItsKeyWhileTheBucketFlows(t *testing.T) {
 
 		logs := &testenv.Logs{}
 		reader := metrictest.NewReader()
-		pub, err := relay.NewKafkaPublisher(relay.KafkaConfig{Brokers: b.Addrs})
+		pub, err := kafkapub.New(kafkapub.Config{Brokers: b.Addrs})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -181,7 +182,7 @@ func dedupe(recs []kafka.Message) []kafka.Message {
 	for _, rec := range recs {
 		var id string
 		for _, h := range rec.Headers {
-			if h.Key == relay.DefaultMessageIDHeader {
+			if h.Key == kafkapub.DefaultMessageIDHeader {
 				id = string(h.Value)
 			}
 		}
@@ -260,7 +261,7 @@ func TestRequeueWhileTheKeyKeepsArrivingKeepsItsOrder(t *testing.T) {
 		store := e2eStore(t, db, n)
 		keyA, keyB := sameBucketKeys(4)
 
-		kp, err := relay.NewKafkaPublisher(relay.KafkaConfig{Brokers: b.Addrs})
+		kp, err := kafkapub.New(kafkapub.Config{Brokers: b.Addrs})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -11,6 +11,7 @@ import (
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/gormstore"
 	"github.com/gorm-outbox/outbox/internal/testenv"
+	"github.com/gorm-outbox/outbox/kafkapub"
 	"github.com/gorm-outbox/outbox/relay"
 	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
@@ -167,7 +168,7 @@ func e2ePooled(t *testing.T, db *gorm.DB, b testenv.Broker, writers, perWriter i
 	b.CreateTopic(t, topic, 4, nil)
 	n := relay.NewNotifier()
 	store := e2eStore(t, db, n)
-	_, done := startKafkaRelay(ctx, t, store, n, relay.KafkaConfig{Brokers: b.Addrs})
+	_, done := startKafkaRelay(ctx, t, store, n, kafkapub.Config{Brokers: b.Addrs})
 
 	began := time.Now()
 	committed, rolledBack := writeTransactions(ctx, t, db, topic, writers, perWriter/2)

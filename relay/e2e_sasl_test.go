@@ -19,6 +19,7 @@ import (
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/gormstore"
 	"github.com/gorm-outbox/outbox/internal/testenv"
+	"github.com/gorm-outbox/outbox/kafkapub"
 	"github.com/gorm-outbox/outbox/relay"
 )
 
@@ -74,7 +75,7 @@ func enqueueSASL(t *testing.T, db *gorm.DB, topic string, rows int) (committed m
 }
 
 // TestEndToEndSASLSSL moves GORM-enqueued rows through gormstore, the relay
-// and a KafkaPublisher whose Transport speaks TLS (verified with the test
+// and a kafkapub.Publisher whose Transport speaks TLS (verified with the test
 // CA) and SASL to the real broker's SASL_SSL listener, and reads every
 // record back over that listener with its message-id header: with
 // SCRAM-SHA-512, and with PLAIN.
@@ -99,7 +100,7 @@ func TestEndToEndSASLSSL(t *testing.T) {
 
 			n := relay.NewNotifier()
 			db, store := saslSetup(t, n)
-			r, done := startKafkaRelay(ctx, t, store, n, relay.KafkaConfig{Brokers: b.Addrs, Transport: b.Transport(t, tc.mech())})
+			r, done := startKafkaRelay(ctx, t, store, n, kafkapub.Config{Brokers: b.Addrs, Transport: b.Transport(t, tc.mech())})
 
 			committed, rolledBack := enqueueSASL(t, db, topic, 60)
 			checkRecords(t, b.ReadAll(t, topic, len(committed), time.Minute), committed, rolledBack)
@@ -156,7 +157,7 @@ func TestSASLWrongPassword(t *testing.T) {
 	committed, rolledBack := enqueueSASL(t, db, topic, 30)
 
 	// 1. the wrong password
-	bad, err := relay.NewKafkaPublisher(relay.KafkaConfig{Brokers: b.Addrs, Transport: b.Transport(t, b.SCRAM(t, b.Password+"-wrong"))})
+	bad, err := kafkapub.New(kafkapub.Config{Brokers: b.Addrs, Transport: b.Transport(t, b.SCRAM(t, b.Password+"-wrong"))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,7 +214,7 @@ func TestSASLWrongPassword(t *testing.T) {
 	stopRelay(t, stop, done)
 
 	// 2. fixed: a publisher with the right password publishes every row
-	good, err := relay.NewKafkaPublisher(relay.KafkaConfig{Brokers: b.Addrs, Transport: b.Transport(t, b.SCRAM(t, b.Password))})
+	good, err := kafkapub.New(kafkapub.Config{Brokers: b.Addrs, Transport: b.Transport(t, b.SCRAM(t, b.Password))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -234,13 +235,14 @@ func TestSASLWrongPassword(t *testing.T) {
 
 // checkWrongPasswordHealth checks Health while every publish fails to
 // authenticate: unhealthy, wrapping kafka-go's SASLAuthenticationFailed
-// (unlike other publish failures, which are not cycle failures).
+// and ErrPublisherAuth (unlike other publish failures, which are not cycle
+// failures).
 func checkWrongPasswordHealth(t *testing.T, r *relay.Relay) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for { // (until the first cycle completes, Health says so first)
 		err := r.Health()
-		if errors.Is(err, kafka.SASLAuthenticationFailed) && strings.Contains(err.Error(), "cannot authenticate to Kafka") {
+		if errors.Is(err, kafka.SASLAuthenticationFailed) && errors.Is(err, relay.ErrPublisherAuth) && strings.Contains(err.Error(), "cannot authenticate to Kafka") {
 			t.Logf("Health() = %v", err)
 			return
 		}
@@ -268,7 +270,7 @@ func TestSASLUntrustedBrokerCertificate(t *testing.T) {
 	committed, _ := enqueueSASL(t, db, topic, 5)
 	tr := &kafka.Transport{TLS: &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: x509.NewCertPool()}, SASL: b.SCRAM(t, b.Password)}
 	t.Cleanup(tr.CloseIdleConnections)
-	pub, err := relay.NewKafkaPublisher(relay.KafkaConfig{Brokers: b.Addrs, Transport: tr})
+	pub, err := kafkapub.New(kafkapub.Config{Brokers: b.Addrs, Transport: tr})
 	if err != nil {
 		t.Fatal(err)
 	}

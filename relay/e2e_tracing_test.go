@@ -15,6 +15,7 @@ import (
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/internal/spantest"
 	"github.com/gorm-outbox/outbox/internal/testenv"
+	"github.com/gorm-outbox/outbox/kafkapub"
 	"github.com/gorm-outbox/outbox/relay"
 )
 
@@ -61,7 +62,7 @@ func TestTraceFromWriterToConsumer(t *testing.T) {
 		db := dbo.Open(t, nil)
 		n := relay.NewNotifier()
 		store := e2eStore(t, db, n)
-		_, done := startKafkaRelay(ctx, t, store, n, relay.KafkaConfig{Brokers: b.Addrs, TracerProvider: tp, Propagator: prop})
+		_, done := startKafkaRelay(ctx, t, store, n, kafkapub.Config{Brokers: b.Addrs, TracerProvider: tp, Propagator: prop})
 
 		// Three traced transactions of two rows each, and one untraced.
 		writerOf := map[string]trace.SpanContext{} // message id → the writer's span
@@ -89,7 +90,7 @@ func TestTraceFromWriterToConsumer(t *testing.T) {
 		// The consumer: continue the trace of each record.
 		consumerOf := map[trace.SpanID]trace.SpanContext{} // consumer span → its record's writer
 		for _, rec := range recs {
-			id := recordCarrier(rec.Headers).Get(relay.DefaultMessageIDHeader)
+			id := recordCarrier(rec.Headers).Get(kafkapub.DefaultMessageIDHeader)
 			writer, ok := writerOf[id]
 			if !ok {
 				t.Fatalf("record %q matches no enqueued message", id)

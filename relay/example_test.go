@@ -13,7 +13,7 @@ import (
 
 // A relay publishes the pending rows of an in-memory store with a fake
 // publisher, deletes them once acknowledged, and stops gracefully. With a
-// database, use gormstore.New and relay.NewKafkaPublisher instead.
+// database, use gormstore.New and kafkapub.New instead.
 func Example() {
 	store := relaytest.NewMemStore(relay.DefaultBucketCount, nil)
 	store.Add(

@@ -1,8 +1,8 @@
-//go:build !outbox_failpoints
-
 package relay
 
+import fp "github.com/gorm-outbox/outbox/internal/failpoint"
+
 // failpoint marks a step of the relay's life where a crash test can stop the
-// process (see failpoint_on.go, built with -tags outbox_failpoints). In a
+// process (see internal/failpoint; built with -tags outbox_failpoints). In a
 // normal build it is empty and inlined: it costs nothing.
-func failpoint(string) {}
+func failpoint(name string) { fp.Inject(name) }

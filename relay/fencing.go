@@ -8,8 +8,8 @@ import (
 
 // ErrFenced is wrapped by the error of a Publish that cannot publish its
 // bucket's rows under the relay's current lease and never will: the
-// publisher holds no valid producer for the bucket. KafkaPublisher's
-// transactional mode (KafkaConfig.Transactions) returns it when the bucket's
+// publisher holds no valid producer for the bucket. kafkapub.Publisher's
+// transactional mode (kafkapub.Config.Transactions) returns it when the bucket's
 // transactional producer was fenced by a newer owner's (PRODUCER_FENCED,
 // INVALID_PRODUCER_EPOCH), when the coordinator aborted its transaction
 // (transaction timeout, INVALID_TXN_STATE), when it could not be
@@ -27,7 +27,7 @@ import (
 var ErrFenced = errors.New("fenced")
 
 // BucketOwnershipObserver is an optional Publisher capability: a publisher
-// that needs to know which buckets its relay owns (KafkaPublisher: its
+// that needs to know which buckets its relay owns (kafkapub.Publisher: its
 // transactional mode initialises one producer per owned bucket when the
 // bucket is acquired, which fences the previous owner's).
 //

@@ -7,9 +7,18 @@ import (
 	"errors"
 	"fmt"
 	"time"
-
-	"github.com/segmentio/kafka-go"
 )
+
+// ErrPublisherAuth is wrapped by a publish error when the broker rejected
+// the publisher's credentials, so that every row fails the same way and no
+// retry of a row can cure it (kafkapub wraps it for a failed SASL
+// authentication, a SASL mechanism the broker does not enable and an
+// illegal SASL state; a custom Publisher wraps it for the same effect).
+// Health reports such a failure, wrapping the publish error, until a
+// publish is acknowledged again; the rows are kept and retried as usual. A
+// broker certificate that does not verify (crypto/tls, crypto/x509 errors)
+// counts too, without the sentinel.
+var ErrPublisherAuth = errors.New("the broker rejected the publisher's credentials")
 
 // errNoCycle is Health's answer between the start of Run and the end of its
 // first cycle.
@@ -96,10 +105,8 @@ func (r *Relay) recordPublishHealth(err error, ack int, failed, stopped bool, st
 // authFailure reports whether a publish error says that the publisher
 // cannot authenticate to the cluster, so that every row fails the same way.
 func authFailure(err error) bool {
-	for _, code := range []kafka.Error{kafka.SASLAuthenticationFailed, kafka.UnsupportedSASLMechanism, kafka.IllegalSASLState} {
-		if errors.Is(err, code) {
-			return true
-		}
+	if errors.Is(err, ErrPublisherAuth) {
+		return true
 	}
 	var verify *tls.CertificateVerificationError
 	var unknownCA x509.UnknownAuthorityError

@@ -7,14 +7,13 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/segmentio/kafka-go"
-
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/relay"
 )
 
 // TestHealthReportsAuthenticationFailure proves that a publish failing to
-// authenticate to Kafka (SASL, or a broker certificate that does not
+// authenticate to the broker (an error wrapping ErrPublisherAuth, as
+// kafkapub's SASL failures do, or a broker certificate that does not
 // verify) makes Health report it, wrapping the publish error, with the rows
 // kept; and that the first acknowledged publish makes the relay healthy
 // again. Other publish failures keep Health nil
@@ -24,8 +23,8 @@ func TestHealthReportsAuthenticationFailure(t *testing.T) {
 		name  string
 		cause error
 	}{
-		{"sasl", fmt.Errorf("metadata: %w", kafka.SASLAuthenticationFailed)},
-		{"sasl_mechanism", fmt.Errorf("metadata: %w", kafka.UnsupportedSASLMechanism)},
+		{"sasl", fmt.Errorf("metadata: [58] SASL Authentication Failed: %w", relay.ErrPublisherAuth)},
+		{"sasl_mechanism", fmt.Errorf("metadata: [33] Unsupported SASL Mechanism: %w", relay.ErrPublisherAuth)},
 		{"tls_unknown_ca", fmt.Errorf("metadata: %w", x509.UnknownAuthorityError{})},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

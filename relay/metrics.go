@@ -30,7 +30,7 @@ const (
 	// (once per loss, not per bucket).
 	MetricLeaseExpirations = "outbox.lease.expirations"
 	// MetricFenced counts buckets the broker fenced: with
-	// KafkaConfig.Transactions, a publish refused because another relay
+	// kafkapub.Config.Transactions, a publish refused because another relay
 	// initialised the bucket's transactional id (the relay drops the
 	// bucket). Nonzero means two relays believed they owned a bucket: a
 	// relay that stalled past its lease, or a clock or configuration fault.

@@ -35,7 +35,7 @@ const (
 	// renewal) and four batches in memory.
 	DefaultMaxConcurrentBuckets = 4
 	// DefaultMaxBatchBytes bounds a batch at 4 MiB: four produce requests
-	// of KafkaPublisher's default 1 MiB, well above a batch of 500 typical
+	// of kafkapub.Publisher's default 1 MiB, well above a batch of 500 typical
 	// rows of a few KiB (so it rarely cuts one), while a bucket of 1 MiB
 	// rows is published a few rows at a time instead of 500 MiB at once;
 	// with DefaultMaxConcurrentBuckets it bounds a relay's batches in
@@ -244,7 +244,7 @@ type Options struct {
 	// unhealthy. A row the store cannot decode (a *CorruptRowError from
 	// NextBatch) is parked alone, at once, under every policy. The zero
 	// value is ParkUnpublishable: only errors wrapping ErrUnpublishable
-	// (which KafkaPublisher returns for a record the broker can never
+	// (which kafkapub.Publisher returns for a record the broker can never
 	// accept) count, so a broker outage parks nothing. ParkNever counts no
 	// error (the reference behaviour: a row the broker never accepts stops
 	// its bucket); ParkAnyFailure counts every failure but a stop's

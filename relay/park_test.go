@@ -17,6 +17,7 @@ import (
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/internal/metrictest"
 	"github.com/gorm-outbox/outbox/internal/testenv"
+	"github.com/gorm-outbox/outbox/kafkapub"
 	"github.com/gorm-outbox/outbox/relay"
 	"github.com/gorm-outbox/outbox/relay/relaytest"
 )
@@ -575,7 +576,7 @@ func TestRecordTooLargeForTheTopicIsParkedWhileItsBucketFlows(t *testing.T) {
 	b := testenv.NewFake(t)
 	topic := testenv.Unique("park-")
 	b.CreateTopic(t, topic, 2, map[string]string{"max.message.bytes": "2048"})
-	kp, err := relay.NewKafkaPublisher(relay.KafkaConfig{Brokers: b.Addrs})
+	kp, err := kafkapub.New(kafkapub.Config{Brokers: b.Addrs})
 	if err != nil {
 		t.Fatal(err)
 	}

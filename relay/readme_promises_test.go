@@ -71,9 +71,6 @@ func TestZeroOptionsUseTheDocumentedDefaults(t *testing.T) {
 		{"DefaultMetricsTimeout", relay.DefaultMetricsTimeout, 5 * time.Second},
 		{"DefaultPublishFailureWindow", relay.DefaultPublishFailureWindow, 5 * time.Minute},
 		{"MaxRelayIDLength", relay.MaxRelayIDLength, 128},
-		{"DefaultMessageIDHeader", relay.DefaultMessageIDHeader, "x-outbox-message-id"},
-		{"DefaultKafkaBatchBytes", relay.DefaultKafkaBatchBytes, 1 << 20},
-		{"DefaultKafkaMaxBatchRecords", relay.DefaultKafkaMaxBatchRecords, 1000},
 	} {
 		if c.got != c.want {
 			t.Errorf("%s = %v; the README documents %v", c.name, c.got, c.want)

@@ -2,7 +2,7 @@
 # importer-check: what an application importing the library sees.
 #
 # Builds a throw-away importer in a temporary directory — a main package that
-# uses the root package, relay and gormstore with gorm.io/driver/postgres, as
+# uses the root package, relay, kafkapub and gormstore with gorm.io/driver/postgres, as
 # the README's "Running the relay: In-process" does — whose go.mod requires
 # github.com/gorm-outbox/outbox and replaces it with this checkout. After
 # `go mod tidy` and `go build` it prints `go list -m all` and its count, and
@@ -41,9 +41,9 @@ FORBIDDEN=(
 # so they show up here; none is compiled into an importer's binary.
 EXTRA_ALLOWED=(
 	github.com/gorm-outbox/outbox          # the library itself
-	github.com/twmb/franz-go               # kfake, the in-process Kafka broker of go test (relay, testenv)
+	github.com/twmb/franz-go               # kfake, the in-process Kafka broker of go test (relay, kafkapub, testenv)
 	github.com/twmb/franz-go/pkg/kfake     # likewise
-	github.com/twmb/franz-go/pkg/kmsg      # kfake's protocol messages; relay tests inject broker errors with them
+	github.com/twmb/franz-go/pkg/kmsg      # kfake's protocol messages; kafkapub tests inject broker errors with them
 	github.com/go-sql-driver/mysql         # MySQL/MariaDB tests of the root package, gormstore, testenv
 	filippo.io/edwards25519                # required by go-sql-driver/mysql
 	gorm.io/driver/mysql                   # likewise, through GORM
@@ -70,6 +70,7 @@ import (
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/gormstore"
+	"github.com/gorm-outbox/outbox/kafkapub"
 	"github.com/gorm-outbox/outbox/relay"
 	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
@@ -88,7 +89,7 @@ func main() {
 	if err != nil {
 		panic(err)
 	}
-	pub, err := relay.NewKafkaPublisher(relay.KafkaConfig{Brokers: []string{"kafka:9092"}})
+	pub, err := kafkapub.New(kafkapub.Config{Brokers: []string{"kafka:9092"}})
 	if err != nil {
 		panic(err)
 	}
@@ -154,7 +155,7 @@ direct=$(cd "$tmp/direct" && go list -m -f '{{.Path}}' all | tail -n +2)
 
 n_importer=$(grep -c . <<<"$importer")
 n_direct=$(grep -c . <<<"$direct")
-echo "importer-check: an importer of outbox, relay and gormstore (+ gorm.io/driver/postgres): $n_importer modules in go list -m all:"
+echo "importer-check: an importer of outbox, relay, kafkapub and gormstore (+ gorm.io/driver/postgres): $n_importer modules in go list -m all:"
 (cd "$tmp/importer" && go list -m all | tail -n +2 | sed 's/^/  /')
 echo "importer-check: the same stack used directly (gorm, gorm.io/driver/postgres, kafka-go, the OTel metric API, uuid): $n_direct modules"
 

@@ -26,6 +26,7 @@ import (
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/gormstore"
+	"github.com/gorm-outbox/outbox/kafkapub"
 	"github.com/gorm-outbox/outbox/pgnotify"
 	"github.com/gorm-outbox/outbox/relay"
 )
@@ -73,10 +74,10 @@ type config struct {
 	messageIDHeader string
 	kafkaBatchBytes int64
 	kafkaMaxRecords int
-	kafkaPubTimeout time.Duration // KafkaConfig.PublishTimeout
-	txnOutbox       string        // KafkaTransactions.Outbox; empty: the default (non-transactional) mode
-	txnIDPrefix     string        // KafkaTransactions.IDPrefix
-	txnTimeout      time.Duration // KafkaTransactions.Timeout
+	kafkaPubTimeout time.Duration // kafkapub.Config.PublishTimeout
+	txnOutbox       string        // kafkapub.Transactions.Outbox; empty: the default (non-transactional) mode
+	txnIDPrefix     string        // kafkapub.Transactions.IDPrefix
+	txnTimeout      time.Duration // kafkapub.Transactions.Timeout
 
 	relay relay.Options
 
@@ -119,13 +120,13 @@ func newFlagSet(c *config) *flag.FlagSet {
 	fs.StringVar(&c.saslMechanism, "kafka-sasl-mechanism", "", "SASL mechanism: plain, scram-sha-256 or scram-sha-512 (default: no SASL)")
 	fs.StringVar(&c.saslUser, "kafka-sasl-username", "", "SASL user name")
 	fs.StringVar(&c.saslPassword, "kafka-sasl-password", "", "SASL password (prefer the environment variable)")
-	fs.StringVar(&c.messageIDHeader, "message-id-header", relay.DefaultMessageIDHeader, "record header carrying the message id")
-	int64Var(fs, &c.kafkaBatchBytes, "kafka-batch-bytes", relay.DefaultKafkaBatchBytes, "largest produce request per partition, in bytes; keep it at most the topics' max.message.bytes")
-	intVar(fs, &c.kafkaMaxRecords, "kafka-max-batch-records", relay.DefaultKafkaMaxBatchRecords, "largest number of records per partition per produce request")
-	durationVar(fs, &c.kafkaPubTimeout, "kafka-publish-timeout", relay.DefaultKafkaPublishTimeout, "bound on one publish call to Kafka: a broker that does not answer within it fails the call, which the relay counts, logs and retries after -error-backoff; keep it well under -lease-duration")
+	fs.StringVar(&c.messageIDHeader, "message-id-header", kafkapub.DefaultMessageIDHeader, "record header carrying the message id")
+	int64Var(fs, &c.kafkaBatchBytes, "kafka-batch-bytes", kafkapub.DefaultBatchBytes, "largest produce request per partition, in bytes; keep it at most the topics' max.message.bytes")
+	intVar(fs, &c.kafkaMaxRecords, "kafka-max-batch-records", kafkapub.DefaultMaxBatchRecords, "largest number of records per partition per produce request")
+	durationVar(fs, &c.kafkaPubTimeout, "kafka-publish-timeout", kafkapub.DefaultPublishTimeout, "bound on one publish call to Kafka: a broker that does not answer within it fails the call, which the relay counts, logs and retries after -error-backoff; keep it well under -lease-duration")
 	fs.StringVar(&c.txnOutbox, "kafka-transactions", "", "fenced publishing (opt-in): publish each batch in a Kafka transaction, one transactional producer per bucket, so a relay that lost its bucket cannot write to read_committed consumers; the value names this outbox in the transactional ids (<prefix><name>-<bucket>), unique to the outbox across the Kafka cluster and the same on all its relays; consumers must read with isolation.level=read_committed (empty: off)")
-	fs.StringVar(&c.txnIDPrefix, "kafka-transactional-id-prefix", relay.DefaultTransactionalIDPrefix, "with -kafka-transactions: the transactional ids' prefix (the relay's principal needs WRITE and DESCRIBE on TransactionalId resources with this prefix)")
-	durationVar(fs, &c.txnTimeout, "kafka-transaction-timeout", relay.DefaultKafkaTransactionTimeout, "with -kafka-transactions: transaction.timeout.ms; longer than -kafka-publish-timeout, at most the brokers' transaction.max.timeout.ms")
+	fs.StringVar(&c.txnIDPrefix, "kafka-transactional-id-prefix", kafkapub.DefaultTransactionalIDPrefix, "with -kafka-transactions: the transactional ids' prefix (the relay's principal needs WRITE and DESCRIBE on TransactionalId resources with this prefix)")
+	durationVar(fs, &c.txnTimeout, "kafka-transaction-timeout", kafkapub.DefaultTransactionTimeout, "with -kafka-transactions: transaction.timeout.ms; longer than -kafka-publish-timeout, at most the brokers' transaction.max.timeout.ms")
 
 	o := &c.relay
 	intVar(fs, &o.BatchSize, "batch-size", relay.DefaultBatchSize, "rows fetched and published per batch")
@@ -378,7 +379,7 @@ func lookup(getenv func(string) string, name string) (string, bool) {
 }
 
 // check reports the first invalid setting the relay and publisher would not
-// report themselves (they are checked by relay.New and NewKafkaPublisher).
+// report themselves (they are checked by relay.New and kafkapub.New).
 func (c *config) check() error {
 	if err := c.dbConfig.checkConnection(); err != nil {
 		return err
@@ -400,14 +401,14 @@ func (c *config) check() error {
 	if c.kafkaPubTimeout < 0 {
 		return fmt.Errorf("-kafka-publish-timeout %q: must not be negative", c.kafkaPubTimeout.String())
 	}
-	if c.txnOutbox == "" && c.txnIDPrefix != relay.DefaultTransactionalIDPrefix {
+	if c.txnOutbox == "" && c.txnIDPrefix != kafkapub.DefaultTransactionalIDPrefix {
 		return errors.New("-kafka-transactional-id-prefix goes with -kafka-transactions")
 	}
-	if c.txnOutbox == "" && c.txnTimeout != relay.DefaultKafkaTransactionTimeout {
+	if c.txnOutbox == "" && c.txnTimeout != kafkapub.DefaultTransactionTimeout {
 		return errors.New("-kafka-transaction-timeout goes with -kafka-transactions")
 	}
 	if mpd := c.relay.MaxPublishDuration; mpd > 0 {
-		if pt := cmp.Or(c.kafkaPubTimeout, relay.DefaultKafkaPublishTimeout); pt >= mpd {
+		if pt := cmp.Or(c.kafkaPubTimeout, kafkapub.DefaultPublishTimeout); pt >= mpd {
 			return fmt.Errorf("-kafka-publish-timeout %v must be shorter than -max-publish-duration %v: a publish to a hung broker would stop the relay", pt, mpd)
 		}
 	}
@@ -466,13 +467,13 @@ func (c *dbConfig) check() error {
 
 // transport returns kafka-go's Transport with the TLS and SASL settings, or
 // nil when none is set.
-// transactions returns the publisher's KafkaTransactions: nil without
+// transactions returns the publisher's kafkapub.Transactions: nil without
 // -kafka-transactions.
-func (c *config) transactions() *relay.KafkaTransactions {
+func (c *config) transactions() *kafkapub.Transactions {
 	if c.txnOutbox == "" {
 		return nil
 	}
-	return &relay.KafkaTransactions{Outbox: c.txnOutbox, IDPrefix: c.txnIDPrefix, Timeout: c.txnTimeout}
+	return &kafkapub.Transactions{Outbox: c.txnOutbox, IDPrefix: c.txnIDPrefix, Timeout: c.txnTimeout}
 }
 
 func (c *config) transport() (*kafka.Transport, error) {
@@ -594,12 +595,12 @@ var flagNames = strings.NewReplacer(
 	"Config.MessagesTable", "-messages-table",
 	"Config.LeasesTable", "-leases-table",
 	"Config.RelaysTable", "-relays-table",
-	"KafkaConfig.Brokers", "-kafka-brokers",
-	"KafkaConfig.BatchBytes", "-kafka-batch-bytes",
-	"KafkaConfig.MaxBatchRecords", "-kafka-max-batch-records",
-	"KafkaConfig.PublishTimeout", "-kafka-publish-timeout",
-	"KafkaTransactions.Outbox", "-kafka-transactions",
-	"KafkaTransactions.Timeout", "-kafka-transaction-timeout",
+	"Config.Brokers", "-kafka-brokers",
+	"Config.BatchBytes", "-kafka-batch-bytes",
+	"Config.MaxBatchRecords", "-kafka-max-batch-records",
+	"Config.PublishTimeout", "-kafka-publish-timeout",
+	"Transactions.Outbox", "-kafka-transactions",
+	"Transactions.Timeout", "-kafka-transaction-timeout",
 	"\n", "; ",
 )
 

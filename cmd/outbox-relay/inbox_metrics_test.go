@@ -24,7 +24,7 @@ import (
 
 	"github.com/gorm-outbox/outbox/inbox"
 	"github.com/gorm-outbox/outbox/internal/testenv"
-	"github.com/gorm-outbox/outbox/relay"
+	"github.com/gorm-outbox/outbox/kafkapub"
 	"github.com/gorm-outbox/outbox/relay/relaytest"
 )
 
@@ -33,7 +33,7 @@ import (
 func inboxRecord(topic string, partition int, offset int64, id string) kafka.Message {
 	m := kafka.Message{Topic: topic, Partition: partition, Offset: offset, Key: []byte("k"), Value: []byte("v")}
 	if id != "" {
-		m.Headers = []kafka.Header{{Key: relay.DefaultMessageIDHeader, Value: []byte(id)}}
+		m.Headers = []kafka.Header{{Key: kafkapub.DefaultMessageIDHeader, Value: []byte(id)}}
 	}
 	return m
 }

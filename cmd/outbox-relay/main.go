@@ -65,6 +65,7 @@ import (
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/gormstore"
+	"github.com/gorm-outbox/outbox/kafkapub"
 	"github.com/gorm-outbox/outbox/pgnotify"
 	"github.com/gorm-outbox/outbox/relay"
 )
@@ -121,7 +122,7 @@ type worker struct {
 	cfg    *config
 	log    *slog.Logger
 	db     *gorm.DB // opened by run
-	pub    *relay.KafkaPublisher
+	pub    *kafkapub.Publisher
 	relay  *relay.Relay // built by run
 	reg    *prometheus.Registry
 	mp     *sdkmetric.MeterProvider
@@ -147,7 +148,7 @@ func build(cfg *config, stderr io.Writer) (*worker, error) {
 		w.close()
 		return nil, err
 	}
-	w.pub, err = relay.NewKafkaPublisher(relay.KafkaConfig{
+	w.pub, err = kafkapub.New(kafkapub.Config{
 		Brokers:         cfg.brokers,
 		Transport:       transport,
 		MessageIDHeader: cfg.messageIDHeader,

@@ -10,11 +10,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gorm-outbox/outbox/relay"
+	"github.com/gorm-outbox/outbox/kafkapub"
 )
 
 // TestKafkaPublishTimeoutFlag: -kafka-publish-timeout (and its variable)
-// sets KafkaConfig.PublishTimeout, 10s by default; a negative value, a
+// sets kafkapub.Config.PublishTimeout, 10s by default; a negative value, a
 // value not shorter than -max-publish-duration are configuration errors
 // that say why, on one line, before anything connects.
 func TestKafkaPublishTimeoutFlag(t *testing.T) {
@@ -23,7 +23,7 @@ func TestKafkaPublishTimeoutFlag(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.kafkaPubTimeout != relay.DefaultKafkaPublishTimeout || relay.DefaultKafkaPublishTimeout != 10*time.Second {
+	if cfg.kafkaPubTimeout != kafkapub.DefaultPublishTimeout || kafkapub.DefaultPublishTimeout != 10*time.Second {
 		t.Errorf("-kafka-publish-timeout default = %v; want 10s", cfg.kafkaPubTimeout)
 	}
 	cfg, err = parseConfig(base(t), func(k string) string {
@@ -56,7 +56,7 @@ func TestKafkaPublishTimeoutFlag(t *testing.T) {
 			t.Errorf("%v: exit %d, stderr %q; want %d and one line containing %q", tc.args, code, msg, exitConfig, tc.want)
 		}
 	}
-	if got := oneLine(errors.New("relay: KafkaConfig.PublishTimeout is negative (-1s)")); got != "relay: -kafka-publish-timeout is negative (-1s)" {
+	if got := oneLine(errors.New("kafkapub: Config.PublishTimeout is negative (-1s)")); got != "kafkapub: -kafka-publish-timeout is negative (-1s)" {
 		t.Errorf("publisher error on the command line = %q; want it to name -kafka-publish-timeout", got)
 	}
 }

@@ -15,7 +15,7 @@ import (
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/internal/testenv"
-	"github.com/gorm-outbox/outbox/relay"
+	"github.com/gorm-outbox/outbox/kafkapub"
 )
 
 // TestWorkerPublishesInKafkaTransactions: with -kafka-transactions the
@@ -87,7 +87,7 @@ func TestWorkerPublishesInKafkaTransactions(t *testing.T) {
 				t.Errorf("record at %d/%d: transactional=%v producer id %d; want a transactional producer's", r.Partition, r.Offset, r.Attrs.IsTransactional(), r.ProducerID)
 			}
 			for _, h := range r.Headers {
-				if h.Key == relay.DefaultMessageIDHeader {
+				if h.Key == kafkapub.DefaultMessageIDHeader {
 					seen[string(h.Value)]++
 				}
 			}

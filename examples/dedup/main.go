@@ -32,7 +32,7 @@ import (
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/inbox"
-	"github.com/gorm-outbox/outbox/relay"
+	"github.com/gorm-outbox/outbox/kafkapub"
 )
 
 // Shipment is the consumer's side effect.
@@ -62,7 +62,7 @@ func run() error {
 	// The producer side: three outbox rows published twice, as a retry
 	// after a lost acknowledgement would (the relay does this through
 	// relay.New; the publisher is called directly here to force it).
-	pub, err := relay.NewKafkaPublisher(relay.KafkaConfig{Brokers: brokers})
+	pub, err := kafkapub.New(kafkapub.Config{Brokers: brokers})
 	if err != nil {
 		return err
 	}

@@ -39,6 +39,7 @@ import (
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/gormstore"
+	"github.com/gorm-outbox/outbox/kafkapub"
 	"github.com/gorm-outbox/outbox/relay"
 )
 
@@ -93,7 +94,7 @@ func runRelay(id, dsn string, brokers []string) error {
 	if err != nil {
 		return err
 	}
-	pub, err := relay.NewKafkaPublisher(relay.KafkaConfig{Brokers: brokers})
+	pub, err := kafkapub.New(kafkapub.Config{Brokers: brokers})
 	if err != nil {
 		return err
 	}
@@ -350,7 +351,7 @@ func readIDs(ctx context.Context, brokers []string, topic string) (map[string]bo
 				return nil, 0, err
 			}
 			for _, h := range m.Headers {
-				if h.Key == relay.DefaultMessageIDHeader {
+				if h.Key == kafkapub.DefaultMessageIDHeader {
 					if ids[string(h.Value)] {
 						dups++
 					}

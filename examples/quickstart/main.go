@@ -47,6 +47,7 @@ import (
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/gormstore"
+	"github.com/gorm-outbox/outbox/kafkapub"
 	"github.com/gorm-outbox/outbox/relay"
 )
 
@@ -143,7 +144,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	pub, err := relay.NewKafkaPublisher(relay.KafkaConfig{Brokers: brokers})
+	pub, err := kafkapub.New(kafkapub.Config{Brokers: brokers})
 	if err != nil {
 		return err
 	}
@@ -384,7 +385,7 @@ func (c *consumer) consume(ctx context.Context, brokers []string, topic string, 
 		}
 		var id string
 		for _, h := range m.Headers {
-			if h.Key == relay.DefaultMessageIDHeader {
+			if h.Key == kafkapub.DefaultMessageIDHeader {
 				id = string(h.Value)
 			}
 		}

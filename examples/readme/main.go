@@ -17,6 +17,7 @@ import (
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/gormstore"
+	"github.com/gorm-outbox/outbox/kafkapub"
 	"github.com/gorm-outbox/outbox/relay"
 )
 
@@ -58,7 +59,7 @@ func main() {
 		log.Fatal(err)
 	}
 	brokers := []string{cmp.Or(os.Getenv("KAFKA_BROKERS"), "localhost:9092")}
-	pub, err := relay.NewKafkaPublisher(relay.KafkaConfig{Brokers: brokers})
+	pub, err := kafkapub.New(kafkapub.Config{Brokers: brokers})
 	if err != nil {
 		log.Fatal(err)
 	}

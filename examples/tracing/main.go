@@ -48,6 +48,7 @@ import (
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/gormstore"
+	"github.com/gorm-outbox/outbox/kafkapub"
 	"github.com/gorm-outbox/outbox/relay"
 )
 
@@ -108,7 +109,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	pub, err := relay.NewKafkaPublisher(relay.KafkaConfig{Brokers: brokers})
+	pub, err := kafkapub.New(kafkapub.Config{Brokers: brokers})
 	if err != nil {
 		return err
 	}
@@ -201,7 +202,7 @@ func consume(ctx context.Context, rec kafka.Message) (tenant string) {
 			semconv.MessagingDestinationName(rec.Topic),
 			semconv.MessagingDestinationPartitionID(strconv.Itoa(rec.Partition)),
 			semconv.MessagingKafkaOffset(int(rec.Offset)),
-			semconv.MessagingMessageID(headerCarrier(rec.Headers).Get(relay.DefaultMessageIDHeader)),
+			semconv.MessagingMessageID(headerCarrier(rec.Headers).Get(kafkapub.DefaultMessageIDHeader)),
 		))
 	defer span.End()
 	// The handler's work runs under ctx: its spans, database calls and

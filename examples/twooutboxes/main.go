@@ -28,6 +28,7 @@ import (
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/gormstore"
+	"github.com/gorm-outbox/outbox/kafkapub"
 	"github.com/gorm-outbox/outbox/relay"
 )
 
@@ -81,7 +82,7 @@ func run() error {
 		if err != nil {
 			return err
 		}
-		pub, err := relay.NewKafkaPublisher(relay.KafkaConfig{Brokers: broker.ListenAddrs()})
+		pub, err := kafkapub.New(kafkapub.Config{Brokers: broker.ListenAddrs()})
 		if err != nil {
 			return err
 		}

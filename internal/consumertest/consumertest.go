@@ -21,7 +21,7 @@ import (
 	"github.com/gorm-outbox/outbox/inbox"
 	"github.com/gorm-outbox/outbox/internal/metrictest"
 	"github.com/gorm-outbox/outbox/internal/testenv"
-	"github.com/gorm-outbox/outbox/relay"
+	"github.com/gorm-outbox/outbox/kafkapub"
 	"github.com/gorm-outbox/outbox/relay/relaytest"
 )
 
@@ -193,7 +193,7 @@ func deadLetter(t *testing.T, c Client, db *gorm.DB, b testenv.Broker) {
 		if tr, _ := header(m.Headers, "trace"); tr != "t-"+want.value || m.Headers[0].Key != "trace" {
 			t.Errorf("dead-letter record %d headers = %v; want the original ones first", i, m.Headers)
 		}
-		if id, ok := header(m.Headers, relay.DefaultMessageIDHeader); want.id != "" && (!ok || id != want.id) {
+		if id, ok := header(m.Headers, kafkapub.DefaultMessageIDHeader); want.id != "" && (!ok || id != want.id) {
 			t.Errorf("dead-letter record %d message id = %q; want %q", i, id, want.id)
 		}
 		for key, v := range map[string]string{
@@ -386,7 +386,7 @@ func (effect) TableName() string { return "consumertest_effects" }
 // applyRecord writes one effect row for r's message id, with its value as
 // the note.
 func applyRecord(tx *gorm.DB, r Record) error {
-	id, _ := header(r.Headers, relay.DefaultMessageIDHeader)
+	id, _ := header(r.Headers, kafkapub.DefaultMessageIDHeader)
 	return tx.Create(&effect{MessageID: id, Note: string(r.Value)}).Error
 }
 
@@ -395,7 +395,7 @@ func applyRecord(tx *gorm.DB, r Record) error {
 func withID(partition int, id, note string) kafka.Message {
 	m := kafka.Message{Partition: partition, Key: []byte("key-" + id), Value: []byte(note), Headers: []kafka.Header{{Key: "trace", Value: []byte("t-" + note)}}}
 	if id != "" {
-		m.Headers = append(m.Headers, kafka.Header{Key: relay.DefaultMessageIDHeader, Value: []byte(id)})
+		m.Headers = append(m.Headers, kafka.Header{Key: kafkapub.DefaultMessageIDHeader, Value: []byte(id)})
 	}
 	return m
 }
@@ -551,7 +551,7 @@ func produceTxn(t testing.TB, b testenv.Broker, topic string, commit bool, ids .
 		t.Fatal(err)
 	}
 	for _, id := range ids {
-		r := &kgo.Record{Key: []byte("k"), Value: []byte(id), Headers: []kgo.RecordHeader{{Key: relay.DefaultMessageIDHeader, Value: []byte(id)}}}
+		r := &kgo.Record{Key: []byte("k"), Value: []byte(id), Headers: []kgo.RecordHeader{{Key: kafkapub.DefaultMessageIDHeader, Value: []byte(id)}}}
 		if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
 			t.Fatalf("produce %s: %v", id, err)
 		}

@@ -18,6 +18,7 @@ import (
 	"github.com/gorm-outbox/outbox/gormstore"
 	"github.com/gorm-outbox/outbox/inbox"
 	"github.com/gorm-outbox/outbox/internal/testenv"
+	"github.com/gorm-outbox/outbox/kafkapub"
 	"github.com/gorm-outbox/outbox/relay"
 )
 
@@ -122,11 +123,11 @@ func effectsRun(t *testing.T, c Client, o testenv.Opener, b testenv.Broker, fenc
 		if err != nil {
 			t.Fatal(err)
 		}
-		kc := relay.KafkaConfig{Brokers: b.Addrs, PublishTimeout: 5 * time.Second}
+		kc := kafkapub.Config{Brokers: b.Addrs, PublishTimeout: 5 * time.Second}
 		if fenced {
-			kc.Transactions = &relay.KafkaTransactions{Outbox: topic}
+			kc.Transactions = &kafkapub.Transactions{Outbox: topic}
 		}
-		kp, err := relay.NewKafkaPublisher(kc)
+		kp, err := kafkapub.New(kc)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -173,7 +174,7 @@ func effectsRun(t *testing.T, c Client, o testenv.Opener, b testenv.Broker, fenc
 	}
 	ib, metrics := setup(t, cdb, inbox.Options{Logger: quiet})
 	apply := func(tx *gorm.DB, r Record) error {
-		id, _ := header(r.Headers, relay.DefaultMessageIDHeader)
+		id, _ := header(r.Headers, kafkapub.DefaultMessageIDHeader)
 		key, s, _ := strings.Cut(string(r.Value), ":")
 		seq, err := strconv.Atoi(s)
 		if err != nil {

@@ -9,7 +9,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/gorm-outbox/outbox/relay"
+	"github.com/gorm-outbox/outbox/kafkapub"
 )
 
 // consumer reads every partition of a topic from the beginning and counts
@@ -86,7 +86,7 @@ func startConsumer(ctx context.Context, brokers []string, topic string, partitio
 				now := time.Now()
 				var id string
 				for _, h := range m.Headers {
-					if h.Key == relay.DefaultMessageIDHeader {
+					if h.Key == kafkapub.DefaultMessageIDHeader {
 						id = string(h.Value)
 					}
 				}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/gormstore"
+	"github.com/gorm-outbox/outbox/kafkapub"
 	"github.com/gorm-outbox/outbox/relay"
 )
 
@@ -411,7 +412,7 @@ func scanRow(sc interface{ Scan(...any) error }) (int64, kafka.Message, error) {
 	if err := sc.Scan(&id, &mid, &m.Key, &m.Value); err != nil {
 		return 0, m, err
 	}
-	m.Headers = []kafka.Header{{Key: relay.DefaultMessageIDHeader, Value: []byte(mid.String())}}
+	m.Headers = []kafka.Header{{Key: kafkapub.DefaultMessageIDHeader, Value: []byte(mid.String())}}
 	return id, m, nil
 }
 
@@ -525,7 +526,7 @@ func (e *env) startFleet(ctx context.Context, n int, open func() (*gorm.DB, erro
 			f.stop()
 			return nil, err
 		}
-		kp, err := relay.NewKafkaPublisher(relay.KafkaConfig{Brokers: e.brokers})
+		kp, err := kafkapub.New(kafkapub.Config{Brokers: e.brokers})
 		if err != nil {
 			f.stop()
 			return nil, err
@@ -680,7 +681,7 @@ func (e *env) drainRelays(ctx context.Context, n int) (DrainResult, error) {
 		CPUPerSec: cpuPerSec(cpu, wall), CPUPerMsgUs: cpuPerMsgUs(cpu, e.cfg.N), DBCPUPerMsgUs: dbCPUPerMsgUs(dbc, dbOK, e.cfg.N),
 		FirstQuarterMsgPerSec: q1, LastQuarterMsgPerSec: q4, EndVsStart: ratio(q4, q1),
 		LeaseLosses: &losses, MaxConcurrentBuckets: e.cfg.MaxConcurrentBuckets, PreloadSeconds: pre.Seconds(),
-		Note: fmt.Sprintf("gormstore + KafkaPublisher, %d buckets, batch %d, %s, leases balanced before the preload commit", e.cfg.Buckets, e.cfg.BatchSize, conc)}, nil
+		Note: fmt.Sprintf("gormstore + kafkapub.Publisher, %d buckets, batch %d, %s, leases balanced before the preload commit", e.cfg.Buckets, e.cfg.BatchSize, conc)}, nil
 }
 
 // counterSum collects reader and returns the sum of every data point of the

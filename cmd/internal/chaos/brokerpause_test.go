@@ -22,10 +22,11 @@ import (
 	"github.com/gorm-outbox/outbox/cmd/internal/chaos"
 	"github.com/gorm-outbox/outbox/gormstore"
 	"github.com/gorm-outbox/outbox/internal/testenv"
+	"github.com/gorm-outbox/outbox/kafkapub"
 	"github.com/gorm-outbox/outbox/relay"
 )
 
-// pausePublishTimeout is the relay's KafkaConfig.PublishTimeout in
+// pausePublishTimeout is the relay's kafkapub.Config.PublishTimeout in
 // TestRelayRecoversFromAPausedRealBroker.
 const pausePublishTimeout = 2 * time.Second
 
@@ -133,7 +134,7 @@ func TestRelayRecoversFromAPausedRealBroker(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pub, err := relay.NewKafkaPublisher(relay.KafkaConfig{Brokers: broker.Addrs, PublishTimeout: pausePublishTimeout})
+	pub, err := kafkapub.New(kafkapub.Config{Brokers: broker.Addrs, PublishTimeout: pausePublishTimeout})
 	if err != nil {
 		t.Fatal(err)
 	}

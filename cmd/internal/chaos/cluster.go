@@ -75,7 +75,7 @@ type FailoverConfig struct {
 	// Settle is the wait once every partition has all its replicas in
 	// sync again, before the next fault. Zero means 3s.
 	Settle time.Duration
-	// PublishTimeout is the relays' KafkaConfig.PublishTimeout. Zero means
+	// PublishTimeout is the relays' kafkapub.Config.PublishTimeout. Zero means
 	// 5s.
 	PublishTimeout time.Duration
 	// DrainTimeout bounds the wait for the table to drain after the

@@ -25,6 +25,7 @@ import (
 	"github.com/gorm-outbox/outbox/cmd/internal/chaos"
 	"github.com/gorm-outbox/outbox/gormstore"
 	"github.com/gorm-outbox/outbox/internal/testenv"
+	"github.com/gorm-outbox/outbox/kafkapub"
 	"github.com/gorm-outbox/outbox/relay"
 )
 
@@ -84,7 +85,7 @@ func startRig(t *testing.T, db *gorm.DB) *outageRig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pub, err := relay.NewKafkaPublisher(relay.KafkaConfig{Brokers: fake.ListenAddrs(), Configure: func(w *kafka.Writer) {
+	pub, err := kafkapub.New(kafkapub.Config{Brokers: fake.ListenAddrs(), Configure: func(w *kafka.Writer) {
 		w.MaxAttempts, w.WriteTimeout, w.ReadTimeout = 3, 3*time.Second, 3*time.Second
 	}})
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/cmd/internal/chaos"
 	"github.com/gorm-outbox/outbox/gormstore"
+	"github.com/gorm-outbox/outbox/kafkapub"
 	"github.com/gorm-outbox/outbox/relay"
 )
 
@@ -138,7 +139,7 @@ func TestRelayRecoversFairSharesAfterDatabaseOutage(t *testing.T) {
 	}
 	r.consumer = chaos.StartConsumer(ctx, fake.ListenAddrs(), r.topic, 8)
 	done := make(chan error, rebalanceRelays)
-	var pubs []*relay.KafkaPublisher
+	var pubs []*kafkapub.Publisher
 	for i := 1; i <= rebalanceRelays; i++ {
 		db, err := chaos.Open(chaos.Postgres, pg.dsn, fmt.Sprintf("rebalance-relay-%d", i), 4)
 		if err != nil {
@@ -148,7 +149,7 @@ func TestRelayRecoversFairSharesAfterDatabaseOutage(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		pub, err := relay.NewKafkaPublisher(relay.KafkaConfig{Brokers: fake.ListenAddrs(), Configure: func(w *kafka.Writer) {
+		pub, err := kafkapub.New(kafkapub.Config{Brokers: fake.ListenAddrs(), Configure: func(w *kafka.Writer) {
 			w.MaxAttempts, w.WriteTimeout, w.ReadTimeout = 3, 3*time.Second, 3*time.Second
 		}})
 		if err != nil {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/gormstore"
+	"github.com/gorm-outbox/outbox/kafkapub"
 	"github.com/gorm-outbox/outbox/relay"
 )
 
@@ -33,11 +34,11 @@ type RelayConfig struct {
 	RenewInterval time.Duration
 	PollInterval  time.Duration
 	BatchSize     int
-	// PublishTimeout is relay.KafkaConfig.PublishTimeout; zero means the
+	// PublishTimeout is kafkapub.Config.PublishTimeout; zero means the
 	// library's default.
 	PublishTimeout time.Duration
 	// TxnOutbox, when set, makes the publisher transactional with this
-	// outbox name (relay.KafkaTransactions.Outbox).
+	// outbox name (kafkapub.Transactions.Outbox).
 	TxnOutbox string
 }
 
@@ -88,7 +89,7 @@ func RunRelay(ctx context.Context, c RelayConfig, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	kc := relay.KafkaConfig{
+	kc := kafkapub.Config{
 		Brokers:        c.Brokers,
 		PublishTimeout: c.PublishTimeout,
 		Configure: func(w *kafka.Writer) {
@@ -100,9 +101,9 @@ func RunRelay(ctx context.Context, c RelayConfig, log *slog.Logger) error {
 		},
 	}
 	if c.TxnOutbox != "" {
-		kc.Transactions = &relay.KafkaTransactions{Outbox: c.TxnOutbox}
+		kc.Transactions = &kafkapub.Transactions{Outbox: c.TxnOutbox}
 	}
-	pub, err := relay.NewKafkaPublisher(kc)
+	pub, err := kafkapub.New(kc)
 	if err != nil {
 		return err
 	}

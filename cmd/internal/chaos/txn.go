@@ -11,7 +11,7 @@ import (
 
 // The transactional variants (RunConfig.Transactional,
 // MatrixConfig.Transactional): the relay children publish with
-// relay.KafkaConfig.Transactions (one transactional id per bucket, prefixed
+// kafkapub.Config.Transactions (one transactional id per bucket, prefixed
 // with the run's topic so that runs never fence each other), and the
 // checker reads with isolation.level=read_committed through franz-go:
 // kafka-go's Reader does not filter aborted transactions (it returns their

@@ -1,4 +1,4 @@
-package relay
+package kafkapub
 
 import (
 	"bytes"
@@ -28,7 +28,7 @@ func benchBrokers(b *testing.B) []testenv.Broker {
 func BenchmarkKafkaPublisher(b *testing.B) {
 	for _, br := range benchBrokers(b) {
 		topic := newTopic(b, br, 8, nil)
-		p := newPublisher(b, br, KafkaConfig{})
+		p := newPublisher(b, br, Config{})
 		value := bytes.Repeat([]byte("v"), 1024)
 		seq := 0
 		next := func() *outbox.Message {

@@ -1,4 +1,4 @@
-package relay
+package kafkapub
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/relay"
 )
 
 // MaxPublishSpanLinks bounds the links of one publish span: the span links
@@ -25,11 +26,12 @@ import (
 const MaxPublishSpanLinks = 128
 
 // tracerName is the instrumentation scope of the publish spans, the same
-// as the relay's instruments'.
-const tracerName = meterName
+// as the relay's instruments' (relay's import path), so that a relay's
+// spans and metrics share one scope.
+const tracerName = "github.com/gorm-outbox/outbox/relay"
 
-// publishTracer records the KafkaPublisher's spans (see
-// KafkaConfig.TracerProvider).
+// publishTracer records the Publisher's spans (see
+// Config.TracerProvider).
 type publishTracer struct {
 	tracer trace.Tracer
 	prop   propagation.TextMapPropagator // nil: the global, looked up on use
@@ -123,7 +125,7 @@ func (t publishTracer) link(span trace.Span, batch []*outbox.Message) {
 // end ends the span of a Publish call whose rows and result are given: the
 // partition when every row went to one, and the error of the first
 // unacknowledged row.
-func (t publishTracer) end(span trace.Span, rows []row, res Result) {
+func (t publishTracer) end(span trace.Span, rows []row, res relay.Result) {
 	if span.IsRecording() {
 		part := rows[0].partition
 		for _, r := range rows[1:] {
@@ -145,7 +147,7 @@ func (t publishTracer) end(span trace.Span, rows []row, res Result) {
 }
 
 // errorType is the error.type attribute of a failed publish: "timeout"
-// (KafkaConfig.PublishTimeout, or the caller's deadline), else the Kafka
+// (Config.PublishTimeout, or the caller's deadline), else the Kafka
 // error's title (a closed set, "Message Size Too Large"), else "_OTHER".
 func errorType(err error) string {
 	if errors.Is(err, context.DeadlineExceeded) {

@@ -1,4 +1,4 @@
-package relay
+package kafkapub
 
 import (
 	"bytes"
@@ -9,9 +9,9 @@ import (
 
 // BenchmarkKafkaRecord measures the publisher's per-row conversion of an
 // outbox row to a kafka-go message (headers copied, message-id header
-// stamped), with no broker: NewKafkaPublisher does not connect.
+// stamped), with no broker: New does not connect.
 func BenchmarkKafkaRecord(b *testing.B) {
-	p, err := NewKafkaPublisher(KafkaConfig{Brokers: []string{"127.0.0.1:1"}})
+	p, err := New(Config{Brokers: []string{"127.0.0.1:1"}})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -1,7 +1,10 @@
-package relay
+package wire
 
 import (
 	"context"
+	"fmt"
+	"math/rand/v2"
+	"regexp"
 	"testing"
 	"time"
 
@@ -10,11 +13,22 @@ import (
 	"github.com/gorm-outbox/outbox/internal/testenv"
 )
 
+// newTopic creates a fresh topic named after the test on b.
+func newTopic(t testing.TB, b testenv.Broker, partitions int, configs map[string]string) string {
+	t.Helper()
+	name := regexp.MustCompile(`[^a-zA-Z0-9._-]+`).ReplaceAllString(t.Name(), "_")
+	if len(name) > 180 {
+		name = name[:180]
+	}
+	topic := fmt.Sprintf("%s-%08x", name, rand.Uint32())
+	b.CreateTopic(t, topic, partitions, configs)
+	return topic
+}
+
 // readIsolated consumes topic from the start with a franz-go client at the
-// given isolation level (kafka-go's Reader does not filter aborted
-// transactions: it returns their records and the transaction markers) until
-// it has want records, then for quiet more without a record, and returns
-// every record read, in per-partition order (partitions interleaved).
+// given isolation level until it has want records, then for quiet more
+// without a record, and returns every record read (kafkapub's test helper
+// of the same name).
 func readIsolated(t testing.TB, b testenv.Broker, topic string, level kgo.IsolationLevel, want int, quiet time.Duration) []*kgo.Record {
 	t.Helper()
 	cl, err := kgo.NewClient(
@@ -47,14 +61,4 @@ func readIsolated(t testing.TB, b testenv.Broker, topic string, level kgo.Isolat
 			lastNew = time.Now()
 		}
 	}
-}
-
-// recordID returns r's message-id header.
-func recordID(r *kgo.Record) string {
-	for _, h := range r.Headers {
-		if h.Key == DefaultMessageIDHeader {
-			return string(h.Value)
-		}
-	}
-	return ""
 }

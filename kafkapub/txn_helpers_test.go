@@ -1,4 +1,4 @@
-package relay
+package kafkapub
 
 import (
 	"context"
@@ -12,10 +12,10 @@ import (
 
 // newTestTxnPublisher returns a transactional publisher on b for outbox name,
 // closed at cleanup.
-func newTestTxnPublisher(t testing.TB, b testenv.Broker, outboxName string, cfg KafkaConfig) *KafkaPublisher {
+func newTestTxnPublisher(t testing.TB, b testenv.Broker, outboxName string, cfg Config) *Publisher {
 	t.Helper()
 	if cfg.Transactions == nil {
-		cfg.Transactions = &KafkaTransactions{}
+		cfg.Transactions = &Transactions{}
 	}
 	tc := *cfg.Transactions
 	tc.Outbox = outboxName
@@ -25,7 +25,7 @@ func newTestTxnPublisher(t testing.TB, b testenv.Broker, outboxName string, cfg 
 
 // own tells p that its relay owns buckets and waits (at most 30 s) until
 // their producers are initialised; it fails t if one could not be.
-func own(t testing.TB, p *KafkaPublisher, buckets ...int) {
+func own(t testing.TB, p *Publisher, buckets ...int) {
 	t.Helper()
 	p.OwnedBuckets(buckets)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -1,4 +1,4 @@
-package relay
+package kafkapub
 
 import (
 	"context"
@@ -10,11 +10,13 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
-	metadataAPI "github.com/segmentio/kafka-go/protocol/metadata"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/internal/failpoint"
+	"github.com/gorm-outbox/outbox/kafkapub/internal/wire"
+	"github.com/gorm-outbox/outbox/relay"
 )
 
 // Kafka publisher defaults.
@@ -22,27 +24,27 @@ const (
 	// DefaultMessageIDHeader is the record header that carries a row's
 	// message id (36-character lowercase UUID text).
 	DefaultMessageIDHeader = "x-outbox-message-id"
-	// DefaultKafkaBatchBytes is the default largest produce request the
+	// DefaultBatchBytes is the default largest produce request the
 	// publisher sends to one partition, kafka-go's own default (1 MiB).
-	DefaultKafkaBatchBytes = 1 << 20
-	// DefaultKafkaMaxBatchRecords is the default largest number of records
+	DefaultBatchBytes = 1 << 20
+	// DefaultMaxBatchRecords is the default largest number of records
 	// the publisher sends to one partition in one produce request.
-	DefaultKafkaMaxBatchRecords = 1000
-	// DefaultKafkaPublishTimeout is the default bound on one Publish call
-	// (KafkaConfig.PublishTimeout): kafka-go's own per-request default, one
+	DefaultMaxBatchRecords = 1000
+	// DefaultPublishTimeout is the default bound on one Publish call
+	// (Config.PublishTimeout): kafka-go's own per-request default, one
 	// third of the relay's default 30 s lease.
-	DefaultKafkaPublishTimeout = 10 * time.Second
+	DefaultPublishTimeout = 10 * time.Second
 )
 
-// ErrPublisherClosed is the error of every row of a Publish called after
-// (*KafkaPublisher).Close.
-var ErrPublisherClosed = errors.New("relay: kafka publisher closed")
+// ErrClosed is the error of every row of a Publish called after
+// (*Publisher).Close.
+var ErrClosed = errors.New("kafkapub: publisher closed")
 
-// KafkaConfig configures NewKafkaPublisher. Brokers is required; the zero
-// value of every other field means its default.
-type KafkaConfig struct {
+// Config configures New. Brokers is required; the zero value of every
+// other field means its default.
+type Config struct {
 	// Brokers are the bootstrap addresses ("host:port"). Required: an empty
-	// list or an empty address fails NewKafkaPublisher.
+	// list or an empty address fails New.
 	Brokers []string
 
 	// Transport carries the writer's requests: a *kafka.Transport with TLS,
@@ -62,16 +64,16 @@ type KafkaConfig struct {
 	// record sizes, that the publisher sends to one partition; a partition's
 	// rows that exceed it go in several requests, one after the other. A
 	// single row larger than BatchBytes fails with an error matching
-	// kafka.MessageSizeTooLarge and ErrUnpublishable without being sent. Keep it at most the
-	// topics' max.message.bytes: a larger request is rejected by the broker
-	// and the publisher then has to split it. Zero means the BatchBytes the
-	// Configure hook set on the writer, else DefaultKafkaBatchBytes (1 MiB);
-	// negative fails NewKafkaPublisher.
+	// kafka.MessageSizeTooLarge and relay.ErrUnpublishable without being
+	// sent. Keep it at most the topics' max.message.bytes: a larger request
+	// is rejected by the broker and the publisher then has to split it. Zero means the BatchBytes the
+	// Configure hook set on the writer, else DefaultBatchBytes (1 MiB);
+	// negative fails New.
 	BatchBytes int64
 
 	// MaxBatchRecords is the largest number of records the publisher sends
 	// to one partition in one produce request. Zero means
-	// DefaultKafkaMaxBatchRecords (1000); negative fails NewKafkaPublisher.
+	// DefaultMaxBatchRecords (1000); negative fails New.
 	MaxBatchRecords int
 
 	// PublishTimeout bounds one Publish call: when the broker has not
@@ -83,8 +85,8 @@ type KafkaConfig struct {
 	// request (kafka-go asks the broker to wait at most half of it for the
 	// in-sync replicas), and a write still in flight when Publish returns
 	// is abandoned by the writer within twice the bound. Keep it well under
-	// the relay's lease (Options.LeaseDuration). Zero means
-	// DefaultKafkaPublishTimeout (10 s); negative fails NewKafkaPublisher.
+	// the relay's lease (relay.Options.LeaseDuration). Zero means
+	// DefaultPublishTimeout (10 s); negative fails New.
 	PublishTimeout time.Duration
 
 	// Configure, when set, runs first on the new writer: it may set
@@ -94,7 +96,7 @@ type KafkaConfig struct {
 	// nil). The publisher then enforces its invariants, whatever the hook
 	// set: Addr (from Brokers), an empty Topic (each row names its own),
 	// RequiredAcks = RequireAll, Async = false, MaxAttempts = 1 (the relay
-	// owns retries, see KafkaPublisher), its own Balancer (explicit
+	// owns retries, see Publisher), its own Balancer (explicit
 	// partition, else murmur2 of the key), BatchSize and BatchBytes (from
 	// this config) and a batch timeout that is never waited on.
 	Configure func(*kafka.Writer)
@@ -128,18 +130,18 @@ type KafkaConfig struct {
 	// publishing, opt-in): one Kafka transactional producer per bucket the
 	// relay owns, each batch published in one Kafka transaction, so that a
 	// relay that lost its bucket cannot publish to read_committed
-	// consumers. See KafkaTransactions. Nil means the default mode:
+	// consumers. See Transactions. Nil means the default mode:
 	// kafka-go's Writer, no producer id.
-	Transactions *KafkaTransactions
+	Transactions *Transactions
 }
 
-// KafkaPublisher is the Publisher built on kafka-go's Writer: acks=all,
+// Publisher is the relay.Publisher built on kafka-go's Writer: acks=all,
 // murmur2 key placement (explicit partitions honoured), the message-id
 // header on every record, and ordered across partial failure.
 //
-// With KafkaConfig.Transactions it publishes in Kafka transactions instead,
+// With Config.Transactions it publishes in Kafka transactions instead,
 // one transactional producer per owned bucket (fenced publishing: see
-// KafkaTransactions, which also says how its requests, retries and
+// Transactions, which also says how its requests, retries and
 // duplicates differ from what follows).
 //
 // Publish groups a batch's rows by topic partition, in submission order,
@@ -158,7 +160,7 @@ type KafkaConfig struct {
 // makes one attempt (Writer.MaxAttempts = 1) and the error goes back to the
 // relay, which counts it (outbox.publish.failures), logs it and retries
 // the head row with its backoff. A Publish call lasts at most
-// KafkaConfig.PublishTimeout, however long the broker takes to answer.
+// Config.PublishTimeout, however long the broker takes to answer.
 //
 // Duplicates: a retry resends rows whose fate the publisher does not
 // know. When the broker appended a request but its acknowledgement was
@@ -172,13 +174,13 @@ type KafkaConfig struct {
 // it.
 //
 // Each Publish call records a PRODUCER span linked to the trace contexts
-// the writers stored in the rows' headers (see KafkaConfig.TracerProvider);
+// the writers stored in the rows' headers (see Config.TracerProvider);
 // the records carry those headers as stored, so that a consumer continues
 // the writer's trace.
 //
 // Calls on different partitions run concurrently; calls that share a
-// partition take turns on it. A KafkaPublisher is safe for concurrent use.
-type KafkaPublisher struct {
+// partition take turns on it. A Publisher is safe for concurrent use.
+type Publisher struct {
 	w            *kafka.Writer
 	header       string
 	timeout      time.Duration // PublishTimeout
@@ -186,7 +188,7 @@ type KafkaPublisher struct {
 	maxRecords   int
 	ownTransport *kafka.Transport
 	tracing      publishTracer
-	txn          *txnPublisher // nil: the default mode (see KafkaConfig.Transactions)
+	txn          *txnPublisher // nil: the default mode (see Config.Transactions)
 
 	mu     sync.Mutex
 	closed bool
@@ -194,35 +196,33 @@ type KafkaPublisher struct {
 	wg     sync.WaitGroup // Publish calls and in-flight writes
 }
 
-var _ Publisher = (*KafkaPublisher)(nil)
+var _ relay.Publisher = (*Publisher)(nil)
 
-type topicPartition struct {
-	topic     string
-	partition int
-}
+// topicPartition names one partition of a topic.
+type topicPartition = wire.TopicPartition
 
-// NewKafkaPublisher returns a publisher writing to cfg.Brokers. It does not
+// New returns a publisher writing to cfg.Brokers. It does not
 // contact the brokers; connections open on the first Publish. An invalid
 // cfg is an error naming the field.
-func NewKafkaPublisher(cfg KafkaConfig) (*KafkaPublisher, error) {
+func New(cfg Config) (*Publisher, error) {
 	if len(cfg.Brokers) == 0 {
-		return nil, errors.New("relay: KafkaConfig.Brokers is empty")
+		return nil, errors.New("kafkapub: Config.Brokers is empty")
 	}
 	for i, b := range cfg.Brokers {
 		if strings.TrimSpace(b) == "" {
-			return nil, fmt.Errorf("relay: KafkaConfig.Brokers[%d] is empty", i)
+			return nil, fmt.Errorf("kafkapub: Config.Brokers[%d] is empty", i)
 		}
 	}
 	if cfg.BatchBytes < 0 {
-		return nil, fmt.Errorf("relay: KafkaConfig.BatchBytes is negative (%d)", cfg.BatchBytes)
+		return nil, fmt.Errorf("kafkapub: Config.BatchBytes is negative (%d)", cfg.BatchBytes)
 	}
 	if cfg.MaxBatchRecords < 0 {
-		return nil, fmt.Errorf("relay: KafkaConfig.MaxBatchRecords is negative (%d)", cfg.MaxBatchRecords)
+		return nil, fmt.Errorf("kafkapub: Config.MaxBatchRecords is negative (%d)", cfg.MaxBatchRecords)
 	}
 	if cfg.PublishTimeout < 0 {
-		return nil, fmt.Errorf("relay: KafkaConfig.PublishTimeout is negative (%v)", cfg.PublishTimeout)
+		return nil, fmt.Errorf("kafkapub: Config.PublishTimeout is negative (%v)", cfg.PublishTimeout)
 	}
-	p := &KafkaPublisher{
+	p := &Publisher{
 		header:     cfg.MessageIDHeader,
 		timeout:    cfg.PublishTimeout,
 		maxRecords: cfg.MaxBatchRecords,
@@ -233,10 +233,10 @@ func NewKafkaPublisher(cfg KafkaConfig) (*KafkaPublisher, error) {
 		p.header = DefaultMessageIDHeader
 	}
 	if p.maxRecords == 0 {
-		p.maxRecords = DefaultKafkaMaxBatchRecords
+		p.maxRecords = DefaultMaxBatchRecords
 	}
 	if p.timeout == 0 {
-		p.timeout = DefaultKafkaPublishTimeout
+		p.timeout = DefaultPublishTimeout
 	}
 	if cfg.Transactions != nil {
 		tc, err := cfg.Transactions.check(p.timeout)
@@ -255,7 +255,7 @@ func NewKafkaPublisher(cfg KafkaConfig) (*KafkaPublisher, error) {
 		p.batchBytes = w.BatchBytes
 	}
 	if p.batchBytes <= 0 {
-		p.batchBytes = DefaultKafkaBatchBytes
+		p.batchBytes = DefaultBatchBytes
 	}
 	if cfg.Transport != nil {
 		w.Transport = cfg.Transport
@@ -306,38 +306,41 @@ func (placement) Balance(msg kafka.Message, partitions ...int) int {
 // Publish sends batch and returns the contiguous acknowledged prefix and the
 // error of the first unacknowledged row (wrapping kafka-go's error, so
 // errors.Is(res.Err, kafka.MessageSizeTooLarge) and the like work). The
-// error also wraps ErrUnpublishable, so that the relay's default
-// Options.ParkPolicy parks the row, when it will recur for the row as
+// error also wraps relay.ErrUnpublishable, so that the relay's default
+// relay.Options.ParkPolicy parks the row, when it will recur for the row as
 // stored: the row alone is too large for the topic or BatchBytes, or
 // invalid (CORRUPT_MESSAGE, INVALID_RECORD); its topic is empty, invalid
 // or not writable by the relay (TOPIC_AUTHORIZATION_FAILED); or it names a
 // partition its topic does not have. Transient errors (leaders, timeouts,
-// replicas, the network, an unknown topic) never wrap it.
+// replicas, the network, an unknown topic) never wrap it. When the broker
+// rejects the publisher's credentials (SASL_AUTHENTICATION_FAILED,
+// UNSUPPORTED_SASL_MECHANISM, ILLEGAL_SASL_STATE), the error wraps
+// relay.ErrPublisherAuth, so that the relay's Health reports it.
 //
-// When ctx is done, or KafkaConfig.PublishTimeout has passed, Publish stops
+// When ctx is done, or Config.PublishTimeout has passed, Publish stops
 // waiting and reports only the rows acknowledged so far, with ctx's error
 // (or the timeout's, wrapping context.DeadlineExceeded) for the first
 // other row. A row already handed to the broker may still be appended
 // after that (the consumer deduplicates by message id); the partition
 // stays busy until that write ends, so a later call cannot overtake it.
-func (p *KafkaPublisher) Publish(ctx context.Context, batch []*outbox.Message) Result {
+func (p *Publisher) Publish(ctx context.Context, batch []*outbox.Message) relay.Result {
 	if len(batch) == 0 {
-		return Result{}
+		return relay.Result{}
 	}
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
-		return Result{Err: ErrPublisherClosed}
+		return relay.Result{Err: ErrClosed}
 	}
 	p.wg.Add(1)
 	p.mu.Unlock()
 	defer p.wg.Done()
 	if p.txn != nil {
-		return p.publishTxn(ctx, batch) // see KafkaTransactions
+		return p.publishTxn(ctx, batch) // see Transactions
 	}
 	ctx, span := p.tracing.start(ctx, batch)
 	ctx, cancel := context.WithTimeoutCause(ctx, p.timeout,
-		fmt.Errorf("no answer from the broker within KafkaConfig.PublishTimeout (%v): %w", p.timeout, context.DeadlineExceeded))
+		fmt.Errorf("no answer from the broker within Config.PublishTimeout (%v): %w", p.timeout, context.DeadlineExceeded))
 	defer cancel()
 
 	rows := make([]row, len(batch))
@@ -362,9 +365,9 @@ func (p *KafkaPublisher) Publish(ctx context.Context, batch []*outbox.Message) R
 	return res
 }
 
-// outcome is the Result of a Publish call whose rows ended: the contiguous
-// acknowledged prefix, and the error of the first other row.
-func outcome(ctx context.Context, rows []row) Result {
+// outcome is the relay.Result of a Publish call whose rows ended: the
+// contiguous acknowledged prefix, and the error of the first other row.
+func outcome(ctx context.Context, rows []row) relay.Result {
 	for i := range rows {
 		r := &rows[i]
 		if r.acked {
@@ -377,13 +380,14 @@ func outcome(ctx context.Context, rows []row) Result {
 		if err == nil { // unreachable: every unacknowledged row has a cause
 			err = errors.New("not acknowledged")
 		}
+		err = classifyAuth(err)
 		where := r.msg.Topic
 		if r.partition >= 0 {
 			where = fmt.Sprintf("%s[%d]", r.msg.Topic, r.partition)
 		}
-		return Result{Acknowledged: i, Err: fmt.Errorf("relay: publish message %s to %s: %w", r.id, where, err)}
+		return relay.Result{Acknowledged: i, Err: fmt.Errorf("kafkapub: publish message %s to %s: %w", r.id, where, err)}
 	}
-	return Result{Acknowledged: len(rows)}
+	return relay.Result{Acknowledged: len(rows)}
 }
 
 // row is one message of a Publish call and its outcome.
@@ -397,7 +401,7 @@ type row struct {
 
 // record converts m to a kafka-go message: key, value and headers as stored,
 // plus the message-id header.
-func (p *KafkaPublisher) record(m *outbox.Message) kafka.Message {
+func (p *Publisher) record(m *outbox.Message) kafka.Message {
 	hs := make([]kafka.Header, 0, len(m.Headers)+1)
 	for _, h := range m.Headers {
 		if h.Key == p.header {
@@ -412,7 +416,7 @@ func (p *KafkaPublisher) record(m *outbox.Message) kafka.Message {
 // place decides every row's partition and groups the rows by topic
 // partition, each group in submission order; order lists the groups. A row
 // that cannot be placed gets its error.
-func (p *KafkaPublisher) place(ctx context.Context, batch []*outbox.Message, rows []row) (map[topicPartition][]int, []topicPartition) {
+func (p *Publisher) place(ctx context.Context, batch []*outbox.Message, rows []row) (map[topicPartition][]int, []topicPartition) {
 	counts := make(map[string]int)
 	countErr := make(map[string]error)
 	groups := make(map[topicPartition][]int)
@@ -455,7 +459,7 @@ func (p *KafkaPublisher) place(ctx context.Context, batch []*outbox.Message, row
 		}
 		rows[i].partition = part
 		rows[i].msg.Partition = part
-		key := topicPartition{m.Topic, part}
+		key := topicPartition{Topic: m.Topic, Partition: part}
 		if _, ok := groups[key]; !ok {
 			order = append(order, key)
 		}
@@ -466,38 +470,20 @@ func (p *KafkaPublisher) place(ctx context.Context, batch []*outbox.Message, row
 
 // partitions returns topic's partition count from the transport's (cached)
 // metadata, as the writer itself looks it up.
-func (p *KafkaPublisher) partitions(ctx context.Context, topic string) (int, error) {
-	res, err := p.w.Transport.RoundTrip(ctx, p.w.Addr, &metadataAPI.Request{
-		TopicNames:             []string{topic},
-		AllowAutoTopicCreation: p.w.AllowAutoTopicCreation,
-	})
-	if err != nil {
-		return 0, fmt.Errorf("metadata: %w", err)
-	}
-	meta, ok := res.(*metadataAPI.Response)
-	if !ok {
-		return 0, fmt.Errorf("metadata: unexpected response %T", res)
-	}
-	for _, t := range meta.Topics {
-		if t.Name != topic {
-			continue
-		}
-		if t.ErrorCode != 0 {
-			return 0, fmt.Errorf("metadata: %w", kafka.Error(t.ErrorCode))
-		}
-		if len(t.Partitions) == 0 {
-			return 0, fmt.Errorf("metadata: %w", kafka.LeaderNotAvailable)
-		}
-		return len(t.Partitions), nil
-	}
-	return 0, fmt.Errorf("metadata: %w", kafka.UnknownTopicOrPartition)
+func (p *Publisher) partitions(ctx context.Context, topic string) (int, error) {
+	return p.client().Partitions(ctx, topic, p.w.AllowAutoTopicCreation)
+}
+
+// client sends the publisher's own requests on the writer's transport.
+func (p *Publisher) client() wire.Client {
+	return wire.Client{Transport: p.w.Transport, Addr: p.w.Addr}
 }
 
 // publishPartition sends one partition's rows (indexes into rows, in
 // submission order) in requests of at most batchBytes and maxRecords, one
 // after the other, and stops at the first failure: the failed row gets the
 // error and no later row is sent.
-func (p *KafkaPublisher) publishPartition(ctx context.Context, key topicPartition, rows []row, idx []int) {
+func (p *Publisher) publishPartition(ctx context.Context, key topicPartition, rows []row, idx []int) {
 	release, err := p.acquire(ctx, key)
 	if err != nil {
 		return // rows stay unacknowledged; Publish reports ctx's error
@@ -515,7 +501,7 @@ func (p *KafkaPublisher) publishPartition(ctx context.Context, key topicPartitio
 		end := start
 		var tooLarge error
 		for end < len(idx) && end-start < p.maxRecords {
-			n := int64(recordSize(&rows[idx[end]].msg))
+			n := int64(wire.RecordSize(&rows[idx[end]].msg))
 			if n > p.batchBytes {
 				tooLarge = unpublishable(fmt.Errorf("record of %d bytes exceeds BatchBytes %d: %w", n, p.batchBytes, kafka.MessageSizeTooLarge))
 				break
@@ -548,7 +534,7 @@ func (p *KafkaPublisher) publishPartition(ctx context.Context, key topicPartitio
 // order, so that rows before the culprit are acknowledged. It reports
 // whether all rows were acknowledged, and whether a write is still in
 // flight after ctx ended (that write then releases the partition).
-func (p *KafkaPublisher) sendSplit(ctx context.Context, rows []row, idx []int, release func()) (ok, pending bool) {
+func (p *Publisher) sendSplit(ctx context.Context, rows []row, idx []int, release func()) (ok, pending bool) {
 	err, pending := p.write(ctx, rows, idx, release)
 	if pending {
 		return false, true
@@ -577,7 +563,7 @@ func (p *KafkaPublisher) sendSplit(ctx context.Context, rows []row, idx []int, r
 // The write's own bound is the writer's WriteTimeout (one attempt, at most
 // PublishTimeout); a backstop of twice PublishTimeout covers the writer's
 // metadata lookup, which only the call's context bounds.
-func (p *KafkaPublisher) write(ctx context.Context, rows []row, idx []int, release func()) (err error, pending bool) {
+func (p *Publisher) write(ctx context.Context, rows []row, idx []int, release func()) (err error, pending bool) {
 	msgs := make([]kafka.Message, len(idx))
 	for j, i := range idx {
 		msgs[j] = rows[i].msg
@@ -591,7 +577,7 @@ func (p *KafkaPublisher) write(ctx context.Context, rows []row, idx []int, relea
 		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*p.timeout)
 		err := p.w.WriteMessages(wctx, msgs...)
 		cancel()
-		failpoint("relay/during-publish")
+		failpoint.Inject("relay/during-publish")
 		mu.Lock()
 		finished = true
 		a := abandoned
@@ -618,7 +604,7 @@ func (p *KafkaPublisher) write(ctx context.Context, rows []row, idx []int, relea
 
 // acquire takes key's turn, in Publish-call order of arrival, or fails when
 // ctx ends first.
-func (p *KafkaPublisher) acquire(ctx context.Context, key topicPartition) (release func(), err error) {
+func (p *Publisher) acquire(ctx context.Context, key topicPartition) (release func(), err error) {
 	p.mu.Lock()
 	ch, ok := p.locks[key]
 	if !ok {
@@ -640,10 +626,10 @@ func (p *KafkaPublisher) acquire(ctx context.Context, key topicPartition) (relea
 // context of the same length, which can end a moment before the Publish
 // call's) or the Publish call's fired, so that it names the timeout and
 // wraps context.DeadlineExceeded whichever came first.
-func (p *KafkaPublisher) writeError(ctx context.Context, err error) error {
+func (p *Publisher) writeError(ctx context.Context, err error) error {
 	err = firstWriteError(err)
 	if err != nil && (ctx.Err() != nil || errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, context.DeadlineExceeded)) {
-		return fmt.Errorf("no answer from the broker within KafkaConfig.PublishTimeout (%v): %w (%w)", p.timeout, context.DeadlineExceeded, err)
+		return fmt.Errorf("no answer from the broker within Config.PublishTimeout (%v): %w (%w)", p.timeout, context.DeadlineExceeded, err)
 	}
 	return err
 }
@@ -675,17 +661,40 @@ func recordError(err error) bool {
 }
 
 // unpublishableError is a row's publish error that will recur for the row
-// as stored: it matches ErrUnpublishable as well as the original error, and
-// reads as the original.
+// as stored: it matches relay.ErrUnpublishable as well as the original
+// error, and reads as the original.
 type unpublishableError struct{ err error }
 
 func (e *unpublishableError) Error() string   { return e.err.Error() }
-func (e *unpublishableError) Unwrap() []error { return []error{e.err, ErrUnpublishable} }
+func (e *unpublishableError) Unwrap() []error { return []error{e.err, relay.ErrUnpublishable} }
 
 func unpublishable(err error) error { return &unpublishableError{err} }
 
-// classify returns err wrapping ErrUnpublishable when it will recur for the
-// row as stored, whatever the retry, else err itself. alone says that the
+// authError is a publish error that says the broker rejected the
+// publisher's credentials: it matches relay.ErrPublisherAuth as well as the
+// original error, and reads as the original.
+type authError struct{ err error }
+
+func (e *authError) Error() string   { return e.err.Error() }
+func (e *authError) Unwrap() []error { return []error{e.err, relay.ErrPublisherAuth} }
+
+// classifyAuth returns err wrapping relay.ErrPublisherAuth when the broker
+// rejected the publisher's credentials (SASL_AUTHENTICATION_FAILED,
+// UNSUPPORTED_SASL_MECHANISM, ILLEGAL_SASL_STATE), else err itself.
+func classifyAuth(err error) error {
+	if err == nil || errors.Is(err, relay.ErrPublisherAuth) {
+		return err
+	}
+	for _, code := range []kafka.Error{kafka.SASLAuthenticationFailed, kafka.UnsupportedSASLMechanism, kafka.IllegalSASLState} {
+		if errors.Is(err, code) {
+			return &authError{err}
+		}
+	}
+	return err
+}
+
+// classify returns err wrapping relay.ErrUnpublishable when it will recur
+// for the row as stored, whatever the retry, else err itself. alone says that the
 // failed request held this row only, so that an error about the size or
 // validity of the request's records is about this row and not a batching
 // effect (the publisher resends a rejected request in halves down to one
@@ -705,7 +714,7 @@ func unpublishable(err error) error { return &unpublishableError{err} }
 // replicas (NOT_ENOUGH_REPLICAS*), network errors, and
 // UNKNOWN_TOPIC_OR_PARTITION from the broker (a topic being created).
 func classify(err error, alone bool) error {
-	if err == nil || errors.Is(err, ErrUnpublishable) ||
+	if err == nil || errors.Is(err, relay.ErrUnpublishable) ||
 		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
 		return err
 	}
@@ -720,32 +729,12 @@ func classify(err error, alone bool) error {
 	return err
 }
 
-// recordSize is kafka-go's accounting of a message's size against
-// Writer.BatchBytes (Message.totalSize in kafka-go v0.4).
-func recordSize(m *kafka.Message) int {
-	hs := varIntLen(int64(len(m.Headers)))
-	for _, h := range m.Headers {
-		hs += varIntLen(int64(len(h.Key))) + len(h.Key) + varIntLen(int64(len(h.Value))) + len(h.Value)
-	}
-	return hs + 4 + 1 + 1 + 4 + len(m.Key) + 4 + len(m.Value) + 8
-}
-
-func varIntLen(i int64) int {
-	u := uint64((i << 1) ^ (i >> 63))
-	n := 1
-	for u >= 0x80 {
-		u >>= 7
-		n++
-	}
-	return n
-}
-
 // Close waits for in-flight Publish calls and writes (a write abandoned by
-// its caller's ctx ends within twice KafkaConfig.PublishTimeout),
+// its caller's ctx ends within twice Config.PublishTimeout),
 // flushes and closes the writer, and closes the connections of the
 // transport the publisher created. A Publish after Close fails with
-// ErrPublisherClosed. Close is idempotent.
-func (p *KafkaPublisher) Close() error {
+// ErrClosed. Close is idempotent.
+func (p *Publisher) Close() error {
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
@@ -760,7 +749,7 @@ func (p *KafkaPublisher) Close() error {
 		p.ownTransport.CloseIdleConnections()
 	}
 	if err != nil {
-		return fmt.Errorf("relay: close kafka writer: %w", err)
+		return fmt.Errorf("kafkapub: close the writer: %w", err)
 	}
 	return nil
 }

@@ -1,4 +1,4 @@
-package relay_test
+package kafkapub_test
 
 import (
 	"bytes"
@@ -14,12 +14,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gorm-outbox/outbox/internal/metrictest"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/internal/metrictest"
 	"github.com/gorm-outbox/outbox/internal/testenv"
+	"github.com/gorm-outbox/outbox/kafkapub"
 	"github.com/gorm-outbox/outbox/relay"
 	"github.com/gorm-outbox/outbox/relay/relaytest"
 )
@@ -63,9 +64,9 @@ func boundTopic(t *testing.T, b testenv.Broker, partitions int) string {
 	return topic
 }
 
-func boundPublisher(t *testing.T, b testenv.Broker, timeout time.Duration) *relay.KafkaPublisher {
+func boundPublisher(t *testing.T, b testenv.Broker, timeout time.Duration) *kafkapub.Publisher {
 	t.Helper()
-	p, err := relay.NewKafkaPublisher(relay.KafkaConfig{Brokers: b.Addrs, PublishTimeout: timeout})
+	p, err := kafkapub.New(kafkapub.Config{Brokers: b.Addrs, PublishTimeout: timeout})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,7 +134,7 @@ func TestKafkaPublisher_PublishTimeout_bounds_a_publish_to_a_hung_broker(t *test
 	seen := map[string]int{}
 	for _, r := range recs {
 		for _, h := range r.Headers {
-			if h.Key == relay.DefaultMessageIDHeader {
+			if h.Key == kafkapub.DefaultMessageIDHeader {
 				seen[string(h.Value)]++
 			}
 		}
@@ -164,8 +165,28 @@ func (b *logBuffer) String() string {
 	return b.buf.String()
 }
 
+// metricValues returns the counters' sums and the gauges' values r
+// collects, by instrument name.
+func metricValues(t *testing.T, r *metrictest.Reader) map[string]float64 {
+	t.Helper()
+	points, err := r.Collect(context.Background())
+	if err != nil {
+		t.Fatalf("Collect: %v", err)
+	}
+	out := map[string]float64{}
+	for _, p := range points {
+		switch p.Kind {
+		case metrictest.Counter:
+			out[p.Name] += p.Value
+		case metrictest.Gauge:
+			out[p.Name] = p.Value
+		}
+	}
+	return out
+}
+
 // TestRelay_hung_broker_is_counted_logged_and_visible_then_delivered: a
-// relay publishing through a KafkaPublisher with PublishTimeout 1s to a
+// relay publishing through a Publisher with PublishTimeout 1s to a
 // broker that stops answering produce requests counts a failure and logs a
 // WARN naming the timeout within a few seconds, its in-flight gauge shows
 // the stall meanwhile, every failed attempt is one count and one WARN, and
@@ -216,9 +237,9 @@ func TestRelay_hung_broker_is_counted_logged_and_visible_then_delivered(t *testi
 	var maxAge float64
 	var firstFailure time.Duration
 	for {
-		m := collect(t, reader)
-		maxAge = max(maxAge, m.values[relay.MetricPublishStalled])
-		if m.values[relay.MetricPublishFailures] >= 1 {
+		m := metricValues(t, reader)
+		maxAge = max(maxAge, m[relay.MetricPublishStalled])
+		if m[relay.MetricPublishFailures] >= 1 {
 			firstFailure = time.Since(start)
 			break
 		}
@@ -256,20 +277,20 @@ func TestRelay_hung_broker_is_counted_logged_and_visible_then_delivered(t *testi
 	}
 	stop()
 
-	m := collect(t, reader)
-	failures := m.values[relay.MetricPublishFailures]
+	m := metricValues(t, reader)
+	failures := m[relay.MetricPublishFailures]
 	warns := strings.Count(logs.String(), "publish failed")
 	if failures < 2 || float64(warns) != failures {
 		t.Errorf("failures counted = %v, WARN lines = %d; want equal, and at least 2 (one per bounded attempt)", failures, warns)
 	}
-	if age := m.values[relay.MetricPublishStalled]; age != 0 {
+	if age := m[relay.MetricPublishStalled]; age != 0 {
 		t.Errorf("%s after the stop = %v; want 0", relay.MetricPublishStalled, age)
 	}
 	recs := b.ReadAll(t, topic, len(rows), 10*time.Second)
 	seen := map[string]int{}
 	for _, rec := range recs {
 		for _, h := range rec.Headers {
-			if h.Key == relay.DefaultMessageIDHeader {
+			if h.Key == kafkapub.DefaultMessageIDHeader {
 				seen[string(h.Value)]++
 			}
 		}

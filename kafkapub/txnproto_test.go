@@ -1,4 +1,4 @@
-package relay
+package kafkapub
 
 import (
 	"context"
@@ -21,6 +21,7 @@ import (
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/internal/testenv"
+	"github.com/gorm-outbox/outbox/relay"
 )
 
 // Protocol edge cases of the transactional mode: errors the coordinator
@@ -96,7 +97,7 @@ func TestTxnPublisher_retries_coordinator_errors(t *testing.T) {
 		t.Run(fmt.Sprintf("%s_%s", tc.key.Name(), tc.err.Message), func(t *testing.T) {
 			b := testenv.NewFake(t)
 			topic := newTopic(t, b, 2, nil)
-			p := newTestTxnPublisher(t, b, topic, KafkaConfig{})
+			p := newTestTxnPublisher(t, b, topic, Config{})
 			// AddPartitionsToTxn answers per partition (before v4).
 			top := tc.key != kmsg.AddPartitionsToTxn
 			h := b.Fake.Fault(kfake.Fault{Keys: []kmsg.Key{tc.key}, TopLevel: top, Err: tc.err, Count: 3})
@@ -123,7 +124,7 @@ func TestTxnPublisher_retries_coordinator_errors(t *testing.T) {
 func TestTxnPublisher_follows_a_coordinator_that_moved(t *testing.T) {
 	b := testenv.NewFake(t, kfake.NumBrokers(3))
 	topic := newTopic(t, b, 3, nil)
-	p := newTestTxnPublisher(t, b, topic, KafkaConfig{})
+	p := newTestTxnPublisher(t, b, topic, Config{})
 	own(t, p, 0)
 	txid := p.txn.cfg.TransactionalID(0)
 	var want []string
@@ -162,11 +163,11 @@ func TestTxnPublisher_resolves_a_commit_whose_answer_was_lost(t *testing.T) {
 			r, ok := req.(*endtxn.Request)
 			return ok && r.Committed
 		}))
-		p := newTestTxnPublisher(t, b, topic, KafkaConfig{Transport: ft, PublishTimeout: time.Second})
+		p := newTestTxnPublisher(t, b, topic, Config{Transport: ft, PublishTimeout: time.Second})
 		own(t, p, 0)
 		batch := []*outbox.Message{bucketMsg(0, topic, "k", "1"), bucketMsg(0, topic, "k", "2"), bucketMsg(0, topic, "j", "3")}
 		res := p.Publish(context.Background(), batch)
-		if res.Acknowledged != 0 || !errors.Is(res.Err, context.DeadlineExceeded) || errors.Is(res.Err, ErrFenced) {
+		if res.Acknowledged != 0 || !errors.Is(res.Err, context.DeadlineExceeded) || errors.Is(res.Err, relay.ErrFenced) {
 			t.Fatalf("Publish with the commit answer lost = %d, %v; want 0, DeadlineExceeded (not fenced)", res.Acknowledged, res.Err)
 		}
 		produced := ft.produces.Load()
@@ -200,13 +201,13 @@ func TestTxnPublisher_bumps_the_epoch_after_a_produce_of_unknown_outcome(t *test
 			_, ok := req.(*rawproduce.Request)
 			return ok
 		}))
-		p := newTestTxnPublisher(t, b, topic, KafkaConfig{Transport: ft, PublishTimeout: time.Second})
+		p := newTestTxnPublisher(t, b, topic, Config{Transport: ft, PublishTimeout: time.Second})
 		own(t, p, 0)
 		prod := p.producer(0)
 		epoch := prod.epoch
 		batch := []*outbox.Message{bucketMsg(0, topic, "k", "1"), bucketMsg(0, topic, "k", "2")}
 		res := p.Publish(context.Background(), batch)
-		if res.Acknowledged != 0 || res.Err == nil || errors.Is(res.Err, ErrFenced) {
+		if res.Acknowledged != 0 || res.Err == nil || errors.Is(res.Err, relay.ErrFenced) {
 			t.Fatalf("Publish with the produce answer lost = %d, %v; want 0 and a transient error", res.Acknowledged, res.Err)
 		}
 		if res := p.Publish(context.Background(), batch); res.Acknowledged != 2 || res.Err != nil {
@@ -230,7 +231,7 @@ func TestTxnPublisher_bumps_the_epoch_after_a_produce_of_unknown_outcome(t *test
 // the same sequence number: the broker appends it once, so even a
 // read_uncommitted consumer sees each row once, and the epoch stays.
 func TestTxnPublisher_resends_a_produce_in_place(t *testing.T) {
-	check := func(t *testing.T, b testenv.Broker, p *KafkaPublisher, topic string) {
+	check := func(t *testing.T, b testenv.Broker, p *Publisher, topic string) {
 		t.Helper()
 		own(t, p, 0)
 		epoch := p.producer(0).epoch
@@ -253,7 +254,7 @@ func TestTxnPublisher_resends_a_produce_in_place(t *testing.T) {
 				return ok
 			}))
 			ft.cut = true
-			p := newTestTxnPublisher(t, b, topic, KafkaConfig{Transport: ft})
+			p := newTestTxnPublisher(t, b, topic, Config{Transport: ft})
 			check(t, b, p, topic)
 			if n := ft.produces.Load(); n != 2 {
 				t.Fatalf("produce requests = %d; want 2 (one resent)", n)
@@ -263,7 +264,7 @@ func TestTxnPublisher_resends_a_produce_in_place(t *testing.T) {
 	t.Run("not_enough_replicas", func(t *testing.T) {
 		b := testenv.NewFake(t)
 		topic := newTopic(t, b, 1, nil)
-		p := newTestTxnPublisher(t, b, topic, KafkaConfig{})
+		p := newTestTxnPublisher(t, b, topic, Config{})
 		h := b.Fake.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Err: kerr.NotEnoughReplicas, Count: 3})
 		check(t, b, p, topic)
 		if n := h.Hits(); n != 3 {
@@ -272,9 +273,9 @@ func TestTxnPublisher_resends_a_produce_in_place(t *testing.T) {
 	})
 }
 
-// A transaction open longer than KafkaTransactions.Timeout is aborted by
+// A transaction open longer than Transactions.Timeout is aborted by
 // the coordinator, which bumps the epoch: the stalled producer's next
-// request is fenced, its publish fails with ErrFenced, and nothing of it
+// request is fenced, its publish fails with relay.ErrFenced, and nothing of it
 // becomes visible. The real broker looks for timed-out transactions every
 // 10 s (transaction.abort.timed.out.transaction.cleanup.interval.ms), so its
 // stall is longer.
@@ -287,9 +288,9 @@ func TestTxnPublisher_transaction_timeout_fences_the_producer(t *testing.T) {
 		for _, step := range steps {
 			t.Run("stalled_after_"+step, func(t *testing.T) {
 				topic := newTopic(t, b, 1, nil)
-				p := newTestTxnPublisher(t, b, topic, KafkaConfig{
+				p := newTestTxnPublisher(t, b, topic, Config{
 					PublishTimeout: 300 * time.Millisecond,
-					Transactions:   &KafkaTransactions{Timeout: time.Second},
+					Transactions:   &Transactions{Timeout: time.Second},
 				})
 				own(t, p, 0)
 				p.txn.hook = func(_ int, s string) {
@@ -304,8 +305,8 @@ func TestTxnPublisher_transaction_timeout_fences_the_producer(t *testing.T) {
 				p.txn.hook = nil
 				// The relay retries: the producer is found fenced.
 				res = p.Publish(context.Background(), []*outbox.Message{bucketMsg(0, topic, "k", "1")})
-				if res.Acknowledged != 0 || !errors.Is(res.Err, ErrFenced) {
-					t.Fatalf("retry = %d, %v; want 0, ErrFenced", res.Acknowledged, res.Err)
+				if res.Acknowledged != 0 || !errors.Is(res.Err, relay.ErrFenced) {
+					t.Fatalf("retry = %d, %v; want 0, relay.ErrFenced", res.Acknowledged, res.Err)
 				}
 				t.Logf("retry after the timeout: %v", res.Err)
 				if got := readIsolated(t, b, topic, kgo.ReadCommitted(), 0, 300*time.Millisecond); len(got) != 0 {
@@ -348,7 +349,7 @@ func TestTxnPublisher_survives_a_broker_restart_mid_transaction(t *testing.T) {
 	}()
 	b := testenv.Broker{Name: testenv.InProcess, Addrs: c.ListenAddrs(), Fake: c}
 	topic := newTopic(t, b, 1, nil)
-	p := newTestTxnPublisher(t, b, topic, KafkaConfig{PublishTimeout: 3 * time.Second})
+	p := newTestTxnPublisher(t, b, topic, Config{PublishTimeout: 3 * time.Second})
 	own(t, p, 0)
 	if res := p.Publish(context.Background(), []*outbox.Message{bucketMsg(0, topic, "k", "0")}); res.Err != nil {
 		t.Fatalf("first Publish = %v", res.Err)
@@ -376,7 +377,7 @@ func TestTxnPublisher_survives_a_broker_restart_mid_transaction(t *testing.T) {
 		if attempt == 20 {
 			t.Fatalf("rows still unacknowledged after %d attempts: %v", attempt, res.Err)
 		}
-		if errors.Is(res.Err, ErrFenced) {
+		if errors.Is(res.Err, relay.ErrFenced) {
 			// What the relay does: drop the bucket, acquire it again.
 			p.OwnedBuckets(nil)
 			own(t, p, 0)

@@ -1,4 +1,4 @@
-package relay_test
+package kafkapub_test
 
 import (
 	"context"
@@ -10,20 +10,20 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/gorm-outbox/outbox"
-	"github.com/gorm-outbox/outbox/relay"
+	"github.com/gorm-outbox/outbox/kafkapub"
 )
 
-// ExampleNewKafkaPublisher publishes two rows of one key to an in-process
+// ExampleNew publishes two rows of one key to an in-process
 // broker (kfake; no Kafka needed) and reads them back in order, each with
 // its message-id header.
-func ExampleNewKafkaPublisher() {
+func ExampleNew() {
 	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, "orders"))
 	if err != nil {
 		panic(err)
 	}
 	defer cluster.Close()
 
-	pub, err := relay.NewKafkaPublisher(relay.KafkaConfig{
+	pub, err := kafkapub.New(kafkapub.Config{
 		Brokers: cluster.ListenAddrs(),
 		Configure: func(w *kafka.Writer) {
 			w.WriteTimeout = 5 * time.Second // kept (at most PublishTimeout); acks, attempts, placement and batching are enforced

@@ -1,4 +1,4 @@
-package relay
+package wire
 
 import (
 	"bytes"
@@ -28,37 +28,37 @@ const (
 	batchAttrTransactional   = 0x10
 )
 
-// producerBatch is the producer part of a v2 record batch header: what
+// ProducerBatch is the producer part of a v2 record batch header: what
 // kafka-go's own encoder writes as -1, so that the broker can fence an old
 // producer epoch, reject a duplicate or out-of-order sequence and hold the
 // records back from read_committed consumers until their transaction ends.
-type producerBatch struct {
-	producerID    int64
-	producerEpoch int16
-	// baseSequence is the sequence number of the batch's first record: the
+type ProducerBatch struct {
+	ProducerID    int64
+	ProducerEpoch int16
+	// BaseSequence is the sequence number of the batch's first record: the
 	// producer's count of records sent to the partition in this epoch.
-	baseSequence  int32
-	transactional bool
+	BaseSequence  int32
+	Transactional bool
 }
 
-// encodeRecordBatch returns msgs as one v2 record batch, as the record set
+// EncodeRecordBatch returns msgs as one v2 record batch, as the record set
 // of a produce request (a 4-byte size prefix, then the batch), with the
 // producer fields of pb, every record stamped timestampMs (create time), and
 // the records compressed with compression (0: none). Keys, values and header
 // values that are nil are encoded as null (-1), as kafka-go's writer does.
 // An empty msgs is an error.
-func encodeRecordBatch(pb producerBatch, timestampMs int64, compression kafka.Compression, msgs []kafka.Message) ([]byte, error) {
+func EncodeRecordBatch(pb ProducerBatch, timestampMs int64, compression kafka.Compression, msgs []kafka.Message) ([]byte, error) {
 	if len(msgs) == 0 {
 		return nil, errors.New("record batch: no records")
 	}
 	size := 4 + batchHeaderSize
 	for i := range msgs {
-		size += recordSize(&msgs[i]) + 2*binary.MaxVarintLen32
+		size += RecordSize(&msgs[i]) + 2*binary.MaxVarintLen32
 	}
 	buf := make([]byte, 4+batchHeaderSize, size)
 
 	attrs := int16(compression) & batchAttrCompressionMask
-	if pb.transactional {
+	if pb.Transactional {
 		attrs |= batchAttrTransactional
 	}
 	h := buf[4:]
@@ -69,9 +69,9 @@ func encodeRecordBatch(pb producerBatch, timestampMs int64, compression kafka.Co
 	binary.BigEndian.PutUint32(h[23:], uint32(len(msgs)-1)) // last offset delta
 	binary.BigEndian.PutUint64(h[27:], uint64(timestampMs)) // base timestamp
 	binary.BigEndian.PutUint64(h[35:], uint64(timestampMs)) // max timestamp
-	binary.BigEndian.PutUint64(h[43:], uint64(pb.producerID))
-	binary.BigEndian.PutUint16(h[51:], uint16(pb.producerEpoch))
-	binary.BigEndian.PutUint32(h[53:], uint32(pb.baseSequence))
+	binary.BigEndian.PutUint64(h[43:], uint64(pb.ProducerID))
+	binary.BigEndian.PutUint16(h[51:], uint16(pb.ProducerEpoch))
+	binary.BigEndian.PutUint32(h[53:], uint32(pb.BaseSequence))
 	binary.BigEndian.PutUint32(h[57:], uint32(len(msgs)))
 
 	if compression == 0 {
@@ -151,4 +151,24 @@ func nullBytesLen(b []byte) int {
 		return varIntLen(-1)
 	}
 	return varIntLen(int64(len(b))) + len(b)
+}
+
+// RecordSize is kafka-go's accounting of a message's size against
+// Writer.BatchBytes (Message.totalSize in kafka-go v0.4).
+func RecordSize(m *kafka.Message) int {
+	hs := varIntLen(int64(len(m.Headers)))
+	for _, h := range m.Headers {
+		hs += varIntLen(int64(len(h.Key))) + len(h.Key) + varIntLen(int64(len(h.Value))) + len(h.Value)
+	}
+	return hs + 4 + 1 + 1 + 4 + len(m.Key) + 4 + len(m.Value) + 8
+}
+
+func varIntLen(i int64) int {
+	u := uint64((i << 1) ^ (i >> 63))
+	n := 1
+	for u >= 0x80 {
+		u >>= 7
+		n++
+	}
+	return n
 }

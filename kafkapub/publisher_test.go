@@ -1,4 +1,4 @@
-package relay
+package kafkapub
 
 import (
 	"bytes"
@@ -23,6 +23,7 @@ import (
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/internal/testenv"
+	"github.com/gorm-outbox/outbox/relay"
 )
 
 // newTopic creates a fresh topic named after the test on b.
@@ -38,12 +39,12 @@ func newTopic(t testing.TB, b testenv.Broker, partitions int, configs map[string
 }
 
 // newPublisher returns a publisher on b, closed at cleanup.
-func newPublisher(t testing.TB, b testenv.Broker, cfg KafkaConfig) *KafkaPublisher {
+func newPublisher(t testing.TB, b testenv.Broker, cfg Config) *Publisher {
 	t.Helper()
 	cfg.Brokers = b.Addrs
-	p, err := NewKafkaPublisher(cfg)
+	p, err := New(cfg)
 	if err != nil {
-		t.Fatalf("NewKafkaPublisher: %v", err)
+		t.Fatalf("New: %v", err)
 	}
 	t.Cleanup(func() {
 		if err := p.Close(); err != nil {
@@ -135,24 +136,24 @@ func murmur2(key []byte, n int) int {
 func TestNewKafkaPublisher_rejects_invalid_config(t *testing.T) {
 	tests := []struct {
 		name  string
-		cfg   KafkaConfig
+		cfg   Config
 		field string
 	}{
-		{"no_brokers", KafkaConfig{}, "Brokers"},
-		{"empty_broker", KafkaConfig{Brokers: []string{"a:9092", " "}}, "Brokers[1]"},
-		{"negative_batch_bytes", KafkaConfig{Brokers: []string{"a:9092"}, BatchBytes: -1}, "BatchBytes"},
-		{"negative_max_batch_records", KafkaConfig{Brokers: []string{"a:9092"}, MaxBatchRecords: -1}, "MaxBatchRecords"},
-		{"negative_publish_timeout", KafkaConfig{Brokers: []string{"a:9092"}, PublishTimeout: -time.Second}, "PublishTimeout"},
+		{"no_brokers", Config{}, "Brokers"},
+		{"empty_broker", Config{Brokers: []string{"a:9092", " "}}, "Brokers[1]"},
+		{"negative_batch_bytes", Config{Brokers: []string{"a:9092"}, BatchBytes: -1}, "BatchBytes"},
+		{"negative_max_batch_records", Config{Brokers: []string{"a:9092"}, MaxBatchRecords: -1}, "MaxBatchRecords"},
+		{"negative_publish_timeout", Config{Brokers: []string{"a:9092"}, PublishTimeout: -time.Second}, "PublishTimeout"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			p, err := NewKafkaPublisher(tt.cfg)
+			p, err := New(tt.cfg)
 			if err == nil {
 				p.Close()
-				t.Fatalf("NewKafkaPublisher(%+v) = nil error; want one naming %s", tt.cfg, tt.field)
+				t.Fatalf("New(%+v) = nil error; want one naming %s", tt.cfg, tt.field)
 			}
-			if !strings.Contains(err.Error(), tt.field) || !strings.HasPrefix(err.Error(), "relay: ") {
-				t.Errorf("NewKafkaPublisher error = %q; want it to start with \"relay: \" and name %s", err, tt.field)
+			if !strings.Contains(err.Error(), tt.field) || !strings.HasPrefix(err.Error(), "kafkapub: ") {
+				t.Errorf("New error = %q; want it to start with \"kafkapub: \" and name %s", err, tt.field)
 			}
 		})
 	}
@@ -160,7 +161,7 @@ func TestNewKafkaPublisher_rejects_invalid_config(t *testing.T) {
 
 func TestKafkaPublisher_hook_cannot_downgrade_invariants(t *testing.T) {
 	b := testenv.NewFake(t)
-	p := newPublisher(t, b, KafkaConfig{Configure: func(w *kafka.Writer) {
+	p := newPublisher(t, b, Config{Configure: func(w *kafka.Writer) {
 		w.RequiredAcks = kafka.RequireNone
 		w.Balancer = &kafka.Hash{}
 		w.BatchTimeout = time.Second
@@ -179,8 +180,8 @@ func TestKafkaPublisher_hook_cannot_downgrade_invariants(t *testing.T) {
 	if w.BatchTimeout >= time.Millisecond {
 		t.Errorf("writer BatchTimeout = %v; want < 1ms", w.BatchTimeout)
 	}
-	if w.BatchSize != DefaultKafkaMaxBatchRecords || w.BatchBytes != DefaultKafkaBatchBytes {
-		t.Errorf("writer BatchSize, BatchBytes = %d, %d; want %d, %d", w.BatchSize, w.BatchBytes, DefaultKafkaMaxBatchRecords, DefaultKafkaBatchBytes)
+	if w.BatchSize != DefaultMaxBatchRecords || w.BatchBytes != DefaultBatchBytes {
+		t.Errorf("writer BatchSize, BatchBytes = %d, %d; want %d, %d", w.BatchSize, w.BatchBytes, DefaultMaxBatchRecords, DefaultBatchBytes)
 	}
 	if w.Async || w.Topic != "" {
 		t.Errorf("writer Async, Topic = %v, %q; want false, \"\"", w.Async, w.Topic)
@@ -188,8 +189,8 @@ func TestKafkaPublisher_hook_cannot_downgrade_invariants(t *testing.T) {
 	if w.MaxAttempts != 1 {
 		t.Errorf("writer MaxAttempts = %d; want 1 (the relay owns retries)", w.MaxAttempts)
 	}
-	if w.WriteTimeout != DefaultKafkaPublishTimeout || w.ReadTimeout != DefaultKafkaPublishTimeout {
-		t.Errorf("writer WriteTimeout, ReadTimeout = %v, %v; want PublishTimeout's default %v", w.WriteTimeout, w.ReadTimeout, DefaultKafkaPublishTimeout)
+	if w.WriteTimeout != DefaultPublishTimeout || w.ReadTimeout != DefaultPublishTimeout {
+		t.Errorf("writer WriteTimeout, ReadTimeout = %v, %v; want PublishTimeout's default %v", w.WriteTimeout, w.ReadTimeout, DefaultPublishTimeout)
 	}
 
 	// On the wire: every produce request asks for acks=all, and keys land
@@ -224,7 +225,7 @@ func TestKafkaPublisher_round_trips_records(t *testing.T) {
 	testenv.ForEachBroker(t, func(t *testing.T, b testenv.Broker) {
 		const parts = 8
 		topic := newTopic(t, b, parts, nil)
-		p := newPublisher(t, b, KafkaConfig{})
+		p := newPublisher(t, b, Config{})
 
 		withHeaders := msg(topic, "order-1", `{"n":1}`)
 		withHeaders.Headers = outbox.Headers{
@@ -314,7 +315,7 @@ func (c *countingTransport) RoundTrip(ctx context.Context, addr net.Addr, req ka
 	return c.inner.RoundTrip(ctx, addr, req)
 }
 
-// TestKafkaPublisher_accepts_any_round_tripper: KafkaConfig.Transport takes
+// TestKafkaPublisher_accepts_any_round_tripper: Config.Transport takes
 // any kafka.RoundTripper, not only a *kafka.Transport, and every request of
 // the publisher goes through it.
 func TestKafkaPublisher_accepts_any_round_tripper(t *testing.T) {
@@ -322,13 +323,13 @@ func TestKafkaPublisher_accepts_any_round_tripper(t *testing.T) {
 		topic := newTopic(t, b, 2, nil)
 		rt := &countingTransport{inner: &kafka.Transport{}}
 		t.Cleanup(rt.inner.CloseIdleConnections)
-		p := newPublisher(t, b, KafkaConfig{Transport: rt})
+		p := newPublisher(t, b, Config{Transport: rt})
 		batch := []*outbox.Message{msg(topic, "a", "1"), msg(topic, "b", "2")}
 		if res := p.Publish(context.Background(), batch); res.Acknowledged != len(batch) || res.Err != nil {
 			t.Fatalf("Publish = %+v; want %d acknowledged", res, len(batch))
 		}
 		if rt.n.Load() == 0 {
-			t.Fatal("no request went through KafkaConfig.Transport")
+			t.Fatal("no request went through Config.Transport")
 		}
 	})
 }
@@ -336,7 +337,7 @@ func TestKafkaPublisher_accepts_any_round_tripper(t *testing.T) {
 func TestKafkaPublisher_stamps_configured_message_id_header(t *testing.T) {
 	b := testenv.NewFake(t)
 	topic := newTopic(t, b, 1, nil)
-	p := newPublisher(t, b, KafkaConfig{MessageIDHeader: "id"})
+	p := newPublisher(t, b, Config{MessageIDHeader: "id"})
 	m := msg(topic, "k", "v")
 	if res := p.Publish(context.Background(), []*outbox.Message{m}); res.Err != nil {
 		t.Fatalf("Publish = %+v", res)
@@ -353,7 +354,7 @@ func TestKafkaPublisher_stamps_configured_message_id_header(t *testing.T) {
 func TestKafkaPublisher_keeps_key_order_after_rejected_row(t *testing.T) {
 	testenv.ForEachBroker(t, func(t *testing.T, b testenv.Broker) {
 		topic := newTopic(t, b, 3, map[string]string{"max.message.bytes": "2048"})
-		p := newPublisher(t, b, KafkaConfig{})
+		p := newPublisher(t, b, Config{})
 		row1 := msg(topic, "order-7", strings.Repeat("x", 8192))
 		row2 := msg(topic, "order-7", "2")
 		row3 := msg(topic, "order-7", "3")
@@ -437,7 +438,7 @@ func TestKafkaPublisher_stops_failed_partition_while_others_proceed(t *testing.T
 			b := testenv.NewFake(t)
 			topic := newTopic(t, b, 3, nil)
 			b.Fake.Fault(tt.fault(topic))
-			p := newPublisher(t, b, KafkaConfig{})
+			p := newPublisher(t, b, Config{})
 			parts := []int32{0, 1, 2, 1, 1, 0, 1, 2}
 			var batch []*outbox.Message
 			for i, part := range parts {
@@ -471,7 +472,7 @@ func TestKafkaPublisher_stops_failed_partition_while_others_proceed(t *testing.T
 func TestKafkaPublisher_fails_row_above_batch_bytes_without_failing_earlier_rows(t *testing.T) {
 	b := testenv.NewFake(t)
 	topic := newTopic(t, b, 2, nil)
-	p := newPublisher(t, b, KafkaConfig{BatchBytes: 1024})
+	p := newPublisher(t, b, Config{BatchBytes: 1024})
 	batch := []*outbox.Message{
 		msg(topic, "", "a0", 0),
 		msg(topic, "", "a1", 0),
@@ -499,7 +500,7 @@ func TestKafkaPublisher_sends_large_batch_in_a_handful_of_requests(t *testing.T)
 	b := testenv.NewFake(t)
 	const parts = 8
 	topic := newTopic(t, b, parts, nil)
-	p := newPublisher(t, b, KafkaConfig{})
+	p := newPublisher(t, b, Config{})
 	produces := b.Fake.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Count: -1, Observe: true})
 	value := bytes.Repeat([]byte("v"), 1024)
 	var batch []*outbox.Message
@@ -517,7 +518,7 @@ func TestKafkaPublisher_sends_large_batch_in_a_handful_of_requests(t *testing.T)
 func TestKafkaPublisher_chunks_partition_in_order_beyond_max_batch_records(t *testing.T) {
 	b := testenv.NewFake(t)
 	topic := newTopic(t, b, 1, nil)
-	p := newPublisher(t, b, KafkaConfig{MaxBatchRecords: 4})
+	p := newPublisher(t, b, Config{MaxBatchRecords: 4})
 	produces := b.Fake.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Count: -1, Observe: true})
 	var batch []*outbox.Message
 	for i := range 10 {
@@ -541,7 +542,7 @@ func TestKafkaPublisher_chunks_partition_in_order_beyond_max_batch_records(t *te
 func TestKafkaPublisher_reports_only_acknowledged_rows_on_cancel(t *testing.T) {
 	b := testenv.NewFake(t)
 	topic := newTopic(t, b, 1, nil)
-	p := newPublisher(t, b, KafkaConfig{})
+	p := newPublisher(t, b, Config{})
 
 	entered := make(chan struct{})
 	wake := make(chan struct{})
@@ -553,7 +554,7 @@ func TestKafkaPublisher_reports_only_acknowledged_rows_on_cancel(t *testing.T) {
 	})
 	ctx, cancel := context.WithCancel(context.Background())
 	stuck := msg(topic, "k", "stuck")
-	done := make(chan Result, 1)
+	done := make(chan relay.Result, 1)
 	go func() { done <- p.Publish(ctx, []*outbox.Message{stuck, msg(topic, "k", "next")}) }()
 	<-entered
 	cancel()
@@ -564,7 +565,7 @@ func TestKafkaPublisher_reports_only_acknowledged_rows_on_cancel(t *testing.T) {
 
 	// The handed-over record may still land; a later call on the same
 	// partition waits for it and comes after it.
-	later := make(chan Result, 1)
+	later := make(chan relay.Result, 1)
 	go func() { later <- p.Publish(context.Background(), []*outbox.Message{msg(topic, "k", "later")}) }()
 	close(wake)
 	if res := <-later; res.Err != nil {
@@ -581,7 +582,7 @@ func TestKafkaPublisher_reports_only_acknowledged_rows_on_cancel(t *testing.T) {
 
 func TestKafkaPublisher_fails_after_close(t *testing.T) {
 	b := testenv.NewFake(t)
-	p, err := NewKafkaPublisher(KafkaConfig{Brokers: b.Addrs})
+	p, err := New(Config{Brokers: b.Addrs})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -592,15 +593,15 @@ func TestKafkaPublisher_fails_after_close(t *testing.T) {
 		t.Fatalf("second Close = %v; want nil", err)
 	}
 	res := p.Publish(context.Background(), []*outbox.Message{msg("t", "k", "v")})
-	if res.Acknowledged != 0 || !errors.Is(res.Err, ErrPublisherClosed) {
-		t.Fatalf("Publish after Close = %+v; want ErrPublisherClosed", res)
+	if res.Acknowledged != 0 || !errors.Is(res.Err, ErrClosed) {
+		t.Fatalf("Publish after Close = %+v; want ErrClosed", res)
 	}
 }
 
 func TestKafkaPublisher_fails_unknown_partition(t *testing.T) {
 	b := testenv.NewFake(t)
 	topic := newTopic(t, b, 2, nil)
-	p := newPublisher(t, b, KafkaConfig{})
+	p := newPublisher(t, b, Config{})
 	res := p.Publish(context.Background(), []*outbox.Message{msg(topic, "k", "ok", 1), msg(topic, "k", "bad", 7)})
 	if res.Acknowledged != 1 || !errors.Is(res.Err, kafka.UnknownTopicOrPartition) {
 		t.Fatalf("Publish = %d, %v; want 1, UnknownTopicOrPartition", res.Acknowledged, res.Err)
@@ -613,7 +614,7 @@ func TestKafkaPublisher_fails_unknown_partition(t *testing.T) {
 func TestKafkaPublisher_acknowledges_rows_before_a_row_the_broker_rejects(t *testing.T) {
 	testenv.ForEachBroker(t, func(t *testing.T, b testenv.Broker) {
 		topic := newTopic(t, b, 1, map[string]string{"max.message.bytes": "2048"})
-		p := newPublisher(t, b, KafkaConfig{})
+		p := newPublisher(t, b, Config{})
 		batch := []*outbox.Message{
 			msg(topic, "k", "1"), msg(topic, "k", "2"), msg(topic, "k", "3"),
 			msg(topic, "k", strings.Repeat("x", 8192)),

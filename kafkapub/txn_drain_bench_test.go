@@ -1,4 +1,4 @@
-package relay_test
+package kafkapub_test
 
 import (
 	"bytes"
@@ -11,6 +11,7 @@ import (
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/gormstore"
 	"github.com/gorm-outbox/outbox/internal/testenv"
+	"github.com/gorm-outbox/outbox/kafkapub"
 	"github.com/gorm-outbox/outbox/relay"
 )
 
@@ -20,7 +21,7 @@ import (
 // environment names none) with the in-process and the real broker: msg/s
 // from the start of the relay to an empty table.
 //
-//	go test -run '^$' -bench DrainTransactional -benchtime 3x ./relay
+//	go test -run '^$' -bench DrainTransactional -benchtime 3x ./kafkapub
 func BenchmarkDrainTransactional(b *testing.B) {
 	var opener testenv.Opener
 	for _, o := range testenv.Databases(b) {
@@ -56,11 +57,11 @@ func BenchmarkDrainTransactional(b *testing.B) {
 					if err := db.CreateInBatches(msgs, 1000).Error; err != nil {
 						b.Fatal(err)
 					}
-					kc := relay.KafkaConfig{Brokers: br.Addrs}
+					kc := kafkapub.Config{Brokers: br.Addrs}
 					if mode == "transactional" {
-						kc.Transactions = &relay.KafkaTransactions{Outbox: topic}
+						kc.Transactions = &kafkapub.Transactions{Outbox: topic}
 					}
-					pub, err := relay.NewKafkaPublisher(kc)
+					pub, err := kafkapub.New(kc)
 					if err != nil {
 						b.Fatal(err)
 					}

@@ -1,4 +1,4 @@
-package relay_test
+package kafkapub_test
 
 import (
 	"context"
@@ -18,18 +18,19 @@ import (
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/gormstore"
 	"github.com/gorm-outbox/outbox/internal/testenv"
+	"github.com/gorm-outbox/outbox/kafkapub"
 	"github.com/gorm-outbox/outbox/relay"
 )
 
-// recordingPublisher passes calls to a KafkaPublisher (ownership included)
+// recordingPublisher passes calls to a Publisher (ownership included)
 // and counts the publishes that failed with ErrFenced.
 type recordingPublisher struct {
-	*relay.KafkaPublisher
+	*kafkapub.Publisher
 	fenced atomic.Int64
 }
 
 func (p *recordingPublisher) Publish(ctx context.Context, batch []*outbox.Message) relay.Result {
-	res := p.KafkaPublisher.Publish(ctx, batch)
+	res := p.Publisher.Publish(ctx, batch)
 	if errors.Is(res.Err, relay.ErrFenced) {
 		p.fenced.Add(1)
 	}
@@ -75,16 +76,16 @@ func runZombie(t *testing.T, o testenv.Opener, b testenv.Broker, step string) {
 	outboxName := topic // unique transactional ids per run
 
 	newPub := func() *recordingPublisher {
-		p, err := relay.NewKafkaPublisher(relay.KafkaConfig{
+		p, err := kafkapub.New(kafkapub.Config{
 			Brokers:        b.Addrs,
 			PublishTimeout: 5 * time.Second,
-			Transactions:   &relay.KafkaTransactions{Outbox: outboxName},
+			Transactions:   &kafkapub.Transactions{Outbox: outboxName},
 		})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = p.Close() })
-		return &recordingPublisher{KafkaPublisher: p}
+		return &recordingPublisher{Publisher: p}
 	}
 	opts := func(id string) relay.Options {
 		return relay.Options{
@@ -104,7 +105,7 @@ func runZombie(t *testing.T, o testenv.Opener, b testenv.Broker, step string) {
 	release := make(chan struct{})
 	var stallOnce sync.Once
 	pubA := newPub()
-	relay.SetTxnHook(pubA.KafkaPublisher, func(_ int, s string) {
+	kafkapub.SetTxnHook(pubA.Publisher, func(_ int, s string) {
 		if s != step || !armed.Load() {
 			return
 		}
@@ -277,7 +278,7 @@ func byKey(recs []*kgo.Record, ids map[string]bool) (vals map[string][]int, dups
 	for _, r := range recs {
 		id := ""
 		for _, h := range r.Headers {
-			if h.Key == relay.DefaultMessageIDHeader {
+			if h.Key == kafkapub.DefaultMessageIDHeader {
 				id = string(h.Value)
 			}
 		}

@@ -1,4 +1,4 @@
-package relay
+package kafkapub
 
 import (
 	"bytes"
@@ -7,6 +7,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/kafkapub/internal/wire"
 )
 
 // FuzzKafkaRecord builds records from arbitrary rows and checks the
@@ -30,7 +31,7 @@ func FuzzKafkaRecord(f *testing.F) {
 		if valueNil {
 			value = nil
 		}
-		p, err := NewKafkaPublisher(KafkaConfig{Brokers: []string{"127.0.0.1:1"}, MessageIDHeader: header})
+		p, err := New(Config{Brokers: []string{"127.0.0.1:1"}, MessageIDHeader: header})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -60,7 +61,7 @@ func FuzzKafkaRecord(f *testing.F) {
 		if last.Key != name || string(last.Value) != m.MessageID.String() {
 			t.Fatalf("last header = %q=%q; want %q=%q", last.Key, last.Value, name, m.MessageID)
 		}
-		if n := recordSize(&rec); n < len(key)+len(value)+len(last.Value) {
+		if n := wire.RecordSize(&rec); n < len(key)+len(value)+len(last.Value) {
 			t.Fatalf("recordSize = %d; want at least the payload %d", n, len(key)+len(value)+len(last.Value))
 		}
 		if partitions < 1 || partitions > 1024 {

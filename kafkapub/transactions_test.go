@@ -1,4 +1,4 @@
-package relay
+package kafkapub
 
 import (
 	"context"
@@ -13,23 +13,24 @@ import (
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/internal/testenv"
+	"github.com/gorm-outbox/outbox/relay"
 )
 
 func TestNewKafkaPublisher_rejects_invalid_transactions(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		cfg  KafkaConfig
+		cfg  Config
 		want string
 	}{
-		{"empty_outbox", KafkaConfig{Transactions: &KafkaTransactions{}}, "KafkaTransactions.Outbox"},
-		{"negative_timeout", KafkaConfig{Transactions: &KafkaTransactions{Outbox: "o", Timeout: -1}}, "KafkaTransactions.Timeout"},
-		{"timeout_not_above_publish_timeout", KafkaConfig{PublishTimeout: 10 * time.Second, Transactions: &KafkaTransactions{Outbox: "o", Timeout: 10 * time.Second}}, "KafkaTransactions.Timeout"},
+		{"empty_outbox", Config{Transactions: &Transactions{}}, "Transactions.Outbox"},
+		{"negative_timeout", Config{Transactions: &Transactions{Outbox: "o", Timeout: -1}}, "Transactions.Timeout"},
+		{"timeout_not_above_publish_timeout", Config{PublishTimeout: 10 * time.Second, Transactions: &Transactions{Outbox: "o", Timeout: 10 * time.Second}}, "Transactions.Timeout"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.cfg.Brokers = []string{"127.0.0.1:1"}
-			_, err := NewKafkaPublisher(tc.cfg)
+			_, err := New(tc.cfg)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("NewKafkaPublisher = %v; want an error naming %s", err, tc.want)
+				t.Fatalf("New = %v; want an error naming %s", err, tc.want)
 			}
 		})
 	}
@@ -37,12 +38,12 @@ func TestNewKafkaPublisher_rejects_invalid_transactions(t *testing.T) {
 
 func TestKafkaTransactions_TransactionalID(t *testing.T) {
 	for _, tc := range []struct {
-		cfg    KafkaTransactions
+		cfg    Transactions
 		bucket int
 		want   string
 	}{
-		{KafkaTransactions{Outbox: "orders"}, 3, "outbox-orders-3"},
-		{KafkaTransactions{Outbox: "orders", IDPrefix: "billing."}, 0, "billing.orders-0"},
+		{Transactions{Outbox: "orders"}, 3, "outbox-orders-3"},
+		{Transactions{Outbox: "orders", IDPrefix: "billing."}, 0, "billing.orders-0"},
 	} {
 		if got := tc.cfg.TransactionalID(tc.bucket); got != tc.want {
 			t.Errorf("TransactionalID(%d) = %q; want %q", tc.bucket, got, tc.want)
@@ -62,7 +63,7 @@ func bucketMsg(b int32, topic, key, value string, partition ...int32) *outbox.Me
 func TestTxnPublisher_publishes_a_batch_in_one_transaction(t *testing.T) {
 	testenv.ForEachBroker(t, func(t *testing.T, b testenv.Broker) {
 		topic := newTopic(t, b, 3, nil)
-		p := newTestTxnPublisher(t, b, topic, KafkaConfig{})
+		p := newTestTxnPublisher(t, b, topic, Config{})
 		own(t, p, 2)
 		var batch []*outbox.Message
 		for i := range 30 {
@@ -122,47 +123,47 @@ func TestTxnPublisher_publishes_a_batch_in_one_transaction(t *testing.T) {
 }
 
 // Without OwnedBuckets, a bucket has no producer: Publish fails with
-// ErrFenced and sends nothing.
+// relay.ErrFenced and sends nothing.
 func TestTxnPublisher_refuses_a_bucket_it_was_not_told_about(t *testing.T) {
 	b := testenv.NewFake(t)
 	topic := newTopic(t, b, 1, nil)
-	p := newTestTxnPublisher(t, b, topic, KafkaConfig{})
+	p := newTestTxnPublisher(t, b, topic, Config{})
 	own(t, p, 0)
 	res := p.Publish(context.Background(), []*outbox.Message{bucketMsg(1, topic, "k", "v")})
-	if res.Acknowledged != 0 || !errors.Is(res.Err, ErrFenced) {
-		t.Fatalf("Publish(bucket 1) = %d, %v; want 0, ErrFenced", res.Acknowledged, res.Err)
+	if res.Acknowledged != 0 || !errors.Is(res.Err, relay.ErrFenced) {
+		t.Fatalf("Publish(bucket 1) = %d, %v; want 0, relay.ErrFenced", res.Acknowledged, res.Err)
 	}
 	p.OwnedBuckets(nil)
 	res = p.Publish(context.Background(), []*outbox.Message{bucketMsg(0, topic, "k", "v")})
-	if res.Acknowledged != 0 || !errors.Is(res.Err, ErrFenced) {
-		t.Fatalf("Publish(bucket 0) after it left the set = %d, %v; want 0, ErrFenced", res.Acknowledged, res.Err)
+	if res.Acknowledged != 0 || !errors.Is(res.Err, relay.ErrFenced) {
+		t.Fatalf("Publish(bucket 0) after it left the set = %d, %v; want 0, relay.ErrFenced", res.Acknowledged, res.Err)
 	}
 }
 
 // A second owner's initialisation fences the first: the first one's next
-// publish fails with ErrFenced and acknowledges nothing, and nothing it
+// publish fails with relay.ErrFenced and acknowledges nothing, and nothing it
 // sends becomes visible to read_committed consumers.
 func TestTxnPublisher_new_owner_fences_the_old_one(t *testing.T) {
 	testenv.ForEachBroker(t, func(t *testing.T, b testenv.Broker) {
 		topic := newTopic(t, b, 2, nil)
-		a := newTestTxnPublisher(t, b, topic, KafkaConfig{})
+		a := newTestTxnPublisher(t, b, topic, Config{})
 		own(t, a, 0)
 		if res := a.Publish(context.Background(), []*outbox.Message{bucketMsg(0, topic, "k", "a1")}); res.Err != nil {
 			t.Fatalf("A's first Publish = %v", res.Err)
 		}
-		nb := newTestTxnPublisher(t, b, topic, KafkaConfig{})
+		nb := newTestTxnPublisher(t, b, topic, Config{})
 		own(t, nb, 0)
 		res := a.Publish(context.Background(), []*outbox.Message{bucketMsg(0, topic, "k", "a2")})
-		if res.Acknowledged != 0 || !errors.Is(res.Err, ErrFenced) || !errors.Is(res.Err, kafka.ProducerFenced) && !errors.Is(res.Err, kafka.InvalidProducerEpoch) {
-			t.Fatalf("A's Publish after B's init = %d, %v; want 0, ErrFenced and the broker's error", res.Acknowledged, res.Err)
+		if res.Acknowledged != 0 || !errors.Is(res.Err, relay.ErrFenced) || !errors.Is(res.Err, kafka.ProducerFenced) && !errors.Is(res.Err, kafka.InvalidProducerEpoch) {
+			t.Fatalf("A's Publish after B's init = %d, %v; want 0, relay.ErrFenced and the broker's error", res.Acknowledged, res.Err)
 		}
 		// It reads once: one origin, the sentinel's word once at the end.
-		if msg := res.Err.Error(); strings.Count(msg, "relay: ") != 1 || !strings.HasSuffix(msg, ": fenced") || strings.Count(msg, ": fenced") != 1 {
-			t.Errorf("fenced error = %q; want one \"relay: \" and \": fenced\" once, at the end", msg)
+		if msg := res.Err.Error(); strings.Count(msg, "kafkapub: ") != 1 || !strings.HasSuffix(msg, ": fenced") || strings.Count(msg, ": fenced") != 1 {
+			t.Errorf("fenced error = %q; want one \"kafkapub: \" and \": fenced\" once, at the end", msg)
 		}
 		// Sticky: A never publishes again with that producer.
-		if res := a.Publish(context.Background(), []*outbox.Message{bucketMsg(0, topic, "k", "a3")}); !errors.Is(res.Err, ErrFenced) {
-			t.Fatalf("A's next Publish = %v; want ErrFenced", res.Err)
+		if res := a.Publish(context.Background(), []*outbox.Message{bucketMsg(0, topic, "k", "a3")}); !errors.Is(res.Err, relay.ErrFenced) {
+			t.Fatalf("A's next Publish = %v; want relay.ErrFenced", res.Err)
 		}
 		if res := nb.Publish(context.Background(), []*outbox.Message{bucketMsg(0, topic, "k", "b1")}); res.Err != nil {
 			t.Fatalf("B's Publish = %v", res.Err)
@@ -183,7 +184,7 @@ func TestTxnPublisher_new_owner_fences_the_old_one(t *testing.T) {
 func TestTxnPublisher_acknowledges_rows_before_a_row_the_broker_rejects(t *testing.T) {
 	testenv.ForEachBroker(t, func(t *testing.T, b testenv.Broker) {
 		topic := newTopic(t, b, 2, map[string]string{"max.message.bytes": "2048"})
-		p := newTestTxnPublisher(t, b, topic, KafkaConfig{})
+		p := newTestTxnPublisher(t, b, topic, Config{})
 		own(t, p, 0)
 		var batch []*outbox.Message
 		for i := range 9 {
@@ -191,8 +192,8 @@ func TestTxnPublisher_acknowledges_rows_before_a_row_the_broker_rejects(t *testi
 		}
 		batch[6].Value = []byte(strings.Repeat("x", 8192))
 		res := p.Publish(context.Background(), batch)
-		if res.Acknowledged != 6 || !errors.Is(res.Err, kafka.MessageSizeTooLarge) || !errors.Is(res.Err, ErrUnpublishable) {
-			t.Fatalf("Publish = %d acknowledged, %v; want 6, MessageSizeTooLarge and ErrUnpublishable", res.Acknowledged, res.Err)
+		if res.Acknowledged != 6 || !errors.Is(res.Err, kafka.MessageSizeTooLarge) || !errors.Is(res.Err, relay.ErrUnpublishable) {
+			t.Fatalf("Publish = %d acknowledged, %v; want 6, MessageSizeTooLarge and relay.ErrUnpublishable", res.Acknowledged, res.Err)
 		}
 		var got []string
 		for _, r := range readIsolated(t, b, topic, kgo.ReadCommitted(), 6, 300*time.Millisecond) {

@@ -1,4 +1,4 @@
-package relay
+package kafkapub
 
 import (
 	"context"
@@ -18,6 +18,8 @@ import (
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/internal/spantest"
 	"github.com/gorm-outbox/outbox/internal/testenv"
+	"github.com/gorm-outbox/outbox/kafkapub/internal/wire"
+	"github.com/gorm-outbox/outbox/relay"
 )
 
 // tracedBatch returns n rows of one topic whose headers carry traceparent
@@ -51,7 +53,7 @@ func TestPublishSpanCostWithoutSDK(t *testing.T) {
 				rows := make([]row, n)
 				perBatch = append(perBatch, testing.AllocsPerRun(50, func() {
 					_, span := c.pt.start(context.Background(), batch)
-					c.pt.end(span, rows, Result{Acknowledged: n})
+					c.pt.end(span, rows, relay.Result{Acknowledged: n})
 				}))
 			}
 			if perBatch[0] != perBatch[1] || perBatch[1] > 10 {
@@ -87,7 +89,7 @@ func BenchmarkPublishSpan(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
 				_, span := c.pt.start(context.Background(), batch)
-				c.pt.end(span, rows, Result{Acknowledged: len(batch)})
+				c.pt.end(span, rows, relay.Result{Acknowledged: len(batch)})
 				if c.rec != nil {
 					c.rec.Reset() // keep no ended span: an SDK without exporter keeps none either
 				}
@@ -180,7 +182,7 @@ func TestPublishSpan(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			tp, rec := recordingTracer(t)
-			p := newPublisher(t, b, KafkaConfig{TracerProvider: tp, Propagator: propagation.TraceContext{}})
+			p := newPublisher(t, b, Config{TracerProvider: tp, Propagator: propagation.TraceContext{}})
 			res := p.Publish(context.Background(), c.batch)
 			if (res.Err != nil) != (c.want.status == codes.Error) {
 				t.Fatalf("Publish = %+v; want failure %v", res, c.want.status == codes.Error)
@@ -244,7 +246,7 @@ func TestTracingREADMEFigures(t *testing.T) {
 	plain := kafka.Message{Key: []byte("k"), Value: []byte("v"), Headers: []kafka.Header{{Key: DefaultMessageIDHeader, Value: []byte(outbox.NewUUID().String())}}}
 	traced := plain
 	traced.Headers = append([]kafka.Header{{Key: "traceparent", Value: []byte(tp)}}, plain.Headers...)
-	if d := recordSize(&traced) - recordSize(&plain); d != 68 {
+	if d := wire.RecordSize(&traced) - wire.RecordSize(&plain); d != 68 {
 		t.Errorf("a traceparent header adds %d bytes to recordSize; the README documents 68", d)
 	}
 }

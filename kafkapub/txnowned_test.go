@@ -1,4 +1,4 @@
-package relay
+package kafkapub
 
 import (
 	"maps"
@@ -9,9 +9,9 @@ import (
 // ownedPublisher returns a transactional publisher (on an address nothing
 // listens on: the tests never reach a broker) holding initialised
 // producers for buckets 0 to n-1, as after an acquisition round.
-func ownedPublisher(t testing.TB, n int) *KafkaPublisher {
+func ownedPublisher(t testing.TB, n int) *Publisher {
 	t.Helper()
-	p, err := NewKafkaPublisher(KafkaConfig{Brokers: []string{"127.0.0.1:1"}, Transactions: &KafkaTransactions{Outbox: "owned"}})
+	p, err := New(Config{Brokers: []string{"127.0.0.1:1"}, Transactions: &Transactions{Outbox: "owned"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,7 +43,7 @@ func TestOwnedBucketsRetiresExactlyTheBucketsThatLeft(t *testing.T) {
 // bucket of a 65,536-bucket outbox in the transactional mode: an unchanged
 // set, reported to OwnedBuckets under the publisher's mutex.
 //
-//	go test -run '^$' -bench OwnedBuckets ./relay
+//	go test -run '^$' -bench OwnedBuckets ./kafkapub
 func BenchmarkOwnedBuckets(b *testing.B) {
 	const n = 1 << 16
 	p := ownedPublisher(b, n)

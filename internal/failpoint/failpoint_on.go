@@ -1,6 +1,6 @@
 //go:build outbox_failpoints
 
-package relay
+package failpoint
 
 import (
 	"fmt"
@@ -27,7 +27,7 @@ import (
 // The failpoints, one per step of the relay's life:
 //
 //	relay/after-fetch     a batch fetched, nothing published yet
-//	relay/during-publish  records appended by the broker, the answer not yet seen by the relay
+//	relay/during-publish  records appended by the broker, the answer not yet seen by the relay (kafkapub)
 //	relay/after-ack       the batch acknowledged, nothing deleted yet
 //	relay/during-delete   MarkPublished about to run (killafter lands inside it)
 //	relay/acquire         an acquisition round answered, its leases not yet recorded
@@ -53,27 +53,27 @@ var failpointRules = sync.OnceValue(func() map[string]*failpointRule {
 		}
 		name, act, ok := strings.Cut(spec, "=")
 		if !ok {
-			panic(fmt.Sprintf("relay: %s: %q: want name=action[@hit]", envFailpoints, spec))
+			panic(fmt.Sprintf("failpoint: %s: %q: want name=action[@hit]", envFailpoints, spec))
 		}
 		r := &failpointRule{}
 		if a, h, ok := strings.Cut(act, "@"); ok {
 			n, err := strconv.ParseInt(h, 10, 64)
 			if err != nil || n < 1 {
-				panic(fmt.Sprintf("relay: %s: %q: bad hit %q", envFailpoints, spec, h))
+				panic(fmt.Sprintf("failpoint: %s: %q: bad hit %q", envFailpoints, spec, h))
 			}
 			act, r.hit = a, n
 		}
 		if a, arg, ok := strings.Cut(act, "("); ok {
 			d, err := time.ParseDuration(strings.TrimSuffix(arg, ")"))
 			if err != nil {
-				panic(fmt.Sprintf("relay: %s: %q: %v", envFailpoints, spec, err))
+				panic(fmt.Sprintf("failpoint: %s: %q: %v", envFailpoints, spec, err))
 			}
 			act, r.d = a, d
 		}
 		switch act {
 		case "kill", "killafter", "sleep":
 		default:
-			panic(fmt.Sprintf("relay: %s: %q: unknown action %q", envFailpoints, spec, act))
+			panic(fmt.Sprintf("failpoint: %s: %q: unknown action %q", envFailpoints, spec, act))
 		}
 		if r.hit == 0 && act != "sleep" {
 			r.hit = 1
@@ -84,8 +84,8 @@ var failpointRules = sync.OnceValue(func() map[string]*failpointRule {
 	return rules
 })
 
-// failpoint runs the action armed for name, if any.
-func failpoint(name string) {
+// Inject runs the action armed for name, if any.
+func Inject(name string) {
 	r := failpointRules()[name]
 	if r == nil {
 		return

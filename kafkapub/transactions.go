@@ -1,4 +1,4 @@
-package relay
+package kafkapub
 
 import (
 	"context"
@@ -14,27 +14,30 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/internal/failpoint"
+	"github.com/gorm-outbox/outbox/kafkapub/internal/wire"
+	"github.com/gorm-outbox/outbox/relay"
 )
 
-// Transactional publishing defaults (see KafkaTransactions).
+// Transactional publishing defaults (see Transactions).
 const (
 	// DefaultTransactionalIDPrefix starts every transactional.id of a
-	// transactional KafkaPublisher.
+	// transactional Publisher.
 	DefaultTransactionalIDPrefix = "outbox-"
-	// DefaultKafkaTransactionTimeout is the default transaction timeout a
-	// transactional KafkaPublisher asks its coordinator for, the Java
+	// DefaultTransactionTimeout is the default transaction timeout a
+	// transactional Publisher asks its coordinator for, the Java
 	// producer's default.
-	DefaultKafkaTransactionTimeout = time.Minute
+	DefaultTransactionTimeout = time.Minute
 )
 
-// KafkaTransactions makes a KafkaPublisher transactional
-// (KafkaConfig.Transactions): fenced publishing. The publisher keeps one
+// Transactions makes a Publisher transactional
+// (Config.Transactions): fenced publishing. The publisher keeps one
 // Kafka transactional producer per bucket its relay owns, with the
 // transactional.id TransactionalID(bucket), and publishes each batch inside
 // one Kafka transaction.
 //
 // Fencing. When the relay acquires a bucket (it tells the publisher, see
-// BucketOwnershipObserver), the publisher initialises the bucket's
+// relay.BucketOwnershipObserver), the publisher initialises the bucket's
 // transactional.id (InitProducerId). The coordinator then aborts any
 // transaction a previous owner left open and bumps the producer epoch, so
 // that every later request of the previous owner (a relay that stalled past
@@ -43,8 +46,8 @@ const (
 // when told of an acquisition, so a stalled relay cannot take the epoch
 // back. A Publish whose producer was fenced, or whose transaction the
 // coordinator aborted (it stayed open longer than Timeout), fails with an
-// error wrapping ErrFenced and acknowledges nothing, and the relay drops
-// the bucket (see ErrFenced). Consumers reading with
+// error wrapping relay.ErrFenced and acknowledges nothing, and the relay drops
+// the bucket (see relay.ErrFenced). Consumers reading with
 // isolation.level=read_committed never see a record of an aborted
 // transaction, so no record of a fenced relay becomes visible to them.
 //
@@ -97,10 +100,10 @@ const (
 // A Publish costs three more coordinator round trips than the default mode
 // (kafka-go's transport looks the coordinator up before each), one of them
 // a commit that writes the transaction log and markers. A transactional
-// KafkaPublisher serves one relay: bucket numbers name its producers. A
+// Publisher serves one relay: bucket numbers name its producers. A
 // batch's producer is its rows' Message.Bucket, so the store must return
 // rows with their bucket set (gormstore and relaytest.MemStore do).
-type KafkaTransactions struct {
+type Transactions struct {
 	// Outbox names the outbox in its transactional ids. Required: the ids
 	// must be unique to this outbox across the Kafka cluster, since two
 	// outboxes sharing them fence each other.
@@ -113,17 +116,17 @@ type KafkaTransactions struct {
 	// Timeout is the transaction timeout the publisher asks for
 	// (transaction.timeout.ms): the coordinator aborts a transaction open
 	// longer and fences its producer. It must exceed
-	// KafkaConfig.PublishTimeout and be at most the brokers'
+	// Config.PublishTimeout and be at most the brokers'
 	// transaction.max.timeout.ms (15 min by default). Zero means
-	// DefaultKafkaTransactionTimeout (1 min); negative fails
-	// NewKafkaPublisher.
+	// DefaultTransactionTimeout (1 min); negative fails
+	// New.
 	Timeout time.Duration
 }
 
 // TransactionalID returns the transactional.id of bucket: IDPrefix (or
 // DefaultTransactionalIDPrefix), Outbox, "-" and the bucket number, e.g.
 // "outbox-orders-3".
-func (t KafkaTransactions) TransactionalID(bucket int) string {
+func (t Transactions) TransactionalID(bucket int) string {
 	prefix := t.IDPrefix
 	if prefix == "" {
 		prefix = DefaultTransactionalIDPrefix
@@ -133,21 +136,21 @@ func (t KafkaTransactions) TransactionalID(bucket int) string {
 
 // check validates t for a publisher whose PublishTimeout is publishTimeout
 // and returns it with its defaults.
-func (t KafkaTransactions) check(publishTimeout time.Duration) (KafkaTransactions, error) {
+func (t Transactions) check(publishTimeout time.Duration) (Transactions, error) {
 	if strings.TrimSpace(t.Outbox) == "" {
-		return t, errors.New("relay: KafkaTransactions.Outbox is empty")
+		return t, errors.New("kafkapub: Transactions.Outbox is empty")
 	}
 	if t.Timeout < 0 {
-		return t, fmt.Errorf("relay: KafkaTransactions.Timeout is negative (%v)", t.Timeout)
+		return t, fmt.Errorf("kafkapub: Transactions.Timeout is negative (%v)", t.Timeout)
 	}
 	if t.Timeout == 0 {
-		t.Timeout = DefaultKafkaTransactionTimeout
+		t.Timeout = DefaultTransactionTimeout
 	}
 	if t.Timeout <= publishTimeout {
-		return t, fmt.Errorf("relay: KafkaTransactions.Timeout %v is not longer than KafkaConfig.PublishTimeout %v", t.Timeout, publishTimeout)
+		return t, fmt.Errorf("kafkapub: Transactions.Timeout %v is not longer than Config.PublishTimeout %v", t.Timeout, publishTimeout)
 	}
 	if t.Timeout/time.Millisecond > math.MaxInt32 {
-		return t, fmt.Errorf("relay: KafkaTransactions.Timeout %v is too long", t.Timeout)
+		return t, fmt.Errorf("kafkapub: Transactions.Timeout %v is too long", t.Timeout)
 	}
 	if t.IDPrefix == "" {
 		t.IDPrefix = DefaultTransactionalIDPrefix
@@ -155,11 +158,11 @@ func (t KafkaTransactions) check(publishTimeout time.Duration) (KafkaTransaction
 	return t, nil
 }
 
-// txnPublisher is the transactional state of a KafkaPublisher.
+// txnPublisher is the transactional state of a Publisher.
 type txnPublisher struct {
-	cfg KafkaTransactions // with defaults
+	cfg Transactions // with defaults
 	// producers are the owned buckets' producers, guarded by
-	// KafkaPublisher.mu.
+	// Publisher.mu.
 	producers map[int]*txnProducer
 	// hook, when set (tests), is called at the steps of a transaction:
 	// "added" (partitions added, nothing produced) and "produced" (every
@@ -175,7 +178,7 @@ type txnProducer struct {
 	id     string // transactional.id
 
 	ready   chan struct{} // closed when the initialisation ended
-	initErr error         // set before ready is closed; wraps ErrFenced
+	initErr error         // set before ready is closed; wraps relay.ErrFenced
 
 	turn chan struct{} // one Publish (or abort) at a time
 
@@ -187,7 +190,7 @@ type txnProducer struct {
 	// added, no EndTxn answered). bump: the epoch must be bumped before the
 	// next transaction (a produce of unknown outcome left the sequence
 	// numbers unknown). fenced: the producer is fenced for good (wraps
-	// ErrFenced).
+	// relay.ErrFenced).
 	open   bool
 	bump   bool
 	fenced error
@@ -199,13 +202,13 @@ type txnProducer struct {
 	committed []outbox.UUID
 }
 
-func newTxnPublisher(cfg KafkaTransactions) *txnPublisher {
+func newTxnPublisher(cfg Transactions) *txnPublisher {
 	return &txnPublisher{cfg: cfg, producers: map[int]*txnProducer{}, now: time.Now}
 }
 
-var _ BucketOwnershipObserver = (*KafkaPublisher)(nil)
+var _ relay.BucketOwnershipObserver = (*Publisher)(nil)
 
-// OwnedBuckets implements BucketOwnershipObserver. In the transactional
+// OwnedBuckets implements relay.BucketOwnershipObserver. In the transactional
 // mode it starts, in the background, the initialisation of a producer for
 // each bucket new to the set (InitProducerId for TransactionalID(bucket),
 // which fences the bucket's previous owner), bounded by PublishTimeout; a
@@ -213,9 +216,9 @@ var _ BucketOwnershipObserver = (*KafkaPublisher)(nil)
 // its producer; a transaction it left open (or a commit whose answer was
 // lost) is aborted in the background, unless a newer owner's producer
 // fenced it already. A bucket whose initialisation failed keeps its failed
-// producer, so that its Publish fails with ErrFenced and the relay drops
+// producer, so that its Publish fails with relay.ErrFenced and the relay drops
 // the bucket and acquires it again. In the default mode it does nothing.
-func (p *KafkaPublisher) OwnedBuckets(buckets []int) {
+func (p *Publisher) OwnedBuckets(buckets []int) {
 	if p.txn == nil {
 		return
 	}
@@ -259,14 +262,14 @@ func (p *KafkaPublisher) OwnedBuckets(buckets []int) {
 
 // initProducer initialises prod (InitProducerId without a producer id:
 // a new epoch that fences every older one) and closes prod.ready.
-func (p *KafkaPublisher) initProducer(prod *txnProducer) {
+func (p *Publisher) initProducer(prod *txnProducer) {
 	defer close(prod.ready)
 	ctx, cancel := context.WithTimeoutCause(context.Background(), p.timeout,
-		fmt.Errorf("no answer from the coordinator within KafkaConfig.PublishTimeout (%v): %w", p.timeout, context.DeadlineExceeded))
+		fmt.Errorf("no answer from the coordinator within Config.PublishTimeout (%v): %w", p.timeout, context.DeadlineExceeded))
 	defer cancel()
 	pid, epoch, err := p.initProducerID(ctx, prod.id, -1, -1)
 	if err != nil {
-		prod.initErr = fmt.Errorf("bucket %d: init transactional producer %s: %w: %w", prod.bucket, prod.id, err, ErrFenced)
+		prod.initErr = fmt.Errorf("bucket %d: init transactional producer %s: %w: %w", prod.bucket, prod.id, err, relay.ErrFenced)
 		return
 	}
 	prod.pid, prod.epoch = pid, epoch
@@ -278,7 +281,7 @@ func (p *KafkaPublisher) initProducer(prod *txnProducer) {
 // aborted (bounded by PublishTimeout), so that read_committed consumers of
 // its partitions are not held back until the next owner's initialisation or
 // the transaction timeout. A fenced producer has nothing to end.
-func (p *KafkaPublisher) retire(prod *txnProducer) {
+func (p *Publisher) retire(prod *txnProducer) {
 	ctx, cancel := context.WithTimeout(context.Background(), p.timeout)
 	defer cancel()
 	select {
@@ -300,27 +303,27 @@ func (p *KafkaPublisher) retire(prod *txnProducer) {
 
 // producer returns the producer of bucket, nil when the relay did not
 // report owning it.
-func (p *KafkaPublisher) producer(bucket int) *txnProducer {
+func (p *Publisher) producer(bucket int) *txnProducer {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.txn.producers[bucket]
 }
 
-// publishTxn is Publish in the transactional mode (see KafkaTransactions).
-func (p *KafkaPublisher) publishTxn(ctx context.Context, batch []*outbox.Message) Result {
+// publishTxn is Publish in the transactional mode (see Transactions).
+func (p *Publisher) publishTxn(ctx context.Context, batch []*outbox.Message) relay.Result {
 	bucket := int(batch[0].Bucket)
 	for _, m := range batch[1:] {
 		if int(m.Bucket) != bucket {
-			return Result{Err: fmt.Errorf("relay: transactional publish: the batch mixes buckets %d and %d", bucket, m.Bucket)}
+			return relay.Result{Err: fmt.Errorf("kafkapub: transactional publish: the batch mixes buckets %d and %d", bucket, m.Bucket)}
 		}
 	}
 	prod := p.producer(bucket)
 	if prod == nil {
-		return Result{Err: fmt.Errorf("relay: bucket %d: no transactional producer (the relay does not own the bucket, see BucketOwnershipObserver): %w", bucket, ErrFenced)}
+		return relay.Result{Err: fmt.Errorf("kafkapub: bucket %d: no transactional producer (the relay does not own the bucket, see relay.BucketOwnershipObserver): %w", bucket, relay.ErrFenced)}
 	}
 	ctx, span := p.tracing.start(ctx, batch)
 	ctx, cancel := context.WithTimeoutCause(ctx, p.timeout,
-		fmt.Errorf("no answer from the broker within KafkaConfig.PublishTimeout (%v): %w", p.timeout, context.DeadlineExceeded))
+		fmt.Errorf("no answer from the broker within Config.PublishTimeout (%v): %w", p.timeout, context.DeadlineExceeded))
 	defer cancel()
 
 	rows := make([]row, len(batch))
@@ -345,7 +348,7 @@ func (p *KafkaPublisher) publishTxn(ctx context.Context, batch []*outbox.Message
 // runTxns publishes rows (batch's) under prod's turn: it acknowledges the
 // rows a lost-then-resolved commit already published, then publishes the
 // others in transactions (see txnRange).
-func (p *KafkaPublisher) runTxns(ctx context.Context, prod *txnProducer, batch []*outbox.Message, rows []row) {
+func (p *Publisher) runTxns(ctx context.Context, prod *txnProducer, batch []*outbox.Message, rows []row) {
 	if prod.initErr != nil {
 		rows[0].err = prod.initErr
 		return
@@ -384,7 +387,7 @@ func (p *KafkaPublisher) runTxns(ctx context.Context, prod *txnProducer, batch [
 			hi = i
 			break
 		}
-		if n := int64(recordSize(&rows[i].msg)); n > p.batchBytes {
+		if n := int64(wire.RecordSize(&rows[i].msg)); n > p.batchBytes {
 			rows[i].err = unpublishable(fmt.Errorf("record of %d bytes exceeds BatchBytes %d: %w", n, p.batchBytes, kafka.MessageSizeTooLarge))
 			hi = i
 			break
@@ -396,7 +399,7 @@ func (p *KafkaPublisher) runTxns(ctx context.Context, prod *txnProducer, batch [
 // resolveInDoubt sends the commit whose answer was lost again: a commit
 // that was applied is acknowledged again, an open transaction is committed
 // now (every record of it was appended). Its rows become prod.committed.
-func (p *KafkaPublisher) resolveInDoubt(ctx context.Context, prod *txnProducer) error {
+func (p *Publisher) resolveInDoubt(ctx context.Context, prod *txnProducer) error {
 	if _, err := p.endTxn(ctx, prod, true); err != nil {
 		if prod.fenced != nil {
 			prod.inDoubt = nil // the next owner publishes them again
@@ -413,8 +416,8 @@ func (p *KafkaPublisher) resolveInDoubt(ctx context.Context, prod *txnProducer) 
 // that was not acknowledged has the error: rows[lo] for a transient
 // failure or a fenced producer; for a record the broker rejected, the
 // rows before it are published in transactions of their own first (see
-// KafkaTransactions) and the culprit gets the error.
-func (p *KafkaPublisher) txnRange(ctx context.Context, prod *txnProducer, rows []row, lo, hi int) bool {
+// Transactions) and the culprit gets the error.
+func (p *Publisher) txnRange(ctx context.Context, prod *txnProducer, rows []row, lo, hi int) bool {
 	if lo >= hi {
 		return true
 	}
@@ -427,7 +430,7 @@ func (p *KafkaPublisher) txnRange(ctx context.Context, prod *txnProducer, rows [
 	idx := map[topicPartition][]int{}
 	var parts []topicPartition
 	for i := lo; i < hi; i++ {
-		tp := topicPartition{rows[i].msg.Topic, rows[i].partition}
+		tp := topicPartition{Topic: rows[i].msg.Topic, Partition: rows[i].partition}
 		if _, ok := idx[tp]; !ok {
 			parts = append(parts, tp)
 		}
@@ -468,7 +471,7 @@ func (p *KafkaPublisher) txnRange(ctx context.Context, prod *txnProducer, rows [
 	}
 	if first == nil {
 		p.step(prod, "produced")
-		failpoint("relay/during-publish")
+		failpoint.Inject("relay/during-publish")
 		if err := p.commit(ctx, prod, rows[lo:hi]); err != nil {
 			rows[lo].err = err
 			return false
@@ -503,7 +506,7 @@ func (p *KafkaPublisher) txnRange(ctx context.Context, prod *txnProducer, rows [
 			return false
 		}
 		return p.txnRange(ctx, prod, rows, mid, hi)
-	case errors.Is(classify(first.err, false), ErrUnpublishable):
+	case errors.Is(classify(first.err, false), relay.ErrUnpublishable):
 		// About the topic (not writable, invalid): every row of the
 		// partition fails, so the rows before its first go alone.
 		cut := idx[first.tp][0]
@@ -511,7 +514,7 @@ func (p *KafkaPublisher) txnRange(ctx context.Context, prod *txnProducer, rows [
 		p.txnRange(ctx, prod, rows, lo, cut)
 		return false
 	default:
-		rows[lo].err = fmt.Errorf("transaction aborted: %s[%d]: %w", first.tp.topic, first.tp.partition, first.err)
+		rows[lo].err = fmt.Errorf("transaction aborted: %s[%d]: %w", first.tp.Topic, first.tp.Partition, first.err)
 		return false
 	}
 }
@@ -521,7 +524,7 @@ func (p *KafkaPublisher) txnRange(ctx context.Context, prod *txnProducer, rows [
 // unknown, bumps the epoch (after the abort, which also tells whether the
 // producer was fenced meanwhile: a bump is only ever asked for by a
 // producer whose epoch the coordinator just accepted).
-func (p *KafkaPublisher) readyTxn(ctx context.Context, prod *txnProducer) error {
+func (p *Publisher) readyTxn(ctx context.Context, prod *txnProducer) error {
 	if prod.fenced != nil {
 		return prod.fenced
 	}
@@ -533,7 +536,7 @@ func (p *KafkaPublisher) readyTxn(ctx context.Context, prod *txnProducer) error 
 	if prod.bump {
 		pid, epoch, err := p.initProducerID(ctx, prod.id, prod.pid, prod.epoch)
 		if err != nil {
-			if errors.Is(err, ErrFenced) {
+			if errors.Is(err, relay.ErrFenced) {
 				prod.fenced = p.fencedError(prod, err)
 				return prod.fenced
 			}
@@ -549,7 +552,7 @@ func (p *KafkaPublisher) readyTxn(ctx context.Context, prod *txnProducer) error 
 // commit ends prod's transaction with a commit. When the answer is lost
 // (the call's context ended first), the rows are in doubt: the next
 // Publish of the bucket resolves them (see resolveInDoubt).
-func (p *KafkaPublisher) commit(ctx context.Context, prod *txnProducer, rows []row) error {
+func (p *Publisher) commit(ctx context.Context, prod *txnProducer, rows []row) error {
 	definite, err := p.endTxn(ctx, prod, true)
 	if err == nil {
 		return nil
@@ -565,16 +568,16 @@ func (p *KafkaPublisher) commit(ctx context.Context, prod *txnProducer, rows []r
 }
 
 // step calls the test hook, if any.
-func (p *KafkaPublisher) step(prod *txnProducer, name string) {
+func (p *Publisher) step(prod *txnProducer, name string) {
 	if p.txn.hook != nil {
 		p.txn.hook(prod.bucket, name)
 	}
 }
 
 // fencedError is the sticky error of a fenced producer.
-func (p *KafkaPublisher) fencedError(prod *txnProducer, err error) error {
-	if !errors.Is(err, ErrFenced) {
-		err = fmt.Errorf("%w: %w", err, ErrFenced)
+func (p *Publisher) fencedError(prod *txnProducer, err error) error {
+	if !errors.Is(err, relay.ErrFenced) {
+		err = fmt.Errorf("%w: %w", err, relay.ErrFenced)
 	}
 	return fmt.Errorf("transactional producer %s (epoch %d): %w", prod.id, prod.epoch, err)
 }
@@ -587,7 +590,7 @@ func nextSequence(seq int32, n int) int32 {
 
 // abortOnClose is Close's part for the transactional mode: the owned
 // producers are retired as if the relay had stopped owning them.
-func (p *KafkaPublisher) abortOnClose() {
+func (p *Publisher) abortOnClose() {
 	if p.txn == nil {
 		return
 	}

@@ -1,4 +1,4 @@
-package relay
+package kafkapub
 
 import (
 	"context"
@@ -14,15 +14,16 @@ import (
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/internal/testenv"
+	"github.com/gorm-outbox/outbox/relay"
 )
 
 // TestKafkaErrorClassification: errors that will recur for the row as
-// stored wrap ErrUnpublishable and still match the original error; errors
+// stored wrap relay.ErrUnpublishable and still match the original error; errors
 // about a request's records wrap it only when the request held that row
 // alone (a batch may be too large where each row is not); transient errors
 // never wrap it.
 func TestKafkaErrorClassification(t *testing.T) {
-	timeout := fmt.Errorf("no answer from the broker within KafkaConfig.PublishTimeout (10s): %w (%w)", context.DeadlineExceeded, kafka.MessageSizeTooLarge)
+	timeout := fmt.Errorf("no answer from the broker within Config.PublishTimeout (10s): %w (%w)", context.DeadlineExceeded, kafka.MessageSizeTooLarge)
 	for _, tc := range []struct {
 		name  string
 		err   error
@@ -54,8 +55,8 @@ func TestKafkaErrorClassification(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := classify(tc.err, tc.alone)
-			if is := errors.Is(got, ErrUnpublishable); is != tc.want {
-				t.Fatalf("classify(%v, alone=%v) matches ErrUnpublishable = %v; want %v", tc.err, tc.alone, is, tc.want)
+			if is := errors.Is(got, relay.ErrUnpublishable); is != tc.want {
+				t.Fatalf("classify(%v, alone=%v) matches relay.ErrUnpublishable = %v; want %v", tc.err, tc.alone, is, tc.want)
 			}
 			if !errors.Is(got, tc.err) && !errors.As(got, new(kafka.MessageTooLargeError)) {
 				t.Fatalf("classify(%v) = %v; want it to match the original error", tc.err, got)
@@ -70,9 +71,40 @@ func TestKafkaErrorClassification(t *testing.T) {
 	}
 }
 
+// TestKafkaAuthErrorClassification: the broker's SASL refusals wrap
+// relay.ErrPublisherAuth (for the relay's Health) and still match and read as
+// the original error; other errors do not wrap it.
+func TestKafkaAuthErrorClassification(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"sasl_authentication_failed", fmt.Errorf("metadata: %w", kafka.SASLAuthenticationFailed), true},
+		{"unsupported_sasl_mechanism", kafka.UnsupportedSASLMechanism, true},
+		{"illegal_sasl_state", kafka.IllegalSASLState, true},
+		{"topic_authorization_failed", kafka.TopicAuthorizationFailed, false},
+		{"connection_refused", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}, false},
+		{"deadline", context.DeadlineExceeded, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := classifyAuth(tc.err)
+			if is := errors.Is(got, relay.ErrPublisherAuth); is != tc.want {
+				t.Fatalf("classifyAuth(%v) matches relay.ErrPublisherAuth = %v; want %v", tc.err, is, tc.want)
+			}
+			if !errors.Is(got, tc.err) || got.Error() != tc.err.Error() {
+				t.Fatalf("classifyAuth(%v) = %v; want it to match and read as the original error", tc.err, got)
+			}
+		})
+	}
+	if classifyAuth(nil) != nil {
+		t.Fatal("classifyAuth(nil) != nil")
+	}
+}
+
 // TestKafkaPublisher_reports_unpublishable_rows: a row too large for the
 // topic, a row above BatchBytes, a row naming a partition the topic does
-// not have and a row without a topic fail with ErrUnpublishable (and their
+// not have and a row without a topic fail with relay.ErrUnpublishable (and their
 // original error), after the rows before them are acknowledged; two rows
 // that fit the topic alone but not together are both acknowledged (the
 // batch is split, nothing is unpublishable).
@@ -81,16 +113,16 @@ func TestKafkaPublisher_reports_unpublishable_rows(t *testing.T) {
 	topic := newTopic(t, b, 2, map[string]string{"max.message.bytes": "2048"})
 	for _, tc := range []struct {
 		name  string
-		cfg   KafkaConfig
+		cfg   Config
 		batch []*outbox.Message
 		ack   int
 		match error // nil: every row acknowledged
 	}{
-		{"too_large_for_the_topic", KafkaConfig{}, []*outbox.Message{msg(topic, "k", "1", 0), msg(topic, "k", strings.Repeat("x", 8192), 0), msg(topic, "k", "3", 0)}, 1, kafka.MessageSizeTooLarge},
-		{"above_batch_bytes", KafkaConfig{BatchBytes: 1024}, []*outbox.Message{msg(topic, "k", "1", 1), msg(topic, "k", strings.Repeat("x", 1500), 1)}, 1, kafka.MessageSizeTooLarge},
-		{"partition_the_topic_lacks", KafkaConfig{}, []*outbox.Message{msg(topic, "k", "1", 1), msg(topic, "k", "2", 7)}, 1, kafka.UnknownTopicOrPartition},
-		{"no_topic", KafkaConfig{}, []*outbox.Message{msg(topic, "k", "1", 0), msg("", "k", "2")}, 1, nil},
-		{"rows_too_large_only_together", KafkaConfig{}, []*outbox.Message{msg(topic, "k", strings.Repeat("a", 1200), 0), msg(topic, "k", strings.Repeat("b", 1200), 0)}, 2, nil},
+		{"too_large_for_the_topic", Config{}, []*outbox.Message{msg(topic, "k", "1", 0), msg(topic, "k", strings.Repeat("x", 8192), 0), msg(topic, "k", "3", 0)}, 1, kafka.MessageSizeTooLarge},
+		{"above_batch_bytes", Config{BatchBytes: 1024}, []*outbox.Message{msg(topic, "k", "1", 1), msg(topic, "k", strings.Repeat("x", 1500), 1)}, 1, kafka.MessageSizeTooLarge},
+		{"partition_the_topic_lacks", Config{}, []*outbox.Message{msg(topic, "k", "1", 1), msg(topic, "k", "2", 7)}, 1, kafka.UnknownTopicOrPartition},
+		{"no_topic", Config{}, []*outbox.Message{msg(topic, "k", "1", 0), msg("", "k", "2")}, 1, nil},
+		{"rows_too_large_only_together", Config{}, []*outbox.Message{msg(topic, "k", strings.Repeat("a", 1200), 0), msg(topic, "k", strings.Repeat("b", 1200), 0)}, 2, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := newPublisher(t, b, tc.cfg)
@@ -104,8 +136,8 @@ func TestKafkaPublisher_reports_unpublishable_rows(t *testing.T) {
 				}
 				return
 			}
-			if !errors.Is(res.Err, ErrUnpublishable) {
-				t.Fatalf("Publish error = %v; want it to wrap ErrUnpublishable", res.Err)
+			if !errors.Is(res.Err, relay.ErrUnpublishable) {
+				t.Fatalf("Publish error = %v; want it to wrap relay.ErrUnpublishable", res.Err)
 			}
 			if tc.match != nil && !errors.Is(res.Err, tc.match) {
 				t.Fatalf("Publish error = %v; want it to match %v too", res.Err, tc.match)

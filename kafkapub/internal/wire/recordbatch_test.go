@@ -1,4 +1,4 @@
-package relay
+package wire
 
 import (
 	"bytes"
@@ -48,14 +48,14 @@ func TestEncodeRecordBatch_round_trips_through_kafka_go(t *testing.T) {
 		{"1000_records", many},
 	}
 	codecs := []kafka.Compression{0, kafka.Gzip, kafka.Snappy, kafka.Lz4, kafka.Zstd}
-	pb := producerBatch{producerID: 1 << 40, producerEpoch: 7, baseSequence: 123456, transactional: true}
+	pb := ProducerBatch{ProducerID: 1 << 40, ProducerEpoch: 7, BaseSequence: 123456, Transactional: true}
 	ts := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC).UnixMilli()
 	for _, shape := range shapes {
 		for _, codec := range codecs {
 			t.Run(fmt.Sprintf("%s_%v", shape.name, codec), func(t *testing.T) {
-				buf, err := encodeRecordBatch(pb, ts, codec, shape.msgs)
+				buf, err := EncodeRecordBatch(pb, ts, codec, shape.msgs)
 				if err != nil {
-					t.Fatalf("encodeRecordBatch = %v", err)
+					t.Fatalf("EncodeRecordBatch = %v", err)
 				}
 				if got := int(binary.BigEndian.Uint32(buf)); got != len(buf)-4 {
 					t.Fatalf("size prefix = %d; want %d", got, len(buf)-4)
@@ -75,8 +75,8 @@ func TestEncodeRecordBatch_round_trips_through_kafka_go(t *testing.T) {
 				if !ok {
 					t.Fatalf("records are a %T; want *protocol.RecordBatch", rs.Records)
 				}
-				if rb.ProducerID != pb.producerID || rb.ProducerEpoch != pb.producerEpoch || rb.BaseSequence != pb.baseSequence {
-					t.Fatalf("producer %d/%d/%d; want %d/%d/%d", rb.ProducerID, rb.ProducerEpoch, rb.BaseSequence, pb.producerID, pb.producerEpoch, pb.baseSequence)
+				if rb.ProducerID != pb.ProducerID || rb.ProducerEpoch != pb.ProducerEpoch || rb.BaseSequence != pb.BaseSequence {
+					t.Fatalf("producer %d/%d/%d; want %d/%d/%d", rb.ProducerID, rb.ProducerEpoch, rb.BaseSequence, pb.ProducerID, pb.ProducerEpoch, pb.BaseSequence)
 				}
 				for i, want := range shape.msgs {
 					r, err := rb.ReadRecord()
@@ -108,8 +108,8 @@ func TestEncodeRecordBatch_round_trips_through_kafka_go(t *testing.T) {
 			})
 		}
 	}
-	if _, err := encodeRecordBatch(pb, ts, 0, nil); err == nil {
-		t.Errorf("encodeRecordBatch(no records) = nil error; want one")
+	if _, err := EncodeRecordBatch(pb, ts, 0, nil); err == nil {
+		t.Errorf("EncodeRecordBatch(no records) = nil error; want one")
 	}
 }
 
@@ -209,8 +209,8 @@ func TestEncodeRecordBatch_matches_a_transactional_kgo_producer(t *testing.T) {
 			t.Fatalf("kgo batch attributes %#x producer %d; want a transactional batch", rb.Attributes, rb.ProducerID)
 		}
 		msgs := decodeKmsgRecords(t, rb)
-		ours, err := encodeRecordBatch(producerBatch{
-			producerID: rb.ProducerID, producerEpoch: rb.ProducerEpoch, baseSequence: rb.FirstSequence, transactional: true,
+		ours, err := EncodeRecordBatch(ProducerBatch{
+			ProducerID: rb.ProducerID, ProducerEpoch: rb.ProducerEpoch, BaseSequence: rb.FirstSequence, Transactional: true,
 		}, rb.FirstTimestamp, 0, msgs)
 		if err != nil {
 			t.Fatal(err)

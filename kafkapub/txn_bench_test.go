@@ -1,4 +1,4 @@
-package relay
+package kafkapub
 
 import (
 	"bytes"
@@ -12,28 +12,28 @@ import (
 )
 
 // BenchmarkKafkaPublisherTransactional compares the transactional mode
-// (KafkaConfig.Transactions) with the default one in one run, on the
+// (Config.Transactions) with the default one in one run, on the
 // in-process broker and the real one: throughput of batches of 500 rows
 // with 1 KiB values over 8 partitions (msg/s), and the latency of a
 // one-row publish (p50/p99 in µs), each mode on its own fresh topic.
 //
-//	go test -run '^$' -bench KafkaPublisherTransactional -benchtime 200x ./relay
+//	go test -run '^$' -bench KafkaPublisherTransactional -benchtime 200x ./kafkapub
 func BenchmarkKafkaPublisherTransactional(b *testing.B) {
 	for _, br := range benchBrokers(b) {
 		value := bytes.Repeat([]byte("v"), 1024)
 		type mode struct {
 			name string
-			pub  *KafkaPublisher
+			pub  *Publisher
 			next func() *outbox.Message
 		}
 		var modes []mode
 		for _, name := range []string{"default", "transactional"} {
 			topic := newTopic(b, br, 8, nil)
-			var p *KafkaPublisher
+			var p *Publisher
 			if name == "default" {
-				p = newPublisher(b, br, KafkaConfig{})
+				p = newPublisher(b, br, Config{})
 			} else {
-				p = newTestTxnPublisher(b, br, topic, KafkaConfig{})
+				p = newTestTxnPublisher(b, br, topic, Config{})
 				own(b, p, 0)
 			}
 			seq := 0
