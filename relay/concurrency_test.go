@@ -18,8 +18,7 @@ import (
 	"github.com/gorm-outbox/outbox/relay/relaytest"
 )
 
-// concurrentStore is a MemStore (safe for concurrent use) that declares it
-// to the relay as a relay.ConcurrentStore.
+// concurrentStore is a MemStore that reports ConcurrentBuckets.
 type concurrentStore struct{ *relaytest.MemStore }
 
 func (concurrentStore) ConcurrentBuckets() bool { return true }
@@ -55,7 +54,7 @@ func checkPublishedOnce(t *testing.T, calls [][]*outbox.Message, want int) {
 // so they are never lost, the store never sees them expire, and every row is
 // published once. Both for a store called one call at a time (the renewal
 // waits for the store call in progress, then goes first) and for a
-// ConcurrentStore served four buckets at once.
+// ConcurrentBuckets store served four buckets at once.
 func TestLeaseRenewedDuringLongSweep(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -111,7 +110,7 @@ func TestLeaseRenewedDuringLongSweep(t *testing.T) {
 	}
 }
 
-// TestConcurrentBucketsKeepOrder: a ConcurrentStore's buckets are served
+// TestConcurrentBucketsKeepOrder: a ConcurrentBuckets store's buckets are served
 // several at once (never more than MaxConcurrentBuckets), by a publisher of
 // random latency, and each bucket's rows are still published in id order,
 // each once, and deleted.
@@ -387,11 +386,11 @@ type heldFetch struct {
 	hold chan struct{}
 }
 
-func (s heldFetch) NextBatch(ctx context.Context, b, limit int) ([]*outbox.Message, error) {
+func (s heldFetch) NextBatch(ctx context.Context, b, limit int, maxBytes int64) ([]*outbox.Message, error) {
 	if b == 1 {
 		<-s.hold
 	}
-	return s.MemStore.NextBatch(ctx, b, limit)
+	return s.MemStore.NextBatch(ctx, b, limit, maxBytes)
 }
 
 // TestStalledIsTheOldestPublish: with two publishes in flight, started
@@ -432,7 +431,7 @@ func TestStalledIsTheOldestPublish(t *testing.T) {
 	h.waitFor("age back to 0", func() bool { return age() == 0 })
 }
 
-// TestMaxConcurrentBucketsOneIsSequential: a ConcurrentStore with
+// TestMaxConcurrentBucketsOneIsSequential: a ConcurrentBuckets store with
 // MaxConcurrentBuckets 1 never has two publishes in flight.
 func TestMaxConcurrentBucketsOneIsSequential(t *testing.T) {
 	h := newHarness(t, relay.Options{BucketCount: 4, BatchSize: 2, MaxConcurrentBuckets: 1}, asConcurrent)
