@@ -325,9 +325,16 @@ func TestConcurrentFailingBucketBacksOffAlone(t *testing.T) {
 		t.Fatalf("publishes of bucket 0 before its backoff elapsed = %d; want 1", poisonCalls)
 	}
 	healed.Store(true)
-	h.drainIdle()
-	h.clock.Advance(time.Second) // the jittered backoff is at most ErrorBackoff
-	h.waitFor("store empty", func() bool { return h.store.Len() == 0 })
+	// The jittered backoff is at most ErrorBackoff (1 s). The relay may not
+	// be waiting on its timer yet: move the clock in steps until the row
+	// went out, rather than once before the timer exists.
+	h.waitFor("store empty", func() bool {
+		if h.store.Len() == 0 {
+			return true
+		}
+		h.clock.Advance(10 * time.Millisecond)
+		return false
+	})
 	var zero [][]*outbox.Message
 	for _, c := range h.pub.Calls() {
 		if c[0].Bucket == 0 {

@@ -168,14 +168,14 @@ func (h *harness) waitIdle() {
 }
 
 // advanceInStoreCall moves the manual clock by d from inside a store call
-// (a slow database), then waits until no timer is due on the moved clock:
-// the renewal goroutine has re-armed for the future, or has no timer (a
-// renewal that found the lease expired waits for the loop).
+// (a slow database), then waits until the renewal goroutine has settled on
+// the moved clock: its next renewal in the future. (A move past the lease
+// leaves the goroutine without a timer: use h.clock.Advance then.)
 func (h *harness) advanceInStoreCall(d time.Duration) {
 	h.clock.Advance(d)
 	h.waitFor("the renewal goroutine to settle", func() bool {
 		next, ok := h.clock.NextDeadline()
-		return !ok || next.After(h.clock.Now())
+		return ok && next.After(h.clock.Now())
 	})
 }
 
