@@ -74,7 +74,7 @@ type Message struct {
 	Partition *int32 `gorm:"column:record_partition"`
 	// CreatedAt is when the row was enqueued (UTC); set on create when zero.
 	CreatedAt time.Time `gorm:"column:created_at;not null"`
-	// ParkedAtMs is set by the relay only (see relay.Parker): when the row
+	// ParkedAtMs is set by the relay only (see relay.Store.Park): when the row
 	// was parked, in Unix milliseconds (UTC); nil for a pending row. Creates
 	// and updates through GORM never write it (the column is read-only to
 	// the model); it is read back by queries.
@@ -205,7 +205,7 @@ type RelayHeartbeat struct {
 
 // Bits of Relay.Features.
 const (
-	// RelayFeatureParking: the relay skips parked rows (relay.Parker), so
+	// RelayFeatureParking: the relay skips parked rows (relay.Store.NextBatch), so
 	// rows may be parked while it runs.
 	RelayFeatureParking int64 = 1
 )

@@ -56,7 +56,7 @@ func BenchmarkNextBatch(b *testing.B) {
 						if previous {
 							got, err = gormstore.NextBatchWithoutHolds(b.Context(), store, 0, limit)
 						} else {
-							got, err = store.NextBatch(b.Context(), 0, limit)
+							got, err = store.NextBatch(b.Context(), 0, limit, 0)
 						}
 						if err != nil || len(got) != limit {
 							b.Fatalf("NextBatch = %d rows, %v; want %d", len(got), err, limit)

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/gorm-outbox/outbox/relay"
 	"gorm.io/gorm"
 )
 
@@ -150,7 +149,7 @@ func (s *Store) agoArg(ctx context.Context, d time.Duration) (any, error) {
 	return gorm.Expr("("+dbClockSQL(k)+" - ?)", d.Milliseconds()), nil
 }
 
-// ClockOffset implements relay.ClockOffsetReporter: the offset of the
+// ClockOffset implements relay.Store: the offset of the
 // store's clock (the database's, or Options.Clock) to the host's wall clock
 // (Options.HostClock), store minus host, as measured by the latest
 // acquisition round, renewal or release, and its uncertainty (half that
@@ -161,5 +160,3 @@ func (s *Store) ClockOffset() (offset, uncertainty time.Duration, ok bool) {
 	defer s.mu.Unlock()
 	return s.offset.offset, s.offset.uncertainty, s.offset.ok
 }
-
-var _ relay.ClockOffsetReporter = (*Store)(nil)

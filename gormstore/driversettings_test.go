@@ -65,7 +65,7 @@ func TestMySQLDriverSettings(t *testing.T) {
 			if owned, err := store.AcquireBucketLeases(ctx, "relay-a", 2, 30*time.Second); err != nil || len(owned) != 2 {
 				t.Fatalf("AcquireBucketLeases = %v, %v", owned, err)
 			}
-			batch, err := store.NextBatch(ctx, 0, 10)
+			batch, err := store.NextBatch(ctx, 0, 10, 0)
 			if err != nil || len(batch) != 1 {
 				t.Fatalf("NextBatch = %d rows, %v; want 1", len(batch), err)
 			}

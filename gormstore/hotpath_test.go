@@ -45,7 +45,7 @@ func TestNextBatchKeepsEveryValueApart(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got, err := store.NextBatch(context.Background(), 0, 1000)
+			got, err := store.NextBatch(context.Background(), 0, 1000, 0)
 			if err != nil || len(got) != len(want) {
 				t.Fatalf("NextBatch = %d rows, %v; want %d", len(got), err, len(want))
 			}
@@ -73,12 +73,12 @@ func TestNextBatchKeepsEveryValueApart(t *testing.T) {
 	}
 }
 
-// TestNextBatchBytes: the batch stops after the row that takes it past
+// TestNextBatchBoundedInBytes: the batch stops after the row that takes it past
 // maxBytes (by relay.MessageSize; that row included, as
-// relay.ByteBoundedFetcher asks, so the relay can tell a batch cut by size
+// relay.Store.NextBatch asks, so the relay can tell a batch cut by size
 // from a drained bucket), holds at least one row however large, and
 // maxBytes <= 0 means rows only.
-func TestNextBatchBytes(t *testing.T) {
+func TestNextBatchBoundedInBytes(t *testing.T) {
 	for _, o := range testenv.Databases(t) {
 		t.Run(o.Name, func(t *testing.T) {
 			db := o.Open(t, nil)
@@ -110,17 +110,17 @@ func TestNextBatchBytes(t *testing.T) {
 				{10, 250, 3}, {10, 300, 4}, {10, 99, 1}, {10, 1, 1},
 				{10, 1400, 6}, {10, 1499, 6}, {10, 1500, 7}, {10, 1599, 7}, {10, 1600, 8},
 			} {
-				got, err := store.NextBatchBytes(ctx, 0, c.limit, c.maxBytes)
+				got, err := store.NextBatch(ctx, 0, c.limit, c.maxBytes)
 				if err != nil || len(got) != c.want {
-					t.Errorf("NextBatchBytes(limit %d, maxBytes %d) = %d rows, %v; want %d", c.limit, c.maxBytes, len(got), err, c.want)
+					t.Errorf("NextBatch(limit %d, maxBytes %d) = %d rows, %v; want %d", c.limit, c.maxBytes, len(got), err, c.want)
 				}
 			}
 			// At least one row, however large.
 			if err := store.MarkPublished(ctx, 0, rows[:5]); err != nil {
 				t.Fatal(err)
 			}
-			if got, err := store.NextBatchBytes(ctx, 0, 10, 10); err != nil || len(got) != 1 || got[0].ID != rows[5].ID {
-				t.Errorf("NextBatchBytes(maxBytes 10) at a 1000-byte head = %d rows, %v; want that row alone", len(got), err)
+			if got, err := store.NextBatch(ctx, 0, 10, 10); err != nil || len(got) != 1 || got[0].ID != rows[5].ID {
+				t.Errorf("NextBatch(maxBytes 10) at a 1000-byte head = %d rows, %v; want that row alone", len(got), err)
 			}
 		})
 	}

@@ -51,7 +51,7 @@ func TestHotPathStaysOnTheIndexAfterABurstOnPostgres(t *testing.T) {
 	}
 	ctx := context.Background()
 	for range 48 {
-		batch, err := store.NextBatch(ctx, 0, 500)
+		batch, err := store.NextBatch(ctx, 0, 500, 0)
 		if err != nil || len(batch) != 500 {
 			t.Fatalf("NextBatch = %d rows, %v; want 500", len(batch), err)
 		}
@@ -85,7 +85,7 @@ func TestHotPathStaysOnTheIndexAfterABurstOnPostgres(t *testing.T) {
 	}
 
 	rec.Reset()
-	batch, err := store.NextBatch(ctx, 0, 500)
+	batch, err := store.NextBatch(ctx, 0, 500, 0)
 	if err != nil || len(batch) != 500 {
 		t.Fatalf("NextBatch = %d rows, %v; want 500", len(batch), err)
 	}

@@ -91,14 +91,8 @@ func (s *Store) BucketsWithPending(ctx context.Context, buckets []int) ([]int, e
 	return out, nil
 }
 
-// ConcurrentNextBatch implements relay.ConcurrentFetcher: on PostgreSQL and
-// MySQL/MariaDB the relay may fetch one bucket's next batch while it
-// publishes and deletes another's. Not on SQLite, whose single writer makes
-// the overlap contention rather than speed.
-func (s *Store) ConcurrentNextBatch() bool { return s.db.Dialector.Name() != "sqlite" }
-
 // NextBatch implements relay.Store: the oldest unparked rows of bucket
-// that no parked row of their key holds (see relay.Parker),
+// that no parked row of their key holds (see relay.Store.NextBatch),
 //
 //	SELECT id, message_id, … FROM messages m
 //	WHERE bucket >= $1 AND bucket <= $1 AND parked_at_ms IS NULL
@@ -132,20 +126,12 @@ func (s *Store) ConcurrentNextBatch() bool { return s.db.Dialector.Name() != "sq
 // the ORDER BY) matches only the (bucket, parked_at_ms, id) index's order,
 // which PostgreSQL then walks from the bucket's first unparked entry, never
 // reading the parked ones, without a sort.
-func (s *Store) NextBatch(ctx context.Context, bucket, limit int) ([]*outbox.Message, error) {
-	return s.nextBatch(ctx, bucket, limit, 0)
-}
-
-// NextBatchBytes implements relay.ByteBoundedFetcher: NextBatch bounded in
-// bytes as well as rows. It stops after the first row that brings the
-// batch's relay.MessageSize total beyond maxBytes (that row included, as the
+//
+// With maxBytes > 0 it stops after the first row that brings the batch's
+// relay.MessageSize total beyond maxBytes (that row included, as the
 // contract asks), and then stops reading (it closes the cursor; the
-// statement's LIMIT is still limit). maxBytes <= 0 means no byte bound.
-func (s *Store) NextBatchBytes(ctx context.Context, bucket, limit int, maxBytes int64) ([]*outbox.Message, error) {
-	return s.nextBatch(ctx, bucket, limit, maxBytes)
-}
-
-func (s *Store) nextBatch(ctx context.Context, bucket, limit int, maxBytes int64) ([]*outbox.Message, error) {
+// statement's LIMIT is still limit).
+func (s *Store) NextBatch(ctx context.Context, bucket, limit int, maxBytes int64) ([]*outbox.Message, error) {
 	if limit <= 0 {
 		return nil, nil
 	}
@@ -197,7 +183,7 @@ func scanBatch(rows *sql.Rows, limit int, maxBytes int64) ([]*outbox.Message, *r
 		msgs = append(msgs, m)
 		if maxBytes > 0 {
 			// The row crossing the bound is included, as
-			// relay.ByteBoundedFetcher asks: the relay tells a batch cut by
+			// relay.Store.NextBatch asks: the relay tells a batch cut by
 			// size from a drained bucket by it (and publishes the rows within
 			// the bound).
 			if total += relay.MessageSize(m); total > maxBytes {
@@ -292,7 +278,7 @@ func (s *Store) deleteStatement(bucket int, ids []int64) (string, []any) {
 // at most this many rows, a few milliseconds.
 const pendingExactBelow = 50_000
 
-// PendingMetrics implements relay.PendingMetricsStore. Its cost does not
+// PendingMetrics implements relay.Store. Its cost does not
 // grow with the backlog beyond pendingExactBelow rows; what the numbers
 // mean depends on the table's size.
 //
@@ -550,3 +536,12 @@ func parseTime(v any) (time.Time, error) {
 	}
 	return time.Time{}, fmt.Errorf("unparsable timestamp %q", s)
 }
+
+// ConcurrentBuckets implements relay.Store: on PostgreSQL and
+// MySQL/MariaDB a relay may serve several buckets at once (up to
+// relay.Options.MaxConcurrentBuckets), each with its own statements on the
+// pool's connections, and fetch one bucket's next batch while it publishes
+// another's; the store's shared state (dialect, seeding, pruning, the
+// latest clock reading) is under its mutex. Not on SQLite, whose single
+// writer turns the overlap into lock waits.
+func (s *Store) ConcurrentBuckets() bool { return s.db.Dialector.Name() != "sqlite" }

@@ -109,7 +109,7 @@ func reasonFor(k int, reason string) string {
 	return reason
 }
 
-// Park implements relay.Parker with one autocommit statement that carries
+// Park implements relay.Store with one autocommit statement that carries
 // the relay's lease:
 //
 //	UPDATE messages SET parked_at_ms = $now, parked_reason = $reason
@@ -164,7 +164,7 @@ func (s *Store) leaseHeld(relayID string, bucket int, now any) clause.Expr {
 		clause.Table{Name: s.leases}, bucket, relayID, now)
 }
 
-// FleetCanPark implements relay.Parker with one read: is there a live
+// FleetCanPark implements relay.Store with one read: is there a live
 // relay (heartbeat newer than now minus the liveness window, not stopped)
 // whose heartbeat lacks the parking bit?
 //

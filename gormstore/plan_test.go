@@ -59,7 +59,7 @@ func TestNextBatchWalksTheParkedIndexInOrderOnPostgres(t *testing.T) {
 	}
 
 	rec.Reset()
-	batch, err := store.NextBatch(context.Background(), 0, 500)
+	batch, err := store.NextBatch(context.Background(), 0, 500, 0)
 	if err != nil || len(batch) != 500 {
 		t.Fatalf("NextBatch = %d rows, %v; want 500", len(batch), err)
 	}
@@ -148,7 +148,7 @@ func TestNextBatchWalksTheParkedIndexInOrderOnSQLite(t *testing.T) {
 	}
 
 	rec.Reset()
-	if _, err := store.NextBatch(context.Background(), 0, 500); err != nil {
+	if _, err := store.NextBatch(context.Background(), 0, 500, 0); err != nil {
 		t.Fatal(err)
 	}
 	stmts := rec.Statements()

@@ -55,7 +55,7 @@ func TestARowTheStoreCannotDecodeStallsOnlyItsBucket(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			_, err = store.NextBatch(t.Context(), 0, 10)
+			_, err = store.NextBatch(t.Context(), 0, 10, 0)
 			var ce *relay.CorruptRowError
 			if !errors.As(err, &ce) || ce.Bucket != 0 || ce.ID != bad.ID || !strings.Contains(err.Error(), "unknown version 9") {
 				t.Fatalf("NextBatch of the corrupt row = %v; want a *relay.CorruptRowError for row %d of bucket 0 (the test's premise)", err, bad.ID)

@@ -123,7 +123,7 @@ func TestEveryStoreStatementRunsOnThePrimaryDespiteAReplica(t *testing.T) {
 				batches := make([][]*outbox.Message, 4)
 				errs := make([]error, 4)
 				for b := range 4 { // concurrently, as the relay's prefetch does
-					wg.Go(func() { batches[b], errs[b] = store.NextBatch(ctx, b, 10) })
+					wg.Go(func() { batches[b], errs[b] = store.NextBatch(ctx, b, 10, 0) })
 				}
 				wg.Wait()
 				for b := range 4 {

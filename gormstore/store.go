@@ -26,7 +26,7 @@
 // clock (a rate, not a reading), and created_at is stamped by the writers'
 // hosts (outbox.Plugin), which the backlog-age gauges compare with the
 // relay host's clock. Each clock read measures the host's offset to the
-// database's clock, which the store reports as a relay.ClockOffsetReporter
+// database's clock, which the store reports in ClockOffset
 // (the relay's outbox.clock.offset gauge).
 //
 // # Isolation
@@ -80,7 +80,7 @@
 //
 // # Parking
 //
-// The store implements relay.Parker and relay.ParkAdmin. A parked row stays
+// The store parks rows (relay.Store.Park) and implements relay.ParkAdmin. A parked row stays
 // in the messages table with parked_at_ms (Unix ms, UTC, the database's clock)
 // and parked_reason (at most 1000 characters) set; only the relay (through
 // the store) writes them, never outbox.Message creates or updates. The read
@@ -188,11 +188,9 @@ type Options struct {
 	Logger *slog.Logger
 }
 
-// Store is a relay.Store on a *gorm.DB. It also implements the optional
-// relay.LeaseRenewer, relay.LeaseReleaser, relay.PendingMetricsStore,
-// relay.BucketCounter, relay.ConcurrentFetcher, relay.Parker and
-// relay.ParkAdmin and relay.ClockOffsetReporter, and reads batches bounded
-// in bytes (NextBatchBytes). Any bucket count up to outbox.MaxBucketCount
+// Store is a relay.Store and a relay.ParkAdmin on a *gorm.DB, with an
+// inspection API for operators (inspect.go) and the bucket-count change
+// (Rebucket). Any bucket count up to outbox.MaxBucketCount
 // works on every dialect: statements over a set of buckets are split so
 // that none exceeds a dialect's bind-variable limit. It is safe for
 // concurrent use; each relay should have its own Store (the store remembers
@@ -219,14 +217,8 @@ type Store struct {
 }
 
 var (
-	_ relay.Store               = (*Store)(nil)
-	_ relay.LeaseRenewer        = (*Store)(nil)
-	_ relay.LeaseReleaser       = (*Store)(nil)
-	_ relay.PendingMetricsStore = (*Store)(nil)
-	_ relay.BucketCounter       = (*Store)(nil)
-	_ relay.ConcurrentFetcher   = (*Store)(nil)
-	_ relay.Parker              = (*Store)(nil)
-	_ relay.ParkAdmin           = (*Store)(nil)
+	_ relay.Store     = (*Store)(nil)
+	_ relay.ParkAdmin = (*Store)(nil)
 )
 
 // New returns a Store on db. The tables must exist (outbox.AutoMigrate or
@@ -282,7 +274,7 @@ func New(db *gorm.DB, opts Options) (*Store, error) {
 	}, nil
 }
 
-// BucketCount implements relay.BucketCounter: the Config's bucket count.
+// BucketCount implements relay.Store: the Config's bucket count.
 func (s *Store) BucketCount() int { return s.cfg.BucketCount }
 
 // liveRelay is the guard every lease write of relayID carries: its heartbeat
@@ -583,7 +575,7 @@ func (s *Store) free(ctx context.Context, relayID string, buckets []int) error {
 	return nil
 }
 
-// RenewBucketLeases implements relay.LeaseRenewer: a read of the database's
+// RenewBucketLeases implements relay.Store: a read of the database's
 // clock (unless Options.Clock is set), a heartbeat, one guarded
 // UPDATE extending the leases relayID still holds unexpired (never
 // backwards), and, only when the UPDATE reports fewer rows than buckets, a
@@ -639,7 +631,7 @@ func (s *Store) RenewBucketLeases(ctx context.Context, relayID string, buckets [
 	return held == int64(len(buckets)), nil
 }
 
-// ReleaseBucketLeases implements relay.LeaseReleaser: it reads the
+// ReleaseBucketLeases implements relay.Store: it reads the
 // database's clock (unless Options.Clock is set), stamps relayID stopped (so that its own late statements change nothing), then frees its
 // leases (owner NULL, expiry 0).
 func (s *Store) ReleaseBucketLeases(ctx context.Context, relayID string) error {

@@ -276,7 +276,7 @@ func TestIdleRoundStatements(t *testing.T) {
 			measure("renew (no change)", func() error { _, err := s.RenewBucketLeases(ctx, "relay-a", owned, 30*time.Second); return err })
 			measure("buckets with pending", func() error { _, err := s.BucketsWithPending(ctx, owned); return err })
 			var batch []*outbox.Message
-			measure("next batch", func() error { var err error; batch, err = s.NextBatch(ctx, owned[0], 500); return err })
+			measure("next batch", func() error { var err error; batch, err = s.NextBatch(ctx, owned[0], 500, 0); return err })
 			measure("mark published", func() error {
 				return s.MarkPublished(ctx, owned[0], append(batch, &outbox.Message{ID: 1}, &outbox.Message{ID: 2}))
 			})

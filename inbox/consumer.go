@@ -467,12 +467,12 @@ func (c *Consumer) commit(ctx context.Context, m kafka.Message) bool {
 // sleep waits d on the inbox's clock; it reports false when ctx ended
 // first.
 func (c *Consumer) sleep(ctx context.Context, d time.Duration) bool {
-	t := c.ib.clock.NewTimer(d)
+	tc, stop := c.ib.clock.NewTimer(d)
 	select {
 	case <-ctx.Done():
-		t.Stop()
+		stop()
 		return false
-	case <-t.C():
+	case <-tc:
 		return true
 	}
 }

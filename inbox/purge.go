@@ -54,12 +54,12 @@ func (ib *Inbox) RunPurge(ctx context.Context) error {
 		default:
 			ib.log.Debug("nothing to purge", "retention", ib.opts.Retention)
 		}
-		t := ib.clock.NewTimer(ib.opts.PurgeInterval)
+		tc, stop := ib.clock.NewTimer(ib.opts.PurgeInterval)
 		select {
 		case <-ctx.Done():
-			t.Stop()
+			stop()
 			return nil
-		case <-t.C():
+		case <-tc:
 		}
 	}
 }

@@ -112,7 +112,7 @@ func runZombie(t *testing.T, o testenv.Opener, b testenv.Broker, step string) {
 		stallOnce.Do(func() { close(stalled) })
 		<-release
 	})
-	storeA := &pausable{fullStore: newStore()}
+	storeA := &pausable{Store: newStore()}
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

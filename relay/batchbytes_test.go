@@ -12,8 +12,8 @@ import (
 
 // TestMaxBatchBytes: large rows are published in batches whose total
 // MessageSize stays within MaxBatchBytes, in order, each once; a row larger
-// than the bound goes alone. With a plain store (NextBatch, trimmed by the
-// relay) and with a ByteBoundedFetcher (asked for the bound).
+// than the bound goes alone. The store is asked for the bound
+// (NextBatch's maxBytes) and the relay trims what crosses it.
 func TestMaxBatchBytes(t *testing.T) {
 	const bound = 1000
 	for _, tc := range []struct {
@@ -22,7 +22,6 @@ func TestMaxBatchBytes(t *testing.T) {
 		fetch string
 	}{
 		{"next_batch", nil, relaytest.OpNextBatch},
-		{"byte_bounded_fetcher", func(m *relaytest.MemStore) relay.Store { return relaytest.ByteBoundedStore{MemStore: m} }, relaytest.OpNextBatchBytes},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t, relay.Options{BucketCount: 1, MaxBatchBytes: bound}, tc.wrap)

@@ -9,16 +9,10 @@ type Clock interface {
 	// Now returns the current time. The relay compares only times it read
 	// from the same Clock, so the system clock's monotonic reading is used.
 	Now() time.Time
-	// NewTimer returns a timer that fires once after d.
-	NewTimer(d time.Duration) Timer
-}
-
-// Timer is a one-shot timer of a Clock, like *time.Timer.
-type Timer interface {
-	// C delivers the time once the timer fires.
-	C() <-chan time.Time
-	// Stop prevents the timer from firing; it reports whether it stopped it.
-	Stop() bool
+	// NewTimer starts a one-shot timer, like time.NewTimer: c delivers the
+	// time once it fires after d; stop prevents it from firing and reports
+	// whether it did (like time.Timer.Stop).
+	NewTimer(d time.Duration) (c <-chan time.Time, stop func() bool)
 }
 
 // SystemClock is the Clock of package time.
@@ -27,12 +21,10 @@ type SystemClock struct{}
 // Now returns time.Now().
 func (SystemClock) Now() time.Time { return time.Now() }
 
-// NewTimer returns a time.Timer.
-func (SystemClock) NewTimer(d time.Duration) Timer { return sysTimer{time.NewTimer(d)} }
-
-type sysTimer struct{ t *time.Timer }
-
-func (s sysTimer) C() <-chan time.Time { return s.t.C }
-func (s sysTimer) Stop() bool          { return s.t.Stop() }
+// NewTimer starts a time.Timer.
+func (SystemClock) NewTimer(d time.Duration) (<-chan time.Time, func() bool) {
+	t := time.NewTimer(d)
+	return t.C, t.Stop
+}
 
 var _ Clock = SystemClock{}

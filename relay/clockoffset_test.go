@@ -13,8 +13,8 @@ import (
 	"github.com/gorm-outbox/outbox/relay/relaytest"
 )
 
-// offsetStore is a MemStore (every optional capability kept) that also
-// reports a settable clock offset, as gormstore does.
+// offsetStore is a MemStore that reports a settable clock offset, as
+// gormstore does.
 type offsetStore struct {
 	*relaytest.MemStore
 	mu     sync.Mutex
@@ -22,8 +22,6 @@ type offsetStore struct {
 	unc    time.Duration
 	ok     bool
 }
-
-var _ relay.ClockOffsetReporter = (*offsetStore)(nil)
 
 func (s *offsetStore) ClockOffset() (time.Duration, time.Duration, bool) {
 	s.mu.Lock()

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"sync"
 	"time"
-
-	"github.com/gorm-outbox/outbox"
 )
 
 // inflightPublishes tracks the start times of the Publish calls in flight
@@ -51,130 +49,6 @@ func (p *inflightPublishes) publishOldestLocked(r *Relay) {
 	} else {
 		r.publishSince.Store(oldest.UnixNano())
 	}
-}
-
-// ConcurrentStore is an optional Store capability: a store whose methods
-// may run concurrently. When ConcurrentBuckets returns true (New asks once),
-// the store allows any of its methods (those of Store, LeaseRenewer,
-// Parker, ByteBoundedFetcher) to run concurrently with each other, called
-// for different buckets, and RenewBucketLeases concurrently with all of
-// them; the relay never calls two methods for one bucket at once. The
-// relay then serves up to Options.MaxConcurrentBuckets of its buckets at
-// once (with a LeaseRenewer; without one it stays sequential), and renews
-// its leases while they are being served.
-//
-// Without it (or when it returns false) the relay calls the store from one
-// goroutine at a time, as the Store documentation says: its buckets are
-// served one after the other, and a renewal waits for the store call in
-// progress, then goes before the next one. A store on one connection, or on
-// SQLite, whose single writer makes the overlap contention rather than
-// speed, should not implement it.
-type ConcurrentStore interface {
-	ConcurrentBuckets() bool
-}
-
-// storeGate serialises the calls of the relay's goroutines into a store
-// that is not a ConcurrentStore: one call at a time, a renewal first among
-// the waiting ones (it keeps the leases every other call works under).
-type storeGate struct {
-	mu       sync.Mutex
-	cond     sync.Cond
-	busy     bool
-	renewals int // renewals waiting
-}
-
-func newStoreGate() *storeGate {
-	g := &storeGate{}
-	g.cond.L = &g.mu
-	return g
-}
-
-// enter waits for the store; renewal says the call is a renewal.
-func (g *storeGate) enter(renewal bool) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if renewal {
-		g.renewals++
-		defer func() { g.renewals-- }()
-	}
-	for g.busy || (!renewal && g.renewals > 0) {
-		g.cond.Wait()
-	}
-	g.busy = true
-}
-
-func (g *storeGate) leave() {
-	g.mu.Lock()
-	g.busy = false
-	g.mu.Unlock()
-	g.cond.Broadcast()
-}
-
-// renewalWaiting reports whether a renewal waits for the store (tests).
-func (g *storeGate) renewalWaiting() bool {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.renewals > 0
-}
-
-// gated runs f inside the gate.
-func gated[T any](g *storeGate, renewal bool, f func() (T, error)) (T, error) {
-	g.enter(renewal)
-	defer g.leave()
-	return f()
-}
-
-// serialStore passes the relay's calls to a store that is not a
-// ConcurrentStore through a storeGate. Only the capabilities the store has
-// are used (New keeps the relay's fields nil for the others).
-type serialStore struct {
-	g     *storeGate
-	s     Store
-	ren   LeaseRenewer
-	rel   LeaseReleaser
-	park  Parker
-	bytes ByteBoundedFetcher
-}
-
-func (s *serialStore) AcquireBucketLeases(ctx context.Context, relayID string, bucketCount int, leaseDuration time.Duration) ([]int, error) {
-	return gated(s.g, false, func() ([]int, error) {
-		return s.s.AcquireBucketLeases(ctx, relayID, bucketCount, leaseDuration)
-	})
-}
-
-func (s *serialStore) BucketsWithPending(ctx context.Context, buckets []int) ([]int, error) {
-	return gated(s.g, false, func() ([]int, error) { return s.s.BucketsWithPending(ctx, buckets) })
-}
-
-func (s *serialStore) NextBatch(ctx context.Context, bucket, limit int) ([]*outbox.Message, error) {
-	return gated(s.g, false, func() ([]*outbox.Message, error) { return s.s.NextBatch(ctx, bucket, limit) })
-}
-
-func (s *serialStore) NextBatchBytes(ctx context.Context, bucket, limit int, maxBytes int64) ([]*outbox.Message, error) {
-	return gated(s.g, false, func() ([]*outbox.Message, error) { return s.bytes.NextBatchBytes(ctx, bucket, limit, maxBytes) })
-}
-
-func (s *serialStore) MarkPublished(ctx context.Context, bucket int, published []*outbox.Message) error {
-	_, err := gated(s.g, false, func() (struct{}, error) { return struct{}{}, s.s.MarkPublished(ctx, bucket, published) })
-	return err
-}
-
-func (s *serialStore) RenewBucketLeases(ctx context.Context, relayID string, buckets []int, leaseDuration time.Duration) (bool, error) {
-	return gated(s.g, true, func() (bool, error) { return s.ren.RenewBucketLeases(ctx, relayID, buckets, leaseDuration) })
-}
-
-func (s *serialStore) ReleaseBucketLeases(ctx context.Context, relayID string) error {
-	_, err := gated(s.g, false, func() (struct{}, error) { return struct{}{}, s.rel.ReleaseBucketLeases(ctx, relayID) })
-	return err
-}
-
-func (s *serialStore) FleetCanPark(ctx context.Context) (bool, error) {
-	return gated(s.g, false, func() (bool, error) { return s.park.FleetCanPark(ctx) })
-}
-
-func (s *serialStore) Park(ctx context.Context, relayID string, bucket int, id int64, reason string) error {
-	_, err := gated(s.g, false, func() (struct{}, error) { return struct{}{}, s.park.Park(ctx, relayID, bucket, id, reason) })
-	return err
 }
 
 // bucketDone is the outcome of one bucket's batch in a concurrent sweep.

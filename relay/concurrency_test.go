@@ -18,8 +18,7 @@ import (
 	"github.com/gorm-outbox/outbox/relay/relaytest"
 )
 
-// concurrentStore is a MemStore (safe for concurrent use) that declares it
-// to the relay as a relay.ConcurrentStore.
+// concurrentStore is a MemStore that reports ConcurrentBuckets.
 type concurrentStore struct{ *relaytest.MemStore }
 
 func (concurrentStore) ConcurrentBuckets() bool { return true }
@@ -55,7 +54,7 @@ func checkPublishedOnce(t *testing.T, calls [][]*outbox.Message, want int) {
 // so they are never lost, the store never sees them expire, and every row is
 // published once. Both for a store called one call at a time (the renewal
 // waits for the store call in progress, then goes first) and for a
-// ConcurrentStore served four buckets at once.
+// ConcurrentBuckets store served four buckets at once.
 func TestLeaseRenewedDuringLongSweep(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -111,7 +110,7 @@ func TestLeaseRenewedDuringLongSweep(t *testing.T) {
 	}
 }
 
-// TestConcurrentBucketsKeepOrder: a ConcurrentStore's buckets are served
+// TestConcurrentBucketsKeepOrder: a ConcurrentBuckets store's buckets are served
 // several at once (never more than MaxConcurrentBuckets), by a publisher of
 // random latency, and each bucket's rows are still published in id order,
 // each once, and deleted.
@@ -326,9 +325,16 @@ func TestConcurrentFailingBucketBacksOffAlone(t *testing.T) {
 		t.Fatalf("publishes of bucket 0 before its backoff elapsed = %d; want 1", poisonCalls)
 	}
 	healed.Store(true)
-	h.drainIdle()
-	h.clock.Advance(time.Second) // the jittered backoff is at most ErrorBackoff
-	h.waitFor("store empty", func() bool { return h.store.Len() == 0 })
+	// The jittered backoff is at most ErrorBackoff (1 s). The relay may not
+	// be waiting on its timer yet: move the clock in steps until the row
+	// went out, rather than once before the timer exists.
+	h.waitFor("store empty", func() bool {
+		if h.store.Len() == 0 {
+			return true
+		}
+		h.clock.Advance(10 * time.Millisecond)
+		return false
+	})
 	var zero [][]*outbox.Message
 	for _, c := range h.pub.Calls() {
 		if c[0].Bucket == 0 {
@@ -387,11 +393,11 @@ type heldFetch struct {
 	hold chan struct{}
 }
 
-func (s heldFetch) NextBatch(ctx context.Context, b, limit int) ([]*outbox.Message, error) {
+func (s heldFetch) NextBatch(ctx context.Context, b, limit int, maxBytes int64) ([]*outbox.Message, error) {
 	if b == 1 {
 		<-s.hold
 	}
-	return s.MemStore.NextBatch(ctx, b, limit)
+	return s.MemStore.NextBatch(ctx, b, limit, maxBytes)
 }
 
 // TestStalledIsTheOldestPublish: with two publishes in flight, started
@@ -432,7 +438,7 @@ func TestStalledIsTheOldestPublish(t *testing.T) {
 	h.waitFor("age back to 0", func() bool { return age() == 0 })
 }
 
-// TestMaxConcurrentBucketsOneIsSequential: a ConcurrentStore with
+// TestMaxConcurrentBucketsOneIsSequential: a ConcurrentBuckets store with
 // MaxConcurrentBuckets 1 never has two publishes in flight.
 func TestMaxConcurrentBucketsOneIsSequential(t *testing.T) {
 	h := newHarness(t, relay.Options{BucketCount: 4, BatchSize: 2, MaxConcurrentBuckets: 1}, asConcurrent)

@@ -19,8 +19,8 @@ import (
 )
 
 // faultyBuckets is a MemStore whose NextBatch and MarkPublished fail for
-// chosen buckets, counting the failures; concurrent makes it a
-// ConcurrentFetcher (prefetch on).
+// chosen buckets, counting the failures; concurrent makes it report
+// ConcurrentBuckets (prefetch on, with MaxConcurrentBuckets 1).
 type faultyBuckets struct {
 	*relaytest.MemStore
 	concurrent bool
@@ -35,7 +35,7 @@ func newFaultyBuckets(m *relaytest.MemStore, concurrent bool) *faultyBuckets {
 	return &faultyBuckets{MemStore: m, concurrent: concurrent, next: map[int]error{}, mark: map[int]int{}, failures: map[int]int{}}
 }
 
-func (f *faultyBuckets) ConcurrentNextBatch() bool { return f.concurrent }
+func (f *faultyBuckets) ConcurrentBuckets() bool { return f.concurrent }
 
 func (f *faultyBuckets) setNext(b int, err error) {
 	f.mu.Lock()
@@ -55,7 +55,7 @@ func (f *faultyBuckets) failed(b int) int {
 	return f.failures[b]
 }
 
-func (f *faultyBuckets) NextBatch(ctx context.Context, b, limit int) ([]*outbox.Message, error) {
+func (f *faultyBuckets) NextBatch(ctx context.Context, b, limit int, maxBytes int64) ([]*outbox.Message, error) {
 	f.mu.Lock()
 	err := f.next[b]
 	if err != nil {
@@ -65,7 +65,7 @@ func (f *faultyBuckets) NextBatch(ctx context.Context, b, limit int) ([]*outbox.
 	if err != nil {
 		return nil, err
 	}
-	return f.MemStore.NextBatch(ctx, b, limit)
+	return f.MemStore.NextBatch(ctx, b, limit, maxBytes)
 }
 
 func (f *faultyBuckets) MarkPublished(ctx context.Context, b int, ms []*outbox.Message) error {
@@ -113,7 +113,7 @@ func TestBucketStoreErrorIsContained(t *testing.T) {
 		t.Run(fmt.Sprintf("bucket=%d/prefetch=%v", bad, concurrent), func(t *testing.T) {
 			var f *faultyBuckets
 			logs := &recorder{}
-			h := newHarness(t, relay.Options{BatchSize: 3, Logger: slog.New(logs)}, func(m *relaytest.MemStore) relay.Store {
+			h := newHarness(t, relay.Options{BatchSize: 3, MaxConcurrentBuckets: 1, Logger: slog.New(logs)}, func(m *relaytest.MemStore) relay.Store {
 				f = newFaultyBuckets(m, concurrent)
 				return f
 			})
@@ -197,7 +197,7 @@ func TestBucketDeleteErrorIsContained(t *testing.T) {
 	for _, concurrent := range []bool{false, true} {
 		t.Run(fmt.Sprintf("prefetch=%v", concurrent), func(t *testing.T) {
 			var f *faultyBuckets
-			h := newHarness(t, relay.Options{BatchSize: 2}, func(m *relaytest.MemStore) relay.Store {
+			h := newHarness(t, relay.Options{BatchSize: 2, MaxConcurrentBuckets: 1}, func(m *relaytest.MemStore) relay.Store {
 				f = newFaultyBuckets(m, concurrent)
 				return f
 			})

@@ -14,8 +14,8 @@
 //
 // Hot path: a relay renews its leases on its own timer while it works, so
 // no amount of work lets a healthy relay's leases lapse; it serves up to
-// Options.MaxConcurrentBuckets buckets at once when the store is a
-// ConcurrentStore (each bucket with at most one batch in flight, in order,
+// Options.MaxConcurrentBuckets buckets at once when the store says it gains
+// from it (Store.ConcurrentBuckets; each bucket with at most one batch in flight, in order,
 // under the same lease checks); and it bounds each batch in bytes
 // (Options.MaxBatchBytes) as well as rows.
 package relay

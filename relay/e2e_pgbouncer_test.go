@@ -139,7 +139,7 @@ func storeWorkload(t *testing.T, db *gorm.DB) error {
 					return
 				}
 				for _, bk := range buckets {
-					msgs, err := store.NextBatch(ctx, bk, 10)
+					msgs, err := store.NextBatch(ctx, bk, 10, 0)
 					if err != nil {
 						fail(fmt.Errorf("NextBatch: %w", err))
 						return

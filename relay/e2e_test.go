@@ -14,18 +14,10 @@ import (
 	"github.com/gorm-outbox/outbox/relay/relaytest"
 )
 
-// fullStore is a Store with renewal and release, as the end-to-end relays
-// use.
-type fullStore interface {
-	relay.Store
-	relay.LeaseRenewer
-	relay.LeaseReleaser
-}
-
 // pausable stalls every call of one relay's store while paused, like a
 // database connection that hangs.
 type pausable struct {
-	fullStore
+	relay.Store
 	mu     sync.Mutex
 	paused chan struct{} // non-nil while paused; closed on resume
 }
@@ -66,47 +58,47 @@ func (p *pausable) AcquireBucketLeases(ctx context.Context, id string, n int, d 
 	if err := p.gate(ctx); err != nil {
 		return nil, err
 	}
-	return p.fullStore.AcquireBucketLeases(ctx, id, n, d)
+	return p.Store.AcquireBucketLeases(ctx, id, n, d)
 }
 func (p *pausable) BucketsWithPending(ctx context.Context, b []int) ([]int, error) {
 	if err := p.gate(ctx); err != nil {
 		return nil, err
 	}
-	return p.fullStore.BucketsWithPending(ctx, b)
+	return p.Store.BucketsWithPending(ctx, b)
 }
-func (p *pausable) NextBatch(ctx context.Context, b, limit int) ([]*outbox.Message, error) {
+func (p *pausable) NextBatch(ctx context.Context, b, limit int, maxBytes int64) ([]*outbox.Message, error) {
 	if err := p.gate(ctx); err != nil {
 		return nil, err
 	}
-	return p.fullStore.NextBatch(ctx, b, limit)
+	return p.Store.NextBatch(ctx, b, limit, maxBytes)
 }
 func (p *pausable) MarkPublished(ctx context.Context, b int, m []*outbox.Message) error {
 	if err := p.gate(ctx); err != nil {
 		return err
 	}
-	return p.fullStore.MarkPublished(ctx, b, m)
+	return p.Store.MarkPublished(ctx, b, m)
 }
 func (p *pausable) RenewBucketLeases(ctx context.Context, id string, b []int, d time.Duration) (bool, error) {
 	if err := p.gate(ctx); err != nil {
 		return false, err
 	}
-	return p.fullStore.RenewBucketLeases(ctx, id, b, d)
+	return p.Store.RenewBucketLeases(ctx, id, b, d)
 }
 
 // e2eEnv is what the end-to-end run needs from a backend.
 type e2eEnv struct {
 	clock   *relaytest.ManualClock
-	storeA  fullStore
-	storeB  fullStore
+	storeA  relay.Store
+	storeB  relay.Store
 	pending func() int
 	total   int
-	// concurrent declares both stores relay.ConcurrentStore, so that each
+	// concurrent makes both stores report ConcurrentBuckets, so that each
 	// relay serves its buckets concurrently.
 	concurrent bool
 }
 
-// concurrentFull is a fullStore declared a relay.ConcurrentStore.
-type concurrentFull struct{ fullStore }
+// concurrentFull is a relay.Store reporting ConcurrentBuckets.
+type concurrentFull struct{ relay.Store }
 
 func (concurrentFull) ConcurrentBuckets() bool { return true }
 
@@ -133,7 +125,7 @@ func runTakeover(t *testing.T, env e2eEnv) {
 		}
 		acked.Add(int64(len(batch)))
 	}
-	pa := &pausable{fullStore: env.storeA}
+	pa := &pausable{Store: env.storeA}
 	var pausedAt atomic.Int64
 	pubA := relaytest.NewPublisher()
 	var ackedA atomic.Int64

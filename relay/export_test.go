@@ -7,9 +7,5 @@ func SetIdleHook(r *Relay, f func()) { r.onIdle = f }
 // WakePending reports whether n holds an unconsumed wake-up signal.
 func WakePending(n *Notifier) bool { return len(n.wake) > 0 }
 
-// RenewalWaiting reports whether a renewal waits for the store gate (a
-// store that is not a ConcurrentStore).
-func RenewalWaiting(r *Relay) bool { return r.gate != nil && r.gate.renewalWaiting() }
-
 // Workers returns the number of buckets r serves at once.
 func Workers(r *Relay) int { return r.workers }

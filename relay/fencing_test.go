@@ -71,7 +71,7 @@ func testDropsFencedBucket(t *testing.T, concurrent bool) {
 	reader := metrictest.NewReader()
 	var s relay.Store = store
 	if concurrent {
-		s = concurrentFull{store} // two buckets served at once; no Parker
+		s = concurrentFull{store} // two buckets served at once
 	}
 	r, err := relay.New(s, pub, relay.Options{
 		RelayID: "relay-a", BucketCount: 2, Clock: clock, Logger: slog.New(slog.DiscardHandler),

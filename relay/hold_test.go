@@ -145,7 +145,7 @@ func TestParkAfterLosingTheLeaseChangesNothing(t *testing.T) {
 	h.store.AddToBucket(0, k[0], k[1])
 	rejectKey(h, "K", errTooLarge, rejectingAlways())
 	h.ops.setBlock(relaytest.OpPark, func(ctx context.Context) error {
-		h.advanceInStoreCall(relay.DefaultLeaseDuration + time.Second)
+		h.clock.Advance(relay.DefaultLeaseDuration + time.Second) // the lease expires: a renewal fails
 		got, err := h.store.AcquireBucketLeases(ctx, "relay-b", 1, relay.DefaultLeaseDuration)
 		if err != nil || len(got) != 1 {
 			t.Errorf("relay-b acquired %v, %v; want bucket 0", got, err)

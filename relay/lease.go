@@ -176,8 +176,8 @@ func (r *Relay) kickRenewer() {
 	}
 }
 
-// renewLoop keeps the leases alive, on its own timer, for the whole Run
-// (stores implementing LeaseRenewer): whenever the lease set has gone
+// renewLoop keeps the leases alive, on its own timer, for the whole Run:
+// whenever the lease set has gone
 // min(LeaseRenewInterval, half its remaining time) without being extended,
 // by an acquisition or a renewal, it renews it, so that no amount of work in
 // a sweep (many buckets, slow store calls, a slow publish) lets a healthy
@@ -192,20 +192,17 @@ func (r *Relay) kickRenewer() {
 func (r *Relay) renewLoop(ctx context.Context, st *runState) {
 	var tried time.Time // start of the latest renewal attempt
 	for {
-		var t Timer
 		var fire <-chan time.Time
+		stop := func() bool { return false }
 		if due, ok := r.renewalDue(st, tried); ok {
-			t = r.clock.NewTimer(due.Sub(r.clock.Now()))
-			fire = t.C()
+			fire, stop = r.clock.NewTimer(due.Sub(r.clock.Now()))
 		}
 		select {
 		case <-ctx.Done():
 		case <-r.kick:
 		case <-fire:
 		}
-		if t != nil {
-			t.Stop()
-		}
+		stop()
 		if ctx.Err() != nil {
 			return
 		}
@@ -273,7 +270,7 @@ func (r *Relay) renew(ctx context.Context, st *runState) {
 	buckets, validUntil, gen := st.lease.buckets, st.lease.validUntil, st.lease.gen
 	st.lease.mu.Unlock()
 	t0 := r.clock.Now()
-	ok, err := r.renewer.RenewBucketLeases(ctx, r.opts.RelayID, buckets, r.opts.LeaseDuration)
+	ok, err := r.store.RenewBucketLeases(ctx, r.opts.RelayID, buckets, r.opts.LeaseDuration)
 	failpoint("relay/renew")
 	t1 := r.clock.Now()
 	st.lease.mu.Lock()

@@ -77,7 +77,7 @@ const (
 	// max(outbox.publish.stalled) > a bound, for a while. Read from the
 	// relay's state, never blocking.
 	MetricPublishStalled = "outbox.publish.stalled"
-	// MetricParked counts the rows the relay parked (see Parker and
+	// MetricParked counts the rows the relay parked (see Store.Park and
 	// Options.ParkPolicy), with the attribute outbox.park.reason
 	// (AttrParkReason): ParkReasonUnpublishable (a row that failed
 	// Options.ParkAfter times with an error wrapping ErrUnpublishable),
@@ -85,8 +85,7 @@ const (
 	// ParkReasonCorrupt (a row the store cannot decode) or ParkReasonHeld
 	// (kept for dashboards: since the store holds a parked row's later rows
 	// by its read, without marking them, it stays 0). Recorded once per
-	// park call; all four series start at 0 when
-	// the store implements Parker. An alert on a parked row is
+	// park call; all four series start at 0. An alert on a parked row is
 	// increase(outbox.parked{outbox.park.reason!="held"}) > 0.
 	MetricParked = "outbox.parked"
 	// MetricParkedMessages is a gauge of the whole store's parked rows (not
@@ -99,7 +98,7 @@ const (
 	// MetricClockOffset is a gauge of the offset of the store's clock (the
 	// database server's, for gormstore) to the relay host's wall clock, in
 	// seconds, database minus host, as the store measured it at its latest
-	// acquisition round or renewal (ClockOffsetReporter); absent while the
+	// acquisition round or renewal (Store.ClockOffset); absent while the
 	// store reports none. Leases do not depend on it (they run on the
 	// store's clock); the backlog ages do, as they compare created_at,
 	// stamped by the writers' hosts, with this host's clock. The relay logs
@@ -263,10 +262,8 @@ func (r *Relay) registerGauges() (metric.Registration, error) {
 			stalled = max(0, r.clock.Now().Sub(since).Seconds())
 		}
 		o.ObserveFloat64(in.stalled, stalled, in.attrs)
-		if r.clockRep != nil {
-			if off, _, ok := r.clockRep.ClockOffset(); ok {
-				o.ObserveFloat64(in.clockOffset, off.Seconds(), in.attrs)
-			}
+		if off, _, ok := r.store.ClockOffset(); ok {
+			o.ObserveFloat64(in.clockOffset, off.Seconds(), in.attrs)
 		}
 		s := r.pending.Load()
 		if s == nil {
@@ -315,7 +312,7 @@ func (r *Relay) sampleBacklog(ctx context.Context) {
 			r.pending.Store(nil)
 		} else {
 			qctx, cancel := context.WithTimeout(ctx, r.opts.MetricsTimeout)
-			p, err := r.sampler.PendingMetrics(qctx)
+			p, err := r.store.PendingMetrics(qctx)
 			cancel()
 			switch {
 			case ctx.Err() != nil:
@@ -334,14 +331,14 @@ func (r *Relay) sampleBacklog(ctx context.Context) {
 				r.logRecovered(ctx, "backlog", "backlog sample succeeds again")
 			}
 		}
-		t := r.clock.NewTimer(r.opts.MetricsInterval)
+		tc, stop := r.clock.NewTimer(r.opts.MetricsInterval)
 		select {
 		case <-ctx.Done():
-			t.Stop()
+			stop()
 			return
-		case <-t.C():
+		case <-tc:
 		case <-r.resample:
-			t.Stop()
+			stop()
 		}
 	}
 }
@@ -355,7 +352,7 @@ func (r *Relay) sampleBacklog(ctx context.Context) {
 // samples at most once per PollInterval.
 func (r *Relay) backlogLooksDrained() {
 	s := r.pending.Load()
-	if r.sampler == nil || s == nil || s.count == 0 || r.clock.Now().Sub(s.at) < r.opts.PollInterval {
+	if !r.sample || s == nil || s.count == 0 || r.clock.Now().Sub(s.at) < r.opts.PollInterval {
 		return
 	}
 	select {

@@ -51,12 +51,35 @@ const maxMetricsNameLength = 64
 
 // Options configures a Relay. A zero Options consists entirely of default
 // values; New rejects invalid values with an error naming the field.
+//
+// Which fields matter depends on the setup; the others can stay zero:
+//   - Every relay: nothing. BucketCount comes from the store (gormstore:
+//     its Config), and RelayID defaults to a unique one.
+//   - Writers in the relay's process: pass Relay.Notifier (or Notifier) to
+//     outbox.Plugin, so that a commit wakes the relay at once.
+//   - Several relays or pods: HintTransport (a commit in one pod wakes the
+//     relay owning its bucket in another; without it PollInterval bounds
+//     the delay), LeaseDuration and LeaseRenewInterval (how soon a peer
+//     takes over a dead relay's buckets, against the pause a live one
+//     survives), MaxConcurrentBuckets (relays × it batches run against the
+//     database at once).
+//   - Large or uneven rows: BatchSize and MaxBatchBytes.
+//   - Poison rows: ParkPolicy and ParkAfter.
+//   - Monitoring: MeterProvider and MetricsName (one name per outbox);
+//     MetricsBacklog (with MetricsInterval, MetricsTimeout, and
+//     MetricsBucketZeroOnly for a fleet) for the backlog gauges;
+//     PublishFailureWindow for Relay.Health; Logger.
+//   - Shutdown: StopTimeout, within the orchestrator's grace period.
+//   - Tests: Clock.
+//   - Assertions an operator may add: MaxPublishDuration; ErrorBackoff
+//     tunes the retry pace.
 type Options struct {
 	// BucketCount is the number of ordering buckets; it must equal the
-	// writers' outbox.Config.BucketCount. Zero means the store's count when
-	// the store implements BucketCounter, else DefaultBucketCount (8); a
-	// value that disagrees with such a store fails New with an error
-	// wrapping ErrMisconfigured; a negative value fails New.
+	// writers' outbox.Config.BucketCount. Zero means the store's count
+	// (Store.BucketCount), else, when the store does not know,
+	// DefaultBucketCount (8); a value that disagrees with the store's fails
+	// New with an error wrapping ErrMisconfigured; a negative value fails
+	// New.
 	BucketCount int
 
 	// BatchSize is the number of rows fetched and published per batch. Zero
@@ -67,22 +90,22 @@ type Options struct {
 	// and headers): the relay publishes the longest prefix of each fetched
 	// batch within the bound, and always at least one row, so a row larger
 	// than the bound is published alone. Rows left out come first in the
-	// bucket's next batch, in order. A store implementing ByteBoundedFetcher
-	// is asked for the bound at fetch time, so the rows are not even read.
+	// bucket's next batch, in order. The store is asked for the bound at
+	// fetch time (Store.NextBatch), so the rows are not even read.
 	// Zero means DefaultMaxBatchBytes (4 MiB); a negative value fails New.
 	MaxBatchBytes int64
 
 	// MaxConcurrentBuckets is how many of its buckets one relay serves at
-	// once, when the store implements ConcurrentStore (returning true) and
-	// LeaseRenewer: the fetch, publish and delete of different buckets
-	// overlap, each bucket still having at most one batch in flight, in
-	// order, under the same lease checks. A bucket's slot goes to the next
-	// ready bucket as soon as its batch is done, and buckets take turns
-	// (one still ready after its batch waits behind the others). With 1, or with
-	// any other store, buckets are served one after the other, and a
-	// ConcurrentFetcher store still gets the next bucket's batch fetched
-	// during a publish. Zero means DefaultMaxConcurrentBuckets (4); a
-	// negative value fails New.
+	// once, when the store gains from it (Store.ConcurrentBuckets: gormstore
+	// on PostgreSQL and MySQL/MariaDB, not on SQLite): the fetch, publish
+	// and delete of different buckets overlap, each bucket still having at
+	// most one batch in flight, in order, under the same lease checks. A
+	// bucket's slot goes to the next ready bucket as soon as its batch is
+	// done, and buckets take turns (one still ready after its batch waits
+	// behind the others). With 1, buckets are served one after the other,
+	// the next bucket's batch fetched during a publish; on SQLite, one after
+	// the other. Zero means DefaultMaxConcurrentBuckets (4); a negative value
+	// fails New.
 	MaxConcurrentBuckets int
 
 	// PollInterval is how often the relay looks for pending rows when no
@@ -108,8 +131,7 @@ type Options struct {
 	LeaseDuration time.Duration
 
 	// LeaseRenewInterval is the rebalance cadence (one acquisition round per
-	// interval) and the renewal cadence: with a store implementing
-	// LeaseRenewer, the relay renews its leases on its own timer whenever
+	// interval) and the renewal cadence: the relay renews its leases on its own timer whenever
 	// they have gone min(LeaseRenewInterval, half the remaining lease)
 	// without being extended while it works (sweeps, publishes), so no
 	// amount of work lets them lapse; an idle relay's acquisition rounds
@@ -121,13 +143,13 @@ type Options struct {
 	// DefaultLeaseRenewInterval (10s); a negative value fails New.
 	LeaseRenewInterval time.Duration
 
-	// MaxPublishDuration bounds a whole Publish call. It is required when
-	// the store does not implement LeaseRenewer, and MaxPublishDuration +
-	// LeaseRenewInterval must be shorter than LeaseDuration: before each
-	// publish the relay reserves that much lease time (reacquiring first if
-	// needed), the rest absorbing the acquisition's own latency. A publish that takes
-	// longer makes Run fail with an error wrapping ErrMisconfigured. Zero
-	// means unset (no bound); a negative value fails New.
+	// MaxPublishDuration bounds a whole Publish call: a publish that takes
+	// longer makes Run fail with an error wrapping ErrMisconfigured (the
+	// leases are renewed during a publish whatever its length; this is an
+	// operator's assertion that the broker answers within it).
+	// MaxPublishDuration + LeaseRenewInterval must be shorter than
+	// LeaseDuration. Zero means unset (no bound); a negative value fails
+	// New.
 	MaxPublishDuration time.Duration
 
 	// RelayID identifies this relay in the lease table; it must be unique
@@ -151,7 +173,7 @@ type Options struct {
 	MetricsTimeout time.Duration
 
 	// MetricsBacklog turns on the backlog sampler: while Run runs, the relay
-	// asks a store implementing PendingMetricsStore for its pending rows
+	// asks the store for its pending rows (Store.PendingMetrics)
 	// every MetricsInterval, and reports them in the outbox.pending.*
 	// gauges. Each sample is a query on the whole messages table, so it is
 	// opt-in whatever the MeterProvider. The default is false: no backlog
@@ -227,9 +249,9 @@ type Options struct {
 	// means DefaultPublishFailureWindow (5m); a negative value fails New.
 	PublishFailureWindow time.Duration
 
-	// ParkPolicy says which publish failures park a row, when the store
-	// implements Parker (see Parker; a store that cannot park retries every
-	// failing row forever, whatever the policy). A failing row is first
+	// ParkPolicy says which publish failures park a row (see Store.Park;
+	// a store that cannot park retries every failing row forever, whatever
+	// the policy). A failing row is first
 	// retried alone with the usual backoff (head-row isolation); each such
 	// single-row publish that fails with an error the policy counts is one
 	// strike, any other outcome resets the count, and at ParkAfter strikes
@@ -238,7 +260,7 @@ type Options struct {
 	// of the bucket flows on at full speed and the key's order is kept. The
 	// key's rows flow again, in id order, once an operator requeues them
 	// (ParkAdmin.RequeueParked). A row is parked only while every live relay
-	// supports parking (Parker.FleetCanPark): until then it is retried, and
+	// supports parking (Store.FleetCanPark): until then it is retried, and
 	// the relay logs so once per row at WARN. Parking a row logs one WARN
 	// line and counts in outbox.parked; it does not make the relay
 	// unhealthy. A row the store cannot decode (a *CorruptRowError from
@@ -318,10 +340,7 @@ func (o Options) withDefaults(store Store) (Options, error) {
 	} else if o.BatchSize == 0 {
 		o.BatchSize = DefaultBatchSize
 	}
-	storeCount := 0
-	if bc, ok := store.(BucketCounter); ok {
-		storeCount = bc.BucketCount()
-	}
+	storeCount := store.BucketCount()
 	switch {
 	case o.BucketCount < 0:
 		bad("Options.BucketCount %d is negative", o.BucketCount)
@@ -334,9 +353,6 @@ func (o Options) withDefaults(store Store) (Options, error) {
 	}
 	if o.LeaseRenewInterval >= o.LeaseDuration && o.LeaseRenewInterval > 0 && o.LeaseDuration > 0 {
 		bad("Options.LeaseRenewInterval %v must be shorter than Options.LeaseDuration %v", o.LeaseRenewInterval, o.LeaseDuration)
-	}
-	if _, ok := store.(LeaseRenewer); !ok && o.MaxPublishDuration == 0 {
-		bad("Options.MaxPublishDuration is required: the store %T cannot renew leases during a publish", store)
 	}
 	if o.MaxPublishDuration > 0 && o.MaxPublishDuration+o.LeaseRenewInterval >= o.LeaseDuration {
 		bad("Options.MaxPublishDuration %v plus Options.LeaseRenewInterval %v must be shorter than Options.LeaseDuration %v", o.MaxPublishDuration, o.LeaseRenewInterval, o.LeaseDuration)

@@ -487,7 +487,7 @@ func TestRequeueRacingAPublishingRelayKeepsKeyOrder(t *testing.T) {
 	for _, window := range []string{relaytest.OpNextBatch, "free-running"} {
 		t.Run(window, func(t *testing.T) {
 			logs := &recorder{}
-			h := newHarness(t, relay.Options{BucketCount: 2, BatchSize: 4, Logger: slog.New(logs)}, func(m *relaytest.MemStore) relay.Store { return concurrentMem{m} })
+			h := newHarness(t, relay.Options{BucketCount: 2, BatchSize: 4, MaxConcurrentBuckets: 1, Logger: slog.New(logs)}, asConcurrent)
 			var all []*outbox.Message
 			add := func(ms ...*outbox.Message) {
 				h.store.AddToBucket(1, ms...)

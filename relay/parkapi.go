@@ -1,5 +1,5 @@
 // The parking contract: the errors that make a row unpublishable or
-// corrupt, the ParkPolicy, the store's Parker and the operator's ParkAdmin
+// corrupt, the ParkPolicy and the operator's ParkAdmin
 // with one definition of what a ParkedSelector chooses. The engine's side
 // (counting a head row's failures, asking the store to park it) is
 // strikes.go.
@@ -32,7 +32,7 @@ const CorruptReasonPrefix = "corrupt row: "
 
 // HeldReasonPrefix starts the reason of a row that a relay of an earlier
 // release parked behind an earlier parked row of its key; the id of that
-// row follows. Such a row is a parked row like any other (see Parker):
+// row follows. Such a row is a parked row like any other (see Store.NextBatch):
 // requeued with its key's head, it keeps holding its key's later rows
 // until then.
 const HeldReasonPrefix = "held behind parked row "
@@ -42,7 +42,7 @@ const HeldReasonPrefix = "held behind parked row "
 // message id that is not a UUID, a header blob of an unknown codec version.
 // NextBatch returns the rows before a corrupt row without an error, so the
 // corrupt row is reported once it is the head. A relay whose store
-// implements Parker parks it by id, with a reason starting with
+// can park (Store.FleetCanPark) parks it by id, with a reason starting with
 // CorruptReasonPrefix, and goes on with the bucket.
 type CorruptRowError struct {
 	// ID and Bucket locate the row.
@@ -89,46 +89,11 @@ func (p ParkPolicy) String() string {
 	return fmt.Sprintf("ParkPolicy(%d)", int(p))
 }
 
-// ErrLeaseLost is wrapped by the error of Parker.Park when the relay no
+// ErrLeaseLost is wrapped by the error of Store.Park when the relay no
 // longer holds the bucket's lease on the store's clock: the statement
 // changed nothing. The relay then drops the bucket until its next
 // acquisition round.
 var ErrLeaseLost = errors.New("the relay no longer holds the bucket's lease")
-
-// Parker is an optional Store capability: containment. A row that can never
-// be published is parked (marked in place, never deleted), so that the rest
-// of its bucket flows on while per-key order is kept.
-//
-// Holds are the store's: NextBatch of a Parker never returns a parked row,
-// nor a row of a key (non-nil) that has a parked row with a smaller id in
-// the same bucket whose reason does not start with CorruptReasonPrefix (a
-// corrupt row is parked alone). So a key's later rows wait behind its
-// parked row whatever a relay saw or missed, and requeueing or deleting
-// that row releases them. BucketsWithPending may still report a bucket
-// whose only unparked rows wait so (the relay then finds an empty batch).
-// PendingMetrics counts the parked rows in Pending.Parked. Rows parked with
-// a reason starting with HeldReasonPrefix (by relays of earlier releases)
-// are parked rows like any other. The conformance kit (package storetest)
-// checks the contract.
-//
-// Only the relay owning a bucket parks its rows; requeue and deletion
-// (ParkAdmin) may run anywhere. A parked row keeps its id, message id, key,
-// value, headers, created-at and bucket.
-type Parker interface {
-	// FleetCanPark reports whether every live relay of the outbox supports
-	// parking (a relay of an older version would publish parked rows). The
-	// relay asks before parking and retries the row instead while it is
-	// false (a rolling upgrade in progress).
-	FleetCanPark(ctx context.Context) (bool, error)
-
-	// Park marks row id of bucket parked at the store's current time with
-	// reason (the store may truncate it to its column size), in one atomic
-	// step with checking that relayID holds bucket's lease unexpired on the
-	// store's clock (the clock the leases are granted on). Without the
-	// lease it changes nothing and returns an error wrapping ErrLeaseLost.
-	// A row already parked or gone is left as it is (no error).
-	Park(ctx context.Context, relayID string, bucket int, id int64, reason string) error
-}
 
 // ParkedRow is a parked row as ParkAdmin lists it.
 type ParkedRow struct {
@@ -216,7 +181,7 @@ func (s ParkedSelector) Validate() error {
 	return nil
 }
 
-// ParkAdmin is the operator's side of a Parker: list, requeue and delete
+// ParkAdmin is the operator's side of parking (see Store.Park): list, requeue and delete
 // parked rows. It is safe to call while relays run. Requeued rows flow again
 // in id order (their original order), ahead of later rows of their key.
 type ParkAdmin interface {

@@ -12,16 +12,12 @@ import (
 	"github.com/gorm-outbox/outbox/relay/relaytest"
 )
 
-// concurrentMem is a MemStore (safe for concurrent use) that declares it.
-type concurrentMem struct{ *relaytest.MemStore }
-
-func (concurrentMem) ConcurrentNextBatch() bool { return true }
-
-// TestPrefetch: with a ConcurrentFetcher store, the next ready bucket's batch
+// TestPrefetch: with a ConcurrentBuckets store served one bucket at a time
+// (MaxConcurrentBuckets 1), the next ready bucket's batch
 // is fetched while the current one is being published, and every bucket is
 // still published in id order, each row once.
 func TestPrefetch(t *testing.T) {
-	h := newHarness(t, relay.Options{BatchSize: 4}, func(m *relaytest.MemStore) relay.Store { return concurrentMem{m} })
+	h := newHarness(t, relay.Options{BatchSize: 4, MaxConcurrentBuckets: 1}, asConcurrent)
 	for _, b := range []int{1, 2, 3, 5} {
 		h.store.AddToBucket(b, msgs(10, "orders")...)
 	}

@@ -22,8 +22,8 @@ import (
 	"github.com/gorm-outbox/outbox/relay/relaytest"
 )
 
-// argsStore records the arguments the relay passes to the store; embedding
-// the MemStore keeps every optional capability.
+// argsStore records the arguments the relay passes to the store; the
+// embedded MemStore does the rest.
 type argsStore struct {
 	*relaytest.MemStore
 	mu             sync.Mutex
@@ -38,11 +38,11 @@ func (s *argsStore) AcquireBucketLeases(ctx context.Context, id string, n int, d
 	return s.MemStore.AcquireBucketLeases(ctx, id, n, d)
 }
 
-func (s *argsStore) NextBatch(ctx context.Context, bucket, limit int) ([]*outbox.Message, error) {
+func (s *argsStore) NextBatch(ctx context.Context, bucket, limit int, maxBytes int64) ([]*outbox.Message, error) {
 	s.mu.Lock()
 	s.limits = append(s.limits, limit)
 	s.mu.Unlock()
-	return s.MemStore.NextBatch(ctx, bucket, limit)
+	return s.MemStore.NextBatch(ctx, bucket, limit, maxBytes)
 }
 
 // TestZeroOptionsUseTheDocumentedDefaults proves the README's relay options

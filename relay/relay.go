@@ -20,18 +20,10 @@ import (
 // New and start it with Run.
 type Relay struct {
 	store    Store
-	renewer  LeaseRenewer        // nil: the store cannot renew
-	releaser LeaseReleaser       // nil: leases expire on stop
-	sampler  PendingMetricsStore // nil: no backlog sampling (Options.MetricsBacklog)
-	parker   Parker              // nil: the store cannot park
-	clockRep ClockOffsetReporter // nil: the store reports no clock offset
-	bytes    ByteBoundedFetcher  // nil: NextBatch, trimmed to MaxBatchBytes afterwards
-	raw      Store               // the store itself; store and the capabilities above may pass through a storeGate (see serialStore)
-	rawBytes ByteBoundedFetcher  // raw's, for prefetch
-	gate     *storeGate          // nil: a ConcurrentStore, or no concurrent call at all (no LeaseRenewer)
 	pub      Publisher
-	prefetch bool // fetch the next bucket's batch during a publish (ConcurrentFetcher, sequential sweeps)
-	workers  int  // buckets served at once: MaxConcurrentBuckets for a ConcurrentStore with a LeaseRenewer, else 1
+	sample   bool // sample the backlog (Options.MetricsBacklog)
+	prefetch bool // fetch the next bucket's batch during a publish (a ConcurrentBuckets store, one bucket at a time)
+	workers  int  // buckets served at once: MaxConcurrentBuckets for a ConcurrentBuckets store, else 1
 	opts     Options
 	clock    Clock
 	log      *slog.Logger
@@ -71,11 +63,9 @@ type Relay struct {
 }
 
 // New returns a relay publishing store's rows with pub. It validates opts
-// (see Options) against the store's optional capabilities: an invalid
-// option, a store without LeaseRenewer and no MaxPublishDuration, or a
-// Notifier already attached to another relay is an error naming the cause.
-// A BucketCount disagreeing with a BucketCounter store wraps
-// ErrMisconfigured.
+// (see Options) against the store: an invalid option or a Notifier already
+// attached to another relay is an error naming the cause; a BucketCount
+// disagreeing with the store's wraps ErrMisconfigured.
 func New(store Store, pub Publisher, opts Options) (*Relay, error) {
 	if store == nil {
 		return nil, errors.New("relay: nil Store")
@@ -117,53 +107,17 @@ func New(store Store, pub Publisher, opts Options) (*Relay, error) {
 		kick:        make(chan struct{}, 1),
 		resample:    make(chan struct{}, 1),
 	}
-	r.raw = store
 	r.owners, _ = pub.(BucketOwnershipObserver)
-	r.renewer, _ = store.(LeaseRenewer)
-	r.releaser, _ = store.(LeaseReleaser)
-	r.parker, _ = store.(Parker)
-	r.clockRep, _ = store.(ClockOffsetReporter)
-	r.bytes, _ = store.(ByteBoundedFetcher)
-	r.rawBytes = r.bytes
 	r.workers = 1
-	cs, ok := store.(ConcurrentStore)
-	concurrent := ok && cs.ConcurrentBuckets()
-	if concurrent && r.renewer != nil {
+	if store.ConcurrentBuckets() {
 		r.workers = o.MaxConcurrentBuckets
+		r.prefetch = r.workers == 1
 	}
-	if cf, ok := store.(ConcurrentFetcher); ok && r.renewer != nil && r.workers == 1 {
-		r.prefetch = cf.ConcurrentNextBatch()
+	for _, reason := range []string{ParkReasonUnpublishable, ParkReasonFailure, ParkReasonCorrupt, ParkReasonHeld} {
+		m.countParked(reason, 0) // every series exists from the start
 	}
-	if !concurrent && r.renewer != nil {
-		r.serialize()
-	}
-	if r.parker != nil {
-		for _, reason := range []string{ParkReasonUnpublishable, ParkReasonFailure, ParkReasonCorrupt, ParkReasonHeld} {
-			m.countParked(reason, 0) // every series exists from the start
-		}
-	}
-	if ms, ok := store.(PendingMetricsStore); ok && o.MetricsBacklog {
-		r.sampler = ms
-	}
+	r.sample = o.MetricsBacklog
 	return r, nil
-}
-
-// serialize routes every store call but the backlog sampler's and the
-// prefetch (see ConcurrentFetcher) through a storeGate: the renewal
-// goroutine then never calls the store concurrently with the loop.
-func (r *Relay) serialize() {
-	r.gate = newStoreGate()
-	ss := &serialStore{g: r.gate, s: r.store, ren: r.renewer, rel: r.releaser, park: r.parker, bytes: r.bytes}
-	r.store, r.renewer = ss, ss
-	if r.releaser != nil {
-		r.releaser = ss
-	}
-	if r.parker != nil {
-		r.parker = ss
-	}
-	if r.bytes != nil {
-		r.bytes = ss
-	}
 }
 
 // ID returns the relay id used in the lease table (Options.RelayID or the
@@ -255,8 +209,8 @@ func (e errBucket) Unwrap() error { return e.err }
 
 // Run publishes until ctx is done, then stops: it awaits the in-flight
 // publishes (one per bucket being served; records cannot be retracted),
-// marks each acknowledged prefix if the leases are still valid, and releases the leases (when the
-// store implements LeaseReleaser) so that a peer takes over at once. These
+// marks each acknowledged prefix if the leases are still valid, and releases the leases
+// (Store.ReleaseBucketLeases) so that a peer takes over at once. These
 // steps run on context.WithoutCancel(ctx), so a stop never cancels one
 // already running, and share one budget, Options.StopTimeout, counted from
 // the moment ctx is done: the publish and the marking are cancelled when
@@ -289,7 +243,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	defer func() { _ = reg.Unregister() }()
 	var wg sync.WaitGroup
-	if r.sampler != nil {
+	if r.sample {
 		sctx, cancel := context.WithCancel(ctx)
 		wg.Add(1)
 		go func() {
@@ -343,13 +297,11 @@ func (r *Relay) Run(ctx context.Context) error {
 	renewing, stopRenewing := context.WithCancel(cleanup)
 	defer stopRenewing()
 	var rwg sync.WaitGroup
-	if r.renewer != nil {
-		rwg.Add(1)
-		go func() {
-			defer rwg.Done()
-			r.renewLoop(renewing, st)
-		}()
-	}
+	rwg.Add(1)
+	go func() {
+		defer rwg.Done()
+		r.renewLoop(renewing, st)
+	}()
 	err = r.loop(ctx, cleanup, st)
 	beginStop() // a fatal error starts the stop too
 	stopRenewing()
@@ -385,12 +337,12 @@ func (r *Relay) runStopBudget(stopping context.Context, stopped <-chan struct{},
 		{deadline, cancelRelease},
 	}
 	for _, step := range steps {
-		t := r.clock.NewTimer(step.at.Sub(r.clock.Now()))
+		tc, stop := r.clock.NewTimer(step.at.Sub(r.clock.Now()))
 		select {
 		case <-stopped:
-			t.Stop()
+			stop()
 			return
-		case <-t.C():
+		case <-tc:
 			step.cancel()
 		}
 	}
@@ -405,10 +357,10 @@ func releaseReserve(stopTimeout time.Duration) time.Duration { return stopTimeou
 // stop budget).
 func (r *Relay) stop(release context.Context, st *runState) {
 	r.setLeases(st, nil, time.Time{})
-	if !st.attempted || r.releaser == nil {
+	if !st.attempted {
 		return
 	}
-	if err := r.releaser.ReleaseBucketLeases(release, r.opts.RelayID); err != nil {
+	if err := r.store.ReleaseBucketLeases(release, r.opts.RelayID); err != nil {
 		r.log.WarnContext(release, "release leases failed; peers take over when they expire", "error", err)
 	}
 }
@@ -515,10 +467,7 @@ func (r *Relay) cycle(ctx, cleanup context.Context, st *runState) error {
 // off by more than ClockOffsetWarnThreshold (beyond the measurement's
 // uncertainty), and arms the next only once the offset is back within it.
 func (r *Relay) checkClockOffset() {
-	if r.clockRep == nil {
-		return
-	}
-	off, unc, ok := r.clockRep.ClockOffset()
+	off, unc, ok := r.store.ClockOffset()
 	if !ok {
 		return
 	}
@@ -625,18 +574,9 @@ func (r *Relay) startPrefetch(ctx context.Context, b, limit int) *prefetch {
 	p := &prefetch{bucket: b, limit: limit, done: make(chan struct{})}
 	go func() {
 		defer close(p.done)
-		p.batch, p.err = r.fetch(ctx, r.raw, r.rawBytes, b, limit)
+		p.batch, p.err = r.store.NextBatch(ctx, b, limit, r.opts.MaxBatchBytes)
 	}()
 	return p
-}
-
-// fetch reads up to limit rows of bucket b, from bf (bounded by
-// MaxBatchBytes) when the store has it, else from s.
-func (r *Relay) fetch(ctx context.Context, s Store, bf ByteBoundedFetcher, b, limit int) ([]*outbox.Message, error) {
-	if bf != nil {
-		return bf.NextBatchBytes(ctx, b, limit, r.opts.MaxBatchBytes)
-	}
-	return s.NextBatch(ctx, b, limit)
 }
 
 func (p *prefetch) wait() ([]*outbox.Message, error) {
@@ -654,7 +594,7 @@ func (p *prefetch) wait() ([]*outbox.Message, error) {
 // check.
 //
 // fetched, when non-nil, is b's batch fetched during the previous publish
-// (see ConcurrentFetcher); startNext is called just before the publish, to
+// (see Store.ConcurrentBuckets); startNext is called just before the publish, to
 // fetch the next bucket's batch meanwhile.
 func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fetched *prefetch, startNext func()) error {
 	hr := st.retry[b]
@@ -692,7 +632,7 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 		if fetched != nil {
 			fetched.wait()
 		}
-		batch, err = r.fetch(ctx, r.store, r.bytes, b, limit)
+		batch, err = r.store.NextBatch(ctx, b, limit, r.opts.MaxBatchBytes)
 	}
 	fetchTook := r.clock.Now().Sub(fetchStart)
 	if err != nil {
@@ -714,29 +654,9 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 	batch, over := trimToBytes(batch, r.opts.MaxBatchBytes)
 	failpoint("relay/after-fetch")
 	// The store left out the rows behind a parked row of their key (see
-	// Parker): the whole batch is published.
+	// Store.NextBatch): the whole batch is published.
 	pub := batch
 	drained := hr == nil && len(batch) < limit && !over
-	if r.renewer == nil {
-		// No renewal during the publish: reserve the whole budget plus one
-		// renewal interval, reacquiring first if needed.
-		need := r.opts.MaxPublishDuration + r.opts.LeaseRenewInterval
-		if st.lease.remaining(r.clock.Now()) < need {
-			if err := r.acquire(ctx, st); err != nil {
-				return err
-			}
-		}
-		if !r.leaseValid(st) {
-			return nil
-		}
-		if cur, _, _ := st.lease.snapshot(); !containsSorted(cur, b) {
-			return nil
-		}
-		if st.lease.remaining(r.clock.Now()) < need {
-			r.log.ErrorContext(ctx, "lease too short for MaxPublishDuration; rows kept unpublished", "bucket", b, "max_publish_duration", r.opts.MaxPublishDuration)
-			return errStore{fmt.Errorf("relay: bucket %d: lease shorter than MaxPublishDuration + LeaseRenewInterval", b)}
-		}
-	}
 	if !r.ownsBucket(st, b) {
 		return nil
 	}
@@ -976,29 +896,29 @@ func (r *Relay) idle(ctx context.Context, st *runState) {
 			}
 		}
 	}
-	t := r.clock.NewTimer(deadline.Sub(now))
-	defer t.Stop()
+	tc, stop := r.clock.NewTimer(deadline.Sub(now))
+	defer stop()
 	r.setPhase(phaseIdle) // the wait ends by the rebalance: see renewLoop
 	if r.onIdle != nil {
 		r.onIdle()
 	}
 	select {
 	case <-ctx.Done():
-	case <-t.C():
+	case <-tc:
 	case <-r.notifier.wake:
 	}
 }
 
 // sleep waits d or until ctx is done; notifications do not interrupt it.
 func (r *Relay) sleep(ctx context.Context, d time.Duration) {
-	t := r.clock.NewTimer(d)
-	defer t.Stop()
+	tc, stop := r.clock.NewTimer(d)
+	defer stop()
 	if r.onIdle != nil {
 		r.onIdle()
 	}
 	select {
 	case <-ctx.Done():
-	case <-t.C():
+	case <-tc:
 	}
 }
 

@@ -41,8 +41,7 @@ func TestNew(t *testing.T) {
 		{"relay_id_too_long", mem, relay.Options{RelayID: strings.Repeat("x", 129)}, "RelayID", false},
 		{"blank_metrics_name", mem, relay.Options{MetricsName: "   "}, "MetricsName", false},
 		{"metrics_name_too_long", mem, relay.Options{MetricsName: strings.Repeat("m", 65)}, "MetricsName", false},
-		{"store_without_renewal_needs_max_publish_duration", plainStore{mem}, relay.Options{}, "MaxPublishDuration", false},
-		{"max_publish_duration_must_fit_in_lease", plainStore{mem}, relay.Options{MaxPublishDuration: 25 * time.Second}, "MaxPublishDuration", false},
+		{"max_publish_duration_must_fit_in_lease", mem, relay.Options{MaxPublishDuration: 25 * time.Second}, "MaxPublishDuration", false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -72,11 +71,6 @@ func TestNew(t *testing.T) {
 		}
 		if r.Notifier() == nil {
 			t.Fatalf("Notifier() = nil; want the relay's notifier")
-		}
-	})
-	t.Run("store_without_renewal_accepted_with_max_publish_duration", func(t *testing.T) {
-		if _, err := relay.New(plainStore{relaytest.NewMemStore(8, nil)}, pub, relay.Options{MaxPublishDuration: 5 * time.Second}); err != nil {
-			t.Fatalf("New = %v; want nil", err)
 		}
 	})
 	t.Run("notifier_serves_one_relay", func(t *testing.T) {
@@ -305,7 +299,7 @@ func TestRelay(t *testing.T) {
 	})
 
 	t.Run("publish_exceeding_max_publish_duration_is_fatal", func(t *testing.T) {
-		h := newHarness(t, relay.Options{BucketCount: 1, MaxPublishDuration: 5 * time.Second}, withoutRenewal)
+		h := newHarness(t, relay.Options{BucketCount: 1, MaxPublishDuration: 5 * time.Second}, nil)
 		h.store.Add(msgs(3, "t")...)
 		release := make(chan struct{})
 		h.pub.SetHandler(func(_ context.Context, b []*outbox.Message) relay.Result {

@@ -7,15 +7,27 @@ import (
 	"github.com/gorm-outbox/outbox"
 )
 
-// Store is where the relay finds pending messages and coordinates bucket
-// leases with its peers. gormstore.Store implements it for PostgreSQL,
-// MySQL/MariaDB and SQLite; storetest checks any implementation.
+// Store is the relay's contract with the outbox's storage: where it finds
+// pending messages, deletes published ones, parks the unpublishable, and
+// coordinates bucket leases with its peers. gormstore.Store implements it
+// for PostgreSQL, MySQL/MariaDB and SQLite, relaytest.MemStore in memory;
+// the conformance kit (package storetest) checks any implementation.
 //
-// The relay calls Store methods from one goroutine at a time (lease renewal
-// runs on its own goroutine, concurrently with publishes, never with another
-// Store call except the optional PendingMetrics, which has its own
-// goroutine), unless the store implements ConcurrentFetcher or
-// ConcurrentStore. Every method must honour ctx.
+// Every method must honour ctx and be safe for concurrent use: the relay
+// calls NextBatch, MarkPublished and Park from its serving goroutines (never
+// two of them for one bucket at once), RenewBucketLeases from its renewal
+// goroutine, PendingMetrics from its metrics goroutine, all concurrently.
+//
+// A store may lack three capabilities, and says so through the contract
+// rather than by leaving methods out:
+//   - parking: FleetCanPark returns false, and a row the broker never
+//     accepts then stops its bucket (retried forever) instead of being
+//     parked;
+//   - backlog metrics: PendingMetrics returns nil, nil (the backlog gauges
+//     are then not exported);
+//   - a clock of its own: ClockOffset returns ok false (its leases then run
+//     on the relay hosts' clocks, which must agree within a fraction of
+//     LeaseDuration − LeaseRenewInterval).
 type Store interface {
 	// AcquireBucketLeases runs one acquisition round for relayID: it records
 	// a heartbeat, takes or keeps this relay's fair share of the bucketCount
@@ -25,14 +37,49 @@ type Store interface {
 	// return an error wrapping ErrMisconfigured.
 	AcquireBucketLeases(ctx context.Context, relayID string, bucketCount int, leaseDuration time.Duration) ([]int, error)
 
+	// RenewBucketLeases extends relayID's leases on buckets to now +
+	// leaseDuration (never backwards) and refreshes its heartbeat, so that
+	// a slow publish does not let a peer take over. It is all or nothing: it
+	// returns true only if every bucket was still held by relayID,
+	// unexpired, and was extended; false reports a lost lease.
+	RenewBucketLeases(ctx context.Context, relayID string, buckets []int, leaseDuration time.Duration) (bool, error)
+
+	// ReleaseBucketLeases is a graceful stop: it marks relayID stopped (so
+	// that a late statement of its own cannot claim buckets again) and then
+	// frees its leases, so that a peer takes the buckets at once instead of
+	// waiting for the leases to expire. The relay calls it once, after its
+	// last publish.
+	ReleaseBucketLeases(ctx context.Context, relayID string) error
+
 	// BucketsWithPending returns the buckets among the given ones that hold
-	// at least one pending message, in ascending order.
+	// at least one pending message, in ascending order. It may report a
+	// bucket whose only unparked rows are held (see NextBatch): the relay
+	// then finds an empty batch.
 	BucketsWithPending(ctx context.Context, buckets []int) ([]int, error)
 
 	// NextBatch returns up to limit pending messages of bucket, oldest
-	// (lowest submission order) first. A Parker skips parked rows and
-	// reports an undecodable head row as a *CorruptRowError (see Parker).
-	NextBatch(ctx context.Context, bucket, limit int) ([]*outbox.Message, error)
+	// (lowest submission order) first. With maxBytes > 0 it also stops
+	// after the first row that brings the batch's total size, by
+	// MessageSize, beyond maxBytes: that row is included, so that the relay
+	// can tell a batch cut by its size from a drained bucket (it publishes
+	// the rows within the bound, at least one, and fetches the rest again).
+	// A store may count sizes its own way as long as it does not count a
+	// row smaller than MessageSize does.
+	//
+	// Holds are the store's: NextBatch never returns a parked row, nor a
+	// row of a key (non-nil) that has a parked row with a smaller id in the
+	// same bucket whose reason does not start with CorruptReasonPrefix (a
+	// corrupt row is parked alone). So a key's later rows wait behind its
+	// parked row whatever a relay saw or missed, and requeueing or deleting
+	// that row releases them. Rows parked with a reason starting with
+	// HeldReasonPrefix (by relays of earlier releases) are parked rows like
+	// any other.
+	//
+	// When the head row (the oldest pending row that is not parked) cannot
+	// be decoded it returns a *CorruptRowError; the rows before a corrupt
+	// row are returned without an error, so that it is reported once it is
+	// the head.
+	NextBatch(ctx context.Context, bucket, limit int, maxBytes int64) ([]*outbox.Message, error)
 
 	// MarkPublished deletes published messages of bucket. published holds
 	// instances of the slice NextBatch returned, in its order: a prefix of
@@ -40,27 +87,56 @@ type Store interface {
 	// not by position; deleting only rows that are not parked is a safe
 	// guard (a row may be parked after it was read).
 	MarkPublished(ctx context.Context, bucket int, published []*outbox.Message) error
-}
 
-// LeaseRenewer is an optional Store capability: renewing leases while a
-// publish is in flight, so a slow broker does not let a peer take over. The
-// relay calls it from its renewal goroutine, concurrently with
-// Publisher.Publish but never with another Store call.
-type LeaseRenewer interface {
-	// RenewBucketLeases extends relayID's leases on buckets to now +
-	// leaseDuration (never backwards) and refreshes its heartbeat. It is all
-	// or nothing: it returns true only if every bucket was still held by
-	// relayID, unexpired, and was extended; false reports a lost lease.
-	RenewBucketLeases(ctx context.Context, relayID string, buckets []int, leaseDuration time.Duration) (bool, error)
-}
+	// FleetCanPark reports whether every live relay of the outbox supports
+	// parking (a relay of an older version would publish parked rows). The
+	// relay asks before parking and retries the row instead while it is
+	// false (a rolling upgrade in progress). A store that cannot park
+	// returns false.
+	FleetCanPark(ctx context.Context) (bool, error)
 
-// LeaseReleaser is an optional Store capability: a graceful stop. The relay
-// calls it once, after its last publish, so that a peer can take the
-// buckets at once instead of waiting for the leases to expire.
-type LeaseReleaser interface {
-	// ReleaseBucketLeases marks relayID stopped (so that a late statement of
-	// its own cannot claim buckets again) and then frees its leases.
-	ReleaseBucketLeases(ctx context.Context, relayID string) error
+	// Park marks row id of bucket parked (in place, never deleted: it keeps
+	// its id, message id, key, value, headers, created-at and bucket) at the
+	// store's current time with reason (the store may truncate it to its
+	// column size), in one atomic step with checking that relayID holds
+	// bucket's lease unexpired on the store's clock (the clock the leases
+	// are granted on). Without the lease it changes nothing and returns an
+	// error wrapping ErrLeaseLost. A row already parked or gone is left as
+	// it is (no error). Only the relay owning a bucket parks its rows;
+	// requeue and deletion (ParkAdmin) may run anywhere.
+	Park(ctx context.Context, relayID string, bucket int, id int64, reason string) error
+
+	// PendingMetrics returns a backlog snapshot of the whole store, parked
+	// rows counted apart; nil (with a nil error) means "unavailable", not
+	// zero. The relay calls it at most once at a time, with a ctx bounded
+	// by Options.MetricsTimeout, unless Options.MetricsBacklog is false.
+	PendingMetrics(ctx context.Context) (*Pending, error)
+
+	// ClockOffset returns the latest measured offset between the clock the
+	// store's leases run on (gormstore: the database server's) and the
+	// relay host's wall clock (the store's minus the host's), and its
+	// uncertainty (typically half the round trip of the read that measured
+	// it); ok is false while nothing was measured, or when the leases run
+	// on the relay hosts' clocks. It must return a cached value and never
+	// query. The relay exports it as the gauge MetricClockOffset and logs a
+	// warning when it exceeds ClockOffsetWarnThreshold.
+	ClockOffset() (offset, uncertainty time.Duration, ok bool)
+
+	// BucketCount is the bucket count the outbox's writers use; New takes
+	// it as the default Options.BucketCount and rejects one that disagrees.
+	// Zero means the store does not know.
+	BucketCount() int
+
+	// ConcurrentBuckets reports whether the store gains from being called
+	// for several buckets at once (New asks once). When true, the relay
+	// serves up to Options.MaxConcurrentBuckets of its buckets at once
+	// (their fetch, publish and delete overlapping), and with one bucket at
+	// a time it fetches the next bucket's batch while it publishes the
+	// current one. When false (a store whose writes serialise, like SQLite's
+	// single writer, where the overlap is contention rather than speed) it
+	// serves its buckets one after the other; the calls of its other
+	// goroutines still overlap them.
+	ConcurrentBuckets() bool
 }
 
 // Pending is a backlog snapshot of the whole store.
@@ -71,50 +147,9 @@ type Pending struct {
 	// Oldest is the creation time of the oldest pending message that is not
 	// parked; zero when there is none or the store cannot tell.
 	Oldest time.Time
-	// Parked is the number of parked rows (see Parker); zero for a store
-	// that cannot park.
+	// Parked is the number of parked rows; zero for a store that cannot
+	// park.
 	Parked int64
-}
-
-// PendingMetricsStore is an optional Store capability: backlog metrics. The
-// relay calls it from its metrics goroutine, concurrently with other Store
-// calls, at most once at a time, with a ctx bounded by
-// Options.MetricsTimeout. A nil snapshot means "unavailable", not zero.
-type PendingMetricsStore interface {
-	PendingMetrics(ctx context.Context) (*Pending, error)
-}
-
-// ClockOffsetReporter is an optional Store capability: a store whose leases
-// run on a clock of its own (gormstore: the database server's) reports how
-// far the relay host's wall clock is from it. The relay exports it as the
-// gauge MetricClockOffset and logs a warning when it exceeds
-// ClockOffsetWarnThreshold. The relay calls it from its metrics callback
-// and after each acquisition round, concurrently with other Store calls.
-type ClockOffsetReporter interface {
-	// ClockOffset returns the latest measured offset, the store's clock
-	// minus the relay host's wall clock, and its uncertainty (typically half
-	// the round trip of the read that measured it); ok is false while
-	// nothing was measured. It must return a cached value and never query.
-	ClockOffset() (offset, uncertainty time.Duration, ok bool)
-}
-
-// ConcurrentFetcher is an optional Store capability. When
-// ConcurrentNextBatch returns true (New asks once), the store allows
-// NextBatch for one bucket to run concurrently with its other methods
-// called for other buckets (MarkPublished, RenewBucketLeases, NextBatch),
-// and the relay fetches the next ready bucket's batch while it publishes the
-// current one, overlapping database and broker round trips. It only does so
-// for stores that also implement LeaseRenewer. gormstore.Store implements
-// it (true except on SQLite).
-type ConcurrentFetcher interface {
-	ConcurrentNextBatch() bool
-}
-
-// BucketCounter is an optional Store capability: a store that knows the
-// bucket count its writers use. New takes it as the default BucketCount and
-// rejects an Options.BucketCount that disagrees.
-type BucketCounter interface {
-	BucketCount() int
 }
 
 // Publisher sends a batch of messages, in order, and reports how many of

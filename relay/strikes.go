@@ -12,7 +12,7 @@ import (
 	"github.com/gorm-outbox/outbox"
 )
 
-// Containment (see Parker and Options.ParkPolicy): the relay side of
+// Containment (see Store.Park and Options.ParkPolicy): the relay side of
 // parking. Which rows of a parked key wait is the store's decision (its
 // NextBatch never returns a row behind a parked row of its key), so the
 // relay keeps no parked keys: it only counts a head row's failures and asks
@@ -42,13 +42,10 @@ func (r *Relay) mayAct(st *runState, b int) bool {
 // the bucket's store error, as without parking.
 func (r *Relay) parkCorrupt(ctx context.Context, st *runState, b int, ce *CorruptRowError) error {
 	fetchErr := errBucket{fmt.Errorf("relay: bucket %d: next batch: %w", b, ce)}
-	if r.parker == nil {
-		return fetchErr
-	}
 	if !r.mayAct(st, b) {
 		return nil
 	}
-	can, err := r.parker.FleetCanPark(ctx)
+	can, err := r.store.FleetCanPark(ctx)
 	if err != nil {
 		return errBucket{fmt.Errorf("relay: bucket %d: can the fleet park: %w", b, err)}
 	}
@@ -64,7 +61,7 @@ func (r *Relay) parkCorrupt(ctx context.Context, st *runState, b int, ce *Corrup
 	}
 	reason := CorruptReasonPrefix + cause
 	failpoint("relay/before-park")
-	if err := r.parker.Park(ctx, r.opts.RelayID, b, ce.ID, reason); err != nil {
+	if err := r.store.Park(ctx, r.opts.RelayID, b, ce.ID, reason); err != nil {
 		return errBucket{fmt.Errorf("relay: bucket %d: park corrupt row %d: %w", b, ce.ID, err)}
 	}
 	r.m.countParked(ParkReasonCorrupt, 1)
@@ -93,7 +90,7 @@ func (r *Relay) strikeCounts(err error) bool {
 // the fleet can park. parked reports that the row was parked (or that the
 // relay may no longer act on b): the caller must not back the bucket off.
 func (r *Relay) strike(ctx context.Context, st *runState, b int, batch []*outbox.Message, ack int, pubErr error) (parked bool, err error) {
-	if r.parker == nil || len(batch) != 1 || ack != 0 {
+	if len(batch) != 1 || ack != 0 {
 		return false, nil // only a row published alone is judged
 	}
 	row := batch[0]
@@ -113,7 +110,7 @@ func (r *Relay) strike(ctx context.Context, st *runState, b int, batch []*outbox
 	if !r.mayAct(st, b) {
 		return true, nil
 	}
-	can, err := r.parker.FleetCanPark(ctx)
+	can, err := r.store.FleetCanPark(ctx)
 	if err != nil {
 		return false, errBucket{fmt.Errorf("relay: bucket %d: can the fleet park: %w", b, err)}
 	}
@@ -129,7 +126,7 @@ func (r *Relay) strike(ctx context.Context, st *runState, b int, batch []*outbox
 	}
 	reason := pubErr.Error()
 	failpoint("relay/before-park")
-	if err := r.parker.Park(ctx, r.opts.RelayID, b, row.ID, reason); err != nil {
+	if err := r.store.Park(ctx, r.opts.RelayID, b, row.ID, reason); err != nil {
 		return false, errBucket{fmt.Errorf("relay: bucket %d: park row %d: %w", b, row.ID, err)}
 	}
 	class := ParkReasonFailure

@@ -75,10 +75,10 @@ func (r *Relay) runTransport(ctx context.Context, done func()) {
 
 // pause waits d on the relay's clock or until ctx is done.
 func (r *Relay) pause(ctx context.Context, d time.Duration) {
-	t := r.clock.NewTimer(d)
-	defer t.Stop()
+	tc, stop := r.clock.NewTimer(d)
+	defer stop()
 	select {
 	case <-ctx.Done():
-	case <-t.C():
+	case <-tc:
 	}
 }

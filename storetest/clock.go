@@ -3,8 +3,6 @@ package storetest
 import (
 	"testing"
 	"time"
-
-	"github.com/gorm-outbox/outbox/relay"
 )
 
 // clockOffsetMargin absorbs what a store may add to the measurement besides
@@ -12,17 +10,19 @@ import (
 // and a clock of millisecond resolution.
 const clockOffsetMargin = 50 * time.Millisecond
 
-// clockOffsetIsReportedAfterAnAcquisition checks a relay.ClockOffsetReporter:
-// after an acquisition round it reports the offset of its clock (the now
+// clockOffsetIsReportedAfterAnAcquisition checks Store.ClockOffset of a
+// store with a clock of its own (one that reports an offset after its first
+// acquisition round; the others are skipped): after an acquisition round it reports the offset of its clock (the now
 // NewStore was given, which the kit sets months from the host's) to the
 // host's wall clock (time.Now), store minus host, within its uncertainty,
 // and a later round measures it again.
 func clockOffsetIsReportedAfterAnAcquisition(t *testing.T, f Factory) {
 	e := newEnv(t, f, 8)
 	a := e.relay("relay-a")
-	rep, ok := a.s.(relay.ClockOffsetReporter)
-	if !ok {
-		t.Skip("storetest: the store does not implement relay.ClockOffsetReporter")
+	rep := a.s
+	e.acquire(a)
+	if _, _, ok := rep.ClockOffset(); !ok {
+		t.Skip("storetest: the store reports no clock offset (its leases run on the relay hosts' clocks)")
 	}
 	check := func(what string) {
 		t.Helper()

@@ -11,8 +11,9 @@ import (
 	"github.com/gorm-outbox/outbox/relay"
 )
 
-// parkScenarios run only for a store implementing relay.Parker (and, for
-// the admin ones, relay.ParkAdmin).
+// parkScenarios run only for a store that can park (FleetCanPark true with
+// no other relay alive) and, for the admin ones, implements
+// relay.ParkAdmin.
 var parkScenarios = []struct {
 	name string
 	run  func(t *testing.T, f Factory)
@@ -28,19 +29,20 @@ var parkScenarios = []struct {
 	{"a_corrupt_row_ends_the_batch_and_is_reported_at_the_head", corruptRow},
 }
 
-// parker returns a store of e implementing relay.Parker, whose relay
-// "relay-a" holds every bucket's lease, or skips t.
-func (e *env) parker() (relay.Store, relay.Parker) {
+// parker returns a store of e that can park, whose relay "relay-a" holds
+// every bucket's lease, or skips t.
+func (e *env) parker() relay.Store {
 	e.t.Helper()
 	r := e.relay("relay-a")
-	p, ok := r.s.(relay.Parker)
-	if !ok {
-		e.t.Skip("storetest: the store does not implement relay.Parker")
+	if ok, err := r.s.FleetCanPark(e.ctx); err != nil {
+		e.t.Fatalf("FleetCanPark: %v", err)
+	} else if !ok {
+		e.t.Skip("storetest: the store cannot park (FleetCanPark is false with no relay alive)")
 	}
 	if got := e.acquire(r); len(got) != e.n {
 		e.t.Fatalf("AcquireBucketLeases(relay-a) = %v; want all %d buckets", got, e.n)
 	}
-	return r.s, p
+	return r.s
 }
 
 func (e *env) admin(s relay.Store) relay.ParkAdmin {
@@ -56,7 +58,7 @@ func (e *env) admin(s relay.Store) relay.ParkAdmin {
 // reads them back (with their ids).
 func (e *env) keyed(s relay.Store, bucket int, key string, n int) []*outbox.Message {
 	e.t.Helper()
-	before, err := s.NextBatch(e.ctx, bucket, 10000)
+	before, err := s.NextBatch(e.ctx, bucket, 10000, 0)
 	if err != nil {
 		e.t.Fatalf("NextBatch(%d): %v", bucket, err)
 	}
@@ -65,7 +67,7 @@ func (e *env) keyed(s relay.Store, bucket int, key string, n int) []*outbox.Mess
 		m.Key = []byte(key)
 		e.insert(m)
 	}
-	after, err := s.NextBatch(e.ctx, bucket, 10000)
+	after, err := s.NextBatch(e.ctx, bucket, 10000, 0)
 	if err != nil || len(after) != len(before)+n {
 		e.t.Fatalf("NextBatch(%d) after inserting %d rows = %d rows, %v; want %d", bucket, n, len(after), err, len(before)+n)
 	}
@@ -82,7 +84,7 @@ func msgIDs(ms []*outbox.Message) []int64 {
 
 func (e *env) batch(s relay.Store, bucket int) []int64 {
 	e.t.Helper()
-	got, err := s.NextBatch(e.ctx, bucket, 10000)
+	got, err := s.NextBatch(e.ctx, bucket, 10000, 0)
 	if err != nil {
 		e.t.Fatalf("NextBatch(%d): %v", bucket, err)
 	}
@@ -90,32 +92,29 @@ func (e *env) batch(s relay.Store, bucket int) []int64 {
 }
 
 // park parks row id of bucket on behalf of relay-a (see parker).
-func (e *env) park(p relay.Parker, bucket int, id int64, reason string) {
+func (e *env) park(s relay.Store, bucket int, id int64, reason string) {
 	e.t.Helper()
-	if err := p.Park(e.ctx, "relay-a", bucket, id, reason); err != nil {
+	if err := s.Park(e.ctx, "relay-a", bucket, id, reason); err != nil {
 		e.t.Fatalf("Park(relay-a, %d, %d): %v", bucket, id, err)
 	}
 }
 
 func parkedRowsSkipped(t *testing.T, f Factory) {
 	e := newEnv(t, f, 8)
-	s, p := e.parker()
+	s := e.parker()
 	a := msgIDs(e.keyed(s, 1, "a", 3))
 	b := msgIDs(e.keyed(s, 1, "b", 2))
 	only := msgIDs(e.keyed(s, 2, "c", 1))
-	e.park(p, 1, a[0], "rejected")
-	e.park(p, 2, only[0], "rejected")
+	e.park(s, 1, a[0], "rejected")
+	e.park(s, 2, only[0], "rejected")
 	if got := e.batch(s, 1); !slices.Equal(got, b) {
 		t.Fatalf("NextBatch(1) = %v; want the rows of the other key %v (a's rows wait behind its parked row)", got, b)
 	}
 	if got, err := s.BucketsWithPending(e.ctx, all(8)); err != nil || !slices.Equal(got, []int{1}) {
 		t.Fatalf("BucketsWithPending = %v, %v; want [1] (bucket 2 holds only a parked row)", got, err)
 	}
-	if pm, ok := s.(relay.PendingMetricsStore); ok {
-		got, err := pm.PendingMetrics(e.ctx)
-		if err != nil || got == nil || got.Count != 4 || got.Parked != 2 {
-			t.Fatalf("PendingMetrics = %+v, %v; want Count 4 (the waiting rows are pending), Parked 2", got, err)
-		}
+	if got, err := s.PendingMetrics(e.ctx); err != nil || got != nil && (got.Count != 4 || got.Parked != 2) {
+		t.Fatalf("PendingMetrics = %+v, %v; want Count 4 (the waiting rows are pending), Parked 2", got, err)
 	}
 }
 
@@ -125,14 +124,14 @@ func parkedRowsSkipped(t *testing.T, f Factory) {
 // (relay.HeldReasonPrefix) holds like any parked row.
 func parkedRowHolds(t *testing.T, f Factory) {
 	e := newEnv(t, f, 8)
-	s, p := e.parker()
+	s := e.parker()
 	a := msgIDs(e.keyed(s, 1, "a", 3))
 	c := msgIDs(e.keyed(s, 1, "c", 2))
 	elsewhere := msgIDs(e.keyed(s, 3, "a", 1))
 	h := msgIDs(e.keyed(s, 4, "h", 2))
-	e.park(p, 1, a[1], "rejected")
-	e.park(p, 1, c[0], relay.CorruptReasonPrefix+"bad headers")
-	e.park(p, 4, h[0], relay.HeldReasonPrefix+"1")
+	e.park(s, 1, a[1], "rejected")
+	e.park(s, 1, c[0], relay.CorruptReasonPrefix+"bad headers")
+	e.park(s, 4, h[0], relay.HeldReasonPrefix+"1")
 	if got, want := e.batch(s, 1), []int64{a[0], c[1]}; !slices.Equal(got, want) {
 		t.Fatalf("NextBatch(1) = %v; want %v (a's row before its parked row, and c's row behind a corrupt one)", got, want)
 	}
@@ -159,11 +158,11 @@ func parkedRowHolds(t *testing.T, f Factory) {
 // row flows, k's rows behind the head keep waiting.
 func requeueCorruptReleasesNothing(t *testing.T, f Factory) {
 	e := newEnv(t, f, 8)
-	s, p := e.parker()
+	s := e.parker()
 	adm := e.admin(s)
 	k := msgIDs(e.keyed(s, 2, "k", 3))
-	e.park(p, 2, k[0], relay.CorruptReasonPrefix+"bad headers")
-	e.park(p, 2, k[1], "rejected")
+	e.park(s, 2, k[0], relay.CorruptReasonPrefix+"bad headers")
+	e.park(s, 2, k[1], "rejected")
 	if n, err := adm.RequeueParked(e.ctx, relay.ParkedSelector{ID: k[0]}); err != nil || n != 1 {
 		t.Fatalf("RequeueParked(ID %d, corrupt) = %d, %v; want 1 (the corrupt row alone)", k[0], n, err)
 	}
@@ -180,23 +179,23 @@ func requeueCorruptReleasesNothing(t *testing.T, f Factory) {
 // relay.ErrLeaseLost.
 func parkNeedsTheLease(t *testing.T, f Factory) {
 	e := newEnv(t, f, 8)
-	s, p := e.parker()
+	s := e.parker()
 	k := msgIDs(e.keyed(s, 3, "k", 2))
 	e.clock.Advance(LeaseDuration + time.Second)
-	if err := p.Park(e.ctx, "relay-a", 3, k[0], "rejected"); !errors.Is(err, relay.ErrLeaseLost) {
+	if err := s.Park(e.ctx, "relay-a", 3, k[0], "rejected"); !errors.Is(err, relay.ErrLeaseLost) {
 		t.Fatalf("Park with an expired lease = %v; want an error wrapping relay.ErrLeaseLost", err)
 	}
 	b := e.relay("relay-b")
 	if got := e.acquire(b); !slices.Contains(got, 3) {
 		t.Fatalf("relay-b acquired %v; want bucket 3", got)
 	}
-	if err := p.Park(e.ctx, "relay-a", 3, k[0], "rejected"); !errors.Is(err, relay.ErrLeaseLost) {
+	if err := s.Park(e.ctx, "relay-a", 3, k[0], "rejected"); !errors.Is(err, relay.ErrLeaseLost) {
 		t.Fatalf("Park after a peer took the bucket = %v; want an error wrapping relay.ErrLeaseLost", err)
 	}
 	if got := e.batch(s, 3); !slices.Equal(got, k) {
 		t.Fatalf("NextBatch(3) = %v; want every row %v (nothing parked)", got, k)
 	}
-	if err := p.Park(e.ctx, "relay-b", 3, k[0], "rejected"); err != nil {
+	if err := s.Park(e.ctx, "relay-b", 3, k[0], "rejected"); err != nil {
 		t.Fatalf("Park by the new owner: %v", err)
 	}
 }
@@ -207,25 +206,25 @@ func selectorsMatchChoose(t *testing.T, f Factory) {
 	for _, del := range []bool{false, true} {
 		t.Run(map[bool]string{false: "requeue", true: "delete"}[del], func(t *testing.T) {
 			e := newEnv(t, f, 8)
-			s, p := e.parker()
+			s := e.parker()
 			adm := e.admin(s)
 			k := msgIDs(e.keyed(s, 5, "k", 4))
 			other := msgIDs(e.keyed(s, 6, "k", 1))
 			keyless := e.msg(5, start)
 			keyless.Key = nil
 			e.insert(keyless)
-			got, err := s.NextBatch(e.ctx, 5, 100)
+			got, err := s.NextBatch(e.ctx, 5, 100, 0)
 			if err != nil || len(got) != 5 {
 				t.Fatalf("NextBatch(5) = %d rows, %v; want 5", len(got), err)
 			}
 			nokey := got[4].ID
-			e.park(p, 5, k[0], relay.CorruptReasonPrefix+"bad headers")
-			e.park(p, 5, k[1], "rejected")
-			e.park(p, 5, k[2], relay.HeldReasonPrefix+strconv.FormatInt(k[1], 10))
-			e.park(p, 5, nokey, "rejected")
-			e.park(p, 6, other[0], "rejected")
+			e.park(s, 5, k[0], relay.CorruptReasonPrefix+"bad headers")
+			e.park(s, 5, k[1], "rejected")
+			e.park(s, 5, k[2], relay.HeldReasonPrefix+strconv.FormatInt(k[1], 10))
+			e.park(s, 5, nokey, "rejected")
+			e.park(s, 6, other[0], "rejected")
 			for _, sel := range []relay.ParkedSelector{{ID: k[2]}, {ID: k[0]}, {ID: nokey}, {Key: []byte("k")}, {All: true}} {
-				e.park(p, 5, nokey, "rejected") // again after the All of the requeue run
+				e.park(s, 5, nokey, "rejected") // again after the All of the requeue run
 				before, err := adm.ListParked(e.ctx, 0)
 				if err != nil {
 					t.Fatal(err)
@@ -262,11 +261,11 @@ func parkedIDs(rows []relay.ParkedRow) []int64 {
 
 func requeueRestoresOrder(t *testing.T, f Factory) {
 	e := newEnv(t, f, 8)
-	s, p := e.parker()
+	s := e.parker()
 	a := e.admin(s)
 	k := msgIDs(e.keyed(s, 5, "k", 3))
-	e.park(p, 5, k[0], "rejected")
-	e.park(p, 5, k[1], "rejected")
+	e.park(s, 5, k[0], "rejected")
+	e.park(s, 5, k[1], "rejected")
 	later := msgIDs(e.keyed(s, 5, "other", 2))
 	rows, err := a.ListParked(e.ctx, 0)
 	if err != nil || len(rows) != 2 || rows[0].ID != k[0] || rows[0].Bucket != 5 || string(rows[0].Key) != "k" || rows[0].Reason != "rejected" {
@@ -288,11 +287,11 @@ func requeueRestoresOrder(t *testing.T, f Factory) {
 
 func deleteParkedOnlyParked(t *testing.T, f Factory) {
 	e := newEnv(t, f, 8)
-	s, p := e.parker()
+	s := e.parker()
 	a := e.admin(s)
 	k := msgIDs(e.keyed(s, 6, "k", 3))
-	e.park(p, 6, k[0], "rejected")
-	e.park(p, 6, k[1], "rejected")
+	e.park(s, 6, k[0], "rejected")
+	e.park(s, 6, k[1], "rejected")
 	if n, err := a.DeleteParked(e.ctx, relay.ParkedSelector{ID: k[0]}); err != nil || n != 2 {
 		t.Fatalf("DeleteParked(id of the head) = %d, %v; want the key's 2 parked rows", n, err)
 	}
@@ -312,19 +311,19 @@ func deleteParkedOnlyParked(t *testing.T, f Factory) {
 
 func fleetCanPark(t *testing.T, f Factory) {
 	e := newEnv(t, f, 8)
-	_, p := e.parker()
-	if ok, err := p.FleetCanPark(e.ctx); err != nil || !ok {
+	s := e.parker()
+	if ok, err := s.FleetCanPark(e.ctx); err != nil || !ok {
 		t.Fatalf("FleetCanPark before any relay = %v, %v; want true", ok, err)
 	}
 	e.converge(2, e.relay("relay-a"), e.relay("relay-b"))
-	if ok, err := p.FleetCanPark(e.ctx); err != nil || !ok {
+	if ok, err := s.FleetCanPark(e.ctx); err != nil || !ok {
 		t.Fatalf("FleetCanPark with two relays of this store = %v, %v; want true", ok, err)
 	}
 }
 
 func corruptRow(t *testing.T, f Factory) {
 	e := newEnv(t, f, 8)
-	s, p := e.parker()
+	s := e.parker()
 	if e.h.InsertCorrupt == nil {
 		t.Skip("storetest: Harness.InsertCorrupt is nil")
 	}
@@ -334,20 +333,20 @@ func corruptRow(t *testing.T, f Factory) {
 	}
 	m := e.msg(7, start)
 	e.insert(m)
-	got, err := s.NextBatch(e.ctx, 7, 100)
+	got, err := s.NextBatch(e.ctx, 7, 100, 0)
 	if err != nil || !slices.Equal(msgIDs(got), good) {
 		t.Fatalf("NextBatch = %v, %v; want only the row before the corrupt one %v, no error", msgIDs(got), err, good)
 	}
 	if err := s.MarkPublished(e.ctx, 7, got); err != nil {
 		t.Fatal(err)
 	}
-	_, err = s.NextBatch(e.ctx, 7, 100)
+	_, err = s.NextBatch(e.ctx, 7, 100, 0)
 	var ce *relay.CorruptRowError
 	if !errors.As(err, &ce) || ce.Bucket != 7 || ce.ID <= good[0] {
 		t.Fatalf("NextBatch at the corrupt head = %v; want a *relay.CorruptRowError in bucket 7", err)
 	}
-	e.park(p, 7, ce.ID, relay.CorruptReasonPrefix+ce.Err.Error())
-	after, err := s.NextBatch(e.ctx, 7, 100)
+	e.park(s, 7, ce.ID, relay.CorruptReasonPrefix+ce.Err.Error())
+	after, err := s.NextBatch(e.ctx, 7, 100, 0)
 	if err != nil || len(after) != 1 || after[0].MessageID != m.MessageID {
 		t.Fatalf("NextBatch after parking the corrupt row = %v, %v; want the later row", msgIDs(after), err)
 	}

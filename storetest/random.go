@@ -9,8 +9,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/gorm-outbox/outbox/relay"
 )
 
 // RandomRounds is the number of rounds of the randomised multi-relay run.
@@ -115,12 +113,11 @@ func randomisedRun(t *testing.T, f Factory) {
 			counts["concurrent"]++
 		case p < 70:
 			s := ls[rng.IntN(len(ls))]
-			ren, ok := s.r.s.(relay.LeaseRenewer)
-			if !ok || len(s.owned) == 0 {
+			if len(s.owned) == 0 {
 				continue
 			}
 			now := e.clock.Now()
-			held, err := ren.RenewBucketLeases(e.ctx, s.r.id, s.owned, LeaseDuration)
+			held, err := s.r.s.RenewBucketLeases(e.ctx, s.r.id, s.owned, LeaseDuration)
 			if err != nil {
 				t.Fatalf("round %d: RenewBucketLeases(%s) error: %v", round, s.r.id, err)
 			}
@@ -147,11 +144,7 @@ func randomisedRun(t *testing.T, f Factory) {
 			counts["pause"]++
 		case p < 87:
 			s := ls[rng.IntN(len(ls))]
-			rel, ok := s.r.s.(relay.LeaseReleaser)
-			if !ok {
-				continue
-			}
-			if err := rel.ReleaseBucketLeases(e.ctx, s.r.id); err != nil {
+			if err := s.r.s.ReleaseBucketLeases(e.ctx, s.r.id); err != nil {
 				t.Fatalf("round %d: ReleaseBucketLeases(%s) error: %v", round, s.r.id, err)
 			}
 			s.state, s.owned = simStopped, nil

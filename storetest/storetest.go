@@ -4,8 +4,7 @@
 // release, batches, misconfiguration, backlog metrics, parking — and a randomised
 // multi-relay run asserting that no bucket ever has two live owners.
 //
-// A store that implements relay.Parker (containment) is also checked for
-// it: parked rows skipped by NextBatch and BucketsWithPending and counted in
+// A store that can park (FleetCanPark true) is also checked for it: parked rows skipped by NextBatch and BucketsWithPending and counted in
 // Pending.Parked, the later rows of a parked row's key held by NextBatch (a
 // corrupt row holding nothing, a requeue of a corrupt row releasing
 // nothing), Park changing nothing without the relay's lease, FleetCanPark
@@ -13,10 +12,10 @@
 // *relay.CorruptRowError at the head (with Harness.InsertCorrupt), and, for
 // a relay.ParkAdmin, listing, requeue in id order, deletion of parked rows
 // only, and each selection changing exactly the rows
-// relay.ParkedSelector.Choose picks. A relay.ClockOffsetReporter is checked to report, after an
-// acquisition round, the offset of its clock (the now NewStore gets) to the
-// host's wall clock. A store without these capabilities skips those
-// scenarios.
+// // relay.ParkedSelector.Choose picks. A store with a clock of its own
+// (Store.ClockOffset reports ok) is checked to report, after an acquisition
+// round, the offset of its clock (the now NewStore gets) to the host's wall
+// clock. A store without these capabilities skips those scenarios.
 //
 // A custom store (MongoDB, DynamoDB, …) passes it by giving Run a factory of
 // Harness values, each on a fresh, empty backend:
@@ -99,7 +98,7 @@ type Harness struct {
 	// InsertCorrupt writes one pending row in bucket, after every row
 	// inserted so far, that the store cannot decode (a header blob of an
 	// unknown codec version, say), as a newer writer or a hand edit would.
-	// Optional: the corrupt-row scenario of a relay.Parker needs it.
+	// Optional: the corrupt-row scenario of a store that parks needs it.
 	InsertCorrupt func(ctx context.Context, bucket int) error
 }
 

@@ -609,28 +609,30 @@ var flagNames = strings.NewReplacer(
 func oneLine(err error) string { return flagNames.Replace(err.Error()) }
 
 // checkStore stands in for the database store while the relay options are
-// checked, before any connection is made. It has the capabilities of
-// gormstore.Store that relay.New looks at (lease renewal, the bucket count).
+// checked, before any connection is made: relay.New reads its bucket count
+// and ConcurrentBuckets; every other method fails.
 type checkStore struct{ buckets int }
 
 func (checkStore) AcquireBucketLeases(context.Context, string, int, time.Duration) ([]int, error) {
 	return nil, errUnused
 }
-func (checkStore) BucketsWithPending(context.Context, []int) ([]int, error) { return nil, errUnused }
-func (checkStore) NextBatch(context.Context, int, int) ([]*outbox.Message, error) {
-	return nil, errUnused
-}
-func (checkStore) MarkPublished(context.Context, int, []*outbox.Message) error { return errUnused }
 func (checkStore) RenewBucketLeases(context.Context, string, []int, time.Duration) (bool, error) {
 	return false, errUnused
 }
-func (s checkStore) BucketCount() int { return s.buckets }
+func (checkStore) ReleaseBucketLeases(context.Context, string) error        { return errUnused }
+func (checkStore) BucketsWithPending(context.Context, []int) ([]int, error) { return nil, errUnused }
+func (checkStore) NextBatch(context.Context, int, int, int64) ([]*outbox.Message, error) {
+	return nil, errUnused
+}
+func (checkStore) MarkPublished(context.Context, int, []*outbox.Message) error { return errUnused }
+func (checkStore) FleetCanPark(context.Context) (bool, error)                  { return false, errUnused }
+func (checkStore) Park(context.Context, string, int, int64, string) error      { return errUnused }
+func (checkStore) PendingMetrics(context.Context) (*relay.Pending, error)      { return nil, errUnused }
+func (checkStore) ClockOffset() (time.Duration, time.Duration, bool)           { return 0, 0, false }
+func (s checkStore) BucketCount() int                                          { return s.buckets }
+func (checkStore) ConcurrentBuckets() bool                                     { return true }
 
-var (
-	_ relay.Store         = checkStore{}
-	_ relay.LeaseRenewer  = checkStore{}
-	_ relay.BucketCounter = checkStore{}
-)
+var _ relay.Store = checkStore{}
 
 // checkPublisher stands in for the Kafka publisher in checkRelayOptions.
 type checkPublisher struct{}

@@ -62,11 +62,12 @@ func (b *Backend) Insert(msgs ...*outbox.Message) {
 	}
 }
 
-// Store is one relay's view of the Backend. It implements relay.Store and
-// the optional capabilities relay.LeaseRenewer (renewal during a slow
-// publish), relay.LeaseReleaser (graceful stop), relay.PendingMetricsStore
-// (backlog metrics) and relay.BucketCounter. Each relay gets its own Store;
-// now is its clock (injected so that the conformance kit can move time).
+// Store is one relay's view of the Backend. It implements relay.Store,
+// saying what it lacks through the contract: it cannot park rows
+// (FleetCanPark is false: a row the broker never accepts stops its bucket)
+// and has no clock of its own (its leases run on the relays' clocks). Each
+// relay gets its own Store; now is its clock (injected so that the
+// conformance kit can move time).
 type Store struct {
 	b   *Backend
 	now func() time.Time
@@ -80,16 +81,27 @@ func NewStore(b *Backend, now func() time.Time) *Store {
 	return &Store{b: b, now: now}
 }
 
-var (
-	_ relay.Store               = (*Store)(nil)
-	_ relay.LeaseRenewer        = (*Store)(nil)
-	_ relay.LeaseReleaser       = (*Store)(nil)
-	_ relay.PendingMetricsStore = (*Store)(nil)
-	_ relay.BucketCounter       = (*Store)(nil)
-)
+var _ relay.Store = (*Store)(nil)
 
-// BucketCount implements relay.BucketCounter.
+// BucketCount implements relay.Store.
 func (s *Store) BucketCount() int { return s.b.buckets }
+
+// ConcurrentBuckets implements relay.Store: the backend serves calls for
+// different buckets at once, so a relay may serve several buckets at once.
+func (s *Store) ConcurrentBuckets() bool { return true }
+
+// ClockOffset implements relay.Store: the leases run on the relays' clocks
+// (now), so there is no offset to report.
+func (s *Store) ClockOffset() (offset, uncertainty time.Duration, ok bool) { return 0, 0, false }
+
+// FleetCanPark implements relay.Store: this store cannot park rows.
+func (s *Store) FleetCanPark(context.Context) (bool, error) { return false, nil }
+
+// Park implements relay.Store; the relay never calls it while FleetCanPark
+// is false.
+func (s *Store) Park(context.Context, string, int, int64, string) error {
+	return errors.New("customstore: parking is not supported")
+}
 
 // AcquireBucketLeases implements relay.Store: one acquisition round.
 func (s *Store) AcquireBucketLeases(ctx context.Context, relayID string, bucketCount int, leaseDuration time.Duration) ([]int, error) {
@@ -180,7 +192,7 @@ func (s *Store) AcquireBucketLeases(ctx context.Context, relayID string, bucketC
 	return mine, nil
 }
 
-// RenewBucketLeases implements relay.LeaseRenewer: all or nothing.
+// RenewBucketLeases implements relay.Store: all or nothing.
 func (s *Store) RenewBucketLeases(ctx context.Context, relayID string, buckets []int, leaseDuration time.Duration) (bool, error) {
 	if err := ctx.Err(); err != nil {
 		return false, err
@@ -207,7 +219,7 @@ func (s *Store) RenewBucketLeases(ctx context.Context, relayID string, buckets [
 	return true, nil
 }
 
-// ReleaseBucketLeases implements relay.LeaseReleaser: mark the relay
+// ReleaseBucketLeases implements relay.Store: mark the relay
 // stopped first, then free its leases.
 func (s *Store) ReleaseBucketLeases(ctx context.Context, relayID string) error {
 	if err := ctx.Err(); err != nil {
@@ -248,8 +260,9 @@ func (s *Store) BucketsWithPending(ctx context.Context, buckets []int) ([]int, e
 }
 
 // NextBatch implements relay.Store: the oldest rows of one bucket
-// (SELECT … WHERE bucket = ? ORDER BY id LIMIT ?).
-func (s *Store) NextBatch(ctx context.Context, bucket, limit int) ([]*outbox.Message, error) {
+// (SELECT … WHERE bucket = ? ORDER BY id LIMIT ?), stopping after the row
+// that crosses maxBytes.
+func (s *Store) NextBatch(ctx context.Context, bucket, limit int, maxBytes int64) ([]*outbox.Message, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -257,9 +270,14 @@ func (s *Store) NextBatch(ctx context.Context, bucket, limit int) ([]*outbox.Mes
 	defer s.b.mu.Unlock()
 	rows := s.b.rows[bucket]
 	out := make([]*outbox.Message, 0, min(limit, len(rows)))
+	var size int64
 	for _, m := range rows[:min(limit, len(rows))] {
+		if maxBytes > 0 && size > maxBytes {
+			break
+		}
 		c := *m
 		out = append(out, &c)
+		size += relay.MessageSize(m)
 	}
 	return out, nil
 }
@@ -280,7 +298,7 @@ func (s *Store) MarkPublished(ctx context.Context, bucket int, published []*outb
 	return nil
 }
 
-// PendingMetrics implements relay.PendingMetricsStore.
+// PendingMetrics implements relay.Store.
 func (s *Store) PendingMetrics(ctx context.Context) (*relay.Pending, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err

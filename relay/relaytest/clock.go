@@ -1,5 +1,5 @@
 // Package relaytest has test doubles for the relay: a manual clock
-// (ManualClock), an in-memory Store with every optional capability
+// (ManualClock), an in-memory Store and ParkAdmin
 // (MemStore), and a scriptable publisher (Publisher).
 package relaytest
 
@@ -36,17 +36,17 @@ func (c *ManualClock) Now() time.Time {
 
 // NewTimer returns a timer firing when the clock reaches Now()+d; d <= 0
 // fires at once.
-func (c *ManualClock) NewTimer(d time.Duration) relay.Timer {
+func (c *ManualClock) NewTimer(d time.Duration) (<-chan time.Time, func() bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	t := &manualTimer{c: c, at: c.now.Add(d), ch: make(chan time.Time, 1)}
 	if d <= 0 {
 		t.ch <- c.now
-		return t
+		return t.ch, t.Stop
 	}
 	c.timers = append(c.timers, t)
 	c.notifyLocked()
-	return t
+	return t.ch, t.Stop
 }
 
 // Advance moves the clock forward by d, firing due timers.
@@ -130,8 +130,6 @@ type manualTimer struct {
 	at time.Time
 	ch chan time.Time
 }
-
-func (t *manualTimer) C() <-chan time.Time { return t.ch }
 
 func (t *manualTimer) Stop() bool {
 	t.c.mu.Lock()

@@ -27,10 +27,7 @@ const (
 	OpDeleteParked       = "DeleteParked"
 )
 
-// MemStore is an in-memory relay.Store with every optional capability
-// (LeaseRenewer, LeaseReleaser, PendingMetricsStore, BucketCounter, Parker
-// and ParkAdmin). It
-// keeps leases, heartbeats and fair share (relay.Shares) like a database
+// MemStore is an in-memory relay.Store and relay.ParkAdmin. It keeps leases, heartbeats and fair share (relay.Shares) like a database
 // store, with expiry read from an injected clock, so it serves engine tests
 // and shows what a custom store must do. It is safe for concurrent use.
 type MemStore struct {
@@ -51,6 +48,8 @@ type memShared struct {
 	parked  map[int64]memPark    // parked rows by id
 	corrupt map[int64]memCorrupt // undecodable rows by id (see AddCorrupt)
 	noFleet bool                 // FleetCanPark answers false (see SetFleetCanPark)
+
+	concurrent bool // ConcurrentBuckets answers true (see SetConcurrentBuckets)
 }
 
 type memLease struct {
@@ -177,8 +176,28 @@ func (s *MemStore) Owners() map[int]string {
 	return out
 }
 
-// BucketCount implements relay.BucketCounter.
+// BucketCount implements relay.Store.
 func (s *MemStore) BucketCount() int { return s.n }
+
+// SetConcurrentBuckets sets what ConcurrentBuckets answers (false by
+// default: a relay serves a MemStore's buckets one at a time).
+func (s *MemStore) SetConcurrentBuckets(ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.concurrent = ok
+}
+
+// ConcurrentBuckets implements relay.Store: false unless
+// SetConcurrentBuckets(true).
+func (s *MemStore) ConcurrentBuckets() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.concurrent
+}
+
+// ClockOffset implements relay.Store: a MemStore's leases run on the clock
+// it was given, so it reports none.
+func (s *MemStore) ClockOffset() (offset, uncertainty time.Duration, ok bool) { return 0, 0, false }
 
 // AcquireBucketLeases implements relay.Store: heartbeat, then take or keep
 // relayID's fair share of free or expired leases, freeing any excess. A
@@ -250,7 +269,7 @@ func (s *MemStore) AcquireBucketLeases(ctx context.Context, relayID string, buck
 	return mine, nil
 }
 
-// RenewBucketLeases implements relay.LeaseRenewer: all or nothing.
+// RenewBucketLeases implements relay.Store: all or nothing.
 func (s *MemStore) RenewBucketLeases(ctx context.Context, relayID string, buckets []int, leaseDuration time.Duration) (bool, error) {
 	if err := s.enter(ctx, OpRenew); err != nil {
 		return false, err
@@ -277,7 +296,7 @@ func (s *MemStore) RenewBucketLeases(ctx context.Context, relayID string, bucket
 	return true, nil
 }
 
-// ReleaseBucketLeases implements relay.LeaseReleaser: the relay is marked
+// ReleaseBucketLeases implements relay.Store: the relay is marked
 // stopped, then its leases are freed.
 func (s *MemStore) ReleaseBucketLeases(ctx context.Context, relayID string) error {
 	if err := s.enter(ctx, OpRelease); err != nil {
@@ -318,19 +337,21 @@ func (s *MemStore) BucketsWithPending(ctx context.Context, buckets []int) ([]int
 
 // NextBatch implements relay.Store. It returns copies of the stored
 // messages, oldest first, skipping parked rows and the rows behind a parked
-// row of their key (see relay.Parker). A corrupt row (AddCorrupt)
-// ends the batch before it, or, at the head, makes NextBatch return a
-// *relay.CorruptRowError.
-func (s *MemStore) NextBatch(ctx context.Context, bucket, limit int) ([]*outbox.Message, error) {
+// row of their key (see relay.Store.NextBatch), and stops after the row
+// that brings the batch's relay.MessageSize total beyond maxBytes (when
+// maxBytes > 0). A corrupt row (AddCorrupt) ends the batch before it, or,
+// at the head, makes NextBatch return a *relay.CorruptRowError.
+func (s *MemStore) NextBatch(ctx context.Context, bucket, limit int, maxBytes int64) ([]*outbox.Message, error) {
 	if err := s.enter(ctx, OpNextBatch); err != nil {
 		return nil, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []*outbox.Message
+	var total int64
 	held := map[string]bool{} // keys with a parked row so far that holds
 	for _, m := range s.rows[bucket] {
-		if len(out) >= limit {
+		if len(out) >= limit || maxBytes > 0 && total > maxBytes {
 			break
 		}
 		if p, ok := s.parked[m.ID]; ok {
@@ -350,6 +371,7 @@ func (s *MemStore) NextBatch(ctx context.Context, bucket, limit int) ([]*outbox.
 		}
 		c := *m
 		out = append(out, &c)
+		total += relay.MessageSize(m)
 	}
 	return out, nil
 }
@@ -380,7 +402,7 @@ func (s *MemStore) MarkPublished(ctx context.Context, bucket int, published []*o
 	return nil
 }
 
-// PendingMetrics implements relay.PendingMetricsStore.
+// PendingMetrics implements relay.Store.
 func (s *MemStore) PendingMetrics(ctx context.Context) (*relay.Pending, error) {
 	if err := s.enter(ctx, OpPendingMetrics); err != nil {
 		return nil, err
@@ -403,11 +425,6 @@ func (s *MemStore) PendingMetrics(ctx context.Context) (*relay.Pending, error) {
 }
 
 var (
-	_ relay.Store               = (*MemStore)(nil)
-	_ relay.LeaseRenewer        = (*MemStore)(nil)
-	_ relay.LeaseReleaser       = (*MemStore)(nil)
-	_ relay.PendingMetricsStore = (*MemStore)(nil)
-	_ relay.BucketCounter       = (*MemStore)(nil)
-	_ relay.Parker              = (*MemStore)(nil)
-	_ relay.ParkAdmin           = (*MemStore)(nil)
+	_ relay.Store     = (*MemStore)(nil)
+	_ relay.ParkAdmin = (*MemStore)(nil)
 )

@@ -82,7 +82,7 @@ func (s *MemStore) isParked(id int64) bool {
 	return ok
 }
 
-// FleetCanPark implements relay.Parker: true unless SetFleetCanPark(false).
+// FleetCanPark implements relay.Store: true unless SetFleetCanPark(false).
 func (s *MemStore) FleetCanPark(ctx context.Context) (bool, error) {
 	if err := s.enter(ctx, OpFleetCanPark); err != nil {
 		return false, err
@@ -102,7 +102,7 @@ func (s *MemStore) row(bucket int, id int64) *outbox.Message {
 	return rows[i]
 }
 
-// Park implements relay.Parker: the row is parked only while relayID holds
+// Park implements relay.Store: the row is parked only while relayID holds
 // bucket's lease unexpired on the store's clock.
 func (s *MemStore) Park(ctx context.Context, relayID string, bucket int, id int64, reason string) error {
 	if err := s.enter(ctx, OpPark); err != nil {
@@ -121,7 +121,7 @@ func (s *MemStore) Park(ctx context.Context, relayID string, bucket int, id int6
 }
 
 // holds reports whether parked row p of a keyed row holds the later rows of
-// its key (see relay.Parker): unless it is corrupt.
+// its key (see relay.Store.NextBatch): unless it is corrupt.
 func holds(p memPark) bool { return !strings.HasPrefix(p.reason, relay.CorruptReasonPrefix) }
 
 // ListParked implements relay.ParkAdmin.
