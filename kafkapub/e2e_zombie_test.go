@@ -20,6 +20,7 @@ import (
 	"github.com/gorm-outbox/outbox/internal/testenv"
 	"github.com/gorm-outbox/outbox/kafkapub"
 	"github.com/gorm-outbox/outbox/relay"
+	"github.com/gorm-outbox/outbox/relay/relaytest"
 )
 
 // recordingPublisher passes calls to a Publisher (ownership included)
@@ -112,7 +113,7 @@ func runZombie(t *testing.T, o testenv.Opener, b testenv.Broker, step string) {
 		stallOnce.Do(func() { close(stalled) })
 		<-release
 	})
-	storeA := &pausable{Store: newStore()}
+	storeA := &relaytest.Pausable{Store: newStore()}
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -169,7 +170,7 @@ func runZombie(t *testing.T, o testenv.Opener, b testenv.Broker, step string) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("relay A never stalled")
 	}
-	storeA.pause()
+	storeA.Pause()
 
 	pubB := newPub()
 	runB, err := relay.New(newStore(), pubB, opts("relay-b"))
@@ -184,7 +185,7 @@ func runZombie(t *testing.T, o testenv.Opener, b testenv.Broker, step string) {
 	// A resumes: its transaction is fenced, it deletes nothing, drops its
 	// buckets and rejoins with a share of them.
 	close(release)
-	storeA.resume()
+	storeA.Resume()
 	wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
 	for pubA.fenced.Load() == 0 && wctx.Err() == nil {
 		time.Sleep(10 * time.Millisecond)

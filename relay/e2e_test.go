@@ -14,77 +14,6 @@ import (
 	"github.com/gorm-outbox/outbox/relay/relaytest"
 )
 
-// pausable stalls every call of one relay's store while paused, like a
-// database connection that hangs.
-type pausable struct {
-	relay.Store
-	mu     sync.Mutex
-	paused chan struct{} // non-nil while paused; closed on resume
-}
-
-func (p *pausable) pause() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.paused == nil {
-		p.paused = make(chan struct{})
-	}
-}
-
-func (p *pausable) resume() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.paused != nil {
-		close(p.paused)
-		p.paused = nil
-	}
-}
-
-func (p *pausable) gate(ctx context.Context) error {
-	p.mu.Lock()
-	ch := p.paused
-	p.mu.Unlock()
-	if ch == nil {
-		return nil
-	}
-	select {
-	case <-ch:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-func (p *pausable) AcquireBucketLeases(ctx context.Context, id string, n int, d time.Duration) ([]int, error) {
-	if err := p.gate(ctx); err != nil {
-		return nil, err
-	}
-	return p.Store.AcquireBucketLeases(ctx, id, n, d)
-}
-func (p *pausable) BucketsWithPending(ctx context.Context, b []int) ([]int, error) {
-	if err := p.gate(ctx); err != nil {
-		return nil, err
-	}
-	return p.Store.BucketsWithPending(ctx, b)
-}
-func (p *pausable) NextBatch(ctx context.Context, b, limit int, maxBytes int64) ([]*outbox.Message, error) {
-	if err := p.gate(ctx); err != nil {
-		return nil, err
-	}
-	return p.Store.NextBatch(ctx, b, limit, maxBytes)
-}
-func (p *pausable) MarkPublished(ctx context.Context, b int, m []*outbox.Message) error {
-	if err := p.gate(ctx); err != nil {
-		return err
-	}
-	return p.Store.MarkPublished(ctx, b, m)
-}
-func (p *pausable) RenewBucketLeases(ctx context.Context, id string, b []int, d time.Duration) (bool, error) {
-	if err := p.gate(ctx); err != nil {
-		return false, err
-	}
-	return p.Store.RenewBucketLeases(ctx, id, b, d)
-}
-
 // e2eEnv is what the end-to-end run needs from a backend.
 type e2eEnv struct {
 	clock   *relaytest.ManualClock
@@ -125,7 +54,7 @@ func runTakeover(t *testing.T, env e2eEnv) {
 		}
 		acked.Add(int64(len(batch)))
 	}
-	pa := &pausable{Store: env.storeA}
+	pa := &relaytest.Pausable{Store: env.storeA}
 	var pausedAt atomic.Int64
 	pubA := relaytest.NewPublisher()
 	var ackedA atomic.Int64
@@ -136,7 +65,7 @@ func runTakeover(t *testing.T, env e2eEnv) {
 		// buckets before the trigger, and then no takeover happens.
 		if ackedA.Add(int64(len(b))) >= int64(env.total/8) && pausedAt.Load() == 0 {
 			pausedAt.Store(env.clock.Now().UnixNano())
-			pa.pause() // A's next store call (its MarkPublished) stalls
+			pa.Pause() // A's next store call (its MarkPublished) stalls
 		}
 		return relay.Result{Acknowledged: len(b)}
 	})
@@ -177,7 +106,7 @@ func runTakeover(t *testing.T, env e2eEnv) {
 	deadline := time.Now().Add(5 * time.Minute)
 	for env.pending() > 0 {
 		if time.Now().After(deadline) {
-			pa.resume()
+			pa.Resume()
 			t.Fatalf("%d rows still pending after 5 minutes", env.pending())
 		}
 		step := 2 * time.Millisecond
@@ -187,10 +116,10 @@ func runTakeover(t *testing.T, env e2eEnv) {
 		env.clock.Advance(step)
 		time.Sleep(100 * time.Microsecond)
 		if p := pausedAt.Load(); p != 0 && env.clock.Now().Sub(time.Unix(0, p)) > 45*time.Second {
-			pa.resume()
+			pa.Resume()
 		}
 	}
-	pa.resume()
+	pa.Resume()
 	cancel()
 	for range 2 {
 		if err := <-errs; err != nil {

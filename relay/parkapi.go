@@ -19,7 +19,7 @@ import (
 // ErrUnpublishable is wrapped by a publish error that will recur for the
 // row as stored, whatever the retry: the broker rejected the record as too
 // large, invalid or for a topic that cannot exist or that the relay may not
-// write, or the publisher cannot encode it. KafkaPublisher wraps it for
+// write, or the publisher cannot encode it. kafkapub.Publisher wraps it for
 // such Kafka errors; a custom Publisher wraps it to let the default
 // ParkPolicy park the row. Transient failures (a broker or leader
 // unavailable, timeouts, network errors) must not wrap it.

@@ -1,0 +1,95 @@
+package relaytest
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/relay"
+)
+
+// Pausable wraps a relay.Store and, while paused, stalls its lease, discovery,
+// fetch and delete calls (AcquireBucketLeases, RenewBucketLeases,
+// BucketsWithPending, NextBatch, MarkPublished) until Resume or the call's
+// context ends: a database connection that hangs under one relay while its
+// peers go on. Its other methods pass through.
+type Pausable struct {
+	relay.Store
+	mu     sync.Mutex
+	paused chan struct{} // non-nil while paused; closed on resume
+}
+
+// Pause makes the next gated calls stall.
+func (p *Pausable) Pause() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.paused == nil {
+		p.paused = make(chan struct{})
+	}
+}
+
+// Resume lets the stalled calls and the next ones through.
+func (p *Pausable) Resume() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.paused != nil {
+		close(p.paused)
+		p.paused = nil
+	}
+}
+
+func (p *Pausable) gate(ctx context.Context) error {
+	p.mu.Lock()
+	ch := p.paused
+	p.mu.Unlock()
+	if ch == nil {
+		return nil
+	}
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// AcquireBucketLeases implements relay.Store, stalled while paused.
+func (p *Pausable) AcquireBucketLeases(ctx context.Context, id string, n int, d time.Duration) ([]int, error) {
+	if err := p.gate(ctx); err != nil {
+		return nil, err
+	}
+	return p.Store.AcquireBucketLeases(ctx, id, n, d)
+}
+
+// RenewBucketLeases implements relay.Store, stalled while paused.
+func (p *Pausable) RenewBucketLeases(ctx context.Context, id string, b []int, d time.Duration) (bool, error) {
+	if err := p.gate(ctx); err != nil {
+		return false, err
+	}
+	return p.Store.RenewBucketLeases(ctx, id, b, d)
+}
+
+// BucketsWithPending implements relay.Store, stalled while paused.
+func (p *Pausable) BucketsWithPending(ctx context.Context, b []int) ([]int, error) {
+	if err := p.gate(ctx); err != nil {
+		return nil, err
+	}
+	return p.Store.BucketsWithPending(ctx, b)
+}
+
+// NextBatch implements relay.Store, stalled while paused.
+func (p *Pausable) NextBatch(ctx context.Context, b, limit int, maxBytes int64) ([]*outbox.Message, error) {
+	if err := p.gate(ctx); err != nil {
+		return nil, err
+	}
+	return p.Store.NextBatch(ctx, b, limit, maxBytes)
+}
+
+// MarkPublished implements relay.Store, stalled while paused.
+func (p *Pausable) MarkPublished(ctx context.Context, b int, m []*outbox.Message) error {
+	if err := p.gate(ctx); err != nil {
+		return err
+	}
+	return p.Store.MarkPublished(ctx, b, m)
+}
