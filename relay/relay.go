@@ -134,13 +134,12 @@ func (r *Relay) Notifier() *Notifier {
 // runState is the state of one Run, owned by its goroutine (the lease set
 // is shared with the renewal goroutine under its mutex).
 //
-// The per-bucket state (the slices indexed by bucket) follows one rule: the
-// goroutine serving bucket b in a sweep owns index b of ready, unmarked
-// and strikes while it runs (see sweepConcurrent); the loop touches
-// them only for buckets no worker is serving. retry is the exception that
-// noteStuck reads across buckets during a sweep: its slots and their fields
-// are written under mu only (setRetry, clearRetry, retryLater); the
-// bucket's owner may read its own slot without mu.
+// The per-bucket state (b, indexed by bucket) follows one rule: the
+// goroutine serving bucket b in a sweep owns b[b] while it runs (see
+// sweepConcurrent); the loop touches it only for buckets no worker is
+// serving. retry is the exception that noteStuck reads across buckets
+// during a sweep: it is written under mu only (clearRetry, retryLater);
+// the bucket's owner may read its own without mu.
 type runState struct {
 	lease         leaseSet
 	attempted     bool // an acquisition was attempted: release on stop
@@ -151,31 +150,30 @@ type runState struct {
 	worked        atomic.Bool // the cycle called the store
 	acquireErr    error       // the latest acquisition's error, nil after a success
 
-	ready    []bool
-	unmarked [][]*outbox.Message // acknowledged rows whose MarkPublished failed, per bucket
-	strikes  []*strike           // bucket → its head row's strikes
+	b []bucketState // per bucket, BucketCount of them
 
 	serving int // workers of a concurrent sweep running; read and written by the loop only
 
-	mu       sync.Mutex       // guards writes to retry and retrying (see above)
-	retry    []*headRetry     // bucket → its head row's backoff; nil: none
+	mu       sync.Mutex       // guards writes to bucketState.retry and to retrying
 	retrying map[int]struct{} // the buckets whose retry is set: noteStuck reads these, not all BucketCount slots, per batch
 }
 
+// bucketState is what a Run knows of one bucket.
+type bucketState struct {
+	ready    bool              // it may hold pending rows: serve it
+	unmarked []*outbox.Message // acknowledged rows whose MarkPublished failed: deleted before the next fetch
+	strikes  *strike           // its head row's strikes (see strike)
+	retry    *headRetry        // its head row's backoff; nil: none (written under runState.mu)
+}
+
 func newRunState(buckets int) *runState {
-	return &runState{
-		ready:    make([]bool, buckets),
-		unmarked: make([][]*outbox.Message, buckets),
-		strikes:  make([]*strike, buckets),
-		retry:    make([]*headRetry, buckets),
-		retrying: map[int]struct{}{},
-	}
+	return &runState{b: make([]bucketState, buckets), retrying: map[int]struct{}{}}
 }
 
 // clearRetry ends bucket b's backoff.
 func (st *runState) clearRetry(b int) {
 	st.mu.Lock()
-	st.retry[b] = nil
+	st.b[b].retry = nil
 	delete(st.retrying, b)
 	st.mu.Unlock()
 }
@@ -424,8 +422,8 @@ func (r *Relay) cycle(ctx, cleanup context.Context, st *runState) error {
 	var unknown bool
 	st.hints, unknown = r.notifier.take(st.hints[:0])
 	for _, b := range st.hints {
-		if b < len(st.ready) {
-			st.ready[b] = true // hinted owned buckets are fetched directly
+		if b < len(st.b) {
+			st.b[b].ready = true // hinted owned buckets are fetched directly
 		}
 	}
 	if len(owned) == 0 {
@@ -454,8 +452,8 @@ func (r *Relay) cycle(ctx, cleanup context.Context, st *runState) error {
 				r.backlogLooksDrained()
 			}
 			for _, b := range pending {
-				if b >= 0 && b < len(st.ready) && containsSorted(owned, b) {
-					st.ready[b] = true
+				if b >= 0 && b < len(st.b) && containsSorted(owned, b) {
+					st.b[b].ready = true
 				}
 			}
 		}
@@ -546,17 +544,17 @@ func (r *Relay) sweep(ctx, cleanup context.Context, st *runState, owned []int) e
 // sweepable reports whether bucket b is ready, not waiting out a head-row
 // backoff.
 func (r *Relay) sweepable(st *runState, b int) bool {
-	if !st.ready[b] {
+	if !st.b[b].ready {
 		return false
 	}
-	hr := st.retry[b]
+	hr := st.b[b].retry
 	return hr == nil || !r.clock.Now().Before(hr.notBefore)
 }
 
 // batchLimit is the batch size for bucket b: one row while its head row is
 // being retried alone.
 func (r *Relay) batchLimit(st *runState, b int) int {
-	if st.retry[b] != nil {
+	if st.b[b].retry != nil {
 		return 1 // head-row isolation
 	}
 	return r.opts.BatchSize
@@ -597,7 +595,7 @@ func (p *prefetch) wait() ([]*outbox.Message, error) {
 // (see Store.ConcurrentBuckets); startNext is called just before the publish, to
 // fetch the next bucket's batch meanwhile.
 func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fetched *prefetch, startNext func()) error {
-	hr := st.retry[b]
+	hr := st.b[b].retry
 	limit := r.batchLimit(st, b)
 	if !r.ownsBucket(st, b) {
 		if fetched != nil {
@@ -606,7 +604,7 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 		return nil
 	}
 	st.worked.Store(true)
-	if done := st.unmarked[b]; done != nil {
+	if done := st.b[b].unmarked; done != nil {
 		// The broker acknowledged these rows but deleting them failed:
 		// delete them again rather than publish them again. A batch
 		// prefetched meanwhile may hold them: fetch anew afterwards.
@@ -615,13 +613,13 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 			fetched = nil
 		}
 		if cur, _, _ := st.lease.snapshot(); !containsSorted(cur, b) {
-			st.unmarked[b] = nil
+			st.b[b].unmarked = nil
 			return nil
 		}
 		if err := r.store.MarkPublished(cleanup, b, done); err != nil {
 			return errBucket{fmt.Errorf("relay: bucket %d: mark published (again): %w", b, err)}
 		}
-		st.unmarked[b] = nil
+		st.b[b].unmarked = nil
 	}
 	var batch []*outbox.Message
 	var err error
@@ -643,9 +641,9 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 		return errBucket{fmt.Errorf("relay: bucket %d: next batch: %w", b, err)}
 	}
 	if len(batch) == 0 {
-		st.ready[b] = false
+		st.b[b].ready = false
 		st.clearRetry(b)
-		st.strikes[b] = nil
+		st.b[b].strikes = nil
 		return nil
 	}
 	if len(batch) > limit {
@@ -693,7 +691,7 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 			} else {
 				// Retried before the bucket's next fetch, while the lease
 				// holds; only a takeover republishes them.
-				st.unmarked[b] = pub[:ack]
+				st.b[b].unmarked = pub[:ack]
 			}
 			if fatal != nil {
 				return fatal
@@ -725,9 +723,9 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 		return nil
 	}
 	st.clearRetry(b)
-	st.strikes[b] = nil
+	st.b[b].strikes = nil
 	if drained {
-		st.ready[b] = false // drained; a hint or discovery brings it back
+		st.b[b].ready = false // drained; a hint or discovery brings it back
 	}
 	return nil
 }
@@ -739,10 +737,10 @@ func (r *Relay) retryLater(st *runState, b int, storeErr error, published bool) 
 	now := r.clock.Now()
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	hr := st.retry[b]
+	hr := st.b[b].retry
 	if hr == nil {
 		hr = &headRetry{since: now}
-		st.retry[b] = hr
+		st.b[b].retry = hr
 		st.retrying[b] = struct{}{}
 	}
 	hr.attempts++
@@ -756,7 +754,7 @@ func (r *Relay) retryLater(st *runState, b int, storeErr error, published bool) 
 // bucketFailed handles a store error confined to bucket b (its NextBatch or
 // MarkPublished failed): the bucket backs off like a failing head row
 // (jittered, exponential, up to LeaseRenewInterval; acknowledged rows whose
-// delete failed stay in st.unmarked and are deleted first on the retry),
+// delete failed stay in its unmarked rows and are deleted first on the retry),
 // with a line per backoff step (WARN for a new error and once a minute,
 // DEBUG in between: logFailure), while the sweep goes on with the
 // other buckets. It is not a failed cycle for Health (see Relay.Health).
@@ -789,11 +787,11 @@ func (r *Relay) everyBucketFailing(st *runState) error {
 		return nil
 	}
 	for _, b := range owned {
-		if hr := st.retry[b]; hr == nil || hr.storeErr == nil {
+		if hr := st.b[b].retry; hr == nil || hr.storeErr == nil {
 			return nil
 		}
 	}
-	return fmt.Errorf("relay: the store fails for every owned bucket (%d); bucket %d: %w", len(owned), owned[0], st.retry[owned[0]].storeErr)
+	return fmt.Errorf("relay: the store fails for every owned bucket (%d); bucket %d: %w", len(owned), owned[0], st.b[owned[0]].retry.storeErr)
 }
 
 // noteStuck caches, for the head-age gauge, when the longest-failing head
@@ -803,7 +801,7 @@ func (r *Relay) noteStuck(st *runState) {
 	publishing := false
 	st.mu.Lock()
 	for b := range st.retrying {
-		hr := st.retry[b]
+		hr := st.b[b].retry
 		if oldest.IsZero() || hr.since.Before(oldest) {
 			oldest = hr.since
 		}
@@ -872,11 +870,11 @@ func (r *Relay) eligible(st *runState, now time.Time) bool {
 	if !now.Before(st.nextRebalance) {
 		return true
 	}
-	for b, ok := range st.ready {
-		if !ok {
+	for b := range st.b {
+		if !st.b[b].ready {
 			continue
 		}
-		if hr := st.retry[b]; hr == nil || !now.Before(hr.notBefore) {
+		if hr := st.b[b].retry; hr == nil || !now.Before(hr.notBefore) {
 			return true
 		}
 	}
@@ -890,8 +888,8 @@ func (r *Relay) idle(ctx context.Context, st *runState) {
 	deadline := st.nextRebalance
 	if owned, _, _ := st.lease.snapshot(); len(owned) > 0 {
 		deadline = earliest(deadline, st.nextDiscovery)
-		for b, ok := range st.ready {
-			if hr := st.retry[b]; ok && hr != nil {
+		for b := range st.b {
+			if hr := st.b[b].retry; st.b[b].ready && hr != nil {
 				deadline = earliest(deadline, hr.notBefore)
 			}
 		}
@@ -924,7 +922,7 @@ func (r *Relay) sleep(ctx context.Context, d time.Duration) {
 
 func (r *Relay) allReady(st *runState, owned []int) bool {
 	for _, b := range owned {
-		if !st.ready[b] {
+		if !st.b[b].ready {
 			return false
 		}
 	}
