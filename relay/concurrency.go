@@ -84,6 +84,7 @@ type bucketDone struct {
 // A fatal error (not a bucket's store error) stops the dispatch; it is
 // returned once the running workers have returned.
 func (r *Relay) sweepConcurrent(ctx, cleanup context.Context, st *runState, owned []int) error {
+	defer r.awaitDeletes(ctx, st) // after every worker returned
 	done := make(chan bucketDone)
 	running := 0
 	var fatal error

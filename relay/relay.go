@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -154,8 +155,9 @@ type runState struct {
 
 	serving int // workers of a concurrent sweep running; read and written by the loop only
 
-	mu       sync.Mutex       // guards writes to bucketState.retry and to retrying
+	mu       sync.Mutex       // guards writes to bucketState.retry, retrying and deleting
 	retrying map[int]struct{} // the buckets whose retry is set: noteStuck reads these, not all BucketCount slots, per batch
+	deleting map[int]struct{} // the buckets whose delete runs (bucketState.deleting): the sweep awaits these at its end
 }
 
 // bucketState is what a Run knows of one bucket.
@@ -164,10 +166,11 @@ type bucketState struct {
 	unmarked []*outbox.Message // acknowledged rows whose MarkPublished failed: deleted before the next fetch
 	strikes  *strike           // its head row's strikes (see strike)
 	retry    *headRetry        // its head row's backoff; nil: none (written under runState.mu)
+	deleting *pendingDelete    // the delete of its latest acknowledged rows, running; nil: none
 }
 
 func newRunState(buckets int) *runState {
-	return &runState{b: make([]bucketState, buckets), retrying: map[int]struct{}{}}
+	return &runState{b: make([]bucketState, buckets), retrying: map[int]struct{}{}, deleting: map[int]struct{}{}}
 }
 
 // clearRetry ends bucket b's backoff.
@@ -493,6 +496,7 @@ func (r *Relay) sweep(ctx, cleanup context.Context, st *runState, owned []int) e
 		if pre != nil {
 			pre.wait() // no store call outlives the sweep
 		}
+		r.awaitDeletes(ctx, st)
 	}()
 	for i, b := range owned {
 		if ctx.Err() != nil {
@@ -624,15 +628,20 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 	var batch []*outbox.Message
 	var err error
 	fetchStart := r.clock.Now()
-	if fetched != nil && fetched.limit == limit {
+	// The rows of b's previous batch may still be being deleted: fetch as
+	// many more, and leave them out.
+	excl := r.deletingRows(ctx, st, b)
+	if fetched != nil && fetched.limit == limit && excl == nil {
 		batch, err = fetched.wait()
 	} else {
 		if fetched != nil {
 			fetched.wait()
 		}
-		batch, err = r.store.NextBatch(ctx, b, limit, r.opts.MaxBatchBytes)
+		batch, err = r.store.NextBatch(ctx, b, limit+len(excl), r.opts.MaxBatchBytes+batchSize(excl))
 	}
 	fetchTook := r.clock.Now().Sub(fetchStart)
+	full := len(batch) >= limit+len(excl) // the bucket may hold more rows
+	batch = without(batch, excl)
 	if err != nil {
 		var ce *CorruptRowError
 		if errors.As(err, &ce) {
@@ -640,21 +649,21 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 		}
 		return errBucket{fmt.Errorf("relay: bucket %d: next batch: %w", b, err)}
 	}
-	if len(batch) == 0 {
+	if len(batch) == 0 { // not full: excl held fewer rows than fetched
 		st.b[b].ready = false
 		st.clearRetry(b)
 		st.b[b].strikes = nil
 		return nil
 	}
 	if len(batch) > limit {
-		batch = batch[:limit]
+		batch, full = batch[:limit], true
 	}
 	batch, over := trimToBytes(batch, r.opts.MaxBatchBytes)
 	failpoint("relay/after-fetch")
 	// The store left out the rows behind a parked row of their key (see
 	// Store.NextBatch): the whole batch is published.
 	pub := batch
-	drained := hr == nil && len(batch) < limit && !over
+	drained := hr == nil && !full && !over
 	if !r.ownsBucket(st, b) {
 		return nil
 	}
@@ -678,30 +687,23 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 		fatal = fmt.Errorf("relay: bucket %d: publish took %v, more than Options.MaxPublishDuration %v: %w", b, took, r.opts.MaxPublishDuration, ErrMisconfigured)
 	}
 
-	var markStart time.Time
 	if ack > 0 {
 		if !r.ownsBucket(st, b) {
 			return fatal // a peer may own the rows now: mark nothing
 		}
-		failpoint("relay/during-delete")
-		markStart = r.clock.Now()
-		if err := r.store.MarkPublished(cleanup, b, pub[:ack]); err != nil {
-			if ctx.Err() != nil {
-				r.log.WarnContext(ctx, "mark published failed during the stop; the next owner republishes the rows", "bucket", b, "rows", ack, "error", err)
-			} else {
-				// Retried before the bucket's next fetch, while the lease
-				// holds; only a takeover republishes them.
-				st.b[b].unmarked = pub[:ack]
-			}
+		// One delete of b runs at a time: a crash republishes at most the
+		// batch being deleted and the one in flight.
+		if err := r.settleDelete(ctx, st, b); err != nil {
+			st.b[b].unmarked = append(st.b[b].unmarked, pub[:ack]...)
 			if fatal != nil {
 				return fatal
 			}
-			return errBucket{fmt.Errorf("relay: bucket %d: mark published: %w", b, err)}
+			return errBucket{err}
 		}
-	}
-	if ack > 0 && r.log.Enabled(ctx, slog.LevelDebug) {
-		r.log.DebugContext(ctx, "batch published", "bucket", b, "rows", len(pub), "acknowledged", ack,
-			"fetch_ms", fetchTook.Milliseconds(), "publish_ms", took.Milliseconds(), "delete_ms", r.clock.Now().Sub(markStart).Milliseconds())
+		r.startDelete(ctx, cleanup, st, b, pub[:ack], func(deleteTook time.Duration) {
+			r.log.DebugContext(ctx, "batch published", "bucket", b, "rows", len(pub), "acknowledged", ack,
+				"fetch_ms", fetchTook.Milliseconds(), "publish_ms", took.Milliseconds(), "delete_ms", deleteTook.Milliseconds())
+		})
 	}
 	if fatal != nil {
 		return fatal
@@ -728,6 +730,120 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 		st.b[b].ready = false // drained; a hint or discovery brings it back
 	}
 	return nil
+}
+
+// pendingDelete is the MarkPublished of a bucket's acknowledged rows,
+// running beside the bucket's next fetch and publish and the other
+// buckets' work (see drainOnce): the delete is off the critical path.
+type pendingDelete struct {
+	rows []*outbox.Message
+	done chan struct{} // closed when the delete returned
+	err  error
+}
+
+// startDelete deletes rows, b's acknowledged rows, on cleanup (which a stop
+// does not cancel) on a goroutine of its own, and calls logBatch with the
+// delete's duration when DEBUG is on. At most one runs per bucket (see
+// settleDelete), and the sweep awaits them all at its end (awaitDeletes).
+func (r *Relay) startDelete(ctx, cleanup context.Context, st *runState, b int, rows []*outbox.Message, logBatch func(time.Duration)) {
+	d := &pendingDelete{rows: rows, done: make(chan struct{})}
+	st.b[b].deleting = d
+	st.mu.Lock()
+	st.deleting[b] = struct{}{}
+	st.mu.Unlock()
+	go func() {
+		defer close(d.done)
+		failpoint("relay/during-delete")
+		start := r.clock.Now()
+		d.err = r.store.MarkPublished(cleanup, b, rows)
+		if d.err == nil && r.log.Enabled(ctx, slog.LevelDebug) {
+			logBatch(r.clock.Now().Sub(start))
+		}
+	}()
+}
+
+// deletingRows returns the rows of bucket b whose delete still runs, for
+// its next fetch to leave out; nil when none runs (a finished one is
+// settled: see settleDelete).
+func (r *Relay) deletingRows(ctx context.Context, st *runState, b int) []*outbox.Message {
+	d := st.b[b].deleting
+	if d == nil {
+		return nil
+	}
+	select {
+	case <-d.done:
+		_ = r.settleDelete(ctx, st, b) // a failed one's rows are deleted again before the fetch
+		return nil
+	default:
+		return d.rows
+	}
+}
+
+// settleDelete waits for bucket b's running delete, if any, and forgets it.
+// A failed delete leaves its rows to delete again before b's next fetch
+// (bucketState.unmarked) while the lease holds, and returns its error;
+// only a takeover republishes them. During a stop it is logged instead.
+func (r *Relay) settleDelete(ctx context.Context, st *runState, b int) error {
+	d := st.b[b].deleting
+	if d == nil {
+		return nil
+	}
+	<-d.done
+	st.b[b].deleting = nil
+	st.mu.Lock()
+	delete(st.deleting, b)
+	st.mu.Unlock()
+	switch {
+	case d.err == nil:
+		return nil
+	case ctx.Err() != nil:
+		r.log.WarnContext(ctx, "mark published failed during the stop; the next owner republishes the rows", "bucket", b, "rows", len(d.rows), "error", d.err)
+		return nil
+	case !r.ownsBucket(st, b):
+		return nil // the next owner republishes them
+	}
+	st.b[b].unmarked = append(st.b[b].unmarked, d.rows...)
+	return fmt.Errorf("relay: bucket %d: mark published: %w", b, d.err)
+}
+
+// awaitDeletes settles every running delete once a sweep's workers have
+// returned, so that no store call outlives the sweep; a bucket whose delete
+// failed backs off (bucketFailed) and deletes its rows again before its
+// next fetch.
+func (r *Relay) awaitDeletes(ctx context.Context, st *runState) {
+	st.mu.Lock()
+	bs := slices.Collect(maps.Keys(st.deleting))
+	st.mu.Unlock()
+	for _, b := range bs {
+		if err := r.settleDelete(ctx, st, b); err != nil {
+			r.bucketFailed(st, b, err)
+			st.b[b].ready = true
+		}
+	}
+}
+
+// without returns batch without the rows of excl (by id), in order.
+func without(batch, excl []*outbox.Message) []*outbox.Message {
+	if len(excl) == 0 {
+		return batch
+	}
+	ids := make(map[int64]struct{}, len(excl))
+	for _, m := range excl {
+		ids[m.ID] = struct{}{}
+	}
+	return slices.DeleteFunc(batch, func(m *outbox.Message) bool {
+		_, ok := ids[m.ID]
+		return ok
+	})
+}
+
+// batchSize is the total MessageSize of rows.
+func batchSize(rows []*outbox.Message) int64 {
+	var n int64
+	for _, m := range rows {
+		n += MessageSize(m)
+	}
+	return n
 }
 
 // retryLater records one more failure of bucket b's head row, a store
