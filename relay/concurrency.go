@@ -139,7 +139,7 @@ func (r *Relay) sweepConcurrent(ctx, cleanup context.Context, st *runState, owne
 			dispatched++
 			busy[b] = true
 			go func() {
-				done <- bucketDone{b, r.drainOnce(ctx, cleanup, st, b, nil, func() {})}
+				done <- bucketDone{b, r.drainOnce(ctx, cleanup, st, b)}
 			}()
 		}
 		if running == 0 {

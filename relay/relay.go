@@ -23,7 +23,6 @@ type Relay struct {
 	store    Store
 	pub      Publisher
 	sample   bool // sample the backlog (Options.MetricsBacklog)
-	prefetch bool // fetch the next bucket's batch during a publish (a ConcurrentBuckets store, one bucket at a time)
 	workers  int  // buckets served at once: MaxConcurrentBuckets for a ConcurrentBuckets store, else 1
 	opts     Options
 	clock    Clock
@@ -112,7 +111,6 @@ func New(store Store, pub Publisher, opts Options) (*Relay, error) {
 	r.workers = 1
 	if store.ConcurrentBuckets() {
 		r.workers = o.MaxConcurrentBuckets
-		r.prefetch = r.workers == 1
 	}
 	for _, reason := range []string{ParkReasonUnpublishable, ParkReasonFailure, ParkReasonCorrupt, ParkReasonHeld} {
 		m.countParked(reason, 0) // every series exists from the start
@@ -491,41 +489,15 @@ func (r *Relay) sweep(ctx, cleanup context.Context, st *runState, owned []int) e
 	if r.workers > 1 {
 		return r.sweepConcurrent(ctx, cleanup, st, owned)
 	}
-	var pre *prefetch // the next bucket's batch, fetched during a publish
-	defer func() {
-		if pre != nil {
-			pre.wait() // no store call outlives the sweep
-		}
-		r.awaitDeletes(ctx, st)
-	}()
-	for i, b := range owned {
+	defer r.awaitDeletes(ctx, st) // no store call outlives the sweep
+	for _, b := range owned {
 		if ctx.Err() != nil {
 			return nil
 		}
 		if !r.sweepable(st, b) {
 			continue
 		}
-		var fetched *prefetch
-		if pre != nil {
-			if pre.bucket == b {
-				fetched = pre
-			} else {
-				pre.wait() // its bucket stopped being ready: discard
-			}
-			pre = nil
-		}
-		startNext := func() {}
-		if r.prefetch {
-			startNext = func() {
-				for _, c := range owned[i+1:] {
-					if r.sweepable(st, c) {
-						pre = r.startPrefetch(ctx, c, r.batchLimit(st, c))
-						return
-					}
-				}
-			}
-		}
-		err := r.drainOnce(ctx, cleanup, st, b, fetched, startNext)
+		err := r.drainOnce(ctx, cleanup, st, b)
 		var be errBucket
 		switch {
 		case errors.As(err, &be):
@@ -564,28 +536,6 @@ func (r *Relay) batchLimit(st *runState, b int) int {
 	return r.opts.BatchSize
 }
 
-// prefetch is a NextBatch call running beside the current publish.
-type prefetch struct {
-	bucket, limit int
-	done          chan struct{}
-	batch         []*outbox.Message
-	err           error
-}
-
-func (r *Relay) startPrefetch(ctx context.Context, b, limit int) *prefetch {
-	p := &prefetch{bucket: b, limit: limit, done: make(chan struct{})}
-	go func() {
-		defer close(p.done)
-		p.batch, p.err = r.store.NextBatch(ctx, b, limit, r.opts.MaxBatchBytes)
-	}()
-	return p
-}
-
-func (p *prefetch) wait() ([]*outbox.Message, error) {
-	<-p.done
-	return p.batch, p.err
-}
-
 // drainOnce fetches and publishes one batch of bucket b, then marks the
 // acknowledged prefix on cleanup, which a stop does not cancel.
 //
@@ -594,28 +544,20 @@ func (p *prefetch) wait() ([]*outbox.Message, error) {
 // them (leaseValid: the sweep drops an invalid set once it ends). Every
 // step that changes b's rows (MarkPublished, parking) is preceded by that
 // check.
-//
-// fetched, when non-nil, is b's batch fetched during the previous publish
-// (see Store.ConcurrentBuckets); startNext is called just before the publish, to
-// fetch the next bucket's batch meanwhile.
-func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fetched *prefetch, startNext func()) error {
+func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int) error {
 	hr := st.b[b].retry
 	limit := r.batchLimit(st, b)
 	if !r.ownsBucket(st, b) {
-		if fetched != nil {
-			fetched.wait()
-		}
 		return nil
 	}
 	st.worked.Store(true)
+	// The rows of b's previous batch may still be being deleted: the fetch
+	// takes as many more, and leaves them out. (A delete that failed meanwhile
+	// leaves its rows unmarked: deleted again here.)
+	excl := r.deletingRows(ctx, st, b)
 	if done := st.b[b].unmarked; done != nil {
 		// The broker acknowledged these rows but deleting them failed:
-		// delete them again rather than publish them again. A batch
-		// prefetched meanwhile may hold them: fetch anew afterwards.
-		if fetched != nil {
-			fetched.wait()
-			fetched = nil
-		}
+		// delete them again rather than publish them again.
 		if cur, _, _ := st.lease.snapshot(); !containsSorted(cur, b) {
 			st.b[b].unmarked = nil
 			return nil
@@ -628,17 +570,7 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 	var batch []*outbox.Message
 	var err error
 	fetchStart := r.clock.Now()
-	// The rows of b's previous batch may still be being deleted: fetch as
-	// many more, and leave them out.
-	excl := r.deletingRows(ctx, st, b)
-	if fetched != nil && fetched.limit == limit && excl == nil {
-		batch, err = fetched.wait()
-	} else {
-		if fetched != nil {
-			fetched.wait()
-		}
-		batch, err = r.store.NextBatch(ctx, b, limit+len(excl), r.opts.MaxBatchBytes+batchSize(excl))
-	}
+	batch, err = r.store.NextBatch(ctx, b, limit+len(excl), r.opts.MaxBatchBytes+batchSize(excl))
 	fetchTook := r.clock.Now().Sub(fetchStart)
 	full := len(batch) >= limit+len(excl) // the bucket may hold more rows
 	batch = without(batch, excl)
@@ -668,7 +600,6 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 		return nil
 	}
 
-	startNext()
 	res, took := r.publish(cleanup, pub)
 	failpoint("relay/after-ack")
 	ack := min(max(res.Acknowledged, 0), len(pub))
