@@ -126,7 +126,7 @@ func count(t *testing.T, db *gorm.DB, table, where string, args ...any) int64 {
 
 // TestMessageReadsIgnoreUncommittedRowsOnAReadUncommittedPool: on a pool
 // whose connections default to READ UNCOMMITTED, NextBatch (1-row and
-// 500-row batches, also what the relay's concurrent prefetch calls),
+// 500-row batches, also what a relay serving several buckets at once calls),
 // BucketsWithPending and PendingMetrics see only committed rows: a row of a
 // transaction still open (then rolled back) is never returned, so the relay
 // cannot publish a record that was never committed.

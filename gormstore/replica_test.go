@@ -35,7 +35,7 @@ func plainOn(t *testing.T, name string, db *gorm.DB) *gorm.DB {
 // holds other rows and leases than the primary, and checks that every store
 // operation reads and writes the primary: the acquisition round (its
 // snapshot and read-back), discovery, batches (also concurrent ones, as the
-// relay's prefetch runs them), deletes, metrics, renewal and release.
+// several buckets served at once run them), deletes, metrics, renewal and release.
 //
 // Two topologies: the *gorm.DB opened on the primary with Replicas only,
 // and the *gorm.DB opened on a third, unrelated database with Sources: the
@@ -122,7 +122,7 @@ func TestEveryStoreStatementRunsOnThePrimaryDespiteAReplica(t *testing.T) {
 				var wg sync.WaitGroup
 				batches := make([][]*outbox.Message, 4)
 				errs := make([]error, 4)
-				for b := range 4 { // concurrently, as the relay's prefetch does
+				for b := range 4 { // concurrently, as a relay serving several buckets does
 					wg.Go(func() { batches[b], errs[b] = store.NextBatch(ctx, b, 10, 0) })
 				}
 				wg.Wait()

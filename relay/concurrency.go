@@ -84,6 +84,7 @@ type bucketDone struct {
 // A fatal error (not a bucket's store error) stops the dispatch; it is
 // returned once the running workers have returned.
 func (r *Relay) sweepConcurrent(ctx, cleanup context.Context, st *runState, owned []int) error {
+	defer r.awaitDeletes(ctx, st) // after every worker returned
 	done := make(chan bucketDone)
 	running := 0
 	var fatal error
@@ -122,7 +123,7 @@ func (r *Relay) sweepConcurrent(ctx, cleanup context.Context, st *runState, owne
 			return true
 		}
 		for _, b := range owned {
-			if !busy[b] && !st.ready[b] { // a busy bucket's is its worker's
+			if !busy[b] && !st.b[b].ready { // a busy bucket's is its worker's
 				return false // discovery is due: the loop runs it
 			}
 		}
@@ -138,7 +139,7 @@ func (r *Relay) sweepConcurrent(ctx, cleanup context.Context, st *runState, owne
 			dispatched++
 			busy[b] = true
 			go func() {
-				done <- bucketDone{b, r.drainOnce(ctx, cleanup, st, b, nil, func() {})}
+				done <- bucketDone{b, r.drainOnce(ctx, cleanup, st, b)}
 			}()
 		}
 		if running == 0 {
@@ -161,9 +162,9 @@ func (r *Relay) sweepConcurrent(ctx, cleanup context.Context, st *runState, owne
 			}
 			if hinted[d.bucket] {
 				delete(hinted, d.bucket)
-				st.ready[d.bucket] = true
+				st.b[d.bucket].ready = true
 			}
-			if st.ready[d.bucket] {
+			if st.b[d.bucket].ready {
 				enqueue(d.bucket)
 			}
 			r.noteStuck(st)
@@ -172,11 +173,11 @@ func (r *Relay) sweepConcurrent(ctx, cleanup context.Context, st *runState, owne
 			st.hints, unknown = r.notifier.take(st.hints[:0])
 			for _, b := range st.hints {
 				switch {
-				case b >= len(st.ready) || !containsSorted(owned, b):
+				case b >= len(st.b) || !containsSorted(owned, b):
 				case busy[b]:
 					hinted[b] = true // its worker may be clearing ready
 				default:
-					st.ready[b] = true
+					st.b[b].ready = true
 					enqueue(b)
 				}
 			}
@@ -186,7 +187,7 @@ func (r *Relay) sweepConcurrent(ctx, cleanup context.Context, st *runState, owne
 		}
 	}
 	for b := range hinted {
-		st.ready[b] = true
+		st.b[b].ready = true
 	}
 	if fatal != nil {
 		return fatal
@@ -201,7 +202,7 @@ func (r *Relay) sweepConcurrent(ctx, cleanup context.Context, st *runState, owne
 func (r *Relay) nextServable(st *runState, queue *[]int, queued, busy map[int]bool) (int, bool) {
 	q := *queue
 	for i, b := range q {
-		if busy[b] || !st.ready[b] || !r.sweepable(st, b) {
+		if busy[b] || !st.b[b].ready || !r.sweepable(st, b) {
 			continue // dropped below unless it waits
 		}
 		if i == 0 { // the usual case: no copy of the queue per dispatch
@@ -212,7 +213,7 @@ func (r *Relay) nextServable(st *runState, queue *[]int, queued, busy map[int]bo
 		// Keep the skipped ones that still wait, in order.
 		kept := q[:0]
 		for _, c := range q[:i] {
-			if busy[c] || st.ready[c] {
+			if busy[c] || st.b[c].ready {
 				kept = append(kept, c)
 			} else {
 				delete(queued, c)

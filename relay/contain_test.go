@@ -20,7 +20,7 @@ import (
 
 // faultyBuckets is a MemStore whose NextBatch and MarkPublished fail for
 // chosen buckets, counting the failures; concurrent makes it report
-// ConcurrentBuckets (prefetch on, with MaxConcurrentBuckets 1).
+// ConcurrentBuckets (several buckets served at once).
 type faultyBuckets struct {
 	*relaytest.MemStore
 	concurrent bool
@@ -101,19 +101,18 @@ func publishedIDs(calls [][]*outbox.Message, b int) []int64 {
 // publish, the relay stays healthy, the failing bucket is retried with a
 // growing backoff and a line per retry naming it (WARN the first time and
 // once a minute, DEBUG in between), and once the error
-// goes away its rows publish in order. With and without prefetch, whose
-// failed fetch belongs to the bucket it fetched (bucket 4, prefetched during
-// bucket 3's publish).
+// goes away its rows publish in order. With buckets served one at a time
+// and several at once.
 func TestBucketStoreErrorIsContained(t *testing.T) {
 	for _, tc := range []struct {
 		bad        int
 		concurrent bool
 	}{{0, false}, {0, true}, {4, true}} {
 		bad, concurrent := tc.bad, tc.concurrent
-		t.Run(fmt.Sprintf("bucket=%d/prefetch=%v", bad, concurrent), func(t *testing.T) {
+		t.Run(fmt.Sprintf("bucket=%d/concurrent=%v", bad, concurrent), func(t *testing.T) {
 			var f *faultyBuckets
 			logs := &recorder{}
-			h := newHarness(t, relay.Options{BatchSize: 3, MaxConcurrentBuckets: 1, Logger: slog.New(logs)}, func(m *relaytest.MemStore) relay.Store {
+			h := newHarness(t, relay.Options{BatchSize: 3, Logger: slog.New(logs)}, func(m *relaytest.MemStore) relay.Store {
 				f = newFaultyBuckets(m, concurrent)
 				return f
 			})
@@ -195,9 +194,9 @@ func TestBucketStoreErrorIsContained(t *testing.T) {
 // the acknowledged rows are deleted again, not published again.
 func TestBucketDeleteErrorIsContained(t *testing.T) {
 	for _, concurrent := range []bool{false, true} {
-		t.Run(fmt.Sprintf("prefetch=%v", concurrent), func(t *testing.T) {
+		t.Run(fmt.Sprintf("concurrent=%v", concurrent), func(t *testing.T) {
 			var f *faultyBuckets
-			h := newHarness(t, relay.Options{BatchSize: 2, MaxConcurrentBuckets: 1}, func(m *relaytest.MemStore) relay.Store {
+			h := newHarness(t, relay.Options{BatchSize: 2}, func(m *relaytest.MemStore) relay.Store {
 				f = newFaultyBuckets(m, concurrent)
 				return f
 			})

@@ -91,10 +91,10 @@ func (r *Relay) dropFenced(st *runState, b int, cause error, atBroker bool) {
 	validUntil := st.lease.validUntil
 	st.lease.mu.Unlock()
 
-	st.ready[b] = false
+	st.b[b].ready = false
 	st.clearRetry(b)
-	st.strikes[b] = nil
-	st.unmarked[b] = nil // the next owner republishes them
+	st.b[b].strikes = nil
+	st.b[b].unmarked = nil // the next owner republishes them
 	now := r.clock.Now()
 	st.nextRebalance = earliest(st.nextRebalance, now.Add(r.opts.ErrorBackoff))
 	if atBroker {

@@ -98,15 +98,15 @@ func (r *Relay) setLeases(st *runState, buckets []int, validUntil time.Time) {
 	for _, b := range buckets { // both sorted: O(n log n) at 65,536 buckets, not O(n²)
 		if !containsSorted(old, b) {
 			st.discover = true
-			st.strikes[b] = nil
+			st.b[b].strikes = nil
 		}
 	}
 	for _, b := range old {
 		if !containsSorted(buckets, b) {
-			st.ready[b] = false
+			st.b[b].ready = false
 			st.clearRetry(b)
-			st.unmarked[b] = nil // the next owner republishes them
-			st.strikes[b] = nil
+			st.b[b].unmarked = nil // the next owner republishes them
+			st.b[b].strikes = nil
 		}
 	}
 	r.noteStuck(st)

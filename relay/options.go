@@ -102,9 +102,9 @@ type Options struct {
 	// most one batch in flight, in order, under the same lease checks. A
 	// bucket's slot goes to the next ready bucket as soon as its batch is
 	// done, and buckets take turns (one still ready after its batch waits
-	// behind the others). With 1, buckets are served one after the other,
-	// the next bucket's batch fetched during a publish; on SQLite, one after
-	// the other. Zero means DefaultMaxConcurrentBuckets (4); a negative value
+	// behind the others). With 1, or on SQLite, buckets are served one
+	// after the other (a bucket's delete still runs beside the next
+	// bucket's fetch and publish). Zero means DefaultMaxConcurrentBuckets (4); a negative value
 	// fails New.
 	MaxConcurrentBuckets int
 

@@ -482,12 +482,12 @@ func requeueOnOp(h *harness, op string, key []byte, armed *atomic.Bool) {
 // lands while the relay publishes, just before it fetches, or while new
 // rows of A keep arriving: A's rows are acknowledged in
 // id order, with no gap, and nothing stays parked. A and B share bucket 1,
-// whose batches are prefetched during bucket 0's publishes (key C).
+// served beside bucket 0 (key C).
 func TestRequeueRacingAPublishingRelayKeepsKeyOrder(t *testing.T) {
 	for _, window := range []string{relaytest.OpNextBatch, "free-running"} {
 		t.Run(window, func(t *testing.T) {
 			logs := &recorder{}
-			h := newHarness(t, relay.Options{BucketCount: 2, BatchSize: 4, MaxConcurrentBuckets: 1, Logger: slog.New(logs)}, asConcurrent)
+			h := newHarness(t, relay.Options{BucketCount: 2, BatchSize: 4, Logger: slog.New(logs)}, asConcurrent)
 			var all []*outbox.Message
 			add := func(ms ...*outbox.Message) {
 				h.store.AddToBucket(1, ms...)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -22,7 +23,6 @@ type Relay struct {
 	store    Store
 	pub      Publisher
 	sample   bool // sample the backlog (Options.MetricsBacklog)
-	prefetch bool // fetch the next bucket's batch during a publish (a ConcurrentBuckets store, one bucket at a time)
 	workers  int  // buckets served at once: MaxConcurrentBuckets for a ConcurrentBuckets store, else 1
 	opts     Options
 	clock    Clock
@@ -111,7 +111,6 @@ func New(store Store, pub Publisher, opts Options) (*Relay, error) {
 	r.workers = 1
 	if store.ConcurrentBuckets() {
 		r.workers = o.MaxConcurrentBuckets
-		r.prefetch = r.workers == 1
 	}
 	for _, reason := range []string{ParkReasonUnpublishable, ParkReasonFailure, ParkReasonCorrupt, ParkReasonHeld} {
 		m.countParked(reason, 0) // every series exists from the start
@@ -134,13 +133,12 @@ func (r *Relay) Notifier() *Notifier {
 // runState is the state of one Run, owned by its goroutine (the lease set
 // is shared with the renewal goroutine under its mutex).
 //
-// The per-bucket state (the slices indexed by bucket) follows one rule: the
-// goroutine serving bucket b in a sweep owns index b of ready, unmarked
-// and strikes while it runs (see sweepConcurrent); the loop touches
-// them only for buckets no worker is serving. retry is the exception that
-// noteStuck reads across buckets during a sweep: its slots and their fields
-// are written under mu only (setRetry, clearRetry, retryLater); the
-// bucket's owner may read its own slot without mu.
+// The per-bucket state (b, indexed by bucket) follows one rule: the
+// goroutine serving bucket b in a sweep owns b[b] while it runs (see
+// sweepConcurrent); the loop touches it only for buckets no worker is
+// serving. retry is the exception that noteStuck reads across buckets
+// during a sweep: it is written under mu only (clearRetry, retryLater);
+// the bucket's owner may read its own without mu.
 type runState struct {
 	lease         leaseSet
 	attempted     bool // an acquisition was attempted: release on stop
@@ -151,31 +149,32 @@ type runState struct {
 	worked        atomic.Bool // the cycle called the store
 	acquireErr    error       // the latest acquisition's error, nil after a success
 
-	ready    []bool
-	unmarked [][]*outbox.Message // acknowledged rows whose MarkPublished failed, per bucket
-	strikes  []*strike           // bucket → its head row's strikes
+	b []bucketState // per bucket, BucketCount of them
 
 	serving int // workers of a concurrent sweep running; read and written by the loop only
 
-	mu       sync.Mutex       // guards writes to retry and retrying (see above)
-	retry    []*headRetry     // bucket → its head row's backoff; nil: none
+	mu       sync.Mutex       // guards writes to bucketState.retry, retrying and deleting
 	retrying map[int]struct{} // the buckets whose retry is set: noteStuck reads these, not all BucketCount slots, per batch
+	deleting map[int]struct{} // the buckets whose delete runs (bucketState.deleting): the sweep awaits these at its end
+}
+
+// bucketState is what a Run knows of one bucket.
+type bucketState struct {
+	ready    bool              // it may hold pending rows: serve it
+	unmarked []*outbox.Message // acknowledged rows whose MarkPublished failed: deleted before the next fetch
+	strikes  *strike           // its head row's strikes (see strike)
+	retry    *headRetry        // its head row's backoff; nil: none (written under runState.mu)
+	deleting *pendingDelete    // the delete of its latest acknowledged rows, running; nil: none
 }
 
 func newRunState(buckets int) *runState {
-	return &runState{
-		ready:    make([]bool, buckets),
-		unmarked: make([][]*outbox.Message, buckets),
-		strikes:  make([]*strike, buckets),
-		retry:    make([]*headRetry, buckets),
-		retrying: map[int]struct{}{},
-	}
+	return &runState{b: make([]bucketState, buckets), retrying: map[int]struct{}{}, deleting: map[int]struct{}{}}
 }
 
 // clearRetry ends bucket b's backoff.
 func (st *runState) clearRetry(b int) {
 	st.mu.Lock()
-	st.retry[b] = nil
+	st.b[b].retry = nil
 	delete(st.retrying, b)
 	st.mu.Unlock()
 }
@@ -424,8 +423,8 @@ func (r *Relay) cycle(ctx, cleanup context.Context, st *runState) error {
 	var unknown bool
 	st.hints, unknown = r.notifier.take(st.hints[:0])
 	for _, b := range st.hints {
-		if b < len(st.ready) {
-			st.ready[b] = true // hinted owned buckets are fetched directly
+		if b < len(st.b) {
+			st.b[b].ready = true // hinted owned buckets are fetched directly
 		}
 	}
 	if len(owned) == 0 {
@@ -454,8 +453,8 @@ func (r *Relay) cycle(ctx, cleanup context.Context, st *runState) error {
 				r.backlogLooksDrained()
 			}
 			for _, b := range pending {
-				if b >= 0 && b < len(st.ready) && containsSorted(owned, b) {
-					st.ready[b] = true
+				if b >= 0 && b < len(st.b) && containsSorted(owned, b) {
+					st.b[b].ready = true
 				}
 			}
 		}
@@ -490,40 +489,15 @@ func (r *Relay) sweep(ctx, cleanup context.Context, st *runState, owned []int) e
 	if r.workers > 1 {
 		return r.sweepConcurrent(ctx, cleanup, st, owned)
 	}
-	var pre *prefetch // the next bucket's batch, fetched during a publish
-	defer func() {
-		if pre != nil {
-			pre.wait() // no store call outlives the sweep
-		}
-	}()
-	for i, b := range owned {
+	defer r.awaitDeletes(ctx, st) // no store call outlives the sweep
+	for _, b := range owned {
 		if ctx.Err() != nil {
 			return nil
 		}
 		if !r.sweepable(st, b) {
 			continue
 		}
-		var fetched *prefetch
-		if pre != nil {
-			if pre.bucket == b {
-				fetched = pre
-			} else {
-				pre.wait() // its bucket stopped being ready: discard
-			}
-			pre = nil
-		}
-		startNext := func() {}
-		if r.prefetch {
-			startNext = func() {
-				for _, c := range owned[i+1:] {
-					if r.sweepable(st, c) {
-						pre = r.startPrefetch(ctx, c, r.batchLimit(st, c))
-						return
-					}
-				}
-			}
-		}
-		err := r.drainOnce(ctx, cleanup, st, b, fetched, startNext)
+		err := r.drainOnce(ctx, cleanup, st, b)
 		var be errBucket
 		switch {
 		case errors.As(err, &be):
@@ -546,42 +520,20 @@ func (r *Relay) sweep(ctx, cleanup context.Context, st *runState, owned []int) e
 // sweepable reports whether bucket b is ready, not waiting out a head-row
 // backoff.
 func (r *Relay) sweepable(st *runState, b int) bool {
-	if !st.ready[b] {
+	if !st.b[b].ready {
 		return false
 	}
-	hr := st.retry[b]
+	hr := st.b[b].retry
 	return hr == nil || !r.clock.Now().Before(hr.notBefore)
 }
 
 // batchLimit is the batch size for bucket b: one row while its head row is
 // being retried alone.
 func (r *Relay) batchLimit(st *runState, b int) int {
-	if st.retry[b] != nil {
+	if st.b[b].retry != nil {
 		return 1 // head-row isolation
 	}
 	return r.opts.BatchSize
-}
-
-// prefetch is a NextBatch call running beside the current publish.
-type prefetch struct {
-	bucket, limit int
-	done          chan struct{}
-	batch         []*outbox.Message
-	err           error
-}
-
-func (r *Relay) startPrefetch(ctx context.Context, b, limit int) *prefetch {
-	p := &prefetch{bucket: b, limit: limit, done: make(chan struct{})}
-	go func() {
-		defer close(p.done)
-		p.batch, p.err = r.store.NextBatch(ctx, b, limit, r.opts.MaxBatchBytes)
-	}()
-	return p
-}
-
-func (p *prefetch) wait() ([]*outbox.Message, error) {
-	<-p.done
-	return p.batch, p.err
 }
 
 // drainOnce fetches and publishes one batch of bucket b, then marks the
@@ -592,49 +544,36 @@ func (p *prefetch) wait() ([]*outbox.Message, error) {
 // them (leaseValid: the sweep drops an invalid set once it ends). Every
 // step that changes b's rows (MarkPublished, parking) is preceded by that
 // check.
-//
-// fetched, when non-nil, is b's batch fetched during the previous publish
-// (see Store.ConcurrentBuckets); startNext is called just before the publish, to
-// fetch the next bucket's batch meanwhile.
-func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fetched *prefetch, startNext func()) error {
-	hr := st.retry[b]
+func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int) error {
+	hr := st.b[b].retry
 	limit := r.batchLimit(st, b)
 	if !r.ownsBucket(st, b) {
-		if fetched != nil {
-			fetched.wait()
-		}
 		return nil
 	}
 	st.worked.Store(true)
-	if done := st.unmarked[b]; done != nil {
+	// The rows of b's previous batch may still be being deleted: the fetch
+	// takes as many more, and leaves them out. (A delete that failed meanwhile
+	// leaves its rows unmarked: deleted again here.)
+	excl := r.deletingRows(ctx, st, b)
+	if done := st.b[b].unmarked; done != nil {
 		// The broker acknowledged these rows but deleting them failed:
-		// delete them again rather than publish them again. A batch
-		// prefetched meanwhile may hold them: fetch anew afterwards.
-		if fetched != nil {
-			fetched.wait()
-			fetched = nil
-		}
+		// delete them again rather than publish them again.
 		if cur, _, _ := st.lease.snapshot(); !containsSorted(cur, b) {
-			st.unmarked[b] = nil
+			st.b[b].unmarked = nil
 			return nil
 		}
 		if err := r.store.MarkPublished(cleanup, b, done); err != nil {
 			return errBucket{fmt.Errorf("relay: bucket %d: mark published (again): %w", b, err)}
 		}
-		st.unmarked[b] = nil
+		st.b[b].unmarked = nil
 	}
 	var batch []*outbox.Message
 	var err error
 	fetchStart := r.clock.Now()
-	if fetched != nil && fetched.limit == limit {
-		batch, err = fetched.wait()
-	} else {
-		if fetched != nil {
-			fetched.wait()
-		}
-		batch, err = r.store.NextBatch(ctx, b, limit, r.opts.MaxBatchBytes)
-	}
+	batch, err = r.store.NextBatch(ctx, b, limit+len(excl), r.opts.MaxBatchBytes+batchSize(excl))
 	fetchTook := r.clock.Now().Sub(fetchStart)
+	full := len(batch) >= limit+len(excl) // the bucket may hold more rows
+	batch = without(batch, excl)
 	if err != nil {
 		var ce *CorruptRowError
 		if errors.As(err, &ce) {
@@ -642,26 +581,25 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 		}
 		return errBucket{fmt.Errorf("relay: bucket %d: next batch: %w", b, err)}
 	}
-	if len(batch) == 0 {
-		st.ready[b] = false
+	if len(batch) == 0 { // not full: excl held fewer rows than fetched
+		st.b[b].ready = false
 		st.clearRetry(b)
-		st.strikes[b] = nil
+		st.b[b].strikes = nil
 		return nil
 	}
 	if len(batch) > limit {
-		batch = batch[:limit]
+		batch, full = batch[:limit], true
 	}
 	batch, over := trimToBytes(batch, r.opts.MaxBatchBytes)
 	failpoint("relay/after-fetch")
 	// The store left out the rows behind a parked row of their key (see
 	// Store.NextBatch): the whole batch is published.
 	pub := batch
-	drained := hr == nil && len(batch) < limit && !over
+	drained := hr == nil && !full && !over
 	if !r.ownsBucket(st, b) {
 		return nil
 	}
 
-	startNext()
 	res, took := r.publish(cleanup, pub)
 	failpoint("relay/after-ack")
 	ack := min(max(res.Acknowledged, 0), len(pub))
@@ -680,30 +618,23 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 		fatal = fmt.Errorf("relay: bucket %d: publish took %v, more than Options.MaxPublishDuration %v: %w", b, took, r.opts.MaxPublishDuration, ErrMisconfigured)
 	}
 
-	var markStart time.Time
 	if ack > 0 {
 		if !r.ownsBucket(st, b) {
 			return fatal // a peer may own the rows now: mark nothing
 		}
-		failpoint("relay/during-delete")
-		markStart = r.clock.Now()
-		if err := r.store.MarkPublished(cleanup, b, pub[:ack]); err != nil {
-			if ctx.Err() != nil {
-				r.log.WarnContext(ctx, "mark published failed during the stop; the next owner republishes the rows", "bucket", b, "rows", ack, "error", err)
-			} else {
-				// Retried before the bucket's next fetch, while the lease
-				// holds; only a takeover republishes them.
-				st.unmarked[b] = pub[:ack]
-			}
+		// One delete of b runs at a time: a crash republishes at most the
+		// batch being deleted and the one in flight.
+		if err := r.settleDelete(ctx, st, b); err != nil {
+			st.b[b].unmarked = append(st.b[b].unmarked, pub[:ack]...)
 			if fatal != nil {
 				return fatal
 			}
-			return errBucket{fmt.Errorf("relay: bucket %d: mark published: %w", b, err)}
+			return errBucket{err}
 		}
-	}
-	if ack > 0 && r.log.Enabled(ctx, slog.LevelDebug) {
-		r.log.DebugContext(ctx, "batch published", "bucket", b, "rows", len(pub), "acknowledged", ack,
-			"fetch_ms", fetchTook.Milliseconds(), "publish_ms", took.Milliseconds(), "delete_ms", r.clock.Now().Sub(markStart).Milliseconds())
+		r.startDelete(ctx, cleanup, st, b, pub[:ack], func(deleteTook time.Duration) {
+			r.log.DebugContext(ctx, "batch published", "bucket", b, "rows", len(pub), "acknowledged", ack,
+				"fetch_ms", fetchTook.Milliseconds(), "publish_ms", took.Milliseconds(), "delete_ms", deleteTook.Milliseconds())
+		})
 	}
 	if fatal != nil {
 		return fatal
@@ -725,11 +656,125 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int, fet
 		return nil
 	}
 	st.clearRetry(b)
-	st.strikes[b] = nil
+	st.b[b].strikes = nil
 	if drained {
-		st.ready[b] = false // drained; a hint or discovery brings it back
+		st.b[b].ready = false // drained; a hint or discovery brings it back
 	}
 	return nil
+}
+
+// pendingDelete is the MarkPublished of a bucket's acknowledged rows,
+// running beside the bucket's next fetch and publish and the other
+// buckets' work (see drainOnce): the delete is off the critical path.
+type pendingDelete struct {
+	rows []*outbox.Message
+	done chan struct{} // closed when the delete returned
+	err  error
+}
+
+// startDelete deletes rows, b's acknowledged rows, on cleanup (which a stop
+// does not cancel) on a goroutine of its own, and calls logBatch with the
+// delete's duration when DEBUG is on. At most one runs per bucket (see
+// settleDelete), and the sweep awaits them all at its end (awaitDeletes).
+func (r *Relay) startDelete(ctx, cleanup context.Context, st *runState, b int, rows []*outbox.Message, logBatch func(time.Duration)) {
+	d := &pendingDelete{rows: rows, done: make(chan struct{})}
+	st.b[b].deleting = d
+	st.mu.Lock()
+	st.deleting[b] = struct{}{}
+	st.mu.Unlock()
+	go func() {
+		defer close(d.done)
+		failpoint("relay/during-delete")
+		start := r.clock.Now()
+		d.err = r.store.MarkPublished(cleanup, b, rows)
+		if d.err == nil && r.log.Enabled(ctx, slog.LevelDebug) {
+			logBatch(r.clock.Now().Sub(start))
+		}
+	}()
+}
+
+// deletingRows returns the rows of bucket b whose delete still runs, for
+// its next fetch to leave out; nil when none runs (a finished one is
+// settled: see settleDelete).
+func (r *Relay) deletingRows(ctx context.Context, st *runState, b int) []*outbox.Message {
+	d := st.b[b].deleting
+	if d == nil {
+		return nil
+	}
+	select {
+	case <-d.done:
+		_ = r.settleDelete(ctx, st, b) // a failed one's rows are deleted again before the fetch
+		return nil
+	default:
+		return d.rows
+	}
+}
+
+// settleDelete waits for bucket b's running delete, if any, and forgets it.
+// A failed delete leaves its rows to delete again before b's next fetch
+// (bucketState.unmarked) while the lease holds, and returns its error;
+// only a takeover republishes them. During a stop it is logged instead.
+func (r *Relay) settleDelete(ctx context.Context, st *runState, b int) error {
+	d := st.b[b].deleting
+	if d == nil {
+		return nil
+	}
+	<-d.done
+	st.b[b].deleting = nil
+	st.mu.Lock()
+	delete(st.deleting, b)
+	st.mu.Unlock()
+	switch {
+	case d.err == nil:
+		return nil
+	case ctx.Err() != nil:
+		r.log.WarnContext(ctx, "mark published failed during the stop; the next owner republishes the rows", "bucket", b, "rows", len(d.rows), "error", d.err)
+		return nil
+	case !r.ownsBucket(st, b):
+		return nil // the next owner republishes them
+	}
+	st.b[b].unmarked = append(st.b[b].unmarked, d.rows...)
+	return fmt.Errorf("relay: bucket %d: mark published: %w", b, d.err)
+}
+
+// awaitDeletes settles every running delete once a sweep's workers have
+// returned, so that no store call outlives the sweep; a bucket whose delete
+// failed backs off (bucketFailed) and deletes its rows again before its
+// next fetch.
+func (r *Relay) awaitDeletes(ctx context.Context, st *runState) {
+	st.mu.Lock()
+	bs := slices.Collect(maps.Keys(st.deleting))
+	st.mu.Unlock()
+	for _, b := range bs {
+		if err := r.settleDelete(ctx, st, b); err != nil {
+			r.bucketFailed(st, b, err)
+			st.b[b].ready = true
+		}
+	}
+}
+
+// without returns batch without the rows of excl (by id), in order.
+func without(batch, excl []*outbox.Message) []*outbox.Message {
+	if len(excl) == 0 {
+		return batch
+	}
+	ids := make(map[int64]struct{}, len(excl))
+	for _, m := range excl {
+		ids[m.ID] = struct{}{}
+	}
+	return slices.DeleteFunc(batch, func(m *outbox.Message) bool {
+		_, ok := ids[m.ID]
+		return ok
+	})
+}
+
+// batchSize is the total MessageSize of rows.
+func batchSize(rows []*outbox.Message) int64 {
+	var n int64
+	for _, m := range rows {
+		n += MessageSize(m)
+	}
+	return n
 }
 
 // retryLater records one more failure of bucket b's head row, a store
@@ -739,10 +784,10 @@ func (r *Relay) retryLater(st *runState, b int, storeErr error, published bool) 
 	now := r.clock.Now()
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	hr := st.retry[b]
+	hr := st.b[b].retry
 	if hr == nil {
 		hr = &headRetry{since: now}
-		st.retry[b] = hr
+		st.b[b].retry = hr
 		st.retrying[b] = struct{}{}
 	}
 	hr.attempts++
@@ -756,7 +801,7 @@ func (r *Relay) retryLater(st *runState, b int, storeErr error, published bool) 
 // bucketFailed handles a store error confined to bucket b (its NextBatch or
 // MarkPublished failed): the bucket backs off like a failing head row
 // (jittered, exponential, up to LeaseRenewInterval; acknowledged rows whose
-// delete failed stay in st.unmarked and are deleted first on the retry),
+// delete failed stay in its unmarked rows and are deleted first on the retry),
 // with a line per backoff step (WARN for a new error and once a minute,
 // DEBUG in between: logFailure), while the sweep goes on with the
 // other buckets. It is not a failed cycle for Health (see Relay.Health).
@@ -789,11 +834,11 @@ func (r *Relay) everyBucketFailing(st *runState) error {
 		return nil
 	}
 	for _, b := range owned {
-		if hr := st.retry[b]; hr == nil || hr.storeErr == nil {
+		if hr := st.b[b].retry; hr == nil || hr.storeErr == nil {
 			return nil
 		}
 	}
-	return fmt.Errorf("relay: the store fails for every owned bucket (%d); bucket %d: %w", len(owned), owned[0], st.retry[owned[0]].storeErr)
+	return fmt.Errorf("relay: the store fails for every owned bucket (%d); bucket %d: %w", len(owned), owned[0], st.b[owned[0]].retry.storeErr)
 }
 
 // noteStuck caches, for the head-age gauge, when the longest-failing head
@@ -803,7 +848,7 @@ func (r *Relay) noteStuck(st *runState) {
 	publishing := false
 	st.mu.Lock()
 	for b := range st.retrying {
-		hr := st.retry[b]
+		hr := st.b[b].retry
 		if oldest.IsZero() || hr.since.Before(oldest) {
 			oldest = hr.since
 		}
@@ -872,11 +917,11 @@ func (r *Relay) eligible(st *runState, now time.Time) bool {
 	if !now.Before(st.nextRebalance) {
 		return true
 	}
-	for b, ok := range st.ready {
-		if !ok {
+	for b := range st.b {
+		if !st.b[b].ready {
 			continue
 		}
-		if hr := st.retry[b]; hr == nil || !now.Before(hr.notBefore) {
+		if hr := st.b[b].retry; hr == nil || !now.Before(hr.notBefore) {
 			return true
 		}
 	}
@@ -890,8 +935,8 @@ func (r *Relay) idle(ctx context.Context, st *runState) {
 	deadline := st.nextRebalance
 	if owned, _, _ := st.lease.snapshot(); len(owned) > 0 {
 		deadline = earliest(deadline, st.nextDiscovery)
-		for b, ok := range st.ready {
-			if hr := st.retry[b]; ok && hr != nil {
+		for b := range st.b {
+			if hr := st.b[b].retry; st.b[b].ready && hr != nil {
 				deadline = earliest(deadline, hr.notBefore)
 			}
 		}
@@ -924,7 +969,7 @@ func (r *Relay) sleep(ctx context.Context, d time.Duration) {
 
 func (r *Relay) allReady(st *runState, owned []int) bool {
 	for _, b := range owned {
-		if !st.ready[b] {
+		if !st.b[b].ready {
 			return false
 		}
 	}

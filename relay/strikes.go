@@ -67,8 +67,8 @@ func (r *Relay) parkCorrupt(ctx context.Context, st *runState, b int, ce *Corrup
 	r.m.countParked(ParkReasonCorrupt, 1)
 	r.log.WarnContext(ctx, "corrupt row parked; the rest of its bucket goes on", "bucket", b, "id", ce.ID, "reason", reason)
 	st.clearRetry(b)
-	st.strikes[b] = nil
-	st.ready[b] = true
+	st.b[b].strikes = nil
+	st.b[b].ready = true
 	return nil
 }
 
@@ -94,10 +94,10 @@ func (r *Relay) strike(ctx context.Context, st *runState, b int, batch []*outbox
 		return false, nil // only a row published alone is judged
 	}
 	row := batch[0]
-	s := st.strikes[b]
+	s := st.b[b].strikes
 	if s == nil || s.id != row.ID {
 		s = &strike{id: row.ID}
-		st.strikes[b] = s
+		st.b[b].strikes = s
 	}
 	if !r.strikeCounts(pubErr) {
 		s.n = 0
@@ -136,7 +136,7 @@ func (r *Relay) strike(ctx context.Context, st *runState, b int, batch []*outbox
 	r.m.countParked(class, 1)
 	r.log.WarnContext(ctx, "row parked; later rows of its key wait until it is requeued", "bucket", b, "id", row.ID, "message_id", row.MessageID.String(), "topic", row.Topic, "key", printableKey(row.Key), "reason", reason, "attempts", s.n)
 	st.clearRetry(b) // the bucket goes on at full speed
-	st.strikes[b] = nil
+	st.b[b].strikes = nil
 	return true, nil
 }
 
