@@ -57,6 +57,10 @@ type hotSQL struct {
 	// limit. PostgreSQL needs the range form (see Store.NextBatch). MySQL and
 	// MariaDB take the equality too, with ORDER BY id (see order).
 	bucketEquality bool
+	// skipScan says BucketsWithPending walks the index with a recursive
+	// CTE first (PostgreSQL, SQLite; not MySQL or MariaDB, where each step
+	// is a range scan).
+	skipScan bool
 	// order is the ORDER BY of the reads of one bucket's unparked rows:
 	// "bucket, parked_at_ms, id", the index's order; "id" on MySQL and
 	// MariaDB, which sort every unparked row of the bucket (a filesort of
@@ -88,6 +92,7 @@ func buildHotSQL(db *gorm.DB, msgs string) hotSQL {
 		h.binds[i] = w.String()
 	}
 	h.bucketEquality = db.Dialector.Name() != "postgres"
+	h.skipScan = db.Dialector.Name() != "mysql"
 	h.order = "bucket, parked_at_ms, id"
 	if db.Dialector.Name() == "mysql" {
 		h.order = "id"
