@@ -10,25 +10,11 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/gorm-outbox/outbox"
-	"github.com/gorm-outbox/outbox/relay"
 )
 
 // The code blocks of docs/writing.md, compiled here: each function's body
 // is a block of the guide, verbatim (TestDocsGoBlocksAreCompiledCode checks
-// it).
-
-func writingSetup(db *gorm.DB) error {
-	cfg := outbox.Config{}          // 8 buckets, tables outbox_messages / outbox_leases / outbox_relays
-	notifier := relay.NewNotifier() // wakes the relay after each commit; it can exist before the relay
-	if err := db.Use(outbox.Plugin{Config: cfg, Notifier: notifier}); err != nil {
-		return err
-	}
-	if err := outbox.AutoMigrate(db, cfg); err != nil { // or apply migrations/<dialect>.sql
-		return err
-	}
-	// later, the relay: relay.New(store, pub, relay.Options{Notifier: notifier})
-	return nil
-}
+// it); the Setup block is Example_setup's.
 
 func tracingProducer(ctx context.Context, db *gorm.DB, tp trace.TracerProvider, tracer trace.Tracer, msg *outbox.Message) error {
 	otel.SetTracerProvider(tp) // your SDK's TracerProvider
@@ -85,7 +71,6 @@ func enqueueing(db *gorm.DB, order Order) error {
 }
 
 var (
-	_ = writingSetup
 	_ = tracingProducer
 	_ = tracingConsumer
 	_ = enqueueing
