@@ -301,11 +301,6 @@ func newBatchScanner() *batchScanner {
 	return s
 }
 
-// size is the current row's key, value and headers in bytes, as stored.
-func (s *batchScanner) size() int64 {
-	return int64(len(s.key) + len(s.value) + len(s.headers))
-}
-
 // message decodes the current row, copying its key and value once. left
 // is how many more rows the batch may hold (the size of the next block of
 // Messages).

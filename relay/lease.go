@@ -37,16 +37,6 @@ func (l *leaseSet) valid(now time.Time) bool {
 	return len(l.buckets) > 0 && !l.lost && now.Before(l.validUntil)
 }
 
-// remaining returns the lease time left at now.
-func (l *leaseSet) remaining(now time.Time) time.Duration {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.lost {
-		return 0
-	}
-	return l.validUntil.Sub(now)
-}
-
 // acquire runs one acquisition round. A store error wrapping
 // ErrMisconfigured is returned (fatal); other errors are logged and retried
 // after ErrorBackoff, the current leases staying valid until they expire.
