@@ -187,17 +187,19 @@ func (r *Relay) renewLoop(ctx context.Context, st *runState) {
 		if due, ok := r.renewalDue(st, tried); ok {
 			fire, stop = r.clock.NewTimer(due.Sub(r.clock.Now()))
 		}
+		fired := false
 		select {
 		case <-ctx.Done():
 		case <-r.kick:
 		case <-fire:
+			fired = true
 		}
 		stop()
 		if ctx.Err() != nil {
 			return
 		}
-		if fire == nil {
-			continue
+		if !fired {
+			continue // look again: a kick changed the leases or the phase
 		}
 		// The phase first: a loop that is working again has recorded its
 		// acquisition's leases before it says so.
