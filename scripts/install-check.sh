@@ -62,7 +62,7 @@ publish "$root_module" "$lib_version" .
 publish "$root_module/cmd" "$cmd_version" cmd
 for n in $(git ls-tree -r --name-only "$rev" | sed -n 's#/go\.mod$##p'); do
 	[[ $n != cmd ]] || continue
-	v=$(GOWORK=off go mod edit -json "$tmp/cmd.mod" | grep -A1 -F "\"Path\": \"$root_module/$n\"" | sed -n 's/.*"Version": "\(.*\)".*/\1/p')
+	v=$(GOWORK=off go mod edit -json "$tmp/cmd.mod" | { grep -A1 -F "\"Path\": \"$root_module/$n\"" || true; } | sed -n 's/.*"Version": "\(.*\)".*/\1/p')
 	[[ -z $v ]] || publish "$root_module/$n" "$v" "$n"
 done
 
