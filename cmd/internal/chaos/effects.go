@@ -35,19 +35,21 @@ const (
 	// taken one of them (past its lease), then SIGCONT. Proven by the lease
 	// audit trigger: an owner change away from it while it was stopped.
 	FaultRelayPause = "relay_pause"
-	// FaultZombie: a relay stops itself (failpoint action stop) between its
-	// produce and its commit — kafkapub/before-commit in fenced mode,
-	// relay/during-publish (records appended, the answer not yet seen) in
-	// the default mode — and is resumed once peers own all its buckets and
-	// have published and deleted rows newer than the ones it had in flight.
+	// FaultZombie: an extra relay stops itself (failpoint action stop)
+	// between its produce and its commit at its second publish —
+	// kafkapub/before-commit in fenced mode, relay/during-publish (records
+	// appended, the answer not yet seen) in the default mode — and is
+	// resumed once peers own all its buckets and have published and deleted
+	// rows newer than the ones it had in flight; then it stops gracefully.
 	// Proven in fenced mode by its "publish fenced" line naming the refused
 	// EndTxn (commit); in the default mode by the peers' progress.
 	FaultZombie = "zombie"
-	// FaultConsumerKill: a consumer of each client SIGKILLs itself after a
-	// processed message's transaction committed, before the offset commit
-	// (failpoint inbox/after-commit); a replacement starts. Proven by the
-	// failpoint's line and by a "duplicate skipped" line of another member
-	// of its group for the message of its last effect.
+	// FaultConsumerKill: an extra consumer of each client joins its group
+	// and SIGKILLs itself after its 10th to 39th processed message's
+	// transaction committed, before the offset commit (failpoint
+	// inbox/after-commit). Proven by the failpoint's line and by a
+	// "duplicate skipped" line of another member of its group for the
+	// message of its last effect.
 	FaultConsumerKill = "consumer_kill"
 	// FaultRebalance: a consumer of each client leaves its group (SIGTERM)
 	// and a new one joins. Proven by the "partitions assigned" line of a
@@ -945,7 +947,7 @@ func (h *effectsHarness) zombie(ctx context.Context) error {
 		return err
 	}
 	f := h.s.Faults[FaultZombie]
-	defer h.pool.give(p)
+	defer p.Stop(10 * time.Second) // an extra relay: the pool keeps its size
 	if !waitForLine(ctx, p.Log, "failpoint "+fp+": SIGSTOP", 30*time.Second) {
 		return fmt.Errorf("%s: the failpoint %s never fired", p.ID, fp)
 	}
@@ -1022,10 +1024,10 @@ func peersOwn(own map[int]string, buckets []int, id string) bool {
 	return true
 }
 
-// consumerKill starts a consumer armed to SIGKILL itself after its k-th
-// processed message's commit, waits for its death and starts a
-// replacement. The proof (its last effect redelivered and skipped) comes
-// at the end (proveConsumerKills).
+// consumerKill starts an extra member armed to SIGKILL itself after its
+// k-th processed message's commit and waits for its death. The proof (its
+// last effect redelivered and skipped) comes at the end
+// (proveConsumerFaults).
 func (h *effectsHarness) consumerKill(ctx context.Context, g *consumerGroup) error {
 	k := 10 + rand.IntN(30)
 	p, err := g.start(fmt.Sprintf("OUTBOX_FAILPOINTS=inbox/after-commit=kill@%d", k))
@@ -1047,8 +1049,7 @@ func (h *effectsHarness) consumerKill(ctx context.Context, g *consumerGroup) err
 		g.victims = append(g.victims, p)
 		g.mu.Unlock()
 	}
-	_, err = g.add()
-	return err
+	return nil // the victim was an extra member: the group is back to its size
 }
 
 // rebalance stops a member gracefully (it leaves the group) and starts a
