@@ -5,6 +5,7 @@ package failpoint
 import (
 	"fmt"
 	"os"
+	"os/signal"
 	"strconv"
 	"strings"
 	"sync"
@@ -26,7 +27,8 @@ import (
 // every hit. A fired kill prints "failpoint NAME: SIGKILL" on stderr first, a
 // fired stop "failpoint NAME: SIGSTOP": the process stays stopped, every
 // goroutine with it (lease renewals included), until whoever watches its
-// stderr sends SIGCONT.
+// stderr sends SIGCONT, and the goroutine at the failpoint goes on only
+// once it received that SIGCONT.
 //
 // The failpoints, one per step of the relay's life:
 //
@@ -114,9 +116,22 @@ func Inject(name string) {
 			killSelf(name)
 		}()
 	case "stop":
-		fmt.Fprintf(os.Stderr, "failpoint %s: SIGSTOP\n", name)
-		_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP) // returns after SIGCONT
+		stopSelf(name)
 	}
+}
+
+// stopSelf SIGSTOPs the process and returns once it got SIGCONT. A stop
+// spreads to a process's threads when each next enters the kernel, so the
+// calling thread could run on after kill(2) returned, up to its next system
+// call (the very request the stop is meant to hold back, say); so the
+// caller waits for the SIGCONT itself.
+func stopSelf(name string) {
+	cont := make(chan os.Signal, 1)
+	signal.Notify(cont, syscall.SIGCONT)
+	defer signal.Stop(cont)
+	fmt.Fprintf(os.Stderr, "failpoint %s: SIGSTOP\n", name)
+	_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+	<-cont
 }
 
 func killSelf(name string) {

@@ -128,8 +128,9 @@ type EffectsConfig struct {
 // logs (or the databases) prove.
 type FaultTally struct {
 	Injected, Proven int
-	// Evidence is a sample of the proof (a log line's gist, a measure).
-	Evidence []string
+	// Evidence samples the proofs (a log line's gist, a measure);
+	// Unproven says what was missing for each injection left unproven.
+	Evidence, Unproven []string
 }
 
 // EffectsCell is the effects audit of one client in one run, read from its
@@ -243,6 +244,9 @@ func (s EffectsSummary) Evidence(c EffectsCell) string {
 			continue
 		}
 		fmt.Fprintf(&b, "  %s (%d injected, %d proven): %s\n", k, f.Injected, f.Proven, strings.Join(f.Evidence, "; "))
+		for _, u := range f.Unproven {
+			fmt.Fprintf(&b, "    unproven: %s\n", u)
+		}
 	}
 	return b.String()
 }
@@ -255,8 +259,8 @@ func (f *FaultTally) prove(format string, args ...any) {
 }
 
 func (f *FaultTally) note(format string, args ...any) {
-	if len(f.Evidence) < 3 {
-		f.Evidence = append(f.Evidence, "unproven: "+fmt.Sprintf(format, args...))
+	if len(f.Unproven) < 10 {
+		f.Unproven = append(f.Unproven, fmt.Sprintf(format, args...))
 	}
 }
 
@@ -576,10 +580,7 @@ func RunEffects(ctx context.Context, cfg EffectsConfig) (EffectsSummary, error) 
 		}
 	}
 	close(stopWriters)
-	select {
-	case <-writersDone:
-	case <-ctx.Done():
-	}
+	<-writersDone // they stop at once (or at ctx's end)
 	if writeErr != nil {
 		return s, writeErr
 	}
@@ -1168,7 +1169,7 @@ func proveConsumerFaults(g *consumerGroup) error {
 			df.note("%d sessions killed, %d mid-statement; no consumer WARN within %v", k.Killed, k.MidStatement, dbKillEcho)
 		}
 	}
-	if df.Injected > 0 && df.Proven == 0 && len(df.Evidence) == 0 {
+	if df.Injected > 0 && df.Proven == 0 && len(df.Unproven) == 0 {
 		df.note("%d kills, none mid-transaction", len(g.dbKills))
 	}
 	f := g.cell.Faults[FaultConsumerKill]
