@@ -5,6 +5,7 @@ go 1.26.0
 require (
 	github.com/go-sql-driver/mysql v1.8.1
 	github.com/gorm-outbox/outbox v0.0.0-00010101000000-000000000000
+	github.com/gorm-outbox/outbox/inbox/franz v0.0.0-00010101000000-000000000000
 	github.com/jackc/pgx/v5 v5.10.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/prometheus/client_model v0.6.3

@@ -12,6 +12,8 @@ import (
 
 	"github.com/segmentio/kafka-go"
 	"gorm.io/gorm"
+
+	"github.com/gorm-outbox/outbox/internal/failpoint"
 )
 
 // Defaults of ConsumerOptions. A zero ConsumerOptions field takes the
@@ -353,6 +355,11 @@ func (c *Consumer) settle(ctx context.Context, m kafka.Message) (bool, error) {
 			return c.fn(tx, m)
 		})
 		if err == nil {
+			if out == Processed {
+				// Committed, the offset not yet: a crash here redelivers
+				// the message, and Handle skips it as a duplicate.
+				failpoint.Inject("inbox/after-commit")
+			}
 			if out == Processed && c.log.Enabled(ctx, slog.LevelDebug) {
 				id, _ := c.ib.MessageID(m) // Handle succeeded: the id is valid
 				c.log.Debug("message processed", "message_id", id, "topic", m.Topic, "partition", m.Partition, "offset", m.Offset)

@@ -472,6 +472,7 @@ func (p *Publisher) txnRange(ctx context.Context, prod *txnProducer, rows []row,
 	if first == nil {
 		p.step(prod, "produced")
 		failpoint.Inject("relay/during-publish")
+		failpoint.Inject("kafkapub/before-commit") // a zombie stalls here (CHAOS.md)
 		if err := p.commit(ctx, prod, rows[lo:hi]); err != nil {
 			rows[lo].err = err
 			return false

@@ -6,7 +6,10 @@
 #     resolves to it;
 #   - the library (the commit without its nested modules, as the go command
 #     zips it) at the version cmd/go.mod requires (the placeholder until the
-#     first release, then the library's tag).
+#     first release, then the library's tag);
+#   - the other nested modules cmd/go.mod requires (inbox/franz, for the
+#     chaos harness's consumer processes), from their directories, at the
+#     versions it requires.
 # Every other module comes from the local module cache or GOPROXY. This
 # proves that the worker installs outside the workspace: cmd/go.mod has no
 # replace, requires what the worker compiles, and the library's module
@@ -57,6 +60,11 @@ publish() {
 }
 publish "$root_module" "$lib_version" .
 publish "$root_module/cmd" "$cmd_version" cmd
+for n in $(git ls-tree -r --name-only "$rev" | sed -n 's#/go\.mod$##p'); do
+	[[ $n != cmd ]] || continue
+	v=$(GOWORK=off go mod edit -json "$tmp/cmd.mod" | { grep -A1 -F "\"Path\": \"$root_module/$n\"" || true; } | sed -n 's/.*"Version": "\(.*\)".*/\1/p')
+	[[ -z $v ]] || publish "$root_module/$n" "$v" "$n"
+done
 
 real_cache=$(go env GOMODCACHE)
 upstream=$(go env GOPROXY)

@@ -3,10 +3,11 @@
 # at the root, cmd/, examples/ and inbox/franz/).
 #
 # `go mod tidy` ignores go.work, and the nested modules require the library
-# at a version that may not be published yet (the placeholder
-# v0.0.0-00010101000000-000000000000 before the first tag), so each nested
-# module is tidied on a copy of its go.mod that replaces the library with
-# this checkout; the replace never reaches the committed go.mod. A nested
+# (cmd/ also inbox/franz/) at a version that may not be published yet (the
+# placeholder v0.0.0-00010101000000-000000000000 before the first tag), so
+# each nested module is tidied on a copy of its go.mod that replaces the
+# library and every other module of the workspace with this checkout's
+# directories; the replaces never reach the committed go.mod. A nested
 # go.mod must have no replace directive at all: `go install …@latest`
 # refuses a module that has one.
 #
@@ -44,24 +45,38 @@ else
 	go mod tidy
 fi
 
-# The nested modules, as go.work lists them.
+# The nested modules, as go.work lists them, and each one's module path.
+dirs=()
+mods=()
 for dir in $(GOWORK='' go work edit -json | sed -n 's/.*"DiskPath": "\(.*\)".*/\1/p'); do
 	[[ $dir != . ]] || continue
-	dir=${dir#./}
+	dirs+=("${dir#./}")
+	mods+=("$(awk '$1 == "module" { print $2; exit }' "${dir#./}/go.mod")")
+done
+for i in "${!dirs[@]}"; do
+	dir=${dirs[$i]}
 	if go mod edit -json "$dir/go.mod" | grep -q '"Replace": \[' ; then
 		echo "tidy: $dir/go.mod has a replace directive: go install of its commands would fail; require $root_module at a version instead (go.work points it at this checkout)" >&2
 		rc=1
 		continue
 	fi
+	# The library and the other nested modules, from this checkout.
+	replaces=("-replace=$root_module=$repo")
+	drops=("-dropreplace=$root_module")
+	for j in "${!dirs[@]}"; do
+		((j != i)) || continue
+		replaces+=("-replace=${mods[$j]}=$repo/${dirs[$j]}")
+		drops+=("-dropreplace=${mods[$j]}")
+	done
 	work="$tmp/$dir"
 	mkdir -p "$work"
 	cp "$dir/go.mod" "$work/go.mod"
 	[[ ! -e $dir/go.sum ]] || cp "$dir/go.sum" "$work/go.sum"
 	(
 		cd "$dir"
-		go mod edit -modfile="$work/go.mod" -replace="$root_module=$repo"
+		go mod edit -modfile="$work/go.mod" "${replaces[@]}"
 		go mod tidy -modfile="$work/go.mod"
-		go mod edit -modfile="$work/go.mod" -dropreplace="$root_module"
+		go mod edit -modfile="$work/go.mod" "${drops[@]}"
 	)
 	for f in go.mod go.sum; do
 		if ! cmp -s "$work/$f" "$dir/$f" 2>/dev/null; then

@@ -9,8 +9,15 @@
 //	    the crash matrix: SIGKILL a relay child at each step, print the table
 //	outbox-chaos run [-db ...] [-messages N] [-relays N] [-faults N] [-write-for D] [-txn]
 //	    a chaos run; prints one summary line, exits 1 on a failed check
+//	outbox-chaos effects [-db postgres|mysql] [-mode default|fenced|both] [-messages N] [-write-for D] [-rounds N] [-logs DIR]
+//	    the effects run: business rows, relays, inbox consumers of both
+//	    clients in their own databases, every fault injected -rounds
+//	    times; prints a table and one line per cell, exits 1 on a failed
+//	    check (needs the real broker and scripts/services.sh's pid file)
 //	outbox-chaos relay -dialect ... -dsn ... -brokers ... -id ...
 //	    one relay process (the child the harness starts)
+//	outbox-chaos consumer -client kafka-go|franz -dialect ... -dsn ... -brokers ... -group ... -topic ... -id ...
+//	    one consumer process of the effects run (the child it starts)
 //
 // The database and broker come from the test environment variables
 // (OUTBOX_TEST_POSTGRES_DSN, OUTBOX_TEST_MYSQL_DSN, OUTBOX_TEST_KAFKA_BROKERS);
@@ -20,6 +27,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -34,7 +42,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: outbox-chaos matrix|run|relay [flags]")
+		fmt.Fprintln(os.Stderr, "usage: outbox-chaos matrix|run|effects|relay|consumer [flags]")
 		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -47,6 +55,13 @@ func main() {
 		if c, err = chaos.ParseRelayFlags(os.Args[2:]); err == nil {
 			err = chaos.RunRelay(ctx, c, log)
 		}
+	case "consumer":
+		var c chaos.ConsumerConfig
+		if c, err = chaos.ParseConsumerFlags(os.Args[2:]); err == nil {
+			err = chaos.RunConsumer(ctx, c, slog.New(chaos.ConsumerLogHandler(slog.NewTextHandler(os.Stderr, nil))))
+		}
+	case "effects":
+		err = effects(ctx, os.Args[2:], log)
 	case "matrix":
 		err = matrix(ctx, os.Args[2:], log)
 	case "run":
@@ -152,4 +167,70 @@ func run(ctx context.Context, args []string, log *slog.Logger) error {
 		return err
 	}
 	return s.Err()
+}
+
+func effects(ctx context.Context, args []string, log *slog.Logger) error {
+	fs := flag.NewFlagSet("effects", flag.ContinueOnError)
+	dialect := fs.String("db", chaos.Postgres, "database: postgres or mysql")
+	mode := fs.String("mode", "both", "relay mode: default, fenced or both (one run each)")
+	cfg := chaos.EffectsConfig{}
+	fs.IntVar(&cfg.Messages, "messages", 20000, "business rows to write")
+	fs.DurationVar(&cfg.WriteFor, "write-for", 5*time.Minute, "how long the writers take to write them")
+	fs.IntVar(&cfg.Rounds, "rounds", 5, "how many times each fault kind is injected")
+	fs.IntVar(&cfg.Keys, "keys", 32, "keys")
+	fs.IntVar(&cfg.Relays, "relays", 3, "relay processes")
+	fs.IntVar(&cfg.Consumers, "consumers", 2, "consumer processes per client")
+	fs.Int64Var(&cfg.Seed, "seed", time.Now().UnixNano(), "random seed")
+	logs := fs.String("logs", "", "keep the children's logs in this directory (default: a temporary one, removed)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	var modes []bool
+	switch *mode {
+	case "default":
+		modes = []bool{false}
+	case "fenced":
+		modes = []bool{true}
+	case "both":
+		modes = []bool{false, true}
+	default:
+		return fmt.Errorf("unknown -mode %q", *mode)
+	}
+	dsn, brokers, err := env(*dialect)
+	if err != nil {
+		return err
+	}
+	if len(brokers) == 0 {
+		return fmt.Errorf("the effects run needs the real broker: set OUTBOX_TEST_KAFKA_BROKERS")
+	}
+	pid, err := chaos.ServicesBrokerPID()
+	if err != nil {
+		return err
+	}
+	bin, dir, err := self()
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	if *logs != "" {
+		dir = *logs
+	}
+	cfg.Bin, cfg.Dialect, cfg.BaseDSN, cfg.Brokers, cfg.BrokerPID, cfg.Dir, cfg.Logger = bin, *dialect, dsn, brokers, pid, dir, log
+	var ss []chaos.EffectsSummary
+	var errs []error
+	for _, txn := range modes {
+		cfg.Transactional = txn
+		s, err := chaos.RunEffects(ctx, cfg)
+		ss = append(ss, s)
+		fmt.Println(s)
+		for _, c := range s.Cells {
+			fmt.Printf("%s mode, %s: the faults' proofs:\n%s", s.Mode, c.Client, s.Evidence(c))
+		}
+		if err != nil {
+			return err
+		}
+		errs = append(errs, s.Err())
+	}
+	fmt.Print(chaos.FormatEffects(ss))
+	return errors.Join(errs...)
 }

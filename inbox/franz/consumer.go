@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"gorm.io/gorm"
 
@@ -28,6 +29,12 @@ type HandlerFunc func(tx *gorm.DB, r *kgo.Record) error
 // retried with backoff (or dead-lettered), never skipped. It handles one
 // record at a time, each partition's records in offset order; run several
 // Consumers in the group to handle partitions in parallel.
+//
+// A member thrown out of its group while it handles a poll's records (its
+// session expired, or it blocked a rebalance past the rebalance timeout)
+// cannot commit their offsets: the Consumer drops the rest of the poll and
+// rejoins, and the records handled since the last committed offset are
+// redelivered and skipped as duplicates (see the reader's CommitMessages).
 type Consumer struct {
 	c  *inbox.Consumer
 	cl *kgo.Client
@@ -134,12 +141,43 @@ func (r *reader) FetchMessage(ctx context.Context) (kafka.Message, error) {
 	return message(rec), nil
 }
 
+// CommitMessages commits the offsets past msgs. A commit the coordinator
+// refuses because this member is no longer in the group
+// (UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION, FENCED_INSTANCE_ID,
+// REBALANCE_IN_PROGRESS: its session expired, say while the broker was
+// unreachable, or it blocked a rebalance past the rebalance timeout) can
+// never succeed while the poll's records block the client's rejoin:
+// retrying it would stall the Consumer for good. Such a commit is dropped,
+// with the rest of the poll's records, and the client may rejoin: the
+// partitions' next owners (this member again, perhaps) resume from the
+// group's committed offsets, so the records handled since are redelivered
+// and skipped as duplicates.
 func (r *reader) CommitMessages(ctx context.Context, msgs ...kafka.Message) error {
 	recs := make([]*kgo.Record, len(msgs))
 	for i, m := range msgs {
 		recs[i] = m.WriterData.(*kgo.Record)
 	}
-	return r.cl.CommitRecords(ctx, recs...)
+	err := r.cl.CommitRecords(ctx, recs...)
+	if !outOfGroup(err) {
+		return err
+	}
+	if l, ok := r.cl.OptValue(kgo.WithLogger).(kgo.Logger); ok {
+		l.Log(kgo.LogLevelWarn, "inbox: this member left the group; dropping its polled records and rejoining (they are redelivered, and the handled ones skipped as duplicates)", "records", len(r.buf), "err", err)
+	}
+	clear(r.buf)
+	r.buf = nil
+	if r.polled {
+		r.cl.AllowRebalance()
+		r.polled = false
+	}
+	return nil
+}
+
+// outOfGroup reports whether err, from a commit, says that this member is
+// no longer in the group's current generation.
+func outOfGroup(err error) bool {
+	return errors.Is(err, kerr.UnknownMemberID) || errors.Is(err, kerr.IllegalGeneration) ||
+		errors.Is(err, kerr.FencedInstanceID) || errors.Is(err, kerr.RebalanceInProgress)
 }
 
 // message returns rec as Handle reads it, rec itself in WriterData.

@@ -32,10 +32,12 @@ import (
 // buckets over, and a consumer stops and leaves the group (a rebalance).
 // The audit: every committed row has exactly one effect, no rolled-back
 // row has one, each key's effects are in commit order, and each key's
-// counter equals its committed rows. It is the CI-sized variant: no
+// counter equals its committed rows. It is the in-process variant: no
 // zombie relay stalled inside a transaction, no process kills, no broker
-// pause, no database kill. It runs on every database with the in-process
-// broker and, when the environment names one, the real broker.
+// pause, no database kill (the effects run of cmd/internal/chaos has them,
+// with relay and consumer processes: see CHAOS.md). It runs on every
+// database with the in-process broker and, when the environment names one,
+// the real broker.
 func RunEffects(t *testing.T, c Client) {
 	forEachPairing(t, true, func(t *testing.T, o testenv.Opener, b testenv.Broker) {
 		for _, fenced := range []bool{false, true} {

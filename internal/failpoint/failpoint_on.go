@@ -5,6 +5,7 @@ package failpoint
 import (
 	"fmt"
 	"os"
+	"os/signal"
 	"strconv"
 	"strings"
 	"sync"
@@ -20,9 +21,14 @@ import (
 //	relay/after-fetch=kill@3                 SIGKILL the process at the third hit
 //	relay/during-delete=killafter(1ms)@2     SIGKILL 1ms after the second hit, while the step runs
 //	relay/during-publish=sleep(2500ms)       sleep at every hit (a slow broker)
+//	kafkapub/before-commit=stop@2            SIGSTOP the process at the second hit
 //
-// Without @hit, kill and killafter fire at the first hit and sleep at every
-// hit. A fired kill prints "failpoint NAME: SIGKILL" on stderr first.
+// Without @hit, kill, killafter and stop fire at the first hit and sleep at
+// every hit. A fired kill prints "failpoint NAME: SIGKILL" on stderr first, a
+// fired stop "failpoint NAME: SIGSTOP": the process stays stopped, every
+// goroutine with it (lease renewals included), until whoever watches its
+// stderr sends SIGCONT, and the goroutine at the failpoint goes on only
+// once it received that SIGCONT.
 //
 // The failpoints, one per step of the relay's life:
 //
@@ -33,10 +39,15 @@ import (
 //	relay/acquire         an acquisition round answered, its leases not yet recorded
 //	relay/renew           a renewal answered, its extension not yet recorded
 //	relay/before-park     the lease checked, the Park statement not yet sent
+//
+// and of the Kafka publisher's and the inbox consumer's:
+//
+//	kafkapub/before-commit  fenced publishing: every record of a transaction appended, EndTxn (commit) not yet sent
+//	inbox/after-commit      a Consumer's Handle committed a processed message's transaction, its offset not yet committed
 const envFailpoints = "OUTBOX_FAILPOINTS"
 
 type failpointRule struct {
-	action string // kill, killafter, sleep
+	action string // kill, killafter, sleep, stop
 	d      time.Duration
 	hit    int64 // 0: every hit (sleep) or the first (kill)
 	hits   atomic.Int64
@@ -71,7 +82,7 @@ var failpointRules = sync.OnceValue(func() map[string]*failpointRule {
 			act, r.d = a, d
 		}
 		switch act {
-		case "kill", "killafter", "sleep":
+		case "kill", "killafter", "sleep", "stop":
 		default:
 			panic(fmt.Sprintf("failpoint: %s: %q: unknown action %q", envFailpoints, spec, act))
 		}
@@ -104,7 +115,23 @@ func Inject(name string) {
 			time.Sleep(r.d)
 			killSelf(name)
 		}()
+	case "stop":
+		stopSelf(name)
 	}
+}
+
+// stopSelf SIGSTOPs the process and returns once it got SIGCONT. A stop
+// spreads to a process's threads when each next enters the kernel, so the
+// calling thread could run on after kill(2) returned, up to its next system
+// call (the very request the stop is meant to hold back, say); so the
+// caller waits for the SIGCONT itself.
+func stopSelf(name string) {
+	cont := make(chan os.Signal, 1)
+	signal.Notify(cont, syscall.SIGCONT)
+	defer signal.Stop(cont)
+	fmt.Fprintf(os.Stderr, "failpoint %s: SIGSTOP\n", name)
+	_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+	<-cont
 }
 
 func killSelf(name string) {

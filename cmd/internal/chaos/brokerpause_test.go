@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -31,33 +30,17 @@ import (
 const pausePublishTimeout = 2 * time.Second
 
 // realBrokerPID returns the pid of the real broker's JVM, read from the pid
-// file scripts/services.sh writes ($OUTBOX_SERVICES_DIR/kafka/kafka.pid); it
-// skips (fails under OUTBOX_TEST_REQUIRE_ALL) when the file or the process
-// is missing.
+// file scripts/services.sh writes ($OUTBOX_SERVICES_DIR/kafka/kafka.pid; see
+// chaos.ServicesBrokerPID); it skips (fails under OUTBOX_TEST_REQUIRE_ALL)
+// when the file or the process is missing.
 func realBrokerPID(t *testing.T) int {
 	t.Helper()
-	dir := os.Getenv("OUTBOX_SERVICES_DIR")
-	if dir == "" {
-		dir = "/tmp/gorm-outbox-services"
-	}
-	file := filepath.Join(dir, "kafka", "kafka.pid")
-	missing := func(format string, args ...any) {
-		t.Helper()
-		if testenv.RequireAll() {
-			t.Fatalf(format+" and %s=1", append(args, testenv.EnvRequireAll)...)
-		}
-		t.Skipf(format, args...)
-	}
-	b, err := os.ReadFile(file)
+	pid, err := chaos.ServicesBrokerPID()
 	if err != nil {
-		missing("no pid file of the real broker: %v", err)
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(strings.SplitN(string(b), "\n", 2)[0]))
-	if err != nil || pid <= 1 {
-		missing("pid file %s holds no pid (%q)", file, b)
-	}
-	if err := syscall.Kill(pid, 0); err != nil {
-		missing("the real broker's process %d (from %s) is not running: %v", pid, file, err)
+		if testenv.RequireAll() {
+			t.Fatalf("%v and %s=1", err, testenv.EnvRequireAll)
+		}
+		t.Skip(err)
 	}
 	return pid
 }

@@ -32,10 +32,11 @@ const (
 )
 
 // Application names of the harness's connections (PostgreSQL), so that a
-// connection kill can pick the relays' sessions.
+// connection kill can pick the relays' or the consumers' sessions.
 const (
-	relayAppName   = "outbox-chaos-relay"
-	harnessAppName = "outbox-chaos-harness"
+	relayAppName    = "outbox-chaos-relay"
+	consumerAppName = "outbox-chaos-consumer"
+	harnessAppName  = "outbox-chaos-harness"
 )
 
 // Database is a fresh database created for one run and dropped by Drop.
@@ -44,17 +45,21 @@ type Database struct {
 	Dialect string
 	// DSN opens the database.
 	DSN string
-	// RelayDSN opens the database as the relays: DSN, except on MySQL,
-	// where the relays connect as a user of their own (created for the
-	// database and dropped with it), so that a database kill can tell
-	// their sessions from the writers' (PostgreSQL tells them apart by
-	// application name).
+	// RelayDSN opens the database as the relays (of a consumer database:
+	// the consumers): DSN, except on MySQL, where they connect as a user
+	// of their own (created for the database and dropped with it), so that
+	// a database kill can tell their sessions from the writers' and the
+	// harness's (PostgreSQL tells them apart by application name).
 	RelayDSN string
 
-	name      string
-	relayUser string  // MySQL: the relays' user
-	admin     *sql.DB // server-level connection (nil on SQLite)
-	locker    *sql.DB // KillRelaySessions' lock connections (opened on first use)
+	name   string
+	admin  *sql.DB // server-level connection (nil on SQLite)
+	locker *sql.DB // KillClientSessions' lock connections (opened on first use)
+	// The clients KillClientSessions kills: the relays of an outbox
+	// database, the consumers of a consumer database.
+	clientUser string   // MySQL: their user (see RelayDSN)
+	clientApp  string   // PostgreSQL: their application name
+	lockTables []string // the tables only they use
 }
 
 func unique(prefix string) string {
@@ -67,7 +72,36 @@ func unique(prefix string) string {
 // PostgreSQL or MySQL DSN), or a SQLite file in dir, and migrates the outbox
 // tables plus the lease audit trigger.
 func CreateDatabase(ctx context.Context, dialect, base, dir string) (*Database, error) {
-	d := &Database{Dialect: dialect, name: unique("outbox_chaos_")}
+	cfg := outbox.Config{}.WithDefaults()
+	d, err := createDatabase(ctx, dialect, base, dir, "outbox_chaos_", "relay_", relayAppName, []string{cfg.LeasesTableName(), cfg.RelaysTableName()})
+	if err != nil {
+		return nil, err
+	}
+	db, err := Open(dialect, d.DSN, harnessAppName, 2)
+	if err != nil {
+		d.Drop(ctx)
+		return nil, err
+	}
+	defer closeGorm(db)
+	if err := outbox.AutoMigrate(db, outbox.Config{}); err != nil {
+		d.Drop(ctx)
+		return nil, err
+	}
+	for _, s := range auditDDL(dialect) {
+		if err := db.Exec(s).Error; err != nil {
+			d.Drop(ctx)
+			return nil, fmt.Errorf("chaos: audit trigger: %w", err)
+		}
+	}
+	return d, nil
+}
+
+// createDatabase creates an empty database named with prefix; on MySQL also
+// a user (named with userPrefix) for the clients that KillClientSessions
+// targets, whose DSN is RelayDSN. app names those clients' PostgreSQL
+// sessions, lockTables the tables only they use.
+func createDatabase(ctx context.Context, dialect, base, dir, prefix, userPrefix, app string, lockTables []string) (*Database, error) {
+	d := &Database{Dialect: dialect, name: unique(prefix), clientApp: app, lockTables: lockTables}
 	var err error
 	switch dialect {
 	case SQLite:
@@ -97,40 +131,24 @@ func CreateDatabase(ctx context.Context, dialect, base, dir string) (*Database, 
 		}
 		c.DBName, c.ParseTime, c.Loc = d.name, true, time.UTC
 		d.DSN = c.FormatDSN()
-		d.relayUser = "relay_" + strings.TrimPrefix(d.name, "outbox_chaos_")
+		d.clientUser = userPrefix + strings.TrimPrefix(d.name, prefix)
 		for _, q := range []string{
-			"CREATE USER '" + d.relayUser + "'@'%'",
-			"GRANT ALL PRIVILEGES ON " + d.name + ".* TO '" + d.relayUser + "'@'%'",
+			"CREATE USER '" + d.clientUser + "'@'%'",
+			"GRANT ALL PRIVILEGES ON " + d.name + ".* TO '" + d.clientUser + "'@'%'",
 		} {
 			if _, err = d.admin.ExecContext(ctx, q); err != nil {
 				d.Drop(ctx)
-				return nil, fmt.Errorf("chaos: create the relays' user: %w", err)
+				return nil, fmt.Errorf("chaos: create the clients' user: %w", err)
 			}
 		}
 		rc := c.Clone()
-		rc.User, rc.Passwd = d.relayUser, ""
+		rc.User, rc.Passwd = d.clientUser, ""
 		d.RelayDSN = rc.FormatDSN()
 	default:
 		return nil, fmt.Errorf("chaos: unknown dialect %q", dialect)
 	}
 	if d.RelayDSN == "" {
 		d.RelayDSN = d.DSN
-	}
-	db, err := Open(dialect, d.DSN, harnessAppName, 2)
-	if err != nil {
-		d.Drop(ctx)
-		return nil, err
-	}
-	defer closeGorm(db)
-	if err := outbox.AutoMigrate(db, outbox.Config{}); err != nil {
-		d.Drop(ctx)
-		return nil, err
-	}
-	for _, s := range auditDDL(dialect) {
-		if err := db.Exec(s).Error; err != nil {
-			d.Drop(ctx)
-			return nil, fmt.Errorf("chaos: audit trigger: %w", err)
-		}
 	}
 	return d, nil
 }
@@ -178,7 +196,7 @@ func DualOwners(db *gorm.DB) (violations, changes int64, err error) {
 	return violations, changes, err
 }
 
-// DBKill is the outcome of one database-kill fault (KillRelaySessions).
+// DBKill is the outcome of one database-kill fault (KillClientSessions).
 type DBKill struct {
 	// At is when the fault began; Took how long it lasted (the lock held,
 	// the kills).
@@ -200,8 +218,9 @@ type DBKill struct {
 // (3s): a relay renews every second, so one of three blocks within ~0.3s.
 const dbKillHold = 1500 * time.Millisecond
 
-// KillRelaySessions terminates the relays' database sessions while at
-// least one of them is in the middle of a statement.
+// KillClientSessions terminates the database sessions of the relays (of a
+// consumer database: the consumers) while at least one of them is in the
+// middle of a statement.
 //
 // Killing idle pooled connections alone does nothing a relay notices: both
 // drivers check a pooled connection before reusing it (go-sql-driver's
@@ -209,8 +228,10 @@ const dbKillHold = 1500 * time.Millisecond
 // second) and database/sql silently opens a new one; the relays' statements
 // are short and autocommit, so a kill rarely lands inside one. So the
 // harness first takes an exclusive lock on the tables only relays use (the
-// leases and relays tables: PostgreSQL LOCK TABLE … IN ACCESS EXCLUSIVE
-// MODE, MySQL LOCK TABLES … WRITE), waits until a relay's statement is
+// leases and relays tables; a consumer database's: the effect counters,
+// which a consumer updates last in each transaction: PostgreSQL LOCK TABLE
+// … IN ACCESS EXCLUSIVE MODE, MySQL LOCK TABLES … WRITE), waits until a
+// relay's (consumer's) statement is
 // blocked on it (pg_stat_activity wait_event_type 'Lock'; the MySQL
 // processlist state 'Waiting for table metadata lock'), up to dbKillHold,
 // then terminates every session of the relays (PostgreSQL:
@@ -220,19 +241,19 @@ const dbKillHold = 1500 * time.Millisecond
 // only touch the messages table: they are never blocked nor killed.
 //
 // SQLite has no sessions to kill.
-func (d *Database) KillRelaySessions(ctx context.Context) (k DBKill, err error) {
+func (d *Database) KillClientSessions(ctx context.Context) (k DBKill, err error) {
 	k.At = time.Now()
 	defer func() { k.Took = time.Since(k.At) }()
 	if d.Dialect == SQLite {
 		return k, errors.New("chaos: sqlite has no sessions to kill")
 	}
-	release, err := d.lockRelayTables(ctx)
+	release, err := d.lockClientTables(ctx)
 	if err == nil {
 		k.Locked = true
 		defer release()
 		t0 := time.Now()
 		for end := t0.Add(dbKillHold); time.Now().Before(end) && ctx.Err() == nil; time.Sleep(20 * time.Millisecond) {
-			if n, err := d.blockedRelaySessions(ctx); err == nil && n > 0 {
+			if n, err := d.blockedClientSessions(ctx); err == nil && n > 0 {
 				k.Blocked = n
 				break
 			}
@@ -244,10 +265,10 @@ func (d *Database) KillRelaySessions(ctx context.Context) (k DBKill, err error) 
 	switch d.Dialect {
 	case Postgres:
 		err = d.admin.QueryRowContext(ctx, `SELECT COUNT(*) FILTER (WHERE state = 'active'), COUNT(pg_terminate_backend(pid))
-FROM pg_stat_activity WHERE datname = $1 AND application_name = $2`, d.name, relayAppName).Scan(&k.MidStatement, &k.Killed)
+FROM pg_stat_activity WHERE datname = $1 AND application_name = $2`, d.name, d.clientApp).Scan(&k.MidStatement, &k.Killed)
 		return k, err
 	case MySQL:
-		rows, err := d.admin.QueryContext(ctx, "SELECT id, command <> 'Sleep' FROM information_schema.processlist WHERE user = ? AND id <> CONNECTION_ID()", d.relayUser)
+		rows, err := d.admin.QueryContext(ctx, "SELECT id, command <> 'Sleep' FROM information_schema.processlist WHERE user = ? AND id <> CONNECTION_ID()", d.clientUser)
 		if err != nil {
 			return k, err
 		}
@@ -276,11 +297,9 @@ FROM pg_stat_activity WHERE datname = $1 AND application_name = $2`, d.name, rel
 	return k, fmt.Errorf("chaos: unknown dialect %q", d.Dialect)
 }
 
-// lockRelayTables takes the exclusive lock of KillRelaySessions on a
+// lockClientTables takes the exclusive lock of KillClientSessions on a
 // connection of its own (waiting at most 2s for it) and returns its release.
-func (d *Database) lockRelayTables(ctx context.Context) (release func(), err error) {
-	cfg := outbox.Config{}.WithDefaults()
-	leases, relays := cfg.LeasesTableName(), cfg.RelaysTableName()
+func (d *Database) lockClientTables(ctx context.Context) (release func(), err error) {
 	if d.locker == nil {
 		driver, dsn := "pgx", withPostgresParam(d.DSN, "application_name", harnessAppName)
 		if d.Dialect == MySQL {
@@ -309,7 +328,7 @@ func (d *Database) lockRelayTables(ctx context.Context) (release func(), err err
 			tx.Rollback()
 			return fail(err)
 		}
-		if _, err := tx.ExecContext(ctx, "LOCK TABLE "+leases+", "+relays+" IN ACCESS EXCLUSIVE MODE"); err != nil {
+		if _, err := tx.ExecContext(ctx, "LOCK TABLE "+strings.Join(d.lockTables, ", ")+" IN ACCESS EXCLUSIVE MODE"); err != nil {
 			tx.Rollback()
 			return fail(err)
 		}
@@ -318,7 +337,7 @@ func (d *Database) lockRelayTables(ctx context.Context) (release func(), err err
 		if _, err := conn.ExecContext(ctx, "SET SESSION lock_wait_timeout = 2"); err != nil {
 			return fail(err)
 		}
-		if _, err := conn.ExecContext(ctx, "LOCK TABLES "+leases+" WRITE, "+relays+" WRITE"); err != nil {
+		if _, err := conn.ExecContext(ctx, "LOCK TABLES "+strings.Join(d.lockTables, " WRITE, ")+" WRITE"); err != nil {
 			return fail(err)
 		}
 		return func() {
@@ -330,15 +349,15 @@ func (d *Database) lockRelayTables(ctx context.Context) (release func(), err err
 	}
 }
 
-// blockedRelaySessions counts the relays' sessions waiting for a lock.
-func (d *Database) blockedRelaySessions(ctx context.Context) (int, error) {
+// blockedClientSessions counts the clients' sessions waiting for a lock.
+func (d *Database) blockedClientSessions(ctx context.Context) (int, error) {
 	var n int
 	var err error
 	switch d.Dialect {
 	case Postgres:
-		err = d.admin.QueryRowContext(ctx, "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = $1 AND application_name = $2 AND state = 'active' AND wait_event_type = 'Lock'", d.name, relayAppName).Scan(&n)
+		err = d.admin.QueryRowContext(ctx, "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = $1 AND application_name = $2 AND state = 'active' AND wait_event_type = 'Lock'", d.name, d.clientApp).Scan(&n)
 	case MySQL:
-		err = d.admin.QueryRowContext(ctx, "SELECT COUNT(*) FROM information_schema.processlist WHERE user = ? AND command <> 'Sleep' AND state LIKE 'Waiting for table%lock'", d.relayUser).Scan(&n)
+		err = d.admin.QueryRowContext(ctx, "SELECT COUNT(*) FROM information_schema.processlist WHERE user = ? AND command <> 'Sleep' AND state LIKE 'Waiting for table%lock'", d.clientUser).Scan(&n)
 	}
 	return n, err
 }
@@ -359,8 +378,8 @@ func (d *Database) Drop(ctx context.Context) {
 		_, _ = d.admin.ExecContext(ctx, "DROP DATABASE IF EXISTS "+d.name+" WITH (FORCE)")
 	case MySQL:
 		_, _ = d.admin.ExecContext(ctx, "DROP DATABASE IF EXISTS "+d.name)
-		if d.relayUser != "" {
-			_, _ = d.admin.ExecContext(ctx, "DROP USER IF EXISTS '"+d.relayUser+"'@'%'")
+		if d.clientUser != "" {
+			_, _ = d.admin.ExecContext(ctx, "DROP USER IF EXISTS '"+d.clientUser+"'@'%'")
 		}
 	}
 	d.admin.Close()

@@ -1,12 +1,17 @@
 // Package chaos is the reliability harness of gorm-outbox: a crash matrix
 // that SIGKILLs a real relay child process at each step of its life (with
 // the failpoints compiled into binaries built with -tags outbox_failpoints),
-// and a chaos run that drives writers and several relay processes against a
+// a chaos run that drives writers and several relay processes against a
 // database and a Kafka broker while injecting faults, then checks with an
 // independent consumer that nothing was lost, nothing rolled back arrived,
-// per-key order held and no bucket ever had two live owners.
+// per-key order held and no bucket ever had two live owners, and an effects
+// run (RunEffects) that audits the consumers' databases instead: inbox
+// consumer processes of both Kafka clients apply one effect per message
+// under relay, consumer, broker and database faults, each proven from the
+// processes' logs.
 //
-// The relay child is the "relay" subcommand of cmd/outbox-chaos (RunRelay);
-// the harness starts it with Relays. See CHAOS.md for the commands and the
-// figures.
+// The relay child is the "relay" subcommand of cmd/outbox-chaos (RunRelay),
+// the consumer child its "consumer" subcommand (RunConsumer); the harness
+// starts them with Relays and consumer groups. See CHAOS.md for the
+// commands and the figures.
 package chaos

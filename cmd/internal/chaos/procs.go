@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -26,10 +27,14 @@ type Relays struct {
 
 // Proc is one relay child process.
 type Proc struct {
-	// ID is the relay id.
-	ID   string
-	cmd  *exec.Cmd
-	done chan struct{}
+	// ID is the relay (or consumer) id.
+	ID string
+	// Log is the file that receives its stdout and stderr.
+	Log string
+	// StartedAt is when it started.
+	StartedAt time.Time
+	cmd       *exec.Cmd
+	done      chan struct{}
 	// ExitedAt is when Wait returned; valid after Done is closed.
 	ExitedAt time.Time
 	// Err is the result of Wait; valid after Done is closed.
@@ -53,27 +58,38 @@ func (p *Proc) Signal(sig syscall.Signal) {
 func (r *Relays) Start(id string, env ...string) (*Proc, error) {
 	c := r.Base
 	c.RelayID = id
-	cmd := exec.Command(r.Bin, c.Args()...)
-	cmd.Env = append(os.Environ(), env...)
-	f, err := os.OpenFile(filepath.Join(r.LogDir, "relay-"+id+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	p, err := startProcess(r.Bin, c.Args(), env, filepath.Join(r.LogDir, "relay-"+id+".log"))
 	if err != nil {
-		return nil, fmt.Errorf("chaos: relay log: %w", err)
+		return nil, fmt.Errorf("chaos: start relay %s: %w", id, err)
+	}
+	p.ID = id
+	r.mu.Lock()
+	r.procs = append(r.procs, p)
+	r.mu.Unlock()
+	return p, nil
+}
+
+// startProcess starts bin with args and extra environment, its stdout and
+// stderr appended to logPath.
+func startProcess(bin string, args, env []string, logPath string) (*Proc, error) {
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("log: %w", err)
 	}
 	cmd.Stdout, cmd.Stderr = f, f
 	if err := cmd.Start(); err != nil {
 		f.Close()
-		return nil, fmt.Errorf("chaos: start relay %s: %w", id, err)
+		return nil, err
 	}
-	p := &Proc{ID: id, cmd: cmd, done: make(chan struct{})}
+	p := &Proc{cmd: cmd, done: make(chan struct{}), Log: logPath, StartedAt: time.Now()}
 	go func() {
 		p.Err = cmd.Wait()
 		p.ExitedAt = time.Now()
 		f.Close()
 		close(p.done)
 	}()
-	r.mu.Lock()
-	r.procs = append(r.procs, p)
-	r.mu.Unlock()
 	return p, nil
 }
 
@@ -104,4 +120,17 @@ func (r *Relays) StopAll(timeout time.Duration) {
 		}()
 	}
 	wg.Wait()
+}
+
+// ExitSignal returns the signal that ended the process (0 when it exited on
+// its own); valid after Done is closed.
+func (p *Proc) ExitSignal() syscall.Signal {
+	var ee *exec.ExitError
+	if !errors.As(p.Err, &ee) {
+		return 0
+	}
+	if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return ws.Signal()
+	}
+	return 0
 }

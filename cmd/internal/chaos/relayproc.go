@@ -103,11 +103,12 @@ func RunRelay(ctx context.Context, c RelayConfig, log *slog.Logger) error {
 	if c.TxnOutbox != "" {
 		kc.Transactions = &kafkapub.Transactions{Outbox: c.TxnOutbox}
 	}
-	pub, err := kafkapub.New(kc)
+	kp, err := kafkapub.New(kc)
 	if err != nil {
 		return err
 	}
-	defer pub.Close()
+	defer kp.Close()
+	pub := &fenceLogger{Publisher: kp, log: log}
 	r, err := relay.New(store, pub, relay.Options{
 		RelayID:            c.RelayID,
 		LeaseDuration:      c.LeaseDuration,
@@ -122,4 +123,28 @@ func RunRelay(ctx context.Context, c RelayConfig, log *slog.Logger) error {
 		return err
 	}
 	return r.Run(ctx)
+}
+
+// logFenced is the WARN line of a relay child whose publish the broker
+// fenced: the effects run reads it back to prove that a zombie's commit was
+// refused.
+const logFenced = "publish fenced"
+
+// fenceLogger logs every publish that failed with relay.ErrFenced, with its
+// error (which names the refused call: "EndTxn (commit)" for a zombie's
+// commit). The relay logs a fenced bucket only while it still holds the
+// bucket's lease; this line does not depend on what the relay knows. Every
+// other method of the publisher (the ownership calls of fenced publishing)
+// is the embedded one.
+type fenceLogger struct {
+	*kafkapub.Publisher
+	log *slog.Logger
+}
+
+func (p *fenceLogger) Publish(ctx context.Context, batch []*outbox.Message) relay.Result {
+	res := p.Publisher.Publish(ctx, batch)
+	if errors.Is(res.Err, relay.ErrFenced) {
+		p.log.Warn(logFenced, "rows", len(batch), "acknowledged", res.Acknowledged, "error", res.Err)
+	}
+	return res
 }

@@ -26,7 +26,7 @@ const (
 	FaultKill      = "kill"        // SIGKILL a relay, start a replacement
 	FaultPause     = "pause"       // SIGSTOP a relay for longer than the lease, then SIGCONT
 	FaultTerm      = "term"        // SIGTERM (graceful stop), start a replacement
-	FaultDBKill    = "dbkill"      // terminate the relays' database sessions, one of them mid-statement (Database.KillRelaySessions)
+	FaultDBKill    = "dbkill"      // terminate the relays' database sessions, one of them mid-statement (Database.KillClientSessions)
 	FaultProduce   = "produce_err" // the in-process broker fails one produce request (NOT_LEADER_FOR_PARTITION)
 	FaultConnDrop  = "conn_drop"   // the in-process broker drops the connection of one produce request
 	writers        = 8
@@ -314,7 +314,7 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 		}
 		kind := schedule[n]
 		if kind == FaultDBKill {
-			k, err := d.KillRelaySessions(ctx)
+			k, err := d.KillClientSessions(ctx)
 			if err != nil {
 				log.Warn("chaos: kill relay sessions", "error", err)
 				continue
@@ -461,18 +461,22 @@ type relayPool struct {
 }
 
 func (p *relayPool) add() error {
-	p.mu.Lock()
-	p.next++
-	id := fmt.Sprintf("relay-%d", p.next)
-	p.mu.Unlock()
-	pr, err := p.relays.Start(id)
+	pr, err := p.start("relay")
 	if err != nil {
 		return err
 	}
-	p.mu.Lock()
-	p.live = append(p.live, pr)
-	p.mu.Unlock()
+	p.give(pr)
 	return nil
+}
+
+// start starts a relay named prefix-N with extra environment (see
+// Relays.Start), outside the live pool (give adds it).
+func (p *relayPool) start(prefix string, env ...string) (*Proc, error) {
+	p.mu.Lock()
+	p.next++
+	id := fmt.Sprintf("%s-%d", prefix, p.next)
+	p.mu.Unlock()
+	return p.relays.Start(id, env...)
 }
 
 // take removes a random live relay from the pool, or returns nil.
@@ -513,7 +517,7 @@ func faultSchedule(rng *rand.Rand, kinds []string, n int) []string {
 // dbKillEcho is how long after a database-kill fault a relay's WARN still
 // counts as its echo: a relay blocked on the harness's lock reports the
 // killed connection at once; one that was idle meets it at its next
-// statement (it reconnects silently: see KillRelaySessions).
+// statement (it reconnects silently: see KillClientSessions).
 const dbKillEcho = 2 * time.Second
 
 // storeWarnMessages are the relay's WARN messages about a failed store
