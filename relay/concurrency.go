@@ -7,9 +7,9 @@ import (
 	"time"
 )
 
-// inflightPublishes tracks the start times of the Publish calls in flight
-// (several when buckets are served concurrently) and keeps
-// Relay.publishSince at the oldest one, for the stalled gauge.
+// inflightPublishes keeps Relay.publishSince at the start of the oldest
+// Publish call in flight (one per bucket being served), for the stalled
+// gauge.
 type inflightPublishes struct {
 	mu     sync.Mutex
 	next   uint64
@@ -20,12 +20,8 @@ type inflightPublishes struct {
 func (p *inflightPublishes) begin(r *Relay, start time.Time) uint64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.starts == nil {
-		p.starts = map[uint64]time.Time{}
-	}
 	p.next++
-	p.starts[p.next] = start
-	p.publishOldestLocked(r)
+	p.set(r, p.next, start)
 	return p.next
 }
 
@@ -33,22 +29,26 @@ func (p *inflightPublishes) begin(r *Relay, start time.Time) uint64 {
 func (p *inflightPublishes) end(r *Relay, token uint64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	delete(p.starts, token)
-	p.publishOldestLocked(r)
+	p.set(r, token, time.Time{})
 }
 
-func (p *inflightPublishes) publishOldestLocked(r *Relay) {
-	var oldest time.Time
+// set records token's start (zero: forgets it) and stores the oldest.
+func (p *inflightPublishes) set(r *Relay, token uint64, start time.Time) {
+	if p.starts == nil {
+		p.starts = map[uint64]time.Time{}
+	}
+	if start.IsZero() {
+		delete(p.starts, token)
+	} else {
+		p.starts[token] = start
+	}
+	var oldest int64 // UnixNano; 0: none
 	for _, t := range p.starts {
-		if oldest.IsZero() || t.Before(oldest) {
-			oldest = t
+		if n := t.UnixNano(); oldest == 0 || n < oldest {
+			oldest = n
 		}
 	}
-	if oldest.IsZero() {
-		r.publishSince.Store(0)
-	} else {
-		r.publishSince.Store(oldest.UnixNano())
-	}
+	r.publishSince.Store(oldest)
 }
 
 // bucketDone is the outcome of one bucket's batch in a concurrent sweep.
@@ -57,33 +57,29 @@ type bucketDone struct {
 	err    error
 }
 
-// sweepConcurrent serves the ready buckets like the sequential sweep, up
-// to r.workers at once, each on its own goroutine running drainOnce, but
-// without waiting for the slowest of them: a worker's slot goes to the next
-// ready bucket as soon as it is free, and the hints that arrive meanwhile
-// make their buckets ready at once, so a committed row waits for about one
-// batch of its bucket, not for a whole sweep. Buckets are served round
-// robin: one that is still ready after its batch queues behind the others.
-// The sweep stops dispatching, and returns once its workers have, when
-// nothing is left to serve, when the rebalance is due, when a discovery is
-// due once every bucket servable at the sweep's start had a batch (the loop
-// runs them between sweeps), and on a fatal error, a stop or an invalid
-// lease set. The invariants:
+// sweep publishes a batch of each ready bucket, so that a full bucket
+// cannot starve the others, up to r.workers buckets at once, each on a
+// worker goroutine running drainOnce. A worker's slot goes to the next
+// ready bucket as soon as it is free, and hints arriving meanwhile make
+// their buckets ready at once, so a committed row waits for about one batch
+// of its bucket, not a whole sweep; a bucket still ready after its batch
+// queues behind the others. The sweep stops dispatching when nothing is
+// left to serve, when the rebalance is due, when a discovery is due once
+// every bucket servable at the start had a batch, and on a fatal error, a
+// stop or an invalid lease set. The invariants:
 //
 //   - A bucket is served by at most one goroutine at a time, so at most one
 //     of its batches is in flight and its rows go out in order.
-//   - That goroutine owns the bucket's state while it runs (see runState);
-//     this goroutine (the loop's) handles its outcome (bucketFailed) and
-//     the hints for it only after it returned.
+//   - That goroutine owns the bucket's state while it runs; this one
+//     handles its outcome and hints only after it returned.
 //   - Workers check the leases before every change of their rows and never
-//     drop them; an invalid lease set stops the dispatch of further
-//     buckets, and is dropped here once every worker has returned.
-//   - The sweep returns only after every worker has returned: no publish or
-//     store call outlives it, so a stop awaits every in-flight publish.
+//     drop them; the sweep drops an invalid set once every worker returned.
+//   - The sweep returns only after every worker (and delete) returned: no
+//     publish or store call outlives it.
 //
 // A fatal error (not a bucket's store error) stops the dispatch; it is
 // returned once the running workers have returned.
-func (r *Relay) sweepConcurrent(ctx, cleanup context.Context, st *runState, owned []int) error {
+func (r *Relay) sweep(ctx, cleanup context.Context, st *runState, owned []int) error {
 	defer r.awaitDeletes(ctx, st) // after every worker returned
 	done := make(chan bucketDone)
 	running := 0
@@ -116,7 +112,7 @@ func (r *Relay) sweepConcurrent(ctx, cleanup context.Context, st *runState, owne
 		}
 		if now.Before(st.nextDiscovery) || dispatched < firstPass {
 			// A due discovery waits until every bucket servable at the
-			// start had its batch, as in the sequential sweep: a discovery
+			// start had its batch: a discovery
 			// slower than PollInterval (tens of thousands of buckets) is
 			// due again as soon as it ends, and must not end every sweep
 			// before its first dispatch.

@@ -10,14 +10,10 @@ import (
 )
 
 // ErrPublisherAuth is wrapped by a publish error when the broker rejected
-// the publisher's credentials, so that every row fails the same way and no
-// retry of a row can cure it (kafkapub wraps it for a failed SASL
-// authentication, a SASL mechanism the broker does not enable and an
-// illegal SASL state; a custom Publisher wraps it for the same effect).
-// Health reports such a failure, wrapping the publish error, until a
-// publish is acknowledged again; the rows are kept and retried as usual. A
-// broker certificate that does not verify (crypto/tls, crypto/x509 errors)
-// counts too, without the sentinel.
+// the publisher's credentials, which no retry of a row can cure (kafkapub
+// wraps it for SASL failures; a custom Publisher may too). Health reports
+// it until a publish is acknowledged again; a broker certificate that does
+// not verify (crypto/tls, crypto/x509 errors) counts too, without it.
 var ErrPublisherAuth = errors.New("the broker rejected the publisher's credentials")
 
 // errNoCycle is Health's answer between the start of Run and the end of its
@@ -27,32 +23,18 @@ var errNoCycle = errors.New("relay: no cycle completed yet")
 // errNotRunning is Health's answer while Run is not running.
 var errNotRunning = errors.New("relay: not running")
 
-// Health reports whether the relay is healthy: nil while Run is running and
-// its latest cycle (lease acquisition, discovery and one sweep) succeeded;
-// otherwise an error saying why (not running, no cycle completed yet, the
-// latest cycle's store or fatal error, or a failed lease acquisition that
-// no later acquisition has repaired, or a publisher that cannot
-// authenticate to Kafka). A publish failure is not a cycle failure: the
-// failing row is retried with backoff and counted by the publish.failures
-// metric; parking a row (see Options.ParkPolicy) does not make the relay
-// unhealthy either. Nor is a store error confined to one bucket (its
-// NextBatch or MarkPublished failed, e.g. on a row a store that cannot park
-// cannot decode): Health stays
-// about the relay itself, so that bucket backs off alone, logged at WARN
-// once per backoff step with its number, while the other buckets go on and
-// the relay stays healthy. A store failing the relay as a whole still
-// shows: a failed lease acquisition or discovery is a cycle failure, and so
-// is the state where every owned bucket is backing off from its own store
-// error (Health then wraps one of them). The exception is a failure to authenticate, which no retry of a
-// row can cure (SASL authentication failed, a SASL mechanism the broker
-// does not enable, a broker certificate that does not verify): Health
-// reports it, wrapping the publish error, until a publish is acknowledged
-// again; the rows are kept and retried as usual. The other exception is a
-// publisher that has failed every call for longer than
-// Options.PublishFailureWindow (default 5m), whatever the error: Health
-// reports it, wrapping the latest publish error, until a publish is
-// acknowledged again (or no failed publish is being retried any more).
-// Health is safe to call from any goroutine, e.g. an HTTP health check.
+// Health reports whether the relay is healthy: nil while Run is running
+// and its latest cycle (acquisition, discovery and one sweep) succeeded.
+// Otherwise it says why: not running, no cycle completed yet, the latest
+// cycle's store or fatal error, a failed acquisition not yet repaired,
+// every owned bucket backing off from its own store error, a publisher
+// that cannot authenticate (ErrPublisherAuth), or every publish failing
+// for longer than Options.PublishFailureWindow. The last two last until a
+// publish is acknowledged again.
+//
+// A failing row (retried with backoff, perhaps parked) or one bucket's own
+// store error (it backs off alone, logged at WARN) is not unhealthy: Health
+// is about the relay, not a row. It is safe to call from any goroutine.
 func (r *Relay) Health() error {
 	if !r.running.Load() {
 		return errNotRunning

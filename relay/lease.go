@@ -10,11 +10,10 @@ import (
 )
 
 // leaseSet is the relay's local view of its leases. validUntil is the
-// relay-clock time read before the acquisition or renewal call that granted
-// them, plus LeaseDuration: the store may have extended them later, never
-// earlier. The renewal goroutine (renewLoop) extends it; the loop replaces
-// it (setLeases), which bumps gen so that a renewal of the previous set
-// changes nothing.
+// relay-clock time read before the call that granted them, plus
+// LeaseDuration (the store's lease ends later, never earlier). renewLoop
+// extends it; the loop replaces it (setLeases), bumping gen so that a
+// renewal of the previous set changes nothing.
 type leaseSet struct {
 	mu         sync.Mutex
 	buckets    []int
@@ -38,8 +37,8 @@ func (l *leaseSet) valid(now time.Time) bool {
 }
 
 // acquire runs one acquisition round. A store error wrapping
-// ErrMisconfigured is returned (fatal); other errors are logged and retried
-// after ErrorBackoff, the current leases staying valid until they expire.
+// ErrMisconfigured is fatal; others are retried after ErrorBackoff, the
+// current leases staying valid until they expire.
 func (r *Relay) acquire(ctx context.Context, st *runState) error {
 	st.attempted = true
 	t0 := r.clock.Now()
@@ -93,10 +92,7 @@ func (r *Relay) setLeases(st *runState, buckets []int, validUntil time.Time) {
 	}
 	for _, b := range old {
 		if !containsSorted(buckets, b) {
-			st.b[b].ready = false
-			st.clearRetry(b)
-			st.b[b].unmarked = nil // the next owner republishes them
-			st.b[b].strikes = nil
+			st.forget(b)
 		}
 	}
 	r.noteStuck(st)
@@ -110,7 +106,9 @@ func (r *Relay) setLeases(st *runState, buckets []int, validUntil time.Time) {
 // the backlog sampler, and tells a BucketOwnershipObserver publisher.
 func (r *Relay) publishOwnership(buckets []int, validUntil time.Time) {
 	r.notifier.setOwned(buckets)
-	r.observeOwnership(buckets) // the publisher (see BucketOwnershipObserver)
+	if r.owners != nil {
+		r.owners.OwnedBuckets(buckets)
+	}
 	r.ownedCount.Store(int64(len(buckets)))
 	if len(buckets) > 0 && buckets[0] == 0 {
 		r.zeroUntil.Store(validUntil.UnixNano())
@@ -119,9 +117,8 @@ func (r *Relay) publishOwnership(buckets []int, validUntil time.Time) {
 	}
 }
 
-// leaseValid reports whether the relay may act on its leases at the
-// relay's clock's now; unlike checkLease it changes nothing, so that sweep
-// workers may call it.
+// leaseValid reports whether the relay may act on its leases now; unlike
+// checkLease it changes nothing, so that sweep workers may call it.
 func (r *Relay) leaseValid(st *runState) bool { return st.lease.valid(r.clock.Now()) }
 
 // checkLease drops the lease set if it is no longer valid by the relay's
@@ -166,19 +163,13 @@ func (r *Relay) kickRenewer() {
 	}
 }
 
-// renewLoop keeps the leases alive, on its own timer, for the whole Run:
-// whenever the lease set has gone
-// min(LeaseRenewInterval, half its remaining time) without being extended,
-// by an acquisition or a renewal, it renews it, so that no amount of work in
-// a sweep (many buckets, slow store calls, a slow publish) lets a healthy
-// relay's leases lapse. A failed renewal is retried on the same rule,
-// counted from the attempt.
-//
-// It leaves the leases to the loop while the loop is idle or acquiring: the
-// idle wait ends at the rebalance, whose acquisition round extends them
-// (due at the same cadence), so an idle relay makes no extra store call.
-// Only the loop drops an invalid lease set (checkLease); a renewal marks
-// it lost or extends it, never beyond what the store granted (see renew).
+// renewLoop keeps the leases alive on its own timer for the whole Run:
+// whenever they have gone min(LeaseRenewInterval, half their remaining
+// time) without extension (see renewalDue) it renews them, so that no
+// amount of work lets them lapse. It leaves them to the loop while the loop
+// is idle or acquiring: the rebalance's acquisition round extends them, so
+// an idle relay makes no extra store call. Only the loop drops an invalid
+// lease set (checkLease); a renewal marks it lost or extends it.
 func (r *Relay) renewLoop(ctx context.Context, st *runState) {
 	var tried time.Time // start of the latest renewal attempt
 	for {
@@ -220,9 +211,8 @@ func (r *Relay) renewLoop(ctx context.Context, st *runState) {
 	}
 }
 
-// renewalDue returns when the leases need renewing: min(LeaseRenewInterval,
-// half the remaining lease) after they were granted or the latest renewal
-// attempt (tried), whichever is later; ok is false when there is nothing to
+// renewalDue returns when the leases need renewing, counted from their
+// grant or the latest attempt (tried); ok is false when there is nothing to
 // renew (no leases, lost, or expired).
 func (r *Relay) renewalDue(st *runState, tried time.Time) (time.Time, bool) {
 	buckets, validUntil, lost := st.lease.snapshot()
@@ -240,23 +230,9 @@ func (r *Relay) renewalDue(st *runState, tried time.Time) (time.Time, bool) {
 	return base.Add(min(r.opts.LeaseRenewInterval, rem/2)), true
 }
 
-// watchPublish runs beside one Publish call until done is closed, and logs
-// when the stop budget cancels the publish (pubCtx ends first).
-func (r *Relay) watchPublish(pubCtx context.Context, done <-chan struct{}) {
-	select {
-	case <-done:
-	case <-pubCtx.Done():
-		select {
-		case <-done: // the publish returned first: publish cancelled pubCtx
-		default:
-			r.log.WarnContext(pubCtx, "in-flight publish outlived the stop budget; cancelled", "stop_timeout", r.opts.StopTimeout)
-		}
-	}
-}
-
-// renew extends the leases. An answer that arrives after the previous lease
-// expired counts as lost, like a false answer. An answer about a lease set
-// the loop has replaced meanwhile (an acquisition round, a drop) is ignored.
+// renew extends the leases. A false answer, or one arriving after they
+// expired, marks them lost; one about a set the loop replaced meanwhile is
+// ignored.
 func (r *Relay) renew(ctx context.Context, st *runState) {
 	st.lease.mu.Lock()
 	buckets, validUntil, gen := st.lease.buckets, st.lease.validUntil, st.lease.gen

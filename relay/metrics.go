@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -12,108 +13,75 @@ import (
 const meterName = "github.com/gorm-outbox/outbox/relay"
 
 // Instrument names. Every instrument carries the attribute outbox.name
-// (Options.MetricsName); MetricParked adds outbox.park.reason. Counters and histograms are recorded once per batch
-// or cycle, never per message; gauges read state the relay cached and never
-// query the store.
+// (Options.MetricsName); MetricParked adds outbox.park.reason. Counters and
+// histograms are recorded once per batch or cycle, never per message;
+// gauges read state the relay cached and never query the store.
+// docs/operating.md lists them with their exported names and alerts.
 const (
 	// MetricOwnedBuckets is a gauge of the buckets in the relay's local lease
-	// set, updated on acquisition or invalidation.
+	// set.
 	MetricOwnedBuckets = "outbox.owned_buckets"
-	// MetricPublishAcknowledged counts the acknowledged prefix the publisher
-	// reported, before lease validation and deletion: it counts attempts,
-	// so a retried batch counts again.
+	// MetricPublishAcknowledged counts the acknowledged prefixes the
+	// publisher reported: attempts, so a retried batch counts again.
 	MetricPublishAcknowledged = "outbox.publish.acknowledged"
 	// MetricPublishFailures counts Publish calls that returned an error,
-	// once per call; cancellation by a stop and store errors are excluded.
+	// except a stop's cancellation.
 	MetricPublishFailures = "outbox.publish.failures"
-	// MetricLeaseExpirations counts observed losses of a nonempty lease set
-	// (once per loss, not per bucket).
+	// MetricLeaseExpirations counts losses of a nonempty lease set.
 	MetricLeaseExpirations = "outbox.lease.expirations"
-	// MetricFenced counts buckets the broker fenced: with
-	// kafkapub.Config.Transactions, a publish refused because another relay
-	// initialised the bucket's transactional id (the relay drops the
-	// bucket). Nonzero means two relays believed they owned a bucket: a
-	// relay that stalled past its lease, or a clock or configuration fault.
+	// MetricFenced counts buckets the broker fenced (ErrFenced): nonzero
+	// means two relays believed they owned a bucket.
 	MetricFenced = "outbox.fenced"
-	// MetricPublishDuration is a histogram of whole Publish calls, failed
-	// and cancelled ones included, in seconds.
+	// MetricPublishDuration is a histogram of whole Publish calls, in
+	// seconds.
 	MetricPublishDuration = "outbox.publish.duration"
 	// MetricCycleDuration is a histogram of relay cycles (acquisition,
 	// discovery and one sweep), excluding idle waits and backoff, in seconds.
-	// With buckets served concurrently a sweep goes on while hints keep
-	// buckets ready, up to the next discovery or rebalance.
 	MetricCycleDuration = "outbox.cycle.duration"
 	// MetricPendingMessages is a gauge of the whole store's pending rows from
-	// the latest backlog sample; absent while no sample is available.
+	// the latest backlog sample (Options.MetricsBacklog); absent without one.
 	MetricPendingMessages = "outbox.pending.messages"
 	// MetricPendingOldestAge is a gauge of the age of the oldest pending row
-	// of the latest sample, in seconds, growing between samples; absent
-	// while unknown.
+	// of the latest sample, in seconds, growing between samples.
 	MetricPendingOldestAge = "outbox.pending.oldest_age"
-	// MetricPendingAvailable is 1 when a backlog sample is available, and 0
-	// without Options.MetricsBacklog, before the first sample, when the
-	// store cannot sample, or after a failed, timed-out or nil sample.
+	// MetricPendingAvailable is 1 when a backlog sample is available, else 0.
 	MetricPendingAvailable = "outbox.pending.available"
 	// MetricHeadOldestAge is a gauge of how long the longest-failing head
-	// row of the relay's owned buckets has been failing, in seconds: for
-	// each bucket whose head row is being retried (its publish failed) or
-	// that backs off from its own store error (its NextBatch or
-	// MarkPublished failed), the time since the first of those consecutive
-	// failures, and the maximum over the buckets; 0 when no head row is
-	// failing. It resets when the bucket's next batch succeeds or the bucket
-	// is no longer owned. Read from the relay's state, never a query; one
-	// alert ("a bucket has been stuck for N minutes") is
-	// max(outbox.head.oldest_age) > N*60.
+	// row of the owned buckets (a failed publish, or the bucket's own store
+	// error) has been failing, in seconds; 0 when none is. The alert "a
+	// bucket has been stuck for N minutes" is max(outbox.head.oldest_age) >
+	// N*60.
 	MetricHeadOldestAge = "outbox.head.oldest_age"
 	// MetricPublishStalled is a gauge of how long publishing has made no
-	// progress, in seconds on the relay's clock: since the start of the
-	// oldest Publish call in flight or, while failed publishes are being
-	// retried with none acknowledged since, since the start of the first
-	// of them; 0 when no publish is in flight and none is being retried.
-	// A hung or paused broker shows as this value growing through every
-	// failed attempt and its backoff until a publish is acknowledged (an
-	// in-flight age alone fell back at each failed attempt, so an alert's
-	// "for" never held). One alert ("the broker does not answer") is
-	// max(outbox.publish.stalled) > a bound, for a while. Read from the
-	// relay's state, never blocking.
+	// progress, in seconds: since the start of the oldest Publish call in
+	// flight or, while failed publishes are retried with none acknowledged
+	// since, of the first of them; 0 when neither. A hung broker shows as
+	// it growing through every failed attempt and backoff, so an alert's
+	// "for" holds.
 	MetricPublishStalled = "outbox.publish.stalled"
-	// MetricParked counts the rows the relay parked (see Store.Park and
-	// Options.ParkPolicy), with the attribute outbox.park.reason
-	// (AttrParkReason): ParkReasonUnpublishable (a row that failed
-	// Options.ParkAfter times with an error wrapping ErrUnpublishable),
-	// ParkReasonFailure (any other failure, under ParkAnyFailure),
-	// ParkReasonCorrupt (a row the store cannot decode) or ParkReasonHeld
-	// (kept for dashboards: since the store holds a parked row's later rows
-	// by its read, without marking them, it stays 0). Recorded once per
-	// park call; all four series start at 0. An alert on a parked row is
+	// MetricParked counts the rows the relay parked, by AttrParkReason;
+	// every series starts at 0 (ParkReasonHeld stays 0: the store holds a
+	// parked row's later rows without marking them). Alert on
 	// increase(outbox.parked{outbox.park.reason!="held"}) > 0.
 	MetricParked = "outbox.parked"
-	// MetricParkedMessages is a gauge of the whole store's parked rows (not
-	// the rows waiting behind them, which are pending) from the latest
-	// backlog sample (Pending.Parked; see
-	// Options.MetricsBacklog), 0 for a store that cannot park; absent while
-	// no sample is available. Rows leave it when an operator requeues or
-	// deletes them (ParkAdmin).
+	// MetricParkedMessages is a gauge of the whole store's parked rows from
+	// the latest backlog sample; absent without one.
 	MetricParkedMessages = "outbox.parked.messages"
-	// MetricClockOffset is a gauge of the offset of the store's clock (the
-	// database server's, for gormstore) to the relay host's wall clock, in
-	// seconds, database minus host, as the store measured it at its latest
-	// acquisition round or renewal (Store.ClockOffset); absent while the
-	// store reports none. Leases do not depend on it (they run on the
-	// store's clock); the backlog ages do, as they compare created_at,
-	// stamped by the writers' hosts, with this host's clock. The relay logs
-	// a warning when it exceeds ClockOffsetWarnThreshold.
+	// MetricClockOffset is a gauge of the store's clock (the database's)
+	// minus the relay host's, in seconds (Store.ClockOffset); absent while
+	// the store reports none. Leases do not depend on it; backlog ages do.
 	MetricClockOffset = "outbox.clock.offset"
 )
 
-// ClockOffsetWarnThreshold is the clock offset (MetricClockOffset) beyond
-// which the relay logs a warning, once, when the offset minus its
-// uncertainty exceeds it; it warns again only after the offset came back
-// within it.
+// ClockOffsetWarnThreshold is the clock offset (MetricClockOffset), less
+// its uncertainty, beyond which the relay logs a warning, once until the
+// offset comes back within it.
 const ClockOffsetWarnThreshold = time.Second
 
 // AttrParkReason is the attribute of MetricParked saying why rows were
-// parked: one of the ParkReason values.
+// parked: ParkReasonUnpublishable (ErrUnpublishable, ParkAfter times),
+// ParkReasonFailure (any failure, under ParkAnyFailure), ParkReasonCorrupt
+// (a *CorruptRowError) or ParkReasonHeld.
 const AttrParkReason = "outbox.park.reason"
 
 // Values of AttrParkReason.
@@ -160,72 +128,45 @@ func newInstruments(mp metric.MeterProvider, name string) (*instruments, error) 
 	for _, reason := range []string{ParkReasonUnpublishable, ParkReasonFailure, ParkReasonCorrupt, ParkReasonHeld} {
 		in.parkAttrs[reason] = metric.WithAttributeSet(attribute.NewSet(attribute.String("outbox.name", name), attribute.String(AttrParkReason, reason)))
 	}
-	var err error
-	seconds := []float64{0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120}
-	steps := []func() error{
-		func() error {
-			in.owned, err = m.Int64ObservableGauge(MetricOwnedBuckets, metric.WithUnit("{bucket}"), metric.WithDescription("Buckets in the relay's local lease set."))
-			return err
-		},
-		func() error {
-			in.acked, err = m.Int64Counter(MetricPublishAcknowledged, metric.WithUnit("{message}"), metric.WithDescription("Acknowledged prefix reported by the publisher, counting attempts."))
-			return err
-		},
-		func() error {
-			in.failures, err = m.Int64Counter(MetricPublishFailures, metric.WithUnit("{attempt}"), metric.WithDescription("Publish calls that returned an error."))
-			return err
-		},
-		func() error {
-			in.expirations, err = m.Int64Counter(MetricLeaseExpirations, metric.WithUnit("{event}"), metric.WithDescription("Observed losses of a nonempty lease set."))
-			return err
-		},
-		func() error {
-			in.fenced, err = m.Int64Counter(MetricFenced, metric.WithUnit("{bucket}"), metric.WithDescription("Buckets dropped because the broker fenced their transactional producer."))
-			return err
-		},
-		func() error {
-			in.publishDur, err = m.Float64Histogram(MetricPublishDuration, metric.WithUnit("s"), metric.WithDescription("Duration of whole Publish calls."), metric.WithExplicitBucketBoundaries(seconds...))
-			return err
-		},
-		func() error {
-			in.cycleDur, err = m.Float64Histogram(MetricCycleDuration, metric.WithUnit("s"), metric.WithDescription("Duration of relay cycles, excluding idle waits."), metric.WithExplicitBucketBoundaries(seconds...))
-			return err
-		},
-		func() error {
-			in.pendingMsgs, err = m.Int64ObservableGauge(MetricPendingMessages, metric.WithUnit("{message}"), metric.WithDescription("Pending rows in the whole store, from the latest sample."))
-			return err
-		},
-		func() error {
-			in.pendingAge, err = m.Float64ObservableGauge(MetricPendingOldestAge, metric.WithUnit("s"), metric.WithDescription("Age of the oldest pending row."))
-			return err
-		},
-		func() error {
-			in.pendingOK, err = m.Int64ObservableGauge(MetricPendingAvailable, metric.WithUnit("1"), metric.WithDescription("1 when a backlog sample is available, else 0."))
-			return err
-		},
+	var errs []error
+	counter := func(name, unit, desc string) metric.Int64Counter {
+		c, err := m.Int64Counter(name, metric.WithUnit(unit), metric.WithDescription(desc))
+		errs = append(errs, err)
+		return c
 	}
-	steps = append(steps, func() error {
-		in.headAge, err = m.Float64ObservableGauge(MetricHeadOldestAge, metric.WithUnit("s"), metric.WithDescription("How long the longest-failing head row of the owned buckets has been failing; 0 when none is."))
-		return err
-	})
-	steps = append(steps, func() error {
-		in.stalled, err = m.Float64ObservableGauge(MetricPublishStalled, metric.WithUnit("s"), metric.WithDescription("How long publishing has made no progress: since the start of the oldest publish in flight, or of the first of the failed publishes being retried since the last acknowledgement; 0 when none."))
-		return err
-	})
-	steps = append(steps, func() error {
-		in.parked, err = m.Int64Counter(MetricParked, metric.WithUnit("{message}"), metric.WithDescription("Rows parked by the relay, by reason (unpublishable, failure, corrupt, held)."))
-		return err
-	}, func() error {
-		in.parkedMsgs, err = m.Int64ObservableGauge(MetricParkedMessages, metric.WithUnit("{message}"), metric.WithDescription("Parked rows in the whole store, from the latest sample."))
-		return err
-	}, func() error {
-		in.clockOffset, err = m.Float64ObservableGauge(MetricClockOffset, metric.WithUnit("s"), metric.WithDescription("Offset of the store's (database's) clock to the relay host's clock, database minus host."))
-		return err
-	})
-	for _, step := range steps {
-		if err := step(); err != nil {
-			return nil, err
-		}
+	intGauge := func(name, unit, desc string) metric.Int64ObservableGauge {
+		g, err := m.Int64ObservableGauge(name, metric.WithUnit(unit), metric.WithDescription(desc))
+		errs = append(errs, err)
+		return g
+	}
+	floatGauge := func(name, desc string) metric.Float64ObservableGauge {
+		g, err := m.Float64ObservableGauge(name, metric.WithUnit("s"), metric.WithDescription(desc))
+		errs = append(errs, err)
+		return g
+	}
+	seconds := metric.WithExplicitBucketBoundaries(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+	histogram := func(name, desc string) metric.Float64Histogram {
+		h, err := m.Float64Histogram(name, metric.WithUnit("s"), metric.WithDescription(desc), seconds)
+		errs = append(errs, err)
+		return h
+	}
+	in.owned = intGauge(MetricOwnedBuckets, "{bucket}", "Buckets in the relay's local lease set.")
+	in.acked = counter(MetricPublishAcknowledged, "{message}", "Acknowledged prefix reported by the publisher, counting attempts.")
+	in.failures = counter(MetricPublishFailures, "{attempt}", "Publish calls that returned an error.")
+	in.expirations = counter(MetricLeaseExpirations, "{event}", "Observed losses of a nonempty lease set.")
+	in.fenced = counter(MetricFenced, "{bucket}", "Buckets dropped because the broker fenced their transactional producer.")
+	in.publishDur = histogram(MetricPublishDuration, "Duration of whole Publish calls.")
+	in.cycleDur = histogram(MetricCycleDuration, "Duration of relay cycles, excluding idle waits.")
+	in.pendingMsgs = intGauge(MetricPendingMessages, "{message}", "Pending rows in the whole store, from the latest sample.")
+	in.pendingAge = floatGauge(MetricPendingOldestAge, "Age of the oldest pending row.")
+	in.pendingOK = intGauge(MetricPendingAvailable, "1", "1 when a backlog sample is available, else 0.")
+	in.headAge = floatGauge(MetricHeadOldestAge, "How long the longest-failing head row of the owned buckets has been failing; 0 when none is.")
+	in.stalled = floatGauge(MetricPublishStalled, "How long publishing has made no progress: since the start of the oldest publish in flight, or of the first of the failed publishes being retried since the last acknowledgement; 0 when none.")
+	in.parked = counter(MetricParked, "{message}", "Rows parked by the relay, by reason (unpublishable, failure, corrupt, held).")
+	in.parkedMsgs = intGauge(MetricParkedMessages, "{message}", "Parked rows in the whole store, from the latest sample.")
+	in.clockOffset = floatGauge(MetricClockOffset, "Offset of the store's (database's) clock to the relay host's clock, database minus host.")
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
 	}
 	return in, nil
 }
@@ -352,7 +293,7 @@ func (r *Relay) sampleBacklog(ctx context.Context) {
 // samples at most once per PollInterval.
 func (r *Relay) backlogLooksDrained() {
 	s := r.pending.Load()
-	if !r.sample || s == nil || s.count == 0 || r.clock.Now().Sub(s.at) < r.opts.PollInterval {
+	if !r.opts.MetricsBacklog || s == nil || s.count == 0 || r.clock.Now().Sub(s.at) < r.opts.PollInterval {
 		return
 	}
 	select {

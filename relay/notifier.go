@@ -2,6 +2,7 @@ package relay
 
 import (
 	"log/slog"
+	"math/bits"
 	"sync/atomic"
 
 	"github.com/gorm-outbox/outbox"
@@ -11,20 +12,14 @@ import (
 // implements outbox.BucketNotifier: pass it to outbox.Plugin, or call it
 // from a custom writer after a confirmed commit (never before).
 //
-// A Notifier is bounded and coalescing: it keeps one bit per bucket plus an
-// "unknown bucket" flag, so any number of notifications cost no memory and
-// a notification that arrives before the relay waits stays pending. Only
-// hints for buckets the relay owns (and unknown-bucket notifications while it
-// owns any) wake it; hints never authorise publication or change ordering,
-// they only make the relay look sooner. With Options.HintTransport, the commits
-// it is told about also go to the relays of other processes, coalesced the
-// same way; hints received from them are never sent on. Its methods are safe for concurrent
-// use, never block and never panic; a nil *Notifier ignores every call.
-//
-// A Notifier wakes a relay only once relay.New has attached it (passed in
-// Options.Notifier); until then notifications wake nothing, and the first
-// one is logged at WARN on slog.Default, once per Notifier, because a
-// notifier never attached leaves its relay polling.
+// A Notifier keeps one bit per bucket plus an "unknown bucket" flag, so any
+// number of notifications cost no memory and none is lost before the relay
+// waits. Only hints for buckets the relay owns wake it; they only make it
+// look sooner, never authorise publication. With Options.HintTransport the
+// commits also go to the relays of other processes, coalesced the same way.
+// Its methods are safe for concurrent use and never block; a nil *Notifier
+// ignores every call. Until relay.New attaches it, notifications wake
+// nothing, and the first one is logged at WARN, once.
 type Notifier struct {
 	attached atomic.Bool
 	warned   atomic.Bool // the unattached warning was logged
@@ -32,8 +27,7 @@ type Notifier struct {
 	unknown  atomic.Bool
 	wake     chan struct{}
 
-	// Outgoing hints for Options.HintTransport: every locally committed bucket,
-	// owned or not, coalesced until the sender takes them.
+	// Outgoing hints for Options.HintTransport, until the sender takes them.
 	sending    atomic.Bool
 	outUnknown atomic.Bool
 	outWake    chan struct{}
@@ -48,9 +42,8 @@ type notifyState struct {
 	any    atomic.Bool     // owns at least one bucket
 }
 
-// NewNotifier returns a Notifier, not yet attached to a relay. Create it
-// first when the GORM plugin is registered before the relay is built, and
-// pass it in Options.Notifier.
+// NewNotifier returns a Notifier, to pass to outbox.Plugin and in
+// Options.Notifier when the plugin is registered before the relay is built.
 func NewNotifier() *Notifier {
 	return &Notifier{wake: make(chan struct{}, 1), outWake: make(chan struct{}, 1)}
 }
@@ -86,10 +79,8 @@ func (n *Notifier) localUnknown() {
 	}
 }
 
-// NotifyBucket reports committed rows in bucket. A negative bucket means
-// unknown (as NotifyCommitted). A bucket the relay does not own does not
-// wake it; with Options.HintTransport every committed bucket is also sent to
-// the other relays, so that its owner wakes.
+// NotifyBucket reports committed rows in bucket; a negative bucket means
+// unknown (as NotifyCommitted).
 func (n *Notifier) NotifyBucket(bucket int) {
 	if n == nil {
 		return
@@ -173,17 +164,22 @@ func (n *Notifier) signalOut() {
 // takeOut returns and clears the hints to send to peers: committed buckets
 // in ascending order and whether an unknown-bucket commit happened.
 func (n *Notifier) takeOut(dst []int) ([]int, bool) {
-	st := n.state.Load()
-	for i := range st.out {
-		w := st.out[i].Swap(0)
-		for b := 0; w != 0; b++ {
-			if w&1 != 0 {
-				dst = append(dst, i*64+b)
-			}
-			w >>= 1
+	return takeBits(dst, n.state.Load().out, nil), n.outUnknown.Swap(false)
+}
+
+// takeBits clears words and appends the buckets whose bits were set (and
+// set in mask, when non-nil), in ascending order.
+func takeBits(dst []int, words, mask []atomic.Uint64) []int {
+	for i := range words {
+		w := words[i].Swap(0)
+		if mask != nil {
+			w &= mask[i].Load()
+		}
+		for ; w != 0; w &= w - 1 {
+			dst = append(dst, i*64+bits.TrailingZeros64(w))
 		}
 	}
-	return dst, n.outUnknown.Swap(false)
+	return dst
 }
 
 // attach binds n to a relay with bucketCount buckets; false if n is
@@ -218,14 +214,5 @@ func (n *Notifier) setOwned(buckets []int) {
 // ascending order and whether an unknown-bucket notification arrived.
 func (n *Notifier) take(dst []int) ([]int, bool) {
 	st := n.state.Load()
-	for i := range st.hinted {
-		w := st.hinted[i].Swap(0) & st.owned[i].Load()
-		for b := 0; w != 0; b++ {
-			if w&1 != 0 {
-				dst = append(dst, i*64+b)
-			}
-			w >>= 1
-		}
-	}
-	return dst, n.unknown.Swap(false)
+	return takeBits(dst, st.hinted, st.owned), n.unknown.Swap(false)
 }

@@ -1,8 +1,5 @@
-// The parking contract: the errors that make a row unpublishable or
-// corrupt, the ParkPolicy and the operator's ParkAdmin
-// with one definition of what a ParkedSelector chooses. The engine's side
-// (counting a head row's failures, asking the store to park it) is
-// strikes.go.
+// The parking contract: unpublishable and corrupt rows, ParkPolicy, and the
+// operator's ParkAdmin. The engine's side is strikes.go.
 
 package relay
 
@@ -17,12 +14,10 @@ import (
 )
 
 // ErrUnpublishable is wrapped by a publish error that will recur for the
-// row as stored, whatever the retry: the broker rejected the record as too
-// large, invalid or for a topic that cannot exist or that the relay may not
-// write, or the publisher cannot encode it. kafkapub.Publisher wraps it for
-// such Kafka errors; a custom Publisher wraps it to let the default
-// ParkPolicy park the row. Transient failures (a broker or leader
-// unavailable, timeouts, network errors) must not wrap it.
+// row as stored, whatever the retry (a record too large or invalid, a topic
+// that cannot exist or may not be written): the default ParkPolicy parks
+// such a row. kafkapub wraps it for such Kafka errors; transient failures
+// must not wrap it.
 var ErrUnpublishable = errors.New("the broker will never accept this row as stored")
 
 // CorruptReasonPrefix starts the reason of a row parked because the store
@@ -31,19 +26,14 @@ var ErrUnpublishable = errors.New("the broker will never accept this row as stor
 const CorruptReasonPrefix = "corrupt row: "
 
 // HeldReasonPrefix starts the reason of a row that a relay of an earlier
-// release parked behind an earlier parked row of its key; the id of that
-// row follows. Such a row is a parked row like any other (see Store.NextBatch):
-// requeued with its key's head, it keeps holding its key's later rows
-// until then.
+// release parked behind an earlier parked row of its key (whose id
+// follows): a parked row like any other.
 const HeldReasonPrefix = "held behind parked row "
 
-// CorruptRowError is returned by Store.NextBatch when the head row of the
-// bucket (the oldest pending row that is not parked) cannot be decoded: a
-// message id that is not a UUID, a header blob of an unknown codec version.
-// NextBatch returns the rows before a corrupt row without an error, so the
-// corrupt row is reported once it is the head. A relay whose store
-// can park (Store.FleetCanPark) parks it by id, with a reason starting with
-// CorruptReasonPrefix, and goes on with the bucket.
+// CorruptRowError is returned by Store.NextBatch when the bucket's head row
+// cannot be decoded (a message id that is not a UUID, a header blob of an
+// unknown codec version). The relay parks it alone, with a reason starting
+// with CorruptReasonPrefix, and goes on with the bucket.
 type CorruptRowError struct {
 	// ID and Bucket locate the row.
 	ID     int64
@@ -64,16 +54,13 @@ type ParkPolicy int
 const (
 	// ParkUnpublishable, the default, parks a row whose publish failed
 	// Options.ParkAfter consecutive times with an error wrapping
-	// ErrUnpublishable. Transient failures never park: a broker outage parks
-	// nothing.
+	// ErrUnpublishable: a broker outage parks nothing.
 	ParkUnpublishable ParkPolicy = iota
-	// ParkNever retries every failing row forever, as the reference design
-	// does: a row the broker never accepts stops its bucket. Corrupt rows are
-	// still parked (they cannot be retried).
+	// ParkNever retries every failing row forever: a row the broker never
+	// accepts stops its bucket. Corrupt rows are still parked.
 	ParkNever
 	// ParkAnyFailure parks a row after Options.ParkAfter consecutive failed
-	// publishes of any kind. A broker outage longer than ParkAfter backoff
-	// steps parks the head row of every bucket that has one.
+	// publishes of any kind, a broker outage's included.
 	ParkAnyFailure
 )
 
@@ -90,9 +77,8 @@ func (p ParkPolicy) String() string {
 }
 
 // ErrLeaseLost is wrapped by the error of Store.Park when the relay no
-// longer holds the bucket's lease on the store's clock: the statement
-// changed nothing. The relay then drops the bucket until its next
-// acquisition round.
+// longer holds the bucket's lease: the relay drops the bucket until its
+// next acquisition round.
 var ErrLeaseLost = errors.New("the relay no longer holds the bucket's lease")
 
 // ParkedRow is a parked row as ParkAdmin lists it.
@@ -109,10 +95,9 @@ type ParkedRow struct {
 	Reason    string
 }
 
-// ParkedSelector chooses parked rows for ParkAdmin's requeue and deletion.
-// Exactly one of its fields is set. Choose is the definition of what it
-// chooses: every ParkAdmin, and a preview of what it would change, choose
-// exactly those rows.
+// ParkedSelector chooses parked rows for ParkAdmin's requeue and deletion;
+// exactly one of its fields is set. Choose defines what it chooses, for
+// every ParkAdmin and for previews.
 type ParkedSelector struct {
 	// ID chooses one row. A corrupt (reason starting with
 	// CorruptReasonPrefix) or keyless row is chosen alone; any other row
@@ -181,9 +166,9 @@ func (s ParkedSelector) Validate() error {
 	return nil
 }
 
-// ParkAdmin is the operator's side of parking (see Store.Park): list, requeue and delete
-// parked rows. It is safe to call while relays run. Requeued rows flow again
-// in id order (their original order), ahead of later rows of their key.
+// ParkAdmin is the operator's side of parking: list, requeue and delete
+// parked rows, safe while relays run. Requeued rows flow again in id order,
+// ahead of later rows of their key.
 type ParkAdmin interface {
 	// ListParked returns up to limit parked rows (limit ≤ 0: all) in
 	// (bucket, id) order.

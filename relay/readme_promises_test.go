@@ -97,8 +97,10 @@ func TestZeroOptionsUseTheDocumentedDefaults(t *testing.T) {
 		limits, durations := slices.Clone(s.limits), slices.Clone(s.leaseDurations)
 		s.mu.Unlock()
 		for _, l := range limits {
-			if l != 500 {
-				t.Errorf("NextBatch limits = %v; want 500 each", limits)
+			// 500, plus the previous batch's 500 rows while their delete
+			// runs (the fetch leaves them out).
+			if l != 500 && l != 1000 {
+				t.Errorf("NextBatch limits = %v; want 500 each (1000 beside a running delete)", limits)
 				break
 			}
 		}

@@ -22,15 +22,13 @@ import (
 type Relay struct {
 	store    Store
 	pub      Publisher
-	sample   bool // sample the backlog (Options.MetricsBacklog)
-	workers  int  // buckets served at once: MaxConcurrentBuckets for a ConcurrentBuckets store, else 1
+	workers  int // buckets served at once: MaxConcurrentBuckets for a ConcurrentBuckets store, else 1
 	opts     Options
 	clock    Clock
 	log      *slog.Logger
 	repeats  *logrepeat.Limiter // bounds the lines of failures the relay retries (logFailure)
 	notifier *Notifier
-	// ownNotifier: New created the notifier (Options.Notifier was nil);
-	// notifierTaken: Relay.Notifier handed it out; pollNoticed: Run logged
+	// New created the notifier; Relay.Notifier handed it out; Run logged
 	// that no commit can wake the relay.
 	ownNotifier   bool
 	notifierTaken atomic.Bool
@@ -115,7 +113,6 @@ func New(store Store, pub Publisher, opts Options) (*Relay, error) {
 	for _, reason := range []string{ParkReasonUnpublishable, ParkReasonFailure, ParkReasonCorrupt, ParkReasonHeld} {
 		m.countParked(reason, 0) // every series exists from the start
 	}
-	r.sample = o.MetricsBacklog
 	return r, nil
 }
 
@@ -131,14 +128,10 @@ func (r *Relay) Notifier() *Notifier {
 }
 
 // runState is the state of one Run, owned by its goroutine (the lease set
-// is shared with the renewal goroutine under its mutex).
-//
-// The per-bucket state (b, indexed by bucket) follows one rule: the
-// goroutine serving bucket b in a sweep owns b[b] while it runs (see
-// sweepConcurrent); the loop touches it only for buckets no worker is
-// serving. retry is the exception that noteStuck reads across buckets
-// during a sweep: it is written under mu only (clearRetry, retryLater);
-// the bucket's owner may read its own without mu.
+// is shared with the renewal goroutine under its mutex). The goroutine
+// serving bucket b in a sweep owns b[b] while it runs; the loop touches it
+// only for buckets no worker serves. retry, which noteStuck reads across
+// buckets, is written under mu only.
 type runState struct {
 	lease         leaseSet
 	attempted     bool // an acquisition was attempted: release on stop
@@ -171,6 +164,13 @@ func newRunState(buckets int) *runState {
 	return &runState{b: make([]bucketState, buckets), retrying: map[int]struct{}{}, deleting: map[int]struct{}{}}
 }
 
+// forget drops what the Run knows of bucket b, no longer owned; its
+// acknowledged rows not yet deleted are the next owner's to republish.
+func (st *runState) forget(b int) {
+	st.b[b].ready, st.b[b].unmarked, st.b[b].strikes = false, nil, nil
+	st.clearRetry(b)
+}
+
 // clearRetry ends bucket b's backoff.
 func (st *runState) clearRetry(b int) {
 	st.mu.Lock()
@@ -179,10 +179,9 @@ func (st *runState) clearRetry(b int) {
 	st.mu.Unlock()
 }
 
-// headRetry is the backoff state of a bucket whose head row failed, to
-// publish (the publisher's error) or to be read or deleted (a bucket store
-// error): it is retried alone, not before notBefore. since is when the
-// first of these consecutive failures happened.
+// headRetry is the backoff of a bucket whose head row failed to publish or
+// whose own store call failed: it is retried alone, not before notBefore;
+// since is when the first of these consecutive failures happened.
 type headRetry struct {
 	attempts  int
 	notBefore time.Time
@@ -198,30 +197,22 @@ type errStore struct{ err error }
 func (e errStore) Error() string { return e.err.Error() }
 func (e errStore) Unwrap() error { return e.err }
 
-// errBucket marks a store error of one bucket's reading or deleting
-// (NextBatch, MarkPublished): that bucket alone backs off, the sweep goes on
-// with the others (see Relay.bucketFailed).
+// errBucket marks a store error of one bucket (NextBatch, MarkPublished,
+// Park): that bucket alone backs off (bucketFailed).
 type errBucket struct{ err error }
 
 func (e errBucket) Error() string { return e.err.Error() }
 func (e errBucket) Unwrap() error { return e.err }
 
 // Run publishes until ctx is done, then stops: it awaits the in-flight
-// publishes (one per bucket being served; records cannot be retracted),
-// marks each acknowledged prefix if the leases are still valid, and releases the leases
-// (Store.ReleaseBucketLeases) so that a peer takes over at once. These
-// steps run on context.WithoutCancel(ctx), so a stop never cancels one
-// already running, and share one budget, Options.StopTimeout, counted from
-// the moment ctx is done: the publish and the marking are cancelled when
-// three quarters of it are spent, the release when all of it is. Run
-// therefore returns within StopTimeout of the stop unless the publisher,
-// the store or Options.HintTransport keeps running after its context is
-// cancelled. It returns nil after such a stop, or a fatal error wrapping
-// ErrMisconfigured (bucket count disagreement, a publish exceeding
-// MaxPublishDuration) after the same stop, whose budget starts when the
-// error ends the loop. Run owns every goroutine it starts and returns only
-// after all have exited. Calling Run while another Run of the same relay is
-// running is an error.
+// publishes (records cannot be retracted), deletes their acknowledged
+// prefixes while the leases are valid, and releases the leases so that a
+// peer takes over at once, all within Options.StopTimeout. It returns nil
+// after such a stop, or, after the same stop, a fatal error wrapping
+// ErrMisconfigured (a bucket count disagreement, a publish exceeding
+// MaxPublishDuration). Run returns only after every goroutine it started
+// has exited. Calling Run while another Run of the same relay is running is
+// an error.
 func (r *Relay) Run(ctx context.Context) error {
 	if !r.running.CompareAndSwap(false, true) {
 		return errors.New("relay: Run called while the relay is already running")
@@ -242,7 +233,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	defer func() { _ = reg.Unregister() }()
 	var wg sync.WaitGroup
-	if r.sample {
+	if r.opts.MetricsBacklog {
 		sctx, cancel := context.WithCancel(ctx)
 		wg.Add(1)
 		go func() {
@@ -266,10 +257,8 @@ func (r *Relay) Run(ctx context.Context) error {
 		}()
 	}
 
-	// The stop budget (see Options.StopTimeout). cleanup carries the
-	// publish and its MarkPublished, release the lease release: both are
-	// detached from ctx, so a stop never cancels a step already running,
-	// and runStopBudget ends them when the budget runs out.
+	// cleanup carries the publishes and deletes, release the lease release:
+	// detached from ctx, they end by runStopBudget.
 	stopping, beginStop := context.WithCancel(ctx)
 	defer beginStop()
 	cleanup, cancelCleanup := context.WithCancel(context.WithoutCancel(ctx))
@@ -290,9 +279,8 @@ func (r *Relay) Run(ctx context.Context) error {
 	st := newRunState(r.opts.BucketCount)
 	st.nextRebalance = r.clock.Now()
 	r.phase.Store(phaseWorking)
-	// The renewal goroutine runs on cleanup, so that it keeps the leases
-	// while a stop awaits the in-flight publishes; it ends before the
-	// release.
+	// The renewal goroutine keeps the leases while a stop awaits the
+	// in-flight publishes; it ends before the release.
 	renewing, stopRenewing := context.WithCancel(cleanup)
 	defer stopRenewing()
 	var rwg sync.WaitGroup
@@ -316,11 +304,9 @@ func (r *Relay) Run(ctx context.Context) error {
 	return nil
 }
 
-// runStopBudget enforces the stop budget. Once stopping is done it computes
-// the one deadline of the stop, StopTimeout later on the relay's clock; it
-// cancels cleanup (the in-flight publish and its MarkPublished) at the
-// deadline minus the release reserve, and release at the deadline. It
-// returns when Run closes stopped.
+// runStopBudget enforces the stop budget: once stopping is done, it
+// cancels cleanup (the in-flight publishes and deletes) at three quarters
+// of StopTimeout and release at its end. It returns when stopped closes.
 func (r *Relay) runStopBudget(stopping context.Context, stopped <-chan struct{}, cancelCleanup, cancelRelease context.CancelFunc) {
 	select {
 	case <-stopped:
@@ -482,41 +468,6 @@ func (r *Relay) checkClockOffset() {
 	}
 }
 
-// sweep publishes one batch of each ready bucket, so that a full bucket
-// cannot starve the others: one bucket after the other, or up to
-// MaxConcurrentBuckets at once (see sweepConcurrent).
-func (r *Relay) sweep(ctx, cleanup context.Context, st *runState, owned []int) error {
-	if r.workers > 1 {
-		return r.sweepConcurrent(ctx, cleanup, st, owned)
-	}
-	defer r.awaitDeletes(ctx, st) // no store call outlives the sweep
-	for _, b := range owned {
-		if ctx.Err() != nil {
-			return nil
-		}
-		if !r.sweepable(st, b) {
-			continue
-		}
-		err := r.drainOnce(ctx, cleanup, st, b)
-		var be errBucket
-		switch {
-		case errors.As(err, &be):
-			if ctx.Err() != nil {
-				return nil
-			}
-			r.bucketFailed(st, b, be.err)
-		case err != nil:
-			r.noteStuck(st)
-			return err
-		}
-		r.noteStuck(st)
-		if !r.checkLease(st) {
-			return nil // leases dropped
-		}
-	}
-	return nil
-}
-
 // sweepable reports whether bucket b is ready, not waiting out a head-row
 // backoff.
 func (r *Relay) sweepable(st *runState, b int) bool {
@@ -536,14 +487,11 @@ func (r *Relay) batchLimit(st *runState, b int) int {
 	return r.opts.BatchSize
 }
 
-// drainOnce fetches and publishes one batch of bucket b, then marks the
-// acknowledged prefix on cleanup, which a stop does not cancel.
-//
-// It may run on a worker goroutine of a concurrent sweep: it touches only
-// bucket b's state (see runState) and checks the leases without dropping
-// them (leaseValid: the sweep drops an invalid set once it ends). Every
-// step that changes b's rows (MarkPublished, parking) is preceded by that
-// check.
+// drainOnce fetches and publishes one batch of bucket b, then starts the
+// delete of the acknowledged prefix on cleanup, which a stop does not
+// cancel. It runs on a sweep's worker goroutine: it touches only bucket b's
+// state and checks the leases, without dropping them, before every step
+// that changes b's rows.
 func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int) error {
 	hr := st.b[b].retry
 	limit := r.batchLimit(st, b)
@@ -664,18 +612,16 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int) err
 }
 
 // pendingDelete is the MarkPublished of a bucket's acknowledged rows,
-// running beside the bucket's next fetch and publish and the other
-// buckets' work (see drainOnce): the delete is off the critical path.
+// running beside the bucket's next fetch and publish.
 type pendingDelete struct {
 	rows []*outbox.Message
 	done chan struct{} // closed when the delete returned
 	err  error
 }
 
-// startDelete deletes rows, b's acknowledged rows, on cleanup (which a stop
-// does not cancel) on a goroutine of its own, and calls logBatch with the
-// delete's duration when DEBUG is on. At most one runs per bucket (see
-// settleDelete), and the sweep awaits them all at its end (awaitDeletes).
+// startDelete deletes b's acknowledged rows on a goroutine of its own, and
+// calls logBatch with its duration when DEBUG is on. At most one runs per
+// bucket (settleDelete); the sweep awaits them all (awaitDeletes).
 func (r *Relay) startDelete(ctx, cleanup context.Context, st *runState, b int, rows []*outbox.Message, logBatch func(time.Duration)) {
 	d := &pendingDelete{rows: rows, done: make(chan struct{})}
 	st.b[b].deleting = d
@@ -711,9 +657,8 @@ func (r *Relay) deletingRows(ctx context.Context, st *runState, b int) []*outbox
 }
 
 // settleDelete waits for bucket b's running delete, if any, and forgets it.
-// A failed delete leaves its rows to delete again before b's next fetch
-// (bucketState.unmarked) while the lease holds, and returns its error;
-// only a takeover republishes them. During a stop it is logged instead.
+// A failed one leaves its rows to delete again before b's next fetch
+// (unmarked) and returns its error; during a stop it is logged instead.
 func (r *Relay) settleDelete(ctx context.Context, st *runState, b int) error {
 	d := st.b[b].deleting
 	if d == nil {
@@ -738,9 +683,7 @@ func (r *Relay) settleDelete(ctx context.Context, st *runState, b int) error {
 }
 
 // awaitDeletes settles every running delete once a sweep's workers have
-// returned, so that no store call outlives the sweep; a bucket whose delete
-// failed backs off (bucketFailed) and deletes its rows again before its
-// next fetch.
+// returned; a bucket whose delete failed backs off (bucketFailed).
 func (r *Relay) awaitDeletes(ctx context.Context, st *runState) {
 	st.mu.Lock()
 	bs := slices.Collect(maps.Keys(st.deleting))
@@ -798,15 +741,10 @@ func (r *Relay) retryLater(st *runState, b int, storeErr error, published bool) 
 	return hr, wait
 }
 
-// bucketFailed handles a store error confined to bucket b (its NextBatch or
-// MarkPublished failed): the bucket backs off like a failing head row
-// (jittered, exponential, up to LeaseRenewInterval; acknowledged rows whose
-// delete failed stay in its unmarked rows and are deleted first on the retry),
-// with a line per backoff step (WARN for a new error and once a minute,
-// DEBUG in between: logFailure), while the sweep goes on with the
-// other buckets. It is not a failed cycle for Health (see Relay.Health).
-// A publish the publisher reported fenced (errFencedBucket) drops the
-// bucket instead (dropFenced).
+// bucketFailed handles a store error confined to bucket b: the bucket
+// backs off like a failing head row while the others go on, and Health does
+// not count it. A fenced publish or a lost lease drops the bucket instead
+// (dropFenced).
 func (r *Relay) bucketFailed(st *runState, b int, err error) {
 	if cur, _, _ := st.lease.snapshot(); !containsSorted(cur, b) {
 		return // lost meanwhile: its state is forgotten
@@ -823,11 +761,9 @@ func (r *Relay) bucketFailed(st *runState, b int, err error) {
 	r.logFailure(context.Background(), "bucket store", "bucket store error; backing off this bucket, the others go on", err, "bucket", b, "attempt", hr.attempts, "backoff", wait, "failing_for", r.clock.Now().Sub(hr.since))
 }
 
-// everyBucketFailing returns, for Health, an error when the relay owns
-// buckets and every one of them is backing off from its own store error:
-// the store fails all of the relay's work, not one bucket's (a locked
-// messages table while every bucket is ready, say, when no discovery runs).
-// It returns nil when any owned bucket is not in such a backoff.
+// everyBucketFailing returns, for Health, an error when every owned bucket
+// backs off from its own store error: the store fails all of the relay's
+// work, not one bucket's.
 func (r *Relay) everyBucketFailing(st *runState) error {
 	owned, _, _ := st.lease.snapshot()
 	if len(owned) == 0 {
@@ -867,27 +803,18 @@ func (r *Relay) noteStuck(st *runState) {
 	}
 }
 
-// publish calls the publisher. The publish runs on cleanup, not on Run's
-// ctx: records cannot be retracted, so a stop awaits it, up to the stop
-// budget. The leases are renewed meanwhile by renewLoop, not here.
+// publish calls the publisher on cleanup: records cannot be retracted, so
+// a stop awaits it, up to the stop budget.
 func (r *Relay) publish(cleanup context.Context, batch []*outbox.Message) (res Result, took time.Duration) {
-	pubCtx, cancel := context.WithCancel(cleanup)
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		r.watchPublish(pubCtx, done)
-	}()
 	start := r.clock.Now()
 	token := r.inflight.begin(r, start)
-	res = r.callPublisher(pubCtx, batch)
+	stopWarning := context.AfterFunc(cleanup, func() {
+		r.log.Warn("in-flight publish outlived the stop budget; cancelled", "stop_timeout", r.opts.StopTimeout)
+	})
+	res = r.callPublisher(cleanup, batch)
+	stopWarning()
 	r.inflight.end(r, token)
-	took = r.clock.Now().Sub(start)
-	close(done)
-	cancel()
-	wg.Wait()
-	return res, took
+	return res, r.clock.Now().Sub(start)
 }
 
 func (r *Relay) callPublisher(ctx context.Context, batch []*outbox.Message) (res Result) {
@@ -959,7 +886,7 @@ func (r *Relay) sleep(ctx context.Context, d time.Duration) {
 	tc, stop := r.clock.NewTimer(d)
 	defer stop()
 	if r.onIdle != nil {
-		r.onIdle()
+		r.onIdle() // once the timer is set: a test may move the clock now
 	}
 	select {
 	case <-ctx.Done():

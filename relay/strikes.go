@@ -26,50 +26,54 @@ type strike struct {
 	deferred bool // "parking deferred" was logged for this row
 }
 
-// mayAct reports whether the relay may change bucket b's rows: its leases
-// are valid by the relay's clock and b is one of them. It does not drop an
-// invalid set (it runs on sweep workers; see drainOnce).
-func (r *Relay) mayAct(st *runState, b int) bool {
-	if !r.leaseValid(st) {
-		return false
-	}
-	cur, _, _ := st.lease.snapshot()
-	return containsSorted(cur, b)
-}
-
 // parkCorrupt parks the undecodable head row of bucket b alone, when the
 // fleet can park; the bucket then goes on at once. Otherwise the error is
 // the bucket's store error, as without parking.
 func (r *Relay) parkCorrupt(ctx context.Context, st *runState, b int, ce *CorruptRowError) error {
-	fetchErr := errBucket{fmt.Errorf("relay: bucket %d: next batch: %w", b, ce)}
-	if !r.mayAct(st, b) {
-		return nil
-	}
-	can, err := r.store.FleetCanPark(ctx)
-	if err != nil {
-		return errBucket{fmt.Errorf("relay: bucket %d: can the fleet park: %w", b, err)}
-	}
-	if !can {
-		return fetchErr // a live relay predates parking: back off as before
-	}
-	if !r.mayAct(st, b) {
-		return nil
-	}
 	cause := ce.Error()
 	if ce.Err != nil {
 		cause = ce.Err.Error()
 	}
 	reason := CorruptReasonPrefix + cause
-	failpoint("relay/before-park")
-	if err := r.store.Park(ctx, r.opts.RelayID, b, ce.ID, reason); err != nil {
-		return errBucket{fmt.Errorf("relay: bucket %d: park corrupt row %d: %w", b, ce.ID, err)}
+	parked, can, err := r.park(ctx, st, b, ce.ID, reason)
+	switch {
+	case err != nil:
+		return err
+	case !can:
+		return errBucket{fmt.Errorf("relay: bucket %d: next batch: %w", b, ce)} // a live relay predates parking: back off as before
+	case !parked:
+		return nil
 	}
 	r.m.countParked(ParkReasonCorrupt, 1)
 	r.log.WarnContext(ctx, "corrupt row parked; the rest of its bucket goes on", "bucket", b, "id", ce.ID, "reason", reason)
-	st.clearRetry(b)
-	st.b[b].strikes = nil
 	st.b[b].ready = true
 	return nil
+}
+
+// park parks row id of bucket b with reason when the fleet can park and the
+// relay owns b, and then ends the bucket's backoff and strikes: the bucket
+// goes on at full speed. parked is false when the relay may no longer act
+// on b; can is false when a live relay predates parking (nothing parked).
+func (r *Relay) park(ctx context.Context, st *runState, b int, id int64, reason string) (parked, can bool, err error) {
+	if !r.ownsBucket(st, b) {
+		return false, true, nil
+	}
+	if can, err = r.store.FleetCanPark(ctx); err != nil || !can {
+		if err != nil {
+			err = errBucket{fmt.Errorf("relay: bucket %d: can the fleet park: %w", b, err)}
+		}
+		return false, can, err
+	}
+	if !r.ownsBucket(st, b) {
+		return false, true, nil
+	}
+	failpoint("relay/before-park")
+	if err := r.store.Park(ctx, r.opts.RelayID, b, id, reason); err != nil {
+		return false, true, errBucket{fmt.Errorf("relay: bucket %d: park row %d: %w", b, id, err)}
+	}
+	st.clearRetry(b)
+	st.b[b].strikes = nil
+	return true, true, nil
 }
 
 // strikeCounts reports whether the policy counts a publish failure with err
@@ -107,27 +111,19 @@ func (r *Relay) strike(ctx context.Context, st *runState, b int, batch []*outbox
 	if s.n < r.opts.ParkAfter {
 		return false, nil
 	}
-	if !r.mayAct(st, b) {
-		return true, nil
-	}
-	can, err := r.store.FleetCanPark(ctx)
-	if err != nil {
-		return false, errBucket{fmt.Errorf("relay: bucket %d: can the fleet park: %w", b, err)}
-	}
-	if !can {
+	reason := pubErr.Error()
+	parked, can, err := r.park(ctx, st, b, row.ID, reason)
+	switch {
+	case err != nil:
+		return false, err
+	case !can:
 		if !s.deferred {
 			s.deferred = true
 			r.log.WarnContext(ctx, "parking deferred: a live relay predates parking; retrying the row", "bucket", b, "id", row.ID, "message_id", row.MessageID.String(), "topic", row.Topic, "attempts", s.n, "error", pubErr)
 		}
 		return false, nil
-	}
-	if !r.mayAct(st, b) {
+	case !parked:
 		return true, nil
-	}
-	reason := pubErr.Error()
-	failpoint("relay/before-park")
-	if err := r.store.Park(ctx, r.opts.RelayID, b, row.ID, reason); err != nil {
-		return false, errBucket{fmt.Errorf("relay: bucket %d: park row %d: %w", b, row.ID, err)}
 	}
 	class := ParkReasonFailure
 	if errors.Is(pubErr, ErrUnpublishable) {
@@ -135,8 +131,6 @@ func (r *Relay) strike(ctx context.Context, st *runState, b int, batch []*outbox
 	}
 	r.m.countParked(class, 1)
 	r.log.WarnContext(ctx, "row parked; later rows of its key wait until it is requeued", "bucket", b, "id", row.ID, "message_id", row.MessageID.String(), "topic", row.Topic, "key", printableKey(row.Key), "reason", reason, "attempts", s.n)
-	st.clearRetry(b) // the bucket goes on at full speed
-	st.b[b].strikes = nil
 	return true, nil
 }
 

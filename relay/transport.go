@@ -5,28 +5,21 @@ import (
 	"time"
 )
 
-// HintTransport carries bucket hints between relay processes, so that a commit
-// in one process wakes the relay that owns the bucket in another before its
-// poll interval. It is optional (Options.HintTransport): polling alone delivers
-// everything, and hints are advisory — they may be duplicated, reordered or
-// lost, and never authorise publication or change ordering. pgnotify
-// implements it with PostgreSQL LISTEN/NOTIFY.
-//
-// The relay calls Publish from one background sender goroutine and Listen
-// from one listener goroutine, concurrently, never from a committing
-// goroutine. Both must honour ctx.
+// HintTransport carries bucket hints between relay processes, so that a
+// commit in one wakes the relay owning its bucket in another before its
+// poll. Hints are advisory: they may be duplicated, reordered or lost.
+// pgnotify implements it with PostgreSQL LISTEN/NOTIFY. The relay calls
+// Publish and Listen from one goroutine each, concurrently; both must
+// honour ctx.
 type HintTransport interface {
-	// Publish broadcasts committed bucket ids (−1 = unknown bucket: look
-	// everywhere) to every relay sharing the outbox, this one included. It
-	// must not retain buckets. On error the relay drops that advisory batch
-	// and waits Options.ErrorBackoff before sending again.
+	// Publish broadcasts committed bucket ids (−1: unknown) to every relay
+	// sharing the outbox, this one included, without retaining buckets. On
+	// error the relay drops them and waits Options.ErrorBackoff.
 	Publish(ctx context.Context, buckets []int) error
 
-	// Listen delivers each received bucket id (−1 included, and buckets this
-	// relay does not own: the relay filters) to fn until ctx is done, and
+	// Listen delivers each received bucket id to fn until ctx is done, and
 	// returns after every fn call has returned. When it returns before ctx
-	// is done (a dropped subscription), the relay calls it again after
-	// Options.ErrorBackoff. Received hints are never rebroadcast.
+	// is done, the relay calls it again after Options.ErrorBackoff.
 	Listen(ctx context.Context, fn func(bucket int)) error
 }
 
