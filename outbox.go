@@ -170,10 +170,10 @@ func (c Config) RelaysTableName() string { c = c.WithDefaults(); return c.qualif
 
 // AutoMigrate creates or updates the three tables of cfg with GORM's
 // migrator. With a zero Config it is db.AutoMigrate(&Message{}, &BucketLease{},
-// &RelayHeartbeat{}) followed by dropping the round-1 index idx_<messages>_bucket_id
-// (replaced by idx_<messages>_bucket_parked_id) when it exists. The DDL
-// equals migrations/<dialect>.sql; run over a round-1 schema it performs the
-// parking upgrade (migrations/<dialect>/000002_parking.up.sql): the nullable
+// &RelayHeartbeat{}) followed by dropping schema version 1's index
+// idx_<messages>_bucket_id (replaced by idx_<messages>_bucket_parked_id) when
+// it exists. The DDL equals migrations/<dialect>.sql; run over a version 1
+// schema it performs the parking upgrade (migrations/<dialect>/000002_parking.up.sql): the nullable
 // parked_at_ms and parked_reason columns, the new index, and the relays
 // table's features column.
 func AutoMigrate(db *gorm.DB, cfg Config) error {
@@ -197,7 +197,7 @@ func AutoMigrate(db *gorm.DB, cfg Config) error {
 			return fmt.Errorf("outbox: migrate %s: %w", m.table, err)
 		}
 	}
-	// The round-1 read index (bucket, id) is replaced by (bucket,
+	// Schema version 1's read index (bucket, id) is replaced by (bucket,
 	// parked_at_ms, id), which AutoMigrate has just created; GORM never
 	// drops an index by itself.
 	table := cfg.MessagesTableName()

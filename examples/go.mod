@@ -4,6 +4,7 @@ go 1.26.0
 
 require (
 	github.com/gorm-outbox/outbox v0.0.0-00010101000000-000000000000
+	github.com/gorm-outbox/outbox/outboxtest v0.0.0-00010101000000-000000000000
 	github.com/segmentio/kafka-go v0.4.51
 	github.com/twmb/franz-go/pkg/kfake v0.0.0-20260918054303-01f206a7e32c
 	go.opentelemetry.io/otel v1.47.0
