@@ -133,12 +133,7 @@ func (s *Sender) Run(ctx context.Context) error {
 			if ctx.Err() != nil {
 				return nil
 			}
-			level, repeated := s.repeats.Failure("send", err, time.Now())
-			args := []any{"channel", s.t.cfg.Channel, "backoff", s.opts.Backoff}
-			if repeated > 0 {
-				args = append(args, "repeated", repeated)
-			}
-			s.opts.Logger.Log(ctx, level, "notification send failed; hints dropped", append(args, "error", err)...)
+			s.repeats.Log(ctx, s.opts.Logger, time.Now(), "send", "notification send failed; hints dropped", err, "channel", s.t.cfg.Channel, "backoff", s.opts.Backoff)
 			t := time.NewTimer(s.opts.Backoff)
 			select {
 			case <-ctx.Done():
@@ -148,9 +143,7 @@ func (s *Sender) Run(ctx context.Context) error {
 			}
 			continue
 		}
-		if n, since := s.repeats.Recovered("send"); n > 0 {
-			s.opts.Logger.InfoContext(ctx, "notification send succeeds again", "channel", s.t.cfg.Channel, "failures", n, "failing_for", time.Since(since))
-		}
+		s.repeats.LogRecovered(ctx, s.opts.Logger, time.Now(), "send", "notification send succeeds again", "channel", s.t.cfg.Channel)
 	}
 }
 

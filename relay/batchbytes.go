@@ -12,11 +12,9 @@ func MessageSize(m *outbox.Message) int64 {
 	return n
 }
 
-// trimToBytes returns the longest prefix of batch whose total MessageSize
-// stays within maxBytes, and at least its first row (a row larger than the
-// bound goes alone). over reports that batch exceeded the bound, so that
-// the bucket may hold more rows even if batch is shorter than the limit
-// (Store.NextBatch stops after the row crossing the bound).
+// trimToBytes returns the longest prefix of batch within maxBytes, at least
+// one row; over reports that batch exceeded the bound (the bucket may hold
+// more rows).
 func trimToBytes(batch []*outbox.Message, maxBytes int64) (kept []*outbox.Message, over bool) {
 	var total int64
 	for i, m := range batch {

@@ -26,5 +26,3 @@ func (SystemClock) NewTimer(d time.Duration) (<-chan time.Time, func() bool) {
 	t := time.NewTimer(d)
 	return t.C, t.Stop
 }
-
-var _ Clock = SystemClock{}

@@ -57,28 +57,17 @@ type bucketDone struct {
 	err    error
 }
 
-// sweep publishes a batch of each ready bucket, so that a full bucket
-// cannot starve the others, up to r.workers buckets at once, each on a
-// worker goroutine running drainOnce. A worker's slot goes to the next
-// ready bucket as soon as it is free, and hints arriving meanwhile make
-// their buckets ready at once, so a committed row waits for about one batch
-// of its bucket, not a whole sweep; a bucket still ready after its batch
-// queues behind the others. The sweep stops dispatching when nothing is
-// left to serve, when the rebalance is due, when a discovery is due once
-// every bucket servable at the start had a batch, and on a fatal error, a
-// stop or an invalid lease set. The invariants:
-//
-//   - A bucket is served by at most one goroutine at a time, so at most one
-//     of its batches is in flight and its rows go out in order.
-//   - That goroutine owns the bucket's state while it runs; this one
-//     handles its outcome and hints only after it returned.
-//   - Workers check the leases before every change of their rows and never
-//     drop them; the sweep drops an invalid set once every worker returned.
-//   - The sweep returns only after every worker (and delete) returned: no
-//     publish or store call outlives it.
-//
-// A fatal error (not a bucket's store error) stops the dispatch; it is
-// returned once the running workers have returned.
+// sweep publishes batches of the ready buckets, round robin, up to
+// r.workers buckets at once, each on a worker goroutine running drainOnce:
+// a free slot goes to the next ready bucket at once, and hints arriving
+// meanwhile make their buckets ready, so a committed row waits for about
+// one batch of its bucket. It stops dispatching when nothing is left to
+// serve, when the rebalance is due, when a discovery is due once every
+// bucket servable at the start had a batch, and on a fatal error (returned
+// once the workers have), a stop or an invalid lease set. A bucket is
+// served by one goroutine at a time, which owns its state meanwhile and
+// checks the leases before every change of its rows; the sweep drops an
+// invalid lease set, and returns, only once every worker and delete has.
 func (r *Relay) sweep(ctx, cleanup context.Context, st *runState, owned []int) error {
 	defer r.awaitDeletes(ctx, st) // after every worker returned
 	done := make(chan bucketDone)

@@ -7,15 +7,12 @@
 // Publisher (kafkapub.New: kafka-go with acks=all) and deletes only the
 // contiguous prefix the broker acknowledged. Several relays, in one process
 // or many, share the work; a relay that dies or stalls loses its buckets to
-// a peer when its leases expire. The engine never calls a database API: the
-// Store (gormstore for GORM) does. Nor does it read a broker's errors: the
-// Publisher classifies them into the sentinels the engine acts on
-// (ErrUnpublishable, ErrFenced, ErrPublisherAuth).
+// a peer when its leases expire. The Store (gormstore for GORM) does the
+// SQL; the Publisher classifies the broker's errors into the sentinels the
+// engine acts on (ErrUnpublishable, ErrFenced, ErrPublisherAuth).
 //
-// Hot path: a relay renews its leases on its own timer while it works, so
-// no amount of work lets a healthy relay's leases lapse; it serves up to
-// Options.MaxConcurrentBuckets buckets at once when the store says it gains
-// from it (Store.ConcurrentBuckets; each bucket with at most one batch in flight, in order,
-// under the same lease checks); and it bounds each batch in bytes
-// (Options.MaxBatchBytes) as well as rows.
+// Files: relay.go (Run's loop and one bucket's batch), concurrency.go (the
+// sweep), lease.go, strikes.go and parkapi.go (parking), fencing.go,
+// health.go, metrics.go, notifier.go and transport.go (wake-ups),
+// options.go, store.go (the contracts).
 package relay

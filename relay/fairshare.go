@@ -2,14 +2,11 @@ package relay
 
 import "sort"
 
-// Shares divides bucketCount buckets among the active relays. held maps each
-// active relay id (the caller included) to the number of unexpired leases it
-// holds now. Every relay gets ⌊N/R⌋ buckets; the N mod R remaining ones go
-// first to relays, in byte-wise id order, that already hold more than ⌊N/R⌋,
-// then to the others in id order. So shares sum to N and differ by at most
-// one, a relay beyond the N-th gets none, and shares stay put while relays
-// move toward them: incumbents keep the remainder and joiners do not churn
-// ownership. Every Store must use it, so that all relays agree.
+// Shares divides bucketCount buckets among the active relays; held maps
+// each (the caller included) to the unexpired leases it holds. Every relay
+// gets ⌊N/R⌋; the N mod R others go first to relays, in byte-wise id order,
+// already holding more, then to the rest in id order: incumbents keep the
+// remainder and joiners do not churn ownership. Every Store must use it.
 func Shares(bucketCount int, held map[string]int) map[string]int {
 	out := make(map[string]int, len(held))
 	if len(held) == 0 || bucketCount <= 0 {

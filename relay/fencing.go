@@ -7,26 +7,19 @@ import (
 )
 
 // ErrFenced is wrapped by the error of a Publish that cannot publish its
-// bucket's rows under the relay's current lease and never will: the
-// publisher holds no valid producer for the bucket (kafkapub's fenced mode:
-// fenced by a newer owner, transaction aborted by the coordinator, not
-// initialised, or a bucket the relay never reported owning).
-//
-// The relay treats it as the loss of that bucket's lease: it drops the
-// bucket (no strike for the row), keeps the others, and takes it back at
-// its next acquisition round, ErrorBackoff later, if the store still grants
-// it. A custom Publisher may wrap it for the same effect.
+// bucket's rows under the relay's current lease and never will (kafkapub's
+// fenced mode: fenced by a newer owner, transaction aborted, not
+// initialised, or a bucket the relay never reported owning). The relay
+// drops that bucket, with no strike for the row, and takes it back at its
+// next acquisition round, ErrorBackoff later, if the store still grants it.
 var ErrFenced = errors.New("fenced")
 
 // BucketOwnershipObserver is an optional Publisher capability for a
 // publisher that needs to know which buckets its relay owns (kafkapub's
-// fenced mode initialises a producer per owned bucket, fencing the
-// previous owner's).
-//
-// The relay calls OwnedBuckets with the buckets it owns, ascending, after
-// every acquisition round (an unchanged set included) and whenever it
-// drops buckets (an empty set when
-// it stops or its leases expire). It is never called concurrently with
+// fenced mode initialises a producer per owned bucket). The relay calls
+// OwnedBuckets with the buckets it owns, ascending, after every acquisition
+// round (an unchanged set included) and whenever it drops buckets (an
+// empty set when it stops or its leases expire), never concurrently with
 // itself nor with a Publish of a bucket that leaves the set. It must not
 // block, nor modify or keep the slice.
 type BucketOwnershipObserver interface {

@@ -24,17 +24,13 @@ var errNoCycle = errors.New("relay: no cycle completed yet")
 var errNotRunning = errors.New("relay: not running")
 
 // Health reports whether the relay is healthy: nil while Run is running
-// and its latest cycle (acquisition, discovery and one sweep) succeeded.
-// Otherwise it says why: not running, no cycle completed yet, the latest
-// cycle's store or fatal error, a failed acquisition not yet repaired,
-// every owned bucket backing off from its own store error, a publisher
-// that cannot authenticate (ErrPublisherAuth), or every publish failing
-// for longer than Options.PublishFailureWindow. The last two last until a
-// publish is acknowledged again.
-//
-// A failing row (retried with backoff, perhaps parked) or one bucket's own
-// store error (it backs off alone, logged at WARN) is not unhealthy: Health
-// is about the relay, not a row. It is safe to call from any goroutine.
+// and its latest cycle succeeded. Otherwise it says why: not running, no
+// cycle completed yet, the latest cycle's store or fatal error, a failed
+// acquisition not yet repaired, every owned bucket backing off from its own
+// store error, or, until a publish is acknowledged again, a publisher that
+// cannot authenticate (ErrPublisherAuth) or every publish failing for
+// longer than Options.PublishFailureWindow. A failing row or one bucket's
+// store error is not unhealthy. It is safe to call from any goroutine.
 func (r *Relay) Health() error {
 	if !r.running.Load() {
 		return errNotRunning

@@ -53,13 +53,13 @@ func (r *Relay) acquire(ctx context.Context, st *runState) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		r.logFailure(ctx, "acquire", "acquire leases failed", err)
+		r.repeats.Log(ctx, r.log, r.clock.Now(), "acquire", "acquire leases failed", err)
 		st.acquireErr = fmt.Errorf("relay: acquire leases: %w", err)
 		st.nextRebalance = t1.Add(r.opts.ErrorBackoff)
 		return nil
 	}
 	st.acquireErr = nil
-	r.logRecovered(ctx, "acquire", "acquire leases succeeds again")
+	r.repeats.LogRecovered(ctx, r.log, r.clock.Now(), "acquire", "acquire leases succeeds again")
 	r.repeats.Recovered("renew") // an acquisition renews too: the renewals' failures ended with it
 	validUntil := t0.Add(r.opts.LeaseDuration)
 	if !t1.Before(validUntil) {
@@ -163,13 +163,10 @@ func (r *Relay) kickRenewer() {
 	}
 }
 
-// renewLoop keeps the leases alive on its own timer for the whole Run:
-// whenever they have gone min(LeaseRenewInterval, half their remaining
-// time) without extension (see renewalDue) it renews them, so that no
-// amount of work lets them lapse. It leaves them to the loop while the loop
-// is idle or acquiring: the rebalance's acquisition round extends them, so
-// an idle relay makes no extra store call. Only the loop drops an invalid
-// lease set (checkLease); a renewal marks it lost or extends it.
+// renewLoop renews the leases on its own timer when due (renewalDue), so
+// that no amount of work lets them lapse, except while the loop is idle or
+// acquiring: the rebalance's acquisition extends them then, at no extra
+// store call. It marks the set lost or extends it; only the loop drops it.
 func (r *Relay) renewLoop(ctx context.Context, st *runState) {
 	var tried time.Time // start of the latest renewal attempt
 	for {
@@ -249,7 +246,7 @@ func (r *Relay) renew(ctx context.Context, st *runState) {
 	switch {
 	case err != nil:
 		if ctx.Err() == nil {
-			r.logFailure(ctx, "renew", "renew leases failed", err)
+			r.repeats.Log(ctx, r.log, r.clock.Now(), "renew", "renew leases failed", err)
 		}
 	case !ok:
 		r.log.WarnContext(ctx, "renewal reported the leases lost", "buckets", buckets)
@@ -258,7 +255,7 @@ func (r *Relay) renew(ctx context.Context, st *runState) {
 		r.log.WarnContext(ctx, "renewal answered after the leases expired", "buckets", buckets, "took", t1.Sub(t0))
 		st.lease.lost = true
 	default:
-		r.logRecovered(ctx, "renew", "renew leases succeeds again")
+		r.repeats.LogRecovered(ctx, r.log, r.clock.Now(), "renew", "renew leases succeeds again")
 		if v := t0.Add(r.opts.LeaseDuration); v.After(st.lease.validUntil) {
 			st.lease.validUntil = v
 			if len(buckets) > 0 && buckets[0] == 0 {

@@ -242,11 +242,9 @@ func (r *Relay) stalledSince() time.Time {
 }
 
 // sampleBacklog runs the backlog sampler until ctx is done: one query at a
-// time, bounded by MetricsTimeout, then a wait of MetricsInterval.
-//
-// OpenTelemetry's Go API does not tell a callback whether a reader is
-// attached, so the sampler cannot run "only while observed": it runs only
-// when Options.MetricsBacklog asks for it, and only while Run is running.
+// time, bounded by MetricsTimeout, then a wait of MetricsInterval. (The
+// OpenTelemetry API cannot tell whether a reader is attached: it runs only
+// with Options.MetricsBacklog.)
 func (r *Relay) sampleBacklog(ctx context.Context) {
 	for {
 		if r.opts.MetricsBucketZeroOnly && !r.ownsBucketZero() {
@@ -259,7 +257,7 @@ func (r *Relay) sampleBacklog(ctx context.Context) {
 			case ctx.Err() != nil:
 				return
 			case err != nil:
-				r.logFailure(ctx, "backlog", "backlog sample failed", err)
+				r.repeats.Log(ctx, r.log, r.clock.Now(), "backlog", "backlog sample failed", err)
 				r.pending.Store(nil)
 			case p == nil || p.Count < 0:
 				r.pending.Store(nil)
@@ -269,7 +267,7 @@ func (r *Relay) sampleBacklog(ctx context.Context) {
 				r.pending.Store(&pendingSample{count: p.Count, oldest: p.Oldest, parked: max(p.Parked, 0), at: r.clock.Now()})
 			}
 			if err == nil {
-				r.logRecovered(ctx, "backlog", "backlog sample succeeds again")
+				r.repeats.LogRecovered(ctx, r.log, r.clock.Now(), "backlog", "backlog sample succeeds again")
 			}
 		}
 		tc, stop := r.clock.NewTimer(r.opts.MetricsInterval)
@@ -285,12 +283,9 @@ func (r *Relay) sampleBacklog(ctx context.Context) {
 }
 
 // backlogLooksDrained is called when a discovery found none of the owned
-// buckets pending. If the cached sample still counts pending rows and is
-// older than PollInterval, the sampler takes a new one now instead of at
-// the end of MetricsInterval: the gauges never show a drained backlog for
-// longer than about one poll interval (they showed 20,000 rows for a
-// minute after a drain). While peers still drain their buckets this
-// samples at most once per PollInterval.
+// buckets pending: a cached sample older than PollInterval that still
+// counts pending rows is taken again now, so that the gauges show a drained
+// backlog within about a poll interval.
 func (r *Relay) backlogLooksDrained() {
 	s := r.pending.Load()
 	if !r.opts.MetricsBacklog || s == nil || s.count == 0 || r.clock.Now().Sub(s.at) < r.opts.PollInterval {

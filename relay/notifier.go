@@ -12,14 +12,12 @@ import (
 // implements outbox.BucketNotifier: pass it to outbox.Plugin, or call it
 // from a custom writer after a confirmed commit (never before).
 //
-// A Notifier keeps one bit per bucket plus an "unknown bucket" flag, so any
-// number of notifications cost no memory and none is lost before the relay
-// waits. Only hints for buckets the relay owns wake it; they only make it
-// look sooner, never authorise publication. With Options.HintTransport the
-// commits also go to the relays of other processes, coalesced the same way.
-// Its methods are safe for concurrent use and never block; a nil *Notifier
-// ignores every call. Until relay.New attaches it, notifications wake
-// nothing, and the first one is logged at WARN, once.
+// A Notifier keeps one bit per bucket, so notifications cost no memory and
+// none is lost before the relay waits; only hints for owned buckets wake
+// it, and only to look sooner. With Options.HintTransport commits also go
+// to other processes' relays. Its methods are safe for concurrent use and
+// never block; a nil *Notifier ignores every call. Until relay.New attaches
+// it, notifications wake nothing (the first is logged at WARN).
 type Notifier struct {
 	attached atomic.Bool
 	warned   atomic.Bool // the unattached warning was logged

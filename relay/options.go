@@ -174,13 +174,10 @@ type Options struct {
 	HintTransport HintTransport
 
 	// StopTimeout is the budget of a whole stop, from Run's ctx done (or a
-	// fatal error) to Run's return: the in-flight publishes and the deletes
-	// of their acknowledged prefixes are cancelled once three quarters are
-	// spent, the lease release at the end. A cancelled delete leaves its
-	// rows to the next owner to republish; a cancelled release leaves peers
-	// waiting up to LeaseDuration. Give the process a grace period longer
-	// than it plus the rest of its shutdown (default 10s, a third of
-	// Kubernetes' default 30s).
+	// fatal error) to Run's return: in-flight publishes and deletes are
+	// cancelled at three quarters (their rows are republished by the next
+	// owner), the lease release at the end. Give the process a longer grace
+	// period (default 10s, a third of Kubernetes' default 30s).
 	StopTimeout time.Duration
 
 	// PublishFailureWindow is how long every Publish call may fail (no row
@@ -236,11 +233,22 @@ func (o Options) withDefaults(store Store) (Options, error) {
 			*d.v = d.def
 		}
 	}
-	switch {
-	case o.ParkAfter < 0:
-		bad("Options.ParkAfter %d is negative", o.ParkAfter)
-	case o.ParkAfter == 0:
-		o.ParkAfter = DefaultParkAfter
+	counts := []struct {
+		name string
+		v    *int
+		def  int
+	}{
+		{"BatchSize", &o.BatchSize, DefaultBatchSize},
+		{"MaxConcurrentBuckets", &o.MaxConcurrentBuckets, DefaultMaxConcurrentBuckets},
+		{"ParkAfter", &o.ParkAfter, DefaultParkAfter},
+	}
+	for _, c := range counts {
+		switch {
+		case *c.v < 0:
+			bad("Options.%s %d is negative", c.name, *c.v)
+		case *c.v == 0:
+			*c.v = c.def
+		}
 	}
 	switch o.ParkPolicy {
 	case ParkUnpublishable, ParkNever, ParkAnyFailure:
@@ -252,17 +260,6 @@ func (o Options) withDefaults(store Store) (Options, error) {
 		bad("Options.MaxBatchBytes %d is negative", o.MaxBatchBytes)
 	case o.MaxBatchBytes == 0:
 		o.MaxBatchBytes = DefaultMaxBatchBytes
-	}
-	switch {
-	case o.MaxConcurrentBuckets < 0:
-		bad("Options.MaxConcurrentBuckets %d is negative", o.MaxConcurrentBuckets)
-	case o.MaxConcurrentBuckets == 0:
-		o.MaxConcurrentBuckets = DefaultMaxConcurrentBuckets
-	}
-	if o.BatchSize < 0 {
-		bad("Options.BatchSize %d is negative", o.BatchSize)
-	} else if o.BatchSize == 0 {
-		o.BatchSize = DefaultBatchSize
 	}
 	storeCount := store.BucketCount()
 	switch {

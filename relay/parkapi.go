@@ -151,14 +151,10 @@ func (r ParkedRow) parkedAlone() bool {
 // Validate reports an error when not exactly one field of s is set.
 func (s ParkedSelector) Validate() error {
 	n := 0
-	if s.ID != 0 {
-		n++
-	}
-	if s.Key != nil {
-		n++
-	}
-	if s.All {
-		n++
+	for _, set := range []bool{s.ID != 0, s.Key != nil, s.All} {
+		if set {
+			n++
+		}
 	}
 	if n != 1 || s.ID < 0 {
 		return errors.New("relay: a ParkedSelector needs exactly one of ID (> 0), Key or All")

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/gorm-outbox/outbox"
+	fp "github.com/gorm-outbox/outbox/internal/failpoint"
 	"github.com/gorm-outbox/outbox/internal/logrepeat"
 )
 
@@ -26,7 +27,7 @@ type Relay struct {
 	opts     Options
 	clock    Clock
 	log      *slog.Logger
-	repeats  *logrepeat.Limiter // bounds the lines of failures the relay retries (logFailure)
+	repeats  *logrepeat.Limiter // bounds the lines of failures the relay retries
 	notifier *Notifier
 	// New created the notifier; Relay.Notifier handed it out; Run logged
 	// that no commit can wake the relay.
@@ -127,11 +128,9 @@ func (r *Relay) Notifier() *Notifier {
 	return r.notifier
 }
 
-// runState is the state of one Run, owned by its goroutine (the lease set
-// is shared with the renewal goroutine under its mutex). The goroutine
-// serving bucket b in a sweep owns b[b] while it runs; the loop touches it
-// only for buckets no worker serves. retry, which noteStuck reads across
-// buckets, is written under mu only.
+// runState is the state of one Run, owned by its goroutine; the lease set
+// is shared with the renewal goroutine, and b[i] with the sweep's worker
+// serving bucket i, while it runs (retry is written under mu only).
 type runState struct {
 	lease         leaseSet
 	attempted     bool // an acquisition was attempted: release on stop
@@ -167,8 +166,14 @@ func newRunState(buckets int) *runState {
 // forget drops what the Run knows of bucket b, no longer owned; its
 // acknowledged rows not yet deleted are the next owner's to republish.
 func (st *runState) forget(b int) {
-	st.b[b].ready, st.b[b].unmarked, st.b[b].strikes = false, nil, nil
+	st.b[b].ready, st.b[b].unmarked = false, nil
+	st.settled(b)
+}
+
+// settled ends bucket b's backoff and its head row's strikes.
+func (st *runState) settled(b int) {
 	st.clearRetry(b)
+	st.b[b].strikes = nil
 }
 
 // clearRetry ends bucket b's backoff.
@@ -374,7 +379,7 @@ func (r *Relay) loop(ctx, cleanup context.Context, st *runState) error {
 		case ctx.Err() != nil:
 			return nil
 		case errors.As(err, &se):
-			r.logFailure(ctx, "cycle", "store error; backing off", se.err, "backoff", r.opts.ErrorBackoff)
+			r.repeats.Log(ctx, r.log, r.clock.Now(), "cycle", "store error; backing off", se.err, "backoff", r.opts.ErrorBackoff)
 			r.sleep(ctx, r.opts.ErrorBackoff)
 			continue
 		case err != nil:
@@ -434,7 +439,7 @@ func (r *Relay) cycle(ctx, cleanup context.Context, st *runState) error {
 			if end := r.clock.Now(); end.Sub(now)*(discoveryRest+1) > r.opts.PollInterval {
 				st.nextDiscovery = end.Add(end.Sub(now) * discoveryRest)
 			}
-			r.logRecovered(ctx, "cycle", "store answers again")
+			r.repeats.LogRecovered(ctx, r.log, r.clock.Now(), "cycle", "store answers again")
 			if len(pending) == 0 {
 				r.backlogLooksDrained()
 			}
@@ -515,10 +520,8 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int) err
 		}
 		st.b[b].unmarked = nil
 	}
-	var batch []*outbox.Message
-	var err error
 	fetchStart := r.clock.Now()
-	batch, err = r.store.NextBatch(ctx, b, limit+len(excl), r.opts.MaxBatchBytes+batchSize(excl))
+	batch, err := r.store.NextBatch(ctx, b, limit+len(excl), r.opts.MaxBatchBytes+batchSize(excl))
 	fetchTook := r.clock.Now().Sub(fetchStart)
 	full := len(batch) >= limit+len(excl) // the bucket may hold more rows
 	batch = without(batch, excl)
@@ -531,8 +534,7 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int) err
 	}
 	if len(batch) == 0 { // not full: excl held fewer rows than fetched
 		st.b[b].ready = false
-		st.clearRetry(b)
-		st.b[b].strikes = nil
+		st.settled(b)
 		return nil
 	}
 	if len(batch) > limit {
@@ -540,9 +542,7 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int) err
 	}
 	batch, over := trimToBytes(batch, r.opts.MaxBatchBytes)
 	failpoint("relay/after-fetch")
-	// The store left out the rows behind a parked row of their key (see
-	// Store.NextBatch): the whole batch is published.
-	pub := batch
+	pub := batch // the store left out the rows held behind parked ones
 	drained := hr == nil && !full && !over
 	if !r.ownsBucket(st, b) {
 		return nil
@@ -600,11 +600,10 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int) err
 			return err
 		}
 		hr, wait := r.retryLater(st, b, nil, true)
-		r.logFailure(ctx, "publish", "publish failed; retrying the head row alone", res.Err, "bucket", b, "acknowledged", ack, "batch", len(pub), "attempt", hr.attempts, "backoff", wait)
+		r.repeats.Log(ctx, r.log, r.clock.Now(), "publish", "publish failed; retrying the head row alone", res.Err, "bucket", b, "acknowledged", ack, "batch", len(pub), "attempt", hr.attempts, "backoff", wait)
 		return nil
 	}
-	st.clearRetry(b)
-	st.b[b].strikes = nil
+	st.settled(b)
 	if drained {
 		st.b[b].ready = false // drained; a hint or discovery brings it back
 	}
@@ -758,7 +757,7 @@ func (r *Relay) bucketFailed(st *runState, b int, err error) {
 		return
 	}
 	hr, wait := r.retryLater(st, b, err, false)
-	r.logFailure(context.Background(), "bucket store", "bucket store error; backing off this bucket, the others go on", err, "bucket", b, "attempt", hr.attempts, "backoff", wait, "failing_for", r.clock.Now().Sub(hr.since))
+	r.repeats.Log(context.Background(), r.log, r.clock.Now(), "bucket store", "bucket store error; backing off this bucket, the others go on", err, "bucket", b, "attempt", hr.attempts, "backoff", wait, "failing_for", r.clock.Now().Sub(hr.since))
 }
 
 // everyBucketFailing returns, for Health, an error when every owned bucket
@@ -918,3 +917,8 @@ func containsSorted(s []int, v int) bool {
 	_, ok := slices.BinarySearch(s, v)
 	return ok
 }
+
+// failpoint marks a step of the relay's life where a crash test can stop the
+// process (see internal/failpoint; built with -tags outbox_failpoints). In a
+// normal build it is empty and inlined: it costs nothing.
+func failpoint(name string) { fp.Inject(name) }

@@ -2,16 +2,16 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/gorm-outbox/outbox"
 )
 
-// Store is the relay's contract with the outbox's storage: where it finds
-// pending messages, deletes published ones, parks the unpublishable, and
-// coordinates bucket leases with its peers. gormstore.Store implements it
-// for PostgreSQL, MySQL/MariaDB and SQLite, relaytest.MemStore in memory;
-// the conformance kit (package storetest) checks any implementation.
+// Store is the relay's contract with the outbox's storage: pending
+// messages, bucket leases shared with its peers, parking. gormstore.Store
+// implements it, relaytest.MemStore in memory; package storetest checks
+// any implementation.
 //
 // Every method must honour ctx and be safe for concurrent use (the relay
 // never calls two of NextBatch, MarkPublished and Park for one bucket at
@@ -136,3 +136,9 @@ type Result struct {
 	// if the whole batch was acknowledged.
 	Err error
 }
+
+// ErrMisconfigured is wrapped by errors that no retry can fix: writers and
+// relays disagreeing on BucketCount (a store's AcquireBucketLeases returns
+// it), or a publish longer than Options.MaxPublishDuration. Run stops with
+// it, so that a misconfigured deployment fails loudly.
+var ErrMisconfigured = errors.New("misconfigured")

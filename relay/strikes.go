@@ -12,11 +12,9 @@ import (
 	"github.com/gorm-outbox/outbox"
 )
 
-// Containment (see Store.Park and Options.ParkPolicy): the relay side of
-// parking. Which rows of a parked key wait is the store's decision (its
-// NextBatch never returns a row behind a parked row of its key), so the
-// relay keeps no parked keys: it only counts a head row's failures and asks
-// the store to park it, under its lease.
+// The relay side of parking: it counts a head row's failures and asks the
+// store to park it, under its lease; which rows wait behind it is the
+// store's decision (Store.NextBatch).
 
 // strike counts the consecutive failed single-row publishes of a bucket's
 // head row that the ParkPolicy counts.
@@ -71,8 +69,7 @@ func (r *Relay) park(ctx context.Context, st *runState, b int, id int64, reason 
 	if err := r.store.Park(ctx, r.opts.RelayID, b, id, reason); err != nil {
 		return false, true, errBucket{fmt.Errorf("relay: bucket %d: park row %d: %w", b, id, err)}
 	}
-	st.clearRetry(b)
-	st.b[b].strikes = nil
+	st.settled(b)
 	return true, true, nil
 }
 

@@ -35,7 +35,7 @@ func (r *Relay) runTransport(ctx context.Context, done func()) {
 			if ctx.Err() != nil {
 				return
 			}
-			r.logFailure(ctx, "listen", "notification listener ended; restarting after backoff", err, "backoff", r.opts.ErrorBackoff)
+			r.repeats.Log(ctx, r.log, r.clock.Now(), "listen", "notification listener ended; restarting after backoff", err, "backoff", r.opts.ErrorBackoff)
 			r.pause(ctx, r.opts.ErrorBackoff)
 		}
 	}()
@@ -58,11 +58,11 @@ func (r *Relay) runTransport(ctx context.Context, done func()) {
 			if ctx.Err() != nil {
 				return
 			}
-			r.logFailure(ctx, "send hints", "notification send failed; hints dropped", err, "backoff", r.opts.ErrorBackoff)
+			r.repeats.Log(ctx, r.log, r.clock.Now(), "send hints", "notification send failed; hints dropped", err, "backoff", r.opts.ErrorBackoff)
 			r.pause(ctx, r.opts.ErrorBackoff)
 			continue
 		}
-		r.logRecovered(ctx, "send hints", "notification send succeeds again")
+		r.repeats.LogRecovered(ctx, r.log, r.clock.Now(), "send hints", "notification send succeeds again")
 	}
 }
 

@@ -11,6 +11,7 @@
 package logrepeat
 
 import (
+	"context"
 	"log/slog"
 	"sync"
 	"time"
@@ -107,6 +108,26 @@ func (l *Limiter) Recovered(op string) (failures int, since time.Time) {
 		}
 	}
 	return s.failures, s.first
+}
+
+// Log logs a failure of op that is retried, at the level Failure gives
+// it, with the repeats in between ("repeated") and the error last. An
+// outage of an hour thus leaves about sixty lines per operation, not one
+// per attempt.
+func (l *Limiter) Log(ctx context.Context, log *slog.Logger, now time.Time, op, msg string, err error, args ...any) {
+	level, repeated := l.Failure(op, err, now)
+	if repeated > 0 {
+		args = append(args, "repeated", repeated)
+	}
+	log.Log(ctx, level, msg, append(args, "error", err)...)
+}
+
+// LogRecovered ends op's failures, if it was failing, with one INFO line:
+// msg, args, the failures counted and how long op failed.
+func (l *Limiter) LogRecovered(ctx context.Context, log *slog.Logger, now time.Time, op, msg string, args ...any) {
+	if n, since := l.Recovered(op); n > 0 {
+		log.InfoContext(ctx, msg, append(args, "failures", n, "failing_for", now.Sub(since))...)
+	}
 }
 
 func (l *Limiter) forgetOldest() {
