@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -483,73 +484,79 @@ func (r *Relay) sweepable(st *runState, b int) bool {
 	return hr == nil || !r.clock.Now().Before(hr.notBefore)
 }
 
-// batchLimit is the batch size for bucket b: one row while its head row is
-// being retried alone.
-func (r *Relay) batchLimit(st *runState, b int) int {
-	if st.b[b].retry != nil {
-		return 1 // head-row isolation
-	}
-	return r.opts.BatchSize
-}
-
-// drainOnce fetches and publishes one batch of bucket b, then starts the
-// delete of the acknowledged prefix on cleanup, which a stop does not
-// cancel. It runs on a sweep's worker goroutine: it touches only bucket b's
-// state and checks the leases, without dropping them, before every step
-// that changes b's rows.
+// drainOnce serves one batch of bucket b: fetch, publish, settle. It runs
+// on a sweep's worker goroutine: it touches only bucket b's state and
+// checks the leases, without dropping them, before every step that changes
+// b's rows.
 func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int) error {
-	hr := st.b[b].retry
-	limit := r.batchLimit(st, b)
 	if !r.ownsBucket(st, b) {
 		return nil
 	}
 	st.worked.Store(true)
-	// The rows of b's previous batch may still be being deleted: the fetch
-	// takes as many more, and leaves them out. (A delete that failed meanwhile
-	// leaves its rows unmarked: deleted again here.)
+	f, err := r.fetch(ctx, cleanup, st, b)
+	if err != nil || f == nil || !r.ownsBucket(st, b) {
+		return err
+	}
+	res, took := r.publish(cleanup, f.rows)
+	failpoint("relay/after-ack")
+	return r.settle(ctx, cleanup, st, b, f, res, took)
+}
+
+// fetched is a bucket's batch, ready to publish.
+type fetched struct {
+	rows    []*outbox.Message
+	drained bool // nothing is left behind it, and no head row was retried
+	took    time.Duration
+}
+
+// fetch deletes again the rows of b whose delete failed, then reads b's
+// next batch, bounded in rows and bytes; nil when there is nothing to
+// publish. The rows of b's previous batch may still be being deleted: the
+// fetch takes as many more, and leaves them out.
+func (r *Relay) fetch(ctx, cleanup context.Context, st *runState, b int) (*fetched, error) {
+	retried, limit := st.b[b].retry != nil, r.opts.BatchSize
+	if retried {
+		limit = 1 // the head row is retried alone
+	}
 	excl := r.deletingRows(ctx, st, b)
 	if done := st.b[b].unmarked; done != nil {
-		// The broker acknowledged these rows but deleting them failed:
-		// delete them again rather than publish them again.
-		if cur, _, _ := st.lease.snapshot(); !containsSorted(cur, b) {
+		if !r.ownsBucket(st, b) {
 			st.b[b].unmarked = nil
-			return nil
+			return nil, nil
 		}
 		if err := r.store.MarkPublished(cleanup, b, done); err != nil {
-			return errBucket{fmt.Errorf("relay: bucket %d: mark published (again): %w", b, err)}
+			return nil, errBucket{fmt.Errorf("relay: bucket %d: mark published (again): %w", b, err)}
 		}
 		st.b[b].unmarked = nil
 	}
-	fetchStart := r.clock.Now()
+	start := r.clock.Now()
 	batch, err := r.store.NextBatch(ctx, b, limit+len(excl), r.opts.MaxBatchBytes+batchSize(excl))
-	fetchTook := r.clock.Now().Sub(fetchStart)
+	took := r.clock.Now().Sub(start)
 	full := len(batch) >= limit+len(excl) // the bucket may hold more rows
 	batch = without(batch, excl)
-	if err != nil {
-		var ce *CorruptRowError
-		if errors.As(err, &ce) {
-			return r.parkCorrupt(ctx, st, b, ce)
-		}
-		return errBucket{fmt.Errorf("relay: bucket %d: next batch: %w", b, err)}
+	if ce := (*CorruptRowError)(nil); errors.As(err, &ce) {
+		return nil, r.parkCorrupt(ctx, st, b, ce)
+	} else if err != nil {
+		return nil, errBucket{fmt.Errorf("relay: bucket %d: next batch: %w", b, err)}
 	}
 	if len(batch) == 0 { // not full: excl held fewer rows than fetched
 		st.b[b].ready = false
 		st.settled(b)
-		return nil
+		return nil, nil
 	}
 	if len(batch) > limit {
 		batch, full = batch[:limit], true
 	}
 	batch, over := trimToBytes(batch, r.opts.MaxBatchBytes)
 	failpoint("relay/after-fetch")
-	pub := batch // the store left out the rows held behind parked ones
-	drained := hr == nil && !full && !over
-	if !r.ownsBucket(st, b) {
-		return nil
-	}
+	return &fetched{rows: batch, drained: !retried && !full && !over, took: took}, nil
+}
 
-	res, took := r.publish(cleanup, pub)
-	failpoint("relay/after-ack")
+// settle acts on the outcome of publishing f: it records it, starts the
+// delete of the acknowledged prefix, and on a failure backs the bucket off,
+// strikes its head row (see strike) or drops it (ErrFenced).
+func (r *Relay) settle(ctx, cleanup context.Context, st *runState, b int, f *fetched, res Result, took time.Duration) error {
+	pub := f.rows
 	ack := min(max(res.Acknowledged, 0), len(pub))
 	r.m.publishDur.Record(context.Background(), took.Seconds(), r.m.attrs)
 	if ack > 0 {
@@ -565,7 +572,6 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int) err
 	if r.opts.MaxPublishDuration > 0 && took > r.opts.MaxPublishDuration {
 		fatal = fmt.Errorf("relay: bucket %d: publish took %v, more than Options.MaxPublishDuration %v: %w", b, took, r.opts.MaxPublishDuration, ErrMisconfigured)
 	}
-
 	if ack > 0 {
 		if !r.ownsBucket(st, b) {
 			return fatal // a peer may own the rows now: mark nothing
@@ -574,28 +580,22 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int) err
 		// batch being deleted and the one in flight.
 		if err := r.settleDelete(ctx, st, b); err != nil {
 			st.b[b].unmarked = append(st.b[b].unmarked, pub[:ack]...)
-			if fatal != nil {
-				return fatal
-			}
-			return errBucket{err}
+			return cmp.Or(fatal, error(errBucket{err}))
 		}
 		r.startDelete(ctx, cleanup, st, b, pub[:ack], func(deleteTook time.Duration) {
 			r.log.DebugContext(ctx, "batch published", "bucket", b, "rows", len(pub), "acknowledged", ack,
-				"fetch_ms", fetchTook.Milliseconds(), "publish_ms", took.Milliseconds(), "delete_ms", deleteTook.Milliseconds())
+				"fetch_ms", f.took.Milliseconds(), "publish_ms", took.Milliseconds(), "delete_ms", deleteTook.Milliseconds())
 		})
 	}
-	if fatal != nil {
+	switch {
+	case fatal != nil:
 		return fatal
-	}
-	if failed {
-		if ctx.Err() != nil {
-			return nil
-		}
-		if errors.Is(res.Err, ErrFenced) {
-			// Not the row's fault (no strike, no backoff): the bucket's
-			// lease is lost at the broker; the loop drops it (dropFenced).
-			return errBucket{&errFencedBucket{res.Err}}
-		}
+	case failed && ctx.Err() != nil:
+		return nil
+	case failed && errors.Is(res.Err, ErrFenced):
+		// Not the row's fault (no strike, no backoff): the loop drops b.
+		return errBucket{&errFencedBucket{res.Err}}
+	case failed:
 		if parked, err := r.strike(ctx, st, b, pub, ack, res.Err); parked || err != nil {
 			return err
 		}
@@ -604,8 +604,8 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int) err
 		return nil
 	}
 	st.settled(b)
-	if drained {
-		st.b[b].ready = false // drained; a hint or discovery brings it back
+	if f.drained {
+		st.b[b].ready = false // a hint or discovery brings it back
 	}
 	return nil
 }
