@@ -507,8 +507,10 @@ func (s *Store) maybePrune(ctx context.Context, now, ld int64) error {
 	return nil
 }
 
-// seed inserts the lease rows 0..N-1 (free) that do not exist yet, in one
-// statement, until it succeeded once.
+// seed inserts the lease rows 0..N-1 (free) that do not exist yet, until
+// it succeeded once: a statement per thousand rows, each bounded by the
+// statement timeout, so that a slow database seeds 65,536 rows over a few
+// rounds rather than timing out on all of them every round.
 func (s *Store) seed(ctx context.Context) error {
 	s.mu.Lock()
 	done := s.seeded
@@ -520,12 +522,14 @@ func (s *Store) seed(ctx context.Context) error {
 	for i := range rows {
 		rows[i].Bucket = int32(i)
 	}
-	err := s.write(ctx, s.leases, func(q *gorm.DB) error {
-		return q.Table(s.leases).Clauses(clause.OnConflict{Columns: []clause.Column{{Name: "bucket"}}, DoNothing: true}).
-			CreateInBatches(&rows, 1000).Error
-	})
-	if err != nil {
-		return fmt.Errorf("gormstore: seed %d lease rows: %w", len(rows), err)
+	for chunk := range slices.Chunk(rows, 1000) {
+		err := s.write(ctx, s.leases, func(q *gorm.DB) error {
+			return q.Table(s.leases).Clauses(clause.OnConflict{Columns: []clause.Column{{Name: "bucket"}}, DoNothing: true}).
+				Create(&chunk).Error
+		})
+		if err != nil {
+			return fmt.Errorf("gormstore: seed %d lease rows (from bucket %d): %w", len(rows), chunk[0].Bucket, err)
+		}
 	}
 	s.mu.Lock()
 	s.seeded = true
