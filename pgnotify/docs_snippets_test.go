@@ -14,13 +14,17 @@ import (
 // is a block of the guide, verbatim (TestDocsGoBlocksAreCompiledCode at the
 // repository's root checks it).
 
-func relayWithHintTransport(store relay.Store, pub relay.Publisher, notifier *relay.Notifier, pgDSN string) (*relay.Relay, error) {
+func relayWithHintTransport(ctx context.Context, store relay.Store, pub relay.Publisher, notifier *relay.Notifier, pgDSN string) error {
 	tr, err := pgnotify.New(pgnotify.Config{ConnString: pgDSN, Channel: "orders_outbox"})
 	if err != nil {
-		return nil, err
+		return err
 	}
-	defer tr.Close()
-	return relay.New(store, pub, relay.Options{Notifier: notifier, HintTransport: tr})
+	defer tr.Close() // once Run has returned
+	r, err := relay.New(store, pub, relay.Options{Notifier: notifier, HintTransport: tr})
+	if err != nil {
+		return err
+	}
+	return r.Run(ctx)
 }
 
 func writersWithSender(ctx context.Context, db *gorm.DB, tr *pgnotify.Transport) error {

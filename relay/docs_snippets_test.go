@@ -15,7 +15,7 @@ import (
 // body is the block, verbatim (TestDocsGoBlocksAreCompiledCode at the
 // repository's root checks it).
 
-func runningInProcess(ctx context.Context, db *gorm.DB, cfg outbox.Config, notifier *relay.Notifier, errc chan<- error) error {
+func runningInProcess(ctx context.Context, db *gorm.DB, cfg outbox.Config, notifier *relay.Notifier) error {
 	store, err := gormstore.New(db, gormstore.Options{Config: cfg}) // the same cfg as the plugin
 	if err != nil {
 		return err
@@ -24,13 +24,12 @@ func runningInProcess(ctx context.Context, db *gorm.DB, cfg outbox.Config, notif
 	if err != nil {
 		return err
 	}
-	defer pub.Close()
+	defer pub.Close() // once Run has returned
 	r, err := relay.New(store, pub, relay.Options{Notifier: notifier, MetricsBacklog: true}) // the notifier given to the plugin
 	if err != nil {
 		return err
 	}
-	go func() { errc <- r.Run(ctx) }() // until ctx is done; then it finishes the batch and releases its leases
-	return nil
+	return r.Run(ctx) // until ctx is done; then it finishes its batches and releases its leases
 }
 
 var _ = runningInProcess
