@@ -17,7 +17,9 @@
 #     the nested modules cmd/, examples/ and inbox/franz/;
 #   - a module is in the importer's graph that is neither in the direct
 #     stack's graph nor in EXTRA_ALLOWED below (each with the reason it must
-#     stay in the library module's go.mod).
+#     stay in the library module's go.mod). Tests that need a module the
+#     library does not compile live in the test module internal/tests/
+#     (its doc.go), so that the library's go.mod need not list it.
 #
 # Usage: scripts/importer-check.sh [CHECKOUT]   (default: this repository)
 # Needs the Go module proxy (or a module cache holding the dependencies).
@@ -32,7 +34,7 @@ FORBIDDEN=(
 	'^go\.opentelemetry\.io/otel/sdk($|/)'  # OpenTelemetry SDK: the worker, tests of the commands
 	'^go\.opentelemetry\.io/otel/exporters/' # OpenTelemetry exporters: the worker
 	'^google\.golang\.org/protobuf$'        # came with the Prometheus client
-	"^${root_module//./\\.}/(cmd|examples|inbox/franz)$" # the nested modules themselves
+	"^${root_module//./\\.}/(cmd|examples|inbox/franz|internal/tests)$" # the nested modules themselves
 )
 
 # Modules beyond the direct stack that the library module's go.mod must list
@@ -49,7 +51,6 @@ EXTRA_ALLOWED=(
 	gorm.io/driver/mysql                   # likewise, through GORM
 	gorm.io/driver/sqlite                  # SQLite tests, the default database of go test (today also in the direct stack's graph)
 	github.com/mattn/go-sqlite3            # required by gorm.io/driver/sqlite (likewise)
-	gorm.io/plugin/dbresolver              # the replica-routing tests of the root package and gormstore
 )
 
 export GOWORK=off GOFLAGS=-mod=mod

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # tidy: `go mod tidy` in every module of the workspace (go.work: the library
-# at the root, cmd/, examples/ and inbox/franz/).
+# at the root, cmd/, examples/, inbox/franz/, internal/tests/ and
+# outboxtest/).
 #
 # `go mod tidy` ignores go.work, and the nested modules require the library
 # (cmd/ also inbox/franz/) at a version that may not be published yet (the

@@ -1,0 +1,13 @@
+// Package tests is the root of the library's test module
+// (github.com/gorm-outbox/outbox/internal/tests, internal/tests/go.mod): tests
+// of the library's packages that need a module the library itself must not
+// require, so that an importer's module graph holds only what the library
+// compiles (scripts/importer-check.sh). Its directories mirror the library's
+// packages: internal/tests/outbox holds tests of the root package,
+// internal/tests/gormstore tests of gormstore, each an external test package
+// (outbox_test, gormstore_test) named as in the package it tests. They run
+// with the rest under `go test work` and in CI.
+//
+// Today it holds the tests that need GORM's read/write splitting plugin
+// (gorm.io/plugin/dbresolver).
+package tests
