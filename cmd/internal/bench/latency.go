@@ -304,12 +304,25 @@ func (e *env) latency(ctx context.Context, mode string, rate int) (LatencyResult
 		CommitP50: pct(dur, 50), CommitP99: pct(dur, 99)}
 	switch mode {
 	case ModePoll:
-		res.Note = fmt.Sprintf("PollInterval %v", relay.DefaultPollInterval)
+		// No notification announced these rows: PollInterval bounds their
+		// wait (issue 29: at most 2 × PollInterval, at any bucket count).
+		poll := relay.DefaultPollInterval
+		over := 0
+		for _, d := range ack {
+			if d > 2*poll {
+				over++
+			}
+		}
+		res.Note = fmt.Sprintf("PollInterval %v; at %d/s, %d buckets: ack p50 %.2f×, p99 %.2f×, max %.2f× PollInterval; %d of %d rows over 2× PollInterval",
+			poll, rate, e.cfg.Buckets, res.AckP50/ms(poll), res.AckP99/ms(poll), res.AckMax/ms(poll), over, len(ack))
 	case ModePgNotify:
 		res.Note = "pgnotify wired by the harness (writer NOTIFY → relay LISTEN → Notifier)"
 	}
 	return res, f.stop()
 }
+
+// ms returns d in milliseconds.
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // waitFor polls cond every 5ms until it holds or timeout passes.
 func waitFor(ctx context.Context, timeout time.Duration, cond func() bool) error {
