@@ -71,6 +71,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&cfg.BatchSize, "batch", 500, "relay and raw-loop batch size")
 	fs.StringVar(&relays, "relays", "1", "drain: relay counts, comma-separated (scaling: 1,2,4)")
 	fs.IntVar(&cfg.MaxConcurrentBuckets, "max-concurrent-buckets", 0, "relays' Options.MaxConcurrentBuckets (0: the library default)")
+	fs.IntVar(&cfg.MaxIdleConns, "max-idle-conns", 0, "SetMaxIdleConns of every pool (0: database/sql's default of 2)")
 	fs.StringVar(&rates, "rates", "100,1000", "latency: commit rates per second, comma-separated")
 	fs.StringVar(&modes, "modes", "local,poll,pgnotify", "latency: notification modes, comma-separated")
 	fs.DurationVar(&cfg.LatencyDuration, "latency-duration", 10*time.Second, "latency: commit duration per run")

@@ -65,6 +65,12 @@ type Config struct {
 	// MaxConcurrentBuckets is every relay's Options.MaxConcurrentBuckets.
 	// Zero means the library default (relay.DefaultMaxConcurrentBuckets).
 	MaxConcurrentBuckets int
+	// MaxIdleConns is SetMaxIdleConns of every pool the harness opens
+	// through GORM (relays, writers, baselines). Zero keeps database/sql's
+	// default of 2, below what a relay serving several buckets at once
+	// (fetch, publish, delete beside the next fetch, renewals) keeps busy:
+	// its connections then close and reopen between statements.
+	MaxIdleConns int
 
 	// Rates are the commit rates (per second) of the latency scenario. Nil
 	// means [100, 1000].
@@ -140,7 +146,7 @@ func (c Config) withDefaults() (Config, error) {
 	for _, v := range []struct {
 		name string
 		v    int
-	}{{"N", c.N}, {"NaiveN", c.NaiveN}, {"ValueSize", c.ValueSize}, {"Buckets", c.Buckets}, {"Partitions", c.Partitions}, {"BatchSize", c.BatchSize}, {"EnqueueTx", c.EnqueueTx}, {"MaxConcurrentBuckets", c.MaxConcurrentBuckets}} {
+	}{{"N", c.N}, {"NaiveN", c.NaiveN}, {"ValueSize", c.ValueSize}, {"Buckets", c.Buckets}, {"Partitions", c.Partitions}, {"BatchSize", c.BatchSize}, {"EnqueueTx", c.EnqueueTx}, {"MaxConcurrentBuckets", c.MaxConcurrentBuckets}, {"MaxIdleConns", c.MaxIdleConns}} {
 		if v.v < 0 {
 			return c, fmt.Errorf("bench: Config.%s %d is negative", v.name, v.v)
 		}
@@ -189,8 +195,10 @@ type ReportConfig struct {
 	Relays     []int  `json:"relays"`
 	// MaxConcurrentBuckets is the relays' Options.MaxConcurrentBuckets
 	// (0: the library default).
-	MaxConcurrentBuckets int      `json:"max_concurrent_buckets"`
-	Scenarios            []string `json:"scenarios"`
+	MaxConcurrentBuckets int `json:"max_concurrent_buckets"`
+	// MaxIdleConns is the pools' SetMaxIdleConns (0: database/sql's 2).
+	MaxIdleConns int      `json:"max_idle_conns"`
+	Scenarios    []string `json:"scenarios"`
 }
 
 // Run runs the configured scenarios and returns their results. It fails on
@@ -211,7 +219,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		Started: start.UTC(),
 		Machine: Machine{GOOS: runtime.GOOS, GOARCH: runtime.GOARCH, NumCPU: runtime.NumCPU(), GoVersion: runtime.Version(), GOMAXPROCS: runtime.GOMAXPROCS(0)},
 		Config: ReportConfig{DB: cfg.DB, Broker: cfg.Broker, N: cfg.N, NaiveN: cfg.NaiveN, ValueSize: cfg.ValueSize,
-			Buckets: cfg.Buckets, Partitions: cfg.Partitions, BatchSize: cfg.BatchSize, Relays: cfg.Relays, MaxConcurrentBuckets: cfg.MaxConcurrentBuckets, Scenarios: cfg.Scenarios},
+			Buckets: cfg.Buckets, Partitions: cfg.Partitions, BatchSize: cfg.BatchSize, Relays: cfg.Relays, MaxConcurrentBuckets: cfg.MaxConcurrentBuckets, MaxIdleConns: cfg.MaxIdleConns, Scenarios: cfg.Scenarios},
 		DBVersion: e.version,
 	}
 	for _, s := range cfg.Scenarios {

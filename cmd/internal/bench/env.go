@@ -198,6 +198,11 @@ func (e *env) open(plugin *outbox.Plugin) (*gorm.DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bench: open %s: %w", e.dialect, err)
 	}
+	if e.cfg.MaxIdleConns > 0 {
+		if s, err := db.DB(); err == nil {
+			s.SetMaxIdleConns(e.cfg.MaxIdleConns)
+		}
+	}
 	if plugin != nil {
 		if err := db.Use(*plugin); err != nil {
 			closeDB(db)

@@ -14,6 +14,9 @@ func (r *Report) WriteTables(w io.Writer) error {
 	fmt.Fprintf(w, "outbox-bench: db=%s (%s) broker=%s N=%d value=%dB buckets=%d partitions=%d batch=%d cpus=%d %s\n",
 		r.Config.DB, r.DBVersion, r.Config.Broker, r.Config.N, r.Config.ValueSize, r.Config.Buckets, r.Config.Partitions,
 		r.Config.BatchSize, r.Machine.NumCPU, r.Machine.GoVersion)
+	if r.Config.MaxIdleConns > 0 {
+		fmt.Fprintf(w, "pools: MaxIdleConns=%d\n", r.Config.MaxIdleConns)
+	}
 	if r.Config.MaxConcurrentBuckets > 0 {
 		fmt.Fprintf(w, "relays: MaxConcurrentBuckets=%d\n", r.Config.MaxConcurrentBuckets)
 	}
