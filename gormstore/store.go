@@ -211,6 +211,7 @@ type Store struct {
 	mu        sync.Mutex
 	dialect   int // a kind*; kindUnknownMySQL until asked
 	seeded    bool
+	acquired  bool          // an acquisition round succeeded
 	nextPrune int64         // Unix ms
 	lease     time.Duration // of the latest acquisition round; 0 before the first
 	offset    clockSample   // of the latest clock read (see nowMs)
@@ -299,11 +300,18 @@ func notBackwards(exp int64) clause.Expr {
 // some); claiming free or expired buckets (only when short of the share);
 // and reading back what this relay owns.
 //
-// When one of the store's tables is missing, the error names it and wraps
-// relay.ErrMisconfigured, which stops the relay.
+// When one of the store's tables is missing before its first successful
+// round, the error names it and wraps relay.ErrMisconfigured, which stops
+// the relay: a deployment without its tables fails loudly. A table that
+// goes missing later (renamed during a migration, say) fails the rounds,
+// which the relay retries until it is back.
 func (s *Store) AcquireBucketLeases(ctx context.Context, relayID string, bucketCount int, leaseDuration time.Duration) ([]int, error) {
 	buckets, err := s.acquireBucketLeases(ctx, relayID, bucketCount, leaseDuration)
-	if err != nil && !errors.Is(err, relay.ErrMisconfigured) && ctx.Err() == nil {
+	s.mu.Lock()
+	first := !s.acquired
+	s.acquired = s.acquired || err == nil
+	s.mu.Unlock()
+	if err != nil && first && !errors.Is(err, relay.ErrMisconfigured) && ctx.Err() == nil {
 		err = s.explainMissingTables(ctx, err)
 	}
 	return buckets, err

@@ -24,7 +24,7 @@ func runningInProcess(ctx context.Context, db *gorm.DB, cfg outbox.Config, notif
 	if err != nil {
 		return err
 	}
-	defer pub.Close() // once Run has returned
+	defer pub.Close()
 	r, err := relay.New(store, pub, relay.Options{Notifier: notifier, MetricsBacklog: true}) // the notifier given to the plugin
 	if err != nil {
 		return err
