@@ -83,3 +83,40 @@ func TestRunWithoutTheTablesFailsNamingThem(t *testing.T) {
 		})
 	}
 }
+
+// TestTableMissingAfterAFirstRoundIsRetriedNotFatal: once an acquisition
+// round has succeeded, a table that goes missing (renamed during a
+// migration, say) fails the rounds without relay.ErrMisconfigured, so the
+// relay retries them, and the round after the table is back succeeds.
+func TestTableMissingAfterAFirstRoundIsRetriedNotFatal(t *testing.T) {
+	for _, o := range testenv.Databases(t) {
+		t.Run(o.Name, func(t *testing.T) {
+			db := o.Open(t, nil)
+			cfg := outbox.Config{BucketCount: 2, MessagesTable: "tm_messages", LeasesTable: "tm_leases", RelaysTable: "tm_relays"}
+			if err := outbox.AutoMigrate(db, cfg); err != nil {
+				t.Fatal(err)
+			}
+			store, err := gormstore.New(db, gormstore.Options{Config: cfg})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			if _, err := store.AcquireBucketLeases(ctx, "r1", 2, time.Minute); err != nil {
+				t.Fatalf("first round: %v", err)
+			}
+			if err := db.Migrator().RenameTable("tm_relays", "tm_relays_away"); err != nil {
+				t.Fatal(err)
+			}
+			_, err = store.AcquireBucketLeases(ctx, "r1", 2, time.Minute)
+			if err == nil || errors.Is(err, relay.ErrMisconfigured) {
+				t.Errorf("round without the heartbeat table = %v; want an error that is not ErrMisconfigured", err)
+			}
+			if err := db.Migrator().RenameTable("tm_relays_away", "tm_relays"); err != nil {
+				t.Fatal(err)
+			}
+			if got, err := store.AcquireBucketLeases(ctx, "r1", 2, time.Minute); err != nil || len(got) != 2 {
+				t.Errorf("round with the table back = %v, %v; want both buckets", got, err)
+			}
+		})
+	}
+}
