@@ -51,6 +51,13 @@ func describeSchema(t *testing.T, db *gorm.DB) []string {
 			}
 			out = append(out, fmt.Sprintf("%s index %s on %v unique=%v", table, i.Name(), i.Columns(), unique))
 		}
+		if db.Dialector.Name() == "postgres" {
+			var opts string
+			if err := db.Raw("SELECT COALESCE(array_to_string(reloptions, ','), '') FROM pg_class WHERE oid = to_regclass(?)", table).Scan(&opts).Error; err != nil {
+				t.Fatalf("storage parameters of %s: %v", table, err)
+			}
+			out = append(out, fmt.Sprintf("%s storage parameters %q", table, opts))
+		}
 	}
 	sort.Strings(out)
 	return out
@@ -92,7 +99,7 @@ func TestMigrationsMatchAutoMigrate(t *testing.T) {
 	for _, o := range testenv.Databases(t) {
 		t.Run(o.Name, func(t *testing.T) {
 			auto := o.Open(t, nil)
-			if err := auto.AutoMigrate(&outbox.Message{}, &outbox.BucketLease{}, &outbox.RelayHeartbeat{}); err != nil {
+			if err := outbox.AutoMigrate(auto, outbox.Config{}); err != nil {
 				t.Fatalf("AutoMigrate: %v", err)
 			}
 			rec := &testenv.SQLRecorder{}
@@ -135,8 +142,13 @@ func TestVersionedMigrationsMatchAutoMigrate(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if len(steps) != 2 || steps[0].Version != 1 || steps[1].Version != 2 || steps[1].Name != "parking" {
-				t.Fatalf("Steps(%s) = %d steps; want 000001_init and 000002_parking", o.Name, len(steps))
+			nSteps := 2 // 000003_lease_fillfactor is PostgreSQL's only
+			if o.Name == "postgres" {
+				nSteps = 3
+			}
+			if len(steps) != nSteps || steps[0].Version != 1 || steps[1].Version != 2 || steps[1].Name != "parking" ||
+				(nSteps == 3 && (steps[2].Version != 3 || steps[2].Name != "lease_fillfactor")) {
+				t.Fatalf("Steps(%s) = %d steps; want 000001_init, 000002_parking and, on PostgreSQL only, 000003_lease_fillfactor", o.Name, len(steps))
 			}
 			fsys, err := migrations.Versioned(o.Name)
 			if err != nil {
@@ -159,10 +171,18 @@ func TestVersionedMigrationsMatchAutoMigrate(t *testing.T) {
 			applyStatements(t, stepped, "000001_init.up.sql", steps[0].Up)
 			v1 := describeSchema(t, stepped)
 			applyStatements(t, stepped, "000002_parking.up.sql", steps[1].Up)
-			sameSchema(t, "migrations/"+o.Name+"/000001+000002", describeSchema(t, stepped), want)
-			autoMigrateChangesNothing(t, stepped, rec, "000001+000002")
+			v2 := describeSchema(t, stepped)
+			for _, st := range steps[2:] {
+				applyStatements(t, stepped, fmt.Sprintf("%06d_%s.up.sql", st.Version, st.Name), st.Up)
+			}
+			sameSchema(t, "migrations/"+o.Name+"/every step", describeSchema(t, stepped), want)
+			autoMigrateChangesNothing(t, stepped, rec, "every step")
 
-			// Down: back to version 1 (no parked row), then up again.
+			// Down: back to version 2, then 1 (no parked row), then up again.
+			for i := len(steps) - 1; i >= 2; i-- {
+				applyStatements(t, stepped, fmt.Sprintf("%06d_%s.down.sql", steps[i].Version, steps[i].Name), steps[i].Down)
+			}
+			sameSchema(t, "migrations/"+o.Name+" after the down steps to version 2", describeSchema(t, stepped), v2)
 			applyStatements(t, stepped, "000002_parking.down.sql", steps[1].Down)
 			if got := describeSchema(t, stepped); strings.Join(got, "\n") != strings.Join(v1, "\n") {
 				t.Fatalf("000002 down did not return to version 1:\n--- after down\n%s\n--- version 1\n%s", strings.Join(got, "\n"), strings.Join(v1, "\n"))

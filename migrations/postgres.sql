@@ -1,6 +1,7 @@
 -- gorm-outbox schema for PostgreSQL, default table names.
--- Identical to what outbox.AutoMigrate (or db.AutoMigrate(&outbox.Message{},
--- &outbox.BucketLease{}, &outbox.RelayHeartbeat{})) creates; TestMigrationsMatchAutoMigrate
+-- Identical to what outbox.AutoMigrate creates (db.AutoMigrate(&outbox.Message{},
+-- &outbox.BucketLease{}, &outbox.RelayHeartbeat{}) creates the same tables
+-- without the leases table's fillfactor); TestMigrationsMatchAutoMigrate
 -- keeps the two in step. For custom names, replace outbox_messages,
 -- outbox_leases and outbox_relays (and the index name) consistently.
 
@@ -29,7 +30,7 @@ CREATE TABLE outbox_leases (
     owner         varchar(128),
     expires_at_ms bigint       NOT NULL,
     PRIMARY KEY (bucket)
-);
+) WITH (fillfactor = 40); -- room on each page: a renewal updates every owned lease in place (see 000003)
 
 -- Relay heartbeats (Unix ms, UTC); stopped relays are stamped, not deleted.
 CREATE TABLE outbox_relays (
