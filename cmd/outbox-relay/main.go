@@ -193,12 +193,31 @@ func build(cfg *config, stderr io.Writer) (*worker, error) {
 // dialectors query the server version while opening, so an unreachable
 // server fails here rather than at the ping; either way it is a runtime
 // failure, the DSN having been parsed by checkDSN.
+//
+// The pool keeps idleConns idle connections rather than database/sql's 2,
+// so that the relay's concurrent statements do not close and reopen a
+// database session each (see docs/relays.md, Connections). The worker has
+// no pool-size setting for an operator to have chosen otherwise.
 func (w *worker) open(ctx context.Context) error {
 	db, err := openDB(ctx, &w.cfg.dbConfig, w.log)
 	if db != nil {
 		w.db = db // closed by close, also after a failed open
+		if sqlDB, e := db.DB(); e == nil {
+			sqlDB.SetMaxIdleConns(w.idleConns())
+		}
 	}
 	return err
+}
+
+// idleConns is the relay's statements in flight at most: a fetch and a
+// delete for each bucket it serves at once, its lease renewal and its
+// backlog sample.
+func (w *worker) idleConns() int {
+	n := w.cfg.relay.MaxConcurrentBuckets
+	if n == 0 {
+		n = relay.DefaultMaxConcurrentBuckets
+	}
+	return 2*n + 2
 }
 
 // openDB opens the database of c and pings it (see worker.open). The
