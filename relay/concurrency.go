@@ -100,11 +100,9 @@ func (r *Relay) sweep(ctx, cleanup context.Context, st *runState, owned []int) e
 			return false
 		}
 		if now.Before(st.nextDiscovery) || dispatched < firstPass {
-			// A due discovery waits until every bucket servable at the
-			// start had its batch: a discovery
-			// slower than PollInterval (tens of thousands of buckets) is
-			// due again as soon as it ends, and must not end every sweep
-			// before its first dispatch.
+			// A due discovery waits until every bucket servable at the start
+			// had its batch: one slower than PollInterval (tens of thousands
+			// of buckets) must not end every sweep before its first dispatch.
 			return true
 		}
 		for _, b := range owned {

@@ -552,3 +552,56 @@ func TestSlowDiscoveryRestsThreeTimesItsDuration(t *testing.T) {
 		}
 	}
 }
+
+// heldDeletes is a concurrent MemStore whose MarkPublished counts the calls
+// running at once and holds each until more than bound run or a while has
+// passed (a liveness bound only: the test asserts counts, not time).
+type heldDeletes struct {
+	concurrentStore
+	bound         int32
+	running, most atomic.Int32
+	more          chan struct{} // closed once more than bound ran at once
+	closeMore     sync.Once
+}
+
+func (s *heldDeletes) MarkPublished(ctx context.Context, bucket int, rows []*outbox.Message) error {
+	n := s.running.Add(1)
+	defer s.running.Add(-1)
+	for m := s.most.Load(); n > m && !s.most.CompareAndSwap(m, n); m = s.most.Load() {
+	}
+	if n > s.bound {
+		s.closeMore.Do(func() { close(s.more) })
+	}
+	select {
+	case <-s.more:
+	case <-time.After(50 * time.Millisecond):
+	case <-ctx.Done():
+	}
+	return s.MemStore.MarkPublished(ctx, bucket, rows)
+}
+
+// TestDeletesInFlightAreBoundedByMaxConcurrentBuckets: a relay owning many
+// more buckets than MaxConcurrentBuckets runs at most MaxConcurrentBuckets
+// deletes at once, so that its statements in flight (and the connections
+// they hold) stay 2×MaxConcurrentBuckets plus the lease upkeep, however many
+// buckets it owns. Each delete is held while no more than the bound run:
+// without the bound, the workers move on to other buckets and start more.
+func TestDeletesInFlightAreBoundedByMaxConcurrentBuckets(t *testing.T) {
+	var s *heldDeletes
+	h := newHarness(t, relay.Options{BucketCount: 16, BatchSize: 2, MaxConcurrentBuckets: 2}, func(m *relaytest.MemStore) relay.Store {
+		s = &heldDeletes{concurrentStore: concurrentStore{m}, bound: 2, more: make(chan struct{})}
+		return s
+	})
+	for b := range 16 {
+		h.store.AddToBucket(b, msgs(4, "t")...)
+	}
+	h.start()
+	h.waitFor("store empty", func() bool { return h.store.Len() == 0 })
+	if most := s.most.Load(); most > 2 {
+		t.Fatalf("%d deletes ran at once; want at most MaxConcurrentBuckets 2", most)
+	}
+	if most := s.most.Load(); most < 1 {
+		t.Fatal("no delete ran")
+	}
+	checkPublishedOnce(t, h.pub.Calls(), 64)
+}
