@@ -38,3 +38,9 @@ func NextBatchWithoutHolds(ctx context.Context, s *Store, bucket, limit int) ([]
 
 // NextBatchSQL returns NextBatch's statement text with its bind variables.
 func NextBatchSQL(s *Store) string { return s.hot.nextBatch }
+
+// DeleteStatement returns MarkPublished's statement for ids of bucket and
+// its arguments.
+func DeleteStatement(s *Store, bucket int, ids []int64) (string, []any) {
+	return s.deleteStatement(bucket, ids)
+}

@@ -105,14 +105,15 @@ func TestNextBatchWithParkedKeysStaysOnTheIndex(t *testing.T) {
 	}
 }
 
-// explainPlan returns the database's plan of stmt, one line per node.
-func explainPlan(t *testing.T, db *gorm.DB, dialect, stmt string) string {
+// explainPlan returns the database's plan of stmt (with args for its bind
+// variables), one line per node.
+func explainPlan(t *testing.T, db *gorm.DB, dialect, stmt string, args ...any) string {
 	t.Helper()
 	if i := strings.Index(stmt, " FOR SELECT "); strings.HasPrefix(stmt, "SET STATEMENT") && i > 0 {
 		stmt = stmt[i+len(" FOR "):] // MariaDB's statement timeout prefix
 	}
 	prefix := map[string]string{testenv.Postgres: "EXPLAIN ", testenv.MySQL: "EXPLAIN ", testenv.SQLite: "EXPLAIN QUERY PLAN "}[dialect]
-	rows, err := db.Raw(prefix + stmt).Rows()
+	rows, err := db.Raw(prefix+stmt, args...).Rows()
 	if err != nil {
 		t.Fatal(err)
 	}

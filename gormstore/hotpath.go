@@ -120,8 +120,31 @@ func buildHotSQL(db *gorm.DB, msgs string) hotSQL {
 			" ORDER BY bucket, parked_at_ms, id LIMIT " + h.binds[4]
 	}
 	del := "DELETE FROM " + table + " WHERE bucket = " + h.binds[0] + " AND parked_at_ms IS NULL AND id "
-	if db.Dialector.Name() == "postgres" {
+	switch db.Dialector.Name() {
+	case "postgres":
 		h.deleteIDs = del + "= ANY(" + h.binds[1] + "::bigint[])"
+	case "mysql":
+		// MySQL and MariaDB: the multi-table form, whose FORCE INDEX the
+		// single-table DELETE does not take (MariaDB 10.11), makes the
+		// delete a lookup of each id in the primary key, with the bucket
+		// and parking guard a filter on the rows found. Left to itself,
+		// MariaDB deletes by the (bucket, parked_at_ms, id) index, or, once
+		// the table holds few more rows than the ids listed (a relay that
+		// keeps up), by a full scan of the primary key. At the server's
+		// default REPEATABLE READ either locks gaps where writers insert
+		// the bucket's new rows, and the scan also takes a next-key lock on
+		// every row, waiting on each writer's uncommitted one: a writer
+		// waiting to insert behind one bucket's delete while that or
+		// another bucket's scan waits on the writer's earlier row is a
+		// deadlock, which ended writers' commits (Error 1213;
+		// TestMarkPublishedDoesNotDeadlockConcurrentWriters). A primary-key
+		// lookup locks only the listed rows, committed rows NextBatch read:
+		// it never waits on a writer (an id already gone leaves a gap lock,
+		// which waits on nothing), so no writer's wait behind it closes a
+		// cycle.
+		h.deletePrefix = "DELETE m FROM " + table + " m FORCE INDEX (PRIMARY) WHERE m.bucket = " + h.binds[0] +
+			" AND m.parked_at_ms IS NULL AND m.id IN ("
+		return h
 	}
 	h.deletePrefix = del + "IN ("
 	return h

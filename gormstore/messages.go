@@ -284,14 +284,22 @@ const batchColumns = "id, message_id, bucket, topic, record_key, record_value, h
 //
 //	DELETE FROM messages WHERE bucket = $1 AND parked_at_ms IS NULL AND id = ANY($2::bigint[])
 //
-// elsewhere one per 1000 ids,
+// on SQLite one per 1000 ids,
 //
 //	DELETE FROM messages WHERE bucket = ? AND parked_at_ms IS NULL AND id IN (?, …)
 //
-// Each id is one probe of the primary key (or of the (bucket, parked_at_ms,
-// id) index with all three columns bound), so the cost does not grow with
-// the rows, live or dead, of the bucket
-// (TestHotPathStaysOnTheIndexAfterABurstOnPostgres). A parked row is never
+// and on MySQL and MariaDB one per 1000 ids that must look each id up in
+// the primary key (see buildHotSQL: any other plan locks gaps or rows
+// writers insert into, and deadlocked their commits),
+//
+//	DELETE m FROM messages m FORCE INDEX (PRIMARY)
+//	WHERE m.bucket = ? AND m.parked_at_ms IS NULL AND m.id IN (?, …)
+//
+// Each id is one probe of the primary key (or, on PostgreSQL and SQLite, of
+// the (bucket, parked_at_ms, id) index with all three columns bound), so
+// the cost does not grow with the rows, live or dead, of the bucket
+// (TestHotPathStaysOnTheIndexAfterABurstOnPostgres,
+// TestMarkPublishedDeletesByPrimaryKeyOnMySQL). A parked row is never
 // deleted: a row parked after it was read is published again once
 // requeued, never lost.
 func (s *Store) MarkPublished(ctx context.Context, bucket int, published []*outbox.Message) error {
