@@ -21,8 +21,9 @@ var errRollback = errors.New("rollback")
 // batches of 500 through the store (autovacuum off on the table, no VACUUM,
 // statistics from before the burst), leaving dead tuples at the bucket's
 // head. NextBatch's statement and MarkPublished's DELETE must then still be
-// index scans of the (bucket, parked_at_ms, id) index or the primary key —
-// never a bitmap scan of the whole bucket nor a sequential scan — for the
+// index scans of the (bucket, parked_at_ms, id) index or the primary key (a
+// bitmap of the listed ids in the primary key included) — never a bitmap
+// scan of the whole bucket nor a sequential scan — for the
 // custom plan and for the generic plan a driver's cached prepared statement
 // may get. The figures (buffers, time) are logged.
 func TestHotPathStaysOnTheIndexAfterABurstOnPostgres(t *testing.T) {
@@ -77,8 +78,9 @@ func TestHotPathStaysOnTheIndexAfterABurstOnPostgres(t *testing.T) {
 		t.Helper()
 		if !strings.Contains(plan, "Index Scan using idx_outbox_messages_bucket_parked_id") &&
 			!strings.Contains(plan, "Index Only Scan using idx_outbox_messages_bucket_parked_id") &&
-			!strings.Contains(plan, "Index Scan using outbox_messages_pkey") ||
-			strings.Contains(plan, "Bitmap") || strings.Contains(plan, "Seq Scan") || strings.Contains(plan, "Sort") {
+			!strings.Contains(plan, "Index Scan using outbox_messages_pkey") &&
+			!strings.Contains(plan, "Bitmap Index Scan on outbox_messages_pkey") ||
+			strings.Contains(plan, "Bitmap Index Scan on idx_outbox_messages_bucket_parked_id") || strings.Contains(plan, "Seq Scan") || strings.Contains(plan, "Sort") {
 			t.Fatalf("%s is not an index scan of (bucket, parked_at_ms, id) or the primary key:\n%s\n%s", what, stmt, plan)
 		}
 		t.Logf("%s plan after the burst:\n%s", what, plan)
@@ -110,7 +112,8 @@ func TestHotPathStaysOnTheIndexAfterABurstOnPostgres(t *testing.T) {
 	// A driver caching the statement may get PostgreSQL's generic plan.
 	var generic []string
 	err = db.Connection(func(c *gorm.DB) error {
-		if err := c.Exec("PREPARE i17_delete(int, text) AS DELETE FROM outbox_messages WHERE bucket = $1 AND parked_at_ms IS NULL AND id = ANY($2::bigint[])").Error; err != nil {
+		stmt, _ := gormstore.DeleteStatement(store, 0, nil) // $1 the bucket, $2 the ids
+		if err := c.Exec("PREPARE i17_delete(int, text) AS " + stmt).Error; err != nil {
 			return err
 		}
 		defer c.Exec("DEALLOCATE i17_delete")

@@ -280,9 +280,11 @@ const batchColumns = "id, message_id, bucket, topic, record_key, record_value, h
 
 // MarkPublished implements relay.Store: it deletes exactly the given rows of
 // bucket, by primary key, unless parked, each statement in autocommit (no
-// transaction around it): on PostgreSQL one statement per 10,000 ids,
+// transaction around it): on PostgreSQL one statement per 10,000 ids that
+// looks each id up in the primary key (the guard's "+ 0" keeps the planner
+// off the bucket's index, see buildHotSQL),
 //
-//	DELETE FROM messages WHERE bucket = $1 AND parked_at_ms IS NULL AND id = ANY($2::bigint[])
+//	DELETE FROM messages WHERE id = ANY($2::bigint[]) AND bucket + 0 = $1 AND parked_at_ms + 0 IS NULL
 //
 // on SQLite one per 1000 ids,
 //
@@ -295,10 +297,11 @@ const batchColumns = "id, message_id, bucket, topic, record_key, record_value, h
 //	DELETE m FROM messages m FORCE INDEX (PRIMARY)
 //	WHERE m.bucket = ? AND m.parked_at_ms IS NULL AND m.id IN (?, …)
 //
-// Each id is one probe of the primary key (or, on PostgreSQL and SQLite, of
-// the (bucket, parked_at_ms, id) index with all three columns bound), so
-// the cost does not grow with the rows, live or dead, of the bucket
+// Each id is one probe of the primary key (or, on SQLite, of the (bucket,
+// parked_at_ms, id) index with all three columns bound), so the cost does
+// not grow with the rows, live or dead, of the bucket
 // (TestHotPathStaysOnTheIndexAfterABurstOnPostgres,
+// TestMarkPublishedDeletesByPrimaryKeyOnPostgreSQLWithStaleStatistics,
 // TestMarkPublishedDeletesByPrimaryKeyOnMySQL). A parked row is never
 // deleted: a row parked after it was read is published again once
 // requeued, never lost.
