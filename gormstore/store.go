@@ -353,8 +353,23 @@ func (s *Store) acquireBucketLeases(ctx context.Context, relayID string, bucketC
 	var active []string
 	var snap []outbox.BucketLease
 	err = s.read(ctx, s.leases, func(q *gorm.DB) error {
-		if err := q.Table(s.msgs).Where("bucket < ? OR bucket >= ?", 0, n).Limit(1).Pluck("bucket", &bad).Error; err != nil {
+		// The smallest and the largest bucket, each one probe of the
+		// index's ends on every database (SQLite optimizes one MIN or MAX
+		// per query, hence the subqueries). "bucket < 0 OR bucket >= n
+		// LIMIT 1" was a sequential scan of the whole table whenever the
+		// planner's statistics predated the backlog (a scan expected to
+		// stop at its first row finds none): 0.7–1.7 s per round at
+		// 200,000 rows, and it pushed the relays' rows out of the cache.
+		var ends struct{ Lo, Hi sql.NullInt64 }
+		if err := q.Raw("SELECT (SELECT MIN(bucket) FROM ?) AS lo, (SELECT MAX(bucket) FROM ?) AS hi",
+			clause.Table{Name: s.msgs}, clause.Table{Name: s.msgs}).Scan(&ends).Error; err != nil {
 			return fmt.Errorf("gormstore: probe for out-of-range buckets: %w", err)
+		}
+		switch {
+		case ends.Lo.Valid && ends.Lo.Int64 < 0:
+			bad = append(bad, ends.Lo.Int64)
+		case ends.Hi.Valid && ends.Hi.Int64 >= int64(n):
+			bad = append(bad, ends.Hi.Int64)
 		}
 		if len(bad) > 0 {
 			return fmt.Errorf("gormstore: %s holds a row in bucket %d, outside [0, %d): writers and relays disagree on BucketCount %d: %w",
