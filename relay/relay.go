@@ -52,7 +52,7 @@ type Relay struct {
 	clockWarned  bool          // the clock offset warning was logged and the offset has not come back within the threshold since; Run's goroutine only
 	publishSince atomic.Int64  // UnixNano, on the relay's clock, of the start of the oldest Publish call in flight; 0: none (see inflight, stalledSince)
 	inflight     inflightPublishes
-	deletes      chan struct{} // a token per running MarkPublished (startDelete): at most workers, so that statements in flight stay 2×workers + the lease upkeep
+	deletes      chan struct{} // a token per running MarkPublished (startDelete): at most workers for a ConcurrentBuckets store, so that statements in flight stay 2×workers + the lease upkeep
 
 	phase atomic.Int32  // the loop's phase (phaseWorking, …), read by renewLoop
 	kick  chan struct{} // wakes renewLoop: the leases or the loop's phase changed
@@ -109,11 +109,11 @@ func New(store Store, pub Publisher, opts Options) (*Relay, error) {
 		resample:    make(chan struct{}, 1),
 	}
 	r.owners, _ = pub.(BucketOwnershipObserver)
-	r.workers = 1
+	// SQLite's writes serialise: a delete per bucket queues (bounded: −25 % drain).
+	r.workers, r.deletes = 1, make(chan struct{}, o.BucketCount)
 	if store.ConcurrentBuckets() {
-		r.workers = o.MaxConcurrentBuckets
+		r.workers, r.deletes = o.MaxConcurrentBuckets, make(chan struct{}, o.MaxConcurrentBuckets)
 	}
-	r.deletes = make(chan struct{}, r.workers)
 	for _, reason := range []string{ParkReasonUnpublishable, ParkReasonFailure, ParkReasonCorrupt, ParkReasonHeld} {
 		m.countParked(reason, 0) // every series exists from the start
 	}
@@ -622,7 +622,7 @@ type pendingDelete struct {
 
 // startDelete deletes b's acknowledged rows on a goroutine of its own, and
 // calls logBatch with its duration when DEBUG is on. One runs per bucket at
-// most (settleDelete), workers in all; the sweep awaits them (awaitDeletes).
+// most (settleDelete), cap(deletes) in all; the sweep awaits them (awaitDeletes).
 func (r *Relay) startDelete(ctx, cleanup context.Context, st *runState, b int, rows []*outbox.Message, logBatch func(time.Duration)) {
 	d := &pendingDelete{rows: rows, done: make(chan struct{})}
 	st.b[b].deleting = d
