@@ -105,6 +105,43 @@ type Store interface {
 	ConcurrentBuckets() bool
 }
 
+// MultiBucketStore is a Store that reads, and deletes, the rows of several
+// buckets in one call (one statement where it can). A relay whose store
+// implements it serves a group of shallow buckets with one fetch, one
+// publish (see GroupPublisher) and one delete, so that a backlog spread
+// over many buckets costs a few statements per group rather than per
+// bucket; gormstore.Store and relaytest.MemStore implement it, and package
+// storetest checks it against NextBatch and MarkPublished.
+type MultiBucketStore interface {
+	Store
+
+	// NextBatches answers each request as NextBatch(ctx, req.Bucket,
+	// req.Limit, req.MaxBytes) would, in one call: results[i] answers
+	// reqs[i], with the rows NextBatch would return and, for a bucket whose
+	// head row cannot be decoded, its *CorruptRowError (the rows before a
+	// corrupt row are returned without one). The requests name distinct
+	// buckets. An error of the call itself is returned alone.
+	NextBatches(ctx context.Context, reqs []BatchRequest) ([]BatchResult, error)
+
+	// MarkPublishedBuckets deletes published messages of any buckets, each
+	// as MarkPublished deletes it from its bucket (Message.Bucket): by ID,
+	// MessageID or a field of the store's, never a parked row.
+	MarkPublishedBuckets(ctx context.Context, published []*outbox.Message) error
+}
+
+// BatchRequest is one bucket's part of MultiBucketStore.NextBatches.
+type BatchRequest struct {
+	Bucket   int
+	Limit    int
+	MaxBytes int64 // 0: no byte bound
+}
+
+// BatchResult answers one BatchRequest.
+type BatchResult struct {
+	Rows []*outbox.Message
+	Err  error // nil or a *CorruptRowError
+}
+
 // Pending is a backlog snapshot of the whole store.
 type Pending struct {
 	// Count is the number of pending messages in every bucket, parked rows
@@ -135,6 +172,21 @@ type Result struct {
 	// Err is the error of the first unacknowledged message; nil if and only
 	// if the whole batch was acknowledged.
 	Err error
+}
+
+// GroupPublisher is a Publisher that sends the batches of several buckets
+// in one call. The relay uses it, when its publisher implements it, to
+// publish a group of shallow buckets at once (kafkapub.Publisher does).
+type GroupPublisher interface {
+	Publisher
+
+	// PublishGroup sends batches (each the messages of one bucket, in
+	// submission order, as for Publish) and returns once every message is
+	// acknowledged, failed, or ctx is done: results[i] is batches[i]'s
+	// outcome, as Publish would report it. A failure of one batch may leave
+	// another's later messages unsent (not acknowledged): that batch's
+	// error then says so.
+	PublishGroup(ctx context.Context, batches [][]*outbox.Message) []Result
 }
 
 // ErrMisconfigured is wrapped by errors that no retry can fix: writers and
