@@ -51,14 +51,16 @@ func (p *inflightPublishes) set(r *Relay, token uint64, start time.Time) {
 	r.publishSince.Store(oldest)
 }
 
-// bucketDone is the outcome of one bucket's batch in a concurrent sweep.
-type bucketDone struct {
-	bucket int
-	err    error
+// groupDone is the outcome of a worker's batches in a sweep: errs[i] is
+// buckets[i]'s.
+type groupDone struct {
+	buckets []int
+	errs    []error
 }
 
 // sweep publishes batches of the ready buckets, round robin, up to
-// r.workers buckets at once, each on a worker goroutine running drainOnce:
+// r.workers buckets (or groups of shallow buckets: see serveGroup) at
+// once, each on a worker goroutine running drainOnce (serveGroup):
 // a free slot goes to the next ready bucket at once, and hints arriving
 // meanwhile make their buckets ready, so a committed row waits for about
 // one batch of its bucket. It stops dispatching when nothing is left to
@@ -70,7 +72,7 @@ type bucketDone struct {
 // invalid lease set, and returns, only once every worker and delete has.
 func (r *Relay) sweep(ctx, cleanup context.Context, st *runState, owned []int) error {
 	defer r.awaitDeletes(ctx, st) // after every worker returned
-	done := make(chan bucketDone)
+	done := make(chan groupDone)
 	running := 0
 	var fatal error
 	busy := make(map[int]bool, r.workers)   // buckets being served
@@ -114,15 +116,21 @@ func (r *Relay) sweep(ctx, cleanup context.Context, st *runState, owned []int) e
 	}
 	for {
 		for running < r.workers && dispatching() {
-			b, ok := r.nextServable(st, &queue, queued, busy)
-			if !ok {
+			group := r.nextGroup(st, &queue, queued, busy, r.groupSize(len(queue)))
+			if len(group) == 0 {
 				break
 			}
 			running++
-			dispatched++
-			busy[b] = true
+			dispatched += len(group)
+			for _, b := range group {
+				busy[b] = true
+			}
 			go func() {
-				done <- bucketDone{b, r.drainOnce(ctx, cleanup, st, b)}
+				if len(group) == 1 {
+					done <- groupDone{group, []error{r.drainOnce(ctx, cleanup, st, group[0])}}
+				} else {
+					done <- groupDone{group, r.serveGroup(ctx, cleanup, st, group)}
+				}
 			}()
 		}
 		if running == 0 {
@@ -133,22 +141,24 @@ func (r *Relay) sweep(ctx, cleanup context.Context, st *runState, owned []int) e
 		case d := <-done:
 			running--
 			st.serving = running
-			delete(busy, d.bucket)
-			var be errBucket
-			switch {
-			case errors.As(d.err, &be):
-				if ctx.Err() == nil {
-					r.bucketFailed(st, d.bucket, be.err)
+			for i, b := range d.buckets {
+				delete(busy, b)
+				var be errBucket
+				switch err := d.errs[i]; {
+				case errors.As(err, &be):
+					if ctx.Err() == nil {
+						r.bucketFailed(st, b, be.err)
+					}
+				case err != nil && fatal == nil:
+					fatal = err
 				}
-			case d.err != nil && fatal == nil:
-				fatal = d.err
-			}
-			if hinted[d.bucket] {
-				delete(hinted, d.bucket)
-				st.b[d.bucket].ready = true
-			}
-			if st.b[d.bucket].ready {
-				enqueue(d.bucket)
+				if hinted[b] {
+					delete(hinted, b)
+					st.b[b].ready = true
+				}
+				if st.b[b].ready {
+					enqueue(b)
+				}
 			}
 			r.noteStuck(st)
 		case <-r.notifier.wake:
@@ -179,32 +189,34 @@ func (r *Relay) sweep(ctx, cleanup context.Context, st *runState, owned []int) e
 	return nil
 }
 
-// nextServable removes from the queue, and returns, its first bucket that
-// is sweepable and not busy; buckets no longer ready leave the queue, and
-// those waiting out a backoff keep their place.
-func (r *Relay) nextServable(st *runState, queue *[]int, queued, busy map[int]bool) (int, bool) {
+// nextGroup removes from the queue, and returns, its first bucket that is
+// sweepable and not busy, and, when that bucket is groupable, the next
+// such groupable ones, up to size in all; buckets no longer ready leave the
+// queue, and those skipped keep their place.
+func (r *Relay) nextGroup(st *runState, queue *[]int, queued, busy map[int]bool, size int) []int {
 	q := *queue
-	for i, b := range q {
-		if busy[b] || !st.b[b].ready || !r.sweepable(st, b) {
-			continue // dropped below unless it waits
-		}
-		if i == 0 { // the usual case: no copy of the queue per dispatch
+	var group []int
+	kept := q[:0] // written behind the reading index
+	i := 0
+	for ; i < len(q) && len(group) < size; i++ {
+		b := q[i]
+		switch {
+		case !busy[b] && st.b[b].ready && r.sweepable(st, b) && (len(group) == 0 || groupable(st, b)):
 			delete(queued, b)
-			*queue = q[1:]
-			return b, true
-		}
-		// Keep the skipped ones that still wait, in order.
-		kept := q[:0]
-		for _, c := range q[:i] {
-			if busy[c] || st.b[c].ready {
-				kept = append(kept, c)
-			} else {
-				delete(queued, c)
+			group = append(group, b)
+			if !groupable(st, b) {
+				size = 1
 			}
+		case busy[b] || st.b[b].ready:
+			kept = append(kept, b)
+		default:
+			delete(queued, b)
 		}
-		delete(queued, b)
-		*queue = append(kept, q[i+1:]...)
-		return b, true
 	}
-	return 0, false
+	if len(kept) == 0 {
+		*queue = q[i:] // the usual case: no copy of the queue per dispatch
+	} else {
+		*queue = append(kept, q[i:]...)
+	}
+	return group
 }

@@ -68,6 +68,35 @@ func (f *faultyBuckets) NextBatch(ctx context.Context, b, limit int, maxBytes in
 	return f.MemStore.NextBatch(ctx, b, limit, maxBytes)
 }
 
+// NextBatches and MarkPublishedBuckets inject the faults of NextBatch and
+// MarkPublished: one bucket's fault fails its group's call. A failed group
+// fetch is not counted among the bucket's failures (failed): the relay
+// then fetches each bucket of the group alone, at once, and logs only
+// these.
+func (f *faultyBuckets) NextBatches(ctx context.Context, reqs []relay.BatchRequest) ([]relay.BatchResult, error) {
+	out := make([]relay.BatchResult, len(reqs))
+	for i, req := range reqs {
+		rows, err := f.NextBatch(ctx, req.Bucket, req.Limit, req.MaxBytes)
+		if err != nil {
+			f.mu.Lock()
+			f.failures[req.Bucket]--
+			f.mu.Unlock()
+			return nil, err
+		}
+		out[i].Rows = rows
+	}
+	return out, nil
+}
+
+func (f *faultyBuckets) MarkPublishedBuckets(ctx context.Context, ms []*outbox.Message) error {
+	for _, m := range ms {
+		if err := f.MarkPublished(ctx, int(m.Bucket), []*outbox.Message{m}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 func (f *faultyBuckets) MarkPublished(ctx context.Context, b int, ms []*outbox.Message) error {
 	f.mu.Lock()
 	fail := f.mark[b] > 0

@@ -95,6 +95,13 @@ func (c *opCounter) setBlock(op string, f func(ctx context.Context) error) {
 // replaces the store the relay sees.
 func newHarness(t *testing.T, opts relay.Options, wrap func(*relaytest.MemStore) relay.Store) *harness {
 	t.Helper()
+	return newHarnessPub(t, opts, wrap, nil)
+}
+
+// newHarnessPub is newHarness whose relay publishes with wrapPub(h.pub)
+// (nil: h.pub).
+func newHarnessPub(t *testing.T, opts relay.Options, wrap func(*relaytest.MemStore) relay.Store, wrapPub func(*relaytest.Publisher) relay.Publisher) *harness {
+	t.Helper()
 	h := &harness{t: t, clock: relaytest.NewManualClock(t0), pub: relaytest.NewPublisher(), idle: make(chan struct{}, 1), ops: newOpCounter()}
 	n := opts.BucketCount
 	if n == 0 {
@@ -113,7 +120,11 @@ func newHarness(t *testing.T, opts relay.Options, wrap func(*relaytest.MemStore)
 	if wrap != nil {
 		s = wrap(h.store)
 	}
-	r, err := relay.New(s, h.pub, opts)
+	var pub relay.Publisher = h.pub
+	if wrapPub != nil {
+		pub = wrapPub(h.pub)
+	}
+	r, err := relay.New(s, pub, opts)
 	if err != nil {
 		t.Fatalf("relay.New: %v", err)
 	}

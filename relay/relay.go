@@ -59,6 +59,9 @@ type Relay struct {
 
 	// owners is pub as a BucketOwnershipObserver; nil when it is none.
 	owners BucketOwnershipObserver
+	// group is pub as a GroupPublisher; nil when it is none: the relay
+	// then serves one bucket per publish.
+	group GroupPublisher
 
 	onIdle func() // test hook: called when Run starts an idle wait
 }
@@ -109,6 +112,7 @@ func New(store Store, pub Publisher, opts Options) (*Relay, error) {
 		resample:    make(chan struct{}, 1),
 	}
 	r.owners, _ = pub.(BucketOwnershipObserver)
+	r.group, _ = pub.(GroupPublisher)
 	// SQLite's writes serialise: a delete per bucket queues (bounded: −25 % drain).
 	r.workers, r.deletes = 1, make(chan struct{}, o.BucketCount)
 	if store.ConcurrentBuckets() {
@@ -156,6 +160,7 @@ type runState struct {
 // bucketState is what a Run knows of one bucket.
 type bucketState struct {
 	ready    bool              // it may hold pending rows: serve it
+	deep     bool              // its latest batch was cut by BatchSize or MaxBatchBytes: it is served alone, not in a group
 	unmarked []*outbox.Message // acknowledged rows whose MarkPublished failed: deleted before the next fetch
 	strikes  *strike           // its head row's strikes (see strike)
 	retry    *headRetry        // its head row's backoff; nil: none (written under runState.mu)
@@ -501,7 +506,7 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int) err
 	}
 	res, took := r.publish(cleanup, f.rows)
 	failpoint("relay/after-ack")
-	return r.settle(ctx, cleanup, st, b, f, res, took)
+	return r.settle(ctx, cleanup, st, b, f, res, took, nil)
 }
 
 // fetched is a bucket's batch, ready to publish.
@@ -513,28 +518,46 @@ type fetched struct {
 
 // fetch deletes again the rows of b whose delete failed, then reads b's
 // next batch, bounded in rows and bytes; nil when there is nothing to
-// publish. The rows of b's previous batch may still be being deleted: the
-// fetch takes as many more, and leaves them out.
+// publish.
 func (r *Relay) fetch(ctx, cleanup context.Context, st *runState, b int) (*fetched, error) {
-	retried, limit := st.b[b].retry != nil, r.opts.BatchSize
-	if retried {
-		limit = 1 // the head row is retried alone
+	req, excl, err := r.fetchRequest(ctx, cleanup, st, b, r.opts.BatchSize, r.opts.MaxBatchBytes)
+	if req == nil || err != nil {
+		return nil, err
+	}
+	start := r.clock.Now()
+	batch, err := r.store.NextBatch(ctx, b, req.Limit, req.MaxBytes)
+	return r.fetched(ctx, st, *req, excl, batch, err, r.clock.Now().Sub(start))
+}
+
+// fetchRequest readies bucket b's fetch of up to limit rows and maxBytes:
+// it deletes again the rows whose delete failed, and returns the request
+// (nil: b is no longer owned) and the rows of b's previous batch whose
+// delete still runs: the fetch takes as many more, and leaves them out. A
+// bucket retrying its head row fetches it alone.
+func (r *Relay) fetchRequest(ctx, cleanup context.Context, st *runState, b, limit int, maxBytes int64) (*BatchRequest, []*outbox.Message, error) {
+	if st.b[b].retry != nil {
+		limit = 1
 	}
 	excl := r.deletingRows(ctx, st, b)
 	if done := st.b[b].unmarked; done != nil {
 		if !r.ownsBucket(st, b) {
 			st.b[b].unmarked = nil
-			return nil, nil
+			return nil, nil, nil
 		}
 		if err := r.store.MarkPublished(cleanup, b, done); err != nil {
-			return nil, errBucket{fmt.Errorf("relay: bucket %d: mark published (again): %w", b, err)}
+			return nil, nil, errBucket{fmt.Errorf("relay: bucket %d: mark published (again): %w", b, err)}
 		}
 		st.b[b].unmarked = nil
 	}
-	start := r.clock.Now()
-	batch, err := r.store.NextBatch(ctx, b, limit+len(excl), r.opts.MaxBatchBytes+batchSize(excl))
-	took := r.clock.Now().Sub(start)
-	full := len(batch) >= limit+len(excl) // the bucket may hold more rows
+	return &BatchRequest{Bucket: b, Limit: limit + len(excl), MaxBytes: maxBytes + batchSize(excl)}, excl, nil
+}
+
+// fetched makes the answer to req, read in took, bucket b's batch: without
+// the rows being deleted (excl), bounded by the request's limit and bytes;
+// nil when there is nothing to publish. It parks a corrupt head row.
+func (r *Relay) fetched(ctx context.Context, st *runState, req BatchRequest, excl, batch []*outbox.Message, err error, took time.Duration) (*fetched, error) {
+	b, limit := req.Bucket, req.Limit-len(excl)
+	full := len(batch) >= req.Limit // the bucket may hold more rows
 	batch = without(batch, excl)
 	if ce := (*CorruptRowError)(nil); errors.As(err, &ce) {
 		return nil, r.parkCorrupt(ctx, st, b, ce)
@@ -549,18 +572,21 @@ func (r *Relay) fetch(ctx, cleanup context.Context, st *runState, b int) (*fetch
 	if len(batch) > limit {
 		batch, full = batch[:limit], true
 	}
-	batch, over := trimToBytes(batch, r.opts.MaxBatchBytes)
+	batch, over := trimToBytes(batch, req.MaxBytes-batchSize(excl))
 	failpoint("relay/after-fetch")
+	retried := st.b[b].retry != nil
+	st.b[b].deep = full || over
 	return &fetched{rows: batch, drained: !retried && !full && !over, took: took}, nil
 }
 
 // settle acts on the outcome of publishing f: it records it, starts the
-// delete of the acknowledged prefix, and on a failure backs the bucket off,
-// strikes its head row (see strike) or drops it (ErrFenced).
-func (r *Relay) settle(ctx, cleanup context.Context, st *runState, b int, f *fetched, res Result, took time.Duration) error {
+// delete of the acknowledged prefix (or, with a group's del, adds the
+// prefix to the group's delete), and on a failure backs the bucket off,
+// strikes its head row (see strike; not in a group) or drops it
+// (ErrFenced).
+func (r *Relay) settle(ctx, cleanup context.Context, st *runState, b int, f *fetched, res Result, took time.Duration, del *groupDelete) error {
 	pub := f.rows
 	ack := min(max(res.Acknowledged, 0), len(pub))
-	r.m.publishDur.Record(context.Background(), took.Seconds(), r.m.attrs)
 	if ack > 0 {
 		r.m.acked.Add(context.Background(), int64(ack), r.m.attrs)
 	}
@@ -584,10 +610,14 @@ func (r *Relay) settle(ctx, cleanup context.Context, st *runState, b int, f *fet
 			st.b[b].unmarked = append(st.b[b].unmarked, pub[:ack]...)
 			return cmp.Or(fatal, error(errBucket{err}))
 		}
-		r.startDelete(ctx, cleanup, st, b, pub[:ack], func(deleteTook time.Duration) {
-			r.log.DebugContext(ctx, "batch published", "bucket", b, "rows", len(pub), "acknowledged", ack,
-				"fetch_ms", f.took.Milliseconds(), "publish_ms", took.Milliseconds(), "delete_ms", deleteTook.Milliseconds())
-		})
+		if del != nil {
+			del.add(b, pub[:ack])
+		} else {
+			r.startDelete(ctx, cleanup, st, []int{b}, [][]*outbox.Message{pub[:ack]}, func(deleteTook time.Duration) {
+				r.log.DebugContext(ctx, "batch published", "bucket", b, "rows", len(pub), "acknowledged", ack,
+					"fetch_ms", f.took.Milliseconds(), "publish_ms", took.Milliseconds(), "delete_ms", deleteTook.Milliseconds())
+			})
+		}
 	}
 	switch {
 	case fatal != nil:
@@ -598,8 +628,10 @@ func (r *Relay) settle(ctx, cleanup context.Context, st *runState, b int, f *fet
 		// Not the row's fault (no strike, no backoff): the loop drops b.
 		return errBucket{&errFencedBucket{res.Err}}
 	case failed:
-		if parked, err := r.strike(ctx, st, b, pub, ack, res.Err); parked || err != nil {
-			return err
+		if del == nil {
+			if parked, err := r.strike(ctx, st, b, pub, ack, res.Err); parked || err != nil {
+				return err
+			}
 		}
 		hr, wait := r.retryLater(st, b, nil, true)
 		r.repeats.Log(ctx, r.log, r.clock.Now(), "publish", "publish failed; retrying the head row alone", res.Err, "bucket", b, "acknowledged", ack, "batch", len(pub), "attempt", hr.attempts, "backoff", wait)
@@ -612,30 +644,41 @@ func (r *Relay) settle(ctx, cleanup context.Context, st *runState, b int, f *fet
 	return nil
 }
 
-// pendingDelete is the MarkPublished of a bucket's acknowledged rows,
+// pendingDelete is a bucket's part of a running delete of acknowledged
+// rows (one bucket's MarkPublished, or a group's MarkPublishedBuckets),
 // running beside the bucket's next fetch and publish.
 type pendingDelete struct {
-	rows []*outbox.Message
-	done chan struct{} // closed when the delete returned
-	err  error
+	rows []*outbox.Message // the bucket's
+	*deleteCall
 }
 
-// startDelete deletes b's acknowledged rows on a goroutine of its own, and
-// calls logBatch with its duration when DEBUG is on. One runs per bucket at
-// most (settleDelete), cap(deletes) in all; the sweep awaits them (awaitDeletes).
-func (r *Relay) startDelete(ctx, cleanup context.Context, st *runState, b int, rows []*outbox.Message, logBatch func(time.Duration)) {
-	d := &pendingDelete{rows: rows, done: make(chan struct{})}
-	st.b[b].deleting = d
-	st.mu.Lock()
-	st.deleting[b] = struct{}{}
-	st.mu.Unlock()
+// deleteCall is one running delete.
+type deleteCall struct {
+	done  chan struct{} // closed when the delete returned
+	err   error
+	group bool // of several buckets
+}
+
+// startDelete deletes the acknowledged rows of buckets (rows[i] those of
+// buckets[i]) on a goroutine of its own, in one call for them all when the
+// store is a MultiBucketStore, and calls logBatch with its duration when
+// DEBUG is on. One runs per bucket at most (settleDelete), cap(deletes) in
+// all; the sweep awaits them (awaitDeletes).
+func (r *Relay) startDelete(ctx, cleanup context.Context, st *runState, buckets []int, rows [][]*outbox.Message, logBatch func(time.Duration)) {
+	call := &deleteCall{done: make(chan struct{}), group: len(buckets) > 1}
+	for i, b := range buckets {
+		st.b[b].deleting = &pendingDelete{rows: rows[i], deleteCall: call}
+		st.mu.Lock()
+		st.deleting[b] = struct{}{}
+		st.mu.Unlock()
+	}
 	r.deletes <- struct{}{}
 	go func() {
-		defer func() { <-r.deletes; close(d.done) }()
+		defer func() { <-r.deletes; close(call.done) }()
 		failpoint("relay/during-delete")
 		start := r.clock.Now()
-		d.err = r.store.MarkPublished(cleanup, b, rows)
-		if d.err == nil && r.log.Enabled(ctx, slog.LevelDebug) {
+		call.err = r.markPublished(cleanup, buckets, rows)
+		if call.err == nil && r.log.Enabled(ctx, slog.LevelDebug) {
 			logBatch(r.clock.Now().Sub(start))
 		}
 	}()
@@ -681,6 +724,10 @@ func (r *Relay) settleDelete(ctx context.Context, st *runState, b int) error {
 		return nil // the next owner republishes them
 	}
 	st.b[b].unmarked = append(st.b[b].unmarked, d.rows...)
+	if d.group { // whose fault is not known: b deletes its rows alone next, at once
+		st.b[b].deep, st.b[b].ready = true, true
+		return nil
+	}
 	return fmt.Errorf("relay: bucket %d: mark published: %w", b, d.err)
 }
 
@@ -808,24 +855,44 @@ func (r *Relay) noteStuck(st *runState) {
 // publish calls the publisher on cleanup: records cannot be retracted, so
 // a stop awaits it, up to the stop budget.
 func (r *Relay) publish(cleanup context.Context, batch []*outbox.Message) (res Result, took time.Duration) {
+	results, took := r.publishGroup(cleanup, [][]*outbox.Message{batch})
+	return results[0], took
+}
+
+// publishGroup publishes batches, each a bucket's, in one call of the
+// publisher (a GroupPublisher's PublishGroup when there are several) on
+// cleanup, as publish does; results[i] is batches[i]'s.
+func (r *Relay) publishGroup(cleanup context.Context, batches [][]*outbox.Message) (results []Result, took time.Duration) {
 	start := r.clock.Now()
 	token := r.inflight.begin(r, start)
 	stopWarning := context.AfterFunc(cleanup, func() {
 		r.log.Warn("in-flight publish outlived the stop budget; cancelled", "stop_timeout", r.opts.StopTimeout)
 	})
-	res = r.callPublisher(cleanup, batch)
+	results = r.callPublisher(cleanup, batches)
 	stopWarning()
 	r.inflight.end(r, token)
-	return res, r.clock.Now().Sub(start)
+	took = r.clock.Now().Sub(start)
+	r.m.publishDur.Record(context.Background(), took.Seconds(), r.m.attrs)
+	return results, took
 }
 
-func (r *Relay) callPublisher(ctx context.Context, batch []*outbox.Message) (res Result) {
+func (r *Relay) callPublisher(ctx context.Context, batches [][]*outbox.Message) (results []Result) {
 	defer func() {
 		if p := recover(); p != nil {
-			res = Result{Err: fmt.Errorf("relay: publisher panicked: %v", p)}
+			results = make([]Result, len(batches))
+			for i := range results {
+				results[i] = Result{Err: fmt.Errorf("relay: publisher panicked: %v", p)}
+			}
 		}
 	}()
-	return r.pub.Publish(ctx, batch)
+	if len(batches) == 1 {
+		return []Result{r.pub.Publish(ctx, batches[0])}
+	}
+	results = r.group.PublishGroup(ctx, batches)
+	if len(results) != len(batches) {
+		panic(fmt.Sprintf("PublishGroup returned %d results for %d batches", len(results), len(batches)))
+	}
+	return results
 }
 
 // backoff returns the jittered exponential backoff of a head row's attempt:

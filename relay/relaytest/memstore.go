@@ -347,6 +347,25 @@ func (s *MemStore) NextBatch(ctx context.Context, bucket, limit int, maxBytes in
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.nextBatch(bucket, limit, maxBytes)
+}
+
+// NextBatches implements relay.MultiBucketStore: NextBatch for each
+// request, in one call (one OpNextBatch).
+func (s *MemStore) NextBatches(ctx context.Context, reqs []relay.BatchRequest) ([]relay.BatchResult, error) {
+	if err := s.enter(ctx, OpNextBatch); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]relay.BatchResult, len(reqs))
+	for i, req := range reqs {
+		out[i].Rows, out[i].Err = s.nextBatch(req.Bucket, req.Limit, req.MaxBytes)
+	}
+	return out, nil
+}
+
+func (s *MemStore) nextBatch(bucket, limit int, maxBytes int64) ([]*outbox.Message, error) {
 	var out []*outbox.Message
 	var total int64
 	held := map[string]bool{} // keys with a parked row so far that holds
@@ -384,6 +403,30 @@ func (s *MemStore) MarkPublished(ctx context.Context, bucket int, published []*o
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.markPublished(bucket, published)
+	return nil
+}
+
+// MarkPublishedBuckets implements relay.MultiBucketStore: MarkPublished for
+// each message's bucket, in one call (one OpMarkPublished).
+func (s *MemStore) MarkPublishedBuckets(ctx context.Context, published []*outbox.Message) error {
+	if err := s.enter(ctx, OpMarkPublished); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for len(published) > 0 {
+		n := 1
+		for n < len(published) && published[n].Bucket == published[0].Bucket {
+			n++
+		}
+		s.markPublished(int(published[0].Bucket), published[:n])
+		published = published[n:]
+	}
+	return nil
+}
+
+func (s *MemStore) markPublished(bucket int, published []*outbox.Message) {
 	rows := s.rows[bucket]
 	k := 0 // the usual case: published is the head of the bucket
 	for k < len(published) && k < len(rows) && rows[k].ID == published[k].ID && !s.isParked(rows[k].ID) {
@@ -392,14 +435,13 @@ func (s *MemStore) MarkPublished(ctx context.Context, bucket int, published []*o
 	if k == len(published) {
 		clear(rows[:k])
 		s.rows[bucket] = rows[k:]
-		return nil
+		return
 	}
 	ids := make(map[int64]bool, len(published))
 	for _, m := range published {
 		ids[m.ID] = true
 	}
 	s.rows[bucket] = slices.DeleteFunc(s.rows[bucket], func(m *outbox.Message) bool { return ids[m.ID] && !s.isParked(m.ID) })
-	return nil
 }
 
 // PendingMetrics implements relay.Store.

@@ -52,6 +52,16 @@ func (p *Publisher) Publish(ctx context.Context, batch []*outbox.Message) relay.
 	return res
 }
 
+// PublishGroup implements relay.GroupPublisher: Publish for each batch in
+// turn, each recorded as a call of its own.
+func (p *Publisher) PublishGroup(ctx context.Context, batches [][]*outbox.Message) []relay.Result {
+	results := make([]relay.Result, len(batches))
+	for i, batch := range batches {
+		results[i] = p.Publish(ctx, batch)
+	}
+	return results
+}
+
 func (p *Publisher) notifyLocked() {
 	close(p.changed)
 	p.changed = make(chan struct{})

@@ -1,0 +1,156 @@
+package relay
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/gorm-outbox/outbox"
+)
+
+// Groups: a sweep worker serves several shallow buckets at once, when the
+// publisher is a GroupPublisher, with one fetch (a MultiBucketStore's, else
+// one NextBatch per bucket), one publish and one delete, so that a backlog
+// spread thinly over many buckets costs a few calls per group instead of
+// per bucket. A group's batches share BatchSize and MaxBatchBytes: each
+// bucket gets an equal share; a bucket whose share is full (deep) is served
+// alone from then on, with whole batches, as are buckets retrying their
+// head row. When a group's fetch or delete fails, each of its buckets is
+// served alone next, at once: only the one at fault backs off.
+
+// maxGroup bounds the buckets of a group: its fetch, one statement, reads
+// at most maxGroup bucket heads.
+const maxGroup = 64
+
+// groupSize is how many buckets a worker takes at once when queued buckets
+// wait: an equal share of them per worker, at most maxGroup and BatchSize
+// (a row each); 1 without a GroupPublisher.
+func (r *Relay) groupSize(queued int) int {
+	if r.group == nil {
+		return 1
+	}
+	return min(maxGroup, r.opts.BatchSize, max(1, (queued+r.workers-1)/r.workers))
+}
+
+// groupable reports whether bucket b may join a group: its batches are
+// small and it is not retrying its head row alone.
+func groupable(st *runState, b int) bool {
+	return !st.b[b].deep && st.b[b].retry == nil
+}
+
+// serveGroup serves one batch of each bucket of group (more than one, each
+// groupable): fetch, publish, settle. It runs on a sweep's worker
+// goroutine, as drainOnce does; errs[i] is group[i]'s outcome.
+func (r *Relay) serveGroup(ctx, cleanup context.Context, st *runState, group []int) []error {
+	errs := make([]error, len(group))
+	st.worked.Store(true)
+	fs := r.fetchGroup(ctx, cleanup, st, group, errs)
+	var batches [][]*outbox.Message
+	var served []int // indexes into group of batches
+	for i, f := range fs {
+		if f != nil && r.ownsBucket(st, group[i]) {
+			batches, served = append(batches, f.rows), append(served, i)
+		}
+	}
+	if len(batches) == 0 {
+		return errs
+	}
+	results, took := r.publishGroup(cleanup, batches)
+	failpoint("relay/after-ack")
+	var del groupDelete
+	for j, i := range served {
+		errs[i] = r.settle(ctx, cleanup, st, group[i], fs[i], results[j], took, &del)
+	}
+	if len(del.buckets) > 0 {
+		r.startDelete(ctx, cleanup, st, del.buckets, del.rows, func(deleteTook time.Duration) {
+			for j, i := range served {
+				r.log.DebugContext(ctx, "batch published", "bucket", group[i], "rows", len(batches[j]), "acknowledged", results[j].Acknowledged,
+					"group", len(batches), "fetch_ms", fs[i].took.Milliseconds(), "publish_ms", took.Milliseconds(), "delete_ms", deleteTook.Milliseconds())
+			}
+		})
+	}
+	return errs
+}
+
+// fetchGroup reads a batch of each owned bucket of group, each bounded by
+// an equal share of BatchSize and MaxBatchBytes, in one NextBatches call
+// when the store is a MultiBucketStore; fs[i] is group[i]'s batch (nil:
+// nothing to publish), and a bucket's error goes to errs[i].
+func (r *Relay) fetchGroup(ctx, cleanup context.Context, st *runState, group []int, errs []error) []*fetched {
+	fs := make([]*fetched, len(group))
+	limit, maxBytes := max(1, r.opts.BatchSize/len(group)), max(1, r.opts.MaxBatchBytes/int64(len(group)))
+	reqs := make([]BatchRequest, 0, len(group))
+	var at []int // indexes into group of reqs
+	excls := make([][]*outbox.Message, len(group))
+	for i, b := range group {
+		if !r.ownsBucket(st, b) {
+			continue
+		}
+		req, excl, err := r.fetchRequest(ctx, cleanup, st, b, limit, maxBytes)
+		if req == nil || err != nil {
+			errs[i] = err
+			continue
+		}
+		reqs, at, excls[i] = append(reqs, *req), append(at, i), excl
+	}
+	if len(reqs) == 0 {
+		return fs
+	}
+	start := r.clock.Now()
+	results, err := r.nextBatches(ctx, reqs)
+	took := r.clock.Now().Sub(start)
+	for j, i := range at {
+		if err != nil {
+			// Whose fault is not known: each bucket is fetched alone next,
+			// at once, and only a failing one backs off.
+			st.b[group[i]].deep = true
+			continue
+		}
+		fs[i], errs[i] = r.fetched(ctx, st, reqs[j], excls[i], results[j].Rows, results[j].Err, took)
+	}
+	return fs
+}
+
+// nextBatches answers reqs with the store's NextBatches, or one NextBatch
+// per request when the store is no MultiBucketStore.
+func (r *Relay) nextBatches(ctx context.Context, reqs []BatchRequest) ([]BatchResult, error) {
+	if ms, ok := r.store.(MultiBucketStore); ok {
+		results, err := ms.NextBatches(ctx, reqs)
+		if err == nil && len(results) != len(reqs) {
+			err = fmt.Errorf("NextBatches returned %d results for %d requests", len(results), len(reqs))
+		}
+		return results, err
+	}
+	results := make([]BatchResult, len(reqs))
+	for i, req := range reqs {
+		results[i].Rows, results[i].Err = r.store.NextBatch(ctx, req.Bucket, req.Limit, req.MaxBytes)
+	}
+	return results, nil
+}
+
+// markPublished deletes rows[i] of buckets[i], in one MarkPublishedBuckets
+// call when the store is a MultiBucketStore and there are several buckets.
+func (r *Relay) markPublished(ctx context.Context, buckets []int, rows [][]*outbox.Message) error {
+	ms, ok := r.store.(MultiBucketStore)
+	if ok && len(buckets) > 1 {
+		return ms.MarkPublishedBuckets(ctx, slices.Concat(rows...))
+	}
+	for i, b := range buckets {
+		if err := r.store.MarkPublished(ctx, b, rows[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// groupDelete collects a group's acknowledged rows, per bucket, for one
+// delete.
+type groupDelete struct {
+	buckets []int
+	rows    [][]*outbox.Message
+}
+
+func (d *groupDelete) add(b int, rows []*outbox.Message) {
+	d.buckets, d.rows = append(d.buckets, b), append(d.rows, rows)
+}

@@ -1,0 +1,165 @@
+package relay_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/relay"
+	"github.com/gorm-outbox/outbox/relay/relaytest"
+)
+
+// groupRecorder is a GroupPublisher that records the row count of each
+// batch of every PublishGroup call.
+type groupRecorder struct {
+	*relaytest.Publisher
+	mu     sync.Mutex
+	groups [][]int
+}
+
+func (g *groupRecorder) PublishGroup(ctx context.Context, batches [][]*outbox.Message) []relay.Result {
+	sizes := make([]int, len(batches))
+	for i, b := range batches {
+		sizes[i] = len(b)
+	}
+	g.mu.Lock()
+	g.groups = append(g.groups, sizes)
+	g.mu.Unlock()
+	return g.Publisher.PublishGroup(ctx, batches)
+}
+
+// singlePublisher hides the publisher's PublishGroup: one bucket per call.
+type singlePublisher struct{ p *relaytest.Publisher }
+
+func (s singlePublisher) Publish(ctx context.Context, b []*outbox.Message) relay.Result {
+	return s.p.Publish(ctx, b)
+}
+
+// TestShallowBucketsShareFetchesPublishesAndDeletes: 1,024 buckets holding
+// one row each drain with a few dozen fetches and deletes when the
+// publisher is a GroupPublisher (a group's buckets share one NextBatches,
+// one PublishGroup and one MarkPublishedBuckets), against one of each per
+// bucket when it is not; each row is published once, in order.
+func TestShallowBucketsShareFetchesPublishesAndDeletes(t *testing.T) {
+	const buckets = 1024
+	for _, grouped := range []bool{true, false} {
+		t.Run(fmt.Sprintf("grouped=%v", grouped), func(t *testing.T) {
+			rec := &groupRecorder{}
+			wrapPub := func(p *relaytest.Publisher) relay.Publisher {
+				if !grouped {
+					return singlePublisher{p}
+				}
+				rec.Publisher = p
+				return rec
+			}
+			h := newHarnessPub(t, relay.Options{BucketCount: buckets}, asConcurrent, wrapPub)
+			for b := range buckets {
+				h.store.AddToBucket(b, msgs(1, "t")...)
+			}
+			h.start()
+			h.waitFor("store empty", func() bool { return h.store.Len() == 0 })
+			h.waitIdle()
+			checkPublishedOnce(t, h.pub.Calls(), buckets)
+			fetches, deletes := h.ops.count(relaytest.OpNextBatch), h.ops.count(relaytest.OpMarkPublished)
+			if !grouped {
+				if fetches < buckets || deletes < buckets {
+					t.Fatalf("without groups: %d fetches and %d deletes; want one of each per bucket (%d)", fetches, deletes, buckets)
+				}
+				return
+			}
+			if limit := 2 * buckets / 64; fetches > limit || deletes > limit {
+				t.Fatalf("%d fetches and %d deletes for %d one-row buckets; want at most %d of each (groups of up to 64)", fetches, deletes, buckets, limit)
+			}
+			rec.mu.Lock()
+			defer rec.mu.Unlock()
+			if len(rec.groups) > 2*buckets/64 {
+				t.Fatalf("%d PublishGroup calls; want at most %d", len(rec.groups), 2*buckets/64)
+			}
+		})
+	}
+}
+
+// TestGroupSharesOneBatchBound: a group's batches together stay within
+// BatchSize (each bucket gets an equal share), and a bucket whose share is
+// full is then served alone, with whole batches.
+func TestGroupSharesOneBatchBound(t *testing.T) {
+	const batchSize = 8
+	rec := &groupRecorder{}
+	h := newHarnessPub(t, relay.Options{BucketCount: 8, BatchSize: batchSize, MaxConcurrentBuckets: 1}, asConcurrent,
+		func(p *relaytest.Publisher) relay.Publisher { rec.Publisher = p; return rec })
+	h.store.AddToBucket(0, msgs(40, "deep")...)
+	for b := 1; b < 8; b++ {
+		h.store.AddToBucket(b, msgs(1, "t")...)
+	}
+	h.start()
+	h.waitFor("store empty", func() bool { return h.store.Len() == 0 })
+	h.waitIdle()
+	checkPublishedOnce(t, h.pub.Calls(), 47)
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if len(rec.groups) == 0 {
+		t.Fatal("no PublishGroup call; want the shallow buckets published in a group")
+	}
+	for _, g := range rec.groups {
+		total := 0
+		for _, n := range g {
+			total += n
+		}
+		if total > batchSize {
+			t.Fatalf("a group published %v rows (%d in all); want at most BatchSize %d", g, total, batchSize)
+		}
+	}
+	full := 0
+	for _, c := range h.pub.Calls() {
+		if c[0].Bucket == 0 && len(c) == batchSize {
+			full++
+		}
+	}
+	if full < 3 {
+		t.Fatalf("bucket 0 had %d batches of %d rows; want it served alone with whole batches once found deep", full, batchSize)
+	}
+}
+
+// TestGroupedRowIsNotStruckForAnotherRowsFailure: a row that fails in a
+// group (left unsent, say, behind another bucket's failed row on its
+// partition) earns no strike, even under ParkAnyFailure with ParkAfter 1:
+// only a row published alone is judged. It is retried and published.
+func TestGroupedRowIsNotStruckForAnotherRowsFailure(t *testing.T) {
+	h := newHarness(t, relay.Options{BucketCount: 8, ParkPolicy: relay.ParkAnyFailure, ParkAfter: 1}, asConcurrent)
+	for b := range 8 {
+		h.store.AddToBucket(b, msgs(1, "t")...)
+	}
+	var once sync.Once
+	h.pub.SetHandler(func(ctx context.Context, batch []*outbox.Message) relay.Result {
+		failed := false
+		if batch[0].Bucket == 3 {
+			once.Do(func() { failed = true })
+		}
+		if failed {
+			return relay.Result{Err: errors.New("not sent: an earlier row of its partition failed")}
+		}
+		return relay.Result{Acknowledged: len(batch)}
+	})
+	h.start()
+	for range 10 {
+		if len(h.pub.Acknowledged()) == 8 {
+			break
+		}
+		h.advanceIdle(time.Second) // past the row's backoff
+	}
+	if n := len(h.pub.Acknowledged()); n != 8 {
+		t.Fatalf("%d rows published; want 8", n)
+	}
+	if parked := h.store.Parked(); len(parked) != 0 {
+		t.Fatalf("parked %v; want nothing parked for a failure in a group", parked)
+	}
+	calls := h.pub.Calls()
+	if n := slices.IndexFunc(calls, func(c []*outbox.Message) bool { return c[0].Bucket == 3 }); n < 0 || len(calls) < 9 {
+		t.Fatalf("publishes %d; want bucket 3's row tried twice", len(calls))
+	}
+}
