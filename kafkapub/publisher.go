@@ -76,7 +76,8 @@ type Config struct {
 	// DefaultMaxBatchRecords (1000); negative fails New.
 	MaxBatchRecords int
 
-	// PublishTimeout bounds one Publish call: when the broker has not
+	// PublishTimeout bounds one Publish or PublishGroup call (in the
+	// transactional mode, each batch's transaction): when the broker has not
 	// answered within it (a paused, hung or unreachable broker), Publish
 	// returns the rows acknowledged so far and, for the first other row, an
 	// error wrapping context.DeadlineExceeded that names this field, so that
@@ -102,14 +103,15 @@ type Config struct {
 	Configure func(*kafka.Writer)
 
 	// TracerProvider provides the tracer of the publish spans: one span per
-	// Publish call, of kind PRODUCER, named "send <topic>" ("send" when the
-	// rows name several topics), with the OpenTelemetry messaging
-	// attributes (messaging.system kafka, messaging.operation.type and
-	// .name send, messaging.destination.name for one topic,
-	// messaging.destination.partition.id when every row went to one
-	// partition, messaging.batch.message_count for several rows,
+	// Publish or PublishGroup call (per batch in the transactional mode),
+	// over every row of the call, of kind PRODUCER, named "send <topic>"
+	// ("send" when the rows name several topics), with the OpenTelemetry
+	// messaging attributes (messaging.system kafka,
+	// messaging.operation.type and .name send, messaging.destination.name
+	// for one topic, messaging.destination.partition.id when every row went
+	// to one partition, messaging.batch.message_count for several rows,
 	// messaging.message.id for one), the error of the first unacknowledged
-	// row, and a link to each distinct span context found in the rows'
+	// row (of the first batch with one), and a link to each distinct span context found in the rows'
 	// headers (the writers' trace contexts, see outbox.Plugin.Propagator),
 	// at most MaxPublishSpanLinks. The links are added after the span
 	// starts, so samplers do not see them. Nil means the OpenTelemetry
@@ -172,6 +174,12 @@ type Config struct {
 // id restores the submission order. A write still in flight when Publish
 // returns keeps its partition until it ends, so a retry cannot overtake
 // it.
+//
+// PublishGroup sends the batches of several buckets the same way, as one
+// call's rows: the produce request to a partition carries the rows of every
+// batch placed there, so that a relay publishing many shallow buckets (a
+// row or two each) pays a round of requests per group rather than per
+// bucket. Each batch gets its own Result.
 //
 // Each Publish call records a PRODUCER span linked to the trace contexts
 // the writers stored in the rows' headers (see Config.TracerProvider);
@@ -323,32 +331,89 @@ func (placement) Balance(msg kafka.Message, partitions ...int) int {
 // other row. A row already handed to the broker may still be appended
 // after that (the consumer deduplicates by message id); the partition
 // stays busy until that write ends, so a later call cannot overtake it.
+//
+// Publish(ctx, batch) is PublishGroup(ctx, [][]*outbox.Message{batch})[0].
 func (p *Publisher) Publish(ctx context.Context, batch []*outbox.Message) relay.Result {
-	if len(batch) == 0 {
-		return relay.Result{}
+	return p.PublishGroup(ctx, [][]*outbox.Message{batch})[0]
+}
+
+var _ relay.GroupPublisher = (*Publisher)(nil)
+
+// PublishGroup sends the batches of several buckets in one call and returns
+// each batch's outcome, as Publish reports it: results[i] is batches[i]'s
+// (a zero Result for an empty batch, ErrClosed for every other batch after
+// Close).
+//
+// In the default mode the rows of all batches go out together, as the rows
+// of one Publish call: grouped by topic partition, one produce request per
+// partition (several beyond BatchBytes or MaxBatchRecords) carrying the
+// rows of every batch placed there, in the order of batches and, within
+// each, submission order, all partitions at once, bounded by one
+// Config.PublishTimeout and traced as one span. A failed row stops its
+// partition for the rest of the call, so a later row of another batch on
+// that partition is not acknowledged; that batch's error then names the
+// failed row (another batch's) and never wraps relay.ErrUnpublishable or
+// relay.ErrPublisherAuth: the fault is not its row's. It wraps the failed
+// row's error otherwise (a timeout, a leader moving), which was its
+// request's too.
+//
+// In the transactional mode (Config.Transactions) each batch is published
+// in its own transaction, as by Publish, the batches of different buckets
+// concurrently; batches of one bucket go in order, and a batch after one of
+// its bucket that failed is not sent (its error says so).
+func (p *Publisher) PublishGroup(ctx context.Context, batches [][]*outbox.Message) []relay.Result {
+	results := make([]relay.Result, len(batches))
+	n := 0
+	for _, b := range batches {
+		n += len(b)
+	}
+	if n == 0 {
+		return results
 	}
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
-		return relay.Result{Err: ErrClosed}
+		for i, b := range batches {
+			if len(b) > 0 {
+				results[i].Err = ErrClosed
+			}
+		}
+		return results
 	}
 	p.wg.Add(1)
 	p.mu.Unlock()
 	defer p.wg.Done()
 	if p.txn != nil {
-		return p.publishTxn(ctx, batch) // see Transactions
+		p.publishTxnGroup(ctx, batches, results) // see Transactions
+		return results
 	}
-	ctx, span := p.tracing.start(ctx, batch)
+	p.publishRows(ctx, batches, n, results)
+	return results
+}
+
+// publishRows is PublishGroup in the default mode: batches hold n rows in
+// all, and results[i] receives batches[i]'s outcome.
+func (p *Publisher) publishRows(ctx context.Context, batches [][]*outbox.Message, n int, results []relay.Result) {
+	all := batches[0]
+	if len(all) != n {
+		all = make([]*outbox.Message, 0, n)
+		for _, b := range batches {
+			all = append(all, b...)
+		}
+	}
+	ctx, span := p.tracing.start(ctx, all)
 	ctx, cancel := context.WithTimeoutCause(ctx, p.timeout,
 		fmt.Errorf("no answer from the broker within Config.PublishTimeout (%v): %w", p.timeout, context.DeadlineExceeded))
 	defer cancel()
 
-	rows := make([]row, len(batch))
-	for i, m := range batch {
-		rows[i] = row{msg: p.record(m), id: m.MessageID, partition: -1}
+	rows := make([]row, 0, n)
+	for bi, b := range batches {
+		for _, m := range b {
+			rows = append(rows, row{msg: p.record(m), id: m.MessageID, partition: -1, batch: bi})
+		}
 	}
 
-	groups, order := p.place(ctx, batch, rows)
+	groups, order := p.place(ctx, all, rows)
 
 	var wg sync.WaitGroup
 	for _, key := range order {
@@ -359,13 +424,78 @@ func (p *Publisher) Publish(ctx context.Context, batch []*outbox.Message) relay.
 		}()
 	}
 	wg.Wait()
+	if len(batches) > 1 {
+		blame(rows, groups, order)
+	}
 
-	res := outcome(ctx, rows)
-	p.tracing.end(span, rows, res)
-	return res
+	var first error
+	off := 0
+	for i, b := range batches {
+		if len(b) > 0 {
+			results[i] = outcome(ctx, rows[off:off+len(b)])
+		}
+		off += len(b)
+		if first == nil {
+			first = results[i].Err
+		}
+	}
+	p.tracing.end(span, rows, first)
 }
 
-// outcome is the relay.Result of a Publish call whose rows ended: the
+// blame gives each row that a failed row of another batch left
+// unacknowledged on their partition (publishPartition stops at a partition's
+// first failure, and a failed request fails every row it carried) a
+// *blockedError naming the failed row.
+func blame(rows []row, groups map[topicPartition][]int, order []topicPartition) {
+	for _, key := range order {
+		var failed *row
+		for _, i := range groups[key] {
+			r := &rows[i]
+			switch {
+			case r.acked:
+			case r.err != nil:
+				if failed == nil {
+					failed = r
+				}
+			case failed != nil && failed.batch != r.batch:
+				r.err = newBlockedError(failed.id, failed.err, r.sent)
+			}
+		}
+	}
+}
+
+// blockedError is the error of a row that was not acknowledged because an
+// earlier row of another batch on the same partition failed (see
+// PublishGroup). It wraps that row's error only when the error is not about
+// that row or the publisher's credentials, so that it never matches
+// relay.ErrUnpublishable or relay.ErrPublisherAuth.
+type blockedError struct {
+	failed outbox.UUID // the failed row's message id
+	err    error       // its error
+	sent   bool        // the row was in a request that failed
+	wrap   bool        // Unwrap returns err
+}
+
+func newBlockedError(failed outbox.UUID, err error, sent bool) *blockedError {
+	wrap := !errors.Is(err, relay.ErrUnpublishable) && !errors.Is(classifyAuth(err), relay.ErrPublisherAuth)
+	return &blockedError{failed: failed, err: err, sent: sent, wrap: wrap}
+}
+
+func (e *blockedError) Error() string {
+	if e.sent {
+		return fmt.Sprintf("not acknowledged: its produce request failed at an earlier row of the partition, message %s of another bucket's batch: %v", e.failed, e.err)
+	}
+	return fmt.Sprintf("not sent: an earlier row of the same partition, message %s of another bucket's batch, failed: %v", e.failed, e.err)
+}
+
+func (e *blockedError) Unwrap() error {
+	if e.wrap {
+		return e.err
+	}
+	return nil
+}
+
+// outcome is the relay.Result of rows (one batch's) that ended: the
 // contiguous acknowledged prefix, and the error of the first other row.
 func outcome(ctx context.Context, rows []row) relay.Result {
 	for i := range rows {
@@ -395,6 +525,8 @@ type row struct {
 	msg       kafka.Message
 	id        outbox.UUID
 	partition int
+	batch     int  // index of the row's batch in a PublishGroup call
+	sent      bool // handed to the writer (acknowledged or not)
 	acked     bool
 	err       error
 }
@@ -567,6 +699,7 @@ func (p *Publisher) write(ctx context.Context, rows []row, idx []int, release fu
 	msgs := make([]kafka.Message, len(idx))
 	for j, i := range idx {
 		msgs[j] = rows[i].msg
+		rows[i].sent = true
 	}
 	done := make(chan error, 1)
 	var mu sync.Mutex

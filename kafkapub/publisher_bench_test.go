@@ -72,3 +72,48 @@ func BenchmarkKafkaPublisher(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkPublishGroup measures what a relay serving 64 shallow buckets
+// (one row each, 8 partitions) pays per group: 64 Publish calls one after
+// the other, as a relay without GroupPublisher makes them, against one
+// PublishGroup call of the 64 batches (ns/op is per group of 64 rows).
+func BenchmarkPublishGroup(b *testing.B) {
+	const buckets = 64
+	for _, br := range benchBrokers(b) {
+		topic := newTopic(b, br, 8, nil)
+		p := newPublisher(b, br, Config{})
+		seq := 0
+		group := func() [][]*outbox.Message {
+			batches := make([][]*outbox.Message, buckets)
+			for i := range batches {
+				seq++
+				batches[i] = []*outbox.Message{{MessageID: outbox.NewUUID(), Topic: topic, Key: fmt.Appendf(nil, "key-%d", seq), Value: []byte("v")}}
+			}
+			return batches
+		}
+		for _, res := range p.PublishGroup(context.Background(), group()) { // warm metadata and connections
+			if res.Err != nil {
+				b.Fatalf("warm-up PublishGroup = %+v", res)
+			}
+		}
+
+		b.Run(br.Name+"/publish_x64", func(b *testing.B) {
+			for b.Loop() {
+				for _, batch := range group() {
+					if res := p.Publish(context.Background(), batch); res.Err != nil {
+						b.Fatalf("Publish = %+v", res)
+					}
+				}
+			}
+		})
+		b.Run(br.Name+"/publish_group_64", func(b *testing.B) {
+			for b.Loop() {
+				for _, res := range p.PublishGroup(context.Background(), group()) {
+					if res.Err != nil {
+						b.Fatalf("PublishGroup = %+v", res)
+					}
+				}
+			}
+		})
+	}
+}

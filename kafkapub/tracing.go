@@ -14,7 +14,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/gorm-outbox/outbox"
-	"github.com/gorm-outbox/outbox/relay"
 )
 
 // MaxPublishSpanLinks bounds the links of one publish span: the span links
@@ -50,7 +49,8 @@ func newPublishTracer(tp trace.TracerProvider, prop propagation.TextMapPropagato
 // The messaging operation of a publish span: Kafka's producer "send".
 const sendOperation = "send"
 
-// start starts the span of a Publish call of batch (not empty), a PRODUCER
+// start starts the span of a Publish call of batch (not empty; every
+// batch's rows, in order, for a PublishGroup call), a PRODUCER
 // span named after the OpenTelemetry messaging conventions: "send <topic>"
 // when the rows share a topic, else "send". The attributes samplers may
 // use are given at start; the links, whose extraction costs an allocation
@@ -122,10 +122,11 @@ func (t publishTracer) link(span trace.Span, batch []*outbox.Message) {
 	}
 }
 
-// end ends the span of a Publish call whose rows and result are given: the
-// partition when every row went to one, and the error of the first
-// unacknowledged row.
-func (t publishTracer) end(span trace.Span, rows []row, res relay.Result) {
+// end ends the span of a Publish or PublishGroup call whose rows are given
+// (every batch's, for a group): the partition when every row went to one,
+// and err, the error of the first unacknowledged row (of the first batch
+// that has one, for a group).
+func (t publishTracer) end(span trace.Span, rows []row, err error) {
 	if span.IsRecording() {
 		part := rows[0].partition
 		for _, r := range rows[1:] {
@@ -137,10 +138,10 @@ func (t publishTracer) end(span trace.Span, rows []row, res relay.Result) {
 		if part >= 0 {
 			span.SetAttributes(semconv.MessagingDestinationPartitionID(strconv.Itoa(part)))
 		}
-		if res.Err != nil {
-			span.SetAttributes(semconv.ErrorTypeKey.String(errorType(res.Err)))
-			span.RecordError(res.Err)
-			span.SetStatus(codes.Error, res.Err.Error())
+		if err != nil {
+			span.SetAttributes(semconv.ErrorTypeKey.String(errorType(err)))
+			span.RecordError(err)
+			span.SetStatus(codes.Error, err.Error())
 		}
 	}
 	span.End()

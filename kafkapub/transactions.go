@@ -341,8 +341,61 @@ func (p *Publisher) publishTxn(ctx context.Context, batch []*outbox.Message) rel
 	case <-ctx.Done():
 	}
 	res := outcome(ctx, rows)
-	p.tracing.end(span, rows, res)
+	p.tracing.end(span, rows, res.Err)
 	return res
+}
+
+// publishTxnGroup is PublishGroup in the transactional mode: each batch
+// (not empty) in a transaction of its own by publishTxn, the batches of
+// different buckets concurrently (each bucket's producer runs one
+// transaction at a time), those of one bucket one after the other, in
+// order; a batch after one of its bucket that failed is not sent, so that
+// the bucket's order holds. results[i] receives batches[i]'s outcome.
+func (p *Publisher) publishTxnGroup(ctx context.Context, batches [][]*outbox.Message, results []relay.Result) {
+	if len(batches) == 1 { // Publish
+		results[0] = p.publishTxn(ctx, batches[0])
+		return
+	}
+	byBucket := map[int32][]int{}
+	var buckets []int32
+	for i, b := range batches {
+		if len(b) == 0 {
+			continue
+		}
+		k := b[0].Bucket
+		if _, ok := byBucket[k]; !ok {
+			buckets = append(buckets, k)
+		}
+		byBucket[k] = append(byBucket[k], i)
+	}
+	run := func(bucket int32, idx []int) {
+		var failed outbox.UUID // the row that stopped the bucket
+		stopped := false
+		for _, i := range idx {
+			if stopped {
+				results[i].Err = fmt.Errorf("kafkapub: bucket %d: batch not sent: message %s of an earlier batch of the bucket failed", bucket, failed)
+				continue
+			}
+			results[i] = p.publishTxn(ctx, batches[i])
+			if results[i].Err != nil {
+				stopped = true
+				failed = batches[i][results[i].Acknowledged].MessageID
+			}
+		}
+	}
+	if len(buckets) == 1 {
+		run(buckets[0], byBucket[buckets[0]])
+		return
+	}
+	var wg sync.WaitGroup
+	for _, b := range buckets {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			run(b, byBucket[b])
+		}()
+	}
+	wg.Wait()
 }
 
 // runTxns publishes rows (batch's) under prod's turn: it acknowledges the
