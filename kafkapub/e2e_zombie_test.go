@@ -38,6 +38,16 @@ func (p *recordingPublisher) Publish(ctx context.Context, batch []*outbox.Messag
 	return res
 }
 
+func (p *recordingPublisher) PublishGroup(ctx context.Context, batches [][]*outbox.Message) []relay.Result {
+	results := p.Publisher.PublishGroup(ctx, batches)
+	for _, res := range results {
+		if errors.Is(res.Err, relay.ErrFenced) {
+			p.fenced.Add(1)
+		}
+	}
+	return results
+}
+
 // TestZombieRelayIsFenced: relay A stalls in the middle of a transaction
 // (its records appended, not committed) and its database calls hang, past
 // its lease; relay B takes its buckets over, which initialises their

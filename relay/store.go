@@ -111,7 +111,10 @@ type Store interface {
 // publish (see GroupPublisher) and one delete, so that a backlog spread
 // over many buckets costs a few statements per group rather than per
 // bucket; gormstore.Store and relaytest.MemStore implement it, and package
-// storetest checks it against NextBatch and MarkPublished.
+// storetest checks it against NextBatch and MarkPublished. A wrapper that
+// embeds a MultiBucketStore and overrides NextBatch or MarkPublished must
+// override these as well (or not embed it): the relay calls them for
+// groups.
 type MultiBucketStore interface {
 	Store
 
@@ -176,7 +179,10 @@ type Result struct {
 
 // GroupPublisher is a Publisher that sends the batches of several buckets
 // in one call. The relay uses it, when its publisher implements it, to
-// publish a group of shallow buckets at once (kafkapub.Publisher does).
+// publish a group of shallow buckets at once (kafkapub.Publisher does). A
+// wrapper that embeds a GroupPublisher and overrides Publish must override
+// PublishGroup as well (or not embed it): the relay calls the latter for
+// groups.
 type GroupPublisher interface {
 	Publisher
 

@@ -64,15 +64,29 @@ type ackRecorder struct {
 
 func (a *ackRecorder) Publish(ctx context.Context, batch []*outbox.Message) relay.Result {
 	res := a.inner.Publish(ctx, batch)
+	a.record([][]*outbox.Message{batch}, []relay.Result{res})
+	return res
+}
+
+// PublishGroup passes the group to the inner publisher (a
+// relay.GroupPublisher: kafkapub's) as the relay would.
+func (a *ackRecorder) PublishGroup(ctx context.Context, batches [][]*outbox.Message) []relay.Result {
+	results := a.inner.(relay.GroupPublisher).PublishGroup(ctx, batches)
+	a.record(batches, results)
+	return results
+}
+
+func (a *ackRecorder) record(batches [][]*outbox.Message, results []relay.Result) {
 	now := time.Now()
 	a.mu.Lock()
-	for _, m := range batch[:min(max(res.Acknowledged, 0), len(batch))] {
-		if _, ok := a.at[m.MessageID]; !ok {
-			a.at[m.MessageID] = now
+	defer a.mu.Unlock()
+	for i, batch := range batches {
+		for _, m := range batch[:min(max(results[i].Acknowledged, 0), len(batch))] {
+			if _, ok := a.at[m.MessageID]; !ok {
+				a.at[m.MessageID] = now
+			}
 		}
 	}
-	a.mu.Unlock()
-	return res
 }
 
 func (a *ackRecorder) get(id outbox.UUID) (time.Time, bool) {

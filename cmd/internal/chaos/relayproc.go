@@ -148,3 +148,13 @@ func (p *fenceLogger) Publish(ctx context.Context, batch []*outbox.Message) rela
 	}
 	return res
 }
+
+func (p *fenceLogger) PublishGroup(ctx context.Context, batches [][]*outbox.Message) []relay.Result {
+	results := p.Publisher.PublishGroup(ctx, batches)
+	for i, res := range results {
+		if errors.Is(res.Err, relay.ErrFenced) {
+			p.log.Warn(logFenced, "rows", len(batches[i]), "acknowledged", res.Acknowledged, "error", res.Err)
+		}
+	}
+	return results
+}
