@@ -9,6 +9,7 @@ import (
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/gormstore"
 	"github.com/gorm-outbox/outbox/internal/testenv"
+	"github.com/gorm-outbox/outbox/relay"
 	"gorm.io/gorm"
 )
 
@@ -126,6 +127,81 @@ func BenchmarkMarkPublished(b *testing.B) {
 					}
 				})
 			}
+		})
+	}
+}
+
+// BenchmarkNextBatches compares, on every available database, reading 64
+// shallow buckets (2 pending rows each, values of 100 bytes, no parked
+// row) with NextBatch once per bucket and with one NextBatches call, in
+// alternating calls: loop-ns/op and multi-ns/op are the two ways' times
+// per round of 64 buckets, multi/loop their ratio in one run.
+func BenchmarkNextBatches(b *testing.B) {
+	const buckets, perBucket = 64, 2
+	for _, o := range testenv.Databases(b) {
+		b.Run(o.Name, func(b *testing.B) {
+			db := o.Open(b, nil)
+			cfg := outbox.Config{BucketCount: buckets}
+			if err := outbox.AutoMigrate(db, cfg); err != nil {
+				b.Fatal(err)
+			}
+			var rows []*outbox.Message
+			for range perBucket {
+				for bk := range buckets {
+					m := pendingMessage(int32(bk))
+					m.Value = make([]byte, 100)
+					rows = append(rows, m)
+				}
+			}
+			if err := raw(db).Table(cfg.MessagesTableName()).CreateInBatches(rows, 64).Error; err != nil {
+				b.Fatal(err)
+			}
+			store, err := gormstore.New(db, gormstore.Options{Config: cfg})
+			if err != nil {
+				b.Fatal(err)
+			}
+			reqs := make([]relay.BatchRequest, buckets)
+			for bk := range reqs {
+				reqs[bk] = relay.BatchRequest{Bucket: bk, Limit: 500, MaxBytes: 1 << 20}
+			}
+			loop := func() time.Duration {
+				start := time.Now()
+				for _, r := range reqs {
+					got, err := store.NextBatch(b.Context(), r.Bucket, r.Limit, r.MaxBytes)
+					if err != nil || len(got) != perBucket {
+						b.Fatalf("NextBatch(%d) = %d rows, %v; want %d", r.Bucket, len(got), err, perBucket)
+					}
+				}
+				return time.Since(start)
+			}
+			multi := func() time.Duration {
+				start := time.Now()
+				got, err := store.NextBatches(b.Context(), reqs)
+				if err != nil {
+					b.Fatal(err)
+				}
+				for i, r := range got {
+					if r.Err != nil || len(r.Rows) != perBucket {
+						b.Fatalf("NextBatches bucket %d = %d rows, %v; want %d", reqs[i].Bucket, len(r.Rows), r.Err, perBucket)
+					}
+				}
+				return time.Since(start)
+			}
+			var l, m time.Duration
+			n := 0
+			for b.Loop() {
+				if n%2 == 0 {
+					l += loop()
+					m += multi()
+				} else {
+					m += multi()
+					l += loop()
+				}
+				n++
+			}
+			b.ReportMetric(float64(l.Nanoseconds())/float64(n), "loop-ns/op")
+			b.ReportMetric(float64(m.Nanoseconds())/float64(n), "multi-ns/op")
+			b.ReportMetric(float64(m)/float64(l), "multi/loop")
 		})
 	}
 }

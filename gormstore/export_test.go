@@ -44,3 +44,13 @@ func NextBatchSQL(s *Store) string { return s.hot.nextBatch }
 func DeleteStatement(s *Store, bucket int, ids []int64) (string, []any) {
 	return s.deleteStatement(bucket, ids)
 }
+
+// NextBatchesSQL returns PostgreSQL's NextBatches statement text with its
+// bind variables ("" elsewhere).
+func NextBatchesSQL(s *Store) string { return s.hot.multi.nextBatches }
+
+// DeleteBucketsStatement returns MarkPublishedBuckets' statement for ids and
+// its arguments.
+func DeleteBucketsStatement(s *Store, ids []int64) (string, []any) {
+	return s.deleteBucketsStatement(ids)
+}

@@ -78,6 +78,10 @@ type hotSQL struct {
 	deletePrefix string
 	// binds[i] is the bind variable of the statement's argument i+1.
 	binds []string
+
+	// The statements of several buckets (NextBatches, MarkPublishedBuckets):
+	// see buildMultiSQL.
+	multi multiSQL
 }
 
 // buildHotSQL renders the hot path's statements with db's dialector.
@@ -108,17 +112,26 @@ func buildHotSQL(db *gorm.DB, msgs string) hotSQL {
 			" OR NOT EXISTS (SELECT 1 FROM " + table + " p WHERE p.bucket = " + corr + " AND p.parked_at_ms IS NOT NULL" +
 			" AND p.id < m.id AND p.record_key = m.record_key AND " + notCorrupt("p") + "))"
 	}
+	// nextBatch is NextBatch's statement for one bucket, named by b (the
+	// range's bounds, then the hold conditions' bucket), with limit.
+	nextBatch := func(b [4]string, limit string) string {
+		if h.bucketEquality {
+			return "SELECT " + batchColumns + " FROM " + table + " m" +
+				" WHERE bucket = " + b[0] + " AND parked_at_ms IS NULL" + held(b[2], b[3]) +
+				" ORDER BY " + h.order + " LIMIT " + limit
+		}
+		return "SELECT " + batchColumns + " FROM " + table + " m" +
+			" WHERE bucket >= " + b[0] + " AND bucket <= " + b[1] + " AND parked_at_ms IS NULL" + held(b[2], b[3]) +
+			" ORDER BY bucket, parked_at_ms, id LIMIT " + limit
+	}
 	if h.bucketEquality {
 		h.nextBatchBuckets = 3
-		h.nextBatch = "SELECT " + batchColumns + " FROM " + table + " m" +
-			" WHERE bucket = " + h.binds[0] + " AND parked_at_ms IS NULL" + held(h.binds[1], h.binds[2]) +
-			" ORDER BY " + h.order + " LIMIT " + h.binds[3]
+		h.nextBatch = nextBatch([4]string{h.binds[0], "", h.binds[1], h.binds[2]}, h.binds[3])
 	} else {
 		h.nextBatchBuckets = 4
-		h.nextBatch = "SELECT " + batchColumns + " FROM " + table + " m" +
-			" WHERE bucket >= " + h.binds[0] + " AND bucket <= " + h.binds[1] + " AND parked_at_ms IS NULL" + held(h.binds[2], h.binds[3]) +
-			" ORDER BY bucket, parked_at_ms, id LIMIT " + h.binds[4]
+		h.nextBatch = nextBatch([4]string{h.binds[0], h.binds[1], h.binds[2], h.binds[3]}, h.binds[4])
 	}
+	buildMultiSQL(&h, db.Dialector.Name(), table, nextBatch)
 	del := "DELETE FROM " + table + " WHERE bucket = " + h.binds[0] + " AND parked_at_ms IS NULL AND id "
 	switch db.Dialector.Name() {
 	case "postgres":

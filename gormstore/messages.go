@@ -245,34 +245,64 @@ func (s *Store) NextBatch(ctx context.Context, bucket, limit int, maxBytes int64
 func scanBatch(rows *sql.Rows, limit int, maxBytes int64) ([]*outbox.Message, *relay.CorruptRowError, error) {
 	defer rows.Close()
 	sc := newBatchScanner()
-	msgs := make([]*outbox.Message, 0, min(limit, 64))
-	var total int64
-	for rows.Next() {
+	c := newBatchCut(limit, maxBytes)
+	for !c.done && rows.Next() {
 		if err := rows.Scan(sc.dest...); err != nil {
 			return nil, nil, err
 		}
-		m, err := sc.message(limit - len(msgs))
-		if err != nil {
-			if len(msgs) == 0 {
-				return nil, &relay.CorruptRowError{ID: sc.id.v, Bucket: int(sc.bucket.v), Err: err}, nil
-			}
-			break
-		}
-		msgs = append(msgs, m)
-		if maxBytes > 0 {
-			// The row crossing the bound is included, as
-			// relay.Store.NextBatch asks: the relay tells a batch cut by
-			// size from a drained bucket by it (and publishes the rows within
-			// the bound).
-			if total += relay.MessageSize(m); total > maxBytes {
-				break
-			}
-		}
+		c.add(sc)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, nil, err
 	}
-	return msgs, nil, nil
+	if c.corrupt != nil {
+		return nil, c.corrupt, nil
+	}
+	return c.msgs, nil, nil
+}
+
+// batchCut is one bucket's batch as its rows are scanned, oldest first: it
+// applies NextBatch's bounds (limit rows; with maxBytes > 0, up to and
+// including the row whose relay.MessageSize brings the total beyond
+// maxBytes) and its corruption rule (a row that cannot be decoded ends the
+// batch; at the head it is the batch's *relay.CorruptRowError). NextBatch
+// and NextBatches share it.
+type batchCut struct {
+	limit    int
+	maxBytes int64
+	total    int64
+	msgs     []*outbox.Message
+	corrupt  *relay.CorruptRowError
+	done     bool // the batch takes no more rows
+}
+
+func newBatchCut(limit int, maxBytes int64) *batchCut {
+	return &batchCut{limit: limit, maxBytes: maxBytes, msgs: make([]*outbox.Message, 0, min(limit, 64)), done: limit <= 0}
+}
+
+// add decodes sc's current row into the batch, unless the batch is done.
+func (c *batchCut) add(sc *batchScanner) {
+	if c.done {
+		return
+	}
+	m, err := sc.message(c.limit - len(c.msgs))
+	if err != nil {
+		if len(c.msgs) == 0 {
+			c.corrupt = &relay.CorruptRowError{ID: sc.id.v, Bucket: int(sc.bucket.v), Err: err}
+		}
+		c.done = true
+		return
+	}
+	c.msgs = append(c.msgs, m)
+	c.done = len(c.msgs) >= c.limit
+	if c.maxBytes > 0 {
+		// The row crossing the bound is included, as relay.Store.NextBatch
+		// asks: the relay tells a batch cut by size from a drained bucket by
+		// it (and publishes the rows within the bound).
+		if c.total += relay.MessageSize(m); c.total > c.maxBytes {
+			c.done = true
+		}
+	}
 }
 
 // batchColumns are the columns NextBatch reads, in batchScanner's order.

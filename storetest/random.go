@@ -2,10 +2,7 @@ package storetest
 
 import (
 	"fmt"
-	"math/rand/v2"
-	"os"
 	"slices"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -38,18 +35,9 @@ type sim struct {
 }
 
 func randomisedRun(t *testing.T, f Factory) {
-	seed := uint64(time.Now().UnixNano())
-	if v := os.Getenv(EnvSeed); v != "" {
-		s, err := strconv.ParseUint(v, 10, 64)
-		if err != nil {
-			t.Fatalf("storetest: %s=%q: %v", EnvSeed, v, err)
-		}
-		seed = s
-	}
-	t.Logf("seed %d (set %s to replay)", seed, EnvSeed)
-	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	const n = 8
 	e := newEnv(t, f, n)
+	rng := e.rng()
 	var sims []*sim
 	joined := 0
 	join := func() {

@@ -24,7 +24,8 @@ var start = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 // Run runs every Store scenario as a subtest of t, each on a fresh backend
 // from newHarness. Scenarios that need a capability the store says it
 // lacks (parking, backlog metrics, a clock of its own, a known bucket
-// count: see relay.Store), relay.ParkAdmin, or a Harness hook left nil are
+// count: see relay.Store), relay.ParkAdmin, relay.MultiBucketStore, or a
+// Harness hook left nil are
 // skipped with a message naming it.
 func Run(t *testing.T, newHarness Factory) {
 	t.Helper()
@@ -51,6 +52,7 @@ func Run(t *testing.T, newHarness Factory) {
 		{"clock_offset_is_reported_after_an_acquisition", clockOffsetIsReportedAfterAnAcquisition},
 	}
 	scenarios = append(scenarios, parkScenarios...)
+	scenarios = append(scenarios, multiScenarios...)
 	for _, sc := range scenarios {
 		t.Run(sc.name, func(t *testing.T) { sc.run(t, newHarness) })
 	}

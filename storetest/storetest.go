@@ -15,7 +15,11 @@
 // // relay.ParkedSelector.Choose picks. A store with a clock of its own
 // (Store.ClockOffset reports ok) is checked to report, after an acquisition
 // round, the offset of its clock (the now NewStore gets) to the host's wall
-// clock. A store without these capabilities skips those scenarios.
+// clock. A relay.MultiBucketStore is checked to answer NextBatches as
+// NextBatch answers each request (random buckets, limits, byte bounds,
+// parked and held rows, a corrupt head in one bucket), and to delete with
+// MarkPublishedBuckets exactly the given rows of several buckets, never a
+// parked one. A store without these capabilities skips those scenarios.
 //
 // A custom store (MongoDB, DynamoDB, …) passes it by giving Run a factory of
 // Harness values, each on a fresh, empty backend:

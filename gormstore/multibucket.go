@@ -1,0 +1,319 @@
+package gormstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/relay"
+	"gorm.io/gorm"
+)
+
+var _ relay.MultiBucketStore = (*Store)(nil)
+
+// maxBucketsPerStatement bounds the buckets of one NextBatches statement:
+// the statement's size, its bind variables (see maxBindsPerStatement) and
+// SQLite's limit of 500 members of a compound SELECT.
+const maxBucketsPerStatement = 256
+
+// maxBindsPerStatement bounds the bind variables of one NextBatches
+// statement on MySQL, MariaDB and SQLite (SQLite before 3.32 allows 999).
+const maxBindsPerStatement = 999
+
+// multiSQL are the statement texts of NextBatches and MarkPublishedBuckets,
+// built by the dialector (see buildMultiSQL).
+type multiSQL struct {
+	// nextBatches, with two bind variables (the buckets and the limits as
+	// PostgreSQL int[] literals, in the same order), is PostgreSQL's
+	// NextBatches statement; "" elsewhere.
+	nextBatches string
+	// member is one bucket's part of the UNION ALL that is NextBatches'
+	// statement on MySQL, MariaDB and SQLite, with the bind variables of
+	// hotSQL.nextBatch (nextBatchBuckets times the bucket, then the limit);
+	// "" for a dialect without either form (NextBatch per bucket).
+	member string
+	// perStatement is how many buckets one NextBatches statement reads.
+	perStatement int
+	// deleteIDs, with one bind variable (the ids as a PostgreSQL bigint[]
+	// literal), is PostgreSQL's MarkPublishedBuckets statement; ""
+	// elsewhere.
+	deleteIDs string
+	// deletePrefix is the MarkPublishedBuckets statement up to its IN list:
+	// the ids' bind variables follow (binds[0:]), then ")".
+	deletePrefix string
+}
+
+// buildMultiSQL renders h.multi for dialect; nextBatch renders NextBatch's
+// statement for one bucket (named by the four expressions of
+// hotSQL.nextBatch's bucket bind variables) and a limit.
+func buildMultiSQL(h *hotSQL, dialect, table string, nextBatch func(bucket [4]string, limit string) string) {
+	m := &h.multi
+	m.perStatement = min(maxBucketsPerStatement, maxBindsPerStatement/(h.nextBatchBuckets+1))
+	m.deletePrefix = "DELETE FROM " + table + " WHERE parked_at_ms IS NULL AND id IN ("
+	switch dialect {
+	case "postgres":
+		// One LATERAL subquery per (bucket, limit) pair: NextBatch's
+		// statement, run as a nested loop once per pair, each an index scan
+		// of the bucket's unparked entries in order that stops at its limit
+		// (TestNextBatchesReadsEachBucketByItsIndexOnPostgres).
+		m.perStatement = maxBucketsPerStatement
+		m.nextBatches = "SELECT x.* FROM unnest(" + h.binds[0] + "::int[], " + h.binds[1] + "::int[]) AS r(b, n)" +
+			" CROSS JOIN LATERAL (" + nextBatch([4]string{"r.b", "r.b", "r.b", "r.b"}, "r.n") + ") x"
+		// Each id looked up in the primary key (the guard's "+ 0", as in
+		// MarkPublished's, keeps the planner off the bucket index). No
+		// bucket guard: an id names one row, and a published row is deleted
+		// whichever bucket it is in.
+		m.deleteIDs = "DELETE FROM " + table + " WHERE id = ANY(" + h.binds[0] + "::bigint[]) AND parked_at_ms + 0 IS NULL"
+	case "mysql":
+		// MariaDB 10.11 has no LATERAL: a UNION ALL of parenthesised
+		// selects, each NextBatch's statement with its own ORDER BY and
+		// LIMIT. The delete looks each id up in the primary key, as
+		// MarkPublished's does (see buildHotSQL).
+		m.member = "(" + nextBatch([4]string{"?", "?", "?", "?"}, "?") + ")"
+		m.deletePrefix = "DELETE m FROM " + table + " m FORCE INDEX (PRIMARY) WHERE m.parked_at_ms IS NULL AND m.id IN ("
+	case "sqlite":
+		// SQLite takes no ORDER BY or LIMIT on a member of a compound
+		// SELECT: each member is a subquery. id is the rowid: the delete
+		// is a lookup of each id in the table's b-tree.
+		m.member = "SELECT * FROM (" + nextBatch([4]string{"?", "?", "?", "?"}, "?") + ")"
+	}
+}
+
+// NextBatches implements relay.MultiBucketStore: each request is answered
+// as NextBatch would answer it (the same rows, the same holds, byte bound
+// and corrupt-row rule), in one statement per maxBucketsPerStatement
+// requests (fewer on MySQL, MariaDB and SQLite: at most 999 bind
+// variables, 249 buckets). Requests with a limit ≤ 0 get no rows and cost
+// nothing; a single request is NextBatch's own statement. On PostgreSQL,
+//
+//	SELECT x.* FROM unnest($1::int[], $2::int[]) AS r(b, n)
+//	CROSS JOIN LATERAL (<NextBatch's statement, bucket r.b, LIMIT r.n>) x
+//
+// with the buckets and their limits as array literals: a nested loop that
+// runs NextBatch's index scan once per bucket. On MySQL and MariaDB (no
+// LATERAL in MariaDB 10.11),
+//
+//	(<NextBatch's statement for bucket 1>) UNION ALL (<… bucket 2>) UNION ALL …
+//
+// and on SQLite, which takes no ORDER BY or LIMIT on the member of a
+// compound SELECT, the same UNION ALL of "SELECT * FROM (<NextBatch's
+// statement>)". Each bucket's part is thus NextBatch's statement with its
+// plan: the bucket's head read from the (bucket, parked_at_ms, id) index
+// in order, stopping at the limit, never a sort of the bucket.
+//
+// The result is not sorted as a whole: a Sort of every row fetched, values
+// included, would spill to disk on wide rows. Each bucket's rows come out
+// of its part in id order (a nested loop or a UNION ALL keeps the order of
+// its inner rows); NextBatches splits them by their bucket column and
+// checks that order, failing the call rather than returning a batch out of
+// order. A dialect other than these gets NextBatch per request.
+func (s *Store) NextBatches(ctx context.Context, reqs []relay.BatchRequest) ([]relay.BatchResult, error) {
+	results := make([]relay.BatchResult, len(reqs))
+	active := make([]int, 0, len(reqs)) // requests with rows to read
+	seen := make(map[int]bool, len(reqs))
+	for i, r := range reqs {
+		if seen[r.Bucket] {
+			return nil, fmt.Errorf("gormstore: next batches: bucket %d requested twice", r.Bucket)
+		}
+		seen[r.Bucket] = true
+		if r.Limit > 0 {
+			active = append(active, i)
+		}
+	}
+	if len(active) == 1 || s.hot.multi.nextBatches == "" && s.hot.multi.member == "" {
+		for _, i := range active {
+			r := reqs[i]
+			rows, err := s.NextBatch(ctx, r.Bucket, r.Limit, r.MaxBytes)
+			var corrupt *relay.CorruptRowError
+			switch {
+			case errors.As(err, &corrupt):
+				results[i].Err = corrupt
+			case err != nil:
+				return nil, err
+			default:
+				results[i].Rows = rows
+			}
+		}
+		return results, nil
+	}
+	for len(active) > 0 {
+		chunk := active[:min(len(active), s.hot.multi.perStatement)]
+		active = active[len(chunk):]
+		if err := s.nextBatches(ctx, reqs, chunk, results); err != nil {
+			return nil, err
+		}
+	}
+	return results, nil
+}
+
+// nextBatches answers reqs[i] for each i of idx in one statement, into
+// results[i].
+func (s *Store) nextBatches(ctx context.Context, reqs []relay.BatchRequest, idx []int, results []relay.BatchResult) error {
+	query, args := s.nextBatchesStatement(reqs, idx)
+	var cuts map[int64]*batchCut
+	if err := s.read(ctx, s.msgs, func(q *gorm.DB) error {
+		cuts = make(map[int64]*batchCut, len(idx))
+		for _, i := range idx {
+			cuts[int64(reqs[i].Bucket)] = newBatchCut(reqs[i].Limit, reqs[i].MaxBytes)
+		}
+		query := s.rawPrefix() + query
+		begin := time.Now()
+		rows, err := queryRows(q, query, args...)
+		var n int64
+		if err == nil {
+			n, err = scanBatches(rows, cuts)
+		}
+		trace(q, begin, query, args, n, err)
+		return err
+	}); err != nil {
+		return fmt.Errorf("gormstore: next batches of %d buckets from bucket %d: %w", len(idx), reqs[idx[0]].Bucket, err)
+	}
+	for _, i := range idx {
+		c := cuts[int64(reqs[i].Bucket)]
+		if c.corrupt != nil {
+			results[i].Err = c.corrupt
+		} else {
+			results[i].Rows = c.msgs
+		}
+	}
+	return nil
+}
+
+// nextBatchesStatement is NextBatches' statement for reqs[i], i in idx
+// (at least two), and its arguments.
+func (s *Store) nextBatchesStatement(reqs []relay.BatchRequest, idx []int) (string, []any) {
+	m := &s.hot.multi
+	if m.nextBatches != "" {
+		buckets, limits := make([]int64, len(idx)), make([]int64, len(idx))
+		for j, i := range idx {
+			buckets[j], limits[j] = int64(reqs[i].Bucket), int64(reqs[i].Limit)
+		}
+		return m.nextBatches, []any{idsArray(buckets), idsArray(limits)}
+	}
+	var b strings.Builder
+	b.Grow(len(idx) * (len(m.member) + len(" UNION ALL ")))
+	args := make([]any, 0, len(idx)*(s.hot.nextBatchBuckets+1))
+	for j, i := range idx {
+		if j > 0 {
+			b.WriteString(" UNION ALL ")
+		}
+		b.WriteString(m.member)
+		for range s.hot.nextBatchBuckets {
+			args = append(args, reqs[i].Bucket)
+		}
+		args = append(args, reqs[i].Limit)
+	}
+	return b.String(), args
+}
+
+// scanBatches reads NextBatches' rows (and closes them) into the batch of
+// their bucket, until every batch is done; it returns the rows read. A row
+// of a bucket not asked for, or a bucket's rows out of id order, fail it.
+func scanBatches(rows *sql.Rows, cuts map[int64]*batchCut) (int64, error) {
+	defer rows.Close()
+	sc := newBatchScanner()
+	last := make(map[int64]int64, len(cuts)) // bucket → id of its latest row
+	open, n := len(cuts), int64(0)
+	for open > 0 && rows.Next() {
+		if err := rows.Scan(sc.dest...); err != nil {
+			return n, err
+		}
+		n++
+		b, id := sc.bucket.v, sc.id.v
+		c := cuts[b]
+		if c == nil {
+			return n, fmt.Errorf("row %d of bucket %d, which was not asked for", id, b)
+		}
+		if prev, ok := last[b]; ok && id <= prev {
+			return n, fmt.Errorf("bucket %d: row %d after row %d: rows out of id order", b, id, prev)
+		}
+		last[b] = id
+		if !c.done {
+			if c.add(sc); c.done {
+				open--
+			}
+		}
+	}
+	return n, rows.Err()
+}
+
+// MarkPublishedBuckets implements relay.MultiBucketStore: it deletes
+// exactly the given rows, of any buckets, by primary key, unless parked,
+// each statement in autocommit, as MarkPublished does: on PostgreSQL one
+// statement per 10,000 ids,
+//
+//	DELETE FROM messages WHERE id = ANY($1::bigint[]) AND parked_at_ms + 0 IS NULL
+//
+// on SQLite one per 1000 ids (id is the rowid: each is one lookup),
+//
+//	DELETE FROM messages WHERE parked_at_ms IS NULL AND id IN (?, …)
+//
+// and on MySQL and MariaDB one per 1000 ids, each looked up in the primary
+// key (see buildHotSQL: any other plan locks gaps or rows writers insert
+// into),
+//
+//	DELETE m FROM messages m FORCE INDEX (PRIMARY)
+//	WHERE m.parked_at_ms IS NULL AND m.id IN (?, …)
+//
+// Unlike MarkPublished's, the statements name no bucket: an id names one
+// row, and a published row is deleted whichever bucket holds it
+// (Message.Bucket is not read). The ids go in ascending order.
+func (s *Store) MarkPublishedBuckets(ctx context.Context, published []*outbox.Message) error {
+	if len(published) == 0 {
+		return nil
+	}
+	ids := make([]int64, 0, len(published))
+	for _, m := range published {
+		ids = append(ids, m.ID)
+	}
+	slices.Sort(ids)
+	per := maxIDsPerDelete
+	if s.hot.multi.deleteIDs != "" {
+		per = maxIDsPerArray
+	}
+	for len(ids) > 0 {
+		chunk := ids[:min(len(ids), per)]
+		ids = ids[len(chunk):]
+		if err := s.write(ctx, s.msgs, func(q *gorm.DB) error {
+			query, args := s.deleteBucketsStatement(chunk)
+			query = s.rawPrefix() + query
+			begin := time.Now()
+			res, err := q.Statement.ConnPool.ExecContext(q.Statement.Context, query, args...)
+			var n int64
+			if err == nil {
+				n, _ = res.RowsAffected()
+			}
+			trace(q, begin, query, args, n, err)
+			return err
+		}); err != nil {
+			return fmt.Errorf("gormstore: mark %d published (ids %d to %d): %w", len(chunk), chunk[0], chunk[len(chunk)-1], err)
+		}
+	}
+	return nil
+}
+
+// deleteBucketsStatement is MarkPublishedBuckets' statement for ids.
+func (s *Store) deleteBucketsStatement(ids []int64) (string, []any) {
+	m := &s.hot.multi
+	if m.deleteIDs != "" {
+		return m.deleteIDs, []any{idsArray(ids)}
+	}
+	var b strings.Builder
+	b.Grow(len(m.deletePrefix) + 4*len(ids) + 1)
+	b.WriteString(m.deletePrefix)
+	args := make([]any, 0, len(ids))
+	for i, id := range ids {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(s.hot.binds[i])
+		args = append(args, id)
+	}
+	b.WriteByte(')')
+	return b.String(), args
+}

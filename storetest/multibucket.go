@@ -1,0 +1,335 @@
+package storetest
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/relay"
+)
+
+// multiScenarios run only for a relay.MultiBucketStore.
+var multiScenarios = []struct {
+	name string
+	run  func(t *testing.T, f Factory)
+}{
+	{"next_batches_answer_each_request_as_next_batch_does", nextBatchesMatchNextBatch},
+	{"next_batches_of_more_buckets_than_one_statement_reads", nextBatchesOfManyBuckets},
+	{"a_corrupt_head_row_in_one_bucket_leaves_the_others_alone", nextBatchesCorruptHead},
+	{"mark_published_buckets_deletes_exactly_the_given_rows_never_a_parked_one", markPublishedBuckets},
+}
+
+// multiStore returns a relay.MultiBucketStore of e, or skips t. With park,
+// its relay "relay-a" holds every bucket's lease when the store can park;
+// canPark reports whether it can.
+func (e *env) multiStore(park bool) (s relay.MultiBucketStore, canPark bool) {
+	e.t.Helper()
+	r := e.relay("relay-a")
+	s, ok := r.s.(relay.MultiBucketStore)
+	if !ok {
+		e.t.Skip("storetest: the store does not implement relay.MultiBucketStore")
+	}
+	if !park {
+		return s, false
+	}
+	canPark, err := s.FleetCanPark(e.ctx)
+	if err != nil {
+		e.t.Fatalf("FleetCanPark: %v", err)
+	}
+	if canPark {
+		if got := e.acquire(r); len(got) != e.n {
+			e.t.Fatalf("AcquireBucketLeases(relay-a) = %v; want all %d buckets", got, e.n)
+		}
+	}
+	return s, canPark
+}
+
+// rng returns a random source seeded from EnvSeed or the time, logging the
+// seed.
+func (e *env) rng() *rand.Rand {
+	e.t.Helper()
+	seed := uint64(time.Now().UnixNano())
+	if v := os.Getenv(EnvSeed); v != "" {
+		s, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			e.t.Fatalf("storetest: %s=%q: %v", EnvSeed, v, err)
+		}
+		seed = s
+	}
+	e.t.Logf("seed %d (set %s to replay)", seed, EnvSeed)
+	return rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+}
+
+// checkAsNextBatch fails t unless got answers each of reqs as NextBatch
+// answers it now.
+func (e *env) checkAsNextBatch(s relay.Store, reqs []relay.BatchRequest, got []relay.BatchResult) {
+	e.t.Helper()
+	if len(got) != len(reqs) {
+		e.t.Fatalf("NextBatches(%d requests) = %d results; want %d", len(reqs), len(got), len(reqs))
+	}
+	for i, r := range reqs {
+		want, err := s.NextBatch(e.ctx, r.Bucket, r.Limit, r.MaxBytes)
+		var wantCorrupt *relay.CorruptRowError
+		if err != nil && !errors.As(err, &wantCorrupt) {
+			e.t.Fatalf("NextBatch(%d, %d, %d): %v", r.Bucket, r.Limit, r.MaxBytes, err)
+		}
+		var gotCorrupt *relay.CorruptRowError
+		if got[i].Err != nil && !errors.As(got[i].Err, &gotCorrupt) {
+			e.t.Fatalf("NextBatches result %d (bucket %d) error %v; want nil or a *relay.CorruptRowError", i, r.Bucket, got[i].Err)
+		}
+		switch {
+		case (gotCorrupt == nil) != (wantCorrupt == nil),
+			gotCorrupt != nil && (gotCorrupt.ID != wantCorrupt.ID || gotCorrupt.Bucket != wantCorrupt.Bucket):
+			e.t.Fatalf("NextBatches result %d (bucket %d, limit %d, max bytes %d) error %v; want NextBatch's %v",
+				i, r.Bucket, r.Limit, r.MaxBytes, got[i].Err, err)
+		case gotCorrupt != nil && len(got[i].Rows) > 0:
+			e.t.Fatalf("NextBatches result %d (bucket %d) = %v with a *relay.CorruptRowError; want no rows", i, r.Bucket, msgIDs(got[i].Rows))
+		case !sameRows(got[i].Rows, want):
+			e.t.Fatalf("NextBatches result %d (bucket %d, limit %d, max bytes %d) = %v; want NextBatch's %v",
+				i, r.Bucket, r.Limit, r.MaxBytes, msgIDs(got[i].Rows), msgIDs(want))
+		}
+	}
+}
+
+// sameRows reports whether a and b hold the same messages, in order.
+func sameRows(a, b []*outbox.Message) bool {
+	return slices.EqualFunc(a, b, func(x, y *outbox.Message) bool {
+		return x.ID == y.ID && x.MessageID == y.MessageID && x.Bucket == y.Bucket && x.Topic == y.Topic &&
+			bytes.Equal(x.Key, y.Key) && bytes.Equal(x.Value, y.Value) && (x.Value == nil) == (y.Value == nil)
+	})
+}
+
+func fmtReqs(reqs []relay.BatchRequest) string {
+	var b strings.Builder
+	for _, r := range reqs {
+		fmt.Fprintf(&b, " %d/%d/%d", r.Bucket, r.Limit, r.MaxBytes)
+	}
+	return b.String()
+}
+
+// nextBatchesMatchNextBatch: over rounds of random requests (buckets in any
+// order, empty ones included; limits from 0; byte bounds or none), on rows
+// of a few keys and values of random sizes, some parked (rejected, corrupt,
+// held) when the store can park, and a corrupt row when the harness can
+// write one, NextBatches answers each request as NextBatch does; each round
+// then deletes a random prefix of each batch (MarkPublishedBuckets).
+func nextBatchesMatchNextBatch(t *testing.T, f Factory) {
+	const n = 12
+	e := newEnv(t, f, n)
+	s, canPark := e.multiStore(true)
+	rng := e.rng()
+	keys := []string{"a", "b", "c", ""}
+	row := func() *outbox.Message {
+		m := e.msg(rng.IntN(n-1), start) // bucket n-1 stays empty
+		if k := keys[rng.IntN(len(keys))]; k != "" {
+			m.Key = []byte(k)
+		} else {
+			m.Key = nil
+		}
+		m.Value = bytes.Repeat([]byte{'v'}, 1+rng.IntN(200))
+		return m
+	}
+	var rows []*outbox.Message
+	for range 80 {
+		rows = append(rows, row())
+	}
+	e.insert(rows...)
+	if e.h.InsertCorrupt != nil {
+		if err := e.h.InsertCorrupt(e.ctx, rng.IntN(n-1)); err != nil {
+			t.Fatalf("Harness.InsertCorrupt: %v", err)
+		}
+	}
+	rows = rows[:0]
+	for range 80 {
+		rows = append(rows, row())
+	}
+	e.insert(rows...)
+	if canPark {
+		reasons := []string{"rejected", relay.CorruptReasonPrefix + "bad headers", relay.HeldReasonPrefix + "1"}
+		for b := range n {
+			for _, id := range e.batchBeforeCorrupt(s, b) {
+				if rng.IntN(6) == 0 {
+					e.park(s, b, id, reasons[rng.IntN(len(reasons))])
+				}
+			}
+		}
+	}
+	for round := range 16 {
+		buckets := rng.Perm(n)[:1+rng.IntN(n)]
+		reqs := make([]relay.BatchRequest, len(buckets))
+		for i, b := range buckets {
+			reqs[i] = relay.BatchRequest{Bucket: b, Limit: rng.IntN(8)}
+			if rng.IntN(4) == 0 {
+				reqs[i].Limit = 100
+			}
+			if rng.IntN(2) == 0 {
+				reqs[i].MaxBytes = 1 + rng.Int64N(600)
+			}
+		}
+		got, err := s.NextBatches(e.ctx, reqs)
+		if err != nil {
+			t.Fatalf("round %d: NextBatches(%s): %v", round, fmtReqs(reqs), err)
+		}
+		e.checkAsNextBatch(s, reqs, got)
+		var done []*outbox.Message
+		for i, r := range got {
+			var ce *relay.CorruptRowError
+			if errors.As(r.Err, &ce) && canPark {
+				e.park(s, reqs[i].Bucket, ce.ID, relay.CorruptReasonPrefix+ce.Err.Error())
+			}
+			done = append(done, r.Rows[:rng.IntN(len(r.Rows)+1)]...)
+		}
+		if err := s.MarkPublishedBuckets(e.ctx, done); err != nil {
+			t.Fatalf("round %d: MarkPublishedBuckets(%v): %v", round, msgIDs(done), err)
+		}
+	}
+}
+
+// batchBeforeCorrupt returns the ids NextBatch returns for bucket: the rows
+// before a corrupt one, none at a corrupt head.
+func (e *env) batchBeforeCorrupt(s relay.Store, bucket int) []int64 {
+	e.t.Helper()
+	got, err := s.NextBatch(e.ctx, bucket, 10000, 0)
+	var ce *relay.CorruptRowError
+	if err != nil && !errors.As(err, &ce) {
+		e.t.Fatalf("NextBatch(%d): %v", bucket, err)
+	}
+	return msgIDs(got)
+}
+
+// nextBatchesOfManyBuckets: one call for 600 buckets, more than a store
+// reads in one statement, answers each as NextBatch does.
+func nextBatchesOfManyBuckets(t *testing.T, f Factory) {
+	const n = 600
+	e := newEnv(t, f, n)
+	s, _ := e.multiStore(false)
+	var rows []*outbox.Message
+	for b := range n {
+		for range 1 + b%3 {
+			rows = append(rows, e.msg(b, start))
+		}
+	}
+	for c := range slices.Chunk(rows, 100) {
+		e.insert(c...)
+	}
+	reqs := make([]relay.BatchRequest, 0, n)
+	for b := n - 1; b >= 0; b-- {
+		reqs = append(reqs, relay.BatchRequest{Bucket: b, Limit: 1 + b%2})
+	}
+	got, err := s.NextBatches(e.ctx, reqs)
+	if err != nil {
+		t.Fatalf("NextBatches(%d buckets): %v", n, err)
+	}
+	e.checkAsNextBatch(s, reqs, got)
+	for i, r := range got {
+		if want := min(1+reqs[i].Bucket%2, 1+reqs[i].Bucket%3); len(r.Rows) != want {
+			t.Fatalf("NextBatches result %d (bucket %d) = %d rows; want %d", i, reqs[i].Bucket, len(r.Rows), want)
+		}
+	}
+}
+
+// nextBatchesCorruptHead: a corrupt head row in one bucket is that
+// bucket's *relay.CorruptRowError, with no rows; a corrupt row behind good
+// ones in another bucket cuts its batch without an error; the other
+// buckets' batches are whole.
+func nextBatchesCorruptHead(t *testing.T, f Factory) {
+	e := newEnv(t, f, 8)
+	if e.h.InsertCorrupt == nil {
+		t.Skip("storetest: Harness.InsertCorrupt is nil")
+	}
+	s, _ := e.multiStore(false)
+	one := []*outbox.Message{e.msg(1, start), e.msg(1, start)}
+	three := e.msg(3, start)
+	e.insert(one[0], three, one[1])
+	for _, b := range []int{2, 3} {
+		if err := e.h.InsertCorrupt(e.ctx, b); err != nil {
+			t.Fatalf("Harness.InsertCorrupt(%d): %v", b, err)
+		}
+	}
+	e.insert(e.msg(2, start), e.msg(3, start), e.msg(1, start))
+	reqs := []relay.BatchRequest{{Bucket: 3, Limit: 10}, {Bucket: 2, Limit: 10}, {Bucket: 1, Limit: 10}, {Bucket: 4, Limit: 10}}
+	got, err := s.NextBatches(e.ctx, reqs)
+	if err != nil {
+		t.Fatalf("NextBatches: %v", err)
+	}
+	e.checkAsNextBatch(s, reqs, got)
+	var ce *relay.CorruptRowError
+	if !errors.As(got[1].Err, &ce) || ce.Bucket != 2 || len(got[1].Rows) != 0 {
+		t.Fatalf("NextBatches bucket 2 = %v, %v; want a *relay.CorruptRowError in bucket 2, no rows", msgIDs(got[1].Rows), got[1].Err)
+	}
+	if r := got[0]; r.Err != nil || len(r.Rows) != 1 || r.Rows[0].MessageID != three.MessageID {
+		t.Fatalf("NextBatches bucket 3 = %v, %v; want only the row before the corrupt one, no error", msgIDs(r.Rows), r.Err)
+	}
+	if r := got[2]; r.Err != nil || len(r.Rows) != 3 {
+		t.Fatalf("NextBatches bucket 1 = %v, %v; want its 3 rows", msgIDs(r.Rows), r.Err)
+	}
+	if r := got[3]; r.Err != nil || len(r.Rows) != 0 {
+		t.Fatalf("NextBatches empty bucket 4 = %v, %v; want nothing", msgIDs(r.Rows), r.Err)
+	}
+}
+
+// markPublishedBuckets: one call deleting 2,100 rows' worth of prefixes
+// over four buckets (in no particular order) deletes exactly those rows;
+// a row parked after it was read, when the store can park, is not deleted.
+func markPublishedBuckets(t *testing.T, f Factory) {
+	e := newEnv(t, f, 8)
+	s, canPark := e.multiStore(true)
+	var rows []*outbox.Message
+	for i := range 2100 {
+		rows = append(rows, e.msg(1+i%4, start))
+	}
+	for c := range slices.Chunk(rows, 100) {
+		e.insert(c...)
+	}
+	batch := map[int][]*outbox.Message{}
+	for b := 1; b <= 4; b++ {
+		got, err := s.NextBatch(e.ctx, b, 10000, 0)
+		if err != nil || len(got) != 525 {
+			t.Fatalf("NextBatch(%d) = %d rows, %v; want 525", b, len(got), err)
+		}
+		batch[b] = got
+	}
+	var parked int64
+	if canPark {
+		parked = batch[2][1].ID
+		e.park(s, 2, parked, "rejected")
+	}
+	done := slices.Concat(batch[3], batch[1][:300], batch[2][:400])
+	done = append(done, batch[4][:200]...)
+	rng := rand.New(rand.NewPCG(1, 2))
+	rng.Shuffle(len(done), func(i, j int) { done[i], done[j] = done[j], done[i] })
+	for range 2 { // the second call finds the rows gone
+		if err := s.MarkPublishedBuckets(e.ctx, done); err != nil {
+			t.Fatalf("MarkPublishedBuckets(%d rows): %v", len(done), err)
+		}
+	}
+	if err := s.MarkPublishedBuckets(e.ctx, nil); err != nil {
+		t.Fatalf("MarkPublishedBuckets(nothing): %v", err)
+	}
+	for b, want := range map[int][]int64{1: msgIDs(batch[1][300:]), 2: msgIDs(batch[2][400:]), 3: {}, 4: msgIDs(batch[4][200:])} {
+		if got := e.batch(s, b); !slices.Equal(got, want) {
+			t.Fatalf("bucket %d after MarkPublishedBuckets = %d rows %v; want %d rows %v", b, len(got), got, len(want), want)
+		}
+	}
+	if !canPark {
+		return
+	}
+	adm, ok := s.(relay.ParkAdmin)
+	if !ok {
+		return
+	}
+	if n, err := adm.RequeueParked(e.ctx, relay.ParkedSelector{ID: parked}); err != nil || n != 1 {
+		t.Fatalf("RequeueParked(ID %d) = %d, %v; want 1 (MarkPublishedBuckets must not delete a parked row)", parked, n, err)
+	}
+	if got := e.batch(s, 2); len(got) == 0 || got[0] != parked {
+		t.Fatalf("bucket 2 after the requeue = %v; want the parked row %d first", got, parked)
+	}
+}
