@@ -565,6 +565,16 @@ type heldDeletes struct {
 }
 
 func (s *heldDeletes) MarkPublished(ctx context.Context, bucket int, rows []*outbox.Message) error {
+	s.hold(ctx)
+	return s.MemStore.MarkPublished(ctx, bucket, rows)
+}
+
+func (s *heldDeletes) MarkPublishedBuckets(ctx context.Context, rows []*outbox.Message) error {
+	s.hold(ctx)
+	return s.MemStore.MarkPublishedBuckets(ctx, rows)
+}
+
+func (s *heldDeletes) hold(ctx context.Context) {
 	n := s.running.Add(1)
 	defer s.running.Add(-1)
 	for m := s.most.Load(); n > m && !s.most.CompareAndSwap(m, n); m = s.most.Load() {
@@ -577,7 +587,6 @@ func (s *heldDeletes) MarkPublished(ctx context.Context, bucket int, rows []*out
 	case <-time.After(50 * time.Millisecond):
 	case <-ctx.Done():
 	}
-	return s.MemStore.MarkPublished(ctx, bucket, rows)
 }
 
 // TestDeletesInFlightAreBoundedByMaxConcurrentBuckets: a relay owning many

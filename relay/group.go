@@ -13,10 +13,11 @@ import (
 // publisher is a GroupPublisher, with one fetch (a MultiBucketStore's, else
 // one NextBatch per bucket), one publish and one delete, so that a backlog
 // spread thinly over many buckets costs a few calls per group instead of
-// per bucket. A group's batches share BatchSize and MaxBatchBytes: each
-// bucket gets an equal share; a bucket whose share is full (deep) is served
-// alone from then on, with whole batches, as are buckets retrying their
-// head row. When a group's fetch or delete fails, each of its buckets is
+// per bucket. A group's batches share BatchSize and MaxBatchBytes, each
+// bucket an equal share (a deep bucket is served again in the next group);
+// groups form only while more buckets wait than workers serve, so a few
+// deep buckets get whole batches. A bucket retrying its head row is served
+// alone. When a group's fetch or delete fails, each of its buckets is
 // served alone next, at once: only the one at fault backs off.
 
 // maxGroup bounds the buckets of a group: its fetch, one statement, reads
@@ -33,10 +34,10 @@ func (r *Relay) groupSize(queued int) int {
 	return min(maxGroup, r.opts.BatchSize, max(1, (queued+r.workers-1)/r.workers))
 }
 
-// groupable reports whether bucket b may join a group: its batches are
-// small and it is not retrying its head row alone.
+// groupable reports whether bucket b may join a group: it is not retrying
+// its head row, nor due alone after its group's failure.
 func groupable(st *runState, b int) bool {
-	return !st.b[b].deep && st.b[b].retry == nil
+	return st.b[b].retry == nil && !st.b[b].alone
 }
 
 // serveGroup serves one batch of each bucket of group (more than one, each
@@ -104,7 +105,7 @@ func (r *Relay) fetchGroup(ctx, cleanup context.Context, st *runState, group []i
 		if err != nil {
 			// Whose fault is not known: each bucket is fetched alone next,
 			// at once, and only a failing one backs off.
-			st.b[group[i]].deep = true
+			st.b[group[i]].alone = true
 			continue
 		}
 		fs[i], errs[i] = r.fetched(ctx, st, reqs[j], excls[i], results[j].Rows, results[j].Err, took)

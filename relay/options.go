@@ -87,11 +87,14 @@ type Options struct {
 	// batch (default 4 MiB).
 	MaxBatchBytes int64
 
-	// MaxConcurrentBuckets is how many of its buckets one relay serves at
-	// once when the store gains from it (Store.ConcurrentBuckets): the
-	// fetch, publish and delete of different buckets overlap, each bucket
-	// keeping one batch in flight, in order. 1, or a store that does not
-	// gain (SQLite), serves one bucket after the other (default 4).
+	// MaxConcurrentBuckets is how many batches one relay serves at once
+	// when the store gains from it (Store.ConcurrentBuckets): the fetch,
+	// publish and delete of different buckets overlap, each bucket keeping
+	// one batch in flight, in order. With a GroupPublisher, while more
+	// buckets are ready than this, each of these batches serves a group of
+	// up to 64 buckets sharing BatchSize and MaxBatchBytes (see
+	// MultiBucketStore). 1, or a store that does not gain (SQLite), serves
+	// one batch after the other (default 4).
 	MaxConcurrentBuckets int
 
 	// PollInterval is how often the relay looks for pending rows when no

@@ -160,7 +160,7 @@ type runState struct {
 // bucketState is what a Run knows of one bucket.
 type bucketState struct {
 	ready    bool              // it may hold pending rows: serve it
-	deep     bool              // its latest batch was cut by BatchSize or MaxBatchBytes: it is served alone, not in a group
+	alone    bool              // a call of its group failed: it is served alone next
 	unmarked []*outbox.Message // acknowledged rows whose MarkPublished failed: deleted before the next fetch
 	strikes  *strike           // its head row's strikes (see strike)
 	retry    *headRetry        // its head row's backoff; nil: none (written under runState.mu)
@@ -500,6 +500,7 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int) err
 		return nil
 	}
 	st.worked.Store(true)
+	st.b[b].alone = false
 	f, err := r.fetch(ctx, cleanup, st, b)
 	if err != nil || f == nil || !r.ownsBucket(st, b) {
 		return err
@@ -575,7 +576,6 @@ func (r *Relay) fetched(ctx context.Context, st *runState, req BatchRequest, exc
 	batch, over := trimToBytes(batch, req.MaxBytes-batchSize(excl))
 	failpoint("relay/after-fetch")
 	retried := st.b[b].retry != nil
-	st.b[b].deep = full || over
 	return &fetched{rows: batch, drained: !retried && !full && !over, took: took}, nil
 }
 
@@ -725,7 +725,7 @@ func (r *Relay) settleDelete(ctx context.Context, st *runState, b int) error {
 	}
 	st.b[b].unmarked = append(st.b[b].unmarked, d.rows...)
 	if d.group { // whose fault is not known: b deletes its rows alone next, at once
-		st.b[b].deep, st.b[b].ready = true, true
+		st.b[b].alone, st.b[b].ready = true, true
 		return nil
 	}
 	return fmt.Errorf("relay: bucket %d: mark published: %w", b, d.err)
