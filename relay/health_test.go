@@ -144,3 +144,21 @@ func TestHealthForgetsFailedPublishesNoLongerRetried(t *testing.T) {
 		t.Fatalf("Health() with nothing left to retry = %v; want nil", err)
 	}
 }
+
+// TestFailingDiscoveryDoesNotStopReadyBuckets: while every discovery fails
+// (a walk slower than the store's statement timeout, say), the relay still
+// publishes the buckets it knows to be ready — here from a writer's hint —
+// and reports the discovery's error in Health until one succeeds.
+func TestFailingDiscoveryDoesNotStopReadyBuckets(t *testing.T) {
+	h := newHarness(t, relay.Options{}, nil)
+	h.start()
+	h.waitIdle()
+	h.ops.failNext(relaytest.OpBucketsWithPending, 1000)
+	h.advanceIdle(relay.DefaultPollInterval) // the discovery fails
+	h.store.AddToBucket(3, msgs(2, "t")...)
+	h.r.Notifier().NotifyBucket(3)
+	h.waitFor("the hinted bucket published", func() bool { return len(h.pub.Acknowledged()) == 2 })
+	if err := h.r.Health(); err == nil || !strings.Contains(err.Error(), "discover pending buckets") {
+		t.Fatalf("Health() while discovery fails = %v; want the discovery error", err)
+	}
+}

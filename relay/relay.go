@@ -147,6 +147,7 @@ type runState struct {
 	hints         []int
 	worked        atomic.Bool // the cycle called the store
 	acquireErr    error       // the latest acquisition's error, nil after a success
+	discoverErr   error       // the latest discovery's error, nil after a success
 
 	b []bucketState // per bucket, BucketCount of them
 
@@ -372,8 +373,8 @@ func (r *Relay) loop(ctx, cleanup context.Context, st *runState) error {
 		st.worked.Store(false)
 		err := r.cycle(ctx, cleanup, st)
 		switch {
-		case err == nil && st.acquireErr != nil:
-			r.recordHealth(ctx, st.acquireErr) // failed acquisition: work goes on, unhealthy
+		case err == nil && (st.acquireErr != nil || st.discoverErr != nil):
+			r.recordHealth(ctx, cmp.Or(st.acquireErr, st.discoverErr)) // work goes on, unhealthy
 		case err == nil:
 			r.recordHealth(ctx, r.everyBucketFailing(st))
 		default:
@@ -437,9 +438,19 @@ func (r *Relay) cycle(ctx, cleanup context.Context, st *runState) error {
 			st.worked.Store(true)
 			pending, err := r.store.BucketsWithPending(ctx, owned)
 			if err != nil {
-				st.discover = true
-				return errStore{fmt.Errorf("relay: discover pending buckets: %w", err)}
+				if ctx.Err() != nil {
+					return nil
+				}
+				// The buckets known to be ready are served meanwhile: a
+				// discovery slower than the store's statement timeout (a
+				// walk over a backlog's dead index entries) must not stop
+				// the relay.
+				r.repeats.Log(ctx, r.log, r.clock.Now(), "cycle", "discovery of pending buckets failed; serving the buckets known to be ready, retrying it after the backoff", err, "backoff", r.opts.ErrorBackoff)
+				st.discoverErr = fmt.Errorf("relay: discover pending buckets: %w", err)
+				st.nextDiscovery = r.clock.Now().Add(r.opts.ErrorBackoff)
+				return r.sweep(ctx, cleanup, st, owned)
 			}
+			st.discoverErr = nil
 			// A discovery that takes a good part of PollInterval (tens of
 			// thousands of buckets: one index probe each) would otherwise
 			// run back to back; it rests discoveryRest times as long as it
