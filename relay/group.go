@@ -14,11 +14,11 @@ import (
 // one NextBatch per bucket), one publish and one delete, so that a backlog
 // spread thinly over many buckets costs a few calls per group instead of
 // per bucket. A group's batches share BatchSize and MaxBatchBytes, each
-// bucket an equal share (a deep bucket is served again in the next group);
-// groups form only while more buckets wait than workers serve, so a few
-// deep buckets get whole batches. A bucket retrying its head row is served
-// alone. When a group's fetch or delete fails, each of its buckets is
-// served alone next, at once: only the one at fault backs off.
+// bucket an equal share; a bucket that fills its share (a deep one) is
+// served alone next, with a whole batch, and joins groups again once a
+// batch drains it. A bucket retrying its head row is served alone too.
+// When a group's fetch or delete fails, each of its buckets is served alone
+// next, at once: only the one at fault backs off.
 
 // maxGroup bounds the buckets of a group: its fetch, one statement, reads
 // at most maxGroup bucket heads.
@@ -35,7 +35,7 @@ func (r *Relay) groupSize(queued int) int {
 }
 
 // groupable reports whether bucket b may join a group: it is not retrying
-// its head row, nor due alone after its group's failure.
+// its head row, nor due alone (see bucketState.alone).
 func groupable(st *runState, b int) bool {
 	return st.b[b].retry == nil && !st.b[b].alone
 }

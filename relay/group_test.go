@@ -85,8 +85,8 @@ func TestShallowBucketsShareFetchesPublishesAndDeletes(t *testing.T) {
 }
 
 // TestGroupSharesOneBatchBound: a group's batches together stay within
-// BatchSize (each bucket gets an equal share), and a deep bucket, once it
-// is the only one left, gets whole batches.
+// BatchSize (each bucket gets an equal share), and a bucket that fills its
+// share is then served alone, with whole batches.
 func TestGroupSharesOneBatchBound(t *testing.T) {
 	const batchSize = 8
 	rec := &groupRecorder{}
@@ -121,7 +121,7 @@ func TestGroupSharesOneBatchBound(t *testing.T) {
 		}
 	}
 	if full < 3 {
-		t.Fatalf("bucket 0 had %d batches of %d rows; want whole batches once it is the only one left", full, batchSize)
+		t.Fatalf("bucket 0 had %d batches of %d rows; want it served alone with whole batches once found deep", full, batchSize)
 	}
 }
 

@@ -161,7 +161,7 @@ type runState struct {
 // bucketState is what a Run knows of one bucket.
 type bucketState struct {
 	ready    bool              // it may hold pending rows: serve it
-	alone    bool              // a call of its group failed: it is served alone next
+	alone    bool              // served alone next: its latest batch was cut by its limit or bytes, or its group's call failed
 	unmarked []*outbox.Message // acknowledged rows whose MarkPublished failed: deleted before the next fetch
 	strikes  *strike           // its head row's strikes (see strike)
 	retry    *headRetry        // its head row's backoff; nil: none (written under runState.mu)
@@ -511,7 +511,6 @@ func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int) err
 		return nil
 	}
 	st.worked.Store(true)
-	st.b[b].alone = false
 	f, err := r.fetch(ctx, cleanup, st, b)
 	if err != nil || f == nil || !r.ownsBucket(st, b) {
 		return err
@@ -570,6 +569,7 @@ func (r *Relay) fetchRequest(ctx, cleanup context.Context, st *runState, b, limi
 func (r *Relay) fetched(ctx context.Context, st *runState, req BatchRequest, excl, batch []*outbox.Message, err error, took time.Duration) (*fetched, error) {
 	b, limit := req.Bucket, req.Limit-len(excl)
 	full := len(batch) >= req.Limit // the bucket may hold more rows
+	st.b[b].alone = full
 	batch = without(batch, excl)
 	if ce := (*CorruptRowError)(nil); errors.As(err, &ce) {
 		return nil, r.parkCorrupt(ctx, st, b, ce)
@@ -587,6 +587,7 @@ func (r *Relay) fetched(ctx context.Context, st *runState, req BatchRequest, exc
 	batch, over := trimToBytes(batch, req.MaxBytes-batchSize(excl))
 	failpoint("relay/after-fetch")
 	retried := st.b[b].retry != nil
+	st.b[b].alone = full || over
 	return &fetched{rows: batch, drained: !retried && !full && !over, took: took}, nil
 }
 
