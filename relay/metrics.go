@@ -24,16 +24,17 @@ const (
 	// MetricPublishAcknowledged counts the acknowledged prefixes the
 	// publisher reported: attempts, so a retried batch counts again.
 	MetricPublishAcknowledged = "outbox.publish.acknowledged"
-	// MetricPublishFailures counts Publish calls that returned an error,
-	// except a stop's cancellation.
+	// MetricPublishFailures counts the batches whose publish returned an
+	// error, except a stop's cancellation: a Publish call, or each failed
+	// bucket's batch of a GroupPublisher's PublishGroup call.
 	MetricPublishFailures = "outbox.publish.failures"
 	// MetricLeaseExpirations counts losses of a nonempty lease set.
 	MetricLeaseExpirations = "outbox.lease.expirations"
 	// MetricFenced counts buckets the broker fenced (ErrFenced): nonzero
 	// means two relays believed they owned a bucket.
 	MetricFenced = "outbox.fenced"
-	// MetricPublishDuration is a histogram of whole Publish calls, in
-	// seconds.
+	// MetricPublishDuration is a histogram of whole Publish (or
+	// PublishGroup) calls, in seconds.
 	MetricPublishDuration = "outbox.publish.duration"
 	// MetricCycleDuration is a histogram of relay cycles (acquisition,
 	// discovery and one sweep), excluding idle waits and backoff, in seconds.
@@ -152,10 +153,10 @@ func newInstruments(mp metric.MeterProvider, name string) (*instruments, error) 
 	}
 	in.owned = intGauge(MetricOwnedBuckets, "{bucket}", "Buckets in the relay's local lease set.")
 	in.acked = counter(MetricPublishAcknowledged, "{message}", "Acknowledged prefix reported by the publisher, counting attempts.")
-	in.failures = counter(MetricPublishFailures, "{attempt}", "Publish calls that returned an error.")
+	in.failures = counter(MetricPublishFailures, "{attempt}", "Batches whose publish returned an error.")
 	in.expirations = counter(MetricLeaseExpirations, "{event}", "Observed losses of a nonempty lease set.")
 	in.fenced = counter(MetricFenced, "{bucket}", "Buckets dropped because the broker fenced their transactional producer.")
-	in.publishDur = histogram(MetricPublishDuration, "Duration of whole Publish calls.")
+	in.publishDur = histogram(MetricPublishDuration, "Duration of whole publish calls.")
 	in.cycleDur = histogram(MetricCycleDuration, "Duration of relay cycles, excluding idle waits.")
 	in.pendingMsgs = intGauge(MetricPendingMessages, "{message}", "Pending rows in the whole store, from the latest sample.")
 	in.pendingAge = floatGauge(MetricPendingOldestAge, "Age of the oldest pending row.")
