@@ -261,5 +261,5 @@ func TestRelayRecoversFairSharesAfterDatabaseOutage(t *testing.T) {
 		t.Errorf("the relays did not own their fair shares within %v of the restart (%d renewal intervals); want them to", bound, bound/rebalanceRenew)
 	}
 	r.enqueue(t, 500)
-	r.finish(t, "store error; backing off")
+	r.finish(t, storeBackoffLogs...)
 }

@@ -524,6 +524,7 @@ const dbKillEcho = 2 * time.Second
 // statement.
 var storeWarnMessages = []string{
 	`msg="store error; backing off"`,
+	`msg="discovery of pending buckets failed;`,
 	`msg="bucket store error;`,
 	`msg="acquire leases failed"`,
 	`msg="renew leases failed"`,
