@@ -9,3 +9,6 @@ func WakePending(n *Notifier) bool { return len(n.wake) > 0 }
 
 // Workers returns the number of buckets r serves at once.
 func Workers(r *Relay) int { return r.workers }
+
+// BucketRanges exposes bucketRanges to the tests.
+func BucketRanges(buckets []int, limit int) string { return bucketRanges(buckets, limit) }

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -97,7 +99,7 @@ func (r *Relay) setLeases(st *runState, buckets []int, validUntil time.Time) {
 	}
 	r.noteStuck(st)
 	if !slices.Equal(old, buckets) {
-		r.log.Info("owned buckets changed", "buckets", buckets)
+		r.log.Info("owned buckets changed", "count", len(buckets), "buckets", bucketRanges(buckets, 16))
 	}
 	r.publishOwnership(buckets, validUntil)
 }
@@ -263,4 +265,29 @@ func (r *Relay) renew(ctx context.Context, st *runState) {
 			}
 		}
 	}
+}
+
+// bucketRanges writes ascending buckets as ranges ("0-3,8,10-12"), at most
+// limit of them and then "…": a line stays short at 65,536 buckets.
+func bucketRanges(buckets []int, limit int) string {
+	var b strings.Builder
+	for i, n := 0, 0; i < len(buckets); n++ {
+		if n == limit {
+			b.WriteString(",…")
+			break
+		}
+		j := i
+		for j+1 < len(buckets) && buckets[j+1] == buckets[j]+1 {
+			j++
+		}
+		if n > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.Itoa(buckets[i]))
+		if j > i {
+			b.WriteString("-" + strconv.Itoa(buckets[j]))
+		}
+		i = j + 1
+	}
+	return b.String()
 }

@@ -177,3 +177,31 @@ func TestStoreOutageLogsBoundedLines(t *testing.T) {
 		t.Errorf("no INFO line said the lease acquisition recovered; recovery lines: %v", recovered)
 	}
 }
+
+// TestOwnedBucketsAreLoggedAsRanges: the "owned buckets changed" line
+// writes the buckets as ranges, at most 16 of them, so that a relay owning
+// 65,536 buckets logs a short line (it was one of 350 KB).
+func TestOwnedBucketsAreLoggedAsRanges(t *testing.T) {
+	all := make([]int, 65536)
+	for i := range all {
+		all[i] = i
+	}
+	var every2 []int
+	for i := 0; i < 100; i += 2 {
+		every2 = append(every2, i)
+	}
+	for _, tc := range []struct {
+		buckets []int
+		want    string
+	}{
+		{nil, ""},
+		{[]int{5}, "5"},
+		{[]int{0, 1, 2, 3, 8, 10, 11, 12}, "0-3,8,10-12"},
+		{all, "0-65535"},
+		{every2, "0,2,4,6,8,10,12,14,16,18,20,22,24,26,28,30,…"},
+	} {
+		if got := relay.BucketRanges(tc.buckets, 16); got != tc.want {
+			t.Errorf("BucketRanges(%d buckets) = %q; want %q", len(tc.buckets), got, tc.want)
+		}
+	}
+}
