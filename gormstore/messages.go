@@ -339,19 +339,36 @@ func (s *Store) MarkPublished(ctx context.Context, bucket int, published []*outb
 	if len(published) == 0 {
 		return nil
 	}
-	ids := make([]int64, 0, len(published))
-	for _, m := range published {
+	return s.deleteIDs(ctx, messageIDs(published), s.hot.deleteIDs != "",
+		func(chunk []int64) (string, []any) { return s.deleteStatement(bucket, chunk) },
+		func(chunk []int64, err error) error {
+			return fmt.Errorf("gormstore: bucket %d: mark %d published: %w", bucket, len(chunk), err)
+		})
+}
+
+// messageIDs returns the ids of msgs.
+func messageIDs(msgs []*outbox.Message) []int64 {
+	ids := make([]int64, 0, len(msgs))
+	for _, m := range msgs {
 		ids = append(ids, m.ID)
 	}
+	return ids
+}
+
+// deleteIDs deletes ids in chunks, each one statement built by stmt, in
+// autocommit: maxIDsPerArray ids per statement when the statement takes
+// them as one array, else maxIDsPerDelete. wrap gives a failed chunk's
+// error its context.
+func (s *Store) deleteIDs(ctx context.Context, ids []int64, array bool, stmt func([]int64) (string, []any), wrap func([]int64, error) error) error {
 	per := maxIDsPerDelete
-	if s.hot.deleteIDs != "" {
+	if array {
 		per = maxIDsPerArray
 	}
 	for len(ids) > 0 {
 		chunk := ids[:min(len(ids), per)]
 		ids = ids[len(chunk):]
 		if err := s.write(ctx, s.msgs, func(q *gorm.DB) error {
-			query, args := s.deleteStatement(bucket, chunk)
+			query, args := stmt(chunk)
 			query = s.rawPrefix() + query
 			begin := time.Now()
 			res, err := q.Statement.ConnPool.ExecContext(q.Statement.Context, query, args...)
@@ -362,7 +379,7 @@ func (s *Store) MarkPublished(ctx context.Context, bucket int, published []*outb
 			trace(q, begin, query, args, n, err)
 			return err
 		}); err != nil {
-			return fmt.Errorf("gormstore: bucket %d: mark %d published: %w", bucket, len(chunk), err)
+			return wrap(chunk, err)
 		}
 	}
 	return nil
@@ -376,16 +393,22 @@ func (s *Store) deleteStatement(bucket int, ids []int64) (string, []any) {
 	if s.hot.deleteIDs != "" {
 		return s.hot.deleteIDs, []any{bucket, idsArray(ids)}
 	}
+	return s.inList(s.hot.deletePrefix, []any{bucket}, ids)
+}
+
+// inList completes prefix (ending in "IN (") with a bind variable per id,
+// after those of head, and returns the statement and its arguments.
+func (s *Store) inList(prefix string, head []any, ids []int64) (string, []any) {
 	var b strings.Builder
-	b.Grow(len(s.hot.deletePrefix) + 4*len(ids) + 1)
-	b.WriteString(s.hot.deletePrefix)
-	args := make([]any, 0, 1+len(ids))
-	args = append(args, bucket)
+	b.Grow(len(prefix) + 4*len(ids) + 1)
+	b.WriteString(prefix)
+	args := make([]any, 0, len(head)+len(ids))
+	args = append(args, head...)
 	for i, id := range ids {
 		if i > 0 {
 			b.WriteString(", ")
 		}
-		b.WriteString(s.hot.binds[i+1])
+		b.WriteString(s.hot.binds[len(head)+i])
 		args = append(args, id)
 	}
 	b.WriteByte(')')

@@ -267,34 +267,12 @@ func (s *Store) MarkPublishedBuckets(ctx context.Context, published []*outbox.Me
 	if len(published) == 0 {
 		return nil
 	}
-	ids := make([]int64, 0, len(published))
-	for _, m := range published {
-		ids = append(ids, m.ID)
-	}
+	ids := messageIDs(published)
 	slices.Sort(ids)
-	per := maxIDsPerDelete
-	if s.hot.multi.deleteIDs != "" {
-		per = maxIDsPerArray
-	}
-	for len(ids) > 0 {
-		chunk := ids[:min(len(ids), per)]
-		ids = ids[len(chunk):]
-		if err := s.write(ctx, s.msgs, func(q *gorm.DB) error {
-			query, args := s.deleteBucketsStatement(chunk)
-			query = s.rawPrefix() + query
-			begin := time.Now()
-			res, err := q.Statement.ConnPool.ExecContext(q.Statement.Context, query, args...)
-			var n int64
-			if err == nil {
-				n, _ = res.RowsAffected()
-			}
-			trace(q, begin, query, args, n, err)
-			return err
-		}); err != nil {
+	return s.deleteIDs(ctx, ids, s.hot.multi.deleteIDs != "", s.deleteBucketsStatement,
+		func(chunk []int64, err error) error {
 			return fmt.Errorf("gormstore: mark %d published (ids %d to %d): %w", len(chunk), chunk[0], chunk[len(chunk)-1], err)
-		}
-	}
-	return nil
+		})
 }
 
 // deleteBucketsStatement is MarkPublishedBuckets' statement for ids.
@@ -303,17 +281,5 @@ func (s *Store) deleteBucketsStatement(ids []int64) (string, []any) {
 	if m.deleteIDs != "" {
 		return m.deleteIDs, []any{idsArray(ids)}
 	}
-	var b strings.Builder
-	b.Grow(len(m.deletePrefix) + 4*len(ids) + 1)
-	b.WriteString(m.deletePrefix)
-	args := make([]any, 0, len(ids))
-	for i, id := range ids {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		b.WriteString(s.hot.binds[i])
-		args = append(args, id)
-	}
-	b.WriteByte(')')
-	return b.String(), args
+	return s.inList(m.deletePrefix, nil, ids)
 }
