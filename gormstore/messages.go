@@ -177,7 +177,7 @@ func (s *Store) BucketsWithPending(ctx context.Context, buckets []int) ([]int, e
 //	  AND (NOT EXISTS (SELECT 1 FROM messages WHERE bucket = $1 AND parked_at_ms IS NOT NULL)
 //	    OR NOT EXISTS (SELECT 1 FROM messages p WHERE p.bucket = $1 AND p.parked_at_ms IS NOT NULL
 //	      AND p.id < m.id AND p.record_key = m.record_key AND <p is not corrupt>))
-//	ORDER BY bucket, parked_at_ms, id LIMIT $2
+//	ORDER BY bucket, parked_at_ms, id LIMIT (SELECT $2::int)
 //
 // The first NOT EXISTS does not depend on the row: the database runs it
 // once per statement, one probe of the parked entries of the (bucket,

@@ -96,6 +96,71 @@ func TestNextBatchWalksTheParkedIndexInOrderOnPostgres(t *testing.T) {
 	t.Logf("BucketsWithPending plan:\n%s", plan)
 }
 
+// TestNextBatchPlanIgnoresStaleStatisticsOnPostgres: statistics taken
+// when the table held 10,240 rows in 1,024 buckets make the planner expect
+// about 70 rows in a bucket that holds 5,000 (a backlog in 8 buckets).
+// NextBatch's plan must still be an in-order scan of the (bucket,
+// parked_at_ms, id) index that stops at the limit, as the custom plan of
+// its statement and as the generic plan a driver's cached statement gets.
+// With the limit a bind variable the custom plan was a bitmap heap scan of
+// the whole bucket and a top-N sort (the planner expected fewer rows than
+// the limit): at 19,000 rows a bucket, 80-160 ms a batch instead of 1-15.
+func TestNextBatchPlanIgnoresStaleStatisticsOnPostgres(t *testing.T) {
+	var pg *testenv.Opener
+	for _, o := range testenv.Databases(t) {
+		if o.Name == testenv.Postgres {
+			pg = &o
+		}
+	}
+	if pg == nil {
+		t.Skip("OUTBOX_TEST_POSTGRES_DSN not set")
+	}
+	rec := &testenv.SQLRecorder{}
+	db := pg.Open(t, &gorm.Config{Logger: rec})
+	if err := outbox.AutoMigrate(db, outbox.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.MustExec(t, db,
+		"ALTER TABLE outbox_messages SET (autovacuum_enabled = false)",
+		`INSERT INTO outbox_messages (message_id, bucket, topic, record_value, created_at)
+		 SELECT gen_random_uuid(), g % 1024, 'orders', '\x00'::bytea, now() FROM generate_series(1, 10240) g`,
+		"ANALYZE outbox_messages",
+		"DELETE FROM outbox_messages",
+		`INSERT INTO outbox_messages (message_id, bucket, topic, record_value, created_at)
+		 SELECT gen_random_uuid(), g % 8, 'orders', '\x00'::bytea, now() FROM generate_series(1, 40000) g`)
+	store, err := gormstore.New(db, gormstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec.Reset()
+	batch, err := store.NextBatch(context.Background(), 3, 500, 0)
+	if err != nil || len(batch) != 500 {
+		t.Fatalf("NextBatch = %d rows, %v; want 500", len(batch), err)
+	}
+	stmts := rec.Statements()
+	if len(stmts) != 1 {
+		t.Fatalf("NextBatch issued %d statements; want 1", len(stmts))
+	}
+	inOrder := func(plan string) bool {
+		return strings.Contains(plan, "Index Scan using idx_outbox_messages_bucket_parked_id on outbox_messages m") &&
+			!strings.Contains(plan, "Bitmap") && !strings.Contains(plan, "Sort")
+	}
+	var custom []string
+	if err := db.Raw("EXPLAIN (ANALYZE, BUFFERS) " + stmts[0]).Scan(&custom).Error; err != nil {
+		t.Fatal(err)
+	}
+	plan := strings.Join(custom, "\n")
+	t.Logf("custom plan:\n%s", plan)
+	if !inOrder(plan) {
+		t.Fatalf("NextBatch's custom plan is not an in-order scan of the bucket index:\n%s\n%s", stmts[0], plan)
+	}
+	generic := preparedGenericPlan(t, db, gormstore.NextBatchSQL(store), "int, int, int, int, int", "3, 3, 3, 3, 500")
+	t.Logf("generic plan:\n%s", generic)
+	if !inOrder(generic) {
+		t.Fatalf("NextBatch's generic plan is not an in-order scan of the bucket index:\n%s", generic)
+	}
+}
+
 // TestNextBatchWalksTheParkedIndexInOrderOnSQLite: on SQLite NextBatch
 // selects the bucket by equality, so that the (bucket, parked_at_ms, id)
 // index is walked in order and read only up to the limit, and
