@@ -56,6 +56,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fleets     string
 		jsonPath   string
 		cpuProfile string
+		relayLog   string
 		quiet      bool
 	)
 	fs.StringVar(&cfg.DB, "db", "sqlite", "database: sqlite, postgres or mysql")
@@ -80,6 +81,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&fleets, "idle-fleets", "1,3", "idle: relay counts, comma-separated")
 	fs.StringVar(&jsonPath, "json", "", "write the report as JSON to this file")
 	fs.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
+	fs.StringVar(&relayLog, "relay-log", "", "drain: write every log of the relays, DEBUG included (each batch's fetch, publish and delete times), as JSON lines to this file")
 	fs.BoolVar(&quiet, "q", false, "no progress logs")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -114,6 +116,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 
+	if relayLog != "" {
+		f, err := os.Create(relayLog)
+		if err != nil {
+			return fmt.Errorf("outbox-bench: %w", err)
+		}
+		defer f.Close()
+		cfg.RelayLogger = slog.New(slog.NewJSONHandler(f, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
 	if cpuProfile != "" {
 		f, err := os.Create(cpuProfile)
 		if err != nil {

@@ -93,6 +93,11 @@ type Config struct {
 
 	// Logger receives progress logs. Nil means slog.Default().
 	Logger *slog.Logger
+	// RelayLogger, when set, receives every log of the drain relays (each
+	// with a "relay" attribute), DEBUG included with a handler that enables
+	// it: the per-batch fetch, publish and delete times. Nil: the relays'
+	// warnings and errors go to Logger.
+	RelayLogger *slog.Logger
 }
 
 func (c Config) withDefaults() (Config, error) {

@@ -540,7 +540,11 @@ func (e *env) startFleet(ctx context.Context, n int, open func() (*gorm.DB, erro
 		o.RelayID = fmt.Sprintf("bench-%d-%s", i, unique(""))
 		o.BatchSize = e.cfg.BatchSize
 		o.MaxConcurrentBuckets = e.cfg.MaxConcurrentBuckets
-		if o.Logger == nil {
+		switch {
+		case o.Logger != nil:
+		case e.cfg.RelayLogger != nil:
+			o.Logger = e.cfg.RelayLogger.With("relay", i)
+		default:
 			o.Logger = slog.New(warnOnly{e.log().Handler()})
 		}
 		r, err := relay.New(store, pub, o)
