@@ -30,7 +30,10 @@ func NextBatchWithoutHolds(ctx context.Context, s *Store, bucket, limit int) ([]
 		if err != nil {
 			return err
 		}
-		msgs, _, err = scanBatch(rows, limit, 0)
+		c, err := scanBatch(rows, limit, 0, false)
+		if err == nil {
+			msgs = c.msgs
+		}
 		return err
 	})
 	return msgs, err
@@ -53,4 +56,11 @@ func NextBatchesSQL(s *Store) string { return s.hot.multi.nextBatches }
 // its arguments.
 func DeleteBucketsStatement(s *Store, ids []int64) (string, []any) {
 	return s.deleteBucketsStatement(ids)
+}
+
+// DeleteByLocationSQL returns MarkPublished's and MarkPublishedBuckets'
+// statements by location, with their bind variables (PostgreSQL; ""
+// elsewhere).
+func DeleteByLocationSQL(s *Store) (bucket, buckets string) {
+	return s.hot.deleteTIDs, s.hot.multi.deleteTIDs
 }

@@ -70,8 +70,15 @@ type hotSQL struct {
 	// ORDER BY id".
 	order string
 	// deleteIDs, with two bind variables (bucket, ids as a PostgreSQL array
-	// literal), is PostgreSQL's MarkPublished statement; "" elsewhere.
+	// literal), is PostgreSQL's MarkPublished statement by id; "" elsewhere.
 	deleteIDs string
+	// tid says NextBatch's statement also reads each row's location
+	// (PostgreSQL's ctid, as text, after batchColumns); deleteTIDs, with
+	// three bind variables (bucket, the locations as a tid[] literal, the
+	// ids as a bigint[] literal), is then MarkPublished's statement by
+	// location (see locations.go).
+	tid        bool
+	deleteTIDs string
 	// deletePrefix is the MarkPublished statement up to its IN list, with
 	// one bind variable (bucket): the ids' bind variables follow
 	// (binds[1:]), then ")".
@@ -114,13 +121,18 @@ func buildHotSQL(db *gorm.DB, msgs string) hotSQL {
 	}
 	// nextBatch is NextBatch's statement for one bucket, named by b (the
 	// range's bounds, then the hold conditions' bucket), with limit.
+	h.tid = db.Dialector.Name() == "postgres"
+	cols := batchColumns
+	if h.tid {
+		cols += ", ctid::text"
+	}
 	nextBatch := func(b [4]string, limit string) string {
 		if h.bucketEquality {
-			return "SELECT " + batchColumns + " FROM " + table + " m" +
+			return "SELECT " + cols + " FROM " + table + " m" +
 				" WHERE bucket = " + b[0] + " AND parked_at_ms IS NULL" + held(b[2], b[3]) +
 				" ORDER BY " + h.order + " LIMIT " + limit
 		}
-		return "SELECT " + batchColumns + " FROM " + table + " m" +
+		return "SELECT " + cols + " FROM " + table + " m" +
 			" WHERE bucket >= " + b[0] + " AND bucket <= " + b[1] + " AND parked_at_ms IS NULL" + held(b[2], b[3]) +
 			" ORDER BY bucket, parked_at_ms, id LIMIT " + limit
 	}
@@ -155,6 +167,8 @@ func buildHotSQL(db *gorm.DB, msgs string) hotSQL {
 		// read the whole bucket, 396 ms per 500 rows in a 200,000-row drain
 		// (TestMarkPublishedDeletesByPrimaryKeyOnPostgreSQLWithStaleStatistics).
 		h.deleteIDs = "DELETE FROM " + table + " WHERE id = ANY(" + h.binds[1] + "::bigint[]) AND bucket + 0 = " + h.binds[0] + " AND parked_at_ms + 0 IS NULL"
+		h.deleteTIDs = "DELETE FROM " + table + " WHERE ctid = ANY(" + h.binds[1] + "::tid[]) AND id + 0 = ANY(" + h.binds[2] + "::bigint[])" +
+			" AND bucket + 0 = " + h.binds[0] + " AND parked_at_ms + 0 IS NULL"
 	case "mysql":
 		// MySQL and MariaDB: the multi-table form, whose FORCE INDEX the
 		// single-table DELETE does not take (MariaDB 10.11), makes the
@@ -341,6 +355,8 @@ type batchScanner struct {
 	id, bucket, partition intCol
 	messageID             uuidCol
 	createdAt             timeCol
+	tid                   tidCol
+	withTID               bool // the rows end with their ctid
 	topic                 sql.RawBytes
 	key, value, headers   sql.RawBytes
 	dest                  []any
@@ -350,9 +366,13 @@ type batchScanner struct {
 	block     []outbox.Message
 }
 
-func newBatchScanner() *batchScanner {
+// newBatchScanner scans batchColumns, then, with tid, the row's ctid.
+func newBatchScanner(tid bool) *batchScanner {
 	s := &batchScanner{}
 	s.dest = []any{&s.id, &s.messageID, &s.bucket, &s.topic, &s.key, &s.value, &s.headers, &s.partition, &s.createdAt}
+	if tid {
+		s.dest, s.withTID = append(s.dest, &s.tid), true
+	}
 	return s
 }
 

@@ -226,7 +226,14 @@ func (s *Store) NextBatch(ctx context.Context, bucket, limit int, maxBytes int64
 		begin := time.Now()
 		rows, err := queryRows(q, query, args...)
 		if err == nil {
-			msgs, corrupt, err = scanBatch(rows, limit, maxBytes)
+			var c *batchCut
+			if c, err = scanBatch(rows, limit, maxBytes, s.hot.tid); err == nil {
+				msgs, corrupt = c.msgs, c.corrupt
+				if corrupt != nil {
+					msgs = nil
+				}
+				s.locs.put(msgs, c.tids)
+			}
 		}
 		trace(q, begin, query, args, int64(len(msgs)), err)
 		return err
@@ -239,26 +246,24 @@ func (s *Store) NextBatch(ctx context.Context, bucket, limit int, maxBytes int64
 	return msgs, nil
 }
 
-// scanBatch reads NextBatch's rows (and closes them): at most limit, and,
-// when maxBytes > 0, up to and including the row whose relay.MessageSize
-// brings the total beyond maxBytes.
-func scanBatch(rows *sql.Rows, limit int, maxBytes int64) ([]*outbox.Message, *relay.CorruptRowError, error) {
+// scanBatch reads NextBatch's rows (and closes them) into a batch: at most
+// limit, and, when maxBytes > 0, up to and including the row whose
+// relay.MessageSize brings the total beyond maxBytes. With tid the rows
+// end with their ctid.
+func scanBatch(rows *sql.Rows, limit int, maxBytes int64, tid bool) (*batchCut, error) {
 	defer rows.Close()
-	sc := newBatchScanner()
+	sc := newBatchScanner(tid)
 	c := newBatchCut(limit, maxBytes)
 	for !c.done && rows.Next() {
 		if err := rows.Scan(sc.dest...); err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 		c.add(sc)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	if c.corrupt != nil {
-		return nil, c.corrupt, nil
-	}
-	return c.msgs, nil, nil
+	return c, nil
 }
 
 // batchCut is one bucket's batch as its rows are scanned, oldest first: it
@@ -272,6 +277,7 @@ type batchCut struct {
 	maxBytes int64
 	total    int64
 	msgs     []*outbox.Message
+	tids     []int64 // tids[i] is msgs[i]'s ctid, when the rows end with it
 	corrupt  *relay.CorruptRowError
 	done     bool // the batch takes no more rows
 }
@@ -294,6 +300,9 @@ func (c *batchCut) add(sc *batchScanner) {
 		return
 	}
 	c.msgs = append(c.msgs, m)
+	if sc.withTID {
+		c.tids = append(c.tids, sc.tid.v)
+	}
 	c.done = len(c.msgs) >= c.limit
 	if c.maxBytes > 0 {
 		// The row crossing the bound is included, as relay.Store.NextBatch
@@ -309,10 +318,16 @@ func (c *batchCut) add(sc *batchScanner) {
 const batchColumns = "id, message_id, bucket, topic, record_key, record_value, headers, record_partition, created_at"
 
 // MarkPublished implements relay.Store: it deletes exactly the given rows of
-// bucket, by primary key, unless parked, each statement in autocommit (no
-// transaction around it): on PostgreSQL one statement per 10,000 ids that
-// looks each id up in the primary key (the guard's "+ 0" keeps the planner
-// off the bucket's index, see buildHotSQL),
+// bucket, unless parked, each statement in autocommit (no transaction
+// around it): on PostgreSQL one statement per 10,000 ids, by location when
+// this Store read the rows (a TID scan, see locations.go),
+//
+//	DELETE FROM messages WHERE ctid = ANY($2::tid[]) AND id + 0 = ANY($3::bigint[])
+//	  AND bucket + 0 = $1 AND parked_at_ms + 0 IS NULL
+//
+// else, and for rows no longer at their location, by id, each looked up in
+// the primary key (the guard's "+ 0" keeps the planner off the bucket's
+// index, see buildHotSQL),
 //
 //	DELETE FROM messages WHERE id = ANY($2::bigint[]) AND bucket + 0 = $1 AND parked_at_ms + 0 IS NULL
 //
@@ -339,8 +354,11 @@ func (s *Store) MarkPublished(ctx context.Context, bucket int, published []*outb
 	if len(published) == 0 {
 		return nil
 	}
-	return s.deleteIDs(ctx, messageIDs(published), s.hot.deleteIDs != "",
+	return s.deleteRows(ctx, messageIDs(published), s.hot.deleteIDs != "",
 		func(chunk []int64) (string, []any) { return s.deleteStatement(bucket, chunk) },
+		func(ids, tids []int64) (string, []any) {
+			return s.hot.deleteTIDs, []any{bucket, tidsArray(tids), idsArray(ids)}
+		},
 		func(chunk []int64, err error) error {
 			return fmt.Errorf("gormstore: bucket %d: mark %d published: %w", bucket, len(chunk), err)
 		})
@@ -355,34 +373,59 @@ func messageIDs(msgs []*outbox.Message) []int64 {
 	return ids
 }
 
-// deleteIDs deletes ids in chunks, each one statement built by stmt, in
-// autocommit: maxIDsPerArray ids per statement when the statement takes
-// them as one array, else maxIDsPerDelete. wrap gives a failed chunk's
-// error its context.
-func (s *Store) deleteIDs(ctx context.Context, ids []int64, array bool, stmt func([]int64) (string, []any), wrap func([]int64, error) error) error {
+// deleteRows deletes ids in chunks, in autocommit: maxIDsPerArray ids per
+// statement when the statement takes them as one array, else
+// maxIDsPerDelete. When the store knows where every one of ids lies (see
+// locations.go), each chunk is deleted by location (byTID), and by id
+// (byID) only when that deleted fewer rows than the chunk lists; otherwise
+// by id. wrap gives a failed chunk's error its context.
+func (s *Store) deleteRows(ctx context.Context, ids []int64, array bool, byID func(ids []int64) (string, []any),
+	byTID func(ids, tids []int64) (string, []any), wrap func([]int64, error) error) error {
 	per := maxIDsPerDelete
 	if array {
 		per = maxIDsPerArray
 	}
-	for len(ids) > 0 {
-		chunk := ids[:min(len(ids), per)]
-		ids = ids[len(chunk):]
-		if err := s.write(ctx, s.msgs, func(q *gorm.DB) error {
-			query, args := stmt(chunk)
-			query = s.rawPrefix() + query
-			begin := time.Now()
-			res, err := q.Statement.ConnPool.ExecContext(q.Statement.Context, query, args...)
-			var n int64
-			if err == nil {
-				n, _ = res.RowsAffected()
+	var tids []int64
+	if s.hot.tid {
+		tids = s.locs.take(ids)
+	}
+	for off := 0; off < len(ids); off += per {
+		end := min(len(ids), off+per)
+		chunk := ids[off:end]
+		if tids != nil {
+			query, args := byTID(chunk, tids[off:end])
+			n, err := s.execDelete(ctx, query, args)
+			if err != nil {
+				return wrap(chunk, err)
 			}
-			trace(q, begin, query, args, n, err)
-			return err
-		}); err != nil {
+			if n == int64(len(chunk)) {
+				continue
+			}
+		}
+		query, args := byID(chunk)
+		if _, err := s.execDelete(ctx, query, args); err != nil {
 			return wrap(chunk, err)
 		}
 	}
 	return nil
+}
+
+// execDelete runs one DELETE on the primary and returns the rows it
+// deleted.
+func (s *Store) execDelete(ctx context.Context, query string, args []any) (int64, error) {
+	var n int64
+	err := s.write(ctx, s.msgs, func(q *gorm.DB) error {
+		query := s.rawPrefix() + query
+		begin := time.Now()
+		res, err := q.Statement.ConnPool.ExecContext(q.Statement.Context, query, args...)
+		n = 0
+		if err == nil {
+			n, err = res.RowsAffected()
+		}
+		trace(q, begin, query, args, n, err)
+		return err
+	})
+	return n, err
 }
 
 // maxIDsPerArray bounds the ids of one PostgreSQL MarkPublished DELETE.

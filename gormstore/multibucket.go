@@ -40,9 +40,10 @@ type multiSQL struct {
 	// perStatement is how many buckets one NextBatches statement reads.
 	perStatement int
 	// deleteIDs, with one bind variable (the ids as a PostgreSQL bigint[]
-	// literal), is PostgreSQL's MarkPublishedBuckets statement; ""
-	// elsewhere.
-	deleteIDs string
+	// literal), is PostgreSQL's MarkPublishedBuckets statement by id; ""
+	// elsewhere. deleteTIDs, with two (the locations as a tid[] literal,
+	// the ids), is its statement by location (see locations.go).
+	deleteIDs, deleteTIDs string
 	// deletePrefix is the MarkPublishedBuckets statement up to its IN list:
 	// the ids' bind variables follow (binds[0:]), then ")".
 	deletePrefix string
@@ -69,6 +70,8 @@ func buildMultiSQL(h *hotSQL, dialect, table string, nextBatch func(bucket [4]st
 		// bucket guard: an id names one row, and a published row is deleted
 		// whichever bucket it is in.
 		m.deleteIDs = "DELETE FROM " + table + " WHERE id = ANY(" + h.binds[0] + "::bigint[]) AND parked_at_ms + 0 IS NULL"
+		m.deleteTIDs = "DELETE FROM " + table + " WHERE ctid = ANY(" + h.binds[0] + "::tid[]) AND id + 0 = ANY(" + h.binds[1] + "::bigint[])" +
+			" AND parked_at_ms + 0 IS NULL"
 	case "mysql":
 		// MariaDB 10.11 has no LATERAL: a UNION ALL of parenthesised
 		// selects, each NextBatch's statement with its own ORDER BY and
@@ -166,7 +169,7 @@ func (s *Store) nextBatches(ctx context.Context, reqs []relay.BatchRequest, idx 
 		rows, err := queryRows(q, query, args...)
 		var n int64
 		if err == nil {
-			n, err = scanBatches(rows, cuts)
+			n, err = scanBatches(rows, cuts, s.hot.tid)
 		}
 		trace(q, begin, query, args, n, err)
 		return err
@@ -179,6 +182,7 @@ func (s *Store) nextBatches(ctx context.Context, reqs []relay.BatchRequest, idx 
 			results[i].Err = c.corrupt
 		} else {
 			results[i].Rows = c.msgs
+			s.locs.put(c.msgs, c.tids)
 		}
 	}
 	return nil
@@ -214,9 +218,9 @@ func (s *Store) nextBatchesStatement(reqs []relay.BatchRequest, idx []int) (stri
 // scanBatches reads NextBatches' rows (and closes them) into the batch of
 // their bucket, until every batch is done; it returns the rows read. A row
 // of a bucket not asked for, or a bucket's rows out of id order, fail it.
-func scanBatches(rows *sql.Rows, cuts map[int64]*batchCut) (int64, error) {
+func scanBatches(rows *sql.Rows, cuts map[int64]*batchCut, tid bool) (int64, error) {
 	defer rows.Close()
-	sc := newBatchScanner()
+	sc := newBatchScanner(tid)
 	last := make(map[int64]int64, len(cuts)) // bucket → id of its latest row
 	open, n := len(cuts), int64(0)
 	for open > 0 && rows.Next() {
@@ -245,7 +249,12 @@ func scanBatches(rows *sql.Rows, cuts map[int64]*batchCut) (int64, error) {
 // MarkPublishedBuckets implements relay.MultiBucketStore: it deletes
 // exactly the given rows, of any buckets, by primary key, unless parked,
 // each statement in autocommit, as MarkPublished does: on PostgreSQL one
-// statement per 10,000 ids,
+// statement per 10,000 ids, by location when this Store read the rows
+// (locations.go),
+//
+//	DELETE FROM messages WHERE ctid = ANY($1::tid[]) AND id + 0 = ANY($2::bigint[]) AND parked_at_ms + 0 IS NULL
+//
+// else by id,
 //
 //	DELETE FROM messages WHERE id = ANY($1::bigint[]) AND parked_at_ms + 0 IS NULL
 //
@@ -269,7 +278,10 @@ func (s *Store) MarkPublishedBuckets(ctx context.Context, published []*outbox.Me
 	}
 	ids := messageIDs(published)
 	slices.Sort(ids)
-	return s.deleteIDs(ctx, ids, s.hot.multi.deleteIDs != "", s.deleteBucketsStatement,
+	return s.deleteRows(ctx, ids, s.hot.multi.deleteIDs != "", s.deleteBucketsStatement,
+		func(ids, tids []int64) (string, []any) {
+			return s.hot.multi.deleteTIDs, []any{tidsArray(tids), idsArray(ids)}
+		},
 		func(chunk []int64, err error) error {
 			return fmt.Errorf("gormstore: mark %d published (ids %d to %d): %w", len(chunk), chunk[0], chunk[len(chunk)-1], err)
 		})

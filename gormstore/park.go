@@ -67,7 +67,7 @@ func (s *Store) allBuckets(ctx context.Context) ([][]int, error) {
 	lo, hi := 0, s.cfg.BucketCount-1
 	var lim struct{ Lo, Hi sql.NullInt64 }
 	if err := s.read(ctx, s.msgs, func(q *gorm.DB) error {
-		return q.Table(s.msgs).Select("MIN(bucket) AS lo, MAX(bucket) AS hi").Scan(&lim).Error
+		return s.bucketEnds(q).Scan(&lim).Error
 	}); err != nil {
 		return nil, fmt.Errorf("bucket range: %w", err)
 	}

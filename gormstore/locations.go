@@ -1,0 +1,151 @@
+package gormstore
+
+import (
+	"fmt"
+	"strconv"
+	"sync"
+
+	"github.com/gorm-outbox/outbox"
+)
+
+// Deleting by location (PostgreSQL)
+//
+// NextBatch and NextBatches also read each row's ctid, its location in the
+// table, and the store remembers it (rowLocations) until MarkPublished or
+// MarkPublishedBuckets deletes the row: the delete is then a TID scan,
+//
+//	DELETE FROM messages WHERE ctid = ANY($2::tid[]) AND id + 0 = ANY($3::bigint[])
+//	  AND bucket + 0 = $1 AND parked_at_ms + 0 IS NULL
+//
+// which fetches each listed row's page directly and uses no index, so its
+// plan cannot depend on the planner's statistics. The id list keeps a
+// location whose row is gone and whose slot a new row took from being
+// deleted; "+ 0" keeps every other condition off the indexes.
+//
+// The deletes by id that it replaces have a plan that does depend on them,
+// and one state of the statistics is common: ANALYZE of a drained table (or
+// during a large uncommitted insert) records no rows in many pages, so the
+// planner believes every later backlog empty until autovacuum analyzes the
+// table again. The prepared statement's generic plan then read the ids out
+// of the (bucket, parked_at_ms, id) index, scanning the whole index once
+// per id: 2.2 s and 558,000 buffers to delete 182 rows of a 200,000-row
+// backlog, and 5 s statement timeouts in a 1,024-bucket drain
+// (TestHotPathDeletesByLocationAfterADrainWasAnalyzed).
+//
+// A row no longer at its location (moved by an UPDATE, e.g. VACUUM FULL or
+// a rebucket) is not deleted by the TID scan; when a statement deletes
+// fewer rows than it lists, the store deletes the same ids by id, as
+// before. A row that was not read by this Store (another process's
+// MarkPublished) is deleted by id too.
+
+// rowLocationsPerGeneration bounds the locations remembered: a generation
+// holds at most this many, and the store keeps two. Rows read but never
+// deleted (published by another relay after a rebalance, parked) are
+// forgotten after two generations.
+const rowLocationsPerGeneration = 1 << 16
+
+// rowLocations maps the ids of rows read to their ctid (block << 16 |
+// offset).
+type rowLocations struct {
+	mu        sync.Mutex
+	cur, prev map[int64]int64
+}
+
+// put remembers the location of each of msgs (tids[i] for msgs[i]).
+func (l *rowLocations) put(msgs []*outbox.Message, tids []int64) {
+	if len(msgs) == 0 || len(tids) != len(msgs) {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.cur == nil || len(l.cur) >= rowLocationsPerGeneration {
+		l.prev, l.cur = l.cur, make(map[int64]int64, len(msgs))
+	}
+	for i, m := range msgs {
+		l.cur[m.ID] = tids[i]
+	}
+}
+
+// take returns the location of each of ids (in their order) and forgets
+// them; nil when one of them is not known.
+func (l *rowLocations) take(ids []int64) []int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	tids := make([]int64, len(ids))
+	all := true
+	for i, id := range ids {
+		t, ok := l.cur[id]
+		if ok {
+			delete(l.cur, id)
+		} else if t, ok = l.prev[id]; ok {
+			delete(l.prev, id)
+		}
+		tids[i], all = t, all && ok
+	}
+	if !all {
+		return nil
+	}
+	return tids
+}
+
+// tidCol scans "ctid::text", "(block,offset)", into block << 16 | offset.
+type tidCol struct{ v int64 }
+
+func (c *tidCol) Scan(src any) error {
+	var b []byte
+	switch x := src.(type) {
+	case []byte:
+		b = x
+	case string:
+		b = []byte(x)
+	default:
+		return fmt.Errorf("ctid: unexpected %T", src)
+	}
+	block, offset, ok := parseTID(b)
+	if !ok {
+		return fmt.Errorf("ctid: %q", b)
+	}
+	c.v = block<<16 | offset
+	return nil
+}
+
+// parseTID parses "(block,offset)".
+func parseTID(b []byte) (block, offset int64, ok bool) {
+	if len(b) < 5 || b[0] != '(' || b[len(b)-1] != ')' {
+		return 0, 0, false
+	}
+	var n [2]int64
+	i := 0
+	for _, d := range b[1 : len(b)-1] {
+		switch {
+		case d == ',' && i == 0:
+			i++
+		case d >= '0' && d <= '9' && n[i] < 1<<32:
+			n[i] = n[i]*10 + int64(d-'0')
+		default:
+			return 0, 0, false
+		}
+	}
+	if i != 1 || n[0] >= 1<<32 || n[1] >= 1<<16 {
+		return 0, 0, false
+	}
+	return n[0], n[1], true
+}
+
+// tidsArray is tids as a PostgreSQL tid[] literal: {"(1,2)","(3,4)"}.
+func tidsArray(tids []int64) string {
+	b := make([]byte, 0, 2+len(tids)*12)
+	b = append(b, '{')
+	for i, t := range tids {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, '"', '(')
+		b = strconv.AppendInt(b, t>>16, 10)
+		b = append(b, ',')
+		b = strconv.AppendInt(b, t&0xffff, 10)
+		b = append(b, ')', '"')
+	}
+	b = append(b, '}')
+	return string(b)
+}
