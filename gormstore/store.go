@@ -212,6 +212,7 @@ type Store struct {
 	mu        sync.Mutex
 	dialect   int // a kind*; kindUnknownMySQL until asked
 	seeded    bool
+	pool      poolWatch     // the pool's closes for want of idle room (poolwatch.go)
 	acquired  bool          // an acquisition round succeeded
 	nextPrune int64         // Unix ms
 	lease     time.Duration // of the latest acquisition round; 0 before the first
@@ -306,7 +307,12 @@ func notBackwards(exp int64) clause.Expr {
 // the relay: a deployment without its tables fails loudly. A table that
 // goes missing later (renamed during a migration, say) fails the rounds,
 // which the relay retries until it is back.
+//
+// Each round also checks the pool's idle room (poolwatch.go): a pool that
+// closed poolWatchCloses connections for want of it within 30 s is named in
+// a warning, at most once an hour.
 func (s *Store) AcquireBucketLeases(ctx context.Context, relayID string, bucketCount int, leaseDuration time.Duration) ([]int, error) {
+	s.watchPool(ctx, s.hostNow())
 	buckets, err := s.acquireBucketLeases(ctx, relayID, bucketCount, leaseDuration)
 	s.mu.Lock()
 	first := !s.acquired
