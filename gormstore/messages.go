@@ -411,16 +411,18 @@ func (s *Store) deleteRows(ctx context.Context, ids []int64, array bool, byID fu
 }
 
 // execDelete runs one DELETE on the primary and returns the rows it
-// deleted.
+// deleted (-1 when the driver does not say).
 func (s *Store) execDelete(ctx context.Context, query string, args []any) (int64, error) {
 	var n int64
 	err := s.write(ctx, s.msgs, func(q *gorm.DB) error {
 		query := s.rawPrefix() + query
 		begin := time.Now()
 		res, err := q.Statement.ConnPool.ExecContext(q.Statement.Context, query, args...)
-		n = 0
+		n = -1 // unknown: a delete by location is then repeated by id
 		if err == nil {
-			n, err = res.RowsAffected()
+			if affected, aerr := res.RowsAffected(); aerr == nil {
+				n = affected
+			}
 		}
 		trace(q, begin, query, args, n, err)
 		return err
