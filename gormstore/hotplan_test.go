@@ -28,15 +28,7 @@ var errRollback = errors.New("rollback")
 // — for the custom plan and for the generic plan a driver's cached
 // prepared statement may get. The figures (buffers, time) are logged.
 func TestHotPathStaysOnTheIndexAfterABurstOnPostgres(t *testing.T) {
-	var pg *testenv.Opener
-	for _, o := range testenv.Databases(t) {
-		if o.Name == testenv.Postgres {
-			pg = &o
-		}
-	}
-	if pg == nil {
-		t.Skip("OUTBOX_TEST_POSTGRES_DSN not set")
-	}
+	pg := postgresOpener(t)
 	rec := &testenv.SQLRecorder{}
 	db := pg.Open(t, &gorm.Config{Logger: rec})
 	if err := outbox.AutoMigrate(db, outbox.Config{}); err != nil {

@@ -1,11 +1,14 @@
 package gormstore
 
 import (
+	"cmp"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
 
 	"github.com/gorm-outbox/outbox"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // Deleting by location (PostgreSQL)
@@ -92,44 +95,15 @@ func (l *rowLocations) take(ids []int64) []int64 {
 type tidCol struct{ v int64 }
 
 func (c *tidCol) Scan(src any) error {
-	var b []byte
-	switch x := src.(type) {
-	case []byte:
-		b = x
-	case string:
-		b = []byte(x)
-	default:
-		return fmt.Errorf("ctid: unexpected %T", src)
+	if b, ok := src.([]byte); ok { // lib/pq; pgx gives a string
+		src = string(b)
 	}
-	block, offset, ok := parseTID(b)
-	if !ok {
-		return fmt.Errorf("ctid: %q", b)
+	var t pgtype.TID
+	if err := t.Scan(src); err != nil || !t.Valid {
+		return fmt.Errorf("ctid %v: %w", src, cmp.Or(err, errors.New("NULL")))
 	}
-	c.v = block<<16 | offset
+	c.v = int64(t.BlockNumber)<<16 | int64(t.OffsetNumber)
 	return nil
-}
-
-// parseTID parses "(block,offset)".
-func parseTID(b []byte) (block, offset int64, ok bool) {
-	if len(b) < 5 || b[0] != '(' || b[len(b)-1] != ')' {
-		return 0, 0, false
-	}
-	var n [2]int64
-	i := 0
-	for _, d := range b[1 : len(b)-1] {
-		switch {
-		case d == ',' && i == 0:
-			i++
-		case d >= '0' && d <= '9' && n[i] < 1<<32:
-			n[i] = n[i]*10 + int64(d-'0')
-		default:
-			return 0, 0, false
-		}
-	}
-	if i != 1 || n[0] >= 1<<32 || n[1] >= 1<<16 {
-		return 0, 0, false
-	}
-	return n[0], n[1], true
 }
 
 // tidsArray is tids as a PostgreSQL tid[] literal: {"(1,2)","(3,4)"}.

@@ -21,15 +21,7 @@ import (
 // 200,000 rows instead of under 1 ms); an ORDER BY that does not match the
 // index adds a sort of every unparked row of the bucket.
 func TestNextBatchWalksTheParkedIndexInOrderOnPostgres(t *testing.T) {
-	var pg *testenv.Opener
-	for _, o := range testenv.Databases(t) {
-		if o.Name == testenv.Postgres {
-			pg = &o
-		}
-	}
-	if pg == nil {
-		t.Skip("OUTBOX_TEST_POSTGRES_DSN not set")
-	}
+	pg := postgresOpener(t)
 	rec := &testenv.SQLRecorder{}
 	db := pg.Open(t, &gorm.Config{Logger: rec})
 	if err := outbox.AutoMigrate(db, outbox.Config{}); err != nil {
@@ -106,15 +98,7 @@ func TestNextBatchWalksTheParkedIndexInOrderOnPostgres(t *testing.T) {
 // the whole bucket and a top-N sort (the planner expected fewer rows than
 // the limit): at 19,000 rows a bucket, 80-160 ms a batch instead of 1-15.
 func TestNextBatchPlanIgnoresStaleStatisticsOnPostgres(t *testing.T) {
-	var pg *testenv.Opener
-	for _, o := range testenv.Databases(t) {
-		if o.Name == testenv.Postgres {
-			pg = &o
-		}
-	}
-	if pg == nil {
-		t.Skip("OUTBOX_TEST_POSTGRES_DSN not set")
-	}
+	pg := postgresOpener(t)
 	rec := &testenv.SQLRecorder{}
 	db := pg.Open(t, &gorm.Config{Logger: rec})
 	if err := outbox.AutoMigrate(db, outbox.Config{}); err != nil {
