@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"sync"
@@ -191,20 +192,25 @@ func (r *Relay) sweep(ctx, cleanup context.Context, st *runState, owned []int) e
 
 // nextGroup removes from the queue, and returns, its first bucket that is
 // sweepable and not busy, and, when that bucket is groupable, the next
-// such groupable ones, up to size in all; buckets no longer ready leave the
-// queue, and those skipped keep their place.
+// such groupable ones whose shares fit in BatchSize (see shares; a bucket
+// without one counts BatchSize/size), up to size in all; buckets no longer
+// ready leave the queue, and those skipped keep their place.
 func (r *Relay) nextGroup(st *runState, queue *[]int, queued, busy map[int]bool, size int) []int {
 	q := *queue
 	var group []int
 	kept := q[:0] // written behind the reading index
+	equal := max(1, r.opts.BatchSize/size)
+	used := 0 // rows of BatchSize the group's shares take
 	i := 0
-	for ; i < len(q) && len(group) < size; i++ {
+	for ; i < len(q) && len(group) < size && used < r.opts.BatchSize; i++ {
 		b := q[i]
+		rows := cmp.Or(st.b[b].share, equal)
 		switch {
-		case !busy[b] && st.b[b].ready && r.sweepable(st, b) && (len(group) == 0 || groupable(st, b)):
+		case !busy[b] && st.b[b].ready && r.sweepable(st, b) && (len(group) == 0 || r.groupable(st, b) && used+rows <= r.opts.BatchSize):
 			delete(queued, b)
 			group = append(group, b)
-			if !groupable(st, b) {
+			used += rows
+			if !r.groupable(st, b) {
 				size = 1
 			}
 		case busy[b] || st.b[b].ready:

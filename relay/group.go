@@ -13,12 +13,16 @@ import (
 // publisher is a GroupPublisher, with one fetch (a MultiBucketStore's, else
 // one NextBatch per bucket), one publish and one delete, so that a backlog
 // spread thinly over many buckets costs a few calls per group instead of
-// per bucket. A group's batches share BatchSize and MaxBatchBytes, each
-// bucket an equal share; a bucket that fills its share (a deep one) is
-// served alone next, with a whole batch, and joins groups again once a
-// batch drains it. A bucket retrying its head row is served alone too.
-// When a group's fetch or delete fails, each of its buckets is served alone
-// next, at once: only the one at fault backs off.
+// per bucket. A group's batches share BatchSize and MaxBatchBytes: a
+// bucket whose latest batch took all it could (a deep one) takes twice
+// that share next, up to a whole batch (served alone), and the others split
+// what is left equally; a batch that drains a bucket ends its share. So
+// deep buckets fill a group's batch as a whole batch would, however few
+// rows each holds (1,024 buckets of 200 rows: groups of ~450 rows, where
+// serving each alone published ~200), and a shallow one waits behind at
+// most one group. A bucket retrying its head row is served alone. When a
+// group's fetch or delete fails, each of its buckets is served alone next,
+// at once: only the one at fault backs off.
 
 // maxGroup bounds the buckets of a group: its fetch, one statement, reads
 // at most maxGroup bucket heads.
@@ -35,9 +39,41 @@ func (r *Relay) groupSize(queued int) int {
 }
 
 // groupable reports whether bucket b may join a group: it is not retrying
-// its head row, nor due alone (see bucketState.alone).
-func groupable(st *runState, b int) bool {
-	return st.b[b].retry == nil && !st.b[b].alone
+// its head row, nor due alone (see bucketState.alone), nor deep enough for a
+// whole batch.
+func (r *Relay) groupable(st *runState, b int) bool {
+	return st.b[b].retry == nil && !st.b[b].alone && st.b[b].share < r.opts.BatchSize
+}
+
+// deepen records bucket b's batch read with limit rows: cut (by the limit
+// or the bytes), b's next share in a group is twice limit, up to BatchSize;
+// else it has none (an equal share).
+func (r *Relay) deepen(st *runState, b, limit int, cut bool) {
+	st.b[b].share = 0
+	if cut {
+		st.b[b].share = min(r.opts.BatchSize, 2*max(limit, 1))
+	}
+}
+
+// shares returns the rows each bucket of group takes: a deep one its share,
+// the others an equal part of what the deep ones leave of BatchSize (at
+// least one row).
+func (r *Relay) shares(st *runState, group []int) []int {
+	limits := make([]int, len(group))
+	left, equal := r.opts.BatchSize, 0
+	for i, b := range group {
+		if limits[i] = st.b[b].share; limits[i] > 0 {
+			left -= limits[i]
+		} else {
+			equal++
+		}
+	}
+	for i := range limits {
+		if limits[i] == 0 {
+			limits[i] = max(1, left/equal)
+		}
+	}
+	return limits
 }
 
 // serveGroup serves one batch of each bucket of group (more than one, each
@@ -74,13 +110,19 @@ func (r *Relay) serveGroup(ctx, cleanup context.Context, st *runState, group []i
 	return errs
 }
 
+// fraction returns total × n / of (n ≤ of) without overflowing.
+func fraction(total int64, n, of int) int64 {
+	return total/int64(of)*int64(n) + total%int64(of)*int64(n)/int64(of)
+}
+
 // fetchGroup reads a batch of each owned bucket of group, each bounded by
-// an equal share of BatchSize and MaxBatchBytes, in one NextBatches call
+// its share of BatchSize (see shares) and as large a part of
+// MaxBatchBytes, in one NextBatches call
 // when the store is a MultiBucketStore; fs[i] is group[i]'s batch (nil:
 // nothing to publish), and a bucket's error goes to errs[i].
 func (r *Relay) fetchGroup(ctx, cleanup context.Context, st *runState, group []int, errs []error) []*fetched {
 	fs := make([]*fetched, len(group))
-	limit, maxBytes := max(1, r.opts.BatchSize/len(group)), max(1, r.opts.MaxBatchBytes/int64(len(group)))
+	limits := r.shares(st, group)
 	reqs := make([]BatchRequest, 0, len(group))
 	var at []int // indexes into group of reqs
 	excls := make([][]*outbox.Message, len(group))
@@ -88,7 +130,8 @@ func (r *Relay) fetchGroup(ctx, cleanup context.Context, st *runState, group []i
 		if !r.ownsBucket(st, b) {
 			continue
 		}
-		req, excl, err := r.fetchRequest(ctx, cleanup, st, b, limit, maxBytes)
+		maxBytes := max(1, fraction(r.opts.MaxBatchBytes, limits[i], r.opts.BatchSize))
+		req, excl, err := r.fetchRequest(ctx, cleanup, st, b, limits[i], maxBytes)
 		if req == nil || err != nil {
 			errs[i] = err
 			continue

@@ -85,8 +85,9 @@ func TestShallowBucketsShareFetchesPublishesAndDeletes(t *testing.T) {
 }
 
 // TestGroupSharesOneBatchBound: a group's batches together stay within
-// BatchSize (each bucket gets an equal share), and a bucket that fills its
-// share is then served alone, with whole batches.
+// BatchSize (each bucket gets an equal share at first), and a bucket that
+// fills its share takes twice as much next, up to whole batches, served
+// alone.
 func TestGroupSharesOneBatchBound(t *testing.T) {
 	const batchSize = 8
 	rec := &groupRecorder{}
@@ -120,10 +121,42 @@ func TestGroupSharesOneBatchBound(t *testing.T) {
 			sizes = append(sizes, len(c))
 		}
 	}
-	// Its first batch is its share of a group of eight (one row); the
-	// next, while the others are still served in groups, a whole one.
-	if len(sizes) < 2 || sizes[0] != 1 || sizes[1] != batchSize {
-		t.Fatalf("bucket 0's batches had %v rows; want 1 (its share of a group), then %d (served alone once found deep)", sizes, batchSize)
+	// Its first batch is its share of a group of eight (one row); each next
+	// one, while it fills its share, twice as large, up to a whole batch.
+	if want := []int{1, 2, 4, batchSize, batchSize}; len(sizes) < len(want) || !slices.Equal(sizes[:len(want)], want) {
+		t.Fatalf("bucket 0's batches had %v rows; want them to begin %v (its share of a group, doubled each time it fills it, up to BatchSize)", sizes, want)
+	}
+}
+
+// TestDeepBucketsFillGroupBatches: many buckets each deeper than its equal
+// share but shallower than a batch (1,024 buckets of ~200 rows for a batch
+// of 500, scaled down) are published in batches close to BatchSize — not
+// one small batch per bucket — each row once and in order.
+func TestDeepBucketsFillGroupBatches(t *testing.T) {
+	const buckets, rows, batchSize = 128, 25, 64
+	rec := &groupRecorder{}
+	h := newHarnessPub(t, relay.Options{BucketCount: buckets, BatchSize: batchSize, MaxConcurrentBuckets: 1}, asConcurrent,
+		func(p *relaytest.Publisher) relay.Publisher { rec.Publisher = p; return rec })
+	for b := range buckets {
+		h.store.AddToBucket(b, msgs(rows, "t")...)
+	}
+	h.start()
+	h.waitFor("store empty", func() bool { return h.store.Len() == 0 })
+	h.waitIdle()
+	checkPublishedOnce(t, h.pub.Calls(), buckets*rows)
+	// Served alone once found deeper than a share (one row), each bucket
+	// took a batch of 24 rows after a first wave of groups: 130 calls.
+	// Doubling shares (1, 2, 4, 8, 16 rows) make 62: 50 full batches'
+	// worth, the last wave two-thirds full.
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	calls := len(h.pub.Calls()) // a batch each
+	for _, g := range rec.groups {
+		calls -= len(g) - 1 // one call each
+	}
+	least := buckets * rows / batchSize
+	if calls > least*3/2 {
+		t.Fatalf("%d rows in %d publish calls of a batch of %d; want at most %d (groups filled by deep buckets' growing shares)", buckets*rows, calls, batchSize, least*3/2)
 	}
 }
 

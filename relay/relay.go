@@ -161,7 +161,8 @@ type runState struct {
 // bucketState is what a Run knows of one bucket.
 type bucketState struct {
 	ready    bool              // it may hold pending rows: serve it
-	alone    bool              // served alone next: its latest batch was cut by its limit or bytes, or its group's call failed
+	alone    bool              // served alone next: its group's fetch or delete failed
+	share    int               // rows its next batch takes in a group: 0 an equal share; doubled by a batch its limit or bytes cut, up to BatchSize: served alone
 	unmarked []*outbox.Message // acknowledged rows whose MarkPublished failed: deleted before the next fetch
 	strikes  *strike           // its head row's strikes (see strike)
 	retry    *headRetry        // its head row's backoff; nil: none (written under runState.mu)
@@ -569,7 +570,8 @@ func (r *Relay) fetchRequest(ctx, cleanup context.Context, st *runState, b, limi
 func (r *Relay) fetched(ctx context.Context, st *runState, req BatchRequest, excl, batch []*outbox.Message, err error, took time.Duration) (*fetched, error) {
 	b, limit := req.Bucket, req.Limit-len(excl)
 	full := len(batch) >= req.Limit // the bucket may hold more rows
-	st.b[b].alone = full
+	st.b[b].alone = false
+	r.deepen(st, b, limit, full)
 	batch = without(batch, excl)
 	if ce := (*CorruptRowError)(nil); errors.As(err, &ce) {
 		return nil, r.parkCorrupt(ctx, st, b, ce)
@@ -587,7 +589,7 @@ func (r *Relay) fetched(ctx context.Context, st *runState, req BatchRequest, exc
 	batch, over := trimToBytes(batch, req.MaxBytes-batchSize(excl))
 	failpoint("relay/after-fetch")
 	retried := st.b[b].retry != nil
-	st.b[b].alone = full || over
+	r.deepen(st, b, limit, full || over)
 	return &fetched{rows: batch, drained: !retried && !full && !over, took: took}, nil
 }
 
