@@ -6,6 +6,8 @@ import (
 	"errors"
 	"sync"
 	"time"
+
+	"github.com/gorm-outbox/outbox"
 )
 
 // inflightPublishes keeps Relay.publishSince at the start of the oldest
@@ -115,9 +117,10 @@ func (r *Relay) sweep(ctx, cleanup context.Context, st *runState, owned []int) e
 		}
 		return true
 	}
+	workers := r.sweepWorkers(len(owned))
 	for {
-		for running < r.workers && dispatching() {
-			group := r.nextGroup(st, &queue, queued, busy, r.groupSize(len(queue)))
+		for running < workers && dispatching() {
+			group := r.nextGroup(st, &queue, queued, busy, r.groupSize(len(queue), workers))
 			if len(group) == 0 {
 				break
 			}
@@ -188,6 +191,20 @@ func (r *Relay) sweep(ctx, cleanup context.Context, st *runState, owned []int) e
 	}
 	r.checkLease(st)
 	return nil
+}
+
+// sweepWorkers is how many buckets (or groups) a sweep over owned buckets
+// serves at once: r.workers, and with MaxConcurrentBuckets left at its
+// default no more than the relay's part of what a fleet on the default
+// outbox.DefaultBucketCount buckets serves, ⌈8 × owned ÷ BucketCount⌉, so
+// that the fleet's batches against the database do not multiply with the
+// bucket count (four relays on 1,024 buckets: two each, as on 8 buckets).
+func (r *Relay) sweepWorkers(owned int) int {
+	if !r.scaled {
+		return r.workers
+	}
+	fleet := outbox.DefaultBucketCount * owned
+	return min(r.workers, max(1, (fleet+r.opts.BucketCount-1)/r.opts.BucketCount))
 }
 
 // nextGroup removes from the queue, and returns, its first bucket that is

@@ -110,6 +110,34 @@ func TestLeaseRenewedDuringLongSweep(t *testing.T) {
 	}
 }
 
+// TestDefaultConcurrencyFollowsTheShareOfBuckets: with MaxConcurrentBuckets
+// left at its default a relay serves as many batches at once as it would
+// on the default 8 buckets owning the same share of them (four relays on
+// 1,024 buckets: two each, not four), so that a fleet's load on the
+// database does not grow with BucketCount; a MaxConcurrentBuckets set is
+// kept whatever the share.
+func TestDefaultConcurrencyFollowsTheShareOfBuckets(t *testing.T) {
+	for _, tc := range []struct {
+		buckets, set, owned, want int
+	}{
+		{8, 0, 8, relay.DefaultMaxConcurrentBuckets}, // one relay
+		{8, 0, 2, 2},                                 // four relays: two buckets each
+		{1024, 0, 1024, relay.DefaultMaxConcurrentBuckets},
+		{1024, 0, 512, relay.DefaultMaxConcurrentBuckets}, // two relays
+		{1024, 0, 256, 2},                                 // four relays
+		{1024, 0, 342, 3},                                 // three relays
+		{1024, 0, 128, 1},                                 // eight relays
+		{1024, 0, 0, 1},
+		{1024, 4, 256, 4}, // set: kept
+		{1024, 16, 128, 16},
+	} {
+		h := newHarness(t, relay.Options{BucketCount: tc.buckets, MaxConcurrentBuckets: tc.set}, asConcurrent)
+		if got := relay.Workers(h.r, tc.owned); got != tc.want {
+			t.Errorf("BucketCount %d, MaxConcurrentBuckets %d, owning %d: %d batches at once; want %d", tc.buckets, tc.set, tc.owned, got, tc.want)
+		}
+	}
+}
+
 // TestConcurrentBucketsKeepOrder: a ConcurrentBuckets store's buckets are served
 // several at once (never more than MaxConcurrentBuckets), by a publisher of
 // random latency, and each bucket's rows are still published in id order,
@@ -117,7 +145,7 @@ func TestLeaseRenewedDuringLongSweep(t *testing.T) {
 func TestConcurrentBucketsKeepOrder(t *testing.T) {
 	const buckets, rows, workers = 16, 40, 4
 	h := newHarness(t, relay.Options{BucketCount: buckets, BatchSize: 3, MaxConcurrentBuckets: workers}, asConcurrent)
-	if got := relay.Workers(h.r); got != workers {
+	if got := relay.Workers(h.r, buckets); got != workers {
 		t.Fatalf("workers = %d; want %d", got, workers)
 	}
 	for b := range buckets {

@@ -31,11 +31,11 @@ const maxGroup = 64
 // groupSize is how many buckets a worker takes at once when queued buckets
 // wait: an equal share of them per worker, at most maxGroup and BatchSize
 // (a row each); 1 without a GroupPublisher.
-func (r *Relay) groupSize(queued int) int {
+func (r *Relay) groupSize(queued, workers int) int {
 	if r.group == nil {
 		return 1
 	}
-	return min(maxGroup, r.opts.BatchSize, max(1, (queued+r.workers-1)/r.workers))
+	return min(maxGroup, r.opts.BatchSize, max(1, (queued+workers-1)/workers))
 }
 
 // groupable reports whether bucket b may join a group: it is not retrying

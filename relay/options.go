@@ -30,7 +30,9 @@ const (
 	DefaultParkAfter            = 3
 	// DefaultMaxConcurrentBuckets lets two or three relays sharing the
 	// default 8 buckets serve all their ready buckets together, holding at
-	// most four store connections (plus one for renewal) and four batches.
+	// most four store connections (plus one for renewal) and four batches;
+	// on more buckets it scales with the relay's share of them (see
+	// Options.MaxConcurrentBuckets).
 	DefaultMaxConcurrentBuckets = 4
 	// DefaultMaxBatchBytes, 4 MiB, rarely cuts a batch of 500 rows of a few
 	// KiB, but publishes 1 MiB rows a few at a time; with
@@ -94,7 +96,11 @@ type Options struct {
 	// buckets are ready than this, each of these batches serves a group of
 	// up to 64 buckets sharing BatchSize and MaxBatchBytes (see
 	// MultiBucketStore). 1, or a store that does not gain (SQLite), serves
-	// one batch after the other (default 4).
+	// one batch after the other (default 4). Left at the default, a relay
+	// serves no more batches at once than it would owning the same share of
+	// the default 8 buckets, ⌈8 × owned ÷ BucketCount⌉ (four relays on 1,024
+	// buckets: two each), so that a fleet's load on the database does not
+	// grow with BucketCount; a value set is used whatever the share.
 	MaxConcurrentBuckets int
 
 	// PollInterval is how often the relay looks for pending rows when no

@@ -24,7 +24,8 @@ import (
 type Relay struct {
 	store    Store
 	pub      Publisher
-	workers  int // buckets served at once: MaxConcurrentBuckets for a ConcurrentBuckets store, else 1
+	workers  int  // buckets served at once: MaxConcurrentBuckets for a ConcurrentBuckets store, else 1
+	scaled   bool // MaxConcurrentBuckets left at its default: workers scale with the share of buckets owned (see sweepWorkers)
 	opts     Options
 	clock    Clock
 	log      *slog.Logger
@@ -117,6 +118,7 @@ func New(store Store, pub Publisher, opts Options) (*Relay, error) {
 	r.workers, r.deletes = 1, make(chan struct{}, o.BucketCount)
 	if store.ConcurrentBuckets() {
 		r.workers, r.deletes = o.MaxConcurrentBuckets, make(chan struct{}, o.MaxConcurrentBuckets)
+		r.scaled = opts.MaxConcurrentBuckets == 0
 	}
 	for _, reason := range []string{ParkReasonUnpublishable, ParkReasonFailure, ParkReasonCorrupt, ParkReasonHeld} {
 		m.countParked(reason, 0) // every series exists from the start
