@@ -203,7 +203,9 @@ func (s *Store) BucketsWithPending(ctx context.Context, buckets []int) ([]int, e
 // drift apart. The range form (with parked_at_ms, constant NULL here, in
 // the ORDER BY) matches only the (bucket, parked_at_ms, id) index's order,
 // which PostgreSQL then walks from the bucket's first unparked entry, never
-// reading the parked ones, without a sort.
+// reading the parked ones, without a sort. On PostgreSQL the statement runs
+// with bitmap scans disabled (see readInIndexOrder): statistics that say
+// the table is empty would otherwise read the whole bucket and sort it.
 //
 // With maxBytes > 0 it stops after the first row that brings the batch's
 // relay.MessageSize total beyond maxBytes (that row included, as the
@@ -215,7 +217,7 @@ func (s *Store) NextBatch(ctx context.Context, bucket, limit int, maxBytes int64
 	}
 	var msgs []*outbox.Message
 	var corrupt *relay.CorruptRowError
-	if err := s.read(ctx, s.msgs, func(q *gorm.DB) error {
+	if err := s.readInIndexOrder(ctx, s.msgs, func(q *gorm.DB) error {
 		msgs, corrupt = nil, nil
 		query := s.rawPrefix() + s.hot.nextBatch
 		args := make([]any, 0, s.hot.nextBatchBuckets+1)

@@ -159,7 +159,7 @@ func (s *Store) NextBatches(ctx context.Context, reqs []relay.BatchRequest) ([]r
 func (s *Store) nextBatches(ctx context.Context, reqs []relay.BatchRequest, idx []int, results []relay.BatchResult) error {
 	query, args := s.nextBatchesStatement(reqs, idx)
 	var cuts map[int64]*batchCut
-	if err := s.read(ctx, s.msgs, func(q *gorm.DB) error {
+	if err := s.readInIndexOrder(ctx, s.msgs, func(q *gorm.DB) error {
 		cuts = make(map[int64]*batchCut, len(idx))
 		for _, i := range idx {
 			cuts[int64(reqs[i].Bucket)] = newBatchCut(reqs[i].Limit, reqs[i].MaxBytes)

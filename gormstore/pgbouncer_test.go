@@ -39,7 +39,9 @@ func TestConformancePgBouncer(t *testing.T) {
 	}
 	kinds := map[string]int{}
 	for _, s := range stmts {
-		if sessionState.MatchString(s) {
+		// SET LOCAL lasts until the transaction's end, which a transaction
+		// pooler keeps on one server connection (see readInIndexOrder).
+		if sessionState.MatchString(s) && !strings.HasPrefix(s, "SET LOCAL ") {
 			t.Errorf("statement with session state: %s", s)
 		}
 		if w := strings.Fields(s); len(w) > 0 {
