@@ -121,12 +121,12 @@ func TestDefaultConcurrencyFollowsTheShareOfBuckets(t *testing.T) {
 		buckets, set, owned, want int
 	}{
 		{8, 0, 8, relay.DefaultMaxConcurrentBuckets}, // one relay
-		{8, 0, 2, 2},                                 // four relays: two buckets each
+		{8, 0, 2, 2}, // four relays: two buckets each
 		{1024, 0, 1024, relay.DefaultMaxConcurrentBuckets},
 		{1024, 0, 512, relay.DefaultMaxConcurrentBuckets}, // two relays
-		{1024, 0, 256, 2},                                 // four relays
-		{1024, 0, 342, 3},                                 // three relays
-		{1024, 0, 128, 1},                                 // eight relays
+		{1024, 0, 256, 2}, // four relays
+		{1024, 0, 342, 3}, // three relays
+		{1024, 0, 128, 1}, // eight relays
 		{1024, 0, 0, 1},
 		{1024, 4, 256, 4}, // set: kept
 		{1024, 16, 128, 16},
