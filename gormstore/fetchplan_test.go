@@ -19,10 +19,11 @@ import (
 // under on PostgreSQL (see readInIndexOrder).
 const fetchGuard = "SET LOCAL enable_bitmapscan = off"
 
-// explainFetch returns EXPLAIN (ANALYZE, BUFFERS) of stmt, a fetch as the
-// recorder saw it (its values in place), in a transaction rolled back at
-// the end, under fetchGuard when guarded.
-func explainFetch(t *testing.T, db *gorm.DB, stmt string, guarded bool) string {
+// explainAnalyzed returns EXPLAIN (ANALYZE, BUFFERS) of stmt, a statement
+// as the recorder saw it (its values in place), in a transaction rolled
+// back at the end, under fetchGuard when guarded (a fetch as the store runs
+// it on PostgreSQL).
+func explainAnalyzed(t *testing.T, db *gorm.DB, stmt string, guarded bool) string {
 	t.Helper()
 	var plan []string
 	err := db.Transaction(func(tx *gorm.DB) error {
@@ -110,8 +111,8 @@ func TestHotPathFetchesInIndexOrderWhenStatisticsSayEmpty(t *testing.T) {
 	ctx := context.Background()
 	inOrder := func(what, stmt string, rows int) {
 		t.Helper()
-		t.Logf("%s, without the guard (for comparison):\n%s", what, explainFetch(t, db, stmt, false))
-		plan := explainFetch(t, db, stmt, true)
+		t.Logf("%s, without the guard (for comparison):\n%s", what, explainAnalyzed(t, db, stmt, false))
+		plan := explainAnalyzed(t, db, stmt, true)
 		t.Logf("%s, as the store runs it:\n%s", what, plan)
 		if !strings.Contains(plan, "Index Scan using idx_outbox_messages_bucket_parked_id on outbox_messages m") ||
 			strings.Contains(plan, "Bitmap") || strings.Contains(plan, "Sort") || strings.Contains(plan, "Seq Scan") {

@@ -96,7 +96,7 @@ func TestNextBatchWithParkedKeysStaysOnTheIndex(t *testing.T) {
 			var plan string
 			if o.Name == testenv.Postgres {
 				stmts = []string{guardedSelect(t, "NextBatch", stmts)}
-				plan = explainFetch(t, db, stmts[0], true)
+				plan = explainAnalyzed(t, db, stmts[0], true)
 			} else if len(stmts) != 1 {
 				t.Fatalf("NextBatch issued %d statements; want 1", len(stmts))
 			} else {

@@ -121,7 +121,7 @@ func TestNextBatchesReadsEachBucketByItsIndex(t *testing.T) {
 			}
 			var plan string
 			if o.Name == testenv.Postgres {
-				plan = explainFetch(t, db, stmt, true)
+				plan = explainAnalyzed(t, db, stmt, true)
 			} else {
 				plan = explainPlan(t, db, o.Name, stmt)
 			}

@@ -64,7 +64,7 @@ func TestNextBatchWalksTheParkedIndexInOrderOnPostgres(t *testing.T) {
 		}
 	}
 	stmt := guardedSelect(t, "NextBatch", rec.Statements())
-	plan := explainFetch(t, db, stmt, true)
+	plan := explainAnalyzed(t, db, stmt, true)
 	if !strings.Contains(plan, "Index Scan using idx_outbox_messages_bucket_parked_id") || strings.Contains(plan, "Sort") {
 		t.Fatalf("NextBatch plan is not an in-order scan of the (bucket, parked_at_ms, id) index:\n%s\n%s", stmt, plan)
 	}
@@ -123,7 +123,7 @@ func TestNextBatchPlanIgnoresStaleStatisticsOnPostgres(t *testing.T) {
 		return strings.Contains(plan, "Index Scan using idx_outbox_messages_bucket_parked_id on outbox_messages m") &&
 			!strings.Contains(plan, "Bitmap") && !strings.Contains(plan, "Sort")
 	}
-	plan := explainFetch(t, db, stmt, true)
+	plan := explainAnalyzed(t, db, stmt, true)
 	t.Logf("custom plan:\n%s", plan)
 	if !inOrder(plan) {
 		t.Fatalf("NextBatch's custom plan is not an in-order scan of the bucket index:\n%s\n%s", stmt, plan)
