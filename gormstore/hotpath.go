@@ -4,6 +4,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -48,6 +49,22 @@ type hotSQL struct {
 	// then the limit.
 	nextBatch        string
 	nextBatchBuckets int
+	// nextBatchExcluding is NextBatch's statement leaving out rows of a
+	// relay.BatchRequest's Exclude, with the bind variables of nextBatch
+	// and two more on PostgreSQL, the largest id left out and the ids as a
+	// bigint[] literal (see excluding); "" elsewhere, where exclusion
+	// renders the statement with the ids written out.
+	nextBatchExcluding string
+	// nextBatchWith renders NextBatch's statement for one bucket (named by
+	// the four expressions of nextBatch's bucket bind variables), a limit
+	// and a condition appended to its WHERE ("" or " AND …").
+	nextBatchWith func(bucket [4]string, limit, cond string) string
+	// nextBatchArgs and nextBatchLimit are nextBatch's arguments to
+	// nextBatchWith: its bind variables. Elsewhere than on PostgreSQL,
+	// NextBatch renders its statement with them and the ids left out
+	// written in it (see excludingLiteral).
+	nextBatchArgs  [4]string
+	nextBatchLimit string
 	// bucketEquality says the statements select a bucket with "bucket = ?"
 	// (SQLite), not the range form "bucket >= ? AND bucket <= ?": SQLite
 	// plans the range as a range scan of the index followed by a sort of
@@ -126,19 +143,20 @@ func buildHotSQL(db *gorm.DB, msgs string) hotSQL {
 	if h.tid {
 		cols += ", ctid::text"
 	}
-	nextBatch := func(b [4]string, limit string) string {
+	h.nextBatchWith = func(b [4]string, limit, cond string) string {
 		if h.bucketEquality {
 			return "SELECT " + cols + " FROM " + table + " m" +
-				" WHERE bucket = " + b[0] + " AND parked_at_ms IS NULL" + held(b[2], b[3]) +
+				" WHERE bucket = " + b[0] + " AND parked_at_ms IS NULL" + held(b[2], b[3]) + cond +
 				" ORDER BY " + h.order + " LIMIT " + limit
 		}
 		return "SELECT " + cols + " FROM " + table + " m" +
-			" WHERE bucket >= " + b[0] + " AND bucket <= " + b[1] + " AND parked_at_ms IS NULL" + held(b[2], b[3]) +
+			" WHERE bucket >= " + b[0] + " AND bucket <= " + b[1] + " AND parked_at_ms IS NULL" + held(b[2], b[3]) + cond +
 			" ORDER BY bucket, parked_at_ms, id LIMIT " + limit
 	}
+	nextBatch := func(b [4]string, limit string) string { return h.nextBatchWith(b, limit, "") }
 	if h.bucketEquality {
 		h.nextBatchBuckets = 3
-		h.nextBatch = nextBatch([4]string{h.binds[0], "", h.binds[1], h.binds[2]}, h.binds[3])
+		h.nextBatchArgs, h.nextBatchLimit = [4]string{h.binds[0], "", h.binds[1], h.binds[2]}, h.binds[3]
 	} else {
 		// The limit is a scalar subquery, not the bind variable itself, so
 		// that the planner never knows it: it then plans for the first
@@ -153,8 +171,10 @@ func buildHotSQL(db *gorm.DB, msgs string) hotSQL {
 		// (TestNextBatchPlanIgnoresStaleStatisticsOnPostgres). NextBatches'
 		// limits come from its unnest and are never known either.
 		h.nextBatchBuckets = 4
-		h.nextBatch = nextBatch([4]string{h.binds[0], h.binds[1], h.binds[2], h.binds[3]}, "(SELECT "+h.binds[4]+"::int)")
+		h.nextBatchArgs, h.nextBatchLimit = [4]string{h.binds[0], h.binds[1], h.binds[2], h.binds[3]}, "(SELECT "+h.binds[4]+"::int)"
+		h.nextBatchExcluding = h.nextBatchWith(h.nextBatchArgs, h.nextBatchLimit, excludingCond(h.binds[5], h.binds[6]))
 	}
+	h.nextBatch = nextBatch(h.nextBatchArgs, h.nextBatchLimit)
 	buildMultiSQL(&h, db.Dialector.Name(), table, nextBatch)
 	del := "DELETE FROM " + table + " WHERE bucket = " + h.binds[0] + " AND parked_at_ms IS NULL AND id "
 	switch db.Dialector.Name() {
@@ -194,6 +214,48 @@ func buildHotSQL(db *gorm.DB, msgs string) hotSQL {
 	}
 	h.deletePrefix = del + "IN ("
 	return h
+}
+
+// excludingCond is the condition that leaves out the rows of a
+// relay.BatchRequest's Exclude: after, an expression for the largest id
+// left out, and ids, one for the list of them (a PostgreSQL array, or a
+// parenthesised list). The rows after the largest (a bucket's rows beyond
+// its previous batch, the usual answer) pass on the first comparison;
+// only the rows up to it (that batch, whose delete still runs, and rows
+// committed late between its ids) are looked up in the list.
+func excludingCond(after, ids string) string {
+	if strings.HasPrefix(ids, "(") {
+		return " AND (m.id > " + after + " OR m.id NOT IN " + ids + ")"
+	}
+	return " AND (m.id > " + after + " OR m.id <> ALL(" + ids + "::bigint[]))"
+}
+
+// excluded returns the ids of rows (ascending) and the largest.
+func excluded(rows []*outbox.Message) (ids []int64, last int64) {
+	ids = make([]int64, len(rows))
+	for i, m := range rows {
+		ids[i] = m.ID
+	}
+	slices.Sort(ids)
+	return ids, ids[len(ids)-1]
+}
+
+// excludingLiteral is excludingCond for rows (at least one) with the ids
+// written out, for MySQL, MariaDB and SQLite: integers the store formats
+// itself, and no bind variable per id (at most 999 in a statement; and
+// MySQL's driver prepares each statement text anyway).
+func excludingLiteral(rows []*outbox.Message) string {
+	ids, last := excluded(rows)
+	b := make([]byte, 0, 2+len(ids)*8)
+	b = append(b, '(')
+	for i, id := range ids {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, id, 10)
+	}
+	b = append(b, ')')
+	return excludingCond(strconv.FormatInt(last, 10), string(b))
 }
 
 // queryRows runs query on q's connection (the primary pool, or the read

@@ -212,19 +212,35 @@ func (s *Store) BucketsWithPending(ctx context.Context, buckets []int) ([]int, e
 // contract asks), and then stops reading (it closes the cursor; the
 // statement's LIMIT is still limit).
 func (s *Store) NextBatch(ctx context.Context, bucket, limit int, maxBytes int64) ([]*outbox.Message, error) {
+	return s.nextBatch(ctx, relay.BatchRequest{Bucket: bucket, Limit: limit, MaxBytes: maxBytes})
+}
+
+// nextBatch is NextBatch for req, leaving out the rows of req.Exclude (see
+// excludingCond).
+func (s *Store) nextBatch(ctx context.Context, req relay.BatchRequest) ([]*outbox.Message, error) {
+	bucket, limit, maxBytes := req.Bucket, req.Limit, req.MaxBytes
 	if limit <= 0 {
 		return nil, nil
+	}
+	query := s.hot.nextBatch
+	args := make([]any, 0, s.hot.nextBatchBuckets+3)
+	for range s.hot.nextBatchBuckets {
+		args = append(args, bucket)
+	}
+	args = append(args, limit)
+	switch {
+	case len(req.Exclude) == 0:
+	case s.hot.nextBatchExcluding != "":
+		ids, last := excluded(req.Exclude)
+		query, args = s.hot.nextBatchExcluding, append(args, last, idsArray(ids))
+	default:
+		query = s.hot.nextBatchWith(s.hot.nextBatchArgs, s.hot.nextBatchLimit, excludingLiteral(req.Exclude))
 	}
 	var msgs []*outbox.Message
 	var corrupt *relay.CorruptRowError
 	if err := s.readInIndexOrder(ctx, s.msgs, func(q *gorm.DB) error {
 		msgs, corrupt = nil, nil
-		query := s.rawPrefix() + s.hot.nextBatch
-		args := make([]any, 0, s.hot.nextBatchBuckets+1)
-		for range s.hot.nextBatchBuckets {
-			args = append(args, bucket)
-		}
-		args = append(args, limit)
+		query := s.rawPrefix() + query
 		begin := time.Now()
 		rows, err := queryRows(q, query, args...)
 		if err == nil {

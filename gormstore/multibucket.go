@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -32,11 +33,19 @@ type multiSQL struct {
 	// PostgreSQL int[] literals, in the same order), is PostgreSQL's
 	// NextBatches statement; "" elsewhere.
 	nextBatches string
+	// nextBatchesExcluding is nextBatches leaving out rows of the requests'
+	// Exclude, with four bind variables: the buckets, the limits, each
+	// bucket's largest id left out (bigint[]; the smallest bigint for none)
+	// and every id left out (bigint[]); "" elsewhere.
+	nextBatchesExcluding string
 	// member is one bucket's part of the UNION ALL that is NextBatches'
 	// statement on MySQL, MariaDB and SQLite, with the bind variables of
 	// hotSQL.nextBatch (nextBatchBuckets times the bucket, then the limit);
 	// "" for a dialect without either form (NextBatch per bucket).
-	member string
+	// memberWith renders member with a condition appended to its WHERE
+	// (excludingLiteral).
+	member     string
+	memberWith func(cond string) string
 	// perStatement is how many buckets one NextBatches statement reads.
 	perStatement int
 	// deleteIDs, with one bind variable (the ids as a PostgreSQL bigint[]
@@ -65,6 +74,8 @@ func buildMultiSQL(h *hotSQL, dialect, table string, nextBatch func(bucket [4]st
 		m.perStatement = maxBucketsPerStatement
 		m.nextBatches = "SELECT x.* FROM unnest(" + h.binds[0] + "::int[], " + h.binds[1] + "::int[]) AS r(b, n)" +
 			" CROSS JOIN LATERAL (" + nextBatch([4]string{"r.b", "r.b", "r.b", "r.b"}, "r.n") + ") x"
+		m.nextBatchesExcluding = "SELECT x.* FROM unnest(" + h.binds[0] + "::int[], " + h.binds[1] + "::int[], " + h.binds[2] + "::bigint[]) AS r(b, n, a)" +
+			" CROSS JOIN LATERAL (" + h.nextBatchWith([4]string{"r.b", "r.b", "r.b", "r.b"}, "r.n", excludingCond("r.a", h.binds[3])) + ") x"
 		// Each id looked up in the primary key (the guard's "+ 0", as in
 		// MarkPublished's, keeps the planner off the bucket index). No
 		// bucket guard: an id names one row, and a published row is deleted
@@ -77,13 +88,18 @@ func buildMultiSQL(h *hotSQL, dialect, table string, nextBatch func(bucket [4]st
 		// selects, each NextBatch's statement with its own ORDER BY and
 		// LIMIT. The delete looks each id up in the primary key, as
 		// MarkPublished's does (see buildHotSQL).
-		m.member = "(" + nextBatch([4]string{"?", "?", "?", "?"}, "?") + ")"
+		m.memberWith = func(cond string) string { return "(" + h.nextBatchWith([4]string{"?", "?", "?", "?"}, "?", cond) + ")" }
 		m.deletePrefix = "DELETE m FROM " + table + " m FORCE INDEX (PRIMARY) WHERE m.parked_at_ms IS NULL AND m.id IN ("
 	case "sqlite":
 		// SQLite takes no ORDER BY or LIMIT on a member of a compound
 		// SELECT: each member is a subquery. id is the rowid: the delete
 		// is a lookup of each id in the table's b-tree.
-		m.member = "SELECT * FROM (" + nextBatch([4]string{"?", "?", "?", "?"}, "?") + ")"
+		m.memberWith = func(cond string) string {
+			return "SELECT * FROM (" + h.nextBatchWith([4]string{"?", "?", "?", "?"}, "?", cond) + ")"
+		}
+	}
+	if m.memberWith != nil {
+		m.member = m.memberWith("")
 	}
 }
 
@@ -131,7 +147,7 @@ func (s *Store) NextBatches(ctx context.Context, reqs []relay.BatchRequest) ([]r
 	if len(active) == 1 || s.hot.multi.nextBatches == "" && s.hot.multi.member == "" {
 		for _, i := range active {
 			r := reqs[i]
-			rows, err := s.NextBatch(ctx, r.Bucket, r.Limit, r.MaxBytes)
+			rows, err := s.nextBatch(ctx, r)
 			var corrupt *relay.CorruptRowError
 			switch {
 			case errors.As(err, &corrupt):
@@ -194,10 +210,19 @@ func (s *Store) nextBatchesStatement(reqs []relay.BatchRequest, idx []int) (stri
 	m := &s.hot.multi
 	if m.nextBatches != "" {
 		buckets, limits := make([]int64, len(idx)), make([]int64, len(idx))
+		afters, ids := make([]int64, len(idx)), []int64(nil)
 		for j, i := range idx {
-			buckets[j], limits[j] = int64(reqs[i].Bucket), int64(reqs[i].Limit)
+			buckets[j], limits[j], afters[j] = int64(reqs[i].Bucket), int64(reqs[i].Limit), math.MinInt64
+			if len(reqs[i].Exclude) > 0 {
+				var some []int64
+				some, afters[j] = excluded(reqs[i].Exclude)
+				ids = append(ids, some...)
+			}
 		}
-		return m.nextBatches, []any{idsArray(buckets), idsArray(limits)}
+		if ids == nil {
+			return m.nextBatches, []any{idsArray(buckets), idsArray(limits)}
+		}
+		return m.nextBatchesExcluding, []any{idsArray(buckets), idsArray(limits), idsArray(afters), idsArray(ids)}
 	}
 	var b strings.Builder
 	b.Grow(len(idx) * (len(m.member) + len(" UNION ALL ")))
@@ -206,7 +231,11 @@ func (s *Store) nextBatchesStatement(reqs []relay.BatchRequest, idx []int) (stri
 		if j > 0 {
 			b.WriteString(" UNION ALL ")
 		}
-		b.WriteString(m.member)
+		if len(reqs[i].Exclude) == 0 {
+			b.WriteString(m.member)
+		} else {
+			b.WriteString(m.memberWith(excludingLiteral(reqs[i].Exclude)))
+		}
 		for range s.hot.nextBatchBuckets {
 			args = append(args, reqs[i].Bucket)
 		}

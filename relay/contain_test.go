@@ -74,18 +74,14 @@ func (f *faultyBuckets) NextBatch(ctx context.Context, b, limit int, maxBytes in
 // then fetches each bucket of the group alone, at once, and logs only
 // these.
 func (f *faultyBuckets) NextBatches(ctx context.Context, reqs []relay.BatchRequest) ([]relay.BatchResult, error) {
-	out := make([]relay.BatchResult, len(reqs))
-	for i, req := range reqs {
-		rows, err := f.NextBatch(ctx, req.Bucket, req.Limit, req.MaxBytes)
-		if err != nil {
-			f.mu.Lock()
-			f.failures[req.Bucket]--
-			f.mu.Unlock()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, req := range reqs {
+		if err := f.next[req.Bucket]; err != nil {
 			return nil, err
 		}
-		out[i].Rows = rows
 	}
-	return out, nil
+	return f.MemStore.NextBatches(ctx, reqs)
 }
 
 func (f *faultyBuckets) MarkPublishedBuckets(ctx context.Context, ms []*outbox.Message) error {

@@ -3,6 +3,9 @@ package relay_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -10,6 +13,7 @@ import (
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/relay"
+	"github.com/gorm-outbox/outbox/relay/relaytest"
 )
 
 // TestPublishStalledMetric: outbox.publish.stalled reports, on the relay's
@@ -109,4 +113,80 @@ func TestPublishStalledMetric(t *testing.T) {
 	answer <- relay.Result{} // acknowledged (the retry may carry the head row alone)
 	h.waitFor("the rows to be published", func() bool { return h.store.Len() == 0 })
 	h.waitFor(relay.MetricPublishStalled+" back to 0", func() bool { return stalled() == 0 })
+}
+
+// slowDeletes is a MemStore whose MarkPublished waits until release is
+// closed; with ignore, its NextBatches reads the rows of Exclude anyway
+// (a store that does not honour it).
+type slowDeletes struct {
+	*relaytest.MemStore
+	release chan struct{}
+	ignore  bool
+	mu      sync.Mutex
+	asked   [][]int64 // the ids of Exclude of each NextBatches request
+}
+
+func (s *slowDeletes) MarkPublished(ctx context.Context, b int, rows []*outbox.Message) error {
+	<-s.release
+	return s.MemStore.MarkPublished(ctx, b, rows)
+}
+
+func (s *slowDeletes) NextBatches(ctx context.Context, reqs []relay.BatchRequest) ([]relay.BatchResult, error) {
+	s.mu.Lock()
+	for _, r := range reqs {
+		s.asked = append(s.asked, ids(r.Exclude))
+	}
+	s.mu.Unlock()
+	if s.ignore {
+		out := make([]relay.BatchResult, len(reqs))
+		for i, r := range reqs {
+			out[i].Rows, out[i].Err = s.MemStore.NextBatch(ctx, r.Bucket, r.Limit, r.MaxBytes)
+		}
+		return out, nil
+	}
+	return s.MemStore.NextBatches(ctx, reqs)
+}
+
+func (s *slowDeletes) requests() [][]int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.asked)
+}
+
+// TestFetchBesideADeleteLeavesItsBatchOut: while a bucket's acknowledged
+// batch is being deleted, its next fetch asks the store to leave that batch
+// out (BatchRequest.Exclude) instead of reading it again, and publishes the
+// rows behind it; a store that returns the rows of Exclude anyway stalls
+// the bucket only until the delete ends, never marks it drained, and every
+// row is published once, in order.
+func TestFetchBesideADeleteLeavesItsBatchOut(t *testing.T) {
+	for _, ignore := range []bool{false, true} {
+		t.Run(fmt.Sprintf("store_ignores_exclude=%v", ignore), func(t *testing.T) {
+			s := &slowDeletes{release: make(chan struct{}), ignore: ignore}
+			h := newHarness(t, relay.Options{BucketCount: 1, BatchSize: 2}, func(m *relaytest.MemStore) relay.Store { s.MemStore = m; return s })
+			h.store.Add(msgs(6, "t")...)
+			all := ids(h.store.Pending(0))
+			h.start()
+			h.waitFor("a fetch beside the first batch's delete", func() bool { return len(s.requests()) > 0 })
+			if got := s.requests()[0]; !slices.Equal(got, all[:2]) {
+				t.Fatalf("the fetch beside the delete left out %v; want the batch being deleted, %v", got, all[:2])
+			}
+			if !ignore {
+				h.waitFor("the second batch published", func() bool { return len(h.pub.Calls()) == 2 })
+				if got := ids(h.pub.Calls()[1]); !slices.Equal(got, all[2:4]) {
+					t.Fatalf("second publish = %v; want the rows behind the batch being deleted, %v", got, all[2:4])
+				}
+			}
+			close(s.release)
+			h.waitFor("every row published", func() bool { return h.store.Len() == 0 })
+			h.waitIdle()
+			var got []int64
+			for _, c := range h.pub.Calls() {
+				got = append(got, ids(c)...)
+			}
+			if !slices.Equal(got, all) {
+				t.Fatalf("published %v; want each row once, in order: %v", got, all)
+			}
+		})
+	}
 }

@@ -539,15 +539,25 @@ func (r *Relay) fetch(ctx, cleanup context.Context, st *runState, b int) (*fetch
 		return nil, err
 	}
 	start := r.clock.Now()
-	batch, err := r.store.NextBatch(ctx, b, req.Limit, req.MaxBytes)
+	var batch []*outbox.Message
+	if req.Exclude == nil {
+		batch, err = r.store.NextBatch(ctx, b, req.Limit, req.MaxBytes)
+	} else {
+		var res []BatchResult
+		if res, err = r.nextBatches(ctx, []BatchRequest{*req}); err == nil {
+			batch, err = res[0].Rows, res[0].Err
+		}
+	}
 	return r.fetched(ctx, st, *req, excl, batch, err, r.clock.Now().Sub(start))
 }
 
 // fetchRequest readies bucket b's fetch of up to limit rows and maxBytes:
 // it deletes again the rows whose delete failed, and returns the request
 // (nil: b is no longer owned) and the rows of b's previous batch whose
-// delete still runs: the fetch takes as many more, and leaves them out. A
-// bucket retrying its head row fetches it alone.
+// delete still runs (excl). A MultiBucketStore leaves them out itself
+// (BatchRequest.Exclude); from another store the fetch takes as many more
+// rows, and the relay leaves them out. A bucket retrying its head row
+// fetches it alone.
 func (r *Relay) fetchRequest(ctx, cleanup context.Context, st *runState, b, limit int, maxBytes int64) (*BatchRequest, []*outbox.Message, error) {
 	if st.b[b].retry != nil {
 		limit = 1
@@ -563,6 +573,9 @@ func (r *Relay) fetchRequest(ctx, cleanup context.Context, st *runState, b, limi
 		}
 		st.b[b].unmarked = nil
 	}
+	if _, ok := r.store.(MultiBucketStore); ok && len(excl) > 0 {
+		return &BatchRequest{Bucket: b, Limit: limit, MaxBytes: maxBytes, Exclude: excl}, excl, nil
+	}
 	return &BatchRequest{Bucket: b, Limit: limit + len(excl), MaxBytes: maxBytes + batchSize(excl)}, excl, nil
 }
 
@@ -570,7 +583,10 @@ func (r *Relay) fetchRequest(ctx, cleanup context.Context, st *runState, b, limi
 // the rows being deleted (excl), bounded by the request's limit and bytes;
 // nil when there is nothing to publish. It parks a corrupt head row.
 func (r *Relay) fetched(ctx context.Context, st *runState, req BatchRequest, excl, batch []*outbox.Message, err error, took time.Duration) (*fetched, error) {
-	b, limit := req.Bucket, req.Limit-len(excl)
+	b, limit, maxBytes := req.Bucket, req.Limit, req.MaxBytes
+	if req.Exclude == nil { // read with the rows of excl: see fetchRequest
+		limit, maxBytes = limit-len(excl), maxBytes-batchSize(excl)
+	}
 	full := len(batch) >= req.Limit // the bucket may hold more rows
 	st.b[b].alone = false
 	r.deepen(st, b, limit, full)
@@ -580,15 +596,17 @@ func (r *Relay) fetched(ctx context.Context, st *runState, req BatchRequest, exc
 	} else if err != nil {
 		return nil, errBucket{fmt.Errorf("relay: bucket %d: next batch: %w", b, err)}
 	}
-	if len(batch) == 0 { // not full: excl held fewer rows than fetched
-		st.b[b].ready = false
+	if len(batch) == 0 {
+		// Nothing behind excl. Full, it was a store returning the rows of
+		// Exclude anyway: b stays ready, and is fetched again.
+		st.b[b].ready = full
 		st.settled(b)
 		return nil, nil
 	}
 	if len(batch) > limit {
 		batch, full = batch[:limit], true
 	}
-	batch, over := trimToBytes(batch, req.MaxBytes-batchSize(excl))
+	batch, over := trimToBytes(batch, maxBytes)
 	failpoint("relay/after-fetch")
 	retried := st.b[b].retry != nil
 	r.deepen(st, b, limit, full || over)

@@ -119,11 +119,14 @@ type MultiBucketStore interface {
 	Store
 
 	// NextBatches answers each request as NextBatch(ctx, req.Bucket,
-	// req.Limit, req.MaxBytes) would, in one call: results[i] answers
-	// reqs[i], with the rows NextBatch would return and, for a bucket whose
-	// head row cannot be decoded, its *CorruptRowError (the rows before a
-	// corrupt row are returned without one). The requests name distinct
-	// buckets. An error of the call itself is returned alone.
+	// req.Limit, req.MaxBytes) would were the rows of req.Exclude gone, in
+	// one call: results[i] answers reqs[i], with the rows NextBatch would
+	// return and, for a bucket whose head row cannot be decoded, its
+	// *CorruptRowError (the rows before a corrupt row are returned without
+	// one). The requests name distinct buckets. An error of the call
+	// itself is returned alone. The relay fetches a bucket through it, one
+	// request, while the bucket's previous batch is being deleted: the
+	// statement leaves that batch out, rather than reading it again.
 	NextBatches(ctx context.Context, reqs []BatchRequest) ([]BatchResult, error)
 
 	// MarkPublishedBuckets deletes published messages of any buckets, each
@@ -137,6 +140,13 @@ type BatchRequest struct {
 	Bucket   int
 	Limit    int
 	MaxBytes int64 // 0: no byte bound
+	// Exclude are rows of the bucket that the answer leaves out, as if they
+	// were gone: the bucket's previous batch, published, whose delete still
+	// runs beside this fetch. Limit and MaxBytes count only the rows
+	// returned. A store identifies them as MarkPublished does (ID,
+	// MessageID or a field of its own); rows of Exclude already gone change
+	// nothing.
+	Exclude []*outbox.Message
 }
 
 // BatchResult answers one BatchRequest.

@@ -24,6 +24,7 @@ var multiScenarios = []struct {
 	{"next_batches_answer_each_request_as_next_batch_does", nextBatchesMatchNextBatch},
 	{"next_batches_of_more_buckets_than_one_statement_reads", nextBatchesOfManyBuckets},
 	{"a_corrupt_head_row_in_one_bucket_leaves_the_others_alone", nextBatchesCorruptHead},
+	{"next_batches_leave_out_the_rows_being_deleted", nextBatchesExclude},
 	{"mark_published_buckets_deletes_exactly_the_given_rows_never_a_parked_one", markPublishedBuckets},
 }
 
@@ -85,6 +86,13 @@ func (e *env) checkAsNextBatch(s relay.Store, reqs []relay.BatchRequest, got []r
 		if got[i].Err != nil && !errors.As(got[i].Err, &gotCorrupt) {
 			e.t.Fatalf("NextBatches result %d (bucket %d) error %v; want nil or a *relay.CorruptRowError", i, r.Bucket, got[i].Err)
 		}
+		if len(r.Exclude) > 0 {
+			var either bool // nothing left before a row NextBatch may not reach
+			if want, either = e.excluding(s, r); either && len(got[i].Rows) == 0 {
+				continue // no rows, with or without a *relay.CorruptRowError
+			}
+			err, wantCorrupt = nil, nil
+		}
 		switch {
 		case (gotCorrupt == nil) != (wantCorrupt == nil),
 			gotCorrupt != nil && (gotCorrupt.ID != wantCorrupt.ID || gotCorrupt.Bucket != wantCorrupt.Bucket):
@@ -99,6 +107,34 @@ func (e *env) checkAsNextBatch(s relay.Store, reqs []relay.BatchRequest, got []r
 	}
 }
 
+// excluding returns the answer to r (with an Exclude) modelled on
+// NextBatch: the bucket's batch without the rows of r.Exclude, then r's
+// limit and byte bound. either says that no row is left and a corrupt row
+// may follow, which the answer may then report.
+func (e *env) excluding(s relay.Store, r relay.BatchRequest) (want []*outbox.Message, either bool) {
+	e.t.Helper()
+	all, err := s.NextBatch(e.ctx, r.Bucket, 100000, 0)
+	var ce *relay.CorruptRowError
+	if err != nil && !errors.As(err, &ce) {
+		e.t.Fatalf("NextBatch(%d): %v", r.Bucket, err)
+	}
+	gone := make(map[int64]bool, len(r.Exclude))
+	for _, m := range r.Exclude {
+		gone[m.ID] = true
+	}
+	var total int64
+	for _, m := range all {
+		if len(want) >= r.Limit || r.MaxBytes > 0 && total > r.MaxBytes {
+			return want, false
+		}
+		if !gone[m.ID] {
+			want = append(want, m)
+			total += relay.MessageSize(m)
+		}
+	}
+	return want, len(want) == 0
+}
+
 // sameRows reports whether a and b hold the same messages, in order.
 func sameRows(a, b []*outbox.Message) bool {
 	return slices.EqualFunc(a, b, func(x, y *outbox.Message) bool {
@@ -111,12 +147,16 @@ func fmtReqs(reqs []relay.BatchRequest) string {
 	var b strings.Builder
 	for _, r := range reqs {
 		fmt.Fprintf(&b, " %d/%d/%d", r.Bucket, r.Limit, r.MaxBytes)
+		if len(r.Exclude) > 0 {
+			fmt.Fprintf(&b, "-%v", msgIDs(r.Exclude))
+		}
 	}
 	return b.String()
 }
 
 // nextBatchesMatchNextBatch: over rounds of random requests (buckets in any
-// order, empty ones included; limits from 0; byte bounds or none), on rows
+// order, empty ones included; limits from 0; byte bounds or none; rows left
+// out, the head's or any of the bucket's, or none), on rows
 // of a few keys and values of random sizes, some parked (rejected, corrupt,
 // held) when the store can park, and a corrupt row when the harness can
 // write one, NextBatches answers each request as NextBatch does; each round
@@ -172,6 +212,13 @@ func nextBatchesMatchNextBatch(t *testing.T, f Factory) {
 			}
 			if rng.IntN(2) == 0 {
 				reqs[i].MaxBytes = 1 + rng.Int64N(600)
+			}
+			if rng.IntN(2) == 0 { // a batch being deleted: a prefix, or any of the rows
+				prev, _ := s.NextBatch(e.ctx, b, 1+rng.IntN(6), 0)
+				if rng.IntN(3) == 0 {
+					prev = slices.DeleteFunc(prev, func(*outbox.Message) bool { return rng.IntN(2) == 0 })
+				}
+				reqs[i].Exclude = prev
 			}
 		}
 		got, err := s.NextBatches(e.ctx, reqs)
@@ -331,5 +378,51 @@ func markPublishedBuckets(t *testing.T, f Factory) {
 	}
 	if got := e.batch(s, 2); len(got) == 0 || got[0] != parked {
 		t.Fatalf("bucket 2 after the requeue = %v; want the parked row %d first", got, parked)
+	}
+}
+
+// nextBatchesExclude: a relay fetching a bucket's next batch while the
+// previous one is deleted asks for it to be left out: the answer starts
+// after it, its limit and byte bound counting only the rows returned, alone
+// (one request) or in a group; a row before them that is not listed (one
+// committed late) is returned.
+func nextBatchesExclude(t *testing.T, f Factory) {
+	e := newEnv(t, f, 4)
+	s, _ := e.multiStore(false)
+	var one, two []*outbox.Message
+	for range 8 {
+		one, two = append(one, e.msg(1, start)), append(two, e.msg(2, start))
+	}
+	e.insert(one...)
+	e.insert(two...)
+	var err error
+	one, err = s.NextBatch(e.ctx, 1, 100, 0)
+	if err != nil || len(one) != 8 {
+		t.Fatalf("NextBatch(1) = %v, %v; want 8 rows", msgIDs(one), err)
+	}
+	two, err = s.NextBatch(e.ctx, 2, 100, 0)
+	if err != nil || len(two) != 8 {
+		t.Fatalf("NextBatch(2) = %v, %v; want 8 rows", msgIDs(two), err)
+	}
+	prev1, prev2 := one[:5], two[:3]
+	alone := []relay.BatchRequest{{Bucket: 1, Limit: 2, Exclude: prev1}}
+	got, err := s.NextBatches(e.ctx, alone)
+	if err != nil {
+		t.Fatalf("NextBatches(%s): %v", fmtReqs(alone), err)
+	}
+	if ids, want := msgIDs(got[0].Rows), msgIDs(one[5:7]); !slices.Equal(ids, want) || got[0].Err != nil {
+		t.Fatalf("NextBatches(%s) = %v, %v; want %v: the two rows after those left out", fmtReqs(alone), ids, got[0].Err, want)
+	}
+	group := []relay.BatchRequest{{Bucket: 2, Limit: 100, Exclude: prev2[1:]}, {Bucket: 1, Limit: 100, MaxBytes: 1, Exclude: prev1}, {Bucket: 3, Limit: 5}}
+	got, err = s.NextBatches(e.ctx, group)
+	if err != nil {
+		t.Fatalf("NextBatches(%s): %v", fmtReqs(group), err)
+	}
+	e.checkAsNextBatch(s, group, got)
+	if ids, want := msgIDs(got[0].Rows), msgIDs(append([]*outbox.Message{two[0]}, two[3:]...)); !slices.Equal(ids, want) {
+		t.Fatalf("NextBatches bucket 2 = %v; want %v: all but the rows left out", ids, want)
+	}
+	if ids, want := msgIDs(got[1].Rows), msgIDs(one[5:6]); !slices.Equal(ids, want) {
+		t.Fatalf("NextBatches bucket 1 (1 byte) = %v; want %v: the first row after those left out, its size counted alone", ids, want)
 	}
 }

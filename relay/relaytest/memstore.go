@@ -351,7 +351,8 @@ func (s *MemStore) NextBatch(ctx context.Context, bucket, limit int, maxBytes in
 }
 
 // NextBatches implements relay.MultiBucketStore: NextBatch for each
-// request, in one call (one OpNextBatch).
+// request, without the rows of its Exclude (by ID), in one call (one
+// OpNextBatch).
 func (s *MemStore) NextBatches(ctx context.Context, reqs []relay.BatchRequest) ([]relay.BatchResult, error) {
 	if err := s.enter(ctx, OpNextBatch); err != nil {
 		return nil, err
@@ -360,15 +361,19 @@ func (s *MemStore) NextBatches(ctx context.Context, reqs []relay.BatchRequest) (
 	defer s.mu.Unlock()
 	out := make([]relay.BatchResult, len(reqs))
 	for i, req := range reqs {
-		out[i].Rows, out[i].Err = s.nextBatch(req.Bucket, req.Limit, req.MaxBytes)
+		out[i].Rows, out[i].Err = s.nextBatch(req.Bucket, req.Limit, req.MaxBytes, req.Exclude...)
 	}
 	return out, nil
 }
 
-func (s *MemStore) nextBatch(bucket, limit int, maxBytes int64) ([]*outbox.Message, error) {
+func (s *MemStore) nextBatch(bucket, limit int, maxBytes int64, exclude ...*outbox.Message) ([]*outbox.Message, error) {
 	var out []*outbox.Message
 	var total int64
 	held := map[string]bool{} // keys with a parked row so far that holds
+	gone := make(map[int64]bool, len(exclude))
+	for _, m := range exclude {
+		gone[m.ID] = true
+	}
 	for _, m := range s.rows[bucket] {
 		if len(out) >= limit || maxBytes > 0 && total > maxBytes {
 			break
@@ -380,6 +385,9 @@ func (s *MemStore) nextBatch(bucket, limit int, maxBytes int64) ([]*outbox.Messa
 			continue
 		}
 		if m.Key != nil && held[string(m.Key)] {
+			continue
+		}
+		if gone[m.ID] {
 			continue
 		}
 		if c, ok := s.corrupt[m.ID]; ok {
