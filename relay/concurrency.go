@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -61,22 +63,33 @@ type groupDone struct {
 	errs    []error
 }
 
+// discovered is the outcome of a discovery a sweep ran beside its batches.
+type discovered struct {
+	pending []int
+	err     error
+	began   time.Time
+}
+
 // sweep publishes batches of the ready buckets, round robin, up to
 // r.workers buckets (or groups of shallow buckets: see serveGroup) at
 // once, each on a worker goroutine running drainOnce (serveGroup):
 // a free slot goes to the next ready bucket at once, and hints arriving
 // meanwhile make their buckets ready, so a committed row waits for about
-// one batch of its bucket. It stops dispatching when nothing is left to
-// serve, when the rebalance is due, when a discovery is due once every
-// bucket servable at the start had a batch, and on a fatal error (returned
-// once the workers have), a stop or an invalid lease set. A bucket is
-// served by one goroutine at a time, which owns its state meanwhile and
-// checks the leases before every change of its rows; the sweep drops an
-// invalid lease set, and returns, only once every worker and delete has.
+// one batch of its bucket. A discovery, when due or hinted, runs beside the
+// batches on a goroutine of its own (discover), and the buckets it finds
+// join the queue, so that tens of thousands of buckets' probes never stop
+// the publishing. The sweep stops dispatching when nothing is left to
+// serve, when the rebalance is due, and on a fatal error (returned once
+// the workers have), a stop or an invalid lease set. A bucket is served by
+// one goroutine at a time, which owns its state meanwhile and checks the
+// leases before every change of its rows; the sweep drops an invalid lease
+// set, and returns, only once every worker, discovery and delete has.
 func (r *Relay) sweep(ctx, cleanup context.Context, st *runState, owned []int) error {
 	defer r.awaitDeletes(ctx, st) // after every worker returned
 	done := make(chan groupDone)
+	found := make(chan discovered, 1)
 	running := 0
+	discovering := false
 	var fatal error
 	busy := make(map[int]bool, r.workers)   // buckets being served
 	hinted := make(map[int]bool, r.workers) // hinted while being served
@@ -88,44 +101,33 @@ func (r *Relay) sweep(ctx, cleanup context.Context, st *runState, owned []int) e
 			queue = append(queue, b)
 		}
 	}
-	firstPass := 0 // buckets servable at the start: each gets a batch first
 	for _, b := range owned {
 		enqueue(b)
-		if r.sweepable(st, b) {
-			firstPass++
+	}
+	ready := func(b int) { // a hint or a discovery found rows in b
+		switch {
+		case b < 0 || b >= len(st.b) || !containsSorted(owned, b):
+		case busy[b]:
+			hinted[b] = true // its worker may be clearing ready
+		default:
+			st.b[b].ready = true
+			enqueue(b)
 		}
 	}
-	dispatched := 0
 	dispatching := func() bool {
-		if fatal != nil || ctx.Err() != nil || !r.leaseValid(st) || st.discover {
-			return false
-		}
-		now := r.clock.Now()
-		if !now.Before(st.nextRebalance) {
-			return false
-		}
-		if now.Before(st.nextDiscovery) || dispatched < firstPass {
-			// A due discovery waits until every bucket servable at the start
-			// had its batch: one slower than PollInterval (tens of thousands
-			// of buckets) must not end every sweep before its first dispatch.
-			return true
-		}
-		for _, b := range owned {
-			if !busy[b] && !st.b[b].ready { // a busy bucket's is its worker's
-				return false // discovery is due: the loop runs it
-			}
-		}
-		return true
+		return fatal == nil && ctx.Err() == nil && r.leaseValid(st) && r.clock.Now().Before(st.nextRebalance)
 	}
 	workers := r.sweepWorkers(len(owned))
 	for {
+		if !discovering && dispatching() {
+			discovering = r.discover(ctx, st, owned, busy, found)
+		}
 		for running < workers && dispatching() {
 			group := r.nextGroup(st, &queue, queued, busy, r.groupSize(len(queue), workers))
 			if len(group) == 0 {
 				break
 			}
 			running++
-			dispatched += len(group)
 			for _, b := range group {
 				busy[b] = true
 			}
@@ -137,7 +139,7 @@ func (r *Relay) sweep(ctx, cleanup context.Context, st *runState, owned []int) e
 				}
 			}()
 		}
-		if running == 0 {
+		if running == 0 && !discovering {
 			break
 		}
 		st.serving = running
@@ -165,21 +167,19 @@ func (r *Relay) sweep(ctx, cleanup context.Context, st *runState, owned []int) e
 				}
 			}
 			r.noteStuck(st)
+		case d := <-found:
+			discovering = false
+			for _, b := range r.discoveredBuckets(ctx, st, d) {
+				ready(b)
+			}
 		case <-r.notifier.wake:
 			var unknown bool
 			st.hints, unknown = r.notifier.take(st.hints[:0])
 			for _, b := range st.hints {
-				switch {
-				case b >= len(st.b) || !containsSorted(owned, b):
-				case busy[b]:
-					hinted[b] = true // its worker may be clearing ready
-				default:
-					st.b[b].ready = true
-					enqueue(b)
-				}
+				ready(b)
 			}
 			if unknown {
-				st.discover = true // the loop discovers, after this sweep
+				st.discover = true // discovered at once, beside the batches
 			}
 		}
 	}
@@ -191,6 +191,57 @@ func (r *Relay) sweep(ctx, cleanup context.Context, st *runState, owned []int) e
 	}
 	r.checkLease(st)
 	return nil
+}
+
+// discover starts a discovery of the owned buckets holding rows, on a
+// goroutine that sends its outcome to found, when one is due (PollInterval
+// after the previous one began) or hinted (st.discover), and reports
+// whether it did. None runs while every owned bucket is ready or busy.
+func (r *Relay) discover(ctx context.Context, st *runState, owned []int, busy map[int]bool, found chan<- discovered) bool {
+	now := r.clock.Now()
+	if !st.discover && now.Before(st.nextDiscovery) {
+		return false
+	}
+	st.discover = false
+	st.nextDiscovery = now.Add(r.opts.PollInterval)
+	if !slices.ContainsFunc(owned, func(b int) bool { return !busy[b] && !st.b[b].ready }) {
+		return false
+	}
+	st.worked.Store(true)
+	go func() {
+		pending, err := r.store.BucketsWithPending(ctx, owned)
+		found <- discovered{pending, err, now}
+	}()
+	return true
+}
+
+// discoveredBuckets records the outcome of a discovery and returns the
+// buckets it found. A failed one is retried after ErrorBackoff, the buckets
+// known to be ready being served meanwhile: a discovery slower than the
+// store's statement timeout (a walk over a backlog's dead index entries)
+// must not stop the relay.
+func (r *Relay) discoveredBuckets(ctx context.Context, st *runState, d discovered) []int {
+	if d.err != nil {
+		if ctx.Err() == nil {
+			r.repeats.Log(ctx, r.log, r.clock.Now(), "cycle", "discovery of pending buckets failed; serving the buckets known to be ready, retrying it after the backoff", d.err, "backoff", r.opts.ErrorBackoff)
+			st.discoverErr = fmt.Errorf("relay: discover pending buckets: %w", d.err)
+			st.nextDiscovery = r.clock.Now().Add(r.opts.ErrorBackoff)
+		}
+		return nil
+	}
+	st.discoverErr = nil
+	// A discovery that takes a good part of PollInterval (tens of
+	// thousands of buckets: one index probe each) would otherwise run back
+	// to back; it rests discoveryRest times as long as it took, so it takes
+	// at most a quarter of the relay's time.
+	if end := r.clock.Now(); end.Sub(d.began)*(discoveryRest+1) > r.opts.PollInterval {
+		st.nextDiscovery = end.Add(end.Sub(d.began) * discoveryRest)
+	}
+	r.repeats.LogRecovered(ctx, r.log, r.clock.Now(), "cycle", "store answers again")
+	if len(d.pending) == 0 {
+		r.backlogLooksDrained()
+	}
+	return d.pending
 }
 
 // sweepWorkers is how many buckets (or groups) a sweep over owned buckets

@@ -581,6 +581,52 @@ func TestSlowDiscoveryRestsThreeTimesItsDuration(t *testing.T) {
 	}
 }
 
+// TestHintedRowsPublishWhileADiscoveryRuns: a discovery runs beside the
+// sweep's batches, not before them: while one is still walking the buckets
+// (65,536 buckets: about a second of index probes, every PollInterval
+// during a backlog), rows of a hinted bucket are published, and the
+// buckets the discovery finds are served once it answers. The cycle used
+// to discover first, so every row waited for the walk.
+func TestHintedRowsPublishWhileADiscoveryRuns(t *testing.T) {
+	h := newHarness(t, relay.Options{BucketCount: 8}, asConcurrent)
+	var armed atomic.Bool
+	entered, release := make(chan struct{}, 1), make(chan struct{})
+	h.store.SetHook(func(ctx context.Context, op string) error {
+		if err := h.ops.hook(ctx, op); err != nil {
+			return err
+		}
+		if op == relaytest.OpBucketsWithPending && armed.CompareAndSwap(true, false) {
+			entered <- struct{}{}
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return nil
+	})
+	h.start()
+	h.waitIdle()
+	armed.Store(true)
+	h.store.AddToBucket(5, msgs(3, "unannounced")...)
+	h.drainIdle()
+	h.clock.Advance(relay.DefaultPollInterval) // the discovery is due: it starts, and waits
+	select {
+	case <-entered:
+	case <-time.After(waitLimit):
+		t.Fatal("no discovery PollInterval after the last one")
+	}
+	h.store.AddToBucket(2, msgs(2, "hinted")...)
+	h.r.Notifier().NotifyBucket(2)
+	h.waitFor("the hinted bucket published while the discovery runs", func() bool { return len(h.store.Pending(2)) == 0 })
+	if n := len(h.store.Pending(5)); n != 3 {
+		t.Fatalf("bucket 5 has %d rows pending before the discovery answered; want 3", n)
+	}
+	close(release)
+	h.waitFor("the discovered bucket published", func() bool { return h.store.Len() == 0 })
+	checkPublishedOnce(t, h.pub.Calls(), 5)
+}
+
 // heldDeletes is a concurrent MemStore whose MarkPublished counts the calls
 // running at once and holds each until more than bound run or a while has
 // passed (a liveness bound only: the test asserts counts, not time).

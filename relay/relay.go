@@ -405,8 +405,8 @@ func (r *Relay) loop(ctx, cleanup context.Context, st *runState) error {
 	return nil
 }
 
-// cycle runs acquisition when due, discovery when due or hinted, and one
-// sweep over the ready buckets.
+// cycle runs acquisition when due and one sweep over the owned buckets
+// (which discovers, when due or hinted, beside its batches).
 func (r *Relay) cycle(ctx, cleanup context.Context, st *runState) error {
 	if !r.clock.Now().Before(st.nextRebalance) {
 		r.setPhase(phaseAcquiring)
@@ -433,44 +433,8 @@ func (r *Relay) cycle(ctx, cleanup context.Context, st *runState) error {
 	if len(owned) == 0 {
 		return nil
 	}
-	now := r.clock.Now()
-	if unknown || st.discover || !now.Before(st.nextDiscovery) {
-		st.discover = false
-		st.nextDiscovery = now.Add(r.opts.PollInterval)
-		if !r.allReady(st, owned) {
-			st.worked.Store(true)
-			pending, err := r.store.BucketsWithPending(ctx, owned)
-			if err != nil {
-				if ctx.Err() != nil {
-					return nil
-				}
-				// The buckets known to be ready are served meanwhile: a
-				// discovery slower than the store's statement timeout (a
-				// walk over a backlog's dead index entries) must not stop
-				// the relay.
-				r.repeats.Log(ctx, r.log, r.clock.Now(), "cycle", "discovery of pending buckets failed; serving the buckets known to be ready, retrying it after the backoff", err, "backoff", r.opts.ErrorBackoff)
-				st.discoverErr = fmt.Errorf("relay: discover pending buckets: %w", err)
-				st.nextDiscovery = r.clock.Now().Add(r.opts.ErrorBackoff)
-				return r.sweep(ctx, cleanup, st, owned)
-			}
-			st.discoverErr = nil
-			// A discovery that takes a good part of PollInterval (tens of
-			// thousands of buckets: one index probe each) would otherwise
-			// run back to back; it rests discoveryRest times as long as it
-			// took, so it takes at most a quarter of the relay's time.
-			if end := r.clock.Now(); end.Sub(now)*(discoveryRest+1) > r.opts.PollInterval {
-				st.nextDiscovery = end.Add(end.Sub(now) * discoveryRest)
-			}
-			r.repeats.LogRecovered(ctx, r.log, r.clock.Now(), "cycle", "store answers again")
-			if len(pending) == 0 {
-				r.backlogLooksDrained()
-			}
-			for _, b := range pending {
-				if b >= 0 && b < len(st.b) && containsSorted(owned, b) {
-					st.b[b].ready = true
-				}
-			}
-		}
+	if unknown {
+		st.discover = true
 	}
 	return r.sweep(ctx, cleanup, st, owned)
 }
@@ -995,15 +959,6 @@ func (r *Relay) sleep(ctx context.Context, d time.Duration) {
 	case <-ctx.Done():
 	case <-tc:
 	}
-}
-
-func (r *Relay) allReady(st *runState, owned []int) bool {
-	for _, b := range owned {
-		if !st.b[b].ready {
-			return false
-		}
-	}
-	return true
 }
 
 func earliest(a, b time.Time) time.Time {
