@@ -75,10 +75,11 @@ type discovered struct {
 // once, each on a worker goroutine running drainOnce (serveGroup):
 // a free slot goes to the next ready bucket at once, and hints arriving
 // meanwhile make their buckets ready, so a committed row waits for about
-// one batch of its bucket. A discovery, when due or hinted, runs beside the
-// batches on a goroutine of its own (discover), and the buckets it finds
-// join the queue, so that tens of thousands of buckets' probes never stop
-// the publishing. The sweep stops dispatching when nothing is left to
+// one batch of its bucket. A discovery, when hinted or (once every bucket
+// ready at the start had a batch) due, runs beside the batches on a
+// goroutine of its own (discover), and the buckets it finds join the
+// queue, so that tens of thousands of buckets' probes never stop the
+// publishing. The sweep stops dispatching when nothing is left to
 // serve, when the rebalance is due, and on a fatal error (returned once
 // the workers have), a stop or an invalid lease set. A bucket is served by
 // one goroutine at a time, which owns its state meanwhile and checks the
@@ -101,9 +102,14 @@ func (r *Relay) sweep(ctx, cleanup context.Context, st *runState, owned []int) e
 			queue = append(queue, b)
 		}
 	}
+	firstPass := 0 // buckets servable at the start: each gets a batch first
 	for _, b := range owned {
 		enqueue(b)
+		if r.sweepable(st, b) {
+			firstPass++
+		}
 	}
+	dispatched := 0
 	ready := func(b int) { // a hint or a discovery found rows in b
 		switch {
 		case b < 0 || b >= len(st.b) || !containsSorted(owned, b):
@@ -120,7 +126,7 @@ func (r *Relay) sweep(ctx, cleanup context.Context, st *runState, owned []int) e
 	workers := r.sweepWorkers(len(owned))
 	for {
 		if !discovering && dispatching() {
-			discovering = r.discover(ctx, st, owned, busy, found)
+			discovering = r.discover(ctx, st, owned, busy, dispatched < firstPass, found)
 		}
 		for running < workers && dispatching() {
 			group := r.nextGroup(st, &queue, queued, busy, r.groupSize(len(queue), workers))
@@ -128,6 +134,7 @@ func (r *Relay) sweep(ctx, cleanup context.Context, st *runState, owned []int) e
 				break
 			}
 			running++
+			dispatched += len(group)
 			for _, b := range group {
 				busy[b] = true
 			}
@@ -194,12 +201,15 @@ func (r *Relay) sweep(ctx, cleanup context.Context, st *runState, owned []int) e
 }
 
 // discover starts a discovery of the owned buckets holding rows, on a
-// goroutine that sends its outcome to found, when one is due (PollInterval
-// after the previous one began) or hinted (st.discover), and reports
-// whether it did. None runs while every owned bucket is ready or busy.
-func (r *Relay) discover(ctx context.Context, st *runState, owned []int, busy map[int]bool, found chan<- discovered) bool {
+// goroutine that sends its outcome to found, when one is hinted
+// (st.discover) or due (PollInterval after the previous one began) and
+// the sweep is past its first pass (each bucket ready at its start had a
+// batch: the walk of tens of thousands of buckets would slow the batches
+// of a backlog the relay already knows), and reports whether it did. None
+// runs while every owned bucket is ready or busy.
+func (r *Relay) discover(ctx context.Context, st *runState, owned []int, busy map[int]bool, firstPass bool, found chan<- discovered) bool {
 	now := r.clock.Now()
-	if !st.discover && now.Before(st.nextDiscovery) {
+	if !st.discover && (firstPass || now.Before(st.nextDiscovery)) {
 		return false
 	}
 	st.discover = false
