@@ -52,7 +52,7 @@ type hotSQL struct {
 	// nextBatchExcluding is NextBatch's statement leaving out rows of a
 	// relay.BatchRequest's Exclude, with the bind variables of nextBatch
 	// and two more on PostgreSQL, the largest id left out and the ids as a
-	// bigint[] literal (see excluding); "" elsewhere, where exclusion
+	// bigint[] literal (see excludingCond); "" elsewhere, where exclusion
 	// renders the statement with the ids written out.
 	nextBatchExcluding string
 	// nextBatchWith renders NextBatch's statement for one bucket (named by
@@ -153,7 +153,6 @@ func buildHotSQL(db *gorm.DB, msgs string) hotSQL {
 			" WHERE bucket >= " + b[0] + " AND bucket <= " + b[1] + " AND parked_at_ms IS NULL" + held(b[2], b[3]) + cond +
 			" ORDER BY bucket, parked_at_ms, id LIMIT " + limit
 	}
-	nextBatch := func(b [4]string, limit string) string { return h.nextBatchWith(b, limit, "") }
 	if h.bucketEquality {
 		h.nextBatchBuckets = 3
 		h.nextBatchArgs, h.nextBatchLimit = [4]string{h.binds[0], "", h.binds[1], h.binds[2]}, h.binds[3]
@@ -174,8 +173,8 @@ func buildHotSQL(db *gorm.DB, msgs string) hotSQL {
 		h.nextBatchArgs, h.nextBatchLimit = [4]string{h.binds[0], h.binds[1], h.binds[2], h.binds[3]}, "(SELECT "+h.binds[4]+"::int)"
 		h.nextBatchExcluding = h.nextBatchWith(h.nextBatchArgs, h.nextBatchLimit, excludingCond(h.binds[5], h.binds[6]))
 	}
-	h.nextBatch = nextBatch(h.nextBatchArgs, h.nextBatchLimit)
-	buildMultiSQL(&h, db.Dialector.Name(), table, nextBatch)
+	h.nextBatch = h.nextBatchWith(h.nextBatchArgs, h.nextBatchLimit, "")
+	buildMultiSQL(&h, db.Dialector.Name(), table)
 	del := "DELETE FROM " + table + " WHERE bucket = " + h.binds[0] + " AND parked_at_ms IS NULL AND id "
 	switch db.Dialector.Name() {
 	case "postgres":

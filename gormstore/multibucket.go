@@ -58,10 +58,9 @@ type multiSQL struct {
 	deletePrefix string
 }
 
-// buildMultiSQL renders h.multi for dialect; nextBatch renders NextBatch's
-// statement for one bucket (named by the four expressions of
-// hotSQL.nextBatch's bucket bind variables) and a limit.
-func buildMultiSQL(h *hotSQL, dialect, table string, nextBatch func(bucket [4]string, limit string) string) {
+// buildMultiSQL renders h.multi for dialect from h.nextBatchWith, NextBatch's
+// statement for one bucket.
+func buildMultiSQL(h *hotSQL, dialect, table string) {
 	m := &h.multi
 	m.perStatement = min(maxBucketsPerStatement, maxBindsPerStatement/(h.nextBatchBuckets+1))
 	m.deletePrefix = "DELETE FROM " + table + " WHERE parked_at_ms IS NULL AND id IN ("
@@ -73,7 +72,7 @@ func buildMultiSQL(h *hotSQL, dialect, table string, nextBatch func(bucket [4]st
 		// (TestNextBatchesReadsEachBucketByItsIndexOnPostgres).
 		m.perStatement = maxBucketsPerStatement
 		m.nextBatches = "SELECT x.* FROM unnest(" + h.binds[0] + "::int[], " + h.binds[1] + "::int[]) AS r(b, n)" +
-			" CROSS JOIN LATERAL (" + nextBatch([4]string{"r.b", "r.b", "r.b", "r.b"}, "r.n") + ") x"
+			" CROSS JOIN LATERAL (" + h.nextBatchWith([4]string{"r.b", "r.b", "r.b", "r.b"}, "r.n", "") + ") x"
 		m.nextBatchesExcluding = "SELECT x.* FROM unnest(" + h.binds[0] + "::int[], " + h.binds[1] + "::int[], " + h.binds[2] + "::bigint[]) AS r(b, n, a)" +
 			" CROSS JOIN LATERAL (" + h.nextBatchWith([4]string{"r.b", "r.b", "r.b", "r.b"}, "r.n", excludingCond("r.a", h.binds[3])) + ") x"
 		// Each id looked up in the primary key (the guard's "+ 0", as in
