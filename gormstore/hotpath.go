@@ -171,7 +171,7 @@ func buildHotSQL(db *gorm.DB, msgs string) hotSQL {
 		// limits come from its unnest and are never known either.
 		h.nextBatchBuckets = 4
 		h.nextBatchArgs, h.nextBatchLimit = [4]string{h.binds[0], h.binds[1], h.binds[2], h.binds[3]}, "(SELECT "+h.binds[4]+"::int)"
-		h.nextBatchExcluding = h.nextBatchWith(h.nextBatchArgs, h.nextBatchLimit, excludingCond(h.binds[5], h.binds[6]))
+		h.nextBatchExcluding = h.nextBatchWith(h.nextBatchArgs, h.nextBatchLimit, excludingCond(h.binds[5], notInArray(h.binds[6])))
 	}
 	h.nextBatch = h.nextBatchWith(h.nextBatchArgs, h.nextBatchLimit, "")
 	buildMultiSQL(&h, db.Dialector.Name(), table)
@@ -217,17 +217,17 @@ func buildHotSQL(db *gorm.DB, msgs string) hotSQL {
 
 // excludingCond is the condition that leaves out the rows of a
 // relay.BatchRequest's Exclude: after, an expression for the largest id
-// left out, and ids, one for the list of them (a PostgreSQL array, or a
-// parenthesised list). The rows after the largest (a bucket's rows beyond
-// its previous batch, the usual answer) pass on the first comparison;
-// only the rows up to it (that batch, whose delete still runs, and rows
-// committed late between its ids) are looked up in the list.
-func excludingCond(after, ids string) string {
-	if strings.HasPrefix(ids, "(") {
-		return " AND (m.id > " + after + " OR m.id NOT IN " + ids + ")"
-	}
-	return " AND (m.id > " + after + " OR m.id <> ALL(" + ids + "::bigint[]))"
+// left out, and notIn, one that holds for the rows not listed. The rows
+// after the largest (a bucket's rows beyond its previous batch, the usual
+// answer) pass on the first comparison; only the rows up to it (that
+// batch, whose delete still runs, and rows committed late between its
+// ids) are looked up in the list.
+func excludingCond(after, notIn string) string {
+	return " AND (m.id > " + after + " OR " + notIn + ")"
 }
+
+// notInArray is excludingCond's notIn on PostgreSQL, the ids an array.
+func notInArray(ids string) string { return "m.id <> ALL(" + ids + "::bigint[])" }
 
 // excluded returns the ids of rows (ascending) and the largest.
 func excluded(rows []*outbox.Message) (ids []int64, last int64) {
@@ -245,16 +245,8 @@ func excluded(rows []*outbox.Message) (ids []int64, last int64) {
 // MySQL's driver prepares each statement text anyway).
 func excludingLiteral(rows []*outbox.Message) string {
 	ids, last := excluded(rows)
-	b := make([]byte, 0, 2+len(ids)*8)
-	b = append(b, '(')
-	for i, id := range ids {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		b = strconv.AppendInt(b, id, 10)
-	}
-	b = append(b, ')')
-	return excludingCond(strconv.FormatInt(last, 10), string(b))
+	list := idsArray(ids) // "{1,2,3}"
+	return excludingCond(strconv.FormatInt(last, 10), "m.id NOT IN ("+list[1:len(list)-1]+")")
 }
 
 // queryRows runs query on q's connection (the primary pool, or the read

@@ -74,7 +74,7 @@ func buildMultiSQL(h *hotSQL, dialect, table string) {
 		m.nextBatches = "SELECT x.* FROM unnest(" + h.binds[0] + "::int[], " + h.binds[1] + "::int[]) AS r(b, n)" +
 			" CROSS JOIN LATERAL (" + h.nextBatchWith([4]string{"r.b", "r.b", "r.b", "r.b"}, "r.n", "") + ") x"
 		m.nextBatchesExcluding = "SELECT x.* FROM unnest(" + h.binds[0] + "::int[], " + h.binds[1] + "::int[], " + h.binds[2] + "::bigint[]) AS r(b, n, a)" +
-			" CROSS JOIN LATERAL (" + h.nextBatchWith([4]string{"r.b", "r.b", "r.b", "r.b"}, "r.n", excludingCond("r.a", h.binds[3])) + ") x"
+			" CROSS JOIN LATERAL (" + h.nextBatchWith([4]string{"r.b", "r.b", "r.b", "r.b"}, "r.n", excludingCond("r.a", notInArray(h.binds[3]))) + ") x"
 		// Each id looked up in the primary key (the guard's "+ 0", as in
 		// MarkPublished's, keeps the planner off the bucket index). No
 		// bucket guard: an id names one row, and a published row is deleted
