@@ -14,7 +14,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/gorm-outbox/outbox"
-	"github.com/gorm-outbox/outbox/internal/failpoint"
 	"github.com/gorm-outbox/outbox/kafkapub/internal/wire"
 	"github.com/gorm-outbox/outbox/relay"
 )
@@ -187,7 +186,12 @@ type Config struct {
 // the writer's trace.
 //
 // Calls on different partitions run concurrently; calls that share a
-// partition take turns on it. A Publisher is safe for concurrent use.
+// partition share its requests: one request is in flight per partition,
+// and the rows of every call that arrived meanwhile go out together in
+// the next, each call's in its submission order and the calls in order of
+// arrival. A failed request fails each call's rows from its first row in
+// it; a call whose ctx ended before its rows were sent sends none. A
+// Publisher is safe for concurrent use.
 type Publisher struct {
 	w            *kafka.Writer
 	header       string
@@ -200,8 +204,8 @@ type Publisher struct {
 
 	mu     sync.Mutex
 	closed bool
-	locks  map[topicPartition]chan struct{}
-	wg     sync.WaitGroup // Publish calls and in-flight writes
+	lanes  map[topicPartition]*lane
+	wg     sync.WaitGroup // Publish calls and the lanes' senders
 }
 
 var _ relay.Publisher = (*Publisher)(nil)
@@ -234,7 +238,7 @@ func New(cfg Config) (*Publisher, error) {
 		header:     cfg.MessageIDHeader,
 		timeout:    cfg.PublishTimeout,
 		maxRecords: cfg.MaxBatchRecords,
-		locks:      make(map[topicPartition]chan struct{}),
+		lanes:      make(map[topicPartition]*lane),
 		tracing:    newPublishTracer(cfg.TracerProvider, cfg.Propagator),
 	}
 	if p.header == "" {
@@ -611,157 +615,14 @@ func (p *Publisher) client() wire.Client {
 	return wire.Client{Transport: p.w.Transport, Addr: p.w.Addr}
 }
 
-// publishPartition sends one partition's rows (indexes into rows, in
-// submission order) in requests of at most batchBytes and maxRecords, one
-// after the other, and stops at the first failure: the failed row gets the
-// error and no later row is sent.
-func (p *Publisher) publishPartition(ctx context.Context, key topicPartition, rows []row, idx []int) {
-	release, err := p.acquire(ctx, key)
-	if err != nil {
-		return // rows stay unacknowledged; Publish reports ctx's error
-	}
-	released := false
-	defer func() {
-		if !released {
-			release()
-		}
-	}()
-
-	start := 0
-	for start < len(idx) {
-		var size int64
-		end := start
-		var tooLarge error
-		for end < len(idx) && end-start < p.maxRecords {
-			n := int64(wire.RecordSize(&rows[idx[end]].msg))
-			if n > p.batchBytes {
-				tooLarge = unpublishable(fmt.Errorf("record of %d bytes exceeds BatchBytes %d: %w", n, p.batchBytes, kafka.MessageSizeTooLarge))
-				break
-			}
-			if size+n > p.batchBytes {
-				break
-			}
-			size += n
-			end++
-		}
-		if end > start {
-			ok, pending := p.sendSplit(ctx, rows, idx[start:end], release)
-			if pending {
-				released = true // the in-flight write releases the partition
-			}
-			if !ok {
-				return
-			}
-			start = end
-		}
-		if tooLarge != nil {
-			rows[idx[start]].err = tooLarge
-			return
-		}
-	}
-}
-
-// sendSplit sends rows idx as one request; when the broker rejects it for a
-// reason that belongs to one record, it resends the rows in halves, in
-// order, so that rows before the culprit are acknowledged. It reports
-// whether all rows were acknowledged, and whether a write is still in
-// flight after ctx ended (that write then releases the partition).
-func (p *Publisher) sendSplit(ctx context.Context, rows []row, idx []int, release func()) (ok, pending bool) {
-	err, pending := p.write(ctx, rows, idx, release)
-	if pending {
-		return false, true
-	}
-	if err == nil {
-		for _, i := range idx {
-			rows[i].acked = true
-		}
-		return true, false
-	}
-	if len(idx) == 1 || !recordError(err) {
-		rows[idx[0]].err = classify(err, len(idx) == 1)
-		return false, false
-	}
-	half := len(idx) / 2
-	if ok, pending := p.sendSplit(ctx, rows, idx[:half], release); !ok {
-		return false, pending
-	}
-	return p.sendSplit(ctx, rows, idx[half:], release)
-}
-
-// write hands rows idx to the writer in one WriteMessages call and waits for
-// the outcome or ctx. The write itself is not cancelled by ctx (so that it
-// stays one unit the partition's next writer cannot join); when ctx ends
-// first, write returns pending and the write calls release when it ends.
-// The write's own bound is the writer's WriteTimeout (one attempt, at most
-// PublishTimeout); a backstop of twice PublishTimeout covers the writer's
-// metadata lookup, which only the call's context bounds.
-func (p *Publisher) write(ctx context.Context, rows []row, idx []int, release func()) (err error, pending bool) {
-	msgs := make([]kafka.Message, len(idx))
-	for j, i := range idx {
-		msgs[j] = rows[i].msg
-		rows[i].sent = true
-	}
-	done := make(chan error, 1)
-	var mu sync.Mutex
-	var finished, abandoned bool
-	p.wg.Add(1)
-	go func() {
-		defer p.wg.Done()
-		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*p.timeout)
-		err := p.w.WriteMessages(wctx, msgs...)
-		cancel()
-		failpoint.Inject("relay/during-publish")
-		mu.Lock()
-		finished = true
-		a := abandoned
-		mu.Unlock()
-		done <- err
-		if a {
-			release()
-		}
-	}()
-	select {
-	case err := <-done:
-		return p.writeError(ctx, err), false
-	case <-ctx.Done():
-		mu.Lock()
-		if finished { // ended meanwhile: report it as usual
-			mu.Unlock()
-			return p.writeError(ctx, <-done), false
-		}
-		abandoned = true
-		mu.Unlock()
-		return nil, true
-	}
-}
-
-// acquire takes key's turn, in Publish-call order of arrival, or fails when
-// ctx ends first.
-func (p *Publisher) acquire(ctx context.Context, key topicPartition) (release func(), err error) {
-	p.mu.Lock()
-	ch, ok := p.locks[key]
-	if !ok {
-		ch = make(chan struct{}, 1)
-		p.locks[key] = ch
-	}
-	p.mu.Unlock()
-	select {
-	case ch <- struct{}{}:
-		return func() { <-ch }, nil
-	case <-ctx.Done():
-		return nil, context.Cause(ctx) // the PublishTimeout, named, when it ended the wait
-	}
-}
-
 // writeError is the error of a write that ended: firstWriteError, reported
-// as the PublishTimeout when the writer's own deadline (WriteTimeout and
-// ReadTimeout are at most PublishTimeout; kafka-go's Client derives a
-// context of the same length, which can end a moment before the Publish
-// call's) or the Publish call's fired, so that it names the timeout and
-// wraps context.DeadlineExceeded whichever came first.
-func (p *Publisher) writeError(ctx context.Context, err error) error {
+// as the PublishTimeout when the writer's own deadline fired (WriteTimeout
+// and ReadTimeout are at most PublishTimeout; kafka-go's Client derives a
+// context of the same length), so that it names the timeout and wraps
+// context.DeadlineExceeded.
+func (p *Publisher) writeError(err error) error {
 	err = firstWriteError(err)
-	if err != nil && (ctx.Err() != nil || errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, context.DeadlineExceeded)) {
+	if err != nil && (errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, context.DeadlineExceeded)) {
 		return fmt.Errorf("no answer from the broker within Config.PublishTimeout (%v): %w (%w)", p.timeout, context.DeadlineExceeded, err)
 	}
 	return err

@@ -1,0 +1,256 @@
+package kafkapub
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/gorm-outbox/outbox/internal/failpoint"
+	"github.com/gorm-outbox/outbox/kafkapub/internal/wire"
+)
+
+// Lanes: the rows that concurrent calls place on one partition are sent by
+// one goroutine, the partition's lane's sender, one produce request at a
+// time, in order of arrival; the rows of the calls that arrived while a
+// request was in flight go out together in the next (at most
+// MaxBatchRecords and BatchBytes each). So a partition shared by the
+// groups of several relay workers carries one request per round trip
+// rather than a request per call in turn, and a later call can never
+// overtake a request still in flight, even one whose caller stopped
+// waiting. Each call keeps its own order and its own failures: a failed
+// request fails the rows it carried and stops, for each call, the rest of
+// that call's rows on the partition.
+
+// lane is one partition's queue of calls.
+type lane struct {
+	mu      sync.Mutex // guards busy, waiting, the turns' state and their rows' outcomes
+	busy    bool       // a sender serves the lane
+	waiting []*turn    // calls not yet taken by the sender, in order of arrival
+}
+
+// turn is one call's rows on a partition: indexes into rows, in submission
+// order. The sender writes the rows' outcomes (sent, acked, err) under the
+// lane's mutex until it closes done, and never once the caller left.
+type turn struct {
+	ctx     context.Context
+	rows    []row
+	idx     []int
+	next    int  // idx[next:] are not sent yet
+	stopped bool // a row failed, or the caller left: no more rows are sent
+	left    bool // the caller stopped waiting (its ctx ended)
+	done    chan struct{}
+}
+
+// part is a turn's rows in one produce request.
+type part struct {
+	t   *turn
+	idx []int
+}
+
+// lane returns key's lane.
+func (p *Publisher) lane(key topicPartition) *lane {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	l, ok := p.lanes[key]
+	if !ok {
+		l = &lane{}
+		p.lanes[key] = l
+	}
+	return l
+}
+
+// publishPartition sends one partition's rows (indexes into rows, in
+// submission order) through the partition's lane and waits until they are
+// all acknowledged, one of them failed (it gets the error, and no later row
+// is sent), or ctx ends (a request in flight then still ends, and its rows
+// may land).
+func (p *Publisher) publishPartition(ctx context.Context, key topicPartition, rows []row, idx []int) {
+	t := &turn{ctx: ctx, rows: rows, idx: idx, done: make(chan struct{})}
+	l := p.lane(key)
+	l.mu.Lock()
+	l.waiting = append(l.waiting, t)
+	if !l.busy {
+		l.busy = true
+		p.wg.Add(1) // the calling PublishGroup holds one: Close is not waiting yet
+		go p.serve(l)
+	}
+	l.mu.Unlock()
+	select {
+	case <-t.done:
+	case <-ctx.Done():
+		l.mu.Lock()
+		t.left, t.stopped = true, true
+		l.mu.Unlock()
+	}
+}
+
+// serve is a lane's sender: it sends the rows of the waiting calls, those
+// waiting together in shared requests, until none waits.
+func (p *Publisher) serve(l *lane) {
+	defer p.wg.Done()
+	for {
+		l.mu.Lock()
+		ts := l.waiting
+		l.waiting = nil
+		if len(ts) == 0 {
+			l.busy = false
+			l.mu.Unlock()
+			return
+		}
+		l.mu.Unlock()
+		for p.sendRequest(l, ts) {
+		}
+		l.mu.Lock()
+		for _, t := range ts {
+			close(t.done)
+		}
+		l.mu.Unlock()
+	}
+}
+
+// sendRequest sends the next request of turns ts and records its outcome,
+// and reports whether it sent one.
+func (p *Publisher) sendRequest(l *lane, ts []*turn) bool {
+	l.mu.Lock()
+	parts, n := p.pack(ts)
+	for _, pt := range parts {
+		for _, i := range pt.idx {
+			pt.t.rows[i].sent = true
+		}
+	}
+	l.mu.Unlock()
+	if n == 0 {
+		return false
+	}
+	msgs := make([]kafka.Message, 0, n)
+	for _, pt := range parts {
+		for _, i := range pt.idx {
+			msgs = append(msgs, pt.t.rows[i].msg)
+		}
+	}
+	err := p.write(parts[0].t.ctx, msgs)
+
+	l.mu.Lock()
+	switch {
+	case err == nil:
+		for _, pt := range parts {
+			if !pt.t.left {
+				for _, i := range pt.idx {
+					pt.t.rows[i].acked = true
+				}
+			}
+		}
+	case n > 1 && recordError(err):
+		// One record's fault, nothing appended: each call's rows are sent
+		// again, in halves down to the culprit, so that the rows before it
+		// are still acknowledged.
+		l.mu.Unlock()
+		for _, pt := range parts {
+			p.resend(l, pt.t, pt.idx)
+		}
+		return true
+	default:
+		for _, pt := range parts {
+			if !pt.t.left {
+				pt.t.rows[pt.idx[0]].err = classify(err, n == 1)
+				pt.t.stopped = true
+			}
+		}
+	}
+	l.mu.Unlock()
+	return true
+}
+
+// resend sends idx, rows of turn t that failed in a shared request for one
+// record's fault, as one request, and in halves, in order, while the broker
+// rejects them for that reason; the culprit gets the error and stops t. It
+// reports whether every row was acknowledged.
+func (p *Publisher) resend(l *lane, t *turn, idx []int) bool {
+	l.mu.Lock()
+	stopped := t.stopped
+	l.mu.Unlock()
+	if stopped {
+		return false
+	}
+	msgs := make([]kafka.Message, len(idx))
+	for j, i := range idx {
+		msgs[j] = t.rows[i].msg
+	}
+	err := p.write(t.ctx, msgs)
+	l.mu.Lock()
+	switch {
+	case t.left:
+		l.mu.Unlock()
+		return false
+	case err == nil:
+		for _, i := range idx {
+			t.rows[i].acked = true
+		}
+		l.mu.Unlock()
+		return true
+	case len(idx) == 1 || !recordError(err):
+		t.rows[idx[0]].err = classify(err, len(idx) == 1)
+		t.stopped = true
+		l.mu.Unlock()
+		return false
+	}
+	l.mu.Unlock()
+	half := len(idx) / 2
+	return p.resend(l, t, idx[:half]) && p.resend(l, t, idx[half:])
+}
+
+// pack takes the next request's rows from turns ts, in order: each turn's
+// unsent rows while the request holds fewer than MaxBatchRecords rows and
+// BatchBytes bytes, skipping turns that stopped or whose ctx ended. A row
+// larger than BatchBytes fails (and stops its turn) once the rows before it
+// were sent. It returns the request's parts and rows; called with l.mu held.
+func (p *Publisher) pack(ts []*turn) (parts []part, n int) {
+	var size int64
+	for _, t := range ts {
+		if !t.stopped && t.ctx.Err() != nil {
+			t.stopped = true // nobody waits for its rows: none is sent
+		}
+		first := t.next
+		for !t.stopped && t.next < len(t.idx) && n < p.maxRecords {
+			i := t.idx[t.next]
+			rs := int64(wire.RecordSize(&t.rows[i].msg))
+			if rs > p.batchBytes {
+				if t.next > first {
+					break // sent first; the row fails once they are acknowledged
+				}
+				t.rows[i].err = unpublishable(fmt.Errorf("record of %d bytes exceeds BatchBytes %d: %w", rs, p.batchBytes, kafka.MessageSizeTooLarge))
+				t.stopped = true
+				break
+			}
+			if size+rs > p.batchBytes {
+				break
+			}
+			size += rs
+			n++
+			t.next++
+		}
+		if t.next > first {
+			parts = append(parts, part{t, t.idx[first:t.next]})
+		}
+		if t.next < len(t.idx) && !t.stopped {
+			break // the request is full: later turns wait for the next
+		}
+	}
+	return parts, n
+}
+
+// write hands msgs to the writer in one WriteMessages call and returns its
+// outcome. The write is not cancelled by the callers' contexts (a request
+// in flight stays one unit that the partition's next request cannot
+// overtake): its bound is the writer's WriteTimeout (one attempt, at most
+// PublishTimeout), with a backstop of twice PublishTimeout for the
+// writer's metadata lookup, which only the context bounds.
+func (p *Publisher) write(ctx context.Context, msgs []kafka.Message) error {
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*p.timeout)
+	err := p.w.WriteMessages(wctx, msgs...)
+	cancel()
+	failpoint.Inject("relay/during-publish")
+	return p.writeError(err)
+}
