@@ -148,7 +148,11 @@ func (p *Publisher) sendRequest(l *lane, ts []*turn) bool {
 		// are still acknowledged.
 		l.mu.Unlock()
 		for _, pt := range parts {
-			p.resend(l, pt.t, pt.idx)
+			if len(parts) == 1 {
+				p.split(l, pt.t, pt.idx) // as a whole it just failed
+			} else {
+				p.resend(l, pt.t, pt.idx)
+			}
 		}
 		return true
 	default:
@@ -165,8 +169,8 @@ func (p *Publisher) sendRequest(l *lane, ts []*turn) bool {
 
 // resend sends idx, rows of turn t that failed in a shared request for one
 // record's fault, as one request, and in halves, in order, while the broker
-// rejects them for that reason; the culprit gets the error and stops t. It
-// reports whether every row was acknowledged.
+// rejects them for that reason (split); the culprit gets the error and
+// stops t. It reports whether every row was acknowledged.
 func (p *Publisher) resend(l *lane, t *turn, idx []int) bool {
 	l.mu.Lock()
 	stopped := t.stopped
@@ -197,6 +201,13 @@ func (p *Publisher) resend(l *lane, t *turn, idx []int) bool {
 		return false
 	}
 	l.mu.Unlock()
+	return p.split(l, t, idx)
+}
+
+// split resends idx, rows of turn t that the broker rejected for one
+// record's fault, in halves, in order (see resend), and reports whether
+// every row was acknowledged.
+func (p *Publisher) split(l *lane, t *turn, idx []int) bool {
 	half := len(idx) / 2
 	return p.resend(l, t, idx[:half]) && p.resend(l, t, idx[half:])
 }
