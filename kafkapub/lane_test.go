@@ -104,14 +104,31 @@ func partitionValues(t *testing.T, b testenv.Broker, topic string, want int) str
 	return strings.Join(got, ",")
 }
 
-func TestPublish_calls_waiting_on_a_partition_share_one_request(t *testing.T) {
+// heldPartition is a publisher on a one-partition topic of the in-process
+// broker whose first produce request (the row "held", its Publish result in
+// first) the broker holds until h.release.
+type heldPartition struct {
+	b     testenv.Broker
+	topic string
+	p     *Publisher
+	h     *heldProduce
+	first <-chan relay.Result
+}
+
+func holdPartition(t *testing.T, configs map[string]string) heldPartition {
 	b := testenv.NewFake(t)
-	topic := newTopic(t, b, 1, nil)
+	topic := newTopic(t, b, 1, configs)
 	p := newPublisher(t, b, Config{})
 	h := holdFirstProduce(t, b)
-
 	first := publishAsync(context.Background(), p, msg(topic, "k", "held"))
 	<-h.entered
+	return heldPartition{b, topic, p, h, first}
+}
+
+func TestPublish_calls_waiting_on_a_partition_share_one_request(t *testing.T) {
+	hp := holdPartition(t, nil)
+	b, topic, p, h, first := hp.b, hp.topic, hp.p, hp.h, hp.first
+
 	var later []<-chan relay.Result
 	for i, vals := range [][]string{{"a1", "a2"}, {"b1"}, {"c1", "c2", "c3"}} {
 		var batch []*outbox.Message
@@ -140,13 +157,9 @@ func TestPublish_calls_waiting_on_a_partition_share_one_request(t *testing.T) {
 }
 
 func TestPublish_shared_request_rejected_for_one_record_fails_only_that_call_from_the_record(t *testing.T) {
-	b := testenv.NewFake(t)
-	topic := newTopic(t, b, 1, map[string]string{"max.message.bytes": "2048"})
-	p := newPublisher(t, b, Config{})
-	h := holdFirstProduce(t, b)
+	hp := holdPartition(t, map[string]string{"max.message.bytes": "2048"})
+	b, topic, p, h, first := hp.b, hp.topic, hp.p, hp.h, hp.first
 
-	first := publishAsync(context.Background(), p, msg(topic, "k", "held"))
-	<-h.entered
 	a := publishAsync(context.Background(), p, msg(topic, "a", "a1"), msg(topic, "a", "a2"))
 	awaitWaiting(t, p, topic, 1)
 	bad := publishAsync(context.Background(), p, msg(topic, "b", "b1"), msg(topic, "b", strings.Repeat("x", 8192)), msg(topic, "b", "b3"))
@@ -168,13 +181,9 @@ func TestPublish_shared_request_rejected_for_one_record_fails_only_that_call_fro
 }
 
 func TestPublish_call_that_stopped_waiting_sends_nothing(t *testing.T) {
-	b := testenv.NewFake(t)
-	topic := newTopic(t, b, 1, nil)
-	p := newPublisher(t, b, Config{})
-	h := holdFirstProduce(t, b)
+	hp := holdPartition(t, nil)
+	b, topic, p, h, first := hp.b, hp.topic, hp.p, hp.h, hp.first
 
-	first := publishAsync(context.Background(), p, msg(topic, "k", "held"))
-	<-h.entered
 	ctx, cancel := context.WithCancel(context.Background())
 	gone := publishAsync(ctx, p, msg(topic, "g", "gone"))
 	awaitWaiting(t, p, topic, 1)
