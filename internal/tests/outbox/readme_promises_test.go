@@ -145,9 +145,9 @@ func TestSetupSnippetIsTheSameInTheREADMEThePackageDocAndExampleSetup(t *testing
 		}
 		return out
 	}
-	readme := between(read("docs/writing.md"), "\n## Setup\n", "```go", "```", "")
-	doc := between(read("outbox.go"), "Package outbox is", "same notifier", "// Then create", "//")
-	example := between(read("example_test.go"), "func Example_setup", "setup := func", "return nil\n", "")
+	readme := between(read("../../../docs/writing.md"), "\n## Setup\n", "```go", "```", "")
+	doc := between(read("../../../outbox.go"), "Package outbox is", "same notifier", "// Then create", "//")
+	example := between(read("../../../example_test.go"), "func Example_setup", "setup := func", "return nil\n", "")
 	if len(readme) < 5 || !slices.Equal(readme, doc) || !slices.Equal(readme, example) {
 		t.Fatalf("the setup snippets differ:\ndocs/writing.md:\n%s\npackage doc:\n%s\nExample_setup:\n%s",
 			strings.Join(readme, "\n"), strings.Join(doc, "\n"), strings.Join(example, "\n"))
@@ -158,11 +158,11 @@ func TestSetupSnippetIsTheSameInTheREADMEThePackageDocAndExampleSetup(t *testing
 // examples/readme/main.go, which the build compiles, character for
 // character.
 func TestREADMEExampleIsExamplesReadme(t *testing.T) {
-	readme, err := os.ReadFile("README.md")
+	readme, err := os.ReadFile("../../../README.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	src, err := os.ReadFile("examples/readme/main.go")
+	src, err := os.ReadFile("../../../examples/readme/main.go")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -156,7 +156,7 @@ func (v enqueueVariant) once(ctx context.Context, sqlDB *sql.DB) error {
 // same pool) and the database/sql INSERT with RETURNING id read back.
 // BenchmarkEnqueueInterleaved gives the ratios under a changing load.
 //
-//	go test -run '^$' -bench EnqueueVsHandInsert -benchtime 2000x -count 5 .
+//	go test -run '^$' -bench EnqueueVsHandInsert -benchtime 2000x -count 5 ./internal/tests/outbox
 func BenchmarkEnqueueVsHandInsert(b *testing.B) {
 	for _, o := range testenv.Databases(b) {
 		b.Run(o.Name, func(b *testing.B) {
@@ -244,7 +244,7 @@ func BenchmarkEnqueueVsHandInsert(b *testing.B) {
 // blocks of 20 rows, each block in a
 // transaction of its own (not timed). b.N is the rows per variant.
 //
-//	go test -run '^$' -bench EnqueueInterleaved -benchtime 2000x -count 5 .
+//	go test -run '^$' -bench EnqueueInterleaved -benchtime 2000x -count 5 ./internal/tests/outbox
 func BenchmarkEnqueueInterleaved(b *testing.B) {
 	const block = 20
 	for _, o := range testenv.Databases(b) {
