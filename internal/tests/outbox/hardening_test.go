@@ -1,9 +1,10 @@
 package outbox_test
 
+// The hardening tests that run on every database of internal/testenv; the
+// one on an SQLite file of its own is in the root's hardening_test.go.
+
 import (
 	"cmp"
-	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"slices"
@@ -12,10 +13,8 @@ import (
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/internal/testenv"
-	"gorm.io/driver/sqlite"
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
-	"gorm.io/gorm/logger"
 )
 
 // messageIDs returns the message ids in table, in id order.
@@ -302,64 +301,6 @@ func TestWithConfigRoutesReads(t *testing.T) {
 	db.Model(&outbox.Message{}).Count(&d)
 	if n != 1 || d != 0 {
 		t.Fatalf("Count through WithConfig(billing) = %d, through the plugin's default = %d; want 1 and 0", n, d)
-	}
-}
-
-// nonTxPool begins "transactions" that are not gorm.Tx (no Commit), as a
-// misbehaving pool wrapper might, and counts their rollbacks.
-type nonTxPool struct {
-	*sql.DB
-	rolledBack int
-}
-
-type halfTx struct {
-	tx   *sql.Tx
-	pool *nonTxPool
-}
-
-func (h *halfTx) ExecContext(ctx context.Context, q string, args ...any) (sql.Result, error) {
-	return h.tx.ExecContext(ctx, q, args...)
-}
-func (h *halfTx) PrepareContext(ctx context.Context, q string) (*sql.Stmt, error) {
-	return h.tx.PrepareContext(ctx, q)
-}
-func (h *halfTx) QueryContext(ctx context.Context, q string, args ...any) (*sql.Rows, error) {
-	return h.tx.QueryContext(ctx, q, args...)
-}
-func (h *halfTx) QueryRowContext(ctx context.Context, q string, args ...any) *sql.Row {
-	return h.tx.QueryRowContext(ctx, q, args...)
-}
-func (h *halfTx) Rollback() error { h.pool.rolledBack++; return h.tx.Rollback() }
-
-func (p *nonTxPool) BeginTx(ctx context.Context, opts *sql.TxOptions) (gorm.ConnPool, error) {
-	tx, err := p.DB.BeginTx(ctx, opts)
-	if err != nil {
-		return nil, err
-	}
-	return &halfTx{tx: tx, pool: p}, nil
-}
-
-func TestBeginOnAPoolThatReturnsNoTxRollsBackWhatItBegan(t *testing.T) {
-	sqlDB, err := sql.Open("sqlite3", "file:"+t.TempDir()+"/x.db")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sqlDB.Close()
-	p := &nonTxPool{DB: sqlDB}
-	db, err := gorm.Open(sqlite.Dialector{Conn: p}, &gorm.Config{Logger: logger.Discard})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := db.Use(outbox.Plugin{}); err != nil {
-		t.Fatal(err)
-	}
-	for range 3 {
-		if err := db.Begin().Error; !errors.Is(err, gorm.ErrInvalidTransaction) {
-			t.Fatalf("Begin on a pool whose transactions are not gorm.Tx = %v; want ErrInvalidTransaction", err)
-		}
-	}
-	if p.rolledBack != 3 || sqlDB.Stats().InUse != 0 {
-		t.Fatalf("after 3 failed Begins: %d rolled back, %d connections in use; want 3 and 0", p.rolledBack, sqlDB.Stats().InUse)
 	}
 }
 
