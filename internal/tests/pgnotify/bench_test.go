@@ -45,7 +45,7 @@ func (p *stampPublisher) Publish(_ context.Context, batch []*outbox.Message) rel
 // committing pod does not own the bucket: through LISTEN/NOTIFY, and by
 // polling alone at the default one-second interval. Real clock; run with
 //
-//	go test -run XXX -bench CrossPodLatency -benchtime 50x ./pgnotify/
+//	go test -run XXX -bench CrossPodLatency -benchtime 50x ./internal/tests/pgnotify/
 func BenchmarkCrossPodLatency(b *testing.B) {
 	for _, mode := range []string{"listen_notify", "polling_1s"} {
 		b.Run(mode, func(b *testing.B) {
