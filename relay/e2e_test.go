@@ -41,6 +41,8 @@ type published struct {
 // then resumes and rejoins. It checks that every row was published at least
 // once, that each bucket's rows were first published in id order, and that
 // the table ends empty.
+// internal/tests/relay/takeover_test.go has a copy, which
+// TestEndToEndTakeoverGormstore runs on gormstore (keep the two in step).
 func runTakeover(t *testing.T, env e2eEnv) {
 	t.Helper()
 	var mu sync.Mutex
