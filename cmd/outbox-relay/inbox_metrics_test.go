@@ -5,7 +5,8 @@ package main
 // worker; the test lives here because this module has the OpenTelemetry SDK
 // and the Prometheus exporter, which the library module must not require
 // (scripts/importer-check.sh). inbox's TestMetricInstrumentsBehindTheREADMEsTable
-// pins the instruments' kinds, units and attributes without the exporter.
+// (internal/tests/inbox) pins the instruments' kinds, units and attributes
+// without the exporter.
 
 import (
 	"context"
