@@ -3,6 +3,7 @@ package relay_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -15,6 +16,7 @@ import (
 	"github.com/gorm-outbox/outbox/internal/testenv"
 	"github.com/gorm-outbox/outbox/kafkapub"
 	"github.com/gorm-outbox/outbox/relay"
+	"github.com/gorm-outbox/outbox/relay/relaytest"
 )
 
 // TestRecordTooLargeForTheTopicIsParkedWhileItsBucketFlows: with the Kafka
@@ -32,10 +34,14 @@ func TestRecordTooLargeForTheTopicIsParkedWhileItsBucketFlows(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = kp.Close() })
 
-	h := newHarness(t, relay.Options{BucketCount: 1}, nil)
+	// A real clock with millisecond backoffs: the relay's package tests
+	// drive the same parking on a manual clock (park_test.go there); this
+	// one proves the Kafka publisher's classification leads to it.
+	store := relaytest.NewMemStore(1, time.Now)
+	pub := relaytest.NewPublisher()
 	var mu sync.Mutex
 	var errs []error
-	h.pub.SetHandler(func(ctx context.Context, batch []*outbox.Message) relay.Result {
+	pub.SetHandler(func(ctx context.Context, batch []*outbox.Message) relay.Result {
 		res := kp.Publish(ctx, batch)
 		if res.Err != nil {
 			mu.Lock()
@@ -44,14 +50,31 @@ func TestRecordTooLargeForTheTopicIsParkedWhileItsBucketFlows(t *testing.T) {
 		}
 		return res
 	})
+	r, err := relay.New(store, pub, relay.Options{
+		BucketCount: 1, RelayID: "relay-a", PollInterval: 5 * time.Millisecond,
+		ErrorBackoff: time.Millisecond, Logger: slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	big := outbox.NewStringMessage(topic, "A", strings.Repeat("x", 8192))
 	a2 := outbox.NewStringMessage(topic, "A", "a2")
 	b1, b2 := outbox.NewStringMessage(topic, "B", "b1"), outbox.NewStringMessage(topic, "B", "b2")
-	h.store.AddToBucket(0, big, b1, a2, b2)
-	h.start()
-	h.waitIdle()
-	h.step("A's row parked", 20, func() bool { return len(h.store.ParkedIDs(0)) == 1 })
-	h.waitFor("B's rows published", func() bool { return h.store.Len() == 2 })
+	store.AddToBucket(0, big, b1, a2, b2)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	deadline := time.Now().Add(20 * time.Second)
+	for len(store.ParkedIDs(0)) != 1 || store.Len() != 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("after 20s: parked %v, %d rows left; want A's big row parked and B's rows published", store.ParkedIDs(0), store.Len())
+		}
+		time.Sleep(time.Millisecond)
+	}
 
 	mu.Lock()
 	defer mu.Unlock()
@@ -63,7 +86,7 @@ func TestRecordTooLargeForTheTopicIsParkedWhileItsBucketFlows(t *testing.T) {
 			t.Fatalf("publish error %v; want ErrUnpublishable and MessageSizeTooLarge", err)
 		}
 	}
-	if got, want := h.store.ParkedIDs(0), []int64{big.ID}; !slices.Equal(got, want) {
+	if got, want := store.ParkedIDs(0), []int64{big.ID}; !slices.Equal(got, want) {
 		t.Fatalf("parked = %v; want %v", got, want)
 	}
 	var got []string
