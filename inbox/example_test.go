@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
-	"github.com/twmb/franz-go/pkg/kfake"
 	"gorm.io/driver/sqlite"
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
@@ -79,40 +78,48 @@ func ExampleInbox_Handle() {
 	// shipments: 1
 }
 
-// A Consumer reads a consumer group (here on an in-process broker, kfake;
-// no Kafka needed), handles each record through the inbox and commits its
-// offset after the transaction: the record published twice is applied
-// once.
+// replayReader is an inbox.Reader that hands out its records once, then
+// blocks until ctx is done; it stands in for a *kafka.Reader in
+// ExampleConsumer so that the example needs no broker.
+type replayReader struct{ records []kafka.Message }
+
+func (r *replayReader) FetchMessage(ctx context.Context) (kafka.Message, error) {
+	if len(r.records) == 0 {
+		<-ctx.Done()
+		return kafka.Message{}, ctx.Err()
+	}
+	m := r.records[0]
+	r.records = r.records[1:]
+	return m, nil
+}
+
+func (r *replayReader) CommitMessages(context.Context, ...kafka.Message) error { return nil }
+
+// A Consumer reads a consumer group, handles each record through the inbox
+// and commits its offset after the transaction: the record delivered twice
+// is applied once. In a service the Reader is a *kafka.Reader:
+//
+//	r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, GroupID: "shipping", Topic: "orders"})
+//	defer r.Close()
+//
+// here a replay of four records stands in for it (no Kafka needed).
 func ExampleConsumer() {
 	db, done := openExampleDB()
 	defer done()
-	cluster, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, "orders"))
-	if err != nil {
-		panic(err)
-	}
-	defer cluster.Close()
-
 	id := func(s string) []kafka.Header {
 		return []kafka.Header{{Key: kafkapub.DefaultMessageIDHeader, Value: []byte(s)}}
 	}
-	w := &kafka.Writer{Addr: kafka.TCP(cluster.ListenAddrs()...), Topic: "orders", BatchTimeout: time.Millisecond}
-	err = w.WriteMessages(context.Background(),
-		kafka.Message{Key: []byte("order-7"), Value: []byte("created"), Headers: id("6c1e0d8a-0001-4000-8000-000000000001")},
-		kafka.Message{Key: []byte("order-7"), Value: []byte("paid"), Headers: id("6c1e0d8a-0001-4000-8000-000000000002")},
-		kafka.Message{Key: []byte("order-7"), Value: []byte("paid"), Headers: id("6c1e0d8a-0001-4000-8000-000000000002")}, // a duplicate
-		kafka.Message{Key: []byte("order-7"), Value: []byte("shipped"), Headers: id("6c1e0d8a-0001-4000-8000-000000000003")},
-	)
-	_ = w.Close()
-	if err != nil {
-		panic(err)
-	}
+	r := &replayReader{records: []kafka.Message{
+		{Topic: "orders", Key: []byte("order-7"), Value: []byte("created"), Headers: id("6c1e0d8a-0001-4000-8000-000000000001")},
+		{Topic: "orders", Key: []byte("order-7"), Value: []byte("paid"), Headers: id("6c1e0d8a-0001-4000-8000-000000000002")},
+		{Topic: "orders", Key: []byte("order-7"), Value: []byte("paid"), Headers: id("6c1e0d8a-0001-4000-8000-000000000002")}, // a duplicate
+		{Topic: "orders", Key: []byte("order-7"), Value: []byte("shipped"), Headers: id("6c1e0d8a-0001-4000-8000-000000000003")},
+	}}
 
 	ib, err := inbox.New(db, inbox.Options{Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		panic(err)
 	}
-	r := kafka.NewReader(kafka.ReaderConfig{Brokers: cluster.ListenAddrs(), GroupID: "shipping", Topic: "orders", MaxWait: 50 * time.Millisecond})
-	defer r.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	c, err := inbox.NewConsumer(ib, r, "shipping", func(tx *gorm.DB, m kafka.Message) error {
