@@ -21,7 +21,7 @@ import (
 // environment names none) with the in-process and the real broker: msg/s
 // from the start of the relay to an empty table.
 //
-//	go test -run '^$' -bench DrainTransactional -benchtime 3x ./kafkapub
+//	go test -run '^$' -bench DrainTransactional -benchtime 3x ./internal/tests/kafkapub
 func BenchmarkDrainTransactional(b *testing.B) {
 	var opener testenv.Opener
 	for _, o := range testenv.Databases(b) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"sort"
 	"strconv"
 	"sync"
@@ -12,6 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/protocol/endtxn"
+	"github.com/segmentio/kafka-go/protocol/rawproduce"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"gorm.io/gorm"
 
@@ -86,9 +90,10 @@ func runZombie(t *testing.T, o testenv.Opener, b testenv.Broker, step string) {
 	b.CreateTopic(t, topic, 3, nil)
 	outboxName := topic // unique transactional ids per run
 
-	newPub := func() *recordingPublisher {
+	newPub := func(transport kafka.RoundTripper) *recordingPublisher {
 		p, err := kafkapub.New(kafkapub.Config{
 			Brokers:        b.Addrs,
+			Transport:      transport,
 			PublishTimeout: 5 * time.Second,
 			Transactions:   &kafkapub.Transactions{Outbox: outboxName},
 		})
@@ -110,19 +115,23 @@ func runZombie(t *testing.T, o testenv.Opener, b testenv.Broker, step string) {
 		}
 	}
 
-	// A's transactions stall at step once armed, until released.
+	// A's transactions stall at step once armed, until released: its
+	// transport holds the request that follows the step (the first
+	// produce after the partitions were added, or the commit after every
+	// record was appended) from the Publish goroutine.
 	var armed atomic.Bool
 	stalled := make(chan struct{})
 	release := make(chan struct{})
 	var stallOnce sync.Once
-	pubA := newPub()
-	kafkapub.SetTxnHook(pubA.Publisher, func(_ int, s string) {
-		if s != step || !armed.Load() {
+	tr := &kafka.Transport{}
+	t.Cleanup(tr.CloseIdleConnections)
+	pubA := newPub(stallingTransport{RoundTripper: tr, step: step, stall: func() {
+		if !armed.Load() {
 			return
 		}
 		stallOnce.Do(func() { close(stalled) })
 		<-release
-	})
+	}})
 	storeA := &relaytest.Pausable{Store: newStore()}
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -182,7 +191,7 @@ func runZombie(t *testing.T, o testenv.Opener, b testenv.Broker, step string) {
 	}
 	storeA.Pause()
 
-	pubB := newPub()
+	pubB := newPub(nil)
 	runB, err := relay.New(newStore(), pubB, opts("relay-b"))
 	if err != nil {
 		t.Fatal(err)
@@ -252,7 +261,31 @@ func runZombie(t *testing.T, o testenv.Opener, b testenv.Broker, step string) {
 	}
 }
 
-// readCommitted reads topic at level until it has at least want records
+// stallingTransport passes requests on, calling stall first for the
+// request that follows a transaction's step: "added" (partitions added,
+// nothing produced): a transactional produce; "produced" (every record
+// appended, not committed): an EndTxn that commits.
+type stallingTransport struct {
+	kafka.RoundTripper
+	step  string
+	stall func()
+}
+
+func (s stallingTransport) RoundTrip(ctx context.Context, addr net.Addr, req kafka.Request) (kafka.Response, error) {
+	switch r := req.(type) {
+	case *rawproduce.Request:
+		if s.step == "added" && r.TransactionalID != "" {
+			s.stall()
+		}
+	case *endtxn.Request:
+		if s.step == "produced" && r.Committed {
+			s.stall()
+		}
+	}
+	return s.RoundTripper.RoundTrip(ctx, addr, req)
+}
+
+// readLevel reads topic at level until it has at least want records
 // and a second passed without a new one.
 func readLevel(t *testing.T, b testenv.Broker, topic string, level kgo.IsolationLevel, want int) []*kgo.Record {
 	t.Helper()
