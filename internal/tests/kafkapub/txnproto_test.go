@@ -1,4 +1,4 @@
-package kafkapub
+package kafkapub_test
 
 import (
 	"context"
@@ -21,6 +21,7 @@ import (
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/internal/testenv"
+	"github.com/gorm-outbox/outbox/kafkapub"
 	"github.com/gorm-outbox/outbox/relay"
 )
 
@@ -97,7 +98,7 @@ func TestTxnPublisher_retries_coordinator_errors(t *testing.T) {
 		t.Run(fmt.Sprintf("%s_%s", tc.key.Name(), tc.err.Message), func(t *testing.T) {
 			b := testenv.NewFake(t)
 			topic := newTopic(t, b, 2, nil)
-			p := newTestTxnPublisher(t, b, topic, Config{})
+			p := newTestTxnPublisher(t, b, topic, kafkapub.Config{})
 			// AddPartitionsToTxn answers per partition (before v4).
 			top := tc.key != kmsg.AddPartitionsToTxn
 			h := b.Fake.Fault(kfake.Fault{Keys: []kmsg.Key{tc.key}, TopLevel: top, Err: tc.err, Count: 3})
@@ -124,9 +125,9 @@ func TestTxnPublisher_retries_coordinator_errors(t *testing.T) {
 func TestTxnPublisher_follows_a_coordinator_that_moved(t *testing.T) {
 	b := testenv.NewFake(t, kfake.NumBrokers(3))
 	topic := newTopic(t, b, 3, nil)
-	p := newTestTxnPublisher(t, b, topic, Config{})
+	p := newTestTxnPublisher(t, b, topic, kafkapub.Config{})
 	own(t, p, 0)
-	txid := p.txn.cfg.TransactionalID(0)
+	txid := kafkapub.Transactions{Outbox: topic}.TransactionalID(0)
 	var want []string
 	moved := 0
 	for i := range 6 {
@@ -163,7 +164,7 @@ func TestTxnPublisher_resolves_a_commit_whose_answer_was_lost(t *testing.T) {
 			r, ok := req.(*endtxn.Request)
 			return ok && r.Committed
 		}))
-		p := newTestTxnPublisher(t, b, topic, Config{Transport: ft, PublishTimeout: time.Second})
+		p := newTestTxnPublisher(t, b, topic, kafkapub.Config{Transport: ft, PublishTimeout: time.Second})
 		own(t, p, 0)
 		batch := []*outbox.Message{bucketMsg(0, topic, "k", "1"), bucketMsg(0, topic, "k", "2"), bucketMsg(0, topic, "j", "3")}
 		res := p.Publish(context.Background(), batch)
@@ -201,10 +202,9 @@ func TestTxnPublisher_bumps_the_epoch_after_a_produce_of_unknown_outcome(t *test
 			_, ok := req.(*rawproduce.Request)
 			return ok
 		}))
-		p := newTestTxnPublisher(t, b, topic, Config{Transport: ft, PublishTimeout: time.Second})
+		p := newTestTxnPublisher(t, b, topic, kafkapub.Config{Transport: ft, PublishTimeout: time.Second})
 		own(t, p, 0)
-		prod := p.producer(0)
-		epoch := prod.epoch
+		epoch := producerEpoch(t, p, 0)
 		batch := []*outbox.Message{bucketMsg(0, topic, "k", "1"), bucketMsg(0, topic, "k", "2")}
 		res := p.Publish(context.Background(), batch)
 		if res.Acknowledged != 0 || res.Err == nil || errors.Is(res.Err, relay.ErrFenced) {
@@ -213,8 +213,8 @@ func TestTxnPublisher_bumps_the_epoch_after_a_produce_of_unknown_outcome(t *test
 		if res := p.Publish(context.Background(), batch); res.Acknowledged != 2 || res.Err != nil {
 			t.Fatalf("retry = %d, %v; want 2, nil", res.Acknowledged, res.Err)
 		}
-		if prod.epoch <= epoch {
-			t.Fatalf("producer epoch %d after the retry; want above %d (bumped)", prod.epoch, epoch)
+		if got := producerEpoch(t, p, 0); got <= epoch {
+			t.Fatalf("producer epoch %d after the retry; want above %d (bumped)", got, epoch)
 		}
 		if got := values(readIsolated(t, b, topic, kgo.ReadCommitted(), 2, 300*time.Millisecond)); got != "1,2" {
 			t.Fatalf("read_committed = %s; want 1,2", got)
@@ -231,15 +231,15 @@ func TestTxnPublisher_bumps_the_epoch_after_a_produce_of_unknown_outcome(t *test
 // the same sequence number: the broker appends it once, so even a
 // read_uncommitted consumer sees each row once, and the epoch stays.
 func TestTxnPublisher_resends_a_produce_in_place(t *testing.T) {
-	check := func(t *testing.T, b testenv.Broker, p *Publisher, topic string) {
+	check := func(t *testing.T, b testenv.Broker, p *kafkapub.Publisher, topic string) {
 		t.Helper()
 		own(t, p, 0)
-		epoch := p.producer(0).epoch
+		epoch := producerEpoch(t, p, 0)
 		batch := []*outbox.Message{bucketMsg(0, topic, "k", "1"), bucketMsg(0, topic, "k", "2")}
 		if res := p.Publish(context.Background(), batch); res.Acknowledged != 2 || res.Err != nil {
 			t.Fatalf("Publish = %d, %v; want 2, nil", res.Acknowledged, res.Err)
 		}
-		if got := p.producer(0).epoch; got != epoch {
+		if got := producerEpoch(t, p, 0); got != epoch {
 			t.Fatalf("epoch %d after the publish; want %d (no bump)", got, epoch)
 		}
 		if got := values(readIsolated(t, b, topic, kgo.ReadUncommitted(), 2, 300*time.Millisecond)); got != "1,2" {
@@ -254,7 +254,7 @@ func TestTxnPublisher_resends_a_produce_in_place(t *testing.T) {
 				return ok
 			}))
 			ft.cut = true
-			p := newTestTxnPublisher(t, b, topic, Config{Transport: ft})
+			p := newTestTxnPublisher(t, b, topic, kafkapub.Config{Transport: ft})
 			check(t, b, p, topic)
 			if n := ft.produces.Load(); n != 2 {
 				t.Fatalf("produce requests = %d; want 2 (one resent)", n)
@@ -264,7 +264,7 @@ func TestTxnPublisher_resends_a_produce_in_place(t *testing.T) {
 	t.Run("not_enough_replicas", func(t *testing.T) {
 		b := testenv.NewFake(t)
 		topic := newTopic(t, b, 1, nil)
-		p := newTestTxnPublisher(t, b, topic, Config{})
+		p := newTestTxnPublisher(t, b, topic, kafkapub.Config{})
 		h := b.Fake.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Err: kerr.NotEnoughReplicas, Count: 3})
 		check(t, b, p, topic)
 		if n := h.Hits(); n != 3 {
@@ -288,21 +288,21 @@ func TestTxnPublisher_transaction_timeout_fences_the_producer(t *testing.T) {
 		for _, step := range steps {
 			t.Run("stalled_after_"+step, func(t *testing.T) {
 				topic := newTopic(t, b, 1, nil)
-				p := newTestTxnPublisher(t, b, topic, Config{
+				p := newTestTxnPublisher(t, b, topic, kafkapub.Config{
 					PublishTimeout: 300 * time.Millisecond,
-					Transactions:   &Transactions{Timeout: time.Second},
+					Transactions:   &kafkapub.Transactions{Timeout: time.Second},
 				})
 				own(t, p, 0)
-				p.txn.hook = func(_ int, s string) {
+				setTxnHook(t, p, func(_ int, s string) {
 					if s == step {
 						time.Sleep(stall) // past the transaction timeout
 					}
-				}
+				})
 				res := p.Publish(context.Background(), []*outbox.Message{bucketMsg(0, topic, "k", "1")})
 				if res.Acknowledged != 0 || res.Err == nil {
 					t.Fatalf("stalled Publish = %d, %v; want 0 and an error", res.Acknowledged, res.Err)
 				}
-				p.txn.hook = nil
+				setTxnHook(t, p, nil)
 				// The relay retries: the producer is found fenced.
 				res = p.Publish(context.Background(), []*outbox.Message{bucketMsg(0, topic, "k", "1")})
 				if res.Acknowledged != 0 || !errors.Is(res.Err, relay.ErrFenced) {
@@ -349,13 +349,13 @@ func TestTxnPublisher_survives_a_broker_restart_mid_transaction(t *testing.T) {
 	}()
 	b := testenv.Broker{Name: testenv.InProcess, Addrs: c.ListenAddrs(), Fake: c}
 	topic := newTopic(t, b, 1, nil)
-	p := newTestTxnPublisher(t, b, topic, Config{PublishTimeout: 3 * time.Second})
+	p := newTestTxnPublisher(t, b, topic, kafkapub.Config{PublishTimeout: 3 * time.Second})
 	own(t, p, 0)
 	if res := p.Publish(context.Background(), []*outbox.Message{bucketMsg(0, topic, "k", "0")}); res.Err != nil {
 		t.Fatalf("first Publish = %v", res.Err)
 	}
 	restarted := false
-	p.txn.hook = func(_ int, s string) {
+	setTxnHook(t, p, func(_ int, s string) {
 		if s != "produced" || restarted {
 			return
 		}
@@ -364,14 +364,14 @@ func TestTxnPublisher_survives_a_broker_restart_mid_transaction(t *testing.T) {
 		c.Close()
 		c = start()
 		mu.Unlock()
-	}
+	})
 	batch := []*outbox.Message{bucketMsg(0, topic, "k", "1"), bucketMsg(0, topic, "k", "2")}
 	res := p.Publish(context.Background(), batch)
 	t.Logf("Publish across the restart = %d, %v", res.Acknowledged, res.Err)
 	if !restarted {
 		t.Fatal("the broker was not restarted")
 	}
-	p.txn.hook = nil
+	setTxnHook(t, p, nil)
 	acked := res.Acknowledged
 	for attempt := 0; acked < len(batch); attempt++ {
 		if attempt == 20 {

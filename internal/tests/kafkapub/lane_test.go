@@ -1,8 +1,9 @@
-package kafkapub
+package kafkapub_test
 
 import (
 	"context"
 	"errors"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/internal/testenv"
+	"github.com/gorm-outbox/outbox/kafkapub"
 	"github.com/gorm-outbox/outbox/relay"
 )
 
@@ -68,15 +70,17 @@ func (h *heldProduce) requestSizes() []int {
 	return append([]int(nil), h.sizes...)
 }
 
-// awaitWaiting waits until n calls wait on the lane of topic's partition 0.
-func awaitWaiting(t *testing.T, p *Publisher, topic string, n int) {
+// awaitWaiting waits until n calls wait on the lane of topic's partition 0
+// of p (the only partition the lane tests publish to), besides the call
+// whose request the broker holds: until n+1 goroutines are blocked in the
+// lane's wait (kafkapub's publishPartition, seen in the goroutines' stacks:
+// the lane's queue is not exported). A call that stopped waiting is no
+// longer counted.
+func awaitWaiting(t *testing.T, p *kafkapub.Publisher, topic string, n int) {
 	t.Helper()
-	l := p.lane(topicPartition{Topic: topic, Partition: 0})
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		l.mu.Lock()
-		got := len(l.waiting)
-		l.mu.Unlock()
+		got := waitingCalls() - 1
 		if got == n {
 			return
 		}
@@ -87,8 +91,29 @@ func awaitWaiting(t *testing.T, p *Publisher, topic string, n int) {
 	}
 }
 
+// waitingCalls counts the goroutines blocked in a select of kafkapub's
+// publishPartition (a call waiting for its rows on a partition's lane).
+func waitingCalls() int {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	count := 0
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, " [select") && strings.Contains(g, "kafkapub.(*Publisher).publishPartition(") {
+			count++
+		}
+	}
+	return count
+}
+
 // publishAsync starts p.Publish(ctx, batch) and returns its result's channel.
-func publishAsync(ctx context.Context, p *Publisher, batch ...*outbox.Message) <-chan relay.Result {
+func publishAsync(ctx context.Context, p *kafkapub.Publisher, batch ...*outbox.Message) <-chan relay.Result {
 	ch := make(chan relay.Result, 1)
 	go func() { ch <- p.Publish(ctx, batch) }()
 	return ch
@@ -110,7 +135,7 @@ func partitionValues(t *testing.T, b testenv.Broker, topic string, want int) str
 type heldPartition struct {
 	b     testenv.Broker
 	topic string
-	p     *Publisher
+	p     *kafkapub.Publisher
 	h     *heldProduce
 	first <-chan relay.Result
 }
@@ -118,7 +143,7 @@ type heldPartition struct {
 func holdPartition(t *testing.T, configs map[string]string) heldPartition {
 	b := testenv.NewFake(t)
 	topic := newTopic(t, b, 1, configs)
-	p := newPublisher(t, b, Config{})
+	p := newPublisher(t, b, kafkapub.Config{})
 	h := holdFirstProduce(t, b)
 	first := publishAsync(context.Background(), p, msg(topic, "k", "held"))
 	<-h.entered
@@ -192,7 +217,7 @@ func TestPublish_call_that_stopped_waiting_sends_nothing(t *testing.T) {
 		t.Fatalf("cancelled Publish = %+v; want 0 acknowledged, context.Canceled", res)
 	}
 	next := publishAsync(context.Background(), p, msg(topic, "n", "next"))
-	awaitWaiting(t, p, topic, 2)
+	awaitWaiting(t, p, topic, 1) // next; the cancelled call left
 	h.release()
 
 	if res := <-first; res.Err != nil {

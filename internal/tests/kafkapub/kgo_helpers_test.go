@@ -1,4 +1,4 @@
-package kafkapub
+package kafkapub_test
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/gorm-outbox/outbox/internal/testenv"
+	"github.com/gorm-outbox/outbox/kafkapub"
 )
 
 // readIsolated consumes topic from the start with a franz-go client at the
@@ -52,7 +53,7 @@ func readIsolated(t testing.TB, b testenv.Broker, topic string, level kgo.Isolat
 // recordID returns r's message-id header.
 func recordID(r *kgo.Record) string {
 	for _, h := range r.Headers {
-		if h.Key == DefaultMessageIDHeader {
+		if h.Key == kafkapub.DefaultMessageIDHeader {
 			return string(h.Value)
 		}
 	}

@@ -1,4 +1,4 @@
-package kafkapub
+package kafkapub_test
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/internal/testenv"
+	"github.com/gorm-outbox/outbox/kafkapub"
 	"github.com/gorm-outbox/outbox/relay"
 )
 
@@ -43,7 +44,7 @@ func TestPublishGroup_acknowledges_every_batch_once_in_order(t *testing.T) {
 	b := testenv.NewFake(t)
 	const parts = 4
 	topic := newTopic(t, b, parts, nil)
-	p := newPublisher(t, b, Config{})
+	p := newPublisher(t, b, kafkapub.Config{})
 	// Warm the metadata, so that the produce requests counted below are
 	// the group's only.
 	if res := p.Publish(context.Background(), []*outbox.Message{msg(topic, "", "warm", 3)}); res.Err != nil {
@@ -105,7 +106,7 @@ func TestPublishGroup_acknowledges_every_batch_once_in_order(t *testing.T) {
 func TestPublishGroup_fails_only_rows_behind_a_failed_row(t *testing.T) {
 	b := testenv.NewFake(t)
 	topic := newTopic(t, b, 3, nil)
-	p := newPublisher(t, b, Config{BatchBytes: 1024})
+	p := newPublisher(t, b, kafkapub.Config{BatchBytes: 1024})
 	tooLarge := msg(topic, "", strings.Repeat("x", 2048), 0)
 	noPartition := msg(topic, "", "d0", 7)
 	batches := [][]*outbox.Message{
@@ -172,7 +173,7 @@ func TestPublishGroup_shared_request_failure_blames_the_first_row(t *testing.T) 
 		t.Run(tt.name, func(t *testing.T) {
 			b := testenv.NewFake(t)
 			topic := newTopic(t, b, 1, nil)
-			p := newPublisher(t, b, Config{})
+			p := newPublisher(t, b, kafkapub.Config{})
 			if res := p.Publish(context.Background(), []*outbox.Message{msg(topic, "", "warm", 0)}); res.Err != nil {
 				t.Fatalf("warm-up Publish = %+v", res)
 			}
@@ -203,7 +204,7 @@ func TestPublishGroup_shared_request_failure_blames_the_first_row(t *testing.T) 
 // zero Result, every other batch ErrClosed after Close.
 func TestPublishGroup_empty_and_closed(t *testing.T) {
 	b := testenv.NewFake(t)
-	p, err := New(Config{Brokers: b.Addrs})
+	p, err := kafkapub.New(kafkapub.Config{Brokers: b.Addrs})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -222,7 +223,7 @@ func TestPublishGroup_empty_and_closed(t *testing.T) {
 		t.Fatalf("Close = %v", err)
 	}
 	res := p.PublishGroup(context.Background(), [][]*outbox.Message{{msg("t", "k", "v")}, nil, {msg("t", "k", "w")}})
-	for i, want := range []error{ErrClosed, nil, ErrClosed} {
+	for i, want := range []error{kafkapub.ErrClosed, nil, kafkapub.ErrClosed} {
 		if res[i].Acknowledged != 0 || !errors.Is(res[i].Err, want) || (want == nil) != (res[i].Err == nil) {
 			t.Errorf("PublishGroup after Close: results[%d] = %+v; want error %v", i, res[i], want)
 		}
@@ -235,7 +236,7 @@ func TestPublishGroup_empty_and_closed(t *testing.T) {
 func TestPublishGroup_reports_only_acknowledged_rows_when_ctx_ends(t *testing.T) {
 	b := testenv.NewFake(t)
 	topic := newTopic(t, b, 2, nil)
-	p := newPublisher(t, b, Config{})
+	p := newPublisher(t, b, kafkapub.Config{})
 	if res := p.Publish(context.Background(), []*outbox.Message{msg(topic, "", "warm", 0), msg(topic, "", "warm", 1)}); res.Err != nil {
 		t.Fatalf("warm-up Publish = %+v", res)
 	}
@@ -291,11 +292,11 @@ func TestPublishGroup_reports_only_acknowledged_rows_when_ctx_ends(t *testing.T)
 func TestPublishGroup_transactional_commits_a_transaction_per_batch(t *testing.T) {
 	b := testenv.NewFake(t)
 	topic := newTopic(t, b, 2, nil)
-	p := newTestTxnPublisher(t, b, topic, Config{})
+	p := newTestTxnPublisher(t, b, topic, kafkapub.Config{})
 	var mu sync.Mutex
 	produced := map[int]int{}
 	added := map[int]chan struct{}{0: make(chan struct{}), 1: make(chan struct{})}
-	SetTxnHook(p, func(bucket int, step string) {
+	setTxnHook(t, p, func(bucket int, step string) {
 		switch step {
 		case "added":
 			close(added[bucket])
@@ -345,7 +346,7 @@ func TestPublishGroup_transactional_commits_a_transaction_per_batch(t *testing.T
 func TestPublishGroup_transactional_stops_a_bucket_at_its_failed_batch(t *testing.T) {
 	b := testenv.NewFake(t)
 	topic := newTopic(t, b, 1, nil)
-	p := newTestTxnPublisher(t, b, topic, Config{BatchBytes: 1024})
+	p := newTestTxnPublisher(t, b, topic, kafkapub.Config{BatchBytes: 1024})
 	own(t, p, 0, 1)
 	tooLarge := bucketMsg(0, topic, "k", strings.Repeat("x", 2048))
 	batches := [][]*outbox.Message{

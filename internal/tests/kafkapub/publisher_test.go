@@ -1,4 +1,4 @@
-package kafkapub
+package kafkapub_test
 
 import (
 	"bytes"
@@ -9,6 +9,7 @@ import (
 	"maps"
 	"math/rand/v2"
 	"net"
+	"reflect"
 	"regexp"
 	"strings"
 	"sync"
@@ -23,6 +24,7 @@ import (
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/internal/testenv"
+	"github.com/gorm-outbox/outbox/kafkapub"
 	"github.com/gorm-outbox/outbox/relay"
 )
 
@@ -39,10 +41,10 @@ func newTopic(t testing.TB, b testenv.Broker, partitions int, configs map[string
 }
 
 // newPublisher returns a publisher on b, closed at cleanup.
-func newPublisher(t testing.TB, b testenv.Broker, cfg Config) *Publisher {
+func newPublisher(t testing.TB, b testenv.Broker, cfg kafkapub.Config) *kafkapub.Publisher {
 	t.Helper()
 	cfg.Brokers = b.Addrs
-	p, err := New(cfg)
+	p, err := kafkapub.New(cfg)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -75,7 +77,7 @@ func byID(t testing.TB, recs []kafka.Message) map[string]kafka.Message {
 func idOf(r kafka.Message) string {
 	id := ""
 	for _, h := range r.Headers {
-		if h.Key == DefaultMessageIDHeader {
+		if h.Key == kafkapub.DefaultMessageIDHeader {
 			id = string(h.Value)
 		}
 	}
@@ -107,7 +109,7 @@ func captureProduced(t testing.TB, c *kfake.Cluster) func() map[string]kmsg.Reco
 					var rec kmsg.Record
 					if err := rec.ReadFrom(buf[:n+int(l)]); err == nil {
 						for _, h := range rec.Headers {
-							if h.Key == DefaultMessageIDHeader {
+							if h.Key == kafkapub.DefaultMessageIDHeader {
 								got[string(h.Value)] = rec
 							}
 						}
@@ -133,35 +135,13 @@ func murmur2(key []byte, n int) int {
 	return kafka.Murmur2Balancer{}.Balance(kafka.Message{Key: key}, parts...)
 }
 
-func TestNewKafkaPublisher_rejects_invalid_config(t *testing.T) {
-	tests := []struct {
-		name  string
-		cfg   Config
-		field string
-	}{
-		{"no_brokers", Config{}, "Brokers"},
-		{"empty_broker", Config{Brokers: []string{"a:9092", " "}}, "Brokers[1]"},
-		{"negative_batch_bytes", Config{Brokers: []string{"a:9092"}, BatchBytes: -1}, "BatchBytes"},
-		{"negative_max_batch_records", Config{Brokers: []string{"a:9092"}, MaxBatchRecords: -1}, "MaxBatchRecords"},
-		{"negative_publish_timeout", Config{Brokers: []string{"a:9092"}, PublishTimeout: -time.Second}, "PublishTimeout"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			p, err := New(tt.cfg)
-			if err == nil {
-				p.Close()
-				t.Fatalf("New(%+v) = nil error; want one naming %s", tt.cfg, tt.field)
-			}
-			if !strings.Contains(err.Error(), tt.field) || !strings.HasPrefix(err.Error(), "kafkapub: ") {
-				t.Errorf("New error = %q; want it to start with \"kafkapub: \" and name %s", err, tt.field)
-			}
-		})
-	}
-}
-
 func TestKafkaPublisher_hook_cannot_downgrade_invariants(t *testing.T) {
 	b := testenv.NewFake(t)
-	p := newPublisher(t, b, Config{Configure: func(w *kafka.Writer) {
+	// The writer the hook was given is the publisher's: New enforces the
+	// invariants on it after the hook ran.
+	var w *kafka.Writer
+	p := newPublisher(t, b, kafkapub.Config{Configure: func(hooked *kafka.Writer) {
+		w = hooked
 		w.RequiredAcks = kafka.RequireNone
 		w.Balancer = &kafka.Hash{}
 		w.BatchTimeout = time.Second
@@ -170,18 +150,17 @@ func TestKafkaPublisher_hook_cannot_downgrade_invariants(t *testing.T) {
 		w.Topic = "hooked"
 		w.MaxAttempts = 3 // enforced: 1, the relay retries
 	}})
-	w := p.w
 	if w.RequiredAcks != kafka.RequireAll {
 		t.Errorf("writer RequiredAcks = %v; want RequireAll", w.RequiredAcks)
 	}
-	if _, ok := w.Balancer.(placement); !ok {
+	if bt := reflect.TypeOf(w.Balancer); bt == nil || bt.PkgPath() != "github.com/gorm-outbox/outbox/kafkapub" || bt.Name() != "placement" {
 		t.Errorf("writer Balancer = %T; want placement", w.Balancer)
 	}
 	if w.BatchTimeout >= time.Millisecond {
 		t.Errorf("writer BatchTimeout = %v; want < 1ms", w.BatchTimeout)
 	}
-	if w.BatchSize != DefaultMaxBatchRecords || w.BatchBytes != DefaultBatchBytes {
-		t.Errorf("writer BatchSize, BatchBytes = %d, %d; want %d, %d", w.BatchSize, w.BatchBytes, DefaultMaxBatchRecords, DefaultBatchBytes)
+	if w.BatchSize != kafkapub.DefaultMaxBatchRecords || w.BatchBytes != kafkapub.DefaultBatchBytes {
+		t.Errorf("writer BatchSize, BatchBytes = %d, %d; want %d, %d", w.BatchSize, w.BatchBytes, kafkapub.DefaultMaxBatchRecords, kafkapub.DefaultBatchBytes)
 	}
 	if w.Async || w.Topic != "" {
 		t.Errorf("writer Async, Topic = %v, %q; want false, \"\"", w.Async, w.Topic)
@@ -189,8 +168,8 @@ func TestKafkaPublisher_hook_cannot_downgrade_invariants(t *testing.T) {
 	if w.MaxAttempts != 1 {
 		t.Errorf("writer MaxAttempts = %d; want 1 (the relay owns retries)", w.MaxAttempts)
 	}
-	if w.WriteTimeout != DefaultPublishTimeout || w.ReadTimeout != DefaultPublishTimeout {
-		t.Errorf("writer WriteTimeout, ReadTimeout = %v, %v; want PublishTimeout's default %v", w.WriteTimeout, w.ReadTimeout, DefaultPublishTimeout)
+	if w.WriteTimeout != kafkapub.DefaultPublishTimeout || w.ReadTimeout != kafkapub.DefaultPublishTimeout {
+		t.Errorf("writer WriteTimeout, ReadTimeout = %v, %v; want PublishTimeout's default %v", w.WriteTimeout, w.ReadTimeout, kafkapub.DefaultPublishTimeout)
 	}
 
 	// On the wire: every produce request asks for acks=all, and keys land
@@ -225,12 +204,12 @@ func TestKafkaPublisher_round_trips_records(t *testing.T) {
 	testenv.ForEachBroker(t, func(t *testing.T, b testenv.Broker) {
 		const parts = 8
 		topic := newTopic(t, b, parts, nil)
-		p := newPublisher(t, b, Config{})
+		p := newPublisher(t, b, kafkapub.Config{})
 
 		withHeaders := msg(topic, "order-1", `{"n":1}`)
 		withHeaders.Headers = outbox.Headers{
 			{Key: "b", Value: []byte("2")},
-			{Key: DefaultMessageIDHeader, Value: []byte("caller's, replaced")},
+			{Key: kafkapub.DefaultMessageIDHeader, Value: []byte("caller's, replaced")},
 			{Key: "a", Value: []byte("1")},
 			{Key: "b", Value: []byte("dup")},
 		}
@@ -293,7 +272,7 @@ func TestKafkaPublisher_round_trips_records(t *testing.T) {
 		for _, h := range r.Headers {
 			hs = append(hs, h.Key+"="+string(h.Value))
 		}
-		want := []string{"b=2", "a=1", "b=dup", DefaultMessageIDHeader + "=" + withHeaders.MessageID.String()}
+		want := []string{"b=2", "a=1", "b=dup", kafkapub.DefaultMessageIDHeader + "=" + withHeaders.MessageID.String()}
 		if strings.Join(hs, " ") != strings.Join(want, " ") {
 			t.Errorf("headers = %q; want %q", hs, want)
 		}
@@ -323,7 +302,7 @@ func TestKafkaPublisher_accepts_any_round_tripper(t *testing.T) {
 		topic := newTopic(t, b, 2, nil)
 		rt := &countingTransport{inner: &kafka.Transport{}}
 		t.Cleanup(rt.inner.CloseIdleConnections)
-		p := newPublisher(t, b, Config{Transport: rt})
+		p := newPublisher(t, b, kafkapub.Config{Transport: rt})
 		batch := []*outbox.Message{msg(topic, "a", "1"), msg(topic, "b", "2")}
 		if res := p.Publish(context.Background(), batch); res.Acknowledged != len(batch) || res.Err != nil {
 			t.Fatalf("Publish = %+v; want %d acknowledged", res, len(batch))
@@ -337,7 +316,7 @@ func TestKafkaPublisher_accepts_any_round_tripper(t *testing.T) {
 func TestKafkaPublisher_stamps_configured_message_id_header(t *testing.T) {
 	b := testenv.NewFake(t)
 	topic := newTopic(t, b, 1, nil)
-	p := newPublisher(t, b, Config{MessageIDHeader: "id"})
+	p := newPublisher(t, b, kafkapub.Config{MessageIDHeader: "id"})
 	m := msg(topic, "k", "v")
 	if res := p.Publish(context.Background(), []*outbox.Message{m}); res.Err != nil {
 		t.Fatalf("Publish = %+v", res)
@@ -354,7 +333,7 @@ func TestKafkaPublisher_stamps_configured_message_id_header(t *testing.T) {
 func TestKafkaPublisher_keeps_key_order_after_rejected_row(t *testing.T) {
 	testenv.ForEachBroker(t, func(t *testing.T, b testenv.Broker) {
 		topic := newTopic(t, b, 3, map[string]string{"max.message.bytes": "2048"})
-		p := newPublisher(t, b, Config{})
+		p := newPublisher(t, b, kafkapub.Config{})
 		row1 := msg(topic, "order-7", strings.Repeat("x", 8192))
 		row2 := msg(topic, "order-7", "2")
 		row3 := msg(topic, "order-7", "3")
@@ -438,7 +417,7 @@ func TestKafkaPublisher_stops_failed_partition_while_others_proceed(t *testing.T
 			b := testenv.NewFake(t)
 			topic := newTopic(t, b, 3, nil)
 			b.Fake.Fault(tt.fault(topic))
-			p := newPublisher(t, b, Config{})
+			p := newPublisher(t, b, kafkapub.Config{})
 			parts := []int32{0, 1, 2, 1, 1, 0, 1, 2}
 			var batch []*outbox.Message
 			for i, part := range parts {
@@ -472,7 +451,7 @@ func TestKafkaPublisher_stops_failed_partition_while_others_proceed(t *testing.T
 func TestKafkaPublisher_fails_row_above_batch_bytes_without_failing_earlier_rows(t *testing.T) {
 	b := testenv.NewFake(t)
 	topic := newTopic(t, b, 2, nil)
-	p := newPublisher(t, b, Config{BatchBytes: 1024})
+	p := newPublisher(t, b, kafkapub.Config{BatchBytes: 1024})
 	batch := []*outbox.Message{
 		msg(topic, "", "a0", 0),
 		msg(topic, "", "a1", 0),
@@ -500,7 +479,7 @@ func TestKafkaPublisher_sends_large_batch_in_a_handful_of_requests(t *testing.T)
 	b := testenv.NewFake(t)
 	const parts = 8
 	topic := newTopic(t, b, parts, nil)
-	p := newPublisher(t, b, Config{})
+	p := newPublisher(t, b, kafkapub.Config{})
 	produces := b.Fake.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Count: -1, Observe: true})
 	value := bytes.Repeat([]byte("v"), 1024)
 	var batch []*outbox.Message
@@ -518,7 +497,7 @@ func TestKafkaPublisher_sends_large_batch_in_a_handful_of_requests(t *testing.T)
 func TestKafkaPublisher_chunks_partition_in_order_beyond_max_batch_records(t *testing.T) {
 	b := testenv.NewFake(t)
 	topic := newTopic(t, b, 1, nil)
-	p := newPublisher(t, b, Config{MaxBatchRecords: 4})
+	p := newPublisher(t, b, kafkapub.Config{MaxBatchRecords: 4})
 	produces := b.Fake.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Count: -1, Observe: true})
 	var batch []*outbox.Message
 	for i := range 10 {
@@ -542,7 +521,7 @@ func TestKafkaPublisher_chunks_partition_in_order_beyond_max_batch_records(t *te
 func TestKafkaPublisher_reports_only_acknowledged_rows_on_cancel(t *testing.T) {
 	b := testenv.NewFake(t)
 	topic := newTopic(t, b, 1, nil)
-	p := newPublisher(t, b, Config{})
+	p := newPublisher(t, b, kafkapub.Config{})
 
 	entered := make(chan struct{})
 	wake := make(chan struct{})
@@ -582,7 +561,7 @@ func TestKafkaPublisher_reports_only_acknowledged_rows_on_cancel(t *testing.T) {
 
 func TestKafkaPublisher_fails_after_close(t *testing.T) {
 	b := testenv.NewFake(t)
-	p, err := New(Config{Brokers: b.Addrs})
+	p, err := kafkapub.New(kafkapub.Config{Brokers: b.Addrs})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -593,7 +572,7 @@ func TestKafkaPublisher_fails_after_close(t *testing.T) {
 		t.Fatalf("second Close = %v; want nil", err)
 	}
 	res := p.Publish(context.Background(), []*outbox.Message{msg("t", "k", "v")})
-	if res.Acknowledged != 0 || !errors.Is(res.Err, ErrClosed) {
+	if res.Acknowledged != 0 || !errors.Is(res.Err, kafkapub.ErrClosed) {
 		t.Fatalf("Publish after Close = %+v; want ErrClosed", res)
 	}
 }
@@ -601,7 +580,7 @@ func TestKafkaPublisher_fails_after_close(t *testing.T) {
 func TestKafkaPublisher_fails_unknown_partition(t *testing.T) {
 	b := testenv.NewFake(t)
 	topic := newTopic(t, b, 2, nil)
-	p := newPublisher(t, b, Config{})
+	p := newPublisher(t, b, kafkapub.Config{})
 	res := p.Publish(context.Background(), []*outbox.Message{msg(topic, "k", "ok", 1), msg(topic, "k", "bad", 7)})
 	if res.Acknowledged != 1 || !errors.Is(res.Err, kafka.UnknownTopicOrPartition) {
 		t.Fatalf("Publish = %d, %v; want 1, UnknownTopicOrPartition", res.Acknowledged, res.Err)
@@ -614,7 +593,7 @@ func TestKafkaPublisher_fails_unknown_partition(t *testing.T) {
 func TestKafkaPublisher_acknowledges_rows_before_a_row_the_broker_rejects(t *testing.T) {
 	testenv.ForEachBroker(t, func(t *testing.T, b testenv.Broker) {
 		topic := newTopic(t, b, 1, map[string]string{"max.message.bytes": "2048"})
-		p := newPublisher(t, b, Config{})
+		p := newPublisher(t, b, kafkapub.Config{})
 		batch := []*outbox.Message{
 			msg(topic, "k", "1"), msg(topic, "k", "2"), msg(topic, "k", "3"),
 			msg(topic, "k", strings.Repeat("x", 8192)),

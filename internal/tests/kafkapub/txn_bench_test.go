@@ -1,4 +1,4 @@
-package kafkapub
+package kafkapub_test
 
 import (
 	"bytes"
@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/kafkapub"
 )
 
 // BenchmarkKafkaPublisherTransactional compares the transactional mode
@@ -23,17 +24,17 @@ func BenchmarkKafkaPublisherTransactional(b *testing.B) {
 		value := bytes.Repeat([]byte("v"), 1024)
 		type mode struct {
 			name string
-			pub  *Publisher
+			pub  *kafkapub.Publisher
 			next func() *outbox.Message
 		}
 		var modes []mode
 		for _, name := range []string{"default", "transactional"} {
 			topic := newTopic(b, br, 8, nil)
-			var p *Publisher
+			var p *kafkapub.Publisher
 			if name == "default" {
-				p = newPublisher(b, br, Config{})
+				p = newPublisher(b, br, kafkapub.Config{})
 			} else {
-				p = newTestTxnPublisher(b, br, topic, Config{})
+				p = newTestTxnPublisher(b, br, topic, kafkapub.Config{})
 				own(b, p, 0)
 			}
 			seq := 0

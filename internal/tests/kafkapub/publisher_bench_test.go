@@ -1,4 +1,4 @@
-package kafkapub
+package kafkapub_test
 
 import (
 	"bytes"
@@ -10,6 +10,7 @@ import (
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/internal/testenv"
+	"github.com/gorm-outbox/outbox/kafkapub"
 )
 
 // benchBrokers is the in-process broker and, when OUTBOX_TEST_KAFKA_BROKERS
@@ -28,7 +29,7 @@ func benchBrokers(b *testing.B) []testenv.Broker {
 func BenchmarkKafkaPublisher(b *testing.B) {
 	for _, br := range benchBrokers(b) {
 		topic := newTopic(b, br, 8, nil)
-		p := newPublisher(b, br, Config{})
+		p := newPublisher(b, br, kafkapub.Config{})
 		value := bytes.Repeat([]byte("v"), 1024)
 		seq := 0
 		next := func() *outbox.Message {
@@ -81,7 +82,7 @@ func BenchmarkPublishGroup(b *testing.B) {
 	const buckets = 64
 	for _, br := range benchBrokers(b) {
 		topic := newTopic(b, br, 8, nil)
-		p := newPublisher(b, br, Config{})
+		p := newPublisher(b, br, kafkapub.Config{})
 		seq := 0
 		group := func() [][]*outbox.Message {
 			batches := make([][]*outbox.Message, buckets)

@@ -1,4 +1,4 @@
-package kafkapub
+package kafkapub_test
 
 import (
 	"context"
@@ -13,43 +13,9 @@ import (
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/internal/testenv"
+	"github.com/gorm-outbox/outbox/kafkapub"
 	"github.com/gorm-outbox/outbox/relay"
 )
-
-func TestNewKafkaPublisher_rejects_invalid_transactions(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		cfg  Config
-		want string
-	}{
-		{"empty_outbox", Config{Transactions: &Transactions{}}, "Transactions.Outbox"},
-		{"negative_timeout", Config{Transactions: &Transactions{Outbox: "o", Timeout: -1}}, "Transactions.Timeout"},
-		{"timeout_not_above_publish_timeout", Config{PublishTimeout: 10 * time.Second, Transactions: &Transactions{Outbox: "o", Timeout: 10 * time.Second}}, "Transactions.Timeout"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			tc.cfg.Brokers = []string{"127.0.0.1:1"}
-			_, err := New(tc.cfg)
-			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("New = %v; want an error naming %s", err, tc.want)
-			}
-		})
-	}
-}
-
-func TestKafkaTransactions_TransactionalID(t *testing.T) {
-	for _, tc := range []struct {
-		cfg    Transactions
-		bucket int
-		want   string
-	}{
-		{Transactions{Outbox: "orders"}, 3, "outbox-orders-3"},
-		{Transactions{Outbox: "orders", IDPrefix: "billing."}, 0, "billing.orders-0"},
-	} {
-		if got := tc.cfg.TransactionalID(tc.bucket); got != tc.want {
-			t.Errorf("TransactionalID(%d) = %q; want %q", tc.bucket, got, tc.want)
-		}
-	}
-}
 
 // bucketMsg is msg in bucket b.
 func bucketMsg(b int32, topic, key, value string, partition ...int32) *outbox.Message {
@@ -63,7 +29,7 @@ func bucketMsg(b int32, topic, key, value string, partition ...int32) *outbox.Me
 func TestTxnPublisher_publishes_a_batch_in_one_transaction(t *testing.T) {
 	testenv.ForEachBroker(t, func(t *testing.T, b testenv.Broker) {
 		topic := newTopic(t, b, 3, nil)
-		p := newTestTxnPublisher(t, b, topic, Config{})
+		p := newTestTxnPublisher(t, b, topic, kafkapub.Config{})
 		own(t, p, 2)
 		var batch []*outbox.Message
 		for i := range 30 {
@@ -127,7 +93,7 @@ func TestTxnPublisher_publishes_a_batch_in_one_transaction(t *testing.T) {
 func TestTxnPublisher_refuses_a_bucket_it_was_not_told_about(t *testing.T) {
 	b := testenv.NewFake(t)
 	topic := newTopic(t, b, 1, nil)
-	p := newTestTxnPublisher(t, b, topic, Config{})
+	p := newTestTxnPublisher(t, b, topic, kafkapub.Config{})
 	own(t, p, 0)
 	res := p.Publish(context.Background(), []*outbox.Message{bucketMsg(1, topic, "k", "v")})
 	if res.Acknowledged != 0 || !errors.Is(res.Err, relay.ErrFenced) {
@@ -146,12 +112,12 @@ func TestTxnPublisher_refuses_a_bucket_it_was_not_told_about(t *testing.T) {
 func TestTxnPublisher_new_owner_fences_the_old_one(t *testing.T) {
 	testenv.ForEachBroker(t, func(t *testing.T, b testenv.Broker) {
 		topic := newTopic(t, b, 2, nil)
-		a := newTestTxnPublisher(t, b, topic, Config{})
+		a := newTestTxnPublisher(t, b, topic, kafkapub.Config{})
 		own(t, a, 0)
 		if res := a.Publish(context.Background(), []*outbox.Message{bucketMsg(0, topic, "k", "a1")}); res.Err != nil {
 			t.Fatalf("A's first Publish = %v", res.Err)
 		}
-		nb := newTestTxnPublisher(t, b, topic, Config{})
+		nb := newTestTxnPublisher(t, b, topic, kafkapub.Config{})
 		own(t, nb, 0)
 		res := a.Publish(context.Background(), []*outbox.Message{bucketMsg(0, topic, "k", "a2")})
 		if res.Acknowledged != 0 || !errors.Is(res.Err, relay.ErrFenced) || !errors.Is(res.Err, kafka.ProducerFenced) && !errors.Is(res.Err, kafka.InvalidProducerEpoch) {
@@ -184,7 +150,7 @@ func TestTxnPublisher_new_owner_fences_the_old_one(t *testing.T) {
 func TestTxnPublisher_acknowledges_rows_before_a_row_the_broker_rejects(t *testing.T) {
 	testenv.ForEachBroker(t, func(t *testing.T, b testenv.Broker) {
 		topic := newTopic(t, b, 2, map[string]string{"max.message.bytes": "2048"})
-		p := newTestTxnPublisher(t, b, topic, Config{})
+		p := newTestTxnPublisher(t, b, topic, kafkapub.Config{})
 		own(t, p, 0)
 		var batch []*outbox.Message
 		for i := range 9 {
