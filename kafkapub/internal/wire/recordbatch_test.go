@@ -2,23 +2,18 @@ package wire
 
 import (
 	"bytes"
-	"context"
 	"encoding/binary"
+	"encoding/hex"
 	"fmt"
 	"hash/crc32"
 	"io"
+	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/protocol"
-	"github.com/twmb/franz-go/pkg/kfake"
-	"github.com/twmb/franz-go/pkg/kgo"
-	"github.com/twmb/franz-go/pkg/kmsg"
-
-	"github.com/gorm-outbox/outbox/internal/testenv"
 )
 
 // Our v2 record batches decode with kafka-go's own decoder to the records
@@ -131,87 +126,45 @@ func readBytes(t *testing.T, b protocol.Bytes) []byte {
 // The record batches a transactional franz-go producer (a reference client)
 // sends are byte for byte what our encoder makes of the same records and
 // producer fields: attributes, offsets, timestamps, producer id, epoch,
-// sequence, records and the CRC-32C over them. Batches are captured as
-// the in-process broker receives them, and read back from it with
-// read_committed.
+// sequence, records and the CRC-32C over them. The batches were captured
+// as the in-process broker received them, and their transactions read back
+// with read_committed, by internal/tests/kafkapub's
+// TestKgoTransactionalBatchesGolden, which wrote them to
+// testdata/kgo_transactional_batches.txt (this module does not require
+// franz-go) and checks that franz-go still sends them:
+//
+//	go test ./internal/tests/kafkapub -run TestKgoTransactionalBatchesGolden -update-kgo-batches
+//
+// Each is decoded here with kafka-go's decoder.
 func TestEncodeRecordBatch_matches_a_transactional_kgo_producer(t *testing.T) {
-	b := testenv.NewFake(t)
-	topic := newTopic(t, b, 2, nil)
-
-	var mu sync.Mutex
-	var captured [][]byte
-	seen := map[kmsg.Request]bool{} // When runs once per partition of a request
-	b.Fake.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Count: -1, Observe: true, When: func(r kmsg.Request) bool {
-		mu.Lock()
-		defer mu.Unlock()
-		if seen[r] {
-			return true
-		}
-		seen[r] = true
-		for _, tp := range r.(*kmsg.ProduceRequest).Topics {
-			for _, pp := range tp.Partitions {
-				captured = append(captured, bytes.Clone(pp.Records))
-			}
-		}
-		return true
-	}})
-
-	cl, err := kgo.NewClient(
-		kgo.SeedBrokers(b.Addrs...),
-		kgo.TransactionalID("reference-"+topic),
-		kgo.DefaultProduceTopic(topic),
-		kgo.RecordPartitioner(kgo.ManualPartitioner()),
-		kgo.ProducerBatchCompression(kgo.NoCompression()),
-	)
+	data, err := os.ReadFile("testdata/kgo_transactional_batches.txt")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	ts := time.UnixMilli(time.Now().UnixMilli())
-	for txn := range 2 {
-		if err := cl.BeginTransaction(); err != nil {
-			t.Fatal(err)
+	var batches [][]byte
+	for _, l := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+		if strings.HasPrefix(l, "#") {
+			continue
 		}
-		var recs []*kgo.Record
-		for i := range 20 {
-			r := &kgo.Record{Partition: int32(i % 2), Timestamp: ts, Value: []byte(fmt.Sprintf("v-%d-%d", txn, i))}
-			if i%5 != 0 {
-				r.Key = []byte(fmt.Sprintf("k%d", i%3))
-			}
-			if i%4 == 0 {
-				r.Headers = []kgo.RecordHeader{{Key: "h", Value: []byte{byte(i)}}, {Key: "x-outbox-message-id", Value: []byte("0b9a6f7e-0000-4000-8000-000000000000")}}
-			}
-			recs = append(recs, r)
+		_, h, ok := strings.Cut(l, " ") // partition, bytes
+		raw, err := hex.DecodeString(h)
+		if !ok || err != nil {
+			t.Fatalf("testdata line %q: %v", l, err)
 		}
-		if err := cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
-			t.Fatal(err)
-		}
-		if err := cl.EndTransaction(ctx, kgo.TryCommit); err != nil {
-			t.Fatal(err)
-		}
+		batches = append(batches, raw)
 	}
-
-	mu.Lock()
-	batches := captured
-	mu.Unlock()
 	if len(batches) == 0 {
-		t.Fatal("no produce request captured")
+		t.Fatal("no batch in testdata")
 	}
 	compared := 0
 	for _, raw := range batches {
-		var rb kmsg.RecordBatch
-		if err := rb.ReadFrom(raw); err != nil {
-			t.Fatalf("kmsg.RecordBatch.ReadFrom: %v", err)
-		}
+		rb, msgs, firstTimestamp := decodeKgoBatch(t, raw)
 		if rb.Attributes&batchAttrTransactional == 0 || rb.ProducerID < 0 {
 			t.Fatalf("kgo batch attributes %#x producer %d; want a transactional batch", rb.Attributes, rb.ProducerID)
 		}
-		msgs := decodeKmsgRecords(t, rb)
 		ours, err := EncodeRecordBatch(ProducerBatch{
-			ProducerID: rb.ProducerID, ProducerEpoch: rb.ProducerEpoch, BaseSequence: rb.FirstSequence, Transactional: true,
-		}, rb.FirstTimestamp, 0, msgs)
+			ProducerID: rb.ProducerID, ProducerEpoch: rb.ProducerEpoch, BaseSequence: rb.BaseSequence, Transactional: true,
+		}, firstTimestamp, 0, msgs)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -221,47 +174,54 @@ func TestEncodeRecordBatch_matches_a_transactional_kgo_producer(t *testing.T) {
 		if !bytes.Equal(ours[batchOffCRC:], raw[batchOffCRC:]) {
 			t.Fatalf("our batch of %d records differs from kgo's from the CRC on:\nours %x\nkgo  %x", len(msgs), ours[batchOffCRC:], raw[batchOffCRC:])
 		}
-		if got := crc32.Checksum(ours[batchOffAttributes:], crc32.MakeTable(crc32.Castagnoli)); got != uint32(rb.CRC) {
-			t.Fatalf("CRC-32C %#x; kgo's %#x", got, uint32(rb.CRC))
+		if got, want := crc32.Checksum(ours[batchOffAttributes:], crc32.MakeTable(crc32.Castagnoli)), binary.BigEndian.Uint32(raw[batchOffCRC:]); got != want {
+			t.Fatalf("CRC-32C %#x; kgo's %#x", got, want)
 		}
 		compared += len(msgs)
 	}
 	if compared != 40 {
 		t.Fatalf("compared %d records; want 40", compared)
 	}
-
-	// Read back: the reference client's records are what our encoding of
-	// them says (read_committed, so the transactions committed).
-	recs := readIsolated(t, b, topic, kgo.ReadCommitted(), 40, 200*time.Millisecond)
-	if len(recs) != 40 {
-		t.Fatalf("read %d records; want 40", len(recs))
-	}
 }
 
-// decodeKmsgRecords returns rb's records (uncompressed) as kafka-go
-// messages.
-func decodeKmsgRecords(t *testing.T, rb kmsg.RecordBatch) []kafka.Message {
+// decodeKgoBatch decodes raw (an uncompressed v2 record batch, without a
+// size prefix) with kafka-go's decoder: its producer fields, its records as
+// kafka-go messages and its first timestamp (every record's: the records
+// were given one timestamp).
+func decodeKgoBatch(t *testing.T, raw []byte) (*protocol.RecordBatch, []kafka.Message, int64) {
 	t.Helper()
+	buf := append(binary.BigEndian.AppendUint32(nil, uint32(len(raw))), raw...)
+	var rs protocol.RecordSet
+	if _, err := rs.ReadFrom(bytes.NewReader(buf)); err != nil {
+		t.Fatalf("kafka-go ReadFrom = %v", err)
+	}
+	recs := rs.Records
+	if st, ok := recs.(*protocol.RecordStream); ok && len(st.Records) == 1 {
+		recs = st.Records[0]
+	}
+	rb, ok := recs.(*protocol.RecordBatch)
+	if !ok {
+		t.Fatalf("records are a %T; want *protocol.RecordBatch", rs.Records)
+	}
+	firstTimestamp := int64(binary.BigEndian.Uint64(raw[batchOffAttributes+2+4:]))
+	n := int(binary.BigEndian.Uint32(raw[batchOffAttributes+2+4+8+8+8+2+4:])) // the records count
 	var out []kafka.Message
-	buf := rb.Records
-	for range rb.NumRecords {
-		l, n := binary.Varint(buf)
-		if n <= 0 || int(l)+n > len(buf) {
-			t.Fatalf("bad record length")
-		}
-		var rec kmsg.Record
-		if err := rec.ReadFrom(buf[:n+int(l)]); err != nil {
+	for range n {
+		r, err := rb.ReadRecord()
+		if err != nil {
 			t.Fatal(err)
 		}
-		buf = buf[n+int(l):]
-		if rec.TimestampDelta64 != 0 {
-			t.Fatalf("timestamp delta %d; the test gives every record one timestamp", rec.TimestampDelta64)
+		if r.Time.UnixMilli() != firstTimestamp {
+			t.Fatalf("record time %d; the test gives every record one timestamp (%d)", r.Time.UnixMilli(), firstTimestamp)
 		}
-		m := kafka.Message{Key: rec.Key, Value: rec.Value}
-		for _, h := range rec.Headers {
+		m := kafka.Message{Key: readBytes(t, r.Key), Value: readBytes(t, r.Value)}
+		for _, h := range r.Headers {
 			m.Headers = append(m.Headers, kafka.Header{Key: h.Key, Value: h.Value})
 		}
 		out = append(out, m)
 	}
-	return out
+	if _, err := rb.ReadRecord(); err == nil {
+		t.Fatalf("a record after the last one")
+	}
+	return rb, out, firstTimestamp
 }
