@@ -18,7 +18,7 @@ import (
 // with 1 KiB values over 8 partitions (msg/s), and the latency of a
 // one-row publish (p50/p99 in µs), each mode on its own fresh topic.
 //
-//	go test -run '^$' -bench KafkaPublisherTransactional -benchtime 200x ./kafkapub
+//	go test -run '^$' -bench KafkaPublisherTransactional -benchtime 200x ./internal/tests/kafkapub
 func BenchmarkKafkaPublisherTransactional(b *testing.B) {
 	for _, br := range benchBrokers(b) {
 		value := bytes.Repeat([]byte("v"), 1024)
