@@ -164,11 +164,7 @@ type txnPublisher struct {
 	// producers are the owned buckets' producers, guarded by
 	// Publisher.mu.
 	producers map[int]*txnProducer
-	// hook, when set (tests), is called at the steps of a transaction:
-	// "added" (partitions added, nothing produced) and "produced" (every
-	// record appended, not committed), from the Publish goroutine.
-	hook func(bucket int, step string)
-	now  func() time.Time // record timestamps
+	now       func() time.Time // record timestamps
 }
 
 // txnProducer is the transactional producer of one bucket. Its fields but
@@ -506,8 +502,6 @@ func (p *Publisher) txnRange(ctx context.Context, prod *txnProducer, rows []row,
 		p.txnRange(ctx, prod, rows, lo, cut)
 		return false
 	}
-	p.step(prod, "added")
-
 	out := p.produceAll(ctx, prod, rows, parts, idx)
 	if prod.fenced != nil {
 		rows[lo].err = prod.fenced
@@ -523,7 +517,6 @@ func (p *Publisher) txnRange(ctx context.Context, prod *txnProducer, rows []row,
 		}
 	}
 	if first == nil {
-		p.step(prod, "produced")
 		failpoint.Inject("relay/during-publish")
 		failpoint.Inject("kafkapub/before-commit") // a zombie stalls here (CHAOS.md)
 		if err := p.commit(ctx, prod, rows[lo:hi]); err != nil {
@@ -619,13 +612,6 @@ func (p *Publisher) commit(ctx context.Context, prod *txnProducer, rows []row) e
 		return fmt.Errorf("commit (outcome unknown, resolved by the next publish of the bucket): %w", err)
 	}
 	return err
-}
-
-// step calls the test hook, if any.
-func (p *Publisher) step(prod *txnProducer, name string) {
-	if p.txn.hook != nil {
-		p.txn.hook(prod.bucket, name)
-	}
 }
 
 // fencedError is the sticky error of a fenced producer.
