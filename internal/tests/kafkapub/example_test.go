@@ -13,7 +13,7 @@ import (
 	"github.com/gorm-outbox/outbox/kafkapub"
 )
 
-// ExampleNew publishes two rows of one key to an in-process
+// ExampleNew (kafkapub's own is compiled only) publishes two rows of one key to an in-process
 // broker (kfake; no Kafka needed) and reads them back in order, each with
 // its message-id header.
 func ExampleNew() {
