@@ -83,7 +83,7 @@ func TestHotPathStaysOnTheIndexAfterABurstOnPostgres(t *testing.T) {
 	}
 	// The delete by id, for rows the store did not read or that moved (see
 	// locations.go): explained for the next 197 rows.
-	stmt, _ := gormstore.DeleteStatement(store, 0, nil) // $1 the bucket, $2 the ids
+	stmt := deleteStatement(t, pg, outbox.Config{}, false, 0, ids(batch[197:394])).SQL // $1 the bucket, $2 the ids
 	del := strings.NewReplacer("$1", "0", "$2", "'"+idList(batch[197:394])+"'").Replace(stmt)
 	onIndex("MarkPublished by id (custom plan)", del, explainAnalyzed(t, db, del, false))
 

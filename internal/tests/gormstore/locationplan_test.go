@@ -59,12 +59,12 @@ func TestHotPathDeletesByLocationAfterADrainWasAnalyzed(t *testing.T) {
 	if stats.Reltuples != 0 || stats.Relpages == 0 {
 		t.Fatalf("statistics: %d pages, %v rows; want rows 0 in many pages", stats.Relpages, stats.Reltuples)
 	}
+	obs := observe(db) // the statements by location as they go to the driver, with their bind variables
 	store, err := gormstore.New(db, gormstore.Options{Config: outbox.Config{BucketCount: 64}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	byBucket, byBuckets := gormstore.DeleteByLocationSQL(store)
 
 	onlyStatement := func(what, want string) string {
 		t.Helper()
@@ -119,6 +119,7 @@ func TestHotPathDeletesByLocationAfterADrainWasAnalyzed(t *testing.T) {
 		t.Fatal(err)
 	}
 	del := onlyStatement("MarkPublished", "ctid = ANY(")
+	byBucket := obs.last(t, "MarkPublished", "ctid = ANY(").SQL
 	gone("MarkPublished", batch)
 	tids, ids := locations(200, 6)
 	tidScan("MarkPublished's custom plan", explainPlan(t, db, testenv.Postgres, byBucket, 6, tids, ids))
@@ -143,6 +144,7 @@ func TestHotPathDeletesByLocationAfterADrainWasAnalyzed(t *testing.T) {
 		t.Fatal(err)
 	}
 	onlyStatement("MarkPublishedBuckets", "ctid = ANY(")
+	byBuckets := obs.last(t, "MarkPublishedBuckets", "ctid = ANY(").SQL
 	gone("MarkPublishedBuckets", rows)
 	tids, ids = locations(60, 10, 11, 12)
 	tidScan("MarkPublishedBuckets' custom plan", explainPlan(t, db, testenv.Postgres, byBuckets, tids, ids))

@@ -5,7 +5,6 @@ import (
 	"testing"
 
 	"github.com/gorm-outbox/outbox"
-	"github.com/gorm-outbox/outbox/gormstore"
 	"github.com/gorm-outbox/outbox/internal/testenv"
 )
 
@@ -24,10 +23,6 @@ func TestMarkPublishedDeletesByPrimaryKeyOnMySQL(t *testing.T) {
 		t.Run(o.Name, func(t *testing.T) {
 			db := o.Open(t, nil)
 			cfg := newConfig(t, db, 4)
-			s, err := gormstore.New(db, gormstore.Options{Config: cfg})
-			if err != nil {
-				t.Fatal(err)
-			}
 			var ids []int64
 			for i := range 40 {
 				m := pendingMessage(int32(i % 4))
@@ -43,8 +38,9 @@ func TestMarkPublishedDeletesByPrimaryKeyOnMySQL(t *testing.T) {
 				full[i] = ids[0] + int64(i)
 			}
 			for _, chunk := range [][]int64{ids[:1], ids, full} {
-				stmt, args := gormstore.DeleteStatement(s, 1, chunk)
-				plan := explainPlan(t, db, o.Name, stmt, args...)
+				del := deleteStatement(t, o, cfg, false, 1, chunk)
+				stmt := del.SQL
+				plan := explainPlan(t, db, o.Name, stmt, del.Args...)
 				t.Logf("%d ids: %s", len(chunk), plan)
 				if !strings.Contains(plan, "key=PRIMARY") || strings.Contains(plan, "type=ALL") || strings.Count(plan, "\n") > 0 {
 					t.Errorf("MarkPublished of %d ids: plan is not a lookup in the primary key:\n%s\n%s", len(chunk), stmt[:min(len(stmt), 200)], plan)
@@ -76,10 +72,6 @@ func TestMarkPublishedDeletesByPrimaryKeyOnPostgreSQLWithStaleStatistics(t *test
 			if err := db.Exec("ALTER TABLE " + table + " SET (autovacuum_enabled = false)").Error; err != nil {
 				t.Fatal(err)
 			}
-			s, err := gormstore.New(db, gormstore.Options{Config: cfg})
-			if err != nil {
-				t.Fatal(err)
-			}
 			// A backlog of 24,000 1 KiB rows the planner has no statistics
 			// of (autovacuum off for the table: nothing analyzes it).
 			rows := make([]*outbox.Message, 24000)
@@ -94,8 +86,9 @@ func TestMarkPublishedDeletesByPrimaryKeyOnPostgreSQLWithStaleStatistics(t *test
 			if err := db.Table(table).Where("bucket = ?", 1).Order("id").Limit(500).Pluck("id", &ids).Error; err != nil {
 				t.Fatal(err)
 			}
-			stmt, args := gormstore.DeleteStatement(s, 1, ids)
-			plan := explainPlan(t, db, o.Name, stmt, args...)
+			del := deleteStatement(t, o, cfg, false, 1, ids)
+			stmt := del.SQL
+			plan := explainPlan(t, db, o.Name, stmt, del.Args...)
 			t.Logf("%d ids: %s", len(ids), plan)
 			if !strings.Contains(plan, table+"_pkey") || strings.Contains(plan, "bucket_parked_id") {
 				t.Errorf("MarkPublished of %d ids with stale statistics: plan is not a lookup in the primary key:\n%s\n%s", len(ids), stmt, plan)

@@ -1,7 +1,10 @@
 package gormstore_test
 
 import (
+	"context"
+	"database/sql"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -16,6 +19,7 @@ import (
 // raw writes rows exactly as given: no hooks recompute the bucket.
 func raw(db *gorm.DB) *gorm.DB { return db.Session(&gorm.Session{SkipHooks: true}) }
 
+// pendingMessage returns a pending row of bucket, ready to insert.
 func pendingMessage(bucket int32) *outbox.Message {
 	return &outbox.Message{
 		MessageID: outbox.UUID(uuid.New()), Bucket: bucket, Topic: "orders",
@@ -48,19 +52,22 @@ func BenchmarkNextBatch(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
+			previousBatch := previousNextBatch(b, o.Name, db, cfg)
 			for _, limit := range []int{1, 500} {
 				b.Run(fmt.Sprintf("batch=%d", limit), func(b *testing.B) {
 					fetch := func(previous bool) time.Duration {
 						start := time.Now()
-						var got []*outbox.Message
+						var got int
 						var err error
 						if previous {
-							got, err = gormstore.NextBatchWithoutHolds(b.Context(), store, 0, limit)
+							got, err = previousBatch(b.Context(), 0, limit)
 						} else {
-							got, err = store.NextBatch(b.Context(), 0, limit, 0)
+							var msgs []*outbox.Message
+							msgs, err = store.NextBatch(b.Context(), 0, limit, 0)
+							got = len(msgs)
 						}
-						if err != nil || len(got) != limit {
-							b.Fatalf("NextBatch = %d rows, %v; want %d", len(got), err, limit)
+						if err != nil || got != limit {
+							b.Fatalf("NextBatch = %d rows, %v; want %d", got, err, limit)
 						}
 						return time.Since(start)
 					}
@@ -85,6 +92,86 @@ func BenchmarkNextBatch(b *testing.B) {
 				})
 			}
 		})
+	}
+}
+
+// previousNextBatch returns NextBatch's statement as the release before
+// issue 27 had it (no hold condition; on MySQL and MariaDB the range form
+// and the index's ORDER BY), built here, as a function that runs it on db
+// for a bucket and a limit as the store runs a read — through
+// database/sql, with the store's statement prefix (MariaDB's timeout,
+// observed on a first NextBatch of a store on db), on MySQL and MariaDB in
+// a READ COMMITTED read-only transaction — and returns the rows read, each
+// row's columns copied out of the driver's buffers.
+func previousNextBatch(b *testing.B, dialect string, db *gorm.DB, cfg outbox.Config) func(ctx context.Context, bucket, limit int) (int, error) {
+	b.Helper()
+	probe := db.Session(&gorm.Session{Logger: &testenv.SQLRecorder{}})
+	obs := observe(probe)
+	s, err := gormstore.New(probe, gormstore.Options{Config: cfg})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := s.NextBatch(b.Context(), 0, 1, 0); err != nil {
+		b.Fatal(err)
+	}
+	var prefix string
+	if st, ok := obs.find(" m WHERE"); ok && strings.HasPrefix(st.SQL, "SET STATEMENT") {
+		prefix = st.SQL[:strings.Index(st.SQL, " FOR ")+len(" FOR ")]
+	}
+	const columns = "id, message_id, bucket, topic, record_key, record_value, headers, record_partition, created_at"
+	query := prefix + "SELECT " + columns + " FROM " + cfg.MessagesTableName() +
+		" WHERE bucket >= ? AND bucket <= ? AND parked_at_ms IS NULL ORDER BY bucket, parked_at_ms, id LIMIT ?"
+	args := func(bucket, limit int) []any { return []any{bucket, bucket, limit} }
+	switch dialect {
+	case testenv.Postgres:
+		query = strings.NewReplacer("bucket >= ?", "bucket >= $1", "bucket <= ?", "bucket <= $2", "LIMIT ?", "LIMIT $3").Replace(query)
+	case testenv.SQLite:
+		query = prefix + "SELECT " + columns + " FROM " + cfg.MessagesTableName() +
+			" WHERE bucket = ? AND parked_at_ms IS NULL ORDER BY bucket, parked_at_ms, id LIMIT ?"
+		args = func(bucket, limit int) []any { return []any{bucket, limit} }
+	}
+	sqlDB, err := db.DB()
+	if err != nil {
+		b.Fatal(err)
+	}
+	read := func(ctx context.Context, q interface {
+		QueryContext(context.Context, string, ...any) (*sql.Rows, error)
+	}, bucket, limit int) (int, error) {
+		rows, err := q.QueryContext(ctx, query, args(bucket, limit)...)
+		if err != nil {
+			return 0, err
+		}
+		defer rows.Close()
+		cols := make([]sql.RawBytes, 9)
+		dest := make([]any, len(cols))
+		for i := range cols {
+			dest[i] = &cols[i]
+		}
+		var n int
+		var arena []byte
+		for rows.Next() {
+			if err := rows.Scan(dest...); err != nil {
+				return n, err
+			}
+			arena = append(append(arena[:0], cols[4]...), cols[5]...) // the key and the value
+			n++
+		}
+		return n, rows.Err()
+	}
+	return func(ctx context.Context, bucket, limit int) (int, error) {
+		if dialect != testenv.MySQL {
+			return read(ctx, sqlDB, bucket, limit)
+		}
+		tx, err := sqlDB.BeginTx(ctx, &sql.TxOptions{Isolation: sql.LevelReadCommitted, ReadOnly: true})
+		if err != nil {
+			return 0, err
+		}
+		defer tx.Rollback()
+		n, err := read(ctx, tx, bucket, limit)
+		if err != nil {
+			return n, err
+		}
+		return n, tx.Commit()
 	}
 }
 
