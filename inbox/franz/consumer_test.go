@@ -12,7 +12,7 @@ import (
 
 	"github.com/gorm-outbox/outbox/inbox"
 	"github.com/gorm-outbox/outbox/inbox/franz"
-	"github.com/gorm-outbox/outbox/internal/consumertest"
+	"github.com/gorm-outbox/outbox/internal/testenv/consumertest"
 	"github.com/gorm-outbox/outbox/internal/testenv"
 )
 

@@ -8,6 +8,8 @@
 // (outbox_test, gormstore_test) named as in the package it tests. They run
 // with the rest under `go test work` and in CI.
 //
-// Today it holds the tests that need GORM's read/write splitting plugin
+// It holds every test that needs the test environment (module
+// internal/testenv: databases, the in-process broker kfake, the MySQL
+// driver), franz-go or GORM's read/write splitting plugin
 // (gorm.io/plugin/dbresolver).
 package tests

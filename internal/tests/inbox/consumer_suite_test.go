@@ -8,7 +8,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/gorm-outbox/outbox/inbox"
-	"github.com/gorm-outbox/outbox/internal/consumertest"
+	"github.com/gorm-outbox/outbox/internal/testenv/consumertest"
 	"github.com/gorm-outbox/outbox/internal/testenv"
 )
 
