@@ -12,8 +12,8 @@ import (
 
 	"github.com/gorm-outbox/outbox/inbox"
 	"github.com/gorm-outbox/outbox/inbox/franz"
-	"github.com/gorm-outbox/outbox/internal/testenv/consumertest"
 	"github.com/gorm-outbox/outbox/internal/testenv"
+	"github.com/gorm-outbox/outbox/internal/testenv/consumertest"
 )
 
 // TestConsumerBehaviour runs the consumer suite of package inbox's

@@ -8,8 +8,8 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/gorm-outbox/outbox/inbox"
-	"github.com/gorm-outbox/outbox/internal/testenv/consumertest"
 	"github.com/gorm-outbox/outbox/internal/testenv"
+	"github.com/gorm-outbox/outbox/internal/testenv/consumertest"
 )
 
 // TestConsumerBehaviour runs the consumer suite, which module inbox/franz
