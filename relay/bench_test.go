@@ -113,3 +113,9 @@ func BenchmarkSweepManyReadyBuckets(b *testing.B) {
 		b.StartTimer()
 	}
 }
+
+// concurrentFull is a relay.Store reporting ConcurrentBuckets (as in
+// internal/tests/relay/e2e_test.go).
+type concurrentFull struct{ relay.Store }
+
+func (concurrentFull) ConcurrentBuckets() bool { return true }

@@ -40,9 +40,10 @@ type published struct {
 // database stalls for longer than a lease, so B takes over all buckets; A
 // then resumes and rejoins. It checks that every row was published at least
 // once, that each bucket's rows were first published in id order, and that
-// the table ends empty.
-// internal/tests/relay/takeover_test.go has a copy, which
-// TestEndToEndTakeoverGormstore runs on gormstore (keep the two in step).
+// the table ends empty. TestEndToEndTakeover runs it on a MemStore,
+// TestEndToEndTakeoverGormstore on gormstore: both here, with the rest of
+// the relay's end-to-end tests, since gormstore's needs the test
+// environment.
 func runTakeover(t *testing.T, env e2eEnv) {
 	t.Helper()
 	var mu sync.Mutex
