@@ -50,15 +50,15 @@ func TestClockOffsetGaugeIsObservedOnlyWhenTheStoreReportsOne(t *testing.T) {
 	})
 	h.start()
 	h.waitIdle()
-	if v, ok := collect(t, reader).values[relay.MetricClockOffset]; ok {
+	if v, ok := reader.Read(t).Values[relay.MetricClockOffset]; ok {
 		t.Fatalf("%s = %v before the store measured an offset; want it absent", relay.MetricClockOffset, v)
 	}
 	st.set(-40*time.Second-250*time.Millisecond, 3*time.Millisecond)
-	if v, ok := collect(t, reader).values[relay.MetricClockOffset]; !ok || math.Abs(v-(-40.25)) > 1e-9 {
+	if v, ok := reader.Read(t).Values[relay.MetricClockOffset]; !ok || math.Abs(v-(-40.25)) > 1e-9 {
 		t.Fatalf("%s = %v (present %v); want -40.25", relay.MetricClockOffset, v, ok)
 	}
 	st.set(1500*time.Millisecond, 0)
-	if v := collect(t, reader).values[relay.MetricClockOffset]; math.Abs(v-1.5) > 1e-9 {
+	if v := reader.Read(t).Values[relay.MetricClockOffset]; math.Abs(v-1.5) > 1e-9 {
 		t.Fatalf("%s = %v; want 1.5", relay.MetricClockOffset, v)
 	}
 }

@@ -98,7 +98,7 @@ func TestLeaseRenewedDuringLongSweep(t *testing.T) {
 			if span < 3*relay.DefaultLeaseDuration {
 				t.Fatalf("the work took %v of the clock; want several lease durations", span)
 			}
-			if got := collect(t, reader).values[relay.MetricLeaseExpirations]; got != 0 {
+			if got := reader.Read(t).Values[relay.MetricLeaseExpirations]; got != 0 {
 				t.Fatalf("%s = %v; want 0", relay.MetricLeaseExpirations, got)
 			}
 			if n := h.ops.count(relaytest.OpRenew); n < int(span/relay.DefaultLeaseDuration) {
@@ -445,7 +445,7 @@ func TestStalledIsTheOldestPublish(t *testing.T) {
 		<-releases[b[0].Bucket]
 		return relay.Result{Acknowledged: len(b)}
 	})
-	age := func() float64 { return collect(t, reader).values[relay.MetricPublishStalled] }
+	age := func() float64 { return reader.Read(t).Values[relay.MetricPublishStalled] }
 	h.start()
 	if b := <-started; b != 0 {
 		t.Fatalf("first publish of bucket %d; want 0", b)

@@ -312,7 +312,7 @@ func TestHeadOldestAgeMetric(t *testing.T) {
 	})
 	age := func() float64 {
 		t.Helper()
-		v, ok := collect(t, reader).values[relay.MetricHeadOldestAge]
+		v, ok := reader.Read(t).Values[relay.MetricHeadOldestAge]
 		if !ok {
 			t.Fatalf("%s not reported", relay.MetricHeadOldestAge)
 		}

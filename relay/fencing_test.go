@@ -118,7 +118,7 @@ func testDropsFencedBucket(t *testing.T, concurrent bool) {
 	if len(sets) < 2 || !slices.Equal(sets[0], []int{0, 1}) || !slices.Equal(sets[len(sets)-1], []int{0}) {
 		t.Fatalf("owned sets = %v; want [0 1] then [0] after the fence", sets)
 	}
-	if n := collect(t, reader).values[relay.MetricFenced]; n != 1 {
+	if n := reader.Read(t).Values[relay.MetricFenced]; n != 1 {
 		t.Fatalf("%s = %v after one fenced publish; want 1", relay.MetricFenced, n)
 	}
 	if owner := store.Owners()[1]; owner != "relay-a" {

@@ -28,7 +28,7 @@ func TestPublishStalledMetric(t *testing.T) {
 	h := newHarness(t, relay.Options{BucketCount: 1, MeterProvider: reader.MeterProvider()}, nil)
 	stalled := func() float64 {
 		t.Helper()
-		v, ok := collect(t, reader).values[relay.MetricPublishStalled]
+		v, ok := reader.Read(t).Values[relay.MetricPublishStalled]
 		if !ok {
 			t.Fatalf("%s not reported", relay.MetricPublishStalled)
 		}
@@ -89,7 +89,7 @@ func TestPublishStalledMetric(t *testing.T) {
 	// The hung attempt fails (a timeout): the stall goes on through the
 	// backoff and into the retry, counted from the first attempt's start.
 	answer <- relay.Result{Err: errors.New("kafka: request timed out")}
-	h.waitFor("the failure counted", func() bool { return collect(t, reader).values[relay.MetricPublishFailures] == 1 })
+	h.waitFor("the failure counted", func() bool { return reader.Read(t).Values[relay.MetricPublishFailures] == 1 })
 	for retried := false; !retried; {
 		if got, want := stalled(), h.clock.Now().Sub(start).Seconds(); got != want {
 			t.Fatalf("%s %v after the first attempt started, between attempts = %v; want %v", relay.MetricPublishStalled, h.clock.Now().Sub(start), got, want)

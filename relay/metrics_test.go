@@ -14,35 +14,6 @@ import (
 	"go.opentelemetry.io/otel"
 )
 
-// readings collects the reader's current values: counters and gauges by
-// name (absent when not reported), histogram counts by name.
-type readings struct {
-	values map[string]float64
-	counts map[string]uint64
-	names  map[string]string // instrument → outbox.name attribute
-}
-
-func collect(t *testing.T, r *metrictest.Reader) readings {
-	t.Helper()
-	points, err := r.Collect(context.Background())
-	if err != nil {
-		t.Fatalf("Collect: %v", err)
-	}
-	out := readings{values: map[string]float64{}, counts: map[string]uint64{}, names: map[string]string{}}
-	for _, p := range points {
-		switch p.Kind {
-		case metrictest.Counter:
-			out.values[p.Name] += p.Value
-			out.names[p.Name] = p.Attr("outbox.name")
-		case metrictest.Gauge:
-			out.values[p.Name] = p.Value
-		case metrictest.Histogram:
-			out.counts[p.Name] += p.Count
-		}
-	}
-	return out
-}
-
 // setGlobalMeterProvider installs a recording provider as the OpenTelemetry
 // global for the test and returns its reader; cleanup restores the previous
 // global.
@@ -63,15 +34,15 @@ func TestMetrics(t *testing.T) {
 		h.start()
 		h.waitFor("store empty", func() bool { return h.store.Len() == 0 })
 		h.waitIdle()
-		got := collect(t, reader)
-		if got.values[relay.MetricPublishAcknowledged] != 3 {
-			t.Errorf("%s on the global provider = %v; want 3", relay.MetricPublishAcknowledged, got.values[relay.MetricPublishAcknowledged])
+		got := reader.Read(t)
+		if got.Values[relay.MetricPublishAcknowledged] != 3 {
+			t.Errorf("%s on the global provider = %v; want 3", relay.MetricPublishAcknowledged, got.Values[relay.MetricPublishAcknowledged])
 		}
-		if got.values[relay.MetricOwnedBuckets] != 1 {
-			t.Errorf("%s on the global provider = %v; want 1", relay.MetricOwnedBuckets, got.values[relay.MetricOwnedBuckets])
+		if got.Values[relay.MetricOwnedBuckets] != 1 {
+			t.Errorf("%s on the global provider = %v; want 1", relay.MetricOwnedBuckets, got.Values[relay.MetricOwnedBuckets])
 		}
-		if got.names[relay.MetricPublishAcknowledged] != "global" {
-			t.Errorf("outbox.name = %q; want %q", got.names[relay.MetricPublishAcknowledged], "global")
+		if got.Names[relay.MetricPublishAcknowledged] != "global" {
+			t.Errorf("outbox.name = %q; want %q", got.Names[relay.MetricPublishAcknowledged], "global")
 		}
 	})
 
@@ -87,7 +58,7 @@ func TestMetrics(t *testing.T) {
 		if got := h.ops.count(relaytest.OpPendingMetrics); got != 0 {
 			t.Fatalf("backlog queries of a default relay = %d; want 0 without Options.MetricsBacklog", got)
 		}
-		if v, ok := collect(t, reader).values[relay.MetricPendingAvailable]; !ok || v != 0 {
+		if v, ok := reader.Read(t).Values[relay.MetricPendingAvailable]; !ok || v != 0 {
 			t.Fatalf("%s = %v (reported %v); want 0", relay.MetricPendingAvailable, v, ok)
 		}
 	})
@@ -147,24 +118,24 @@ func TestMetrics(t *testing.T) {
 		for h.store.Len() > 0 {
 			h.advanceIdle(time.Second)
 		}
-		got := collect(t, reader)
-		if got.values[relay.MetricPublishAcknowledged] != 5 {
-			t.Errorf("%s = %v; want 5 (2 of the failed batch, then 1 + 2)", relay.MetricPublishAcknowledged, got.values[relay.MetricPublishAcknowledged])
+		got := reader.Read(t)
+		if got.Values[relay.MetricPublishAcknowledged] != 5 {
+			t.Errorf("%s = %v; want 5 (2 of the failed batch, then 1 + 2)", relay.MetricPublishAcknowledged, got.Values[relay.MetricPublishAcknowledged])
 		}
-		if got.values[relay.MetricPublishFailures] != 1 {
-			t.Errorf("%s = %v; want 1", relay.MetricPublishFailures, got.values[relay.MetricPublishFailures])
+		if got.Values[relay.MetricPublishFailures] != 1 {
+			t.Errorf("%s = %v; want 1", relay.MetricPublishFailures, got.Values[relay.MetricPublishFailures])
 		}
-		if n := got.counts[relay.MetricPublishDuration]; n != 3 {
+		if n := got.Counts[relay.MetricPublishDuration]; n != 3 {
 			t.Errorf("%s count = %d; want 3 publish calls", relay.MetricPublishDuration, n)
 		}
-		if got.counts[relay.MetricCycleDuration] == 0 {
+		if got.Counts[relay.MetricCycleDuration] == 0 {
 			t.Errorf("%s count = 0; want cycles recorded", relay.MetricCycleDuration)
 		}
-		if got.values[relay.MetricOwnedBuckets] != 1 {
-			t.Errorf("%s = %v; want 1", relay.MetricOwnedBuckets, got.values[relay.MetricOwnedBuckets])
+		if got.Values[relay.MetricOwnedBuckets] != 1 {
+			t.Errorf("%s = %v; want 1", relay.MetricOwnedBuckets, got.Values[relay.MetricOwnedBuckets])
 		}
-		if got.names[relay.MetricPublishAcknowledged] != "orders" {
-			t.Errorf("outbox.name = %q; want %q", got.names[relay.MetricPublishAcknowledged], "orders")
+		if got.Names[relay.MetricPublishAcknowledged] != "orders" {
+			t.Errorf("outbox.name = %q; want %q", got.Names[relay.MetricPublishAcknowledged], "orders")
 		}
 	})
 
@@ -185,8 +156,8 @@ func TestMetrics(t *testing.T) {
 			t.Fatal(err)
 		}
 		close(release)
-		h.waitFor("expiration counted", func() bool { return collect(t, reader).values[relay.MetricLeaseExpirations] >= 1 })
-		if got := collect(t, reader).values[relay.MetricLeaseExpirations]; got != 1 {
+		h.waitFor("expiration counted", func() bool { return reader.Read(t).Values[relay.MetricLeaseExpirations] >= 1 })
+		if got := reader.Read(t).Values[relay.MetricLeaseExpirations]; got != 1 {
 			t.Fatalf("%s = %v; want 1 for one lost set of 2 buckets", relay.MetricLeaseExpirations, got)
 		}
 	})
@@ -204,12 +175,12 @@ func TestMetrics(t *testing.T) {
 			return relay.Result{Err: errBroker}
 		})
 		h.start()
-		h.waitFor("a sample", func() bool { return collect(t, reader).values[relay.MetricPendingAvailable] == 1 })
-		got := collect(t, reader)
-		if got.values[relay.MetricPendingMessages] != 4 {
-			t.Errorf("%s = %v; want 4", relay.MetricPendingMessages, got.values[relay.MetricPendingMessages])
+		h.waitFor("a sample", func() bool { return reader.Read(t).Values[relay.MetricPendingAvailable] == 1 })
+		got := reader.Read(t)
+		if got.Values[relay.MetricPendingMessages] != 4 {
+			t.Errorf("%s = %v; want 4", relay.MetricPendingMessages, got.Values[relay.MetricPendingMessages])
 		}
-		if age := got.values[relay.MetricPendingOldestAge]; age != 90 {
+		if age := got.Values[relay.MetricPendingOldestAge]; age != 90 {
 			t.Errorf("%s = %v; want 90", relay.MetricPendingOldestAge, age)
 		}
 		close(release)
@@ -228,7 +199,7 @@ func TestMetrics(t *testing.T) {
 			return relay.Result{Acknowledged: len(b)}
 		})
 		h.start()
-		h.waitFor("the first sample", func() bool { return collect(t, reader).values[relay.MetricPendingMessages] == 3 })
+		h.waitFor("the first sample", func() bool { return reader.Read(t).Values[relay.MetricPendingMessages] == 3 })
 		close(sampled)
 		h.waitFor("store empty", func() bool { return h.store.Len() == 0 })
 		h.waitIdle()
@@ -237,7 +208,7 @@ func TestMetrics(t *testing.T) {
 			h.advanceIdle(time.Second)
 		}
 		h.waitFor("a new sample after the drain", func() bool { return h.ops.count(relaytest.OpPendingMetrics) > samples })
-		h.waitFor("the gauge at 0", func() bool { return collect(t, reader).values[relay.MetricPendingMessages] == 0 })
+		h.waitFor("the gauge at 0", func() bool { return reader.Read(t).Values[relay.MetricPendingMessages] == 0 })
 		// An empty backlog is not resampled again before MetricsInterval.
 		after := h.ops.count(relaytest.OpPendingMetrics)
 		for range 3 {
@@ -253,11 +224,11 @@ func TestMetrics(t *testing.T) {
 		h := newHarness(t, relay.Options{MetricsBacklog: true, BucketCount: 1, MeterProvider: reader.MeterProvider()}, func(m *relaytest.MemStore) relay.Store { return noBacklog{m} })
 		h.start()
 		h.waitIdle()
-		got := collect(t, reader)
-		if v, ok := got.values[relay.MetricPendingAvailable]; !ok || v != 0 {
+		got := reader.Read(t)
+		if v, ok := got.Values[relay.MetricPendingAvailable]; !ok || v != 0 {
 			t.Errorf("%s = %v (reported %v); want 0", relay.MetricPendingAvailable, v, ok)
 		}
-		if v, ok := got.values[relay.MetricPendingMessages]; ok {
+		if v, ok := got.Values[relay.MetricPendingMessages]; ok {
 			t.Errorf("%s = %v; want no value", relay.MetricPendingMessages, v)
 		}
 	})
@@ -271,16 +242,16 @@ func TestMetrics(t *testing.T) {
 		h.waitFor("store empty", func() bool { return h.store.Len() == 0 })
 		h.waitFor("the failed sample", func() bool { return h.ops.count(relaytest.OpPendingMetrics) == 1 })
 		h.waitIdle()
-		got := collect(t, reader)
-		if v, ok := got.values[relay.MetricPendingAvailable]; !ok || v != 0 {
+		got := reader.Read(t)
+		if v, ok := got.Values[relay.MetricPendingAvailable]; !ok || v != 0 {
 			t.Errorf("%s after a failed sample = %v (reported %v); want 0", relay.MetricPendingAvailable, v, ok)
 		}
-		if v, ok := got.values[relay.MetricPendingMessages]; ok {
+		if v, ok := got.Values[relay.MetricPendingMessages]; ok {
 			t.Errorf("%s after a failed sample = %v; want no value", relay.MetricPendingMessages, v)
 		}
 		h.clock.Advance(time.Minute) // the next sample succeeds: an empty store is 0, available
-		h.waitFor("a good sample", func() bool { return collect(t, reader).values[relay.MetricPendingAvailable] == 1 })
-		if got := collect(t, reader).values[relay.MetricPendingMessages]; got != 0 {
+		h.waitFor("a good sample", func() bool { return reader.Read(t).Values[relay.MetricPendingAvailable] == 1 })
+		if got := reader.Read(t).Values[relay.MetricPendingMessages]; got != 0 {
 			t.Errorf("%s of an empty store = %v; want 0", relay.MetricPendingMessages, got)
 		}
 	})
@@ -297,7 +268,7 @@ func TestMetrics(t *testing.T) {
 		if got := h.ops.count(relaytest.OpPendingMetrics); got != 0 {
 			t.Fatalf("backlog queries of a relay not owning bucket 0 = %d; want 0", got)
 		}
-		if v := collect(t, reader).values[relay.MetricPendingAvailable]; v != 0 {
+		if v := reader.Read(t).Values[relay.MetricPendingAvailable]; v != 0 {
 			t.Fatalf("%s = %v; want 0 on a non-owner", relay.MetricPendingAvailable, v)
 		}
 	})

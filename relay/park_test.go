@@ -63,22 +63,6 @@ func parkReasons(s *relaytest.MemStore) map[int64]string {
 	return out
 }
 
-// parkedCounts returns outbox.parked by outbox.park.reason.
-func parkedCounts(t *testing.T, r *metrictest.Reader) map[string]int64 {
-	t.Helper()
-	points, err := r.Collect(context.Background())
-	if err != nil {
-		t.Fatalf("Collect: %v", err)
-	}
-	out := map[string]int64{}
-	for _, p := range points {
-		if p.Name == relay.MetricParked {
-			out[p.Attr(relay.AttrParkReason)] += int64(p.Value)
-		}
-	}
-	return out
-}
-
 // keyOrder returns the ids of key's acknowledged messages, deduplicated by
 // message id (first copy kept), in acknowledgement order.
 func keyOrder(acked []*outbox.Message, key string) []int64 {
@@ -158,7 +142,7 @@ func TestCorruptHeadRowIsParkedAloneWhileOtherBucketsFlow(t *testing.T) {
 	if n := len(logs.matching(slog.LevelWarn, "bucket store error")); n != 0 {
 		t.Fatalf("%d bucket store error lines; want none (the bucket does not back off)", n)
 	}
-	if got := parkedCounts(t, reader); got[relay.ParkReasonCorrupt] != 1 || got[relay.ParkReasonHeld] != 0 {
+	if got := reader.SumBy(t, relay.MetricParked, relay.AttrParkReason); got[relay.ParkReasonCorrupt] != 1 || got[relay.ParkReasonHeld] != 0 {
 		t.Fatalf("%s = %v; want corrupt=1, nothing held", relay.MetricParked, got)
 	}
 }
@@ -229,7 +213,7 @@ func TestUnpublishableRowParksItsKeyWhileOtherKeysFlow(t *testing.T) {
 			t.Fatalf("WARN attribute %s = %v; want %v", k, v, want)
 		}
 	}
-	if got := parkedCounts(t, reader); got[relay.ParkReasonUnpublishable] != 1 || got[relay.ParkReasonHeld] != 0 {
+	if got := reader.SumBy(t, relay.MetricParked, relay.AttrParkReason); got[relay.ParkReasonUnpublishable] != 1 || got[relay.ParkReasonHeld] != 0 {
 		t.Fatalf("%s = %v; want unpublishable=1, held=0", relay.MetricParked, got)
 	}
 
@@ -568,14 +552,14 @@ func TestParkedMessagesGauge(t *testing.T) {
 	h := newHarness(t, relay.Options{BucketCount: 1, MetricsBacklog: true, MetricsInterval: time.Minute, MeterProvider: reader.MeterProvider()}, nil)
 	h.store.AddCorrupt(0, nil)
 	h.store.AddToBucket(0, msgs(2, "t")...)
-	if v, ok := collect(t, reader).values[relay.MetricParkedMessages]; ok {
+	if v, ok := reader.Read(t).Values[relay.MetricParkedMessages]; ok {
 		t.Fatalf("%s = %v before any sample; want no value", relay.MetricParkedMessages, v)
 	}
 	h.start()
 	h.waitFor("the corrupt row parked and the rest published", func() bool { return h.store.Len() == 1 && len(h.store.Parked()) == 1 })
 	h.waitFor("a sample after the parking", func() bool {
 		h.clock.Advance(time.Minute)
-		got := collect(t, reader).values
+		got := reader.Read(t).Values
 		return got[relay.MetricParkedMessages] == 1 && got[relay.MetricPendingMessages] == 0
 	})
 }

@@ -22,6 +22,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"testing"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -346,4 +347,54 @@ type float64Observer struct {
 
 func (o float64Observer) Observe(v float64, opts ...metric.ObserveOption) {
 	o.o.ObserveFloat64(o.g, v, opts...)
+}
+
+// Readings are a Reader's values at one Collect, by instrument name.
+type Readings struct {
+	// Values holds counters (summed over their attribute sets) and gauges;
+	// an instrument that reported nothing is absent.
+	Values map[string]float64
+	// Counts holds histograms' counts of measurements.
+	Counts map[string]uint64
+	// Names holds each counter's outbox.name attribute.
+	Names map[string]string
+}
+
+// Read collects r's current values, failing t when Collect fails.
+func (r *Reader) Read(t testing.TB) Readings {
+	t.Helper()
+	points, err := r.Collect(context.Background())
+	if err != nil {
+		t.Fatalf("Collect: %v", err)
+	}
+	out := Readings{Values: map[string]float64{}, Counts: map[string]uint64{}, Names: map[string]string{}}
+	for _, p := range points {
+		switch p.Kind {
+		case Counter:
+			out.Values[p.Name] += p.Value
+			out.Names[p.Name] = p.Attr("outbox.name")
+		case Gauge:
+			out.Values[p.Name] = p.Value
+		case Histogram:
+			out.Counts[p.Name] += p.Count
+		}
+	}
+	return out
+}
+
+// SumBy collects the points of instrument name and sums their values by
+// their attribute key, failing t when Collect fails.
+func (r *Reader) SumBy(t testing.TB, name, key string) map[string]int64 {
+	t.Helper()
+	points, err := r.Collect(context.Background())
+	if err != nil {
+		t.Fatalf("Collect: %v", err)
+	}
+	out := map[string]int64{}
+	for _, p := range points {
+		if p.Name == name {
+			out[p.Attr(key)] += int64(p.Value)
+		}
+	}
+	return out
 }

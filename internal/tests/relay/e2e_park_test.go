@@ -102,7 +102,7 @@ func TestOversizedRowParksItsKeyWhileTheBucketFlows(t *testing.T) {
 		} else {
 			t.Logf("operator sees: %s", strings.TrimSpace(lines[0]))
 		}
-		byReason := parkedCounts(t, reader)
+		byReason := reader.SumBy(t, relay.MetricParked, relay.AttrParkReason)
 		if byReason[relay.ParkReasonUnpublishable] != 1 || byReason[relay.ParkReasonHeld] != 0 {
 			t.Fatalf("%s by reason = %v; want 1 unpublishable (the rows behind it are held by the store's read)", relay.MetricParked, byReason)
 		}

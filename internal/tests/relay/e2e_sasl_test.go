@@ -182,10 +182,10 @@ func TestSASLWrongPassword(t *testing.T) {
 	go func() { done <- r.Run(runCtx) }()
 
 	deadline := time.Now().Add(30 * time.Second)
-	for len(rec.errors()) < 3 || collect(t, reader).values[relay.MetricPublishFailures] < 3 {
+	for len(rec.errors()) < 3 || reader.Read(t).Values[relay.MetricPublishFailures] < 3 {
 		if time.Now().After(deadline) {
 			t.Fatalf("after 30s: %d publish errors, publish.failures %v; want at least 3 (logs:\n%s)",
-				len(rec.errors()), collect(t, reader).values[relay.MetricPublishFailures], strings.Join(logs.Matching(""), "\n"))
+				len(rec.errors()), reader.Read(t).Values[relay.MetricPublishFailures], strings.Join(logs.Matching(""), "\n"))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -200,7 +200,7 @@ func TestSASLWrongPassword(t *testing.T) {
 		t.Fatalf("WARN lines %q; want a publish failure naming SASL Authentication Failed", warn)
 	}
 	t.Logf("log line: %s", warn[0])
-	if got := collect(t, reader).values[relay.MetricPublishAcknowledged]; got != 0 {
+	if got := reader.Read(t).Values[relay.MetricPublishAcknowledged]; got != 0 {
 		t.Fatalf("publish.acknowledged = %v with a wrong password; want 0", got)
 	}
 	var left int64
