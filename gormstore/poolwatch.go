@@ -37,8 +37,11 @@ type poolWatch struct {
 }
 
 // watchPool checks the store's pool at now (the host's clock) and warns,
-// at most once per poolWatchQuiet, when it closed at least poolWatchCloses
-// connections for want of idle room within the latest window.
+// at most once per poolWatchQuiet, as soon as a lease round finds that it
+// closed at least poolWatchCloses connections for want of idle room since
+// the window began: the first round after the closes, not the window's end
+// (a drain's churn may be over by then, and a short drain then says
+// nothing). A window that ends with fewer closes starts a new one.
 func (s *Store) watchPool(ctx context.Context, now time.Time) {
 	sqlDB, err := s.db.DB()
 	if err != nil {
@@ -53,12 +56,15 @@ func (s *Store) watchPool(ctx context.Context, now time.Time) {
 		return
 	}
 	elapsed := now.Sub(w.since)
-	if elapsed < poolWatchWindow {
+	n := stats.MaxIdleClosed - w.closed
+	if n < poolWatchCloses {
+		if elapsed >= poolWatchWindow {
+			w.since, w.closed = now, stats.MaxIdleClosed
+		}
 		s.mu.Unlock()
 		return
 	}
-	n := stats.MaxIdleClosed - w.closed
-	warn := n >= poolWatchCloses && (w.warned.IsZero() || now.Sub(w.warned) >= poolWatchQuiet)
+	warn := w.warned.IsZero() || now.Sub(w.warned) >= poolWatchQuiet
 	if warn {
 		w.warned = now
 	}
