@@ -399,6 +399,7 @@ func messageIDs(msgs []*outbox.Message) []int64 {
 // by id. wrap gives a failed chunk's error its context.
 func (s *Store) deleteRows(ctx context.Context, ids []int64, array bool, byID func(ids []int64) (string, []any),
 	byTID func(ids, tids []int64) (string, []any), wrap func([]int64, error) error) error {
+	s.watchPoolSoon(ctx)
 	per := maxIDsPerDelete
 	if array {
 		per = maxIDsPerArray

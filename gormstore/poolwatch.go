@@ -2,6 +2,7 @@ package gormstore
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 )
 
@@ -17,7 +18,8 @@ import (
 // fetches and deletes waited tens of milliseconds each. Nothing failed, so
 // nothing said so; the store now watches the pool's count of connections
 // closed for want of idle room (sql.DBStats.MaxIdleClosed) at each lease
-// round and warns when it grows quickly.
+// round and at most once a second from its deletes, and warns when it
+// grows quickly.
 
 const (
 	// poolWatchWindow is the span over which the closes are counted.
@@ -29,11 +31,26 @@ const (
 )
 
 // poolWatch counts the pool's closes for want of idle room (guarded by
-// Store.mu).
+// Store.mu but checked, which is atomic).
 type poolWatch struct {
 	since  time.Time // the window's start; zero: not started
 	closed int64     // MaxIdleClosed at since
 	warned time.Time // the latest warning
+	// checked is the host clock's UnixNano at the latest check from the
+	// hot path (watchPoolSoon).
+	checked atomic.Int64
+}
+
+// watchPoolSoon is watchPool from the hot path (each delete), at most once
+// a second: a relay whose drain ends between two lease rounds (10 s by
+// default) is warned during the drain, when the churn costs.
+func (s *Store) watchPoolSoon(ctx context.Context) {
+	now := s.hostNow()
+	last := s.pool.checked.Load()
+	if now.UnixNano()-last < int64(time.Second) || !s.pool.checked.CompareAndSwap(last, now.UnixNano()) {
+		return
+	}
+	s.watchPool(ctx, now)
 }
 
 // watchPool checks the store's pool at now (the host's clock) and warns,

@@ -308,9 +308,10 @@ func notBackwards(exp int64) clause.Expr {
 // goes missing later (renamed during a migration, say) fails the rounds,
 // which the relay retries until it is back.
 //
-// Each round also checks the pool's idle room (poolwatch.go): a pool that
-// closed poolWatchCloses connections for want of it within 30 s is named in
-// a warning, at most once an hour.
+// Each round (and each delete, at most once a second) also checks the
+// pool's idle room (poolwatch.go): a pool that closed poolWatchCloses
+// connections for want of it within 30 s is named in a warning, at most
+// once an hour.
 func (s *Store) AcquireBucketLeases(ctx context.Context, relayID string, bucketCount int, leaseDuration time.Duration) ([]int, error) {
 	s.watchPool(ctx, s.hostNow())
 	buckets, err := s.acquireBucketLeases(ctx, relayID, bucketCount, leaseDuration)

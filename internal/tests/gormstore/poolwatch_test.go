@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/gormstore"
 	"github.com/gorm-outbox/outbox/internal/testenv"
 	"github.com/gorm-outbox/outbox/relay/relaytest"
@@ -16,10 +17,11 @@ import (
 // (database/sql's default of 2 is the common case: a relay keeps more
 // statements in flight) reopens a database session for every statement,
 // which slowed a drain's fetches and deletes by tens of milliseconds each
-// and said nothing. The store must warn, naming SetMaxIdleConns, at the
-// first lease round that sees 100 or more such closes within 30 s (not
-// only at the window's end: a drain's churn may be over by then), at most
-// once an hour, and not while the pool keeps its connections.
+// and said nothing. The store must warn, naming SetMaxIdleConns, as soon
+// as a lease round or a delete (at most one check a second) sees 100 or
+// more such closes within 30 s — not at the window's end, nor only at a
+// lease round: a drain's churn may be over by then — at most once an hour,
+// and not while the pool keeps its connections.
 func TestPoolWithoutIdleRoomIsNamed(t *testing.T) {
 	for _, o := range testenv.Databases(t) {
 		t.Run(o.Name, func(t *testing.T) {
@@ -63,13 +65,15 @@ func TestPoolWithoutIdleRoomIsNamed(t *testing.T) {
 			}
 
 			// No idle room: every statement closes its connection. The
-			// next lease round (10 s, a third of the window) warns.
+			// next delete a second later warns, before any lease round.
 			sqlDB.SetMaxIdleConns(0)
 			statements(150)
-			clock.Advance(10 * time.Second)
-			round()
+			clock.Advance(2 * time.Second)
+			if err := store.MarkPublished(ctx, 0, []*outbox.Message{{ID: 1 << 40}}); err != nil {
+				t.Fatal(err)
+			}
 			if n := warnings(); n != 1 || !strings.Contains(logs.String(), "level=WARN") {
-				t.Fatalf("%d warnings at the lease round after 150 closes in 10 s; want 1 at WARN:\n%s", n, logs.String())
+				t.Fatalf("%d warnings at the delete after 150 closes in 2 s; want 1 at WARN:\n%s", n, logs.String())
 			}
 			t.Logf("%s", logs.String())
 
