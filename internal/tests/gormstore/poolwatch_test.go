@@ -18,7 +18,7 @@ import (
 // statements in flight) reopens a database session for every statement,
 // which slowed a drain's fetches and deletes by tens of milliseconds each
 // and said nothing. The store must warn, naming SetMaxIdleConns, as soon
-// as a lease round or a delete (at most one check a second) sees 100 or
+// as a lease round or a delete (at most one check a second) sees 50 or
 // more such closes within 30 s — not at the window's end, nor only at a
 // lease round: a drain's churn may be over by then — at most once an hour,
 // and not while the pool keeps its connections.
