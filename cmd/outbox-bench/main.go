@@ -81,7 +81,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&fleets, "idle-fleets", "1,3", "idle: relay counts, comma-separated")
 	fs.StringVar(&jsonPath, "json", "", "write the report as JSON to this file")
 	fs.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
-	fs.StringVar(&relayLog, "relay-log", "", "drain: write every log of the relays, DEBUG included (each batch's fetch, publish and delete times), as JSON lines to this file")
+	fs.StringVar(&relayLog, "relay-log", "", "drain: write every log of the relays and their stores, DEBUG included (each batch's fetch, publish and delete times), as JSON lines to this file")
 	fs.BoolVar(&quiet, "q", false, "no progress logs")
 	if err := fs.Parse(args); err != nil {
 		return err

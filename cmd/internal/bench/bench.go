@@ -93,10 +93,10 @@ type Config struct {
 
 	// Logger receives progress logs. Nil means slog.Default().
 	Logger *slog.Logger
-	// RelayLogger, when set, receives every log of the drain relays (each
-	// with a "relay" attribute), DEBUG included with a handler that enables
-	// it: the per-batch fetch, publish and delete times. Nil: the relays'
-	// warnings and errors go to Logger.
+	// RelayLogger, when set, receives every log of the drain relays and
+	// their stores (each with a "relay" attribute), DEBUG included with a
+	// handler that enables it: the per-batch fetch, publish and delete
+	// times. Nil: their warnings and errors go to Logger.
 	RelayLogger *slog.Logger
 }
 

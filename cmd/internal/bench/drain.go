@@ -521,7 +521,16 @@ func (e *env) startFleet(ctx context.Context, n int, open func() (*gorm.DB, erro
 			return nil, err
 		}
 		f.close = append(f.close, func() { closeDB(db) })
-		store, err := gormstore.New(db, gormstore.Options{Config: e.outboxConfig()})
+		lg := opts.Logger
+		switch {
+		case lg != nil:
+		case e.cfg.RelayLogger != nil:
+			lg = e.cfg.RelayLogger.With("relay", i)
+		default:
+			lg = slog.New(warnOnly{e.log().Handler()})
+		}
+		// The store logs beside its relay (the pool warning among them).
+		store, err := gormstore.New(db, gormstore.Options{Config: e.outboxConfig(), Logger: lg})
 		if err != nil {
 			f.stop()
 			return nil, err
@@ -540,13 +549,7 @@ func (e *env) startFleet(ctx context.Context, n int, open func() (*gorm.DB, erro
 		o.RelayID = fmt.Sprintf("bench-%d-%s", i, unique(""))
 		o.BatchSize = e.cfg.BatchSize
 		o.MaxConcurrentBuckets = e.cfg.MaxConcurrentBuckets
-		switch {
-		case o.Logger != nil:
-		case e.cfg.RelayLogger != nil:
-			o.Logger = e.cfg.RelayLogger.With("relay", i)
-		default:
-			o.Logger = slog.New(warnOnly{e.log().Handler()})
-		}
+		o.Logger = lg
 		r, err := relay.New(store, pub, o)
 		if err != nil {
 			f.stop()
