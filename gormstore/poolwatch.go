@@ -35,7 +35,7 @@ const (
 )
 
 // poolWatch counts the pool's closes for want of idle room (guarded by
-// Store.mu but checked, which is atomic).
+// Store.mu, except checked, which is atomic).
 type poolWatch struct {
 	since  time.Time // the window's start; zero: not started
 	closed int64     // MaxIdleClosed at since
@@ -58,11 +58,12 @@ func (s *Store) watchPoolSoon(ctx context.Context) {
 }
 
 // watchPool checks the store's pool at now (the host's clock) and warns,
-// at most once per poolWatchQuiet, as soon as a lease round finds that it
-// closed at least poolWatchCloses connections for want of idle room since
-// the window began: the first round after the closes, not the window's end
-// (a drain's churn may be over by then, and a short drain then says
-// nothing). A window that ends with fewer closes starts a new one.
+// at most once per poolWatchQuiet, as soon as a check (a lease round, or
+// a delete through watchPoolSoon) finds that it closed at least
+// poolWatchCloses connections for want of idle room since the window
+// began: the first check after the closes, not the window's end (a drain's
+// churn may be over by then, and a short drain then says nothing). A
+// window that ends with fewer closes starts a new one.
 func (s *Store) watchPool(ctx context.Context, now time.Time) {
 	sqlDB, err := s.db.DB()
 	if err != nil {
