@@ -1,6 +1,7 @@
 package gormstore
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -322,4 +323,51 @@ func (s *Store) deleteBucketsStatement(ids []int64) (string, []any) {
 		return m.deleteIDs, []any{idsArray(ids)}
 	}
 	return s.inList(m.deletePrefix, nil, ids)
+}
+
+// NextInOrder implements relay.MultiBucketStore: each bucket's head, as
+// NextBatches reads it, merged in id order and cut at req.Limit and
+// req.MaxBytes.
+func (s *Store) NextInOrder(ctx context.Context, req relay.OrderedRequest) ([]*outbox.Message, error) {
+	if req.Limit <= 0 || len(req.Buckets) == 0 {
+		return nil, nil
+	}
+	excl := make(map[int64][]*outbox.Message)
+	for _, m := range req.Exclude {
+		excl[int64(m.Bucket)] = append(excl[int64(m.Bucket)], m)
+	}
+	reqs := make([]relay.BatchRequest, len(req.Buckets))
+	for i, b := range req.Buckets {
+		reqs[i] = relay.BatchRequest{Bucket: b, Limit: req.Limit, Exclude: excl[int64(b)]}
+	}
+	results, err := s.NextBatches(ctx, reqs)
+	if err != nil {
+		return nil, err
+	}
+	var all []*outbox.Message
+	var corrupt *relay.CorruptRowError
+	for _, r := range results {
+		all = append(all, r.Rows...)
+		var ce *relay.CorruptRowError
+		if errors.As(r.Err, &ce) && (corrupt == nil || ce.ID < corrupt.ID) {
+			corrupt = ce
+		}
+	}
+	slices.SortFunc(all, func(a, b *outbox.Message) int { return cmp.Compare(a.ID, b.ID) })
+	var out []*outbox.Message
+	var total int64
+	for _, m := range all {
+		if len(out) >= req.Limit || req.MaxBytes > 0 && total > req.MaxBytes {
+			break
+		}
+		if corrupt != nil && m.ID > corrupt.ID {
+			return out, corrupt
+		}
+		out = append(out, m)
+		total += relay.MessageSize(m)
+	}
+	if corrupt != nil && (len(out) == 0 || out[len(out)-1].ID < corrupt.ID) && len(out) < req.Limit {
+		return out, corrupt
+	}
+	return out, nil
 }

@@ -133,6 +133,32 @@ type MultiBucketStore interface {
 	// as MarkPublished deletes it from its bucket (Message.Bucket): by ID,
 	// MessageID or a field of the store's, never a parked row.
 	MarkPublishedBuckets(ctx context.Context, published []*outbox.Message) error
+
+	// NextInOrder returns up to req.Limit pending messages of req.Buckets
+	// in id order across them (the table's own order: the rows a plain
+	// scan of the table meets), as if the rows of req.Exclude were gone;
+	// with req.MaxBytes > 0 it stops after the first row that brings their
+	// size beyond it, that row included. The rows of each bucket among them
+	// are thus the beginning of what NextBatch would return for it, with
+	// the same holds. When a row cannot be decoded it stops before it and
+	// returns the rows before it with that row's *CorruptRowError (only the
+	// error when it comes first). The relay reads a group of many shallow
+	// buckets through it (a backlog spread over thousands of buckets), and
+	// every group when it serves one at a time (a store whose writes
+	// serialise): one statement of the table's order, whatever the bucket
+	// count.
+	NextInOrder(ctx context.Context, req OrderedRequest) ([]*outbox.Message, error)
+}
+
+// OrderedRequest is MultiBucketStore.NextInOrder's request.
+type OrderedRequest struct {
+	Buckets  []int // distinct, ascending
+	Limit    int
+	MaxBytes int64 // 0: no byte bound
+	// Exclude are rows of Buckets that the answer leaves out, as if they
+	// were gone (the buckets' previous batches, published, whose deletes
+	// still run), identified as BatchRequest.Exclude's are.
+	Exclude []*outbox.Message
 }
 
 // BatchRequest is one bucket's part of MultiBucketStore.NextBatches.

@@ -1,6 +1,7 @@
 package relaytest
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -366,7 +367,57 @@ func (s *MemStore) NextBatches(ctx context.Context, reqs []relay.BatchRequest) (
 	return out, nil
 }
 
+// NextInOrder implements relay.MultiBucketStore: the rows NextBatch would
+// return for each of req.Buckets, without those of req.Exclude, merged in
+// id order and cut at req.Limit and req.MaxBytes (one OpNextBatch). A
+// corrupt row ends the answer before it, with its *relay.CorruptRowError.
+func (s *MemStore) NextInOrder(ctx context.Context, req relay.OrderedRequest) ([]*outbox.Message, error) {
+	if err := s.enter(ctx, OpNextBatch); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	type candidate struct {
+		m       *outbox.Message
+		corrupt *relay.CorruptRowError
+	}
+	var all []candidate
+	for _, b := range req.Buckets {
+		rows, stop := s.scan(b, req.Limit, 0, req.Exclude...)
+		for _, m := range rows {
+			all = append(all, candidate{m: m})
+		}
+		if stop != nil {
+			all = append(all, candidate{m: &outbox.Message{ID: stop.ID}, corrupt: stop})
+		}
+	}
+	slices.SortFunc(all, func(a, b candidate) int { return cmp.Compare(a.m.ID, b.m.ID) })
+	var out []*outbox.Message
+	var total int64
+	for _, c := range all {
+		if len(out) >= req.Limit || req.MaxBytes > 0 && total > req.MaxBytes {
+			break
+		}
+		if c.corrupt != nil {
+			return out, c.corrupt
+		}
+		out = append(out, c.m)
+		total += relay.MessageSize(c.m)
+	}
+	return out, nil
+}
+
 func (s *MemStore) nextBatch(bucket, limit int, maxBytes int64, exclude ...*outbox.Message) ([]*outbox.Message, error) {
+	out, stop := s.scan(bucket, limit, maxBytes, exclude...)
+	if stop != nil && len(out) == 0 {
+		return nil, stop
+	}
+	return out, nil
+}
+
+// scan returns NextBatch's rows of bucket, without those of exclude, and
+// the error of the corrupt row that ended them, if one did.
+func (s *MemStore) scan(bucket, limit int, maxBytes int64, exclude ...*outbox.Message) ([]*outbox.Message, *relay.CorruptRowError) {
 	var out []*outbox.Message
 	var total int64
 	held := map[string]bool{} // keys with a parked row so far that holds
@@ -391,10 +442,7 @@ func (s *MemStore) nextBatch(bucket, limit int, maxBytes int64, exclude ...*outb
 			continue
 		}
 		if c, ok := s.corrupt[m.ID]; ok {
-			if len(out) == 0 {
-				return nil, &relay.CorruptRowError{ID: m.ID, Bucket: bucket, Err: c.err}
-			}
-			break
+			return out, &relay.CorruptRowError{ID: m.ID, Bucket: bucket, Err: c.err}
 		}
 		c := *m
 		out = append(out, &c)
