@@ -129,7 +129,8 @@ func (r *Relay) sweep(ctx, cleanup context.Context, st *runState, owned []int) e
 			discovering = r.discover(ctx, st, owned, busy, dispatched < firstPass, found)
 		}
 		for running < workers && dispatching() {
-			group := r.nextGroup(st, &queue, queued, busy, r.groupSize(len(queue), workers))
+			ordered := r.readsInOrder(len(queue), workers)
+			group := r.nextGroup(st, &queue, queued, busy, r.groupSize(len(queue), workers, ordered), ordered)
 			if len(group) == 0 {
 				break
 			}
@@ -142,7 +143,7 @@ func (r *Relay) sweep(ctx, cleanup context.Context, st *runState, owned []int) e
 				if len(group) == 1 {
 					done <- groupDone{group, []error{r.drainOnce(ctx, cleanup, st, group[0])}}
 				} else {
-					done <- groupDone{group, r.serveGroup(ctx, cleanup, st, group)}
+					done <- groupDone{group, r.serveGroup(ctx, cleanup, st, group, ordered)}
 				}
 			}()
 		}
@@ -271,24 +272,25 @@ func (r *Relay) sweepWorkers(owned int) int {
 // nextGroup removes from the queue, and returns, its first bucket that is
 // sweepable and not busy, and, when that bucket is groupable, the next
 // such groupable ones whose shares fit in BatchSize (see shares; a bucket
-// without one counts BatchSize/size), up to size in all; buckets no longer
-// ready leave the queue, and those skipped keep their place.
-func (r *Relay) nextGroup(st *runState, queue *[]int, queued, busy map[int]bool, size int) []int {
+// without one counts BatchSize/size; a group read in order, no share),
+// up to size in all; buckets no longer ready leave the queue, and those
+// skipped keep their place.
+func (r *Relay) nextGroup(st *runState, queue *[]int, queued, busy map[int]bool, size int, ordered bool) []int {
 	q := *queue
 	var group []int
 	kept := q[:0] // written behind the reading index
 	equal := max(1, r.opts.BatchSize/size)
 	used := 0 // rows of BatchSize the group's shares take
 	i := 0
-	for ; i < len(q) && len(group) < size && used < r.opts.BatchSize; i++ {
+	for ; i < len(q) && len(group) < size && (ordered || used < r.opts.BatchSize); i++ {
 		b := q[i]
 		rows := cmp.Or(st.b[b].share, equal)
 		switch {
-		case !busy[b] && st.b[b].ready && r.sweepable(st, b) && (len(group) == 0 || r.groupable(st, b) && used+rows <= r.opts.BatchSize):
+		case !busy[b] && st.b[b].ready && r.sweepable(st, b) && (len(group) == 0 || r.groupable(st, b, ordered) && (ordered || used+rows <= r.opts.BatchSize)):
 			delete(queued, b)
 			group = append(group, b)
 			used += rows
-			if !r.groupable(st, b) {
+			if !r.groupable(st, b, ordered) {
 				size = 1
 			}
 		case busy[b] || st.b[b].ready:

@@ -68,7 +68,7 @@ func (f *faultyBuckets) NextBatch(ctx context.Context, b, limit int, maxBytes in
 	return f.MemStore.NextBatch(ctx, b, limit, maxBytes)
 }
 
-// NextBatches and MarkPublishedBuckets inject the faults of NextBatch and
+// NextBatches, NextInOrder and MarkPublishedBuckets inject the faults of NextBatch and
 // MarkPublished: one bucket's fault fails its group's call. A failed group
 // fetch is not counted among the bucket's failures (failed): the relay
 // then fetches each bucket of the group alone, at once, and logs only
@@ -82,6 +82,17 @@ func (f *faultyBuckets) NextBatches(ctx context.Context, reqs []relay.BatchReque
 		}
 	}
 	return f.MemStore.NextBatches(ctx, reqs)
+}
+
+func (f *faultyBuckets) NextInOrder(ctx context.Context, req relay.OrderedRequest) ([]*outbox.Message, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, b := range req.Buckets {
+		if err := f.next[b]; err != nil {
+			return nil, err
+		}
+	}
+	return f.MemStore.NextInOrder(ctx, req)
 }
 
 func (f *faultyBuckets) MarkPublishedBuckets(ctx context.Context, ms []*outbox.Message) error {

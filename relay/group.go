@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -24,25 +25,51 @@ import (
 // group's fetch or delete fails, each of its buckets is served alone next,
 // at once: only the one at fault backs off.
 
-// maxGroup bounds the buckets of a group: its fetch, one statement, reads
-// at most maxGroup bucket heads.
+//
+// Groups read in order: when more buckets wait than maxGroup per worker (a
+// backlog spread over thousands of buckets), or when the store's writes
+// serialise (SQLite: the relay serves one group at a time), a group
+// is an equal part of the queue, whatever its buckets' depths, and its
+// fetch is one MultiBucketStore.NextInOrder: BatchSize rows in id order
+// across its buckets, the table's own order, as a plain loop over the
+// table reads it. Its cost then follows the rows, not the buckets: no
+// probe per bucket, and each page read once. Cut by the limit (or the
+// bytes), the fetch tells nothing of a bucket's depth: every bucket of
+// the group stays ready, and the group is read again; a fetch that is not
+// cut drained them all.
+
+// maxGroup bounds the buckets of a group read by heads: its fetch, one
+// statement, reads at most maxGroup bucket heads.
 const maxGroup = 64
 
+// readsInOrder reports whether the next group is read in order (see
+// above): the store is a MultiBucketStore, the publisher a GroupPublisher,
+// and either more buckets are queued than maxGroup per worker or the
+// store's writes serialise (Store.ConcurrentBuckets).
+func (r *Relay) readsInOrder(queued, workers int) bool {
+	_, ok := r.store.(MultiBucketStore)
+	return ok && r.group != nil && (r.serialWrites || queued > maxGroup*workers)
+}
+
 // groupSize is how many buckets a worker takes at once when queued buckets
-// wait: an equal share of them per worker, at most maxGroup and BatchSize
-// (a row each); 1 without a GroupPublisher.
-func (r *Relay) groupSize(queued, workers int) int {
+// wait: an equal share of them per worker; read by heads, at most maxGroup
+// and BatchSize (a row each); 1 without a GroupPublisher.
+func (r *Relay) groupSize(queued, workers int, ordered bool) int {
 	if r.group == nil {
 		return 1
 	}
-	return min(maxGroup, r.opts.BatchSize, max(1, (queued+workers-1)/workers))
+	each := max(1, (queued+workers-1)/workers)
+	if ordered {
+		return each
+	}
+	return min(maxGroup, r.opts.BatchSize, each)
 }
 
 // groupable reports whether bucket b may join a group: it is not retrying
-// its head row, nor due alone (see bucketState.alone), nor deep enough for a
-// whole batch.
-func (r *Relay) groupable(st *runState, b int) bool {
-	return st.b[b].retry == nil && !st.b[b].alone && st.b[b].share < r.opts.BatchSize
+// its head row, nor due alone (see bucketState.alone), nor, read by heads,
+// deep enough for a whole batch.
+func (r *Relay) groupable(st *runState, b int, ordered bool) bool {
+	return st.b[b].retry == nil && !st.b[b].alone && (ordered || st.b[b].share < r.opts.BatchSize)
 }
 
 // deepen records bucket b's batch read with limit rows: cut (by the limit
@@ -79,10 +106,15 @@ func (r *Relay) shares(st *runState, group []int) []int {
 // serveGroup serves one batch of each bucket of group (more than one, each
 // groupable): fetch, publish, settle. It runs on a sweep's worker
 // goroutine, as drainOnce does; errs[i] is group[i]'s outcome.
-func (r *Relay) serveGroup(ctx, cleanup context.Context, st *runState, group []int) []error {
+func (r *Relay) serveGroup(ctx, cleanup context.Context, st *runState, group []int, ordered bool) []error {
 	errs := make([]error, len(group))
 	st.worked.Store(true)
-	fs := r.fetchGroup(ctx, cleanup, st, group, errs)
+	var fs []*fetched
+	if ordered {
+		fs = r.fetchInOrder(ctx, cleanup, st, group, errs)
+	} else {
+		fs = r.fetchGroup(ctx, cleanup, st, group, errs)
+	}
 	var batches [][]*outbox.Message
 	var served []int // indexes into group of batches
 	for i, f := range fs {
@@ -152,6 +184,81 @@ func (r *Relay) fetchGroup(ctx, cleanup context.Context, st *runState, group []i
 			continue
 		}
 		fs[i], errs[i] = r.fetched(ctx, st, reqs[j], excls[i], results[j].Rows, results[j].Err, took)
+	}
+	return fs
+}
+
+// fetchInOrder reads a batch of the owned buckets of group in one
+// NextInOrder call (see readsInOrder): up to BatchSize rows and
+// MaxBatchBytes in id order across them, split by bucket; fs[i] is
+// group[i]'s part (nil: nothing to publish), and a bucket's error goes to
+// errs[i]. Cut by the limit, the bytes or a corrupt row, the fetch leaves
+// every bucket ready; else each is drained. A corrupt row is parked when
+// no row of its bucket comes before it (else it is its bucket's next
+// head). When the call fails, or answers with a row of a bucket not asked
+// for, each bucket is fetched alone next, at once.
+func (r *Relay) fetchInOrder(ctx, cleanup context.Context, st *runState, group []int, errs []error) []*fetched {
+	fs := make([]*fetched, len(group))
+	req := OrderedRequest{Limit: r.opts.BatchSize, MaxBytes: r.opts.MaxBatchBytes}
+	at := make(map[int32]int, len(group)) // bucket → its index in group
+	for i, b := range group {
+		if !r.ownsBucket(st, b) {
+			continue
+		}
+		breq, excl, err := r.fetchRequest(ctx, cleanup, st, b, r.opts.BatchSize, r.opts.MaxBatchBytes)
+		if breq == nil || err != nil {
+			errs[i] = err
+			continue
+		}
+		req.Buckets, req.Exclude, at[int32(b)] = append(req.Buckets, b), append(req.Exclude, excl...), i
+	}
+	if len(req.Buckets) == 0 {
+		return fs
+	}
+	start := r.clock.Now()
+	rows, err := r.store.(MultiBucketStore).NextInOrder(ctx, req)
+	took := r.clock.Now().Sub(start)
+	var corrupt *CorruptRowError
+	if errors.As(err, &corrupt) {
+		err = nil
+		if _, ok := at[int32(corrupt.Bucket)]; !ok {
+			err = fmt.Errorf("a corrupt row of bucket %d, which was not asked for", corrupt.Bucket)
+		}
+	}
+	parts := make(map[int32][]*outbox.Message)
+	for _, m := range rows {
+		if _, ok := at[m.Bucket]; !ok && err == nil {
+			err = fmt.Errorf("row %d of bucket %d, which was not asked for", m.ID, m.Bucket)
+		}
+		parts[m.Bucket] = append(parts[m.Bucket], m)
+	}
+	if err != nil {
+		for _, b := range req.Buckets {
+			st.b[b].alone = true // whose fault is not known
+		}
+		return fs
+	}
+	cut := len(rows) >= req.Limit || corrupt != nil
+	if req.MaxBytes > 0 && batchSize(rows) > req.MaxBytes {
+		kept, _ := trimToBytes(rows, req.MaxBytes)
+		cut, parts = true, make(map[int32][]*outbox.Message)
+		for _, m := range kept {
+			parts[m.Bucket] = append(parts[m.Bucket], m)
+		}
+	}
+	failpoint("relay/after-fetch")
+	for _, b := range req.Buckets {
+		i, part := at[int32(b)], parts[int32(b)]
+		st.b[b].alone, st.b[b].share = false, 0
+		switch {
+		case corrupt != nil && corrupt.Bucket == b && len(part) == 0:
+			errs[i] = r.parkCorrupt(ctx, st, b, corrupt)
+		case len(part) > 0:
+			fs[i] = &fetched{rows: part, drained: !cut, took: took}
+		case !cut:
+			st.b[b].ready = false // drained; a hint or discovery brings it back
+			st.settled(b)
+		}
 	}
 	return fs
 }

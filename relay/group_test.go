@@ -198,3 +198,95 @@ func TestGroupedRowIsNotStruckForAnotherRowsFailure(t *testing.T) {
 		t.Fatalf("publishes %d; want bucket 3's row tried twice", len(calls))
 	}
 }
+
+// orderedRecorder is a concurrent MemStore that records the bucket count of
+// each NextInOrder call.
+type orderedRecorder struct {
+	concurrentStore
+	mu    sync.Mutex
+	calls []int
+}
+
+func (o *orderedRecorder) NextInOrder(ctx context.Context, req relay.OrderedRequest) ([]*outbox.Message, error) {
+	o.mu.Lock()
+	o.calls = append(o.calls, len(req.Buckets))
+	o.mu.Unlock()
+	return o.MemStore.NextInOrder(ctx, req)
+}
+
+// TestManyQueuedBucketsAreReadInIDOrder: a backlog over more buckets than
+// maxGroup (64) per worker is read in id order across each worker's half
+// of the queue: about one fetch per BatchSize rows, however many buckets
+// hold them, each row published once and in order.
+func TestManyQueuedBucketsAreReadInIDOrder(t *testing.T) {
+	const buckets, perBucket, batch = 1024, 3, 100
+	var rec *orderedRecorder
+	h := newHarness(t, relay.Options{BucketCount: buckets, BatchSize: batch, MaxConcurrentBuckets: 2}, func(m *relaytest.MemStore) relay.Store {
+		rec = &orderedRecorder{concurrentStore: concurrentStore{m}}
+		return rec
+	})
+	for range perBucket {
+		for b := range buckets {
+			h.store.AddToBucket(b, msgs(1, "t")...)
+		}
+	}
+	h.start()
+	h.waitFor("store empty", func() bool { return h.store.Len() == 0 })
+	h.waitIdle()
+	checkPublishedOnce(t, h.pub.Calls(), buckets*perBucket)
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if len(rec.calls) == 0 || rec.calls[0] <= 64 {
+		t.Fatalf("NextInOrder calls read %v buckets; want the first to read a part of the queue larger than a group read by heads (64)", rec.calls)
+	}
+	// A group is read until a fetch is not cut; the groups split as the
+	// workers take turns at the queue, each ending with a short fetch: at
+	// most about two fetches per BatchSize rows (read by heads, groups of
+	// 64 buckets: one per 64 rows at first).
+	if limit := 2 * buckets * perBucket / batch; h.ops.count(relaytest.OpNextBatch) > limit {
+		t.Fatalf("%d fetches for %d rows in %d buckets; want at most %d (about one per BatchSize rows)", h.ops.count(relaytest.OpNextBatch), buckets*perBucket, buckets, limit)
+	}
+}
+
+// TestSerialStoreReadsGroupsInIDOrder: with a store whose writes serialise
+// (SQLite), the relay reads its buckets together in id order, as the table
+// is laid out: its first publish holds the BatchSize oldest rows across
+// the buckets, and the backlog takes one fetch per BatchSize rows.
+func TestSerialStoreReadsGroupsInIDOrder(t *testing.T) {
+	const buckets, perBucket, batch = 4, 6, 6
+	h := newHarness(t, relay.Options{BucketCount: buckets, BatchSize: batch}, nil)
+	for range perBucket {
+		for b := range buckets {
+			h.store.AddToBucket(b, msgs(1, "t")...)
+		}
+	}
+	oldest := make([]int64, 0, batch)
+	for b := range buckets {
+		for _, m := range h.store.Pending(b) {
+			oldest = append(oldest, m.ID)
+		}
+	}
+	slices.Sort(oldest)
+	oldest = oldest[:batch]
+	h.start()
+	h.waitFor("store empty", func() bool { return h.store.Len() == 0 })
+	h.waitIdle()
+	calls := h.pub.Calls()
+	checkPublishedOnce(t, calls, buckets*perBucket)
+	var first []int64 // the first group's rows: one call per batch, buckets in order
+	for _, c := range calls {
+		for _, m := range c {
+			first = append(first, m.ID)
+		}
+		if len(first) >= batch {
+			break
+		}
+	}
+	slices.Sort(first)
+	if !slices.Equal(first, oldest) {
+		t.Fatalf("first publish held rows %v; want the %d oldest across the buckets %v", first, batch, oldest)
+	}
+	if got, limit := h.ops.count(relaytest.OpNextBatch), buckets*perBucket/batch+1; got > limit {
+		t.Fatalf("%d fetches for %d rows; want at most %d (one per BatchSize rows, then one that finds them drained)", got, buckets*perBucket, limit)
+	}
+}

@@ -22,15 +22,16 @@ import (
 // Relay publishes the pending rows of the buckets it leases. Create it with
 // New and start it with Run.
 type Relay struct {
-	store    Store
-	pub      Publisher
-	workers  int  // buckets served at once: MaxConcurrentBuckets for a ConcurrentBuckets store, else 1
-	scaled   bool // MaxConcurrentBuckets left at its default: workers scale with the share of buckets owned (see sweepWorkers)
-	opts     Options
-	clock    Clock
-	log      *slog.Logger
-	repeats  *logrepeat.Limiter // bounds the lines of failures the relay retries
-	notifier *Notifier
+	store        Store
+	pub          Publisher
+	workers      int  // buckets served at once: MaxConcurrentBuckets for a ConcurrentBuckets store, else 1
+	scaled       bool // MaxConcurrentBuckets left at its default: workers scale with the share of buckets owned (see sweepWorkers)
+	serialWrites bool // the store's writes serialise (Store.ConcurrentBuckets false): one worker, groups read in order
+	opts         Options
+	clock        Clock
+	log          *slog.Logger
+	repeats      *logrepeat.Limiter // bounds the lines of failures the relay retries
+	notifier     *Notifier
 	// New created the notifier; Relay.Notifier handed it out; Run logged
 	// that no commit can wake the relay.
 	ownNotifier   bool
@@ -116,7 +117,8 @@ func New(store Store, pub Publisher, opts Options) (*Relay, error) {
 	r.group, _ = pub.(GroupPublisher)
 	// SQLite's writes serialise: a delete per bucket queues (bounded: −25 % drain).
 	r.workers, r.deletes = 1, make(chan struct{}, o.BucketCount)
-	if store.ConcurrentBuckets() {
+	r.serialWrites = !store.ConcurrentBuckets()
+	if !r.serialWrites {
 		r.workers, r.deletes = o.MaxConcurrentBuckets, make(chan struct{}, o.MaxConcurrentBuckets)
 		r.scaled = opts.MaxConcurrentBuckets == 0
 	}

@@ -196,7 +196,10 @@ func TestRelay(t *testing.T) {
 	})
 
 	t.Run("one_batch_per_ready_bucket_per_sweep", func(t *testing.T) {
-		h := newHarness(t, relay.Options{BucketCount: 2, BatchSize: 2}, nil)
+		// Read by heads, one bucket at a time: a store serving buckets
+		// concurrently, one at a time (a serialising store reads its
+		// groups in id order: TestSerialStoreReadsGroupsInIDOrder).
+		h := newHarness(t, relay.Options{BucketCount: 2, BatchSize: 2, MaxConcurrentBuckets: 1}, asConcurrent)
 		h.store.AddToBucket(0, msgs(10, "full")...)
 		h.store.AddToBucket(1, msgs(2, "small")...)
 		h.start()
