@@ -288,8 +288,8 @@ func scanBatch(rows *sql.Rows, limit int, maxBytes int64, tid bool) (*batchCut, 
 // applies NextBatch's bounds (limit rows; with maxBytes > 0, up to and
 // including the row whose relay.MessageSize brings the total beyond
 // maxBytes) and its corruption rule (a row that cannot be decoded ends the
-// batch; at the head it is the batch's *relay.CorruptRowError). NextBatch
-// and NextBatches share it.
+// batch; at the head it is the batch's *relay.CorruptRowError). NextBatch,
+// NextBatches and NextInOrder share it.
 type batchCut struct {
 	limit    int
 	maxBytes int64
@@ -298,6 +298,10 @@ type batchCut struct {
 	tids     []int64 // tids[i] is msgs[i]'s ctid, when the rows end with it
 	corrupt  *relay.CorruptRowError
 	done     bool // the batch takes no more rows
+	// anyCorrupt records the *relay.CorruptRowError of the row that ends
+	// the batch wherever it is, not only at the head (NextInOrder, which
+	// returns the rows before it with its error).
+	anyCorrupt bool
 }
 
 func newBatchCut(limit int, maxBytes int64) *batchCut {
@@ -311,7 +315,7 @@ func (c *batchCut) add(sc *batchScanner) {
 	}
 	m, err := sc.message(c.limit - len(c.msgs))
 	if err != nil {
-		if len(c.msgs) == 0 {
+		if len(c.msgs) == 0 || c.anyCorrupt {
 			c.corrupt = &relay.CorruptRowError{ID: sc.id.v, Bucket: int(sc.bucket.v), Err: err}
 		}
 		c.done = true

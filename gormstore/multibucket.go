@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -57,6 +58,16 @@ type multiSQL struct {
 	// deletePrefix is the MarkPublishedBuckets statement up to its IN list:
 	// the ids' bind variables follow (binds[0:]), then ")".
 	deletePrefix string
+	// inOrderWith renders NextInOrder's statement from its bucket filter
+	// (a condition on inOrderBucket), a condition appended to its WHERE
+	// ("" or " AND …") and its limit; nil for a dialect without it
+	// (NextInOrder then merges NextBatches' answers). inOrderArrays says
+	// the filter and the rows left out are bind variables, arrays
+	// (PostgreSQL: pgx caches a prepared statement per text); elsewhere
+	// they are integers written into the text.
+	inOrderWith   func(filter, cond, limit string) string
+	inOrderBucket string
+	inOrderArrays bool
 }
 
 // buildMultiSQL renders h.multi for dialect from h.nextBatchWith, NextBatch's
@@ -100,6 +111,31 @@ func buildMultiSQL(h *hotSQL, dialect, table string) {
 	}
 	if m.memberWith != nil {
 		m.member = m.memberWith("")
+	}
+	// NextInOrder: the table in id order (its primary key, the rowid on
+	// SQLite), the buckets a filter on the rows met. "m.bucket + 0" keeps
+	// the planners off the (bucket, parked_at_ms, id) index; the hold is
+	// the per-row form only (a guard of constants, "does the range have a
+	// parked row", would read every index entry of the buckets' range: no
+	// index leads with parked_at_ms).
+	cols, from := batchColumns, table+" m"
+	switch dialect {
+	case "postgres":
+		cols += ", ctid::text"
+		m.inOrderArrays = true
+	case "mysql":
+		from += " FORCE INDEX (PRIMARY)"
+	case "sqlite":
+	default:
+		return
+	}
+	m.inOrderBucket = "m.bucket + 0"
+	m.inOrderWith = func(filter, cond, limit string) string {
+		return "SELECT " + cols + " FROM " + from +
+			" WHERE " + filter + " AND m.parked_at_ms IS NULL" +
+			" AND NOT EXISTS (SELECT 1 FROM " + table + " p WHERE p.bucket = m.bucket AND p.parked_at_ms IS NOT NULL" +
+			" AND p.id < m.id AND p.record_key = m.record_key AND " + notCorrupt("p") + ")" + cond +
+			" ORDER BY m.id LIMIT " + limit
 	}
 }
 
@@ -325,19 +361,182 @@ func (s *Store) deleteBucketsStatement(ids []int64) (string, []any) {
 	return s.inList(m.deletePrefix, nil, ids)
 }
 
-// NextInOrder implements relay.MultiBucketStore: each bucket's head, as
-// NextBatches reads it, merged in id order and cut at req.Limit and
-// req.MaxBytes.
+// NextInOrder implements relay.MultiBucketStore: one statement reading
+// the table in its own order (id: the primary key; the rowid on SQLite)
+// from its first pending row of req.Buckets, like a plain "ORDER BY id
+// LIMIT n" loop, whatever the bucket count — not one index probe per
+// bucket as NextBatches makes. The buckets, ascending, become a filter on
+// the rows met: the span [lo, hi] of the buckets less its holes (the
+// buckets of the span not asked for), or, when the holes outnumber the
+// buckets, the list of the buckets. On PostgreSQL,
+//
+//	SELECT id, message_id, …, ctid::text FROM messages m
+//	WHERE m.bucket + 0 >= $1 AND m.bucket + 0 <= $2 AND m.bucket + 0 <> ALL($3::int[])
+//	  AND m.parked_at_ms IS NULL
+//	  AND NOT EXISTS (SELECT 1 FROM messages p WHERE p.bucket = m.bucket AND p.parked_at_ms IS NOT NULL
+//	    AND p.id < m.id AND p.record_key = m.record_key AND <p is not corrupt>)
+//	  [AND (m.id > $5 OR m.id <> ALL($6::bigint[]))]
+//	ORDER BY m.id LIMIT (SELECT $4::int)
+//
+// (the holes an array, '{}' for none; or "m.bucket + 0 = ANY($1::int[])"
+// for the list), run as NextBatch is (bitmap scans off, see
+// readInIndexOrder; the limit a scalar subquery, so that the planner plans
+// for an in-order scan of the primary key that stops early). On MySQL and
+// MariaDB,
+//
+//	SELECT id, … FROM messages m FORCE INDEX (PRIMARY)
+//	WHERE m.bucket + 0 >= 0 AND m.bucket + 0 <= 4095 AND m.bucket + 0 NOT IN (17, 230)
+//	  AND m.parked_at_ms IS NULL AND NOT EXISTS (<the same hold>)
+//	  [AND (m.id > 812 OR m.id NOT IN (801, 802, …))]
+//	ORDER BY m.id LIMIT 500
+//
+// and on SQLite the same without FORCE INDEX: the integers written into the
+// text (no NOT IN without holes; "m.bucket + 0 IN (…)" for the list). The
+// "+ 0" keeps the planners off the (bucket, parked_at_ms, id) index, which
+// would read the buckets' rows and sort them. The hold is NextBatch's
+// per-row subquery, on the bucket index: a parked row of the row's key,
+// with a smaller id, in its bucket, that is not corrupt.
+//
+// The rows are cut as NextBatch cuts a batch (limit, then the row crossing
+// req.MaxBytes included). A row that cannot be decoded ends the answer:
+// the rows before it are returned with its *relay.CorruptRowError. A
+// dialect other than these merges NextBatches' answers.
 func (s *Store) NextInOrder(ctx context.Context, req relay.OrderedRequest) ([]*outbox.Message, error) {
 	if req.Limit <= 0 || len(req.Buckets) == 0 {
 		return nil, nil
 	}
+	buckets := req.Buckets
+	if !slices.IsSorted(buckets) {
+		buckets = slices.Sorted(slices.Values(buckets))
+	}
+	buckets = slices.Compact(slices.Clip(buckets))
+	if s.hot.multi.inOrderWith == nil {
+		return s.nextInOrderMerged(ctx, req, buckets)
+	}
+	query, args := s.nextInOrderStatement(buckets, req.Limit, req.Exclude)
+	var c *batchCut
+	if err := s.readInIndexOrder(ctx, s.msgs, func(q *gorm.DB) error {
+		c = newBatchCut(req.Limit, req.MaxBytes)
+		c.anyCorrupt = true
+		query := s.rawPrefix() + query
+		begin := time.Now()
+		rows, err := queryRows(q, query, args...)
+		var n int64
+		if err == nil {
+			n, err = scanInOrder(rows, c, buckets, s.hot.tid)
+		}
+		trace(q, begin, query, args, n, err)
+		return err
+	}); err != nil {
+		return nil, fmt.Errorf("gormstore: next in order of %d buckets from bucket %d: %w", len(buckets), buckets[0], err)
+	}
+	s.locs.put(c.msgs, c.tids)
+	if c.corrupt != nil {
+		return c.msgs, c.corrupt
+	}
+	return c.msgs, nil
+}
+
+// nextInOrderStatement is NextInOrder's statement for buckets (ascending,
+// distinct, at least one), limit and the rows of exclude, and its
+// arguments.
+func (s *Store) nextInOrderStatement(buckets []int, limit int, exclude []*outbox.Message) (string, []any) {
+	m := &s.hot.multi
+	col := m.inOrderBucket
+	lo, hi := buckets[0], buckets[len(buckets)-1]
+	var holes []int64
+	list := hi-lo+1-len(buckets) > len(buckets) // fewer buckets than holes: list the buckets
+	if !list {
+		holes = make([]int64, 0, hi-lo+1-len(buckets))
+		next := lo
+		for _, b := range buckets {
+			for ; next < b; next++ {
+				holes = append(holes, int64(next))
+			}
+			next = b + 1
+		}
+	}
+	var filter, cond, lim string
+	var args []any
+	if m.inOrderArrays {
+		bind := func(v any) string {
+			args = append(args, v)
+			return s.hot.binds[len(args)-1]
+		}
+		if list {
+			ids := make([]int64, len(buckets))
+			for i, b := range buckets {
+				ids[i] = int64(b)
+			}
+			filter = col + " = ANY(" + bind(idsArray(ids)) + "::int[])"
+		} else {
+			filter = col + " >= " + bind(lo) + " AND " + col + " <= " + bind(hi) + " AND " + col + " <> ALL(" + bind(idsArray(holes)) + "::int[])"
+		}
+		lim = "(SELECT " + bind(limit) + "::int)"
+		if len(exclude) > 0 {
+			ids, last := excluded(exclude)
+			after := bind(last)
+			cond = excludingCond(after, notInArray(bind(idsArray(ids))))
+		}
+		return m.inOrderWith(filter, cond, lim), args
+	}
+	literal := func(xs []int64) string {
+		a := idsArray(xs) // "{1,2,3}"
+		return a[1 : len(a)-1]
+	}
+	if list {
+		ids := make([]int64, len(buckets))
+		for i, b := range buckets {
+			ids[i] = int64(b)
+		}
+		filter = col + " IN (" + literal(ids) + ")"
+	} else {
+		filter = col + " >= " + strconv.Itoa(lo) + " AND " + col + " <= " + strconv.Itoa(hi)
+		if len(holes) > 0 {
+			filter += " AND " + col + " NOT IN (" + literal(holes) + ")"
+		}
+	}
+	if len(exclude) > 0 {
+		cond = excludingLiteral(exclude)
+	}
+	return m.inOrderWith(filter, cond, strconv.Itoa(limit)), nil
+}
+
+// scanInOrder reads NextInOrder's rows (and closes them) into c until it
+// is done; it returns the rows read. A row of a bucket not asked for, or
+// rows out of id order, fail it.
+func scanInOrder(rows *sql.Rows, c *batchCut, buckets []int, tid bool) (int64, error) {
+	defer rows.Close()
+	sc := newBatchScanner(tid)
+	var n, last int64
+	for !c.done && rows.Next() {
+		if err := rows.Scan(sc.dest...); err != nil {
+			return n, err
+		}
+		n++
+		b, id := sc.bucket.v, sc.id.v
+		if _, ok := slices.BinarySearch(buckets, int(b)); !ok {
+			return n, fmt.Errorf("row %d of bucket %d, which was not asked for", id, b)
+		}
+		if n > 1 && id <= last {
+			return n, fmt.Errorf("row %d after row %d: rows out of id order", id, last)
+		}
+		last = id
+		c.add(sc)
+	}
+	return n, rows.Err()
+}
+
+// nextInOrderMerged is NextInOrder for a dialect without its statement:
+// each bucket's head, as NextBatches reads it, merged in id order and cut
+// at req.Limit and req.MaxBytes.
+func (s *Store) nextInOrderMerged(ctx context.Context, req relay.OrderedRequest, buckets []int) ([]*outbox.Message, error) {
 	excl := make(map[int64][]*outbox.Message)
 	for _, m := range req.Exclude {
 		excl[int64(m.Bucket)] = append(excl[int64(m.Bucket)], m)
 	}
-	reqs := make([]relay.BatchRequest, len(req.Buckets))
-	for i, b := range req.Buckets {
+	reqs := make([]relay.BatchRequest, len(buckets))
+	for i, b := range buckets {
 		reqs[i] = relay.BatchRequest{Bucket: b, Limit: req.Limit, Exclude: excl[int64(b)]}
 	}
 	results, err := s.NextBatches(ctx, reqs)
