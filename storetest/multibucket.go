@@ -2,6 +2,7 @@ package storetest
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -26,6 +27,9 @@ var multiScenarios = []struct {
 	{"a_corrupt_head_row_in_one_bucket_leaves_the_others_alone", nextBatchesCorruptHead},
 	{"next_batches_leave_out_the_rows_being_deleted", nextBatchesExclude},
 	{"mark_published_buckets_deletes_exactly_the_given_rows_never_a_parked_one", markPublishedBuckets},
+	{"next_in_order_is_each_buckets_next_batch_merged_in_id_order_and_cut", nextInOrderMatchesNextBatches},
+	{"next_in_order_stops_at_a_corrupt_row_returning_the_rows_before_it_with_its_error", nextInOrderCorruptRow},
+	{"next_in_order_reads_hundreds_of_buckets_with_holes_in_one_call", nextInOrderOfManyBuckets},
 }
 
 // multiStore returns a relay.MultiBucketStore of e, or skips t. With park,
@@ -424,5 +428,253 @@ func nextBatchesExclude(t *testing.T, f Factory) {
 	}
 	if ids, want := msgIDs(got[1].Rows), msgIDs(one[5:6]); !slices.Equal(ids, want) {
 		t.Fatalf("NextBatches bucket 1 (1 byte) = %v; want %v: the first row after those left out, its size counted alone", ids, want)
+	}
+}
+
+// expectInOrder returns NextInOrder's answer to req as the store's
+// NextBatches models it: each requested bucket's batch (NextBatches with a
+// large limit, without the rows of req.Exclude of that bucket), merged in
+// id order, cut at req.Limit and after the row crossing req.MaxBytes. The
+// rows must hold no corrupt row.
+func (e *env) expectInOrder(s relay.MultiBucketStore, req relay.OrderedRequest) []*outbox.Message {
+	e.t.Helper()
+	excl := map[int][]*outbox.Message{}
+	for _, m := range req.Exclude {
+		excl[int(m.Bucket)] = append(excl[int(m.Bucket)], m)
+	}
+	reqs := make([]relay.BatchRequest, len(req.Buckets))
+	for i, b := range req.Buckets {
+		reqs[i] = relay.BatchRequest{Bucket: b, Limit: 100000, Exclude: excl[b]}
+	}
+	res, err := s.NextBatches(e.ctx, reqs)
+	if err != nil {
+		e.t.Fatalf("NextBatches(%d buckets): %v", len(reqs), err)
+	}
+	var all []*outbox.Message
+	for i, r := range res {
+		if r.Err != nil {
+			e.t.Fatalf("NextBatches bucket %d: %v", reqs[i].Bucket, r.Err)
+		}
+		all = append(all, r.Rows...)
+	}
+	slices.SortFunc(all, func(a, b *outbox.Message) int { return cmp.Compare(a.ID, b.ID) })
+	var want []*outbox.Message
+	var total int64
+	for _, m := range all {
+		if len(want) >= req.Limit || req.MaxBytes > 0 && total > req.MaxBytes {
+			break
+		}
+		want = append(want, m)
+		total += relay.MessageSize(m)
+	}
+	return want
+}
+
+// checkInOrder fails t unless got, NextInOrder's answer to req, is
+// expectInOrder's: ids ascending, rows of req.Buckets only.
+func (e *env) checkInOrder(s relay.MultiBucketStore, req relay.OrderedRequest, got []*outbox.Message, err error) {
+	e.t.Helper()
+	if err != nil {
+		e.t.Fatalf("NextInOrder(%s): %v", fmtOrdered(req), err)
+	}
+	want := e.expectInOrder(s, req)
+	if !sameRows(got, want) {
+		e.t.Fatalf("NextInOrder(%s) = %v; want %v: each bucket's batch merged in id order, cut", fmtOrdered(req), msgIDs(got), msgIDs(want))
+	}
+	for i, m := range got {
+		if i > 0 && m.ID <= got[i-1].ID {
+			e.t.Fatalf("NextInOrder(%s) = %v: row %d after row %d", fmtOrdered(req), msgIDs(got), m.ID, got[i-1].ID)
+		}
+		if _, ok := slices.BinarySearch(req.Buckets, int(m.Bucket)); !ok {
+			e.t.Fatalf("NextInOrder(%s) returned row %d of bucket %d, not asked for", fmtOrdered(req), m.ID, m.Bucket)
+		}
+	}
+}
+
+func fmtOrdered(req relay.OrderedRequest) string {
+	s := fmt.Sprintf("buckets %v, limit %d, max bytes %d", req.Buckets, req.Limit, req.MaxBytes)
+	if len(req.Buckets) > 20 {
+		s = fmt.Sprintf("%d buckets %d..%d, limit %d, max bytes %d", len(req.Buckets), req.Buckets[0], req.Buckets[len(req.Buckets)-1], req.Limit, req.MaxBytes)
+	}
+	if len(req.Exclude) > 0 {
+		s += fmt.Sprintf(", excluding %v", msgIDs(req.Exclude))
+	}
+	return s
+}
+
+// nextInOrderMatchesNextBatches: over rounds of random requests (a random
+// subset of 12 buckets, empty ones included; limits from 1; byte bounds or
+// none; rows left out, of requested buckets and others, or none), on rows
+// of a few keys and values of random sizes, some parked (rejected, corrupt,
+// held) when the store can park, NextInOrder returns each requested
+// bucket's NextBatch (without the rows left out) merged in id order and cut
+// at the limit and the byte bound; each round then deletes a random prefix
+// of the answer (MarkPublishedBuckets), as the relay does.
+func nextInOrderMatchesNextBatches(t *testing.T, f Factory) {
+	const n = 12
+	e := newEnv(t, f, n)
+	s, canPark := e.multiStore(true)
+	rng := e.rng()
+	keys := []string{"a", "b", "c", ""}
+	var rows []*outbox.Message
+	for range 160 {
+		m := e.msg(rng.IntN(n-1), start) // bucket n-1 stays empty
+		if k := keys[rng.IntN(len(keys))]; k != "" {
+			m.Key = []byte(k)
+		} else {
+			m.Key = nil
+		}
+		m.Value = bytes.Repeat([]byte{'v'}, 1+rng.IntN(200))
+		rows = append(rows, m)
+	}
+	for c := range slices.Chunk(rows, 40) {
+		e.insert(c...)
+	}
+	if canPark {
+		reasons := []string{"rejected", relay.CorruptReasonPrefix + "bad headers", relay.HeldReasonPrefix + "1"}
+		for b := range n {
+			for _, id := range e.batch(s, b) {
+				if rng.IntN(6) == 0 {
+					e.park(s, b, id, reasons[rng.IntN(len(reasons))])
+				}
+			}
+		}
+	}
+	for round := range 20 {
+		var req relay.OrderedRequest
+		for b := range n {
+			if rng.IntN(3) != 0 {
+				req.Buckets = append(req.Buckets, b)
+			}
+		}
+		if len(req.Buckets) == 0 {
+			req.Buckets = []int{rng.IntN(n)}
+		}
+		req.Limit = 1 + rng.IntN(30)
+		if rng.IntN(4) == 0 {
+			req.Limit = 1000
+		}
+		if rng.IntN(2) == 0 {
+			req.MaxBytes = 1 + rng.Int64N(3000)
+		}
+		if rng.IntN(2) == 0 { // batches being deleted: heads, or any of their rows
+			for b := range n {
+				if rng.IntN(3) != 0 {
+					continue
+				}
+				prev, _ := s.NextBatch(e.ctx, b, 1+rng.IntN(6), 0)
+				if rng.IntN(3) == 0 {
+					prev = slices.DeleteFunc(prev, func(*outbox.Message) bool { return rng.IntN(2) == 0 })
+				}
+				req.Exclude = append(req.Exclude, prev...)
+			}
+		}
+		got, err := s.NextInOrder(e.ctx, req)
+		e.checkInOrder(s, req, got, err)
+		if done := got[:rng.IntN(len(got)+1)]; len(done) > 0 {
+			if err := s.MarkPublishedBuckets(e.ctx, done); err != nil {
+				t.Fatalf("round %d: MarkPublishedBuckets(%v): %v", round, msgIDs(done), err)
+			}
+		}
+	}
+	if got, err := s.NextInOrder(e.ctx, relay.OrderedRequest{Buckets: all(n), Limit: 0}); err != nil || len(got) != 0 {
+		t.Fatalf("NextInOrder(limit 0) = %v, %v; want nothing", msgIDs(got), err)
+	}
+}
+
+// nextInOrderCorruptRow: rows of three buckets in turn, a row that cannot
+// be decoded in bucket 2 behind one of its rows, then more rows of the
+// three: NextInOrder of the three returns the rows before the corrupt one,
+// in id order, with a *relay.CorruptRowError naming it (bucket 2, its id
+// between theirs and the later rows'); with a limit that ends before it,
+// the rows and no error; with the rows before it left out, the error alone;
+// without bucket 2, every row of the other two.
+func nextInOrderCorruptRow(t *testing.T, f Factory) {
+	e := newEnv(t, f, 8)
+	if e.h.InsertCorrupt == nil {
+		t.Skip("storetest: Harness.InsertCorrupt is nil")
+	}
+	s, _ := e.multiStore(false)
+	e.insert(e.msg(1, start), e.msg(2, start), e.msg(3, start), e.msg(1, start))
+	if err := e.h.InsertCorrupt(e.ctx, 2); err != nil {
+		t.Fatalf("Harness.InsertCorrupt(2): %v", err)
+	}
+	e.insert(e.msg(3, start), e.msg(2, start), e.msg(1, start))
+	others, err := s.NextInOrder(e.ctx, relay.OrderedRequest{Buckets: []int{1, 3}, Limit: 100})
+	if err != nil || len(others) != 5 {
+		t.Fatalf("NextInOrder(buckets 1, 3) = %v, %v; want their 5 rows", msgIDs(others), err)
+	}
+	req := relay.OrderedRequest{Buckets: []int{1, 2, 3}, Limit: 100}
+	got, err := s.NextInOrder(e.ctx, req)
+	var ce *relay.CorruptRowError
+	if !errors.As(err, &ce) {
+		t.Fatalf("NextInOrder(%s) = %v, %v; want the 4 rows before the corrupt one with a *relay.CorruptRowError", fmtOrdered(req), msgIDs(got), err)
+	}
+	if len(got) != 4 || got[1].Bucket != 2 || !slices.IsSorted(msgIDs(got)) {
+		t.Fatalf("NextInOrder(%s) = %v (error %v); want the 4 rows before the corrupt one, in id order", fmtOrdered(req), msgIDs(got), err)
+	}
+	if ce.Bucket != 2 || ce.ID <= got[3].ID || ce.ID >= others[3].ID {
+		t.Fatalf("NextInOrder(%s) error names row %d of bucket %d; want the corrupt row of bucket 2, after row %d and before row %d",
+			fmtOrdered(req), ce.ID, ce.Bucket, got[3].ID, others[3].ID)
+	}
+	req.Limit = 4
+	if short, err := s.NextInOrder(e.ctx, req); err != nil || !slices.Equal(msgIDs(short), msgIDs(got)) {
+		t.Fatalf("NextInOrder(%s) = %v, %v; want %v and no error: the limit ends it before the corrupt row", fmtOrdered(req), msgIDs(short), err, msgIDs(got))
+	}
+	req = relay.OrderedRequest{Buckets: []int{1, 2, 3}, Limit: 100, Exclude: got}
+	head, err := s.NextInOrder(e.ctx, req)
+	var again *relay.CorruptRowError
+	if !errors.As(err, &again) || again.ID != ce.ID || len(head) != 0 {
+		t.Fatalf("NextInOrder(%s) = %v, %v; want only the *relay.CorruptRowError of row %d", fmtOrdered(req), msgIDs(head), err, ce.ID)
+	}
+}
+
+// nextInOrderOfManyBuckets: with one or two rows in each of 300 buckets,
+// inserted in a random order, one NextInOrder call for the buckets less
+// some holes (every seventh, a run of twenty), for a few of them (more
+// holes than buckets) and for all, returns the rows of exactly those
+// buckets in id order, whole or cut at a limit.
+func nextInOrderOfManyBuckets(t *testing.T, f Factory) {
+	const n = 300
+	e := newEnv(t, f, n)
+	s, _ := e.multiStore(false)
+	var rows []*outbox.Message
+	for b := range n {
+		for range 1 + b%2 {
+			rows = append(rows, e.msg(b, start))
+		}
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	rng.Shuffle(len(rows), func(i, j int) { rows[i], rows[j] = rows[j], rows[i] })
+	for c := range slices.Chunk(rows, 100) {
+		e.insert(c...)
+	}
+	var holed, sparse []int
+	for b := range n {
+		if b%7 != 3 && (b < 100 || b >= 120) {
+			holed = append(holed, b)
+		}
+		if b%25 == 4 {
+			sparse = append(sparse, b)
+		}
+	}
+	for _, req := range []relay.OrderedRequest{
+		{Buckets: holed, Limit: 1000},
+		{Buckets: holed, Limit: 50},
+		{Buckets: holed[10:200], Limit: 1000, MaxBytes: 2000},
+		{Buckets: sparse, Limit: 1000},
+		{Buckets: all(n), Limit: 1000},
+	} {
+		got, err := s.NextInOrder(e.ctx, req)
+		e.checkInOrder(s, req, got, err)
+		if req.Limit == 1000 && req.MaxBytes == 0 {
+			var want int
+			for _, b := range req.Buckets {
+				want += 1 + b%2
+			}
+			if len(got) != want {
+				t.Fatalf("NextInOrder(%s) = %d rows; want all %d of its buckets", fmtOrdered(req), len(got), want)
+			}
+		}
 	}
 }
