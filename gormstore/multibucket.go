@@ -405,11 +405,13 @@ func (s *Store) NextInOrder(ctx context.Context, req relay.OrderedRequest) ([]*o
 	if req.Limit <= 0 || len(req.Buckets) == 0 {
 		return nil, nil
 	}
-	buckets := req.Buckets
-	if !slices.IsSorted(buckets) {
-		buckets = slices.Sorted(slices.Values(buckets))
+	buckets := req.Buckets // distinct and ascending, as the contract asks; else a sorted copy
+	for i := 1; i < len(buckets); i++ {
+		if buckets[i] <= buckets[i-1] {
+			buckets = slices.Compact(slices.Sorted(slices.Values(buckets)))
+			break
+		}
 	}
-	buckets = slices.Compact(slices.Clip(buckets))
 	if s.hot.multi.inOrderWith == nil {
 		return s.nextInOrderMerged(ctx, req, buckets)
 	}

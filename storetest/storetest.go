@@ -17,7 +17,10 @@
 // round, the offset of its clock (the now NewStore gets) to the host's wall
 // clock. A relay.MultiBucketStore is checked to answer NextBatches as
 // NextBatch answers each request (random buckets, limits, byte bounds,
-// parked and held rows, a corrupt head in one bucket), and to delete with
+// parked and held rows, a corrupt head in one bucket), to answer
+// NextInOrder as each requested bucket's NextBatch merged in id order and
+// cut at the limit and byte bound (random buckets, hundreds of buckets with
+// holes, a corrupt row ending the answer with its error), and to delete with
 // MarkPublishedBuckets exactly the given rows of several buckets, never a
 // parked one. A store without these capabilities skips those scenarios.
 //
