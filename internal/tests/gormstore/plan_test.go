@@ -165,24 +165,7 @@ func TestNextBatchWalksTheParkedIndexInOrderOnSQLite(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	explain := func(stmt string) string {
-		t.Helper()
-		rows, err := db.Raw("EXPLAIN QUERY PLAN " + stmt).Rows()
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer rows.Close()
-		var plan []string
-		for rows.Next() {
-			var id, parent, unused int
-			var detail string
-			if err := rows.Scan(&id, &parent, &unused, &detail); err != nil {
-				t.Fatal(err)
-			}
-			plan = append(plan, detail)
-		}
-		return strings.Join(plan, "\n")
-	}
+	explain := func(stmt string) string { return explainSQLite(t, db, stmt) }
 	inOrder := func(plan string) bool {
 		return strings.Contains(plan, "INDEX idx_outbox_messages_bucket_parked_id (bucket=? AND parked_at_ms=?)") &&
 			!strings.Contains(plan, "TEMP B-TREE")
@@ -209,5 +192,80 @@ func TestNextBatchWalksTheParkedIndexInOrderOnSQLite(t *testing.T) {
 	}
 	if plan := explain(stmts[0]); strings.Count(plan, "USING COVERING INDEX idx_outbox_messages_bucket_parked_id") != 2 || strings.Contains(plan, "TEMP B-TREE") {
 		t.Fatalf("BucketsWithPending's skip scan does not walk the index in order in its two steps:\n%s\n%s", stmts[0], plan)
+	}
+}
+
+// explainSQLite returns SQLite's EXPLAIN QUERY PLAN of stmt, one line per
+// step.
+func explainSQLite(t *testing.T, db *gorm.DB, stmt string) string {
+	t.Helper()
+	rows, err := db.Raw("EXPLAIN QUERY PLAN " + stmt).Rows()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var plan []string
+	for rows.Next() {
+		var id, parent, unused int
+		var detail string
+		if err := rows.Scan(&id, &parent, &unused, &detail); err != nil {
+			t.Fatal(err)
+		}
+		plan = append(plan, detail)
+	}
+	return strings.Join(plan, "\n")
+}
+
+// TestMarkPublishedBucketsLooksUpEachRowOnSQLiteWhateverTheStatistics: with
+// statistics taken when the outbox held two rows (an ANALYZE or PRAGMA
+// optimize of the drained table) and a backlog of 20,000 rows, SQLite plans
+// "id IN (…)" without a bucket as a scan of the whole table: every group
+// delete of a drain read the backlog (55 ms per 500 rows of 100,000,
+// against 2). MarkPublishedBuckets' statement must be a lookup of the rowid,
+// and it must delete exactly the given rows.
+func TestMarkPublishedBucketsLooksUpEachRowOnSQLiteWhateverTheStatistics(t *testing.T) {
+	o := testenv.Databases(t)[0]
+	if o.Name != testenv.SQLite {
+		t.Fatalf("first test database is %s; want SQLite", o.Name)
+	}
+	rec := &testenv.SQLRecorder{}
+	db := o.Open(t, &gorm.Config{Logger: rec})
+	if err := outbox.AutoMigrate(db, outbox.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.MustExec(t, db,
+		`WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < 20000)
+		 INSERT INTO outbox_messages (message_id, bucket, topic, record_value, created_at)
+		 SELECT lower(hex(randomblob(16))), n % 8, 'orders', x'00', '2026-01-01 00:00:00' FROM g`,
+		"ANALYZE",
+		"UPDATE sqlite_stat1 SET stat = '2 1 1 1' WHERE idx = 'idx_outbox_messages_bucket_parked_id'",
+		"ANALYZE sqlite_schema") // reloads the statistics
+	store, err := gormstore.New(db, gormstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var published []*outbox.Message
+	for b := range 8 {
+		rows, err := store.NextBatch(context.Background(), b, 60, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		published = append(published, rows...)
+	}
+	rec.Reset()
+	if err := store.MarkPublishedBuckets(context.Background(), published); err != nil {
+		t.Fatal(err)
+	}
+	for _, stmt := range rec.Statements() {
+		if !strings.HasPrefix(stmt, "DELETE") {
+			continue
+		}
+		if plan := explainSQLite(t, db, stmt); strings.Contains(plan, "SCAN") || !strings.Contains(plan, "rowid=?") {
+			t.Fatalf("MarkPublishedBuckets' delete is not a rowid lookup with statistics of a two-row table:\n%s\n%s", stmt, plan)
+		}
+	}
+	var left int64
+	if err := db.Raw("SELECT count(*) FROM outbox_messages").Scan(&left).Error; err != nil || left != 20000-int64(len(published)) {
+		t.Fatalf("rows left after deleting %d of 20000 = %d, %v; want %d", len(published), left, err, 20000-len(published))
 	}
 }
