@@ -61,16 +61,12 @@ type multiSQL struct {
 	// deleteOne, with one bind variable (an id), is SQLite's
 	// MarkPublishedBuckets statement, run once per id; "" elsewhere.
 	deleteOne string
-	// inOrderWith renders NextInOrder's statement from its bucket filter
-	// (a condition on inOrderBucket), a condition appended to its WHERE
-	// ("" or " AND …") and its limit; nil for a dialect without it
-	// (NextInOrder then merges NextBatches' answers). inOrderArrays says
-	// the filter and the rows left out are bind variables, arrays
-	// (PostgreSQL: pgx caches a prepared statement per text); elsewhere
-	// they are integers written into the text.
+	// inOrderWith renders NextInOrder's statement on SQLite from its
+	// bucket filter (a condition on inOrderBucket), a condition appended to
+	// its WHERE ("" or " AND …") and its limit; nil elsewhere (NextInOrder
+	// then merges NextBatches' answers).
 	inOrderWith   func(filter, cond, limit string) string
 	inOrderBucket string
-	inOrderArrays bool
 }
 
 // buildMultiSQL renders h.multi for dialect from h.nextBatchWith, NextBatch's
@@ -116,30 +112,18 @@ func buildMultiSQL(h *hotSQL, dialect, table string) {
 	if m.memberWith != nil {
 		m.member = m.memberWith("")
 	}
-	// NextInOrder: the table in id order (its primary key, the rowid on
-	// SQLite), the buckets a filter on the rows met. "m.bucket + 0" keeps
-	// the planners off the (bucket, parked_at_ms, id) index; the hold is
-	// the per-row form only (a guard of constants, "does the range have a
-	// parked row", would read every index entry of the buckets' range: no
-	// index leads with parked_at_ms).
-	cols, from := batchColumns, table+" m"
-	switch dialect {
-	case "postgres":
-		cols += ", ctid::text"
-		m.inOrderArrays = true
-	case "mysql":
-		from += " FORCE INDEX (PRIMARY)"
-	case "sqlite":
-		// With statistics of few buckets, SQLite would skip-scan the
-		// bucket index for "parked_at_ms IS NULL" and sort every pending
-		// row by id, per fetch: NOT INDEXED keeps it on the rowid.
-		from += " NOT INDEXED"
-	default:
+	if dialect != "sqlite" {
 		return
 	}
+	// NextInOrder on SQLite: the table in rowid order, the buckets a
+	// filter on the rows met ("m.bucket + 0" keeps the planner off the
+	// bucket index, which would read the buckets' rows and sort them); the
+	// hold is the per-row form only (a guard of constants, "does the range
+	// have a parked row", would read every index entry of the buckets'
+	// range: no index leads with parked_at_ms).
 	m.inOrderBucket = "m.bucket + 0"
 	m.inOrderWith = func(filter, cond, limit string) string {
-		return "SELECT " + cols + " FROM " + from +
+		return "SELECT " + batchColumns + " FROM " + table + " m" +
 			" WHERE " + filter + " AND m.parked_at_ms IS NULL" +
 			" AND NOT EXISTS (SELECT 1 FROM " + table + " p WHERE p.bucket = m.bucket AND p.parked_at_ms IS NOT NULL" +
 			" AND p.id < m.id AND p.record_key = m.record_key AND " + notCorrupt("p") + ")" + cond +
@@ -402,46 +386,35 @@ func (s *Store) deleteBucketsStatement(ids []int64) (string, []any) {
 	return s.inList(m.deletePrefix, nil, ids)
 }
 
-// NextInOrder implements relay.MultiBucketStore: one statement reading
-// the table in its own order (id: the primary key; the rowid on SQLite)
-// from its first pending row of req.Buckets, like a plain "ORDER BY id
-// LIMIT n" loop, whatever the bucket count — not one index probe per
-// bucket as NextBatches makes. The buckets, ascending, become a filter on
-// the rows met: the span [lo, hi] of the buckets less its holes (the
-// buckets of the span not asked for), or, when the holes outnumber the
-// buckets, the list of the buckets. On PostgreSQL,
+// NextInOrder implements relay.MultiBucketStore. The relay calls it on
+// SQLite only (a store whose writes serialise: see relay's groups), where
+// it is one statement reading the table in rowid order from its first
+// pending row of req.Buckets, like a plain "ORDER BY id LIMIT n" loop,
+// whatever the bucket count, not one index probe per bucket as NextBatches
+// makes:
 //
-//	SELECT id, message_id, …, ctid::text FROM messages m
-//	WHERE m.bucket + 0 >= $1 AND m.bucket + 0 <= $2 AND m.bucket + 0 <> ALL($3::int[])
+//	SELECT id, … FROM messages m
+//	WHERE m.bucket + 0 >= 0 AND m.bucket + 0 <= 7 [AND m.bucket + 0 NOT IN (3, 5)]
 //	  AND m.parked_at_ms IS NULL
 //	  AND NOT EXISTS (SELECT 1 FROM messages p WHERE p.bucket = m.bucket AND p.parked_at_ms IS NOT NULL
 //	    AND p.id < m.id AND p.record_key = m.record_key AND <p is not corrupt>)
-//	  [AND (m.id > $5 OR m.id <> ALL($6::bigint[]))]
-//	ORDER BY m.id LIMIT (SELECT $4::int)
-//
-// (the holes an array, '{}' for none; or "m.bucket + 0 = ANY($1::int[])"
-// for the list), run as NextBatch is (bitmap scans off, see
-// readInIndexOrder; the limit a scalar subquery, so that the planner plans
-// for an in-order scan of the primary key that stops early). On MySQL and
-// MariaDB,
-//
-//	SELECT id, … FROM messages m FORCE INDEX (PRIMARY)
-//	WHERE m.bucket + 0 >= 0 AND m.bucket + 0 <= 4095 AND m.bucket + 0 NOT IN (17, 230)
-//	  AND m.parked_at_ms IS NULL AND NOT EXISTS (<the same hold>)
 //	  [AND (m.id > 812 OR m.id NOT IN (801, 802, …))]
 //	ORDER BY m.id LIMIT 500
 //
-// and on SQLite the same without FORCE INDEX: the integers written into the
-// text (no NOT IN without holes; "m.bucket + 0 IN (…)" for the list). The
-// "+ 0" keeps the planners off the (bucket, parked_at_ms, id) index, which
-// would read the buckets' rows and sort them. The hold is NextBatch's
-// per-row subquery, on the bucket index: a parked row of the row's key,
-// with a smaller id, in its bucket, that is not corrupt.
+// The buckets, ascending, become the span [lo, hi] less its holes (the
+// buckets of the span not asked for), or, when the holes outnumber the
+// buckets, "m.bucket + 0 IN (…)"; the integers are written into the text.
+// The hold is NextBatch's per-row subquery, on the bucket index: a parked
+// row of the row's key, with a smaller id, in its bucket, that is not
+// corrupt. The rows are cut as NextBatch cuts a batch (limit, then the row
+// crossing req.MaxBytes included). A row that cannot be decoded ends the
+// answer: the rows before it are returned with its *relay.CorruptRowError.
 //
-// The rows are cut as NextBatch cuts a batch (limit, then the row crossing
-// req.MaxBytes included). A row that cannot be decoded ends the answer:
-// the rows before it are returned with its *relay.CorruptRowError. A
-// dialect other than these merges NextBatches' answers.
+// On PostgreSQL, MySQL and MariaDB it merges NextBatches' answers. (One
+// statement over the primary key was built and measured there: with
+// thousands of buckets its reads passed every other bucket's rows and the
+// dead entries of the rows deleted meanwhile, and a 65,536-bucket drain ran
+// at a third of its rate by heads: see BENCHMARKS.md.)
 func (s *Store) NextInOrder(ctx context.Context, req relay.OrderedRequest) ([]*outbox.Message, error) {
 	if req.Limit <= 0 || len(req.Buckets) == 0 {
 		return nil, nil
@@ -499,30 +472,7 @@ func (s *Store) nextInOrderStatement(buckets []int, limit int, exclude []*outbox
 			next = b + 1
 		}
 	}
-	var filter, cond, lim string
-	var args []any
-	if m.inOrderArrays {
-		bind := func(v any) string {
-			args = append(args, v)
-			return s.hot.binds[len(args)-1]
-		}
-		if list {
-			ids := make([]int64, len(buckets))
-			for i, b := range buckets {
-				ids[i] = int64(b)
-			}
-			filter = col + " = ANY(" + bind(idsArray(ids)) + "::int[])"
-		} else {
-			filter = col + " >= " + bind(lo) + " AND " + col + " <= " + bind(hi) + " AND " + col + " <> ALL(" + bind(idsArray(holes)) + "::int[])"
-		}
-		lim = "(SELECT " + bind(limit) + "::int)"
-		if len(exclude) > 0 {
-			ids, last := excluded(exclude)
-			after := bind(last)
-			cond = excludingCond(after, notInArray(bind(idsArray(ids))))
-		}
-		return m.inOrderWith(filter, cond, lim), args
-	}
+	var filter, cond string
 	literal := func(xs []int64) string {
 		a := idsArray(xs) // "{1,2,3}"
 		return a[1 : len(a)-1]

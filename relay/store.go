@@ -142,11 +142,11 @@ type MultiBucketStore interface {
 	// are thus the beginning of what NextBatch would return for it, with
 	// the same holds. When a row cannot be decoded it stops before it and
 	// returns the rows before it with that row's *CorruptRowError (only the
-	// error when it comes first). The relay reads a group of many shallow
-	// buckets through it (a backlog spread over thousands of buckets), and
-	// every group when it serves one at a time (a store whose writes
-	// serialise): one statement of the table's order, whatever the bucket
-	// count.
+	// error when it comes first). The relay reads its groups through it on
+	// a store whose writes serialise (ConcurrentBuckets false: SQLite),
+	// where a bucket's rows are spread over many times as many pages as
+	// the table's first rows: one statement in the table's order, each page
+	// read once.
 	NextInOrder(ctx context.Context, req OrderedRequest) ([]*outbox.Message, error)
 }
 
