@@ -197,14 +197,7 @@ func nextBatchesMatchNextBatch(t *testing.T, f Factory) {
 	}
 	e.insert(rows...)
 	if canPark {
-		reasons := []string{"rejected", relay.CorruptReasonPrefix + "bad headers", relay.HeldReasonPrefix + "1"}
-		for b := range n {
-			for _, id := range e.batchBeforeCorrupt(s, b) {
-				if rng.IntN(6) == 0 {
-					e.park(s, b, id, reasons[rng.IntN(len(reasons))])
-				}
-			}
-		}
+		e.parkSome(s, rng, n, e.batchBeforeCorrupt)
 	}
 	for round := range 16 {
 		buckets := rng.Perm(n)[:1+rng.IntN(n)]
@@ -531,14 +524,7 @@ func nextInOrderMatchesNextBatches(t *testing.T, f Factory) {
 		e.insert(c...)
 	}
 	if canPark {
-		reasons := []string{"rejected", relay.CorruptReasonPrefix + "bad headers", relay.HeldReasonPrefix + "1"}
-		for b := range n {
-			for _, id := range e.batch(s, b) {
-				if rng.IntN(6) == 0 {
-					e.park(s, b, id, reasons[rng.IntN(len(reasons))])
-				}
-			}
-		}
+		e.parkSome(s, rng, n, e.batch)
 	}
 	for round := range 20 {
 		var req relay.OrderedRequest
@@ -674,6 +660,21 @@ func nextInOrderOfManyBuckets(t *testing.T, f Factory) {
 			}
 			if len(got) != want {
 				t.Fatalf("NextInOrder(%s) = %d rows; want all %d of its buckets", fmtOrdered(req), len(got), want)
+			}
+		}
+	}
+}
+
+// parkSome parks about one in six of the rows rows(s, b) lists in each of
+// buckets 0..n-1, each with a reason drawn from a plain one, a corrupt
+// row's and a held row's.
+func (e *env) parkSome(s relay.Store, rng *rand.Rand, n int, rows func(relay.Store, int) []int64) {
+	e.t.Helper()
+	reasons := []string{"rejected", relay.CorruptReasonPrefix + "bad headers", relay.HeldReasonPrefix + "1"}
+	for b := range n {
+		for _, id := range rows(s, b) {
+			if rng.IntN(6) == 0 {
+				e.park(s, b, id, reasons[rng.IntN(len(reasons))])
 			}
 		}
 	}

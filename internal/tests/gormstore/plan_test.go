@@ -145,19 +145,8 @@ func TestNextBatchPlanIgnoresStaleStatisticsOnPostgres(t *testing.T) {
 // RIGHT PART OF ORDER BY"): 57 ms instead of 3 ms per batch on a 25k-row
 // bucket, the SQLite drain's main cost.
 func TestNextBatchWalksTheParkedIndexInOrderOnSQLite(t *testing.T) {
-	o := testenv.Databases(t)[0]
-	if o.Name != testenv.SQLite {
-		t.Fatalf("first test database is %s; want SQLite", o.Name)
-	}
-	rec := &testenv.SQLRecorder{}
-	db := o.Open(t, &gorm.Config{Logger: rec})
-	if err := outbox.AutoMigrate(db, outbox.Config{}); err != nil {
-		t.Fatal(err)
-	}
+	db, rec := sqliteBacklog(t)
 	testenv.MustExec(t, db,
-		`WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < 20000)
-		 INSERT INTO outbox_messages (message_id, bucket, topic, record_value, created_at)
-		 SELECT lower(hex(randomblob(16))), n % 8, 'orders', x'00', '2026-01-01 00:00:00' FROM g`,
 		`UPDATE outbox_messages SET parked_at_ms = 1, parked_reason = 'test'
 		 WHERE id IN (SELECT id FROM outbox_messages WHERE bucket = 0 ORDER BY id LIMIT 100)`,
 		"ANALYZE")
@@ -224,19 +213,8 @@ func explainSQLite(t *testing.T, db *gorm.DB, stmt string) string {
 // against 2). MarkPublishedBuckets' statement must be a lookup of the rowid,
 // and it must delete exactly the given rows.
 func TestMarkPublishedBucketsLooksUpEachRowOnSQLiteWhateverTheStatistics(t *testing.T) {
-	o := testenv.Databases(t)[0]
-	if o.Name != testenv.SQLite {
-		t.Fatalf("first test database is %s; want SQLite", o.Name)
-	}
-	rec := &testenv.SQLRecorder{}
-	db := o.Open(t, &gorm.Config{Logger: rec})
-	if err := outbox.AutoMigrate(db, outbox.Config{}); err != nil {
-		t.Fatal(err)
-	}
+	db, rec := sqliteBacklog(t)
 	testenv.MustExec(t, db,
-		`WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < 20000)
-		 INSERT INTO outbox_messages (message_id, bucket, topic, record_value, created_at)
-		 SELECT lower(hex(randomblob(16))), n % 8, 'orders', x'00', '2026-01-01 00:00:00' FROM g`,
 		"ANALYZE",
 		"UPDATE sqlite_stat1 SET stat = '2 1 1 1' WHERE idx = 'idx_outbox_messages_bucket_parked_id'",
 		"ANALYZE sqlite_schema") // reloads the statistics
@@ -268,4 +246,24 @@ func TestMarkPublishedBucketsLooksUpEachRowOnSQLiteWhateverTheStatistics(t *test
 	if err := db.Raw("SELECT count(*) FROM outbox_messages").Scan(&left).Error; err != nil || left != 20000-int64(len(published)) {
 		t.Fatalf("rows left after deleting %d of 20000 = %d, %v; want %d", len(published), left, err, 20000-len(published))
 	}
+}
+
+// sqliteBacklog opens the SQLite test database with its statements
+// recorded, and fills its outbox with 20,000 rows over 8 buckets.
+func sqliteBacklog(t *testing.T) (*gorm.DB, *testenv.SQLRecorder) {
+	t.Helper()
+	o := testenv.Databases(t)[0]
+	if o.Name != testenv.SQLite {
+		t.Fatalf("first test database is %s; want SQLite", o.Name)
+	}
+	rec := &testenv.SQLRecorder{}
+	db := o.Open(t, &gorm.Config{Logger: rec})
+	if err := outbox.AutoMigrate(db, outbox.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.MustExec(t, db,
+		`WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < 20000)
+		 INSERT INTO outbox_messages (message_id, bucket, topic, record_value, created_at)
+		 SELECT lower(hex(randomblob(16))), n % 8, 'orders', x'00', '2026-01-01 00:00:00' FROM g`)
+	return db, rec
 }
