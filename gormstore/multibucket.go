@@ -191,7 +191,7 @@ func (s *Store) NextBatches(ctx context.Context, reqs []relay.BatchRequest) ([]r
 	for len(active) > 0 {
 		chunk := active[:min(len(active), s.hot.multi.perStatement)]
 		active = active[len(chunk):]
-		if err := s.nextBatches(ctx, reqs, chunk, results); err != nil {
+		if err := s.nextBatches(ctx, reqs, chunk, results, false); err != nil {
 			return nil, err
 		}
 	}
@@ -200,13 +200,15 @@ func (s *Store) NextBatches(ctx context.Context, reqs []relay.BatchRequest) ([]r
 
 // nextBatches answers reqs[i] for each i of idx in one statement, into
 // results[i].
-func (s *Store) nextBatches(ctx context.Context, reqs []relay.BatchRequest, idx []int, results []relay.BatchResult) error {
+func (s *Store) nextBatches(ctx context.Context, reqs []relay.BatchRequest, idx []int, results []relay.BatchResult, anyCorrupt bool) error {
 	query, args := s.nextBatchesStatement(reqs, idx)
 	var cuts map[int64]*batchCut
 	if err := s.readInIndexOrder(ctx, s.msgs, func(q *gorm.DB) error {
 		cuts = make(map[int64]*batchCut, len(idx))
 		for _, i := range idx {
-			cuts[int64(reqs[i].Bucket)] = newBatchCut(reqs[i].Limit, reqs[i].MaxBytes)
+			c := newBatchCut(reqs[i].Limit, reqs[i].MaxBytes)
+			c.anyCorrupt = anyCorrupt
+			cuts[int64(reqs[i].Bucket)] = c
 		}
 		query := s.rawPrefix() + query
 		begin := time.Now()
@@ -224,7 +226,8 @@ func (s *Store) nextBatches(ctx context.Context, reqs []relay.BatchRequest, idx 
 		c := cuts[int64(reqs[i].Bucket)]
 		if c.corrupt != nil {
 			results[i].Err = c.corrupt
-		} else {
+		}
+		if c.corrupt == nil || anyCorrupt {
 			results[i].Rows = c.msgs
 			s.locs.put(c.msgs, c.tids)
 		}
@@ -532,9 +535,27 @@ func (s *Store) nextInOrderMerged(ctx context.Context, req relay.OrderedRequest,
 	for i, b := range buckets {
 		reqs[i] = relay.BatchRequest{Bucket: b, Limit: req.Limit, Exclude: excl[int64(b)]}
 	}
-	results, err := s.NextBatches(ctx, reqs)
-	if err != nil {
-		return nil, err
+	var results []relay.BatchResult
+	if s.hot.multi.nextBatches == "" && s.hot.multi.member == "" {
+		var err error
+		if results, err = s.NextBatches(ctx, reqs); err != nil { // a corrupt row found only at a bucket's head
+			return nil, err
+		}
+	} else {
+		// NextBatches' statements, each bucket's corrupt row recorded
+		// wherever it ends the bucket's rows.
+		results = make([]relay.BatchResult, len(reqs))
+		idx := make([]int, len(reqs))
+		for i := range idx {
+			idx[i] = i
+		}
+		for len(idx) > 0 {
+			chunk := idx[:min(len(idx), s.hot.multi.perStatement)]
+			idx = idx[len(chunk):]
+			if err := s.nextBatches(ctx, reqs, chunk, results, true); err != nil {
+				return nil, err
+			}
+		}
 	}
 	var all []*outbox.Message
 	var corrupt *relay.CorruptRowError
@@ -550,7 +571,7 @@ func (s *Store) nextInOrderMerged(ctx context.Context, req relay.OrderedRequest,
 	var total int64
 	for _, m := range all {
 		if len(out) >= req.Limit || req.MaxBytes > 0 && total > req.MaxBytes {
-			break
+			return out, nil
 		}
 		if corrupt != nil && m.ID > corrupt.ID {
 			return out, corrupt
@@ -558,7 +579,7 @@ func (s *Store) nextInOrderMerged(ctx context.Context, req relay.OrderedRequest,
 		out = append(out, m)
 		total += relay.MessageSize(m)
 	}
-	if corrupt != nil && (len(out) == 0 || out[len(out)-1].ID < corrupt.ID) && len(out) < req.Limit {
+	if corrupt != nil && len(out) < req.Limit && (req.MaxBytes <= 0 || total <= req.MaxBytes) {
 		return out, corrupt
 	}
 	return out, nil
