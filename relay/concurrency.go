@@ -129,7 +129,7 @@ func (r *Relay) sweep(ctx, cleanup context.Context, st *runState, owned []int) e
 			discovering = r.discover(ctx, st, owned, busy, dispatched < firstPass, found)
 		}
 		for running < workers && dispatching() {
-			ordered := r.readsInOrder(len(queue), workers)
+			ordered := r.readsInOrder(len(queue))
 			group := r.nextGroup(st, &queue, queued, busy, r.groupSize(len(queue), workers, ordered), ordered)
 			if len(group) == 0 {
 				break

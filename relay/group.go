@@ -31,8 +31,8 @@ import (
 // however deep, up to maxOrdered, and its fetch is one
 // MultiBucketStore.NextInOrder: BatchSize rows in id order across its
 // buckets, the table's own order, as a plain loop over the table reads it
-// (each page read once, where a bucket's rows are spread over eight times
-// as many pages). Cut by the limit (or the bytes), the fetch tells nothing
+// (each page read once, where one bucket's rows are spread over as many
+// times more pages as there are buckets). Cut by the limit (or the bytes), the fetch tells nothing
 // of a bucket's depth: every bucket of the group stays ready, and the
 // group is read again; a fetch that is not cut drained them all. (On
 // PostgreSQL and MariaDB, groups of thousands of buckets read so were
@@ -53,7 +53,7 @@ const maxOrdered = 1024
 // above): the store is a MultiBucketStore whose writes serialise
 // (Store.ConcurrentBuckets false), the publisher a GroupPublisher, and at
 // most maxOrdered buckets are queued.
-func (r *Relay) readsInOrder(queued, workers int) bool {
+func (r *Relay) readsInOrder(queued int) bool {
 	_, ok := r.store.(MultiBucketStore)
 	return ok && r.group != nil && r.serialWrites && queued <= maxOrdered
 }
@@ -222,6 +222,7 @@ func (r *Relay) fetchInOrder(ctx, cleanup context.Context, st *runState, group [
 	if len(req.Buckets) == 0 {
 		return fs
 	}
+	slices.Sort(req.Buckets) // the queue's order is not theirs
 	start := r.clock.Now()
 	rows, err := r.store.(MultiBucketStore).NextInOrder(ctx, req)
 	took := r.clock.Now().Sub(start)

@@ -200,16 +200,21 @@ func TestGroupedRowIsNotStruckForAnotherRowsFailure(t *testing.T) {
 }
 
 // orderedRecorder is a MemStore (its writes serialise) that records the
-// most buckets a NextInOrder call read.
+// most buckets a NextInOrder call read, and the calls whose buckets were
+// not distinct and ascending, as the contract asks.
 type orderedRecorder struct {
 	*relaytest.MemStore
-	mu   sync.Mutex
-	most int
+	mu       sync.Mutex
+	most     int
+	unsorted [][]int
 }
 
 func (o *orderedRecorder) NextInOrder(ctx context.Context, req relay.OrderedRequest) ([]*outbox.Message, error) {
 	o.mu.Lock()
 	o.most = max(o.most, len(req.Buckets))
+	if !slices.IsSorted(req.Buckets) || len(slices.Compact(slices.Clone(req.Buckets))) != len(req.Buckets) {
+		o.unsorted = append(o.unsorted, slices.Clone(req.Buckets))
+	}
 	o.mu.Unlock()
 	return o.MemStore.NextInOrder(ctx, req)
 }
@@ -237,6 +242,9 @@ func TestSerialStoreReadsThousandsOfBucketsByHeads(t *testing.T) {
 	defer rec.mu.Unlock()
 	if rec.most > 1024 {
 		t.Fatalf("a NextInOrder call read %d buckets; want at most 1,024 (more are read by heads)", rec.most)
+	}
+	if len(rec.unsorted) > 0 {
+		t.Fatalf("NextInOrder asked for buckets out of order (%d calls, the first %v); want them distinct and ascending", len(rec.unsorted), rec.unsorted[0][:min(8, len(rec.unsorted[0]))])
 	}
 }
 
@@ -280,5 +288,37 @@ func TestSerialStoreReadsGroupsInIDOrder(t *testing.T) {
 	}
 	if got, limit := h.ops.count(relaytest.OpNextBatch), buckets*perBucket/batch+1; got > limit {
 		t.Fatalf("%d fetches for %d rows; want at most %d (one per BatchSize rows, then one that finds them drained)", got, buckets*perBucket, limit)
+	}
+}
+
+// TestSerialStoreAsksForBucketsInAscendingOrder: a bucket hinted while a
+// group is in flight joins the queue ahead of the group's buckets, which
+// come back behind it; the next group still asks NextInOrder for its
+// buckets distinct and ascending, as the contract says, and every row is
+// published once, in order.
+func TestSerialStoreAsksForBucketsInAscendingOrder(t *testing.T) {
+	var rec *orderedRecorder
+	h := newHarness(t, relay.Options{BucketCount: 4, BatchSize: 4}, func(m *relaytest.MemStore) relay.Store {
+		rec = &orderedRecorder{MemStore: m}
+		return rec
+	})
+	h.store.AddToBucket(0, msgs(6, "t")...)
+	h.store.AddToBucket(1, msgs(6, "t")...)
+	var once sync.Once
+	h.pub.SetHandler(func(ctx context.Context, b []*outbox.Message) relay.Result {
+		once.Do(func() { // during the first group's publish
+			h.store.AddToBucket(3, msgs(2, "late")...)
+			h.r.Notifier().NotifyBucket(3)
+		})
+		return relay.Result{Acknowledged: len(b)}
+	})
+	h.start()
+	h.waitFor("store empty", func() bool { return h.store.Len() == 0 })
+	h.waitIdle()
+	checkPublishedOnce(t, h.pub.Calls(), 14)
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if len(rec.unsorted) > 0 {
+		t.Fatalf("NextInOrder asked for buckets %v; want them distinct and ascending", rec.unsorted)
 	}
 }
