@@ -240,8 +240,8 @@ func TestSerialStoreReadsThousandsOfBucketsByHeads(t *testing.T) {
 	checkPublishedOnce(t, h.pub.Calls(), buckets)
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
-	if rec.most > 1024 {
-		t.Fatalf("a NextInOrder call read %d buckets; want at most 1,024 (more are read by heads)", rec.most)
+	if rec.most > 1024 || rec.most <= 64 {
+		t.Fatalf("NextInOrder calls read at most %d buckets; want at most 1,024 (more are read by heads), and once fewer were left, more than a group by heads (64)", rec.most)
 	}
 	if len(rec.unsorted) > 0 {
 		t.Fatalf("NextInOrder asked for buckets out of order (%d calls, the first %v); want them distinct and ascending", len(rec.unsorted), rec.unsorted[0][:min(8, len(rec.unsorted[0]))])
@@ -320,5 +320,8 @@ func TestSerialStoreAsksForBucketsInAscendingOrder(t *testing.T) {
 	defer rec.mu.Unlock()
 	if len(rec.unsorted) > 0 {
 		t.Fatalf("NextInOrder asked for buckets %v; want them distinct and ascending", rec.unsorted)
+	}
+	if rec.most < 3 {
+		t.Fatalf("NextInOrder calls read at most %d buckets; want a group of the hinted bucket and the two others", rec.most)
 	}
 }
