@@ -412,7 +412,8 @@ type batchScanner struct {
 	withTID               bool // the rows end with their ctid
 	topic                 sql.RawBytes
 	key, value, headers   sql.RawBytes
-	dest                  []any
+	dest                  []any // for database/sql's rows
+	pgxDest               []any // for pgx's: the byte columns without a copy
 
 	lastTopic string
 	arena     arena
@@ -423,10 +424,22 @@ type batchScanner struct {
 func newBatchScanner(tid bool) *batchScanner {
 	s := &batchScanner{}
 	s.dest = []any{&s.id, &s.messageID, &s.bucket, &s.topic, &s.key, &s.value, &s.headers, &s.partition, &s.createdAt}
+	s.pgxDest = []any{&s.id, &s.messageID, &s.bucket, rawCol{&s.topic}, rawCol{&s.key}, rawCol{&s.value}, rawCol{&s.headers}, &s.partition, &s.createdAt}
 	if tid {
 		s.dest, s.withTID = append(s.dest, &s.tid), true
+		s.pgxDest = append(s.pgxDest, &s.tid)
 	}
 	return s
+}
+
+// rawCol scans a text or bytea column of pgx's rows as database/sql scans
+// into a sql.RawBytes: the driver's bytes, valid until the next row, no
+// copy (pgtype.BytesScanner); NULL is nil.
+type rawCol struct{ p *sql.RawBytes }
+
+func (c rawCol) ScanBytes(b []byte) error {
+	*c.p = b
+	return nil
 }
 
 // message decodes the current row, copying its key and value once. left

@@ -204,7 +204,7 @@ func (s *Store) BucketsWithPending(ctx context.Context, buckets []int) ([]int, e
 // the ORDER BY) matches only the (bucket, parked_at_ms, id) index's order,
 // which PostgreSQL then walks from the bucket's first unparked entry, never
 // reading the parked ones, without a sort. On PostgreSQL the statement runs
-// with bitmap scans disabled (see readInIndexOrder): statistics that say
+// with bitmap scans disabled (see fetchGuard): statistics that say
 // the table is empty would otherwise read the whole bucket and sort it.
 //
 // With maxBytes > 0 it stops after the first row that brings the batch's
@@ -236,44 +236,32 @@ func (s *Store) nextBatch(ctx context.Context, req relay.BatchRequest) ([]*outbo
 	default:
 		query = s.hot.nextBatchWith(s.hot.nextBatchArgs, s.hot.nextBatchLimit, excludingLiteral(req.Exclude))
 	}
-	var msgs []*outbox.Message
-	var corrupt *relay.CorruptRowError
-	if err := s.readInIndexOrder(ctx, s.msgs, func(q *gorm.DB) error {
-		msgs, corrupt = nil, nil
-		query := s.rawPrefix() + query
-		begin := time.Now()
-		rows, err := queryRows(q, query, args...)
-		if err == nil {
-			var c *batchCut
-			if c, err = scanBatch(rows, limit, maxBytes, s.hot.tid); err == nil {
-				msgs, corrupt = c.msgs, c.corrupt
-				if corrupt != nil {
-					msgs = nil
-				}
-				s.locs.put(msgs, c.tids)
-			}
+	var c *batchCut
+	if err := s.fetch(ctx, query, args, func(rows rowScanner) (n int64, err error) {
+		c, err = scanBatch(rows, limit, maxBytes, s.hot.tid)
+		if err != nil {
+			return 0, err
 		}
-		trace(q, begin, query, args, int64(len(msgs)), err)
-		return err
+		return int64(len(c.msgs)), nil
 	}); err != nil {
 		return nil, fmt.Errorf("gormstore: bucket %d: next batch: %w", bucket, err)
 	}
-	if corrupt != nil {
-		return nil, corrupt
+	if c.corrupt != nil {
+		return nil, c.corrupt
 	}
-	return msgs, nil
+	s.locs.put(c.msgs, c.tids)
+	return c.msgs, nil
 }
 
-// scanBatch reads NextBatch's rows (and closes them) into a batch: at most
+// scanBatch reads NextBatch's rows into a batch: at most
 // limit, and, when maxBytes > 0, up to and including the row whose
 // relay.MessageSize brings the total beyond maxBytes. With tid the rows
 // end with their ctid.
-func scanBatch(rows *sql.Rows, limit int, maxBytes int64, tid bool) (*batchCut, error) {
-	defer rows.Close()
+func scanBatch(rows rowScanner, limit int, maxBytes int64, tid bool) (*batchCut, error) {
 	sc := newBatchScanner(tid)
 	c := newBatchCut(limit, maxBytes)
 	for !c.done && rows.Next() {
-		if err := rows.Scan(sc.dest...); err != nil {
+		if err := rows.scanInto(sc); err != nil {
 			return nil, err
 		}
 		c.add(sc)

@@ -3,7 +3,6 @@ package gormstore
 import (
 	"cmp"
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"math"
@@ -203,22 +202,14 @@ func (s *Store) NextBatches(ctx context.Context, reqs []relay.BatchRequest) ([]r
 func (s *Store) nextBatches(ctx context.Context, reqs []relay.BatchRequest, idx []int, results []relay.BatchResult, anyCorrupt bool) error {
 	query, args := s.nextBatchesStatement(reqs, idx)
 	var cuts map[int64]*batchCut
-	if err := s.readInIndexOrder(ctx, s.msgs, func(q *gorm.DB) error {
+	if err := s.fetch(ctx, query, args, func(rows rowScanner) (int64, error) {
 		cuts = make(map[int64]*batchCut, len(idx))
 		for _, i := range idx {
 			c := newBatchCut(reqs[i].Limit, reqs[i].MaxBytes)
 			c.anyCorrupt = anyCorrupt
 			cuts[int64(reqs[i].Bucket)] = c
 		}
-		query := s.rawPrefix() + query
-		begin := time.Now()
-		rows, err := queryRows(q, query, args...)
-		var n int64
-		if err == nil {
-			n, err = scanBatches(rows, cuts, s.hot.tid)
-		}
-		trace(q, begin, query, args, n, err)
-		return err
+		return scanBatches(rows, cuts, s.hot.tid)
 	}); err != nil {
 		return fmt.Errorf("gormstore: next batches of %d buckets from bucket %d: %w", len(idx), reqs[idx[0]].Bucket, err)
 	}
@@ -275,16 +266,15 @@ func (s *Store) nextBatchesStatement(reqs []relay.BatchRequest, idx []int) (stri
 	return b.String(), args
 }
 
-// scanBatches reads NextBatches' rows (and closes them) into the batch of
+// scanBatches reads NextBatches' rows into the batch of
 // their bucket, until every batch is done; it returns the rows read. A row
 // of a bucket not asked for, or a bucket's rows out of id order, fail it.
-func scanBatches(rows *sql.Rows, cuts map[int64]*batchCut, tid bool) (int64, error) {
-	defer rows.Close()
+func scanBatches(rows rowScanner, cuts map[int64]*batchCut, tid bool) (int64, error) {
 	sc := newBatchScanner(tid)
 	last := make(map[int64]int64, len(cuts)) // bucket → id of its latest row
 	open, n := len(cuts), int64(0)
 	for open > 0 && rows.Next() {
-		if err := rows.Scan(sc.dest...); err != nil {
+		if err := rows.scanInto(sc); err != nil {
 			return n, err
 		}
 		n++
@@ -434,18 +424,10 @@ func (s *Store) NextInOrder(ctx context.Context, req relay.OrderedRequest) ([]*o
 	}
 	query, args := s.nextInOrderStatement(buckets, req.Limit, req.Exclude)
 	var c *batchCut
-	if err := s.readInIndexOrder(ctx, s.msgs, func(q *gorm.DB) error {
+	if err := s.fetch(ctx, query, args, func(rows rowScanner) (int64, error) {
 		c = newBatchCut(req.Limit, req.MaxBytes)
 		c.anyCorrupt = true
-		query := s.rawPrefix() + query
-		begin := time.Now()
-		rows, err := queryRows(q, query, args...)
-		var n int64
-		if err == nil {
-			n, err = scanInOrder(rows, c, buckets, s.hot.tid)
-		}
-		trace(q, begin, query, args, n, err)
-		return err
+		return scanInOrder(rows, c, buckets, s.hot.tid)
 	}); err != nil {
 		return nil, fmt.Errorf("gormstore: next in order of %d buckets from bucket %d: %w", len(buckets), buckets[0], err)
 	}
@@ -498,15 +480,14 @@ func (s *Store) nextInOrderStatement(buckets []int, limit int, exclude []*outbox
 	return m.inOrderWith(filter, cond, strconv.Itoa(limit)), nil
 }
 
-// scanInOrder reads NextInOrder's rows (and closes them) into c until it
+// scanInOrder reads NextInOrder's rows into c until it
 // is done; it returns the rows read. A row of a bucket not asked for, or
 // rows out of id order, fail it.
-func scanInOrder(rows *sql.Rows, c *batchCut, buckets []int, tid bool) (int64, error) {
-	defer rows.Close()
+func scanInOrder(rows rowScanner, c *batchCut, buckets []int, tid bool) (int64, error) {
 	sc := newBatchScanner(tid)
 	var n, last int64
 	for !c.done && rows.Next() {
-		if err := rows.Scan(sc.dest...); err != nil {
+		if err := rows.scanInto(sc); err != nil {
 			return n, err
 		}
 		n++

@@ -1,6 +1,7 @@
 package gormstore
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -9,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
 )
@@ -158,30 +160,128 @@ func (s *Store) read(ctx context.Context, table string, fn func(q *gorm.DB) erro
 	return s.run(ctx, table, modeRead, fn)
 }
 
-// readInIndexOrder is read for the hot path's fetches (NextBatch,
-// NextBatches), which take a bucket's oldest rows in the order of its
-// index. On PostgreSQL it runs fn in a transaction that forbids the
-// planner bitmap scans (SET LOCAL enable_bitmapscan = off). Statistics that
-// say the table is empty while it holds a backlog (an ANALYZE of the
-// drained table, or one that ran while the backlog's transaction was still
-// open; they last until autovacuum analyzes the table again) estimate a
-// bucket at one row, and the planner then reads every row of the bucket
-// through a bitmap and sorts them, for each batch: 200-270 ms against 1-5
-// ms for 500 of 25,000 rows, a drain seven times slower. The cost is three
-// round trips (BEGIN, SET, COMMIT): ~0.3 ms a fetch on loopback
-// (BenchmarkNextBatch).
-func (s *Store) readInIndexOrder(ctx context.Context, table string, fn func(q *gorm.DB) error) error {
-	return s.read(ctx, table, func(q *gorm.DB) error {
-		if k, err := s.kind(ctx); err != nil || k != kindPostgres {
-			return fn(q)
+// fetchGuard is the setting the hot path's fetches (NextBatch,
+// NextBatches) run under on PostgreSQL: no bitmap scans, for the rest of
+// the fetch's transaction only. Statistics that say the table is empty
+// while it holds a backlog (an ANALYZE of the drained table, or one that
+// ran while the backlog's transaction was still open; they last until
+// autovacuum analyzes the table again) estimate a bucket at one row, and
+// the planner then reads every row of the bucket through a bitmap and
+// sorts them, for each batch: 200-270 ms against 1-5 ms for 500 of 25,000
+// rows, a drain seven times slower.
+const fetchGuard = "SELECT set_config('enable_bitmapscan', 'off', true)"
+
+// rowScanner is what the fetches' scans read rows through: database/sql's
+// rows or pgx's (a pipelined fetch), each scanning a row into a
+// batchScanner's columns.
+type rowScanner interface {
+	Next() bool
+	Err() error
+	scanInto(sc *batchScanner) error
+}
+
+type sqlRows struct{ *sql.Rows }
+
+func (r sqlRows) scanInto(sc *batchScanner) error { return r.Scan(sc.dest...) }
+
+type pgxRows struct{ pgx.Rows }
+
+func (r pgxRows) scanInto(sc *batchScanner) error { return r.Scan(sc.pgxDest...) }
+
+// fetch runs query, one of the hot path's fetches, with args on the
+// primary (as read does), and hands its rows to scan, which returns how
+// many it read; the statement is shown to the logger. On PostgreSQL the
+// statement runs after fetchGuard in one transaction, sent together with
+// it: through pgx, one round trip (a batch: the two statements and one
+// Sync, which PostgreSQL runs as one implicit transaction), elsewhere (a
+// pool that is not a *sql.DB on pgx's driver) BEGIN, the guard, the
+// statement and COMMIT, four.
+func (s *Store) fetch(ctx context.Context, query string, args []any, scan func(rowScanner) (int64, error)) error {
+	k, err := s.kind(ctx)
+	if err != nil {
+		return err
+	}
+	return s.read(ctx, s.msgs, func(q *gorm.DB) error {
+		query := s.rawPrefix() + query
+		if k != kindPostgres {
+			return fetchOn(q, query, args, scan)
+		}
+		if err := fetchPipelined(q, query, args, scan); !errors.Is(err, errNotPGX) {
+			return err
 		}
 		return q.Transaction(func(tx *gorm.DB) error {
-			if err := tx.Exec("SET LOCAL enable_bitmapscan = off").Error; err != nil {
+			if err := tx.Exec(fetchGuard).Error; err != nil {
 				return err
 			}
-			return fn(tx)
+			return fetchOn(tx, query, args, scan)
 		})
 	})
+}
+
+// fetchOn runs a fetch's statement through database/sql on q's connection.
+func fetchOn(q *gorm.DB, query string, args []any, scan func(rowScanner) (int64, error)) error {
+	begin := time.Now()
+	rows, err := queryRows(q, query, args...)
+	var n int64
+	if err == nil {
+		n, err = scan(sqlRows{rows})
+		if cerr := rows.Close(); err == nil {
+			err = cerr
+		}
+	}
+	trace(q, begin, query, args, n, err)
+	return err
+}
+
+// errNotPGX says fetchPipelined ran nothing: q's pool is not a *sql.DB on
+// pgx's database/sql driver.
+var errNotPGX = errors.New("gormstore: not a pgx connection")
+
+// fetchPipelined sends fetchGuard and a fetch's statement to PostgreSQL in
+// one pgx batch, on a connection of q's pool. A failure or a cancellation
+// leaves nothing behind on the connection: the batch's implicit
+// transaction ends with it, and a connection pgx closed (a cancelled
+// statement) or left in a transaction is never reused (pgx's driver
+// reports it bad to database/sql).
+func fetchPipelined(q *gorm.DB, query string, args []any, scan func(rowScanner) (int64, error)) error {
+	db, ok := q.Statement.ConnPool.(*sql.DB)
+	if !ok {
+		return errNotPGX
+	}
+	ctx := q.Statement.Context
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	begin := time.Now()
+	var n int64
+	err = conn.Raw(func(dc any) error {
+		pc, ok := dc.(interface{ Conn() *pgx.Conn })
+		if !ok {
+			return errNotPGX
+		}
+		var b pgx.Batch
+		b.Queue(fetchGuard)
+		b.Queue(query, args...)
+		br := pc.Conn().SendBatch(ctx, &b)
+		_, err := br.Exec()
+		if err == nil {
+			var rows pgx.Rows
+			if rows, err = br.Query(); err == nil {
+				n, err = scan(pgxRows{rows})
+				rows.Close()
+				err = cmp.Or(err, rows.Err())
+			}
+		}
+		return cmp.Or(err, br.Close())
+	})
+	if errors.Is(err, errNotPGX) {
+		return err
+	}
+	trace(q, begin, fetchGuard, nil, 1, nil)
+	trace(q, begin, query, args, n, err)
+	return err
 }
 
 // run runs fn on the primary within the statement timeout, per statement

@@ -16,8 +16,8 @@ import (
 )
 
 // fetchGuard is the setting NextBatch and NextBatches run their SELECT
-// under on PostgreSQL (see readInIndexOrder).
-const fetchGuard = "SET LOCAL enable_bitmapscan = off"
+// under on PostgreSQL, in the same transaction (see gormstore's fetch).
+const fetchGuard = "SELECT set_config('enable_bitmapscan', 'off', true)"
 
 // explainAnalyzed returns EXPLAIN (ANALYZE, BUFFERS) of stmt, a statement
 // as the recorder saw it (its values in place), in a transaction rolled
@@ -87,23 +87,7 @@ func TestHotPathFetchesInIndexOrderWhenStatisticsSayEmpty(t *testing.T) {
 	if err := outbox.AutoMigrate(db, outbox.Config{}); err != nil {
 		t.Fatal(err)
 	}
-	fill := `INSERT INTO outbox_messages (message_id, bucket, topic, record_value, created_at)
-		 SELECT gen_random_uuid(), g % 8, 'orders', convert_to(repeat('x', 200), 'UTF8'), now() FROM generate_series(1, 80000) g`
-	testenv.MustExec(t, db,
-		"ALTER TABLE outbox_messages SET (autovacuum_enabled = false)",
-		fill, "ANALYZE outbox_messages", "DELETE FROM outbox_messages", "ANALYZE outbox_messages", fill)
-	var stats struct {
-		Relpages  int64
-		Reltuples float64
-		Columns   int
-	}
-	if err := db.Raw(`SELECT relpages, reltuples, (SELECT COUNT(*) FROM pg_stats WHERE tablename = 'outbox_messages') AS columns
-		FROM pg_class WHERE relname = 'outbox_messages'`).Scan(&stats).Error; err != nil {
-		t.Fatal(err)
-	}
-	if stats.Reltuples != 0 || stats.Relpages == 0 || stats.Columns == 0 {
-		t.Fatalf("statistics: %d pages, %v rows, %d columns; want rows 0 in many pages, the columns' kept", stats.Relpages, stats.Reltuples, stats.Columns)
-	}
+	backlogOnEmptyStatistics(t, db)
 	store, err := gormstore.New(db, gormstore.Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -162,4 +146,106 @@ func TestHotPathFetchesInIndexOrderWhenStatisticsSayEmpty(t *testing.T) {
 		}
 	}
 	inOrder("NextBatches leaving out a batch", guardedSelect(t, "NextBatches leaving out a batch", rec.Statements()), 800)
+}
+
+// backlogOnEmptyStatistics fills db's outbox_messages with 80,000 rows in
+// 8 buckets on statistics of the table drained: ANALYZE of it empty (no
+// rows in its pages), the column statistics of an earlier backlog kept,
+// autovacuum off.
+func backlogOnEmptyStatistics(t *testing.T, db *gorm.DB) {
+	t.Helper()
+	fill := `INSERT INTO outbox_messages (message_id, bucket, topic, record_value, created_at)
+		 SELECT gen_random_uuid(), g % 8, 'orders', convert_to(repeat('x', 200), 'UTF8'), now() FROM generate_series(1, 80000) g`
+	testenv.MustExec(t, db,
+		"ALTER TABLE outbox_messages SET (autovacuum_enabled = false)",
+		fill, "ANALYZE outbox_messages", "DELETE FROM outbox_messages", "ANALYZE outbox_messages", fill)
+	var stats struct {
+		Relpages  int64
+		Reltuples float64
+		Columns   int
+	}
+	if err := db.Raw(`SELECT relpages, reltuples, (SELECT COUNT(*) FROM pg_stats WHERE tablename = 'outbox_messages') AS columns
+		FROM pg_class WHERE relname = 'outbox_messages'`).Scan(&stats).Error; err != nil {
+		t.Fatal(err)
+	}
+	if stats.Reltuples != 0 || stats.Relpages == 0 || stats.Columns == 0 {
+		t.Fatalf("statistics: %d pages, %v rows, %d columns; want rows 0 in many pages, the columns' kept", stats.Relpages, stats.Reltuples, stats.Columns)
+	}
+}
+
+// TestHotPathFetchesRunUnderTheirGuard: the guard and the fetch are sent
+// together (one pgx batch), and the guard must be in effect when
+// PostgreSQL plans the fetch, not merely sent. On statistics that say the
+// table is empty, a fetch planned without it is a bitmap scan, which
+// fetches no row through the index (pg_stat_user_indexes.idx_tup_fetch
+// counts plain index scans' rows only); planned with it, the index scan
+// fetches each row it returns. On a pool GORM wraps (not a *sql.DB) the
+// fetch runs in a transaction after the guard.
+func TestHotPathFetchesRunUnderTheirGuard(t *testing.T) {
+	pg := postgresOpener(t)
+	for _, tc := range []struct {
+		name string
+		cfg  *gorm.Config
+	}{
+		{"one pgx batch", nil},
+		{"a transaction, on a pool GORM wraps (PrepareStmt)", &gorm.Config{PrepareStmt: true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) { fetchesRunUnderTheirGuard(t, pg.Open(t, tc.cfg)) })
+	}
+}
+
+func fetchesRunUnderTheirGuard(t *testing.T, db *gorm.DB) {
+	if err := outbox.AutoMigrate(db, outbox.Config{}); err != nil {
+		t.Fatal(err)
+	}
+	backlogOnEmptyStatistics(t, db)
+	sqlDB, err := db.DB()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sqlDB.SetMaxOpenConns(1) // the store's fetch and the statistics' flush on one backend
+	fetched := func() int64 {
+		t.Helper()
+		var n int64
+		if err := db.Exec("SELECT pg_stat_force_next_flush()").Error; err != nil {
+			t.Fatal(err)
+		}
+		if err := db.Raw("SELECT idx_tup_fetch FROM pg_stat_user_indexes WHERE indexrelname = 'idx_outbox_messages_bucket_parked_id'").Row().Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if plan := explainAnalyzed(t, db, "SELECT id FROM outbox_messages m WHERE bucket >= 3 AND bucket <= 3 AND parked_at_ms IS NULL ORDER BY bucket, parked_at_ms, id LIMIT (SELECT 500)", false); !strings.Contains(plan, "Bitmap") {
+		t.Fatalf("unguarded, a fetch is not a bitmap scan on these statistics; the test proves nothing:\n%s", plan)
+	}
+	store, err := gormstore.New(db, gormstore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	before := fetched()
+	batch, err := store.NextBatch(ctx, 3, 500, 0)
+	if err != nil || len(batch) != 500 {
+		t.Fatalf("NextBatch = %d rows, %v; want 500", len(batch), err)
+	}
+	if n := fetched() - before; n < 500 {
+		t.Fatalf("NextBatch fetched %d rows through the (bucket, parked_at_ms, id) index; want its 500: it was not planned under the guard", n)
+	}
+	before = fetched()
+	results, err := store.NextBatches(ctx, []relay.BatchRequest{{Bucket: 4, Limit: 100}, {Bucket: 5, Limit: 100}, {Bucket: 6, Limit: 100}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range results {
+		if r.Err != nil || len(r.Rows) != 100 {
+			t.Fatalf("NextBatches: %d rows, %v; want 100", len(r.Rows), r.Err)
+		}
+	}
+	if n := fetched() - before; n < 300 {
+		t.Fatalf("NextBatches fetched %d rows through the (bucket, parked_at_ms, id) index; want its 300: it was not planned under the guard", n)
+	}
+	var setting string // the pool's one connection: the guard ended with the fetch
+	if err := db.Raw("SHOW enable_bitmapscan").Row().Scan(&setting); err != nil || setting != "on" {
+		t.Fatalf("after the fetches, the connection's enable_bitmapscan = %q, %v; want on: the guard outlived its fetch", setting, err)
+	}
 }

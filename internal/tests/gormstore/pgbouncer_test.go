@@ -39,9 +39,10 @@ func TestConformancePgBouncer(t *testing.T) {
 	}
 	kinds := map[string]int{}
 	for _, s := range stmts {
-		// SET LOCAL lasts until the transaction's end, which a transaction
-		// pooler keeps on one server connection (see readInIndexOrder).
-		if sessionState.MatchString(s) && !strings.HasPrefix(s, "SET LOCAL ") {
+		// SET LOCAL and the fetches' guard (a local set_config) last until
+		// the transaction's end, which a transaction pooler keeps on one
+		// server connection.
+		if sessionState.MatchString(s) && !strings.HasPrefix(s, "SET LOCAL ") && s != fetchGuard {
 			t.Errorf("statement with session state: %s", s)
 		}
 		if w := strings.Fields(s); len(w) > 0 {
