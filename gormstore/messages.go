@@ -253,10 +253,9 @@ func (s *Store) nextBatch(ctx context.Context, req relay.BatchRequest) ([]*outbo
 	return c.msgs, nil
 }
 
-// scanBatch reads NextBatch's rows into a batch: at most
-// limit, and, when maxBytes > 0, up to and including the row whose
-// relay.MessageSize brings the total beyond maxBytes. With tid the rows
-// end with their ctid.
+// scanBatch reads NextBatch's rows into a batch: at most limit, and, when
+// maxBytes > 0, up to and including the row whose relay.MessageSize brings
+// the total beyond maxBytes. With tid the rows end with their ctid.
 func scanBatch(rows rowScanner, limit int, maxBytes int64, tid bool) (*batchCut, error) {
 	sc := newBatchScanner(tid)
 	c := newBatchCut(limit, maxBytes)

@@ -265,9 +265,9 @@ func (s *Store) nextBatchesStatement(reqs []relay.BatchRequest, idx []int) (stri
 	return b.String(), args
 }
 
-// scanBatches reads NextBatches' rows into the batch of
-// their bucket, until every batch is done; it returns the rows read. A row
-// of a bucket not asked for, or a bucket's rows out of id order, fail it.
+// scanBatches reads NextBatches' rows into the batch of their bucket, until
+// every batch is done; it returns the rows read. A row of a bucket not
+// asked for, or a bucket's rows out of id order, fail it.
 func scanBatches(rows rowScanner, cuts map[int64]*batchCut, tid bool) (int64, error) {
 	sc := newBatchScanner(tid)
 	last := make(map[int64]int64, len(cuts)) // bucket → id of its latest row
@@ -480,9 +480,9 @@ func (s *Store) nextInOrderStatement(buckets []int, limit int, exclude []*outbox
 	return m.inOrderWith(filter, cond, strconv.Itoa(limit)), nil
 }
 
-// scanInOrder reads NextInOrder's rows into c until it
-// is done; it returns the rows read. A row of a bucket not asked for, or
-// rows out of id order, fail it.
+// scanInOrder reads NextInOrder's rows into c until it is done; it returns
+// the rows read. A row of a bucket not asked for, or rows out of id order,
+// fail it.
 func scanInOrder(rows rowScanner, c *batchCut, buckets []int, tid bool) (int64, error) {
 	sc := newBatchScanner(tid)
 	var n, last int64
