@@ -8,6 +8,7 @@
 // JSON. See BENCHMARKS.md for the commands and the results.
 //
 //	outbox-bench -db sqlite -broker kfake
+//	outbox-bench -db postgres -broker kfake-process -scenarios latency
 //	outbox-bench -db postgres -dsn "$OUTBOX_TEST_POSTGRES_DSN" \
 //	    -broker real -brokers "$OUTBOX_TEST_KAFKA_BROKERS" -relays 1,2,4 -json pg.json
 //
@@ -58,10 +59,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		cpuProfile string
 		relayLog   string
 		quiet      bool
+		serveFake  bool
 	)
 	fs.StringVar(&cfg.DB, "db", "sqlite", "database: sqlite, postgres or mysql")
 	fs.StringVar(&cfg.DSN, "dsn", "", "server DSN for postgres or mysql (default $OUTBOX_TEST_POSTGRES_DSN or $OUTBOX_TEST_MYSQL_DSN)")
-	fs.StringVar(&cfg.Broker, "broker", "kfake", "broker: kfake (in-process) or real")
+	fs.StringVar(&cfg.Broker, "broker", "kfake", "broker: kfake (in-process), kfake-process (kfake in a child process of its own) or real")
 	fs.StringVar(&brokers, "brokers", "", "real broker addresses, comma-separated (default $OUTBOX_TEST_KAFKA_BROKERS)")
 	fs.StringVar(&scenarios, "scenarios", strings.Join(bench.AllScenarios(), ","), "scenarios to run, comma-separated")
 	fs.IntVar(&cfg.N, "n", 200_000, "drain: preloaded rows")
@@ -83,11 +85,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
 	fs.StringVar(&relayLog, "relay-log", "", "drain: write every log of the relays and their stores, DEBUG included (each batch's fetch, publish and delete times), as JSON lines to this file")
 	fs.BoolVar(&quiet, "q", false, "no progress logs")
+	fs.BoolVar(&serveFake, "serve-kfake", false, "run only a kfake broker (-partitions per topic), print its address, serve until stdin ends (the child of -broker kfake-process)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("outbox-bench: unexpected arguments %q", fs.Args())
+	}
+	if serveFake {
+		return serveKfake(ctx, cfg.Partitions, os.Stdin, stdout)
 	}
 	if cfg.DSN == "" {
 		cfg.DSN = map[string]string{"postgres": os.Getenv("OUTBOX_TEST_POSTGRES_DSN"), "mysql": os.Getenv("OUTBOX_TEST_MYSQL_DSN")}[cfg.DB]
@@ -97,6 +103,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	if brokers != "" {
 		cfg.Brokers = strings.Split(brokers, ",")
+	}
+	if cfg.Broker == "kfake-process" {
+		p, err := startKfakeProcess(ctx, cfg.Partitions, stderr)
+		if err != nil {
+			return err
+		}
+		defer p.stop()
+		cfg.Brokers = p.addrs
 	}
 	cfg.Scenarios = split(scenarios)
 	cfg.LatencyModes = split(modes)

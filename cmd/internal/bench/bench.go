@@ -38,9 +38,10 @@ type Config struct {
 	// DSN is the server DSN for postgres or mysql; the harness creates a
 	// fresh database on that server and drops it at the end.
 	DSN string
-	// Broker is kfake (in-process) or real. Empty means kfake.
+	// Broker is kfake (in-process), kfake-process (kfake in a process of
+	// its own, at Brokers) or real. Empty means kfake.
 	Broker string
-	// Brokers are the real broker's bootstrap addresses.
+	// Brokers are the bootstrap addresses of a real or kfake-process broker.
 	Brokers []string
 	// Scenarios to run. Nil means AllScenarios.
 	Scenarios []string

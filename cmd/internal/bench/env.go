@@ -28,8 +28,9 @@ import (
 )
 
 // env is the database and broker of one harness run: a fresh database
-// (dropped by close) and a broker (an in-process kfake cluster, or the real
-// brokers named by Config.Brokers).
+// (dropped by close) and a broker (an in-process kfake cluster, or the
+// brokers named by Config.Brokers: a real one, or kfake in a process of its
+// own).
 type env struct {
 	cfg     Config
 	dialect string // gorm dialect name
@@ -82,15 +83,15 @@ func newEnv(ctx context.Context, cfg Config) (*env, error) {
 		}
 		e.fake = c
 		e.brokers = c.ListenAddrs()
-	case "real":
+	case "real", "kfake-process":
 		if len(cfg.Brokers) == 0 {
 			e.close()
-			return nil, errors.New("bench: broker real needs Config.Brokers")
+			return nil, fmt.Errorf("bench: broker %s needs Config.Brokers", cfg.Broker)
 		}
 		e.brokers = cfg.Brokers
 	default:
 		e.close()
-		return nil, fmt.Errorf("bench: unknown broker %q (want kfake or real)", cfg.Broker)
+		return nil, fmt.Errorf("bench: unknown broker %q (want kfake, kfake-process or real)", cfg.Broker)
 	}
 	db, err := e.open(nil)
 	if err != nil {
