@@ -312,7 +312,10 @@ func (e *env) drainBaseline(ctx context.Context, name string, n int, loop loopFu
 	if err := warmWriter(ctx, w); err != nil {
 		return DrainResult{}, fmt.Errorf("%s: %w", name, err)
 	}
-	c := startConsumer(ctx, e.brokers, topic, e.cfg.Partitions, n)
+	c, err := startConsumer(ctx, e.brokers, topic, e.cfg.Partitions, n)
+	if err != nil {
+		return DrainResult{}, err
+	}
 	defer c.stop()
 	admin, err := e.open(nil)
 	if err != nil {
@@ -657,7 +660,10 @@ func (e *env) drainRelays(ctx context.Context, n int) (DrainResult, error) {
 		return DrainResult{}, err
 	}
 	defer closeDB(w)
-	c := startConsumer(ctx, e.brokers, topic, e.cfg.Partitions, e.cfg.N)
+	c, err := startConsumer(ctx, e.brokers, topic, e.cfg.Partitions, e.cfg.N)
+	if err != nil {
+		return DrainResult{}, err
+	}
 	defer c.stop()
 	start, pre, err := e.preload(ctx, w, topic, e.cfg.N)
 	if err != nil {

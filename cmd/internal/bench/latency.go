@@ -145,7 +145,10 @@ func (e *env) latency(ctx context.Context, mode string, rate int) (LatencyResult
 		return LatencyResult{}, err
 	}
 	defer e.deleteTopic(topic)
-	c := startConsumer(ctx, e.brokers, topic, e.cfg.Partitions, 0)
+	c, err := startConsumer(ctx, e.brokers, topic, e.cfg.Partitions, 0)
+	if err != nil {
+		return LatencyResult{}, err
+	}
 	defer c.stop()
 	acks := &ackRecorder{at: map[outbox.UUID]time.Time{}}
 	f, err := e.startFleet(ctx, 1, func() (*gorm.DB, error) { return e.open(nil) }, relay.Options{},
