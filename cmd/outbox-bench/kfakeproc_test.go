@@ -1,15 +1,10 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
-	"path/filepath"
 	"testing"
-
-	"github.com/gorm-outbox/outbox/cmd/internal/bench"
 )
 
 // TestMain lets this test binary be the child that -broker kfake-process
@@ -34,21 +29,8 @@ func TestKfakeProcessServesALatencyRun(t *testing.T) {
 	if testing.Short() {
 		t.Skip("smoke run skipped in -short mode")
 	}
-	out := filepath.Join(t.TempDir(), "report.json")
-	args := []string{"-q", "-db", "sqlite", "-broker", "kfake-process", "-scenarios", "latency", "-modes", "local",
-		"-rates", "50", "-latency-duration", "300ms", "-json", out}
-	var stdout, stderr bytes.Buffer
-	if err := run(context.Background(), args, &stdout, &stderr); err != nil {
-		t.Fatalf("run(%q) = %v; stderr:\n%s", args, err, stderr.String())
-	}
-	b, err := os.ReadFile(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rep bench.Report
-	if err := json.Unmarshal(b, &rep); err != nil {
-		t.Fatalf("report JSON: %v", err)
-	}
+	rep, _ := runReport(t, []string{"-q", "-db", "sqlite", "-broker", "kfake-process", "-scenarios", "latency", "-modes", "local",
+		"-rates", "50", "-latency-duration", "300ms"})
 	if rep.Config.Broker != "kfake-process" {
 		t.Errorf("report broker = %q; want kfake-process", rep.Config.Broker)
 	}

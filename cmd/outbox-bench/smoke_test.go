@@ -44,20 +44,7 @@ func TestSmokeRunsEveryScenario(t *testing.T) {
 			broker = "real"
 		}
 		t.Run(tg.name+"_"+broker, func(t *testing.T) {
-			out := filepath.Join(t.TempDir(), "report.json")
-			args := append([]string{"-db", tg.db, "-dsn", tg.dsn, "-broker", broker, "-brokers", strings.Join(real.Addrs, ","), "-json", out}, smokeArgs...)
-			var stdout, stderr bytes.Buffer
-			if err := run(context.Background(), args, &stdout, &stderr); err != nil {
-				t.Fatalf("run(%q) = %v; stderr:\n%s", args, err, stderr.String())
-			}
-			b, err := os.ReadFile(out)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var rep bench.Report
-			if err := json.Unmarshal(b, &rep); err != nil {
-				t.Fatalf("report JSON: %v", err)
-			}
+			rep, stdout := runReport(t, append([]string{"-db", tg.db, "-dsn", tg.dsn, "-broker", broker, "-brokers", strings.Join(real.Addrs, ",")}, smokeArgs...))
 			// raw loop, naive relay, relay ×1, relay ×2.
 			if got := len(rep.Drain); got != 4 {
 				t.Errorf("drain results = %d; want 4", got)
@@ -99,6 +86,27 @@ func TestSmokeRunsEveryScenario(t *testing.T) {
 			}
 		})
 	}
+}
+
+// runReport runs the harness with args and -json and returns the report it
+// wrote and its tables; it fails the test if the run fails.
+func runReport(t *testing.T, args []string) (bench.Report, *bytes.Buffer) {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "report.json")
+	args = append(args, "-json", out)
+	var stdout, stderr bytes.Buffer
+	if err := run(context.Background(), args, &stdout, &stderr); err != nil {
+		t.Fatalf("run(%q) = %v; stderr:\n%s", args, err, stderr.String())
+	}
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep bench.Report
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatalf("report JSON: %v", err)
+	}
+	return rep, &stdout
 }
 
 func TestRejectsBadFlags(t *testing.T) {
