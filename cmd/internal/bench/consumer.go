@@ -69,10 +69,16 @@ func startConsumer(ctx context.Context, brokers []string, topic string, partitio
 			}
 			if errs := fs.Errors(); len(errs) > 0 && fs.NumRecords() == 0 {
 				// A fresh topic's leader may not be known yet: the client
-				// retries; give up after 300 polls in a row that only failed.
+				// retries; give up after 300 polls in a row that only failed,
+				// 100 ms apart (30 s).
 				if failures++; failures > 300 {
 					c.fail(fmt.Errorf("bench: consumer: %w", errs[0].Err))
 					return
+				}
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(100 * time.Millisecond):
 				}
 				continue
 			}
