@@ -37,6 +37,7 @@ func (r *Report) WriteTables(w io.Writer) error {
 		fmt.Fprintln(w, "  cpu: this process (relays or loop, consumer, and kfake when in-process); db: the PostgreSQL backends of the run's database")
 		fmt.Fprintln(w, "  (from /proc, a lower bound; -: not measured); +db vs raw: both per message vs the raw loop's; q1/q4: consumer's rate over the first/last quarter of the ids;")
 		fmt.Fprintln(w, "  lease losses: sum of outbox.lease.expirations over the fleet from its start until drained (no fault injected)")
+		fmt.Fprintln(w, "  each contender's preload and drain start after a checkpoint (PostgreSQL CHECKPOINT, SQLite wal_checkpoint): one write-ahead log cycle each")
 		for _, d := range r.Drain {
 			if d.Note != "" {
 				fmt.Fprintf(w, "  %s: %s\n", d.Name, d.Note)
