@@ -1,5 +1,6 @@
 // Package kafkapub is the Kafka publisher of the outbox relay: a
-// relay.Publisher built on kafka-go's Writer, so that a relay built with
+// relay.Publisher built on kafka-go (a Writer holds its settings, its
+// Client sends the produce requests), so that a relay built with
 //
 //	pub, err := kafkapub.New(kafkapub.Config{Brokers: brokers})
 //	…

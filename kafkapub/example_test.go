@@ -20,7 +20,7 @@ func ExampleNew() {
 	pub, err := kafkapub.New(kafkapub.Config{
 		Brokers: []string{"localhost:9092"},
 		Configure: func(w *kafka.Writer) {
-			w.WriteTimeout = 5 * time.Second // kept (at most PublishTimeout); acks, attempts, placement and batching are enforced
+			w.WriteTimeout = 5 * time.Second // kept (at most PublishTimeout); acks=all, one attempt per request and placement are the publisher's
 		},
 	})
 	if err != nil {

@@ -83,22 +83,25 @@ type Config struct {
 	// the relay counts the failure, logs it and retries with its backoff.
 	// It is also the writer's WriteTimeout, the bound of each produce
 	// request (kafka-go asks the broker to wait at most half of it for the
-	// in-sync replicas), and a write still in flight when Publish returns
-	// is abandoned by the writer within twice the bound. Keep it well under
+	// in-sync replicas), so a write still in flight when Publish returns
+	// ends within the bound. Keep it well under
 	// the relay's lease (relay.Options.LeaseDuration). Zero means
 	// DefaultPublishTimeout (10 s); negative fails New.
 	PublishTimeout time.Duration
 
-	// Configure, when set, runs first on the new writer: it may set
-	// Compression, ReadTimeout and WriteTimeout (at most PublishTimeout:
-	// zero or longer means PublishTimeout), AllowAutoTopicCreation, Logger,
-	// ErrorLogger, Completion and Transport (when the Transport field is
-	// nil). The publisher then enforces its invariants, whatever the hook
-	// set: Addr (from Brokers), an empty Topic (each row names its own),
-	// RequiredAcks = RequireAll, Async = false, MaxAttempts = 1 (the relay
-	// owns retries, see Publisher), its own Balancer (explicit
-	// partition, else murmur2 of the key), BatchSize and BatchBytes (from
-	// this config) and a batch timeout that is never waited on.
+	// Configure, when set, runs first on the new writer, which holds the
+	// publisher's settings: it may set Compression, WriteTimeout (at most
+	// PublishTimeout: zero or longer means PublishTimeout),
+	// AllowAutoTopicCreation, Logger, ErrorLogger, Completion and Transport
+	// (when the Transport field is nil). The publisher then sets Addr (from
+	// Brokers) and RequiredAcks = RequireAll, whatever the hook set, and
+	// sends each produce request itself, with kafka-go's Client.Produce as
+	// the writer's own partition writers do, one attempt each (the relay
+	// owns retries, see Publisher), telling the writer's Logger, ErrorLogger
+	// and Completion of each. The writer's batching, balancing, attempts and
+	// Topic are not used: each row names its topic, the publisher places it
+	// (explicit partition, else murmur2 of the key) and sizes the requests
+	// (BatchBytes, MaxBatchRecords).
 	Configure func(*kafka.Writer)
 
 	// TracerProvider provides the tracer of the publish spans: one span per
@@ -132,11 +135,11 @@ type Config struct {
 	// relay owns, each batch published in one Kafka transaction, so that a
 	// relay that lost its bucket cannot publish to read_committed
 	// consumers. See Transactions. Nil means the default mode:
-	// kafka-go's Writer, no producer id.
+	// kafka-go's produce requests, no producer id.
 	Transactions *Transactions
 }
 
-// Publisher is the relay.Publisher built on kafka-go's Writer: acks=all,
+// Publisher is the relay.Publisher built on kafka-go: acks=all,
 // murmur2 key placement (explicit partitions honoured), the message-id
 // header on every record, and ordered across partial failure.
 //
@@ -157,9 +160,8 @@ type Config struct {
 // (MESSAGE_TOO_LARGE, INVALID_RECORD, CORRUPT_MESSAGE, RECORD_LIST_TOO_LARGE)
 // the publisher resends its rows in halves, in order, so that the rows
 // before the culprit are still acknowledged and the error names the culprit.
-// A failed produce request is not retried inside the publisher: the writer
-// makes one attempt (Writer.MaxAttempts = 1) and the error goes back to the
-// relay, which counts it (outbox.publish.failures), logs it and retries
+// A failed produce request is not retried inside the publisher: each
+// request is sent once and the error goes back to the relay, which counts it (outbox.publish.failures), logs it and retries
 // the head row with its backoff. A Publish call lasts at most
 // Config.PublishTimeout, however long the broker takes to answer.
 //
@@ -276,43 +278,12 @@ func New(cfg Config) (*Publisher, error) {
 		w.Transport = p.ownTransport
 	}
 	w.Addr = kafka.TCP(cfg.Brokers...)
-	w.Topic = ""
 	w.RequiredAcks = kafka.RequireAll
-	w.Async = false
-	// One attempt per produce request: kafka-go's retries (10 attempts of
-	// up to 10 s by default) would hold a Publish call for minutes without
-	// a word, and could append a batch several times; the relay retries.
-	w.MaxAttempts = 1
 	if w.WriteTimeout <= 0 || w.WriteTimeout > p.timeout {
 		w.WriteTimeout = p.timeout
 	}
-	if w.ReadTimeout <= 0 || w.ReadTimeout > p.timeout {
-		w.ReadTimeout = p.timeout
-	}
-	w.Balancer = placement{}
-	w.BatchSize = p.maxRecords
-	w.BatchBytes = p.batchBytes
-	// Each partition's rows are handed to the writer in one WriteMessages
-	// call under the partition's turn, so the batch is complete when the
-	// writer's timer fires: it fires at once and the batch goes out.
-	w.BatchTimeout = time.Nanosecond
 	p.w = w
 	return p, nil
-}
-
-// placement is the writer's enforced Balancer. Publish decides each row's
-// partition (explicit, else kafka.Murmur2Balancer{}) and stores it in
-// Message.Partition; placement returns it. A partition the writer's metadata
-// does not (yet) list falls back to murmur2 of the key.
-type placement struct{}
-
-func (placement) Balance(msg kafka.Message, partitions ...int) int {
-	for _, p := range partitions {
-		if p == msg.Partition {
-			return p
-		}
-	}
-	return kafka.Murmur2Balancer{}.Balance(msg, partitions...)
 }
 
 // Publish sends batch and returns the contiguous acknowledged prefix and the
@@ -615,29 +586,13 @@ func (p *Publisher) client() wire.Client {
 	return wire.Client{Transport: p.w.Transport, Addr: p.w.Addr}
 }
 
-// writeError is the error of a write that ended: firstWriteError, reported
-// as the PublishTimeout when the writer's own deadline fired (WriteTimeout
-// and ReadTimeout are at most PublishTimeout; kafka-go's Client derives a
-// context of the same length), so that it names the timeout and wraps
+// writeError is the error of a write that ended, reported as the
+// PublishTimeout when the write's deadline fired (WriteTimeout, at most
+// PublishTimeout), so that it names the timeout and wraps
 // context.DeadlineExceeded.
 func (p *Publisher) writeError(err error) error {
-	err = firstWriteError(err)
 	if err != nil && (errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, context.DeadlineExceeded)) {
 		return fmt.Errorf("no answer from the broker within Config.PublishTimeout (%v): %w (%w)", p.timeout, context.DeadlineExceeded, err)
-	}
-	return err
-}
-
-// firstWriteError returns the error of a one-batch WriteMessages call: the
-// first message's entry of kafka.WriteErrors, else err itself.
-func firstWriteError(err error) error {
-	var we kafka.WriteErrors
-	if errors.As(err, &we) {
-		for _, e := range we {
-			if e != nil {
-				return e
-			}
-		}
 	}
 	return err
 }
@@ -724,10 +679,9 @@ func classify(err error, alone bool) error {
 }
 
 // Close waits for in-flight Publish calls and writes (a write abandoned by
-// its caller's ctx ends within twice Config.PublishTimeout),
-// flushes and closes the writer, and closes the connections of the
-// transport the publisher created. A Publish after Close fails with
-// ErrClosed. Close is idempotent.
+// its caller's ctx ends within Config.PublishTimeout), and closes the
+// connections of the transport the publisher created. A Publish after
+// Close fails with ErrClosed. Close is idempotent.
 func (p *Publisher) Close() error {
 	p.mu.Lock()
 	if p.closed {
@@ -738,12 +692,8 @@ func (p *Publisher) Close() error {
 	p.mu.Unlock()
 	p.wg.Wait()
 	p.abortOnClose() // the transactional mode's open transactions
-	err := p.w.Close()
 	if p.ownTransport != nil {
 		p.ownTransport.CloseIdleConnections()
-	}
-	if err != nil {
-		return fmt.Errorf("kafkapub: close the writer: %w", err)
 	}
 	return nil
 }

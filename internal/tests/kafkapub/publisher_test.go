@@ -9,7 +9,6 @@ import (
 	"maps"
 	"math/rand/v2"
 	"net"
-	"reflect"
 	"regexp"
 	"strings"
 	"sync"
@@ -137,9 +136,11 @@ func murmur2(key []byte, n int) int {
 
 func TestKafkaPublisher_hook_cannot_downgrade_invariants(t *testing.T) {
 	b := testenv.NewFake(t)
-	// The writer the hook was given is the publisher's: New enforces the
-	// invariants on it after the hook ran.
+	// The writer the hook was given holds the publisher's settings: New
+	// sets acks=all and caps the write timeout after the hook ran, and the
+	// writer's own batching, balancing, attempts and topic are not used.
 	var w *kafka.Writer
+	var completed, completedErrs, logged, errLogged atomic.Int64
 	p := newPublisher(t, b, kafkapub.Config{Configure: func(hooked *kafka.Writer) {
 		w = hooked
 		w.RequiredAcks = kafka.RequireNone
@@ -148,28 +149,22 @@ func TestKafkaPublisher_hook_cannot_downgrade_invariants(t *testing.T) {
 		w.BatchSize = 1
 		w.Async = true
 		w.Topic = "hooked"
-		w.MaxAttempts = 3 // enforced: 1, the relay retries
+		w.MaxAttempts = 3 // not used: one attempt per request, the relay retries
+		w.WriteTimeout = time.Hour
+		w.Completion = func(msgs []kafka.Message, err error) {
+			completed.Add(int64(len(msgs)))
+			if err != nil {
+				completedErrs.Add(1)
+			}
+		}
+		w.Logger = kafka.LoggerFunc(func(string, ...any) { logged.Add(1) })
+		w.ErrorLogger = kafka.LoggerFunc(func(string, ...any) { errLogged.Add(1) })
 	}})
 	if w.RequiredAcks != kafka.RequireAll {
 		t.Errorf("writer RequiredAcks = %v; want RequireAll", w.RequiredAcks)
 	}
-	if bt := reflect.TypeOf(w.Balancer); bt == nil || bt.PkgPath() != "github.com/gorm-outbox/outbox/kafkapub" || bt.Name() != "placement" {
-		t.Errorf("writer Balancer = %T; want placement", w.Balancer)
-	}
-	if w.BatchTimeout >= time.Millisecond {
-		t.Errorf("writer BatchTimeout = %v; want < 1ms", w.BatchTimeout)
-	}
-	if w.BatchSize != kafkapub.DefaultMaxBatchRecords || w.BatchBytes != kafkapub.DefaultBatchBytes {
-		t.Errorf("writer BatchSize, BatchBytes = %d, %d; want %d, %d", w.BatchSize, w.BatchBytes, kafkapub.DefaultMaxBatchRecords, kafkapub.DefaultBatchBytes)
-	}
-	if w.Async || w.Topic != "" {
-		t.Errorf("writer Async, Topic = %v, %q; want false, \"\"", w.Async, w.Topic)
-	}
-	if w.MaxAttempts != 1 {
-		t.Errorf("writer MaxAttempts = %d; want 1 (the relay owns retries)", w.MaxAttempts)
-	}
-	if w.WriteTimeout != kafkapub.DefaultPublishTimeout || w.ReadTimeout != kafkapub.DefaultPublishTimeout {
-		t.Errorf("writer WriteTimeout, ReadTimeout = %v, %v; want PublishTimeout's default %v", w.WriteTimeout, w.ReadTimeout, kafkapub.DefaultPublishTimeout)
+	if w.WriteTimeout != kafkapub.DefaultPublishTimeout {
+		t.Errorf("writer WriteTimeout = %v; want PublishTimeout's default %v", w.WriteTimeout, kafkapub.DefaultPublishTimeout)
 	}
 
 	// On the wire: every produce request asks for acks=all, and keys land
@@ -197,6 +192,26 @@ func TestKafkaPublisher_hook_cannot_downgrade_invariants(t *testing.T) {
 		if want := murmur2(m.Key, 8); r.Partition != want {
 			t.Errorf("key %q on partition %d; want murmur2's %d", m.Key, r.Partition, want)
 		}
+	}
+	if completed.Load() != int64(len(batch)) || completedErrs.Load() != 0 || logged.Load() != int64(produces.Hits()) {
+		t.Errorf("the writer's Completion saw %d rows (%d errors), its Logger %d writes; want %d rows, 0 errors, %d writes (one per request)",
+			completed.Load(), completedErrs.Load(), logged.Load(), len(batch), produces.Hits())
+	}
+
+	// One attempt per request, whatever MaxAttempts the hook set: a
+	// request the broker fails once fails the Publish, and the writer's
+	// ErrorLogger and Completion are told.
+	before := produces.Hits()
+	b.Fake.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: topic, Err: kerr.NotEnoughReplicas, Count: 1})
+	res := p.Publish(context.Background(), []*outbox.Message{msg(topic, "key-0", "v")})
+	if res.Acknowledged != 0 || !errors.Is(res.Err, kafka.NotEnoughReplicas) {
+		t.Errorf("Publish with a failing produce = %+v; want 0 acknowledged, NOT_ENOUGH_REPLICAS", res)
+	}
+	if n := produces.Hits() - before; n != 1 {
+		t.Errorf("produce requests for a failing row = %d; want 1 (no retry inside the publisher)", n)
+	}
+	if errLogged.Load() != 1 || completedErrs.Load() != 1 {
+		t.Errorf("the writer's ErrorLogger saw %d errors, its Completion %d; want 1 and 1", errLogged.Load(), completedErrs.Load())
 	}
 }
 
