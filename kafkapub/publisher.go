@@ -390,8 +390,15 @@ func (p *Publisher) publishRows(ctx context.Context, batches [][]*outbox.Message
 
 	groups, order := p.place(ctx, all, rows)
 
+	// Every partition at once; the last on this goroutine (a row or a
+	// shallow batch usually has one partition: no goroutine to start and
+	// wake).
 	var wg sync.WaitGroup
-	for _, key := range order {
+	for i, key := range order {
+		if i == len(order)-1 {
+			p.publishPartition(ctx, key, rows, groups[key])
+			break
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
