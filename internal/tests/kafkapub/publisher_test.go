@@ -151,6 +151,7 @@ func TestKafkaPublisher_hook_cannot_downgrade_invariants(t *testing.T) {
 		w.Topic = "hooked"
 		w.MaxAttempts = 3 // not used: one attempt per request, the relay retries
 		w.WriteTimeout = time.Hour
+		w.Compression = kafka.Snappy // kept
 		w.Completion = func(msgs []kafka.Message, err error) {
 			completed.Add(int64(len(msgs)))
 			if err != nil {
@@ -173,6 +174,18 @@ func TestKafkaPublisher_hook_cannot_downgrade_invariants(t *testing.T) {
 	notAll := b.Fake.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Count: -1, Observe: true,
 		When: func(r kmsg.Request) bool { return r.(*kmsg.ProduceRequest).Acks != -1 }})
 	produces := b.Fake.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Count: -1, Observe: true})
+	uncompressed := b.Fake.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Count: -1, Observe: true,
+		When: func(r kmsg.Request) bool {
+			for _, tp := range r.(*kmsg.ProduceRequest).Topics {
+				for _, pp := range tp.Partitions {
+					var rb kmsg.RecordBatch
+					if err := rb.ReadFrom(pp.Records); err != nil || rb.Attributes&0x7 != int16(kafka.Snappy) {
+						return true
+					}
+				}
+			}
+			return false
+		}})
 	var batch []*outbox.Message
 	for i := range 16 {
 		batch = append(batch, msg(topic, fmt.Sprintf("key-%d", i), "v"))
@@ -182,6 +195,9 @@ func TestKafkaPublisher_hook_cannot_downgrade_invariants(t *testing.T) {
 	}
 	if notAll.Hits() != 0 || produces.Hits() == 0 {
 		t.Errorf("produce requests without acks=all = %d of %d; want 0 of > 0", notAll.Hits(), produces.Hits())
+	}
+	if uncompressed.Hits() != 0 {
+		t.Errorf("produce requests not compressed with the hook's Snappy = %d of %d; want 0", uncompressed.Hits(), produces.Hits())
 	}
 	got := byID(t, b.ReadAll(t, topic, len(batch), 10*time.Second))
 	for _, m := range batch {
