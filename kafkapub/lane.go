@@ -295,7 +295,9 @@ func (p *Publisher) write(ctx context.Context, msgs []kafka.Message) error {
 }
 
 // records reads msgs as a produce request's records, as the writer's own
-// reader does (a nil key or value is null).
+// (unexported) reader does: a nil key or value is null, and one reader
+// serves every record's key and value in turn, where kafka.NewRecordReader
+// of kafka.NewBytes would allocate two per record.
 type records struct {
 	msgs  []kafka.Message
 	next  int

@@ -84,9 +84,9 @@ type Config struct {
 	// It is also the writer's WriteTimeout, the bound of each produce
 	// request (kafka-go asks the broker to wait at most half of it for the
 	// in-sync replicas), so a write still in flight when Publish returns
-	// ends within the bound. Keep it well under
-	// the relay's lease (relay.Options.LeaseDuration). Zero means
-	// DefaultPublishTimeout (10 s); negative fails New.
+	// ends within the bound. Keep it well under the relay's lease
+	// (relay.Options.LeaseDuration). Zero means DefaultPublishTimeout
+	// (10 s); negative fails New.
 	PublishTimeout time.Duration
 
 	// Configure, when set, runs first on the new writer, which holds the
@@ -161,8 +161,9 @@ type Config struct {
 // the publisher resends its rows in halves, in order, so that the rows
 // before the culprit are still acknowledged and the error names the culprit.
 // A failed produce request is not retried inside the publisher: each
-// request is sent once and the error goes back to the relay, which counts it (outbox.publish.failures), logs it and retries
-// the head row with its backoff. A Publish call lasts at most
+// request is sent once and the error goes back to the relay, which counts
+// it (outbox.publish.failures), logs it and retries the head row with its
+// backoff. A Publish call lasts at most
 // Config.PublishTimeout, however long the broker takes to answer.
 //
 // Duplicates: a retry resends rows whose fate the publisher does not
