@@ -77,7 +77,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&cfg.MaxIdleConns, "max-idle-conns", 0, "SetMaxIdleConns of every pool (0: database/sql's default of 2)")
 	fs.StringVar(&rates, "rates", "100,1000", "latency: commit rates per second, comma-separated")
 	fs.StringVar(&modes, "modes", "local,poll,pgnotify", "latency: notification modes, comma-separated")
-	fs.DurationVar(&cfg.LatencyDuration, "latency-duration", 10*time.Second, "latency: commit duration per run")
+	fs.DurationVar(&cfg.LatencyDuration, "latency-duration", 10*time.Second, "latency: measured commit duration per run (after a warm-up of a tenth of it, at most 1s)")
 	fs.IntVar(&cfg.EnqueueTx, "enqueue-tx", 2_000, "enqueue: transactions per variant")
 	fs.DurationVar(&cfg.IdleWindow, "idle-window", 30*time.Second, "idle: counting window per fleet")
 	fs.StringVar(&fleets, "idle-fleets", "1,3", "idle: relay counts, comma-separated")

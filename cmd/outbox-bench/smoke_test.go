@@ -72,6 +72,11 @@ func TestSmokeRunsEveryScenario(t *testing.T) {
 				if l.Messages == 0 {
 					t.Errorf("latency %s: no messages measured", l.Mode)
 				}
+				// 50/s for 300ms, after a warm-up of a tenth (1 row) that
+				// is not measured.
+				if l.Messages > 15 || l.WarmUp != 1 {
+					t.Errorf("latency %s: %d messages measured after %d warming up; want at most 15 after 1", l.Mode, l.Messages, l.WarmUp)
+				}
 			}
 			if got := len(rep.Enqueue); got != 5 {
 				t.Errorf("enqueue results = %d; want 5", got)

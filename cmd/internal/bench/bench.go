@@ -76,7 +76,9 @@ type Config struct {
 	// Rates are the commit rates (per second) of the latency scenario. Nil
 	// means [100, 1000].
 	Rates []int
-	// LatencyDuration is how long each latency run commits. Zero means 10s.
+	// LatencyDuration is how long each latency run commits and measures,
+	// after a warm-up of a tenth of it (at most 1s) that is not measured.
+	// Zero means 10s.
 	LatencyDuration time.Duration
 	// LatencyModes are the notification modes: local, poll, pgnotify. Nil
 	// means all three (pgnotify only on PostgreSQL).
