@@ -198,6 +198,9 @@ type skewRelay struct {
 	paused int   // rounds left without acting; -1: released (stopped), rejoins later
 	until  int64 // with paused > 0: paused until the database clock passes it (Unix ms); 0: for paused rounds
 	rounds int   // rounds after which it owned at least one bucket
+	// What it did, told when it is starved: acquisition calls, those that
+	// answered no bucket, rounds spent paused or released.
+	calls, empty, idle int
 }
 
 // TestRelaysWithSkewedHostClocksNeverShareABucket: relays whose host clocks
@@ -268,6 +271,10 @@ func TestRelaysWithSkewedHostClocksNeverShareABucket(t *testing.T) {
 						t.Fatalf("round %d: AcquireBucketLeases(%s): %v", round, r.id, errs[i])
 					}
 					r.owned, r.expiry = got[i], start+ld.Milliseconds()
+					r.calls++
+					if len(got[i]) == 0 {
+						r.empty++
+					}
 				}
 			}
 			counts := map[string]int{}
@@ -288,6 +295,8 @@ func TestRelaysWithSkewedHostClocksNeverShareABucket(t *testing.T) {
 					}
 					if r.paused == 0 {
 						live = append(live, r)
+					} else {
+						r.idle++
 					}
 				}
 				if len(live) == 0 {
@@ -346,7 +355,8 @@ func TestRelaysWithSkewedHostClocksNeverShareABucket(t *testing.T) {
 			}
 			for _, r := range relays {
 				if r.rounds < rounds/20 {
-					t.Errorf("%s owned buckets after only %d of %d rounds; want no relay starved", r.id, r.rounds, rounds)
+					t.Errorf("%s owned buckets after only %d of %d rounds (%d acquisition calls, %d answered none; %d rounds paused or released); want no relay starved",
+						r.id, r.rounds, rounds, r.calls, r.empty, r.idle)
 				}
 			}
 			// Everyone back: every lease owner takes part, so they converge
