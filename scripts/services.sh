@@ -91,6 +91,11 @@ PGB_DIR=$STATE/pgbouncer
 TAG=services
 log() { printf '%s [%s] %s\n' "$(date +%H:%M:%S)" "$TAG" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
+# check_settings refuses settings that start and restart cannot honour,
+# before they stop or start anything.
+check_settings() {
+	[[ $KAFKA_JIT == c1 || $KAFKA_JIT == full ]] || die "OUTBOX_KAFKA_JIT=$KAFKA_JIT: want c1 or full"
+}
 show_log() { # file [lines]
 	if [[ -s $1 ]]; then
 		# a JVM's shutdown buries the cause under its last lines
@@ -694,11 +699,7 @@ kf_launch() {
 	# leaves the CPU to the Go compiler; a test broker never needs C2's peak.
 	# A benchmark's does: OUTBOX_KAFKA_JIT=full.
 	local jit=(-XX:TieredStopAtLevel=1)
-	case $KAFKA_JIT in
-	c1) ;;
-	full) jit=() ;;
-	*) die "OUTBOX_KAFKA_JIT=$KAFKA_JIT: want c1 or full" ;;
-	esac
+	[[ $KAFKA_JIT == full ]] && jit=()
 	spawn_detached "$KF_DIR/kafka.log" "$KF_DIR/kafka.pid" \
 		java -Xms256m -Xmx"$KAFKA_HEAP" "${jit[@]}" -XX:+UseG1GC -XX:MaxGCPauseMillis=20 \
 		-XX:InitiatingHeapOccupancyPercent=35 -XX:+ExplicitGCInvokesConcurrent -Djava.awt.headless=true \
@@ -1407,6 +1408,7 @@ lock() {
 cmd_start() {
 	# Only the export lines go to the real stdout (kept on fd 3).
 	exec 3>&1 1>&2
+	check_settings
 	local t0
 	t0=$(now_us)
 	lock
@@ -1514,6 +1516,7 @@ case "${1:-}" in
 start) cmd_start ;;
 stop) cmd_stop ;;
 restart)
+	check_settings
 	(cmd_stop) >&2
 	cmd_start
 	;;
