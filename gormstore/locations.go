@@ -17,11 +17,15 @@ import (
 // table, and the store remembers it (rowLocations) until MarkPublished or
 // MarkPublishedBuckets deletes the row: the delete is then a TID scan,
 //
-//	DELETE FROM messages m USING unnest($2::tid[], $3::bigint[]) AS x(tid, id)
-//	WHERE m.ctid = x.tid AND m.id + 0 = x.id AND m.bucket + 0 = $1 AND m.parked_at_ms + 0 IS NULL
+//	DELETE FROM messages WHERE ctid = ANY(ARRAY(
+//	    SELECT f.ctid FROM unnest($2::tid[], $3::bigint[]) AS x(tid, id)
+//	    CROSS JOIN LATERAL (SELECT m.ctid FROM messages m WHERE m.ctid = x.tid AND m.id + 0 = x.id
+//	        AND bucket + 0 = $1 AND parked_at_ms + 0 IS NULL OFFSET 0) f))
+//	AND bucket + 0 = $1 AND parked_at_ms + 0 IS NULL
 //
-// which fetches each listed row's page directly and uses no index, so its
-// plan cannot depend on the planner's statistics. The id listed with each
+// which fetches each listed row's page directly and uses no index, and
+// whose plan (a LATERAL subquery the planner cannot turn into a join)
+// does not depend on the planner's statistics. The id listed with each
 // location keeps a location whose row is gone and whose slot a new row
 // took from being deleted; "+ 0" keeps every other condition off the
 // indexes (see deleteByLocation).

@@ -331,8 +331,11 @@ const batchColumns = "id, message_id, bucket, topic, record_key, record_value, h
 // around it): on PostgreSQL one statement per 10,000 ids, by location when
 // this Store read the rows (a TID scan, see locations.go),
 //
-//	DELETE FROM messages m USING unnest($2::tid[], $3::bigint[]) AS x(tid, id)
-//	WHERE m.ctid = x.tid AND m.id + 0 = x.id AND m.bucket + 0 = $1 AND m.parked_at_ms + 0 IS NULL
+//	DELETE FROM messages WHERE ctid = ANY(ARRAY(
+//	    SELECT f.ctid FROM unnest($2::tid[], $3::bigint[]) AS x(tid, id)
+//	    CROSS JOIN LATERAL (SELECT m.ctid FROM messages m WHERE m.ctid = x.tid AND m.id + 0 = x.id
+//	        AND bucket + 0 = $1 AND parked_at_ms + 0 IS NULL OFFSET 0) f))
+//	AND bucket + 0 = $1 AND parked_at_ms + 0 IS NULL
 //
 // else, and for rows no longer at their location, by id, each looked up in
 // the primary key (the guard's "+ 0" keeps the planner off the bucket's

@@ -90,7 +90,7 @@ func buildMultiSQL(h *hotSQL, dialect, table string) {
 		// bucket guard: an id names one row, and a published row is deleted
 		// whichever bucket it is in.
 		m.deleteIDs = "DELETE FROM " + table + " WHERE id = ANY(" + h.binds[0] + "::bigint[]) AND parked_at_ms + 0 IS NULL"
-		m.deleteTIDs = deleteByLocation(table, h.binds[0], h.binds[1], " AND m.parked_at_ms + 0 IS NULL")
+		m.deleteTIDs = deleteByLocation(table, h.binds[0], h.binds[1], " AND parked_at_ms + 0 IS NULL")
 	case "mysql":
 		// MariaDB 10.11 has no LATERAL: a UNION ALL of parenthesised
 		// selects, each NextBatch's statement with its own ORDER BY and
@@ -301,8 +301,11 @@ func scanBatches(rows rowScanner, cuts map[int64]*batchCut, tid bool) (int64, er
 // statement per 10,000 ids, by location when this Store read the rows
 // (locations.go),
 //
-//	DELETE FROM messages m USING unnest($1::tid[], $2::bigint[]) AS x(tid, id)
-//	WHERE m.ctid = x.tid AND m.id + 0 = x.id AND m.parked_at_ms + 0 IS NULL
+//	DELETE FROM messages WHERE ctid = ANY(ARRAY(
+//	    SELECT f.ctid FROM unnest($1::tid[], $2::bigint[]) AS x(tid, id)
+//	    CROSS JOIN LATERAL (SELECT m.ctid FROM messages m WHERE m.ctid = x.tid AND m.id + 0 = x.id
+//	        AND parked_at_ms + 0 IS NULL OFFSET 0) f))
+//	AND parked_at_ms + 0 IS NULL
 //
 // else by id,
 //
