@@ -264,6 +264,27 @@ func TestDeleteByLocationIsATIDLookupWhateverTheTableSize(t *testing.T) {
 	}
 }
 
+// threeRowsRead writes three pending rows into bucket of db's
+// outbox_messages (4 buckets) and returns a Store that read them with
+// NextBatch, and the batch.
+func threeRowsRead(t *testing.T, db *gorm.DB, bucket int) (*gormstore.Store, []*outbox.Message) {
+	t.Helper()
+	for range 3 {
+		if err := raw(db).Table("outbox_messages").Create(pendingMessage(int32(bucket))).Error; err != nil {
+			t.Fatal(err)
+		}
+	}
+	store, err := gormstore.New(db, gormstore.Options{Config: outbox.Config{BucketCount: 4}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := store.NextBatch(context.Background(), bucket, 10, 0)
+	if err != nil || len(batch) != 3 {
+		t.Fatalf("NextBatch = %d rows, %v; want 3", len(batch), err)
+	}
+	return store, batch
+}
+
 // TestDeleteByLocationNeverDeletesAnotherRow: a row read by NextBatch that
 // is gone before MarkPublished (another relay published and deleted it
 // after a rebalance) and whose slot a new row took after a VACUUM must not
@@ -276,20 +297,8 @@ func TestDeleteByLocationNeverDeletesAnotherRow(t *testing.T) {
 		t.Fatal(err)
 	}
 	testenv.MustExec(t, db, "ALTER TABLE outbox_messages SET (autovacuum_enabled = false)")
-	for range 3 {
-		if err := raw(db).Table("outbox_messages").Create(pendingMessage(1)).Error; err != nil {
-			t.Fatal(err)
-		}
-	}
-	store, err := gormstore.New(db, gormstore.Options{Config: outbox.Config{BucketCount: 4}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx := context.Background()
-	batch, err := store.NextBatch(ctx, 1, 10, 0)
-	if err != nil || len(batch) != 3 {
-		t.Fatalf("NextBatch = %d rows, %v; want 3", len(batch), err)
-	}
+	store, batch := threeRowsRead(t, db, 1)
 	ctid := func(id int64) string {
 		t.Helper()
 		var c string
@@ -333,20 +342,8 @@ func TestDeleteByLocationKeepsARowParkedWhileItWaited(t *testing.T) {
 	if err := outbox.AutoMigrate(db, outbox.Config{BucketCount: 4}); err != nil {
 		t.Fatal(err)
 	}
-	for range 3 {
-		if err := raw(db).Table("outbox_messages").Create(pendingMessage(2)).Error; err != nil {
-			t.Fatal(err)
-		}
-	}
-	store, err := gormstore.New(db, gormstore.Options{Config: outbox.Config{BucketCount: 4}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	ctx := context.Background()
-	batch, err := store.NextBatch(ctx, 2, 10, 0)
-	if err != nil || len(batch) != 3 {
-		t.Fatalf("NextBatch = %d rows, %v; want 3", len(batch), err)
-	}
+	store, batch := threeRowsRead(t, db, 2)
 	parked := batch[1]
 	parker := db.Begin()
 	if err := parker.Exec("UPDATE outbox_messages SET parked_at_ms = 1, parked_reason = 'poison' WHERE id = ?", parked.ID).Error; err != nil {
