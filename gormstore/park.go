@@ -58,15 +58,18 @@ func (s *Store) configuredBuckets() []int {
 
 // allBuckets is every bucket the table may hold rows of, in chunks: 0 to
 // BucketCount-1 and any bucket outside that range that has rows (written
-// with another bucket count), found with one read of the lowest and highest
-// bucket (two probes of the (bucket, parked_at_ms, id) index). The chunks
-// are the bucket condition of the statements over every parked row, so
-// that each one reads the parked entries of that index instead of the
-// table.
+// with another bucket count): one read of the buckets outside the range
+// (bucketsOutside) and, only when it finds some, one of the lowest and the
+// highest bucket (bucketEnds). The chunks are the bucket condition of the
+// statements over every parked row, so that each one reads the parked
+// entries of the (bucket, parked_at_ms, id) index instead of the table.
 func (s *Store) allBuckets(ctx context.Context) ([][]int, error) {
 	lo, hi := 0, s.cfg.BucketCount-1
 	var lim struct{ Lo, Hi sql.NullInt64 }
 	if err := s.read(ctx, s.msgs, func(q *gorm.DB) error {
+		if err := s.bucketsOutside(q).Scan(&lim).Error; err != nil || (!lim.Lo.Valid && !lim.Hi.Valid) {
+			return err
+		}
 		return s.bucketEnds(q).Scan(&lim).Error
 	}); err != nil {
 		return nil, fmt.Errorf("bucket range: %w", err)
