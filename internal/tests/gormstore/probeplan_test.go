@@ -188,7 +188,7 @@ func TestMisconfigurationProbeSkipsRowsBeingInserted(t *testing.T) {
 				// InnoDB looks an invisible secondary index entry up in the
 				// clustered index: ~4 page reads per entry passed. The
 				// counter is the server's, so other tests add to it; the
-				// walk would add ~80,000.
+				// walk adds ~80,000 at each run.
 				reads := func() int64 {
 					var v struct {
 						VariableName string `gorm:"column:Variable_name"`
@@ -199,12 +199,20 @@ func TestMisconfigurationProbeSkipsRowsBeingInserted(t *testing.T) {
 					}
 					return v.Value
 				}
-				before := reads()
-				if err := db.Exec(probe).Error; err != nil {
-					t.Fatal(err)
+				// The fewest of three runs: a concurrent test's reads
+				// rarely fall into all three.
+				least := int64(-1)
+				for range 3 {
+					before := reads()
+					if err := db.Exec(probe).Error; err != nil {
+						t.Fatal(err)
+					}
+					if n := reads() - before; least < 0 || n < least {
+						least = n
+					}
 				}
-				if n := reads() - before; n > inserting/2 {
-					t.Errorf("the probe read %d pages with %d rows being inserted:\n%s", n, inserting, probe)
+				if least > inserting/2 {
+					t.Errorf("the probe read %d pages with %d rows being inserted:\n%s", least, inserting, probe)
 				}
 			}
 		})
