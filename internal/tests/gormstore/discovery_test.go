@@ -2,10 +2,13 @@ package gormstore_test
 
 import (
 	"slices"
+	"strings"
 	"testing"
 
+	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/gormstore"
 	"github.com/gorm-outbox/outbox/internal/testenv"
+	"gorm.io/gorm"
 )
 
 // TestBucketsWithPendingFindsEveryRequestedBucketPastTheSkipScansLimit: the
@@ -65,5 +68,55 @@ func TestBucketsWithPendingFindsEveryRequestedBucketPastTheSkipScansLimit(t *tes
 				}
 			}
 		})
+	}
+}
+
+// TestBucketsWithPendingProbesPastTheWalkInOneSmallPlan: on PostgreSQL the
+// buckets beyond the skip scan's last one are probed by one statement whose
+// plan is a loop over them, however many they are. As columns of scalar
+// subqueries, one statement per 1000 buckets, PostgreSQL planned every
+// subquery at every execution: 120–180 ms per 1000 buckets, 1.6 s of the
+// server's time per drain of 100,000 rows in 65,536 buckets.
+func TestBucketsWithPendingProbesPastTheWalkInOneSmallPlan(t *testing.T) {
+	pg := postgresOpener(t)
+	rec := &testenv.SQLRecorder{}
+	db := pg.Open(t, &gorm.Config{Logger: rec})
+	const n = 4096 // the walk stops after 999 of them
+	cfg := newConfig(t, db, n)
+	rows := make([]*outbox.Message, n)
+	for b := range rows {
+		rows[b] = pendingMessage(int32(b))
+	}
+	if err := raw(db).Table(cfg.MessagesTableName()).CreateInBatches(rows, 1000).Error; err != nil {
+		t.Fatal(err)
+	}
+	store, err := gormstore.New(db, gormstore.Options{Config: cfg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := make([]int, n)
+	for b := range all {
+		all[b] = b
+	}
+	rec.Reset()
+	got, err := store.BucketsWithPending(t.Context(), all)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got, all) {
+		t.Fatalf("BucketsWithPending found %d buckets; want all %d", len(got), n)
+	}
+	var probes []string
+	for _, st := range rec.Statements() {
+		if !strings.Contains(st, "WITH RECURSIVE") && strings.Contains(st, "parked_at_ms IS NULL") {
+			probes = append(probes, st)
+		}
+	}
+	if len(probes) != 1 {
+		t.Fatalf("%d statements probed the buckets past the walk; want 1", len(probes))
+	}
+	plan := explainPlan(t, db, testenv.Postgres, probes[0])
+	if lines := strings.Count(plan, "\n") + 1; lines > 20 {
+		t.Errorf("the probe's plan has %d lines (a subplan per bucket?); want a loop over the buckets:\n%.2000s", lines, plan)
 	}
 }
