@@ -71,13 +71,13 @@ func TestBucketsWithPendingFindsEveryRequestedBucketPastTheSkipScansLimit(t *tes
 	}
 }
 
-// TestBucketsWithPendingProbesPastTheWalkInOneSmallPlan: on PostgreSQL the
-// buckets beyond the skip scan's last one are probed by one statement whose
-// plan is a loop over them, however many they are. As columns of scalar
-// subqueries, one statement per 1000 buckets, PostgreSQL planned every
-// subquery at every execution: 120–180 ms per 1000 buckets, 1.6 s of the
-// server's time per drain of 100,000 rows in 65,536 buckets.
-func TestBucketsWithPendingProbesPastTheWalkInOneSmallPlan(t *testing.T) {
+// TestBucketsWithPendingProbesPastTheWalkInSmallPlans: on PostgreSQL the
+// buckets beyond the skip scan's last one are probed by statements whose
+// plan is a loop over their buckets, however many they are. As columns of
+// scalar subqueries, PostgreSQL planned every subquery at every execution:
+// 120–180 ms per 1000 buckets, 1.6 s of the server's time per drain of
+// 100,000 rows in 65,536 buckets.
+func TestBucketsWithPendingProbesPastTheWalkInSmallPlans(t *testing.T) {
 	pg := postgresOpener(t)
 	rec := &testenv.SQLRecorder{}
 	db := pg.Open(t, &gorm.Config{Logger: rec})
@@ -112,11 +112,13 @@ func TestBucketsWithPendingProbesPastTheWalkInOneSmallPlan(t *testing.T) {
 			probes = append(probes, st)
 		}
 	}
-	if len(probes) != 1 {
-		t.Fatalf("%d statements probed the buckets past the walk; want 1", len(probes))
+	if len(probes) == 0 {
+		t.Fatal("no statement probed the buckets past the walk")
 	}
-	plan := explainPlan(t, db, testenv.Postgres, probes[0])
-	if lines := strings.Count(plan, "\n") + 1; lines > 20 {
-		t.Errorf("the probe's plan has %d lines (a subplan per bucket?); want a loop over the buckets:\n%.2000s", lines, plan)
+	for _, probe := range probes {
+		plan := explainPlan(t, db, testenv.Postgres, probe)
+		if lines := strings.Count(plan, "\n") + 1; lines > 20 {
+			t.Errorf("a probe's plan has %d lines (a subplan per bucket?); want a loop over the buckets:\n%.2000s", lines, plan)
+		}
 	}
 }
