@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -116,7 +117,8 @@ type EffectsConfig struct {
 	// random order, spread over WriteFor.
 	Rounds int
 	// DrainTimeout bounds the wait, after the faults, for every committed
-	// row's effect. Zero means 90s.
+	// row's effect and the redelivery of the last message of every
+	// consumer the consumer_kill fault killed. Zero means 90s.
 	DrainTimeout time.Duration
 	// Seed seeds the schedule and the writers.
 	Seed int64
@@ -587,27 +589,29 @@ func RunEffects(ctx context.Context, cfg EffectsConfig) (EffectsSummary, error) 
 	s.Written = written
 	log.Info("chaos: effects faults over; draining", "mode", s.Mode, "written", written)
 
-	// Drain: the outbox table empties and each client applies an effect
-	// for every committed row.
+	// Drain: the outbox table empties, each client applies an effect for
+	// every committed row, and the last message of each consumer the
+	// consumer_kill fault killed is redelivered (its proof).
 	var committed int64
 	if err := db.Model(&order{}).Count(&committed).Error; err != nil {
 		return s, fmt.Errorf("chaos: count business rows: %w", err)
 	}
 	deadline := time.Now().Add(cfg.DrainTimeout)
 	for ctx.Err() == nil {
-		done := true
+		drained, redelivered := true, true
 		var n int64
 		if err := db.Model(&outbox.Message{}).Count(&n).Error; err != nil || n > 0 {
-			done = false
+			drained = false
 		}
 		for _, g := range groups {
 			var ids int64
 			if err := g.db.Model(&effect{}).Distinct("message_id").Count(&ids).Error; err != nil || ids < committed {
-				done = false
+				drained = false
 			}
+			redelivered = redelivered && g.redelivered()
 		}
-		if done {
-			s.Drained = true
+		s.Drained = drained
+		if drained && redelivered {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -1173,27 +1177,14 @@ func proveConsumerFaults(g *consumerGroup) error {
 		df.note("%d kills, none mid-transaction", len(g.dbKills))
 	}
 	f := g.cell.Faults[FaultConsumerKill]
-	for _, v := range g.victims {
-		var e effect
-		err := g.db.Where("consumer = ?", v.ID).Order("id DESC").Limit(1).Find(&e).Error
+	for _, v := range g.killed() {
+		e, found, err := g.redelivery(v)
 		if err != nil {
-			return fmt.Errorf("chaos: read %s's last effect: %w", v.ID, err)
+			return err
 		}
 		if e.MessageID == "" {
 			f.note("%s applied no effect", v.ID)
 			continue
-		}
-		found := ""
-		for _, file := range g.logs() {
-			if file == v.Log {
-				continue
-			}
-			if line, ok := firstLine(file, func(l string) bool {
-				return strings.Contains(l, `msg="`+logDuplicate+`"`) && strings.Contains(l, "message_id="+e.MessageID)
-			}); ok {
-				found = line
-				break
-			}
 		}
 		if found == "" {
 			f.note("%s killed after committing %s[%d]@%d; its redelivery never seen", v.ID, e.Key, e.Part, e.At)
@@ -1202,6 +1193,51 @@ func proveConsumerFaults(g *consumerGroup) error {
 		f.prove("%s killed after committing message %s (key %s, partition %d, offset %d); redelivered and skipped: %s", v.ID, e.MessageID, e.Key, e.Part, e.At, gist(found, "consumer="))
 	}
 	return nil
+}
+
+// killed returns the members the consumer_kill fault killed.
+func (g *consumerGroup) killed() []*Proc {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return slices.Clone(g.victims)
+}
+
+// redelivery returns v's last effect (MessageID "" when it applied none)
+// and the line of another member of g that skipped that effect's message as
+// a duplicate: its redelivery ("" while none has).
+func (g *consumerGroup) redelivery(v *Proc) (effect, string, error) {
+	var e effect
+	if err := g.db.Where("consumer = ?", v.ID).Order("id DESC").Limit(1).Find(&e).Error; err != nil {
+		return e, "", fmt.Errorf("chaos: read %s's last effect: %w", v.ID, err)
+	}
+	if e.MessageID == "" {
+		return e, "", nil
+	}
+	for _, file := range g.logs() {
+		if file == v.Log {
+			continue
+		}
+		if line, ok := firstLine(file, func(l string) bool {
+			return strings.Contains(l, `msg="`+logDuplicate+`"`) && strings.Contains(l, "message_id="+e.MessageID)
+		}); ok {
+			return e, line, nil
+		}
+	}
+	return e, "", nil
+}
+
+// redelivered reports whether the last effect of every member the
+// consumer_kill fault killed has been redelivered to another member: a
+// member killed moments before the drain holds its partitions until its
+// session times out, and only then do they move.
+func (g *consumerGroup) redelivered() bool {
+	for _, v := range g.killed() {
+		e, found, err := g.redelivery(v)
+		if err != nil || (e.MessageID != "" && found == "") {
+			return false
+		}
+	}
+	return true
 }
 
 // proveRelayFaults proves the outbox database kills (mid-statement, and a
