@@ -68,6 +68,7 @@ type discovered struct {
 	pending []int
 	err     error
 	began   time.Time
+	all     bool // every owned bucket was probed (none was waiting, ready)
 }
 
 // sweep publishes batches of the ready buckets, round robin, up to
@@ -207,7 +208,12 @@ func (r *Relay) sweep(ctx, cleanup context.Context, st *runState, owned []int) e
 // the sweep is past its first pass (each bucket ready at its start had a
 // batch: the walk of tens of thousands of buckets would slow the batches
 // of a backlog the relay already knows), and reports whether it did. None
-// runs while every owned bucket is ready or busy.
+// runs while every owned bucket is ready or busy. It probes only the
+// buckets that are not waiting, ready, for a batch (those being served and
+// those not ready): a waiting bucket's next batch starts after the
+// discovery, so it reads every row committed before. In a drain of
+// hundreds of buckets, the heads of the waiting ones are where the
+// deleted rows' index entries lie, which each probe would walk again.
 func (r *Relay) discover(ctx context.Context, st *runState, owned []int, busy map[int]bool, firstPass bool, found chan<- discovered) bool {
 	now := r.clock.Now()
 	if !st.discover && (firstPass || now.Before(st.nextDiscovery)) {
@@ -218,10 +224,20 @@ func (r *Relay) discover(ctx context.Context, st *runState, owned []int, busy ma
 	if !slices.ContainsFunc(owned, func(b int) bool { return !busy[b] && !st.b[b].ready }) {
 		return false
 	}
+	probe := owned
+	if slices.ContainsFunc(owned, func(b int) bool { return !busy[b] && st.b[b].ready }) {
+		probe = make([]int, 0, len(owned))
+		for _, b := range owned {
+			if busy[b] || !st.b[b].ready {
+				probe = append(probe, b)
+			}
+		}
+	}
+	all := len(probe) == len(owned)
 	st.worked.Store(true)
 	go func() {
-		pending, err := r.store.BucketsWithPending(ctx, owned)
-		found <- discovered{pending, err, now}
+		pending, err := r.store.BucketsWithPending(ctx, probe)
+		found <- discovered{pending, err, now, all}
 	}()
 	return true
 }
@@ -249,7 +265,7 @@ func (r *Relay) discoveredBuckets(ctx context.Context, st *runState, d discovere
 		st.nextDiscovery = end.Add(end.Sub(d.began) * discoveryRest)
 	}
 	r.repeats.LogRecovered(ctx, r.log, r.clock.Now(), "cycle", "store answers again")
-	if len(d.pending) == 0 {
+	if len(d.pending) == 0 && d.all {
 		r.backlogLooksDrained()
 	}
 	return d.pending
