@@ -633,6 +633,7 @@ type probeRecorder struct {
 	concurrentStore
 	mu     sync.Mutex
 	probes [][2]int // {buckets asked, of which holding rows}
+	asked  [][]int  // the buckets asked, per discovery
 }
 
 func (s *probeRecorder) BucketsWithPending(ctx context.Context, buckets []int) ([]int, error) {
@@ -644,8 +645,15 @@ func (s *probeRecorder) BucketsWithPending(ctx context.Context, buckets []int) (
 	}
 	s.mu.Lock()
 	s.probes = append(s.probes, [2]int{len(buckets), holding})
+	s.asked = append(s.asked, slices.Clone(buckets))
 	s.mu.Unlock()
 	return s.MemStore.BucketsWithPending(ctx, buckets)
+}
+
+func (s *probeRecorder) discoveries() [][]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.asked)
 }
 
 // TestDiscoveryDuringADrainSkipsBucketsWaitingForABatch: a discovery due
@@ -691,6 +699,55 @@ func TestDiscoveryDuringADrainSkipsBucketsWaitingForABatch(t *testing.T) {
 		if p[0] < buckets-full {
 			t.Fatalf("a discovery during the drain probed %d buckets; want at least the %d empty ones (discoveries: %v)", p[0], buckets-full, s.probes)
 		}
+	}
+}
+
+// TestDiscoveryProbesTheBucketBeingServed: a discovery that starts while
+// a bucket's batch is being published probes that bucket, since its fetch
+// may have run before a row committed meanwhile, and leaves out a bucket
+// hinted meanwhile, which waits for its batch. Here bucket 0's second
+// batch is held in the publisher while a discovery is due and a hint for
+// bucket 7 wakes the sweep.
+func TestDiscoveryProbesTheBucketBeingServed(t *testing.T) {
+	var s *probeRecorder
+	h := newHarness(t, relay.Options{BucketCount: 16, BatchSize: 1, MaxConcurrentBuckets: 1}, func(m *relaytest.MemStore) relay.Store {
+		s = &probeRecorder{concurrentStore: concurrentStore{m}}
+		return s
+	})
+	h.store.AddToBucket(0, msgs(3, "served")...)
+	entered, release := make(chan struct{}), make(chan struct{})
+	var publishes atomic.Int32
+	h.pub.SetHandler(func(ctx context.Context, b []*outbox.Message) relay.Result {
+		if publishes.Add(1) == 2 {
+			close(entered)
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return relay.Result{Err: ctx.Err()}
+			}
+		}
+		return relay.Result{Acknowledged: len(b)}
+	})
+	h.start()
+	select {
+	case <-entered:
+	case <-time.After(waitLimit):
+		t.Fatal("bucket 0's second batch was never published")
+	}
+	before := len(s.discoveries())
+	h.advanceInStoreCall(relay.DefaultPollInterval) // a discovery is due
+	h.store.AddToBucket(7, msgs(1, "hinted")...)
+	h.r.Notifier().NotifyBucket(7) // wakes the sweep, which starts the discovery
+	h.waitFor("a discovery while bucket 0 is served", func() bool { return len(s.discoveries()) > before })
+	asked := s.discoveries()[before]
+	close(release)
+	h.waitFor("store empty", func() bool { return h.store.Len() == 0 })
+	checkPublishedOnce(t, h.pub.Calls(), 4)
+	if !slices.Contains(asked, 0) {
+		t.Errorf("the discovery while bucket 0 was served probed %v; want bucket 0 among them", asked)
+	}
+	if slices.Contains(asked, 7) {
+		t.Errorf("the discovery probed %v; want bucket 7, hinted and waiting for its batch, left out", asked)
 	}
 }
 
