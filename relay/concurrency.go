@@ -224,14 +224,10 @@ func (r *Relay) discover(ctx context.Context, st *runState, owned []int, busy ma
 	if !slices.ContainsFunc(owned, func(b int) bool { return !busy[b] && !st.b[b].ready }) {
 		return false
 	}
+	waiting := func(b int) bool { return !busy[b] && st.b[b].ready }
 	probe := owned
-	if slices.ContainsFunc(owned, func(b int) bool { return !busy[b] && st.b[b].ready }) {
-		probe = make([]int, 0, len(owned))
-		for _, b := range owned {
-			if busy[b] || !st.b[b].ready {
-				probe = append(probe, b)
-			}
-		}
+	if slices.ContainsFunc(owned, waiting) {
+		probe = slices.DeleteFunc(slices.Clone(owned), waiting)
 	}
 	all := len(probe) == len(owned)
 	st.worked.Store(true)

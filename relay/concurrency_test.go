@@ -632,8 +632,13 @@ func TestHintedRowsPublishWhileADiscoveryRuns(t *testing.T) {
 type probeRecorder struct {
 	concurrentStore
 	mu     sync.Mutex
-	probes [][2]int // {buckets asked, of which holding rows}
-	asked  [][]int  // the buckets asked, per discovery
+	probes []probe
+}
+
+// probe is one discovery: the buckets asked and how many of them held rows.
+type probe struct {
+	asked   []int
+	holding int
 }
 
 func (s *probeRecorder) BucketsWithPending(ctx context.Context, buckets []int) ([]int, error) {
@@ -644,16 +649,15 @@ func (s *probeRecorder) BucketsWithPending(ctx context.Context, buckets []int) (
 		}
 	}
 	s.mu.Lock()
-	s.probes = append(s.probes, [2]int{len(buckets), holding})
-	s.asked = append(s.asked, slices.Clone(buckets))
+	s.probes = append(s.probes, probe{slices.Clone(buckets), holding})
 	s.mu.Unlock()
 	return s.MemStore.BucketsWithPending(ctx, buckets)
 }
 
-func (s *probeRecorder) discoveries() [][]int {
+func (s *probeRecorder) discoveries() []probe {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return slices.Clone(s.asked)
+	return slices.Clone(s.probes)
 }
 
 // TestDiscoveryDuringADrainSkipsBucketsWaitingForABatch: a discovery due
@@ -687,17 +691,16 @@ func TestDiscoveryDuringADrainSkipsBucketsWaitingForABatch(t *testing.T) {
 	h.start()
 	h.waitFor("store empty", func() bool { return h.store.Len() == 0 })
 	checkPublishedOnce(t, h.pub.Calls(), full*rows)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if len(s.probes) < 2 {
-		t.Fatalf("discoveries %v; want the first and one during the drain", s.probes)
+	probes := s.discoveries()
+	if len(probes) < 2 {
+		t.Fatalf("discoveries %v; want the first and one during the drain", probes)
 	}
-	for _, p := range s.probes[1:] {
-		if p[1] > 1 { // the bucket being served, at most
-			t.Fatalf("a discovery during the drain probed %d buckets, %d of them holding rows; want at most the one being served (discoveries: %v)", p[0], p[1], s.probes)
+	for _, p := range probes[1:] {
+		if p.holding > 1 { // the bucket being served, at most
+			t.Fatalf("a discovery during the drain probed %v, %d of them holding rows; want at most the one being served (discoveries: %v)", p.asked, p.holding, probes)
 		}
-		if p[0] < buckets-full {
-			t.Fatalf("a discovery during the drain probed %d buckets; want at least the %d empty ones (discoveries: %v)", p[0], buckets-full, s.probes)
+		if len(p.asked) < buckets-full {
+			t.Fatalf("a discovery during the drain probed %v; want at least the %d empty buckets (discoveries: %v)", p.asked, buckets-full, probes)
 		}
 	}
 }
@@ -739,7 +742,7 @@ func TestDiscoveryProbesTheBucketBeingServed(t *testing.T) {
 	h.store.AddToBucket(7, msgs(1, "hinted")...)
 	h.r.Notifier().NotifyBucket(7) // wakes the sweep, which starts the discovery
 	h.waitFor("a discovery while bucket 0 is served", func() bool { return len(s.discoveries()) > before })
-	asked := s.discoveries()[before]
+	asked := s.discoveries()[before].asked
 	close(release)
 	h.waitFor("store empty", func() bool { return h.store.Len() == 0 })
 	checkPublishedOnce(t, h.pub.Calls(), 4)
