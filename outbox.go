@@ -49,6 +49,8 @@
 package outbox
 
 import (
+	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -80,10 +82,12 @@ const MaxBucketCount = 1 << 16
 // TablePrefix, say) does not apply to the outbox tables.
 type Config struct {
 	// BucketCount is the number of ordering buckets, an upper bound on relay
-	// parallelism. It must be identical on every writer and relay sharing the
-	// tables; changing it requires draining the table and deleting the lease
-	// rows first. Zero means DefaultBucketCount (8); negative or above
-	// MaxBucketCount is an error.
+	// parallelism. The fleet's count is the lease table's (rows 0…N−1,
+	// seeded once by AutoMigrate or the first relay, changed only by
+	// outbox-relay rebucket): every writer and relay sharing the tables must
+	// use it, and AutoMigrate, CheckBucketCount and the relays refuse
+	// another with an error wrapping ErrMisconfigured. Zero means
+	// DefaultBucketCount (8); negative or above MaxBucketCount is an error.
 	BucketCount int
 	// Schema optionally qualifies the three table names (a PostgreSQL schema,
 	// a MySQL database, an attached SQLite database). Empty means the
@@ -171,8 +175,64 @@ func (c Config) LeasesTableName() string { c = c.WithDefaults(); return c.qualif
 // RelaysTableName returns the schema-qualified relays table name.
 func (c Config) RelaysTableName() string { c = c.WithDefaults(); return c.qualify(c.RelaysTable) }
 
+// ErrMisconfigured is wrapped by the error of a writer or relay whose bucket
+// count differs from the fleet's, the lease table's (relay.ErrMisconfigured
+// is the same error).
+var ErrMisconfigured = errors.New("misconfigured")
+
+// FleetBucketCount returns the fleet's bucket count: the lease table's
+// largest bucket plus one (one read of its primary key), or 0 while the
+// table has no rows.
+func FleetBucketCount(ctx context.Context, db *gorm.DB, cfg Config) (int, error) {
+	var top sql.NullInt64
+	table := cfg.LeasesTableName()
+	if err := db.WithContext(ctx).Table(table).Select("MAX(bucket)").Scan(&top).Error; err != nil {
+		return 0, fmt.Errorf("outbox: read the bucket count of %s: %w", table, err)
+	}
+	if !top.Valid {
+		return 0, nil
+	}
+	return int(top.Int64) + 1, nil
+}
+
+// CheckBucketCount returns an error wrapping ErrMisconfigured, naming both
+// counts, when cfg's bucket count differs from the fleet's
+// (FleetBucketCount); nil when they agree or the lease table has no rows
+// yet. It is one indexed read: call it when a writer starts.
+func CheckBucketCount(ctx context.Context, db *gorm.DB, cfg Config) error {
+	n, err := FleetBucketCount(ctx, db, cfg)
+	if err != nil || n == 0 {
+		return err
+	}
+	if want := cfg.WithDefaults().BucketCount; n != want {
+		return fmt.Errorf("outbox: the lease table %s holds %d buckets and Config.BucketCount is %d: every writer and relay must use the table's count (change it with outbox-relay rebucket): %w",
+			cfg.LeasesTableName(), n, want, ErrMisconfigured)
+	}
+	return nil
+}
+
+// seedLeases creates the free lease rows 0…N−1 of an empty lease table.
+func seedLeases(db *gorm.DB, cfg Config) error {
+	n, err := FleetBucketCount(db.Statement.Context, db, cfg)
+	if err != nil || n > 0 {
+		return err
+	}
+	rows := make([]BucketLease, cfg.WithDefaults().BucketCount)
+	for i := range rows {
+		rows[i].Bucket = int32(i)
+	}
+	err = db.Session(&gorm.Session{SkipDefaultTransaction: true}).Table(cfg.LeasesTableName()).
+		Clauses(clause.OnConflict{DoNothing: true}).CreateInBatches(&rows, 1000).Error
+	if err != nil {
+		return fmt.Errorf("outbox: seed %d lease rows in %s: %w", len(rows), cfg.LeasesTableName(), err)
+	}
+	return nil
+}
+
 // AutoMigrate creates or updates the three tables of cfg with GORM's
-// migrator. With a zero Config it is db.AutoMigrate(&Message{}, &BucketLease{},
+// migrator, and seeds the lease rows of cfg's bucket count into an empty
+// lease table; it fails with an error wrapping ErrMisconfigured, changing
+// no table, when the lease table holds another count (CheckBucketCount). With a zero Config it is db.AutoMigrate(&Message{}, &BucketLease{},
 // &RelayHeartbeat{}) followed by dropping schema version 1's index
 // idx_<messages>_bucket_id (replaced by idx_<messages>_bucket_parked_id) when
 // it exists and, on PostgreSQL, setting the leases table's fillfactor to 40
@@ -190,6 +250,11 @@ func AutoMigrate(db *gorm.DB, cfg Config) error {
 		// gorm's sqlite migrator qualifies the indexed table, not the index
 		// name, which SQLite rejects for attached databases.
 		return fmt.Errorf("outbox: AutoMigrate with Config.Schema %q is not supported on SQLite; apply migrations/sqlite.sql inside the attached database instead", cfg.Schema)
+	}
+	if db.Migrator().HasTable(cfg.LeasesTableName()) {
+		if err := CheckBucketCount(db.Statement.Context, db, cfg); err != nil {
+			return err
+		}
 	}
 	for _, m := range []struct {
 		table string
@@ -214,9 +279,11 @@ func AutoMigrate(db *gorm.DB, cfg Config) error {
 		}
 	}
 	if db.Dialector.Name() == "postgres" {
-		return leaseFillfactor(db, cfg.LeasesTableName())
+		if err := leaseFillfactor(db, cfg.LeasesTableName()); err != nil {
+			return err
+		}
 	}
-	return nil
+	return seedLeases(db, cfg)
 }
 
 // leaseFillfactor leaves 60 % of each page of PostgreSQL's leases table

@@ -34,7 +34,7 @@ import (
 // round trip per acquisition round (which already runs at least six
 // statements), per renewal and per release: one every LeaseRenewInterval.
 //
-// Park stamps parked_at_ms and checks the lease, and FleetCanPark compares
+// Park stamps parked_at_ms and checks the lease, and Fleet compares
 // last_seen_ms, inside their single statement with the clock expression
 // itself (nowArg, agoArg): they have no round whose start the value must be
 // fixed at, so parking a row costs no extra round trip.

@@ -33,11 +33,11 @@ func Example() {
 
 	ctx := context.Background()
 	round := func(s *gormstore.Store, id string) []int {
-		owned, err := s.AcquireBucketLeases(ctx, id, s.BucketCount(), 30*time.Second)
+		l, err := s.AcquireBucketLeases(ctx, id, s.BucketCount(), 30*time.Second)
 		if err != nil {
 			panic(err)
 		}
-		return owned
+		return l.Owned
 	}
 	fmt.Println("a alone:", round(a, "relay-a"))
 	fmt.Println("b joins:", round(b, "relay-b"))

@@ -1,6 +1,7 @@
 package gormstore
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"fmt"
@@ -14,7 +15,7 @@ import (
 	"gorm.io/gorm/clause"
 )
 
-// DefaultLiveness is the window FleetCanPark counts a relay live in (its
+// DefaultLiveness is the window Fleet counts a relay live in (its
 // heartbeat at most this old, and not stopped) before the store's first
 // acquisition round; afterwards the window is the lease duration of the
 // latest round, as for the acquisition's own count of active relays. It is
@@ -167,38 +168,27 @@ func (s *Store) leaseHeld(relayID string, bucket int, now any) clause.Expr {
 		clause.Table{Name: s.leases}, bucket, relayID, now)
 }
 
-// FleetCanPark implements relay.Store with one read: is there a live
-// relay (heartbeat newer than now minus the liveness window, not stopped)
-// whose heartbeat lacks the parking bit?
-//
-//	SELECT relay_id FROM relays
-//	WHERE stopped_at_ms IS NULL AND last_seen_ms > $now - $window AND (features & 1) = 0 LIMIT 1
-//
-// $now is the database's clock, evaluated by the statement (Options.Clock
-// when set).
-// The window is the lease duration of this store's latest acquisition
-// round (the window the acquisition counts active relays in), or
-// DefaultLiveness before the first round.
-func (s *Store) FleetCanPark(ctx context.Context) (bool, error) {
+// Fleet implements relay.Store: one read of the relays table counting the
+// live relays (a heartbeat within the latest round's lease duration, or
+// DefaultLiveness before the first round, on the store's clock, and not
+// stopped) and those of them whose heartbeat lacks the parking bit.
+func (s *Store) Fleet(ctx context.Context) (relay.Fleet, error) {
 	s.mu.Lock()
-	window := s.lease
+	window := cmp.Or(s.lease, DefaultLiveness)
 	s.mu.Unlock()
-	if window <= 0 {
-		window = DefaultLiveness
-	}
 	since, err := s.agoArg(ctx, window)
 	if err != nil {
-		return false, fmt.Errorf("gormstore: relays without parking support: %w", err)
+		return relay.Fleet{}, fmt.Errorf("gormstore: live relays: %w", err)
 	}
-	var old []string
+	var f struct{ Live, Old int64 }
 	if err := s.read(ctx, s.relays, func(q *gorm.DB) error {
 		return q.Table(s.relays).
-			Where(fmt.Sprintf("stopped_at_ms IS NULL AND last_seen_ms > ? AND (features & %d) = 0", Features), since).
-			Limit(1).Pluck("relay_id", &old).Error
+			Select(fmt.Sprintf("COUNT(*) AS live, COALESCE(SUM(CASE WHEN (features & %d) = 0 THEN 1 ELSE 0 END), 0) AS old", Features)).
+			Where("stopped_at_ms IS NULL AND last_seen_ms > ?", since).Scan(&f).Error
 	}); err != nil {
-		return false, fmt.Errorf("gormstore: relays without parking support: %w", err)
+		return relay.Fleet{}, fmt.Errorf("gormstore: live relays: %w", err)
 	}
-	return len(old) == 0, nil
+	return relay.Fleet{Relays: int(f.Live), CanPark: f.Old == 0}, nil
 }
 
 // ListParked implements relay.ParkAdmin: up to limit parked rows in

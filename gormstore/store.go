@@ -17,7 +17,7 @@
 // relay host's: relays on hosts whose clocks disagree, by any amount, still
 // agree on when a lease expires. Each acquisition round, renewal and
 // release reads the database's time once (one SELECT) and uses it for all
-// of its statements; Park and FleetCanPark evaluate the clock
+// of its statements; Park and Fleet evaluate the clock
 // inside their statement (see clock.go for why). Options.Clock, when set,
 // replaces the database's clock (tests inject a manual clock).
 //
@@ -89,7 +89,7 @@
 // the parked ones, except that NextBatch, when the bucket has a parked row,
 // looks up the parked rows of each row's key (see Store.NextBatch);
 // ListParked, RequeueParked and DeleteParked read the parked entries. The relays table's features column carries
-// Features with every heartbeat; FleetCanPark is false while a live relay's
+// Features with every heartbeat; Fleet reports CanPark false while a live relay's
 // row lacks the parking bit.
 //
 // Upgrade order: apply the schema change first (outbox.AutoMigrate, or
@@ -312,9 +312,9 @@ func notBackwards(exp int64) clause.Expr {
 // pool's idle room (poolwatch.go): a pool that closed poolWatchCloses
 // connections for want of it within 30 s is named in a warning, at most
 // once an hour.
-func (s *Store) AcquireBucketLeases(ctx context.Context, relayID string, bucketCount int, leaseDuration time.Duration) ([]int, error) {
+func (s *Store) AcquireBucketLeases(ctx context.Context, relayID string, bucketCount int, leaseDuration time.Duration) (relay.Leases, error) {
 	s.watchPool(ctx, s.hostNow())
-	buckets, err := s.acquireBucketLeases(ctx, relayID, bucketCount, leaseDuration)
+	l, err := s.acquireBucketLeases(ctx, relayID, bucketCount, leaseDuration)
 	s.mu.Lock()
 	first := !s.acquired
 	s.acquired = s.acquired || err == nil
@@ -322,21 +322,21 @@ func (s *Store) AcquireBucketLeases(ctx context.Context, relayID string, bucketC
 	if err != nil && first && !errors.Is(err, relay.ErrMisconfigured) && ctx.Err() == nil {
 		err = s.explainMissingTables(ctx, err)
 	}
-	return buckets, err
+	return l, err
 }
 
-func (s *Store) acquireBucketLeases(ctx context.Context, relayID string, bucketCount int, leaseDuration time.Duration) ([]int, error) {
+func (s *Store) acquireBucketLeases(ctx context.Context, relayID string, bucketCount int, leaseDuration time.Duration) (relay.Leases, error) {
 	if err := checkArgs(relayID, leaseDuration); err != nil {
-		return nil, err
+		return relay.Leases{}, err
 	}
 	n := s.cfg.BucketCount
 	if bucketCount != n {
-		return nil, fmt.Errorf("gormstore: bucket count %d: the store's Config.BucketCount is %d: %w", bucketCount, n, relay.ErrMisconfigured)
+		return relay.Leases{}, fmt.Errorf("gormstore: bucket count %d: the store's Config.BucketCount is %d: %w", bucketCount, n, relay.ErrMisconfigured)
 	}
 	// 0. The round's "now": the database's clock (or Options.Clock).
 	now, err := s.nowMs(ctx)
 	if err != nil {
-		return nil, err
+		return relay.Leases{}, err
 	}
 	ld := leaseDuration.Milliseconds()
 	exp := now + ld
@@ -344,43 +344,32 @@ func (s *Store) acquireBucketLeases(ctx context.Context, relayID string, bucketC
 	s.lease = leaseDuration
 	s.mu.Unlock()
 
-	// 1. Heartbeat, then maybe prune.
+	// 1. The fleet's bucket count, before the first heartbeat: a relay with
+	// another count is never counted as a peer.
+	if err := s.seed(ctx, relayID, now, ld); err != nil {
+		return relay.Leases{}, err
+	}
+	// 2. Heartbeat, then maybe prune.
 	if err := s.heartbeat(ctx, relayID, now); err != nil {
-		return nil, err
+		return relay.Leases{}, err
 	}
 	if err := s.maybePrune(ctx, now, ld); err != nil {
-		return nil, err
-	}
-	// 2. Seed the lease rows once.
-	if err := s.seed(ctx); err != nil {
-		return nil, err
+		return relay.Leases{}, err
 	}
 	// 3-5. Misconfiguration probe, active relays (the caller always
 	// counts), lease snapshot.
-	var bad []int64
 	var active []string
 	var snap []outbox.BucketLease
 	err = s.read(ctx, s.leases, func(q *gorm.DB) error {
 		// Rows outside [0, n): one probe of the index on each side, which
 		// reads only the entries outside the range (bucketsOutside).
-		// "bucket < 0 OR bucket >= n LIMIT 1" was a sequential scan of the
-		// whole table whenever the planner's statistics predated the
-		// backlog (a scan expected to stop at its first row finds none):
-		// 0.7–1.7 s per round at 200,000 rows, and it pushed the relays'
-		// rows out of the cache.
 		var ends struct{ Lo, Hi sql.NullInt64 }
 		if err := s.bucketsOutside(q).Scan(&ends).Error; err != nil {
 			return fmt.Errorf("gormstore: probe for out-of-range buckets: %w", err)
 		}
-		switch {
-		case ends.Lo.Valid:
-			bad = append(bad, ends.Lo.Int64)
-		case ends.Hi.Valid:
-			bad = append(bad, ends.Hi.Int64)
-		}
-		if len(bad) > 0 {
+		if bad := cmp.Or(ends.Lo, ends.Hi); bad.Valid {
 			return fmt.Errorf("gormstore: %s holds a row in bucket %d, outside [0, %d): writers and relays disagree on BucketCount %d: %w",
-				s.msgs, bad[0], n, n, relay.ErrMisconfigured)
+				s.msgs, bad.Int64, n, n, relay.ErrMisconfigured)
 		}
 		if err := q.Table(s.relays).Where("last_seen_ms > ? AND stopped_at_ms IS NULL", now-ld).Pluck("relay_id", &active).Error; err != nil {
 			return fmt.Errorf("gormstore: read active relays: %w", err)
@@ -392,13 +381,13 @@ func (s *Store) acquireBucketLeases(ctx context.Context, relayID string, bucketC
 		return nil
 	})
 	if err != nil {
-		return nil, err
+		return relay.Leases{}, err
 	}
 	if len(snap) < n {
 		// Lease rows went missing after the seed (a restore, a mistaken
 		// cleanup): without them no relay could ever own those buckets.
-		if snap, err = s.reseed(ctx, snap); err != nil {
-			return nil, err
+		if snap, err = s.reseed(ctx, snap, now, ld); err != nil {
+			return relay.Leases{}, err
 		}
 	}
 	// Share, keep / release / claim.
@@ -408,16 +397,19 @@ func (s *Store) acquireBucketLeases(ctx context.Context, relayID string, bucketC
 	}
 	held[relayID] = 0
 	var owned, free []int
+	others := 0 // buckets live peers hold
 	for _, l := range snap {
 		switch {
-		case l.Owner == nil || l.ExpiresAtMs <= now:
+		case l.ExpiresAtMs <= now: // a recreated row is free only once its expiry passed
 			free = append(free, int(l.Bucket))
+		case l.Owner == nil:
 		case *l.Owner == relayID:
 			owned = append(owned, int(l.Bucket))
 			held[relayID]++
 		default:
 			if _, ok := held[*l.Owner]; ok {
 				held[*l.Owner]++
+				others++
 			}
 		}
 	}
@@ -436,26 +428,29 @@ func (s *Store) acquireBucketLeases(ctx context.Context, relayID string, bucketC
 				Update("expires_at_ms", notBackwards(exp)).Error
 		})
 		if err != nil {
-			return nil, fmt.Errorf("gormstore: extend %d leases: %w", set.n, err)
+			return relay.Leases{}, fmt.Errorf("gormstore: extend %d leases: %w", set.n, err)
 		}
 	}
 	if len(excess) > 0 {
 		if err := s.free(ctx, relayID, excess); err != nil {
-			return nil, err
+			return relay.Leases{}, err
 		}
 	}
 	if need := share - len(keep); need > 0 && len(free) > 0 {
-		claim := free[:min(need, len(free))]
-		for _, set := range bucketSets(claim) {
+		// From this relay's own starting point: relays starting together
+		// claim different buckets.
+		at, _ := slices.BinarySearch(free, relay.ClaimStart(n, relayID, held))
+		free = append(free[at:], free[:at]...)
+		for _, set := range bucketSets(free[:min(need, len(free))]) {
 			err := s.write(ctx, s.leases, func(q *gorm.DB) error {
 				return q.Table(s.leases).
-					Where("(owner IS NULL OR expires_at_ms <= ?)", now).
+					Where("expires_at_ms <= ?", now).
 					Where(set.cond, set.args...).
 					Where(guard, guardArgs...).
 					Updates(map[string]any{"owner": relayID, "expires_at_ms": exp}).Error
 			})
 			if err != nil {
-				return nil, fmt.Errorf("gormstore: claim %d leases: %w", set.n, err)
+				return relay.Leases{}, fmt.Errorf("gormstore: claim %d leases: %w", set.n, err)
 			}
 		}
 	}
@@ -466,12 +461,12 @@ func (s *Store) acquireBucketLeases(ctx context.Context, relayID string, bucketC
 			Where("owner = ? AND expires_at_ms >= ? AND bucket >= ? AND bucket < ?", relayID, exp, 0, n).
 			Order("bucket").Pluck("bucket", &mine).Error
 	}); err != nil {
-		return nil, fmt.Errorf("gormstore: read owned leases: %w", err)
+		return relay.Leases{}, fmt.Errorf("gormstore: read owned leases: %w", err)
 	}
 	if mine == nil {
 		mine = []int{}
 	}
-	return mine, nil
+	return relay.Leases{Owned: mine, Share: share, Relays: len(held), Unowned: max(0, n-others-len(mine))}, nil
 }
 
 func checkArgs(relayID string, leaseDuration time.Duration) error {
@@ -487,7 +482,7 @@ func checkArgs(relayID string, leaseDuration time.Duration) error {
 // Features is the capability bit set the store writes with every heartbeat
 // (the relays table's features column): parking. A relay of a version
 // without the column's support leaves 0 in its row, which makes
-// FleetCanPark false while it is live.
+// Fleet report CanPark false while it is live.
 const Features = outbox.RelayFeatureParking
 
 // heartbeat upserts relayID's last-seen, never moving it backwards, and
@@ -537,28 +532,45 @@ func (s *Store) maybePrune(ctx context.Context, now, ld int64) error {
 	return nil
 }
 
-// seed inserts the lease rows 0..N-1 (free) that do not exist yet, until
-// it succeeded once: a statement per thousand rows, each bounded by the
-// statement timeout, so that a slow database seeds 65,536 rows over a few
-// rounds rather than timing out on all of them every round.
-func (s *Store) seed(ctx context.Context) error {
+// seed checks, in the store's first round, that the lease table holds
+// this store's bucket count (rows 0…N−1: its largest bucket is N−1), and
+// seeds an empty one: the free rows 0…N−1, or, when another relay is live
+// (the table was emptied under a running fleet), rows that no relay can
+// claim before exp, when any earlier holder's lease has run out. A
+// statement per thousand rows, each bounded by the statement timeout, so
+// that a slow database seeds 65,536 rows over a few rounds.
+func (s *Store) seed(ctx context.Context, relayID string, now, ld int64) error {
 	s.mu.Lock()
 	done := s.seeded
 	s.mu.Unlock()
 	if done {
 		return nil
 	}
-	rows := make([]outbox.BucketLease, s.cfg.BucketCount)
-	for i := range rows {
-		rows[i].Bucket = int32(i)
+	n := s.cfg.BucketCount
+	var top sql.NullInt64
+	var peers int64
+	if err := s.read(ctx, s.leases, func(q *gorm.DB) error {
+		if err := q.Table(s.leases).Select("MAX(bucket)").Scan(&top).Error; err != nil || top.Valid {
+			return err
+		}
+		return q.Table(s.relays).Where("relay_id <> ? AND last_seen_ms > ? AND stopped_at_ms IS NULL", relayID, now-ld).Count(&peers).Error
+	}); err != nil {
+		return fmt.Errorf("gormstore: read the bucket count of %s: %w", s.leases, err)
 	}
-	for chunk := range slices.Chunk(rows, 1000) {
-		err := s.write(ctx, s.leases, func(q *gorm.DB) error {
-			return q.Table(s.leases).Clauses(clause.OnConflict{Columns: []clause.Column{{Name: "bucket"}}, DoNothing: true}).
-				Create(&chunk).Error
-		})
-		if err != nil {
-			return fmt.Errorf("gormstore: seed %d lease rows (from bucket %d): %w", len(rows), chunk[0].Bucket, err)
+	if top.Valid && int(top.Int64)+1 != n {
+		return fmt.Errorf("gormstore: the lease table %s holds %d buckets and this relay's bucket count is %d: every relay and writer must use the table's count (change it with outbox-relay rebucket): %w",
+			s.leases, top.Int64+1, n, relay.ErrMisconfigured)
+	}
+	if !top.Valid {
+		var exp int64
+		if peers > 0 {
+			exp = now + ld
+		}
+		if err := s.insertLeases(ctx, 0, n, exp); err != nil {
+			return err
+		}
+		if peers > 0 {
+			s.warnRecreated(ctx, n, 0, ld)
 		}
 	}
 	s.mu.Lock()
@@ -567,17 +579,31 @@ func (s *Store) seed(ctx context.Context) error {
 	return nil
 }
 
-// reseed recreates the lease rows missing from snap (free, with no owner)
-// and returns snap with them, in bucket order. The rows are inserted as on
-// the first seed (a row another relay recreated meanwhile is kept); the
-// claims that follow are guarded, so a row claimed meanwhile is not taken.
-func (s *Store) reseed(ctx context.Context, snap []outbox.BucketLease) ([]outbox.BucketLease, error) {
-	s.mu.Lock()
-	s.seeded = false
-	s.mu.Unlock()
-	if err := s.seed(ctx); err != nil {
-		return nil, err
+// insertLeases inserts the lease rows [from, to) that do not exist yet,
+// with no owner and expiring at exp, a statement per thousand rows.
+func (s *Store) insertLeases(ctx context.Context, from, to int, exp int64) error {
+	rows := make([]outbox.BucketLease, 0, to-from)
+	for b := from; b < to; b++ {
+		rows = append(rows, outbox.BucketLease{Bucket: int32(b), ExpiresAtMs: exp})
 	}
+	for chunk := range slices.Chunk(rows, 1000) {
+		err := s.write(ctx, s.leases, func(q *gorm.DB) error {
+			return q.Table(s.leases).Clauses(clause.OnConflict{Columns: []clause.Column{{Name: "bucket"}}, DoNothing: true}).
+				Create(&chunk).Error
+		})
+		if err != nil {
+			return fmt.Errorf("gormstore: create %d lease rows (from bucket %d): %w", len(rows), chunk[0].Bucket, err)
+		}
+	}
+	return nil
+}
+
+// reseed recreates the lease rows missing from snap with no owner, not
+// claimable before exp (now + the lease duration: an earlier holder may
+// still believe its lease valid until then), and returns snap with them,
+// in bucket order. A row another relay recreated meanwhile is kept.
+func (s *Store) reseed(ctx context.Context, snap []outbox.BucketLease, now, ld int64) ([]outbox.BucketLease, error) {
+	exp := now + ld
 	n := s.cfg.BucketCount
 	have := make([]bool, n)
 	for _, l := range snap {
@@ -587,13 +613,20 @@ func (s *Store) reseed(ctx context.Context, snap []outbox.BucketLease) ([]outbox
 	for b := range n {
 		if !have[b] {
 			missing = append(missing, b)
-			snap = append(snap, outbox.BucketLease{Bucket: int32(b)})
+			snap = append(snap, outbox.BucketLease{Bucket: int32(b), ExpiresAtMs: exp})
 		}
 	}
+	if err := s.insertLeases(ctx, missing[0], missing[len(missing)-1]+1, exp); err != nil {
+		return nil, err
+	}
 	slices.SortFunc(snap, func(a, b outbox.BucketLease) int { return int(a.Bucket - b.Bucket) })
-	s.log.WarnContext(ctx, "lease rows were missing (deleted by a restore or a cleanup?): recreated them free",
-		"table", s.leases, "recreated", len(missing), "first_bucket", missing[0], "bucket_count", n)
+	s.warnRecreated(ctx, len(missing), missing[0], ld)
 	return snap, nil
+}
+
+func (s *Store) warnRecreated(ctx context.Context, recreated, first int, ld int64) {
+	s.log.WarnContext(ctx, "lease rows were missing (deleted by a restore or a cleanup?): recreated them, claimable once any earlier holder's lease has run out",
+		"table", s.leases, "recreated", recreated, "first_bucket", first, "bucket_count", s.cfg.BucketCount, "claimable_in", time.Duration(ld)*time.Millisecond)
 }
 
 func (s *Store) free(ctx context.Context, relayID string, buckets []int) error {

@@ -113,7 +113,7 @@ func (r *Relay) sweep(ctx, cleanup context.Context, st *runState, owned []int) e
 	dispatched := 0
 	ready := func(b int) { // a hint or a discovery found rows in b
 		switch {
-		case b < 0 || b >= len(st.b) || !containsSorted(owned, b):
+		case !r.ownsBucket(st, b): // dropped meanwhile (dropFenced): a round grants it again
 		case busy[b]:
 			hinted[b] = true // its worker may be clearing ready
 		default:
@@ -124,10 +124,17 @@ func (r *Relay) sweep(ctx, cleanup context.Context, st *runState, owned []int) e
 	dispatching := func() bool {
 		return fatal == nil && ctx.Err() == nil && r.leaseValid(st) && r.clock.Now().Before(st.nextRebalance)
 	}
+	fleet := make(chan int, 1)
+	checking := false // a fleet check runs
 	workers := r.sweepWorkers(len(owned))
 	for {
 		if !discovering && dispatching() {
 			discovering = r.discover(ctx, st, owned, busy, dispatched < firstPass, found)
+		}
+		if now := r.clock.Now(); !checking && dispatching() && !now.Before(st.nextFleetCheck) {
+			checking = true
+			st.nextFleetCheck = now.Add(r.opts.PollInterval)
+			go func() { fleet <- r.liveRelays(ctx) }()
 		}
 		for running < workers && dispatching() {
 			ordered := r.readsInOrder(len(queue))
@@ -148,7 +155,7 @@ func (r *Relay) sweep(ctx, cleanup context.Context, st *runState, owned []int) e
 				}
 			}()
 		}
-		if running == 0 && !discovering {
+		if running == 0 && !discovering && !checking {
 			break
 		}
 		st.serving = running
@@ -169,13 +176,15 @@ func (r *Relay) sweep(ctx, cleanup context.Context, st *runState, owned []int) e
 				}
 				if hinted[b] {
 					delete(hinted, b)
-					st.b[b].ready = true
-				}
-				if st.b[b].ready {
+					ready(b)
+				} else if st.b[b].ready {
 					enqueue(b)
 				}
 			}
 			r.noteStuck(st)
+		case n := <-fleet:
+			checking = false
+			r.fleetChecked(st, n)
 		case d := <-found:
 			discovering = false
 			for _, b := range r.discoveredBuckets(ctx, st, d) {
@@ -193,7 +202,7 @@ func (r *Relay) sweep(ctx, cleanup context.Context, st *runState, owned []int) e
 		}
 	}
 	for b := range hinted {
-		st.b[b].ready = true
+		st.b[b].ready = r.ownsBucket(st, b)
 	}
 	if fatal != nil {
 		return fatal

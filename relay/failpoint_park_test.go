@@ -37,24 +37,24 @@ func TestParkStatementAfterTheLeaseWasLostAtTheFailpointChangesNothing(t *testin
 	h.store.AddToBucket(0, k[0], k[1])
 	rejectKey(h, "K", errTooLarge, rejectingAlways())
 	taken := make(chan struct{})
-	h.ops.setBlock(relaytest.OpFleetCanPark, func(ctx context.Context) error {
+	h.ops.setBlock(relaytest.OpFleet, func(ctx context.Context) error {
 		go func() {
 			defer close(taken)
-			// The relay answers FleetCanPark, checks its lease again and
+			// The relay answers Fleet, checks its lease again and
 			// sleeps at the failpoint; meanwhile its lease expires.
 			time.Sleep(100 * time.Millisecond)
 			h.clock.Advance(relay.DefaultLeaseDuration + time.Second)
-			if got, err := h.store.AcquireBucketLeases(context.Background(), "relay-b", 1, relay.DefaultLeaseDuration); err != nil || len(got) != 1 {
+			if got, err := relaytest.Owned(h.store.AcquireBucketLeases(context.Background(), "relay-b", 1, relay.DefaultLeaseDuration)); err != nil || len(got) != 1 {
 				t.Errorf("relay-b acquired %v, %v; want bucket 0", got, err)
 			}
 		}()
-		h.ops.setBlock(relaytest.OpFleetCanPark, nil)
+		h.ops.setBlock(relaytest.OpFleet, nil)
 		return nil
 	})
 	h.start()
 	h.waitIdle()
 	// The step returns at the idle wait after the cycle that asked
-	// FleetCanPark, slept at the failpoint and sent the Park statement.
+	// Fleet, slept at the failpoint and sent the Park statement.
 	h.step("the Park statement sent", 40, func() bool { return h.ops.count(relaytest.OpPark) > 0 })
 	<-taken
 	if got := h.store.ParkedIDs(0); len(got) != 0 {

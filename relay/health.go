@@ -27,7 +27,9 @@ var errNotRunning = errors.New("relay: not running")
 // and its latest cycle succeeded. Otherwise it says why: not running, no
 // cycle completed yet, the latest cycle's store or fatal error, a failed
 // acquisition not yet repaired, every owned bucket backing off from its own
-// store error, or, until a publish is acknowledged again, a publisher that
+// store error, buckets without a live owner for longer than LeaseDuration
+// (as its acquisition rounds count them), or, until a publish is
+// acknowledged again, a publisher that
 // cannot authenticate (ErrPublisherAuth) or every publish failing for
 // longer than Options.PublishFailureWindow. A failing row or one bucket's
 // store error is not unhealthy. It is safe to call from any goroutine.
@@ -40,6 +42,11 @@ func (r *Relay) Health() error {
 	}
 	if p := r.authErr.Load(); p != nil {
 		return *p
+	}
+	if ns := r.unownedSince.Load(); ns != 0 {
+		if d := r.clock.Now().Sub(time.Unix(0, ns)); d > r.opts.LeaseDuration {
+			return fmt.Errorf("relay: %d buckets have had no live owner for %v, longer than Options.LeaseDuration %v (outbox-relay status names them and the live relays)", r.unowned.Load(), d.Round(time.Second), r.opts.LeaseDuration)
+		}
 	}
 	if p := r.pubFail.Load(); p != nil {
 		if d := r.clock.Now().Sub(p.since); d > r.opts.PublishFailureWindow {

@@ -146,7 +146,7 @@ func TestParkAfterLosingTheLeaseChangesNothing(t *testing.T) {
 	rejectKey(h, "K", errTooLarge, rejectingAlways())
 	h.ops.setBlock(relaytest.OpPark, func(ctx context.Context) error {
 		h.clock.Advance(relay.DefaultLeaseDuration + time.Second) // the lease expires: a renewal fails
-		got, err := h.store.AcquireBucketLeases(ctx, "relay-b", 1, relay.DefaultLeaseDuration)
+		got, err := relaytest.Owned(h.store.AcquireBucketLeases(ctx, "relay-b", 1, relay.DefaultLeaseDuration))
 		if err != nil || len(got) != 1 {
 			t.Errorf("relay-b acquired %v, %v; want bucket 0", got, err)
 		}

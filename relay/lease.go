@@ -40,11 +40,13 @@ func (l *leaseSet) valid(now time.Time) bool {
 
 // acquire runs one acquisition round. A store error wrapping
 // ErrMisconfigured is fatal; others are retried after ErrorBackoff, the
-// current leases staying valid until they expire.
+// current leases staying valid until they expire. A relay granted less than
+// its fair share (buckets a peer still holds, or releases only at its own
+// next round) runs its next round a quarter PollInterval later.
 func (r *Relay) acquire(ctx context.Context, st *runState) error {
 	st.attempted = true
 	t0 := r.clock.Now()
-	buckets, err := r.store.AcquireBucketLeases(ctx, r.opts.RelayID, r.opts.BucketCount, r.opts.LeaseDuration)
+	l, err := r.store.AcquireBucketLeases(ctx, r.opts.RelayID, r.opts.BucketCount, r.opts.LeaseDuration)
 	t1 := r.clock.Now()
 	failpoint("relay/acquire")
 	st.worked.Store(true)
@@ -64,6 +66,7 @@ func (r *Relay) acquire(ctx context.Context, st *runState) error {
 	r.repeats.LogRecovered(ctx, r.log, r.clock.Now(), "acquire", "acquire leases succeeds again")
 	r.repeats.Recovered("renew") // an acquisition renews too: the renewals' failures ended with it
 	validUntil := t0.Add(r.opts.LeaseDuration)
+	buckets := l.Owned
 	if !t1.Before(validUntil) {
 		r.log.WarnContext(ctx, "lease acquisition answered after the leases expired", "took", t1.Sub(t0))
 		buckets = nil
@@ -71,8 +74,47 @@ func (r *Relay) acquire(ctx context.Context, st *runState) error {
 	buckets = slices.DeleteFunc(slices.Clone(buckets), func(b int) bool { return b < 0 || b >= r.opts.BucketCount })
 	slices.Sort(buckets)
 	r.setLeases(st, buckets, validUntil)
+	st.relays, st.nextFleetCheck = l.Relays, t1.Add(r.opts.PollInterval)
+	r.noteUnowned(l.Unowned, t1)
 	st.nextRebalance = t0.Add(r.opts.LeaseRenewInterval)
+	if len(buckets) < l.Share {
+		st.nextRebalance = t1.Add(min(r.opts.PollInterval, r.opts.LeaseRenewInterval) / 4)
+	}
 	return nil
+}
+
+// liveRelays returns the number of live relays (Store.Fleet), -1 when the
+// store fails, for the fleet check: every PollInterval (nextFleetCheck)
+// one cheap statement, so that a relay that joined, stopped or died makes
+// its peers run an acquisition round at once (fleetChecked), not a
+// LeaseRenewInterval later.
+func (r *Relay) liveRelays(ctx context.Context) int {
+	f, err := r.store.Fleet(ctx)
+	if err != nil {
+		return -1
+	}
+	return f.Relays
+}
+
+// fleetChecked makes the next acquisition round due now when the live
+// relays (n) differ in number from the latest round's (while rounds fail,
+// they are retried after ErrorBackoff anyway).
+func (r *Relay) fleetChecked(st *runState, n int) {
+	if n >= 0 && st.relays > 0 && n != st.relays && st.acquireErr == nil {
+		st.nextRebalance = r.clock.Now()
+	}
+}
+
+// noteUnowned records a round's count of buckets without a live owner, for
+// MetricUnownedBuckets and Health, and since when it has been nonzero.
+func (r *Relay) noteUnowned(n int, now time.Time) {
+	r.unowned.Store(int64(n))
+	switch {
+	case n == 0:
+		r.unownedSince.Store(0)
+	case r.unownedSince.Load() == 0:
+		r.unownedSince.Store(now.UnixNano())
+	}
 }
 
 // setLeases replaces the local lease set. Newly gained buckets force a

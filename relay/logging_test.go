@@ -92,7 +92,7 @@ func TestStoreOutageLogsBoundedLines(t *testing.T) {
 	h.waitFor("store empty", func() bool { return h.store.Len() == 0 })
 	h.waitIdle()
 
-	down := []string{relaytest.OpAcquire, relaytest.OpRenew, relaytest.OpRelease, relaytest.OpBucketsWithPending, relaytest.OpNextBatch, relaytest.OpMarkPublished}
+	down := []string{relaytest.OpAcquire, relaytest.OpFleet, relaytest.OpRenew, relaytest.OpRelease, relaytest.OpBucketsWithPending, relaytest.OpNextBatch, relaytest.OpMarkPublished}
 	for _, op := range down {
 		h.ops.failNext(op, 1<<30)
 	}

@@ -21,6 +21,11 @@ const (
 	// MetricOwnedBuckets is a gauge of the buckets in the relay's local lease
 	// set.
 	MetricOwnedBuckets = "outbox.owned_buckets"
+	// MetricUnownedBuckets is a gauge of the buckets without a live owner,
+	// counted in the lease table by the relay's latest acquisition round
+	// (Leases.Unowned); absent before the first. Every relay reports the
+	// fleet's count: alert on its max.
+	MetricUnownedBuckets = "outbox.buckets.unowned"
 	// MetricPublishAcknowledged counts the acknowledged prefixes the
 	// publisher reported: attempts, so a retried batch counts again.
 	MetricPublishAcknowledged = "outbox.publish.acknowledged"
@@ -98,6 +103,7 @@ type instruments struct {
 	attrs       metric.MeasurementOption
 	meter       metric.Meter
 	owned       metric.Int64ObservableGauge
+	unowned     metric.Int64ObservableGauge
 	acked       metric.Int64Counter
 	failures    metric.Int64Counter
 	expirations metric.Int64Counter
@@ -152,6 +158,7 @@ func newInstruments(mp metric.MeterProvider, name string) (*instruments, error) 
 		return h
 	}
 	in.owned = intGauge(MetricOwnedBuckets, "{bucket}", "Buckets in the relay's local lease set.")
+	in.unowned = intGauge(MetricUnownedBuckets, "{bucket}", "Buckets without a live owner in the lease table, at the relay's latest acquisition round.")
 	in.acked = counter(MetricPublishAcknowledged, "{message}", "Acknowledged prefix reported by the publisher, counting attempts.")
 	in.failures = counter(MetricPublishFailures, "{attempt}", "Batches whose publish returned an error.")
 	in.expirations = counter(MetricLeaseExpirations, "{event}", "Observed losses of a nonempty lease set.")
@@ -194,6 +201,9 @@ func (r *Relay) registerGauges() (metric.Registration, error) {
 	in := r.m
 	return in.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
 		o.ObserveInt64(in.owned, r.ownedCount.Load(), in.attrs)
+		if n := r.unowned.Load(); n >= 0 {
+			o.ObserveInt64(in.unowned, n, in.attrs)
+		}
 		var headAge float64
 		if since := r.stuckSince.Load(); since != 0 {
 			headAge = max(0, r.clock.Now().Sub(time.Unix(0, since)).Seconds())
@@ -222,7 +232,7 @@ func (r *Relay) registerGauges() (metric.Registration, error) {
 			o.ObserveFloat64(in.pendingAge, max(0, r.clock.Now().Sub(s.oldest).Seconds()), in.attrs)
 		}
 		return nil
-	}, in.owned, in.pendingMsgs, in.pendingAge, in.pendingOK, in.headAge, in.stalled, in.parkedMsgs, in.clockOffset)
+	}, in.owned, in.unowned, in.pendingMsgs, in.pendingAge, in.pendingOK, in.headAge, in.stalled, in.parkedMsgs, in.clockOffset)
 }
 
 // stalledSince is when publishing stopped making progress (see

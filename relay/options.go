@@ -201,7 +201,7 @@ type Options struct {
 	// at ParkAfter strikes the row is parked: kept, marked, holding its
 	// key's later rows in the bucket until an operator requeues it
 	// (ParkAdmin), while the rest of the bucket flows on. A row is parked
-	// only while Store.FleetCanPark. A row the store cannot decode
+	// only while Store.Fleet reports CanPark. A row the store cannot decode
 	// (*CorruptRowError) is parked alone, at once, under every policy. The
 	// zero value, ParkUnpublishable, counts only errors wrapping
 	// ErrUnpublishable, so a broker outage parks nothing.

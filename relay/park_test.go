@@ -294,7 +294,7 @@ func TestParkPolicyDecidesWhichFailuresPark(t *testing.T) {
 	}
 }
 
-// TestParkingWaitsForTheFleet: while FleetCanPark is false (a live relay
+// TestParkingWaitsForTheFleet: while Fleet reports CanPark false (a live relay
 // predates parking) an unpublishable row is retried, not parked, with one
 // WARN line for the row; once the fleet can park, the row parks at its next
 // failure.

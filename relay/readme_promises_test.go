@@ -32,7 +32,7 @@ type argsStore struct {
 	excluded       []int // len(Exclude) of each NextBatches request
 }
 
-func (s *argsStore) AcquireBucketLeases(ctx context.Context, id string, n int, d time.Duration) ([]int, error) {
+func (s *argsStore) AcquireBucketLeases(ctx context.Context, id string, n int, d time.Duration) (relay.Leases, error) {
 	s.mu.Lock()
 	s.leaseDurations = append(s.leaseDurations, d)
 	s.mu.Unlock()
@@ -174,7 +174,7 @@ func TestZeroOptionsUseTheDocumentedDefaults(t *testing.T) {
 }
 
 // TestMetricInstrumentsBehindTheREADMEsTable proves the instruments behind
-// the README's metrics table: the fourteen of them, with the kinds and units
+// the README's metrics table: the fifteen of them, with the kinds and units
 // that make the OpenTelemetry Prometheus exporter show the documented names
 // and types (a counter gains _total, unit s _seconds, unit 1 _ratio, a
 // {annotation} nothing), each carrying outbox.name="outbox" by default, and
@@ -244,6 +244,7 @@ func TestMetricInstrumentsBehindTheREADMEsTable(t *testing.T) {
 	}
 	want := map[string]instrument{
 		relay.MetricOwnedBuckets:        {metrictest.Gauge, "{bucket}"},    // outbox_owned_buckets
+		relay.MetricUnownedBuckets:      {metrictest.Gauge, "{bucket}"},    // outbox_buckets_unowned
 		relay.MetricPublishAcknowledged: {metrictest.Counter, "{message}"}, // outbox_publish_acknowledged_total
 		relay.MetricPublishFailures:     {metrictest.Counter, "{attempt}"}, // outbox_publish_failures_total
 		relay.MetricLeaseExpirations:    {metrictest.Counter, "{event}"},   // outbox_lease_expirations_total

@@ -59,6 +59,9 @@ type Relay struct {
 	phase atomic.Int32  // the loop's phase (phaseWorking, …), read by renewLoop
 	kick  chan struct{} // wakes renewLoop: the leases or the loop's phase changed
 
+	unowned      atomic.Int64 // buckets without a live owner after the latest round; -1: no round yet
+	unownedSince atomic.Int64 // UnixNano of the first round of a run of rounds reporting unowned buckets; 0: none
+
 	// owners is pub as a BucketOwnershipObserver; nil when it is none.
 	owners BucketOwnershipObserver
 	// group is pub as a GroupPublisher; nil when it is none: the relay
@@ -147,6 +150,10 @@ type runState struct {
 	attempted     bool // an acquisition was attempted: release on stop
 	nextRebalance time.Time
 	nextDiscovery time.Time
+	// The fleet check (liveRelays): the live relays the latest round
+	// counted (0: none yet), and when the next check is due.
+	relays         int
+	nextFleetCheck time.Time
 	discover      bool // discovery forced by new buckets or an unknown hint
 	hints         []int
 	worked        atomic.Bool // the cycle called the store
@@ -295,6 +302,8 @@ func (r *Relay) Run(ctx context.Context) error {
 	r.health.Store(&errNoCycle)
 	r.authErr.Store(nil)
 	r.pubFail.Store(nil)
+	r.unowned.Store(-1)
+	r.unownedSince.Store(0)
 	st := newRunState(r.opts.BucketCount)
 	st.nextRebalance = r.clock.Now()
 	r.phase.Store(phaseWorking)
@@ -410,6 +419,10 @@ func (r *Relay) loop(ctx, cleanup context.Context, st *runState) error {
 // cycle runs acquisition when due and one sweep over the owned buckets
 // (which discovers, when due or hinted, beside its batches).
 func (r *Relay) cycle(ctx, cleanup context.Context, st *runState) error {
+	if now := r.clock.Now(); !now.Before(st.nextFleetCheck) && now.Before(st.nextRebalance) {
+		st.nextFleetCheck = now.Add(r.opts.PollInterval)
+		r.fleetChecked(st, r.liveRelays(ctx))
+	}
 	if !r.clock.Now().Before(st.nextRebalance) {
 		r.setPhase(phaseAcquiring)
 		err := r.acquire(ctx, st)
@@ -428,7 +441,7 @@ func (r *Relay) cycle(ctx, cleanup context.Context, st *runState) error {
 	var unknown bool
 	st.hints, unknown = r.notifier.take(st.hints[:0])
 	for _, b := range st.hints {
-		if b < len(st.b) {
+		if containsSorted(owned, b) {
 			st.b[b].ready = true // hinted owned buckets are fetched directly
 		}
 	}
@@ -908,12 +921,14 @@ func (r *Relay) backoff(attempt int) time.Duration {
 	return half + time.Duration(r.rng.Int64N(int64(d-half)+1))
 }
 
-// eligible reports whether a ready bucket can be swept now.
+// eligible reports whether an acquisition round is due or an owned ready
+// bucket can be swept now.
 func (r *Relay) eligible(st *runState, now time.Time) bool {
-	if !now.Before(st.nextRebalance) {
+	if !now.Before(st.nextRebalance) || !now.Before(st.nextFleetCheck) {
 		return true
 	}
-	for b := range st.b {
+	owned, _, _ := st.lease.snapshot()
+	for _, b := range owned {
 		if !st.b[b].ready {
 			continue
 		}
@@ -928,10 +943,10 @@ func (r *Relay) eligible(st *runState, now time.Time) bool {
 // retries when owning buckets) or a notification.
 func (r *Relay) idle(ctx context.Context, st *runState) {
 	now := r.clock.Now()
-	deadline := st.nextRebalance
+	deadline := earliest(st.nextRebalance, st.nextFleetCheck)
 	if owned, _, _ := st.lease.snapshot(); len(owned) > 0 {
 		deadline = earliest(deadline, st.nextDiscovery)
-		for b := range st.b {
+		for _, b := range owned {
 			if hr := st.b[b].retry; st.b[b].ready && hr != nil {
 				deadline = earliest(deadline, hr.notBefore)
 			}

@@ -239,7 +239,7 @@ func TestRelay(t *testing.T) {
 			h.clock.Advance(10 * time.Second)
 			h.waitFor("renewal", func() bool { return h.ops.count(relaytest.OpRenew) >= i })
 		}
-		peer, err := h.store.AcquireBucketLeases(context.Background(), "peer", 1, 30*time.Second)
+		peer, err := relaytest.Owned(h.store.AcquireBucketLeases(context.Background(), "peer", 1, 30*time.Second))
 		if err != nil || len(peer) != 0 {
 			t.Fatalf("peer acquisition during a renewed slow publish = %v, %v; want no buckets", peer, err)
 		}
@@ -259,7 +259,7 @@ func TestRelay(t *testing.T) {
 		h.start()
 		h.waitFor("publish started", func() bool { return len(h.pub.Calls()) == 1 })
 		h.clock.Advance(31 * time.Second)
-		peer, err := h.store.AcquireBucketLeases(context.Background(), "peer", 1, 30*time.Second)
+		peer, err := relaytest.Owned(h.store.AcquireBucketLeases(context.Background(), "peer", 1, 30*time.Second))
 		if err != nil || !slices.Equal(peer, []int{0}) {
 			t.Fatalf("peer acquisition after the pause = %v, %v; want [0]", peer, err)
 		}
@@ -414,7 +414,7 @@ func TestRelay(t *testing.T) {
 		if got := ids(h.store.Pending(0)); !slices.Equal(got, all[3:]) {
 			t.Fatalf("pending after the stop = %v; want %v", got, all[3:])
 		}
-		peer, err := h.store.AcquireBucketLeases(context.Background(), "peer", 1, 30*time.Second)
+		peer, err := relaytest.Owned(h.store.AcquireBucketLeases(context.Background(), "peer", 1, 30*time.Second))
 		if err != nil || !slices.Equal(peer, []int{0}) {
 			t.Fatalf("peer acquisition right after the stop = %v, %v; want [0] at once", peer, err)
 		}
@@ -572,7 +572,7 @@ func TestRelay(t *testing.T) {
 		}
 	})
 
-	t.Run("relay_owning_nothing_waits_for_the_next_rebalance", func(t *testing.T) {
+	t.Run("relay_owning_nothing_checks_the_fleet_and_discovers_nothing", func(t *testing.T) {
 		h := newHarness(t, relay.Options{BucketCount: 1}, nil)
 		if _, err := h.store.AcquireBucketLeases(context.Background(), "peer", 1, 30*time.Second); err != nil {
 			t.Fatal(err)
@@ -580,8 +580,12 @@ func TestRelay(t *testing.T) {
 		h.start()
 		h.waitIdle()
 		next, ok := h.clock.NextDeadline()
-		if want := t0.Add(relay.DefaultLeaseRenewInterval); !ok || !next.Equal(want) {
-			t.Fatalf("idle deadline of a relay owning nothing = %v (%v); want the rebalance at %v", next, ok, want)
+		if want := t0.Add(relay.DefaultPollInterval); !ok || !next.Equal(want) {
+			t.Fatalf("idle deadline of a relay owning nothing = %v (%v); want the fleet check at %v", next, ok, want)
+		}
+		h.advanceIdle(relay.DefaultPollInterval)
+		if got := h.ops.count(relaytest.OpFleet); got != 1 {
+			t.Fatalf("fleet checks a poll interval after the round = %d; want 1", got)
 		}
 		if got := h.ops.count(relaytest.OpBucketsWithPending); got != 0 {
 			t.Fatalf("discovery queries of a relay owning nothing = %d; want 0", got)

@@ -2,7 +2,8 @@ package relay
 
 import (
 	"context"
-	"errors"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/gorm-outbox/outbox"
@@ -16,7 +17,7 @@ import (
 // Every method must honour ctx and be safe for concurrent use (the relay
 // never calls two of NextBatch, MarkPublished and Park for one bucket at
 // once). A store may lack three capabilities, and says so:
-//   - parking: FleetCanPark returns false (a row the broker never accepts
+//   - parking: Fleet reports CanPark false (a row the broker never accepts
 //     then stops its bucket);
 //   - backlog metrics: PendingMetrics returns nil, nil;
 //   - a clock of its own: ClockOffset returns ok false (its leases then run
@@ -26,10 +27,15 @@ type Store interface {
 	// AcquireBucketLeases runs one acquisition round for relayID: it records
 	// a heartbeat, takes or keeps this relay's fair share of the bucketCount
 	// buckets (see Shares) with leases lasting leaseDuration from now, frees
-	// any excess, and returns the buckets the relay owns after the round, in
-	// ascending order. Rows in a bucket outside [0, bucketCount) make it
-	// return an error wrapping ErrMisconfigured.
-	AcquireBucketLeases(ctx context.Context, relayID string, bucketCount int, leaseDuration time.Duration) ([]int, error)
+	// any excess, and reports the round (Leases). It claims free buckets
+	// from a point that differs between relays (see ClaimStart), and never
+	// a lease row it had to recreate before any earlier holder's lease
+	// could have run out. The fleet's bucket count is the store's (a
+	// database's lease rows): a bucketCount that differs, or rows in a
+	// bucket outside [0, bucketCount), make it return an error wrapping
+	// ErrMisconfigured that names both counts, before it records a
+	// heartbeat, so that a misconfigured relay is never counted as a peer.
+	AcquireBucketLeases(ctx context.Context, relayID string, bucketCount int, leaseDuration time.Duration) (Leases, error)
 
 	// RenewBucketLeases extends relayID's leases on buckets to now +
 	// leaseDuration (never backwards) and refreshes its heartbeat, all or
@@ -70,10 +76,12 @@ type Store interface {
 	// guard).
 	MarkPublished(ctx context.Context, bucket int, published []*outbox.Message) error
 
-	// FleetCanPark reports whether every live relay of the outbox supports
-	// parking (an older one would publish parked rows); while false (a
-	// rolling upgrade) the relay retries the row instead of parking it.
-	FleetCanPark(ctx context.Context) (bool, error)
+	// Fleet reports the live relays (a heartbeat within the latest round's
+	// lease duration, not stopped), cheaply: the relay calls it every
+	// PollInterval and runs an acquisition round at once when their number
+	// changed, so that a joining or stopping relay's buckets change hands
+	// within about a PollInterval.
+	Fleet(ctx context.Context) (Fleet, error)
 
 	// Park marks row id of bucket parked, in place, with reason (which the
 	// store may truncate), in one atomic step with checking that relayID
@@ -103,6 +111,43 @@ type Store interface {
 	// store whose writes serialise, like SQLite's single writer: the relay
 	// then serves one bucket after the other.
 	ConcurrentBuckets() bool
+}
+
+// Leases is the outcome of an acquisition round (Store.AcquireBucketLeases).
+type Leases struct {
+	// Owned are the buckets the relay owns after the round, ascending.
+	Owned []int
+	// Share is the relay's fair share in the round (Shares): while it owns
+	// fewer, the relay runs its next round soon, not a LeaseRenewInterval
+	// later.
+	Share int
+	// Relays is the number of live relays the round counted, the caller
+	// included.
+	Relays int
+	// Unowned is the number of buckets without a live owner after the
+	// round: free, expired, or held by a relay no longer live
+	// (MetricUnownedBuckets).
+	Unowned int
+}
+
+// Fleet is what Store.Fleet reports of the live relays.
+type Fleet struct {
+	// Relays is the number of live relays.
+	Relays int
+	// CanPark reports whether every live relay supports parking (an older
+	// one would publish parked rows); while false (a rolling upgrade) the
+	// relay retries a row instead of parking it.
+	CanPark bool
+}
+
+// ClaimStart is where relayID starts claiming free buckets among
+// bucketCount: the relays counted in a round (held, as for Shares) each
+// start at another point, so that relays starting together claim
+// different buckets rather than collide on the lowest ones.
+func ClaimStart(bucketCount int, relayID string, held map[string]int) int {
+	ids := slices.Sorted(maps.Keys(held))
+	i, _ := slices.BinarySearch(ids, relayID)
+	return i * bucketCount / max(len(ids), 1)
 }
 
 // MultiBucketStore is a Store that reads, and deletes, the rows of several
@@ -231,8 +276,9 @@ type GroupPublisher interface {
 	PublishGroup(ctx context.Context, batches [][]*outbox.Message) []Result
 }
 
-// ErrMisconfigured is wrapped by errors that no retry can fix: writers and
-// relays disagreeing on BucketCount (a store's AcquireBucketLeases returns
-// it), or a publish longer than Options.MaxPublishDuration. Run stops with
-// it, so that a misconfigured deployment fails loudly.
-var ErrMisconfigured = errors.New("misconfigured")
+// ErrMisconfigured is wrapped by errors that no retry can fix: a relay or
+// writer whose bucket count differs from the fleet's (a store's
+// AcquireBucketLeases returns it), or a publish longer than
+// Options.MaxPublishDuration. Run stops with it, so that a misconfigured
+// deployment fails loudly. It is outbox.ErrMisconfigured.
+var ErrMisconfigured = outbox.ErrMisconfigured

@@ -56,11 +56,11 @@ func (r *Relay) park(ctx context.Context, st *runState, b int, id int64, reason 
 	if !r.ownsBucket(st, b) {
 		return false, true, nil
 	}
-	if can, err = r.store.FleetCanPark(ctx); err != nil || !can {
+	if f, err := r.store.Fleet(ctx); err != nil || !f.CanPark {
 		if err != nil {
 			err = errBucket{fmt.Errorf("relay: bucket %d: can the fleet park: %w", b, err)}
 		}
-		return false, can, err
+		return false, f.CanPark, err
 	}
 	if !r.ownsBucket(st, b) {
 		return false, true, nil

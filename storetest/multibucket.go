@@ -45,11 +45,11 @@ func (e *env) multiStore(park bool) (s relay.MultiBucketStore, canPark bool) {
 	if !park {
 		return s, false
 	}
-	canPark, err := s.FleetCanPark(e.ctx)
+	f, err := s.Fleet(e.ctx)
 	if err != nil {
-		e.t.Fatalf("FleetCanPark: %v", err)
+		e.t.Fatalf("Fleet: %v", err)
 	}
-	if canPark {
+	if f.CanPark {
 		if got := e.acquire(r); len(got) != e.n {
 			e.t.Fatalf("AcquireBucketLeases(relay-a) = %v; want all %d buckets", got, e.n)
 		}

@@ -11,7 +11,7 @@ import (
 	"github.com/gorm-outbox/outbox/relay"
 )
 
-// parkScenarios run only for a store that can park (FleetCanPark true with
+// parkScenarios run only for a store that can park (Fleet reporting CanPark with
 // no other relay alive) and, for the admin ones, implements
 // relay.ParkAdmin.
 var parkScenarios = []struct {
@@ -34,10 +34,10 @@ var parkScenarios = []struct {
 func (e *env) parker() relay.Store {
 	e.t.Helper()
 	r := e.relay("relay-a")
-	if ok, err := r.s.FleetCanPark(e.ctx); err != nil {
-		e.t.Fatalf("FleetCanPark: %v", err)
-	} else if !ok {
-		e.t.Skip("storetest: the store cannot park (FleetCanPark is false with no relay alive)")
+	if f, err := r.s.Fleet(e.ctx); err != nil {
+		e.t.Fatalf("Fleet: %v", err)
+	} else if !f.CanPark {
+		e.t.Skip("storetest: the store cannot park (Fleet reports CanPark false with no relay alive)")
 	}
 	if got := e.acquire(r); len(got) != e.n {
 		e.t.Fatalf("AcquireBucketLeases(relay-a) = %v; want all %d buckets", got, e.n)
@@ -312,12 +312,12 @@ func deleteParkedOnlyParked(t *testing.T, f Factory) {
 func fleetCanPark(t *testing.T, f Factory) {
 	e := newEnv(t, f, 8)
 	s := e.parker()
-	if ok, err := s.FleetCanPark(e.ctx); err != nil || !ok {
-		t.Fatalf("FleetCanPark before any relay = %v, %v; want true", ok, err)
+	if f, err := s.Fleet(e.ctx); err != nil || !f.CanPark || f.Relays != 1 {
+		t.Fatalf("Fleet with relay-a = %+v, %v; want CanPark and 1 relay", f, err)
 	}
 	e.converge(2, e.relay("relay-a"), e.relay("relay-b"))
-	if ok, err := s.FleetCanPark(e.ctx); err != nil || !ok {
-		t.Fatalf("FleetCanPark with two relays of this store = %v, %v; want true", ok, err)
+	if f, err := s.Fleet(e.ctx); err != nil || !f.CanPark || f.Relays != 2 {
+		t.Fatalf("Fleet with two relays of this store = %+v, %v; want CanPark and 2 relays", f, err)
 	}
 }
 

@@ -6,6 +6,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/gorm-outbox/outbox/relay"
 )
 
 // RandomRounds is the number of rounds of the randomised multi-relay run.
@@ -71,7 +73,9 @@ func randomisedRun(t *testing.T, f Factory) {
 		var wg sync.WaitGroup
 		for i, s := range ss {
 			wg.Go(func() {
-				got[i], errs[i] = s.r.s.AcquireBucketLeases(e.ctx, s.r.id, n, LeaseDuration)
+				var l relay.Leases
+				l, errs[i] = s.r.s.AcquireBucketLeases(e.ctx, s.r.id, n, LeaseDuration)
+				got[i] = l.Owned
 			})
 		}
 		wg.Wait()

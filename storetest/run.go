@@ -44,7 +44,10 @@ func Run(t *testing.T, newHarness Factory) {
 		{"buckets_with_pending_returns_only_requested_buckets_with_rows", bucketsWithPending},
 		{"mark_published_deletes_only_the_given_rows_of_the_bucket", markPublished},
 		{"rows_outside_the_bucket_range_are_a_misconfiguration", rowsOutsideRange},
-		{"stale_lease_rows_outside_the_range_are_ignored", staleLeasesIgnored},
+		{"a_lease_table_of_16_buckets_refuses_a_relay_of_8_uncounted", otherBucketCount(16)},
+		{"a_lease_table_of_4_buckets_refuses_a_relay_of_8_uncounted", otherBucketCount(4)},
+		{"relays_claim_free_buckets_from_their_own_starting_points", claimStarts},
+		{"fleet_counts_the_live_relays", fleetCountsLiveRelays},
 		{"transient_heartbeat_failure_is_returned_and_the_next_round_works", transientFailure(StepHeartbeat)},
 		{"transient_seed_failure_is_returned_and_the_next_round_works", transientFailure(StepSeed)},
 		{"backlog_metrics_report_count_and_oldest", backlogMetrics},
@@ -89,14 +92,17 @@ func (e *env) relay(id string) *relayOf {
 
 func (e *env) acquire(r *relayOf) []int {
 	e.t.Helper()
-	got, err := r.s.AcquireBucketLeases(e.ctx, r.id, e.n, LeaseDuration)
+	l, err := r.s.AcquireBucketLeases(e.ctx, r.id, e.n, LeaseDuration)
 	if err != nil {
 		e.t.Fatalf("AcquireBucketLeases(%s) error: %v", r.id, err)
 	}
-	if !slices.IsSorted(got) {
-		e.t.Fatalf("AcquireBucketLeases(%s) = %v; want ascending order", r.id, got)
+	if !slices.IsSorted(l.Owned) {
+		e.t.Fatalf("AcquireBucketLeases(%s).Owned = %v; want ascending order", r.id, l.Owned)
 	}
-	return got
+	if l.Relays < 0 || l.Share < 0 || l.Share > e.n || l.Unowned < 0 || l.Unowned+len(l.Owned) > e.n {
+		e.t.Fatalf("AcquireBucketLeases(%s) = %+v; want 0 ≤ Share ≤ %d, Relays ≥ 0, Unowned ≥ 0 and at most the buckets it does not own", r.id, l, e.n)
+	}
+	return l.Owned
 }
 
 func (e *env) leases() map[int]Lease {
@@ -478,28 +484,76 @@ func rowsOutsideRange(t *testing.T, f Factory) {
 	})
 }
 
-func staleLeasesIgnored(t *testing.T, f Factory) {
-	e := newEnv(t, f, 8)
-	if e.h.SetLease == nil {
-		t.Skip("storetest: Harness.SetLease is nil")
-	}
-	for _, l := range []Lease{
-		{Bucket: 8},
-		{Bucket: 9, Owner: "relay-gone", ExpiresAt: start.Add(time.Hour)},
-		{Bucket: 12, Owner: "relay-a", ExpiresAt: start.Add(time.Hour)},
-	} {
-		if err := e.h.SetLease(e.ctx, l); err != nil {
-			t.Fatalf("Harness.SetLease(%v): %v", l, err)
+// otherBucketCount seeds the lease rows of a table of count buckets: a
+// relay of 8 is refused, naming both counts, before it records a heartbeat.
+func otherBucketCount(count int) func(t *testing.T, f Factory) {
+	return func(t *testing.T, f Factory) {
+		e := newEnv(t, f, 8)
+		if e.h.SetLease == nil {
+			t.Skip("storetest: Harness.SetLease is nil")
+		}
+		for b := range count {
+			if err := e.h.SetLease(e.ctx, Lease{Bucket: b}); err != nil {
+				t.Fatalf("Harness.SetLease(%d): %v", b, err)
+			}
+		}
+		a := e.relay("relay-a")
+		l, err := a.s.AcquireBucketLeases(e.ctx, a.id, 8, LeaseDuration)
+		if !errors.Is(err, relay.ErrMisconfigured) || !strings.Contains(err.Error(), strconv.Itoa(count)) || !strings.Contains(err.Error(), "8") {
+			t.Fatalf("AcquireBucketLeases(8) on a lease table of %d buckets = %+v, %v; want an error wrapping ErrMisconfigured naming %d and 8", count, l, err, count)
+		}
+		if fl, err := a.s.Fleet(e.ctx); err != nil || fl.Relays != 0 {
+			t.Fatalf("Fleet after the refused round = %+v, %v; want 0 relays (a refused relay is no peer)", fl, err)
 		}
 	}
-	a := e.relay("relay-a")
-	if got := e.acquire(a); !slices.Equal(got, all(8)) {
-		t.Fatalf("with stale lease rows 8, 9, 12: AcquireBucketLeases = %v; want %v", got, all(8))
+}
+
+// claimStarts: relay-b and relay-c are live and every bucket is free;
+// relay-c, second of two, claims its share from the middle.
+func claimStarts(t *testing.T, f Factory) {
+	e := newEnv(t, f, 8)
+	a, b, c := e.relay("relay-a"), e.relay("relay-b"), e.relay("relay-c")
+	e.acquire(a)
+	e.acquire(b)
+	e.acquire(c)
+	if err := a.s.ReleaseBucketLeases(e.ctx, a.id); err != nil {
+		t.Fatalf("ReleaseBucketLeases(relay-a): %v", err)
 	}
-	// relay-gone holds a stale lease but no heartbeat: it does not count.
-	b := e.relay("relay-b")
-	got := e.converge(3, a, b)
-	e.checkPartition(got, map[string]int{a.id: 4, b.id: 4})
+	e.clock.Advance(time.Second)
+	if got := e.acquire(c); !slices.Equal(got, []int{4, 5, 6, 7}) {
+		t.Fatalf("relay-c's round with relay-b live and every bucket free = %v; want [4 5 6 7] (relay.ClaimStart)", got)
+	}
+	if got := e.acquire(b); !slices.Equal(got, []int{0, 1, 2, 3}) {
+		t.Fatalf("relay-b's round = %v; want [0 1 2 3]", got)
+	}
+}
+
+// fleetCountsLiveRelays: Fleet counts relays with a recent heartbeat that
+// have not stopped, as a round does.
+func fleetCountsLiveRelays(t *testing.T, f Factory) {
+	e := newEnv(t, f, 8)
+	a, b := e.relay("relay-a"), e.relay("relay-b")
+	fleet := func(want int, when string) {
+		t.Helper()
+		if fl, err := a.s.Fleet(e.ctx); err != nil || fl.Relays != want {
+			t.Fatalf("Fleet %s = %+v, %v; want %d relays", when, fl, err, want)
+		}
+	}
+	e.acquire(a)
+	fleet(1, "after relay-a's round")
+	if l, err := b.s.AcquireBucketLeases(e.ctx, b.id, 8, LeaseDuration); err != nil || l.Relays != 2 || l.Share != 4 || len(l.Owned) != 0 || l.Unowned != 0 {
+		t.Fatalf("relay-b's first round = %+v, %v; want 2 relays, share 4, none owned (relay-a holds all), none unowned", l, err)
+	}
+	fleet(2, "after relay-b's round")
+	if err := b.s.ReleaseBucketLeases(e.ctx, b.id); err != nil {
+		t.Fatalf("ReleaseBucketLeases(relay-b): %v", err)
+	}
+	fleet(1, "after relay-b's release")
+	e.clock.Advance(LeaseDuration + time.Second)
+	fleet(0, "a lease duration after relay-a's last round")
+	if l, err := b.s.AcquireBucketLeases(e.ctx, b.id, 8, LeaseDuration); err != nil || l.Relays != 1 || len(l.Owned) != 8 || l.Unowned != 0 {
+		t.Fatalf("relay-b's round once relay-a's leases expired = %+v, %v; want 1 relay, all 8 owned, none unowned", l, err)
+	}
 }
 
 func transientFailure(step Step) func(t *testing.T, f Factory) {

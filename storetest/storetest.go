@@ -4,10 +4,10 @@
 // release, batches, misconfiguration, backlog metrics, parking — and a randomised
 // multi-relay run asserting that no bucket ever has two live owners.
 //
-// A store that can park (FleetCanPark true) is also checked for it: parked rows skipped by NextBatch and BucketsWithPending and counted in
+// A store that can park (Fleet reporting CanPark) is also checked for it: parked rows skipped by NextBatch and BucketsWithPending and counted in
 // Pending.Parked, the later rows of a parked row's key held by NextBatch (a
 // corrupt row holding nothing, a requeue of a corrupt row releasing
-// nothing), Park changing nothing without the relay's lease, FleetCanPark
+// nothing), Park changing nothing without the relay's lease, Fleet
 // for a fleet of its own relays, a corrupt row reported as a
 // *relay.CorruptRowError at the head (with Harness.InsertCorrupt), and, for
 // a relay.ParkAdmin, listing, requeue in id order, deletion of parked rows

@@ -613,8 +613,8 @@ func oneLine(err error) string { return flagNames.Replace(err.Error()) }
 // and ConcurrentBuckets; every other method fails.
 type checkStore struct{ buckets int }
 
-func (checkStore) AcquireBucketLeases(context.Context, string, int, time.Duration) ([]int, error) {
-	return nil, errUnused
+func (checkStore) AcquireBucketLeases(context.Context, string, int, time.Duration) (relay.Leases, error) {
+	return relay.Leases{}, errUnused
 }
 func (checkStore) RenewBucketLeases(context.Context, string, []int, time.Duration) (bool, error) {
 	return false, errUnused
@@ -625,7 +625,7 @@ func (checkStore) NextBatch(context.Context, int, int, int64) ([]*outbox.Message
 	return nil, errUnused
 }
 func (checkStore) MarkPublished(context.Context, int, []*outbox.Message) error { return errUnused }
-func (checkStore) FleetCanPark(context.Context) (bool, error)                  { return false, errUnused }
+func (checkStore) Fleet(context.Context) (relay.Fleet, error)                  { return relay.Fleet{}, errUnused }
 func (checkStore) Park(context.Context, string, int, int64, string) error      { return errUnused }
 func (checkStore) PendingMetrics(context.Context) (*relay.Pending, error)      { return nil, errUnused }
 func (checkStore) ClockOffset() (time.Duration, time.Duration, bool)           { return 0, 0, false }

@@ -19,6 +19,7 @@ import (
 	"github.com/gorm-outbox/outbox/gormstore"
 	"github.com/gorm-outbox/outbox/internal/testenv"
 	"github.com/gorm-outbox/outbox/relay"
+	"github.com/gorm-outbox/outbox/relay/relaytest"
 )
 
 // TestParkedRowCommandsOnARealStore parks rows with a gormstore.Store (as
@@ -41,7 +42,7 @@ func TestParkedRowCommandsOnARealStore(t *testing.T) {
 		}
 
 		// The test parks rows as relay "test-relay", which needs the leases.
-		if got, err := store.AcquireBucketLeases(t.Context(), "test-relay", 4, time.Hour); err != nil || len(got) != 4 {
+		if got, err := relaytest.Owned(store.AcquireBucketLeases(t.Context(), "test-relay", 4, time.Hour)); err != nil || len(got) != 4 {
 			t.Fatalf("AcquireBucketLeases = %v, %v; want all 4 buckets", got, err)
 		}
 		driver, dsn := dsnOf(t, db)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/internal/testenv"
+	"github.com/gorm-outbox/outbox/relay/relaytest"
 )
 
 // leaseRows reads f's lease rows.
@@ -137,7 +138,7 @@ func TestRebucketResetsTheLeasesOnceTheRelaysStopped(t *testing.T) {
 			t.Errorf("lease rows after rebucket -to 4: %s; want 4 free rows", got)
 		}
 
-		mine, err := f.store(t, 4).AcquireBucketLeases(ctx, "relay-2", 4, 30*time.Second)
+		mine, err := relaytest.Owned(f.store(t, 4).AcquireBucketLeases(ctx, "relay-2", 4, 30*time.Second))
 		if err != nil || !slices.Equal(mine, []int{0, 1, 2, 3}) {
 			t.Errorf("a relay with 4 buckets acquires %v, %v; want [0 1 2 3]", mine, err)
 		}

@@ -21,7 +21,7 @@ type Backend struct {
 
 	mu       sync.Mutex
 	nextID   int64
-	seeded   bool                      // the lease rows exist
+	window   time.Duration             // the latest round's lease duration: Fleet's liveness window
 	rows     map[int][]*outbox.Message // bucket → pending rows in ID order
 	leases   map[int]lease             // bucket → lease (rows outside the range may exist)
 	relays   map[string]*heartbeat     // relay id → heartbeat
@@ -64,7 +64,7 @@ func (b *Backend) Insert(msgs ...*outbox.Message) {
 
 // Store is one relay's view of the Backend. It implements relay.Store,
 // saying what it lacks through the contract: it cannot park rows
-// (FleetCanPark is false: a row the broker never accepts stops its bucket)
+// (Fleet reports CanPark false: a row the broker never accepts stops its bucket)
 // and has no clock of its own (its leases run on the relays' clocks). Each
 // relay gets its own Store; now is its clock (injected so that the
 // conformance kit can move time).
@@ -94,49 +94,52 @@ func (s *Store) ConcurrentBuckets() bool { return true }
 // (now), so there is no offset to report.
 func (s *Store) ClockOffset() (offset, uncertainty time.Duration, ok bool) { return 0, 0, false }
 
-// FleetCanPark implements relay.Store: this store cannot park rows.
-func (s *Store) FleetCanPark(context.Context) (bool, error) { return false, nil }
-
-// Park implements relay.Store; the relay never calls it while FleetCanPark
-// is false.
+// Park implements relay.Store; the relay never calls it while Fleet
+// reports CanPark false.
 func (s *Store) Park(context.Context, string, int, int64, string) error {
 	return errors.New("customstore: parking is not supported")
 }
 
 // AcquireBucketLeases implements relay.Store: one acquisition round.
-func (s *Store) AcquireBucketLeases(ctx context.Context, relayID string, bucketCount int, leaseDuration time.Duration) ([]int, error) {
+func (s *Store) AcquireBucketLeases(ctx context.Context, relayID string, bucketCount int, leaseDuration time.Duration) (relay.Leases, error) {
 	if err := ctx.Err(); err != nil {
-		return nil, err
+		return relay.Leases{}, err
 	}
 	b := s.b
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	// Misconfiguration is loud: a writer with another bucket count.
+	// Misconfiguration is loud: a relay or a writer with another bucket count.
 	if bucketCount != b.buckets {
-		return nil, fmt.Errorf("customstore: bucket count %d, the backend's is %d: %w", bucketCount, b.buckets, relay.ErrMisconfigured)
+		return relay.Leases{}, fmt.Errorf("customstore: bucket count %d, the backend's is %d: %w", bucketCount, b.buckets, relay.ErrMisconfigured)
 	}
 	for bucket, rows := range b.rows {
 		if len(rows) > 0 && (bucket < 0 || bucket >= bucketCount) {
-			return nil, fmt.Errorf("customstore: %d rows in bucket %d, outside [0, %d): %w", len(rows), bucket, bucketCount, relay.ErrMisconfigured)
+			return relay.Leases{}, fmt.Errorf("customstore: %d rows in bucket %d, outside [0, %d): %w", len(rows), bucket, bucketCount, relay.ErrMisconfigured)
 		}
 	}
-	now := s.now()
-	// 1. Seed the lease rows once (INSERT … ON CONFLICT DO NOTHING).
-	if !b.seeded {
+	// 1. The fleet's bucket count is the lease rows' (0…N−1): seed an empty
+	// lease table (INSERT … ON CONFLICT DO NOTHING), refuse another count,
+	// both before the heartbeat, so that a refused relay is never a peer.
+	top := -1
+	for i := range b.leases {
+		top = max(top, i)
+	}
+	switch {
+	case top < 0:
 		if b.fail("seed") {
-			return nil, errors.New("customstore: seed: injected failure")
+			return relay.Leases{}, errors.New("customstore: seed: injected failure")
 		}
 		for i := range bucketCount {
-			if _, ok := b.leases[i]; !ok {
-				b.leases[i] = lease{}
-			}
+			b.leases[i] = lease{}
 		}
-		b.seeded = true
+	case top+1 != bucketCount:
+		return relay.Leases{}, fmt.Errorf("customstore: the lease table holds %d buckets and this relay's count is %d: %w", top+1, bucketCount, relay.ErrMisconfigured)
 	}
+	now := s.now()
 	// 2. Heartbeat, unless the relay stopped after this statement began (a
 	// late statement of a stopped relay must change nothing).
 	if b.fail("heartbeat") {
-		return nil, errors.New("customstore: heartbeat: injected failure")
+		return relay.Leases{}, errors.New("customstore: heartbeat: injected failure")
 	}
 	hb := b.relays[relayID]
 	if hb == nil {
@@ -144,18 +147,14 @@ func (s *Store) AcquireBucketLeases(ctx context.Context, relayID string, bucketC
 		b.relays[relayID] = hb
 	}
 	if !hb.stoppedAt.IsZero() && !now.After(hb.stoppedAt) {
-		return nil, nil
+		return relay.Leases{}, nil
 	}
 	hb.stoppedAt, hb.lastSeen = time.Time{}, now
 	// 3. Count what each live relay holds (live: a heartbeat within one
 	// lease duration), and this relay's fair share (relay.Shares).
-	held := map[string]int{}
-	for id, r := range b.relays {
-		if r.stoppedAt.IsZero() && now.Sub(r.lastSeen) < leaseDuration {
-			held[id] = 0
-		}
-	}
+	held := b.live(now, leaseDuration)
 	var mine []int
+	others := 0
 	for i := range bucketCount {
 		l := b.leases[i]
 		if l.owner == "" || !now.Before(l.expires) {
@@ -163,22 +162,25 @@ func (s *Store) AcquireBucketLeases(ctx context.Context, relayID string, bucketC
 		}
 		if _, live := held[l.owner]; live {
 			held[l.owner]++
+			others++
 		}
 		if l.owner == relayID {
 			mine = append(mine, i)
+			others--
 		}
 	}
 	share := relay.Shares(bucketCount, held)[relayID]
 	// 4. Free the excess (UPDATE … WHERE owner = me), then claim free or
-	// expired leases (UPDATE … WHERE owner IS NULL OR expires <= now), and
-	// extend the ones kept — never backwards.
+	// expired leases from this relay's own starting point (UPDATE … WHERE
+	// expires <= now), and extend the ones kept — never backwards.
 	for len(mine) > share {
 		b.leases[mine[len(mine)-1]] = lease{}
 		mine = mine[:len(mine)-1]
 	}
+	start := relay.ClaimStart(bucketCount, relayID, held)
 	for i := 0; i < bucketCount && len(mine) < share; i++ {
-		if l := b.leases[i]; l.owner == "" || !now.Before(l.expires) {
-			mine = append(mine, i)
+		if l := b.leases[(start+i)%bucketCount]; l.owner == "" || !now.Before(l.expires) {
+			mine = append(mine, (start+i)%bucketCount)
 		}
 	}
 	slices.Sort(mine)
@@ -189,7 +191,31 @@ func (s *Store) AcquireBucketLeases(ctx context.Context, relayID string, bucketC
 		}
 		b.leases[i] = lease{owner: relayID, expires: exp}
 	}
-	return mine, nil
+	b.window = leaseDuration
+	return relay.Leases{Owned: mine, Share: share, Relays: len(held), Unowned: bucketCount - others - len(mine)}, nil
+}
+
+// live returns the relays with a heartbeat within window that have not
+// stopped, each holding 0.
+func (b *Backend) live(now time.Time, window time.Duration) map[string]int {
+	held := map[string]int{}
+	for id, r := range b.relays {
+		if r.stoppedAt.IsZero() && now.Sub(r.lastSeen) < window {
+			held[id] = 0
+		}
+	}
+	return held
+}
+
+// Fleet implements relay.Store: the live relays; this store cannot park
+// rows.
+func (s *Store) Fleet(ctx context.Context) (relay.Fleet, error) {
+	if err := ctx.Err(); err != nil {
+		return relay.Fleet{}, err
+	}
+	s.b.mu.Lock()
+	defer s.b.mu.Unlock()
+	return relay.Fleet{Relays: len(s.b.live(s.now(), s.b.window))}, nil
 }
 
 // RenewBucketLeases implements relay.Store: all or nothing.

@@ -21,7 +21,7 @@ const (
 	OpNextBatch          = "NextBatch"
 	OpMarkPublished      = "MarkPublished"
 	OpPendingMetrics     = "PendingMetrics"
-	OpFleetCanPark       = "FleetCanPark"
+	OpFleet              = "Fleet"
 	OpPark               = "Park"
 	OpListParked         = "ListParked"
 	OpRequeueParked      = "RequeueParked"
@@ -48,7 +48,8 @@ type memShared struct {
 
 	parked  map[int64]memPark    // parked rows by id
 	corrupt map[int64]memCorrupt // undecodable rows by id (see AddCorrupt)
-	noFleet bool                 // FleetCanPark answers false (see SetFleetCanPark)
+	noFleet bool                 // Fleet reports CanPark false (see SetFleetCanPark)
+	window  time.Duration        // the latest round's lease duration: Fleet's liveness window
 
 	concurrent bool // ConcurrentBuckets answers true (see SetConcurrentBuckets)
 }
@@ -201,24 +202,26 @@ func (s *MemStore) ConcurrentBuckets() bool {
 func (s *MemStore) ClockOffset() (offset, uncertainty time.Duration, ok bool) { return 0, 0, false }
 
 // AcquireBucketLeases implements relay.Store: heartbeat, then take or keep
-// relayID's fair share of free or expired leases, freeing any excess. A
-// relay that was released (stopped) gets nothing from a round that started
-// before its release (by the store's clock); a later round is a restart.
-func (s *MemStore) AcquireBucketLeases(ctx context.Context, relayID string, bucketCount int, leaseDuration time.Duration) ([]int, error) {
+// relayID's fair share of free or expired leases, from its
+// relay.ClaimStart on, freeing any excess. A relay that was released
+// (stopped) gets nothing from a round that started before its release (by
+// the store's clock); a later round is a restart.
+func (s *MemStore) AcquireBucketLeases(ctx context.Context, relayID string, bucketCount int, leaseDuration time.Duration) (relay.Leases, error) {
 	if err := s.enter(ctx, OpAcquire); err != nil {
-		return nil, err
+		return relay.Leases{}, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if bucketCount != s.n {
-		return nil, fmt.Errorf("relaytest: bucket count %d, the store's is %d: %w", bucketCount, s.n, relay.ErrMisconfigured)
+		return relay.Leases{}, fmt.Errorf("relaytest: bucket count %d, the store's is %d: %w", bucketCount, s.n, relay.ErrMisconfigured)
 	}
 	for b, rows := range s.rows {
 		if len(rows) > 0 && (b < 0 || b >= bucketCount) {
-			return nil, fmt.Errorf("relaytest: %d rows in bucket %d, outside [0, %d): %w", len(rows), b, bucketCount, relay.ErrMisconfigured)
+			return relay.Leases{}, fmt.Errorf("relaytest: %d rows in bucket %d, outside [0, %d): %w", len(rows), b, bucketCount, relay.ErrMisconfigured)
 		}
 	}
 	now := s.now()
+	s.window = leaseDuration
 	rel := s.relays[relayID]
 	if rel == nil {
 		rel = &memRelay{}
@@ -226,18 +229,14 @@ func (s *MemStore) AcquireBucketLeases(ctx context.Context, relayID string, buck
 	}
 	if rel.stopped {
 		if !now.After(rel.stopAt) {
-			return nil, nil // a late statement of a stopped relay changes nothing
+			return relay.Leases{Owned: []int{}}, nil // a late statement of a stopped relay changes nothing
 		}
 		rel.stopped = false // the same id started again
 	}
 	rel.lastSeen = now
-	held := map[string]int{}
-	for id, r := range s.relays {
-		if !r.stopped && now.Sub(r.lastSeen) < leaseDuration {
-			held[id] = 0
-		}
-	}
+	held := s.liveLocked(now)
 	var mine []int
+	others := 0
 	for b := 0; b < bucketCount; b++ {
 		l := s.leases[b]
 		if l.owner == "" || !now.Before(l.expires) {
@@ -245,29 +244,44 @@ func (s *MemStore) AcquireBucketLeases(ctx context.Context, relayID string, buck
 		}
 		if _, ok := held[l.owner]; ok {
 			held[l.owner]++
+			others++
 		}
 		if l.owner == relayID {
 			mine = append(mine, b)
 		}
 	}
+	others -= len(mine)
 	share := relay.Shares(bucketCount, held)[relayID]
 	for len(mine) > share {
 		last := mine[len(mine)-1]
 		delete(s.leases, last)
 		mine = mine[:len(mine)-1]
 	}
-	for b := 0; b < bucketCount && len(mine) < share; b++ {
+	start := relay.ClaimStart(bucketCount, relayID, held)
+	for i := 0; i < bucketCount && len(mine) < share; i++ {
+		b := (start + i) % bucketCount
 		l := s.leases[b]
 		if l.owner == "" || !now.Before(l.expires) {
 			mine = append(mine, b)
-			s.leases[b] = memLease{owner: relayID} // expiry set below
 		}
 	}
 	slices.Sort(mine)
 	for _, b := range mine {
 		s.leases[b] = memLease{owner: relayID, expires: now.Add(leaseDuration)}
 	}
-	return mine, nil
+	return relay.Leases{Owned: mine, Share: share, Relays: len(held), Unowned: bucketCount - others - len(mine)}, nil
+}
+
+// liveLocked returns the live relays (a heartbeat within the latest round's
+// lease duration, not stopped), each with 0; s.mu is held.
+func (s *MemStore) liveLocked(now time.Time) map[string]int {
+	held := map[string]int{}
+	for id, r := range s.relays {
+		if !r.stopped && now.Sub(r.lastSeen) < s.window {
+			held[id] = 0
+		}
+	}
+	return held
 }
 
 // RenewBucketLeases implements relay.Store: all or nothing.
@@ -526,3 +540,7 @@ var (
 	_ relay.Store     = (*MemStore)(nil)
 	_ relay.ParkAdmin = (*MemStore)(nil)
 )
+
+// Owned returns l.Owned and err: it reads the buckets an acquisition round
+// granted, as in got, err := relaytest.Owned(s.AcquireBucketLeases(…)).
+func Owned(l relay.Leases, err error) ([]int, error) { return l.Owned, err }

@@ -49,7 +49,7 @@ func (s *MemStore) Repair(id int64) {
 	delete(s.corrupt, id)
 }
 
-// SetFleetCanPark sets FleetCanPark's answer (true until set otherwise).
+// SetFleetCanPark sets what Fleet reports in CanPark (true until set otherwise).
 func (s *MemStore) SetFleetCanPark(ok bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -82,14 +82,15 @@ func (s *MemStore) isParked(id int64) bool {
 	return ok
 }
 
-// FleetCanPark implements relay.Store: true unless SetFleetCanPark(false).
-func (s *MemStore) FleetCanPark(ctx context.Context) (bool, error) {
-	if err := s.enter(ctx, OpFleetCanPark); err != nil {
-		return false, err
+// Fleet implements relay.Store: the live relays, CanPark true unless
+// SetFleetCanPark(false).
+func (s *MemStore) Fleet(ctx context.Context) (relay.Fleet, error) {
+	if err := s.enter(ctx, OpFleet); err != nil {
+		return relay.Fleet{}, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return !s.noFleet, nil
+	return relay.Fleet{Relays: len(s.liveLocked(s.now())), CanPark: !s.noFleet}, nil
 }
 
 // row returns row id of bucket, or nil.

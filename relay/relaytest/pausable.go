@@ -55,9 +55,9 @@ func (p *Pausable) gate(ctx context.Context) error {
 }
 
 // AcquireBucketLeases implements relay.Store, stalled while paused.
-func (p *Pausable) AcquireBucketLeases(ctx context.Context, id string, n int, d time.Duration) ([]int, error) {
+func (p *Pausable) AcquireBucketLeases(ctx context.Context, id string, n int, d time.Duration) (relay.Leases, error) {
 	if err := p.gate(ctx); err != nil {
-		return nil, err
+		return relay.Leases{}, err
 	}
 	return p.Store.AcquireBucketLeases(ctx, id, n, d)
 }

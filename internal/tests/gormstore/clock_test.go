@@ -12,6 +12,7 @@ import (
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/gormstore"
 	"github.com/gorm-outbox/outbox/internal/testenv"
+	"github.com/gorm-outbox/outbox/relay/relaytest"
 	"gorm.io/gorm"
 )
 
@@ -90,7 +91,7 @@ func TestLeasesRunOnTheDatabaseClock(t *testing.T) {
 				t.Fatal(err)
 			}
 			before := dbClockMs(t, db)
-			got, err := s.AcquireBucketLeases(t.Context(), "relay-a", 4, ld)
+			got, err := relaytest.Owned(s.AcquireBucketLeases(t.Context(), "relay-a", 4, ld))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -134,7 +135,7 @@ func TestLeasesRunOnTheDatabaseClock(t *testing.T) {
 }
 
 // TestParkingStampsRunOnTheDatabaseClock: parked_at_ms is the database's
-// time when Options.Clock is nil, and FleetCanPark judges liveness by it: a
+// time when Options.Clock is nil, and Fleet judges liveness by it: a
 // relay whose heartbeat the database clock calls live, and that lacks the
 // parking bit, blocks parking even for a store whose host clock is far off.
 func TestParkingStampsRunOnTheDatabaseClock(t *testing.T) {
@@ -171,14 +172,14 @@ func TestParkingStampsRunOnTheDatabaseClock(t *testing.T) {
 			if err := db.Table(cfg.RelaysTableName()).Create(&old).Error; err != nil {
 				t.Fatal(err)
 			}
-			if can, err := s.FleetCanPark(t.Context()); err != nil || can {
-				t.Fatalf("FleetCanPark = %v, %v with an old relay seen 10s ago; want false", can, err)
+			if f, err := s.Fleet(t.Context()); err != nil || f.CanPark {
+				t.Fatalf("Fleet = %+v, %v with an old relay seen 10s ago; want CanPark false", f, err)
 			}
 			if err := db.Table(cfg.RelaysTableName()).Where("relay_id = ?", "old").Update("last_seen_ms", dbClockMs(t, db)-40_000).Error; err != nil {
 				t.Fatal(err)
 			}
-			if can, err := s.FleetCanPark(t.Context()); err != nil || !can {
-				t.Fatalf("FleetCanPark = %v, %v with the old relay last seen 40s ago; want true", can, err)
+			if f, err := s.Fleet(t.Context()); err != nil || !f.CanPark {
+				t.Fatalf("Fleet = %+v, %v with the old relay last seen 40s ago; want CanPark", f, err)
 			}
 		})
 	}
@@ -263,7 +264,7 @@ func TestRelaysWithSkewedHostClocksNeverShareABucket(t *testing.T) {
 				errs := make([]error, len(rs))
 				var wg sync.WaitGroup
 				for i, r := range rs {
-					wg.Go(func() { got[i], errs[i] = r.s.AcquireBucketLeases(ctx, r.id, n, ld) })
+					wg.Go(func() { got[i], errs[i] = relaytest.Owned(r.s.AcquireBucketLeases(ctx, r.id, n, ld)) })
 				}
 				wg.Wait()
 				for i, r := range rs {
@@ -444,7 +445,7 @@ func checkSkewOwners(t *testing.T, db *gorm.DB, cfg outbox.Config, round int, re
 // TestTheDatabaseClockCostsOneStatementPerLeaseOperation measures the price
 // of the database's clock: an idle acquisition round, a renewal and a
 // release each run exactly one statement more (the clock read) than with
-// an injected Options.Clock, and Park and FleetCanPark none.
+// an injected Options.Clock, and Park and Fleet none.
 func TestTheDatabaseClockCostsOneStatementPerLeaseOperation(t *testing.T) {
 	for _, o := range testenv.Databases(t) {
 		t.Run(o.Name, func(t *testing.T) {
@@ -470,7 +471,7 @@ func TestTheDatabaseClockCostsOneStatementPerLeaseOperation(t *testing.T) {
 				var owned []int
 				acquire := func() error {
 					var err error
-					owned, err = s.AcquireBucketLeases(ctx, "relay-a", 4, 30*time.Second)
+					owned, err = relaytest.Owned(s.AcquireBucketLeases(ctx, "relay-a", 4, 30*time.Second))
 					return err
 				}
 				count("first round", acquire)
@@ -480,7 +481,7 @@ func TestTheDatabaseClockCostsOneStatementPerLeaseOperation(t *testing.T) {
 				if err := db.Session(&gorm.Session{SkipHooks: true}).Table(cfg.MessagesTableName()).Create(m).Error; err != nil {
 					t.Fatal(err)
 				}
-				got["fleet can park"] = count("fleet can park", func() error { _, err := s.FleetCanPark(ctx); return err })
+				got["fleet can park"] = count("fleet can park", func() error { _, err := s.Fleet(ctx); return err })
 				got["park"] = count("park", func() error { return s.Park(ctx, "relay-a", 1, m.ID, "test") })
 				got["release"] = count("release", func() error { return s.ReleaseBucketLeases(ctx, "relay-a") })
 				return got

@@ -8,6 +8,7 @@ import (
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/gormstore"
 	"github.com/gorm-outbox/outbox/internal/testenv"
+	"github.com/gorm-outbox/outbox/relay/relaytest"
 	"gorm.io/gorm"
 )
 
@@ -62,7 +63,7 @@ func TestMySQLDriverSettings(t *testing.T) {
 				t.Fatal(err)
 			}
 			ctx := t.Context()
-			if owned, err := store.AcquireBucketLeases(ctx, "relay-a", 2, 30*time.Second); err != nil || len(owned) != 2 {
+			if owned, err := relaytest.Owned(store.AcquireBucketLeases(ctx, "relay-a", 2, 30*time.Second)); err != nil || len(owned) != 2 {
 				t.Fatalf("AcquireBucketLeases = %v, %v", owned, err)
 			}
 			batch, err := store.NextBatch(ctx, 0, 10, 0)

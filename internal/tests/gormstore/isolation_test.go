@@ -244,7 +244,7 @@ func TestLeaseReadsIgnoreUncommittedWritesOnAReadUncommittedPool(t *testing.T) {
 				clock.Advance(time.Second)
 				ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 				defer cancel()
-				got, err := s.AcquireBucketLeases(ctx, id, 4, lease)
+				got, err := relaytest.Owned(s.AcquireBucketLeases(ctx, id, 4, lease))
 				if err != nil {
 					t.Fatalf("AcquireBucketLeases(%s): %v", id, err)
 				}

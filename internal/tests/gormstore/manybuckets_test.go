@@ -9,6 +9,7 @@ import (
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/gormstore"
 	"github.com/gorm-outbox/outbox/internal/testenv"
+	"github.com/gorm-outbox/outbox/relay/relaytest"
 )
 
 // TestEveryDocumentedBucketCountLeases: with outbox.MaxBucketCount (65,536)
@@ -51,7 +52,7 @@ func TestEveryDocumentedBucketCountLeases(t *testing.T) {
 				var got []int
 				step("acquire "+id, func() error {
 					var err error
-					got, err = s.AcquireBucketLeases(ctx, id, n, lease)
+					got, err = relaytest.Owned(s.AcquireBucketLeases(ctx, id, n, lease))
 					return err
 				})
 				if len(got) != want {

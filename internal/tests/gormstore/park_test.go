@@ -39,7 +39,7 @@ func newParkEnv(t *testing.T, o testenv.Opener, db *gorm.DB) *parkEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, err := s.AcquireBucketLeases(t.Context(), "relay-a", 4, 30*time.Second); err != nil || len(got) != 4 {
+	if got, err := relaytest.Owned(s.AcquireBucketLeases(t.Context(), "relay-a", 4, 30*time.Second)); err != nil || len(got) != 4 {
 		t.Fatalf("AcquireBucketLeases = %v, %v; want all 4 buckets", got, err)
 	}
 	return &parkEnv{t: t, db: db, cfg: cfg, clock: clock, s: s, dial: o.Name}
@@ -281,11 +281,11 @@ func TestFleetCanParkWaitsForEveryLiveRelayToSupportParking(t *testing.T) {
 		ctx := t.Context()
 		can := func() bool {
 			t.Helper()
-			ok, err := e.s.FleetCanPark(ctx)
+			f, err := e.s.Fleet(ctx)
 			if err != nil {
-				t.Fatalf("FleetCanPark: %v", err)
+				t.Fatalf("Fleet: %v", err)
 			}
-			return ok
+			return f.CanPark
 		}
 		oldBeat := func(id string, at time.Time, stopped bool) {
 			t.Helper()
@@ -302,22 +302,22 @@ func TestFleetCanParkWaitsForEveryLiveRelayToSupportParking(t *testing.T) {
 		oldBeat("old-stale", e.clock.Now().Add(-gormstore.DefaultLiveness-time.Second), false)
 		oldBeat("old-stopped", e.clock.Now(), true)
 		if !can() {
-			t.Fatal("FleetCanPark = false with only a stale and a stopped old relay; want true")
+			t.Fatal("Fleet().CanPark = false with only a stale and a stopped old relay; want true")
 		}
 		if _, err := e.s.AcquireBucketLeases(ctx, "new", 4, 10*time.Second); err != nil {
 			t.Fatal(err)
 		}
 		if !can() {
-			t.Fatal("FleetCanPark = false with only this (parking) relay live; want true")
+			t.Fatal("Fleet().CanPark = false with only this (parking) relay live; want true")
 		}
 		oldBeat("old-live", e.clock.Now().Add(-5*time.Second), false)
 		if can() {
-			t.Fatal("FleetCanPark = true with a live relay whose features is 0; want false")
+			t.Fatal("Fleet().CanPark = true with a live relay whose features is 0; want false")
 		}
 		// Past the latest acquisition's lease duration (10s) it is not live.
 		e.clock.Advance(6 * time.Second)
 		if !can() {
-			t.Fatal("FleetCanPark = false once the old relay's heartbeat is older than the lease; want true")
+			t.Fatal("Fleet().CanPark = false once the old relay's heartbeat is older than the lease; want true")
 		}
 		var features int64
 		if err := e.db.Table(e.cfg.RelaysTableName()).Where("relay_id = ?", "new").Pluck("features", &features).Error; err != nil || features != outbox.RelayFeatureParking {

@@ -12,6 +12,7 @@ import (
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/gormstore"
 	"github.com/gorm-outbox/outbox/internal/testenv"
+	"github.com/gorm-outbox/outbox/relay/relaytest"
 	"gorm.io/gorm"
 )
 
@@ -150,7 +151,7 @@ func TestMisconfigurationProbeSkipsRowsBeingInserted(t *testing.T) {
 			}
 
 			rec.Reset()
-			granted, err := s.AcquireBucketLeases(context.Background(), "relay-a", 8, time.Minute)
+			granted, err := relaytest.Owned(s.AcquireBucketLeases(context.Background(), "relay-a", 8, time.Minute))
 			if err != nil {
 				t.Fatal(err)
 			}

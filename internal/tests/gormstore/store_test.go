@@ -3,6 +3,7 @@ package gormstore_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
@@ -71,6 +72,9 @@ func newConfig(t *testing.T, db *gorm.DB, n int) outbox.Config {
 func harness(t *testing.T, db *gorm.DB, f *failures, n int) *storetest.Harness {
 	t.Helper()
 	cfg := newConfig(t, db, n)
+	if err := db.Exec("DELETE FROM " + cfg.LeasesTableName()).Error; err != nil { // a fresh backend: the first relay seeds
+		t.Fatal(err)
+	}
 	return &storetest.Harness{
 		NewStore: func(now func() time.Time) relay.Store {
 			s, err := gormstore.New(db, gormstore.Options{Config: cfg, Clock: clockOf(now)})
@@ -271,7 +275,7 @@ func TestIdleRoundStatements(t *testing.T) {
 			if len(idle) != 6 {
 				t.Errorf("idle acquisition round ran %d statements; want 6", len(idle))
 			}
-			owned, _ := s.AcquireBucketLeases(ctx, "relay-a", 8, 30*time.Second)
+			owned, _ := relaytest.Owned(s.AcquireBucketLeases(ctx, "relay-a", 8, 30*time.Second))
 			measure("renew", func() error { _, err := s.RenewBucketLeases(ctx, "relay-a", owned, 30*time.Second); return err })
 			measure("renew (no change)", func() error { _, err := s.RenewBucketLeases(ctx, "relay-a", owned, 30*time.Second); return err })
 			measure("buckets with pending", func() error { _, err := s.BucketsWithPending(ctx, owned); return err })
@@ -340,38 +344,80 @@ func TestStaleHeartbeatsArePruned(t *testing.T) {
 	}
 }
 
-// TestDeletedLeaseRowsAreRecreated: after the lease rows are deleted under
-// a running relay (a restore, a mistaken DELETE FROM outbox_leases), its
-// next acquisition round recreates them, says so at WARN, and the relay
-// owns its buckets again (it owned none, forever, and nothing said so).
-func TestDeletedLeaseRowsAreRecreated(t *testing.T) {
+// TestDeletedLeaseRowsNeverGiveABucketTwoOwners: after the lease rows are
+// deleted under a running relay (a restore, a mistaken DELETE FROM
+// outbox_leases), the next round of any relay recreates them (saying so at
+// WARN) but none can claim them before the previous holder's lease has run
+// out, whichever relay comes first: a peer starting on the emptied table,
+// or the holder itself. The holder's renewal reports the leases lost.
+func TestDeletedLeaseRowsNeverGiveABucketTwoOwners(t *testing.T) {
 	for _, o := range testenv.Databases(t) {
-		t.Run(o.Name, func(t *testing.T) {
-			db := o.Open(t, nil)
-			cfg := newConfig(t, db, 4)
-			var logs strings.Builder
-			store, err := gormstore.New(db, gormstore.Options{Config: cfg, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
-			if err != nil {
-				t.Fatal(err)
-			}
-			ctx := context.Background()
-			if got, err := store.AcquireBucketLeases(ctx, "relay-1", 4, 30*time.Second); err != nil || len(got) != 4 {
-				t.Fatalf("first acquisition = %v, %v; want 4 buckets", got, err)
-			}
-			if err := db.Exec("DELETE FROM " + cfg.LeasesTableName()).Error; err != nil {
-				t.Fatal(err)
-			}
-			got, err := store.AcquireBucketLeases(ctx, "relay-1", 4, 30*time.Second)
-			if err != nil || !slices.Equal(got, []int{0, 1, 2, 3}) {
-				t.Errorf("acquisition after the lease rows were deleted = %v, %v; want [0 1 2 3]", got, err)
-			}
-			var n int64
-			if err := db.Table(cfg.LeasesTableName()).Where("owner = ?", "relay-1").Count(&n).Error; err != nil || n != 4 {
-				t.Errorf("lease rows owned by relay-1 = %d, %v; want 4", n, err)
-			}
-			if !strings.Contains(logs.String(), "level=WARN msg=\"lease rows were missing") || !strings.Contains(logs.String(), "recreated=4") {
-				t.Errorf("no WARN about the recreated lease rows:\n%s", logs.String())
-			}
-		})
+		for _, holderFirst := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/holder_first=%v", o.Name, holderFirst), func(t *testing.T) {
+				db := o.Open(t, nil)
+				cfg := newConfig(t, db, 4)
+				clock := relaytest.NewManualClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
+				var logs strings.Builder
+				open := func() *gormstore.Store {
+					s, err := gormstore.New(db, gormstore.Options{Config: cfg, Clock: clock, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+					if err != nil {
+						t.Fatal(err)
+					}
+					return s
+				}
+				holder, peer := open(), open()
+				ctx := context.Background()
+				const ld = 30 * time.Second
+				round := func(s *gormstore.Store, id string) relay.Leases {
+					t.Helper()
+					l, err := s.AcquireBucketLeases(ctx, id, 4, ld)
+					if err != nil {
+						t.Fatalf("AcquireBucketLeases(%s): %v", id, err)
+					}
+					return l
+				}
+				if got := round(holder, "holder").Owned; len(got) != 4 {
+					t.Fatalf("holder's first round = %v; want all 4 buckets", got)
+				}
+				held := clock.Now() // the holder trusts its leases until held + ld
+				if err := db.Exec("DELETE FROM " + cfg.LeasesTableName()).Error; err != nil {
+					t.Fatal(err)
+				}
+				clock.Advance(time.Second)
+				order := []struct {
+					s  *gormstore.Store
+					id string
+				}{{peer, "peer"}, {holder, "holder"}}
+				if holderFirst {
+					order[0], order[1] = order[1], order[0]
+				}
+				for clock.Now().Before(held.Add(ld)) {
+					for _, r := range order {
+						if l := round(r.s, r.id); len(l.Owned) != 0 || l.Unowned != 4 {
+							t.Fatalf("%s's round %v after the lease rows were deleted = %+v; want none owned (the holder's lease may still run) and 4 unowned", r.id, clock.Now().Sub(held), l)
+						}
+					}
+					clock.Advance(5 * time.Second)
+				}
+				if ok, err := holder.RenewBucketLeases(ctx, "holder", []int{0, 1, 2, 3}, ld); err != nil || ok {
+					t.Fatalf("holder's renewal = %v, %v; want false (its leases are gone)", ok, err)
+				}
+				clock.Advance(time.Second)
+				owned := map[int]string{}
+				for range 2 {
+					for _, r := range order {
+						for _, b := range round(r.s, r.id).Owned {
+							owned[b] = r.id
+						}
+					}
+				}
+				if len(owned) != 4 {
+					t.Fatalf("owners once the holder's lease ran out = %v; want all 4 buckets owned", owned)
+				}
+				if !strings.Contains(logs.String(), "level=WARN msg=\"lease rows were missing") || !strings.Contains(logs.String(), "recreated=4") {
+					t.Errorf("no WARN about the recreated lease rows:\n%s", logs.String())
+				}
+			})
+		}
 	}
 }

@@ -1,6 +1,7 @@
 package outbox_test
 
 import (
+	"errors"
 	"fmt"
 	"io/fs"
 	"slices"
@@ -243,6 +244,50 @@ func TestAutoMigrateDropsTheReplacedIndexOfCustomTables(t *testing.T) {
 			}
 			if !m.HasColumn(cfg.RelaysTable, "features") || !m.HasColumn(cfg.MessagesTable, "parked_at_ms") || !m.HasColumn(cfg.MessagesTable, "parked_reason") {
 				t.Error("a parking column is missing after the upgrade")
+			}
+		})
+	}
+}
+
+// TestAutoMigrateSeedsTheFleetsBucketCount: AutoMigrate seeds the lease
+// rows 0…N−1 of its Config into an empty lease table, once; the fleet's
+// count is then the table's: a Config with another count is refused by
+// AutoMigrate and CheckBucketCount with an error wrapping ErrMisconfigured
+// that names both counts, and changes nothing.
+func TestAutoMigrateSeedsTheFleetsBucketCount(t *testing.T) {
+	for _, o := range testenv.Databases(t) {
+		t.Run(o.Name, func(t *testing.T) {
+			db := o.Open(t, nil)
+			p := testenv.Unique("s")
+			cfg := outbox.Config{BucketCount: 16, MessagesTable: p + "_messages", LeasesTable: p + "_leases", RelaysTable: p + "_relays"}
+			ctx := t.Context()
+			if n, err := outbox.FleetBucketCount(ctx, db, cfg); err == nil {
+				t.Fatalf("FleetBucketCount before the tables exist = %d, nil; want an error", n)
+			}
+			for range 2 {
+				if err := outbox.AutoMigrate(db, cfg); err != nil {
+					t.Fatalf("AutoMigrate: %v", err)
+				}
+			}
+			var buckets []int
+			if err := db.Table(cfg.LeasesTableName()).Order("bucket").Pluck("bucket", &buckets).Error; err != nil || len(buckets) != 16 || buckets[15] != 15 {
+				t.Fatalf("lease rows after AutoMigrate twice = %v, %v; want 0…15", buckets, err)
+			}
+			if n, err := outbox.FleetBucketCount(ctx, db, cfg); err != nil || n != 16 {
+				t.Fatalf("FleetBucketCount = %d, %v; want 16", n, err)
+			}
+			if err := outbox.CheckBucketCount(ctx, db, cfg); err != nil {
+				t.Fatalf("CheckBucketCount(16) = %v; want nil", err)
+			}
+			other := cfg
+			other.BucketCount = 0 // the default, 8
+			for name, err := range map[string]error{"AutoMigrate": outbox.AutoMigrate(db, other), "CheckBucketCount": outbox.CheckBucketCount(ctx, db, other)} {
+				if !errors.Is(err, outbox.ErrMisconfigured) || !strings.Contains(err.Error(), "16") || !strings.Contains(err.Error(), "8") {
+					t.Errorf("%s with 8 buckets on a table of 16 = %v; want an error wrapping ErrMisconfigured naming 16 and 8", name, err)
+				}
+			}
+			if n, err := outbox.FleetBucketCount(ctx, db, cfg); err != nil || n != 16 {
+				t.Fatalf("FleetBucketCount after the refusals = %d, %v; want 16 (unchanged)", n, err)
 			}
 		})
 	}

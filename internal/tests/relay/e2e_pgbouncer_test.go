@@ -13,6 +13,7 @@ import (
 	"github.com/gorm-outbox/outbox/internal/testenv"
 	"github.com/gorm-outbox/outbox/kafkapub"
 	"github.com/gorm-outbox/outbox/relay"
+	"github.com/gorm-outbox/outbox/relay/relaytest"
 	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
@@ -133,7 +134,7 @@ func storeWorkload(t *testing.T, db *gorm.DB) error {
 					fail(fmt.Errorf("enqueue: %w", err))
 					return
 				}
-				buckets, err := store.AcquireBucketLeases(ctx, id, cfg.BucketCount, time.Minute)
+				buckets, err := relaytest.Owned(store.AcquireBucketLeases(ctx, id, cfg.BucketCount, time.Minute))
 				if err != nil {
 					fail(fmt.Errorf("AcquireBucketLeases: %w", err))
 					return
