@@ -154,11 +154,11 @@ type runState struct {
 	// counted (0: none yet), and when the next check is due.
 	relays         int
 	nextFleetCheck time.Time
-	discover      bool // discovery forced by new buckets or an unknown hint
-	hints         []int
-	worked        atomic.Bool // the cycle called the store
-	acquireErr    error       // the latest acquisition's error, nil after a success
-	discoverErr   error       // the latest discovery's error, nil after a success
+	discover       bool // discovery forced by new buckets or an unknown hint
+	hints          []int
+	worked         atomic.Bool // the cycle called the store
+	acquireErr     error       // the latest acquisition's error, nil after a success
+	discoverErr    error       // the latest discovery's error, nil after a success
 
 	b []bucketState // per bucket, BucketCount of them
 
