@@ -2,14 +2,18 @@ package relay_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/relay"
 	"github.com/gorm-outbox/outbox/relay/relaytest"
 )
@@ -176,6 +180,99 @@ func TestStoreOutageLogsBoundedLines(t *testing.T) {
 	if !slices.Contains(recovered, "acquire leases succeeds again") {
 		t.Errorf("no INFO line said the lease acquisition recovered; recovery lines: %v", recovered)
 	}
+}
+
+// TestBrokerOutageLogsOncePerKind: a broker that times out every publish
+// for 30 s, each error naming its bucket and a new local port, then bucket
+// 0's for 25 s more while bucket 1 publishes, leaves one WARN line (the
+// others at DEBUG); when it is back, one INFO line says so, with the
+// failures counted and how long they lasted.
+func TestBrokerOutageLogsOncePerKind(t *testing.T) {
+	var buf syncBuffer
+	h := newHarness(t, relay.Options{BucketCount: 2, Logger: slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))}, nil)
+	h.store.AddToBucket(0, msgs(2, "t")...)
+	h.store.AddToBucket(1, msgs(2, "t")...)
+	var port atomic.Int32
+	var oneBack atomic.Bool
+	h.pub.SetHandler(func(_ context.Context, b []*outbox.Message) relay.Result {
+		if oneBack.Load() && b[0].Bucket == 1 {
+			return relay.Result{Acknowledged: len(b)}
+		}
+		return relay.Result{Err: fmt.Errorf("bucket %d: write tcp 127.0.0.1:%d->127.0.0.1:9092: i/o timeout", b[0].Bucket, 54000+port.Add(1))}
+	})
+	h.start()
+	h.waitFor("the first failed publish", func() bool { return len(h.pub.Calls()) >= 1 })
+	h.waitIdle()
+	for i := range 55 {
+		if i >= 30 {
+			oneBack.Store(true)
+			h.store.AddToBucket(1, msgs(1, "t")...)
+		}
+		h.advanceIdle(time.Second)
+	}
+	if n := len(h.pub.Acknowledged()); n < 20 {
+		t.Fatalf("bucket 1 published %d rows while bucket 0 failed; want 20 or more", n)
+	}
+	h.pub.SetHandler(nil)
+	h.waitFor("the relay to deliver after the outage", func() bool {
+		h.clock.Advance(time.Second)
+		return h.store.Len() == 0
+	})
+	if err := h.stop(); err != nil {
+		t.Fatal(err)
+	}
+	failed, recovered := logRecords(t, &buf, "publish failed; retrying the head row alone"), logRecords(t, &buf, "publishing succeeds again")
+	warns := 0
+	for _, rec := range failed {
+		if rec["level"] == "WARN" {
+			warns++
+		}
+	}
+	if len(failed) < 10 || warns != 1 {
+		t.Errorf("%d failed publishes logged, %d at WARN; want 10 or more, 1 at WARN:\n%s", len(failed), warns, buf.String())
+	}
+	if len(recovered) != 1 {
+		t.Fatalf("%d recovery lines; want 1:\n%s", len(recovered), buf.String())
+	}
+	if rec := recovered[0]; rec["level"] != "INFO" || rec["failures"] != float64(len(failed)) || rec["failing_for"].(float64) < float64(55*time.Second) {
+		t.Errorf("recovery line %v; want INFO, failures %d, failing_for 55s or more", rec, len(failed))
+	}
+}
+
+// TestBucketStoreRecoveryIsLogged: a bucket whose fetch fails five times
+// logs one INFO line when its batch goes through, counting the failures.
+func TestBucketStoreRecoveryIsLogged(t *testing.T) {
+	var buf syncBuffer
+	h := newHarness(t, relay.Options{BucketCount: 1, Logger: slog.New(slog.NewJSONHandler(&buf, nil))}, nil)
+	h.ops.failNext(relaytest.OpNextBatch, 5)
+	h.store.AddToBucket(0, msgs(1, "t")...)
+	h.start()
+	h.waitFor("the relay to deliver after the failures", func() bool {
+		h.clock.Advance(time.Second)
+		return h.store.Len() == 0
+	})
+	if err := h.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if recs := logRecords(t, &buf, "bucket store succeeds again"); len(recs) != 1 || recs[0]["failures"] != float64(5) {
+		t.Fatalf("recovery lines %v; want one counting 5 failures:\n%s", recs, buf.String())
+	}
+}
+
+// logRecords returns the JSON records of buf whose message is msg.
+func logRecords(t *testing.T, buf *syncBuffer, msg string) []map[string]any {
+	t.Helper()
+	var recs []map[string]any
+	for _, line := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
+		var rec map[string]any
+		if err := json.Unmarshal([]byte(line), &rec); err != nil {
+			t.Fatalf("log line %q: %v", line, err)
+		}
+		if rec["msg"] == msg {
+			recs = append(recs, rec)
+		}
+	}
+	return recs
 }
 
 // TestOwnedBucketsAreLoggedAsRanges: the "owned buckets changed" line

@@ -651,6 +651,7 @@ func (r *Relay) settle(ctx, cleanup context.Context, st *runState, b int, f *fet
 		return nil
 	}
 	st.settled(b)
+	r.logRecovered(ctx, st)
 	if f.drained {
 		st.b[b].ready = false // a hint or discovery brings it back
 	}
@@ -821,6 +822,27 @@ func (r *Relay) bucketFailed(st *runState, b int, err error) {
 	}
 	hr, wait := r.retryLater(st, b, err, false)
 	r.repeats.Log(context.Background(), r.log, r.clock.Now(), "bucket store", "bucket store error; backing off this bucket, the others go on", err, "bucket", b, "attempt", hr.attempts, "backoff", wait, "failing_for", r.clock.Now().Sub(hr.since))
+}
+
+// logRecovered, after a batch went through, logs the end of the failed
+// publishes and of the buckets' store errors (Limiter.LogRecovered) once no
+// bucket retries one: while one partition is down, the other buckets'
+// batches do not end its failures.
+func (r *Relay) logRecovered(ctx context.Context, st *runState) {
+	var publish, store bool
+	st.mu.Lock()
+	for b := range st.retrying {
+		publish = publish || st.b[b].retry.published
+		store = store || st.b[b].retry.storeErr != nil
+	}
+	st.mu.Unlock()
+	now := r.clock.Now()
+	if !publish {
+		r.repeats.LogRecovered(ctx, r.log, now, "publish", "publishing succeeds again")
+	}
+	if !store {
+		r.repeats.LogRecovered(ctx, r.log, now, "bucket store", "bucket store succeeds again")
+	}
 }
 
 // everyBucketFailing returns, for Health, an error when every owned bucket

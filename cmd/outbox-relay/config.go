@@ -1,7 +1,6 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -123,18 +122,20 @@ func newFlagSet(c *config) *flag.FlagSet {
 	fs.StringVar(&c.messageIDHeader, "message-id-header", kafkapub.DefaultMessageIDHeader, "record header carrying the message id")
 	int64Var(fs, &c.kafkaBatchBytes, "kafka-batch-bytes", kafkapub.DefaultBatchBytes, "largest produce request per partition, in bytes; keep it at most the topics' max.message.bytes")
 	intVar(fs, &c.kafkaMaxRecords, "kafka-max-batch-records", kafkapub.DefaultMaxBatchRecords, "largest number of records per partition per produce request")
-	durationVar(fs, &c.kafkaPubTimeout, "kafka-publish-timeout", kafkapub.DefaultPublishTimeout, "bound on one publish call to Kafka: a broker that does not answer within it fails the call, which the relay counts, logs and retries after -error-backoff; keep it well under -lease-duration")
+	durationVar(fs, &c.kafkaPubTimeout, "kafka-publish-timeout", kafkapub.DefaultPublishTimeout, "timeout of one publish call to Kafka: a call that takes longer fails, and the relay counts, logs and retries it after -error-backoff; keep it well under -lease-duration")
 	fs.StringVar(&c.txnOutbox, "kafka-transactions", "", "fenced publishing (opt-in): publish each batch in a Kafka transaction, one transactional producer per bucket, so a relay that lost its bucket cannot write to read_committed consumers; the value names this outbox in the transactional ids (<prefix><name>-<bucket>), unique to the outbox across the Kafka cluster and the same on all its relays; consumers must read with isolation.level=read_committed (empty: off)")
 	fs.StringVar(&c.txnIDPrefix, "kafka-transactional-id-prefix", kafkapub.DefaultTransactionalIDPrefix, "with -kafka-transactions: the transactional ids' prefix (the relay's principal needs WRITE and DESCRIBE on TransactionalId resources with this prefix)")
 	durationVar(fs, &c.txnTimeout, "kafka-transaction-timeout", kafkapub.DefaultTransactionTimeout, "with -kafka-transactions: transaction.timeout.ms; longer than -kafka-publish-timeout, at most the brokers' transaction.max.timeout.ms")
 
 	o := &c.relay
 	intVar(fs, &o.BatchSize, "batch-size", relay.DefaultBatchSize, "rows fetched and published per batch")
+	int64Var(fs, &o.MaxBatchBytes, "max-batch-bytes", relay.DefaultMaxBatchBytes, "bound on a batch in bytes (keys, values and headers); a larger row is published alone")
+	intVar(fs, &o.MaxConcurrentBuckets, "max-concurrent-buckets", 0, "batches served at once on PostgreSQL and MySQL (SQLite: one); a fleet runs relays × it against the database (0: the default, min(4, ⌈8 × buckets owned ÷ -bucket-count⌉))")
 	durationVar(fs, &o.PollInterval, "poll-interval", relay.DefaultPollInterval, "how often to look for pending rows without a hint")
 	durationVar(fs, &o.ErrorBackoff, "error-backoff", relay.DefaultErrorBackoff, "wait after a store error; first backoff of a failing row")
 	durationVar(fs, &o.LeaseDuration, "lease-duration", relay.DefaultLeaseDuration, "lifetime of an acquired or renewed bucket lease")
 	durationVar(fs, &o.LeaseRenewInterval, "lease-renew-interval", relay.DefaultLeaseRenewInterval, "rebalance and renewal cadence; shorter than -lease-duration")
-	durationVar(fs, &o.MaxPublishDuration, "max-publish-duration", 0, "bound on one publish call (0: unbounded)")
+	durationVar(fs, &o.MaxPublishDuration, "max-publish-duration", 0, "an assertion, not a timeout: a publish call that takes longer stops the relay with a misconfiguration error (exit 1); must exceed -kafka-publish-timeout and, plus -lease-renew-interval, stay under -lease-duration (0: no assertion)")
 	fs.StringVar(&o.RelayID, "relay-id", "", "relay id in the lease table, unique among live relays (default: host name plus a random suffix)")
 	fs.StringVar(&o.MetricsName, "metrics-name", relay.DefaultMetricsName, "value of the outbox.name metric attribute")
 	durationVar(fs, &o.MetricsInterval, "metrics-interval", relay.DefaultMetricsInterval, "wait between backlog queries")
@@ -153,6 +154,9 @@ func newFlagSet(c *config) *flag.FlagSet {
 	fs.BoolVar(&o.MetricsBacklog, "metrics-backlog", true, "sample the backlog (pending count, oldest age) every -metrics-interval with one query; false: no backlog gauges and no such query")
 	fs.BoolVar(&o.MetricsBucketZeroOnly, "metrics-bucket-zero-only", false, "only the owner of bucket 0 samples the backlog (set on every relay)")
 	durationVar(fs, &o.StopTimeout, "stop-timeout", relay.DefaultStopTimeout, "bound on the cleanup after SIGTERM (in-flight publish, lease release)")
+	refuseZero(fs, "kafka-batch-bytes", "kafka-max-batch-records", "kafka-publish-timeout", "kafka-transaction-timeout",
+		"batch-size", "max-batch-bytes", "poll-interval", "error-backoff", "lease-duration", "lease-renew-interval",
+		"metrics-interval", "metrics-timeout", "park-after", "publish-failure-window", "stop-timeout")
 
 	fs.StringVar(&c.notifyDSN, "notify-postgres-dsn", "", "PostgreSQL connection string for cross-process wake-ups over LISTEN/NOTIFY (package pgnotify; empty: polling only)")
 	fs.StringVar(&c.notifyChannel, "notify-channel", pgnotify.DefaultChannel, "LISTEN/NOTIFY channel, the same as the writers' pgnotify.Sender")
@@ -175,6 +179,7 @@ func dbFlags(fs *flag.FlagSet, c *dbConfig) {
 	fs.StringVar(&c.outbox.LeasesTable, "leases-table", outbox.DefaultLeasesTable, "bucket lease table")
 	fs.StringVar(&c.outbox.RelaysTable, "relays-table", outbox.DefaultRelaysTable, "relay heartbeat table")
 	durationVar(fs, &c.statementTimeout, "statement-timeout", gormstore.DefaultStatementTimeout, "bound on every store statement (a table locked by a migration, a stuck connection); keep it well under -lease-renew-interval; on SQLite also set _busy_timeout in the DSN")
+	refuseZero(fs, "statement-timeout")
 }
 
 // parseConfig reads args, then the OUTBOX_* environment for every flag not
@@ -273,6 +278,33 @@ func (v durationValue) Set(s string) error {
 		return fmt.Errorf("a duration needs a unit: use a unit, e.g. %ss", s)
 	}
 	return errors.New("not a duration: use a number with a unit, e.g. 5s, 500ms or 2m")
+}
+
+// positive is a number or duration flag that refuses 0, from the command
+// line or its variable: its option would take 0 for its default, and the
+// worker runs what its flags say. A negative value is left to the option's
+// own check.
+type positive struct {
+	flag.Value
+	def string
+}
+
+// refuseZero makes the named flags of fs positive.
+func refuseZero(fs *flag.FlagSet, names ...string) {
+	for _, name := range names {
+		f := fs.Lookup(name)
+		f.Value = positive{f.Value, f.DefValue}
+	}
+}
+
+func (v positive) Set(s string) error {
+	if err := v.Value.Set(s); err != nil {
+		return err
+	}
+	if z := v.String(); z == "0" || z == "0s" {
+		return fmt.Errorf("must be positive; leave it unset for the default, %s", v.def)
+	}
+	return nil
 }
 
 // intValue is an int or int64 flag whose errors say what is wrong.
@@ -408,7 +440,7 @@ func (c *config) check() error {
 		return errors.New("-kafka-transaction-timeout goes with -kafka-transactions")
 	}
 	if mpd := c.relay.MaxPublishDuration; mpd > 0 {
-		if pt := cmp.Or(c.kafkaPubTimeout, kafkapub.DefaultPublishTimeout); pt >= mpd {
+		if pt := c.kafkaPubTimeout; pt >= mpd {
 			return fmt.Errorf("-kafka-publish-timeout %v must be shorter than -max-publish-duration %v: a publish to a hung broker would stop the relay", pt, mpd)
 		}
 	}
@@ -554,6 +586,9 @@ line naming the flag, before any connection); 1 for a runtime failure
 (database unreachable at start, outbox tables missing without -migrate, the
 HTTP address taken, a fatal relay error).
 
+A number or duration of 0 is refused unless the flag says what 0 means:
+leave a flag unset for its default.
+
 HTTP (-listen): /metrics (Prometheus format), /healthz (200 while the relay
 runs and its last cycle and lease acquisition succeeded, else 503 with the
 reason; a publish failure is not reported there, except an authentication
@@ -574,6 +609,8 @@ func printFlag(w io.Writer, f *flag.Flag) {
 // the flags that set them, so an error names what the user typed.
 var flagNames = strings.NewReplacer(
 	"Options.BatchSize", "-batch-size",
+	"Options.MaxBatchBytes", "-max-batch-bytes",
+	"Options.MaxConcurrentBuckets", "-max-concurrent-buckets",
 	"Options.PollInterval", "-poll-interval",
 	"Options.ErrorBackoff", "-error-backoff",
 	"Options.LeaseDuration", "-lease-duration",

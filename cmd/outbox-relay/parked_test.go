@@ -212,6 +212,7 @@ func TestSubcommandsShareTheRelaysDatabaseFlags(t *testing.T) {
 		{"-db-driver", "mysql", "-db-dsn", "root@127.0.0.1:3306/app"},
 		{"-db-driver", "sqlite", "-db-dsn", "x", "-bucket-count", "-1"},
 		{"-db-driver", "sqlite", "-db-dsn", "x", "-statement-timeout", "5"},
+		{"-db-driver", "sqlite", "-db-dsn", "x", "-statement-timeout", "0s"},
 	} {
 		_, relayErr := parseConfig(append(bad, "-kafka-brokers", "a:1"), noEnv)
 		_, cmdErr := parseSubcommand(findSubcommand("parked"), bad, noEnv)

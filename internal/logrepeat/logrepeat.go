@@ -5,14 +5,22 @@
 // step. One line per attempt buries the first, telling line under
 // thousands of copies. A Limiter lets the first occurrence of each
 // failure through at WARN, then the same failure (the same operation
-// failing with the same error text) at most once per interval, with the
-// number of occurrences in between; the others go to DEBUG. A new error
-// text is a new failure and is logged at once.
+// failing with the same kind of error) at most once per interval, with
+// the number of occurrences in between; the others go to DEBUG. A new
+// kind is a new failure and is logged at once.
+//
+// An error's kind is its text with every run of hexadecimal digits and
+// dashes that holds a decimal digit read as one "#": a broker's "write
+// tcp 127.0.0.1:54012->127.0.0.1:9092: i/o timeout" is one kind whatever
+// the connection's local port, and "relay: bucket 3: …" whatever the
+// bucket or the message id, so that an outage's attempts from many
+// connections and buckets count as one failure. Lines keep the full text.
 package logrepeat
 
 import (
 	"context"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 )
@@ -24,7 +32,7 @@ const Interval = time.Minute
 // logged longest ago is forgotten (its next occurrence logs at WARN).
 const maxCauses = 256
 
-type key struct{ op, cause string }
+type key struct{ op, kind string }
 
 type entry struct {
 	logged   time.Time // last WARN line
@@ -56,16 +64,15 @@ func New(every time.Duration) *Limiter {
 }
 
 // Failure records that op failed with err at now and returns the level of
-// its line: WARN for the first occurrence of this op and error text and
-// once per interval after it, DEBUG otherwise. repeated is the number of
+// its line: WARN for the first occurrence of this op and kind of error
+// and once per interval after it, DEBUG otherwise. repeated is the number of
 // occurrences logged at DEBUG since the previous WARN line (0 on a first
 // occurrence); log it with a WARN line.
 func (l *Limiter) Failure(op string, err error, now time.Time) (level slog.Level, repeated int) {
-	cause := ""
+	k := key{op: op}
 	if err != nil {
-		cause = err.Error()
+		k.kind = kind(err.Error())
 	}
-	k := key{op, cause}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	s := l.streaks[op]
@@ -128,6 +135,33 @@ func (l *Limiter) LogRecovered(ctx context.Context, log *slog.Logger, now time.T
 	if n, since := l.Recovered(op); n > 0 {
 		log.InfoContext(ctx, msg, append(args, "failures", n, "failing_for", now.Sub(since))...)
 	}
+}
+
+// kind returns text with each run of hexadecimal digits and dashes that
+// holds a decimal digit (a port, an address's parts, a count, an id)
+// replaced by "#".
+func kind(text string) string {
+	var b strings.Builder
+	for i := 0; i < len(text); {
+		j, digit := i, false
+		for ; j < len(text) && (isHex(text[j]) || text[j] == '-'); j++ {
+			digit = digit || '0' <= text[j] && text[j] <= '9'
+		}
+		if j == i {
+			j++ // not in a run: kept
+		}
+		if digit {
+			b.WriteByte('#')
+		} else {
+			b.WriteString(text[i:j])
+		}
+		i = j
+	}
+	return b.String()
+}
+
+func isHex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
 }
 
 func (l *Limiter) forgetOldest() {

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -39,9 +41,9 @@ func TestAnHourOfOneFailureLogsOncePerMinute(t *testing.T) {
 	}
 }
 
-// TestANewErrorTextIsLoggedAtOnce: another error of the same operation,
-// or the same error of another operation, is a new failure.
-func TestANewErrorTextIsLoggedAtOnce(t *testing.T) {
+// TestANewKindOfErrorIsLoggedAtOnce: another kind of error of the same
+// operation, or the same error of another operation, is a new failure.
+func TestANewKindOfErrorIsLoggedAtOnce(t *testing.T) {
 	l := New(time.Minute)
 	refused, reset := errors.New("connection refused"), errors.New("connection reset")
 	for i, c := range []struct {
@@ -57,6 +59,34 @@ func TestANewErrorTextIsLoggedAtOnce(t *testing.T) {
 	} {
 		if got, _ := l.Failure(c.op, c.err, t0.Add(time.Duration(i)*time.Second)); got != c.want {
 			t.Errorf("occurrence %d (%s, %v): level %v, want %v", i, c.op, c.err, got, c.want)
+		}
+	}
+}
+
+// TestErrorsDifferingInNumbersAreOneKind: a broker's errors that differ
+// only in the local port of each connection, a bucket number or a message
+// id are one failure, logged at WARN once within the interval; another
+// kind of error of the same outage still logs at once.
+func TestErrorsDifferingInNumbersAreOneKind(t *testing.T) {
+	l := New(time.Minute)
+	for i, c := range []struct {
+		err  string
+		want slog.Level
+	}{
+		{"relay: bucket 3: write tcp 127.0.0.1:54012->127.0.0.1:9092: i/o timeout", slog.LevelWarn},
+		{"relay: bucket 3: write tcp 127.0.0.1:54013->127.0.0.1:9092: i/o timeout", slog.LevelDebug},
+		{"relay: bucket 12: write tcp 127.0.0.1:60001->127.0.0.1:9092: i/o timeout", slog.LevelDebug},
+		{"relay: bucket 12: write tcp [::1]:40122->[::1]:9092: i/o timeout", slog.LevelWarn},
+		{"relay: bucket 5: write tcp [::1]:40123->[::1]:9092: i/o timeout", slog.LevelDebug},
+		{"dial tcp 127.0.0.1:9092: connect: connection refused", slog.LevelWarn},
+		{"dial tcp 10.0.3.17:9092: connect: connection refused", slog.LevelDebug},
+		{"kafkapub: publish message 0c6f2d1e-9a4b-4c8d-bead-fade00c0ffee to t[0]: [7] Request Timed Out", slog.LevelWarn},
+		{"kafkapub: publish message dead2d1e-face-4c8d-9e1f-3b5a7c9d1e2f to t[2]: [7] Request Timed Out", slog.LevelDebug},
+		{"kafkapub: publish message 0c6f2d1e-9a4b-4c8d-bead-fade00c0ffee to t[0]: [6] Not Leader For Partition", slog.LevelWarn},
+		{"context deadline exceeded", slog.LevelWarn},
+	} {
+		if got, _ := l.Failure("publish", errors.New(c.err), t0.Add(time.Duration(i)*time.Second)); got != c.want {
+			t.Errorf("occurrence %d (%s): level %v, want %v", i, c.err, got, c.want)
 		}
 	}
 }
@@ -91,7 +121,8 @@ func TestRecoveryEndsTheStreak(t *testing.T) {
 func TestDistinctCausesAreBounded(t *testing.T) {
 	l := New(time.Minute)
 	for i := range 10 * maxCauses {
-		l.Failure("publish", fmt.Errorf("offset %d", i), t0.Add(time.Duration(i)*time.Millisecond))
+		noDigits := strings.Map(func(r rune) rune { return 'g' + r - '0' }, strconv.Itoa(i)) // one kind each
+		l.Failure("publish", fmt.Errorf("topic %s", noDigits), t0.Add(time.Duration(i)*time.Millisecond))
 	}
 	if len(l.seen) > maxCauses {
 		t.Fatalf("%d causes remembered; bound is %d", len(l.seen), maxCauses)
