@@ -173,7 +173,7 @@ func newFlagSet(c *config) *flag.FlagSet {
 func dbFlags(fs *flag.FlagSet, c *dbConfig) {
 	fs.StringVar(&c.dbDriver, "db-driver", "", "database driver: postgres, mysql or sqlite (required)")
 	fs.StringVar(&c.dbDSN, "db-dsn", "", "database DSN in the driver's form (required)")
-	intVar(fs, &c.outbox.BucketCount, "bucket-count", outbox.DefaultBucketCount, fmt.Sprintf("ordering buckets, 1 to %d; must equal the writers' outbox.Config.BucketCount (0 means the default, %d, as in outbox.Config)", outbox.MaxBucketCount, outbox.DefaultBucketCount))
+	intVar(fs, &c.outbox.BucketCount, "bucket-count", 0, fmt.Sprintf("ordering buckets, 1 to %d: the fleet's count, the lease table's rows, which the writers' outbox.Config.BucketCount must equal; a relay with another count is refused (0: the table's, or %d on an empty table, which the first relay or -migrate then seeds)", outbox.MaxBucketCount, outbox.DefaultBucketCount))
 	fs.StringVar(&c.outbox.Schema, "schema", "", "schema (PostgreSQL), database (MySQL) or attached database (SQLite) of the tables (default: the connection's)")
 	fs.StringVar(&c.outbox.MessagesTable, "messages-table", outbox.DefaultMessagesTable, "pending messages table")
 	fs.StringVar(&c.outbox.LeasesTable, "leases-table", outbox.DefaultLeasesTable, "bucket lease table")
@@ -200,7 +200,6 @@ func parseConfig(args []string, getenv func(string) string) (*config, error) {
 	if err := applyEnv(fs, getenv, nil); err != nil {
 		return nil, err
 	}
-	c.defaults()
 	return c, c.check()
 }
 
@@ -223,14 +222,6 @@ func applyEnv(fs *flag.FlagSet, getenv func(string) string, only map[string]bool
 		}
 	})
 	return err
-}
-
-// defaults fills the settings whose zero means a default.
-func (c *dbConfig) defaults() {
-	// Zero means the default, as in outbox.Config; say so everywhere.
-	if c.outbox.BucketCount == 0 {
-		c.outbox.BucketCount = outbox.DefaultBucketCount
-	}
 }
 
 // flagError matches the flag package's message for a value its Set

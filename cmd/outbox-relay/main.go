@@ -37,6 +37,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -220,9 +221,11 @@ func (w *worker) idleConns() int {
 	return 2*n + 2
 }
 
-// openDB opens the database of c and pings it (see worker.open). The
-// returned *gorm.DB, when not nil, is to be closed by the caller, also when
-// the error is not nil.
+// openDB opens the database of c and pings it (see worker.open); a
+// -bucket-count left unset becomes the fleet's, the lease table's (the
+// default, 8, while it has no rows or does not exist). The returned
+// *gorm.DB, when not nil, is to be closed by the caller, also when the
+// error is not nil.
 func openDB(ctx context.Context, c *dbConfig, log *slog.Logger) (*gorm.DB, error) {
 	var dial gorm.Dialector
 	switch c.dbDriver {
@@ -253,7 +256,14 @@ func openDB(ctx context.Context, c *dbConfig, log *slog.Logger) (*gorm.DB, error
 	if err != nil {
 		return db, err
 	}
-	return db, sqlDB.PingContext(pingCtx)
+	if err := sqlDB.PingContext(pingCtx); err != nil {
+		return db, err
+	}
+	if c.outbox.BucketCount == 0 {
+		n, _ := outbox.FleetBucketCount(pingCtx, db, c.outbox) // a missing table is reported by its check
+		c.outbox.BucketCount = cmp.Or(n, outbox.DefaultBucketCount)
+	}
+	return db, nil
 }
 
 // sqliteReadOnly returns dsn as a SQLite URI filename opened read-only

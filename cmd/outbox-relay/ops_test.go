@@ -37,6 +37,9 @@ func newOpsFixture(t *testing.T, db *gorm.DB, prefix string, buckets int) *opsFi
 	if err := outbox.AutoMigrate(db, cfg); err != nil {
 		t.Fatalf("AutoMigrate %s: %v", prefix, err)
 	}
+	if err := db.Exec("DELETE FROM " + cfg.LeasesTableName()).Error; err != nil { // each test writes the leases it needs
+		t.Fatal(err)
+	}
 	driver, dsn := dsnOf(t, db)
 	return &opsFixture{db: db, cfg: cfg, driver: driver, flags: []string{
 		"-db-driver", driver, "-db-dsn", dsn, "-bucket-count", fmt.Sprint(buckets),
@@ -521,6 +524,9 @@ func TestDocumentedStatusSampleIsWhatStatusPrints(t *testing.T) {
 	testenv.ForEachDB(t, nil, func(t *testing.T, db *gorm.DB) {
 		cfg := outbox.Config{}
 		if err := outbox.AutoMigrate(db, cfg); err != nil {
+			t.Fatal(err)
+		}
+		if err := db.Exec("DELETE FROM " + cfg.LeasesTableName()).Error; err != nil {
 			t.Fatal(err)
 		}
 		driver, dsn := dsnOf(t, db)

@@ -230,7 +230,6 @@ func parseSubcommand(sc *subcommand, args []string, getenv func(string) string) 
 	if err := applyEnv(fs, getenv, envFlagNames(sc)); err != nil {
 		return nil, err
 	}
-	c.defaults()
 	if sc.name == "parked" && c.limit < 0 {
 		return nil, fmt.Errorf("-limit %d: must not be negative (0: no limit)", c.limit)
 	}
