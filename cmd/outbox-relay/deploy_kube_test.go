@@ -281,8 +281,14 @@ type kubeEnv struct {
 			Name string `yaml:"name"`
 			Key  string `yaml:"key"`
 		} `yaml:"secretKeyRef"`
+		FieldRef *struct {
+			FieldPath string `yaml:"fieldPath"`
+		} `yaml:"fieldRef"`
 	} `yaml:"valueFrom"`
 }
+
+// podName stands in for a fieldRef to metadata.name (the relay id).
+const podName = "outbox-relay-5d8f7c9b4-x2k7q"
 
 type kubeContainer struct {
 	Name    string    `yaml:"name"`
@@ -417,8 +423,10 @@ func kubeGetenv(t *testing.T, c kubeContainer) map[string]string {
 			if e.Name == envName("db-dsn") {
 				env[e.Name] = "host=db.invalid user=relay dbname=app" // a DSN every driver's parser accepts
 			}
+		case e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "metadata.name":
+			env[e.Name] = podName
 		case e.ValueFrom != nil:
-			t.Errorf("deployment.yaml: %s: valueFrom other than a secretKeyRef", e.Name)
+			t.Errorf("deployment.yaml: %s: valueFrom other than a secretKeyRef or the pod's name", e.Name)
 		default:
 			env[e.Name] = e.Value
 		}
@@ -672,10 +680,14 @@ func TestDeployProbesAnswerOnTheWorkerTheDockerfileBuilds(t *testing.T) {
 		if strings.HasPrefix(e.Name, envPrefix) && servicesFlag(strings.ToLower(strings.ReplaceAll(strings.TrimPrefix(e.Name, envPrefix), "_", "-"))) {
 			continue
 		}
-		if e.ValueFrom != nil {
+		switch {
+		case e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "metadata.name":
+			env = append(env, e.Name+"="+podName)
+		case e.ValueFrom != nil:
 			t.Fatalf("deployment.yaml: %s comes from a Secret but is not a connection setting this test replaces", e.Name)
+		default:
+			env = append(env, e.Name+"="+e.Value)
 		}
-		env = append(env, e.Name+"="+e.Value)
 	}
 
 	broker := testenv.NewFake(t)
