@@ -4,30 +4,59 @@ import (
 	"bytes"
 	"flag"
 	"fmt"
+	"log/slog"
 	"reflect"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"gorm.io/gorm"
+
 	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/internal/testenv"
 	"github.com/gorm-outbox/outbox/relay"
 )
 
-// TestBucketCountZeroMeansTheDefault: -bucket-count 0 means the default, 8,
-// as a zero outbox.Config.BucketCount does, and everything the worker
-// reports says 8.
-func TestBucketCountZeroMeansTheDefault(t *testing.T) {
-	cfg, err := parseConfig([]string{"-db-driver", "sqlite", "-db-dsn", "x.db", "-kafka-brokers", "a:1", "-bucket-count", "0"}, func(string) string { return "" })
-	if err != nil {
-		t.Fatal(err)
-	}
-	if cfg.outbox.BucketCount != outbox.DefaultBucketCount {
-		t.Errorf("bucket count = %d; want %d", cfg.outbox.BucketCount, outbox.DefaultBucketCount)
-	}
+// TestBucketCountUnsetTakesTheTables: -bucket-count left unset (or 0)
+// takes the fleet's count, the lease table's, once the worker has opened
+// the database; the default, 8, on a table without rows; and help flags
+// says so.
+func TestBucketCountUnsetTakesTheTables(t *testing.T) {
+	testenv.ForEachDB(t, nil, func(t *testing.T, db *gorm.DB) {
+		driver, dsn := dsnOf(t, db)
+		p := testenv.Unique("bc")
+		cfg := outbox.Config{BucketCount: 16, MessagesTable: p + "_messages", LeasesTable: p + "_leases", RelaysTable: p + "_relays"}
+		for _, seeded := range []bool{false, true} {
+			if seeded {
+				if err := outbox.AutoMigrate(db, cfg); err != nil {
+					t.Fatal(err)
+				}
+			}
+			c, err := parseConfig([]string{"-db-driver", driver, "-db-dsn", dsn, "-kafka-brokers", "a:1", "-bucket-count", "0",
+				"-messages-table", cfg.MessagesTable, "-leases-table", cfg.LeasesTable, "-relays-table", cfg.RelaysTable}, func(string) string { return "" })
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := openDB(t.Context(), &c.dbConfig, slog.New(slog.DiscardHandler))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if sqlDB, err := got.DB(); err == nil {
+				_ = sqlDB.Close()
+			}
+			want := outbox.DefaultBucketCount
+			if seeded {
+				want = 16
+			}
+			if c.outbox.BucketCount != want {
+				t.Errorf("bucket count with the lease table seeded=%v = %d; want %d", seeded, c.outbox.BucketCount, want)
+			}
+		}
+	})
 	var help bytes.Buffer
 	flagsUsage(&help)
-	if !strings.Contains(help.String(), "0 means the default") {
+	if !strings.Contains(help.String(), "0: the table's, or 8 on an empty table") {
 		t.Errorf("help flags does not document -bucket-count 0:\n%s", help.String())
 	}
 }

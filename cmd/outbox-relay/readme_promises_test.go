@@ -172,6 +172,7 @@ func TestMetricNamesAsThePrometheusExporterShowsThem(t *testing.T) {
 
 	want := map[string]dto.MetricType{
 		"outbox_owned_buckets":              dto.MetricType_GAUGE,
+		"outbox_buckets_unowned":            dto.MetricType_GAUGE,
 		"outbox_publish_acknowledged_total": dto.MetricType_COUNTER,
 		"outbox_publish_failures_total":     dto.MetricType_COUNTER,
 		"outbox_lease_expirations_total":    dto.MetricType_COUNTER,
