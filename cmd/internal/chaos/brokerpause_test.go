@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"strconv"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -285,8 +286,8 @@ func TestRelayRecoversFromAPausedRealBroker(t *testing.T) {
 	}
 	if warnAfter == 0 {
 		t.Errorf("no WARN \"publish failed\" within %v of the pause; logs:\n%s", bound, strings.Join(logs.Matching("level="), "\n"))
-	} else if warns := logs.Matching("publish failed"); !strings.Contains(warns[baseWarns], "level=WARN") {
-		t.Errorf("the publish failure was not logged at WARN: %s", warns[baseWarns])
+	} else if warns := logs.Matching("publish failed")[baseWarns:]; !slices.ContainsFunc(warns, func(l string) bool { return strings.Contains(l, "level=WARN") }) {
+		t.Errorf("the publish failure was not logged at WARN (one line of its kind; the rest at DEBUG): %s", warns)
 	}
 	if maxAge <= 0 {
 		t.Errorf("%s stayed 0 while the broker was paused", relay.MetricPublishStalled)
