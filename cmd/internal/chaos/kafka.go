@@ -68,6 +68,8 @@ type Record struct {
 	// Produced is the producer's timestamp (the relay's clock when it
 	// handed the record to the broker).
 	Produced time.Time
+	// Received is when the checker read it.
+	Received time.Time
 }
 
 // Consumer reads every partition of a topic from the beginning, on its own
@@ -99,7 +101,7 @@ func StartConsumer(ctx context.Context, brokers []string, topic string, partitio
 					time.Sleep(100 * time.Millisecond)
 					continue
 				}
-				rec := Record{Key: string(m.Key), Keyless: m.Key == nil, Partition: p, Offset: m.Offset, Produced: m.Time}
+				rec := Record{Key: string(m.Key), Keyless: m.Key == nil, Partition: p, Offset: m.Offset, Produced: m.Time, Received: time.Now()}
 				for _, h := range m.Headers {
 					if h.Key == "x-outbox-message-id" {
 						rec.ID = string(h.Value)

@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -66,6 +67,11 @@ type RunConfig struct {
 	Logger *slog.Logger
 	// Transactional runs the transactional variant (see txn.go).
 	Transactional bool
+	// Membership runs the membership variant (see membership.go): the
+	// fixed schedule of membership changes replaces the faults and the
+	// poison key, Faults and WriteFor are ignored, and Messages and Relays
+	// default to membershipRate a second and 2.
+	Membership bool
 }
 
 // Summary is the verdict of a chaos run.
@@ -99,6 +105,13 @@ type Summary struct {
 	// PoisonRequeued is how many rows its requeue changed.
 	PoisonParked   bool
 	PoisonRequeued int64
+	// Membership: the membership variant; Handovers are its figures per
+	// kind of change, Delay its longest delivery delay (commit to the
+	// checker's read) and OwnerSampling the longest time between two
+	// samples of the owners.
+	Membership           bool
+	Handovers            []Handover
+	Delay, OwnerSampling time.Duration
 }
 
 // DBKillTotals sums the sessions the database-kill faults terminated, and
@@ -113,6 +126,9 @@ func (s Summary) DBKillTotals() (killed, midStatement int) {
 
 // String is the one-line summary.
 func (s Summary) String() string {
+	if s.Membership {
+		return s.membershipString()
+	}
 	kinds := make([]string, 0, len(s.Faults))
 	total := 0
 	for k, n := range s.Faults {
@@ -154,7 +170,7 @@ func (s Summary) Err() error {
 		return fmt.Errorf("chaos: %d takeovers of a live lease", s.DualOwners)
 	case !s.Drained:
 		return errors.New("chaos: the outbox table did not drain")
-	case !s.PoisonParked:
+	case !s.PoisonParked && !s.Membership:
 		return errors.New("chaos: the poison row was never parked")
 	}
 	return nil
@@ -169,12 +185,24 @@ type ledger struct {
 	rolledBack map[string]bool
 	written    int
 	committed  int
+	// committedAt, when not nil, records when each committed id's
+	// transaction committed.
+	committedAt map[string]time.Time
 }
 
 // Run performs a chaos run and returns its summary; the error is a setup
 // failure (see Summary.Err for the checks).
 func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 	start := time.Now()
+	if cfg.Membership {
+		cfg.WriteFor = membershipSpan()
+		if cfg.Messages == 0 {
+			cfg.Messages = int(membershipRate * cfg.WriteFor.Seconds())
+		}
+		if cfg.Relays == 0 {
+			cfg.Relays = 2
+		}
+	}
 	if cfg.Messages == 0 {
 		cfg.Messages = 20000
 	}
@@ -194,7 +222,7 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 		cfg.Logger = slog.Default()
 	}
 	log := cfg.Logger
-	s := Summary{Dialect: cfg.Dialect, Broker: "kafka", Relays: cfg.Relays, Faults: map[string]int{}, Transactional: cfg.Transactional}
+	s := Summary{Dialect: cfg.Dialect, Broker: "kafka", Relays: cfg.Relays, Faults: map[string]int{}, Transactional: cfg.Transactional, Membership: cfg.Membership}
 	var fake *kfake.Cluster
 	if len(cfg.Brokers) == 0 {
 		c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.DefaultNumPartitions(partitions))
@@ -277,7 +305,7 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 	}()
 
 	// Writers.
-	led := &ledger{perKey: map[string][]string{}, doubt: map[string]bool{}, rolledBack: map[string]bool{}}
+	led := &ledger{perKey: map[string][]string{}, doubt: map[string]bool{}, rolledBack: map[string]bool{}, committedAt: map[string]time.Time{}}
 	var wwg sync.WaitGroup
 	for w := 0; w < writers; w++ {
 		wwg.Add(1)
@@ -287,16 +315,31 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 		}()
 	}
 	var poisonErr error
-	wwg.Add(1)
-	go func() {
-		defer wwg.Done()
-		s.PoisonParked, s.PoisonRequeued, poisonErr = poison(ctx, db, topic, cfg, led)
-	}()
+	if !cfg.Membership {
+		wwg.Add(1)
+		go func() {
+			defer wwg.Done()
+			s.PoisonParked, s.PoisonRequeued, poisonErr = poison(ctx, db, topic, cfg, led)
+		}()
+	}
 	writersDone := make(chan struct{})
 	go func() { wwg.Wait(); close(writersDone) }()
 
-	// Faults, spread over WriteFor.
 	rng := rand.New(rand.NewPCG(uint64(cfg.Seed), 0xc4a05))
+	var changes []change
+	var watch *ownerWatch
+	var membershipErr error
+	if cfg.Membership {
+		watch = newOwnerWatch(db)
+		wctx, stopWatch := context.WithCancel(ctx)
+		watched := make(chan struct{})
+		go func() { watch.run(wctx); close(watched) }()
+		changes, membershipErr = changeMembership(ctx, pool, watch, rng, log)
+		stopWatch()
+		<-watched
+		cfg.Faults = 0 // the changes were the run's faults
+	}
+	// Faults, spread over WriteFor.
 	kinds := []string{FaultKill, FaultPause, FaultTerm}
 	if cfg.Dialect != SQLite {
 		kinds = append(kinds, FaultDBKill)
@@ -357,6 +400,11 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 		s.UnexplainedOrderViolations = consumer.UnexplainedOrderViolations(led.perKey)
 	}
 	s.Written, s.Committed, s.RolledBack, s.InDoubt = led.written, led.committed, len(led.rolledBack), len(led.doubt)
+	if cfg.Membership {
+		parts, _, _ := consumer.Snapshot()
+		s.Handovers, s.Delay = handovers(changes, watch.gaps, led.committedAt, parts)
+		s.OwnerSampling = watch.interval
+	}
 	led.mu.Unlock()
 	relays.StopAll(10 * time.Second) // their logs complete
 	warns, err := storeWarnings(cfg.Dir)
@@ -373,8 +421,8 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 		}
 	}
 	s.Took = time.Since(start)
-	if poisonErr != nil {
-		return s, poisonErr
+	if err := cmp.Or(poisonErr, membershipErr); err != nil {
+		return s, err
 	}
 	return s, ctx.Err()
 }
@@ -424,6 +472,7 @@ func write(ctx context.Context, db *gorm.DB, topic string, w int, cfg RunConfig,
 		} else {
 			outcome = "committed"
 		}
+		committedAt := time.Now()
 		written += n
 		led.mu.Lock()
 		led.written += n
@@ -440,6 +489,9 @@ func write(ctx context.Context, db *gorm.DB, topic string, w int, cfg RunConfig,
 				led.doubt[id] = true
 			default:
 				led.committed++
+				if led.committedAt != nil {
+					led.committedAt[id] = committedAt
+				}
 			}
 			if m.Key == nil {
 				led.keyless = append(led.keyless, id)

@@ -69,7 +69,7 @@ func StartCommittedConsumer(ctx context.Context, brokers []string, topic string,
 				if p < 0 || p >= partitions {
 					return
 				}
-				rec := Record{Key: string(m.Key), Keyless: m.Key == nil, Partition: p, Offset: m.Offset, Produced: m.Timestamp}
+				rec := Record{Key: string(m.Key), Keyless: m.Key == nil, Partition: p, Offset: m.Offset, Produced: m.Timestamp, Received: time.Now()}
 				for _, h := range m.Headers {
 					if h.Key == "x-outbox-message-id" {
 						rec.ID = string(h.Value)
