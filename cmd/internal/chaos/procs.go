@@ -74,6 +74,10 @@ func (r *Relays) Start(id string, env ...string) (*Proc, error) {
 func startProcess(bin string, args, env []string, logPath string) (*Proc, error) {
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), env...)
+	// Its own process group, so that a signal to the harness's group (a
+	// SIGHUP, a terminal's SIGCONT) never resumes a child a fault paused;
+	// it dies with the harness.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("log: %w", err)
