@@ -247,7 +247,9 @@ func TestFleetMembershipChangesHandBucketsOverAtOnce(t *testing.T) {
 		workers := make([]*workerProc, 4)
 		var wg sync.WaitGroup
 		for i := range 3 {
-			wg.Go(func() { workers[i] = startWorker(t, bin, fleetArgs(driver, dsn, cfg, broker.Addrs, fmt.Sprintf("relay-%d", i))) })
+			wg.Go(func() {
+				workers[i] = startWorker(t, bin, fleetArgs(driver, dsn, cfg, broker.Addrs, fmt.Sprintf("relay-%d", i)))
+			})
 		}
 		wg.Wait()
 		logs := multiLogs(workers)
