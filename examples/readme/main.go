@@ -102,10 +102,10 @@ func createTopic(brokers []string, topic string) error {
 	if err == nil {
 		err = res.Errors[topic]
 	}
-	if errors.Is(err, kafka.TopicAlreadyExists) {
-		return nil
+	if err != nil && !errors.Is(err, kafka.TopicAlreadyExists) {
+		return fmt.Errorf("create topic %s at KAFKA_BROKERS %s: %w", topic, strings.Join(brokers, ","), err)
 	}
-	return err
+	return nil
 }
 
 // deleted waits until outbox row id is gone, or ctx ends.
