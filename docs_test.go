@@ -9,7 +9,7 @@ import (
 	"testing"
 )
 
-// TestDocsLinksResolve: every relative link of README.md, docs/,
+// TestDocsLinksResolve: every relative link of README.md, CHANGELOG.md, docs/,
 // BENCHMARKS.md and CHAOS.md names a file of the repository, and every
 // #anchor a heading of its page (GitHub's anchors: lower case, spaces to
 // hyphens, punctuation dropped). A guide moved or a heading renamed breaks
@@ -19,7 +19,7 @@ func TestDocsLinksResolve(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pages = append(pages, "README.md", "BENCHMARKS.md", "CHAOS.md")
+	pages = append(pages, "README.md", "BENCHMARKS.md", "CHAOS.md", "CHANGELOG.md")
 	link := regexp.MustCompile(`\]\(([^)\s]+)\)`)
 	anchors := map[string]map[string]bool{}
 	headingsOf := func(page string) map[string]bool {
@@ -145,5 +145,40 @@ func TestDocsGoBlocksAreCompiledCode(t *testing.T) {
 	}
 	if blocks < 10 {
 		t.Errorf("found %d go blocks; the pattern lost them", blocks)
+	}
+}
+
+// TestEveryTaggedModuleCarriesTheLicence: every module that is tagged (each
+// go.mod but internal/tests') holds LICENSE at its root, byte for byte: a
+// module's zip holds its own directory only, so without a copy its users
+// and the package index would see no licence.
+func TestEveryTaggedModuleCarriesTheLicence(t *testing.T) {
+	want, err := os.ReadFile("LICENSE")
+	if err != nil {
+		t.Fatal(err)
+	}
+	modules := 0
+	err = filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && path != "." && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata") {
+			return filepath.SkipDir
+		}
+		dir := filepath.Dir(path)
+		if d.Name() != "go.mod" || dir == "." || dir == filepath.Join("internal", "tests") {
+			return nil
+		}
+		modules++
+		if got, err := os.ReadFile(filepath.Join(dir, "LICENSE")); err != nil || string(got) != string(want) {
+			t.Errorf("%s/LICENSE differs from LICENSE (or is missing: %v): copy it", dir, err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if modules < 5 {
+		t.Errorf("found %d nested tagged modules; want 5 or more", modules)
 	}
 }

@@ -97,6 +97,32 @@ func TestExamples(t *testing.T) {
 			}
 		})
 	}
+	// The README's example, twice on one database: each run places a new
+	// order, creates its topic when missing (kfake creates none on its own),
+	// prints one line once Kafka acknowledged the record, and exits 0.
+	readmeBrokers := []testenv.Broker{testenv.NewFake(t)}
+	if b, ok := testenv.RealBroker(t); ok {
+		readmeBrokers = append(readmeBrokers, b)
+	}
+	for _, b := range readmeBrokers {
+		t.Run("readme_twice_"+b.Name, func(t *testing.T) {
+			dir := t.TempDir()
+			for i := range 2 {
+				ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+				defer cancel()
+				cmd := exec.CommandContext(ctx, filepath.Join(bin, "readme"))
+				cmd.Env, cmd.Dir = append(cleanEnv(), "KAFKA_BROKERS="+strings.Join(b.Addrs, ",")), dir
+				var stdout, stderr bytes.Buffer
+				cmd.Stdout, cmd.Stderr = &stdout, &stderr
+				err := cmd.Run()
+				if lines := strings.Split(strings.TrimSpace(stdout.String()), "\n"); err != nil || len(lines) != 1 ||
+					!strings.HasSuffix(lines[0], ": Kafka acknowledged its record on topic orders") {
+					t.Fatalf("readme, run %d: %v, stdout %q; want exit 0 and one line saying Kafka acknowledged the record\nstderr:\n%s", i+1, err, stdout.String(), stderr.String())
+				}
+			}
+		})
+	}
+
 	// The PostgreSQL example says what it needs instead of failing obscurely.
 	t.Run("multirelay_without_postgres_exits_2", func(t *testing.T) {
 		cmd := exec.Command(filepath.Join(bin, "multirelay"))

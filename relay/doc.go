@@ -10,9 +10,4 @@
 // a peer when its leases expire. The Store (gormstore for GORM) does the
 // SQL; the Publisher classifies the broker's errors into the sentinels the
 // engine acts on (ErrUnpublishable, ErrFenced, ErrPublisherAuth).
-//
-// Files: relay.go (Run's loop and one bucket's batch), concurrency.go (the
-// sweep), lease.go, strikes.go and parkapi.go (parking), fencing.go,
-// health.go, metrics.go, notifier.go and transport.go (wake-ups),
-// options.go, store.go (the contracts).
 package relay

@@ -23,7 +23,7 @@ import (
 // (consumer/bare). It runs on every database with the real broker when the
 // environment names one, the in-process broker otherwise.
 //
-//	go test -run '^$' -bench ConsumerVsBareTransaction -benchtime 1000x ./internal/tests/inbox/ ./inbox/franz/
+//	go test -run '^$' -bench ConsumerVsBareTransaction -benchtime 1000x ./internal/tests/inbox/ ./internal/tests/inbox/franz/
 func Bench(b *testing.B, c Client) {
 	for _, o := range testenv.Databases(b) {
 		b.Run(o.Name, func(b *testing.B) {

@@ -12,9 +12,9 @@ import (
 	"github.com/gorm-outbox/outbox/internal/testenv/consumertest"
 )
 
-// TestConsumerBehaviour runs the consumer suite, which module inbox/franz
-// runs on franz-go too, on the kafka-go Consumer with a ReadCommitted
-// Reader.
+// TestConsumerBehaviour runs the consumer suite, which
+// internal/tests/inbox/franz runs on franz-go too, on the kafka-go Consumer
+// with a ReadCommitted Reader.
 func TestConsumerBehaviour(t *testing.T) {
 	consumertest.Run(t, kafkaGo)
 }
