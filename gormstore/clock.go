@@ -10,50 +10,22 @@ import (
 
 // The database's clock
 //
-// A lease round needs one "now" that every relay agrees on: the expiry it
-// writes, the expiries it compares, the heartbeat and the liveness window
-// must all be read from the same clock, or a relay whose host clock runs
-// ahead claims its peers' leases early (and one running behind keeps its
-// own too long). The database is the one clock every relay sees, so with
-// Options.Clock nil the store takes "now" from it.
-//
-// Design: each lease operation (acquisition round, renewal, release) reads
-// the database's time once, with one SELECT of the dialect's clock
-// expression (dbClockSQL), and uses that value as "now" for every statement
-// of the operation, exactly as it used Options.Clock before. The alternative,
-// embedding the clock expression in every statement, saves that round trip
-// but changes what a statement means when it is late: a heartbeat delayed
-// past the relay's own release would be stamped with the time it finally
-// ran, newer than the stopped stamp, and revive the stopped relay; an
-// expiry would be counted from when the UPDATE ran rather than from the
-// start of the round the relay's local validity is counted from. Reading
-// the time once keeps every statement, and its behaviour under delay, as it
-// was (storetest's late-statement scenarios, which inject a frozen
-// Options.Clock, exercise the same statements production runs), and it
-// measures the host's clock offset for free (ClockOffset). The cost is one
-// round trip per acquisition round (which already runs at least six
-// statements), per renewal and per release: one every LeaseRenewInterval.
-//
-// Park stamps parked_at_ms and checks the lease, and Fleet compares
-// last_seen_ms, inside their single statement with the clock expression
-// itself (nowArg, agoArg): they have no round whose start the value must be
-// fixed at, so parking a row costs no extra round trip.
-//
-// The value is Unix milliseconds from the database server's clock,
-// independent of the session's time zone:
-//
-//   - PostgreSQL: floor(extract(epoch from clock_timestamp()) * 1000)
-//     (clock_timestamp, not now(): the time the statement runs, even inside
-//     a transaction).
-//   - MySQL/MariaDB: TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))
-//     DIV 1000. UNIX_TIMESTAMP(NOW(3)) would convert a local datetime back
-//     through the session time_zone, which is ambiguous for an hour at each
-//     daylight saving change; UTC_TIMESTAMP involves no zone at all.
-//   - SQLite: the process's own clock (julianday('now'), available in every
-//     SQLite version), so there the database and host clocks are one.
+// Relays must agree on "now" for their leases, and the database is the one
+// clock they all see. Each lease operation (acquisition round, renewal,
+// release) reads it once (dbClockSQL) and uses that value for all its
+// statements, rather than embedding the expression in each: a late
+// statement then means what it meant when the operation started (a
+// delayed heartbeat cannot revive a relay that stopped meanwhile), and the
+// read measures the host's clock offset (ClockOffset). Park and Fleet have
+// no round, so they evaluate the expression inside their one statement
+// (nowArg, agoArg). The value is Unix milliseconds, whatever the session's
+// time zone.
 
 // dbClockSQL returns the dialect's current-time expression in Unix
-// milliseconds, parenthesised.
+// milliseconds, parenthesised: PostgreSQL's clock_timestamp (now() is fixed
+// within a transaction); MySQL's UTC_TIMESTAMP (NOW() goes through the
+// session time zone, ambiguous at daylight saving changes); on SQLite the
+// process's own clock.
 func dbClockSQL(kind int) string {
 	switch kind {
 	case kindPostgres:
@@ -77,12 +49,10 @@ type clockSample struct {
 	ok          bool
 }
 
-// nowMs returns "now" in Unix milliseconds for one lease operation: from
-// Options.Clock when set, else from the database's clock (one SELECT). Either
-// way it measures the offset of that clock to the host's (Options.HostClock):
-// the clock's reading minus the midpoint of the host readings taken just
-// before and just after it, with half their distance (the round trip) as
-// the uncertainty.
+// nowMs returns "now" in Unix milliseconds for one lease operation, from
+// Options.Clock or the database's clock (one SELECT), and records that
+// clock's offset to the host's: its reading minus the midpoint of the host
+// readings around it, half their distance being the uncertainty.
 func (s *Store) nowMs(ctx context.Context) (int64, error) {
 	before := s.hostNow()
 	var now int64

@@ -17,31 +17,13 @@ import (
 
 // The hot path
 //
-// NextBatch and MarkPublished run once per batch of every owned bucket:
-// they are the relay's cost per message. GORM still configures them — the
-// dialect, the quoted table name and the bind-variable syntax come from the
-// *gorm.DB's dialector, and they run on the connection pool the store's
-// other statements use (s.primary: the primary, through a registered
-// "gorm:db_resolver"), within the same StatementTimeout (MariaDB's SET
-// STATEMENT prefix included) and, on MySQL/MariaDB, NextBatch in the same
-// READ COMMITTED read transaction — but the statement itself goes straight
-// to database/sql (gorm.ConnPool's QueryContext / ExecContext):
-//
-//   - NextBatch scans each column into a reusable target (sql.RawBytes, or a
-//     small sql.Scanner that converts the driver's value without
-//     reflection), so a row costs no reflection and no per-column
-//     allocation of the store's own; key and value are copied once, from
-//     the driver's buffer into a per-batch arena the Message's slices point
-//     into, and the headers are decoded straight from the driver's buffer.
-//   - MarkPublished is one autocommit DELETE per chunk: no GORM default
-//     transaction around it (BEGIN + DELETE + COMMIT were three round trips
-//     and a WAL flush of their own).
-//
-// Each statement is shown to the *gorm.DB's logger (Trace) like GORM's
-// own, with its arguments. The SQL texts are built once, in New; a
-// resolver other than dbresolver's that switches pools in GORM callbacks is
-// not consulted by these two statements (the store's documented routing
-// already required it to honour the write setting).
+// NextBatch and MarkPublished run once per batch of every owned bucket.
+// GORM supplies the dialect, the quoted table name, the bind variables and
+// the primary's pool, but the statements go straight to database/sql:
+// NextBatch scans into reusable targets without reflection, copying key
+// and value once into a per-batch arena, and MarkPublished is one
+// autocommit DELETE per chunk, without GORM's default transaction (three
+// round trips). Each statement is still shown to the *gorm.DB's logger.
 
 // hotSQL are the statement texts of the hot path, built by the dialector.
 type hotSQL struct {
@@ -49,51 +31,39 @@ type hotSQL struct {
 	// then the limit.
 	nextBatch        string
 	nextBatchBuckets int
-	// nextBatchExcluding is NextBatch's statement leaving out rows of a
-	// relay.BatchRequest's Exclude, with the bind variables of nextBatch
-	// and two more on PostgreSQL, the largest id left out and the ids as a
-	// bigint[] literal (see excludingCond); "" elsewhere, where exclusion
-	// renders the statement with the ids written out.
+	// nextBatchExcluding is nextBatch leaving out the rows of a request's
+	// Exclude, with two more bind variables (the largest id left out, the
+	// ids as a bigint[] literal): PostgreSQL only; elsewhere the ids are
+	// written out (excludingLiteral).
 	nextBatchExcluding string
 	// nextBatchWith renders NextBatch's statement for one bucket (named by
 	// the four expressions of nextBatch's bucket bind variables), a limit
 	// and a condition appended to its WHERE ("" or " AND …").
 	nextBatchWith func(bucket [4]string, limit, cond string) string
-	// nextBatchArgs and nextBatchLimit are nextBatch's arguments to
-	// nextBatchWith: its bind variables. Elsewhere than on PostgreSQL,
-	// NextBatch renders its statement with them and the ids left out
-	// written in it (see excludingLiteral).
+	// nextBatchArgs and nextBatchLimit are nextBatch's bind variables, as
+	// nextBatchWith's arguments.
 	nextBatchArgs  [4]string
 	nextBatchLimit string
-	// bucketEquality says the statements select a bucket with "bucket = ?"
-	// (SQLite), not the range form "bucket >= ? AND bucket <= ?": SQLite
-	// plans the range as a range scan of the index followed by a sort of
-	// the whole bucket ("USE TEMP B-TREE FOR RIGHT PART OF ORDER BY"), 57 ms
-	// per batch on a 25k-row bucket against 3 ms with the equality, which
-	// walks the (bucket, parked_at_ms, id) index in order and stops at the
-	// limit. PostgreSQL needs the range form (see Store.NextBatch). MySQL and
-	// MariaDB take the equality too, with ORDER BY id (see order).
+	// bucketEquality says the statements select a bucket by "bucket = ?"
+	// (not PostgreSQL): SQLite then walks the index in order and stops at
+	// the limit, where the range form sorts the whole bucket. PostgreSQL
+	// needs the range form (see Store.NextBatch).
 	bucketEquality bool
 	// skipScan says BucketsWithPending walks the index with a recursive
 	// CTE first (PostgreSQL, SQLite; not MySQL or MariaDB, where each step
 	// is a range scan).
 	skipScan bool
-	// order is the ORDER BY of the reads of one bucket's unparked rows:
-	// "bucket, parked_at_ms, id", the index's order; "id" on MySQL and
-	// MariaDB, which sort every unparked row of the bucket (a filesort of
-	// 125,000 rows per batch at 1,000,000 rows in 8 buckets) for that
-	// ORDER BY, as for the range form, but walk the index's entries of
-	// (bucket, NULL) in id order for "bucket = ? AND parked_at_ms IS NULL
-	// ORDER BY id".
+	// order is the ORDER BY of one bucket's unparked rows: the index's
+	// order, or "id" on MySQL and MariaDB, which walk the (bucket, NULL)
+	// entries in id order for that but sort the whole bucket otherwise.
 	order string
 	// deleteIDs, with two bind variables (bucket, ids as a PostgreSQL array
 	// literal), is PostgreSQL's MarkPublished statement by id; "" elsewhere.
 	deleteIDs string
-	// tid says NextBatch's statement also reads each row's location
-	// (PostgreSQL's ctid, as text, after batchColumns); deleteTIDs, with
-	// three bind variables (bucket, the locations as a tid[] literal, the
-	// ids as a bigint[] literal), is then MarkPublished's statement by
-	// location (see locations.go).
+	// tid says NextBatch's statement also reads each row's ctid
+	// (PostgreSQL, after batchColumns); deleteTIDs, with three bind
+	// variables (bucket, tid[] and bigint[] literals), is then
+	// MarkPublished's statement by location (see locations.go).
 	tid        bool
 	deleteTIDs string
 	// deletePrefix is the MarkPublished statement up to its IN list, with
@@ -125,19 +95,15 @@ func buildHotSQL(db *gorm.DB, msgs string) hotSQL {
 	if db.Dialector.Name() == "mysql" {
 		h.order = "id"
 	}
-	// held: the bucket has no parked row (a subquery of constants, run once
-	// per statement), or no parked row of the row's key with a smaller id
-	// holds it (run per row only when the first is false).
-	// Both subqueries name the bucket by a bind variable, not m.bucket:
-	// MariaDB then reads the bucket's parked index entries (a range of
-	// (bucket, parked_at_ms)) instead of every entry of the bucket.
+	// held: the bucket has no parked row (run once per statement), or no
+	// parked row of the row's key with a smaller id holds it. Both name the
+	// bucket by a bind variable, not m.bucket: MariaDB then reads only the
+	// bucket's parked index entries.
 	held := func(guard, corr string) string {
 		return " AND (NOT EXISTS (SELECT 1 FROM " + table + " WHERE bucket = " + guard + " AND parked_at_ms IS NOT NULL)" +
 			" OR NOT EXISTS (SELECT 1 FROM " + table + " p WHERE p.bucket = " + corr + " AND p.parked_at_ms IS NOT NULL" +
 			" AND p.id < m.id AND p.record_key = m.record_key AND " + notCorrupt("p") + "))"
 	}
-	// nextBatch is NextBatch's statement for one bucket, named by b (the
-	// range's bounds, then the hold conditions' bucket), with limit.
 	h.tid = db.Dialector.Name() == "postgres"
 	cols := batchColumns
 	if h.tid {
@@ -157,18 +123,10 @@ func buildHotSQL(db *gorm.DB, msgs string) hotSQL {
 		h.nextBatchBuckets = 3
 		h.nextBatchArgs, h.nextBatchLimit = [4]string{h.binds[0], "", h.binds[1], h.binds[2]}, h.binds[3]
 	} else {
-		// The limit is a scalar subquery, not the bind variable itself, so
-		// that the planner never knows it: it then plans for the first
-		// tenth of the rows it expects, which only an in-order index scan
-		// that stops early serves cheaply. With the limit known (a custom
-		// plan) and statistics that undercount the bucket (taken before a
-		// backlog, or when the table held many buckets), it expects no more
-		// rows than the limit, finds a bitmap heap scan of the whole bucket
-		// and a top-N sort as cheap as the index scan, and takes it: every
-		// batch then reads the whole bucket, 80-160 ms instead of 1-15 ms
-		// at 19,000 rows a bucket
-		// (TestNextBatchPlanIgnoresStaleStatisticsOnPostgres). NextBatches'
-		// limits come from its unnest and are never known either.
+		// The limit is a scalar subquery so that the planner never knows
+		// it: knowing it, on statistics that undercount the bucket, it
+		// prefers a bitmap scan of the whole bucket and a top-N sort to the
+		// in-order index scan that stops early.
 		h.nextBatchBuckets = 4
 		h.nextBatchArgs, h.nextBatchLimit = [4]string{h.binds[0], h.binds[1], h.binds[2], h.binds[3]}, "(SELECT "+h.binds[4]+"::int)"
 		h.nextBatchExcluding = h.nextBatchWith(h.nextBatchArgs, h.nextBatchLimit, excludingCond(h.binds[5], notInArray(h.binds[6])))
@@ -178,34 +136,17 @@ func buildHotSQL(db *gorm.DB, msgs string) hotSQL {
 	del := "DELETE FROM " + table + " WHERE bucket = " + h.binds[0] + " AND parked_at_ms IS NULL AND id "
 	switch db.Dialector.Name() {
 	case "postgres":
-		// Each id looked up in the primary key, the guard a filter on the
-		// rows found: the guard's "+ 0" keeps the planner off the (bucket,
-		// parked_at_ms, id) index, which it takes, filtering the ids, when
-		// its statistics predate a backlog (a never-analyzed table, an
-		// outage's backlog autovacuum has not reached): every delete then
-		// read the whole bucket, 396 ms per 500 rows in a 200,000-row drain
-		// (TestMarkPublishedDeletesByPrimaryKeyOnPostgreSQLWithStaleStatistics).
+		// Each id looked up in the primary key: the guard's "+ 0" keeps the
+		// planner off the (bucket, parked_at_ms, id) index, which it walks
+		// whole on statistics that predate a backlog.
 		h.deleteIDs = "DELETE FROM " + table + " WHERE id = ANY(" + h.binds[1] + "::bigint[]) AND bucket + 0 = " + h.binds[0] + " AND parked_at_ms + 0 IS NULL"
 		h.deleteTIDs = deleteByLocation(table, h.binds[1], h.binds[2], " AND bucket + 0 = "+h.binds[0]+" AND parked_at_ms + 0 IS NULL")
 	case "mysql":
-		// MySQL and MariaDB: the multi-table form, whose FORCE INDEX the
-		// single-table DELETE does not take (MariaDB 10.11), makes the
-		// delete a lookup of each id in the primary key, with the bucket
-		// and parking guard a filter on the rows found. Left to itself,
-		// MariaDB deletes by the (bucket, parked_at_ms, id) index, or, once
-		// the table holds few more rows than the ids listed (a relay that
-		// keeps up), by a full scan of the primary key. At the server's
-		// default REPEATABLE READ either locks gaps where writers insert
-		// the bucket's new rows, and the scan also takes a next-key lock on
-		// every row, waiting on each writer's uncommitted one: a writer
-		// waiting to insert behind one bucket's delete while that or
-		// another bucket's scan waits on the writer's earlier row is a
-		// deadlock, which ended writers' commits (Error 1213;
-		// TestMarkPublishedDoesNotDeadlockConcurrentWriters). A primary-key
-		// lookup locks only the listed rows, committed rows NextBatch read:
-		// it never waits on a writer (an id already gone leaves a gap lock,
-		// which waits on nothing), so no writer's wait behind it closes a
-		// cycle.
+		// MySQL and MariaDB: the multi-table form takes FORCE INDEX (the
+		// single-table DELETE does not, MariaDB 10.11), so each id is a
+		// primary-key lookup that locks only the listed, committed rows.
+		// Other plans lock gaps and writers' uncommitted rows at REPEATABLE
+		// READ, and deadlocked writers' commits.
 		h.deletePrefix = "DELETE m FROM " + table + " m FORCE INDEX (PRIMARY) WHERE m.bucket = " + h.binds[0] +
 			" AND m.parked_at_ms IS NULL AND m.id IN ("
 		return h
@@ -215,30 +156,15 @@ func buildHotSQL(db *gorm.DB, msgs string) hotSQL {
 }
 
 // deleteByLocation is PostgreSQL's DELETE of rows by location (see
-// locations.go), tids and ids the bind variables of the rows' ctids (a
-// tid[] literal) and ids (a bigint[] literal) in the same order, guard
-// further conditions on the row (" AND …", columns unqualified). The two
-// arrays are unnested side by side, each ctid a TID lookup that keeps the
-// row found only if it holds the id listed with that ctid and passes
-// guard; the locations kept are then deleted, a TID lookup each, guard
-// checked again. The id is compared with its own row's, not looked up in
-// the list: "id = ANY($3)" in a generic plan searches the array from its
-// start for every row, a tenth of PostgreSQL's CPU in a drain (perf:
-// ExecEvalScalarArrayOp, int8eq). "+ 0" keeps the conditions off the
-// indexes.
-//
-// The lookups are a LATERAL subquery, which OFFSET 0 keeps from becoming a
-// join, so the plan is a TID lookup per listed row whatever the statistics
-// say. Written as a join of the table with the arrays, the planner
-// estimated the guarded table at one row (the default selectivity of the
-// "+ 0" conditions) and, for tables of up to a few thousand pages, fresh
-// statistics or not, scanned it and compared each of the bucket's rows
-// with every location listed: 1.2 s to delete 2,000 rows of 20,000 1 KiB
-// rows, 0.66 s for 1,000 of 60,000 200-byte rows, against 3-8 ms
-// (TestDeleteByLocationIsATIDLookupWhateverTheTableSize). A row parked
-// while the delete waits for its lock is not deleted: the delete checks its
-// conditions again on the row's latest version
-// (TestDeleteByLocationKeepsARowParkedWhileItWaited).
+// locations.go): tids and ids are the bind variables of the rows' ctids
+// (tid[]) and ids (bigint[]) in the same order, guard further conditions
+// (" AND …", columns unqualified). Each ctid is a TID lookup kept only if
+// its row holds the id listed with it (compared with its own row's, not
+// searched in the array) and passes guard. The lookups are a LATERAL
+// subquery that OFFSET 0 keeps from becoming a join, so the plan stays a
+// TID lookup per row whatever the statistics; "+ 0" keeps the conditions
+// off the indexes. A row parked while the delete waits for its lock is
+// not deleted: the conditions are checked again on its latest version.
 func deleteByLocation(table, tids, ids, guard string) string {
 	return "DELETE FROM " + table + " WHERE ctid = ANY(ARRAY(SELECT f.ctid FROM unnest(" + tids + "::tid[], " + ids + "::bigint[]) AS x(tid, id)" +
 		" CROSS JOIN LATERAL (SELECT m.ctid FROM " + table + " m WHERE m.ctid = x.tid AND m.id + 0 = x.id" + guard + " OFFSET 0) f))" + guard

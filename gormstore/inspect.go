@@ -150,8 +150,7 @@ type BucketBacklog struct {
 // Backlog counts the pending and parked rows of every bucket that has any,
 // buckets outside Config.BucketCount included, with each one's oldest
 // pending row, in bucket order: one exact aggregate over the messages
-// table (a scan of its (bucket, id) index, about 0.2 s per million rows on
-// PostgreSQL), bounded by Options.StatementTimeout. For a gauge use
+// table, bounded by Options.StatementTimeout. For a gauge use
 // PendingMetrics, which estimates on large tables.
 func (s *Store) Backlog(ctx context.Context) ([]BucketBacklog, error) {
 	var out []BucketBacklog

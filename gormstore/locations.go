@@ -13,38 +13,14 @@ import (
 
 // Deleting by location (PostgreSQL)
 //
-// NextBatch and NextBatches also read each row's ctid, its location in the
-// table, and the store remembers it (rowLocations) until MarkPublished or
-// MarkPublishedBuckets deletes the row: the delete is then a TID scan,
-//
-//	DELETE FROM messages WHERE ctid = ANY(ARRAY(
-//	    SELECT f.ctid FROM unnest($2::tid[], $3::bigint[]) AS x(tid, id)
-//	    CROSS JOIN LATERAL (SELECT m.ctid FROM messages m WHERE m.ctid = x.tid AND m.id + 0 = x.id
-//	        AND bucket + 0 = $1 AND parked_at_ms + 0 IS NULL OFFSET 0) f))
-//	AND bucket + 0 = $1 AND parked_at_ms + 0 IS NULL
-//
-// which fetches each listed row's page directly and uses no index, and
-// whose plan (a LATERAL subquery the planner cannot turn into a join)
-// does not depend on the planner's statistics. The id listed with each
-// location keeps a location whose row is gone and whose slot a new row
-// took from being deleted; "+ 0" keeps every other condition off the
-// indexes (see deleteByLocation).
-//
-// The deletes by id that it replaces have a plan that does depend on them,
-// and one state of the statistics is common: ANALYZE of a drained table (or
-// during a large uncommitted insert) records no rows in many pages, so the
-// planner believes every later backlog empty until autovacuum analyzes the
-// table again. The prepared statement's generic plan then read the ids out
-// of the (bucket, parked_at_ms, id) index, scanning the whole index once
-// per id: 2.2 s and 558,000 buffers to delete 182 rows of a 200,000-row
-// backlog, and 5 s statement timeouts in a 1,024-bucket drain
-// (TestHotPathDeletesByLocationAfterADrainWasAnalyzed).
-//
-// A row no longer at its location (moved by an UPDATE, e.g. VACUUM FULL or
-// a rebucket) is not deleted by the TID scan; when a statement deletes
-// fewer rows than it lists, the store deletes the same ids by id, as
-// before. A row that was not read by this Store (another process's
-// MarkPublished) is deleted by id too.
+// NextBatch and NextBatches also read each row's ctid, and the store
+// remembers it (rowLocations) until MarkPublished or MarkPublishedBuckets
+// deletes the row by a TID lookup (see deleteByLocation), whose plan does
+// not depend on the planner's statistics. A delete by id does: on the
+// statistics of a drained table, common until autovacuum analyzes it
+// again, its generic plan scanned the whole (bucket, parked_at_ms, id)
+// index once per id. A row no longer at its location (VACUUM FULL, a
+// rebucket), or not read by this Store, is deleted by id.
 
 // rowLocationsPerGeneration bounds the locations remembered: a generation
 // holds at most this many, and the store keeps two. Rows read but never

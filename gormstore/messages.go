@@ -69,46 +69,16 @@ func (s *Store) skipScanPending(ctx context.Context, buckets []int) (found []int
 const maxIDsPerDelete = 1000
 
 // BucketsWithPending implements relay.Store. On PostgreSQL and SQLite it
-// first walks the (bucket, parked_at_ms, id) index from the lowest to the
-// highest requested bucket with a skip scan, one statement that visits
-// each bucket holding an unparked row once (a recursive CTE of probes for
-// the next such bucket, each a single index lookup), so that an idle table
-// costs one lookup whatever the bucket count:
-//
-//	WITH RECURSIVE nb(bucket, n) AS (
-//	  SELECT (SELECT bucket FROM messages WHERE bucket >= $lo AND bucket <= $hi
-//	          AND parked_at_ms IS NULL ORDER BY bucket LIMIT 1), 1
-//	  UNION ALL
-//	  SELECT (SELECT bucket FROM messages WHERE bucket > nb.bucket AND bucket <= $hi
-//	          AND parked_at_ms IS NULL ORDER BY bucket LIMIT 1), n + 1
-//	  FROM nb WHERE nb.bucket IS NOT NULL AND n < $steps)
-//	SELECT bucket, n FROM nb WHERE bucket IS NOT NULL
-//
-// The walk also visits buckets held by other relays, so it stops after
-// skipScanSteps(len(buckets)) of them (a quarter of the requested buckets,
-// at most 999); the requested buckets beyond the last one it reached are
-// then probed one by one (on MySQL and MariaDB, every requested bucket:
-// MariaDB 10.11 runs each step of such a walk as a range scan, 3–6 ms per
-// step on 100,000 rows), by one statement per 1000 buckets: on PostgreSQL
-// of LATERAL probes (see probeHeads), elsewhere selecting, per bucket, the
-// id of its head (the oldest unparked row), NULL when it has none:
-//
-//	SELECT (SELECT id FROM messages
-//	        WHERE bucket >= $1 AND bucket <= $1 AND parked_at_ms IS NULL
-//	        ORDER BY bucket, parked_at_ms, id LIMIT 1),
-//	       (… $2 …), …
-//
-// (On SQLite, MySQL and MariaDB "bucket = $1", ordered by hotSQL.order:
-// see hotSQL.bucketEquality.) Each probe is
-// NextBatch's query with LIMIT 1: a single lookup in the
-// (bucket, parked_at_ms, id) index, so the cost grows neither with the
-// backlog nor with the parked rows, unlike SELECT DISTINCT bucket … WHERE
-// bucket IN, which walks every pending row of the requested buckets. Not
-// EXISTS (SELECT 1 … WHERE bucket = $1 …): PostgreSQL drops the ORDER BY of
-// an EXISTS subquery and, when a bucket's rows look plentiful, plans a
-// sequential scan that stops at the first match — in heap order, after
-// every dead or parked row ahead of it. A bucket holding only parked rows
-// has none pending.
+// first walks the (bucket, parked_at_ms, id) index across the requested
+// range with a skip scan (skipScanPending), so that an idle table costs one
+// lookup whatever the bucket count. The walk visits other relays' buckets
+// too, so it stops after skipScanSteps; the buckets beyond it (every one on
+// MySQL and MariaDB, where each step of such a walk is a range scan) are
+// probed by one statement per 1000 buckets, each probe NextBatch's query
+// with LIMIT 1: one index lookup whatever the backlog or the parked rows.
+// Not EXISTS: PostgreSQL drops the ORDER BY of an EXISTS subquery and may
+// scan the heap past every dead or parked row. A bucket holding only
+// parked rows has none pending.
 func (s *Store) BucketsWithPending(ctx context.Context, buckets []int) ([]int, error) {
 	buckets = slices.Compact(slices.Sorted(slices.Values(buckets)))
 	if len(buckets) == 0 {
@@ -178,19 +148,9 @@ func (s *Store) BucketsWithPending(ctx context.Context, buckets []int) ([]int, e
 }
 
 // probeHeads returns the buckets (ascending) holding an unparked row, on
-// PostgreSQL: one statement of a LATERAL head probe per bucket (the probe
-// of BucketsWithPending's statements elsewhere),
-//
-//	SELECT g.b FROM unnest($1::int[]) AS g(b) CROSS JOIN LATERAL
-//	  (SELECT id FROM messages WHERE bucket >= g.b AND bucket <= g.b
-//	   AND parked_at_ms IS NULL ORDER BY bucket, parked_at_ms, id LIMIT 1) h
-//
-// not a column of scalar subqueries per bucket, which PostgreSQL plans at
-// every execution, one subquery at a time: 120–180 ms of the server's
-// time per 1000 buckets against 0.1 ms for this statement: 1.6 s of
-// planning per drain of 100,000 rows in 65,536 buckets, where the skip
-// scan stops after skipScanSteps buckets
-// (TestBucketsWithPendingProbesPastTheWalkInSmallPlans).
+// PostgreSQL: one statement of LATERAL head probes over unnest($1::int[]),
+// not scalar subqueries per bucket, which PostgreSQL plans anew at every
+// execution.
 func (s *Store) probeHeads(ctx context.Context, buckets []int) ([]int, error) {
 	ids := make([]int64, len(buckets))
 	for i, b := range buckets {
@@ -210,47 +170,25 @@ func (s *Store) probeHeads(ctx context.Context, buckets []int) ([]int, error) {
 }
 
 // NextBatch implements relay.Store: the oldest unparked rows of bucket
-// that no parked row of their key holds (see relay.Store.NextBatch),
+// that no parked row of their key holds (see relay.Store.NextBatch). The
+// condition "the bucket has no parked row" does not depend on the row, so
+// the per-row check of the key's parked rows runs only when it fails: the
+// table, not what a relay remembers, decides which rows wait.
 //
-//	SELECT id, message_id, … FROM messages m
-//	WHERE bucket >= $1 AND bucket <= $1 AND parked_at_ms IS NULL
-//	  AND (NOT EXISTS (SELECT 1 FROM messages WHERE bucket = $1 AND parked_at_ms IS NOT NULL)
-//	    OR NOT EXISTS (SELECT 1 FROM messages p WHERE p.bucket = $1 AND p.parked_at_ms IS NOT NULL
-//	      AND p.id < m.id AND p.record_key = m.record_key AND <p is not corrupt>))
-//	ORDER BY bucket, parked_at_ms, id LIMIT (SELECT $2::int)
+// A row it cannot decode (a message id that is not a UUID, a header blob of
+// an unknown codec version, an unparsable created_at) ends the batch: the
+// rows before it are returned with a nil error, and when it is the first
+// row NextBatch returns a *relay.CorruptRowError naming it, for the relay
+// to park it.
 //
-// The first NOT EXISTS does not depend on the row: the database runs it
-// once per statement, one probe of the parked entries of the (bucket,
-// parked_at_ms, id) index, and while the bucket has no parked row (the
-// common case) the second never runs. Otherwise the second runs per row:
-// a range of the bucket's parked index entries, whose rows' keys are
-// compared. Which rows wait is thus decided by the table, not by what a
-// relay remembers.
+// On PostgreSQL the bucket is selected by "bucket >= ? AND bucket <= ?"
+// ordered by bucket, parked_at_ms, id, the index's order, which it walks
+// from the bucket's head without a sort: with "bucket = ? ORDER BY id" the
+// planner often walks the primary key and filters by bucket. The fetch
+// runs with bitmap scans off (see fetchGuard).
 //
-// run through database/sql with hand-scanned columns (see "The hot path"
-// in hotpath.go). Each row is decoded in Go (the message id and the headers
-// are read as raw bytes). A row it cannot decode — a message id that is not
-// a UUID (MySQL and SQLite store it as text), a header blob of an unknown
-// codec version, an unparsable created_at — ends the batch: the rows before
-// it are returned with a nil error, and when it is the first row NextBatch
-// returns a *relay.CorruptRowError naming it, for the relay to park it.
-//
-// "bucket >= ? AND bucket <= ?" with ORDER BY bucket, parked_at_ms, id, not
-// "bucket = ?" with ORDER BY id: with the equality, PostgreSQL's planner
-// often walks the primary key in id order and filters by bucket, reading
-// every row of the other buckets (and every dead row) ahead of this
-// bucket's head: 130 ms instead of under 1 ms per batch once the buckets
-// drift apart. The range form (with parked_at_ms, constant NULL here, in
-// the ORDER BY) matches only the (bucket, parked_at_ms, id) index's order,
-// which PostgreSQL then walks from the bucket's first unparked entry, never
-// reading the parked ones, without a sort. On PostgreSQL the statement runs
-// with bitmap scans disabled (see fetchGuard): statistics that say
-// the table is empty would otherwise read the whole bucket and sort it.
-//
-// With maxBytes > 0 it stops after the first row that brings the batch's
-// relay.MessageSize total beyond maxBytes (that row included, as the
-// contract asks), and then stops reading (it closes the cursor; the
-// statement's LIMIT is still limit).
+// With maxBytes > 0 the batch ends with the row that brings its
+// relay.MessageSize total beyond maxBytes, that row included.
 func (s *Store) NextBatch(ctx context.Context, bucket, limit int, maxBytes int64) ([]*outbox.Message, error) {
 	return s.nextBatch(ctx, relay.BatchRequest{Bucket: bucket, Limit: limit, MaxBytes: maxBytes})
 }
@@ -311,12 +249,9 @@ func scanBatch(rows rowScanner, limit int, maxBytes int64, tid bool) (*batchCut,
 	return c, nil
 }
 
-// batchCut is one bucket's batch as its rows are scanned, oldest first: it
-// applies NextBatch's bounds (limit rows; with maxBytes > 0, up to and
-// including the row whose relay.MessageSize brings the total beyond
-// maxBytes) and its corruption rule (a row that cannot be decoded ends the
-// batch; at the head it is the batch's *relay.CorruptRowError). NextBatch,
-// NextBatches and NextInOrder share it.
+// batchCut is one bucket's batch as its rows are scanned, oldest first,
+// applying NextBatch's bounds and corrupt-row rule. NextBatch, NextBatches
+// and NextInOrder share it.
 type batchCut struct {
 	limit    int
 	maxBytes int64
@@ -325,9 +260,8 @@ type batchCut struct {
 	tids     []int64 // tids[i] is msgs[i]'s ctid, when the rows end with it
 	corrupt  *relay.CorruptRowError
 	done     bool // the batch takes no more rows
-	// anyCorrupt records the *relay.CorruptRowError of the row that ends
-	// the batch wherever it is, not only at the head (NextInOrder, which
-	// returns the rows before it with its error).
+	// anyCorrupt: a corrupt row ends the batch with its error wherever it
+	// is, not only at the head (NextInOrder).
 	anyCorrupt bool
 }
 
@@ -354,9 +288,8 @@ func (c *batchCut) add(sc *batchScanner) {
 	}
 	c.done = len(c.msgs) >= c.limit
 	if c.maxBytes > 0 {
-		// The row crossing the bound is included, as relay.Store.NextBatch
-		// asks: the relay tells a batch cut by size from a drained bucket by
-		// it (and publishes the rows within the bound).
+		// The row crossing the bound is included: the relay tells a batch
+		// cut by size from a drained bucket by it.
 		if c.total += relay.MessageSize(m); c.total > c.maxBytes {
 			c.done = true
 		}
@@ -366,42 +299,14 @@ func (c *batchCut) add(sc *batchScanner) {
 // batchColumns are the columns NextBatch reads, in batchScanner's order.
 const batchColumns = "id, message_id, bucket, topic, record_key, record_value, headers, record_partition, created_at"
 
-// MarkPublished implements relay.Store: it deletes exactly the given rows of
-// bucket, unless parked, each statement in autocommit (no transaction
-// around it): on PostgreSQL one statement per 10,000 ids, by location when
-// this Store read the rows (a TID scan, see locations.go),
-//
-//	DELETE FROM messages WHERE ctid = ANY(ARRAY(
-//	    SELECT f.ctid FROM unnest($2::tid[], $3::bigint[]) AS x(tid, id)
-//	    CROSS JOIN LATERAL (SELECT m.ctid FROM messages m WHERE m.ctid = x.tid AND m.id + 0 = x.id
-//	        AND bucket + 0 = $1 AND parked_at_ms + 0 IS NULL OFFSET 0) f))
-//	AND bucket + 0 = $1 AND parked_at_ms + 0 IS NULL
-//
-// else, and for rows no longer at their location, by id, each looked up in
-// the primary key (the guard's "+ 0" keeps the planner off the bucket's
-// index, see buildHotSQL),
-//
-//	DELETE FROM messages WHERE id = ANY($2::bigint[]) AND bucket + 0 = $1 AND parked_at_ms + 0 IS NULL
-//
-// on SQLite one per 1000 ids,
-//
-//	DELETE FROM messages WHERE bucket = ? AND parked_at_ms IS NULL AND id IN (?, …)
-//
-// and on MySQL and MariaDB one per 1000 ids that must look each id up in
-// the primary key (see buildHotSQL: any other plan locks gaps or rows
-// writers insert into, and deadlocked their commits),
-//
-//	DELETE m FROM messages m FORCE INDEX (PRIMARY)
-//	WHERE m.bucket = ? AND m.parked_at_ms IS NULL AND m.id IN (?, …)
-//
-// Each id is one probe of the primary key (or, on SQLite, of the (bucket,
-// parked_at_ms, id) index with all three columns bound), so the cost does
-// not grow with the rows, live or dead, of the bucket
-// (TestHotPathStaysOnTheIndexAfterABurstOnPostgres,
-// TestMarkPublishedDeletesByPrimaryKeyOnPostgreSQLWithStaleStatistics,
-// TestMarkPublishedDeletesByPrimaryKeyOnMySQL). A parked row is never
-// deleted: a row parked after it was read is published again once
-// requeued, never lost.
+// MarkPublished implements relay.Store: it deletes exactly the given rows
+// of bucket, unless parked, in autocommit statements: on PostgreSQL one per
+// 10,000 ids, by location when this Store read the rows (see
+// locations.go), else by id; elsewhere one per 1000 ids. Each id is one
+// primary-key probe (on SQLite, of the bucket index with all three columns
+// bound), so the cost does not grow with the bucket's rows, and MySQL and
+// MariaDB lock only the listed rows (see buildHotSQL). A row parked after
+// it was read is not deleted: it is published again once requeued.
 func (s *Store) MarkPublished(ctx context.Context, bucket int, published []*outbox.Message) error {
 	if len(published) == 0 {
 		return nil
@@ -518,50 +423,18 @@ func (s *Store) inList(prefix string, head []any, ids []int64) (string, []any) {
 // at most this many rows, a few milliseconds.
 const pendingExactBelow = 50_000
 
-// PendingMetrics implements relay.Store. Its cost does not
-// grow with the backlog beyond pendingExactBelow rows; what the numbers
-// mean depends on the table's size.
+// PendingMetrics implements relay.Store. Its cost does not grow with the
+// backlog beyond pendingExactBelow rows.
 //
-// Small table (the database's estimate of its rows is under
-// pendingExactBelow, 50,000, or there is no estimate): one aggregate,
-// exact on every field,
-//
-//	SELECT COUNT(*) - COUNT(parked_at_ms),
-//	       MIN(CASE WHEN parked_at_ms IS NULL THEN created_at END),
-//	       COUNT(parked_at_ms)
-//	FROM messages
-//
-// Large table, on PostgreSQL and MySQL/MariaDB:
-//
-//   - Count is an estimate: the table's live rows as the database's
-//     statistics have them (PostgreSQL: pg_stat_get_live_tuples, the
-//     n_live_tup of pg_stat_user_tables, counted by every commit and
-//     flushed about once a second; MariaDB and
-//     MySQL: information_schema.TABLES.TABLE_ROWS, InnoDB's sampled
-//     estimate, which can be off by tens of percent, and on MySQL 8 is
-//     cached for information_schema_stats_expiry) minus Parked, never
-//     negative.
-//   - Oldest is the oldest created_at among the buckets' heads (each
-//     bucket's lowest unparked id, one probe of the (bucket, parked_at_ms,
-//     id) index per bucket). Rows of a bucket are inserted in about
-//     created_at order, so this is the oldest pending row unless a writer
-//     committed a row with an older created_at behind a newer one (a long
-//     transaction, a writer host's clock behind): then Oldest is younger
-//     than the truth by at most that lag.
-//   - Parked stays exact: a count of the parked entries of the index, per
-//     1000 buckets, which costs in proportion to the parked rows.
-//
-// SQLite has no cheap estimate: Count and Parked are always exact (a scan
-// of the (bucket, parked_at_ms, id) index), and Oldest is exact while the
-// unparked rows are under pendingExactBelow, from the heads above it.
-//
-// Cost, measured once with EXPLAIN ANALYZE on PostgreSQL 15 at 1,000,000
-// rows in 8 buckets (not in CI): the exact aggregate took 215 ms (a
-// parallel sequential scan of 10,310 buffers; the issue measured 406–760
-// ms on a busier server), the large-table statements 0.1 ms (the
-// estimate, one catalog lookup), 0.16 ms (parked, 25 buffers) and 0.13 ms
-// (8 head probes, 33 buffers). On SQLite the created_at column comes back
-// as text and is parsed.
+// Below pendingExactBelow estimated rows (or with no estimate) it is one
+// exact aggregate. Above it, on PostgreSQL and MySQL/MariaDB, Count is the
+// database's live-row estimate (pg_stat_get_live_tuples; InnoDB's
+// TABLE_ROWS, which can be off by tens of percent) minus Parked; Oldest is
+// the oldest created_at among the buckets' heads, younger than the truth
+// only by the lag of a row committed behind a newer one; Parked stays
+// exact, a count of the parked index entries. SQLite has no cheap
+// estimate: Count and Parked are always exact, and Oldest comes from the
+// heads once the unparked rows reach pendingExactBelow.
 func (s *Store) PendingMetrics(ctx context.Context) (*relay.Pending, error) {
 	k, err := s.kind(ctx)
 	if err != nil {
@@ -666,16 +539,9 @@ func (s *Store) countParked(ctx context.Context) (int64, error) {
 }
 
 // oldestHead is the oldest created_at among the buckets' heads (their
-// lowest unparked id), zero when no bucket has an unparked row. On
-// PostgreSQL one statement,
-//
-//	SELECT MIN(h.created_at) FROM generate_series(0, $n-1) AS g(n)
-//	CROSS JOIN LATERAL (SELECT created_at FROM messages
-//	  WHERE bucket >= g.n AND bucket <= g.n AND parked_at_ms IS NULL
-//	  ORDER BY bucket, parked_at_ms, id LIMIT 1) h
-//
-// elsewhere one statement per 1000 buckets of scalar subqueries, one per
-// bucket, as in BucketsWithPending: each is one index probe.
+// lowest unparked id), zero when there are none: on PostgreSQL one LATERAL
+// statement over generate_series, elsewhere one scalar subquery per bucket,
+// 1000 buckets a statement; each head is one index probe.
 func (s *Store) oldestHead(ctx context.Context, k int) (time.Time, error) {
 	const head = "SELECT created_at FROM ? WHERE bucket >= %s AND bucket <= %s AND parked_at_ms IS NULL ORDER BY bucket, parked_at_ms, id LIMIT 1"
 	if k == kindPostgres {
@@ -777,11 +643,8 @@ func parseTime(v any) (time.Time, error) {
 	return time.Time{}, fmt.Errorf("unparsable timestamp %q", s)
 }
 
-// ConcurrentBuckets implements relay.Store: on PostgreSQL and
-// MySQL/MariaDB a relay may serve several buckets at once (up to
-// relay.Options.MaxConcurrentBuckets), each with its own statements on the
-// pool's connections, and fetch one bucket's next batch while it publishes
-// another's; the store's shared state (dialect, seeding, pruning, the
-// latest clock reading) is under its mutex. Not on SQLite, whose single
-// writer turns the overlap into lock waits.
+// ConcurrentBuckets implements relay.Store: true on PostgreSQL and
+// MySQL/MariaDB, where a relay may serve several buckets at once, each with
+// its own statements; not on SQLite, whose single writer turns the overlap
+// into lock waits.
 func (s *Store) ConcurrentBuckets() bool { return s.db.Dialector.Name() != "sqlite" }

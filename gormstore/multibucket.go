@@ -34,17 +34,13 @@ type multiSQL struct {
 	// PostgreSQL int[] literals, in the same order), is PostgreSQL's
 	// NextBatches statement; "" elsewhere.
 	nextBatches string
-	// nextBatchesExcluding is nextBatches leaving out rows of the requests'
-	// Exclude, with four bind variables: the buckets, the limits, each
-	// bucket's largest id left out (bigint[]; the smallest bigint for none)
-	// and every id left out (bigint[]); "" elsewhere.
+	// nextBatchesExcluding adds two bind variables: each bucket's largest
+	// id left out (the smallest bigint for none) and every id left out.
 	nextBatchesExcluding string
-	// member is one bucket's part of the UNION ALL that is NextBatches'
-	// statement on MySQL, MariaDB and SQLite, with the bind variables of
-	// hotSQL.nextBatch (nextBatchBuckets times the bucket, then the limit);
-	// "" for a dialect without either form (NextBatch per bucket).
-	// memberWith renders member with a condition appended to its WHERE
-	// (excludingLiteral).
+	// member is one bucket's part of NextBatches' UNION ALL on MySQL,
+	// MariaDB and SQLite, with hotSQL.nextBatch's bind variables, and
+	// memberWith renders it with a condition appended to its WHERE; ""
+	// for a dialect without either form (NextBatch per bucket).
 	member     string
 	memberWith func(cond string) string
 	// perStatement is how many buckets one NextBatches statement reads.
@@ -76,26 +72,21 @@ func buildMultiSQL(h *hotSQL, dialect, table string) {
 	m.deletePrefix = "DELETE FROM " + table + " WHERE parked_at_ms IS NULL AND id IN ("
 	switch dialect {
 	case "postgres":
-		// One LATERAL subquery per (bucket, limit) pair: NextBatch's
-		// statement, run as a nested loop once per pair, each an index scan
-		// of the bucket's unparked entries in order that stops at its limit
-		// (TestNextBatchesReadsEachBucketByItsIndexOnPostgres).
+		// One LATERAL subquery per (bucket, limit) pair: NextBatch's index
+		// scan, run once per pair, stopping at its limit.
 		m.perStatement = maxBucketsPerStatement
 		m.nextBatches = "SELECT x.* FROM unnest(" + h.binds[0] + "::int[], " + h.binds[1] + "::int[]) AS r(b, n)" +
 			" CROSS JOIN LATERAL (" + h.nextBatchWith([4]string{"r.b", "r.b", "r.b", "r.b"}, "r.n", "") + ") x"
 		m.nextBatchesExcluding = "SELECT x.* FROM unnest(" + h.binds[0] + "::int[], " + h.binds[1] + "::int[], " + h.binds[2] + "::bigint[]) AS r(b, n, a)" +
 			" CROSS JOIN LATERAL (" + h.nextBatchWith([4]string{"r.b", "r.b", "r.b", "r.b"}, "r.n", excludingCond("r.a", notInArray(h.binds[3]))) + ") x"
-		// Each id looked up in the primary key (the guard's "+ 0", as in
-		// MarkPublished's, keeps the planner off the bucket index). No
-		// bucket guard: an id names one row, and a published row is deleted
-		// whichever bucket it is in.
+		// By id, through the primary key ("+ 0" as in MarkPublished's); no
+		// bucket guard: an id names one row, whichever bucket holds it.
 		m.deleteIDs = "DELETE FROM " + table + " WHERE id = ANY(" + h.binds[0] + "::bigint[]) AND parked_at_ms + 0 IS NULL"
 		m.deleteTIDs = deleteByLocation(table, h.binds[0], h.binds[1], " AND parked_at_ms + 0 IS NULL")
 	case "mysql":
 		// MariaDB 10.11 has no LATERAL: a UNION ALL of parenthesised
-		// selects, each NextBatch's statement with its own ORDER BY and
-		// LIMIT. The delete looks each id up in the primary key, as
-		// MarkPublished's does (see buildHotSQL).
+		// selects, each NextBatch's statement. The delete looks each id up
+		// in the primary key, as MarkPublished's does (see buildHotSQL).
 		m.memberWith = func(cond string) string { return "(" + h.nextBatchWith([4]string{"?", "?", "?", "?"}, "?", cond) + ")" }
 		m.deletePrefix = "DELETE m FROM " + table + " m FORCE INDEX (PRIMARY) WHERE m.parked_at_ms IS NULL AND m.id IN ("
 	case "sqlite":
@@ -113,12 +104,10 @@ func buildMultiSQL(h *hotSQL, dialect, table string) {
 	if dialect != "sqlite" {
 		return
 	}
-	// NextInOrder on SQLite: the table in rowid order, the buckets a
-	// filter on the rows met ("m.bucket + 0" keeps the planner off the
-	// bucket index, which would read the buckets' rows and sort them); the
-	// hold is the per-row form only (a guard of constants, "does the range
-	// have a parked row", would read every index entry of the buckets'
-	// range: no index leads with parked_at_ms).
+	// NextInOrder on SQLite: the table in rowid order, the buckets a filter
+	// ("+ 0" keeps the planner off the bucket index, which would read the
+	// buckets' rows and sort them); the hold in its per-row form only (no
+	// index leads with parked_at_ms).
 	m.inOrderBucket = "m.bucket + 0"
 	m.inOrderWith = func(filter, cond, limit string) string {
 		return "SELECT " + batchColumns + " FROM " + table + " m" +
@@ -130,33 +119,15 @@ func buildMultiSQL(h *hotSQL, dialect, table string) {
 }
 
 // NextBatches implements relay.MultiBucketStore: each request is answered
-// as NextBatch would answer it (the same rows, the same holds, byte bound
-// and corrupt-row rule), in one statement per maxBucketsPerStatement
-// requests (fewer on MySQL, MariaDB and SQLite: at most 999 bind
-// variables, 249 buckets). Requests with a limit ≤ 0 get no rows and cost
-// nothing; a single request is NextBatch's own statement. On PostgreSQL,
-//
-//	SELECT x.* FROM unnest($1::int[], $2::int[]) AS r(b, n)
-//	CROSS JOIN LATERAL (<NextBatch's statement, bucket r.b, LIMIT r.n>) x
-//
-// with the buckets and their limits as array literals: a nested loop that
-// runs NextBatch's index scan once per bucket. On MySQL and MariaDB (no
-// LATERAL in MariaDB 10.11),
-//
-//	(<NextBatch's statement for bucket 1>) UNION ALL (<… bucket 2>) UNION ALL …
-//
-// and on SQLite, which takes no ORDER BY or LIMIT on the member of a
-// compound SELECT, the same UNION ALL of "SELECT * FROM (<NextBatch's
-// statement>)". Each bucket's part is thus NextBatch's statement with its
-// plan: the bucket's head read from the (bucket, parked_at_ms, id) index
-// in order, stopping at the limit, never a sort of the bucket.
-//
-// The result is not sorted as a whole: a Sort of every row fetched, values
-// included, would spill to disk on wide rows. Each bucket's rows come out
-// of its part in id order (a nested loop or a UNION ALL keeps the order of
-// its inner rows); NextBatches splits them by their bucket column and
-// checks that order, failing the call rather than returning a batch out of
-// order. A dialect other than these gets NextBatch per request.
+// as NextBatch would answer it, in one statement per perStatement requests
+// (at most 999 bind variables on MySQL, MariaDB and SQLite); a single
+// request is NextBatch's own statement. On PostgreSQL the statement is a
+// LATERAL join of unnest(buckets, limits) with NextBatch's statement; on
+// MySQL, MariaDB and SQLite a UNION ALL of NextBatch's statements. Each
+// bucket's part keeps NextBatch's plan. The result is not sorted as a
+// whole (a sort of wide rows would spill to disk): rows are split by
+// bucket, and a bucket's rows out of id order fail the call. A dialect
+// other than these gets NextBatch per request.
 func (s *Store) NextBatches(ctx context.Context, reqs []relay.BatchRequest) ([]relay.BatchResult, error) {
 	results := make([]relay.BatchResult, len(reqs))
 	active := make([]int, 0, len(reqs)) // requests with rows to read
@@ -296,40 +267,11 @@ func scanBatches(rows rowScanner, cuts map[int64]*batchCut, tid bool) (int64, er
 }
 
 // MarkPublishedBuckets implements relay.MultiBucketStore: it deletes
-// exactly the given rows, of any buckets, by primary key, unless parked,
-// each statement in autocommit, as MarkPublished does: on PostgreSQL one
-// statement per 10,000 ids, by location when this Store read the rows
-// (locations.go),
-//
-//	DELETE FROM messages WHERE ctid = ANY(ARRAY(
-//	    SELECT f.ctid FROM unnest($1::tid[], $2::bigint[]) AS x(tid, id)
-//	    CROSS JOIN LATERAL (SELECT m.ctid FROM messages m WHERE m.ctid = x.tid AND m.id + 0 = x.id
-//	        AND parked_at_ms + 0 IS NULL OFFSET 0) f))
-//	AND parked_at_ms + 0 IS NULL
-//
-// else by id,
-//
-//	DELETE FROM messages WHERE id = ANY($1::bigint[]) AND parked_at_ms + 0 IS NULL
-//
-// on SQLite one per id, prepared once, all in one transaction (one commit),
-//
-//	DELETE FROM messages WHERE id = ? AND parked_at_ms IS NULL
-//
-// because SQLite's planner, given statistics of a table that held few rows
-// (an ANALYZE or PRAGMA optimize of the drained outbox), reads the whole
-// table for "id IN (…)" without a bucket: a delete then cost a scan of the
-// backlog, 55 ms per 500 rows of 100,000 against 2 (a rowid lookup is the
-// plan whatever the statistics say);
-// and on MySQL and MariaDB one per 1000 ids, each looked up in the primary
-// key (see buildHotSQL: any other plan locks gaps or rows writers insert
-// into),
-//
-//	DELETE m FROM messages m FORCE INDEX (PRIMARY)
-//	WHERE m.parked_at_ms IS NULL AND m.id IN (?, …)
-//
-// Unlike MarkPublished's, the statements name no bucket: an id names one
-// row, and a published row is deleted whichever bucket holds it
-// (Message.Bucket is not read). The ids go in ascending order.
+// exactly the given rows, of any buckets, unless parked, as MarkPublished
+// does but naming no bucket (an id names one row; Message.Bucket is not
+// read). On SQLite it is one prepared statement per id in one transaction:
+// on a drained table's statistics SQLite plans "id IN (…)" without a
+// bucket as a scan of the whole table, but a rowid lookup stays a lookup.
 func (s *Store) MarkPublishedBuckets(ctx context.Context, published []*outbox.Message) error {
 	if len(published) == 0 {
 		return nil
@@ -382,35 +324,16 @@ func (s *Store) deleteBucketsStatement(ids []int64) (string, []any) {
 	return s.inList(m.deletePrefix, nil, ids)
 }
 
-// NextInOrder implements relay.MultiBucketStore. The relay calls it on
-// SQLite only (a store whose writes serialise: see relay's groups), where
-// it is one statement reading the table in rowid order from its first
-// pending row of req.Buckets, like a plain "ORDER BY id LIMIT n" loop,
-// whatever the bucket count, not one index probe per bucket as NextBatches
-// makes:
-//
-//	SELECT id, … FROM messages m
-//	WHERE m.bucket + 0 >= 0 AND m.bucket + 0 <= 7 [AND m.bucket + 0 NOT IN (3, 5)]
-//	  AND m.parked_at_ms IS NULL
-//	  AND NOT EXISTS (SELECT 1 FROM messages p WHERE p.bucket = m.bucket AND p.parked_at_ms IS NOT NULL
-//	    AND p.id < m.id AND p.record_key = m.record_key AND <p is not corrupt>)
-//	  [AND (m.id > 812 OR m.id NOT IN (801, 802, …))]
-//	ORDER BY m.id LIMIT 500
-//
-// The buckets, ascending, become the span [lo, hi] less its holes (the
-// buckets of the span not asked for), or, when the holes outnumber the
-// buckets, "m.bucket + 0 IN (…)"; the integers are written into the text.
-// The hold is NextBatch's per-row subquery, on the bucket index: a parked
-// row of the row's key, with a smaller id, in its bucket, that is not
-// corrupt. The rows are cut as NextBatch cuts a batch (limit, then the row
-// crossing req.MaxBytes included). A row that cannot be decoded ends the
-// answer: the rows before it are returned with its *relay.CorruptRowError.
-//
-// On PostgreSQL, MySQL and MariaDB it merges NextBatches' answers. (One
-// statement over the primary key was built and measured there: with
-// thousands of buckets its reads passed every other bucket's rows and the
-// dead entries of the rows deleted meanwhile, and a 65,536-bucket drain ran
-// at a third of its rate by heads: see BENCHMARKS.md.)
+// NextInOrder implements relay.MultiBucketStore. On SQLite, where the relay
+// calls it, it is one statement reading the table in rowid order from the
+// first pending row of req.Buckets, like a plain "ORDER BY id LIMIT n"
+// loop, whatever the bucket count; the buckets are written into the text
+// as a span less its holes, or a list. The hold is NextBatch's per-row
+// subquery and the rows are cut as NextBatch cuts a batch; a row that
+// cannot be decoded ends the answer: the rows before it are returned with
+// its *relay.CorruptRowError. On PostgreSQL, MySQL and MariaDB it merges
+// NextBatches' answers: a read of the primary key there walks every other
+// bucket's rows and dead entries.
 func (s *Store) NextInOrder(ctx context.Context, req relay.OrderedRequest) ([]*outbox.Message, error) {
 	if req.Limit <= 0 || len(req.Buckets) == 0 {
 		return nil, nil

@@ -58,12 +58,9 @@ func (s *Store) configuredBuckets() []int {
 }
 
 // allBuckets is every bucket the table may hold rows of, in chunks: 0 to
-// BucketCount-1 and any bucket outside that range that has rows (written
-// with another bucket count): one read of the buckets outside the range
-// (bucketsOutside) and, only when it finds some, one of the lowest and the
-// highest bucket (bucketEnds). The chunks are the bucket condition of the
-// statements over every parked row, so that each one reads the parked
-// entries of the (bucket, parked_at_ms, id) index instead of the table.
+// BucketCount-1 and any bucket outside that range that has rows. The
+// chunks are the bucket condition of the statements over every parked
+// row, so that each reads the parked index entries instead of the table.
 func (s *Store) allBuckets(ctx context.Context) ([][]int, error) {
 	lo, hi := 0, s.cfg.BucketCount-1
 	var lim struct{ Lo, Hi sql.NullInt64 }
@@ -113,16 +110,10 @@ func reasonFor(k int, reason string) string {
 	return reason
 }
 
-// Park implements relay.Store with one autocommit statement that carries
-// the relay's lease:
-//
-//	UPDATE messages SET parked_at_ms = $now, parked_reason = $reason
-//	WHERE bucket = $1 AND id = $2 AND parked_at_ms IS NULL
-//	  AND EXISTS (SELECT 1 FROM leases WHERE bucket = $1 AND owner = $relay AND expires_at_ms > $now)
-//
-// now is the database's clock in Unix milliseconds, evaluated by the
-// statement itself (Options.Clock when set). When it changes no row, one
-// read of the lease tells a lost lease (an error wrapping
+// Park implements relay.Store with one autocommit UPDATE of the row,
+// guarded by EXISTS on relayID's unexpired lease of bucket, with "now" the
+// database's clock evaluated by the statement itself. When it changes no
+// row, one read of the lease tells a lost lease (an error wrapping
 // relay.ErrLeaseLost) from a row already parked or gone (nil). The reason
 // is stored as valid UTF-8 (ASCII on MySQL and MariaDB, other characters
 // as '?'), at most outbox.MaxParkedReasonLength characters.

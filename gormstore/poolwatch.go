@@ -8,27 +8,17 @@ import (
 
 // The pool's idle room
 //
-// A relay keeps several statements in flight on the *gorm.DB's pool: a
-// fetch or publish per bucket it serves at once, the deletes beside them,
-// its lease round. database/sql keeps 2 idle connections unless told
-// otherwise, and closes every other one when its statement ends, so the
-// next statement opens a new database session (a backend process on
-// PostgreSQL, its prepared statements lost): a 100,000-row drain opened
-// ~155 PostgreSQL sessions with the default against 38 with 16 idle, and
-// fetches and deletes waited tens of milliseconds each. Nothing failed, so
-// nothing said so; the store now watches the pool's count of connections
-// closed for want of idle room (sql.DBStats.MaxIdleClosed) at each lease
-// round and at most once a second from its deletes, and warns when it
-// grows quickly.
+// A relay keeps several statements in flight on the pool, and database/sql
+// keeps 2 idle connections unless told otherwise: it closes every other
+// one when its statement ends, and the next statement opens a new database
+// session. Nothing fails, so the store watches sql.DBStats.MaxIdleClosed
+// and warns when it grows quickly.
 
 const (
 	// poolWatchWindow is the span over which the closes are counted.
 	poolWatchWindow = 30 * time.Second
-	// poolWatchCloses is how many closes within a window warn. Each is a
-	// database session opened again; a pool with the idle room its relay
-	// needs closes none. Four relays draining 200,000 rows over 1,024
-	// buckets with database/sql's default of 2 idle closed 66-73 each in
-	// 7.4 s, at about half the rate of pools keeping 16 (BENCHMARKS.md).
+	// poolWatchCloses is how many closes within a window warn; a pool with
+	// the idle room its relay needs closes none.
 	poolWatchCloses = 50
 	// poolWatchQuiet is the least time between two warnings.
 	poolWatchQuiet = time.Hour
@@ -58,12 +48,10 @@ func (s *Store) watchPoolSoon(ctx context.Context) {
 }
 
 // watchPool checks the store's pool at now (the host's clock) and warns,
-// at most once per poolWatchQuiet, as soon as a check (a lease round, or
-// a delete through watchPoolSoon) finds that it closed at least
-// poolWatchCloses connections for want of idle room since the window
-// began: the first check after the closes, not the window's end (a drain's
-// churn may be over by then, and a short drain then says nothing). A
-// window that ends with fewer closes starts a new one.
+// at most once per poolWatchQuiet, at the first check that finds at least
+// poolWatchCloses closes for want of idle room since the window began, not
+// at the window's end (a short drain's churn is over by then). A window
+// that ends with fewer closes starts a new one.
 func (s *Store) watchPool(ctx context.Context, now time.Time) {
 	sqlDB, err := s.db.DB()
 	if err != nil {

@@ -116,19 +116,12 @@ func (s *Store) write(ctx context.Context, table string, fn func(q *gorm.DB) err
 	return s.run(ctx, table, modeWrite, fn)
 }
 
-// writeTx runs fn, the statements of one read-write transaction, on the
-// primary at READ COMMITTED whatever the pool's default isolation (so that
-// each statement sees the rows committed before it started, and a locking
-// read waits for and then reads the latest committed version), bounded as
-// a whole by the statement timeout (on MariaDB each statement also carries
-// the SET STATEMENT bound). The transaction commits when fn returns nil and
-// rolls back otherwise. On SQLite it is a plain transaction (every SQLite
-// transaction is serializable).
-//
-// A transaction the database ends as a deadlock victim (InnoDB's 1213,
-// PostgreSQL's 40P01: a requeue locking a key's parked rows while the
-// relay holds new rows behind their head and writers insert) is retried,
-// up to deadlockAttempts times in all: it changed nothing.
+// writeTx runs fn as one read-write transaction on the primary at READ
+// COMMITTED whatever the pool's default (a locking read then reads the
+// latest committed version), bounded as a whole by the statement timeout;
+// a plain transaction on SQLite. It commits when fn returns nil. A
+// deadlock victim (InnoDB's 1213, PostgreSQL's 40P01) changed nothing and
+// is retried, up to deadlockAttempts runs in all.
 func (s *Store) writeTx(ctx context.Context, table string, fn func(tx *gorm.DB) error) error {
 	var err error
 	for range deadlockAttempts {
@@ -150,25 +143,17 @@ func deadlocked(err error) bool {
 }
 
 // read runs fn, one or more reads, on the primary at READ COMMITTED or
-// stronger whatever the pool's default isolation, bounded by the statement
-// timeout: directly where the dialect's autocommit statements already read
-// committed data (PostgreSQL, SQLite), else (MySQL, MariaDB) in one READ ONLY
-// transaction at READ COMMITTED, which costs three more round trips (SET
-// TRANSACTION, START TRANSACTION READ ONLY, COMMIT; see BenchmarkNextBatch).
-// fn must not write.
+// stronger whatever the pool's default, bounded by the statement timeout:
+// directly on PostgreSQL and SQLite, whose autocommit reads see committed
+// data, else in one READ ONLY transaction at READ COMMITTED. fn must not
+// write.
 func (s *Store) read(ctx context.Context, table string, fn func(q *gorm.DB) error) error {
 	return s.run(ctx, table, modeRead, fn)
 }
 
-// fetchGuard is the setting the hot path's fetches (NextBatch,
-// NextBatches) run under on PostgreSQL: no bitmap scans, for the rest of
-// the fetch's transaction only. Statistics that say the table is empty
-// while it holds a backlog (an ANALYZE of the drained table, or one that
-// ran while the backlog's transaction was still open; they last until
-// autovacuum analyzes the table again) estimate a bucket at one row, and
-// the planner then reads every row of the bucket through a bitmap and
-// sorts them, for each batch: 200-270 ms against 1-5 ms for 500 of 25,000
-// rows, a drain seven times slower.
+// fetchGuard turns bitmap scans off for the rest of a PostgreSQL fetch's
+// transaction: on statistics that say the table is empty while it holds a
+// backlog, the planner would read and sort the whole bucket every batch.
 const fetchGuard = "SELECT set_config('enable_bitmapscan', 'off', true)"
 
 // rowScanner is what the fetches' scans read rows through: database/sql's
@@ -188,14 +173,11 @@ type pgxRows struct{ pgx.Rows }
 
 func (r pgxRows) scanInto(sc *batchScanner) error { return r.Scan(sc.pgxDest...) }
 
-// fetch runs query, one of the hot path's fetches, with args on the
-// primary (as read does), and hands its rows to scan, which returns how
-// many it read; the statement is shown to the logger. On PostgreSQL the
-// statement runs after fetchGuard in one transaction, sent together with
-// it: through pgx, one round trip (a batch: the two statements and one
-// Sync, which PostgreSQL runs as one implicit transaction), elsewhere (a
-// pool that is not a *sql.DB on pgx's driver) BEGIN, the guard, the
-// statement and COMMIT, four.
+// fetch runs query, one of the hot path's fetches, on the primary (as read
+// does) and hands its rows to scan, which returns how many it read. On
+// PostgreSQL it runs after fetchGuard in one transaction: one pgx batch
+// (one round trip) when the pool is on pgx's driver, else BEGIN, guard,
+// statement and COMMIT.
 func (s *Store) fetch(ctx context.Context, query string, args []any, scan func(rowScanner) (int64, error)) error {
 	k, err := s.kind(ctx)
 	if err != nil {
@@ -285,26 +267,15 @@ func fetchPipelined(q *gorm.DB, query string, args []any, scan func(rowScanner) 
 }
 
 // run runs fn on the primary within the statement timeout, per statement
-// (or per read transaction), never per session. An error from the bound
-// wraps context.DeadlineExceeded:
-//
-//   - PostgreSQL: a context deadline of the timeout. pgx then closes the
-//     connection and sends PostgreSQL a cancel request, which ends the
-//     statement on the server too (TestAStatementAbandonedByItsContext).
-//     Setting statement_timeout and lock_timeout instead would take a
-//     transaction around each statement (SET LOCAL): three more round trips.
-//   - MariaDB: every statement fn builds is prefixed with SET STATEMENT
-//     max_statement_time=…, lock_wait_timeout=…, innodb_lock_wait_timeout=…
-//     FOR (no extra round trip), and the context deadline falls a little
-//     later (grace), so that MariaDB's error arrives first and the
-//     connection stays usable. The deadline alone would not do:
-//     go-sql-driver closes the connection without a KILL QUERY, and the
-//     statement keeps waiting on the server.
-//   - MySQL (not MariaDB; untested), SQLite and others: the context deadline
-//     only. On SQLite a write waiting for another writer waits out the
-//     connection's busy timeout whatever the context says (mattn/go-sqlite3
-//     interrupts a running statement, not its busy handler): set _busy_timeout
-//     in the DSN at most StatementTimeout.
+// (or per read transaction), never per session; an error from the bound
+// wraps context.DeadlineExceeded. PostgreSQL: a context deadline, on which
+// pgx sends a cancel request that ends the statement on the server too
+// (statement_timeout would need SET LOCAL in a transaction). MariaDB: each
+// statement starts with SET STATEMENT max_statement_time and the lock wait
+// timeouts (mariaPrefix), and the deadline falls later (grace), since
+// go-sql-driver closes the connection without a KILL QUERY, leaving the
+// statement running. Others: the deadline only (SQLite's busy handler
+// ignores it: keep _busy_timeout at most StatementTimeout).
 func (s *Store) run(ctx context.Context, table string, mode runMode, fn func(q *gorm.DB) error) error {
 	k, err := s.kind(ctx)
 	if err != nil {

@@ -12,95 +12,49 @@
 // # One clock: the database's
 //
 // Every time the store writes or compares in the lease, relay and park
-// columns (lease expiries, heartbeats, stopped stamps, the liveness windows,
-// pruning, parked_at_ms) comes from the database server's clock, not the
-// relay host's: relays on hosts whose clocks disagree, by any amount, still
-// agree on when a lease expires. Each acquisition round, renewal and
-// release reads the database's time once (one SELECT) and uses it for all
-// of its statements; Park and Fleet evaluate the clock
-// inside their statement (see clock.go for why). Options.Clock, when set,
-// replaces the database's clock (tests inject a manual clock).
-//
-// The relay host's clock still matters in two places, neither of them a
-// lease: the relay bounds how long it trusts a lease by its own monotonic
-// clock (a rate, not a reading), and created_at is stamped by the writers'
-// hosts (outbox.Plugin), which the backlog-age gauges compare with the
-// relay host's clock. Each clock read measures the host's offset to the
-// database's clock, which the store reports in ClockOffset
-// (the relay's outbox.clock.offset gauge).
+// columns comes from the database server's clock, not the relay host's:
+// relays whose host clocks disagree still agree on when a lease expires
+// (see clock.go). Options.Clock, when set, replaces it. created_at is
+// stamped by the writers' hosts; ClockOffset reports the relay host's
+// offset to the store's clock (the relay's outbox.clock.offset gauge).
 //
 // # Isolation
 //
-// Every read that decides what is published, deleted, owned or parked (the
-// next batch, the pending-bucket probe, the lease snapshot and read-back,
-// the active relays, the misconfiguration probe, the parked heads, the
-// fleet's features) and the backlog metrics read
-// only committed rows, whatever isolation level the pool's connections
-// default to, so a relay never publishes a row whose transaction then rolls
-// back, nor counts an uncommitted claim or heartbeat:
-//
-//   - PostgreSQL runs READ UNCOMMITTED as READ COMMITTED: the reads are plain
-//     autocommit statements.
-//   - MySQL and MariaDB: each read (or the three consecutive reads of an
-//     acquisition round) runs in its own READ ONLY transaction at READ
-//     COMMITTED, which the driver sets for that transaction alone
-//     (SET TRANSACTION ISOLATION LEVEL, no session state). MariaDB refuses
-//     tx_isolation in SET STATEMENT and MySQL has no per-statement form.
-//   - SQLite: a connection reads uncommitted rows only in shared-cache mode
-//     with PRAGMA read_uncommitted; the store does not support shared cache
-//     (without the pragma, its readers fail with "database table is locked"
-//     while a writer's transaction is open). With the default private cache
-//     every read is of committed data.
-//
-// Writes are single autocommit statements, except RequeueParked and
-// DeleteParked on PostgreSQL and MySQL/MariaDB: each is one READ COMMITTED
-// transaction that locks rows (SELECT … FOR UPDATE) before it changes them.
-// Each row a write changes is matched against its latest committed version (PostgreSQL
-// re-checks it after a concurrent writer commits; InnoDB uses locking or
-// semi-consistent reads).
-// The liveness guard of a lease write also reads the relay's own heartbeat
-// row, which only that relay's own statements write.
+// Every read that decides what is published, deleted, owned or parked, and
+// the backlog metrics, sees only committed rows whatever isolation the
+// pool's connections default to, so a relay never publishes a row whose
+// transaction then rolls back. PostgreSQL's and SQLite's autocommit
+// reads already do (SQLite's shared-cache mode is not supported). On MySQL
+// and MariaDB each read runs in its own READ ONLY transaction at READ
+// COMMITTED, set per transaction: MariaDB refuses tx_isolation in SET
+// STATEMENT and MySQL has no per-statement form. Writes are single
+// autocommit statements, except RequeueParked and DeleteParked, which lock
+// their rows (SELECT … FOR UPDATE) in one READ COMMITTED transaction.
 //
 // # The primary
 //
-// Every statement of the store, reads included, runs on the primary, whatever
-// read/write-splitting resolver is registered on the *gorm.DB: each carries
-// the setting "gorm:db_resolver:write" (what gorm.io/plugin/dbresolver's
-// Write clause sets; the store does not import dbresolver), and, when a
-// callback named "gorm:db_resolver" is registered, the store asks it for the
-// source pool first, so that its transactions (which dbresolver never
-// switches) also begin on the primary. A replica, however fresh, is never
-// read: a lease read-back or a batch from a lagging replica would flap
-// ownership and publish deleted rows again. A resolver of another name must
-// honour the same setting or not split the outbox tables. NextBatch and
-// MarkPublished run on that same resolved pool, straight through
-// database/sql (see "The hot path" in hotpath.go), so they bypass GORM's
-// callbacks: a resolver of another name is not asked for them, and they
-// run on the *gorm.DB's own pool.
+// Every statement, reads included, runs on the primary whatever
+// read/write-splitting resolver is registered: each carries the setting
+// "gorm:db_resolver:write" (what dbresolver's Write clause sets), and the
+// store asks a callback named "gorm:db_resolver" for the source pool
+// first, so that its transactions and its raw hot-path statements start
+// there too. A lagging replica would flap ownership and republish deleted
+// rows. A resolver of another name must honour the same setting.
 //
 // # Parking
 //
-// The store parks rows (relay.Store.Park) and implements relay.ParkAdmin. A parked row stays
-// in the messages table with parked_at_ms (Unix ms, UTC, the database's clock)
-// and parked_reason (at most 1000 characters) set; only the relay (through
-// the store) writes them, never outbox.Message creates or updates. The read
-// index is (bucket, parked_at_ms, id): NextBatch and BucketsWithPending read
-// the unparked entries of one bucket (parked_at_ms IS NULL) and never touch
-// the parked ones, except that NextBatch, when the bucket has a parked row,
-// looks up the parked rows of each row's key (see Store.NextBatch);
-// ListParked, RequeueParked and DeleteParked read the parked entries. The relays table's features column carries
-// Features with every heartbeat; Fleet reports CanPark false while a live relay's
-// row lacks the parking bit.
+// A parked row stays in the messages table with parked_at_ms (the
+// database's clock) and parked_reason set, which only the store writes.
+// The hot path reads the unparked entries of the (bucket, parked_at_ms, id)
+// index; ListParked, RequeueParked and DeleteParked read the parked ones.
+// Every heartbeat carries Features; Fleet reports CanPark false while a
+// live relay's row lacks the parking bit.
 //
-// Upgrade order: apply the schema change first (outbox.AutoMigrate, or
-// migrations/<dialect>/000002_parking.up.sql: nullable columns, a column
-// with a default and the new index; the old (bucket, id) index is dropped),
-// then deploy the new relays. Relays of the previous version keep working on
-// the new schema (they never write the new columns, and their heartbeats
-// keep features 0), and no row is parked while any of them is live, so a
-// rolling upgrade never lets an old relay publish a parked row. Downgrade
-// only after requeueing or deleting every parked row (ParkAdmin), with the
-// new relays stopped: an old relay would publish parked rows out of order.
+// Upgrade: apply the schema change first (outbox.AutoMigrate, or
+// migrations/<dialect>/000002_parking.up.sql), then deploy the new relays;
+// no row is parked while an old relay is live. Downgrade only after
+// requeueing or deleting every parked row, with the new relays stopped:
+// an old relay would publish parked rows out of order.
 //
 // # Session state
 //
@@ -148,15 +102,12 @@ type Options struct {
 	// given to outbox.Plugin: writers and relays must agree. The zero Config
 	// means outbox's defaults; an invalid Config fails New.
 	Config outbox.Config
-	// Clock, when set, replaces the database's clock: lease expiries,
-	// heartbeats, stopped stamps, liveness windows, pruning and parked_at_ms
-	// are its Unix milliseconds. Nil (production) means the database
-	// server's clock, read once per acquisition round, renewal and release,
-	// so that relays whose host clocks disagree still agree on every lease.
-	// Tests inject the relay's manual clock (relaytest.ManualClock; any
-	// relay.Clock will do: only Now is read). A dialect other than
-	// PostgreSQL, MySQL/MariaDB and SQLite has no known clock expression:
-	// New fails unless Clock is set.
+	// Clock, when set, replaces the database's clock for lease expiries,
+	// heartbeats, stopped stamps, liveness windows, pruning and
+	// parked_at_ms (tests inject relaytest.ManualClock). Nil means the
+	// database server's clock. A dialect other than PostgreSQL,
+	// MySQL/MariaDB and SQLite has no known clock expression: New fails
+	// unless Clock is set.
 	Clock Clock
 	// HostClock is the relay host's wall clock, against which each read of
 	// the store's clock measures the offset that ClockOffset reports. Nil
@@ -169,19 +120,13 @@ type Options struct {
 	// round. Zero means DefaultPruneInterval (1m); a negative value fails New.
 	PruneInterval time.Duration
 	// StatementTimeout bounds every statement of the store (and each read
-	// transaction of MySQL/MariaDB as a whole): a statement blocked on a lock
-	// (a migration holding the messages table) or a stuck connection becomes
-	// an error the relay reports in Health and backs off from. It is a
-	// context deadline per statement, never session state (safe behind
-	// PgBouncer's transaction pooling), and ends the statement on the server
-	// too: on PostgreSQL pgx sends a cancel request when the deadline passes;
-	// on MariaDB each statement carries SET STATEMENT max_statement_time,
-	// lock_wait_timeout and innodb_lock_wait_timeout, with the deadline a
-	// fifth of the timeout (at most 1s) later. On SQLite a write waiting for
-	// another writer is bounded by the DSN's _busy_timeout instead: keep it
+	// transaction of MySQL/MariaDB as a whole): a lock wait or a stuck
+	// connection becomes an error the relay reports and backs off from. It
+	// is a context deadline per statement, never session state, and ends
+	// the statement on the server too (pgx's cancel request; MariaDB's SET
+	// STATEMENT max_statement_time). On SQLite keep the DSN's _busy_timeout
 	// at most StatementTimeout. Zero means DefaultStatementTimeout (5s); a
-	// negative value fails New. Keep it well under the relay's
-	// LeaseRenewInterval.
+	// negative value fails New. Keep it well under LeaseRenewInterval.
 	StatementTimeout time.Duration
 	// Logger receives the store's own warnings (lease rows it had to
 	// recreate). Nil means slog.Default().
@@ -189,12 +134,9 @@ type Options struct {
 }
 
 // Store is a relay.Store and a relay.ParkAdmin on a *gorm.DB, with an
-// inspection API for operators (inspect.go) and the bucket-count change
-// (Rebucket). Any bucket count up to outbox.MaxBucketCount
-// works on every dialect: statements over a set of buckets are split so
-// that none exceeds a dialect's bind-variable limit. It is safe for
-// concurrent use; each relay should have its own Store (the store remembers
-// whether it seeded the lease rows and when it last pruned heartbeats).
+// inspection API for operators and the bucket-count change (Rebucket). Any
+// bucket count up to outbox.MaxBucketCount works on every dialect. It is
+// safe for concurrent use; each relay should have its own Store.
 type Store struct {
 	db      *gorm.DB
 	cfg     outbox.Config
@@ -293,25 +235,17 @@ func notBackwards(exp int64) clause.Expr {
 	return gorm.Expr("CASE WHEN expires_at_ms < ? THEN ? ELSE expires_at_ms END", exp, exp)
 }
 
-// AcquireBucketLeases implements relay.Store. One round is, each a single
-// statement: reading the database's clock (unless Options.Clock is set);
-// heartbeat upsert (and, at most once per PruneInterval, a
-// delete of stale heartbeats); seeding the lease rows (until it succeeded
-// once); the misconfiguration probe; the active relays; the lease snapshot;
-// extending the kept leases; releasing the excess (only when there is
-// some); claiming free or expired buckets (only when short of the share);
-// and reading back what this relay owns.
+// AcquireBucketLeases implements relay.Store. A round reads the database's
+// clock, upserts the heartbeat (pruning stale ones at most once per
+// PruneInterval), seeds the lease rows until that succeeded once, probes
+// for misconfiguration, reads the active relays and the leases, extends,
+// releases and claims leases, and reads back what this relay owns: each
+// step a single statement.
 //
-// When one of the store's tables is missing before its first successful
-// round, the error names it and wraps relay.ErrMisconfigured, which stops
-// the relay: a deployment without its tables fails loudly. A table that
-// goes missing later (renamed during a migration, say) fails the rounds,
-// which the relay retries until it is back.
-//
-// Each round (and each delete, at most once a second) also checks the
-// pool's idle room (poolwatch.go): a pool that closed poolWatchCloses
-// connections for want of it within 30 s is named in a warning, at most
-// once an hour.
+// A store table missing before the first successful round fails it with
+// relay.ErrMisconfigured, which stops the relay; one that goes missing
+// later fails rounds, which the relay retries. Each round also checks the
+// pool's idle room (poolwatch.go).
 func (s *Store) AcquireBucketLeases(ctx context.Context, relayID string, bucketCount int, leaseDuration time.Duration) (relay.Leases, error) {
 	s.watchPool(ctx, s.hostNow())
 	l, err := s.acquireBucketLeases(ctx, relayID, bucketCount, leaseDuration)
@@ -361,8 +295,6 @@ func (s *Store) acquireBucketLeases(ctx context.Context, relayID string, bucketC
 	var active []string
 	var snap []outbox.BucketLease
 	err = s.read(ctx, s.leases, func(q *gorm.DB) error {
-		// Rows outside [0, n): one probe of the index on each side, which
-		// reads only the entries outside the range (bucketsOutside).
 		var ends struct{ Lo, Hi sql.NullInt64 }
 		if err := s.bucketsOutside(q).Scan(&ends).Error; err != nil {
 			return fmt.Errorf("gormstore: probe for out-of-range buckets: %w", err)
@@ -496,9 +428,7 @@ func (s *Store) heartbeat(ctx context.Context, relayID string, now int64) error 
 		return q.Table(s.relays).Clauses(clause.OnConflict{
 			Columns: []clause.Column{{Name: "relay_id"}},
 			DoUpdates: clause.Set{
-				// stopped_at_ms first: MySQL evaluates assignments left to right
-				// and would otherwise see the new last_seen_ms. Neither
-				// expression reads the other column, so order is only safety.
+				// stopped_at_ms first: MySQL evaluates assignments left to right.
 				{Column: clause.Column{Name: "stopped_at_ms"}, Value: gorm.Expr("CASE WHEN ? >= ? THEN ? ELSE NULL END", stopped, now, stopped)},
 				{Column: clause.Column{Name: "last_seen_ms"}, Value: gorm.Expr("CASE WHEN ? < ? THEN ? ELSE ? END", last, now, now, last)},
 				{Column: clause.Column{Name: "features"}, Value: Features},
@@ -533,12 +463,9 @@ func (s *Store) maybePrune(ctx context.Context, now, ld int64) error {
 }
 
 // seed checks, in the store's first round, that the lease table holds
-// this store's bucket count (rows 0…N−1: its largest bucket is N−1), and
-// seeds an empty one: the free rows 0…N−1, or, when another relay is live
-// (the table was emptied under a running fleet), rows that no relay can
-// claim before exp, when any earlier holder's lease has run out. A
-// statement per thousand rows, each bounded by the statement timeout, so
-// that a slow database seeds 65,536 rows over a few rounds.
+// this store's bucket count, and seeds an empty one: free rows, or, when
+// another relay is live (the table was emptied under a running fleet),
+// rows no relay can claim before any earlier holder's lease has run out.
 func (s *Store) seed(ctx context.Context, relayID string, now, ld int64) error {
 	s.mu.Lock()
 	done := s.seeded
@@ -642,13 +569,12 @@ func (s *Store) free(ctx context.Context, relayID string, buckets []int) error {
 	return nil
 }
 
-// RenewBucketLeases implements relay.Store: a read of the database's
-// clock (unless Options.Clock is set), a heartbeat, one guarded
-// UPDATE extending the leases relayID still holds unexpired (never
-// backwards), and, only when the UPDATE reports fewer rows than buckets, a
-// read that tells a lost lease from a row whose expiry was already far
-// enough (MySQL counts only changed rows). It returns false when any bucket
-// was lost; the leases still held are then extended all the same.
+// RenewBucketLeases implements relay.Store: a clock read, a heartbeat and
+// one guarded UPDATE extending the leases relayID still holds unexpired
+// (never backwards); only when it reports fewer rows than buckets, a read
+// tells a lost lease from an unchanged expiry (MySQL counts only changed
+// rows). It returns false when any bucket was lost; the leases still held
+// are extended all the same.
 func (s *Store) RenewBucketLeases(ctx context.Context, relayID string, buckets []int, leaseDuration time.Duration) (bool, error) {
 	if err := checkArgs(relayID, leaseDuration); err != nil {
 		return false, err
@@ -737,13 +663,9 @@ type bucketSet struct {
 }
 
 // bucketSets splits buckets (any order, duplicates allowed) into
-// conditions of at most maxPerStatement bind variables each, so that a
-// statement stays under every dialect's limit (SQLite: 32,766 host
-// parameters; PostgreSQL and MySQL: 65,535) whatever the bucket count: a
-// contiguous run of three or more buckets is one range (bucket >= ? AND
-// bucket <= ?, two variables however long the run), the others go in an
-// IN list. A relay holding every bucket, or a contiguous share, needs one
-// statement.
+// conditions of at most maxPerStatement bind variables each, under every
+// dialect's limit: a run of three or more contiguous buckets is one range,
+// the others go in an IN list.
 func bucketSets(buckets []int) []bucketSet {
 	buckets = slices.Compact(slices.Sorted(slices.Values(buckets)))
 	var out []bucketSet
@@ -823,13 +745,9 @@ func (s *Store) scanLeases(q *gorm.DB, n int, snap *[]outbox.BucketLease) error 
 	return rows.Err()
 }
 
-// quietErrors is the GORM logger of the store's statements: the user's,
-// except that a failed statement is not reported through it. Its error is
-// returned to the relay, which logs it once with its context (the bucket,
-// the backoff); through GORM's logger it would also print at ERROR with
-// the full SQL on every attempt, every second while the database is down.
-// Successful statements are traced as before (SQL at the user's level,
-// slow queries).
+// quietErrors is the user's GORM logger, except that failed statements are
+// not reported through it: the relay logs each error once with its
+// context, where GORM would print the SQL at ERROR on every retry.
 type quietErrors struct{ logger.Interface }
 
 func (q quietErrors) LogMode(l logger.LogLevel) logger.Interface {
@@ -843,27 +761,14 @@ func (q quietErrors) Trace(ctx context.Context, begin time.Time, fc func() (stri
 	q.Interface.Trace(ctx, begin, fc, nil)
 }
 
-// bucketsOutside selects a bucket outside [0, BucketCount) holding a row
-// on each side: the largest below 0 as lo and the smallest at or above
-// BucketCount as hi (each NULL when there is none). Each is one probe of
-// the (bucket, parked_at_ms, id) index that starts at the edge of the
-// range and moves away from the configured buckets, so it reads only the
-// entries of rows outside them: normally none. A probe of the index's
-// ends (the smallest and the largest bucket of all, or a range probe
-// moving towards the configured buckets) first passes the entries a
-// transaction inserting rows has not committed: invisible to it, each
-// checked in the table (PostgreSQL) or the undo log (InnoDB). With
-// 1,000,000 rows being inserted, every acquisition round of every relay
-// spent 1.6–1.9 s walking them on PostgreSQL, about a sixth of a database
-// core per idle relay; 200,000 rows: 89 ms on PostgreSQL, 420 ms on
-// MariaDB (TestMisconfigurationProbeSkipsRowsBeingInserted). On
-// PostgreSQL not MAX and MIN: with statistics that record no rows in many
-// pages (ANALYZE of a drained table) PostgreSQL aggregates a scan of the
-// whole index instead, 540-940 ms at 200,000 rows
-// (TestHotPathDeletesByLocationAfterADrainWasAnalyzed). On MySQL, MariaDB
-// and SQLite MAX and MIN are one index lookup already ("Select tables
-// optimized away"); SQLite optimizes one MIN or MAX per query, hence a
-// subquery each.
+// bucketsOutside selects the largest bucket below 0 (lo) and the smallest
+// at or above BucketCount (hi) holding a row, NULL when none. Each probe
+// starts at the edge of the configured range and moves away from it, so
+// it never walks the index entries of rows an open transaction is
+// inserting, which a probe from the index's ends must check one by one.
+// On PostgreSQL ORDER BY … LIMIT 1, not MIN/MAX: on stale statistics it
+// aggregates a scan of the whole index. SQLite optimizes one MIN or MAX
+// per query, hence a subquery each.
 func (s *Store) bucketsOutside(q *gorm.DB) *gorm.DB {
 	t, n := clause.Table{Name: s.msgs}, s.cfg.BucketCount
 	if s.db.Dialector.Name() == "postgres" {
@@ -872,11 +777,9 @@ func (s *Store) bucketsOutside(q *gorm.DB) *gorm.DB {
 	return q.Raw("SELECT (SELECT MAX(bucket) FROM ? WHERE bucket < 0) AS lo, (SELECT MIN(bucket) FROM ? WHERE bucket >= ?) AS hi", t, t, n)
 }
 
-// bucketEnds selects the smallest and the largest bucket holding a row, as
-// lo and hi (NULL when the table is empty), as bucketsOutside does (the
-// same statements without their bounds); it walks the entries of rows
-// being inserted, so it runs only when bucketsOutside found rows outside
-// [0, BucketCount).
+// bucketEnds selects the smallest and the largest bucket holding a row
+// (NULL when the table is empty). It walks the entries of rows being
+// inserted, so it runs only when bucketsOutside found rows outside.
 func (s *Store) bucketEnds(q *gorm.DB) *gorm.DB {
 	t := clause.Table{Name: s.msgs}
 	if s.db.Dialector.Name() == "postgres" {
