@@ -39,13 +39,9 @@ const envPrefix = "OUTBOX_"
 // pod, set -listen :9090 for the kubelet's probes and the scraper.
 const defaultListen = "127.0.0.1:9090"
 
-// errHelp is returned by parseConfig for -h and -help.
-var errHelp = flag.ErrHelp
-
 // dbConfig is the database part of the configuration: the flags the relay
-// shares with the parked-row subcommands (declared by dbFlags, checked by
-// dbConfig.check), so that both read the same names, defaults, environment
-// variables and error messages.
+// shares with the subcommands (declared by dbFlags, checked by
+// dbConfig.check).
 type dbConfig struct {
 	dbDriver         string
 	dbDSN            string
@@ -120,7 +116,7 @@ func newFlagSet(c *config) *flag.FlagSet {
 	fs.StringVar(&c.saslUser, "kafka-sasl-username", "", "SASL user name")
 	fs.StringVar(&c.saslPassword, "kafka-sasl-password", "", "SASL password (prefer the environment variable)")
 	fs.StringVar(&c.messageIDHeader, "message-id-header", kafkapub.DefaultMessageIDHeader, "record header carrying the message id")
-	int64Var(fs, &c.kafkaBatchBytes, "kafka-batch-bytes", kafkapub.DefaultBatchBytes, "largest produce request per partition, in bytes; keep it at most the topics' max.message.bytes")
+	intVar(fs, &c.kafkaBatchBytes, "kafka-batch-bytes", kafkapub.DefaultBatchBytes, "largest produce request per partition, in bytes; keep it at most the topics' max.message.bytes")
 	intVar(fs, &c.kafkaMaxRecords, "kafka-max-batch-records", kafkapub.DefaultMaxBatchRecords, "largest number of records per partition per produce request")
 	durationVar(fs, &c.kafkaPubTimeout, "kafka-publish-timeout", kafkapub.DefaultPublishTimeout, "timeout of one publish call to Kafka: a call that takes longer fails, and the relay counts, logs and retries it after -error-backoff; keep it well under -lease-duration")
 	fs.StringVar(&c.txnOutbox, "kafka-transactions", "", "fenced publishing (opt-in): publish each batch in a Kafka transaction, one transactional producer per bucket, so a relay that lost its bucket cannot write to read_committed consumers; the value names this outbox in the transactional ids (<prefix><name>-<bucket>), unique to the outbox across the Kafka cluster and the same on all its relays; consumers must read with isolation.level=read_committed (empty: off)")
@@ -129,7 +125,7 @@ func newFlagSet(c *config) *flag.FlagSet {
 
 	o := &c.relay
 	intVar(fs, &o.BatchSize, "batch-size", relay.DefaultBatchSize, "rows fetched and published per batch")
-	int64Var(fs, &o.MaxBatchBytes, "max-batch-bytes", relay.DefaultMaxBatchBytes, "bound on a batch in bytes (keys, values and headers); a larger row is published alone")
+	intVar(fs, &o.MaxBatchBytes, "max-batch-bytes", relay.DefaultMaxBatchBytes, "bound on a batch in bytes (keys, values and headers); a larger row is published alone")
 	intVar(fs, &o.MaxConcurrentBuckets, "max-concurrent-buckets", 0, "batches served at once on PostgreSQL and MySQL (SQLite: one); a fleet runs relays × it against the database (0: the default, min(4, ⌈8 × buckets owned ÷ -bucket-count⌉))")
 	durationVar(fs, &o.PollInterval, "poll-interval", relay.DefaultPollInterval, "how often to look for pending rows without a hint")
 	durationVar(fs, &o.ErrorBackoff, "error-backoff", relay.DefaultErrorBackoff, "wait after a store error; first backoff of a failing row")
@@ -187,27 +183,23 @@ func dbFlags(fs *flag.FlagSet, c *dbConfig) {
 // name the flag.
 func parseConfig(args []string, getenv func(string) string) (*config, error) {
 	c := &config{}
-	fs := newFlagSet(c)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil, errHelp
-		}
-		return nil, flagParseError(err)
-	}
-	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
-	}
-	if err := applyEnv(fs, getenv, nil); err != nil {
+	if err := parseFlags(newFlagSet(c), args, getenv, nil); err != nil {
 		return nil, err
 	}
 	return c, c.check()
 }
 
-// applyEnv sets every flag of fs not given on the command line from its
-// OUTBOX_* environment variable, if set; only, when non-nil, restricts
-// this to the flags it names. An invalid value is an error naming the
-// variable.
-func applyEnv(fs *flag.FlagSet, getenv func(string) string, only map[string]bool) error {
+// parseFlags parses args into fs, then sets every flag not given on the
+// command line from its OUTBOX_* variable, if set (only, when not nil,
+// names the flags read from the environment). It returns flag.ErrHelp for
+// -h; other errors name the flag or the variable.
+func parseFlags(fs *flag.FlagSet, args []string, getenv func(string) string, only map[string]bool) error {
+	if err := fs.Parse(args); err != nil {
+		return flagParseError(err)
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
 	given := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
 	var err error
@@ -215,7 +207,7 @@ func applyEnv(fs *flag.FlagSet, getenv func(string) string, only map[string]bool
 		if err != nil || given[f.Name] || (only != nil && !only[f.Name]) {
 			return
 		}
-		if v, ok := lookup(getenv, envName(f.Name)); ok {
+		if v := getenv(envName(f.Name)); v != "" {
 			if e := fs.Set(f.Name, v); e != nil {
 				err = fmt.Errorf("%s=%q: %v", envName(f.Name), v, e)
 			}
@@ -242,9 +234,8 @@ func flagParseError(err error) error {
 	return fmt.Errorf("-%s %q: %s", m[3], m[2], why)
 }
 
-// durationValue is a time.Duration flag whose errors say what is wrong:
-// the flag package's says only "parse error", and a bare number such as 5
-// (seconds? milliseconds?) is the usual mistake.
+// durationValue is a time.Duration flag whose errors say what is wrong
+// (the flag package's says "parse error"), a bare number the usual mistake.
 type durationValue struct{ p *time.Duration }
 
 func durationVar(fs *flag.FlagSet, p *time.Duration, name string, def time.Duration, usage string) {
@@ -271,10 +262,8 @@ func (v durationValue) Set(s string) error {
 	return errors.New("not a duration: use a number with a unit, e.g. 5s, 500ms or 2m")
 }
 
-// positive is a number or duration flag that refuses 0, from the command
-// line or its variable: its option would take 0 for its default, and the
-// worker runs what its flags say. A negative value is left to the option's
-// own check.
+// positive is a number or duration flag that refuses 0: its option would
+// take 0 for its default. A negative value is left to the option's check.
 type positive struct {
 	flag.Value
 	def string
@@ -301,14 +290,9 @@ func (v positive) Set(s string) error {
 // intValue is an int or int64 flag whose errors say what is wrong.
 type intValue[T int | int64] struct{ p *T }
 
-func intVar(fs *flag.FlagSet, p *int, name string, def int, usage string) {
+func intVar[T int | int64](fs *flag.FlagSet, p *T, name string, def T, usage string) {
 	*p = def
-	fs.Var(intValue[int]{p}, name, usage)
-}
-
-func int64Var(fs *flag.FlagSet, p *int64, name string, def int64, usage string) {
-	*p = def
-	fs.Var(intValue[int64]{p}, name, usage)
+	fs.Var(intValue[T]{p}, name, usage)
 }
 
 func (v intValue[T]) String() string {
@@ -396,11 +380,6 @@ func checkDSN(driver, dsn string) error {
 	return nil
 }
 
-func lookup(getenv func(string) string, name string) (string, bool) {
-	v := getenv(name)
-	return v, v != ""
-}
-
 // check reports the first invalid setting the relay and publisher would not
 // report themselves (they are checked by relay.New and kafkapub.New).
 func (c *config) check() error {
@@ -446,7 +425,7 @@ func (c *config) check() error {
 	if err := checkListen(c.listen); err != nil {
 		return err
 	}
-	if err := c.dbConfig.checkTables(); err != nil {
+	if err := c.outbox.Validate(); err != nil {
 		return err
 	}
 	if c.notifyDSN != "" {
@@ -475,21 +454,14 @@ func (c *dbConfig) checkConnection() error {
 	return checkDSN(c.dbDriver, c.dbDSN)
 }
 
-// checkTables checks the outbox table names and the bucket count. It is
-// separate from checkConnection so that the relay reports its errors in the
-// order it always has.
-func (c *dbConfig) checkTables() error { return c.outbox.Validate() }
-
 // check checks the whole database configuration.
 func (c *dbConfig) check() error {
 	if err := c.checkConnection(); err != nil {
 		return err
 	}
-	return c.checkTables()
+	return c.outbox.Validate()
 }
 
-// transport returns kafka-go's Transport with the TLS and SASL settings, or
-// nil when none is set.
 // transactions returns the publisher's kafkapub.Transactions: nil without
 // -kafka-transactions.
 func (c *config) transactions() *kafkapub.Transactions {
@@ -499,6 +471,7 @@ func (c *config) transactions() *kafkapub.Transactions {
 	return &kafkapub.Transactions{Outbox: c.txnOutbox, IDPrefix: c.txnIDPrefix, Timeout: c.txnTimeout}
 }
 
+// transport returns kafka-go's Transport with the TLS and SASL settings.
 func (c *config) transport() (*kafka.Transport, error) {
 	t := &kafka.Transport{ClientID: c.clientID}
 	if c.tlsEnable || c.tlsCA != "" || c.tlsCert != "" || c.tlsServerName != "" || c.tlsSkipVerify {

@@ -5,11 +5,11 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -124,12 +124,12 @@ func summarize(o *opsDB, st *gormstore.RebucketState, nowMs int64) *rebucketStat
 	sum := &rebucketState{held: map[string][]int{}, pending: st.Pending, parked: st.Parked}
 	for _, l := range st.Leases {
 		sum.buckets = append(sum.buckets, int(l.Bucket))
-		if l := (leaseRow{Bucket: int64(l.Bucket), Owner: l.Owner, ExpiresAtMs: l.ExpiresAtMs}); l.held(nowMs) {
+		if held(l, nowMs) {
 			sum.held[*l.Owner] = append(sum.held[*l.Owner], int(l.Bucket))
 		}
 	}
 	for _, h := range st.Heartbeats {
-		if relayRow(h).state(nowMs, o.c.leaseDuration) == relayLive {
+		if relayState(h, nowMs, o.c.leaseDuration) == relayLive {
 			sum.live = append(sum.live, h.RelayID)
 		}
 	}
@@ -152,7 +152,7 @@ func (st *rebucketState) checks(o *opsDB, c *adminConfig) (checks []rebucketChec
 		add("leases", true, "no relay holds a lease (%s: free or expired)", plural(int64(len(st.buckets)), "lease row"))
 	default:
 		var holders []string
-		for _, owner := range sortedKeys(st.held) {
+		for _, owner := range slices.Sorted(maps.Keys(st.held)) {
 			holders = append(holders, fmt.Sprintf("%s holds %s", owner, someBuckets(st.held[owner])))
 		}
 		msg := strings.Join(holders, "; ")
@@ -196,16 +196,16 @@ func runRebucket(ctx context.Context, e *adminEnv, c *adminConfig) int {
 	}
 	defer o.close()
 	clk, err := e.clock(ctx, o)
+	var state *gormstore.RebucketState
+	if err == nil {
+		state, err = o.store.RebucketState(ctx)
+	}
 	if err != nil {
-		return e.opsFail(ctx, what, err)
+		return e.fail(ctx, what, err)
 	}
 	nowMs := clk.now.UnixMilli()
 	rep := &rebucketReport{MessagesTable: o.cfg.MessagesTableName(), From: o.cfg.BucketCount, To: c.to, DatabaseTime: clk.now,
 		Confirmed: c.confirm, LeaseBucketsDeleted: []int{}}
-	state, err := o.store.RebucketState(ctx)
-	if err != nil {
-		return e.opsFail(ctx, what, err)
-	}
 	st := summarize(o, state, nowMs)
 	if !c.rehash && slices.Equal(st.buckets, seq(c.to)) {
 		rep.Unchanged, rep.Checks = true, []rebucketCheck{}
@@ -221,7 +221,7 @@ func runRebucket(ctx context.Context, e *adminEnv, c *adminConfig) int {
 		if errors.Is(err, errRefused) {
 			rep.Done = false // the checks, run again in the transaction, failed
 		} else if err != nil {
-			return e.opsFail(ctx, what, fmt.Errorf("%w (rolled back: nothing changed)", err))
+			return e.fail(ctx, what, fmt.Errorf("%w (rolled back: nothing changed)", err))
 		}
 	}
 	return e.printRebucket(ctx, what, c, rep)
@@ -229,16 +229,8 @@ func runRebucket(ctx context.Context, e *adminEnv, c *adminConfig) int {
 
 // printRebucket prints rep and returns rebucket's exit code.
 func (e *adminEnv) printRebucket(ctx context.Context, what string, c *adminConfig, rep *rebucketReport) int {
-	var err error
-	if c.asJSON {
-		enc := json.NewEncoder(e.stdout)
-		enc.SetIndent("", "  ")
-		err = enc.Encode(rep)
-	} else {
-		err = writeRebucket(e.stdout, rep)
-	}
-	if err != nil {
-		return e.opsFail(ctx, what, err)
+	if err := e.output(c, rep, func(w io.Writer) error { return writeRebucket(w, rep) }); err != nil {
+		return e.fail(ctx, what, err)
 	}
 	switch {
 	case rep.Unchanged:

@@ -5,7 +5,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -179,14 +178,13 @@ func buildStatus(cfg outbox.Config, clk dbClock, ld, maxAge time.Duration, rows 
 	var holdersOutside []string
 	for i := range leases {
 		l := &leases[i]
-		inside := l.Bucket >= 0 && l.Bucket < int64(n)
+		inside := l.Bucket >= 0 && int(l.Bucket) < n
 		var b *bucketStatus
 		if inside {
 			b = &rep.Buckets[l.Bucket]
 		} else {
-			// A lease row outside the count: a relay with another bucket
-			// count, or a wrong -bucket-count here. Listed with the rows
-			// outside, and a problem.
+			// A relay with another bucket count, or a wrong -bucket-count
+			// here: listed with the rows outside, and a problem.
 			leasesOutside = append(leasesOutside, int(l.Bucket))
 			j := slices.IndexFunc(rep.Outside, func(o bucketStatus) bool { return o.Bucket == int(l.Bucket) })
 			if j < 0 {
@@ -201,10 +199,8 @@ func buildStatus(cfg outbox.Config, clk dbClock, ld, maxAge time.Duration, rows 
 		}
 		b.Owner = l.Owner
 		b.LeaseExpiresAt = timePtr(ms(l.ExpiresAtMs))
-		in := ms(l.ExpiresAtMs).Sub(now)
-		s := int64(in / time.Second)
-		b.LeaseExpiresInSeconds = &s
-		if !l.held(nowMs) {
+		b.LeaseExpiresInSeconds = secondsPtr(ms(l.ExpiresAtMs).Sub(now))
+		if !held(*l, nowMs) {
 			b.Lease = "expired"
 			continue
 		}
@@ -223,7 +219,7 @@ func buildStatus(cfg outbox.Config, clk dbClock, ld, maxAge time.Duration, rows 
 	for _, r := range relays {
 		seen[r.RelayID] = true
 		rs := relayStatus{
-			ID: r.RelayID, State: r.state(nowMs, ld), LastSeenAt: timePtr(ms(r.LastSeenMs)),
+			ID: r.RelayID, State: relayState(r, nowMs, ld), LastSeenAt: timePtr(ms(r.LastSeenMs)),
 			LastSeenSecondsAgo: secondsPtr(max(now.Sub(ms(r.LastSeenMs)), 0)),
 			Buckets:            owned[r.RelayID], Parking: r.Features&outbox.RelayFeatureParking != 0,
 			lastSeen: ms(r.LastSeenMs),
@@ -314,16 +310,6 @@ func buildStatus(cfg outbox.Config, clk dbClock, ld, maxAge time.Duration, rows 
 	return rep
 }
 
-// someBuckets names buckets, at most maxProblemBuckets ranges of them:
-// "buckets 2, 5-7" or "buckets 0-3, 5, … (40 buckets)".
-func someBuckets(buckets []int) string {
-	s := bucketsNoun(buckets)
-	if parts := strings.Split(s, ", "); len(parts) > maxProblemBuckets {
-		s = strings.Join(parts[:maxProblemBuckets], ", ") + fmt.Sprintf(", … (%d buckets)", len(buckets))
-	}
-	return s
-}
-
 // runStatus is the status subcommand.
 func runStatus(ctx context.Context, e *adminEnv, c *adminConfig) int {
 	o, ok := e.openOps(ctx, "status", c, true)
@@ -331,32 +317,27 @@ func runStatus(ctx context.Context, e *adminEnv, c *adminConfig) int {
 		return exitFailure
 	}
 	defer o.close()
+	var rows []bucketRows
+	var leases []leaseRow
+	var relays []relayRow
 	clk, err := e.clock(ctx, o)
-	if err != nil {
-		return e.opsFail(ctx, "status", err)
+	if err == nil {
+		rows, err = o.store.Backlog(ctx)
 	}
-	rows, err := o.bucketRows(ctx)
-	if err != nil {
-		return e.opsFail(ctx, "status", err)
+	if err == nil {
+		leases, err = o.store.Leases(ctx)
 	}
-	leases, err := o.leases(ctx)
-	if err != nil {
-		return e.opsFail(ctx, "status", err)
+	if err == nil {
+		relays, err = o.store.Heartbeats(ctx)
 	}
-	relays, err := o.relays(ctx)
 	if err != nil {
-		return e.opsFail(ctx, "status", err)
+		return e.fail(ctx, "status", err)
 	}
 	rep := buildStatus(o.cfg, clk, c.leaseDuration, c.maxAge, rows, leases, relays)
-	if c.asJSON {
-		enc := json.NewEncoder(e.stdout)
-		enc.SetIndent("", "  ")
-		err = enc.Encode(rep)
-	} else {
-		err = writeStatus(e.stdout, rep, clk, c.allBuckets || o.cfg.BucketCount <= statusAllBucketsUpTo)
-	}
-	if err != nil {
-		return e.opsFail(ctx, "status", err)
+	if err := e.output(c, rep, func(w io.Writer) error {
+		return writeStatus(w, rep, clk, c.allBuckets || o.cfg.BucketCount <= statusAllBucketsUpTo)
+	}); err != nil {
+		return e.fail(ctx, "status", err)
 	}
 	if !rep.Healthy {
 		return exitFailure
