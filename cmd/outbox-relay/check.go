@@ -60,7 +60,6 @@ no problem.`,
 		fs.BoolVar(&c.asJSON, "json", false, `print one JSON object {"ok": …, "problems": [{"check": …, "message": …}]}`)
 		leaseDurationFlag(fs, c)
 	},
-	env:   []string{"lease-duration"},
 	check: func(_ *flag.FlagSet, c *adminConfig) error { return checkLeaseDuration(c) },
 	exit: `Exit status: 0 no problem; 1 problems (one line each on stdout, their
 number on stderr), or a runtime failure (database unreachable, a failed
@@ -247,13 +246,11 @@ func (o *opsDB) checkIndexes(ctx context.Context, rep *checkReport, sound map[st
 			indexes[nd.table] = list
 		}
 		found := slices.ContainsFunc(indexes[nd.table], func(ix gormstore.Index) bool {
-			if ix.Partial {
-				return false
+			cols := ix.Columns // a non-unique need is met by an index that starts with its columns
+			if !nd.unique && len(cols) > len(nd.columns) {
+				cols = cols[:len(nd.columns)]
 			}
-			if nd.unique {
-				return ix.Unique && slices.Equal(ix.Columns, nd.columns)
-			}
-			return len(ix.Columns) >= len(nd.columns) && slices.Equal(ix.Columns[:len(nd.columns)], nd.columns)
+			return !ix.Partial && (ix.Unique || !nd.unique) && slices.Equal(cols, nd.columns)
 		})
 		if !found {
 			kind := "index"
@@ -332,13 +329,11 @@ func (o *opsDB) checkRows(ctx context.Context, rep *checkReport, n int) error {
 	return nil
 }
 
+// joinInts returns "2, 4 or 8" for two or more counts.
 func joinInts(v []int) string {
 	s := make([]string, len(v))
 	for i, x := range v {
 		s[i] = strconv.Itoa(x)
-	}
-	if len(s) <= 1 {
-		return strings.Join(s, "")
 	}
 	return strings.Join(s[:len(s)-1], ", ") + " or " + s[len(s)-1]
 }

@@ -236,24 +236,19 @@ func flagParseError(err error) error {
 
 // durationValue is a time.Duration flag whose errors say what is wrong
 // (the flag package's says "parse error"), a bare number the usual mistake.
-type durationValue struct{ p *time.Duration }
+type durationValue time.Duration
 
 func durationVar(fs *flag.FlagSet, p *time.Duration, name string, def time.Duration, usage string) {
 	*p = def
-	fs.Var(durationValue{p}, name, usage+" (a duration with a unit, e.g. 500ms, 5s, 2m)")
+	fs.Var((*durationValue)(p), name, usage+" (a duration with a unit, e.g. 500ms, 5s, 2m)")
 }
 
-func (v durationValue) String() string {
-	if v.p == nil {
-		return "0s"
-	}
-	return v.p.String()
-}
+func (v *durationValue) String() string { return (*time.Duration)(v).String() }
 
-func (v durationValue) Set(s string) error {
+func (v *durationValue) Set(s string) error {
 	d, err := time.ParseDuration(s)
 	if err == nil {
-		*v.p = d
+		*v = durationValue(d)
 		return nil
 	}
 	if _, ferr := strconv.ParseFloat(s, 64); ferr == nil {

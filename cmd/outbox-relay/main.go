@@ -67,7 +67,8 @@ func main() {
 // returns the exit code and stops gracefully when ctx is done.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && (args[0] == "version" || args[0] == "-version" || args[0] == "--version") {
-		return printVersion(stdout)
+		fmt.Fprintln(stdout, readBuildVersion())
+		return exitOK
 	}
 	if len(args) > 0 && (args[0] == "help" || findSubcommand(args[0]) != nil) {
 		return runSubcommand(ctx, args[0], args[1:], &adminEnv{getenv: getenv, stdout: stdout, stderr: stderr, open: openStoreAdmin, now: time.Now})

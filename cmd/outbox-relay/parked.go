@@ -32,13 +32,10 @@ type subcommand struct {
 	// readOnly: the command only reads; SQLite is opened read-only
 	// (mode=ro), so that a mistyped path fails instead of creating a file.
 	readOnly bool
-	flags    func(fs *flag.FlagSet, c *adminConfig) // the command's own flags
-	// env names the command's own flags also read from the environment
-	// (the database flags always are).
-	env   []string
-	check func(fs *flag.FlagSet, c *adminConfig) error // after parsing, when set
-	exit  string                                       // replaces the usual paragraph on exit codes
-	run   func(ctx context.Context, e *adminEnv, c *adminConfig) int
+	flags    func(fs *flag.FlagSet, c *adminConfig)       // the command's own flags
+	check    func(fs *flag.FlagSet, c *adminConfig) error // after parsing, when set
+	exit     string                                       // replaces the usual paragraph on exit codes
+	run      func(ctx context.Context, e *adminEnv, c *adminConfig) int
 }
 
 // subcommands lists the commands in the order of the usage text.
@@ -180,26 +177,30 @@ func newSubcommandFlagSet(sc *subcommand, c *adminConfig) *flag.FlagSet {
 	return fs
 }
 
-// dbFlagNames returns the names of the database flags, and extra: the only
-// flags of a subcommand read from the environment (a selector or -confirm
-// there could delete rows nobody named on the command line).
-func dbFlagNames(extra ...string) map[string]bool {
+// dbFlagNames returns the names of the database flags.
+func dbFlagNames() map[string]bool {
 	fs := flag.NewFlagSet("", flag.ContinueOnError)
 	dbFlags(fs, &dbConfig{})
 	names := map[string]bool{}
 	fs.VisitAll(func(f *flag.Flag) { names[f.Name] = true })
-	for _, name := range extra {
-		names[name] = true
-	}
 	return names
 }
+
+// envFlagNames are the only flags of a subcommand read from the
+// environment, as a relay's pod sets them (a selector or -confirm there
+// could delete rows nobody named on the command line).
+var envFlagNames = func() map[string]bool {
+	names := dbFlagNames()
+	names["lease-duration"] = true
+	return names
+}()
 
 // parseSubcommand parses sc's command line and environment; errors are one
 // line naming the flag, flag.ErrHelp for -h.
 func parseSubcommand(sc *subcommand, args []string, getenv func(string) string) (*adminConfig, error) {
 	c := &adminConfig{}
 	fs := newSubcommandFlagSet(sc, c)
-	if err := parseFlags(fs, args, getenv, dbFlagNames(sc.env...)); err != nil {
+	if err := parseFlags(fs, args, getenv, envFlagNames); err != nil {
 		if name, ok := strings.CutPrefix(err.Error(), "flag provided but not defined: "); ok {
 			return nil, fmt.Errorf("%s: not a flag of outbox-relay %s (it takes the database flags and its own only)", name, sc.name)
 		}
@@ -303,12 +304,12 @@ configuration (one error line naming the flag, before any connection);
 1 a runtime failure (database unreachable, outbox tables missing, a store
 error, interrupted by SIGINT or SIGTERM).`)
 	fmt.Fprintf(w, "%s Each statement is bounded by\n-statement-timeout. The relay's flags not listed here do not apply.\n\nFlags:\n", exit)
-	db, env := dbFlagNames(), dbFlagNames(sc.env...)
+	db := dbFlagNames()
 	fs := newSubcommandFlagSet(sc, &adminConfig{})
 	fs.VisitAll(func(f *flag.Flag) {
 		switch {
 		case db[f.Name]:
-		case env[f.Name]:
+		case envFlagNames[f.Name]:
 			printFlag(w, f)
 		default:
 			fmt.Fprintf(w, "  -%s\n    \t%s%s\n", f.Name, f.Usage, defaultNote(f))

@@ -53,7 +53,6 @@ would do.`,
 		fs.BoolVar(&c.asJSON, "json", false, "print one JSON object: the checks, what changed (or would), and the counts")
 		leaseDurationFlag(fs, c)
 	},
-	env: []string{"lease-duration"},
 	check: func(fs *flag.FlagSet, c *adminConfig) error {
 		given := false
 		fs.Visit(func(f *flag.Flag) { given = given || f.Name == "to" })
