@@ -30,18 +30,15 @@ import (
 	"github.com/gorm-outbox/outbox/relay"
 )
 
-// envPrefix prefixes the environment variable of every flag: -db-dsn is
-// OUTBOX_DB_DSN.
+// envPrefix prefixes every flag's variable: -db-dsn is OUTBOX_DB_DSN.
 const envPrefix = "OUTBOX_"
 
 // defaultListen is the default -listen: the loopback interface only, so a
-// worker started by hand does not expose its metrics to the network. In a
-// pod, set -listen :9090 for the kubelet's probes and the scraper.
+// worker started by hand does not expose its metrics to the network.
 const defaultListen = "127.0.0.1:9090"
 
-// dbConfig is the database part of the configuration: the flags the relay
-// shares with the subcommands (declared by dbFlags, checked by
-// dbConfig.check).
+// dbConfig is the database configuration the relay shares with the
+// subcommands.
 type dbConfig struct {
 	dbDriver         string
 	dbDSN            string
@@ -163,9 +160,8 @@ func newFlagSet(c *config) *flag.FlagSet {
 	return fs
 }
 
-// dbFlags declares the database flags into c: the driver and DSN, the
-// outbox tables (schema, names, bucket count) and the statement timeout.
-// The relay and every subcommand declare them through it.
+// dbFlags declares the database flags, the relay's and every subcommand's,
+// into c.
 func dbFlags(fs *flag.FlagSet, c *dbConfig) {
 	fs.StringVar(&c.dbDriver, "db-driver", "", "database driver: postgres, mysql or sqlite (required)")
 	fs.StringVar(&c.dbDSN, "db-dsn", "", "database DSN in the driver's form (required)")
@@ -178,9 +174,7 @@ func dbFlags(fs *flag.FlagSet, c *dbConfig) {
 	refuseZero(fs, "statement-timeout")
 }
 
-// parseConfig reads args, then the OUTBOX_* environment for every flag not
-// given on the command line, and checks the result. Errors are one line and
-// name the flag.
+// parseConfig reads args and the environment, and checks the result.
 func parseConfig(args []string, getenv func(string) string) (*config, error) {
 	c := &config{}
 	if err := parseFlags(newFlagSet(c), args, getenv, nil); err != nil {
@@ -216,8 +210,7 @@ func parseFlags(fs *flag.FlagSet, args []string, getenv func(string) string, onl
 	return err
 }
 
-// flagError matches the flag package's message for a value its Set
-// rejected.
+// flagError matches the flag package's message for a rejected value.
 var flagError = regexp.MustCompile(`^invalid (boolean )?value "(.*)" for (?:flag )?-(\S+): (.*)$`)
 
 // flagParseError puts the flag package's error for a rejected value in the
@@ -359,8 +352,8 @@ func checkListen(addr string) error {
 }
 
 // checkDSN parses -db-dsn the way the driver will, so that a malformed DSN
-// is a configuration error (exit 2) and only an unreachable server is a
-// runtime one. The DSN itself is not repeated: it may hold a password.
+// is a configuration error (exit 2). The DSN may hold a password: it is not
+// repeated.
 func checkDSN(driver, dsn string) error {
 	var err error
 	switch driver {
@@ -508,8 +501,7 @@ func (c *config) transport() (*kafka.Transport, error) {
 	return t, nil
 }
 
-// usage is `outbox-relay -h`: what the command does, its commands and the
-// flags most deployments set; `outbox-relay help flags` lists the rest.
+// usage is `outbox-relay -h`: the commands and the most common flags.
 func usage(w io.Writer) {
 	fmt.Fprintf(w, `outbox-relay publishes the rows of a gorm-outbox outbox table to Kafka.
 
@@ -530,8 +522,7 @@ naming the flag, before any connection); 1 for a runtime failure.
 `)
 }
 
-// flagsUsage is `outbox-relay help flags`: every flag of the relay with its
-// environment variable, and what the exit codes and HTTP endpoints mean.
+// flagsUsage is `outbox-relay help flags`: every flag of the relay.
 func flagsUsage(w io.Writer) {
 	fmt.Fprintf(w, `Usage: outbox-relay [flags]
 

@@ -103,10 +103,8 @@ type worker struct {
 	notify *pgnotify.Transport // nil: polling only
 }
 
-// build checks and assembles everything that needs no connection: the
-// publisher connects on its first publish and the database is opened by
-// run, so every configuration error (exit 2) surfaces before the worker
-// touches a service, and every error after it is a runtime one (exit 1).
+// build assembles everything that needs no connection, so that every
+// configuration error (exit 2) comes before the worker touches a service.
 func build(cfg *config, stderr io.Writer) (_ *worker, err error) {
 	level, _ := parseLevel(cfg.logLevel)
 	hopts := &slog.HandlerOptions{Level: level}
@@ -166,10 +164,8 @@ func (w *worker) idleConns() int {
 	return 2*cmp.Or(w.cfg.relay.MaxConcurrentBuckets, relay.DefaultMaxConcurrentBuckets) + 2
 }
 
-// openDB opens the database of c and pings it; a -bucket-count left unset
-// becomes the fleet's (the lease table's, or the default). An unreachable
-// server is a runtime failure, the DSN having been parsed by checkDSN. On
-// an error the database is closed.
+// openDB opens the database of c and pings it (closing it on an error); a
+// -bucket-count left unset becomes the fleet's, or the default.
 func openDB(ctx context.Context, c *dbConfig, log *slog.Logger) (_ *gorm.DB, err error) {
 	var dial gorm.Dialector
 	switch c.dbDriver {
@@ -216,8 +212,7 @@ func closeDB(db *gorm.DB) {
 }
 
 // sqliteReadOnly returns dsn as a SQLite URI filename opened read-only
-// (mode=ro, after any parameter of the DSN's): SQLite then fails on a file
-// that does not exist instead of creating it.
+// (mode=ro), which fails on a missing file instead of creating it.
 func sqliteReadOnly(dsn string) string {
 	name, query, _ := strings.Cut(dsn, "?")
 	if !strings.HasPrefix(name, "file:") {
@@ -231,7 +226,7 @@ func sqliteReadOnly(dsn string) string {
 }
 
 // run connects, serves HTTP and runs the relay until ctx is done or the
-// relay fails; it returns the exit code.
+// relay fails.
 func (w *worker) run(ctx context.Context) int {
 	var err error
 	if w.db, err = openDB(ctx, &w.cfg.dbConfig, w.log); err != nil {
@@ -325,8 +320,7 @@ func (w *worker) handler() http.Handler {
 	return mux
 }
 
-// healthz serves health: 200 "ok", or 503 and the reason on one line, with
-// the relay's option names replaced by the flags that set them.
+// healthz serves health: 200 "ok", or 503 and the reason on one line.
 func healthz(health func() error) http.HandlerFunc {
 	return func(rw http.ResponseWriter, _ *http.Request) {
 		rw.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -379,15 +373,13 @@ func (l gormLogger) Trace(ctx context.Context, begin time.Time, fc func() (strin
 	l.Interface.Trace(ctx, begin, fc, nil)
 }
 
-// ParamsFilter implements gorm.ParamsFilter: logged SQL keeps its
-// placeholders.
+// ParamsFilter implements gorm.ParamsFilter: logged SQL keeps placeholders.
 func (gormLogger) ParamsFilter(_ context.Context, sql string, _ ...any) (string, []any) {
 	return sql, nil
 }
 
 // checkOutboxTables reports the outbox tables of dc missing on db, in one
-// error that says how to create them: without them the relay could only
-// fail every cycle.
+// error that says how to create them.
 func checkOutboxTables(ctx context.Context, db *gorm.DB, dc *dbConfig) error {
 	store, err := gormstore.New(db, gormstore.Options{Config: dc.outbox, StatementTimeout: dc.statementTimeout})
 	if err != nil {

@@ -142,6 +142,13 @@ func (st *rebucketState) checks(o *opsDB, c *adminConfig) (checks []rebucketChec
 		checks = append(checks, rebucketCheck{Check: check, OK: ok, Message: fmt.Sprintf(format, args...)})
 		refused = refused || !ok
 	}
+	forced := func(check, msg string) { // a live relay or a held lease
+		if c.force {
+			add(check, true, "%s; -force: proceeding", msg)
+		} else {
+			add(check, false, "%s: stop every relay first (step 3), or pass -force if you know they are gone", msg)
+		}
+	}
 	live := len(st.held) > 0 || len(st.live) > 0
 	rows := st.pending + st.parked
 	switch {
@@ -154,22 +161,12 @@ func (st *rebucketState) checks(o *opsDB, c *adminConfig) (checks []rebucketChec
 		for _, owner := range slices.Sorted(maps.Keys(st.held)) {
 			holders = append(holders, fmt.Sprintf("%s holds %s", owner, someBuckets(st.held[owner])))
 		}
-		msg := strings.Join(holders, "; ")
-		if c.force {
-			add("leases", true, "%s; -force: proceeding", msg)
-		} else {
-			add("leases", false, "%s: stop every relay first (step 3), or pass -force if you know they are gone", msg)
-		}
+		forced("leases", strings.Join(holders, "; "))
 	}
 	if len(st.live) == 0 {
 		add("relays", true, "no relay is live (none has a heartbeat within -lease-duration %s)", durText(c.leaseDuration))
 	} else {
-		msg := fmt.Sprintf("%s (%s)", pluralRelays(len(st.live)), strings.Join(st.live, ", "))
-		if c.force {
-			add("relays", true, "%s; -force: proceeding", msg)
-		} else {
-			add("relays", false, "%s: stop every relay first (step 3), or pass -force if you know they are gone", msg)
-		}
+		forced("relays", fmt.Sprintf("%s (%s)", pluralRelays(len(st.live)), strings.Join(st.live, ", ")))
 	}
 	table := o.cfg.MessagesTableName()
 	held := fmt.Sprintf("%s holds %s (%d pending, %d parked)", table, plural(rows, "row"), st.pending, st.parked)
