@@ -271,19 +271,19 @@ func runSubcommand(ctx context.Context, name string, args []string, e *adminEnv)
 
 // runHelp prints the general usage, or a subcommand's.
 func runHelp(args []string, e *adminEnv) int {
-	switch {
-	case len(args) == 0 || len(args) == 1 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help"):
+	topic := strings.Join(args, " ")
+	switch sc := findSubcommand(topic); {
+	case len(args) == 0 || topic == "-h" || topic == "-help" || topic == "--help":
 		usage(e.stdout)
-		return exitOK
-	case len(args) == 1 && args[0] == "flags":
+	case topic == "flags":
 		flagsUsage(e.stdout)
-		return exitOK
-	case len(args) == 1 && findSubcommand(args[0]) != nil:
-		subcommandUsage(e.stdout, findSubcommand(args[0]))
-		return exitOK
+	case sc != nil:
+		subcommandUsage(e.stdout, sc)
+	default:
+		fmt.Fprintf(e.stderr, "outbox-relay help: unknown command %q: want %s (see outbox-relay -h)\n", topic, commandList())
+		return exitConfig
 	}
-	fmt.Fprintf(e.stderr, "outbox-relay help: unknown command %q: want %s (see outbox-relay -h)\n", strings.Join(args, " "), commandList())
-	return exitConfig
+	return exitOK
 }
 
 // commandList returns "parked, requeue or discard".
