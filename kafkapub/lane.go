@@ -23,12 +23,14 @@ import (
 // overtake a request still in flight, even one whose caller stopped
 // waiting. Each call keeps its own order and its own failures: a failed
 // request fails the rows it carried and stops, for each call, the rest of
-// that call's rows on the partition.
+// that call's rows on the partition. A lane lives while its sender does, so
+// that idle partitions (dynamic topic names) leave nothing behind.
 
 // lane is one partition's queue of calls.
 type lane struct {
-	mu      sync.Mutex // guards busy, waiting, the turns' state and their rows' outcomes
-	busy    bool       // a sender serves the lane
+	key     topicPartition
+	mu      sync.Mutex // guards gone, waiting, the turns' state and their rows' outcomes
+	gone    bool       // its sender removed it from the publisher's lanes
 	waiting []*turn    // calls not yet taken by the sender, in order of arrival
 }
 
@@ -51,16 +53,28 @@ type part struct {
 	idx []int
 }
 
-// lane returns key's lane.
+// lane returns key's lane, locked, starting it and its sender when the
+// partition has none.
 func (p *Publisher) lane(key topicPartition) *lane {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	l, ok := p.lanes[key]
-	if !ok {
-		l = &lane{}
-		p.lanes[key] = l
+	for {
+		p.mu.Lock()
+		l := p.lanes[key]
+		if l == nil {
+			l = &lane{key: key}
+			l.mu.Lock() // the sender waits for the caller's turn
+			p.lanes[key] = l
+			p.mu.Unlock()
+			p.wg.Add(1) // the calling PublishGroup holds one: Close is not waiting yet
+			go p.serve(l)
+			return l
+		}
+		p.mu.Unlock()
+		l.mu.Lock()
+		if !l.gone {
+			return l
+		}
+		l.mu.Unlock() // its sender removed it after the look-up: take the next
 	}
-	return l
 }
 
 // publishPartition sends one partition's rows (indexes into rows, in
@@ -71,13 +85,7 @@ func (p *Publisher) lane(key topicPartition) *lane {
 func (p *Publisher) publishPartition(ctx context.Context, key topicPartition, rows []row, idx []int) {
 	t := &turn{ctx: ctx, rows: rows, idx: idx, done: make(chan struct{})}
 	l := p.lane(key)
-	l.mu.Lock()
 	l.waiting = append(l.waiting, t)
-	if !l.busy {
-		l.busy = true
-		p.wg.Add(1) // the calling PublishGroup holds one: Close is not waiting yet
-		go p.serve(l)
-	}
 	l.mu.Unlock()
 	select {
 	case <-t.done:
@@ -89,27 +97,29 @@ func (p *Publisher) publishPartition(ctx context.Context, key topicPartition, ro
 }
 
 // serve is a lane's sender: it sends the rows of the waiting calls, those
-// waiting together in shared requests, until none waits.
+// waiting together in shared requests, until none waits, and removes the
+// lane before its last calls return.
 func (p *Publisher) serve(l *lane) {
 	defer p.wg.Done()
-	for {
-		l.mu.Lock()
+	l.mu.Lock()
+	for len(l.waiting) > 0 {
 		ts := l.waiting
 		l.waiting = nil
-		if len(ts) == 0 {
-			l.busy = false
-			l.mu.Unlock()
-			return
-		}
 		l.mu.Unlock()
 		for p.sendRequest(l, ts) {
 		}
 		l.mu.Lock()
+		if len(l.waiting) == 0 {
+			p.mu.Lock()
+			delete(p.lanes, l.key)
+			p.mu.Unlock()
+			l.gone = true
+		}
 		for _, t := range ts {
 			close(t.done)
 		}
-		l.mu.Unlock()
 	}
+	l.mu.Unlock()
 }
 
 // sendRequest sends the next request of turns ts and records its outcome,

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/gorm-outbox/outbox/internal/metrictest"
@@ -117,7 +118,8 @@ func TestPublishStalledMetric(t *testing.T) {
 
 // slowDeletes is a MemStore whose MarkPublished waits until release is
 // closed; with ignore, its NextBatches reads the rows of Exclude anyway
-// (a store that does not honour it).
+// (a store that does not honour it) and answers once release is closed
+// (a read that saw the rows before their delete ended).
 type slowDeletes struct {
 	*relaytest.MemStore
 	release chan struct{}
@@ -142,6 +144,7 @@ func (s *slowDeletes) NextBatches(ctx context.Context, reqs []relay.BatchRequest
 		for i, r := range reqs {
 			out[i].Rows, out[i].Err = s.MemStore.NextBatch(ctx, r.Bucket, r.Limit, r.MaxBytes)
 		}
+		<-s.release
 		return out, nil
 	}
 	return s.MemStore.NextBatches(ctx, reqs)
@@ -158,35 +161,39 @@ func (s *slowDeletes) requests() [][]int64 {
 // out (BatchRequest.Exclude) instead of reading it again, and publishes the
 // rows behind it; a store that returns the rows of Exclude anyway stalls
 // the bucket only until the delete ends, never marks it drained, and every
-// row is published once, in order.
+// row is published once, in order. In a bubble, each step is checked once
+// the relay has settled: a broken step fails at once, not at a timeout.
 func TestFetchBesideADeleteLeavesItsBatchOut(t *testing.T) {
 	for _, ignore := range []bool{false, true} {
 		t.Run(fmt.Sprintf("store_ignores_exclude=%v", ignore), func(t *testing.T) {
-			s := &slowDeletes{release: make(chan struct{}), ignore: ignore}
-			h := newHarness(t, relay.Options{BucketCount: 1, BatchSize: 2}, func(m *relaytest.MemStore) relay.Store { s.MemStore = m; return s })
-			h.store.Add(msgs(6, "t")...)
-			all := ids(h.store.Pending(0))
-			h.start()
-			h.waitFor("a fetch beside the first batch's delete", func() bool { return len(s.requests()) > 0 })
-			if got := s.requests()[0]; !slices.Equal(got, all[:2]) {
-				t.Fatalf("the fetch beside the delete left out %v; want the batch being deleted, %v", got, all[:2])
-			}
-			if !ignore {
-				h.waitFor("the second batch published", func() bool { return len(h.pub.Calls()) == 2 })
-				if got := ids(h.pub.Calls()[1]); !slices.Equal(got, all[2:4]) {
-					t.Fatalf("second publish = %v; want the rows behind the batch being deleted, %v", got, all[2:4])
+			synctest.Test(t, func(t *testing.T) {
+				s := &slowDeletes{release: make(chan struct{}), ignore: ignore}
+				h := newHarness(t, relay.Options{BucketCount: 1, BatchSize: 2}, func(m *relaytest.MemStore) relay.Store { s.MemStore = m; return s })
+				h.store.Add(msgs(6, "t")...)
+				all := ids(h.store.Pending(0))
+				h.start()
+				release := sync.OnceFunc(func() { close(s.release) })
+				t.Cleanup(release) // before the relay's stop, which waits for the delete
+				synctest.Wait()    // the first batch's delete holds
+				if got := s.requests(); len(got) == 0 || !slices.Equal(got[0], all[:2]) {
+					t.Fatalf("fetches beside the first batch's delete left out %v; want one leaving out that batch, %v", got, all[:2])
 				}
-			}
-			close(s.release)
-			h.waitFor("every row published", func() bool { return h.store.Len() == 0 })
-			h.waitIdle()
-			var got []int64
-			for _, c := range h.pub.Calls() {
-				got = append(got, ids(c)...)
-			}
-			if !slices.Equal(got, all) {
-				t.Fatalf("published %v; want each row once, in order: %v", got, all)
-			}
+				want := all[:4] // the first batch, then the rows behind it
+				if ignore {
+					want = all[:2] // the bucket waits for the delete
+				}
+				if got := publishedIDs(h.pub.Calls(), 0); !slices.Equal(got, want) {
+					t.Fatalf("published %v while the first batch's delete runs; want %v", got, want)
+				}
+				release()
+				synctest.Wait()
+				if p := ids(h.store.Pending(0)); len(p) > 0 {
+					t.Fatalf("the relay settled with bucket 0's rows %v pending; want every batch drained once the delete ended", p)
+				}
+				if got := publishedIDs(h.pub.Calls(), 0); !slices.Equal(got, all) {
+					t.Fatalf("published %v; want each row once, in order: %v", got, all)
+				}
+			})
 		})
 	}
 }

@@ -1,17 +1,15 @@
 package main
 
 // The check subcommand: is the outbox's configuration consistent, as far
-// as the tables show? Missing tables, columns and indexes; rows and lease
-// rows outside the bucket count; writers whose rows hash to other buckets;
-// relays that run with another bucket count, without parking support, or
-// with a longer lease duration.
+// as the tables show?
 
 import (
 	"context"
-	"encoding/json"
+
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -25,9 +23,8 @@ import (
 // find writers with another bucket count.
 const checkSampleRows = 1000
 
-// leaseDurationTolerance absorbs the clock reads and statement delays
-// between a relay's heartbeat and its lease write in the lease-duration
-// check.
+// leaseDurationTolerance absorbs the delay between a relay's heartbeat and
+// its lease write.
 const leaseDurationTolerance = time.Second
 
 var checkCommand = &subcommand{
@@ -63,7 +60,6 @@ no problem.`,
 		fs.BoolVar(&c.asJSON, "json", false, `print one JSON object {"ok": …, "problems": [{"check": …, "message": …}]}`)
 		leaseDurationFlag(fs, c)
 	},
-	env:   []string{"lease-duration"},
 	check: func(_ *flag.FlagSet, c *adminConfig) error { return checkLeaseDuration(c) },
 	exit: `Exit status: 0 no problem; 1 problems (one line each on stdout, their
 number on stderr), or a runtime failure (database unreachable, a failed
@@ -95,8 +91,7 @@ type checkProblem struct {
 type checkReport struct {
 	OK       bool           `json:"ok"`
 	Problems []checkProblem `json:"problems"`
-	// checked says what was found sound, for the "ok" line.
-	checked []string
+	checked  []string       // what was found sound, for the "ok" line
 }
 
 func (r *checkReport) add(check, format string, args ...any) {
@@ -111,18 +106,11 @@ func runCheck(ctx context.Context, e *adminEnv, c *adminConfig) int {
 	}
 	defer o.close()
 	rep, err := e.check(ctx, o)
-	if err != nil {
-		return e.opsFail(ctx, "check", err)
-	}
-	if c.asJSON {
-		enc := json.NewEncoder(e.stdout)
-		enc.SetIndent("", "  ")
-		err = enc.Encode(rep)
-	} else {
-		err = writeCheck(e.stdout, rep)
+	if err == nil {
+		err = e.output(c, rep, func(w io.Writer) error { return writeCheck(w, rep) })
 	}
 	if err != nil {
-		return e.opsFail(ctx, "check", err)
+		return e.fail(ctx, "check", err)
 	}
 	if !rep.OK {
 		fmt.Fprintf(e.stderr, "outbox-relay check: %s\n", plural(int64(len(rep.Problems)), "problem"))
@@ -144,8 +132,7 @@ func writeCheck(w io.Writer, rep *checkReport) error {
 	return nil
 }
 
-// outboxColumns are the columns of each table the current schema (version
-// 2) has; the relay reads or writes every one.
+// outboxColumns are the columns of each table in schema version 2.
 var outboxColumns = struct{ messages, leases, relays []string }{
 	messages: []string{"id", "message_id", "bucket", "topic", "record_key", "record_value", "headers", "record_partition", "created_at", "parked_at_ms", "parked_reason"},
 	leases:   []string{"bucket", "owner", "expires_at_ms"},
@@ -168,8 +155,8 @@ func (e *adminEnv) check(ctx context.Context, o *opsDB) (*checkReport, error) {
 		{cfg.LeasesTable, outboxColumns.leases},
 		{cfg.RelaysTable, outboxColumns.relays},
 	}
-	// Tables and columns. sound[t] is false when t or one of its columns
-	// is missing: the checks that read it are skipped.
+	// sound[t] is false when t or one of its columns is missing: the checks
+	// that read it are skipped.
 	sound := map[string]bool{}
 	missingTables, err := o.store.MissingTables(ctx)
 	if err != nil {
@@ -186,10 +173,14 @@ func (e *adminEnv) check(ctx context.Context, o *opsDB) (*checkReport, error) {
 		}
 		if len(missing) > 0 {
 			fix := fmt.Sprintf("apply migrations/%s.sql", c.dbDriver)
-			if all(missing, func(col string) bool { return version2Columns[col] }) {
+			if !slices.ContainsFunc(missing, func(col string) bool { return !version2Columns[col] }) {
 				fix = fmt.Sprintf("schema version 1: apply migrations/%s/000002_parking.up.sql, or start a relay once with -migrate", c.dbDriver)
 			}
-			rep.add(checkMissingColumn, "%s lacks %s %s: %s", qualify(cfg, t.name), pluralWord(len(missing), "column"), strings.Join(missing, ", "), fix)
+			noun := "columns"
+			if len(missing) == 1 {
+				noun = "column"
+			}
+			rep.add(checkMissingColumn, "%s lacks %s %s: %s", qualify(cfg, t.name), noun, strings.Join(missing, ", "), fix)
 			continue
 		}
 		sound[t.name] = true
@@ -222,27 +213,7 @@ func (e *adminEnv) check(ctx context.Context, o *opsDB) (*checkReport, error) {
 
 // qualify returns table qualified by cfg's schema.
 func qualify(cfg outbox.Config, table string) string {
-	if cfg.Schema == "" {
-		return table
-	}
-	return cfg.Schema + "." + table
-}
-
-func all[T any](s []T, f func(T) bool) bool {
-	for _, v := range s {
-		if !f(v) {
-			return false
-		}
-	}
-	return true
-}
-
-// pluralWord returns "column" or "columns".
-func pluralWord(n int, noun string) string {
-	if n == 1 {
-		return noun
-	}
-	return noun + "s"
+	return strings.TrimPrefix(cfg.Schema+"."+table, ".")
 }
 
 // checkIndexes checks the indexes the relay and the store need, on the
@@ -275,13 +246,11 @@ func (o *opsDB) checkIndexes(ctx context.Context, rep *checkReport, sound map[st
 			indexes[nd.table] = list
 		}
 		found := slices.ContainsFunc(indexes[nd.table], func(ix gormstore.Index) bool {
-			if ix.Partial {
-				return false
+			cols := ix.Columns // a non-unique need is met by an index that starts with its columns
+			if !nd.unique && len(cols) > len(nd.columns) {
+				cols = cols[:len(nd.columns)]
 			}
-			if nd.unique {
-				return ix.Unique && slices.Equal(ix.Columns, nd.columns)
-			}
-			return len(ix.Columns) >= len(nd.columns) && slices.Equal(ix.Columns[:len(nd.columns)], nd.columns)
+			return !ix.Partial && (ix.Unique || !nd.unique) && slices.Equal(cols, nd.columns)
 		})
 		if !found {
 			kind := "index"
@@ -330,14 +299,10 @@ func (o *opsDB) checkRows(ctx context.Context, rep *checkReport, n int) error {
 	}
 	if len(misplaced) > 0 {
 		// The counts that give every misplaced row its bucket.
-		first := misplaced[0]
 		var fits []int
 		for count := 1; count <= outbox.MaxBucketCount; count++ {
-			if int(outbox.BucketOf(first.Key, first.Partition, first.MessageID, count)) != first.Bucket {
-				continue
-			}
-			if all(misplaced[1:], func(r gormstore.RowPlacement) bool {
-				return int(outbox.BucketOf(r.Key, r.Partition, r.MessageID, count)) == r.Bucket
+			if !slices.ContainsFunc(misplaced, func(r gormstore.RowPlacement) bool {
+				return int(outbox.BucketOf(r.Key, r.Partition, r.MessageID, count)) != r.Bucket
 			}) {
 				fits = append(fits, count)
 			}
@@ -364,13 +329,11 @@ func (o *opsDB) checkRows(ctx context.Context, rep *checkReport, n int) error {
 	return nil
 }
 
+// joinInts returns "2, 4 or 8" for two or more counts.
 func joinInts(v []int) string {
 	s := make([]string, len(v))
 	for i, x := range v {
 		s[i] = strconv.Itoa(x)
-	}
-	if len(s) <= 1 {
-		return strings.Join(s, "")
 	}
 	return strings.Join(s[:len(s)-1], ", ") + " or " + s[len(s)-1]
 }
@@ -378,11 +341,11 @@ func joinInts(v []int) string {
 // checkLeasesAndRelays compares the lease rows and heartbeats with the
 // bucket count n and with each other, at now on the database's clock.
 func (o *opsDB) checkLeasesAndRelays(ctx context.Context, rep *checkReport, now time.Time, n int) error {
-	leases, err := o.leases(ctx)
+	leases, err := o.store.Leases(ctx)
 	if err != nil {
 		return err
 	}
-	relays, err := o.relays(ctx)
+	relays, err := o.store.Heartbeats(ctx)
 	if err != nil {
 		return err
 	}
@@ -392,7 +355,7 @@ func (o *opsDB) checkLeasesAndRelays(ctx context.Context, rep *checkReport, now 
 	var live []string
 	for _, r := range relays {
 		byID[r.RelayID] = r
-		if r.state(nowMs, ld) == relayLive {
+		if relayState(r, nowMs, ld) == relayLive {
 			live = append(live, r.RelayID)
 		}
 	}
@@ -401,18 +364,18 @@ func (o *opsDB) checkLeasesAndRelays(ctx context.Context, rep *checkReport, now 
 	// Lease rows outside the count: held ones name their owner.
 	var outside []int
 	heldOutside := map[string][]int{}
-	present := map[int64]bool{}
+	present := map[int]bool{}
 	for _, l := range leases {
-		present[l.Bucket] = true
-		if l.Bucket >= 0 && l.Bucket < int64(n) {
+		present[int(l.Bucket)] = true
+		if l.Bucket >= 0 && int(l.Bucket) < n {
 			continue
 		}
 		outside = append(outside, int(l.Bucket))
-		if l.held(nowMs) {
+		if held(l, nowMs) {
 			heldOutside[*l.Owner] = append(heldOutside[*l.Owner], int(l.Bucket))
 		}
 	}
-	for _, owner := range sortedKeys(heldOutside) {
+	for _, owner := range slices.Sorted(maps.Keys(heldOutside)) {
 		rep.add(checkLeasesOutside, "relay %s holds a lease on %s, outside -bucket-count %d: it runs with a larger bucket count (at least %d)",
 			owner, someBuckets(heldOutside[owner]), n, slices.Max(heldOutside[owner])+1)
 	}
@@ -426,7 +389,7 @@ func (o *opsDB) checkLeasesAndRelays(ctx context.Context, rep *checkReport, now 
 	if len(live) > 0 {
 		var missing []int
 		for b := range n {
-			if !present[int64(b)] {
+			if !present[b] {
 				missing = append(missing, b)
 			}
 		}
@@ -448,13 +411,16 @@ func (o *opsDB) checkLeasesAndRelays(ctx context.Context, rep *checkReport, now 
 	// one reading of the database's clock.
 	longest := map[string]int64{}
 	for _, l := range leases {
-		r, ok := byID[ptrValue(l.Owner)]
-		if !l.held(nowMs) || !ok || r.StoppedAtMs != nil {
+		if !held(l, nowMs) {
+			continue
+		}
+		r, ok := byID[*l.Owner]
+		if !ok || r.StoppedAtMs != nil {
 			continue
 		}
 		longest[r.RelayID] = max(longest[r.RelayID], l.ExpiresAtMs-r.LastSeenMs)
 	}
-	for _, id := range sortedKeys(longest) {
+	for _, id := range slices.Sorted(maps.Keys(longest)) {
 		if d := time.Duration(longest[id]) * time.Millisecond; d > ld+leaseDurationTolerance {
 			rep.add(checkRelayLeaseLonger, "relay %s holds leases that expire %s after its last heartbeat, more than -lease-duration %s: it runs with a longer -lease-duration (at least %s), and relays that disagree on it disagree on which relays are live",
 				id, durText(d.Round(time.Second)), durText(ld), durText(d.Round(time.Second)))
@@ -475,20 +441,4 @@ func pluralRelays(n int) string {
 		return "1 relay is live"
 	}
 	return strconv.Itoa(n) + " relays are live"
-}
-
-func ptrValue(s *string) string {
-	if s == nil {
-		return ""
-	}
-	return *s
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	return keys
 }

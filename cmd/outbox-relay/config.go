@@ -30,22 +30,15 @@ import (
 	"github.com/gorm-outbox/outbox/relay"
 )
 
-// envPrefix prefixes the environment variable of every flag: -db-dsn is
-// OUTBOX_DB_DSN.
+// envPrefix prefixes every flag's variable: -db-dsn is OUTBOX_DB_DSN.
 const envPrefix = "OUTBOX_"
 
 // defaultListen is the default -listen: the loopback interface only, so a
-// worker started by hand does not expose its metrics to the network. In a
-// pod, set -listen :9090 for the kubelet's probes and the scraper.
+// worker started by hand does not expose its metrics to the network.
 const defaultListen = "127.0.0.1:9090"
 
-// errHelp is returned by parseConfig for -h and -help.
-var errHelp = flag.ErrHelp
-
-// dbConfig is the database part of the configuration: the flags the relay
-// shares with the parked-row subcommands (declared by dbFlags, checked by
-// dbConfig.check), so that both read the same names, defaults, environment
-// variables and error messages.
+// dbConfig is the database configuration the relay shares with the
+// subcommands.
 type dbConfig struct {
 	dbDriver         string
 	dbDSN            string
@@ -120,7 +113,7 @@ func newFlagSet(c *config) *flag.FlagSet {
 	fs.StringVar(&c.saslUser, "kafka-sasl-username", "", "SASL user name")
 	fs.StringVar(&c.saslPassword, "kafka-sasl-password", "", "SASL password (prefer the environment variable)")
 	fs.StringVar(&c.messageIDHeader, "message-id-header", kafkapub.DefaultMessageIDHeader, "record header carrying the message id")
-	int64Var(fs, &c.kafkaBatchBytes, "kafka-batch-bytes", kafkapub.DefaultBatchBytes, "largest produce request per partition, in bytes; keep it at most the topics' max.message.bytes")
+	intVar(fs, &c.kafkaBatchBytes, "kafka-batch-bytes", kafkapub.DefaultBatchBytes, "largest produce request per partition, in bytes; keep it at most the topics' max.message.bytes")
 	intVar(fs, &c.kafkaMaxRecords, "kafka-max-batch-records", kafkapub.DefaultMaxBatchRecords, "largest number of records per partition per produce request")
 	durationVar(fs, &c.kafkaPubTimeout, "kafka-publish-timeout", kafkapub.DefaultPublishTimeout, "timeout of one publish call to Kafka: a call that takes longer fails, and the relay counts, logs and retries it after -error-backoff; keep it well under -lease-duration")
 	fs.StringVar(&c.txnOutbox, "kafka-transactions", "", "fenced publishing (opt-in): publish each batch in a Kafka transaction, one transactional producer per bucket, so a relay that lost its bucket cannot write to read_committed consumers; the value names this outbox in the transactional ids (<prefix><name>-<bucket>), unique to the outbox across the Kafka cluster and the same on all its relays; consumers must read with isolation.level=read_committed (empty: off)")
@@ -129,7 +122,7 @@ func newFlagSet(c *config) *flag.FlagSet {
 
 	o := &c.relay
 	intVar(fs, &o.BatchSize, "batch-size", relay.DefaultBatchSize, "rows fetched and published per batch")
-	int64Var(fs, &o.MaxBatchBytes, "max-batch-bytes", relay.DefaultMaxBatchBytes, "bound on a batch in bytes (keys, values and headers); a larger row is published alone")
+	intVar(fs, &o.MaxBatchBytes, "max-batch-bytes", relay.DefaultMaxBatchBytes, "bound on a batch in bytes (keys, values and headers); a larger row is published alone")
 	intVar(fs, &o.MaxConcurrentBuckets, "max-concurrent-buckets", 0, "batches served at once on PostgreSQL and MySQL (SQLite: one); a fleet runs relays × it against the database (0: the default, min(4, ⌈8 × buckets owned ÷ -bucket-count⌉))")
 	durationVar(fs, &o.PollInterval, "poll-interval", relay.DefaultPollInterval, "how often to look for pending rows without a hint")
 	durationVar(fs, &o.ErrorBackoff, "error-backoff", relay.DefaultErrorBackoff, "wait after a store error; first backoff of a failing row")
@@ -167,9 +160,8 @@ func newFlagSet(c *config) *flag.FlagSet {
 	return fs
 }
 
-// dbFlags declares the database flags into c: the driver and DSN, the
-// outbox tables (schema, names, bucket count) and the statement timeout.
-// The relay and every subcommand declare them through it.
+// dbFlags declares the database flags, the relay's and every subcommand's,
+// into c.
 func dbFlags(fs *flag.FlagSet, c *dbConfig) {
 	fs.StringVar(&c.dbDriver, "db-driver", "", "database driver: postgres, mysql or sqlite (required)")
 	fs.StringVar(&c.dbDSN, "db-dsn", "", "database DSN in the driver's form (required)")
@@ -182,32 +174,26 @@ func dbFlags(fs *flag.FlagSet, c *dbConfig) {
 	refuseZero(fs, "statement-timeout")
 }
 
-// parseConfig reads args, then the OUTBOX_* environment for every flag not
-// given on the command line, and checks the result. Errors are one line and
-// name the flag.
+// parseConfig reads args and the environment, and checks the result.
 func parseConfig(args []string, getenv func(string) string) (*config, error) {
 	c := &config{}
-	fs := newFlagSet(c)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil, errHelp
-		}
-		return nil, flagParseError(err)
-	}
-	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
-	}
-	if err := applyEnv(fs, getenv, nil); err != nil {
+	if err := parseFlags(newFlagSet(c), args, getenv, nil); err != nil {
 		return nil, err
 	}
 	return c, c.check()
 }
 
-// applyEnv sets every flag of fs not given on the command line from its
-// OUTBOX_* environment variable, if set; only, when non-nil, restricts
-// this to the flags it names. An invalid value is an error naming the
-// variable.
-func applyEnv(fs *flag.FlagSet, getenv func(string) string, only map[string]bool) error {
+// parseFlags parses args into fs, then sets every flag not given on the
+// command line from its OUTBOX_* variable, if set (only, when not nil,
+// names the flags read from the environment). It returns flag.ErrHelp for
+// -h; other errors name the flag or the variable.
+func parseFlags(fs *flag.FlagSet, args []string, getenv func(string) string, only map[string]bool) error {
+	if err := fs.Parse(args); err != nil {
+		return flagParseError(err)
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
 	given := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
 	var err error
@@ -215,7 +201,7 @@ func applyEnv(fs *flag.FlagSet, getenv func(string) string, only map[string]bool
 		if err != nil || given[f.Name] || (only != nil && !only[f.Name]) {
 			return
 		}
-		if v, ok := lookup(getenv, envName(f.Name)); ok {
+		if v := getenv(envName(f.Name)); v != "" {
 			if e := fs.Set(f.Name, v); e != nil {
 				err = fmt.Errorf("%s=%q: %v", envName(f.Name), v, e)
 			}
@@ -224,8 +210,7 @@ func applyEnv(fs *flag.FlagSet, getenv func(string) string, only map[string]bool
 	return err
 }
 
-// flagError matches the flag package's message for a value its Set
-// rejected.
+// flagError matches the flag package's message for a rejected value.
 var flagError = regexp.MustCompile(`^invalid (boolean )?value "(.*)" for (?:flag )?-(\S+): (.*)$`)
 
 // flagParseError puts the flag package's error for a rejected value in the
@@ -242,27 +227,21 @@ func flagParseError(err error) error {
 	return fmt.Errorf("-%s %q: %s", m[3], m[2], why)
 }
 
-// durationValue is a time.Duration flag whose errors say what is wrong:
-// the flag package's says only "parse error", and a bare number such as 5
-// (seconds? milliseconds?) is the usual mistake.
-type durationValue struct{ p *time.Duration }
+// durationValue is a time.Duration flag whose errors say what is wrong
+// (the flag package's says "parse error"), a bare number the usual mistake.
+type durationValue time.Duration
 
 func durationVar(fs *flag.FlagSet, p *time.Duration, name string, def time.Duration, usage string) {
 	*p = def
-	fs.Var(durationValue{p}, name, usage+" (a duration with a unit, e.g. 500ms, 5s, 2m)")
+	fs.Var((*durationValue)(p), name, usage+" (a duration with a unit, e.g. 500ms, 5s, 2m)")
 }
 
-func (v durationValue) String() string {
-	if v.p == nil {
-		return "0s"
-	}
-	return v.p.String()
-}
+func (v *durationValue) String() string { return (*time.Duration)(v).String() }
 
-func (v durationValue) Set(s string) error {
+func (v *durationValue) Set(s string) error {
 	d, err := time.ParseDuration(s)
 	if err == nil {
-		*v.p = d
+		*v = durationValue(d)
 		return nil
 	}
 	if _, ferr := strconv.ParseFloat(s, 64); ferr == nil {
@@ -271,10 +250,8 @@ func (v durationValue) Set(s string) error {
 	return errors.New("not a duration: use a number with a unit, e.g. 5s, 500ms or 2m")
 }
 
-// positive is a number or duration flag that refuses 0, from the command
-// line or its variable: its option would take 0 for its default, and the
-// worker runs what its flags say. A negative value is left to the option's
-// own check.
+// positive is a number or duration flag that refuses 0: its option would
+// take 0 for its default. A negative value is left to the option's check.
 type positive struct {
 	flag.Value
 	def string
@@ -301,14 +278,9 @@ func (v positive) Set(s string) error {
 // intValue is an int or int64 flag whose errors say what is wrong.
 type intValue[T int | int64] struct{ p *T }
 
-func intVar(fs *flag.FlagSet, p *int, name string, def int, usage string) {
+func intVar[T int | int64](fs *flag.FlagSet, p *T, name string, def T, usage string) {
 	*p = def
-	fs.Var(intValue[int]{p}, name, usage)
-}
-
-func int64Var(fs *flag.FlagSet, p *int64, name string, def int64, usage string) {
-	*p = def
-	fs.Var(intValue[int64]{p}, name, usage)
+	fs.Var(intValue[T]{p}, name, usage)
 }
 
 func (v intValue[T]) String() string {
@@ -380,8 +352,8 @@ func checkListen(addr string) error {
 }
 
 // checkDSN parses -db-dsn the way the driver will, so that a malformed DSN
-// is a configuration error (exit 2) and only an unreachable server is a
-// runtime one. The DSN itself is not repeated: it may hold a password.
+// is a configuration error (exit 2). The DSN may hold a password: it is not
+// repeated.
 func checkDSN(driver, dsn string) error {
 	var err error
 	switch driver {
@@ -394,11 +366,6 @@ func checkDSN(driver, dsn string) error {
 		return fmt.Errorf("-db-dsn (%s): %w", driver, err)
 	}
 	return nil
-}
-
-func lookup(getenv func(string) string, name string) (string, bool) {
-	v := getenv(name)
-	return v, v != ""
 }
 
 // check reports the first invalid setting the relay and publisher would not
@@ -446,7 +413,7 @@ func (c *config) check() error {
 	if err := checkListen(c.listen); err != nil {
 		return err
 	}
-	if err := c.dbConfig.checkTables(); err != nil {
+	if err := c.outbox.Validate(); err != nil {
 		return err
 	}
 	if c.notifyDSN != "" {
@@ -475,21 +442,14 @@ func (c *dbConfig) checkConnection() error {
 	return checkDSN(c.dbDriver, c.dbDSN)
 }
 
-// checkTables checks the outbox table names and the bucket count. It is
-// separate from checkConnection so that the relay reports its errors in the
-// order it always has.
-func (c *dbConfig) checkTables() error { return c.outbox.Validate() }
-
 // check checks the whole database configuration.
 func (c *dbConfig) check() error {
 	if err := c.checkConnection(); err != nil {
 		return err
 	}
-	return c.checkTables()
+	return c.outbox.Validate()
 }
 
-// transport returns kafka-go's Transport with the TLS and SASL settings, or
-// nil when none is set.
 // transactions returns the publisher's kafkapub.Transactions: nil without
 // -kafka-transactions.
 func (c *config) transactions() *kafkapub.Transactions {
@@ -499,6 +459,7 @@ func (c *config) transactions() *kafkapub.Transactions {
 	return &kafkapub.Transactions{Outbox: c.txnOutbox, IDPrefix: c.txnIDPrefix, Timeout: c.txnTimeout}
 }
 
+// transport returns kafka-go's Transport with the TLS and SASL settings.
 func (c *config) transport() (*kafka.Transport, error) {
 	t := &kafka.Transport{ClientID: c.clientID}
 	if c.tlsEnable || c.tlsCA != "" || c.tlsCert != "" || c.tlsServerName != "" || c.tlsSkipVerify {
@@ -540,8 +501,7 @@ func (c *config) transport() (*kafka.Transport, error) {
 	return t, nil
 }
 
-// usage is `outbox-relay -h`: what the command does, its commands and the
-// flags most deployments set; `outbox-relay help flags` lists the rest.
+// usage is `outbox-relay -h`: the commands and the most common flags.
 func usage(w io.Writer) {
 	fmt.Fprintf(w, `outbox-relay publishes the rows of a gorm-outbox outbox table to Kafka.
 
@@ -562,8 +522,7 @@ naming the flag, before any connection); 1 for a runtime failure.
 `)
 }
 
-// flagsUsage is `outbox-relay help flags`: every flag of the relay with its
-// environment variable, and what the exit codes and HTTP endpoints mean.
+// flagsUsage is `outbox-relay help flags`: every flag of the relay.
 func flagsUsage(w io.Writer) {
 	fmt.Fprintf(w, `Usage: outbox-relay [flags]
 

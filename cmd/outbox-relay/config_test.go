@@ -42,9 +42,7 @@ func TestBucketCountUnsetTakesTheTables(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if sqlDB, err := got.DB(); err == nil {
-				_ = sqlDB.Close()
-			}
+			closeDB(got)
 			want := outbox.DefaultBucketCount
 			if seeded {
 				want = 16

@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -711,7 +712,7 @@ func TestDeployProbesAnswerOnTheWorkerTheDockerfileBuilds(t *testing.T) {
 	for _, ep := range pm.Spec.Endpoints {
 		paths["podmonitor.yaml"] = ep.Path
 	}
-	for _, where := range sortedKeys(paths) {
+	for _, where := range slices.Sorted(maps.Keys(paths)) {
 		path := paths[where]
 		var code int
 		var body string

@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -180,7 +181,7 @@ func deployMetrics(t *testing.T) map[string]string {
 		}
 	}
 	queries := dashboardQueries(t)
-	for _, where := range sortedKeys(queries) {
+	for _, where := range slices.Sorted(maps.Keys(queries)) {
 		add("outbox-relay.json: "+where, queries[where])
 	}
 	for _, r := range readRules(t) {
@@ -298,7 +299,7 @@ func TestDeployDashboardAndRulesUseExportedMetrics(t *testing.T) {
 		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 			_, body = get("http://" + w.addr + "/metrics")
 			scraped := scrapedNames(body)
-			missing = slices.DeleteFunc(sortedKeys(used), func(name string) bool { return scraped[name] })
+			missing = slices.DeleteFunc(slices.Sorted(maps.Keys(used)), func(name string) bool { return scraped[name] })
 			if len(missing) == 0 || time.Now().After(deadline) {
 				break
 			}
@@ -408,7 +409,7 @@ func TestDeployMetricsAreTheDocumentedOnes(t *testing.T) {
 			t.Errorf("%s uses %s, which is not in docs/operating.md's metrics table", where, name)
 		}
 	}
-	if names := sortedKeys(deployMetrics(t)); !slices.Contains(names, "outbox_publish_duration_seconds_bucket") {
+	if names := slices.Sorted(maps.Keys(deployMetrics(t))); !slices.Contains(names, "outbox_publish_duration_seconds_bucket") {
 		t.Errorf("deploy/ has no publish duration histogram (uses %v)", names)
 	}
 }

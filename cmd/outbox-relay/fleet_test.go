@@ -233,12 +233,7 @@ func TestFleetMembershipChangesHandBucketsOverAtOnce(t *testing.T) {
 		driver, dsn := dsnOf(t, db)
 		p := testenv.Unique("fm")
 		cfg := outbox.Config{MessagesTable: p + "_messages", LeasesTable: p + "_leases", RelaysTable: p + "_relays"}
-		if err := db.Use(outbox.Plugin{Config: cfg}); err != nil {
-			t.Fatal(err)
-		}
-		if err := outbox.AutoMigrate(db, cfg); err != nil {
-			t.Fatal(err)
-		}
+		useOutbox(t, db, cfg)
 		broker := testenv.NewFake(t)
 		topic := testenv.Unique("fleet-")
 		broker.CreateTopic(t, topic, 8, nil)

@@ -1,45 +1,21 @@
 // Command outbox-relay is a standalone relay worker: it publishes the rows of
-// a gorm-outbox outbox table to Kafka, for teams that scale writers and
-// relays separately. The writers only register outbox.Plugin; any number of
-// outbox-relay processes share the buckets through leases.
+// a gorm-outbox outbox table to Kafka. The writers only register
+// outbox.Plugin; any number of outbox-relay processes share the buckets
+// through leases.
 //
 //	outbox-relay -db-driver postgres -db-dsn "host=db user=app dbname=app" -kafka-brokers kafka-1:9092,kafka-2:9092
 //
-// Every flag has an environment variable (-db-dsn is OUTBOX_DB_DSN); run
-// outbox-relay help flags for the list (-h for an overview). The worker serves /metrics (Prometheus format,
-// through the OpenTelemetry Prometheus exporter) and /healthz (200 while the
-// relay runs and its last cycle succeeded), logs with log/slog (-log-format
-// json for JSON lines), and stops gracefully on SIGTERM or SIGINT: it
-// finishes the in-flight batch, releases its leases so that peers take over
-// at once, and exits 0. Bad configuration (a flag or environment value, a
-// malformed DSN) prints one error line and exits 2 before any connection; a
-// runtime failure (database unreachable at start, outbox tables missing
-// without -migrate, the HTTP address taken, a fatal relay error) exits 1.
-//
-// Subcommands serve the operator, with the relay's database flags (and, for
-// status, check and rebucket, its -lease-duration) and nothing else of its
-// configuration; they never publish or serve HTTP, and only requeue,
-// discard -confirm and rebucket -confirm change anything:
-//
-//	outbox-relay status [-json] [-max-age D] [-all-buckets]
-//	outbox-relay check [-json]
-//	outbox-relay parked [-rows] [-json] [-limit N]
-//	outbox-relay requeue (-key TEXT | -key-hex HEX | -id N | -all)
-//	outbox-relay discard (-key TEXT | -key-hex HEX | -id N | -all) -confirm
-//	outbox-relay rebucket -to N [-rehash] [-force] -confirm
-//
-// status shows the backlog, leases and relays per bucket (exit 1 unless
-// healthy), check the configuration as the tables show it (one line per
-// problem), parked, requeue and discard the rows the relay parked (set
-// aside because the broker will never accept them), and rebucket changes
-// the bucket count with its safety checks. outbox-relay help COMMAND
-// describes each.
+// Every flag has an environment variable (-db-dsn is OUTBOX_DB_DSN). The
+// worker serves /metrics and /healthz and stops gracefully on SIGTERM or
+// SIGINT. Subcommands (status, check, parked, requeue, discard, rebucket)
+// serve the operator; outbox-relay -h and help COMMAND describe them.
 package main
 
 import (
 	"cmp"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -78,8 +54,7 @@ const (
 	exitConfig  = 2
 )
 
-// httpShutdownTimeout bounds the HTTP server's shutdown after the relay
-// stopped.
+// httpShutdownTimeout bounds the HTTP server's shutdown after the relay.
 const httpShutdownTimeout = 5 * time.Second
 
 func main() {
@@ -88,20 +63,18 @@ func main() {
 	os.Exit(run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr))
 }
 
-// run is the whole worker; it returns the exit code. It stops gracefully
-// when ctx is done.
-//
-// A first argument naming a subcommand (status, check, parked, requeue,
-// discard, rebucket, help) runs that command instead of the relay.
+// run is the whole worker, or the subcommand its first argument names; it
+// returns the exit code and stops gracefully when ctx is done.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && (args[0] == "version" || args[0] == "-version" || args[0] == "--version") {
-		return printVersion(stdout)
+		fmt.Fprintln(stdout, readBuildVersion())
+		return exitOK
 	}
 	if len(args) > 0 && (args[0] == "help" || findSubcommand(args[0]) != nil) {
 		return runSubcommand(ctx, args[0], args[1:], &adminEnv{getenv: getenv, stdout: stdout, stderr: stderr, open: openStoreAdmin, now: time.Now})
 	}
 	cfg, err := parseConfig(args, getenv)
-	if errors.Is(err, errHelp) {
+	if errors.Is(err, flag.ErrHelp) {
 		usage(stdout)
 		return exitOK
 	}
@@ -130,23 +103,23 @@ type worker struct {
 	notify *pgnotify.Transport // nil: polling only
 }
 
-// build checks and assembles everything that needs no connection: the
-// publisher connects on its first publish and the database is opened by
-// run, so every configuration error (exit 2) surfaces before the worker
-// touches a service, and every error after it is a runtime one (exit 1).
-func build(cfg *config, stderr io.Writer) (*worker, error) {
+// build assembles everything that needs no connection, so that every
+// configuration error (exit 2) comes before the worker touches a service.
+func build(cfg *config, stderr io.Writer) (_ *worker, err error) {
 	level, _ := parseLevel(cfg.logLevel)
 	hopts := &slog.HandlerOptions{Level: level}
 	var h slog.Handler = slog.NewTextHandler(stderr, hopts)
 	if cfg.logFormat == "json" {
 		h = slog.NewJSONHandler(stderr, hopts)
 	}
-	log := slog.New(h)
-
-	w := &worker{cfg: cfg, log: log}
+	w := &worker{cfg: cfg, log: slog.New(h)}
+	defer func() {
+		if err != nil {
+			w.close()
+		}
+	}()
 	transport, err := cfg.transport()
 	if err != nil {
-		w.close()
 		return nil, err
 	}
 	w.pub, err = kafkapub.New(kafkapub.Config{
@@ -159,74 +132,41 @@ func build(cfg *config, stderr io.Writer) (*worker, error) {
 		Transactions:    cfg.transactions(),
 	})
 	if err != nil {
-		w.close()
 		return nil, err
 	}
 
-	// Metrics: the OpenTelemetry SDK with the Prometheus exporter on a
-	// registry of our own (no global state), plus Go and process metrics.
+	// The OpenTelemetry SDK with the Prometheus exporter on a registry of
+	// our own, plus Go, process and build (go_build_info) metrics.
 	w.reg = prometheus.NewRegistry()
-	// go_build_info{path,version,checksum} carries the binary's version (a
-	// tag, or a pseudo-version naming the VCS revision).
 	w.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), collectors.NewBuildInfoCollector())
-	// WithoutScopeInfo: every series would otherwise carry otel_scope_name
-	// and the empty otel_scope_version and otel_scope_schema_url labels;
-	// the metric names (outbox_*, inbox_*) already say where they come from.
+	// Without scope info: the metric names already say where they come from.
 	exp, err := otelprom.New(otelprom.WithRegisterer(w.reg), otelprom.WithoutScopeInfo())
 	if err != nil {
-		w.close()
 		return nil, fmt.Errorf("prometheus exporter: %w", err)
 	}
 	w.mp = sdkmetric.NewMeterProvider(sdkmetric.WithReader(exp),
 		sdkmetric.WithResource(resource.NewSchemaless(attribute.String("service.name", "outbox-relay"))))
 
 	if cfg.notifyDSN != "" {
-		w.notify, err = pgnotify.New(pgnotify.Config{ConnString: cfg.notifyDSN, Channel: cfg.notifyChannel, Logger: log})
+		w.notify, err = pgnotify.New(pgnotify.Config{ConnString: cfg.notifyDSN, Channel: cfg.notifyChannel, Logger: w.log})
 		if err != nil {
-			w.close()
 			return nil, fmt.Errorf("-notify-postgres-dsn: %w", err)
 		}
 	}
 	return w, nil
 }
 
-// open opens the database and checks that it answers. The MySQL and SQLite
-// dialectors query the server version while opening, so an unreachable
-// server fails here rather than at the ping; either way it is a runtime
-// failure, the DSN having been parsed by checkDSN.
-//
-// The pool keeps idleConns idle connections rather than database/sql's 2,
-// so that the relay's concurrent statements do not close and reopen a
-// database session each (see docs/relays.md, Connections). The worker has
-// no pool-size setting for an operator to have chosen otherwise.
-func (w *worker) open(ctx context.Context) error {
-	db, err := openDB(ctx, &w.cfg.dbConfig, w.log)
-	if db != nil {
-		w.db = db // closed by close, also after a failed open
-		if sqlDB, e := db.DB(); e == nil {
-			sqlDB.SetMaxIdleConns(w.idleConns())
-		}
-	}
-	return err
-}
-
-// idleConns is the relay's statements in flight at most: a fetch and a
-// delete for each bucket it serves at once, its lease renewal and its
-// backlog sample.
+// idleConns is the relay's statements in flight at most, which the pool
+// keeps idle rather than database/sql's 2 (see docs/relays.md,
+// Connections): a fetch and a delete for each bucket served at once, the
+// lease renewal and the backlog sample.
 func (w *worker) idleConns() int {
-	n := w.cfg.relay.MaxConcurrentBuckets
-	if n == 0 {
-		n = relay.DefaultMaxConcurrentBuckets
-	}
-	return 2*n + 2
+	return 2*cmp.Or(w.cfg.relay.MaxConcurrentBuckets, relay.DefaultMaxConcurrentBuckets) + 2
 }
 
-// openDB opens the database of c and pings it (see worker.open); a
-// -bucket-count left unset becomes the fleet's, the lease table's (the
-// default, 8, while it has no rows or does not exist). The returned
-// *gorm.DB, when not nil, is to be closed by the caller, also when the
-// error is not nil.
-func openDB(ctx context.Context, c *dbConfig, log *slog.Logger) (*gorm.DB, error) {
+// openDB opens the database of c and pings it (closing it on an error); a
+// -bucket-count left unset becomes the fleet's, or the default.
+func openDB(ctx context.Context, c *dbConfig, log *slog.Logger) (_ *gorm.DB, err error) {
 	var dial gorm.Dialector
 	switch c.dbDriver {
 	case "postgres":
@@ -240,24 +180,22 @@ func openDB(ctx context.Context, c *dbConfig, log *slog.Logger) (*gorm.DB, error
 		}
 		dial = sqlite.Open(dsn)
 	}
-	db, err := gorm.Open(dial, &gorm.Config{
-		DisableAutomaticPing: true,
-		Logger:               newGormLogger(log),
-	})
-	if db == nil || db.ConnPool == nil {
-		db = nil
-	}
+	db, err := gorm.Open(dial, &gorm.Config{DisableAutomaticPing: true, Logger: newGormLogger(log)})
 	if err != nil {
-		return db, err
+		if db != nil && db.ConnPool != nil {
+			closeDB(db)
+		}
+		return nil, err
 	}
 	pingCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	sqlDB, err := db.DB()
-	if err != nil {
-		return db, err
+	if err == nil {
+		err = sqlDB.PingContext(pingCtx)
 	}
-	if err := sqlDB.PingContext(pingCtx); err != nil {
-		return db, err
+	if err != nil {
+		closeDB(db)
+		return nil, err
 	}
 	if c.outbox.BucketCount == 0 {
 		n, _ := outbox.FleetBucketCount(pingCtx, db, c.outbox) // a missing table is reported by its check
@@ -266,9 +204,15 @@ func openDB(ctx context.Context, c *dbConfig, log *slog.Logger) (*gorm.DB, error
 	return db, nil
 }
 
+// closeDB closes db's pool.
+func closeDB(db *gorm.DB) {
+	if sqlDB, err := db.DB(); err == nil {
+		_ = sqlDB.Close()
+	}
+}
+
 // sqliteReadOnly returns dsn as a SQLite URI filename opened read-only
-// (mode=ro, after any parameter of the DSN's): SQLite then fails on a file
-// that does not exist instead of creating it.
+// (mode=ro), which fails on a missing file instead of creating it.
 func sqliteReadOnly(dsn string) string {
 	name, query, _ := strings.Cut(dsn, "?")
 	if !strings.HasPrefix(name, "file:") {
@@ -282,18 +226,22 @@ func sqliteReadOnly(dsn string) string {
 }
 
 // run connects, serves HTTP and runs the relay until ctx is done or the
-// relay fails; it returns the exit code.
+// relay fails.
 func (w *worker) run(ctx context.Context) int {
-	if err := w.open(ctx); err != nil {
+	var err error
+	if w.db, err = openDB(ctx, &w.cfg.dbConfig, w.log); err != nil {
 		w.log.Error("database unreachable", "driver", w.cfg.dbDriver, "error", err)
 		return exitFailure
+	}
+	if sqlDB, err := w.db.DB(); err == nil {
+		sqlDB.SetMaxIdleConns(w.idleConns())
 	}
 	if w.cfg.migrate {
 		if err := outbox.AutoMigrate(w.db.WithContext(ctx), w.cfg.outbox); err != nil {
 			w.log.Error("migrate failed", "error", err)
 			return exitFailure
 		}
-	} else if err := w.checkTables(ctx); err != nil {
+	} else if err := checkOutboxTables(ctx, w.db, &w.cfg.dbConfig); err != nil {
 		w.log.Error(err.Error())
 		return exitFailure
 	}
@@ -321,10 +269,8 @@ func (w *worker) run(ctx context.Context) int {
 		return exitFailure
 	}
 	if w.notify == nil {
-		// The relay's own advice names Go options (a notifier passed to the
-		// plugin) that a worker has no use for: taking its notifier, which
-		// no writer in this process can feed, silences it, and the worker
-		// names its flag instead.
+		// Taking the relay's notifier silences its advice, which names Go
+		// options; the worker names its flag instead.
 		_ = w.relay.Notifier()
 		w.log.Info("polling for new rows every -poll-interval; for the writers' commits to wake the relay at once, set -notify-postgres-dsn (the writers send with pgnotify.Sender)",
 			"poll_interval", w.cfg.relay.PollInterval)
@@ -374,8 +320,7 @@ func (w *worker) handler() http.Handler {
 	return mux
 }
 
-// healthz serves health: 200 "ok", or 503 and the reason on one line, with
-// the relay's option names replaced by the flags that set them.
+// healthz serves health: 200 "ok", or 503 and the reason on one line.
 func healthz(health func() error) http.HandlerFunc {
 	return func(rw http.ResponseWriter, _ *http.Request) {
 		rw.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -399,20 +344,15 @@ func (w *worker) close() {
 	if w.mp != nil {
 		_ = w.mp.Shutdown(context.Background())
 	}
-	if w.db == nil {
-		return
-	}
-	if sqlDB, err := w.db.DB(); err == nil {
-		_ = sqlDB.Close()
+	if w.db != nil {
+		closeDB(w.db)
 	}
 }
 
 // newGormLogger returns gorm's logger for the worker: slow statements
-// (over a second) as warnings, without their bound values (message keys and
-// payloads stay out of the logs). Failed statements are not logged here:
-// every store error reaches the relay, which logs it once with its context
-// (and retries), and the worker logs the errors of its own statements; a
-// second line with the full SQL for each of them only buries the message.
+// (over a second) as warnings, without their bound values (keys and
+// payloads stay out of the logs). Failed statements are not logged: their
+// errors are logged once, with their context, by the relay or the worker.
 func newGormLogger(log *slog.Logger) logger.Interface {
 	return gormLogger{logger.NewSlogLogger(log.With("component", "gorm"), logger.Config{
 		SlowThreshold: time.Second, LogLevel: logger.Warn, IgnoreRecordNotFoundError: true,
@@ -433,20 +373,13 @@ func (l gormLogger) Trace(ctx context.Context, begin time.Time, fc func() (strin
 	l.Interface.Trace(ctx, begin, fc, nil)
 }
 
-// ParamsFilter implements gorm.ParamsFilter: logged SQL keeps its
-// placeholders.
+// ParamsFilter implements gorm.ParamsFilter: logged SQL keeps placeholders.
 func (gormLogger) ParamsFilter(_ context.Context, sql string, _ ...any) (string, []any) {
 	return sql, nil
 }
 
-// checkTables reports the outbox tables of the configuration that do not
-// exist, in one error that says how to create them. Without them the relay
-// could only fail every cycle, forever.
-func (w *worker) checkTables(ctx context.Context) error {
-	return checkOutboxTables(ctx, w.db, &w.cfg.dbConfig)
-}
-
-// checkOutboxTables is worker.checkTables on any database.
+// checkOutboxTables reports the outbox tables of dc missing on db, in one
+// error that says how to create them.
 func checkOutboxTables(ctx context.Context, db *gorm.DB, dc *dbConfig) error {
 	store, err := gormstore.New(db, gormstore.Options{Config: dc.outbox, StatementTimeout: dc.statementTimeout})
 	if err != nil {

@@ -72,6 +72,35 @@ func (l *logLines) String() string {
 	return strings.Join(l.lines, "\n")
 }
 
+// sqliteFile returns the DSN of a new SQLite file a worker and the test share.
+func sqliteFile(t *testing.T) string {
+	return "file:" + filepath.Join(t.TempDir(), "outbox.db") + "?_busy_timeout=10000&_journal_mode=WAL&_txlock=immediate"
+}
+
+// openOutboxDB opens dial with the outbox plugin and tables of cfg, until
+// the test ends.
+func openOutboxDB(t *testing.T, dial gorm.Dialector, cfg outbox.Config) *gorm.DB {
+	t.Helper()
+	db, err := gorm.Open(dial, &gorm.Config{Logger: logger.Discard})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { closeDB(db) })
+	useOutbox(t, db, cfg)
+	return db
+}
+
+// useOutbox registers the outbox plugin of cfg on db and creates its tables.
+func useOutbox(t *testing.T, db *gorm.DB, cfg outbox.Config) {
+	t.Helper()
+	if err := db.Use(outbox.Plugin{Config: cfg}); err != nil {
+		t.Fatal(err)
+	}
+	if err := outbox.AutoMigrate(db, cfg); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestWorker starts the built binary against a database and a broker,
 // lets it move rows to Kafka, scrapes /healthz and /metrics, stops it with
 // SIGTERM and checks that it exited 0 and released its leases.
@@ -86,9 +115,7 @@ func TestWorker(t *testing.T) {
 	targets := []target{{
 		name:   "sqlite_kfake",
 		driver: "sqlite",
-		dsn: func(t *testing.T) string {
-			return "file:" + filepath.Join(t.TempDir(), "outbox.db") + "?_busy_timeout=10000&_journal_mode=WAL&_txlock=immediate"
-		},
+		dsn:    sqliteFile,
 		broker: func(t *testing.T) testenv.Broker { return testenv.NewFake(t) },
 	}}
 	if dsn, ok := testenv.PostgresDSN(t); ok {
@@ -111,22 +138,8 @@ func TestWorker(t *testing.T) {
 			if tg.driver == "postgres" {
 				dial = postgres.Open(dsn)
 			}
-			db, err := gorm.Open(dial, &gorm.Config{Logger: logger.Discard})
-			if err != nil {
-				t.Fatalf("open %s: %v", tg.driver, err)
-			}
-			t.Cleanup(func() {
-				if s, err := db.DB(); err == nil {
-					_ = s.Close()
-				}
-			})
 			cfg := outbox.Config{BucketCount: 4, MessagesTable: "worker_messages", LeasesTable: "worker_leases", RelaysTable: "worker_relays"}
-			if err := db.Use(outbox.Plugin{Config: cfg}); err != nil {
-				t.Fatal(err)
-			}
-			if err := outbox.AutoMigrate(db, cfg); err != nil {
-				t.Fatal(err)
-			}
+			db := openOutboxDB(t, dial, cfg)
 			broker := tg.broker(t)
 			topic := testenv.Unique("worker-")
 			broker.CreateTopic(t, topic, 4, nil)

@@ -37,11 +37,7 @@ func TestWorkerWakesOnWritersNotifications(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		if s, err := writer.DB(); err == nil {
-			_ = s.Close()
-		}
-	})
+	t.Cleanup(func() { closeDB(writer) })
 	tr, err := pgnotify.New(pgnotify.Config{ConnString: dsn, Channel: channel})
 	if err != nil {
 		t.Fatal(err)

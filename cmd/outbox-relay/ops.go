@@ -1,28 +1,21 @@
 package main
 
-// What status, check and rebucket share: the database they open, the
-// database's clock, the outbox tables read through GORM, and times and
-// bucket sets in human form.
-//
-// Lease expiries, heartbeats and stopped stamps are written on the
-// database server's clock (gormstore reads it for every lease operation),
-// so these commands compare them with the database's clock too
-// (gormstore.Store.Now), never with this host's: a host whose clock is off
-// still reports who owns what correctly. Row ages compare created_at,
-// stamped by the writers' hosts, with the same database clock.
+// What the subcommands share: the store they open, the database's clock,
+// and times and bucket sets in human form. Lease expiries and heartbeats
+// are written on the database's clock, so status, check and rebucket
+// compare them with it (gormstore.Store.Now), never with this host's.
 
 import (
-	"cmp"
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
-
-	"gorm.io/gorm"
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/gormstore"
@@ -31,134 +24,115 @@ import (
 
 // opsDB is an open outbox database for status, check and rebucket.
 type opsDB struct {
-	db    *gorm.DB
 	cfg   outbox.Config // with defaults
 	c     *adminConfig
-	store *gormstore.Store // for its clock
+	store *gormstore.Store
 	close func()
 }
 
-// openOps opens the database of c for the command what. With tables it
-// also requires the three outbox tables (check reports missing ones
-// itself). A failure is reported on stderr; ok is false then.
-func (e *adminEnv) openOps(ctx context.Context, what string, c *adminConfig, tables bool) (o *opsDB, ok bool) {
-	log := slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	db, err := openDB(ctx, &c.dbConfig, log)
-	closeDB := func() {
-		if db == nil {
-			return
-		}
-		if sqlDB, err := db.DB(); err == nil {
-			_ = sqlDB.Close()
-		}
-	}
+// openStore opens the database of c and a store on it; with tables, it
+// requires the three outbox tables. Its errors are runtime failures.
+func openStore(ctx context.Context, c *dbConfig, log *slog.Logger, tables bool) (*gormstore.Store, func(), error) {
+	db, err := openDB(ctx, c, log)
 	if err != nil {
-		closeDB()
-		e.opsFail(ctx, what, fmt.Errorf("database unreachable (%s): %w", c.dbDriver, err))
-		return nil, false
+		return nil, nil, fmt.Errorf("database unreachable (%s): %w", c.dbDriver, err)
 	}
 	if tables {
-		tctx, cancel := context.WithTimeout(ctx, cmp.Or(c.statementTimeout, gormstore.DefaultStatementTimeout))
-		err = checkOutboxTables(tctx, db, &c.dbConfig)
-		cancel()
-		if err != nil {
-			closeDB()
-			e.opsFail(ctx, what, err)
-			return nil, false
-		}
+		err = checkOutboxTables(ctx, db, c)
 	}
-	store, err := gormstore.New(db, gormstore.Options{Config: c.outbox, StatementTimeout: c.statementTimeout})
-	if err != nil { // checked by parseSubcommand; not expected
-		closeDB()
-		e.opsFail(ctx, what, err)
-		return nil, false
+	var store *gormstore.Store
+	if err == nil {
+		store, err = gormstore.New(db, gormstore.Options{Config: c.outbox, StatementTimeout: c.statementTimeout})
 	}
-	return &opsDB{db: db, cfg: c.outbox.WithDefaults(), c: c, store: store, close: closeDB}, true
+	if err != nil {
+		closeDB(db)
+		return nil, nil, err
+	}
+	return store, func() { closeDB(db) }, nil
 }
 
-// opsFail reports a runtime failure of what on stderr and returns
-// exitFailure. An interruption says so.
-func (e *adminEnv) opsFail(ctx context.Context, what string, err error) int {
-	if ctx.Err() != nil {
-		fmt.Fprintf(e.stderr, "outbox-relay %s: interrupted (%v)\n", what, context.Cause(ctx))
-		return exitFailure
+// openStoreAdmin is adminEnv.open for the process: the store on the
+// database of c, its tables required.
+func openStoreAdmin(ctx context.Context, c *dbConfig, log *slog.Logger) (relay.ParkAdmin, func(), error) {
+	store, closeFn, err := openStore(ctx, c, log, true)
+	if err != nil {
+		return nil, nil, err
 	}
-	fmt.Fprintf(e.stderr, "outbox-relay %s: %s\n", what, oneLine(err))
+	return store, closeFn, nil
+}
+
+// logger is the subcommands' logger: warnings and errors on stderr.
+func (e *adminEnv) logger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
+
+// openOps opens the database of c for the command what, reporting a
+// failure on stderr (ok false). With tables it requires the outbox tables.
+func (e *adminEnv) openOps(ctx context.Context, what string, c *adminConfig, tables bool) (o *opsDB, ok bool) {
+	store, closeFn, err := openStore(ctx, &c.dbConfig, e.logger(), tables)
+	if err != nil {
+		e.fail(ctx, what, err)
+		return nil, false
+	}
+	return &opsDB{cfg: c.outbox.WithDefaults(), c: c, store: store, close: closeFn}, true
+}
+
+// fail reports a runtime failure of what (the command and its selector) on
+// stderr and returns exitFailure. An interruption says so: the outcome of a
+// statement cut short is unknown.
+func (e *adminEnv) fail(ctx context.Context, what string, err error) int {
+	switch {
+	case ctx.Err() == nil:
+		fmt.Fprintf(e.stderr, "outbox-relay %s: %s\n", what, oneLine(err))
+	case slices.Contains([]string{"parked", "requeue", "discard"}, strings.Fields(what)[0]):
+		fmt.Fprintf(e.stderr, "outbox-relay %s: interrupted (%v); run outbox-relay parked to see what is parked now\n", what, context.Cause(ctx))
+	default:
+		fmt.Fprintf(e.stderr, "outbox-relay %s: interrupted (%v)\n", what, context.Cause(ctx))
+	}
 	return exitFailure
 }
 
-// dbClock is a reading of the database's clock.
+// output writes rep as indented JSON with -json, else with text.
+func (e *adminEnv) output(c *adminConfig, rep any, text func(io.Writer) error) error {
+	if !c.asJSON {
+		return text(e.stdout)
+	}
+	enc := json.NewEncoder(e.stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(rep)
+}
+
+// dbClock is a reading of the database's clock: now, and this host's clock
+// minus the database's, measured around the reading.
 type dbClock struct {
-	// now is the database's time.
-	now time.Time
-	// hostAhead is this host's clock minus the database's, measured around
-	// the reading (to within the round trip).
+	now       time.Time
 	hostAhead time.Duration
 }
 
 // clock reads the database's clock (gormstore.Store.Now, or e.dbNow).
 func (e *adminEnv) clock(ctx context.Context, o *opsDB) (dbClock, error) {
 	before := e.now()
-	var now time.Time
-	var err error
-	if e.dbNow != nil {
-		now, err = e.dbNow(ctx)
-	} else {
-		now, err = o.store.Now(ctx)
+	dbNow := e.dbNow
+	if dbNow == nil {
+		dbNow = o.store.Now
 	}
+	now, err := dbNow(ctx)
 	if err != nil {
 		return dbClock{}, fmt.Errorf("read the database clock: %w", err)
 	}
-	after := e.now()
-	mid := before.Add(after.Sub(before) / 2)
+	mid := before.Add(e.now().Sub(before) / 2)
 	return dbClock{now: now.UTC(), hostAhead: mid.Sub(now).Round(100 * time.Millisecond)}, nil
 }
 
-// leaseRow is a row of the leases table.
-type leaseRow struct {
-	Bucket      int64
-	Owner       *string
-	ExpiresAtMs int64
-}
+// leaseRow, relayRow and bucketRows are the rows the subcommands read.
+type (
+	leaseRow   = outbox.BucketLease
+	relayRow   = outbox.RelayHeartbeat
+	bucketRows = gormstore.BucketBacklog
+)
 
-// held reports whether the lease is held at now (Unix ms): an owner and an
-// expiry after now, as the relays count it.
-func (l leaseRow) held(nowMs int64) bool { return l.Owner != nil && l.ExpiresAtMs > nowMs }
-
-// leases reads every lease row, in bucket order (gormstore.Store.Leases).
-func (o *opsDB) leases(ctx context.Context) ([]leaseRow, error) {
-	ls, err := o.store.Leases(ctx)
-	if err != nil {
-		return nil, err
-	}
-	rows := make([]leaseRow, len(ls))
-	for i, l := range ls {
-		rows[i] = leaseRow{Bucket: int64(l.Bucket), Owner: l.Owner, ExpiresAtMs: l.ExpiresAtMs}
-	}
-	return rows, nil
-}
-
-// relayRow is a row of the relays (heartbeat) table.
-type relayRow struct {
-	RelayID     string
-	LastSeenMs  int64
-	StoppedAtMs *int64
-	Features    int64
-}
-
-// relays reads every heartbeat row, in relay id order
-// (gormstore.Store.Heartbeats).
-func (o *opsDB) relays(ctx context.Context) ([]relayRow, error) {
-	hs, err := o.store.Heartbeats(ctx)
-	if err != nil {
-		return nil, err
-	}
-	rows := make([]relayRow, len(hs))
-	for i, h := range hs {
-		rows[i] = relayRow(h)
-	}
-	return rows, nil
-}
+// held reports whether l is held at nowMs, as the relays count it.
+func held(l leaseRow, nowMs int64) bool { return l.Owner != nil && l.ExpiresAtMs > nowMs }
 
 // Relay states, as status and check show them.
 const (
@@ -167,10 +141,9 @@ const (
 	relaySilent  = "silent"  // no heartbeat within -lease-duration: crashed, stalled or cut off
 )
 
-// state is the relay's state at now (Unix ms) for the lease duration ld,
-// as the relays count each other: live while its heartbeat is newer than
-// ld and it has not stopped.
-func (r relayRow) state(nowMs int64, ld time.Duration) string {
+// relayState is r's state at nowMs for the lease duration ld, as the relays
+// count each other.
+func relayState(r relayRow, nowMs int64, ld time.Duration) string {
 	switch {
 	case r.StoppedAtMs != nil:
 		return relayStopped
@@ -178,15 +151,6 @@ func (r relayRow) state(nowMs int64, ld time.Duration) string {
 		return relayLive
 	}
 	return relaySilent
-}
-
-// bucketRows is what the messages table holds in one bucket.
-type bucketRows = gormstore.BucketBacklog
-
-// bucketRows counts the pending and parked rows of every bucket that has
-// any, with each one's oldest pending row (gormstore.Store.Backlog).
-func (o *opsDB) bucketRows(ctx context.Context) ([]bucketRows, error) {
-	return o.store.Backlog(ctx)
 }
 
 // ms returns Unix milliseconds as a UTC time.
@@ -201,7 +165,7 @@ func leaseText(l *leaseRow, now time.Time) string {
 	switch {
 	case l == nil || l.Owner == nil:
 		return "free"
-	case l.held(now.UnixMilli()):
+	case held(*l, now.UnixMilli()):
 		return "expires in " + age(ms(l.ExpiresAtMs), now)
 	}
 	return "expired " + ago(now, ms(l.ExpiresAtMs))
@@ -247,10 +211,18 @@ func bucketsNoun(buckets []int) string {
 	return "buckets " + bucketList(buckets)
 }
 
-// leaseDurationFlag declares -lease-duration for the commands that tell
-// live relays from silent ones: the relay's flag (name, default and
-// variable; status, check and rebucket read it from the environment too,
-// so that a relay pod's OUTBOX_LEASE_DURATION applies).
+// someBuckets is bucketsNoun with at most maxProblemBuckets ranges:
+// "buckets 0-3, 5, … (40 buckets)".
+func someBuckets(buckets []int) string {
+	s := bucketsNoun(buckets)
+	if parts := strings.Split(s, ", "); len(parts) > maxProblemBuckets {
+		s = strings.Join(parts[:maxProblemBuckets], ", ") + fmt.Sprintf(", … (%d buckets)", len(buckets))
+	}
+	return s
+}
+
+// leaseDurationFlag declares the relays' -lease-duration (status, check and
+// rebucket read it from the environment too, as a relay pod's).
 func leaseDurationFlag(fs *flag.FlagSet, c *adminConfig) {
 	durationVar(fs, &c.leaseDuration, "lease-duration", relay.DefaultLeaseDuration,
 		"the relays' -lease-duration: a relay whose last heartbeat is older, and that has not stopped, is silent (crashed, stalled or cut off)")

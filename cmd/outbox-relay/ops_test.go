@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -391,7 +392,7 @@ func TestStatusListsOnlyNotableBucketsOfALargeCount(t *testing.T) {
 	var leases []leaseRow
 	for b := range 100 {
 		if b != 42 {
-			leases = append(leases, leaseRow{Bucket: int64(b), Owner: ptr("relay-a"), ExpiresAtMs: testNow.Add(20 * time.Second).UnixMilli()})
+			leases = append(leases, leaseRow{Bucket: int32(b), Owner: ptr("relay-a"), ExpiresAtMs: testNow.Add(20 * time.Second).UnixMilli()})
 		}
 	}
 	rows := []bucketRows{{Bucket: 7, Pending: 3, Oldest: testNow.Add(-time.Second)}}
@@ -491,6 +492,8 @@ func TestOpsUsageErrorsExitTwoNamingTheFlag(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+func ptrValue(s *string) string { return *cmp.Or(s, new(string)) }
 
 func eqPtr[T comparable](a, b *T) bool { return (a == nil) == (b == nil) && (a == nil || *a == *b) }
 

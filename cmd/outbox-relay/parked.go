@@ -1,11 +1,8 @@
 package main
 
 // The subcommands, and the parked-row ones: parked, requeue and discard.
-// Every subcommand opens the relay's database with the relay's own database
-// flags (dbFlags) and exits; none starts the relay, the Kafka publisher or
-// the HTTP server. parked, requeue and discard work through the store's
-// relay.ParkAdmin; status, check and rebucket (status.go, check.go,
-// rebucket.go) read the outbox tables through GORM.
+// Every subcommand opens the relay's database with the relay's own
+// database flags (dbFlags) and exits; none publishes or serves HTTP.
 
 import (
 	"cmp"
@@ -20,9 +17,6 @@ import (
 	"strings"
 	"time"
 
-	"gorm.io/gorm"
-
-	"github.com/gorm-outbox/outbox/gormstore"
 	"github.com/gorm-outbox/outbox/relay"
 )
 
@@ -31,29 +25,17 @@ const defaultParkedLimit = 1000
 
 // subcommand is one command of the binary other than the relay.
 type subcommand struct {
-	name string
-	// args is the synopsis after the command name, before the flags.
-	args string
-	// summary is one line for the general usage.
-	summary string
-	// doc is the paragraph of the command's own usage.
-	doc string
-	// selector: the command takes -key, -key-hex, -id or -all.
-	selector bool
-	// readOnly: the command only reads. A SQLite database is opened
-	// read-only (mode=ro), so that a mistyped path fails instead of
-	// leaving an empty database file behind.
+	name    string
+	args    string // the synopsis after the name, before the flags
+	summary string // one line for the general usage
+	doc     string // the paragraph of the command's own usage
+	// readOnly: the command only reads; SQLite is opened read-only
+	// (mode=ro), so that a mistyped path fails instead of creating a file.
 	readOnly bool
-	// flags, when set, declares the command's own flags.
-	flags func(fs *flag.FlagSet, c *adminConfig)
-	// env names the command's own flags that are read from the
-	// environment as well (the database flags always are).
-	env []string
-	// check, when set, checks the command's own flags after parsing.
-	check func(fs *flag.FlagSet, c *adminConfig) error
-	// exit, when set, replaces the usual paragraph on exit codes.
-	exit string
-	run  func(ctx context.Context, e *adminEnv, c *adminConfig) int
+	flags    func(fs *flag.FlagSet, c *adminConfig)       // the command's own flags
+	check    func(fs *flag.FlagSet, c *adminConfig) error // after parsing, when set
+	exit     string                                       // replaces the usual paragraph on exit codes
+	run      func(ctx context.Context, e *adminEnv, c *adminConfig) int
 }
 
 // subcommands lists the commands in the order of the usage text.
@@ -72,31 +54,51 @@ and bucket (its rows, first id, oldest row's age, how long it has been
 parked and why), then the rows parked alone (keyless or corrupt) by id.
 Printable keys are quoted, others shown in hex; long keys are truncated
 (select them with -id FIRST_ID). Prints "no parked rows" when there are none.`,
+		flags: func(fs *flag.FlagSet, c *adminConfig) {
+			intVar(fs, &c.limit, "limit", defaultParkedLimit, "read at most this many parked rows (0: all)")
+			fs.BoolVar(&c.rows, "rows", false, "list every row instead of one line per key")
+			fs.BoolVar(&c.asJSON, "json", false, "print JSON: one object per line, per key (or per row with -rows), keys in base64 and as text")
+		},
+		check: func(_ *flag.FlagSet, c *adminConfig) error {
+			if c.limit < 0 {
+				return fmt.Errorf("-limit %d: must not be negative (0: no limit)", c.limit)
+			}
+			return nil
+		},
 		run: runParked,
 	},
 	{
-		name:     "requeue",
-		args:     "(-key TEXT | -key-hex HEX | -id N | -all)",
-		summary:  "publish parked rows again, in their original order",
-		selector: true,
+		name:    "requeue",
+		args:    "(-key TEXT | -key-hex HEX | -id N | -all)",
+		summary: "publish parked rows again, in their original order",
 		doc: `Clears the parked mark of the chosen rows: the relay publishes them again in
 id order, ahead of the later rows of their key. -key chooses every parked
 row of the key in every bucket; -id N chooses row N alone if it is keyless
 or corrupt, else every parked row of its key in its bucket; -all chooses
 every parked row. Fix the cause first (topic, ACLs, size limit), or the rows
 are parked again.`,
-		run: runRequeue,
+		flags: selectorFlags,
+		check: parseSelector,
+		run: func(ctx context.Context, e *adminEnv, c *adminConfig) int {
+			return runSelected(ctx, e, c, false)
+		},
 	},
 	{
-		name:     "discard",
-		args:     "(-key TEXT | -key-hex HEX | -id N | -all) -confirm",
-		summary:  "delete parked rows (never publishes them)",
-		selector: true,
+		name:    "discard",
+		args:    "(-key TEXT | -key-hex HEX | -id N | -all) -confirm",
+		summary: "delete parked rows (never publishes them)",
 		doc: `Deletes the chosen parked rows; their records are never published. Rows that
 are not parked are never deleted. The selectors are those of requeue.
 Without -confirm it deletes nothing: it shows the rows it would delete and
 exits 2.`,
-		run: runDiscard,
+		flags: func(fs *flag.FlagSet, c *adminConfig) {
+			selectorFlags(fs, c)
+			fs.BoolVar(&c.confirm, "confirm", false, "really delete (without it, show what would be deleted and exit 2)")
+		},
+		check: parseSelector,
+		run: func(ctx context.Context, e *adminEnv, c *adminConfig) int {
+			return runSelected(ctx, e, c, true)
+		},
 	},
 	rebucketCommand,
 }
@@ -111,18 +113,16 @@ func findSubcommand(name string) *subcommand {
 	return nil
 }
 
-// adminEnv is what a subcommand runs with. run passes the process's; tests
-// inject a fake store (open) and a fixed clock (now).
+// adminEnv is what a subcommand runs with: run passes the process's, tests
+// a fake store and fixed clocks.
 type adminEnv struct {
 	getenv         func(string) string
 	stdout, stderr io.Writer
 	// open returns the store's ParkAdmin on the database of c, and a
-	// function that closes it (never nil when the error is nil).
+	// function that closes it.
 	open func(ctx context.Context, c *dbConfig, log *slog.Logger) (relay.ParkAdmin, func(), error)
-	// now is the clock the ages are computed with.
-	now func() time.Time
-	// dbNow, when set, replaces the database's clock (gormstore.Store.Now)
-	// for status, check and rebucket: tests fix it.
+	now  func() time.Time // this host's clock
+	// dbNow, when set, replaces the database's clock (gormstore.Store.Now).
 	dbNow func(ctx context.Context) (time.Time, error)
 }
 
@@ -149,49 +149,35 @@ type adminConfig struct {
 	rehash        bool          // rebucket
 }
 
-// selectorFlags are the flags of a ParkedSelector, in the order of messages.
-var selectorFlags = []string{"key", "key-hex", "id", "all"}
+// selectorFlags declares the flags of a ParkedSelector.
+func selectorFlags(fs *flag.FlagSet, c *adminConfig) {
+	fs.Func("key", "choose the parked rows of this key, given as text, in every bucket", func(s string) error {
+		c.sel.Key = append([]byte{}, s...) // never nil: "" is the empty key
+		return nil
+	})
+	fs.Func("key-hex", "choose the parked rows of this key, given in hexadecimal (as parked shows a binary key: 0x optional), in every bucket", func(s string) error {
+		k, err := hex.DecodeString(strings.TrimPrefix(strings.TrimPrefix(s, "0x"), "0X"))
+		if err != nil {
+			return errors.New("not hexadecimal: want pairs of 0-9a-f, e.g. 6b6579 for the key \"key\"")
+		}
+		c.sel.Key = append([]byte{}, k...)
+		return nil
+	})
+	intVar(fs, &c.sel.ID, "id", 0, "choose parked row N: alone if keyless or corrupt, else with every parked row of its key in its bucket")
+	fs.BoolVar(&c.sel.All, "all", false, "choose every parked row")
+}
 
-// newSubcommandFlagSet declares sc's flags into c: its own, then the
-// database flags shared with the relay. Only the database flags are read
-// from the environment (see runSubcommand).
+// newSubcommandFlagSet declares sc's flags into c: the database flags
+// shared with the relay, and its own.
 func newSubcommandFlagSet(sc *subcommand, c *adminConfig) *flag.FlagSet {
 	fs := flag.NewFlagSet("outbox-relay "+sc.name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	dbFlags(fs, &c.dbConfig)
-	switch {
-	case sc.flags != nil:
-		sc.flags(fs, c)
-	case sc.name == "parked":
-		intVar(fs, &c.limit, "limit", defaultParkedLimit, "read at most this many parked rows (0: all)")
-		fs.BoolVar(&c.rows, "rows", false, "list every row instead of one line per key")
-		fs.BoolVar(&c.asJSON, "json", false, "print JSON: one object per line, per key (or per row with -rows), keys in base64 and as text")
-	case sc.selector:
-		fs.Func("key", "choose the parked rows of this key, given as text, in every bucket", func(s string) error {
-			c.sel.Key = append([]byte{}, s...) // never nil: "" is the empty key
-			return nil
-		})
-		fs.Func("key-hex", "choose the parked rows of this key, given in hexadecimal (as parked shows a binary key: 0x optional), in every bucket", func(s string) error {
-			k, err := hex.DecodeString(strings.TrimPrefix(strings.TrimPrefix(s, "0x"), "0X"))
-			if err != nil {
-				return errors.New("not hexadecimal: want pairs of 0-9a-f, e.g. 6b6579 for the key \"key\"")
-			}
-			c.sel.Key = append([]byte{}, k...) // never nil: "" is the empty key
-			return nil
-		})
-		int64Var(fs, &c.sel.ID, "id", 0, "choose parked row N: alone if keyless or corrupt, else with every parked row of its key in its bucket")
-		fs.BoolVar(&c.sel.All, "all", false, "choose every parked row")
-		if sc.name == "discard" {
-			fs.BoolVar(&c.confirm, "confirm", false, "really delete (without it, show what would be deleted and exit 2)")
-		}
-	}
+	sc.flags(fs, c)
 	return fs
 }
 
-// dbFlagNames returns the names of the flags dbFlags declares: with a
-// command's env, the only flags of a subcommand read from the environment
-// (a selector or -confirm in the environment could delete rows nobody
-// named on the command line).
+// dbFlagNames returns the names of the database flags.
 func dbFlagNames() map[string]bool {
 	fs := flag.NewFlagSet("", flag.ContinueOnError)
 	dbFlags(fs, &dbConfig{})
@@ -200,46 +186,28 @@ func dbFlagNames() map[string]bool {
 	return names
 }
 
-// envFlagNames returns the names of sc's flags read from the environment:
-// the database flags and sc.env.
-func envFlagNames(sc *subcommand) map[string]bool {
+// envFlagNames are the only flags of a subcommand read from the
+// environment, as a relay's pod sets them (a selector or -confirm there
+// could delete rows nobody named on the command line).
+var envFlagNames = func() map[string]bool {
 	names := dbFlagNames()
-	for _, name := range sc.env {
-		names[name] = true
-	}
+	names["lease-duration"] = true
 	return names
-}
+}()
 
 // parseSubcommand parses sc's command line and environment; errors are one
-// line naming the flag. It returns errHelp for -h.
+// line naming the flag, flag.ErrHelp for -h.
 func parseSubcommand(sc *subcommand, args []string, getenv func(string) string) (*adminConfig, error) {
 	c := &adminConfig{}
 	fs := newSubcommandFlagSet(sc, c)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil, errHelp
-		}
+	if err := parseFlags(fs, args, getenv, envFlagNames); err != nil {
 		if name, ok := strings.CutPrefix(err.Error(), "flag provided but not defined: "); ok {
 			return nil, fmt.Errorf("%s: not a flag of outbox-relay %s (it takes the database flags and its own only)", name, sc.name)
 		}
-		return nil, flagParseError(err)
-	}
-	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
-	}
-	if err := applyEnv(fs, getenv, envFlagNames(sc)); err != nil {
 		return nil, err
-	}
-	if sc.name == "parked" && c.limit < 0 {
-		return nil, fmt.Errorf("-limit %d: must not be negative (0: no limit)", c.limit)
 	}
 	if sc.check != nil {
 		if err := sc.check(fs, c); err != nil {
-			return nil, err
-		}
-	}
-	if sc.selector {
-		if err := c.parseSelector(fs, sc); err != nil {
 			return nil, err
 		}
 	}
@@ -248,11 +216,11 @@ func parseSubcommand(sc *subcommand, args []string, getenv func(string) string) 
 
 // parseSelector checks that exactly one selector flag was given and
 // describes it.
-func (c *adminConfig) parseSelector(fs *flag.FlagSet, sc *subcommand) error {
+func parseSelector(fs *flag.FlagSet, c *adminConfig) error {
 	given := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
 	var set []string
-	for _, name := range selectorFlags {
+	for _, name := range []string{"key", "key-hex", "id", "all"} {
 		if given[name] && !(name == "all" && !c.sel.All) { // -all=false chooses nothing
 			set = append(set, "-"+name)
 		}
@@ -289,7 +257,7 @@ func runSubcommand(ctx context.Context, name string, args []string, e *adminEnv)
 	}
 	sc := findSubcommand(name)
 	c, err := parseSubcommand(sc, args, e.getenv)
-	if errors.Is(err, errHelp) {
+	if errors.Is(err, flag.ErrHelp) {
 		subcommandUsage(e.stdout, sc)
 		return exitOK
 	}
@@ -303,19 +271,19 @@ func runSubcommand(ctx context.Context, name string, args []string, e *adminEnv)
 
 // runHelp prints the general usage, or a subcommand's.
 func runHelp(args []string, e *adminEnv) int {
-	switch {
-	case len(args) == 0 || len(args) == 1 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help"):
+	topic := strings.Join(args, " ")
+	switch sc := findSubcommand(topic); {
+	case len(args) == 0 || topic == "-h" || topic == "-help" || topic == "--help":
 		usage(e.stdout)
-		return exitOK
-	case len(args) == 1 && args[0] == "flags":
+	case topic == "flags":
 		flagsUsage(e.stdout)
-		return exitOK
-	case len(args) == 1 && findSubcommand(args[0]) != nil:
-		subcommandUsage(e.stdout, findSubcommand(args[0]))
-		return exitOK
+	case sc != nil:
+		subcommandUsage(e.stdout, sc)
+	default:
+		fmt.Fprintf(e.stderr, "outbox-relay help: unknown command %q: want %s (see outbox-relay -h)\n", topic, commandList())
+		return exitConfig
 	}
-	fmt.Fprintf(e.stderr, "outbox-relay help: unknown command %q: want %s (see outbox-relay -h)\n", strings.Join(args, " "), commandList())
-	return exitConfig
+	return exitOK
 }
 
 // commandList returns "parked, requeue or discard".
@@ -331,22 +299,18 @@ func commandList() string {
 // database flags with their environment variables.
 func subcommandUsage(w io.Writer, sc *subcommand) {
 	fmt.Fprintf(w, "Usage: outbox-relay %s %s [database flags]\n\n%s\n\n", sc.name, sc.args, sc.doc)
-	exit := sc.exit
-	if exit == "" {
-		exit = `Exit status: 0 done (also when no row matched); 2 bad usage or
+	exit := cmp.Or(sc.exit, `Exit status: 0 done (also when no row matched); 2 bad usage or
 configuration (one error line naming the flag, before any connection);
 1 a runtime failure (database unreachable, outbox tables missing, a store
-error, interrupted by SIGINT or SIGTERM).`
-	}
+error, interrupted by SIGINT or SIGTERM).`)
 	fmt.Fprintf(w, "%s Each statement is bounded by\n-statement-timeout. The relay's flags not listed here do not apply.\n\nFlags:\n", exit)
 	db := dbFlagNames()
-	env := envFlagNames(sc)
 	fs := newSubcommandFlagSet(sc, &adminConfig{})
 	fs.VisitAll(func(f *flag.Flag) {
 		switch {
 		case db[f.Name]:
-		case env[f.Name]:
-			fmt.Fprintf(w, "  -%s  [%s]\n    \t%s%s\n", f.Name, envName(f.Name), f.Usage, defaultNote(f))
+		case envFlagNames[f.Name]:
+			printFlag(w, f)
 		default:
 			fmt.Fprintf(w, "  -%s\n    \t%s%s\n", f.Name, f.Usage, defaultNote(f))
 		}
@@ -354,7 +318,7 @@ error, interrupted by SIGINT or SIGTERM).`
 	fmt.Fprintf(w, "\nDatabase flags, as the relay's (each also read from the variable beside it):\n")
 	fs.VisitAll(func(f *flag.Flag) {
 		if db[f.Name] {
-			fmt.Fprintf(w, "  -%s  [%s]\n    \t%s%s\n", f.Name, envName(f.Name), f.Usage, defaultNote(f))
+			printFlag(w, f)
 		}
 	})
 }
@@ -386,88 +350,15 @@ HTTP. Only requeue, discard and rebucket change anything.
 `)
 }
 
-// openStoreAdmin opens the database of c and returns gormstore's
-// ParkAdmin on it. Errors are runtime failures (exit 1).
-func openStoreAdmin(ctx context.Context, c *dbConfig, log *slog.Logger) (relay.ParkAdmin, func(), error) {
-	db, err := openDB(ctx, c, log)
-	closeDB := func() {
-		if db == nil {
-			return
-		}
-		if sqlDB, err := db.DB(); err == nil {
-			_ = sqlDB.Close()
-		}
-	}
+// connect opens the store's ParkAdmin for what, reporting a failure on
+// stderr.
+func (e *adminEnv) connect(ctx context.Context, what string, c *adminConfig) (relay.ParkAdmin, func(), bool) {
+	admin, closeFn, err := e.open(ctx, &c.dbConfig, e.logger())
 	if err != nil {
-		closeDB()
-		return nil, nil, fmt.Errorf("database unreachable (%s): %w", c.dbDriver, err)
-	}
-	admin, err := storeAdmin(ctx, db, c)
-	if err != nil {
-		closeDB()
-		return nil, nil, err
-	}
-	return admin, closeDB, nil
-}
-
-// storeAdmin checks that the outbox tables exist and returns the
-// relay.ParkAdmin of a gormstore.Store on db.
-func storeAdmin(ctx context.Context, db *gorm.DB, c *dbConfig) (relay.ParkAdmin, error) {
-	tctx, cancel := context.WithTimeout(ctx, cmp.Or(c.statementTimeout, gormstore.DefaultStatementTimeout))
-	err := checkOutboxTables(tctx, db, c)
-	cancel()
-	if err != nil {
-		return nil, err
-	}
-	store, err := gormstore.New(db, gormstore.Options{Config: c.outbox, StatementTimeout: c.statementTimeout})
-	if err != nil { // checked by parseSubcommand; not expected
-		return nil, err
-	}
-	admin, ok := any(store).(relay.ParkAdmin)
-	if !ok {
-		return nil, errors.New("this build's gormstore.Store cannot list, requeue or delete parked rows (it does not implement relay.ParkAdmin)")
-	}
-	return admin, nil
-}
-
-// connect opens the store for sc, reporting a failure on stderr.
-func (e *adminEnv) connect(ctx context.Context, sc string, c *adminConfig) (relay.ParkAdmin, func(), bool) {
-	log := slog.New(slog.NewTextHandler(e.stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	admin, closeFn, err := e.open(ctx, &c.dbConfig, log)
-	if err != nil {
-		e.fail(ctx, sc, err)
+		e.fail(ctx, what, err)
 		return nil, nil, false
 	}
 	return admin, closeFn, true
-}
-
-// fail reports a runtime failure of what (the command and its selector) on
-// stderr and returns exitFailure. An interruption says so: the outcome of a
-// statement cut short is unknown.
-func (e *adminEnv) fail(ctx context.Context, what string, err error) int {
-	if ctx.Err() != nil {
-		fmt.Fprintf(e.stderr, "outbox-relay %s: interrupted (%v); run outbox-relay parked to see what is parked now\n", what, context.Cause(ctx))
-		return exitFailure
-	}
-	fmt.Fprintf(e.stderr, "outbox-relay %s: %s\n", what, oneLine(err))
-	return exitFailure
-}
-
-// listParked returns up to limit parked rows (0: all), and whether there
-// were more.
-func listParked(ctx context.Context, admin relay.ParkAdmin, limit int) ([]relay.ParkedRow, bool, error) {
-	if limit <= 0 {
-		rows, err := admin.ListParked(ctx, 0)
-		return rows, false, err
-	}
-	rows, err := admin.ListParked(ctx, limit+1)
-	if err != nil {
-		return nil, false, err
-	}
-	if len(rows) > limit {
-		return rows[:limit], true, nil
-	}
-	return rows, false, nil
 }
 
 // runParked is the parked subcommand.
@@ -477,9 +368,17 @@ func runParked(ctx context.Context, e *adminEnv, c *adminConfig) int {
 		return exitFailure
 	}
 	defer closeFn()
-	rows, more, err := listParked(ctx, admin, c.limit)
+	n := c.limit
+	if n > 0 {
+		n++ // one more: are there more?
+	}
+	rows, err := admin.ListParked(ctx, n)
 	if err != nil {
 		return e.fail(ctx, "parked", err)
+	}
+	more := c.limit > 0 && len(rows) > c.limit
+	if more {
+		rows = rows[:c.limit]
 	}
 	now := e.now()
 	if len(rows) == 0 {
@@ -515,31 +414,18 @@ func runParked(ctx context.Context, e *adminEnv, c *adminConfig) int {
 	return exitOK
 }
 
-// runRequeue is the requeue subcommand.
-func runRequeue(ctx context.Context, e *adminEnv, c *adminConfig) int {
-	what := "requeue " + c.selDesc
+// runSelected is requeue, or with discard the discard subcommand.
+func runSelected(ctx context.Context, e *adminEnv, c *adminConfig, discard bool) int {
+	what, done, noun, act := "requeue "+c.selDesc, "requeued", "row", relay.ParkAdmin.RequeueParked
+	if discard {
+		what, done, noun, act = "discard "+c.selDesc, "deleted", "parked row", relay.ParkAdmin.DeleteParked
+	}
 	admin, closeFn, ok := e.connect(ctx, what, c)
 	if !ok {
 		return exitFailure
 	}
 	defer closeFn()
-	n, err := admin.RequeueParked(ctx, c.sel)
-	if err != nil {
-		return e.fail(ctx, what, err)
-	}
-	fmt.Fprintf(e.stdout, "requeued %s (%s)%s\n", plural(n, "row"), c.selDesc, noneMatched(n))
-	return exitOK
-}
-
-// runDiscard is the discard subcommand.
-func runDiscard(ctx context.Context, e *adminEnv, c *adminConfig) int {
-	what := "discard " + c.selDesc
-	admin, closeFn, ok := e.connect(ctx, what, c)
-	if !ok {
-		return exitFailure
-	}
-	defer closeFn()
-	if !c.confirm {
+	if discard && !c.confirm {
 		rows, err := admin.ListParked(ctx, 0)
 		if err != nil {
 			return e.fail(ctx, what, err)
@@ -554,11 +440,15 @@ func runDiscard(ctx context.Context, e *adminEnv, c *adminConfig) int {
 			what, plural(int64(len(chosen)), "parked row"))
 		return exitConfig
 	}
-	n, err := admin.DeleteParked(ctx, c.sel)
+	n, err := act(admin, ctx, c.sel)
 	if err != nil {
 		return e.fail(ctx, what, err)
 	}
-	fmt.Fprintf(e.stdout, "deleted %s (%s)%s\n", plural(n, "parked row"), c.selDesc, noneMatched(n))
+	none := ""
+	if n == 0 {
+		none = ": no parked row matched"
+	}
+	fmt.Fprintf(e.stdout, "%s %s (%s)%s\n", done, plural(n, noun), c.selDesc, none)
 	return exitOK
 }
 
@@ -568,11 +458,4 @@ func plural(n int64, noun string) string {
 		return "1 " + noun
 	}
 	return strconv.FormatInt(n, 10) + " " + noun + "s"
-}
-
-func noneMatched(n int64) string {
-	if n == 0 {
-		return ": no parked row matched"
-	}
-	return ""
 }

@@ -30,12 +30,7 @@ import (
 func TestParkedRowCommandsOnARealStore(t *testing.T) {
 	testenv.ForEachDB(t, nil, func(t *testing.T, db *gorm.DB) {
 		cfg := outbox.Config{BucketCount: 4, MessagesTable: "park_messages", LeasesTable: "park_leases", RelaysTable: "park_relays"}
-		if err := db.Use(outbox.Plugin{Config: cfg}); err != nil {
-			t.Fatal(err)
-		}
-		if err := outbox.AutoMigrate(db, cfg); err != nil {
-			t.Fatal(err)
-		}
+		useOutbox(t, db, cfg)
 		store, err := gormstore.New(db, gormstore.Options{Config: cfg})
 		if err != nil {
 			t.Fatal(err)

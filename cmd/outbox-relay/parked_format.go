@@ -1,13 +1,13 @@
 package main
 
-// Grouping and printing of parked rows for the parked and discard
-// subcommands.
+// Grouping and printing of parked rows (parked and discard).
 
 import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -28,26 +28,15 @@ const (
 // parked alone (keyless or corrupt).
 type parkedGroup struct {
 	Bucket int
-	// Alone: a keyless or corrupt row, which holds no other row.
-	Alone bool
-	// Rows in id order; Rows[0].ID is the group's first id.
-	Rows []relay.ParkedRow
-	// Head is the row whose reason and parked-at the group shows: the
-	// lowest-id row that is not held behind another (the held rows' reason
-	// only names it). Rows[0] if every row is held (the head was requeued
-	// or deleted while the rows were listed).
+	Alone  bool              // a keyless or corrupt row, which holds no other row
+	Rows   []relay.ParkedRow // in id order
+	// Head is the row whose reason and parked-at the group shows: the first
+	// row not held behind another, else Rows[0] (the head went meanwhile).
 	Head relay.ParkedRow
 }
 
 // isCorrupt reports whether r was parked because it cannot be decoded.
 func isCorrupt(r relay.ParkedRow) bool { return strings.HasPrefix(r.Reason, relay.CorruptReasonPrefix) }
-
-// isHeld reports whether r was parked behind an earlier row of its key.
-func isHeld(r relay.ParkedRow) bool { return strings.HasPrefix(r.Reason, relay.HeldReasonPrefix) }
-
-// parkedAlone reports whether r is parked by itself: it has no key, or it
-// is corrupt.
-func parkedAlone(r relay.ParkedRow) bool { return r.Key == nil || isCorrupt(r) }
 
 // groupParked groups rows (in ListParked's (bucket, id) order) per bucket
 // and key, each row parked alone in a group of its own, in the order of the
@@ -60,7 +49,7 @@ func groupParked(rows []relay.ParkedRow) []*parkedGroup {
 	var groups []*parkedGroup
 	index := map[groupKey]*parkedGroup{}
 	for _, r := range rows {
-		if parkedAlone(r) {
+		if r.Key == nil || isCorrupt(r) {
 			groups = append(groups, &parkedGroup{Bucket: r.Bucket, Alone: true, Rows: []relay.ParkedRow{r}})
 			continue
 		}
@@ -74,26 +63,15 @@ func groupParked(rows []relay.ParkedRow) []*parkedGroup {
 		g.Rows = append(g.Rows, r)
 	}
 	for _, g := range groups {
-		g.Head = g.Rows[0]
-		for _, r := range g.Rows {
-			if !isHeld(r) {
-				g.Head = r
-				break
-			}
-		}
+		i := slices.IndexFunc(g.Rows, func(r relay.ParkedRow) bool { return !strings.HasPrefix(r.Reason, relay.HeldReasonPrefix) })
+		g.Head = g.Rows[max(i, 0)]
 	}
 	return groups
 }
 
 // oldest returns the earliest created-at of g's rows.
 func (g *parkedGroup) oldest() time.Time {
-	t := g.Rows[0].CreatedAt
-	for _, r := range g.Rows[1:] {
-		if r.CreatedAt.Before(t) {
-			t = r.CreatedAt
-		}
-	}
-	return t
+	return slices.MinFunc(g.Rows, func(a, b relay.ParkedRow) int { return a.CreatedAt.Compare(b.CreatedAt) }).CreatedAt
 }
 
 // kind is "key", "keyless" or "corrupt".
@@ -107,29 +85,14 @@ func (g *parkedGroup) kind() string {
 	return "key"
 }
 
-// printable reports whether key is UTF-8 text of printable characters
-// (spaces included), shown quoted rather than in hex.
-func printable(key []byte) bool {
-	if !utf8.Valid(key) {
-		return false
-	}
-	for _, r := range string(key) {
-		if !unicode.IsPrint(r) {
-			return false
-		}
-	}
-	return true
-}
-
 // keyText returns key for display: (keyless) for nil, printable text
 // Go-quoted ("order-17"), anything else as 0x followed by hex. With max > 0
-// the text or the hex digits are cut to max characters, and an ellipsis
-// follows ("aaaa"…, 0x00ff…).
+// the text or the hex digits are cut to max characters ("aaaa"…, 0x00ff…).
 func keyText(key []byte, max int) string {
 	if key == nil {
 		return "(keyless)"
 	}
-	if printable(key) {
+	if utf8.Valid(key) && !strings.ContainsFunc(string(key), func(r rune) bool { return !unicode.IsPrint(r) }) {
 		s := string(key)
 		if max > 0 && utf8.RuneCountInString(s) > max {
 			return strconv.Quote(string([]rune(s)[:max])) + "…"
@@ -236,12 +199,10 @@ func writeRowsTable(w io.Writer, rows []relay.ParkedRow, now time.Time) error {
 
 // groupJSON is a parked key of a bucket, or a row parked alone, in -json.
 type groupJSON struct {
-	// Kind is "key", "keyless" or "corrupt" (the last two are one row).
-	Kind   string `json:"kind"`
+	Kind   string `json:"kind"` // key, keyless or corrupt (the last two are one row)
 	Bucket int    `json:"bucket"`
-	// KeyBase64 is the key (null when keyless); Key the same key as text
-	// when it is valid UTF-8, else null (keyless, or a binary key: read
-	// KeyBase64).
+	// KeyBase64 is the key (null when keyless); Key the same as text when it
+	// is valid UTF-8, else null.
 	KeyBase64        []byte    `json:"key_base64"`
 	Key              *string   `json:"key"`
 	Rows             int       `json:"rows"`

@@ -32,12 +32,7 @@ import (
 func TestWorkerPoolKeepsConnectionsForItsConcurrentStatements(t *testing.T) {
 	testenv.ForEachDB(t, nil, func(t *testing.T, db *gorm.DB) {
 		cfg := outbox.Config{BucketCount: 4, MessagesTable: "pool_messages", LeasesTable: "pool_leases", RelaysTable: "pool_relays"}
-		if err := db.Use(outbox.Plugin{Config: cfg}); err != nil {
-			t.Fatal(err)
-		}
-		if err := outbox.AutoMigrate(db, cfg); err != nil {
-			t.Fatal(err)
-		}
+		useOutbox(t, db, cfg)
 		broker := testenv.NewFake(t)
 		topic := testenv.Unique("pool-")
 		broker.CreateTopic(t, topic, 4, nil)

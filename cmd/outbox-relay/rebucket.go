@@ -5,11 +5,11 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -53,7 +53,6 @@ would do.`,
 		fs.BoolVar(&c.asJSON, "json", false, "print one JSON object: the checks, what changed (or would), and the counts")
 		leaseDurationFlag(fs, c)
 	},
-	env: []string{"lease-duration"},
 	check: func(fs *flag.FlagSet, c *adminConfig) error {
 		given := false
 		fs.Visit(func(f *flag.Flag) { given = given || f.Name == "to" })
@@ -124,12 +123,12 @@ func summarize(o *opsDB, st *gormstore.RebucketState, nowMs int64) *rebucketStat
 	sum := &rebucketState{held: map[string][]int{}, pending: st.Pending, parked: st.Parked}
 	for _, l := range st.Leases {
 		sum.buckets = append(sum.buckets, int(l.Bucket))
-		if l := (leaseRow{Bucket: int64(l.Bucket), Owner: l.Owner, ExpiresAtMs: l.ExpiresAtMs}); l.held(nowMs) {
+		if held(l, nowMs) {
 			sum.held[*l.Owner] = append(sum.held[*l.Owner], int(l.Bucket))
 		}
 	}
 	for _, h := range st.Heartbeats {
-		if relayRow(h).state(nowMs, o.c.leaseDuration) == relayLive {
+		if relayState(h, nowMs, o.c.leaseDuration) == relayLive {
 			sum.live = append(sum.live, h.RelayID)
 		}
 	}
@@ -143,6 +142,13 @@ func (st *rebucketState) checks(o *opsDB, c *adminConfig) (checks []rebucketChec
 		checks = append(checks, rebucketCheck{Check: check, OK: ok, Message: fmt.Sprintf(format, args...)})
 		refused = refused || !ok
 	}
+	forced := func(check, msg string) { // a live relay or a held lease
+		if c.force {
+			add(check, true, "%s; -force: proceeding", msg)
+		} else {
+			add(check, false, "%s: stop every relay first (step 3), or pass -force if you know they are gone", msg)
+		}
+	}
 	live := len(st.held) > 0 || len(st.live) > 0
 	rows := st.pending + st.parked
 	switch {
@@ -152,25 +158,15 @@ func (st *rebucketState) checks(o *opsDB, c *adminConfig) (checks []rebucketChec
 		add("leases", true, "no relay holds a lease (%s: free or expired)", plural(int64(len(st.buckets)), "lease row"))
 	default:
 		var holders []string
-		for _, owner := range sortedKeys(st.held) {
+		for _, owner := range slices.Sorted(maps.Keys(st.held)) {
 			holders = append(holders, fmt.Sprintf("%s holds %s", owner, someBuckets(st.held[owner])))
 		}
-		msg := strings.Join(holders, "; ")
-		if c.force {
-			add("leases", true, "%s; -force: proceeding", msg)
-		} else {
-			add("leases", false, "%s: stop every relay first (step 3), or pass -force if you know they are gone", msg)
-		}
+		forced("leases", strings.Join(holders, "; "))
 	}
 	if len(st.live) == 0 {
 		add("relays", true, "no relay is live (none has a heartbeat within -lease-duration %s)", durText(c.leaseDuration))
 	} else {
-		msg := fmt.Sprintf("%s (%s)", pluralRelays(len(st.live)), strings.Join(st.live, ", "))
-		if c.force {
-			add("relays", true, "%s; -force: proceeding", msg)
-		} else {
-			add("relays", false, "%s: stop every relay first (step 3), or pass -force if you know they are gone", msg)
-		}
+		forced("relays", fmt.Sprintf("%s (%s)", pluralRelays(len(st.live)), strings.Join(st.live, ", ")))
 	}
 	table := o.cfg.MessagesTableName()
 	held := fmt.Sprintf("%s holds %s (%d pending, %d parked)", table, plural(rows, "row"), st.pending, st.parked)
@@ -196,16 +192,16 @@ func runRebucket(ctx context.Context, e *adminEnv, c *adminConfig) int {
 	}
 	defer o.close()
 	clk, err := e.clock(ctx, o)
+	var state *gormstore.RebucketState
+	if err == nil {
+		state, err = o.store.RebucketState(ctx)
+	}
 	if err != nil {
-		return e.opsFail(ctx, what, err)
+		return e.fail(ctx, what, err)
 	}
 	nowMs := clk.now.UnixMilli()
 	rep := &rebucketReport{MessagesTable: o.cfg.MessagesTableName(), From: o.cfg.BucketCount, To: c.to, DatabaseTime: clk.now,
 		Confirmed: c.confirm, LeaseBucketsDeleted: []int{}}
-	state, err := o.store.RebucketState(ctx)
-	if err != nil {
-		return e.opsFail(ctx, what, err)
-	}
 	st := summarize(o, state, nowMs)
 	if !c.rehash && slices.Equal(st.buckets, seq(c.to)) {
 		rep.Unchanged, rep.Checks = true, []rebucketCheck{}
@@ -221,7 +217,7 @@ func runRebucket(ctx context.Context, e *adminEnv, c *adminConfig) int {
 		if errors.Is(err, errRefused) {
 			rep.Done = false // the checks, run again in the transaction, failed
 		} else if err != nil {
-			return e.opsFail(ctx, what, fmt.Errorf("%w (rolled back: nothing changed)", err))
+			return e.fail(ctx, what, fmt.Errorf("%w (rolled back: nothing changed)", err))
 		}
 	}
 	return e.printRebucket(ctx, what, c, rep)
@@ -229,16 +225,8 @@ func runRebucket(ctx context.Context, e *adminEnv, c *adminConfig) int {
 
 // printRebucket prints rep and returns rebucket's exit code.
 func (e *adminEnv) printRebucket(ctx context.Context, what string, c *adminConfig, rep *rebucketReport) int {
-	var err error
-	if c.asJSON {
-		enc := json.NewEncoder(e.stdout)
-		enc.SetIndent("", "  ")
-		err = enc.Encode(rep)
-	} else {
-		err = writeRebucket(e.stdout, rep)
-	}
-	if err != nil {
-		return e.opsFail(ctx, what, err)
+	if err := e.output(c, rep, func(w io.Writer) error { return writeRebucket(w, rep) }); err != nil {
+		return e.fail(ctx, what, err)
 	}
 	switch {
 	case rep.Unchanged:

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -40,16 +41,9 @@ func (f *opsFixture) messages(t *testing.T) []outbox.Message {
 func describeLeases(rows []leaseRow) string {
 	var parts []string
 	for _, l := range rows {
-		parts = append(parts, fmt.Sprintf("%d:%s", l.Bucket, cmpOr(ptrValue(l.Owner), "-")))
+		parts = append(parts, fmt.Sprintf("%d:%s", l.Bucket, cmp.Or(ptrValue(l.Owner), "-")))
 	}
 	return strings.Join(parts, " ")
-}
-
-func cmpOr(s, def string) string {
-	if s == "" {
-		return def
-	}
-	return s
 }
 
 const rebucketRefusedGolden = `rebucket rb_messages: 8 → 4 buckets, at 2025-03-01 12:00:00 UTC on the database's clock

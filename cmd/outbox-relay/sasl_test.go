@@ -3,15 +3,12 @@ package main
 import (
 	"fmt"
 	"net/http"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"gorm.io/driver/sqlite"
-	"gorm.io/gorm"
-	"gorm.io/gorm/logger"
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/internal/testenv"
@@ -47,23 +44,8 @@ func TestWorkerSASLSSL(t *testing.T) {
 	}
 	bin := buildWorker(t)
 
-	dsn := "file:" + filepath.Join(t.TempDir(), "outbox.db") + "?_busy_timeout=10000&_journal_mode=WAL&_txlock=immediate"
-	db, err := gorm.Open(sqlite.Open(dsn), &gorm.Config{Logger: logger.Discard})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if s, err := db.DB(); err == nil {
-			_ = s.Close()
-		}
-	})
-	cfg := outbox.Config{BucketCount: 4}
-	if err := db.Use(outbox.Plugin{Config: cfg}); err != nil {
-		t.Fatal(err)
-	}
-	if err := outbox.AutoMigrate(db, cfg); err != nil {
-		t.Fatal(err)
-	}
+	dsn := sqliteFile(t)
+	db := openOutboxDB(t, sqlite.Open(dsn), outbox.Config{BucketCount: 4})
 	topic := testenv.Unique("worker-sasl-")
 	b.CreateTopic(t, topic, 4)
 	const rows = 120
@@ -80,7 +62,7 @@ func TestWorkerSASLSSL(t *testing.T) {
 	}
 	pending := func() int64 {
 		var n int64
-		if err := db.Table(cfg.MessagesTableName()).Count(&n).Error; err != nil {
+		if err := db.Table(outbox.DefaultMessagesTable).Count(&n).Error; err != nil {
 			t.Fatalf("count: %v", err)
 		}
 		return n

@@ -5,7 +5,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -56,7 +55,6 @@ in a bucket outside -bucket-count. Parked rows are listed, not counted as unheal
 		fs.BoolVar(&c.allBuckets, "all-buckets", false, fmt.Sprintf("list every bucket (default: every bucket up to %d buckets, else those with rows or without a live owner)", statusAllBucketsUpTo))
 		leaseDurationFlag(fs, c)
 	},
-	env: []string{"lease-duration"},
 	check: func(_ *flag.FlagSet, c *adminConfig) error {
 		if c.maxAge < 0 {
 			return fmt.Errorf("-max-age %q: must not be negative (0: no age check)", c.maxAge.String())
@@ -122,8 +120,7 @@ type bucketStatus struct {
 	// LeaseExpiresInSeconds is negative for an expired lease.
 	LeaseExpiresInSeconds *int64 `json:"lease_expires_in_seconds"`
 
-	oldest time.Time
-	lease  *leaseRow
+	lease *leaseRow
 }
 
 // relayStatus is one relay of the heartbeat table, or a lease owner
@@ -139,8 +136,6 @@ type relayStatus struct {
 	Buckets []int `json:"buckets"`
 	// Parking is whether its heartbeat announces parking support.
 	Parking bool `json:"parking"`
-
-	lastSeen time.Time
 }
 
 // buildStatus assembles the report from the tables as read at clk.
@@ -159,7 +154,7 @@ func buildStatus(cfg outbox.Config, clk dbClock, ld, maxAge time.Duration, rows 
 	secondsPtr := func(d time.Duration) *int64 { s := int64(d / time.Second); return &s }
 	timePtr := func(t time.Time) *time.Time { return &t }
 	fill := func(b *bucketStatus, r bucketRows) {
-		b.Pending, b.Parked, b.oldest = r.Pending, r.Parked, r.Oldest
+		b.Pending, b.Parked = r.Pending, r.Parked
 		if r.Pending > 0 && !r.Oldest.IsZero() {
 			b.OldestCreatedAt = timePtr(r.Oldest)
 			b.OldestAgeSeconds = secondsPtr(max(now.Sub(r.Oldest), 0))
@@ -179,14 +174,13 @@ func buildStatus(cfg outbox.Config, clk dbClock, ld, maxAge time.Duration, rows 
 	var holdersOutside []string
 	for i := range leases {
 		l := &leases[i]
-		inside := l.Bucket >= 0 && l.Bucket < int64(n)
+		inside := l.Bucket >= 0 && int(l.Bucket) < n
 		var b *bucketStatus
 		if inside {
 			b = &rep.Buckets[l.Bucket]
 		} else {
-			// A lease row outside the count: a relay with another bucket
-			// count, or a wrong -bucket-count here. Listed with the rows
-			// outside, and a problem.
+			// A relay with another bucket count, or a wrong -bucket-count
+			// here: listed with the rows outside, and a problem.
 			leasesOutside = append(leasesOutside, int(l.Bucket))
 			j := slices.IndexFunc(rep.Outside, func(o bucketStatus) bool { return o.Bucket == int(l.Bucket) })
 			if j < 0 {
@@ -201,10 +195,8 @@ func buildStatus(cfg outbox.Config, clk dbClock, ld, maxAge time.Duration, rows 
 		}
 		b.Owner = l.Owner
 		b.LeaseExpiresAt = timePtr(ms(l.ExpiresAtMs))
-		in := ms(l.ExpiresAtMs).Sub(now)
-		s := int64(in / time.Second)
-		b.LeaseExpiresInSeconds = &s
-		if !l.held(nowMs) {
+		b.LeaseExpiresInSeconds = secondsPtr(ms(l.ExpiresAtMs).Sub(now))
+		if !held(*l, nowMs) {
 			b.Lease = "expired"
 			continue
 		}
@@ -223,10 +215,9 @@ func buildStatus(cfg outbox.Config, clk dbClock, ld, maxAge time.Duration, rows 
 	for _, r := range relays {
 		seen[r.RelayID] = true
 		rs := relayStatus{
-			ID: r.RelayID, State: r.state(nowMs, ld), LastSeenAt: timePtr(ms(r.LastSeenMs)),
+			ID: r.RelayID, State: relayState(r, nowMs, ld), LastSeenAt: timePtr(ms(r.LastSeenMs)),
 			LastSeenSecondsAgo: secondsPtr(max(now.Sub(ms(r.LastSeenMs)), 0)),
-			Buckets:            owned[r.RelayID], Parking: r.Features&outbox.RelayFeatureParking != 0,
-			lastSeen: ms(r.LastSeenMs),
+			Buckets:            append([]int{}, owned[r.RelayID]...), Parking: r.Features&outbox.RelayFeatureParking != 0,
 		}
 		if r.StoppedAtMs != nil {
 			rs.StoppedAt = timePtr(ms(*r.StoppedAtMs))
@@ -239,45 +230,33 @@ func buildStatus(cfg outbox.Config, clk dbClock, ld, maxAge time.Duration, rows 
 			rep.Relays = append(rep.Relays, relayStatus{ID: *b.Owner, State: "unknown", Buckets: owned[*b.Owner]})
 		}
 	}
-	for i := range rep.Relays {
-		if rep.Relays[i].Buckets == nil {
-			rep.Relays[i].Buckets = []int{}
-		}
-		switch rep.Relays[i].State {
-		case relayLive:
-			rep.Totals.RelaysLive++
-		case relaySilent:
-			rep.Totals.RelaysSilent++
-		case relayStopped:
-			rep.Totals.RelaysStopped++
-		}
+	states := map[string]int{}
+	for _, r := range rep.Relays {
+		states[r.State]++
 	}
+	rep.Totals.RelaysLive, rep.Totals.RelaysSilent, rep.Totals.RelaysStopped = states[relayLive], states[relaySilent], states[relayStopped]
 
 	// Totals and problems.
-	var oldest time.Time
 	var unowned, aged []int
 	oldestAged, oldestAgedBucket := time.Duration(0), 0
 	for _, b := range rep.Buckets {
 		rep.Totals.Pending += b.Pending
 		rep.Totals.Parked += b.Parked
-		if b.OldestCreatedAt != nil && (oldest.IsZero() || b.oldest.Before(oldest)) {
-			oldest = b.oldest
-			bucket := b.Bucket
-			rep.Totals.OldestBucket = &bucket
-		}
 		if b.Lease != "held" {
 			unowned = append(unowned, b.Bucket)
 		}
-		if a := now.Sub(b.oldest); maxAge > 0 && b.OldestCreatedAt != nil && a > maxAge {
+		if b.OldestCreatedAt == nil {
+			continue
+		}
+		if t := &rep.Totals; t.oldest.IsZero() || b.OldestCreatedAt.Before(t.oldest) {
+			t.oldest, t.OldestBucket, t.OldestAgeSeconds = *b.OldestCreatedAt, &b.Bucket, b.OldestAgeSeconds
+		}
+		if a := now.Sub(*b.OldestCreatedAt); maxAge > 0 && a > maxAge {
 			aged = append(aged, b.Bucket)
 			if a > oldestAged {
 				oldestAged, oldestAgedBucket = a, b.Bucket
 			}
 		}
-	}
-	if !oldest.IsZero() {
-		rep.Totals.oldest = oldest
-		rep.Totals.OldestAgeSeconds = secondsPtr(max(now.Sub(oldest), 0))
 	}
 	var buckets []int
 	var rowsOutside int64
@@ -314,16 +293,6 @@ func buildStatus(cfg outbox.Config, clk dbClock, ld, maxAge time.Duration, rows 
 	return rep
 }
 
-// someBuckets names buckets, at most maxProblemBuckets ranges of them:
-// "buckets 2, 5-7" or "buckets 0-3, 5, … (40 buckets)".
-func someBuckets(buckets []int) string {
-	s := bucketsNoun(buckets)
-	if parts := strings.Split(s, ", "); len(parts) > maxProblemBuckets {
-		s = strings.Join(parts[:maxProblemBuckets], ", ") + fmt.Sprintf(", … (%d buckets)", len(buckets))
-	}
-	return s
-}
-
 // runStatus is the status subcommand.
 func runStatus(ctx context.Context, e *adminEnv, c *adminConfig) int {
 	o, ok := e.openOps(ctx, "status", c, true)
@@ -331,32 +300,27 @@ func runStatus(ctx context.Context, e *adminEnv, c *adminConfig) int {
 		return exitFailure
 	}
 	defer o.close()
+	var rows []bucketRows
+	var leases []leaseRow
+	var relays []relayRow
 	clk, err := e.clock(ctx, o)
-	if err != nil {
-		return e.opsFail(ctx, "status", err)
+	if err == nil {
+		rows, err = o.store.Backlog(ctx)
 	}
-	rows, err := o.bucketRows(ctx)
-	if err != nil {
-		return e.opsFail(ctx, "status", err)
+	if err == nil {
+		leases, err = o.store.Leases(ctx)
 	}
-	leases, err := o.leases(ctx)
-	if err != nil {
-		return e.opsFail(ctx, "status", err)
+	if err == nil {
+		relays, err = o.store.Heartbeats(ctx)
 	}
-	relays, err := o.relays(ctx)
 	if err != nil {
-		return e.opsFail(ctx, "status", err)
+		return e.fail(ctx, "status", err)
 	}
 	rep := buildStatus(o.cfg, clk, c.leaseDuration, c.maxAge, rows, leases, relays)
-	if c.asJSON {
-		enc := json.NewEncoder(e.stdout)
-		enc.SetIndent("", "  ")
-		err = enc.Encode(rep)
-	} else {
-		err = writeStatus(e.stdout, rep, clk, c.allBuckets || o.cfg.BucketCount <= statusAllBucketsUpTo)
-	}
-	if err != nil {
-		return e.opsFail(ctx, "status", err)
+	if err := e.output(c, rep, func(w io.Writer) error {
+		return writeStatus(w, rep, clk, c.allBuckets || o.cfg.BucketCount <= statusAllBucketsUpTo)
+	}); err != nil {
+		return e.fail(ctx, "status", err)
 	}
 	if !rep.Healthy {
 		return exitFailure
@@ -384,7 +348,7 @@ func writeStatus(w io.Writer, rep *statusReport, clk dbClock, all bool) error {
 	line := func(b bucketStatus, lease string) {
 		oldest, owner := "-", "-"
 		if b.OldestCreatedAt != nil {
-			oldest = age(now, b.oldest)
+			oldest = age(now, *b.OldestCreatedAt)
 		}
 		if b.Owner != nil {
 			owner = *b.Owner
@@ -417,7 +381,7 @@ func writeStatus(w io.Writer, rep *statusReport, clk dbClock, all bool) error {
 		for _, r := range rep.Relays {
 			seen, state, buckets := "-", r.State, "-"
 			if r.LastSeenAt != nil {
-				seen = ago(now, r.lastSeen)
+				seen = ago(now, *r.LastSeenAt)
 			}
 			if r.StoppedAt != nil {
 				state = "stopped " + ago(now, *r.StoppedAt)

@@ -3,15 +3,12 @@ package main
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 	"gorm.io/driver/sqlite"
-	"gorm.io/gorm"
-	"gorm.io/gorm/logger"
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/internal/testenv"
@@ -30,23 +27,8 @@ func TestWorkerPublishesInKafkaTransactions(t *testing.T) {
 	if !ok {
 		broker = testenv.NewFake(t)
 	}
-	dsn := "file:" + filepath.Join(t.TempDir(), "outbox.db") + "?_busy_timeout=10000&_journal_mode=WAL&_txlock=immediate"
-	db, err := gorm.Open(sqlite.Open(dsn), &gorm.Config{Logger: logger.Discard})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if s, err := db.DB(); err == nil {
-			_ = s.Close()
-		}
-	})
-	cfg := outbox.Config{BucketCount: 4}
-	if err := db.Use(outbox.Plugin{Config: cfg}); err != nil {
-		t.Fatal(err)
-	}
-	if err := outbox.AutoMigrate(db, cfg); err != nil {
-		t.Fatal(err)
-	}
+	dsn := sqliteFile(t)
+	db := openOutboxDB(t, sqlite.Open(dsn), outbox.Config{BucketCount: 4})
 	topic := testenv.Unique("worker-txn-")
 	broker.CreateTopic(t, topic, 4, nil)
 	const rows = 120
@@ -103,7 +85,7 @@ func TestWorkerPublishesInKafkaTransactions(t *testing.T) {
 	}
 	eventually(t, "the messages table is empty", w.logs, func() bool {
 		var n int64
-		return db.Table(cfg.MessagesTableName()).Count(&n).Error == nil && n == 0
+		return db.Table(outbox.DefaultMessagesTable).Count(&n).Error == nil && n == 0
 	})
 	w.terminate(t)
 }

@@ -1,20 +1,11 @@
 package main
 
-import (
-	"fmt"
-	"io"
-	"runtime/debug"
-)
+import "runtime/debug"
 
-// libraryPath is the library module whose version the worker reports
-// beside its own.
-const libraryPath = "github.com/gorm-outbox/outbox"
-
-// buildVersion is what the binary knows of its build: its module version
-// (a tag, or a pseudo-version naming the VCS revision; "(devel)" when built
-// without version control), the library's version, the VCS revision and
-// the Go version. One source for `outbox-relay version`, the startup log
-// line and the go_build_info metric's labels.
+// buildVersion is what the binary knows of its build, for `outbox-relay
+// version` and the startup log line: its module version (a tag, a
+// pseudo-version, or "(devel)"), the library's, the VCS revision and the Go
+// version.
 type buildVersion struct {
 	version, library, revision, goVersion string
 }
@@ -27,7 +18,7 @@ func readBuildVersion() buildVersion {
 	}
 	v.version, v.goVersion = bi.Main.Version, bi.GoVersion
 	for _, d := range bi.Deps {
-		if d.Path == libraryPath {
+		if d.Path == "github.com/gorm-outbox/outbox" {
 			v.library = d.Version
 			if d.Replace != nil {
 				v.library = d.Replace.Path // a workspace or replace: a directory
@@ -36,13 +27,11 @@ func readBuildVersion() buildVersion {
 	}
 	modified := ""
 	for _, s := range bi.Settings {
-		switch s.Key {
-		case "vcs.revision":
+		switch {
+		case s.Key == "vcs.revision":
 			v.revision = s.Value
-		case "vcs.modified":
-			if s.Value == "true" {
-				modified = "+dirty"
-			}
+		case s.Key == "vcs.modified" && s.Value == "true":
+			modified = "+dirty"
 		}
 	}
 	if v.revision != "unknown" {
@@ -52,16 +41,10 @@ func readBuildVersion() buildVersion {
 }
 
 func (v buildVersion) String() string {
-	return fmt.Sprintf("outbox-relay %s (library %s, revision %s, %s)", v.version, v.library, v.revision, v.goVersion)
+	return "outbox-relay " + v.version + " (library " + v.library + ", revision " + v.revision + ", " + v.goVersion + ")"
 }
 
 // logAttrs are the startup log line's attributes.
 func (v buildVersion) logAttrs() []any {
 	return []any{"version", v.version, "library_version", v.library, "revision", v.revision, "go_version", v.goVersion}
-}
-
-// printVersion is `outbox-relay version` (and -version).
-func printVersion(w io.Writer) int {
-	fmt.Fprintln(w, readBuildVersion())
-	return exitOK
 }

@@ -119,16 +119,6 @@ func publishAsync(ctx context.Context, p *kafkapub.Publisher, batch ...*outbox.M
 	return ch
 }
 
-// partitionValues reads want records of topic's only partition.
-func partitionValues(t *testing.T, b testenv.Broker, topic string, want int) string {
-	t.Helper()
-	var got []string
-	for _, r := range b.ReadAll(t, topic, want, 10*time.Second) {
-		got = append(got, string(r.Value))
-	}
-	return strings.Join(got, ",")
-}
-
 // heldPartition is a publisher on a one-partition topic of the in-process
 // broker whose first produce request (the row "held", its Publish result in
 // first) the broker holds until h.release.
@@ -176,8 +166,8 @@ func TestPublish_calls_waiting_on_a_partition_share_one_request(t *testing.T) {
 	if got := h.requestSizes(); len(got) != 2 || got[0] != 1 || got[1] != 6 {
 		t.Errorf("produce requests carried %v records; want [1 6]: the three waiting calls in one request", got)
 	}
-	if g := partitionValues(t, b, topic, 7); g != "held,a1,a2,b1,c1,c2,c3" {
-		t.Errorf("partition holds %s; want held,a1,a2,b1,c1,c2,c3 (calls in order of arrival)", g)
+	if g := onPartitions(t, b, topic, 7)[0]; g != "held a1 a2 b1 c1 c2 c3" {
+		t.Errorf("partition holds %s; want held a1 a2 b1 c1 c2 c3 (calls in order of arrival)", g)
 	}
 }
 
@@ -200,8 +190,8 @@ func TestPublish_shared_request_rejected_for_one_record_fails_only_that_call_fro
 	if res := <-bad; res.Acknowledged != 1 || !errors.Is(res.Err, kafka.MessageSizeTooLarge) || !errors.Is(res.Err, relay.ErrUnpublishable) {
 		t.Errorf("culprit's Publish = %d acknowledged, %v; want 1, MessageSizeTooLarge and ErrUnpublishable", res.Acknowledged, res.Err)
 	}
-	if g := partitionValues(t, b, topic, 4); g != "held,a1,a2,b1" {
-		t.Errorf("partition holds %s; want held,a1,a2,b1 (nothing from the rejected row on)", g)
+	if g := onPartitions(t, b, topic, 4)[0]; g != "held a1 a2 b1" {
+		t.Errorf("partition holds %s; want held a1 a2 b1 (nothing from the rejected row on)", g)
 	}
 }
 
@@ -229,7 +219,7 @@ func TestPublish_call_that_stopped_waiting_sends_nothing(t *testing.T) {
 	if got := h.requestSizes(); len(got) != 2 || got[1] != 1 {
 		t.Errorf("produce requests carried %v records; want [1 1]: the cancelled call's row not sent", got)
 	}
-	if g := partitionValues(t, b, topic, 2); g != "held,next" {
-		t.Errorf("partition holds %s; want held,next", g)
+	if g := onPartitions(t, b, topic, 2)[0]; g != "held next" {
+		t.Errorf("partition holds %s; want held next", g)
 	}
 }

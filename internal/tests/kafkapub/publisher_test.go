@@ -8,8 +8,8 @@ import (
 	"fmt"
 	"maps"
 	"math/rand/v2"
-	"net"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -24,7 +24,6 @@ import (
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/internal/testenv"
 	"github.com/gorm-outbox/outbox/kafkapub"
-	"github.com/gorm-outbox/outbox/relay"
 )
 
 // newTopic creates a fresh topic named after the test on b.
@@ -313,37 +312,6 @@ func TestKafkaPublisher_round_trips_records(t *testing.T) {
 	})
 }
 
-// countingTransport is a kafka.RoundTripper that counts the requests it
-// passes to a kafka.Transport.
-type countingTransport struct {
-	inner *kafka.Transport
-	n     atomic.Int64
-}
-
-func (c *countingTransport) RoundTrip(ctx context.Context, addr net.Addr, req kafka.Request) (kafka.Response, error) {
-	c.n.Add(1)
-	return c.inner.RoundTrip(ctx, addr, req)
-}
-
-// TestKafkaPublisher_accepts_any_round_tripper: Config.Transport takes
-// any kafka.RoundTripper, not only a *kafka.Transport, and every request of
-// the publisher goes through it.
-func TestKafkaPublisher_accepts_any_round_tripper(t *testing.T) {
-	testenv.ForEachBroker(t, func(t *testing.T, b testenv.Broker) {
-		topic := newTopic(t, b, 2, nil)
-		rt := &countingTransport{inner: &kafka.Transport{}}
-		t.Cleanup(rt.inner.CloseIdleConnections)
-		p := newPublisher(t, b, kafkapub.Config{Transport: rt})
-		batch := []*outbox.Message{msg(topic, "a", "1"), msg(topic, "b", "2")}
-		if res := p.Publish(context.Background(), batch); res.Acknowledged != len(batch) || res.Err != nil {
-			t.Fatalf("Publish = %+v; want %d acknowledged", res, len(batch))
-		}
-		if rt.n.Load() == 0 {
-			t.Fatal("no request went through Config.Transport")
-		}
-	})
-}
-
 func TestKafkaPublisher_stamps_configured_message_id_header(t *testing.T) {
 	b := testenv.NewFake(t)
 	topic := newTopic(t, b, 1, nil)
@@ -465,13 +433,10 @@ func TestKafkaPublisher_stops_failed_partition_while_others_proceed(t *testing.T
 			if !strings.Contains(res.Err.Error(), batch[tt.wantAck].MessageID.String()) {
 				t.Errorf("error %q does not name row %d", res.Err, tt.wantAck)
 			}
-			onPart := map[int][]string{}
-			for _, r := range b.ReadAll(t, topic, 4+len(tt.wantOnP1), 10*time.Second) {
-				onPart[r.Partition] = append(onPart[r.Partition], string(r.Value))
-			}
+			onPart := onPartitions(t, b, topic, 4+len(tt.wantOnP1))
 			want := map[int]string{0: "r0 r5", 1: strings.Join(tt.wantOnP1, " "), 2: "r2 r7"}
 			for part, w := range want {
-				if got := strings.Join(onPart[part], " "); got != w {
+				if got := onPart[part]; got != w {
 					t.Errorf("partition %d holds %q; want %q", part, got, w)
 				}
 			}
@@ -495,12 +460,9 @@ func TestKafkaPublisher_fails_row_above_batch_bytes_without_failing_earlier_rows
 	if res.Acknowledged != 2 || !errors.Is(res.Err, kafka.MessageSizeTooLarge) {
 		t.Fatalf("Publish = %d acknowledged, %v; want 2, MessageSizeTooLarge", res.Acknowledged, res.Err)
 	}
-	onPart := map[int][]string{}
-	for _, r := range b.ReadAll(t, topic, 4, 10*time.Second) {
-		onPart[r.Partition] = append(onPart[r.Partition], string(r.Value))
-	}
+	onPart := onPartitions(t, b, topic, 4)
 	for part, w := range map[int]string{0: "a0 a1", 1: "b0 b1"} {
-		if g := strings.Join(onPart[part], " "); g != w {
+		if g := onPart[part]; g != w {
 			t.Errorf("partition %d holds %q; want %q", part, g, w)
 		}
 	}
@@ -525,7 +487,10 @@ func TestKafkaPublisher_sends_large_batch_in_a_handful_of_requests(t *testing.T)
 	}
 }
 
-func TestKafkaPublisher_chunks_partition_in_order_beyond_max_batch_records(t *testing.T) {
+// A partition's rows beyond MaxBatchRecords go in several requests, in
+// order; once one of them fails, no later row of the call goes to the
+// partition, where it would land ahead of the failed rows' retry.
+func TestKafkaPublisher_chunks_partition_in_order_and_stops_it_at_a_failed_request(t *testing.T) {
 	b := testenv.NewFake(t)
 	topic := newTopic(t, b, 1, nil)
 	p := newPublisher(t, b, kafkapub.Config{MaxBatchRecords: 4})
@@ -540,12 +505,22 @@ func TestKafkaPublisher_chunks_partition_in_order_beyond_max_batch_records(t *te
 	if n := produces.Hits(); n != 3 {
 		t.Errorf("10 rows with MaxBatchRecords 4 took %d produce requests; want 3", n)
 	}
-	var got []string
-	for _, r := range b.ReadAll(t, topic, 10, 10*time.Second) {
-		got = append(got, string(r.Value))
+
+	var seen []kmsg.Request // When runs on the broker's goroutine alone
+	b.Fake.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Err: kerr.NotEnoughReplicas, When: func(r kmsg.Request) bool {
+		if !slices.Contains(seen, r) {
+			seen = append(seen, r)
+		}
+		return len(seen) == 2 // the second request of the next call
+	}})
+	if res := p.Publish(context.Background(), batch); res.Acknowledged != 4 || !errors.Is(res.Err, kafka.NotEnoughReplicas) {
+		t.Fatalf("Publish with its second request failing = %d acknowledged, %v; want 4, NotEnoughReplicas", res.Acknowledged, res.Err)
 	}
-	if g := strings.Join(got, ","); g != "0,1,2,3,4,5,6,7,8,9" {
-		t.Errorf("partition holds %s; want 0..9 in order", g)
+	if n := produces.Hits() - 3; n != 2 {
+		t.Errorf("the call took %d produce requests; want 2: none after the failed one", n)
+	}
+	if g := onPartitions(t, b, topic, 14)[0]; g != "0 1 2 3 4 5 6 7 8 9 0 1 2 3" {
+		t.Errorf("partition holds %s; want 0..9 in order, then 0..3", g)
 	}
 }
 
@@ -553,68 +528,24 @@ func TestKafkaPublisher_reports_only_acknowledged_rows_on_cancel(t *testing.T) {
 	b := testenv.NewFake(t)
 	topic := newTopic(t, b, 1, nil)
 	p := newPublisher(t, b, kafkapub.Config{})
-
-	entered := make(chan struct{})
-	wake := make(chan struct{})
-	b.Fake.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
-		b.Fake.DropControl() // only the first produce request
-		close(entered)
-		b.Fake.SleepControl(func() { <-wake })
-		return nil, nil, false // let the broker append it
-	})
+	h := holdFirstProduce(t, b)
 	ctx, cancel := context.WithCancel(context.Background())
-	stuck := msg(topic, "k", "stuck")
-	done := make(chan relay.Result, 1)
-	go func() { done <- p.Publish(ctx, []*outbox.Message{stuck, msg(topic, "k", "next")}) }()
-	<-entered
+	done := publishAsync(ctx, p, msg(topic, "k", "stuck"), msg(topic, "k", "next"))
+	<-h.entered
 	cancel()
-	res := <-done
-	if res.Acknowledged != 0 || !errors.Is(res.Err, context.Canceled) {
+	if res := <-done; res.Acknowledged != 0 || !errors.Is(res.Err, context.Canceled) {
 		t.Fatalf("Publish after cancel = %+v; want 0 acknowledged, context.Canceled", res)
 	}
 
-	// The handed-over record may still land; a later call on the same
-	// partition waits for it and comes after it.
-	later := make(chan relay.Result, 1)
-	go func() { later <- p.Publish(context.Background(), []*outbox.Message{msg(topic, "k", "later")}) }()
-	close(wake)
+	// The handed-over records may still land; a later call on the same
+	// partition waits for them and comes after them.
+	later := publishAsync(context.Background(), p, msg(topic, "k", "later"))
+	h.release()
 	if res := <-later; res.Err != nil {
 		t.Fatalf("later Publish = %+v", res)
 	}
-	var got []string
-	for _, r := range b.ReadAll(t, topic, 3, 10*time.Second) {
-		got = append(got, string(r.Value))
-	}
-	if g := strings.Join(got, ","); g != "stuck,next,later" {
-		t.Errorf("partition holds %s; want stuck,next,later", g)
-	}
-}
-
-func TestKafkaPublisher_fails_after_close(t *testing.T) {
-	b := testenv.NewFake(t)
-	p, err := kafkapub.New(kafkapub.Config{Brokers: b.Addrs})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := p.Close(); err != nil {
-		t.Fatalf("Close = %v", err)
-	}
-	if err := p.Close(); err != nil {
-		t.Fatalf("second Close = %v; want nil", err)
-	}
-	res := p.Publish(context.Background(), []*outbox.Message{msg("t", "k", "v")})
-	if res.Acknowledged != 0 || !errors.Is(res.Err, kafkapub.ErrClosed) {
-		t.Fatalf("Publish after Close = %+v; want ErrClosed", res)
-	}
-}
-
-func TestKafkaPublisher_fails_unknown_partition(t *testing.T) {
-	b := testenv.NewFake(t)
-	topic := newTopic(t, b, 2, nil)
-	p := newPublisher(t, b, kafkapub.Config{})
-	res := p.Publish(context.Background(), []*outbox.Message{msg(topic, "k", "ok", 1), msg(topic, "k", "bad", 7)})
-	if res.Acknowledged != 1 || !errors.Is(res.Err, kafka.UnknownTopicOrPartition) {
-		t.Fatalf("Publish = %d, %v; want 1, UnknownTopicOrPartition", res.Acknowledged, res.Err)
+	if g := onPartitions(t, b, topic, 3)[0]; g != "stuck next later" {
+		t.Errorf("partition holds %s; want stuck next later", g)
 	}
 }
 
@@ -634,11 +565,7 @@ func TestKafkaPublisher_acknowledges_rows_before_a_row_the_broker_rejects(t *tes
 		if res.Acknowledged != 3 || !errors.Is(res.Err, kafka.MessageSizeTooLarge) {
 			t.Fatalf("Publish = %d acknowledged, %v; want 3, MessageSizeTooLarge", res.Acknowledged, res.Err)
 		}
-		var got []string
-		for _, r := range b.ReadAll(t, topic, 3, 10*time.Second) {
-			got = append(got, string(r.Value))
-		}
-		if g := strings.Join(got, ","); g != "1,2,3" {
+		if g := onPartitions(t, b, topic, 3)[0]; g != "1 2 3" {
 			t.Errorf("partition holds %s; want 1,2,3 (nothing after the rejected row)", g)
 		}
 	})
