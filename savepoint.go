@@ -39,25 +39,13 @@ func parseSavepoint(sql string, caseSensitiveQuoted bool) (op int, name string, 
 	if !quoted || !caseSensitiveQuoted {
 		name = strings.ToLower(name)
 	}
-	is := func(want ...string) bool {
-		if len(words) != len(want) {
-			return false
-		}
-		for i := range want {
-			if !strings.EqualFold(words[i], want[i]) {
-				return false
-			}
-		}
-		return true
-	}
-	switch {
-	case is("SAVEPOINT"):
+	switch strings.ToUpper(strings.Join(words, " ")) {
+	case "SAVEPOINT":
 		return opSavepoint, name, true
-	case is("ROLLBACK", "TO"), is("ROLLBACK", "TO", "SAVEPOINT"),
-		is("ROLLBACK", "WORK", "TO"), is("ROLLBACK", "WORK", "TO", "SAVEPOINT"),
-		is("ROLLBACK", "TRANSACTION", "TO"), is("ROLLBACK", "TRANSACTION", "TO", "SAVEPOINT"):
+	case "ROLLBACK TO", "ROLLBACK TO SAVEPOINT", "ROLLBACK WORK TO", "ROLLBACK WORK TO SAVEPOINT",
+		"ROLLBACK TRANSACTION TO", "ROLLBACK TRANSACTION TO SAVEPOINT":
 		return opRollbackTo, name, true
-	case is("RELEASE"), is("RELEASE", "SAVEPOINT"):
+	case "RELEASE", "RELEASE SAVEPOINT":
 		return opRelease, name, true
 	}
 	return 0, "", false
@@ -66,12 +54,10 @@ func parseSavepoint(sql string, caseSensitiveQuoted bool) (op int, name string, 
 // splitSavepoint splits a statement into its leading keywords and its last
 // token (the savepoint name, quoted or not).
 func splitSavepoint(sql string) (words []string, name string, ok bool) {
-	s := strings.TrimSpace(sql)
-	s = strings.TrimSpace(strings.TrimSuffix(s, ";"))
+	s := strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(sql), ";"))
 	if len(s) > 512 || s == "" {
 		return nil, "", false
 	}
-	// The name is the last token: a quoted identifier or a bare word.
 	switch q := s[len(s)-1]; q {
 	case '"', '`':
 		i := len(s) - 2
