@@ -40,14 +40,12 @@ type ProcessedMessage struct {
 }
 
 // ExactString is text the database compares byte for byte, as a message id
-// must be: varchar on PostgreSQL, text on SQLite, and varbinary on MySQL and
-// MariaDB, whose default collations ignore case and trailing spaces (they
-// would take "Order-1" for a duplicate of "order-1").
+// must be: on MySQL and MariaDB varbinary, as their default collations
+// ignore case and trailing spaces.
 type ExactString string
 
 // GormDBDataType gives the column type per database: varchar(size) on
-// PostgreSQL, varbinary(size) on MySQL/MariaDB, text on SQLite, for the
-// field's size tag.
+// PostgreSQL, varbinary(size) on MySQL/MariaDB, text on SQLite.
 func (ExactString) GormDBDataType(db *gorm.DB, f *schema.Field) string {
 	size := strconv.Itoa(f.Size)
 	switch db.Dialector.Name() {
@@ -71,17 +69,13 @@ func (ProcessedMessage) TableName() string { return DefaultTable }
 // is: GORM's NamingStrategy (a TablePrefix, say) does not apply.
 type Config struct {
 	// Schema optionally qualifies the table name (a PostgreSQL schema, a
-	// MySQL database, an attached SQLite database). Empty means the
-	// connection's default.
+	// MySQL database, an attached SQLite database).
 	Schema string
-	// Table is the processed-messages table. Empty means DefaultTable
-	// ("inbox_processed_messages").
+	// Table is the processed-messages table; empty means DefaultTable.
 	Table string
 }
 
-// identifier is what a table or schema name may be, as in package outbox:
-// letters, digits and underscores, not starting with a digit, at most 63
-// characters (the PostgreSQL limit).
+// identifier is what a table or schema name may be, as in package outbox.
 var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
 
 // WithDefaults returns c with every zero field replaced by its default.
@@ -123,9 +117,7 @@ func AutoMigrate(db *gorm.DB, cfg Config) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	if cfg.Schema != "" && db.Dialector.Name() == "sqlite" {
-		// As for the outbox tables: gorm's sqlite migrator qualifies the
-		// indexed table, not the index name, which SQLite rejects.
+	if cfg.Schema != "" && db.Dialector.Name() == "sqlite" { // as outbox.AutoMigrate
 		return fmt.Errorf("inbox: AutoMigrate with Config.Schema %q is not supported on SQLite; apply migrations/inbox/sqlite.sql inside the attached database instead", cfg.Schema)
 	}
 	table := cfg.TableName()
