@@ -21,14 +21,12 @@ const maxPendingBuckets = 1024
 const DefaultSendBackoff = time.Second
 
 // Sender is an outbox notifier for processes that write outbox rows but run
-// no relay (writers scaled apart from cmd/outbox-relay workers): give it to
-// outbox.Plugin, and it broadcasts the committed bucket ids over the
-// Transport so that the owning relays wake at once. A process that runs a
-// relay does not need it: relay.Options.HintTransport already sends.
+// no relay: give it to outbox.Plugin, and it broadcasts the committed bucket
+// ids over the Transport so that the owning relays wake at once (a relay's
+// process needs none: relay.Options.HintTransport sends).
 //
-// Notifications never block and never fail the commit: they are coalesced
-// (a set of bucket ids, or "unknown" once more than 1,024 are pending) and
-// sent by Run's goroutine. Hints are advisory; the relays still poll.
+// Notifications never block nor fail the commit: they are coalesced (into
+// "unknown" past 1,024 pending buckets) and sent by Run's goroutine.
 type Sender struct {
 	t       *Transport
 	opts    SenderOptions
@@ -42,8 +40,8 @@ type Sender struct {
 
 // SenderOptions configures a Sender. The zero value means the defaults.
 type SenderOptions struct {
-	// Backoff is the wait after a failed send (the failed batch is dropped).
-	// Zero means DefaultSendBackoff (1s).
+	// Backoff is the wait after a failed send, whose batch is dropped. Zero
+	// means DefaultSendBackoff.
 	Backoff time.Duration
 	// Logger receives send failures. Nil means slog.Default().
 	Logger *slog.Logger
@@ -111,12 +109,9 @@ func (s *Sender) take(dst []int) []int {
 	return dst
 }
 
-// Run sends the pending hints until ctx is done, and then returns nil, as
-// relay.Relay.Run does after a clean stop.
-// A failed send drops its batch, is logged (at WARN the first time, then
-// the same error at most once a minute, DEBUG in between), and waits
-// Backoff. Hints
-// recorded after Run returned are never sent.
+// Run sends the pending hints until ctx is done, and returns nil then. A
+// failed send drops its batch, is logged (WARN at most once a minute for
+// the same error) and waits Backoff.
 func (s *Sender) Run(ctx context.Context) error {
 	var buf []int
 	for {
