@@ -11,16 +11,9 @@ import (
 	"github.com/gorm-outbox/outbox/internal/testenv"
 )
 
-// forEachDBAndBroker runs f as subtests named <database>_<broker>: every
-// database with the in-process broker and, on PostgreSQL, also with the
-// real broker when the environment names one.
-func forEachDBAndBroker(t *testing.T, f func(t *testing.T, o testenv.Opener, b testenv.Broker)) {
-	t.Helper()
-	forEachPairing(t, false, f)
-}
-
-// forEachPairing is forEachDBAndBroker, with the real broker on every
-// database when everyDB is set.
+// forEachPairing runs f as subtests named <database>_<broker>: every
+// database with the in-process broker and, on PostgreSQL (every database
+// when everyDB is set), with the real broker when the environment names one.
 func forEachPairing(t *testing.T, everyDB bool, f func(t *testing.T, o testenv.Opener, b testenv.Broker)) {
 	t.Helper()
 	for _, o := range testenv.Databases(t) {
@@ -41,9 +34,7 @@ func forEachPairing(t *testing.T, everyDB bool, f func(t *testing.T, o testenv.O
 // produce writes msgs to topic, each to its Partition.
 func produce(t testing.TB, b testenv.Broker, topic string, msgs ...kafka.Message) {
 	t.Helper()
-	// A transport of its own: kafka-go's shared default caches metadata, in
-	// which a topic created a moment ago may not exist yet.
-	tr := &kafka.Transport{}
+	tr := &kafka.Transport{} // its own: the default caches metadata
 	defer tr.CloseIdleConnections()
 	w := &kafka.Writer{
 		Addr:         kafka.TCP(b.Addrs...),

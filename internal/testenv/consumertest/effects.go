@@ -22,22 +22,16 @@ import (
 	"github.com/gorm-outbox/outbox/relay"
 )
 
-// RunEffects is the effects audit, end to end, in the consumer's
-// database: writers commit business rows with outbox messages (every
-// seventh transaction rolled back), relays publish them (in the default
-// mode through a publisher that loses every third acknowledgement, so
-// that rows are published twice; in fenced mode in Kafka transactions),
-// and consumers of c apply one effect per message: a per-key counter and
-// a per-key log row. Meanwhile a relay stops and another takes its
-// buckets over, and a consumer stops and leaves the group (a rebalance).
-// The audit: every committed row has exactly one effect, no rolled-back
-// row has one, each key's effects are in commit order, and each key's
-// counter equals its committed rows. It is the in-process variant: no
-// zombie relay stalled inside a transaction, no process kills, no broker
-// pause, no database kill (the effects run of cmd/internal/chaos has them,
-// with relay and consumer processes: see CHAOS.md). It runs on every
-// database with the in-process broker and, when the environment names one,
-// the real broker.
+// RunEffects is the effects audit, end to end: writers commit business rows
+// with outbox messages (every seventh transaction rolled back), relays
+// publish them (in the default mode through a publisher that loses every
+// third acknowledgement; in fenced mode in Kafka transactions), and
+// consumers of c apply one effect per message (a per-key counter and log
+// row), while a relay stops and a consumer leaves the group. Every
+// committed row must have exactly one effect, no rolled-back row one, each
+// key's effects in commit order and counter right. It is the in-process
+// variant of cmd/internal/chaos's effects run (CHAOS.md), on every database
+// and broker.
 func RunEffects(t *testing.T, c Client) {
 	forEachPairing(t, true, func(t *testing.T, o testenv.Opener, b testenv.Broker) {
 		for _, fenced := range []bool{false, true} {
@@ -148,20 +142,7 @@ func effectsRun(t *testing.T, c Client, o testenv.Opener, b testenv.Broker, fenc
 		if err != nil {
 			t.Fatal(err)
 		}
-		rctx, rcancel := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() { done <- rl.Run(rctx) }()
-		var once sync.Once
-		stop = func() {
-			once.Do(func() {
-				rcancel()
-				if err := <-done; err != nil {
-					t.Errorf("relay %s: Run = %v", id, err)
-				}
-			})
-		}
-		t.Cleanup(stop)
-		return stop
+		return start(t, ctx, id, rl.Run)
 	}
 
 	// The consuming service's database.
