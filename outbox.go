@@ -43,6 +43,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -99,18 +100,10 @@ var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
 
 // WithDefaults returns c with every zero field replaced by its default.
 func (c Config) WithDefaults() Config {
-	if c.BucketCount == 0 {
-		c.BucketCount = DefaultBucketCount
-	}
-	if c.MessagesTable == "" {
-		c.MessagesTable = DefaultMessagesTable
-	}
-	if c.LeasesTable == "" {
-		c.LeasesTable = DefaultLeasesTable
-	}
-	if c.RelaysTable == "" {
-		c.RelaysTable = DefaultRelaysTable
-	}
+	c.BucketCount = cmp.Or(c.BucketCount, DefaultBucketCount)
+	c.MessagesTable = cmp.Or(c.MessagesTable, DefaultMessagesTable)
+	c.LeasesTable = cmp.Or(c.LeasesTable, DefaultLeasesTable)
+	c.RelaysTable = cmp.Or(c.RelaysTable, DefaultRelaysTable)
 	return c
 }
 

@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"fmt"
@@ -27,11 +28,8 @@ type notifyState struct {
 }
 
 func newNotifyState(n CommitNotifier, logger *slog.Logger) *notifyState {
-	if logger == nil {
-		logger = slog.Default()
-	}
 	_, inline := n.(NonBlocking)
-	return &notifyState{notifier: n, inline: inline, logger: logger}
+	return &notifyState{notifier: n, inline: inline, logger: cmp.Or(logger, slog.Default())}
 }
 
 // NonBlocking is implemented by notifiers that never block (the relay's

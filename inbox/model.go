@@ -1,6 +1,7 @@
 package inbox
 
 import (
+	"cmp"
 	"fmt"
 	"regexp"
 	"strconv"
@@ -80,9 +81,7 @@ var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
 
 // WithDefaults returns c with every zero field replaced by its default.
 func (c Config) WithDefaults() Config {
-	if c.Table == "" {
-		c.Table = DefaultTable
-	}
+	c.Table = cmp.Or(c.Table, DefaultTable)
 	return c
 }
 

@@ -1,6 +1,7 @@
 package inbox
 
 import (
+	"cmp"
 	"errors"
 	"log/slog"
 	"time"
@@ -86,9 +87,7 @@ func (o Options) withDefaults() (Options, error) {
 		errs = append(errs, err)
 	}
 	o.Config = o.Config.WithDefaults()
-	if o.MessageIDHeader == "" {
-		o.MessageIDHeader = kafkapub.DefaultMessageIDHeader
-	}
+	o.MessageIDHeader = cmp.Or(o.MessageIDHeader, kafkapub.DefaultMessageIDHeader)
 	errs.durations("Options", []duration{
 		{"Retention", &o.Retention, DefaultRetention},
 		{"PurgeInterval", &o.PurgeInterval, DefaultPurgeInterval},
@@ -99,14 +98,8 @@ func (o Options) withDefaults() (Options, error) {
 	case o.PurgeBatchSize == 0:
 		o.PurgeBatchSize = DefaultPurgeBatchSize
 	}
-	if o.Clock == nil {
-		o.Clock = relay.SystemClock{}
-	}
-	if o.Logger == nil {
-		o.Logger = slog.Default()
-	}
-	if o.MeterProvider == nil {
-		o.MeterProvider = otel.GetMeterProvider()
-	}
+	o.Clock = cmp.Or[relay.Clock](o.Clock, relay.SystemClock{})
+	o.Logger = cmp.Or(o.Logger, slog.Default())
+	o.MeterProvider = cmp.Or(o.MeterProvider, otel.GetMeterProvider())
 	return o, errors.Join(errs...)
 }

@@ -16,6 +16,7 @@
 package pgnotify
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -91,18 +92,12 @@ func New(cfg Config) (*Transport, error) {
 	if _, err := pgx.ParseConfig(cfg.ConnString); err != nil {
 		return nil, fmt.Errorf("pgnotify: Config.ConnString: %w", err)
 	}
-	if cfg.Channel == "" {
-		cfg.Channel = DefaultChannel
-	}
+	cfg.Channel = cmp.Or(cfg.Channel, DefaultChannel)
 	if !channelName.MatchString(cfg.Channel) {
 		return nil, fmt.Errorf("pgnotify: Config.Channel %q: must match %s", cfg.Channel, channelName)
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
-	if cfg.ProbeTimeout == 0 {
-		cfg.ProbeTimeout = DefaultProbeTimeout
-	}
+	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
+	cfg.ProbeTimeout = cmp.Or(cfg.ProbeTimeout, DefaultProbeTimeout)
 	return &Transport{cfg: cfg}, nil
 }
 

@@ -1,6 +1,7 @@
 package pgnotify
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -57,9 +58,7 @@ func (t *Transport) NewSender(opts SenderOptions) *Sender {
 	if opts.Backoff <= 0 {
 		opts.Backoff = DefaultSendBackoff
 	}
-	if opts.Logger == nil {
-		opts.Logger = slog.Default()
-	}
+	opts.Logger = cmp.Or(opts.Logger, slog.Default())
 	return &Sender{t: t, opts: opts, repeats: logrepeat.New(logrepeat.Interval), pending: map[int]struct{}{}, wake: make(chan struct{}, 1)}
 }
 
