@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"slices"
 	"strings"
 	"unicode"
 )
@@ -39,13 +40,17 @@ func parseSavepoint(sql string, caseSensitiveQuoted bool) (op int, name string, 
 	if !quoted || !caseSensitiveQuoted {
 		name = strings.ToLower(name)
 	}
-	switch strings.ToUpper(strings.Join(words, " ")) {
-	case "SAVEPOINT":
+	kw := strings.Join(words, " ")
+	is := func(forms ...string) bool {
+		return slices.ContainsFunc(forms, func(f string) bool { return strings.EqualFold(kw, f) })
+	}
+	switch {
+	case is("SAVEPOINT"):
 		return opSavepoint, name, true
-	case "ROLLBACK TO", "ROLLBACK TO SAVEPOINT", "ROLLBACK WORK TO", "ROLLBACK WORK TO SAVEPOINT",
-		"ROLLBACK TRANSACTION TO", "ROLLBACK TRANSACTION TO SAVEPOINT":
+	case is("ROLLBACK TO", "ROLLBACK TO SAVEPOINT", "ROLLBACK WORK TO", "ROLLBACK WORK TO SAVEPOINT",
+		"ROLLBACK TRANSACTION TO", "ROLLBACK TRANSACTION TO SAVEPOINT"):
 		return opRollbackTo, name, true
-	case "RELEASE", "RELEASE SAVEPOINT":
+	case is("RELEASE", "RELEASE SAVEPOINT"):
 		return opRelease, name, true
 	}
 	return 0, "", false
