@@ -26,8 +26,7 @@ const (
 	// DefaultMaxAttempts is the number of failed attempts after which a
 	// Consumer with a DeadLetter writer dead-letters a message.
 	DefaultMaxAttempts = 5
-	// DefaultCommitTimeout bounds the offset commit that follows a
-	// committed transaction once Run's context is done.
+	// DefaultCommitTimeout bounds the offset commit at a stop.
 	DefaultCommitTimeout = 5 * time.Second
 )
 
@@ -61,8 +60,8 @@ type Reader interface {
 
 // Writer is where a Consumer dead-letters records: a *kafka.Writer.
 type Writer interface {
-	// WriteMessages returns once msgs are written (acknowledged, with the
-	// writer's RequiredAcks), or with an error.
+	// WriteMessages returns once msgs are written (acknowledged), or with
+	// an error.
 	WriteMessages(ctx context.Context, msgs ...kafka.Message) error
 }
 
@@ -91,16 +90,12 @@ type HandlerFunc func(tx *gorm.DB, m kafka.Message) error
 // failed message until it succeeds, with no dead-letter topic.
 type ConsumerOptions struct {
 	// RetryBackoff is the wait after a message's first failed attempt,
-	// doubled after each further one (jittered to [d/2, d]) up to
-	// MaxRetryBackoff. Zero means DefaultRetryBackoff (500ms); a negative
-	// value fails NewConsumer.
+	// doubled after each further one (jittered to [d/2, d]). Zero means
+	// DefaultRetryBackoff; a negative value fails NewConsumer.
 	RetryBackoff time.Duration
-
-	// MaxRetryBackoff caps the wait between two attempts. Zero means
-	// DefaultMaxRetryBackoff (30s); a negative value, or one below
-	// RetryBackoff, fails NewConsumer.
+	// MaxRetryBackoff caps the wait. Zero means DefaultMaxRetryBackoff; a
+	// negative value, or one below RetryBackoff, fails NewConsumer.
 	MaxRetryBackoff time.Duration
-
 	// DeadLetter, when non-nil, receives a message that failed MaxAttempts
 	// times (a record without a usable message id at its first failure):
 	// the original key, value and headers, then HeaderError, HeaderHandler,
@@ -114,21 +109,18 @@ type ConsumerOptions struct {
 	// holding back the reader's other messages, and a record without a
 	// usable message id stops Run with an error.
 	DeadLetter Writer
-
 	// DeadLetterTopic is the topic of dead-lettered records. Empty means
-	// the DeadLetter writer's own (kafka.Writer.Topic); a *kafka.Writer
-	// must then have one, and with DeadLetterTopic set it must have none.
+	// the DeadLetter writer's own; a *kafka.Writer must then have one, and
+	// none when DeadLetterTopic is set.
 	DeadLetterTopic string
-
 	// MaxAttempts is the number of failed attempts after which a message
-	// goes to DeadLetter. Zero means DefaultMaxAttempts (5) with DeadLetter,
-	// no limit without; a negative value, or a positive one without
+	// goes to DeadLetter. Zero means DefaultMaxAttempts with DeadLetter, no
+	// limit without; a negative value, or a positive one without
 	// DeadLetter, fails NewConsumer.
 	MaxAttempts int
-
 	// CommitTimeout bounds the offset commit that still follows a committed
 	// transaction when Run's context is done meanwhile. Zero means
-	// DefaultCommitTimeout (5s); a negative value fails NewConsumer.
+	// DefaultCommitTimeout; a negative value fails NewConsumer.
 	CommitTimeout time.Duration
 }
 

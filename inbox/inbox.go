@@ -21,12 +21,10 @@ import (
 type Outcome int
 
 const (
-	// Processed: the handler ran and its transaction committed, with the
-	// message id recorded for the handler.
+	// Processed: the handler's transaction committed, the id recorded.
 	Processed Outcome = iota + 1
-	// Duplicate: the message id was already recorded for the handler (by
-	// an earlier delivery, or by a concurrent one that committed first);
-	// the handler was not called and nothing was written.
+	// Duplicate: the id was already recorded for the handler; the handler
+	// was not called and nothing was written.
 	Duplicate
 )
 

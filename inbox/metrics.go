@@ -16,12 +16,9 @@ const meterName = "github.com/gorm-outbox/outbox/inbox"
 // Instrument names. MetricPurged carries the attribute AttrTable, the others
 // AttrHandler.
 const (
-	// MetricProcessed counts the messages whose handler ran and whose
-	// transaction committed with the message id recorded (Handle returned
-	// Processed).
+	// MetricProcessed counts the messages Handle returned Processed for.
 	MetricProcessed = "inbox.processed"
-	// MetricDuplicates counts the messages skipped because their id was
-	// already recorded for the handler (Handle returned Duplicate).
+	// MetricDuplicates counts the messages Handle returned Duplicate for.
 	MetricDuplicates = "inbox.duplicates"
 	// MetricFailures counts the Handle calls that returned an error,
 	// retries included, calls whose context was done excluded.
@@ -29,9 +26,7 @@ const (
 	// MetricHandleDuration is a histogram of whole Handle calls (every
 	// outcome), in seconds.
 	MetricHandleDuration = "inbox.handle.duration"
-	// MetricDeadLettered counts the messages a Consumer wrote to its
-	// dead-letter topic (ConsumerOptions.DeadLetter) after
-	// ConsumerOptions.MaxAttempts failed attempts.
+	// MetricDeadLettered counts the messages a Consumer dead-lettered.
 	MetricDeadLettered = "inbox.dead_lettered"
 	// MetricPurged counts the processed ids Purge deleted.
 	MetricPurged = "inbox.purged"

@@ -18,19 +18,15 @@ const DefaultTable = "inbox_processed_messages"
 const MaxHandlerLength = 128
 
 // MaxMessageIDLength is the longest message id, in bytes: the width of the
-// message_id column. It holds an outbox message id (36 characters) and an id
-// derived from a record's position (Options.IDFromOffset: a topic of up to
-// 249 characters, its partition and offset).
+// message_id column, room for an id Options.IDFromOffset derives.
 const MaxMessageIDLength = 300
 
 // ProcessedMessage is one row of the processed-messages table: handler
 // HandlerName committed the effect of the message MessageID at
-// ProcessedAtMs. The primary key is (HandlerName, MessageID), so a message
-// is recorded once per handler; ProcessedAtMs is indexed for Purge.
+// ProcessedAtMs. A message is recorded once per handler.
 type ProcessedMessage struct {
-	// HandlerName names the consumer or handler that processed the message,
-	// 1 to MaxHandlerLength bytes: one message is processed once per
-	// handler, and independent handlers of one message each record it.
+	// HandlerName names the handler that processed the message, 1 to
+	// MaxHandlerLength bytes.
 	HandlerName ExactString `gorm:"column:handler_name;primaryKey;size:128;not null"`
 	// MessageID is the message's id (the outbox's message-id header, or the
 	// id Options.IDFromOffset derives), 1 to MaxMessageIDLength bytes.
@@ -65,9 +61,8 @@ func (ExactString) GormDBDataType(db *gorm.DB, f *schema.Field) string {
 // AutoMigrate, Handle and Purge.
 func (ProcessedMessage) TableName() string { return DefaultTable }
 
-// Config names the processed-messages table. A zero Config means
-// DefaultTable in the connection's default schema. The name is used as it
-// is: GORM's NamingStrategy (a TablePrefix, say) does not apply.
+// Config names the processed-messages table, used as it is (GORM's
+// NamingStrategy does not apply). A zero Config means DefaultTable.
 type Config struct {
 	// Schema optionally qualifies the table name (a PostgreSQL schema, a
 	// MySQL database, an attached SQLite database).
@@ -108,10 +103,8 @@ func (c Config) TableName() string {
 }
 
 // AutoMigrate creates or updates the processed-messages table of cfg with
-// GORM's migrator. With a zero Config it is
-// db.AutoMigrate(&ProcessedMessage{}); the DDL equals
-// migrations/inbox/<dialect>.sql (migrations.InboxSQL). The table may share a
-// database with the outbox tables or live in the consumer's own.
+// GORM's migrator, to the DDL of migrations/inbox/<dialect>.sql
+// (migrations.InboxSQL), in the outbox's database or the consumer's own.
 func AutoMigrate(db *gorm.DB, cfg Config) error {
 	if err := cfg.Validate(); err != nil {
 		return err

@@ -34,41 +34,33 @@ const (
 type Options struct {
 	// Config names the processed-messages table.
 	Config Config
-
 	// MessageIDHeader is the record header holding the message id (the
 	// last one counts). Empty means kafkapub.DefaultMessageIDHeader; set it
 	// to the relay's kafkapub.Config.MessageIDHeader when that is changed.
 	MessageIDHeader string
-
 	// IDFromOffset makes a record without the header (or with an empty one)
 	// take an id derived from its position, "<topic>/<partition>/<offset>",
 	// instead of failing with ErrNoMessageID. Such an id deduplicates
 	// redeliveries of one record, not a record a producer wrote twice.
 	IDFromOffset bool
-
 	// Retention is how long a processed id is kept before Purge deletes it
 	// (a redelivery is then processed again). Zero means DefaultRetention;
 	// a negative value fails New.
 	Retention time.Duration
-
 	// PurgeBatchSize is the most rows one purge statement deletes; Purge
 	// runs statements until no expired row is left. Zero means
 	// DefaultPurgeBatchSize (1,000); a negative value fails New.
 	PurgeBatchSize int
-
 	// PurgeInterval is the wait between two purges of RunPurge. Zero means
 	// DefaultPurgeInterval (1h); a negative value fails New.
 	PurgeInterval time.Duration
-
 	// Clock stamps processed ids (processed_at_ms) and times purges,
 	// handle durations and a Consumer's backoff. Nil means
 	// relay.SystemClock; tests pass relaytest.ManualClock.
 	Clock relay.Clock
-
 	// Logger receives the inbox's and its consumers' logs. Nil means
 	// slog.Default().
 	Logger *slog.Logger
-
 	// MeterProvider provides the inbox's instruments (see MetricProcessed).
 	// Nil means otel.GetMeterProvider().
 	MeterProvider metric.MeterProvider

@@ -217,10 +217,18 @@ func runParent(dsn string) error {
 		}
 		return strings.Join(parts, ", ")
 	}
-	waitOwners := func(what string, ok func(map[string][]int) bool) (map[string][]int, error) {
+	// shared waits until n relays own every bucket, in fair shares (sizes
+	// differ by at most one).
+	shared := func(what string, n int) (map[string][]int, error) {
+		buckets := cfg.WithDefaults().BucketCount
 		for {
 			o := owners()
-			if ok(o) {
+			total, least, most := 0, buckets, 0
+			for _, bs := range o {
+				total += len(bs)
+				least, most = min(least, len(bs)), max(most, len(bs))
+			}
+			if len(o) == n && total == buckets && most-least <= 1 {
 				return o, nil
 			}
 			if ctx.Err() != nil {
@@ -229,19 +237,8 @@ func runParent(dsn string) error {
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
-	coverAll := func(n int) func(map[string][]int) bool {
-		return func(o map[string][]int) bool {
-			// n relays own every bucket, in fair shares (sizes differ by at most one).
-			total, least, most := 0, cfg.WithDefaults().BucketCount, 0
-			for _, bs := range o {
-				total += len(bs)
-				least, most = min(least, len(bs)), max(most, len(bs))
-			}
-			return len(o) == n && total == cfg.WithDefaults().BucketCount && most-least <= 1
-		}
-	}
 
-	o, err := waitOwners("three relays share the buckets", coverAll(relays))
+	o, err := shared("three relays share the buckets", relays)
 	if err != nil {
 		return err
 	}
@@ -256,7 +253,7 @@ func runParent(dsn string) error {
 	delete(children, victim)
 	say("killed %s with SIGKILL (no lease release); it held buckets %v", victim, lost)
 
-	o, err = waitOwners("the survivors take over", coverAll(relays-1))
+	o, err = shared("the survivors take over", relays-1)
 	if err != nil {
 		return err
 	}

@@ -166,7 +166,11 @@ func run() error {
 // consume handles one record in a CONSUMER span that continues the trace
 // the record's headers carry, and returns the tenant of its baggage.
 func consume(ctx context.Context, rec kafka.Message) (tenant string) {
-	ctx = otel.GetTextMapPropagator().Extract(ctx, headerCarrier(rec.Headers))
+	headers := propagation.MapCarrier{} // the propagator reads the record's headers
+	for _, h := range rec.Headers {
+		headers[h.Key] = string(h.Value)
+	}
+	ctx = otel.GetTextMapPropagator().Extract(ctx, headers)
 	ctx, span := otel.Tracer("example/shipping").Start(ctx, "process "+rec.Topic,
 		trace.WithSpanKind(trace.SpanKindConsumer),
 		trace.WithAttributes(
@@ -176,34 +180,12 @@ func consume(ctx context.Context, rec kafka.Message) (tenant string) {
 			semconv.MessagingDestinationName(rec.Topic),
 			semconv.MessagingDestinationPartitionID(strconv.Itoa(rec.Partition)),
 			semconv.MessagingKafkaOffset(int(rec.Offset)),
-			semconv.MessagingMessageID(headerCarrier(rec.Headers).Get(kafkapub.DefaultMessageIDHeader)),
+			semconv.MessagingMessageID(headers.Get(kafkapub.DefaultMessageIDHeader)),
 		))
 	defer span.End()
 	// The handler's work runs under ctx: its spans, database calls and
 	// outgoing requests join the writer's trace.
 	return baggage.FromContext(ctx).Member("tenant").Value()
-}
-
-// headerCarrier lets a propagator read a kafka-go record's headers.
-type headerCarrier []kafka.Header
-
-func (c headerCarrier) Get(key string) string {
-	for _, h := range c {
-		if h.Key == key {
-			return string(h.Value)
-		}
-	}
-	return ""
-}
-
-func (headerCarrier) Set(string, string) {}
-
-func (c headerCarrier) Keys() []string {
-	keys := make([]string, len(c))
-	for i, h := range c {
-		keys[i] = h.Key
-	}
-	return keys
 }
 
 // report prints the record's headers and the spans, and checks that the
