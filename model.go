@@ -41,12 +41,9 @@ type Message struct {
 	ID int64 `gorm:"column:id;primaryKey;autoIncrement;index:,composite:bucket_parked_id,priority:3"`
 	// MessageID is the record's stable identity, stamped on the record as
 	// the message-id header so consumers can deduplicate. Create generates a
-	// random UUID when it is zero, and a new one when the struct is created
-	// again after a write that was not rolled back (a struct reused for the
-	// next record). After a rollback (with the Plugin, also to a savepoint)
-	// the retry's creates of the struct take the generated ids of the same
-	// positions, so a retried transaction enqueues the same ids. A caller's
-	// MessageID is kept: set it only to a value that identifies the record.
+	// random UUID when it is zero: the same ones again for a retried
+	// transaction, a new one for a struct reused after a commit (see
+	// docs/writing.md). A caller's MessageID is kept.
 	MessageID UUID `gorm:"column:message_id;not null"`
 	// Bucket is the ordering bucket; see BucketOf. It is computed on create
 	// and never recomputed by the relay.

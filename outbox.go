@@ -297,23 +297,17 @@ type BucketNotifier interface {
 
 // Plugin registers the outbox callbacks on a *gorm.DB (db.Use). With it, a
 // plain tx.Create(&outbox.Message{...}) or of a slice of messages fills and
-// validates the rows and writes them to the configured table; after a
-// successful commit the Notifier (when set) learns which buckets were
-// written. Queries, updates and deletes of Message, Lease and Relay through
-// GORM go to the configured tables too, unless the statement names its own
-// (db.Table). A zero Plugin uses the default Config and no notifier.
-//
-// Validation is per INSERT statement: with CreateInBatches (or a
-// CreateBatchSize) an error names the index within its batch, and outside a
-// transaction the batches before an invalid message are committed. Enqueue
-// validates the whole call before its first statement.
+// validates the rows (per INSERT statement: see Enqueue) and writes them to
+// the configured table; after a successful commit the Notifier (when set)
+// learns which buckets were written. Queries, updates and deletes of
+// Message, Lease and Relay through GORM go to the configured tables too,
+// unless the statement names its own (db.Table). A zero Plugin uses the
+// default Config and no notifier.
 //
 // A plain create of messages (no upsert, Select, Omit, clauses of the
 // caller's, nor dry run) is written by the plugin's own INSERT in place of
-// gorm:create: the statement GORM would build, bound without its per-field
-// reflection. Any other create runs GORM's steps as registered, so a
-// gorm:create another plugin replaced is bypassed only for plain message
-// creates. db.Use logs GORM's "replacing callback" for these at Info.
+// gorm:create (so a gorm:create another plugin replaced is bypassed for
+// it); db.Use logs GORM's "replacing callback" for these at Info.
 //
 // Register the plugin before deriving sessions from db: a transaction begun
 // on a session derived earlier (db.Transaction, db.Begin) runs on the
@@ -336,26 +330,12 @@ type Plugin struct {
 	// Logger receives the plugin's rare logs (a recovered notifier panic, a
 	// commit it could not follow). Nil means slog.Default().
 	Logger *slog.Logger
-	// Propagator injects the trace context of a create's context
-	// (db.WithContext(ctx)), when it carries a valid span context, into the
-	// headers of each message written: with propagation.TraceContext,
-	// traceparent and tracestate (and baggage with propagation.Baggage).
-	// The injected headers follow the caller's and never replace one the
-	// caller set (names compared without regard to case; no tracestate when
-	// the caller set traceparent). A struct created again gets the context
-	// of the create that writes it; an upsert of an existing row (Save) is
-	// written as it is.
-	//
-	// Nil means otel.GetTextMapPropagator(), read at each create: it
-	// injects nothing until the application sets one, e.g.
-	//
-	//	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(
-	//		propagation.TraceContext{}, propagation.Baggage{}))
-	//
-	// To inject nothing while a global propagator is set, pass
-	// propagation.NewCompositeTextMapPropagator(). A create without a span
-	// does no tracing work. Injected headers count towards the record's
-	// size (kafkapub.Config.BatchBytes).
+	// Propagator injects the trace context of a create's context, when it
+	// carries a valid span context, into the headers of each new message,
+	// after the caller's and never replacing a header the caller set (see
+	// docs/writing.md, Tracing). Nil means otel.GetTextMapPropagator(), read
+	// at each create; propagation.NewCompositeTextMapPropagator() injects
+	// nothing.
 	Propagator propagation.TextMapPropagator
 
 	state *notifyState // set by Initialize
@@ -430,9 +410,9 @@ func NewJSONMessage(topic, key string, v any, headers ...Header) (*Message, erro
 // Enqueue writes msgs in tx with one multi-row INSERT (GORM splits it into
 // several when tx has a CreateBatchSize); the messages' generated fields are
 // filled in place. It validates every message before the first statement,
-// so an invalid message (named by its index in msgs) writes nothing even
-// when the batches would run outside a transaction (SkipDefaultTransaction).
-// An empty call writes nothing and returns nil.
+// so an invalid message (named by its index in msgs) writes nothing; a
+// Create validates per statement, so with CreateInBatches outside a
+// transaction the batches before an invalid message are committed.
 func Enqueue(tx *gorm.DB, msgs ...*Message) error {
 	if len(msgs) == 0 {
 		return nil

@@ -34,18 +34,16 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// DefaultChannel is the channel name when Config.Channel is empty.
-const DefaultChannel = "outbox_messages"
+const (
+	// DefaultChannel is the channel name when Config.Channel is empty.
+	DefaultChannel = "outbox_messages"
+	// DefaultProbeTimeout is how long Listen and Check wait for their probe
+	// notification when Config.ProbeTimeout is zero.
+	DefaultProbeTimeout = 2 * time.Second
 
-// maxPayload is below PostgreSQL's 8000-byte NOTIFY payload limit.
-const maxPayload = 7900
-
-// closeTimeout bounds closing the listening connection after cancellation.
-const closeTimeout = 5 * time.Second
-
-// DefaultProbeTimeout is how long Listen and Check wait for their probe
-// notification when Config.ProbeTimeout is zero.
-const DefaultProbeTimeout = 2 * time.Second
+	maxPayload   = 7900            // below PostgreSQL's 8000-byte NOTIFY payload limit
+	closeTimeout = 5 * time.Second // closing the listening connection after cancellation
+)
 
 // ErrTransactionPooler is wrapped by the error of Listen and Check when a
 // notification sent to the listening connection never arrived, as through
@@ -167,12 +165,17 @@ func (t *Transport) Publish(ctx context.Context, buckets []int) error {
 	if len(buckets) == 0 {
 		return nil
 	}
+	return t.notify(ctx, "notify", t.cfg.Channel, Encode(buckets))
+}
+
+// notify sends payload on channel from the publishing pool.
+func (t *Transport) notify(ctx context.Context, what, channel, payload string) error {
 	p, err := t.getPool(ctx)
 	if err != nil {
 		return err
 	}
-	if _, err := p.Exec(ctx, "SELECT pg_notify($1, $2)", t.cfg.Channel, Encode(buckets)); err != nil {
-		return fmt.Errorf("pgnotify: notify %s: %w", t.cfg.Channel, err)
+	if _, err := p.Exec(ctx, "SELECT pg_notify($1, $2)", channel, payload); err != nil {
+		return fmt.Errorf("pgnotify: %s %s: %w", what, channel, err)
 	}
 	return nil
 }
@@ -253,12 +256,8 @@ func (t *Transport) probe(ctx context.Context, conn *pgx.Conn) error {
 	if _, err := conn.Exec(ctx, "LISTEN "+ch); err != nil {
 		return fmt.Errorf("pgnotify: listen %s: %w", ch, err)
 	}
-	p, err := t.getPool(ctx)
-	if err != nil {
+	if err := t.notify(ctx, "notify probe", ch, token); err != nil {
 		return err
-	}
-	if _, err := p.Exec(ctx, "SELECT pg_notify($1, $2)", ch, token); err != nil {
-		return fmt.Errorf("pgnotify: notify probe %s: %w", ch, err)
 	}
 	wctx, cancel := context.WithTimeout(ctx, t.cfg.ProbeTimeout)
 	defer cancel()
