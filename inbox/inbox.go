@@ -209,13 +209,7 @@ func (ib *Inbox) MessageID(m kafka.Message) (string, error) {
 	switch {
 	case len(id) > 0:
 	case ib.opts.IDFromOffset:
-		b := make([]byte, 0, len(m.Topic)+24)
-		b = append(b, m.Topic...)
-		b = append(b, '/')
-		b = strconv.AppendInt(b, int64(m.Partition), 10)
-		b = append(b, '/')
-		b = strconv.AppendInt(b, m.Offset, 10)
-		return string(b), nil
+		return m.Topic + "/" + strconv.Itoa(m.Partition) + "/" + strconv.FormatInt(m.Offset, 10), nil
 	case found:
 		return "", fmt.Errorf("%s[%d]@%d: header %s is empty: %w", m.Topic, m.Partition, m.Offset, ib.opts.MessageIDHeader, ErrNoMessageID)
 	default:

@@ -12,6 +12,7 @@
 package spantest
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"math/rand/v2"
@@ -120,17 +121,13 @@ func (t tracer) Start(ctx context.Context, name string, opts ...trace.SpanStartO
 		parent = trace.SpanContext{}
 		sc.TraceID = newTraceID()
 	}
-	start := cfg.Timestamp()
-	if start.IsZero() {
-		start = time.Now()
-	}
 	s := &span{r: t.r, data: Span{
 		Scope:       t.scope,
 		Name:        name,
 		Kind:        trace.ValidateSpanKind(cfg.SpanKind()),
 		SpanContext: trace.NewSpanContext(sc),
 		Parent:      parent,
-		Start:       start,
+		Start:       cmp.Or(cfg.Timestamp(), time.Now()),
 	}}
 	s.setAttributes(cfg.Attributes())
 	for _, l := range cfg.Links() {
@@ -175,10 +172,7 @@ func (s *span) IsRecording() bool {
 
 func (s *span) End(opts ...trace.SpanEndOption) {
 	cfg := trace.NewSpanEndConfig(opts...)
-	end := cfg.Timestamp()
-	if end.IsZero() {
-		end = time.Now()
-	}
+	end := cmp.Or(cfg.Timestamp(), time.Now())
 	s.mu.Lock()
 	if !s.recording() {
 		s.mu.Unlock()

@@ -20,10 +20,9 @@ import (
 	"gorm.io/gorm/logger"
 )
 
-// SQLite opens the SQLite file name in a new temporary directory. WAL and a
-// busy timeout let the writers and the relay share the file; immediate
-// transactions avoid lock upgrades between concurrent writers. done closes
-// the database and removes the directory.
+// SQLite opens the SQLite file name in a new temporary directory, in WAL
+// mode with a busy timeout and immediate transactions so that concurrent
+// writers and the relay share it. done closes it and removes the directory.
 func SQLite(name string) (db *gorm.DB, path string, done func(), err error) {
 	dir, err := os.MkdirTemp("", "outbox-example-")
 	if err != nil {
@@ -74,8 +73,8 @@ func RandomHex(n int) string {
 	return hex.EncodeToString(b)
 }
 
-// Drained waits until table holds no row: the relay has published and
-// deleted every one. It fails when ctx ends first.
+// Drained waits until table holds no row (the relay deleted every row it
+// published), or fails when ctx ends first.
 func Drained(ctx context.Context, db *gorm.DB, table string) error {
 	for {
 		var left int64
