@@ -10,6 +10,7 @@
 package metrictest
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"maps"
@@ -111,11 +112,9 @@ func (r *Reader) Collect(ctx context.Context) ([]Point, error) {
 		out = append(out, *p)
 	}
 	obs.mu.Unlock()
+	enc := attribute.DefaultEncoder()
 	slices.SortFunc(out, func(a, b Point) int {
-		if c := strings.Compare(a.Name, b.Name); c != 0 {
-			return c
-		}
-		return strings.Compare(a.Attrs.Encoded(attribute.DefaultEncoder()), b.Attrs.Encoded(attribute.DefaultEncoder()))
+		return cmp.Or(strings.Compare(a.Name, b.Name), strings.Compare(a.Attrs.Encoded(enc), b.Attrs.Encoded(enc)))
 	})
 	if errs != nil {
 		return out, fmt.Errorf("metrictest: callbacks failed: %s", strings.Join(errs, "; "))

@@ -92,21 +92,27 @@ func committed(t testing.TB, b testenv.Broker, group, topic string, partitions i
 // (partition → offset), failing t after a minute.
 func waitCommitted(t testing.TB, b testenv.Broker, group, topic string, want map[int]int64) {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for {
-		got := committed(t, b, group, topic, len(want))
-		done := true
+	var got map[int]int64
+	if !eventually(20*time.Millisecond, func() bool {
+		got = committed(t, b, group, topic, len(want))
 		for p, off := range want {
 			if got[p] < off {
-				done = false
+				return false
 			}
 		}
-		if done {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("committed offsets of %s = %v; want %v", group, got, want)
-		}
-		time.Sleep(20 * time.Millisecond)
+		return true
+	}) {
+		t.Fatalf("committed offsets of %s = %v; want %v", group, got, want)
 	}
+}
+
+// eventually reports whether cond held, polled every interval, within a
+// minute.
+func eventually(every time.Duration, cond func() bool) bool {
+	for deadline := time.Now().Add(time.Minute); !cond(); time.Sleep(every) {
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
+	return true
 }

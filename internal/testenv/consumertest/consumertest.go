@@ -228,12 +228,8 @@ func outage(t *testing.T, c Client, db *gorm.DB, b testenv.Broker) {
 	runConsumer(t, c.New(t, b, ib, group, topic, "outage", applyRecord, inbox.ConsumerOptions{
 		DeadLetterTopic: dlq, MaxAttempts: 1, RetryBackoff: time.Millisecond, MaxRetryBackoff: time.Millisecond,
 	}))
-	deadline := time.Now().Add(time.Minute)
-	for collect(t, metrics)[inbox.MetricFailures] < 5 {
-		if time.Now().After(deadline) {
-			t.Fatal("the consumer did not retry the failing database")
-		}
-		time.Sleep(10 * time.Millisecond)
+	if !eventually(10*time.Millisecond, func() bool { return collect(t, metrics)[inbox.MetricFailures] >= 5 }) {
+		t.Fatal("the consumer did not retry the failing database")
 	}
 	if err := inbox.AutoMigrate(db, inbox.Config{Table: table}); err != nil {
 		t.Fatal(err)
@@ -335,12 +331,8 @@ func twoConsumersRebalance(t *testing.T, c Client, db *gorm.DB, b testenv.Broker
 		want[p] = perPartition
 	}
 	produce(t, b, topic, msgs[:len(msgs)/2]...)
-	deadline := time.Now().Add(time.Minute)
-	for collect(t, metrics)[inbox.MetricProcessed] < int64(len(msgs)/4) {
-		if time.Now().After(deadline) {
-			t.Fatal("the consumers processed too little to stop one half-way")
-		}
-		time.Sleep(5 * time.Millisecond)
+	if !eventually(5*time.Millisecond, func() bool { return collect(t, metrics)[inbox.MetricProcessed] >= int64(len(msgs)/4) }) {
+		t.Fatal("the consumers processed too little to stop one half-way")
 	}
 	stopA()
 	a.Close() // its partitions move to the other
