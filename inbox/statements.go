@@ -42,21 +42,14 @@ func buildStatements(db *gorm.DB, table string, purgeBatch int) (statements, err
 	limit := strconv.Itoa(purgeBatch)
 	switch name {
 	case "postgres", "sqlite":
-		return statements{
-			dialect: name,
-			insert:  insert + " ON CONFLICT DO NOTHING",
+		return statements{dialect: name, insert: insert + " ON CONFLICT DO NOTHING",
 			purge: "DELETE FROM " + quoted + " WHERE (handler_name, message_id) IN (SELECT handler_name, message_id FROM " + quoted +
-				" WHERE processed_at_ms < ? ORDER BY processed_at_ms LIMIT " + limit + ")",
-		}, nil
+				" WHERE processed_at_ms < ? ORDER BY processed_at_ms LIMIT " + limit + ")"}, nil
 	case "mysql":
-		return statements{
-			dialect: name,
-			insert:  insert,
-			purge:   "DELETE FROM " + quoted + " WHERE processed_at_ms < ? ORDER BY processed_at_ms LIMIT " + limit,
-		}, nil
-	default:
-		return statements{}, fmt.Errorf("inbox: New: dialect %q is not supported (postgres, mysql and sqlite are)", name)
+		return statements{dialect: name, insert: insert,
+			purge: "DELETE FROM " + quoted + " WHERE processed_at_ms < ? ORDER BY processed_at_ms LIMIT " + limit}, nil
 	}
+	return statements{}, fmt.Errorf("inbox: New: dialect %q is not supported (postgres, mysql and sqlite are)", name)
 }
 
 // record inserts (handler, id) in tx and reports whether it did: false

@@ -116,13 +116,10 @@ func handlerErrorRetried(t *testing.T, c Client, db *gorm.DB, b testenv.Broker) 
 	ib, metrics := setup(t, db, inbox.Options{Clock: clock, Logger: logs.Logger()})
 	var calls atomic.Int32
 	fn := func(tx *gorm.DB, r Record) error {
-		if err := applyRecord(tx, r); err != nil {
+		if err := applyRecord(tx, r); err != nil || string(r.Value) != "a" || calls.Add(1) > 2 {
 			return err
 		}
-		if string(r.Value) == "a" && calls.Add(1) <= 2 {
-			return errInjected // after writing the effect: rolled back
-		}
-		return nil
+		return errInjected // after writing the effect: rolled back
 	}
 	runConsumer(t, c.New(t, b, ib, group, topic, "retry", fn, inbox.ConsumerOptions{RetryBackoff: time.Second, MaxRetryBackoff: 10 * time.Second}))
 	ctx := withTimeout(t, time.Minute)
@@ -159,13 +156,10 @@ func deadLetter(t *testing.T, c Client, db *gorm.DB, b testenv.Broker) {
 	produce(t, b, topic, withID(0, "poison", "p"), withID(0, "", "no-id"), withID(0, "fine", "f"))
 	ib, metrics := setup(t, db, inbox.Options{})
 	fn := func(tx *gorm.DB, r Record) error {
-		if err := applyRecord(tx, r); err != nil {
+		if err := applyRecord(tx, r); err != nil || string(r.Value) != "p" {
 			return err
 		}
-		if string(r.Value) == "p" {
-			return fmt.Errorf("cannot ship: %w", errInjected)
-		}
-		return nil
+		return fmt.Errorf("cannot ship: %w", errInjected)
 	}
 	stop := runConsumer(t, c.New(t, b, ib, group, topic, "dl", fn, inbox.ConsumerOptions{
 		DeadLetterTopic: dlq, MaxAttempts: 3, RetryBackoff: time.Millisecond, MaxRetryBackoff: time.Millisecond,
