@@ -187,21 +187,14 @@ func run() error {
 
 	// 8. Wait until every committed order arrived and the relay deleted
 	// every row it published.
-	deadline := time.Now().Add(60 * time.Second)
 	var pending int64
-	for {
-		pending = -1
-		var n int64
-		if err := db.Table(cfg.MessagesTableName()).Count(&n).Error; err == nil {
-			pending = n
+	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if err := db.Table(cfg.MessagesTableName()).Count(&pending).Error; err != nil {
+			pending = -1
 		}
 		if c.hasAll(committed) && pending == 0 {
 			break
 		}
-		if time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 	stopRelay()
 	if err := <-relayDone; err != nil {

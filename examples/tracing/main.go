@@ -127,11 +127,7 @@ func run() error {
 
 	// The writer: a request handler's span, with baggage, around the
 	// transaction that writes the order and its record.
-	member, err := baggage.NewMember("tenant", "acme")
-	if err != nil {
-		return err
-	}
-	bag, err := baggage.New(member)
+	bag, err := baggage.Parse("tenant=acme")
 	if err != nil {
 		return err
 	}
