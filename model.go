@@ -177,12 +177,10 @@ type RelayHeartbeat struct {
 	Features int64 `gorm:"column:features;not null;default:0"`
 }
 
-// Bits of Relay.Features.
-const (
-	// RelayFeatureParking: the relay skips parked rows (relay.Store.NextBatch), so
-	// rows may be parked while it runs.
-	RelayFeatureParking int64 = 1
-)
+// RelayFeatureParking is the bit of RelayHeartbeat.Features of a relay that
+// skips parked rows (relay.Store.NextBatch), so rows may be parked while it
+// runs.
+const RelayFeatureParking int64 = 1
 
 // TableName returns the default table name.
 func (RelayHeartbeat) TableName() string { return DefaultRelaysTable }

@@ -60,15 +60,15 @@ import (
 	"gorm.io/gorm/clause"
 )
 
-// PluginName is the name the Plugin registers under (gorm.Plugin.Name).
-const PluginName = "outbox"
-
-// DefaultBucketCount is the number of ordering buckets when Config.BucketCount
-// is zero.
-const DefaultBucketCount = 8
-
-// MaxBucketCount bounds Config.BucketCount.
-const MaxBucketCount = 1 << 16
+const (
+	// PluginName is the name the Plugin registers under (gorm.Plugin.Name).
+	PluginName = "outbox"
+	// DefaultBucketCount is the number of ordering buckets when
+	// Config.BucketCount is zero.
+	DefaultBucketCount = 8
+	// MaxBucketCount bounds Config.BucketCount.
+	MaxBucketCount = 1 << 16
+)
 
 // Config names one logical outbox: its bucket count and its tables. Share one
 // value between the Plugin (writers) and the store (relays): they must agree.
