@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -100,9 +101,7 @@ func (s *Sender) take(dst []int) []int {
 		s.unknown = false
 		return append(dst, -1)
 	}
-	for b := range s.pending {
-		dst = append(dst, b)
-	}
+	dst = slices.AppendSeq(dst, maps.Keys(s.pending))
 	clear(s.pending)
 	slices.Sort(dst)
 	return dst

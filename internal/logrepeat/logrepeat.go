@@ -16,6 +16,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode"
 )
 
 // Interval is the default spacing of a repeated failure's WARN lines.
@@ -135,7 +136,7 @@ func kind(text string) string {
 	var b strings.Builder
 	for i := 0; i < len(text); {
 		j, digit := i, false
-		for ; j < len(text) && (isHex(text[j]) || text[j] == '-'); j++ {
+		for ; j < len(text) && (unicode.Is(unicode.ASCII_Hex_Digit, rune(text[j])) || text[j] == '-'); j++ {
 			digit = digit || '0' <= text[j] && text[j] <= '9'
 		}
 		if j == i {
@@ -149,10 +150,6 @@ func kind(text string) string {
 		i = j
 	}
 	return b.String()
-}
-
-func isHex(c byte) bool {
-	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
 }
 
 func (l *Limiter) forgetOldest() {
