@@ -25,9 +25,8 @@ const (
 // outbox.Message structs (maps, other structs). Nothing is written.
 var ErrInvalidMessage = errors.New("invalid message")
 
-// topicChars reports whether topic is made only of the characters Kafka
-// allows in a topic name, [A-Za-z0-9._-]: a byte loop, as every create
-// checks it (the regexp it replaces was 3 % of a one-row create's CPU).
+// topicChars reports whether topic is made only of [A-Za-z0-9._-], the
+// characters Kafka allows; a byte loop, as every create checks it.
 func topicChars(topic string) bool {
 	for i := 0; i < len(topic); i++ {
 		switch c := topic[i]; {
@@ -60,8 +59,7 @@ func register(db *gorm.DB, p *Plugin, state *notifyState) error {
 		{"outbox:use_pool", cb.Create().Before("gorm:begin_transaction").Register("outbox:use_pool", state.usePool)},
 		{"outbox:prepare", cb.Create().Before("gorm:before_create").Register("outbox:prepare", p.prepareStatement)},
 		{"outbox:insert (gorm:create)", p.wrapCreate(db)},
-		// GORM steps that do nothing for a prepared message statement, but
-		// cost a session (and reflection) each.
+		// GORM steps that do nothing for a prepared message statement.
 		{"gorm:begin_transaction (in a transaction)", skipFor(cb.Create(), "gorm:begin_transaction", inTransaction)},
 		{"gorm:before_create (prepared)", skipFor(cb.Create(), "gorm:before_create", prepared)},
 		{"gorm:after_create (prepared, written)", skipFor(cb.Create(), "gorm:after_create", preparedAndWritten)},
@@ -165,11 +163,9 @@ func (p *Plugin) routeTable(db *gorm.DB) {
 	}
 	switch db.Statement.Schema.ModelType {
 	case messageType, leaseType, relayType:
-	default:
-		return
-	}
-	if cfg, ok := p.config(db); ok {
-		route(db.Statement, cfg)
+		if cfg, ok := p.config(db); ok {
+			route(db.Statement, cfg)
+		}
 	}
 }
 
@@ -184,9 +180,8 @@ func (p *Plugin) prepareStatement(db *gorm.DB) {
 		return
 	}
 	route(db.Statement, cfg)
-	// An upsert (Save's fallback when an UPDATE matched no changed row, as
-	// MySQL counts them; OnConflict) of a row that has an id writes that
-	// row again, not a new record: it keeps its id and message id.
+	// An upsert (OnConflict, or Save's fallback) of a row that has an id
+	// writes that row again: it keeps its id and message id.
 	_, upsert := db.Statement.Clauses["ON CONFLICT"]
 	tr := newTraceInjector(db.Statement.Context, p.Propagator)
 	if err := prepareAll(db.Statement.Context, db.Statement.ReflectValue, cfg, time.Now(), upsert, tr); err != nil {
@@ -197,11 +192,8 @@ func (p *Plugin) prepareStatement(db *gorm.DB) {
 }
 
 // prepareAll prepares every message of a create statement's value, naming
-// the index of the first invalid one, and injects the trace context of
-// ctx, the statement's, into each new one with tr (not into an upserted
-// row, which is written again as it is). Two rows of one statement never share a message id: the same
-// *Message twice, or two messages with one caller-set MessageID, is an
-// error.
+// the index of the first invalid one, and injects ctx's trace context into
+// each one not upserted. Two rows of one statement never share a message id.
 func prepareAll(ctx context.Context, rv reflect.Value, cfg Config, now time.Time, upsert bool, tr traceInjector) error {
 	var seen map[UUID]int
 	if rv.Kind() == reflect.Slice || rv.Kind() == reflect.Array {
@@ -229,9 +221,8 @@ func prepareAll(ctx context.Context, rv reflect.Value, cfg Config, now time.Time
 }
 
 // eachMessage calls fn with every *Message of a create statement's value and
-// its index (-1 for a single struct). Any other shape GORM accepts (a map, a
-// slice of maps, another struct, a nil element) is an ErrInvalidMessage
-// error, never a panic.
+// its index (-1 for a single struct). Any other shape GORM accepts is an
+// ErrInvalidMessage error, never a panic.
 func eachMessage(rv reflect.Value, fn func(int, *Message) error) error {
 	if rv.Kind() == reflect.Struct && rv.Type() == messageType && rv.CanAddr() {
 		return fn(-1, rv.Addr().Interface().(*Message)) // the common tx.Create(&msg)
@@ -323,17 +314,11 @@ func validateTopic(topic string) error {
 	return nil
 }
 
-// prepare validates m and fills its generated fields. cfg has its defaults
-// applied. The database assigns ID: a caller's value (left over from a
-// rolled-back attempt, say) is cleared so that ids stay in commit order,
-// unless again is set (an upsert of an existing row), which keeps both ID
-// and MessageID.
-//
-// A MessageID the plugin generated (or a zero one) is the id of this
-// create's position in the struct's run of creates (see Message.first): a
-// retry after a rollback takes the ids of the same positions, and a create
-// after a commit (a struct reused for another record) a new one. A
-// caller's MessageID is always kept.
+// prepare validates m and fills its generated fields (c has its defaults).
+// The database assigns ID: a caller's value is cleared so that ids stay in
+// commit order, unless again (an upsert of an existing row) keeps ID and
+// MessageID. A generated MessageID is that of this create's position in the
+// struct's run of creates (see Message.generated); a caller's is kept.
 func (c Config) prepare(m *Message, now time.Time, again bool) error {
 	if err := validateTopic(m.Topic); err != nil {
 		return err
@@ -369,9 +354,8 @@ func (c Config) prepare(m *Message, now time.Time, again bool) error {
 	return nil
 }
 
-// wrapCreate puts the plugin's INSERT of outbox messages (insert) in place
-// of gorm:create for the statements it can write; any other statement, and
-// a message statement it cannot (see insertable), still runs gorm:create.
+// wrapCreate puts the plugin's INSERT of outbox messages in place of
+// gorm:create for the statements insertable accepts.
 func (p *Plugin) wrapCreate(db *gorm.DB) error {
 	cp := db.Callback().Create()
 	orig := cp.Get("gorm:create")
@@ -398,13 +382,11 @@ func (p *Plugin) wrapCreate(db *gorm.DB) error {
 	})
 }
 
-// inserter writes prepared outbox messages with one INSERT built from the
-// struct fields, without GORM's per-field reflection (ConvertToCreateValues)
-// and its generic result scan (gorm.Scan). The SQL is GORM's own (its
-// clause builders, quoting and placeholders), the values the ones GORM
-// would bind, and Message.ID is filled as GORM fills it: from the INSERT's
-// LastInsertId for a single row on SQLite and MySQL/MariaDB (exact for one
-// row), else from RETURNING "id", scanned in row order as gorm.Scan does.
+// inserter writes prepared outbox messages with one INSERT built by GORM's
+// clause builders from the struct fields, without GORM's per-field
+// reflection and generic result scan. Message.ID is filled as GORM fills it:
+// from LastInsertId for one row on SQLite and MySQL/MariaDB, else from
+// RETURNING "id" in row order.
 type inserter struct {
 	returning bool      // the dialector supports RETURNING
 	lastID    bool      // LastInsertId is the id of a one-row INSERT
@@ -419,9 +401,7 @@ type sqlKey struct {
 }
 
 // createColumns are the columns GORM's Create writes for a Message with a
-// zero ID: every column but id (the database assigns it) and the
-// relay-only parked_at_ms and parked_reason. A test checks that GORM's own
-// Create writes the same.
+// zero ID: all but id and the relay-only parked_at_ms and parked_reason.
 var createColumns = []clause.Column{
 	{Name: "message_id"}, {Name: "bucket"}, {Name: "topic"}, {Name: "record_key"},
 	{Name: "record_value"}, {Name: "headers"}, {Name: "record_partition"}, {Name: "created_at"},
@@ -430,10 +410,9 @@ var createColumns = []clause.Column{
 var returningID = clause.Returning{Columns: []clause.Column{{Name: "id"}}}
 
 // insertable returns the messages of a create statement the inserter can
-// write: prepared by the plugin, the SQL not built yet, no clause of the
-// caller's (ON CONFLICT, RETURNING, hints), no Select or Omit, no dry run,
-// every ID zero (not an upsert), the value a *Message or a slice of
-// Message or *Message (directly or through a pointer).
+// write: prepared by the plugin, the SQL not built, no clause of the
+// caller's, Select, Omit or dry run, every ID zero (not an upsert), the
+// value a *Message or a slice of Message or *Message.
 func (ins inserter) insertable(db *gorm.DB) ([]*Message, bool) {
 	stmt := db.Statement
 	if db.Error != nil || db.DryRun || !isMessageStatement(db) || stmt.SQL.Len() != 0 ||
@@ -447,26 +426,19 @@ func (ins inserter) insertable(db *gorm.DB) ([]*Message, bool) {
 	var msgs []*Message
 	switch v := stmt.Dest.(type) {
 	case *Message:
-		if v == nil {
-			return nil, false
-		}
-		msgs = []*Message{v}
+		msgs = []*Message{v} // nil: refused below
 	case *[]*Message:
-		if v == nil {
-			return nil, false
+		if v != nil {
+			msgs = *v
 		}
-		msgs = *v
 	case []*Message:
 		msgs = v
 	case *[]Message:
-		if v == nil {
-			return nil, false
+		if v != nil {
+			msgs = addrs(*v)
 		}
-		msgs = addrs(*v)
 	case []Message:
 		msgs = addrs(v)
-	default:
-		return nil, false
 	}
 	if len(msgs) == 0 {
 		return nil, false
@@ -477,7 +449,7 @@ func (ins inserter) insertable(db *gorm.DB) ([]*Message, bool) {
 		}
 	}
 	if !ins.skipIDs && !ins.returning && (len(msgs) > 1 || !ins.lastID) {
-		return nil, false // GORM's LastInsertId arithmetic, as before
+		return nil, false // GORM's LastInsertId arithmetic
 	}
 	return msgs, true
 }
@@ -497,13 +469,10 @@ func (ins inserter) insert(db *gorm.DB, msgs []*Message) {
 	for i, m := range msgs {
 		values.Values[i] = []any{m.MessageID, m.Bucket, m.Topic, m.Key, m.Value, m.Headers, m.Partition, m.CreatedAt}
 	}
-	// The ids come from RETURNING "id", or from LastInsertId for one row
-	// where that is exact, or not at all (SkipIDReadBack).
 	returning := !ins.skipIDs && (len(msgs) > 1 || !ins.lastID)
 	useLastID := !ins.skipIDs && !returning
 	// A one-row INSERT's text depends only on the dialect, the table and
-	// RETURNING or not (every value binds one placeholder): built by GORM
-	// once, then reused.
+	// RETURNING: built by GORM once, then reused.
 	var key sqlKey
 	cacheable := len(msgs) == 1 && stmt.TableExpr == nil && len(stmt.Vars) == 0
 	if cacheable {
@@ -573,7 +542,7 @@ func (ins inserter) insert(db *gorm.DB, msgs []*Message) {
 }
 
 // skipFor wraps the GORM create step name so that it does not run for the
-// statements skip reports. A step someone removed stays removed.
+// statements skip reports.
 func skipFor(cp interface {
 	Get(string) func(*gorm.DB)
 	Replace(string, func(*gorm.DB)) error
@@ -590,8 +559,7 @@ func skipFor(cp interface {
 }
 
 // inTransaction: a message statement already in a transaction, where
-// gorm:begin_transaction's Begin (a session) fails with
-// ErrInvalidTransaction, which it ignores.
+// gorm:begin_transaction's Begin fails, ignored.
 func inTransaction(db *gorm.DB) bool {
 	if db.Error != nil || !isMessageStatement(db) {
 		return false
@@ -606,7 +574,7 @@ func inTransaction(db *gorm.DB) bool {
 }
 
 // prepared: a message statement the plugin prepared, whose BeforeCreate
-// hook returns at once (Message has no BeforeSave).
+// hook returns at once.
 func prepared(db *gorm.DB) bool {
 	if db.Error != nil || !isMessageStatement(db) {
 		return false
@@ -615,9 +583,8 @@ func prepared(db *gorm.DB) bool {
 	return ok
 }
 
-// preparedAndWritten: a prepared message statement that wrote rows, whose
-// messages collectBuckets has marked written, as the AfterCreate hook
-// would (Message has no AfterSave).
+// preparedAndWritten: a prepared message statement that wrote rows, which
+// collectBuckets has marked written as the AfterCreate hook would.
 func preparedAndWritten(db *gorm.DB) bool {
 	return db.RowsAffected > 0 && prepared(db)
 }

@@ -36,30 +36,19 @@ const MaxTopicLength = 249
 // stored byte for byte: a nil Key is a keyless record, an empty non-nil Key
 // is a real (hashed) key, and a nil Value is a tombstone.
 type Message struct {
-	// ID is the auto-increment primary key: submission order within a bucket.
-	// Create and Enqueue fill it with the row's id, unless the Plugin has
-	// SkipIDReadBack set (then it stays 0).
+	// ID is the auto-increment primary key: submission order within a
+	// bucket. Create fills it unless the Plugin has SkipIDReadBack set.
 	ID int64 `gorm:"column:id;primaryKey;autoIncrement;index:,composite:bucket_parked_id,priority:3"`
-	// MessageID is the record's stable identity, stamped on the record as the
-	// message-id header so consumers can deduplicate. Create generates a
-	// random (version 4) UUID when it is zero, and generates a new one when
-	// the struct is created again after a write that was not rolled back
-	// (a struct reused for the next record), so each record has its own.
-	// After a rollback (of the transaction, or to a savepoint) the
-	// generated ids are kept by position: the retry's first create of the
-	// struct takes the id of the first attempt's first create, its second
-	// create the second's, and so on, so a retried transaction enqueues the
-	// same ids even from one struct reused for several records (with the
-	// Plugin, which follows rollbacks). A MessageID the caller set is kept
-	// as it is: two records with one id are one record to a deduplicating
-	// consumer, so set it only to a value that identifies the record (one
-	// statement refuses two messages with one id).
+	// MessageID is the record's stable identity, stamped on the record as
+	// the message-id header so consumers can deduplicate. Create generates a
+	// random UUID when it is zero: the same ones again for a retried
+	// transaction, a new one for a struct reused after a commit (see
+	// docs/writing.md). A caller's MessageID is kept.
 	MessageID UUID `gorm:"column:message_id;not null"`
 	// Bucket is the ordering bucket; see BucketOf. It is computed on create
 	// and never recomputed by the relay.
 	Bucket int32 `gorm:"column:bucket;not null;index:,composite:bucket_parked_id,priority:1"`
-	// kept is the plugin's (GORM maps no unexported field; here it fills
-	// Bucket's padding): see generated.
+	// kept: see generated (placed here, it fills Bucket's padding).
 	kept int32
 	// Topic is the Kafka topic: 1 to MaxTopicLength characters.
 	Topic string `gorm:"column:topic;size:249;not null"`
@@ -74,47 +63,35 @@ type Message struct {
 	Partition *int32 `gorm:"column:record_partition"`
 	// CreatedAt is when the row was enqueued (UTC); set on create when zero.
 	CreatedAt time.Time `gorm:"column:created_at;not null"`
-	// ParkedAtMs is set by the relay only (see relay.Store.Park): when the row
-	// was parked, in Unix milliseconds (UTC); nil for a pending row. Creates
-	// and updates through GORM never write it (the column is read-only to
-	// the model); it is read back by queries.
+	// ParkedAtMs is set by the relay only (see relay.Store.Park): when the
+	// row was parked, in Unix milliseconds (UTC); nil for a pending row.
+	// Creates and updates through GORM never write it.
 	ParkedAtMs *int64 `gorm:"column:parked_at_ms;<-:false;index:,composite:bucket_parked_id,priority:2"`
 	// ParkedReason is set by the relay only, with ParkedAtMs: why the row
-	// was parked (at most MaxParkedReasonLength characters). Never written
-	// by creates or updates through GORM.
+	// was parked (at most MaxParkedReasonLength characters).
 	ParkedReason *string `gorm:"column:parked_reason;size:1000;<-:false"`
 
 	// generated is the last MessageID the plugin put in this struct. The
 	// creates of a struct in the transaction under way form a run: kept is
-	// how many of them stand (written, not rolled back), -1 once the run
-	// ended (committed, or written where the plugin cannot follow a
-	// rollback: settle). ids are the message ids of the run's creates by
-	// position, nil while it has at most one (whose id is then generated).
-	// A rollback, of the transaction or to a savepoint, takes back the
-	// creates it undid, so that the creates of the retry take the ids of
-	// the same positions; after the run ended, the struct's next create is
-	// a new record with a new id.
+	// how many of them stand (not rolled back), -1 once the run ended
+	// (committed, or beyond the plugin's sight: settle). ids are the run's
+	// message ids by position, nil while it has at most one (generated).
 	generated UUID
 	ids       *[]UUID
-	// traced is the Headers slice the trace-context injection left
-	// (tracing.go), nil when it injected nothing; tracedFrom is how many of
-	// its headers are the caller's (during an injection: of Headers).
+	// traced is the Headers slice the trace-context injection left, nil
+	// when it injected nothing; tracedFrom is how many are the caller's.
 	traced     Headers
 	tracedFrom int
 }
 
-// TableName returns the default table name. The Plugin routes creates,
-// queries, updates and deletes of Message (and of Lease and Relay) to the
-// configured names unless the statement names a table (db.Table); see
-// Config.
+// TableName returns the default table name; the Plugin routes statements
+// to the configured one (see Plugin).
 func (Message) TableName() string { return DefaultMessagesTable }
 
-// BeforeCreate fills and validates a message that is created without the
-// Plugin: the default Config applies, or a WithConfig scope's, whose table
-// the message is then written to, and the trace context is injected as the
-// Plugin does with a nil Propagator (see Plugin.Propagator). With the
-// Plugin registered it does nothing, as the plugin has already prepared the
-// row.
+// BeforeCreate fills, validates and routes a message created without the
+// Plugin (with the default Config or a WithConfig scope's) and injects the
+// trace context as the Plugin does with a nil Propagator. With the Plugin
+// registered it does nothing.
 func (m *Message) BeforeCreate(tx *gorm.DB) error {
 	if _, done := tx.Statement.Settings.Load(preparedKey); done {
 		return nil
@@ -131,9 +108,8 @@ func (m *Message) BeforeCreate(tx *gorm.DB) error {
 	return nil
 }
 
-// AfterCreate records that m was written, so that creating the same struct
-// again (reusing it for another record) generates a new MessageID when the
-// plugin generated the current one.
+// AfterCreate records that m was written, so that creating the struct again
+// generates a new MessageID (see MessageID).
 func (m *Message) AfterCreate(*gorm.DB) error {
 	m.settle()
 	return nil
@@ -154,8 +130,7 @@ func (m *Message) idAt(k int) UUID {
 }
 
 // setAt records id as the message id of the create at position k of m's
-// run, whose positions before k are recorded; it runs before generated
-// takes a new id.
+// run; it runs before generated takes a new id.
 func (m *Message) setAt(k int, id UUID) {
 	switch {
 	case k == 0 && m.ids == nil:
@@ -194,21 +169,18 @@ type RelayHeartbeat struct {
 	RelayID string `gorm:"column:relay_id;primaryKey;size:128"`
 	// LastSeenMs is the last heartbeat in Unix milliseconds (UTC).
 	LastSeenMs int64 `gorm:"column:last_seen_ms;not null"`
-	// StoppedAtMs is set when the relay stopped gracefully; a stopped relay
-	// is kept (not deleted) so that a late statement cannot revive it.
+	// StoppedAtMs is set when the relay stopped gracefully; the row is kept
+	// so that a late statement cannot revive it.
 	StoppedAtMs *int64 `gorm:"column:stopped_at_ms"`
-	// Features is a bit set of what the relay supports, written with each
-	// heartbeat (see RelayFeatureParking). A relay of a version that
-	// predates the column never writes it, so its row keeps 0.
+	// Features is a bit set of what the relay supports (see
+	// RelayFeatureParking), written with each heartbeat; 0 from older relays.
 	Features int64 `gorm:"column:features;not null;default:0"`
 }
 
-// Bits of Relay.Features.
-const (
-	// RelayFeatureParking: the relay skips parked rows (relay.Store.NextBatch), so
-	// rows may be parked while it runs.
-	RelayFeatureParking int64 = 1
-)
+// RelayFeatureParking is the bit of RelayHeartbeat.Features of a relay that
+// skips parked rows (relay.Store.NextBatch), so rows may be parked while it
+// runs.
+const RelayFeatureParking int64 = 1
 
 // TableName returns the default table name.
 func (RelayHeartbeat) TableName() string { return DefaultRelaysTable }
@@ -317,9 +289,9 @@ func EncodeHeaders(h Headers) []byte {
 	return b
 }
 
-// DecodeHeaders decodes a version 1 blob. An empty or nil blob decodes to
-// nil. It never allocates more than the blob could hold: a count or length
-// larger than the remaining bytes is an error wrapping ErrCorruptHeaders.
+// DecodeHeaders decodes a version 1 blob; an empty one decodes to nil. A
+// count or length larger than the remaining bytes is an error wrapping
+// ErrCorruptHeaders, never a large allocation.
 func DecodeHeaders(b []byte) (Headers, error) {
 	h, err := decodeHeaders(b)
 	if err != nil {
@@ -446,10 +418,8 @@ func BucketOf(key []byte, partition *int32, id UUID, bucketCount int) int32 {
 }
 
 // murmur2Mod is (murmur2(key) & 0x7fffffff) % n: the Java client's default
-// partitioner for n partitions, and kafka-go's Murmur2Balancer (a test
-// checks the two agree). kafka-go does not export the hash itself, and its
-// balancer needs an n-element partition list per call, which made large
-// bucket counts cost O(n) per message.
+// partitioner, and kafka-go's Murmur2Balancer, which exports no hash and
+// needs an n-element partition list per call.
 func murmur2Mod(key []byte, n int) int {
 	return int((murmur2(key) & 0x7fffffff) % uint32(n))
 }

@@ -34,21 +34,16 @@
 // row to the configured table and rejects invalid messages (empty, over-long
 // or illegal topic, negative partition) before anything is written.
 //
-// The Plugin wraps the connection pool beneath GORM, so after db.Use the
-// connection pools GORM hands out change type: db.ConnPool (with
-// PrepareStmt, the gorm.PreparedStmtDB's ConnPool) is the plugin's pool
-// wrapper, and a transaction's tx.Statement.ConnPool its transaction
-// wrapper (inside a gorm.PreparedStmtTX with PrepareStmt). GORM and its
-// drivers are unaffected, but code that type-asserts *sql.DB or *sql.Tx
-// on them gets ok == false. Reach the pool with db.DB(), which works inside
-// a transaction too (both wrappers implement gorm.GetDBConnector, GORM's
-// hook for it), and run statements of a transaction through tx, or
-// through the gorm.ConnPool methods of tx.Statement.ConnPool (ExecContext,
-// QueryContext, …), which reach the *sql.Tx; GORM has no hook that hands
-// out the *sql.Tx itself.
+// The Plugin wraps the connection pool beneath GORM: after db.Use,
+// db.ConnPool and a transaction's tx.Statement.ConnPool (beneath GORM's
+// PreparedStmtDB/TX with PrepareStmt) are the plugin's wrappers, so code
+// that type-asserts *sql.DB or *sql.Tx on them gets ok == false. Reach the
+// pool with db.DB(), which works inside a transaction too, and run a
+// transaction's statements through tx or tx.Statement.ConnPool's methods.
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -65,15 +60,15 @@ import (
 	"gorm.io/gorm/clause"
 )
 
-// PluginName is the name the Plugin registers under (gorm.Plugin.Name).
-const PluginName = "outbox"
-
-// DefaultBucketCount is the number of ordering buckets when Config.BucketCount
-// is zero.
-const DefaultBucketCount = 8
-
-// MaxBucketCount bounds Config.BucketCount.
-const MaxBucketCount = 1 << 16
+const (
+	// PluginName is the name the Plugin registers under (gorm.Plugin.Name).
+	PluginName = "outbox"
+	// DefaultBucketCount is the number of ordering buckets when
+	// Config.BucketCount is zero.
+	DefaultBucketCount = 8
+	// MaxBucketCount bounds Config.BucketCount.
+	MaxBucketCount = 1 << 16
+)
 
 // Config names one logical outbox: its bucket count and its tables. Share one
 // value between the Plugin (writers) and the store (relays): they must agree.
@@ -82,48 +77,33 @@ const MaxBucketCount = 1 << 16
 // TablePrefix, say) does not apply to the outbox tables.
 type Config struct {
 	// BucketCount is the number of ordering buckets, an upper bound on relay
-	// parallelism. The fleet's count is the lease table's (rows 0…N−1,
-	// seeded once by AutoMigrate or the first relay, changed only by
-	// outbox-relay rebucket): every writer and relay sharing the tables must
-	// use it, and AutoMigrate, CheckBucketCount and the relays refuse
-	// another with an error wrapping ErrMisconfigured. Zero means
-	// DefaultBucketCount (8); negative or above MaxBucketCount is an error.
+	// parallelism. It must be the fleet's, the lease table's (seeded once,
+	// changed only by outbox-relay rebucket): AutoMigrate, CheckBucketCount
+	// and the relays refuse another with an error wrapping ErrMisconfigured.
+	// Zero means DefaultBucketCount; negative or above MaxBucketCount is an
+	// error.
 	BucketCount int
-	// Schema optionally qualifies the three table names (a PostgreSQL schema,
-	// a MySQL database, an attached SQLite database). Empty means the
-	// connection's default.
+	// Schema optionally qualifies the three table names (a PostgreSQL
+	// schema, a MySQL database, an attached SQLite database).
 	Schema string
-	// MessagesTable is the pending-messages table. Empty means
-	// DefaultMessagesTable ("outbox_messages").
+	// MessagesTable is the pending-messages table; empty means DefaultMessagesTable.
 	MessagesTable string
-	// LeasesTable is the bucket-lease table. Empty means DefaultLeasesTable
-	// ("outbox_leases").
+	// LeasesTable is the bucket-lease table; empty means DefaultLeasesTable.
 	LeasesTable string
-	// RelaysTable is the relay-heartbeat table. Empty means DefaultRelaysTable
-	// ("outbox_relays").
+	// RelaysTable is the relay-heartbeat table; empty means DefaultRelaysTable.
 	RelaysTable string
 }
 
-// identifier is what a table or schema name may be: letters, digits and
-// underscores, not starting with a digit, at most 63 characters (the
-// PostgreSQL limit). Names are still quoted by GORM; the check keeps
-// incident-time SQL simple and rejects injection attempts early.
+// identifier is what a table or schema name may be (63 characters: the
+// PostgreSQL limit); it keeps incident-time SQL simple and injection out.
 var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
 
 // WithDefaults returns c with every zero field replaced by its default.
 func (c Config) WithDefaults() Config {
-	if c.BucketCount == 0 {
-		c.BucketCount = DefaultBucketCount
-	}
-	if c.MessagesTable == "" {
-		c.MessagesTable = DefaultMessagesTable
-	}
-	if c.LeasesTable == "" {
-		c.LeasesTable = DefaultLeasesTable
-	}
-	if c.RelaysTable == "" {
-		c.RelaysTable = DefaultRelaysTable
-	}
+	c.BucketCount = cmp.Or(c.BucketCount, DefaultBucketCount)
+	c.MessagesTable = cmp.Or(c.MessagesTable, DefaultMessagesTable)
+	c.LeasesTable = cmp.Or(c.LeasesTable, DefaultLeasesTable)
+	c.RelaysTable = cmp.Or(c.RelaysTable, DefaultRelaysTable)
 	return c
 }
 
@@ -135,8 +115,7 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// validate is Validate without the package prefix, for errors that are
-// wrapped with their own.
+// validate is Validate without the package prefix.
 func (c Config) validate() error {
 	c = c.WithDefaults()
 	if c.BucketCount < 1 || c.BucketCount > MaxBucketCount {
@@ -230,18 +209,13 @@ func seedLeases(db *gorm.DB, cfg Config) error {
 }
 
 // AutoMigrate creates or updates the three tables of cfg with GORM's
-// migrator, and seeds the lease rows of cfg's bucket count into an empty
-// lease table; it fails with an error wrapping ErrMisconfigured, changing
-// no table, when the lease table holds another count (CheckBucketCount). With a zero Config it is db.AutoMigrate(&Message{}, &BucketLease{},
-// &RelayHeartbeat{}) followed by dropping schema version 1's index
-// idx_<messages>_bucket_id (replaced by idx_<messages>_bucket_parked_id) when
-// it exists and, on PostgreSQL, setting the leases table's fillfactor to 40
-// (migrations/postgres/000003_lease_fillfactor.up.sql) unless it is set. The
-// DDL equals migrations/<dialect>.sql; run over a version 1 schema it
-// performs the later steps: the parking upgrade
-// (migrations/<dialect>/000002_parking.up.sql: the nullable parked_at_ms and
-// parked_reason columns, the new index, and the relays table's features
-// column) and, on PostgreSQL, the fillfactor.
+// migrator, to the DDL of migrations/<dialect>.sql, and seeds the lease rows
+// of cfg's bucket count into an empty lease table. Over an older schema it
+// performs the later migrations/<dialect>/ steps: the parking columns and
+// index (dropping version 1's idx_<messages>_bucket_id) and, on PostgreSQL,
+// the leases table's fillfactor 40. It fails with an error wrapping
+// ErrMisconfigured, changing no table, when the lease table holds another
+// bucket count (CheckBucketCount).
 func AutoMigrate(db *gorm.DB, cfg Config) error {
 	if err := cfg.Validate(); err != nil {
 		return err
@@ -268,9 +242,8 @@ func AutoMigrate(db *gorm.DB, cfg Config) error {
 			return fmt.Errorf("outbox: migrate %s: %w", m.table, err)
 		}
 	}
-	// Schema version 1's read index (bucket, id) is replaced by (bucket,
-	// parked_at_ms, id), which AutoMigrate has just created; GORM never
-	// drops an index by itself.
+	// Version 1's index (bucket, id) is replaced by (bucket, parked_at_ms,
+	// id); GORM never drops an index by itself.
 	table := cfg.MessagesTableName()
 	old := db.NamingStrategy.IndexName(table, "bucket_id")
 	if mig := db.Table(table).Migrator(); mig.HasIndex(&Message{}, old) {
@@ -286,10 +259,9 @@ func AutoMigrate(db *gorm.DB, cfg Config) error {
 	return seedLeases(db, cfg)
 }
 
-// leaseFillfactor leaves 60 % of each page of PostgreSQL's leases table
-// free, so that a renewal (one UPDATE of every lease a relay owns) is a
-// heap-only update in place: at 65,536 buckets ~0.1 s instead of ~0.5 s,
-// and a third of the WAL. It changes nothing when the table has it already.
+// leaseFillfactor leaves 60 % of each page of PostgreSQL's leases table free
+// so that a renewal (an UPDATE of every lease a relay owns) is a heap-only
+// update in place.
 func leaseFillfactor(db *gorm.DB, table string) error {
 	name := (&gorm.Statement{DB: db}).Quote(clause.Table{Name: table})
 	var opts string
@@ -306,11 +278,9 @@ func leaseFillfactor(db *gorm.DB, table string) error {
 }
 
 // CommitNotifier is told, after a successful commit, that outbox rows were
-// written. The relay's notifier implements it. Implementations must be safe
-// for concurrent use. One that implements NonBlocking (the relay's does) is
-// called on the committing goroutine right after the commit, and must not
-// block; any other is called on a goroutine of its own, so that it can never
-// delay a commit. A panic in either is recovered and logged.
+// written; the relay's notifier implements it. It must be safe for
+// concurrent use; it runs as NonBlocking says, and a panic in it is
+// recovered and logged.
 type CommitNotifier interface {
 	// NotifyCommitted reports committed rows in unknown buckets.
 	NotifyCommitted()
@@ -327,89 +297,45 @@ type BucketNotifier interface {
 
 // Plugin registers the outbox callbacks on a *gorm.DB (db.Use). With it, a
 // plain tx.Create(&outbox.Message{...}) or of a slice of messages fills and
-// validates the rows and writes them to the configured table; after a
-// successful commit the Notifier (when set) learns which buckets were
-// written. Queries, updates and deletes of Message, Lease and Relay through
-// GORM (Find, Count, Update, Save, Delete, FirstOrCreate) go to the
-// configured tables too, unless the statement names its own (db.Table). A
-// zero Plugin uses the default Config and no notifier.
+// validates the rows (per INSERT statement: see Enqueue) and writes them to
+// the configured table; after a successful commit the Notifier (when set)
+// learns which buckets were written. Queries, updates and deletes of
+// Message, Lease and Relay through GORM go to the configured tables too,
+// unless the statement names its own (db.Table). A zero Plugin uses the
+// default Config and no notifier.
 //
-// Validation is per INSERT statement. GORM's CreateInBatches (and Create on
-// a session with CreateBatchSize) issues one statement per batch: an error
-// then names the index within that batch, and without a transaction
-// (SkipDefaultTransaction) the batches before an invalid message are
-// committed. Enqueue validates the whole call before its first statement.
+// A plain create of messages (no upsert, Select, Omit, clauses of the
+// caller's, nor dry run) is written by the plugin's own INSERT in place of
+// gorm:create (so a gorm:create another plugin replaced is bypassed for
+// it); db.Use logs GORM's "replacing callback" for these at Info.
 //
-// The plugin writes a plain create of messages (no upsert, Select, Omit
-// or clauses of the caller's, not a dry run) with its own INSERT in place
-// of GORM's gorm:create step: the statement GORM would build (its clause
-// builders and quoting; the one-row text cached), bound from the struct
-// fields without GORM's per-field reflection, the ids read back from
-// LastInsertId for one row on SQLite and MySQL/MariaDB, else from
-// RETURNING "id". It also skips GORM's create steps that do nothing for
-// such a statement (beginning a transaction inside one, the Message
-// hooks). Any other create runs GORM's steps as registered, so a step
-// another plugin replaced before db.Use is bypassed only for plain message
-// creates. db.Use logs GORM's "replacing callback" for these at Info.
-//
-// Register the plugin before deriving sessions from db where you can:
-// implicit transactions of a session derived earlier still notify, but a
-// transaction begun on such a session (db.Transaction, db.Begin) runs on the
-// unwrapped pool; its commit cannot be followed, which the plugin logs once
-// at WARN, and the relay finds its rows by polling.
+// Register the plugin before deriving sessions from db: a transaction begun
+// on a session derived earlier (db.Transaction, db.Begin) runs on the
+// unwrapped pool, so its commit cannot be followed (logged once at WARN) and
+// the relay finds its rows by polling; its implicit transactions still
+// notify.
 type Plugin struct {
 	// Config names the outbox tables and bucket count.
 	Config Config
 	// Notifier, when non-nil, is told about committed outbox rows. It never
 	// delays or fails a commit: a panic in it is recovered and logged.
 	Notifier CommitNotifier
-	// SkipIDReadBack, when set, makes the plugin's INSERTs of messages
-	// leave Message.ID at 0 instead of reading the database-assigned id
-	// back: no RETURNING "id" (PostgreSQL; multi-row INSERTs everywhere),
-	// and no LastInsertId (SQLite and MySQL/MariaDB, where a one-row INSERT
-	// otherwise gets it from its result). Nothing in the outbox needs the
-	// id (relays read it from the table); set it when the writers do not
-	// either. On PostgreSQL the id costs a query with a result row instead
-	// of a plain statement: a one-row create took 136 µs as the statement
-	// alone and 652 µs as a committed transaction with the id, 79 and 627
-	// µs without (BenchmarkEnqueueInterleaved, a loaded 2-core machine). On
-	// SQLite and MySQL a one-row create reads the id from the INSERT's
-	// result for free, so the option changes only multi-row INSERTs there
-	// (Enqueue of several messages). Creates GORM still writes itself (an
-	// upsert, Select, Omit or clauses of the caller's, a dry run) fill the
-	// id as always.
+	// SkipIDReadBack leaves Message.ID at 0 after the plugin's INSERTs
+	// instead of reading the database-assigned id back: RETURNING "id" on
+	// PostgreSQL and for multi-row INSERTs, LastInsertId (free) for one row
+	// on SQLite and MySQL/MariaDB. Nothing in the outbox needs the id; on
+	// PostgreSQL it saves a result row per create. Creates GORM writes
+	// itself (an upsert, Select, Omit, clauses, a dry run) fill it as always.
 	SkipIDReadBack bool
 	// Logger receives the plugin's rare logs (a recovered notifier panic, a
 	// commit it could not follow). Nil means slog.Default().
 	Logger *slog.Logger
-	// Propagator injects the trace context of a create's context (the
-	// statement's, db.WithContext(ctx)) into the headers of each message it
-	// writes, so that the consumer of the record can continue the writer's
-	// trace. It runs only when that context carries a valid span context
-	// (trace.SpanContextFromContext(ctx).IsValid()); then, with
-	// propagation.TraceContext, the headers gain traceparent and, when the
-	// span has one, tracestate (and baggage with propagation.Baggage in a
-	// composite propagator). The injected headers follow the caller's. A
-	// header the caller set is never replaced: a name the message already
-	// has (compared without regard to case) is not injected, and neither is
-	// tracestate when the caller set traceparent. A struct created again
-	// (reused, or retried after a rollback) gets the context of the create
-	// that writes it. An upsert of an existing row (Save) is written as it
-	// is.
-	//
-	// Nil means the OpenTelemetry global, otel.GetTextMapPropagator(), read
-	// at each create: it injects nothing until the application sets one,
-	// e.g.
-	//
-	//	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(
-	//		propagation.TraceContext{}, propagation.Baggage{}))
-	//
-	// To inject nothing while a global propagator is set, pass
-	// propagation.NewCompositeTextMapPropagator() (empty). A create whose
-	// context has no span does no tracing work and allocates nothing. The
-	// injected headers count towards the record's size like any other
-	// (traceparent adds 68 bytes in Kafka's record encoding, which the
-	// publisher's kafkapub.Config.BatchBytes bound counts).
+	// Propagator injects the trace context of a create's context, when it
+	// carries a valid span context, into the headers of each new message,
+	// after the caller's and never replacing a header the caller set (see
+	// docs/writing.md, Tracing). Nil means otel.GetTextMapPropagator(), read
+	// at each create; propagation.NewCompositeTextMapPropagator() injects
+	// nothing.
 	Propagator propagation.TextMapPropagator
 
 	state *notifyState // set by Initialize
@@ -419,14 +345,9 @@ type Plugin struct {
 func (Plugin) Name() string { return PluginName }
 
 // Initialize implements gorm.Plugin: it validates the Config and registers
-// the callbacks.
-//
-// One *gorm.DB takes one Plugin. A second db.Use(outbox.Plugin{...}) fails
-// with gorm.ErrRegistered: GORM refuses a name in use before calling the
-// plugin, so that error is GORM's own, "registered". A second registration
-// GORM lets through (the Plugin also in gorm.Config.Plugins under another
-// key, or Initialize called again) fails here, with an error wrapping
-// gorm.ErrRegistered that says so.
+// the callbacks. One *gorm.DB takes one Plugin: a second db.Use fails with
+// GORM's gorm.ErrRegistered, and a registration GORM lets through (another
+// key in gorm.Config.Plugins) with an error wrapping it.
 func (p Plugin) Initialize(db *gorm.DB) error {
 	if err := p.Config.Validate(); err != nil {
 		return err
@@ -450,10 +371,8 @@ func WithConfig(cfg Config) func(*gorm.DB) *gorm.DB {
 }
 
 // WithOutbox is WithConfig whose rows, after a successful commit, are
-// reported to n (typically the relay.Notifier of the relay draining cfg's
-// tables) instead of the Plugin's Notifier. n follows the Plugin.Notifier
-// rules: never blocking the commit, panics recovered. A nil n notifies
-// nobody.
+// reported to n (the relay.Notifier of the relay draining cfg's tables) as
+// to a Plugin's Notifier; a nil n notifies nobody.
 func WithOutbox(cfg Config, n CommitNotifier) func(*gorm.DB) *gorm.DB {
 	sc := scope{cfg: cfg}
 	if n != nil {
@@ -491,9 +410,9 @@ func NewJSONMessage(topic, key string, v any, headers ...Header) (*Message, erro
 // Enqueue writes msgs in tx with one multi-row INSERT (GORM splits it into
 // several when tx has a CreateBatchSize); the messages' generated fields are
 // filled in place. It validates every message before the first statement,
-// so an invalid message (named by its index in msgs) writes nothing even
-// when the batches would run outside a transaction (SkipDefaultTransaction).
-// An empty call writes nothing and returns nil.
+// so an invalid message (named by its index in msgs) writes nothing; a
+// Create validates per statement, so with CreateInBatches outside a
+// transaction the batches before an invalid message are committed.
 func Enqueue(tx *gorm.DB, msgs ...*Message) error {
 	if len(msgs) == 0 {
 		return nil

@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"fmt"
@@ -20,21 +21,15 @@ type notifyState struct {
 	inline   bool // the notifier promises not to block
 	logger   *slog.Logger
 
-	// wrappers maps a pool to its wrapper (gorm.ConnPool → *pool): the pool
-	// the Plugin wrapped (a session derived before db.Use still runs on
-	// it), and other pools creates were routed to (a resolver's sources).
-	wrappers sync.Map
-	// unnotifiable is set once a commit that should have notified could
-	// not be followed (logged once).
-	unnotifiable atomic.Bool
+	// wrappers maps a pool (the one the Plugin wrapped, a resolver's) to
+	// its wrapper.
+	wrappers     sync.Map
+	unnotifiable atomic.Bool // cannotNotify has logged
 }
 
 func newNotifyState(n CommitNotifier, logger *slog.Logger) *notifyState {
-	if logger == nil {
-		logger = slog.Default()
-	}
 	_, inline := n.(NonBlocking)
-	return &notifyState{notifier: n, inline: inline, logger: logger}
+	return &notifyState{notifier: n, inline: inline, logger: cmp.Or(logger, slog.Default())}
 }
 
 // NonBlocking is implemented by notifiers that never block (the relay's
@@ -86,12 +81,10 @@ func (s *notifyState) cannotNotify(cp gorm.ConnPool) {
 		"conn_pool", fmt.Sprintf("%T", cp))
 }
 
-// usePool runs before gorm begins a create's implicit transaction. The
-// statement's pool may not be the wrapper: a session derived from the
-// *gorm.DB before db.Use still holds the pool the plugin wrapped, and a
-// resolver (dbresolver with Sources) switches writes to pools of its own.
-// Either would begin a transaction the plugin cannot follow, so the
-// statement is moved to a wrapper of that same pool (one per pool, kept).
+// usePool runs before gorm begins a create's implicit transaction. A session
+// derived before db.Use, or a resolver (dbresolver with Sources), would
+// begin it on a pool the plugin cannot follow: the statement is moved to a
+// wrapper of that same pool.
 func (s *notifyState) usePool(db *gorm.DB) {
 	if db.Error != nil || !isMessageStatement(db) {
 		return
@@ -170,7 +163,15 @@ func (p *pool) BeginTx(ctx context.Context, opts *sql.TxOptions) (gorm.ConnPool,
 }
 
 // GetDBConn returns the *sql.DB beneath, so that db.DB() keeps working.
-func (p *pool) GetDBConn() (*sql.DB, error) { return getDBConn(p.ConnPool) }
+func (p *pool) GetDBConn() (*sql.DB, error) {
+	switch c := p.ConnPool.(type) {
+	case *sql.DB:
+		return c, nil
+	case gorm.GetDBConnector:
+		return c.GetDBConn()
+	}
+	return nil, gorm.ErrInvalidDB
+}
 
 // Ping pings the wrapped pool when it can.
 func (p *pool) Ping() error {
@@ -180,21 +181,9 @@ func (p *pool) Ping() error {
 	return nil
 }
 
-func getDBConn(cp gorm.ConnPool) (*sql.DB, error) {
-	switch c := cp.(type) {
-	case *sql.DB:
-		return c, nil
-	case gorm.GetDBConnector:
-		return c.GetDBConn()
-	}
-	return nil, gorm.ErrInvalidDB
-}
-
 // notifyingTx is a transaction whose successful Commit reports the buckets
 // of the outbox rows written in it. Rollback, a failed Commit and a
-// rolled-back savepoint forget the rows written since, and take back their
-// messages' creates (so that a retry takes their generated ids again, by
-// position; see Message.first).
+// rolled-back savepoint take back the creates since (see Message.generated).
 type notifyingTx struct {
 	gorm.Tx
 	pool *pool
@@ -268,8 +257,7 @@ func (t *notifyingTx) end(undone bool) []written {
 	return w
 }
 
-// unwrite takes back the creates of w, rolled back: the next creates of
-// their messages take the same ids (see Message.first).
+// unwrite takes back the creates of w, rolled back.
 func unwrite(w []written) {
 	for _, x := range w {
 		if x.msg.kept > 0 {
@@ -331,9 +319,6 @@ func (t *notifyingTx) release(name string) {
 }
 
 func distinct(b []int) []int {
-	if len(b) == 0 {
-		return nil
-	}
 	out := slices.Clone(b)
 	slices.Sort(out)
 	return slices.Compact(out)
@@ -342,35 +327,25 @@ func distinct(b []int) []int {
 // installPool puts the wrapper beneath gorm's PreparedStmtDB (or directly
 // under gorm when prepared statements are off).
 func installPool(db *gorm.DB, state *notifyState) error {
-	wrap := func(cp gorm.ConnPool) (*pool, error) {
-		if _, ok := cp.(*pool); ok {
-			return nil, fmt.Errorf("outbox: Plugin already registered on this *gorm.DB: its connection pool is the plugin's already (a second registration, or a *gorm.DB opened on the pool of one with the plugin): %w", gorm.ErrRegistered)
-		}
-		switch cp.(type) {
-		case gorm.TxBeginner, gorm.ConnPoolBeginner:
-		default:
-			return nil, fmt.Errorf("outbox: connection pool %T cannot begin transactions; register the plugin on a *gorm.DB opened on a pool, not inside a transaction", cp)
-		}
-		w := &pool{ConnPool: cp, state: state}
-		if reflect.TypeOf(cp).Kind() == reflect.Pointer {
-			state.wrappers.Store(cp, w)
-		}
-		return w, nil
+	target := &db.Config.ConnPool
+	ps, prepared := db.Config.ConnPool.(*gorm.PreparedStmtDB)
+	if prepared {
+		target = &ps.ConnPool
 	}
-	if ps, ok := db.Config.ConnPool.(*gorm.PreparedStmtDB); ok {
-		w, err := wrap(ps.ConnPool)
-		if err != nil {
-			return err
-		}
-		ps.ConnPool = w
-		return nil
+	cp := *target
+	switch cp.(type) {
+	case *pool:
+		return fmt.Errorf("outbox: Plugin already registered on this *gorm.DB: its connection pool is the plugin's already (a second registration, or a *gorm.DB opened on the pool of one with the plugin): %w", gorm.ErrRegistered)
+	case gorm.TxBeginner, gorm.ConnPoolBeginner:
+	default:
+		return fmt.Errorf("outbox: connection pool %T cannot begin transactions; register the plugin on a *gorm.DB opened on a pool, not inside a transaction", cp)
 	}
-	w, err := wrap(db.Config.ConnPool)
-	if err != nil {
-		return err
+	w := &pool{ConnPool: cp, state: state}
+	if reflect.TypeOf(cp).Kind() == reflect.Pointer {
+		state.wrappers.Store(cp, w)
 	}
-	db.Config.ConnPool = w
-	if db.Statement != nil {
+	*target = w
+	if !prepared && db.Statement != nil {
 		db.Statement.ConnPool = w
 	}
 	return nil
@@ -405,11 +380,9 @@ func (p *Plugin) collectBuckets(db *gorm.DB) {
 		return
 	}
 	tx, auto := connTarget(db.Statement.ConnPool)
-	var to *notifyState
+	to := p.state
 	if sc, ok := scopeOf(db); ok {
-		to = sc.notify // a WithConfig scope without a notifier: nobody
-	} else {
-		to = p.state
+		to = sc.notify // nil for a WithConfig scope: nobody
 	}
 	var w []written
 	_ = eachMessage(db.Statement.ReflectValue, func(_ int, m *Message) error {

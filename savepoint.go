@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"slices"
 	"strings"
 	"unicode"
 )
@@ -25,92 +26,45 @@ const (
 // PostgreSQL (caseSensitiveQuoted), where quoting makes a name
 // case-sensitive, and folded elsewhere.
 func parseSavepoint(sql string, caseSensitiveQuoted bool) (op int, name string, ok bool) {
-	words, name, ok := splitSavepoint(sql)
-	if !ok {
+	s := strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(sql), ";"))
+	if len(s) > 512 || s == "" {
 		return 0, "", false
 	}
+	// The name is the last token: a quoted identifier (a doubled quote
+	// inside it stands for one) or a bare word.
+	i := strings.LastIndexFunc(s, unicode.IsSpace) + 1
+	if q := s[len(s)-1]; q == '"' || q == '`' {
+		for i = len(s) - 2; i >= 0 && (s[i] != q || i > 0 && s[i-1] == q); i-- {
+			if s[i] == q {
+				i--
+			}
+		}
+	}
+	if i <= 0 || !unicode.IsSpace(rune(s[i-1])) {
+		return 0, "", false
+	}
+	name, kw := s[i:], strings.Join(strings.Fields(s[:i]), " ")
 	quoted := name[0] == '"' || name[0] == '`'
 	if quoted {
-		name = unquote(name)
-		if name == "" {
+		c := name[:1] // unquoted: the quote undoubled inside
+		if name = strings.ReplaceAll(name[1:len(name)-1], c+c, c); name == "" {
 			return 0, "", false
 		}
 	}
 	if !quoted || !caseSensitiveQuoted {
 		name = strings.ToLower(name)
 	}
-	is := func(want ...string) bool {
-		if len(words) != len(want) {
-			return false
-		}
-		for i := range want {
-			if !strings.EqualFold(words[i], want[i]) {
-				return false
-			}
-		}
-		return true
+	is := func(forms ...string) bool {
+		return slices.ContainsFunc(forms, func(f string) bool { return strings.EqualFold(kw, f) })
 	}
 	switch {
 	case is("SAVEPOINT"):
 		return opSavepoint, name, true
-	case is("ROLLBACK", "TO"), is("ROLLBACK", "TO", "SAVEPOINT"),
-		is("ROLLBACK", "WORK", "TO"), is("ROLLBACK", "WORK", "TO", "SAVEPOINT"),
-		is("ROLLBACK", "TRANSACTION", "TO"), is("ROLLBACK", "TRANSACTION", "TO", "SAVEPOINT"):
+	case is("ROLLBACK TO", "ROLLBACK TO SAVEPOINT", "ROLLBACK WORK TO", "ROLLBACK WORK TO SAVEPOINT",
+		"ROLLBACK TRANSACTION TO", "ROLLBACK TRANSACTION TO SAVEPOINT"):
 		return opRollbackTo, name, true
-	case is("RELEASE"), is("RELEASE", "SAVEPOINT"):
+	case is("RELEASE", "RELEASE SAVEPOINT"):
 		return opRelease, name, true
 	}
 	return 0, "", false
-}
-
-// splitSavepoint splits a statement into its leading keywords and its last
-// token (the savepoint name, quoted or not).
-func splitSavepoint(sql string) (words []string, name string, ok bool) {
-	s := strings.TrimSpace(sql)
-	s = strings.TrimSpace(strings.TrimSuffix(s, ";"))
-	if len(s) > 512 || s == "" {
-		return nil, "", false
-	}
-	// The name is the last token: a quoted identifier or a bare word.
-	switch q := s[len(s)-1]; q {
-	case '"', '`':
-		i := len(s) - 2
-		for ; i >= 0; i-- {
-			if s[i] == q {
-				if i > 0 && s[i-1] == q { // a doubled quote inside the name
-					i--
-					continue
-				}
-				break
-			}
-		}
-		if i < 0 {
-			return nil, "", false
-		}
-		name, s = s[i:], s[:i]
-	default:
-		i := strings.LastIndexFunc(s, unicode.IsSpace)
-		if i < 0 {
-			return nil, "", false
-		}
-		name, s = s[i+1:], s[:i+1]
-	}
-	if s != "" && !unicode.IsSpace(rune(s[len(s)-1])) {
-		return nil, "", false
-	}
-	words = strings.Fields(s)
-	if len(words) == 0 || len(words) > 4 {
-		return nil, "", false
-	}
-	return words, name, true
-}
-
-// unquote removes the quotes around a quoted identifier and undoubles the
-// quote character inside it.
-func unquote(q string) string {
-	if len(q) < 2 {
-		return ""
-	}
-	c := q[:1]
-	return strings.ReplaceAll(q[1:len(q)-1], c+c, c)
 }

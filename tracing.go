@@ -10,8 +10,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// The W3C trace context header names (https://www.w3.org/TR/trace-context/)
-// that propagation.TraceContext writes.
+// The W3C trace context headers propagation.TraceContext writes.
 const (
 	traceparentHeader = "traceparent"
 	tracestateHeader  = "tracestate"
@@ -26,8 +25,7 @@ type traceInjector struct {
 }
 
 // newTraceInjector returns the injector of a statement whose context is
-// ctx; prop nil means otel.GetTextMapPropagator(). Without a valid span
-// context in ctx it does no work and allocates nothing.
+// ctx; prop nil means otel.GetTextMapPropagator().
 func newTraceInjector(ctx context.Context, prop propagation.TextMapPropagator) traceInjector {
 	if ctx == nil || !trace.SpanContextFromContext(ctx).IsValid() {
 		return traceInjector{}
@@ -36,11 +34,9 @@ func newTraceInjector(ctx context.Context, prop propagation.TextMapPropagator) t
 }
 
 // inject adds the trace context of ctx, the statement's context, to m's
-// headers (see Plugin.Propagator).
-// Headers an earlier injection appended to this struct, still as it left
-// them, are dropped first, so that a struct created again (reused for
-// another record, or retried after a rollback) carries the context of the
-// create that writes it, and none when that create has no span.
+// headers (see Plugin.Propagator), first dropping the headers an earlier
+// injection left on this struct, unchanged, so that a struct created again
+// carries the context of the create that writes it.
 func (t traceInjector) inject(ctx context.Context, m *Message) {
 	if m.traced != nil {
 		if n := len(m.traced); len(m.Headers) == n && &m.Headers[0] == &m.traced[0] {
@@ -68,10 +64,9 @@ func (t traceInjector) inject(ctx context.Context, m *Message) {
 }
 
 // headerCarrier is the propagation.TextMapCarrier of an injection into a
-// message's headers. The first tracedFrom headers are the caller's: they
-// are never replaced, and the injected ones are appended after them, in a
-// new array (never in spare capacity of the caller's slice, which other
-// messages may share).
+// message's headers. The first tracedFrom headers are the caller's, never
+// replaced; the injected ones are appended in a new array (the caller's
+// spare capacity may be shared by other messages).
 type headerCarrier Message
 
 var _ propagation.TextMapCarrier = (*headerCarrier)(nil)

@@ -14,10 +14,10 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/gorm-outbox/outbox/internal/failpoint"
+	"github.com/gorm-outbox/outbox/relay"
 )
 
-// Defaults of ConsumerOptions. A zero ConsumerOptions field takes the
-// matching default.
+// Defaults of ConsumerOptions' zero fields.
 const (
 	// DefaultRetryBackoff is the first wait after a failed attempt.
 	DefaultRetryBackoff = 500 * time.Millisecond
@@ -26,14 +26,12 @@ const (
 	// DefaultMaxAttempts is the number of failed attempts after which a
 	// Consumer with a DeadLetter writer dead-letters a message.
 	DefaultMaxAttempts = 5
-	// DefaultCommitTimeout bounds the offset commit that follows a
-	// committed transaction once Run's context is done.
+	// DefaultCommitTimeout bounds the offset commit at a stop.
 	DefaultCommitTimeout = 5 * time.Second
 )
 
 // Headers a Consumer adds to a dead-lettered record, after the original
-// record's headers (its message id among them, so that a dead-letter
-// consumer can deduplicate too).
+// record's (its message id among them).
 const (
 	// HeaderError holds the last attempt's error text (at most 4 KiB).
 	HeaderError = "x-inbox-error"
@@ -51,9 +49,7 @@ const (
 // maxErrorHeader bounds the HeaderError value.
 const maxErrorHeader = 4 << 10
 
-// Reader is what a Consumer reads: a *kafka.Reader with a GroupID, whose
-// FetchMessage does not commit and whose CommitMessages commits the offset
-// after a message.
+// Reader is what a Consumer reads: a *kafka.Reader with a GroupID.
 type Reader interface {
 	// FetchMessage returns the next record without committing its offset,
 	// blocking until one arrives or ctx is done.
@@ -64,8 +60,8 @@ type Reader interface {
 
 // Writer is where a Consumer dead-letters records: a *kafka.Writer.
 type Writer interface {
-	// WriteMessages returns once msgs are written (acknowledged, with the
-	// writer's RequiredAcks), or with an error.
+	// WriteMessages returns once msgs are written (acknowledged), or with
+	// an error.
 	WriteMessages(ctx context.Context, msgs ...kafka.Message) error
 }
 
@@ -75,9 +71,9 @@ var (
 )
 
 // MarkerFreeReader is implemented by a Reader whose client never returns
-// transaction markers (franz-go's, which drops control records itself). A
-// Consumer then handles every record it fetches; with any other Reader it
-// skips the records shaped like a transaction marker (see Consumer).
+// transaction markers (franz-go's). A Consumer then handles every record it
+// fetches; with any other Reader it skips those shaped like a marker (see
+// Consumer).
 type MarkerFreeReader interface {
 	Reader
 	// ReturnsNoTransactionMarkers reports whether FetchMessage never
@@ -86,63 +82,45 @@ type MarkerFreeReader interface {
 }
 
 // HandlerFunc applies a message's effect in tx, the transaction that
-// records its id. tx is bound to the Consumer's context
-// (tx.Statement.Context). An error rolls the transaction back and makes the
-// Consumer try the message again.
+// records its id, bound to the Consumer's context. An error rolls the
+// transaction back and makes the Consumer try the message again.
 type HandlerFunc func(tx *gorm.DB, m kafka.Message) error
 
-// ConsumerOptions configures a Consumer. A zero ConsumerOptions consists
-// entirely of default values: retry every failed message until it
-// succeeds, with no dead-letter topic.
+// ConsumerOptions configures a Consumer. The zero value retries every
+// failed message until it succeeds, with no dead-letter topic.
 type ConsumerOptions struct {
 	// RetryBackoff is the wait after a message's first failed attempt,
-	// doubled after each further one (jittered to [d/2, d]) up to
-	// MaxRetryBackoff. Zero means DefaultRetryBackoff (500ms); a negative
-	// value fails NewConsumer.
+	// doubled after each further one (jittered to [d/2, d]). Zero means
+	// DefaultRetryBackoff; a negative value fails NewConsumer.
 	RetryBackoff time.Duration
-
-	// MaxRetryBackoff caps the wait between two attempts. Zero means
-	// DefaultMaxRetryBackoff (30s); a negative value, or one below
-	// RetryBackoff, fails NewConsumer.
+	// MaxRetryBackoff caps the wait. Zero means DefaultMaxRetryBackoff; a
+	// negative value, or one below RetryBackoff, fails NewConsumer.
 	MaxRetryBackoff time.Duration
-
 	// DeadLetter, when non-nil, receives a message that failed MaxAttempts
-	// times (a record without a usable message id at its first failure:
-	// no retry can give it one): the original key, value and headers,
-	// followed by HeaderError, HeaderHandler, HeaderAttempts, HeaderTopic,
-	// HeaderPartition and HeaderOffset; its offset is committed once the
-	// write succeeded (a failed write is retried with the same backoff,
-	// never skipped). Only the message's own failures count as attempts
-	// (the handler's errors), so a database that cannot begin, record or
-	// commit (an outage) dead-letters nothing: it is retried forever. A
-	// handler error counts unless the transaction's connection was lost
-	// under it (the rollback that follows fails too: a dropped connection,
-	// a killed session, a restarted server), which is an outage as well.
-	// Nil means no dead-letter topic: a failing message is retried until
-	// it succeeds, holding back the messages behind it (every partition of
-	// the reader, as one Consumer handles one message at a time), and a
-	// record without a usable message id stops Run with an error. A crash
-	// between the write and the offset commit writes the message again on
-	// restart.
+	// times (a record without a usable message id at its first failure):
+	// the original key, value and headers, then HeaderError, HeaderHandler,
+	// HeaderAttempts, HeaderTopic, HeaderPartition and HeaderOffset. Its
+	// offset is committed once the write succeeded; a failed write is
+	// retried, and a crash in between writes it again on restart. Only the
+	// handler's errors count as attempts: a database that cannot begin,
+	// record or commit, or a connection lost under the handler (its
+	// rollback fails too), is an outage, retried forever. Nil means no
+	// dead-letter topic: a failing message is retried until it succeeds,
+	// holding back the reader's other messages, and a record without a
+	// usable message id stops Run with an error.
 	DeadLetter Writer
-
 	// DeadLetterTopic is the topic of dead-lettered records. Empty means
-	// the DeadLetter writer's own (kafka.Writer.Topic); a *kafka.Writer
-	// must then have one, and with DeadLetterTopic set it must have none.
+	// the DeadLetter writer's own; a *kafka.Writer must then have one, and
+	// none when DeadLetterTopic is set.
 	DeadLetterTopic string
-
 	// MaxAttempts is the number of failed attempts after which a message
-	// goes to DeadLetter. Zero means DefaultMaxAttempts (5) with a
-	// DeadLetter writer, and no limit without one; a negative value, or a
-	// positive one without DeadLetter (it would skip the message), fails
-	// NewConsumer.
+	// goes to DeadLetter. Zero means DefaultMaxAttempts with DeadLetter, no
+	// limit without; a negative value, or a positive one without
+	// DeadLetter, fails NewConsumer.
 	MaxAttempts int
-
-	// CommitTimeout bounds the offset commit that follows a committed
-	// transaction when Run's context is done meanwhile: the commit still
-	// runs (on a context without ctx's cancellation) so that a stop does
-	// not leave a processed message to be redelivered. Zero means
-	// DefaultCommitTimeout (5s); a negative value fails NewConsumer.
+	// CommitTimeout bounds the offset commit that still follows a committed
+	// transaction when Run's context is done meanwhile. Zero means
+	// DefaultCommitTimeout; a negative value fails NewConsumer.
 	CommitTimeout time.Duration
 }
 
@@ -153,26 +131,13 @@ func (o ConsumerOptions) Validate() error {
 }
 
 func (o ConsumerOptions) withDefaults() (ConsumerOptions, error) {
-	var errs []error
-	bad := func(format string, args ...any) {
-		errs = append(errs, fmt.Errorf("inbox: "+format, args...))
-	}
-	for _, d := range []struct {
-		name string
-		v    *time.Duration
-		def  time.Duration
-	}{
+	var errs problems
+	bad := errs.add
+	errs.durations("ConsumerOptions", []duration{
 		{"RetryBackoff", &o.RetryBackoff, DefaultRetryBackoff},
 		{"MaxRetryBackoff", &o.MaxRetryBackoff, DefaultMaxRetryBackoff},
 		{"CommitTimeout", &o.CommitTimeout, DefaultCommitTimeout},
-	} {
-		switch {
-		case *d.v < 0:
-			bad("ConsumerOptions.%s %v is negative", d.name, *d.v)
-		case *d.v == 0:
-			*d.v = d.def
-		}
-	}
+	})
 	if o.MaxRetryBackoff < o.RetryBackoff {
 		bad("ConsumerOptions.MaxRetryBackoff %v is below ConsumerOptions.RetryBackoff %v", o.MaxRetryBackoff, o.RetryBackoff)
 	}
@@ -198,36 +163,54 @@ func (o ConsumerOptions) withDefaults() (ConsumerOptions, error) {
 	return o, errors.Join(errs...)
 }
 
+// problems collects the invalid fields of options.
+type problems []error
+
+func (p *problems) add(format string, args ...any) {
+	*p = append(*p, fmt.Errorf("inbox: "+format, args...))
+}
+
+type duration struct {
+	name     string
+	v        *time.Duration
+	fallback time.Duration
+}
+
+// durations replaces zero durations with their defaults and reports
+// negative ones.
+func (p *problems) durations(options string, ds []duration) {
+	for _, d := range ds {
+		switch {
+		case *d.v < 0:
+			p.add("%s.%s %v is negative", options, d.name, *d.v)
+		case *d.v == 0:
+			*d.v = d.fallback
+		}
+	}
+}
+
 // Consumer runs a handler over a consumer group's records: fetch, Handle,
 // and commit the offset only after the transaction committed. A record is
-// never skipped: a failed one is retried with backoff (or dead-lettered,
-// see ConsumerOptions.DeadLetter) before the next is fetched, a
-// duplicate's offset is committed like a processed record's, and a crash
-// anywhere leaves the record to be redelivered and, if its transaction
-// had committed, skipped as a duplicate.
-//
-// A Consumer handles one record at a time, in the reader's order (each
-// partition's records in offset order). Run several Consumers, each with
-// its own Reader in the same group, to handle partitions in parallel.
+// never skipped: a failed one is retried with backoff (or dead-lettered)
+// before the next is fetched, and a crash anywhere leaves the record to be
+// redelivered and, if its transaction had committed, skipped as a
+// duplicate. It handles one record at a time, each partition's in offset
+// order; run several Consumers in the group to handle partitions in
+// parallel.
 //
 // A record without a usable message id (ErrNoMessageID,
-// ErrInvalidMessageID) cannot succeed on a retry: with a DeadLetter writer
-// it is dead-lettered at its first failure; without one Run stops with an
-// error wrapping the cause, its offset uncommitted (set
-// Options.IDFromOffset to consume topics whose producers set no id).
+// ErrInvalidMessageID) cannot succeed on a retry: it is dead-lettered at
+// its first failure or, without DeadLetter, Run stops with an error
+// wrapping the cause (set Options.IDFromOffset for producers that set no
+// id).
 //
-// Transactional topics: kafka-go's Reader returns a transaction's commit
-// or abort marker (a control record) as a message, and it does not drop
-// the records of aborted transactions, even with IsolationLevel
-// kafka.ReadCommitted. A Consumer skips the markers: a record without
-// headers whose key is a marker's (4 bytes: version 0, type 0 for abort
-// or 1 for commit) and whose value is a marker's (6 bytes, version 0) is
-// never handled, counted or dead-lettered; its offset is committed. (The
-// Reader exposes no control flag, so the shape decides: with
-// IDFromOffset, a data record without headers shaped exactly so is
-// skipped too.) Records of aborted transactions are handled like any
-// other: see the README's "Consuming" for what that means on a topic the
-// relay publishes with fenced publishing.
+// Transactional topics: kafka-go's Reader returns transaction markers as
+// messages and hands over the records of aborted transactions, even with
+// kafka.ReadCommitted. A Consumer skips the markers, recognised by shape
+// (the Reader exposes no control flag): a record without headers whose key
+// is a marker's (4 bytes: version 0, type 0 or 1) and whose value is one
+// (6 bytes, version 0); its offset is committed. Records of aborted
+// transactions are handled like any other: see the README's "Consuming".
 type Consumer struct {
 	ib      *Inbox
 	r       Reader
@@ -240,10 +223,9 @@ type Consumer struct {
 }
 
 // NewConsumer returns a Consumer that handles r's records with fn under the
-// name handler, recording their ids in ib. r is typically a *kafka.Reader
-// configured with a GroupID (one without fails: it cannot commit offsets);
-// the Consumer owns neither r nor the DeadLetter writer: close them after
-// Run returned.
+// name handler, recording their ids in ib. A *kafka.Reader must have a
+// GroupID. The Consumer owns neither r nor the DeadLetter writer: close them
+// after Run returned.
 func NewConsumer(ib *Inbox, r Reader, handler string, fn HandlerFunc, opts ConsumerOptions) (*Consumer, error) {
 	var errs []error
 	if ib == nil {
@@ -278,21 +260,18 @@ func NewConsumer(ib *Inbox, r Reader, handler string, fn HandlerFunc, opts Consu
 	if w, ok := opts.DeadLetter.(*kafka.Writer); ok && dlTopic == "" {
 		dlTopic = w.Topic
 	}
-	markers := true
-	if mf, ok := r.(MarkerFreeReader); ok && mf.ReturnsNoTransactionMarkers() {
-		markers = false
-	}
+	mf, ok := r.(MarkerFreeReader)
+	markers := !ok || !mf.ReturnsNoTransactionMarkers()
 	return &Consumer{ib: ib, r: r, handler: handler, fn: fn, opts: opts, log: log, dlTopic: dlTopic, markers: markers}, nil
 }
 
-// Run consumes until ctx is done and returns nil then, or returns the
-// reader's error when FetchMessage fails otherwise (a closed reader
-// returns io.EOF), or, without a DeadLetter writer, an error wrapping
-// ErrNoMessageID or ErrInvalidMessageID for a record without a usable
-// message id (its offset is not committed). A stop interrupts a transaction in flight (it is rolled
-// back, and its record redelivered later) and a retry's wait; a record
-// whose transaction committed still has its offset committed, within
-// ConsumerOptions.CommitTimeout. Run must not be called twice at once.
+// Run consumes until ctx is done and returns nil then. It returns the
+// reader's error when FetchMessage fails otherwise (io.EOF when closed),
+// or, without DeadLetter, an error wrapping ErrNoMessageID or
+// ErrInvalidMessageID. A stop interrupts a transaction in flight (rolled
+// back, its record redelivered later) and a retry's wait; a committed
+// record's offset is still committed within ConsumerOptions.CommitTimeout.
+// Run must not be called twice at once.
 func (c *Consumer) Run(ctx context.Context) error {
 	if c.opts.DeadLetter != nil {
 		c.log.Info("consumer starting", "dead_letter_topic", c.dlTopic, "max_attempts", c.opts.MaxAttempts)
@@ -326,9 +305,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 }
 
 // isTransactionMarker reports whether m has the shape of a transaction
-// marker as kafka-go's Reader returns it: no headers, the control record
-// key of an abort or a commit (version 0, type 0 or 1) and the end-marker
-// value (version 0, then the coordinator epoch).
+// marker as kafka-go's Reader returns it (see Consumer).
 func isTransactionMarker(m kafka.Message) bool {
 	k, v := m.Key, m.Value
 	return len(m.Headers) == 0 &&
@@ -370,9 +347,7 @@ func (c *Consumer) settle(ctx context.Context, m kafka.Message) (bool, error) {
 			return false, nil
 		}
 		failures++
-		// The message's own failures count; the database's (see outage)
-		// are retried without counting.
-		if !isOutage(err) {
+		if !isOutage(err) { // the database's failures do not count
 			attempts++
 		}
 		if permanent(err) {
@@ -392,12 +367,9 @@ func (c *Consumer) settle(ctx context.Context, m kafka.Message) (bool, error) {
 		if lastLogged.IsZero() || err.Error() != lastErr || now.Sub(lastLogged) >= time.Minute {
 			level, lastLogged, lastErr = slog.LevelWarn, now, err.Error()
 		}
-		wait := jitter(backoff)
-		c.log.Log(ctx, level, "handling failed; retrying the message", "topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "failures", failures, "attempts", attempts, "backoff", wait, "error", err)
-		if !c.sleep(ctx, wait) {
+		if !c.retry(ctx, &backoff, level, "handling failed; retrying the message", m, err, "failures", failures, "attempts", attempts) {
 			return false, nil
 		}
-		backoff = min(2*backoff, c.opts.MaxRetryBackoff)
 	}
 }
 
@@ -428,15 +400,9 @@ func (c *Consumer) deadLetter(ctx context.Context, m kafka.Message, attempts int
 			c.log.Warn("message dead-lettered", "topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "attempts", attempts, "dead_letter_topic", c.dlTopic, "error", cause)
 			return true
 		}
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || !c.retry(ctx, &backoff, slog.LevelWarn, "dead-letter write failed; retrying", m, err) {
 			return false
 		}
-		wait := jitter(backoff)
-		c.log.Warn("dead-letter write failed; retrying", "topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "backoff", wait, "error", err)
-		if !c.sleep(ctx, wait) {
-			return false
-		}
-		backoff = min(2*backoff, c.opts.MaxRetryBackoff)
 	}
 }
 
@@ -459,22 +425,29 @@ func (c *Consumer) commit(ctx context.Context, m kafka.Message) bool {
 		if err == nil {
 			return true
 		}
-		if ctx.Err() != nil {
-			continue // the last attempt above
+		if ctx.Err() == nil { // else the last attempt above
+			c.retry(ctx, &backoff, slog.LevelWarn, "offset commit failed; retrying", m, err)
 		}
-		wait := jitter(backoff)
-		c.log.Warn("offset commit failed; retrying", "topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "backoff", wait, "error", err)
-		if !c.sleep(ctx, wait) {
-			continue
-		}
-		backoff = min(2*backoff, c.opts.MaxRetryBackoff)
 	}
 }
 
-// sleep waits d on the inbox's clock; it reports false when ctx ended
-// first.
-func (c *Consumer) sleep(ctx context.Context, d time.Duration) bool {
-	tc, stop := c.ib.clock.NewTimer(d)
+// retry logs a failure about m (args after its position), waits a jittered
+// backoff on the inbox's clock and doubles it up to MaxRetryBackoff; it
+// reports false when ctx ended first.
+func (c *Consumer) retry(ctx context.Context, backoff *time.Duration, level slog.Level, msg string, m kafka.Message, err error, args ...any) bool {
+	wait := jitter(*backoff)
+	args = append([]any{"topic", m.Topic, "partition", m.Partition, "offset", m.Offset}, args...)
+	c.log.Log(ctx, level, msg, append(args, "backoff", wait, "error", err)...)
+	if !sleep(ctx, c.ib.clock, wait) {
+		return false
+	}
+	*backoff = min(2**backoff, c.opts.MaxRetryBackoff)
+	return true
+}
+
+// sleep waits d on clock; it reports false when ctx ended first.
+func sleep(ctx context.Context, clock relay.Clock, d time.Duration) bool {
+	tc, stop := clock.NewTimer(d)
 	select {
 	case <-ctx.Done():
 		stop()

@@ -21,12 +21,10 @@ import (
 type Outcome int
 
 const (
-	// Processed: the handler ran and its transaction committed, with the
-	// message id recorded for the handler.
+	// Processed: the handler's transaction committed, the id recorded.
 	Processed Outcome = iota + 1
-	// Duplicate: the message id was already recorded for the handler (by
-	// an earlier delivery, or by a concurrent one that committed first);
-	// the handler was not called and nothing was written.
+	// Duplicate: the id was already recorded for the handler; the handler
+	// was not called and nothing was written.
 	Duplicate
 )
 
@@ -44,10 +42,8 @@ func (o Outcome) String() string {
 }
 
 // Inbox records the ids of processed messages in one table, in the
-// transaction of their effects, so that a redelivered message is skipped:
-// at-least-once delivery, effectively-once effects. It is safe for
-// concurrent use; one Inbox serves any number of handlers and consumers of
-// its table.
+// transaction of their effects, so that a redelivered message is skipped.
+// It is safe for concurrent use by any number of handlers and consumers.
 type Inbox struct {
 	db    *gorm.DB
 	opts  Options
@@ -60,9 +56,7 @@ type Inbox struct {
 
 // New returns an Inbox on db's processed-messages table (opts.Config; create
 // it with AutoMigrate or migrations.InboxSQL). db must be a *gorm.DB of
-// PostgreSQL, MySQL/MariaDB or SQLite, not a transaction: each Handle
-// begins its own. New fails with an error naming the field for invalid
-// Options.
+// PostgreSQL, MySQL/MariaDB or SQLite, not a transaction.
 func New(db *gorm.DB, opts Options) (*Inbox, error) {
 	if db == nil {
 		return nil, errors.New("inbox: New: nil *gorm.DB")
@@ -91,40 +85,27 @@ func New(db *gorm.DB, opts Options) (*Inbox, error) {
 	}, nil
 }
 
-// Handle runs fn and records m's message id for handler in one database
-// transaction, unless that id is already recorded for handler: then it
-// returns Duplicate without calling fn. Otherwise it returns Processed once
-// the transaction committed, or the first error (fn's, the database's,
-// wrapped), with the transaction rolled back, nothing recorded, and m to be
-// handled again.
+// Handle runs fn and records m's message id (see MessageID) for handler in
+// one database transaction, unless that id is already recorded for handler:
+// then it returns Duplicate without calling fn. Otherwise it returns
+// Processed once the transaction committed, or the first error (fn's, the
+// database's, wrapped) with the transaction rolled back and nothing
+// recorded. handler must be 1 to MaxHandlerLength bytes.
 //
-// The id is recorded first, with the primary key (handler, id) deciding:
-// of concurrent deliveries of one id (two consumer instances during a
-// rebalance), the first to insert holds the row until its transaction
-// ends; the others wait on it, then return Duplicate if it committed (or go
-// on as the first if it rolled back). Exactly one fn's effects commit, and
-// no delivery fails because of another. This holds at the databases'
-// default isolation levels (READ COMMITTED on PostgreSQL, REPEATABLE READ
-// on MySQL/MariaDB); under SERIALIZABLE the waiting side may get a
-// serialization failure instead, returned as an error (a retry then
-// returns Duplicate). On MySQL/MariaDB, three or more concurrent deliveries
-// of one id whose first rolls back can make InnoDB report a deadlock to one
-// of the others: an error too, and again a retry settles it.
+// The id is recorded first, the primary key (handler, id) deciding: of
+// concurrent deliveries of one id, the first to insert holds the row until
+// its transaction ends and the others wait, then return Duplicate if it
+// committed. Exactly one fn's effects commit. This holds at the default
+// isolation levels; under SERIALIZABLE (or, on MySQL/MariaDB, with three or
+// more deliveries whose first rolls back: a deadlock) the waiting side may
+// get an error instead, and a retry returns Duplicate.
 //
 // fn gets the transaction, bound to ctx: every write of its effect must go
-// through tx (with the outbox Plugin on db, an outbox.Message created there
-// is published only if the transaction commits, so consume-transform-produce
-// is effectively once too). It must not commit or roll tx back. A panic in
-// fn rolls the transaction back and continues up the stack. When fn fails
-// and the rollback fails too (the connection was lost under fn), the error
-// ends with "(rollback: …)". A failed commit is ambiguous (the transaction
-// may have committed): it is returned as an error, and handling m again
-// returns Duplicate if it had committed.
-//
-// The message id is the last Options.MessageIDHeader header of m (see
-// Options.IDFromOffset for records without one). A record without one
-// fails with an error wrapping ErrNoMessageID, an unusable id with
-// ErrInvalidMessageID; handler must be 1 to MaxHandlerLength bytes.
+// through tx (an outbox.Message created there is published only if it
+// commits), and it must not commit or roll tx back. A panic in fn rolls the
+// transaction back and continues up the stack. When the rollback after a
+// failed fn fails too, the error ends with "(rollback: …)". A failed commit
+// is ambiguous: handling m again returns Duplicate if it had committed.
 func (ib *Inbox) Handle(ctx context.Context, handler string, m kafka.Message, fn func(tx *gorm.DB) error) (Outcome, error) {
 	start := ib.clock.Now()
 	out, err := ib.handle(ctx, handler, m, fn)
@@ -164,9 +145,7 @@ func (ib *Inbox) handle(ctx context.Context, handler string, m kafka.Message, fn
 	if err := fn(tx); err != nil {
 		done = true
 		err = fmt.Errorf("inbox: handler %s: message %s: %w", handler, id, err)
-		if rb := rollback(tx); rb != nil {
-			// The transaction's connection is gone (dropped, killed, the
-			// server restarted): the database failed, whatever fn saw.
+		if rb := rollback(tx); rb != nil { // the connection is gone
 			return 0, outage{fmt.Errorf("%w (rollback: %w)", err, rb)}
 		}
 		return 0, err
@@ -178,11 +157,9 @@ func (ib *Inbox) handle(ctx context.Context, handler string, m kafka.Message, fn
 	return Processed, nil
 }
 
-// outage marks an error of the database rather than of the message: one
-// of Handle's own statements failed (begin, record, commit), or the
-// rollback after a failed fn did, which means the transaction's connection
-// is gone, whatever error fn saw. A Consumer retries an outage without
-// counting an attempt (see ConsumerOptions.DeadLetter).
+// outage marks an error of the database rather than of the message: one of
+// Handle's own statements failed, or the rollback after a failed fn did. A
+// Consumer retries an outage without counting an attempt.
 type outage struct{ error }
 
 func (o outage) Unwrap() error { return o.error }
@@ -193,9 +170,8 @@ func isOutage(err error) bool {
 	return errors.As(err, &o)
 }
 
-// rollback rolls tx back and returns that statement's error, nil when it
-// succeeded or when fn had ended the transaction itself (sql.ErrTxDone:
-// misuse, not an outage).
+// rollback rolls tx back and returns its error, nil also when fn had ended
+// the transaction itself (sql.ErrTxDone: misuse, not an outage).
 func rollback(tx *gorm.DB) error {
 	c, ok := tx.Statement.ConnPool.(gorm.TxCommitter)
 	if !ok {
@@ -233,13 +209,7 @@ func (ib *Inbox) MessageID(m kafka.Message) (string, error) {
 	switch {
 	case len(id) > 0:
 	case ib.opts.IDFromOffset:
-		b := make([]byte, 0, len(m.Topic)+24)
-		b = append(b, m.Topic...)
-		b = append(b, '/')
-		b = strconv.AppendInt(b, int64(m.Partition), 10)
-		b = append(b, '/')
-		b = strconv.AppendInt(b, m.Offset, 10)
-		return string(b), nil
+		return m.Topic + "/" + strconv.Itoa(m.Partition) + "/" + strconv.FormatInt(m.Offset, 10), nil
 	case found:
 		return "", fmt.Errorf("%s[%d]@%d: header %s is empty: %w", m.Topic, m.Partition, m.Offset, ib.opts.MessageIDHeader, ErrNoMessageID)
 	default:

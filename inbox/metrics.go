@@ -2,6 +2,7 @@ package inbox
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
@@ -12,30 +13,20 @@ import (
 // meterName is the instrumentation scope of the inbox's instruments.
 const meterName = "github.com/gorm-outbox/outbox/inbox"
 
-// Instrument names. The handle and consumer instruments carry the attribute
-// inbox.handler (AttrHandler), the handler name; MetricPurged carries
-// inbox.table (AttrTable). Counters are recorded once per message (once per
-// purge statement for MetricPurged).
+// Instrument names. MetricPurged carries the attribute AttrTable, the others
+// AttrHandler.
 const (
-	// MetricProcessed counts the messages whose handler ran and whose
-	// transaction committed with the message id recorded (Handle returned
-	// Processed).
+	// MetricProcessed counts the messages Handle returned Processed for.
 	MetricProcessed = "inbox.processed"
-	// MetricDuplicates counts the messages skipped because their id was
-	// already recorded for the handler (Handle returned Duplicate).
+	// MetricDuplicates counts the messages Handle returned Duplicate for.
 	MetricDuplicates = "inbox.duplicates"
-	// MetricFailures counts the Handle calls that returned an error: the
-	// handler's, the database's, or a record without a usable message id.
-	// A Consumer's retries count again; calls whose context was done are
-	// excluded.
+	// MetricFailures counts the Handle calls that returned an error,
+	// retries included, calls whose context was done excluded.
 	MetricFailures = "inbox.failures"
 	// MetricHandleDuration is a histogram of whole Handle calls (every
-	// outcome, failures included), in seconds: the transaction, the id's
-	// record and the handler.
+	// outcome), in seconds.
 	MetricHandleDuration = "inbox.handle.duration"
-	// MetricDeadLettered counts the messages a Consumer wrote to its
-	// dead-letter topic (ConsumerOptions.DeadLetter) after
-	// ConsumerOptions.MaxAttempts failed attempts.
+	// MetricDeadLettered counts the messages a Consumer dead-lettered.
 	MetricDeadLettered = "inbox.dead_lettered"
 	// MetricPurged counts the processed ids Purge deleted.
 	MetricPurged = "inbox.purged"
@@ -64,38 +55,25 @@ type instruments struct {
 
 func newInstruments(mp metric.MeterProvider, table string) (*instruments, error) {
 	m := mp.Meter(meterName)
-	in := &instruments{tableAttrs: metric.WithAttributeSet(attribute.NewSet(attribute.String(AttrTable, table)))}
+	var errs []error
+	counter := func(name, unit, description string) metric.Int64Counter {
+		c, err := m.Int64Counter(name, metric.WithUnit(unit), metric.WithDescription(description))
+		errs = append(errs, err)
+		return c
+	}
+	in := &instruments{
+		tableAttrs:   metric.WithAttributeSet(attribute.NewSet(attribute.String(AttrTable, table))),
+		processed:    counter(MetricProcessed, "{message}", "Messages handled and recorded in one committed transaction."),
+		duplicates:   counter(MetricDuplicates, "{message}", "Messages skipped as already processed by the handler."),
+		failures:     counter(MetricFailures, "{attempt}", "Handle calls that returned an error, retries included."),
+		deadLettered: counter(MetricDeadLettered, "{message}", "Messages written to the dead-letter topic after the last attempt."),
+		purged:       counter(MetricPurged, "{message}", "Processed ids deleted after the retention window."),
+	}
 	seconds := []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}
 	var err error
-	for _, step := range []func() error{
-		func() error {
-			in.processed, err = m.Int64Counter(MetricProcessed, metric.WithUnit("{message}"), metric.WithDescription("Messages handled and recorded in one committed transaction."))
-			return err
-		},
-		func() error {
-			in.duplicates, err = m.Int64Counter(MetricDuplicates, metric.WithUnit("{message}"), metric.WithDescription("Messages skipped as already processed by the handler."))
-			return err
-		},
-		func() error {
-			in.failures, err = m.Int64Counter(MetricFailures, metric.WithUnit("{attempt}"), metric.WithDescription("Handle calls that returned an error, retries included."))
-			return err
-		},
-		func() error {
-			in.duration, err = m.Float64Histogram(MetricHandleDuration, metric.WithUnit("s"), metric.WithDescription("Duration of whole Handle calls."), metric.WithExplicitBucketBoundaries(seconds...))
-			return err
-		},
-		func() error {
-			in.deadLettered, err = m.Int64Counter(MetricDeadLettered, metric.WithUnit("{message}"), metric.WithDescription("Messages written to the dead-letter topic after the last attempt."))
-			return err
-		},
-		func() error {
-			in.purged, err = m.Int64Counter(MetricPurged, metric.WithUnit("{message}"), metric.WithDescription("Processed ids deleted after the retention window."))
-			return err
-		},
-	} {
-		if err := step(); err != nil {
-			return nil, err
-		}
+	in.duration, err = m.Float64Histogram(MetricHandleDuration, metric.WithUnit("s"), metric.WithDescription("Duration of whole Handle calls."), metric.WithExplicitBucketBoundaries(seconds...))
+	if err := errors.Join(append(errs, err)...); err != nil {
+		return nil, err
 	}
 	return in, nil
 }

@@ -1,6 +1,7 @@
 package inbox
 
 import (
+	"cmp"
 	"fmt"
 	"regexp"
 	"strconv"
@@ -17,19 +18,15 @@ const DefaultTable = "inbox_processed_messages"
 const MaxHandlerLength = 128
 
 // MaxMessageIDLength is the longest message id, in bytes: the width of the
-// message_id column. It holds an outbox message id (36 characters) and an id
-// derived from a record's position (Options.IDFromOffset: a topic of up to
-// 249 characters, its partition and offset).
+// message_id column, room for an id Options.IDFromOffset derives.
 const MaxMessageIDLength = 300
 
 // ProcessedMessage is one row of the processed-messages table: handler
 // HandlerName committed the effect of the message MessageID at
-// ProcessedAtMs. The primary key is (HandlerName, MessageID), so a message
-// is recorded once per handler; ProcessedAtMs is indexed for Purge.
+// ProcessedAtMs. A message is recorded once per handler.
 type ProcessedMessage struct {
-	// HandlerName names the consumer or handler that processed the message,
-	// 1 to MaxHandlerLength bytes: one message is processed once per
-	// handler, and independent handlers of one message each record it.
+	// HandlerName names the handler that processed the message, 1 to
+	// MaxHandlerLength bytes.
 	HandlerName ExactString `gorm:"column:handler_name;primaryKey;size:128;not null"`
 	// MessageID is the message's id (the outbox's message-id header, or the
 	// id Options.IDFromOffset derives), 1 to MaxMessageIDLength bytes.
@@ -40,14 +37,12 @@ type ProcessedMessage struct {
 }
 
 // ExactString is text the database compares byte for byte, as a message id
-// must be: varchar on PostgreSQL, text on SQLite, and varbinary on MySQL and
-// MariaDB, whose default collations ignore case and trailing spaces (they
-// would take "Order-1" for a duplicate of "order-1").
+// must be: on MySQL and MariaDB varbinary, as their default collations
+// ignore case and trailing spaces.
 type ExactString string
 
 // GormDBDataType gives the column type per database: varchar(size) on
-// PostgreSQL, varbinary(size) on MySQL/MariaDB, text on SQLite, for the
-// field's size tag.
+// PostgreSQL, varbinary(size) on MySQL/MariaDB, text on SQLite.
 func (ExactString) GormDBDataType(db *gorm.DB, f *schema.Field) string {
 	size := strconv.Itoa(f.Size)
 	switch db.Dialector.Name() {
@@ -66,29 +61,22 @@ func (ExactString) GormDBDataType(db *gorm.DB, f *schema.Field) string {
 // AutoMigrate, Handle and Purge.
 func (ProcessedMessage) TableName() string { return DefaultTable }
 
-// Config names the processed-messages table. A zero Config means
-// DefaultTable in the connection's default schema. The name is used as it
-// is: GORM's NamingStrategy (a TablePrefix, say) does not apply.
+// Config names the processed-messages table, used as it is (GORM's
+// NamingStrategy does not apply). A zero Config means DefaultTable.
 type Config struct {
 	// Schema optionally qualifies the table name (a PostgreSQL schema, a
-	// MySQL database, an attached SQLite database). Empty means the
-	// connection's default.
+	// MySQL database, an attached SQLite database).
 	Schema string
-	// Table is the processed-messages table. Empty means DefaultTable
-	// ("inbox_processed_messages").
+	// Table is the processed-messages table; empty means DefaultTable.
 	Table string
 }
 
-// identifier is what a table or schema name may be, as in package outbox:
-// letters, digits and underscores, not starting with a digit, at most 63
-// characters (the PostgreSQL limit).
+// identifier is what a table or schema name may be, as in package outbox.
 var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
 
 // WithDefaults returns c with every zero field replaced by its default.
 func (c Config) WithDefaults() Config {
-	if c.Table == "" {
-		c.Table = DefaultTable
-	}
+	c.Table = cmp.Or(c.Table, DefaultTable)
 	return c
 }
 
@@ -115,17 +103,13 @@ func (c Config) TableName() string {
 }
 
 // AutoMigrate creates or updates the processed-messages table of cfg with
-// GORM's migrator. With a zero Config it is
-// db.AutoMigrate(&ProcessedMessage{}); the DDL equals
-// migrations/inbox/<dialect>.sql (migrations.InboxSQL). The table may share a
-// database with the outbox tables or live in the consumer's own.
+// GORM's migrator, to the DDL of migrations/inbox/<dialect>.sql
+// (migrations.InboxSQL), in the outbox's database or the consumer's own.
 func AutoMigrate(db *gorm.DB, cfg Config) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	if cfg.Schema != "" && db.Dialector.Name() == "sqlite" {
-		// As for the outbox tables: gorm's sqlite migrator qualifies the
-		// indexed table, not the index name, which SQLite rejects.
+	if cfg.Schema != "" && db.Dialector.Name() == "sqlite" { // as outbox.AutoMigrate
 		return fmt.Errorf("inbox: AutoMigrate with Config.Schema %q is not supported on SQLite; apply migrations/inbox/sqlite.sql inside the attached database instead", cfg.Schema)
 	}
 	table := cfg.TableName()

@@ -8,13 +8,10 @@ import (
 
 // Purge deletes the processed ids recorded more than Options.Retention ago
 // (on Options.Clock), in statements of at most Options.PurgeBatchSize rows
-// each, until no such id is left or ctx is done, and returns how many it
-// deleted. Each statement commits on its own, so a large backlog never
-// holds a long transaction, and an error or a cancellation keeps what the
-// earlier statements deleted. A purged id's message, delivered again, is
-// processed again: keep Retention above the longest redelivery you expect
-// (see DefaultRetention). Purge is safe to run alongside Handle and from
-// several processes at once.
+// that each commit on their own, until none is left or ctx is done, and
+// returns how many it deleted. A purged id's message, delivered again, is
+// processed again (see DefaultRetention). Purge is safe to run alongside
+// Handle and from several processes at once.
 func (ib *Inbox) Purge(ctx context.Context) (int64, error) {
 	cutoff := ib.clock.Now().Add(-ib.opts.Retention).UnixMilli()
 	var total int64
@@ -36,10 +33,9 @@ func (ib *Inbox) Purge(ctx context.Context) (int64, error) {
 	}
 }
 
-// RunPurge runs Purge at once and then every Options.PurgeInterval, until
-// ctx is done; it returns nil then. A failed purge is logged at WARN and
-// retried at the next interval; a purge that deleted rows is logged at
-// INFO.
+// RunPurge runs Purge at once and then every Options.PurgeInterval until ctx
+// is done, and returns nil then. A failed purge is logged at WARN and
+// retried at the next interval.
 func (ib *Inbox) RunPurge(ctx context.Context) error {
 	for {
 		start := ib.clock.Now()
@@ -54,12 +50,8 @@ func (ib *Inbox) RunPurge(ctx context.Context) error {
 		default:
 			ib.log.Debug("nothing to purge", "retention", ib.opts.Retention)
 		}
-		tc, stop := ib.clock.NewTimer(ib.opts.PurgeInterval)
-		select {
-		case <-ctx.Done():
-			stop()
+		if !sleep(ctx, ib.clock, ib.opts.PurgeInterval) {
 			return nil
-		case <-tc:
 		}
 	}
 }

@@ -11,27 +11,17 @@ import (
 	"gorm.io/gorm/clause"
 )
 
-// The per-message statement
-//
-// Handle's INSERT runs once per message: it is the inbox's cost per
-// message on top of the handler's own. As the relay's hot path does, GORM
-// configures it (the dialect, the quoted table name and the bind-variable
-// syntax come from the *gorm.DB's dialector, once, in New) and the
-// statement goes straight to the transaction's database/sql connection
-// (gorm.ConnPool's ExecContext), shown to the *gorm.DB's logger like
-// GORM's own statements. Purge, rare, goes through GORM's Exec.
-
-// statements are the inbox's SQL texts, rendered by the dialector.
+// statements are the inbox's SQL texts, rendered once by the dialector.
+// Handle's INSERT, run once per message, goes straight to the transaction's
+// connection (shown to GORM's logger); Purge, rare, through GORM's Exec.
 type statements struct {
 	dialect string
-	// insert records (handler_name, message_id, processed_at_ms). On
-	// PostgreSQL and SQLite it does nothing on a conflict (0 rows
-	// affected); on MySQL/MariaDB it is a plain INSERT failing with a
-	// duplicate-key error, as ON DUPLICATE KEY UPDATE reports a row "found"
-	// as affected under the driver's clientFoundRows setting.
+	// insert records (handler_name, message_id, processed_at_ms); a
+	// conflict affects no row, or on MySQL/MariaDB fails with a
+	// duplicate-key error (ON DUPLICATE KEY UPDATE would count a row
+	// "found" under clientFoundRows).
 	insert string
-	// purge deletes at most one batch of rows with processed_at_ms below
-	// its one bind variable (GORM's ?).
+	// purge deletes at most one batch of rows with processed_at_ms below ?.
 	purge string
 }
 
@@ -52,21 +42,14 @@ func buildStatements(db *gorm.DB, table string, purgeBatch int) (statements, err
 	limit := strconv.Itoa(purgeBatch)
 	switch name {
 	case "postgres", "sqlite":
-		return statements{
-			dialect: name,
-			insert:  insert + " ON CONFLICT DO NOTHING",
+		return statements{dialect: name, insert: insert + " ON CONFLICT DO NOTHING",
 			purge: "DELETE FROM " + quoted + " WHERE (handler_name, message_id) IN (SELECT handler_name, message_id FROM " + quoted +
-				" WHERE processed_at_ms < ? ORDER BY processed_at_ms LIMIT " + limit + ")",
-		}, nil
+				" WHERE processed_at_ms < ? ORDER BY processed_at_ms LIMIT " + limit + ")"}, nil
 	case "mysql":
-		return statements{
-			dialect: name,
-			insert:  insert,
-			purge:   "DELETE FROM " + quoted + " WHERE processed_at_ms < ? ORDER BY processed_at_ms LIMIT " + limit,
-		}, nil
-	default:
-		return statements{}, fmt.Errorf("inbox: New: dialect %q is not supported (postgres, mysql and sqlite are)", name)
+		return statements{dialect: name, insert: insert,
+			purge: "DELETE FROM " + quoted + " WHERE processed_at_ms < ? ORDER BY processed_at_ms LIMIT " + limit}, nil
 	}
+	return statements{}, fmt.Errorf("inbox: New: dialect %q is not supported (postgres, mysql and sqlite are)", name)
 }
 
 // record inserts (handler, id) in tx and reports whether it did: false
@@ -91,8 +74,7 @@ func (ib *Inbox) record(tx *gorm.DB, handler, id string) (bool, error) {
 }
 
 // duplicateKey reports whether err is MySQL's duplicate-key error (1062),
-// as the dialector translates it (whatever gorm.Config.TranslateError
-// says), or as the driver words it when a wrapper hid its type.
+// translated or not, or worded so by a driver whose type a wrapper hid.
 func (ib *Inbox) duplicateKey(err error) bool {
 	if errors.Is(err, gorm.ErrDuplicatedKey) {
 		return true

@@ -7,19 +7,16 @@
 // never message contents. The outbox itself may live in any database; the
 // transport only needs a PostgreSQL connection string.
 //
-// PgBouncer caveat: LISTEN needs a session that stays on one server
-// connection. Through PgBouncer in transaction (or statement) pooling mode a
-// LISTEN is lost when the server connection is handed to another client, so
-// Listen first checks that a notification sent from another connection
-// reaches its own (a private probe channel) and otherwise fails with an
-// error wrapping ErrTransactionPooler instead of never waking; Check runs the
-// same probe, e.g. at startup. Point ConnString at PostgreSQL directly or at
-// a session-mode pool. NOTIFY (Publish) works through any pooling mode: its
-// connections use pgx's exec mode unless ConnString names another
-// default_query_exec_mode.
+// PgBouncer caveat: through a pooler in transaction (or statement) mode a
+// LISTEN is lost when the server connection changes hands, so Listen first
+// checks that a notification sent from another connection reaches its own
+// and otherwise fails with an error wrapping ErrTransactionPooler; Check
+// runs the same probe, e.g. at startup. Point ConnString at PostgreSQL or a
+// session-mode pool. NOTIFY (Publish) works through any pooling mode.
 package pgnotify
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -37,24 +34,20 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
-// DefaultChannel is the channel name when Config.Channel is empty.
-const DefaultChannel = "outbox_messages"
+const (
+	// DefaultChannel is the channel name when Config.Channel is empty.
+	DefaultChannel = "outbox_messages"
+	// DefaultProbeTimeout is how long Listen and Check wait for their probe
+	// notification when Config.ProbeTimeout is zero.
+	DefaultProbeTimeout = 2 * time.Second
 
-// maxPayload is below PostgreSQL's 8000-byte NOTIFY payload limit.
-const maxPayload = 7900
-
-// closeTimeout bounds closing the listening connection after cancellation.
-const closeTimeout = 5 * time.Second
-
-// DefaultProbeTimeout is how long Listen and Check wait for their probe
-// notification when Config.ProbeTimeout is zero.
-const DefaultProbeTimeout = 2 * time.Second
+	maxPayload   = 7900            // below PostgreSQL's 8000-byte NOTIFY payload limit
+	closeTimeout = 5 * time.Second // closing the listening connection after cancellation
+)
 
 // ErrTransactionPooler is wrapped by the error of Listen and Check when a
-// notification sent to the listening connection never arrived: the
-// connection string leads to a pooler in transaction or statement mode
-// (PgBouncer's pool_mode=transaction, for instance), where LISTEN is lost
-// when the server connection changes hands.
+// notification sent to the listening connection never arrived, as through
+// a pooler in transaction or statement mode.
 var ErrTransactionPooler = errors.New("pgnotify: LISTEN does not work through this connection: " +
 	"a notification sent to it never arrived, as through PgBouncer (or another pooler) in transaction or statement pooling mode; " +
 	"point Config.ConnString at PostgreSQL directly or at a session-mode pool")
@@ -68,23 +61,20 @@ type Config struct {
 	// ConnString is a PostgreSQL connection string (key=value or URL) as pgx
 	// accepts it. Required.
 	ConnString string
-	// Channel is the NOTIFY channel. Use one per outbox table and
-	// environment, the same on every writer and relay sharing the table.
-	// Empty means DefaultChannel ("outbox_messages"); it must match
-	// ^[a-z_][a-z0-9_]{0,62}$.
+	// Channel is the NOTIFY channel, one per outbox table and environment,
+	// the same on every writer and relay sharing the table. Empty means
+	// DefaultChannel; it must match ^[a-z_][a-z0-9_]{0,62}$.
 	Channel string
 	// Logger receives the transport's logs. Nil means slog.Default().
 	Logger *slog.Logger
-	// ProbeTimeout is how long Listen (and Check) wait for a notification
-	// sent from another connection to a private channel of the listening
-	// connection before failing with ErrTransactionPooler. Zero means
-	// DefaultProbeTimeout (2s); negative disables the probe.
+	// ProbeTimeout is how long Listen and Check wait for their probe
+	// notification before failing with ErrTransactionPooler. Zero means
+	// DefaultProbeTimeout; negative disables the probe.
 	ProbeTimeout time.Duration
 }
 
 // Transport publishes and receives bucket hints over LISTEN/NOTIFY. Its
-// methods are safe for concurrent use: the relay calls Publish from one
-// sender goroutine and Listen from one listener goroutine.
+// methods are safe for concurrent use.
 type Transport struct {
 	cfg    Config
 	poolMu sync.Mutex
@@ -100,18 +90,12 @@ func New(cfg Config) (*Transport, error) {
 	if _, err := pgx.ParseConfig(cfg.ConnString); err != nil {
 		return nil, fmt.Errorf("pgnotify: Config.ConnString: %w", err)
 	}
-	if cfg.Channel == "" {
-		cfg.Channel = DefaultChannel
-	}
+	cfg.Channel = cmp.Or(cfg.Channel, DefaultChannel)
 	if !channelName.MatchString(cfg.Channel) {
 		return nil, fmt.Errorf("pgnotify: Config.Channel %q: must match %s", cfg.Channel, channelName)
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
-	if cfg.ProbeTimeout == 0 {
-		cfg.ProbeTimeout = DefaultProbeTimeout
-	}
+	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
+	cfg.ProbeTimeout = cmp.Or(cfg.ProbeTimeout, DefaultProbeTimeout)
 	return &Transport{cfg: cfg}, nil
 }
 
@@ -162,8 +146,7 @@ func (t *Transport) getPool(ctx context.Context) (*pgxpool.Pool, error) {
 		return nil, fmt.Errorf("pgnotify: %w", err)
 	}
 	pc.MaxConns = 2
-	// One statement, nothing to gain from pgx's statement cache, whose
-	// named statements break through a transaction pooler.
+	// pgx's named cached statements break through a transaction pooler.
 	if pc.ConnConfig.DefaultQueryExecMode == pgx.QueryExecModeCacheStatement {
 		pc.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
 	}
@@ -182,32 +165,32 @@ func (t *Transport) Publish(ctx context.Context, buckets []int) error {
 	if len(buckets) == 0 {
 		return nil
 	}
+	return t.notify(ctx, "notify", t.cfg.Channel, Encode(buckets))
+}
+
+// notify sends payload on channel from the publishing pool.
+func (t *Transport) notify(ctx context.Context, what, channel, payload string) error {
 	p, err := t.getPool(ctx)
 	if err != nil {
 		return err
 	}
-	if _, err := p.Exec(ctx, "SELECT pg_notify($1, $2)", t.cfg.Channel, Encode(buckets)); err != nil {
-		return fmt.Errorf("pgnotify: notify %s: %w", t.cfg.Channel, err)
+	if _, err := p.Exec(ctx, "SELECT pg_notify($1, $2)", channel, payload); err != nil {
+		return fmt.Errorf("pgnotify: %s %s: %w", what, channel, err)
 	}
 	return nil
 }
 
 // Listen subscribes on a dedicated connection and calls fn once per received
-// bucket id (including -1 and buckets this relay does not own), on the
-// calling goroutine, until ctx is done or the connection fails. It returns
-// ctx.Err() after cancellation, or the connection's error; the relay calls
-// it again after its ErrorBackoff, which reconnects. Every callback has
-// returned when Listen returns.
+// bucket id (including -1), on the calling goroutine, until ctx is done or
+// the connection fails. It returns ctx.Err() after cancellation, or the
+// connection's error; the relay calls it again after a backoff. Every
+// callback has returned when Listen returns.
 func (t *Transport) Listen(ctx context.Context, fn func(bucket int)) error {
-	conn, err := pgx.Connect(ctx, t.cfg.ConnString)
+	conn, err := t.connect(ctx)
 	if err != nil {
-		return fmt.Errorf("pgnotify: connect listener: %w", err)
+		return err
 	}
-	defer func() {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)
-		defer cancel()
-		_ = conn.Close(cctx)
-	}()
+	defer t.close(ctx, conn)
 	if err := t.probe(ctx, conn); err != nil {
 		if errors.Is(err, ErrTransactionPooler) {
 			t.cfg.Logger.ErrorContext(ctx, "notification listener cannot listen: the connection is transaction-pooled", "channel", t.cfg.Channel, "error", err)
@@ -232,30 +215,36 @@ func (t *Transport) Listen(ctx context.Context, fn func(bucket int)) error {
 	}
 }
 
-// Check connects as Listen does and checks that the connection receives
-// notifications (see Config.ProbeTimeout): an error wrapping
-// ErrTransactionPooler means ConnString leads to a transaction-mode pooler,
-// where Listen would fail the same way. Call it at startup to fail fast.
+// Check connects as Listen does and runs its probe (see Config.ProbeTimeout):
+// an error wrapping ErrTransactionPooler means Listen would fail the same
+// way. Call it at startup to fail fast.
 func (t *Transport) Check(ctx context.Context) error {
-	conn, err := pgx.Connect(ctx, t.cfg.ConnString)
+	conn, err := t.connect(ctx)
 	if err != nil {
-		return fmt.Errorf("pgnotify: connect listener: %w", err)
+		return err
 	}
-	defer func() {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)
-		defer cancel()
-		_ = conn.Close(cctx)
-	}()
-	if t.cfg.ProbeTimeout < 0 {
-		return nil
-	}
+	defer t.close(ctx, conn)
 	return t.probe(ctx, conn)
 }
 
+func (t *Transport) connect(ctx context.Context) (*pgx.Conn, error) {
+	conn, err := pgx.Connect(ctx, t.cfg.ConnString)
+	if err != nil {
+		return nil, fmt.Errorf("pgnotify: connect listener: %w", err)
+	}
+	return conn, nil
+}
+
+// close closes conn within closeTimeout, even after ctx is done.
+func (t *Transport) close(ctx context.Context, conn *pgx.Conn) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)
+	defer cancel()
+	_ = conn.Close(cctx)
+}
+
 // probe LISTENs on a private channel on conn, NOTIFYs it from the publish
-// pool (another connection) and waits Config.ProbeTimeout for it. Through a
-// transaction pooler conn's LISTEN stays behind on a server connection conn
-// no longer holds, and nothing arrives.
+// pool (another connection) and waits Config.ProbeTimeout for it: through a
+// transaction pooler nothing arrives.
 func (t *Transport) probe(ctx context.Context, conn *pgx.Conn) error {
 	if t.cfg.ProbeTimeout < 0 {
 		return nil
@@ -267,12 +256,8 @@ func (t *Transport) probe(ctx context.Context, conn *pgx.Conn) error {
 	if _, err := conn.Exec(ctx, "LISTEN "+ch); err != nil {
 		return fmt.Errorf("pgnotify: listen %s: %w", ch, err)
 	}
-	p, err := t.getPool(ctx)
-	if err != nil {
+	if err := t.notify(ctx, "notify probe", ch, token); err != nil {
 		return err
-	}
-	if _, err := p.Exec(ctx, "SELECT pg_notify($1, $2)", ch, token); err != nil {
-		return fmt.Errorf("pgnotify: notify probe %s: %w", ch, err)
 	}
 	wctx, cancel := context.WithTimeout(ctx, t.cfg.ProbeTimeout)
 	defer cancel()
@@ -296,9 +281,8 @@ func (t *Transport) probe(ctx context.Context, conn *pgx.Conn) error {
 	}
 }
 
-// Close releases the publishing connections; it is an io.Closer, and
-// returns nil (closing the pool cannot fail). Listen connections close
-// when their ctx is done. Close is idempotent.
+// Close releases the publishing connections and returns nil; Listen
+// connections close when their ctx is done. Close is idempotent.
 func (t *Transport) Close() error {
 	t.poolMu.Lock()
 	defer t.poolMu.Unlock()

@@ -1,9 +1,11 @@
 package pgnotify
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -21,14 +23,12 @@ const maxPendingBuckets = 1024
 const DefaultSendBackoff = time.Second
 
 // Sender is an outbox notifier for processes that write outbox rows but run
-// no relay (writers scaled apart from cmd/outbox-relay workers): give it to
-// outbox.Plugin, and it broadcasts the committed bucket ids over the
-// Transport so that the owning relays wake at once. A process that runs a
-// relay does not need it: relay.Options.HintTransport already sends.
+// no relay: give it to outbox.Plugin, and it broadcasts the committed bucket
+// ids over the Transport so that the owning relays wake at once (a relay's
+// process needs none: relay.Options.HintTransport sends).
 //
-// Notifications never block and never fail the commit: they are coalesced
-// (a set of bucket ids, or "unknown" once more than 1,024 are pending) and
-// sent by Run's goroutine. Hints are advisory; the relays still poll.
+// Notifications never block nor fail the commit: they are coalesced (into
+// "unknown" past 1,024 pending buckets) and sent by Run's goroutine.
 type Sender struct {
 	t       *Transport
 	opts    SenderOptions
@@ -42,8 +42,8 @@ type Sender struct {
 
 // SenderOptions configures a Sender. The zero value means the defaults.
 type SenderOptions struct {
-	// Backoff is the wait after a failed send (the failed batch is dropped).
-	// Zero means DefaultSendBackoff (1s).
+	// Backoff is the wait after a failed send, whose batch is dropped. Zero
+	// means DefaultSendBackoff.
 	Backoff time.Duration
 	// Logger receives send failures. Nil means slog.Default().
 	Logger *slog.Logger
@@ -59,9 +59,7 @@ func (t *Transport) NewSender(opts SenderOptions) *Sender {
 	if opts.Backoff <= 0 {
 		opts.Backoff = DefaultSendBackoff
 	}
-	if opts.Logger == nil {
-		opts.Logger = slog.Default()
-	}
+	opts.Logger = cmp.Or(opts.Logger, slog.Default())
 	return &Sender{t: t, opts: opts, repeats: logrepeat.New(logrepeat.Interval), pending: map[int]struct{}{}, wake: make(chan struct{}, 1)}
 }
 
@@ -103,20 +101,15 @@ func (s *Sender) take(dst []int) []int {
 		s.unknown = false
 		return append(dst, -1)
 	}
-	for b := range s.pending {
-		dst = append(dst, b)
-	}
+	dst = slices.AppendSeq(dst, maps.Keys(s.pending))
 	clear(s.pending)
 	slices.Sort(dst)
 	return dst
 }
 
-// Run sends the pending hints until ctx is done, and then returns nil, as
-// relay.Relay.Run does after a clean stop.
-// A failed send drops its batch, is logged (at WARN the first time, then
-// the same error at most once a minute, DEBUG in between), and waits
-// Backoff. Hints
-// recorded after Run returned are never sent.
+// Run sends the pending hints until ctx is done, and returns nil then. A
+// failed send drops its batch, is logged (WARN at most once a minute for
+// the same error) and waits Backoff.
 func (s *Sender) Run(ctx context.Context) error {
 	var buf []int
 	for {

@@ -20,17 +20,15 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"sync"
 	"time"
 
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
-	"gorm.io/driver/sqlite"
 	"gorm.io/gorm"
-	"gorm.io/gorm/logger"
 
 	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/examples/internal/infra"
 	"github.com/gorm-outbox/outbox/inbox"
 	"github.com/gorm-outbox/outbox/kafkapub"
 )
@@ -82,15 +80,11 @@ func run() error {
 	// The consumer side: its own database, with the inbox's table
 	// (inbox.AutoMigrate, or migrations/inbox/<dialect>.sql) next to the
 	// side effect's.
-	dir, err := os.MkdirTemp("", "dedup-")
+	db, _, closeDB, err := infra.SQLite("consumer.db")
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	db, err := gorm.Open(sqlite.Open("file:"+filepath.Join(dir, "consumer.db")+"?_busy_timeout=10000&_journal_mode=WAL"), &gorm.Config{Logger: logger.Discard})
-	if err != nil {
-		return err
-	}
+	defer closeDB()
 	if err := inbox.AutoMigrate(db, inbox.Config{}); err != nil {
 		return err
 	}

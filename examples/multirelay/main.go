@@ -17,12 +17,11 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -32,12 +31,12 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
-	"github.com/twmb/franz-go/pkg/kfake"
 	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
 
 	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/examples/internal/infra"
 	"github.com/gorm-outbox/outbox/gormstore"
 	"github.com/gorm-outbox/outbox/kafkapub"
 	"github.com/gorm-outbox/outbox/relay"
@@ -138,22 +137,13 @@ func runParent(dsn string) error {
 		return err
 	}
 
-	brokers := strings.Split(os.Getenv("KAFKA_BROKERS"), ",")
-	if os.Getenv("KAFKA_BROKERS") == "" {
-		c, err := kfake.NewCluster(kfake.NumBrokers(1))
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		brokers = c.ListenAddrs()
-	}
-	topic := "multirelay-" + randomHex(4)
-	client := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 30 * time.Second}
-	res, err := client.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{Topic: topic, NumPartitions: partitions, ReplicationFactor: 1}}})
+	brokers, _, stopBroker, err := infra.Kafka()
 	if err != nil {
 		return err
 	}
-	if err := res.Errors[topic]; err != nil {
+	defer stopBroker()
+	topic := "multirelay-" + infra.RandomHex(4)
+	if err := infra.CreateTopic(ctx, brokers, topic, partitions); err != nil {
 		return err
 	}
 
@@ -221,21 +211,24 @@ func runParent(dsn string) error {
 		return out
 	}
 	show := func(o map[string][]int) string {
-		ids := make([]string, 0, len(o))
-		for id := range o {
-			ids = append(ids, id)
-		}
-		slices.Sort(ids)
 		var parts []string
-		for _, id := range ids {
+		for _, id := range slices.Sorted(maps.Keys(o)) {
 			parts = append(parts, fmt.Sprintf("%s %v", id, o[id]))
 		}
 		return strings.Join(parts, ", ")
 	}
-	waitOwners := func(what string, ok func(map[string][]int) bool) (map[string][]int, error) {
+	// shared waits until n relays own every bucket, in fair shares (sizes
+	// differ by at most one).
+	shared := func(what string, n int) (map[string][]int, error) {
+		buckets := cfg.WithDefaults().BucketCount
 		for {
 			o := owners()
-			if ok(o) {
+			total, least, most := 0, buckets, 0
+			for _, bs := range o {
+				total += len(bs)
+				least, most = min(least, len(bs)), max(most, len(bs))
+			}
+			if len(o) == n && total == buckets && most-least <= 1 {
 				return o, nil
 			}
 			if ctx.Err() != nil {
@@ -244,19 +237,8 @@ func runParent(dsn string) error {
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
-	coverAll := func(n int) func(map[string][]int) bool {
-		return func(o map[string][]int) bool {
-			// n relays own every bucket, in fair shares (sizes differ by at most one).
-			total, least, most := 0, cfg.WithDefaults().BucketCount, 0
-			for _, bs := range o {
-				total += len(bs)
-				least, most = min(least, len(bs)), max(most, len(bs))
-			}
-			return len(o) == n && total == cfg.WithDefaults().BucketCount && most-least <= 1
-		}
-	}
 
-	o, err := waitOwners("three relays share the buckets", coverAll(relays))
+	o, err := shared("three relays share the buckets", relays)
 	if err != nil {
 		return err
 	}
@@ -271,7 +253,7 @@ func runParent(dsn string) error {
 	delete(children, victim)
 	say("killed %s with SIGKILL (no lease release); it held buckets %v", victim, lost)
 
-	o, err = waitOwners("the survivors take over", coverAll(relays-1))
+	o, err = shared("the survivors take over", relays-1)
 	if err != nil {
 		return err
 	}
@@ -281,18 +263,8 @@ func runParent(dsn string) error {
 	if err := <-writerDone; err != nil {
 		return err
 	}
-	for {
-		var left int64
-		if err := db.Table(cfg.MessagesTableName()).Count(&left).Error; err != nil {
-			return err
-		}
-		if left == 0 {
-			break
-		}
-		if ctx.Err() != nil {
-			return fmt.Errorf("%d rows left in the outbox", left)
-		}
-		time.Sleep(50 * time.Millisecond)
+	if err := infra.Drained(ctx, db, cfg.MessagesTableName()); err != nil {
+		return err
 	}
 	say("writer stopped after %d rows; the outbox table is empty", len(written))
 
@@ -365,10 +337,4 @@ func readIDs(ctx context.Context, brokers []string, topic string) (map[string]bo
 		r.Close()
 	}
 	return ids, dups, nil
-}
-
-func randomHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
 }

@@ -24,28 +24,23 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/segmentio/kafka-go"
-	"github.com/twmb/franz-go/pkg/kfake"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"gorm.io/driver/postgres"
-	"gorm.io/driver/sqlite"
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
 
 	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/examples/internal/infra"
 	"github.com/gorm-outbox/outbox/gormstore"
 	"github.com/gorm-outbox/outbox/kafkapub"
 	"github.com/gorm-outbox/outbox/relay"
@@ -127,13 +122,13 @@ func run() error {
 	}
 
 	// 4. Kafka: a real cluster or an in-process broker, and a fresh topic.
-	brokers, brokerDesc, stopBroker, err := startBroker()
+	brokers, brokerDesc, stopBroker, err := infra.Kafka()
 	if err != nil {
 		return err
 	}
 	defer stopBroker()
-	topic := "quickstart-orders-" + randomHex(4)
-	if err := createTopic(ctx, brokers, topic); err != nil {
+	topic := "quickstart-orders-" + infra.RandomHex(4)
+	if err := infra.CreateTopic(ctx, brokers, topic, partitions); err != nil {
 		return err
 	}
 
@@ -192,21 +187,14 @@ func run() error {
 
 	// 8. Wait until every committed order arrived and the relay deleted
 	// every row it published.
-	deadline := time.Now().Add(60 * time.Second)
 	var pending int64
-	for {
-		pending = -1
-		var n int64
-		if err := db.Table(cfg.MessagesTableName()).Count(&n).Error; err == nil {
-			pending = n
+	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if err := db.Table(cfg.MessagesTableName()).Count(&pending).Error; err != nil {
+			pending = -1
 		}
 		if c.hasAll(committed) && pending == 0 {
 			break
 		}
-		if time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 	stopRelay()
 	if err := <-relayDone; err != nil {
@@ -254,55 +242,19 @@ func run() error {
 // openDB opens PostgreSQL when POSTGRES_DSN is set, else a SQLite file in a
 // new temporary directory.
 func openDB() (db *gorm.DB, desc string, cleanup func(), err error) {
-	cfg := &gorm.Config{Logger: logger.Discard}
 	if dsn := os.Getenv("POSTGRES_DSN"); dsn != "" {
-		db, err = gorm.Open(postgres.Open(dsn), cfg)
+		db, err = gorm.Open(postgres.Open(dsn), &gorm.Config{Logger: logger.Discard})
 		if err != nil {
 			return nil, "", nil, fmt.Errorf("open postgres: %w", err)
 		}
 		sqlDB, _ := db.DB()
 		return db, "postgres (POSTGRES_DSN)", func() { _ = sqlDB.Close() }, nil
 	}
-	dir, err := os.MkdirTemp("", "outbox-quickstart-")
+	db, path, done, err := infra.SQLite("quickstart.db")
 	if err != nil {
 		return nil, "", nil, err
 	}
-	path := filepath.Join(dir, "quickstart.db")
-	// WAL and a busy timeout let the writers and the relay share the file;
-	// immediate transactions avoid lock upgrades between concurrent writers.
-	db, err = gorm.Open(sqlite.Open("file:"+path+"?_busy_timeout=10000&_journal_mode=WAL&_txlock=immediate"), cfg)
-	if err != nil {
-		_ = os.RemoveAll(dir)
-		return nil, "", nil, fmt.Errorf("open sqlite: %w", err)
-	}
-	sqlDB, _ := db.DB()
-	return db, "sqlite " + path, func() { _ = sqlDB.Close(); _ = os.RemoveAll(dir) }, nil
-}
-
-// startBroker returns KAFKA_BROKERS when set, else starts kfake on loopback.
-func startBroker() (brokers []string, desc string, stop func(), err error) {
-	if v := os.Getenv("KAFKA_BROKERS"); v != "" {
-		return strings.Split(v, ","), "KAFKA_BROKERS " + v, func() {}, nil
-	}
-	c, err := kfake.NewCluster(kfake.NumBrokers(1)) // listens on 127.0.0.1, random port
-	if err != nil {
-		return nil, "", nil, fmt.Errorf("start in-process broker: %w", err)
-	}
-	return c.ListenAddrs(), "in-process broker (kfake) at " + strings.Join(c.ListenAddrs(), ","), c.Close, nil
-}
-
-func createTopic(ctx context.Context, brokers []string, topic string) error {
-	client := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 30 * time.Second}
-	res, err := client.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{
-		Topic: topic, NumPartitions: partitions, ReplicationFactor: 1,
-	}}})
-	if err != nil {
-		return fmt.Errorf("create topic %s: %w", topic, err)
-	}
-	if err := res.Errors[topic]; err != nil {
-		return fmt.Errorf("create topic %s: %w", topic, err)
-	}
-	return nil
+	return db, "sqlite " + path, done, nil
 }
 
 // placeOrders writes orderCount orders from several goroutines and returns
@@ -456,10 +408,4 @@ func acknowledged(ctx context.Context, reader *sdkmetric.ManualReader) int64 {
 		}
 	}
 	return n
-}
-
-func randomHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
 }

@@ -21,13 +21,10 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -42,11 +39,10 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
-	"gorm.io/driver/sqlite"
 	"gorm.io/gorm"
-	"gorm.io/gorm/logger"
 
 	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/examples/internal/infra"
 	"github.com/gorm-outbox/outbox/gormstore"
 	"github.com/gorm-outbox/outbox/kafkapub"
 	"github.com/gorm-outbox/outbox/relay"
@@ -77,20 +73,26 @@ func run() error {
 	otel.SetTracerProvider(tp)
 	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
 
-	dir, err := os.MkdirTemp("", "outbox-tracing-")
+	db, _, closeDB, err := infra.SQLite("app.db")
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	db, err := gorm.Open(sqlite.Open("file:"+filepath.Join(dir, "app.db")+"?_busy_timeout=10000&_journal_mode=WAL&_txlock=immediate"), &gorm.Config{Logger: logger.Discard})
-	if err != nil {
-		return err
-	}
-	brokers, topic, kafkaDesc, stopBroker, err := startBroker(ctx)
+	defer closeDB()
+	// The topic "orders" on the in-process broker, a fresh one on a real
+	// cluster.
+	brokers, kafkaDesc, stopBroker, err := infra.Kafka(kfake.SeedTopics(1, "orders"))
 	if err != nil {
 		return err
 	}
 	defer stopBroker()
+	topic := "orders"
+	if os.Getenv("KAFKA_BROKERS") != "" {
+		topic += "-" + infra.RandomHex(4)
+		if err := infra.CreateTopic(ctx, brokers, topic, 1); err != nil {
+			return err
+		}
+	}
+	kafkaDesc += ", topic " + topic
 
 	// The outbox: the plugin (Propagator nil: the global one) and a relay
 	// whose publisher records its spans with the global TracerProvider.
@@ -125,11 +127,7 @@ func run() error {
 
 	// The writer: a request handler's span, with baggage, around the
 	// transaction that writes the order and its record.
-	member, err := baggage.NewMember("tenant", "acme")
-	if err != nil {
-		return err
-	}
-	bag, err := baggage.New(member)
+	bag, err := baggage.Parse("tenant=acme")
 	if err != nil {
 		return err
 	}
@@ -161,38 +159,14 @@ func run() error {
 	return report(rec, kafkaDesc, tenant, writer.SpanContext(), spans.GetSpans())
 }
 
-// startBroker returns the brokers of KAFKA_BROKERS and a fresh
-// one-partition topic created there when the variable is set, else an
-// in-process broker (kfake) on loopback with the topic "orders".
-func startBroker(ctx context.Context) (brokers []string, topic, desc string, stop func(), err error) {
-	if v := os.Getenv("KAFKA_BROKERS"); v != "" {
-		brokers = strings.Split(v, ",")
-		b := make([]byte, 4)
-		_, _ = rand.Read(b)
-		topic = "orders-" + hex.EncodeToString(b)
-		client := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 30 * time.Second}
-		res, err := client.CreateTopics(ctx, &kafka.CreateTopicsRequest{Topics: []kafka.TopicConfig{{Topic: topic, NumPartitions: 1, ReplicationFactor: 1}}})
-		if err == nil {
-			err = res.Errors[topic]
-		}
-		if err != nil {
-			return nil, "", "", nil, fmt.Errorf("create topic %s on KAFKA_BROKERS %s: %w", topic, v, err)
-		}
-		return brokers, topic, "KAFKA_BROKERS " + v + ", topic " + topic, func() {}, nil
-	}
-	topic = "orders"
-	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(1, topic))
-	if err != nil {
-		return nil, "", "", nil, fmt.Errorf("start in-process broker: %w", err)
-	}
-	addrs := c.ListenAddrs()
-	return addrs, topic, "in-process broker (kfake) at " + strings.Join(addrs, ",") + ", topic " + topic, c.Close, nil
-}
-
 // consume handles one record in a CONSUMER span that continues the trace
 // the record's headers carry, and returns the tenant of its baggage.
 func consume(ctx context.Context, rec kafka.Message) (tenant string) {
-	ctx = otel.GetTextMapPropagator().Extract(ctx, headerCarrier(rec.Headers))
+	headers := propagation.MapCarrier{} // the propagator reads the record's headers
+	for _, h := range rec.Headers {
+		headers[h.Key] = string(h.Value)
+	}
+	ctx = otel.GetTextMapPropagator().Extract(ctx, headers)
 	ctx, span := otel.Tracer("example/shipping").Start(ctx, "process "+rec.Topic,
 		trace.WithSpanKind(trace.SpanKindConsumer),
 		trace.WithAttributes(
@@ -202,34 +176,12 @@ func consume(ctx context.Context, rec kafka.Message) (tenant string) {
 			semconv.MessagingDestinationName(rec.Topic),
 			semconv.MessagingDestinationPartitionID(strconv.Itoa(rec.Partition)),
 			semconv.MessagingKafkaOffset(int(rec.Offset)),
-			semconv.MessagingMessageID(headerCarrier(rec.Headers).Get(kafkapub.DefaultMessageIDHeader)),
+			semconv.MessagingMessageID(headers.Get(kafkapub.DefaultMessageIDHeader)),
 		))
 	defer span.End()
 	// The handler's work runs under ctx: its spans, database calls and
 	// outgoing requests join the writer's trace.
 	return baggage.FromContext(ctx).Member("tenant").Value()
-}
-
-// headerCarrier lets a propagator read a kafka-go record's headers.
-type headerCarrier []kafka.Header
-
-func (c headerCarrier) Get(key string) string {
-	for _, h := range c {
-		if h.Key == key {
-			return string(h.Value)
-		}
-	}
-	return ""
-}
-
-func (headerCarrier) Set(string, string) {}
-
-func (c headerCarrier) Keys() []string {
-	keys := make([]string, len(c))
-	for i, h := range c {
-		keys[i] = h.Key
-	}
-	return keys
 }
 
 // report prints the record's headers and the spans, and checks that the

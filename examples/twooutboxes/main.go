@@ -17,16 +17,14 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
-	"gorm.io/driver/sqlite"
 	"gorm.io/gorm"
-	"gorm.io/gorm/logger"
 
 	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/examples/internal/infra"
 	"github.com/gorm-outbox/outbox/gormstore"
 	"github.com/gorm-outbox/outbox/kafkapub"
 	"github.com/gorm-outbox/outbox/relay"
@@ -42,15 +40,11 @@ func main() {
 func run() error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	dir, err := os.MkdirTemp("", "twooutboxes-")
+	db, _, closeDB, err := infra.SQLite("app.db")
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
-	db, err := gorm.Open(sqlite.Open("file:"+filepath.Join(dir, "app.db")+"?_busy_timeout=10000&_journal_mode=WAL&_txlock=immediate"), &gorm.Config{Logger: logger.Discard})
-	if err != nil {
-		return err
-	}
+	defer closeDB()
 	broker, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.SeedTopics(4, "orders", "invoices"))
 	if err != nil {
 		return err
@@ -116,18 +110,8 @@ func run() error {
 
 	// Each relay drains its own table.
 	for _, cfg := range []outbox.Config{orders, billing} {
-		for {
-			var left int64
-			if err := db.Table(cfg.MessagesTableName()).Count(&left).Error; err != nil {
-				return err
-			}
-			if left == 0 {
-				break
-			}
-			if ctx.Err() != nil {
-				return fmt.Errorf("%d rows left in %s", left, cfg.MessagesTableName())
-			}
-			time.Sleep(10 * time.Millisecond)
+		if err := infra.Drained(ctx, db, cfg.MessagesTableName()); err != nil {
+			return err
 		}
 		var leases int64
 		if err := db.Table(cfg.LeasesTableName()).Count(&leases).Error; err != nil {

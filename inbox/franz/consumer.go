@@ -18,42 +18,28 @@ import (
 // so it bounds how long a rebalance waits for this member.
 const MaxPollRecords = 100
 
-// HandlerFunc applies a record's effect in tx, the transaction that
-// records its message id. tx is bound to Run's context. An error rolls the
-// transaction back and makes the Consumer try the record again.
+// HandlerFunc applies a record's effect in tx, as inbox.HandlerFunc does.
 type HandlerFunc func(tx *gorm.DB, r *kgo.Record) error
 
 // Consumer runs a handler over a consumer group's records with the
-// contract of inbox.Consumer: fetch, inbox.Inbox.Handle, and commit the
-// record's offset only after the transaction committed; a failed record is
-// retried with backoff (or dead-lettered), never skipped. It handles one
-// record at a time, each partition's records in offset order; run several
-// Consumers in the group to handle partitions in parallel.
-//
-// A member thrown out of its group while it handles a poll's records (its
-// session expired, or it blocked a rebalance past the rebalance timeout)
-// cannot commit their offsets: the Consumer drops the rest of the poll and
+// contract of inbox.Consumer. A member thrown out of its group while it
+// handles a poll's records (its session expired, or it blocked a rebalance
+// too long) cannot commit their offsets: it drops the rest of the poll and
 // rejoins, and the records handled since the last committed offset are
-// redelivered and skipped as duplicates (see the reader's CommitMessages).
+// redelivered and skipped as duplicates.
 type Consumer struct {
 	c  *inbox.Consumer
 	cl *kgo.Client
 	r  *reader
 }
 
-// NewConsumer returns a Consumer whose new client is built from opts,
-// which must name the brokers, the group (kgo.ConsumerGroup) and its
-// topics (kgo.ConsumeTopics, or a regular expression of them). It reads
-// with read_committed unless opts set kgo.FetchIsolationLevel otherwise;
-// it always sets kgo.DisableAutoCommit (the Consumer commits each offset
-// after its transaction) and kgo.BlockRebalanceOnPoll (a rebalance waits
-// until the records of the last poll, at most MaxPollRecords, are
-// handled). Do not set kgo.OnPartitionsRevoked to commit offsets.
-//
-// copts are inbox.ConsumerOptions: with DeadLetterTopic and no DeadLetter
-// writer, the Consumer's client produces the dead letters (with its
-// producer options: acks from all in-sync replicas, idempotent, by
-// default). Close the Consumer after Run returned.
+// NewConsumer returns a Consumer whose new client is built from opts, which
+// must name the brokers, the group (kgo.ConsumerGroup) and its topics. It
+// reads with read_committed unless opts set kgo.FetchIsolationLevel; it
+// always sets kgo.DisableAutoCommit and kgo.BlockRebalanceOnPoll. Do not set
+// kgo.OnPartitionsRevoked to commit offsets. With copts.DeadLetterTopic and
+// no DeadLetter writer, the client produces the dead letters. Close the
+// Consumer after Run returned.
 func NewConsumer(ib *inbox.Inbox, handler string, fn HandlerFunc, copts inbox.ConsumerOptions, opts ...kgo.Opt) (*Consumer, error) {
 	if fn == nil {
 		return nil, errors.New("franz: NewConsumer: nil HandlerFunc")
@@ -99,8 +85,8 @@ func (c *Consumer) Close() {
 }
 
 // reader is an inbox.Reader over a group client that blocks rebalances
-// while a poll's records are handled. Each kafka.Message it returns holds
-// its *kgo.Record in WriterData.
+// while a poll's records are handled; each message holds its *kgo.Record in
+// WriterData.
 type reader struct {
 	cl     *kgo.Client
 	buf    []*kgo.Record
@@ -126,8 +112,7 @@ func (r *reader) FetchMessage(ctx context.Context) (kafka.Message, error) {
 		if err := ctx.Err(); err != nil {
 			return kafka.Message{}, err
 		}
-		// Fetch errors are the client's to retry (it logs them, with
-		// kgo.WithLogger); the records polled with them are good.
+		// Fetch errors are the client's to retry; the records are good.
 		if l, ok := r.cl.OptValue(kgo.WithLogger).(kgo.Logger); ok {
 			fs.EachError(func(topic string, partition int32, err error) {
 				l.Log(kgo.LogLevelWarn, "inbox: fetch error", "topic", topic, "partition", partition, "err", err)
@@ -141,17 +126,10 @@ func (r *reader) FetchMessage(ctx context.Context) (kafka.Message, error) {
 	return message(rec), nil
 }
 
-// CommitMessages commits the offsets past msgs. A commit the coordinator
-// refuses because this member is no longer in the group
-// (UNKNOWN_MEMBER_ID, ILLEGAL_GENERATION, FENCED_INSTANCE_ID,
-// REBALANCE_IN_PROGRESS: its session expired, say while the broker was
-// unreachable, or it blocked a rebalance past the rebalance timeout) can
-// never succeed while the poll's records block the client's rejoin:
-// retrying it would stall the Consumer for good. Such a commit is dropped,
-// with the rest of the poll's records, and the client may rejoin: the
-// partitions' next owners (this member again, perhaps) resume from the
-// group's committed offsets, so the records handled since are redelivered
-// and skipped as duplicates.
+// CommitMessages commits the offsets past msgs. A commit refused because
+// this member left the group can never succeed while the poll's records
+// block the rejoin: it is dropped, with the rest of the poll, and the
+// client may rejoin (see Consumer).
 func (r *reader) CommitMessages(ctx context.Context, msgs ...kafka.Message) error {
 	recs := make([]*kgo.Record, len(msgs))
 	for i, m := range msgs {

@@ -1,20 +1,13 @@
 // Package logrepeat bounds the log lines of failures that repeat.
 //
-// A relay retries what fails: a database that is down for an hour fails
-// its lease renewal every second and each bucket's fetch at every backoff
-// step. One line per attempt buries the first, telling line under
-// thousands of copies. A Limiter lets the first occurrence of each
-// failure through at WARN, then the same failure (the same operation
-// failing with the same kind of error) at most once per interval, with
-// the number of occurrences in between; the others go to DEBUG. A new
-// kind is a new failure and is logged at once.
+// A Limiter lets the first occurrence of each failure through at WARN, then
+// the same failure (the same operation failing with the same kind of error)
+// at most once per interval, with the number of occurrences in between; the
+// others go to DEBUG, so that an outage's retries do not bury its first line.
 //
 // An error's kind is its text with every run of hexadecimal digits and
-// dashes that holds a decimal digit read as one "#": a broker's "write
-// tcp 127.0.0.1:54012->127.0.0.1:9092: i/o timeout" is one kind whatever
-// the connection's local port, and "relay: bucket 3: …" whatever the
-// bucket or the message id, so that an outage's attempts from many
-// connections and buckets count as one failure. Lines keep the full text.
+// dashes that holds a decimal digit read as "#", so that an outage's
+// attempts from many connections, buckets and ids count as one failure.
 package logrepeat
 
 import (
@@ -23,6 +16,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode"
 )
 
 // Interval is the default spacing of a repeated failure's WARN lines.
@@ -118,9 +112,7 @@ func (l *Limiter) Recovered(op string) (failures int, since time.Time) {
 }
 
 // Log logs a failure of op that is retried, at the level Failure gives
-// it, with the repeats in between ("repeated") and the error last. An
-// outage of an hour thus leaves about sixty lines per operation, not one
-// per attempt.
+// it, with the repeats in between ("repeated") and the error last.
 func (l *Limiter) Log(ctx context.Context, log *slog.Logger, now time.Time, op, msg string, err error, args ...any) {
 	level, repeated := l.Failure(op, err, now)
 	if repeated > 0 {
@@ -144,7 +136,7 @@ func kind(text string) string {
 	var b strings.Builder
 	for i := 0; i < len(text); {
 		j, digit := i, false
-		for ; j < len(text) && (isHex(text[j]) || text[j] == '-'); j++ {
+		for ; j < len(text) && (unicode.Is(unicode.ASCII_Hex_Digit, rune(text[j])) || text[j] == '-'); j++ {
 			digit = digit || '0' <= text[j] && text[j] <= '9'
 		}
 		if j == i {
@@ -158,10 +150,6 @@ func kind(text string) string {
 		i = j
 	}
 	return b.String()
-}
-
-func isHex(c byte) bool {
-	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
 }
 
 func (l *Limiter) forgetOldest() {

@@ -2,20 +2,15 @@
 // library's tests: it keeps what the instruments report and hands it out on
 // Collect, as the SDK's ManualReader does with cumulative temporality.
 //
-// It exists so that the library module needs no OpenTelemetry SDK: every
-// module the library's go.mod lists, its tests' included, shows up in an
-// importer's module graph (see scripts/importer-check.sh). The commands and
-// examples, in their own modules, use the SDK itself.
-//
-// Recorded: counters and histograms (int64 and float64, cumulative per
-// attribute set, present from their first measurement, a zero one
-// included) and observable gauges (int64 and float64, only what the
-// callbacks observed during the latest Collect). Instruments of other kinds
-// are the no-op API's and record nothing: add them here when the library
-// starts using them.
+// It keeps the OpenTelemetry SDK out of the library's module graph (see
+// scripts/importer-check.sh). Recorded: counters and histograms (cumulative
+// per attribute set, from their first measurement) and observable gauges
+// (what the callbacks observed during the latest Collect); instruments of
+// other kinds record nothing.
 package metrictest
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"maps"
@@ -117,11 +112,9 @@ func (r *Reader) Collect(ctx context.Context) ([]Point, error) {
 		out = append(out, *p)
 	}
 	obs.mu.Unlock()
+	enc := attribute.DefaultEncoder()
 	slices.SortFunc(out, func(a, b Point) int {
-		if c := strings.Compare(a.Name, b.Name); c != 0 {
-			return c
-		}
-		return strings.Compare(a.Attrs.Encoded(attribute.DefaultEncoder()), b.Attrs.Encoded(attribute.DefaultEncoder()))
+		return cmp.Or(strings.Compare(a.Name, b.Name), strings.Compare(a.Attrs.Encoded(enc), b.Attrs.Encoded(enc)))
 	})
 	if errs != nil {
 		return out, fmt.Errorf("metrictest: callbacks failed: %s", strings.Join(errs, "; "))
@@ -363,12 +356,8 @@ type Readings struct {
 // Read collects r's current values, failing t when Collect fails.
 func (r *Reader) Read(t testing.TB) Readings {
 	t.Helper()
-	points, err := r.Collect(context.Background())
-	if err != nil {
-		t.Fatalf("Collect: %v", err)
-	}
 	out := Readings{Values: map[string]float64{}, Counts: map[string]uint64{}, Names: map[string]string{}}
-	for _, p := range points {
+	for _, p := range r.points(t) {
 		switch p.Kind {
 		case Counter:
 			out.Values[p.Name] += p.Value
@@ -386,15 +375,20 @@ func (r *Reader) Read(t testing.TB) Readings {
 // their attribute key, failing t when Collect fails.
 func (r *Reader) SumBy(t testing.TB, name, key string) map[string]int64 {
 	t.Helper()
-	points, err := r.Collect(context.Background())
-	if err != nil {
-		t.Fatalf("Collect: %v", err)
-	}
 	out := map[string]int64{}
-	for _, p := range points {
+	for _, p := range r.points(t) {
 		if p.Name == name {
 			out[p.Attr(key)] += int64(p.Value)
 		}
 	}
 	return out
+}
+
+func (r *Reader) points(t testing.TB) []Point {
+	t.Helper()
+	points, err := r.Collect(context.Background())
+	if err != nil {
+		t.Fatalf("Collect: %v", err)
+	}
+	return points
 }

@@ -3,24 +3,16 @@
 // span API is told, and ended spans are handed out by Recorder.Ended, as the
 // SDK's tracetest.SpanRecorder does.
 //
-// It exists so that the library module needs no OpenTelemetry SDK: every
-// module the library's go.mod lists, its tests' included, shows up in an
-// importer's module graph (see scripts/importer-check.sh). The commands and
-// examples, in their own modules, use the SDK itself.
-//
-// Each span is sampled and recording until it ends. Its SpanContext has a
-// random span id and the trace id (and trace state) of its parent, the span
-// context in the Start context unless trace.WithNewRoot is given, local or
-// remote; a span without a valid parent gets a random trace id. Recorded:
-// the name, kind (SpanKindInternal when unspecified), attributes (a key set
-// again keeps its latest value), links, status (the SDK's rules: Ok is
-// final, a description only with Error), events (RecordError adds an
-// "exception" event with exception.type and exception.message), the parent
-// span context and the start and end times. Unlike the SDK's, no limit
-// applies to attributes, links or events.
+// It keeps the OpenTelemetry SDK out of the library's module graph (see
+// scripts/importer-check.sh). Each span is sampled and recording until it
+// ends, with a random span id and its parent's trace id (a random one for a
+// root). Recorded as the SDK records them, without its limits: the name,
+// kind, attributes, links, status, events (RecordError's "exception"
+// included), the parent span context and the start and end times.
 package spantest
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"math/rand/v2"
@@ -129,17 +121,13 @@ func (t tracer) Start(ctx context.Context, name string, opts ...trace.SpanStartO
 		parent = trace.SpanContext{}
 		sc.TraceID = newTraceID()
 	}
-	start := cfg.Timestamp()
-	if start.IsZero() {
-		start = time.Now()
-	}
 	s := &span{r: t.r, data: Span{
 		Scope:       t.scope,
 		Name:        name,
 		Kind:        trace.ValidateSpanKind(cfg.SpanKind()),
 		SpanContext: trace.NewSpanContext(sc),
 		Parent:      parent,
-		Start:       start,
+		Start:       cmp.Or(cfg.Timestamp(), time.Now()),
 	}}
 	s.setAttributes(cfg.Attributes())
 	for _, l := range cfg.Links() {
@@ -184,10 +172,7 @@ func (s *span) IsRecording() bool {
 
 func (s *span) End(opts ...trace.SpanEndOption) {
 	cfg := trace.NewSpanEndConfig(opts...)
-	end := cfg.Timestamp()
-	if end.IsZero() {
-		end = time.Now()
-	}
+	end := cmp.Or(cfg.Timestamp(), time.Now())
 	s.mu.Lock()
 	if !s.recording() {
 		s.mu.Unlock()

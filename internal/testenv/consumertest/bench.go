@@ -14,14 +14,10 @@ import (
 	"github.com/gorm-outbox/outbox/internal/testenv"
 )
 
-// Bench measures what an effect costs through c's consumer against a bare
-// transaction: b.N one-row effects committed by db.Transaction, one after
-// another (bare-ns/effect), then b.N records on one partition applied by
-// one consumer, the same row each, from the consumer's start until the
-// group's offset passed the last (consumer-ns/effect: the fetch, Handle's
-// transaction and the offset commit of every record), and their ratio
-// (consumer/bare). It runs on every database with the real broker when the
-// environment names one, the in-process broker otherwise.
+// Bench measures what an effect costs through c's consumer (fetch, Handle's
+// transaction, offset commit: consumer-ns/effect) against a bare one-row
+// transaction (bare-ns/effect), and their ratio (consumer/bare), on every
+// database with the real broker when the environment names one.
 //
 //	go test -run '^$' -bench ConsumerVsBareTransaction -benchtime 1000x ./internal/tests/inbox/ ./internal/tests/inbox/franz/
 func Bench(b *testing.B, c Client) {

@@ -11,16 +11,9 @@ import (
 	"github.com/gorm-outbox/outbox/internal/testenv"
 )
 
-// forEachDBAndBroker runs f as subtests named <database>_<broker>: every
-// database with the in-process broker and, on PostgreSQL, also with the
-// real broker when the environment names one.
-func forEachDBAndBroker(t *testing.T, f func(t *testing.T, o testenv.Opener, b testenv.Broker)) {
-	t.Helper()
-	forEachPairing(t, false, f)
-}
-
-// forEachPairing is forEachDBAndBroker, with the real broker on every
-// database when everyDB is set.
+// forEachPairing runs f as subtests named <database>_<broker>: every
+// database with the in-process broker and, on PostgreSQL (every database
+// when everyDB is set), with the real broker when the environment names one.
 func forEachPairing(t *testing.T, everyDB bool, f func(t *testing.T, o testenv.Opener, b testenv.Broker)) {
 	t.Helper()
 	for _, o := range testenv.Databases(t) {
@@ -41,9 +34,7 @@ func forEachPairing(t *testing.T, everyDB bool, f func(t *testing.T, o testenv.O
 // produce writes msgs to topic, each to its Partition.
 func produce(t testing.TB, b testenv.Broker, topic string, msgs ...kafka.Message) {
 	t.Helper()
-	// A transport of its own: kafka-go's shared default caches metadata, in
-	// which a topic created a moment ago may not exist yet.
-	tr := &kafka.Transport{}
+	tr := &kafka.Transport{} // its own: the default caches metadata
 	defer tr.CloseIdleConnections()
 	w := &kafka.Writer{
 		Addr:         kafka.TCP(b.Addrs...),
@@ -101,21 +92,27 @@ func committed(t testing.TB, b testenv.Broker, group, topic string, partitions i
 // (partition → offset), failing t after a minute.
 func waitCommitted(t testing.TB, b testenv.Broker, group, topic string, want map[int]int64) {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for {
-		got := committed(t, b, group, topic, len(want))
-		done := true
+	var got map[int]int64
+	if !eventually(20*time.Millisecond, func() bool {
+		got = committed(t, b, group, topic, len(want))
 		for p, off := range want {
 			if got[p] < off {
-				done = false
+				return false
 			}
 		}
-		if done {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("committed offsets of %s = %v; want %v", group, got, want)
-		}
-		time.Sleep(20 * time.Millisecond)
+		return true
+	}) {
+		t.Fatalf("committed offsets of %s = %v; want %v", group, got, want)
 	}
+}
+
+// eventually reports whether cond held, polled every interval, within a
+// minute.
+func eventually(every time.Duration, cond func() bool) bool {
+	for deadline := time.Now().Add(time.Minute); !cond(); time.Sleep(every) {
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
+	return true
 }

@@ -22,22 +22,16 @@ import (
 	"github.com/gorm-outbox/outbox/relay"
 )
 
-// RunEffects is the effects audit, end to end, in the consumer's
-// database: writers commit business rows with outbox messages (every
-// seventh transaction rolled back), relays publish them (in the default
-// mode through a publisher that loses every third acknowledgement, so
-// that rows are published twice; in fenced mode in Kafka transactions),
-// and consumers of c apply one effect per message: a per-key counter and
-// a per-key log row. Meanwhile a relay stops and another takes its
-// buckets over, and a consumer stops and leaves the group (a rebalance).
-// The audit: every committed row has exactly one effect, no rolled-back
-// row has one, each key's effects are in commit order, and each key's
-// counter equals its committed rows. It is the in-process variant: no
-// zombie relay stalled inside a transaction, no process kills, no broker
-// pause, no database kill (the effects run of cmd/internal/chaos has them,
-// with relay and consumer processes: see CHAOS.md). It runs on every
-// database with the in-process broker and, when the environment names one,
-// the real broker.
+// RunEffects is the effects audit, end to end: writers commit business rows
+// with outbox messages (every seventh transaction rolled back), relays
+// publish them (in the default mode through a publisher that loses every
+// third acknowledgement; in fenced mode in Kafka transactions), and
+// consumers of c apply one effect per message (a per-key counter and log
+// row), while a relay stops and a consumer leaves the group. Every
+// committed row must have exactly one effect, no rolled-back row one, each
+// key's effects in commit order and counter right. It is the in-process
+// variant of cmd/internal/chaos's effects run (CHAOS.md), on every database
+// and broker.
 func RunEffects(t *testing.T, c Client) {
 	forEachPairing(t, true, func(t *testing.T, o testenv.Opener, b testenv.Broker) {
 		for _, fenced := range []bool{false, true} {
@@ -81,7 +75,8 @@ func (effectCounter) TableName() string { return "consumertest_effect_counters" 
 // landed: the relay publishes those rows again.
 type lossyPublisher struct {
 	relay.Publisher
-	calls, lost atomic.Int64
+	calls atomic.Int64
+	lost  *atomic.Int64 // shared by the relays
 }
 
 func (p *lossyPublisher) Publish(ctx context.Context, batch []*outbox.Message) relay.Result {
@@ -113,13 +108,7 @@ func effectsRun(t *testing.T, c Client, o testenv.Opener, b testenv.Broker, fenc
 	if err := odb.AutoMigrate(&order{}); err != nil {
 		t.Fatal(err)
 	}
-	var lossy []*lossyPublisher // every relay's, in the default mode
-	lost := func() (n int64) {
-		for _, p := range lossy {
-			n += p.lost.Load()
-		}
-		return n
-	}
+	var lost atomic.Int64 // acknowledgements lost, in the default mode
 	startRelay := func(id string) (stop func()) {
 		store, err := gormstore.New(odb, gormstore.Options{Config: cfg})
 		if err != nil {
@@ -136,9 +125,7 @@ func effectsRun(t *testing.T, c Client, o testenv.Opener, b testenv.Broker, fenc
 		t.Cleanup(func() { _ = kp.Close() })
 		var pub relay.Publisher = kp
 		if !fenced {
-			lp := &lossyPublisher{Publisher: kp}
-			lossy = append(lossy, lp)
-			pub = lp
+			pub = &lossyPublisher{Publisher: kp, lost: &lost}
 		}
 		rl, err := relay.New(store, pub, relay.Options{
 			RelayID: id, BucketCount: cfg.BucketCount, LeaseDuration: 2 * time.Second,
@@ -148,20 +135,7 @@ func effectsRun(t *testing.T, c Client, o testenv.Opener, b testenv.Broker, fenc
 		if err != nil {
 			t.Fatal(err)
 		}
-		rctx, rcancel := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() { done <- rl.Run(rctx) }()
-		var once sync.Once
-		stop = func() {
-			once.Do(func() {
-				rcancel()
-				if err := <-done; err != nil {
-					t.Errorf("relay %s: Run = %v", id, err)
-				}
-			})
-		}
-		t.Cleanup(stop)
-		return stop
+		return start(t, ctx, id, rl.Run)
 	}
 
 	// The consuming service's database.
@@ -223,13 +197,10 @@ func effectsRun(t *testing.T, c Client, o testenv.Opener, b testenv.Broker, fenc
 					if err := tx.Create(&order{Key: key, Seq: seq}).Error; err != nil {
 						return err
 					}
-					if err := outbox.Enqueue(tx, m); err != nil {
+					if err := outbox.Enqueue(tx, m); err != nil || !fail {
 						return err
 					}
-					if fail {
-						return errors.New("rolled back on purpose")
-					}
-					return nil
+					return errors.New("rolled back on purpose")
 				})
 				if (err != nil) != fail {
 					t.Errorf("writer %s seq %d: %v", key, seq, err)
@@ -294,7 +265,7 @@ func effectsRun(t *testing.T, c Client, o testenv.Opener, b testenv.Broker, fenc
 		switch {
 		case perID[l.MessageID] > 1:
 			dup++
-		case rolledB[l.MessageID] || !committedIDs[l.MessageID]:
+		case !committedIDs[l.MessageID]: // rolled back, or never written
 			ghost++
 		}
 		if s := applied[l.Key]; len(s) > 0 && s[len(s)-1] >= l.Seq {
@@ -320,11 +291,11 @@ func effectsRun(t *testing.T, c Client, o testenv.Opener, b testenv.Broker, fenc
 	}
 	r := collect(t, metrics)
 	t.Logf("%s: %d committed rows, %d rolled back, %d acknowledgements lost; %d processed, %d duplicates skipped; audit: %d lost effects, %d duplicate effects, %d effects of rolled-back rows, %d per-key order violations, %d wrong counters",
-		c.Name, len(committedIDs), len(rolledB), lost(), r[inbox.MetricProcessed], r[inbox.MetricDuplicates], lostEffects, dup, ghost, inversions, badCounters)
+		c.Name, len(committedIDs), len(rolledB), lost.Load(), r[inbox.MetricProcessed], r[inbox.MetricDuplicates], lostEffects, dup, ghost, inversions, badCounters)
 	if lostEffects+dup+ghost+inversions+badCounters > 0 {
 		t.Fatalf("the effects audit failed (see above); effects per key: %v; committed: %v", applied, committed)
 	}
-	if !fenced && lost() == 0 {
+	if !fenced && lost.Load() == 0 {
 		t.Errorf("no acknowledgement was lost: the default mode published nothing twice")
 	}
 }
