@@ -47,9 +47,15 @@ func TestIdleRelayStatements(t *testing.T) {
 
 type nopPublisher struct{}
 
-func (nopPublisher) Publish(_ context.Context, b []*outbox.Message) relay.Result {
-	return relay.Result{Acknowledged: len(b)}
+func (nopPublisher) Publish(_ context.Context, batches [][]*outbox.Message) []relay.Result {
+	results := make([]relay.Result, len(batches))
+	for i, b := range batches {
+		results[i].Acknowledged = len(b)
+	}
+	return results
 }
+
+func (nopPublisher) OwnedBuckets([]int) {}
 
 // BenchmarkRelayBatch measures the engine's overhead per batch (fetch,
 // publish, lease checks, mark) with a no-op publisher and the in-memory

@@ -16,7 +16,7 @@ import (
 )
 
 // observingPublisher is a relaytest.Publisher that records every owned set
-// the relay reports (relay.BucketOwnershipObserver).
+// the relay reports (relay.Publisher.OwnedBuckets).
 type observingPublisher struct {
 	*relaytest.Publisher
 	mu   sync.Mutex
@@ -35,7 +35,7 @@ func (o *observingPublisher) owned() [][]int {
 	return slices.Clone(o.sets)
 }
 
-var _ relay.BucketOwnershipObserver = (*observingPublisher)(nil)
+var _ relay.Publisher = (*observingPublisher)(nil)
 
 // A publish failing with ErrFenced drops that bucket alone: nothing of it
 // is deleted or parked (even under ParkAnyFailure with ParkAfter 1), the

@@ -10,8 +10,8 @@ import (
 	"github.com/gorm-outbox/outbox"
 )
 
-// Groups: a sweep worker serves several shallow buckets at once, when the
-// publisher is a GroupPublisher, with one fetch (a MultiBucketStore's, else
+// Groups: a sweep worker serves several shallow buckets at once, with one
+// fetch (a MultiBucketStore's, else
 // one NextBatch per bucket), one publish and one delete, so that a backlog
 // spread thinly over many buckets costs a few calls per group instead of
 // per bucket. A group's batches share BatchSize and MaxBatchBytes: a
@@ -51,20 +51,17 @@ const maxOrdered = 1024
 
 // readsInOrder reports whether the next group is read in order (see
 // above): the store is a MultiBucketStore whose writes serialise
-// (Store.ConcurrentBuckets false), the publisher a GroupPublisher, and at
-// most maxOrdered buckets are queued.
+// (Store.ConcurrentBuckets false) and at most maxOrdered buckets are
+// queued.
 func (r *Relay) readsInOrder(queued int) bool {
 	_, ok := r.store.(MultiBucketStore)
-	return ok && r.group != nil && r.serialWrites && queued <= maxOrdered
+	return ok && r.serialWrites && queued <= maxOrdered
 }
 
 // groupSize is how many buckets a worker takes at once when queued buckets
 // wait: an equal share of them per worker; read by heads, at most maxGroup
-// and BatchSize (a row each); 1 without a GroupPublisher.
+// and BatchSize (a row each).
 func (r *Relay) groupSize(queued, workers int, ordered bool) int {
-	if r.group == nil {
-		return 1
-	}
 	if ordered {
 		return max(1, queued)
 	}

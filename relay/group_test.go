@@ -3,7 +3,6 @@ package relay_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -14,73 +13,51 @@ import (
 	"github.com/gorm-outbox/outbox/relay/relaytest"
 )
 
-// groupRecorder is a GroupPublisher that records the row count of each
-// batch of every PublishGroup call.
+// groupRecorder is a Publisher that records the row count of each batch of
+// every Publish call of several batches (a group).
 type groupRecorder struct {
 	*relaytest.Publisher
 	mu     sync.Mutex
 	groups [][]int
 }
 
-func (g *groupRecorder) PublishGroup(ctx context.Context, batches [][]*outbox.Message) []relay.Result {
-	sizes := make([]int, len(batches))
-	for i, b := range batches {
-		sizes[i] = len(b)
+func (g *groupRecorder) Publish(ctx context.Context, batches [][]*outbox.Message) []relay.Result {
+	if len(batches) > 1 {
+		sizes := make([]int, len(batches))
+		for i, b := range batches {
+			sizes[i] = len(b)
+		}
+		g.mu.Lock()
+		g.groups = append(g.groups, sizes)
+		g.mu.Unlock()
 	}
-	g.mu.Lock()
-	g.groups = append(g.groups, sizes)
-	g.mu.Unlock()
-	return g.Publisher.PublishGroup(ctx, batches)
-}
-
-// singlePublisher hides the publisher's PublishGroup: one bucket per call.
-type singlePublisher struct{ p *relaytest.Publisher }
-
-func (s singlePublisher) Publish(ctx context.Context, b []*outbox.Message) relay.Result {
-	return s.p.Publish(ctx, b)
+	return g.Publisher.Publish(ctx, batches)
 }
 
 // TestShallowBucketsShareFetchesPublishesAndDeletes: 1,024 buckets holding
-// one row each drain with a few dozen fetches and deletes when the
-// publisher is a GroupPublisher (a group's buckets share one NextBatches,
-// one PublishGroup and one MarkPublishedBuckets), against one of each per
-// bucket when it is not; each row is published once, in order.
+// one row each drain with a few dozen fetches, publishes and deletes (a
+// group's buckets share one of each), not one of each per bucket; each row
+// is published once, in order.
 func TestShallowBucketsShareFetchesPublishesAndDeletes(t *testing.T) {
 	const buckets = 1024
-	for _, grouped := range []bool{true, false} {
-		t.Run(fmt.Sprintf("grouped=%v", grouped), func(t *testing.T) {
-			rec := &groupRecorder{}
-			wrapPub := func(p *relaytest.Publisher) relay.Publisher {
-				if !grouped {
-					return singlePublisher{p}
-				}
-				rec.Publisher = p
-				return rec
-			}
-			h := newHarnessPub(t, relay.Options{BucketCount: buckets}, asConcurrent, wrapPub)
-			for b := range buckets {
-				h.store.AddToBucket(b, msgs(1, "t")...)
-			}
-			h.start()
-			h.waitFor("store empty", func() bool { return h.store.Len() == 0 })
-			h.waitIdle()
-			checkPublishedOnce(t, h.pub.Calls(), buckets)
-			fetches, deletes := h.ops.count(relaytest.OpNextBatch), h.ops.count(relaytest.OpMarkPublished)
-			if !grouped {
-				if fetches < buckets || deletes < buckets {
-					t.Fatalf("without groups: %d fetches and %d deletes; want one of each per bucket (%d)", fetches, deletes, buckets)
-				}
-				return
-			}
-			if limit := 2 * buckets / 64; fetches > limit || deletes > limit {
-				t.Fatalf("%d fetches and %d deletes for %d one-row buckets; want at most %d of each (groups of up to 64)", fetches, deletes, buckets, limit)
-			}
-			rec.mu.Lock()
-			defer rec.mu.Unlock()
-			if len(rec.groups) > 2*buckets/64 {
-				t.Fatalf("%d PublishGroup calls; want at most %d", len(rec.groups), 2*buckets/64)
-			}
-		})
+	rec := &groupRecorder{}
+	h := newHarnessPub(t, relay.Options{BucketCount: buckets}, asConcurrent,
+		func(p *relaytest.Publisher) relay.Publisher { rec.Publisher = p; return rec })
+	for b := range buckets {
+		h.store.AddToBucket(b, msgs(1, "t")...)
+	}
+	h.start()
+	h.waitFor("store empty", func() bool { return h.store.Len() == 0 })
+	h.waitIdle()
+	checkPublishedOnce(t, h.pub.Calls(), buckets)
+	fetches, deletes := h.ops.count(relaytest.OpNextBatch), h.ops.count(relaytest.OpMarkPublished)
+	if limit := 2 * buckets / 64; fetches > limit || deletes > limit {
+		t.Fatalf("%d fetches and %d deletes for %d one-row buckets; want at most %d of each (groups of up to 64)", fetches, deletes, buckets, limit)
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if len(rec.groups) > 2*buckets/64 {
+		t.Fatalf("%d group publishes; want at most %d", len(rec.groups), 2*buckets/64)
 	}
 }
 
@@ -104,7 +81,7 @@ func TestGroupSharesOneBatchBound(t *testing.T) {
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
 	if len(rec.groups) == 0 {
-		t.Fatal("no PublishGroup call; want the shallow buckets published in a group")
+		t.Fatal("no group publish; want the shallow buckets published in a group")
 	}
 	for _, g := range rec.groups {
 		total := 0

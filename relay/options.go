@@ -92,7 +92,7 @@ type Options struct {
 	// MaxConcurrentBuckets is how many batches one relay serves at once
 	// when the store gains from it (Store.ConcurrentBuckets): the fetch,
 	// publish and delete of different buckets overlap, each bucket keeping
-	// one batch in flight, in order. With a GroupPublisher, while more
+	// one batch in flight, in order. While more
 	// buckets are ready than this, each of these batches serves a group of
 	// up to 64 buckets sharing BatchSize and MaxBatchBytes (see
 	// MultiBucketStore). 1, or a store that does not gain (SQLite), serves

@@ -62,12 +62,6 @@ type Relay struct {
 	unowned      atomic.Int64 // buckets without a live owner after the latest round; -1: no round yet
 	unownedSince atomic.Int64 // UnixNano of the first round of a run of rounds reporting unowned buckets; 0: none
 
-	// owners is pub as a BucketOwnershipObserver; nil when it is none.
-	owners BucketOwnershipObserver
-	// group is pub as a GroupPublisher; nil when it is none: the relay
-	// then serves one bucket per publish.
-	group GroupPublisher
-
 	onIdle func() // test hook: called when Run starts an idle wait
 }
 
@@ -116,8 +110,6 @@ func New(store Store, pub Publisher, opts Options) (*Relay, error) {
 		kick:        make(chan struct{}, 1),
 		resample:    make(chan struct{}, 1),
 	}
-	r.owners, _ = pub.(BucketOwnershipObserver)
-	r.group, _ = pub.(GroupPublisher)
 	// SQLite's writes serialise: a delete per bucket queues (bounded: −25 % drain).
 	r.workers, r.deletes = 1, make(chan struct{}, o.BucketCount)
 	r.serialWrites = !store.ConcurrentBuckets()
@@ -895,8 +887,7 @@ func (r *Relay) publish(cleanup context.Context, batch []*outbox.Message) (res R
 }
 
 // publishGroup publishes batches, each a bucket's, in one call of the
-// publisher (a GroupPublisher's PublishGroup when there are several) on
-// cleanup, as publish does; results[i] is batches[i]'s.
+// publisher on cleanup, as publish does; results[i] is batches[i]'s.
 func (r *Relay) publishGroup(cleanup context.Context, batches [][]*outbox.Message) (results []Result, took time.Duration) {
 	start := r.clock.Now()
 	token := r.inflight.begin(r, start)
@@ -920,12 +911,9 @@ func (r *Relay) callPublisher(ctx context.Context, batches [][]*outbox.Message) 
 			}
 		}
 	}()
-	if len(batches) == 1 {
-		return []Result{r.pub.Publish(ctx, batches[0])}
-	}
-	results = r.group.PublishGroup(ctx, batches)
+	results = r.pub.Publish(ctx, batches)
 	if len(results) != len(batches) {
-		panic(fmt.Sprintf("PublishGroup returned %d results for %d batches", len(results), len(batches)))
+		panic(fmt.Sprintf("Publish returned %d results for %d batches", len(results), len(batches)))
 	}
 	return results
 }

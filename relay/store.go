@@ -239,41 +239,37 @@ type Pending struct {
 	Parked int64
 }
 
-// Publisher sends a batch of messages, in order, and reports how many of
-// them the broker acknowledged.
+// Publisher sends batches of messages, each in order, and reports how many
+// of each the broker acknowledged.
 type Publisher interface {
-	// Publish sends batch (the messages of one bucket, in submission order)
-	// and returns once every message is acknowledged, failed, or ctx is
-	// done. The relay deletes exactly the acknowledged prefix (acks=all); a
-	// message sent but not acknowledged may still be delivered.
-	Publish(ctx context.Context, batch []*outbox.Message) Result
+	// Publish sends batches (each the messages of one bucket, in submission
+	// order; the relay sends several shallow buckets' at once) and returns
+	// once every message is acknowledged, failed, or ctx is done: results[i]
+	// is batches[i]'s outcome. The relay deletes exactly each batch's
+	// acknowledged prefix (acks=all); a message sent but not acknowledged
+	// may still be delivered. A failure of one batch may leave another's
+	// later messages unsent (not acknowledged): that batch's error then
+	// says so.
+	Publish(ctx context.Context, batches [][]*outbox.Message) []Result
+
+	// OwnedBuckets tells the publisher the buckets its relay owns,
+	// ascending, after every acquisition round (an unchanged set included)
+	// and whenever the relay drops buckets (an empty set when it stops or
+	// its leases expire), never concurrently with itself nor with a Publish
+	// of a bucket that leaves the set. It must not block, nor modify or
+	// keep the slice. A publisher that does not need it (all but kafkapub's
+	// fenced mode, which initialises a producer per owned bucket) does
+	// nothing.
+	OwnedBuckets(buckets []int)
 }
 
-// Result is the outcome of Publisher.Publish.
+// Result is the outcome of one batch of Publisher.Publish.
 type Result struct {
 	// Acknowledged is the contiguous acknowledged prefix of the batch.
 	Acknowledged int
 	// Err is the error of the first unacknowledged message; nil if and only
 	// if the whole batch was acknowledged.
 	Err error
-}
-
-// GroupPublisher is a Publisher that sends the batches of several buckets
-// in one call. The relay uses it, when its publisher implements it, to
-// publish a group of shallow buckets at once (kafkapub.Publisher does). A
-// wrapper that embeds a GroupPublisher and overrides Publish must override
-// PublishGroup as well (or not embed it): the relay calls the latter for
-// groups.
-type GroupPublisher interface {
-	Publisher
-
-	// PublishGroup sends batches (each the messages of one bucket, in
-	// submission order, as for Publish) and returns once every message is
-	// acknowledged, failed, or ctx is done: results[i] is batches[i]'s
-	// outcome, as Publish would report it. A failure of one batch may leave
-	// another's later messages unsent (not acknowledged): that batch's
-	// error then says so.
-	PublishGroup(ctx context.Context, batches [][]*outbox.Message) []Result
 }
 
 // ErrMisconfigured is wrapped by errors that no retry can fix: a relay or

@@ -665,9 +665,9 @@ var _ relay.Store = checkStore{}
 // checkPublisher stands in for the Kafka publisher in checkRelayOptions.
 type checkPublisher struct{}
 
-func (checkPublisher) Publish(context.Context, []*outbox.Message) relay.Result {
-	return relay.Result{Err: errUnused}
-}
+func (checkPublisher) Publish(context.Context, [][]*outbox.Message) []relay.Result { return nil }
+
+func (checkPublisher) OwnedBuckets([]int) {}
 
 // errUnused is returned by checkStore, which is never run.
 var errUnused = errors.New("outbox-relay: check store is not for use")

@@ -84,13 +84,15 @@ type lossyPublisher struct {
 	calls, lost atomic.Int64
 }
 
-func (p *lossyPublisher) Publish(ctx context.Context, batch []*outbox.Message) relay.Result {
-	res := p.Publisher.Publish(ctx, batch)
-	if p.calls.Add(1)%3 == 0 && res.Acknowledged > 0 {
-		p.lost.Add(int64(res.Acknowledged))
-		return relay.Result{Err: errors.New("acknowledgement lost (injected)")}
+func (p *lossyPublisher) Publish(ctx context.Context, batches [][]*outbox.Message) []relay.Result {
+	results := p.Publisher.Publish(ctx, batches)
+	for i, res := range results {
+		if p.calls.Add(1)%3 == 0 && res.Acknowledged > 0 {
+			p.lost.Add(int64(res.Acknowledged))
+			results[i] = relay.Result{Err: errors.New("acknowledgement lost (injected)")}
+		}
 	}
-	return res
+	return results
 }
 
 func effectsRun(t *testing.T, c Client, o testenv.Opener, b testenv.Broker, fenced bool) {

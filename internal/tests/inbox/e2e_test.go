@@ -33,13 +33,15 @@ type duplicatingPublisher struct {
 	injected atomic.Int64 // records published by a call reported failed
 }
 
-func (d *duplicatingPublisher) Publish(ctx context.Context, batch []*outbox.Message) relay.Result {
-	res := d.Publisher.Publish(ctx, batch)
-	if d.calls.Add(1)%3 == 0 && res.Acknowledged > 0 {
-		d.injected.Add(int64(res.Acknowledged))
-		return relay.Result{Err: errLostAck}
+func (d *duplicatingPublisher) Publish(ctx context.Context, batches [][]*outbox.Message) []relay.Result {
+	results := d.Publisher.Publish(ctx, batches)
+	for i, res := range results {
+		if d.calls.Add(1)%3 == 0 && res.Acknowledged > 0 {
+			d.injected.Add(int64(res.Acknowledged))
+			results[i] = relay.Result{Err: errLostAck}
+		}
 	}
-	return res
+	return results
 }
 
 // endOffsets returns the end offset of each of topic's partitions.

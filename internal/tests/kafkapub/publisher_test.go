@@ -190,7 +190,7 @@ func TestKafkaPublisher_hook_cannot_downgrade_invariants(t *testing.T) {
 	for i := range 16 {
 		batch = append(batch, msg(topic, fmt.Sprintf("key-%d", i), "v"))
 	}
-	if res := p.Publish(context.Background(), batch); res.Acknowledged != len(batch) || res.Err != nil {
+	if res := p.Publish(context.Background(), [][]*outbox.Message{batch})[0]; res.Acknowledged != len(batch) || res.Err != nil {
 		t.Fatalf("Publish = %+v; want %d acknowledged", res, len(batch))
 	}
 	if notAll.Hits() != 0 || produces.Hits() == 0 {
@@ -219,7 +219,7 @@ func TestKafkaPublisher_hook_cannot_downgrade_invariants(t *testing.T) {
 	// ErrorLogger and Completion are told.
 	before := produces.Hits()
 	b.Fake.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: topic, Err: kerr.NotEnoughReplicas, Count: 1})
-	res := p.Publish(context.Background(), []*outbox.Message{msg(topic, "key-0", "v")})
+	res := p.Publish(context.Background(), [][]*outbox.Message{{msg(topic, "key-0", "v")}})[0]
 	if res.Acknowledged != 0 || !errors.Is(res.Err, kafka.NotEnoughReplicas) {
 		t.Errorf("Publish with a failing produce = %+v; want 0 acknowledged, NOT_ENOUGH_REPLICAS", res)
 	}
@@ -256,7 +256,7 @@ func TestKafkaPublisher_round_trips_records(t *testing.T) {
 		if b.Fake != nil {
 			wire = captureProduced(t, b.Fake)
 		}
-		res := p.Publish(context.Background(), batch)
+		res := p.Publish(context.Background(), [][]*outbox.Message{batch})[0]
 		if res.Acknowledged != len(batch) || res.Err != nil {
 			t.Fatalf("Publish = %+v; want %d acknowledged, nil error", res, len(batch))
 		}
@@ -335,7 +335,7 @@ func TestKafkaPublisher_accepts_any_round_tripper(t *testing.T) {
 		t.Cleanup(rt.inner.CloseIdleConnections)
 		p := newPublisher(t, b, kafkapub.Config{Transport: rt})
 		batch := []*outbox.Message{msg(topic, "a", "1"), msg(topic, "b", "2")}
-		if res := p.Publish(context.Background(), batch); res.Acknowledged != len(batch) || res.Err != nil {
+		if res := p.Publish(context.Background(), [][]*outbox.Message{batch})[0]; res.Acknowledged != len(batch) || res.Err != nil {
 			t.Fatalf("Publish = %+v; want %d acknowledged", res, len(batch))
 		}
 		if rt.n.Load() == 0 {
@@ -349,7 +349,7 @@ func TestKafkaPublisher_stamps_configured_message_id_header(t *testing.T) {
 	topic := newTopic(t, b, 1, nil)
 	p := newPublisher(t, b, kafkapub.Config{MessageIDHeader: "id"})
 	m := msg(topic, "k", "v")
-	if res := p.Publish(context.Background(), []*outbox.Message{m}); res.Err != nil {
+	if res := p.Publish(context.Background(), [][]*outbox.Message{{m}})[0]; res.Err != nil {
 		t.Fatalf("Publish = %+v", res)
 	}
 	recs := b.ReadAll(t, topic, 1, 10*time.Second)
@@ -370,7 +370,7 @@ func TestKafkaPublisher_keeps_key_order_after_rejected_row(t *testing.T) {
 		row3 := msg(topic, "order-7", "3")
 		batch := []*outbox.Message{row1, row2, row3}
 
-		res := p.Publish(context.Background(), batch)
+		res := p.Publish(context.Background(), [][]*outbox.Message{batch})[0]
 		if res.Acknowledged != 0 || !errors.Is(res.Err, kafka.MessageSizeTooLarge) {
 			t.Fatalf("Publish = %+v; want 0 acknowledged and MessageSizeTooLarge", res)
 		}
@@ -379,7 +379,7 @@ func TestKafkaPublisher_keeps_key_order_after_rejected_row(t *testing.T) {
 		}
 
 		row1.Value = []byte("1") // repaired, same message id
-		if res := p.Publish(context.Background(), batch); res.Acknowledged != 3 || res.Err != nil {
+		if res := p.Publish(context.Background(), [][]*outbox.Message{batch})[0]; res.Acknowledged != 3 || res.Err != nil {
 			t.Fatalf("retry Publish = %+v; want 3 acknowledged", res)
 		}
 		// Nothing of the failed attempt was appended: the topic holds exactly
@@ -458,7 +458,7 @@ func TestKafkaPublisher_stops_failed_partition_while_others_proceed(t *testing.T
 				}
 				batch = append(batch, msg(topic, "", v, part))
 			}
-			res := p.Publish(context.Background(), batch)
+			res := p.Publish(context.Background(), [][]*outbox.Message{batch})[0]
 			if res.Acknowledged != tt.wantAck || !errors.Is(res.Err, tt.wantErr) {
 				t.Fatalf("Publish = %d acknowledged, %v; want %d, %v", res.Acknowledged, res.Err, tt.wantAck, tt.wantErr)
 			}
@@ -491,7 +491,7 @@ func TestKafkaPublisher_fails_row_above_batch_bytes_without_failing_earlier_rows
 		msg(topic, "", "a3", 0),
 		msg(topic, "", "b1", 1),
 	}
-	res := p.Publish(context.Background(), batch)
+	res := p.Publish(context.Background(), [][]*outbox.Message{batch})[0]
 	if res.Acknowledged != 2 || !errors.Is(res.Err, kafka.MessageSizeTooLarge) {
 		t.Fatalf("Publish = %d acknowledged, %v; want 2, MessageSizeTooLarge", res.Acknowledged, res.Err)
 	}
@@ -517,7 +517,7 @@ func TestKafkaPublisher_sends_large_batch_in_a_handful_of_requests(t *testing.T)
 	for i := range 500 {
 		batch = append(batch, &outbox.Message{MessageID: outbox.NewUUID(), Topic: topic, Key: []byte(fmt.Sprint("key-", i)), Value: value})
 	}
-	if res := p.Publish(context.Background(), batch); res.Acknowledged != 500 || res.Err != nil {
+	if res := p.Publish(context.Background(), [][]*outbox.Message{batch})[0]; res.Acknowledged != 500 || res.Err != nil {
 		t.Fatalf("Publish = %+v; want 500 acknowledged", res)
 	}
 	if n := produces.Hits(); n > parts {
@@ -534,7 +534,7 @@ func TestKafkaPublisher_chunks_partition_in_order_beyond_max_batch_records(t *te
 	for i := range 10 {
 		batch = append(batch, msg(topic, "k", fmt.Sprint(i)))
 	}
-	if res := p.Publish(context.Background(), batch); res.Acknowledged != 10 || res.Err != nil {
+	if res := p.Publish(context.Background(), [][]*outbox.Message{batch})[0]; res.Acknowledged != 10 || res.Err != nil {
 		t.Fatalf("Publish = %+v; want 10 acknowledged", res)
 	}
 	if n := produces.Hits(); n != 3 {
@@ -565,7 +565,7 @@ func TestKafkaPublisher_reports_only_acknowledged_rows_on_cancel(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	stuck := msg(topic, "k", "stuck")
 	done := make(chan relay.Result, 1)
-	go func() { done <- p.Publish(ctx, []*outbox.Message{stuck, msg(topic, "k", "next")}) }()
+	go func() { done <- p.Publish(ctx, [][]*outbox.Message{{stuck, msg(topic, "k", "next")}})[0] }()
 	<-entered
 	cancel()
 	res := <-done
@@ -576,7 +576,7 @@ func TestKafkaPublisher_reports_only_acknowledged_rows_on_cancel(t *testing.T) {
 	// The handed-over record may still land; a later call on the same
 	// partition waits for it and comes after it.
 	later := make(chan relay.Result, 1)
-	go func() { later <- p.Publish(context.Background(), []*outbox.Message{msg(topic, "k", "later")}) }()
+	go func() { later <- p.Publish(context.Background(), [][]*outbox.Message{{msg(topic, "k", "later")}})[0] }()
 	close(wake)
 	if res := <-later; res.Err != nil {
 		t.Fatalf("later Publish = %+v", res)
@@ -602,7 +602,7 @@ func TestKafkaPublisher_fails_after_close(t *testing.T) {
 	if err := p.Close(); err != nil {
 		t.Fatalf("second Close = %v; want nil", err)
 	}
-	res := p.Publish(context.Background(), []*outbox.Message{msg("t", "k", "v")})
+	res := p.Publish(context.Background(), [][]*outbox.Message{{msg("t", "k", "v")}})[0]
 	if res.Acknowledged != 0 || !errors.Is(res.Err, kafkapub.ErrClosed) {
 		t.Fatalf("Publish after Close = %+v; want ErrClosed", res)
 	}
@@ -612,7 +612,7 @@ func TestKafkaPublisher_fails_unknown_partition(t *testing.T) {
 	b := testenv.NewFake(t)
 	topic := newTopic(t, b, 2, nil)
 	p := newPublisher(t, b, kafkapub.Config{})
-	res := p.Publish(context.Background(), []*outbox.Message{msg(topic, "k", "ok", 1), msg(topic, "k", "bad", 7)})
+	res := p.Publish(context.Background(), [][]*outbox.Message{{msg(topic, "k", "ok", 1), msg(topic, "k", "bad", 7)}})[0]
 	if res.Acknowledged != 1 || !errors.Is(res.Err, kafka.UnknownTopicOrPartition) {
 		t.Fatalf("Publish = %d, %v; want 1, UnknownTopicOrPartition", res.Acknowledged, res.Err)
 	}
@@ -630,7 +630,7 @@ func TestKafkaPublisher_acknowledges_rows_before_a_row_the_broker_rejects(t *tes
 			msg(topic, "k", strings.Repeat("x", 8192)),
 			msg(topic, "k", "5"),
 		}
-		res := p.Publish(context.Background(), batch)
+		res := p.Publish(context.Background(), [][]*outbox.Message{batch})[0]
 		if res.Acknowledged != 3 || !errors.Is(res.Err, kafka.MessageSizeTooLarge) {
 			t.Fatalf("Publish = %d acknowledged, %v; want 3, MessageSizeTooLarge", res.Acknowledged, res.Err)
 		}

@@ -219,7 +219,15 @@ func (p *rejecting) set(id outbox.UUID, on bool) {
 	p.poison[id] = on
 }
 
-func (p *rejecting) Publish(ctx context.Context, batch []*outbox.Message) relay.Result {
+func (p *rejecting) Publish(ctx context.Context, batches [][]*outbox.Message) []relay.Result {
+	results := make([]relay.Result, len(batches))
+	for i, batch := range batches {
+		results[i] = p.publish(ctx, batch)
+	}
+	return results
+}
+
+func (p *rejecting) publish(ctx context.Context, batch []*outbox.Message) relay.Result {
 	p.mu.Lock()
 	cut := -1
 	for i, m := range batch {
@@ -230,11 +238,11 @@ func (p *rejecting) Publish(ctx context.Context, batch []*outbox.Message) relay.
 	}
 	p.mu.Unlock()
 	if cut < 0 {
-		return p.Publisher.Publish(ctx, batch)
+		return p.Publisher.Publish(ctx, [][]*outbox.Message{batch})[0]
 	}
 	res := relay.Result{}
 	if cut > 0 {
-		if res = p.Publisher.Publish(ctx, batch[:cut]); res.Err != nil {
+		if res = p.Publisher.Publish(ctx, [][]*outbox.Message{batch[:cut]})[0]; res.Err != nil {
 			return res
 		}
 	}

@@ -122,14 +122,16 @@ type errorRecorder struct {
 	errs []error
 }
 
-func (p *errorRecorder) Publish(ctx context.Context, batch []*outbox.Message) relay.Result {
-	res := p.Publisher.Publish(ctx, batch)
-	if res.Err != nil {
-		p.mu.Lock()
-		p.errs = append(p.errs, res.Err)
-		p.mu.Unlock()
+func (p *errorRecorder) Publish(ctx context.Context, batches [][]*outbox.Message) []relay.Result {
+	results := p.Publisher.Publish(ctx, batches)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, res := range results {
+		if res.Err != nil {
+			p.errs = append(p.errs, res.Err)
+		}
 	}
-	return res
+	return results
 }
 
 func (p *errorRecorder) errors() []error {
