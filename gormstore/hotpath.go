@@ -17,17 +17,17 @@ import (
 
 // The hot path
 //
-// NextBatch and MarkPublished run once per batch of every owned bucket:
+// nextBatch and MarkPublished run once per batch of every owned bucket:
 // they are the relay's cost per message. GORM still configures them — the
 // dialect, the quoted table name and the bind-variable syntax come from the
 // *gorm.DB's dialector, and they run on the connection pool the store's
 // other statements use (s.primary: the primary, through a registered
 // "gorm:db_resolver"), within the same StatementTimeout (MariaDB's SET
-// STATEMENT prefix included) and, on MySQL/MariaDB, NextBatch in the same
+// STATEMENT prefix included) and, on MySQL/MariaDB, nextBatch in the same
 // READ COMMITTED read transaction — but the statement itself goes straight
 // to database/sql (gorm.ConnPool's QueryContext / ExecContext):
 //
-//   - NextBatch scans each column into a reusable target (sql.RawBytes, or a
+//   - nextBatch scans each column into a reusable target (sql.RawBytes, or a
 //     small sql.Scanner that converts the driver's value without
 //     reflection), so a row costs no reflection and no per-column
 //     allocation of the store's own; key and value are copied once, from
@@ -49,19 +49,19 @@ type hotSQL struct {
 	// then the limit.
 	nextBatch        string
 	nextBatchBuckets int
-	// nextBatchExcluding is NextBatch's statement leaving out rows of a
+	// nextBatchExcluding is nextBatch's statement leaving out rows of a
 	// relay.BatchRequest's Exclude, with the bind variables of nextBatch
 	// and two more on PostgreSQL, the largest id left out and the ids as a
 	// bigint[] literal (see excludingCond); "" elsewhere, where exclusion
 	// renders the statement with the ids written out.
 	nextBatchExcluding string
-	// nextBatchWith renders NextBatch's statement for one bucket (named by
+	// nextBatchWith renders nextBatch's statement for one bucket (named by
 	// the four expressions of nextBatch's bucket bind variables), a limit
 	// and a condition appended to its WHERE ("" or " AND …").
 	nextBatchWith func(bucket [4]string, limit, cond string) string
 	// nextBatchArgs and nextBatchLimit are nextBatch's arguments to
 	// nextBatchWith: its bind variables. Elsewhere than on PostgreSQL,
-	// NextBatch renders its statement with them and the ids left out
+	// nextBatch renders its statement with them and the ids left out
 	// written in it (see excludingLiteral).
 	nextBatchArgs  [4]string
 	nextBatchLimit string
@@ -71,7 +71,7 @@ type hotSQL struct {
 	// the whole bucket ("USE TEMP B-TREE FOR RIGHT PART OF ORDER BY"), 57 ms
 	// per batch on a 25k-row bucket against 3 ms with the equality, which
 	// walks the (bucket, parked_at_ms, id) index in order and stops at the
-	// limit. PostgreSQL needs the range form (see Store.NextBatch). MySQL and
+	// limit. PostgreSQL needs the range form (see nextBatch). MySQL and
 	// MariaDB take the equality too, with ORDER BY id (see order).
 	bucketEquality bool
 	// skipScan says BucketsWithPending walks the index with a recursive
@@ -89,7 +89,7 @@ type hotSQL struct {
 	// deleteIDs, with two bind variables (bucket, ids as a PostgreSQL array
 	// literal), is PostgreSQL's MarkPublished statement by id; "" elsewhere.
 	deleteIDs string
-	// tid says NextBatch's statement also reads each row's location
+	// tid says nextBatch's statement also reads each row's location
 	// (PostgreSQL's ctid, as text, after batchColumns); deleteTIDs, with
 	// three bind variables (bucket, the locations as a tid[] literal, the
 	// ids as a bigint[] literal), is then MarkPublished's statement by
@@ -103,7 +103,7 @@ type hotSQL struct {
 	// binds[i] is the bind variable of the statement's argument i+1.
 	binds []string
 
-	// The statements of several buckets (NextBatches, MarkPublishedBuckets):
+	// The statements of several buckets (NextBatches, markPublishedBuckets):
 	// see buildMultiSQL.
 	multi multiSQL
 }
@@ -136,7 +136,7 @@ func buildHotSQL(db *gorm.DB, msgs string) hotSQL {
 			" OR NOT EXISTS (SELECT 1 FROM " + table + " p WHERE p.bucket = " + corr + " AND p.parked_at_ms IS NOT NULL" +
 			" AND p.id < m.id AND p.record_key = m.record_key AND " + notCorrupt("p") + "))"
 	}
-	// nextBatch is NextBatch's statement for one bucket, named by b (the
+	// nextBatch is nextBatch's statement for one bucket, named by b (the
 	// range's bounds, then the hold conditions' bucket), with limit.
 	h.tid = db.Dialector.Name() == "postgres"
 	cols := batchColumns
@@ -202,7 +202,7 @@ func buildHotSQL(db *gorm.DB, msgs string) hotSQL {
 		// another bucket's scan waits on the writer's earlier row is a
 		// deadlock, which ended writers' commits (Error 1213;
 		// TestMarkPublishedDoesNotDeadlockConcurrentWriters). A primary-key
-		// lookup locks only the listed rows, committed rows NextBatch read:
+		// lookup locks only the listed rows, committed rows nextBatch read:
 		// it never waits on a writer (an id already gone leaves a gap lock,
 		// which waits on nothing), so no writer's wait behind it closes a
 		// cycle.
@@ -295,7 +295,7 @@ func trace(q *gorm.DB, begin time.Time, query string, args []any, rows int64, er
 	}, err)
 }
 
-// arenaChunk is the size of the blocks NextBatch copies keys and values
+// arenaChunk is the size of the blocks nextBatch copies keys and values
 // into; a larger key+value gets a block of its own.
 const arenaChunk = 32 << 10
 
@@ -432,7 +432,7 @@ func (c *timeCol) Scan(src any) error {
 	return nil
 }
 
-// batchScanner scans NextBatch's rows into Messages.
+// batchScanner scans nextBatch's rows into Messages.
 type batchScanner struct {
 	id, bucket, partition intCol
 	messageID             uuidCol

@@ -13,9 +13,9 @@ import (
 
 // Deleting by location (PostgreSQL)
 //
-// NextBatch and NextBatches also read each row's ctid, its location in the
+// nextBatch and NextBatches also read each row's ctid, its location in the
 // table, and the store remembers it (rowLocations) until MarkPublished or
-// MarkPublishedBuckets deletes the row: the delete is then a TID scan,
+// markPublishedBuckets deletes the row: the delete is then a TID scan,
 //
 //	DELETE FROM messages WHERE ctid = ANY(ARRAY(
 //	    SELECT f.ctid FROM unnest($2::tid[], $3::bigint[]) AS x(tid, id)

@@ -100,7 +100,7 @@ const maxIDsPerDelete = 1000
 //
 // (On SQLite, MySQL and MariaDB "bucket = $1", ordered by hotSQL.order:
 // see hotSQL.bucketEquality.) Each probe is
-// NextBatch's query with LIMIT 1: a single lookup in the
+// nextBatch's query with LIMIT 1: a single lookup in the
 // (bucket, parked_at_ms, id) index, so the cost grows neither with the
 // backlog nor with the parked rows, unlike SELECT DISTINCT bucket … WHERE
 // bucket IN, which walks every pending row of the requested buckets. Not
@@ -209,8 +209,8 @@ func (s *Store) probeHeads(ctx context.Context, buckets []int) ([]int, error) {
 	return found, nil
 }
 
-// NextBatch implements relay.Store: the oldest unparked rows of bucket
-// that no parked row of their key holds (see relay.Store.NextBatch),
+// nextBatch answers a request of one bucket: its oldest unparked rows that
+// no parked row of their key holds (see relay.BatchRequest),
 //
 //	SELECT id, message_id, … FROM messages m
 //	WHERE bucket >= $1 AND bucket <= $1 AND parked_at_ms IS NULL
@@ -232,8 +232,8 @@ func (s *Store) probeHeads(ctx context.Context, buckets []int) ([]int, error) {
 // are read as raw bytes). A row it cannot decode — a message id that is not
 // a UUID (MySQL and SQLite store it as text), a header blob of an unknown
 // codec version, an unparsable created_at — ends the batch: the rows before
-// it are returned with a nil error, and when it is the first row NextBatch
-// returns a *relay.CorruptRowError naming it, for the relay to park it.
+// it are returned with a *relay.CorruptRowError naming it, for the relay to
+// park it once it is the head.
 //
 // "bucket >= ? AND bucket <= ?" with ORDER BY bucket, parked_at_ms, id, not
 // "bucket = ?" with ORDER BY id: with the equality, PostgreSQL's planner
@@ -251,17 +251,8 @@ func (s *Store) probeHeads(ctx context.Context, buckets []int) ([]int, error) {
 // relay.MessageSize total beyond maxBytes (that row included, as the
 // contract asks), and then stops reading (it closes the cursor; the
 // statement's LIMIT is still limit).
-func (s *Store) NextBatch(ctx context.Context, bucket, limit int, maxBytes int64) ([]*outbox.Message, error) {
-	return s.nextBatch(ctx, relay.BatchRequest{Bucket: bucket, Limit: limit, MaxBytes: maxBytes})
-}
-
-// nextBatch is NextBatch for req, leaving out the rows of req.Exclude (see
-// excludingCond).
-func (s *Store) nextBatch(ctx context.Context, req relay.BatchRequest) ([]*outbox.Message, error) {
-	bucket, limit, maxBytes := req.Bucket, req.Limit, req.MaxBytes
-	if limit <= 0 {
-		return nil, nil
-	}
+func (s *Store) nextBatch(ctx context.Context, req relay.BatchRequest) (relay.BatchResult, error) {
+	bucket, limit, maxBytes := req.Buckets[0], req.Limit, req.MaxBytes
 	query := s.hot.nextBatch
 	args := make([]any, 0, s.hot.nextBatchBuckets+3)
 	for range s.hot.nextBatchBuckets {
@@ -284,16 +275,13 @@ func (s *Store) nextBatch(ctx context.Context, req relay.BatchRequest) ([]*outbo
 		}
 		return int64(len(c.msgs)), nil
 	}); err != nil {
-		return nil, fmt.Errorf("gormstore: bucket %d: next batch: %w", bucket, err)
-	}
-	if c.corrupt != nil {
-		return nil, c.corrupt
+		return relay.BatchResult{}, fmt.Errorf("gormstore: bucket %d: next batch: %w", bucket, err)
 	}
 	s.locs.put(c.msgs, c.tids)
-	return c.msgs, nil
+	return c.result(), nil
 }
 
-// scanBatch reads NextBatch's rows into a batch: at most limit, and, when
+// scanBatch reads nextBatch's rows into a batch: at most limit, and, when
 // maxBytes > 0, up to and including the row whose relay.MessageSize brings
 // the total beyond maxBytes. With tid the rows end with their ctid.
 func scanBatch(rows rowScanner, limit int, maxBytes int64, tid bool) (*batchCut, error) {
@@ -311,12 +299,11 @@ func scanBatch(rows rowScanner, limit int, maxBytes int64, tid bool) (*batchCut,
 	return c, nil
 }
 
-// batchCut is one bucket's batch as its rows are scanned, oldest first: it
-// applies NextBatch's bounds (limit rows; with maxBytes > 0, up to and
+// batchCut is one request's batch as its rows are scanned, oldest first: it
+// applies the request's bounds (limit rows; with maxBytes > 0, up to and
 // including the row whose relay.MessageSize brings the total beyond
-// maxBytes) and its corruption rule (a row that cannot be decoded ends the
-// batch; at the head it is the batch's *relay.CorruptRowError). NextBatch,
-// NextBatches and NextInOrder share it.
+// maxBytes) and the corruption rule (a row that cannot be decoded ends the
+// batch, with its *relay.CorruptRowError).
 type batchCut struct {
 	limit    int
 	maxBytes int64
@@ -325,10 +312,6 @@ type batchCut struct {
 	tids     []int64 // tids[i] is msgs[i]'s ctid, when the rows end with it
 	corrupt  *relay.CorruptRowError
 	done     bool // the batch takes no more rows
-	// anyCorrupt records the *relay.CorruptRowError of the row that ends
-	// the batch wherever it is, not only at the head (NextInOrder, which
-	// returns the rows before it with its error).
-	anyCorrupt bool
 }
 
 func newBatchCut(limit int, maxBytes int64) *batchCut {
@@ -342,9 +325,7 @@ func (c *batchCut) add(sc *batchScanner) {
 	}
 	m, err := sc.message(c.limit - len(c.msgs))
 	if err != nil {
-		if len(c.msgs) == 0 || c.anyCorrupt {
-			c.corrupt = &relay.CorruptRowError{ID: sc.id.v, Bucket: int(sc.bucket.v), Err: err}
-		}
+		c.corrupt = &relay.CorruptRowError{ID: sc.id.v, Bucket: int(sc.bucket.v), Err: err}
 		c.done = true
 		return
 	}
@@ -354,7 +335,7 @@ func (c *batchCut) add(sc *batchScanner) {
 	}
 	c.done = len(c.msgs) >= c.limit
 	if c.maxBytes > 0 {
-		// The row crossing the bound is included, as relay.Store.NextBatch
+		// The row crossing the bound is included, as relay.BatchRequest
 		// asks: the relay tells a batch cut by size from a drained bucket by
 		// it (and publishes the rows within the bound).
 		if c.total += relay.MessageSize(m); c.total > c.maxBytes {
@@ -363,11 +344,33 @@ func (c *batchCut) add(sc *batchScanner) {
 	}
 }
 
-// batchColumns are the columns NextBatch reads, in batchScanner's order.
+// result is the batch as a relay.BatchResult.
+func (c *batchCut) result() relay.BatchResult {
+	if c.corrupt != nil {
+		return relay.BatchResult{Rows: c.msgs, Err: c.corrupt}
+	}
+	return relay.BatchResult{Rows: c.msgs}
+}
+
+// batchColumns are the columns nextBatch reads, in batchScanner's order.
 const batchColumns = "id, message_id, bucket, topic, record_key, record_value, headers, record_partition, created_at"
 
-// MarkPublished implements relay.Store: it deletes exactly the given rows of
-// bucket, unless parked, each statement in autocommit (no transaction
+// MarkPublished implements relay.Store: rows of several buckets go to
+// markPublishedBuckets, those of one bucket to markPublished.
+func (s *Store) MarkPublished(ctx context.Context, published []*outbox.Message) error {
+	for _, m := range published {
+		if m.Bucket != published[0].Bucket {
+			return s.markPublishedBuckets(ctx, published)
+		}
+	}
+	if len(published) == 0 {
+		return nil
+	}
+	return s.markPublished(ctx, int(published[0].Bucket), published)
+}
+
+// markPublished deletes exactly the given rows of bucket, unless parked,
+// each statement in autocommit (no transaction
 // around it): on PostgreSQL one statement per 10,000 ids, by location when
 // this Store read the rows (a TID scan, see locations.go),
 //
@@ -402,10 +405,7 @@ const batchColumns = "id, message_id, bucket, topic, record_key, record_value, h
 // TestMarkPublishedDeletesByPrimaryKeyOnMySQL). A parked row is never
 // deleted: a row parked after it was read is published again once
 // requeued, never lost.
-func (s *Store) MarkPublished(ctx context.Context, bucket int, published []*outbox.Message) error {
-	if len(published) == 0 {
-		return nil
-	}
+func (s *Store) markPublished(ctx context.Context, bucket int, published []*outbox.Message) error {
 	return s.deleteRows(ctx, messageIDs(published), s.hot.deleteIDs != "",
 		func(chunk []int64) (string, []any) { return s.deleteStatement(bucket, chunk) },
 		func(ids, tids []int64) (string, []any) {
@@ -690,7 +690,7 @@ func (s *Store) oldestHead(ctx context.Context, k int) (time.Time, error) {
 		return parseTime(oldest)
 	}
 	// MySQL and MariaDB read a bucket's head by equality in id order, as
-	// NextBatch does: with the range form MariaDB sorts the whole bucket.
+	// nextBatch does: with the range form MariaDB sorts the whole bucket.
 	bucketHead, perBucket := fmt.Sprintf(head, "?", "?"), 2
 	if k == kindMySQL || k == kindMariaDB {
 		bucketHead, perBucket = "SELECT created_at FROM ? WHERE bucket = ? AND parked_at_ms IS NULL ORDER BY id LIMIT 1", 1
@@ -776,12 +776,3 @@ func parseTime(v any) (time.Time, error) {
 	}
 	return time.Time{}, fmt.Errorf("unparsable timestamp %q", s)
 }
-
-// ConcurrentBuckets implements relay.Store: on PostgreSQL and
-// MySQL/MariaDB a relay may serve several buckets at once (up to
-// relay.Options.MaxConcurrentBuckets), each with its own statements on the
-// pool's connections, and fetch one bucket's next batch while it publishes
-// another's; the store's shared state (dialect, seeding, pruning, the
-// latest clock reading) is under its mutex. Not on SQLite, whose single
-// writer turns the overlap into lock waits.
-func (s *Store) ConcurrentBuckets() bool { return s.db.Dialector.Name() != "sqlite" }

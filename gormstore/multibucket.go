@@ -16,8 +16,6 @@ import (
 	"gorm.io/gorm"
 )
 
-var _ relay.MultiBucketStore = (*Store)(nil)
-
 // maxBucketsPerStatement bounds the buckets of one NextBatches statement:
 // the statement's size, its bind variables (see maxBindsPerStatement) and
 // SQLite's limit of 500 members of a compound SELECT.
@@ -27,7 +25,7 @@ const maxBucketsPerStatement = 256
 // statement on MySQL, MariaDB and SQLite (SQLite before 3.32 allows 999).
 const maxBindsPerStatement = 999
 
-// multiSQL are the statement texts of NextBatches and MarkPublishedBuckets,
+// multiSQL are the statement texts of NextBatches and markPublishedBuckets,
 // built by the dialector (see buildMultiSQL).
 type multiSQL struct {
 	// nextBatches, with two bind variables (the buckets and the limits as
@@ -42,7 +40,7 @@ type multiSQL struct {
 	// member is one bucket's part of the UNION ALL that is NextBatches'
 	// statement on MySQL, MariaDB and SQLite, with the bind variables of
 	// hotSQL.nextBatch (nextBatchBuckets times the bucket, then the limit);
-	// "" for a dialect without either form (NextBatch per bucket).
+	// "" for a dialect without either form (nextBatch per bucket).
 	// memberWith renders member with a condition appended to its WHERE
 	// (excludingLiteral).
 	member     string
@@ -50,25 +48,25 @@ type multiSQL struct {
 	// perStatement is how many buckets one NextBatches statement reads.
 	perStatement int
 	// deleteIDs, with one bind variable (the ids as a PostgreSQL bigint[]
-	// literal), is PostgreSQL's MarkPublishedBuckets statement by id; ""
+	// literal), is PostgreSQL's markPublishedBuckets statement by id; ""
 	// elsewhere. deleteTIDs, with two (the locations as a tid[] literal,
 	// the ids), is its statement by location (see locations.go).
 	deleteIDs, deleteTIDs string
-	// deletePrefix is the MarkPublishedBuckets statement up to its IN list:
+	// deletePrefix is the markPublishedBuckets statement up to its IN list:
 	// the ids' bind variables follow (binds[0:]), then ")".
 	deletePrefix string
 	// deleteOne, with one bind variable (an id), is SQLite's
-	// MarkPublishedBuckets statement, run once per id; "" elsewhere.
+	// markPublishedBuckets statement, run once per id; "" elsewhere.
 	deleteOne string
-	// inOrderWith renders NextInOrder's statement on SQLite from its
+	// inOrderWith renders nextInOrder's statement on SQLite from its
 	// bucket filter (a condition on inOrderBucket), a condition appended to
-	// its WHERE ("" or " AND …") and its limit; nil elsewhere (NextInOrder
+	// its WHERE ("" or " AND …") and its limit; nil elsewhere (nextInOrder
 	// then merges NextBatches' answers).
 	inOrderWith   func(filter, cond, limit string) string
 	inOrderBucket string
 }
 
-// buildMultiSQL renders h.multi for dialect from h.nextBatchWith, NextBatch's
+// buildMultiSQL renders h.multi for dialect from h.nextBatchWith, nextBatch's
 // statement for one bucket.
 func buildMultiSQL(h *hotSQL, dialect, table string) {
 	m := &h.multi
@@ -76,7 +74,7 @@ func buildMultiSQL(h *hotSQL, dialect, table string) {
 	m.deletePrefix = "DELETE FROM " + table + " WHERE parked_at_ms IS NULL AND id IN ("
 	switch dialect {
 	case "postgres":
-		// One LATERAL subquery per (bucket, limit) pair: NextBatch's
+		// One LATERAL subquery per (bucket, limit) pair: nextBatch's
 		// statement, run as a nested loop once per pair, each an index scan
 		// of the bucket's unparked entries in order that stops at its limit
 		// (TestNextBatchesReadsEachBucketByItsIndexOnPostgres).
@@ -93,7 +91,7 @@ func buildMultiSQL(h *hotSQL, dialect, table string) {
 		m.deleteTIDs = deleteByLocation(table, h.binds[0], h.binds[1], " AND parked_at_ms + 0 IS NULL")
 	case "mysql":
 		// MariaDB 10.11 has no LATERAL: a UNION ALL of parenthesised
-		// selects, each NextBatch's statement with its own ORDER BY and
+		// selects, each nextBatch's statement with its own ORDER BY and
 		// LIMIT. The delete looks each id up in the primary key, as
 		// MarkPublished's does (see buildHotSQL).
 		m.memberWith = func(cond string) string { return "(" + h.nextBatchWith([4]string{"?", "?", "?", "?"}, "?", cond) + ")" }
@@ -101,7 +99,7 @@ func buildMultiSQL(h *hotSQL, dialect, table string) {
 	case "sqlite":
 		// SQLite takes no ORDER BY or LIMIT on a member of a compound
 		// SELECT: each member is a subquery. The delete is one statement
-		// per id (see MarkPublishedBuckets).
+		// per id (see markPublishedBuckets).
 		m.memberWith = func(cond string) string {
 			return "SELECT * FROM (" + h.nextBatchWith([4]string{"?", "?", "?", "?"}, "?", cond) + ")"
 		}
@@ -113,7 +111,7 @@ func buildMultiSQL(h *hotSQL, dialect, table string) {
 	if dialect != "sqlite" {
 		return
 	}
-	// NextInOrder on SQLite: the table in rowid order, the buckets a
+	// nextInOrder on SQLite: the table in rowid order, the buckets a
 	// filter on the rows met ("m.bucket + 0" keeps the planner off the
 	// bucket index, which would read the buckets' rows and sort them); the
 	// hold is the per-row form only (a guard of constants, "does the range
@@ -129,25 +127,26 @@ func buildMultiSQL(h *hotSQL, dialect, table string) {
 	}
 }
 
-// NextBatches implements relay.MultiBucketStore: each request is answered
-// as NextBatch would answer it (the same rows, the same holds, byte bound
-// and corrupt-row rule), in one statement per maxBucketsPerStatement
+// NextBatches implements relay.Store. A request of several buckets is
+// nextInOrder's. The requests of one bucket are answered as nextBatch
+// would answer each (the same rows, the same holds, byte bound and
+// corrupt-row rule), in one statement per maxBucketsPerStatement
 // requests (fewer on MySQL, MariaDB and SQLite: at most 999 bind
 // variables, 249 buckets). Requests with a limit ≤ 0 get no rows and cost
-// nothing; a single request is NextBatch's own statement. On PostgreSQL,
+// nothing; a single request is nextBatch's own statement. On PostgreSQL,
 //
 //	SELECT x.* FROM unnest($1::int[], $2::int[]) AS r(b, n)
-//	CROSS JOIN LATERAL (<NextBatch's statement, bucket r.b, LIMIT r.n>) x
+//	CROSS JOIN LATERAL (<nextBatch's statement, bucket r.b, LIMIT r.n>) x
 //
 // with the buckets and their limits as array literals: a nested loop that
-// runs NextBatch's index scan once per bucket. On MySQL and MariaDB (no
+// runs nextBatch's index scan once per bucket. On MySQL and MariaDB (no
 // LATERAL in MariaDB 10.11),
 //
-//	(<NextBatch's statement for bucket 1>) UNION ALL (<… bucket 2>) UNION ALL …
+//	(<nextBatch's statement for bucket 1>) UNION ALL (<… bucket 2>) UNION ALL …
 //
 // and on SQLite, which takes no ORDER BY or LIMIT on the member of a
-// compound SELECT, the same UNION ALL of "SELECT * FROM (<NextBatch's
-// statement>)". Each bucket's part is thus NextBatch's statement with its
+// compound SELECT, the same UNION ALL of "SELECT * FROM (<nextBatch's
+// statement>)". Each bucket's part is thus nextBatch's statement with its
 // plan: the bucket's head read from the (bucket, parked_at_ms, id) index
 // in order, stopping at the limit, never a sort of the bucket.
 //
@@ -156,32 +155,35 @@ func buildMultiSQL(h *hotSQL, dialect, table string) {
 // of its part in id order (a nested loop or a UNION ALL keeps the order of
 // its inner rows); NextBatches splits them by their bucket column and
 // checks that order, failing the call rather than returning a batch out of
-// order. A dialect other than these gets NextBatch per request.
+// order. A dialect other than these gets nextBatch per request.
 func (s *Store) NextBatches(ctx context.Context, reqs []relay.BatchRequest) ([]relay.BatchResult, error) {
 	results := make([]relay.BatchResult, len(reqs))
-	active := make([]int, 0, len(reqs)) // requests with rows to read
+	active := make([]int, 0, len(reqs)) // requests of one bucket with rows to read
 	seen := make(map[int]bool, len(reqs))
 	for i, r := range reqs {
-		if seen[r.Bucket] {
-			return nil, fmt.Errorf("gormstore: next batches: bucket %d requested twice", r.Bucket)
+		for _, b := range r.Buckets {
+			if seen[b] {
+				return nil, fmt.Errorf("gormstore: next batches: bucket %d requested twice", b)
+			}
+			seen[b] = true
 		}
-		seen[r.Bucket] = true
-		if r.Limit > 0 {
+		var err error
+		switch {
+		case r.Limit <= 0 || len(r.Buckets) == 0:
+		case len(r.Buckets) > 1:
+			results[i], err = s.nextInOrder(ctx, r)
+		default:
 			active = append(active, i)
+		}
+		if err != nil {
+			return nil, err
 		}
 	}
 	if len(active) == 1 || s.hot.multi.nextBatches == "" && s.hot.multi.member == "" {
 		for _, i := range active {
-			r := reqs[i]
-			rows, err := s.nextBatch(ctx, r)
-			var corrupt *relay.CorruptRowError
-			switch {
-			case errors.As(err, &corrupt):
-				results[i].Err = corrupt
-			case err != nil:
+			var err error
+			if results[i], err = s.nextBatch(ctx, reqs[i]); err != nil {
 				return nil, err
-			default:
-				results[i].Rows = rows
 			}
 		}
 		return results, nil
@@ -189,7 +191,7 @@ func (s *Store) NextBatches(ctx context.Context, reqs []relay.BatchRequest) ([]r
 	for len(active) > 0 {
 		chunk := active[:min(len(active), s.hot.multi.perStatement)]
 		active = active[len(chunk):]
-		if err := s.nextBatches(ctx, reqs, chunk, results, false); err != nil {
+		if err := s.nextBatches(ctx, reqs, chunk, results); err != nil {
 			return nil, err
 		}
 	}
@@ -198,29 +200,22 @@ func (s *Store) NextBatches(ctx context.Context, reqs []relay.BatchRequest) ([]r
 
 // nextBatches answers reqs[i] for each i of idx in one statement, into
 // results[i].
-func (s *Store) nextBatches(ctx context.Context, reqs []relay.BatchRequest, idx []int, results []relay.BatchResult, anyCorrupt bool) error {
+func (s *Store) nextBatches(ctx context.Context, reqs []relay.BatchRequest, idx []int, results []relay.BatchResult) error {
 	query, args := s.nextBatchesStatement(reqs, idx)
 	var cuts map[int64]*batchCut
 	if err := s.fetch(ctx, query, args, func(rows rowScanner) (int64, error) {
 		cuts = make(map[int64]*batchCut, len(idx))
 		for _, i := range idx {
-			c := newBatchCut(reqs[i].Limit, reqs[i].MaxBytes)
-			c.anyCorrupt = anyCorrupt
-			cuts[int64(reqs[i].Bucket)] = c
+			cuts[int64(reqs[i].Buckets[0])] = newBatchCut(reqs[i].Limit, reqs[i].MaxBytes)
 		}
 		return scanBatches(rows, cuts, s.hot.tid)
 	}); err != nil {
-		return fmt.Errorf("gormstore: next batches of %d buckets from bucket %d: %w", len(idx), reqs[idx[0]].Bucket, err)
+		return fmt.Errorf("gormstore: next batches of %d buckets from bucket %d: %w", len(idx), reqs[idx[0]].Buckets[0], err)
 	}
 	for _, i := range idx {
-		c := cuts[int64(reqs[i].Bucket)]
-		if c.corrupt != nil {
-			results[i].Err = c.corrupt
-		}
-		if c.corrupt == nil || anyCorrupt {
-			results[i].Rows = c.msgs
-			s.locs.put(c.msgs, c.tids)
-		}
+		c := cuts[int64(reqs[i].Buckets[0])]
+		results[i] = c.result()
+		s.locs.put(c.msgs, c.tids)
 	}
 	return nil
 }
@@ -233,7 +228,7 @@ func (s *Store) nextBatchesStatement(reqs []relay.BatchRequest, idx []int) (stri
 		buckets, limits := make([]int64, len(idx)), make([]int64, len(idx))
 		afters, ids := make([]int64, len(idx)), []int64(nil)
 		for j, i := range idx {
-			buckets[j], limits[j], afters[j] = int64(reqs[i].Bucket), int64(reqs[i].Limit), math.MinInt64
+			buckets[j], limits[j], afters[j] = int64(reqs[i].Buckets[0]), int64(reqs[i].Limit), math.MinInt64
 			if len(reqs[i].Exclude) > 0 {
 				var some []int64
 				some, afters[j] = excluded(reqs[i].Exclude)
@@ -258,7 +253,7 @@ func (s *Store) nextBatchesStatement(reqs []relay.BatchRequest, idx []int) (stri
 			b.WriteString(m.memberWith(excludingLiteral(reqs[i].Exclude)))
 		}
 		for range s.hot.nextBatchBuckets {
-			args = append(args, reqs[i].Bucket)
+			args = append(args, reqs[i].Buckets[0])
 		}
 		args = append(args, reqs[i].Limit)
 	}
@@ -295,9 +290,9 @@ func scanBatches(rows rowScanner, cuts map[int64]*batchCut, tid bool) (int64, er
 	return n, rows.Err()
 }
 
-// MarkPublishedBuckets implements relay.MultiBucketStore: it deletes
-// exactly the given rows, of any buckets, by primary key, unless parked,
-// each statement in autocommit, as MarkPublished does: on PostgreSQL one
+// markPublishedBuckets deletes exactly the given rows, of any buckets, by
+// primary key, unless parked, each statement in autocommit, as
+// markPublished does: on PostgreSQL one
 // statement per 10,000 ids, by location when this Store read the rows
 // (locations.go),
 //
@@ -327,13 +322,10 @@ func scanBatches(rows rowScanner, cuts map[int64]*batchCut, tid bool) (int64, er
 //	DELETE m FROM messages m FORCE INDEX (PRIMARY)
 //	WHERE m.parked_at_ms IS NULL AND m.id IN (?, …)
 //
-// Unlike MarkPublished's, the statements name no bucket: an id names one
+// Unlike markPublished's, the statements name no bucket: an id names one
 // row, and a published row is deleted whichever bucket holds it
 // (Message.Bucket is not read). The ids go in ascending order.
-func (s *Store) MarkPublishedBuckets(ctx context.Context, published []*outbox.Message) error {
-	if len(published) == 0 {
-		return nil
-	}
+func (s *Store) markPublishedBuckets(ctx context.Context, published []*outbox.Message) error {
 	ids := messageIDs(published)
 	slices.Sort(ids)
 	if s.hot.multi.deleteOne != "" {
@@ -349,7 +341,7 @@ func (s *Store) MarkPublishedBuckets(ctx context.Context, published []*outbox.Me
 }
 
 // deleteEach deletes ids with deleteOne, prepared once, in one
-// transaction: SQLite's MarkPublishedBuckets.
+// transaction: SQLite's markPublishedBuckets.
 func (s *Store) deleteEach(ctx context.Context, ids []int64) error {
 	s.watchPoolSoon(ctx)
 	err := s.writeTx(ctx, s.msgs, func(tx *gorm.DB) error {
@@ -373,7 +365,7 @@ func (s *Store) deleteEach(ctx context.Context, ids []int64) error {
 	return nil
 }
 
-// deleteBucketsStatement is MarkPublishedBuckets' statement for ids.
+// deleteBucketsStatement is markPublishedBuckets' statement for ids.
 func (s *Store) deleteBucketsStatement(ids []int64) (string, []any) {
 	m := &s.hot.multi
 	if m.deleteIDs != "" {
@@ -382,9 +374,9 @@ func (s *Store) deleteBucketsStatement(ids []int64) (string, []any) {
 	return s.inList(m.deletePrefix, nil, ids)
 }
 
-// NextInOrder implements relay.MultiBucketStore. The relay calls it on
-// SQLite only (a store whose writes serialise: see relay's groups), where
-// it is one statement reading the table in rowid order from its first
+// nextInOrder answers a request of several buckets. The relay makes one on
+// SQLite only (relay.Options.SingleWriter: see relay's groups), where it
+// is one statement reading the table in rowid order from its first
 // pending row of req.Buckets, like a plain "ORDER BY id LIMIT n" loop,
 // whatever the bucket count, not one index probe per bucket as NextBatches
 // makes:
@@ -400,9 +392,9 @@ func (s *Store) deleteBucketsStatement(ids []int64) (string, []any) {
 // The buckets, ascending, become the span [lo, hi] less its holes (the
 // buckets of the span not asked for), or, when the holes outnumber the
 // buckets, "m.bucket + 0 IN (…)"; the integers are written into the text.
-// The hold is NextBatch's per-row subquery, on the bucket index: a parked
+// The hold is nextBatch's per-row subquery, on the bucket index: a parked
 // row of the row's key, with a smaller id, in its bucket, that is not
-// corrupt. The rows are cut as NextBatch cuts a batch (limit, then the row
+// corrupt. The rows are cut as nextBatch cuts a batch (limit, then the row
 // crossing req.MaxBytes included). A row that cannot be decoded ends the
 // answer: the rows before it are returned with its *relay.CorruptRowError.
 //
@@ -411,10 +403,7 @@ func (s *Store) deleteBucketsStatement(ids []int64) (string, []any) {
 // thousands of buckets its reads passed every other bucket's rows and the
 // dead entries of the rows deleted meanwhile, and a 65,536-bucket drain ran
 // at a third of its rate by heads: see BENCHMARKS.md.)
-func (s *Store) NextInOrder(ctx context.Context, req relay.OrderedRequest) ([]*outbox.Message, error) {
-	if req.Limit <= 0 || len(req.Buckets) == 0 {
-		return nil, nil
-	}
+func (s *Store) nextInOrder(ctx context.Context, req relay.BatchRequest) (relay.BatchResult, error) {
 	buckets := req.Buckets // distinct and ascending, as the contract asks; else a sorted copy
 	for i := 1; i < len(buckets); i++ {
 		if buckets[i] <= buckets[i-1] {
@@ -429,19 +418,15 @@ func (s *Store) NextInOrder(ctx context.Context, req relay.OrderedRequest) ([]*o
 	var c *batchCut
 	if err := s.fetch(ctx, query, args, func(rows rowScanner) (int64, error) {
 		c = newBatchCut(req.Limit, req.MaxBytes)
-		c.anyCorrupt = true
 		return scanInOrder(rows, c, buckets, s.hot.tid)
 	}); err != nil {
-		return nil, fmt.Errorf("gormstore: next in order of %d buckets from bucket %d: %w", len(buckets), buckets[0], err)
+		return relay.BatchResult{}, fmt.Errorf("gormstore: next in order of %d buckets from bucket %d: %w", len(buckets), buckets[0], err)
 	}
 	s.locs.put(c.msgs, c.tids)
-	if c.corrupt != nil {
-		return c.msgs, c.corrupt
-	}
-	return c.msgs, nil
+	return c.result(), nil
 }
 
-// nextInOrderStatement is NextInOrder's statement for buckets (ascending,
+// nextInOrderStatement is nextInOrder's statement for buckets (ascending,
 // distinct, at least one), limit and the rows of exclude, and its
 // arguments.
 func (s *Store) nextInOrderStatement(buckets []int, limit int, exclude []*outbox.Message) (string, []any) {
@@ -483,7 +468,7 @@ func (s *Store) nextInOrderStatement(buckets []int, limit int, exclude []*outbox
 	return m.inOrderWith(filter, cond, strconv.Itoa(limit)), nil
 }
 
-// scanInOrder reads NextInOrder's rows into c until it is done; it returns
+// scanInOrder reads nextInOrder's rows into c until it is done; it returns
 // the rows read. A row of a bucket not asked for, or rows out of id order,
 // fail it.
 func scanInOrder(rows rowScanner, c *batchCut, buckets []int, tid bool) (int64, error) {
@@ -507,39 +492,21 @@ func scanInOrder(rows rowScanner, c *batchCut, buckets []int, tid bool) (int64, 
 	return n, rows.Err()
 }
 
-// nextInOrderMerged is NextInOrder for a dialect without its statement:
+// nextInOrderMerged is nextInOrder for a dialect without its statement:
 // each bucket's head, as NextBatches reads it, merged in id order and cut
 // at req.Limit and req.MaxBytes.
-func (s *Store) nextInOrderMerged(ctx context.Context, req relay.OrderedRequest, buckets []int) ([]*outbox.Message, error) {
+func (s *Store) nextInOrderMerged(ctx context.Context, req relay.BatchRequest, buckets []int) (relay.BatchResult, error) {
 	excl := make(map[int64][]*outbox.Message)
 	for _, m := range req.Exclude {
 		excl[int64(m.Bucket)] = append(excl[int64(m.Bucket)], m)
 	}
 	reqs := make([]relay.BatchRequest, len(buckets))
 	for i, b := range buckets {
-		reqs[i] = relay.BatchRequest{Bucket: b, Limit: req.Limit, Exclude: excl[int64(b)]}
+		reqs[i] = relay.BatchRequest{Buckets: []int{b}, Limit: req.Limit, Exclude: excl[int64(b)]}
 	}
-	var results []relay.BatchResult
-	if s.hot.multi.nextBatches == "" && s.hot.multi.member == "" {
-		var err error
-		if results, err = s.NextBatches(ctx, reqs); err != nil { // a corrupt row found only at a bucket's head
-			return nil, err
-		}
-	} else {
-		// NextBatches' statements, each bucket's corrupt row recorded
-		// wherever it ends the bucket's rows.
-		results = make([]relay.BatchResult, len(reqs))
-		idx := make([]int, len(reqs))
-		for i := range idx {
-			idx[i] = i
-		}
-		for len(idx) > 0 {
-			chunk := idx[:min(len(idx), s.hot.multi.perStatement)]
-			idx = idx[len(chunk):]
-			if err := s.nextBatches(ctx, reqs, chunk, results, true); err != nil {
-				return nil, err
-			}
-		}
+	results, err := s.NextBatches(ctx, reqs)
+	if err != nil {
+		return relay.BatchResult{}, err
 	}
 	var all []*outbox.Message
 	var corrupt *relay.CorruptRowError
@@ -551,20 +518,20 @@ func (s *Store) nextInOrderMerged(ctx context.Context, req relay.OrderedRequest,
 		}
 	}
 	slices.SortFunc(all, func(a, b *outbox.Message) int { return cmp.Compare(a.ID, b.ID) })
-	var out []*outbox.Message
+	var out relay.BatchResult
 	var total int64
 	for _, m := range all {
-		if len(out) >= req.Limit || req.MaxBytes > 0 && total > req.MaxBytes {
+		if len(out.Rows) >= req.Limit || req.MaxBytes > 0 && total > req.MaxBytes {
 			return out, nil
 		}
 		if corrupt != nil && m.ID > corrupt.ID {
-			return out, corrupt
+			break
 		}
-		out = append(out, m)
+		out.Rows = append(out.Rows, m)
 		total += relay.MessageSize(m)
 	}
-	if corrupt != nil && len(out) < req.Limit && (req.MaxBytes <= 0 || total <= req.MaxBytes) {
-		return out, corrupt
+	if corrupt != nil && len(out.Rows) < req.Limit && (req.MaxBytes <= 0 || total <= req.MaxBytes) {
+		out.Err = corrupt
 	}
 	return out, nil
 }

@@ -160,7 +160,7 @@ func (s *Store) read(ctx context.Context, table string, fn func(q *gorm.DB) erro
 	return s.run(ctx, table, modeRead, fn)
 }
 
-// fetchGuard is the setting the hot path's fetches (NextBatch,
+// fetchGuard is the setting the hot path's fetches (nextBatch,
 // NextBatches) run under on PostgreSQL: no bitmap scans, for the rest of
 // the fetch's transaction only. Statistics that say the table is empty
 // while it holds a backlog (an ANALYZE of the drained table, or one that

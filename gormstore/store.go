@@ -1,6 +1,7 @@
 // Package gormstore is the GORM-backed relay.Store: bucket leases, relay
 // heartbeats and pending outbox rows kept in the three outbox tables on
-// PostgreSQL, MySQL/MariaDB or SQLite.
+// PostgreSQL, MySQL/MariaDB or SQLite. On SQLite, whose single writer
+// serialises the relay's statements, set relay.Options.SingleWriter.
 //
 // Every lease step is a single guarded statement run in autocommit: no row
 // lock is held across steps and no transaction stays open, so a slow relay
@@ -72,7 +73,7 @@
 // switches) also begin on the primary. A replica, however fresh, is never
 // read: a lease read-back or a batch from a lagging replica would flap
 // ownership and publish deleted rows again. A resolver of another name must
-// honour the same setting or not split the outbox tables. NextBatch and
+// honour the same setting or not split the outbox tables. nextBatch and
 // MarkPublished run on that same resolved pool, straight through
 // database/sql (see "The hot path" in hotpath.go), so they bypass GORM's
 // callbacks: a resolver of another name is not asked for them, and they
@@ -84,10 +85,10 @@
 // in the messages table with parked_at_ms (Unix ms, UTC, the database's clock)
 // and parked_reason (at most 1000 characters) set; only the relay (through
 // the store) writes them, never outbox.Message creates or updates. The read
-// index is (bucket, parked_at_ms, id): NextBatch and BucketsWithPending read
+// index is (bucket, parked_at_ms, id): nextBatch and BucketsWithPending read
 // the unparked entries of one bucket (parked_at_ms IS NULL) and never touch
-// the parked ones, except that NextBatch, when the bucket has a parked row,
-// looks up the parked rows of each row's key (see Store.NextBatch);
+// the parked ones, except that nextBatch, when the bucket has a parked row,
+// looks up the parked rows of each row's key (see nextBatch);
 // ListParked, RequeueParked and DeleteParked read the parked entries. The relays table's features column carries
 // Features with every heartbeat; Fleet reports CanPark false while a live relay's
 // row lacks the parking bit.

@@ -14,7 +14,7 @@ import (
 // next acquisition round, ErrorBackoff later, if the store still grants it.
 var ErrFenced = errors.New("fenced")
 
-// errFencedBucket is what drainOnce returns, inside an errBucket, when the
+// errFencedBucket is what settle returns, inside an errBucket, when the
 // publisher reported ErrFenced: the loop drops the bucket (dropFenced).
 type errFencedBucket struct{ err error }
 

@@ -69,13 +69,10 @@ func testDropsFencedBucket(t *testing.T, concurrent bool) {
 	}
 	idle := make(chan struct{}, 1)
 	reader := metrictest.NewReader()
-	var s relay.Store = store
-	if concurrent {
-		s = concurrentFull{store} // two buckets served at once
-	}
-	r, err := relay.New(s, pub, relay.Options{
+	r, err := relay.New(store, pub, relay.Options{
 		RelayID: "relay-a", BucketCount: 2, Clock: clock, Logger: slog.New(slog.DiscardHandler),
 		ParkPolicy: relay.ParkAnyFailure, ParkAfter: 1, MeterProvider: reader.MeterProvider(),
+		SingleWriter: !concurrent, // concurrent: two buckets served at once
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -50,7 +50,7 @@ func TestShallowBucketsShareFetchesPublishesAndDeletes(t *testing.T) {
 	h.waitFor("store empty", func() bool { return h.store.Len() == 0 })
 	h.waitIdle()
 	checkPublishedOnce(t, h.pub.Calls(), buckets)
-	fetches, deletes := h.ops.count(relaytest.OpNextBatch), h.ops.count(relaytest.OpMarkPublished)
+	fetches, deletes := h.ops.count(relaytest.OpNextBatches), h.ops.count(relaytest.OpMarkPublished)
 	if limit := 2 * buckets / 64; fetches > limit || deletes > limit {
 		t.Fatalf("%d fetches and %d deletes for %d one-row buckets; want at most %d of each (groups of up to 64)", fetches, deletes, buckets, limit)
 	}
@@ -176,9 +176,9 @@ func TestGroupedRowIsNotStruckForAnotherRowsFailure(t *testing.T) {
 	}
 }
 
-// orderedRecorder is a MemStore (its writes serialise) that records the
-// most buckets a NextInOrder call read, and the calls whose buckets were
-// not distinct and ascending, as the contract asks.
+// orderedRecorder is a MemStore (its relay a SingleWriter) that records the
+// most buckets a request of several read, and the requests whose buckets
+// were not distinct and ascending, as the contract asks.
 type orderedRecorder struct {
 	*relaytest.MemStore
 	mu       sync.Mutex
@@ -186,14 +186,18 @@ type orderedRecorder struct {
 	unsorted [][]int
 }
 
-func (o *orderedRecorder) NextInOrder(ctx context.Context, req relay.OrderedRequest) ([]*outbox.Message, error) {
+func (o *orderedRecorder) NextBatches(ctx context.Context, reqs []relay.BatchRequest) ([]relay.BatchResult, error) {
 	o.mu.Lock()
-	o.most = max(o.most, len(req.Buckets))
-	if !slices.IsSorted(req.Buckets) || len(slices.Compact(slices.Clone(req.Buckets))) != len(req.Buckets) {
-		o.unsorted = append(o.unsorted, slices.Clone(req.Buckets))
+	for _, req := range reqs {
+		if len(req.Buckets) > 1 {
+			o.most = max(o.most, len(req.Buckets))
+		}
+		if !slices.IsSorted(req.Buckets) || len(slices.Compact(slices.Clone(req.Buckets))) != len(req.Buckets) {
+			o.unsorted = append(o.unsorted, slices.Clone(req.Buckets))
+		}
 	}
 	o.mu.Unlock()
-	return o.MemStore.NextInOrder(ctx, req)
+	return o.MemStore.NextBatches(ctx, reqs)
 }
 
 // TestSerialStoreReadsThousandsOfBucketsByHeads: while more than 1,024
@@ -218,10 +222,10 @@ func TestSerialStoreReadsThousandsOfBucketsByHeads(t *testing.T) {
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
 	if rec.most > 1024 || rec.most <= 64 {
-		t.Fatalf("NextInOrder calls read at most %d buckets; want at most 1,024 (more are read by heads), and once fewer were left, more than a group by heads (64)", rec.most)
+		t.Fatalf("requests read at most %d buckets; want at most 1,024 (more are read by heads), and once fewer were left, more than a group by heads (64)", rec.most)
 	}
 	if len(rec.unsorted) > 0 {
-		t.Fatalf("NextInOrder asked for buckets out of order (%d calls, the first %v); want them distinct and ascending", len(rec.unsorted), rec.unsorted[0][:min(8, len(rec.unsorted[0]))])
+		t.Fatalf("requests asked for buckets out of order (%d calls, the first %v); want them distinct and ascending", len(rec.unsorted), rec.unsorted[0][:min(8, len(rec.unsorted[0]))])
 	}
 }
 
@@ -263,14 +267,14 @@ func TestSerialStoreReadsGroupsInIDOrder(t *testing.T) {
 	if !slices.Equal(first, oldest) {
 		t.Fatalf("first publish held rows %v; want the %d oldest across the buckets %v", first, batch, oldest)
 	}
-	if got, limit := h.ops.count(relaytest.OpNextBatch), buckets*perBucket/batch+1; got > limit {
+	if got, limit := h.ops.count(relaytest.OpNextBatches), buckets*perBucket/batch+1; got > limit {
 		t.Fatalf("%d fetches for %d rows; want at most %d (one per BatchSize rows, then one that finds them drained)", got, buckets*perBucket, limit)
 	}
 }
 
 // TestSerialStoreAsksForBucketsInAscendingOrder: a bucket hinted while a
 // group is in flight joins the queue ahead of the group's buckets, which
-// come back behind it; the next group still asks NextInOrder for its
+// come back behind it; the next group still asks for its
 // buckets distinct and ascending, as the contract says, and every row is
 // published once, in order.
 func TestSerialStoreAsksForBucketsInAscendingOrder(t *testing.T) {
@@ -296,9 +300,9 @@ func TestSerialStoreAsksForBucketsInAscendingOrder(t *testing.T) {
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
 	if len(rec.unsorted) > 0 {
-		t.Fatalf("NextInOrder asked for buckets %v; want them distinct and ascending", rec.unsorted)
+		t.Fatalf("requests asked for buckets %v; want them distinct and ascending", rec.unsorted)
 	}
 	if rec.most < 3 {
-		t.Fatalf("NextInOrder calls read at most %d buckets; want a group of the hinted bucket and the two others", rec.most)
+		t.Fatalf("requests read at most %d buckets; want a group of the hinted bucket and the two others", rec.most)
 	}
 }

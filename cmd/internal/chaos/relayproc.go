@@ -118,6 +118,7 @@ func RunRelay(ctx context.Context, c RelayConfig, log *slog.Logger) error {
 		BatchSize:          c.BatchSize,
 		StopTimeout:        5 * time.Second,
 		Logger:             log,
+		SingleWriter:       c.Dialect == "sqlite",
 	})
 	if err != nil {
 		return err

@@ -145,7 +145,7 @@ func effectsRun(t *testing.T, c Client, o testenv.Opener, b testenv.Broker, fenc
 		rl, err := relay.New(store, pub, relay.Options{
 			RelayID: id, BucketCount: cfg.BucketCount, LeaseDuration: 2 * time.Second,
 			LeaseRenewInterval: 500 * time.Millisecond, PollInterval: 50 * time.Millisecond,
-			ErrorBackoff: 20 * time.Millisecond, Logger: quiet,
+			ErrorBackoff: 20 * time.Millisecond, Logger: quiet, SingleWriter: odb.Dialector.Name() == "sqlite",
 		})
 		if err != nil {
 			t.Fatal(err)

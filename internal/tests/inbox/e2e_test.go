@@ -104,7 +104,7 @@ func TestEndToEndOutboxRelayDuplicatesInbox(t *testing.T) {
 		}
 		t.Cleanup(func() { _ = kp.Close() })
 		pub := &duplicatingPublisher{Publisher: kp}
-		rl, err := relay.New(store, pub, relay.Options{Notifier: n, PollInterval: 50 * time.Millisecond, ErrorBackoff: 10 * time.Millisecond})
+		rl, err := relay.New(store, pub, relay.Options{Notifier: n, PollInterval: 50 * time.Millisecond, ErrorBackoff: 10 * time.Millisecond, SingleWriter: db.Dialector.Name() == "sqlite"})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -104,6 +104,7 @@ func runZombie(t *testing.T, o testenv.Opener, b testenv.Broker, step string) {
 			PollInterval:       50 * time.Millisecond,
 			ErrorBackoff:       100 * time.Millisecond,
 			Logger:             slog.New(slog.DiscardHandler),
+			SingleWriter:       db.Dialector.Name() == "sqlite",
 		}
 	}
 

@@ -51,7 +51,7 @@ func TestOversizedRowParksItsKeyWhileTheBucketFlows(t *testing.T) {
 		t.Cleanup(func() { _ = pub.Close() })
 		r, err := relay.New(store, pub, relay.Options{
 			Notifier: n, PollInterval: 50 * time.Millisecond, ErrorBackoff: 50 * time.Millisecond,
-			Logger: logs.Logger(), MeterProvider: reader.MeterProvider(),
+			Logger: logs.Logger(), MeterProvider: reader.MeterProvider(), SingleWriter: db.Dialector.Name() == "sqlite",
 		})
 		if err != nil {
 			t.Fatal(err)
@@ -114,7 +114,7 @@ func TestOversizedRowParksItsKeyWhileTheBucketFlows(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		r2, err := relay.New(store2, pub, relay.Options{PollInterval: 50 * time.Millisecond, ErrorBackoff: 50 * time.Millisecond, Logger: logs.Logger()})
+		r2, err := relay.New(store2, pub, relay.Options{PollInterval: 50 * time.Millisecond, ErrorBackoff: 50 * time.Millisecond, Logger: logs.Logger(), SingleWriter: db.Dialector.Name() == "sqlite"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -275,7 +275,7 @@ func TestRequeueWhileTheKeyKeepsArrivingKeepsItsOrder(t *testing.T) {
 		}
 		t.Cleanup(func() { _ = kp.Close() })
 		pub := &rejecting{Publisher: kp, poison: map[outbox.UUID]bool{}}
-		r, err := relay.New(store, pub, relay.Options{Notifier: n, PollInterval: 20 * time.Millisecond, ErrorBackoff: 5 * time.Millisecond, ParkAfter: 1})
+		r, err := relay.New(store, pub, relay.Options{Notifier: n, PollInterval: 20 * time.Millisecond, ErrorBackoff: 5 * time.Millisecond, ParkAfter: 1, SingleWriter: db.Dialector.Name() == "sqlite"})
 		if err != nil {
 			t.Fatal(err)
 		}

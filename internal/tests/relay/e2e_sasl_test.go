@@ -101,7 +101,7 @@ func TestEndToEndSASLSSL(t *testing.T) {
 
 			n := relay.NewNotifier()
 			db, store := saslSetup(t, n)
-			r, done := startKafkaRelay(ctx, t, store, n, kafkapub.Config{Brokers: b.Addrs, Transport: b.Transport(t, tc.mech())})
+			r, done := startKafkaRelay(ctx, t, db, store, n, kafkapub.Config{Brokers: b.Addrs, Transport: b.Transport(t, tc.mech())})
 
 			committed, rolledBack := enqueueSASL(t, db, topic, 60)
 			checkRecords(t, b.ReadAll(t, topic, len(committed), time.Minute), committed, rolledBack)
@@ -175,6 +175,7 @@ func TestSASLWrongPassword(t *testing.T) {
 		LeaseDuration:      5 * time.Second,
 		Logger:             logs.Logger(),
 		MeterProvider:      reader.MeterProvider(),
+		SingleWriter:       db.Dialector.Name() == "sqlite",
 	}
 	r, err := relay.New(store, rec, opts)
 	if err != nil {
@@ -281,7 +282,7 @@ func TestSASLUntrustedBrokerCertificate(t *testing.T) {
 	}
 	defer pub.Close()
 	rec := &errorRecorder{Publisher: pub}
-	r, err := relay.New(store, rec, relay.Options{PollInterval: 50 * time.Millisecond, ErrorBackoff: 20 * time.Millisecond, LeaseRenewInterval: 200 * time.Millisecond, LeaseDuration: 5 * time.Second})
+	r, err := relay.New(store, rec, relay.Options{PollInterval: 50 * time.Millisecond, ErrorBackoff: 20 * time.Millisecond, LeaseRenewInterval: 200 * time.Millisecond, LeaseDuration: 5 * time.Second, SingleWriter: db.Dialector.Name() == "sqlite"})
 	if err != nil {
 		t.Fatal(err)
 	}
