@@ -38,20 +38,18 @@ var multiScenarios = []struct {
 // can.
 func (e *env) multiStore(park bool) (s relay.Store, canPark bool) {
 	e.t.Helper()
-	s = e.relay("relay-a").s
+	r := e.relay("relay-a")
 	if !park {
-		return s, false
+		return r.s, false
 	}
-	f, err := s.Fleet(e.ctx)
+	f, err := r.s.Fleet(e.ctx)
 	if err != nil {
 		e.t.Fatalf("Fleet: %v", err)
 	}
-	if f.CanPark {
-		if got := e.acquire(e.relay("relay-a")); len(got) != e.n {
-			e.t.Fatalf("AcquireBucketLeases(relay-a) = %v; want all %d buckets", got, e.n)
-		}
+	if got := e.acquire(r); f.CanPark && len(got) != e.n {
+		e.t.Fatalf("AcquireBucketLeases(relay-a) = %v; want all %d buckets", got, e.n)
 	}
-	return s, canPark
+	return r.s, f.CanPark
 }
 
 // rng returns a random source seeded from EnvSeed or the time, logging the
@@ -79,12 +77,13 @@ func (e *env) checkAsAlone(s relay.Store, reqs []relay.BatchRequest, got []relay
 		e.t.Fatalf("NextBatches(%d requests) = %d results; want %d", len(reqs), len(got), len(reqs))
 	}
 	for i, r := range reqs {
-		alone, err := s.NextBatches(e.ctx, []relay.BatchRequest{r})
-		if err != nil || len(alone) != 1 {
-			e.t.Fatalf("NextBatches(%s) = %d results, %v", fmtReqs(reqs[i:i+1]), len(alone), err)
+		alone, aloneErr := e.answer(s, r)
+		var ce *relay.CorruptRowError
+		if aloneErr != nil && !errors.As(aloneErr, &ce) {
+			e.t.Fatalf("NextBatches(%s): %v", fmtReqs(reqs[i:i+1]), aloneErr)
 		}
 		want, wantErr := e.expect(s, r)
-		for _, w := range []relay.BatchResult{alone[0], {Rows: want, Err: wantErr}} {
+		for _, w := range []relay.BatchResult{{Rows: alone, Err: aloneErr}, {Rows: want, Err: wantErr}} {
 			var gotCorrupt, wantCorrupt *relay.CorruptRowError
 			if got[i].Err != nil && !errors.As(got[i].Err, &gotCorrupt) {
 				e.t.Fatalf("NextBatches result %d (bucket %d) error %v; want nil or a *relay.CorruptRowError", i, r.Buckets[0], got[i].Err)
@@ -140,7 +139,11 @@ func sameRows(a, b []*outbox.Message) bool {
 func fmtReqs(reqs []relay.BatchRequest) string {
 	var b strings.Builder
 	for _, r := range reqs {
-		fmt.Fprintf(&b, " %v/%d/%d", r.Buckets, r.Limit, r.MaxBytes)
+		buckets := fmt.Sprint(r.Buckets)
+		if n := len(r.Buckets); n > 20 {
+			buckets = fmt.Sprintf("%d buckets %d..%d", n, r.Buckets[0], r.Buckets[n-1])
+		}
+		fmt.Fprintf(&b, " %s/%d/%d", buckets, r.Limit, r.MaxBytes)
 		if len(r.Exclude) > 0 {
 			fmt.Fprintf(&b, "-%v", msgIDs(r.Exclude))
 		}
@@ -450,45 +453,25 @@ func (e *env) expectInOrder(s relay.Store, req relay.BatchRequest) []*outbox.Mes
 	return want
 }
 
-// inOrder returns NextBatches' answer to req alone.
-func (e *env) inOrder(s relay.Store, req relay.BatchRequest) ([]*outbox.Message, error) {
-	res, err := s.NextBatches(e.ctx, []relay.BatchRequest{req})
-	if err != nil || len(res) != 1 {
-		e.t.Fatalf("NextBatches(%s) = %d results, %v", fmtOrdered(req), len(res), err)
-	}
-	return res[0].Rows, res[0].Err
-}
-
 // checkInOrder fails t unless got, the answer to req, is expectInOrder's:
 // ids ascending, rows of req.Buckets only.
 func (e *env) checkInOrder(s relay.Store, req relay.BatchRequest, got []*outbox.Message, err error) {
 	e.t.Helper()
 	if err != nil {
-		e.t.Fatalf("NextBatches(%s): %v", fmtOrdered(req), err)
+		e.t.Fatalf("NextBatches(%s): %v", fmtReqs([]relay.BatchRequest{req}), err)
 	}
 	want := e.expectInOrder(s, req)
 	if !sameRows(got, want) {
-		e.t.Fatalf("NextBatches(%s) = %v; want %v: each bucket's batch merged in id order, cut", fmtOrdered(req), msgIDs(got), msgIDs(want))
+		e.t.Fatalf("NextBatches(%s) = %v; want %v: each bucket's batch merged in id order, cut", fmtReqs([]relay.BatchRequest{req}), msgIDs(got), msgIDs(want))
 	}
 	for i, m := range got {
 		if i > 0 && m.ID <= got[i-1].ID {
-			e.t.Fatalf("NextBatches(%s) = %v: row %d after row %d", fmtOrdered(req), msgIDs(got), m.ID, got[i-1].ID)
+			e.t.Fatalf("NextBatches(%s) = %v: row %d after row %d", fmtReqs([]relay.BatchRequest{req}), msgIDs(got), m.ID, got[i-1].ID)
 		}
 		if _, ok := slices.BinarySearch(req.Buckets, int(m.Bucket)); !ok {
-			e.t.Fatalf("NextBatches(%s) returned row %d of bucket %d, not asked for", fmtOrdered(req), m.ID, m.Bucket)
+			e.t.Fatalf("NextBatches(%s) returned row %d of bucket %d, not asked for", fmtReqs([]relay.BatchRequest{req}), m.ID, m.Bucket)
 		}
 	}
-}
-
-func fmtOrdered(req relay.BatchRequest) string {
-	s := fmt.Sprintf("buckets %v, limit %d, max bytes %d", req.Buckets, req.Limit, req.MaxBytes)
-	if len(req.Buckets) > 20 {
-		s = fmt.Sprintf("%d buckets %d..%d, limit %d, max bytes %d", len(req.Buckets), req.Buckets[0], req.Buckets[len(req.Buckets)-1], req.Limit, req.MaxBytes)
-	}
-	if len(req.Exclude) > 0 {
-		s += fmt.Sprintf(", excluding %v", msgIDs(req.Exclude))
-	}
-	return s
 }
 
 // nextInOrderMatchesAlone: over rounds of random requests of several
@@ -551,7 +534,7 @@ func nextInOrderMatchesAlone(t *testing.T, f Factory) {
 				req.Exclude = append(req.Exclude, prev...)
 			}
 		}
-		got, err := e.inOrder(s, req)
+		got, err := e.answer(s, req)
 		e.checkInOrder(s, req, got, err)
 		if done := got[:rng.IntN(len(got)+1)]; len(done) > 0 {
 			if err := s.MarkPublished(e.ctx, done); err != nil {
@@ -559,7 +542,7 @@ func nextInOrderMatchesAlone(t *testing.T, f Factory) {
 			}
 		}
 	}
-	if got, err := e.inOrder(s, relay.BatchRequest{Buckets: all(n), Limit: 0}); err != nil || len(got) != 0 {
+	if got, err := e.answer(s, relay.BatchRequest{Buckets: all(n), Limit: 0}); err != nil || len(got) != 0 {
 		t.Fatalf("NextBatches(limit 0) = %v, %v; want nothing", msgIDs(got), err)
 	}
 }
@@ -582,32 +565,32 @@ func nextInOrderCorruptRow(t *testing.T, f Factory) {
 		t.Fatalf("Harness.InsertCorrupt(2): %v", err)
 	}
 	e.insert(e.msg(3, start), e.msg(2, start), e.msg(1, start))
-	others, err := e.inOrder(s, relay.BatchRequest{Buckets: []int{1, 3}, Limit: 100})
+	others, err := e.answer(s, relay.BatchRequest{Buckets: []int{1, 3}, Limit: 100})
 	if err != nil || len(others) != 5 {
 		t.Fatalf("NextBatches(buckets 1, 3) = %v, %v; want their 5 rows", msgIDs(others), err)
 	}
 	req := relay.BatchRequest{Buckets: []int{1, 2, 3}, Limit: 100}
-	got, err := e.inOrder(s, req)
+	got, err := e.answer(s, req)
 	var ce *relay.CorruptRowError
 	if !errors.As(err, &ce) {
-		t.Fatalf("NextBatches(%s) = %v, %v; want the 4 rows before the corrupt one with a *relay.CorruptRowError", fmtOrdered(req), msgIDs(got), err)
+		t.Fatalf("NextBatches(%s) = %v, %v; want the 4 rows before the corrupt one with a *relay.CorruptRowError", fmtReqs([]relay.BatchRequest{req}), msgIDs(got), err)
 	}
 	if len(got) != 4 || got[1].Bucket != 2 || !slices.IsSorted(msgIDs(got)) {
-		t.Fatalf("NextBatches(%s) = %v (error %v); want the 4 rows before the corrupt one, in id order", fmtOrdered(req), msgIDs(got), err)
+		t.Fatalf("NextBatches(%s) = %v (error %v); want the 4 rows before the corrupt one, in id order", fmtReqs([]relay.BatchRequest{req}), msgIDs(got), err)
 	}
 	if ce.Bucket != 2 || ce.ID <= got[3].ID || ce.ID >= others[3].ID {
 		t.Fatalf("NextBatches(%s) error names row %d of bucket %d; want the corrupt row of bucket 2, after row %d and before row %d",
-			fmtOrdered(req), ce.ID, ce.Bucket, got[3].ID, others[3].ID)
+			fmtReqs([]relay.BatchRequest{req}), ce.ID, ce.Bucket, got[3].ID, others[3].ID)
 	}
 	req.Limit = 4
-	if short, err := e.inOrder(s, req); err != nil || !slices.Equal(msgIDs(short), msgIDs(got)) {
-		t.Fatalf("NextBatches(%s) = %v, %v; want %v and no error: the limit ends it before the corrupt row", fmtOrdered(req), msgIDs(short), err, msgIDs(got))
+	if short, err := e.answer(s, req); err != nil || !slices.Equal(msgIDs(short), msgIDs(got)) {
+		t.Fatalf("NextBatches(%s) = %v, %v; want %v and no error: the limit ends it before the corrupt row", fmtReqs([]relay.BatchRequest{req}), msgIDs(short), err, msgIDs(got))
 	}
 	req = relay.BatchRequest{Buckets: []int{1, 2, 3}, Limit: 100, Exclude: got}
-	head, err := e.inOrder(s, req)
+	head, err := e.answer(s, req)
 	var again *relay.CorruptRowError
 	if !errors.As(err, &again) || again.ID != ce.ID || len(head) != 0 {
-		t.Fatalf("NextBatches(%s) = %v, %v; want only the *relay.CorruptRowError of row %d", fmtOrdered(req), msgIDs(head), err, ce.ID)
+		t.Fatalf("NextBatches(%s) = %v, %v; want only the *relay.CorruptRowError of row %d", fmtReqs([]relay.BatchRequest{req}), msgIDs(head), err, ce.ID)
 	}
 }
 
@@ -647,7 +630,7 @@ func nextInOrderOfManyBuckets(t *testing.T, f Factory) {
 		{Buckets: sparse, Limit: 1000},
 		{Buckets: all(n), Limit: 1000},
 	} {
-		got, err := e.inOrder(s, req)
+		got, err := e.answer(s, req)
 		e.checkInOrder(s, req, got, err)
 		if req.Limit == 1000 && req.MaxBytes == 0 {
 			var want int
@@ -655,7 +638,7 @@ func nextInOrderOfManyBuckets(t *testing.T, f Factory) {
 				want += 1 + b%2
 			}
 			if len(got) != want {
-				t.Fatalf("NextBatches(%s) = %d rows; want all %d of its buckets", fmtOrdered(req), len(got), want)
+				t.Fatalf("NextBatches(%s) = %d rows; want all %d of its buckets", fmtReqs([]relay.BatchRequest{req}), len(got), want)
 			}
 		}
 	}

@@ -359,10 +359,14 @@ func maps(x, y map[int]Lease) bool {
 	return true
 }
 
-// next reads bucket's batch: NextBatches of one request, its rows and
-// error.
+// next reads bucket's batch (see answer).
 func (e *env) next(s relay.Store, bucket, limit int, maxBytes int64) ([]*outbox.Message, error) {
-	res, err := s.NextBatches(e.ctx, []relay.BatchRequest{{Buckets: []int{bucket}, Limit: limit, MaxBytes: maxBytes}})
+	return e.answer(s, relay.BatchRequest{Buckets: []int{bucket}, Limit: limit, MaxBytes: maxBytes})
+}
+
+// answer is the rows and error of NextBatches' answer to req alone.
+func (e *env) answer(s relay.Store, req relay.BatchRequest) ([]*outbox.Message, error) {
+	res, err := s.NextBatches(e.ctx, []relay.BatchRequest{req})
 	if err != nil || len(res) != 1 {
 		return nil, cmp.Or(err, fmt.Errorf("NextBatches(1 request) = %d results", len(res)))
 	}
