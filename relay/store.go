@@ -146,8 +146,8 @@ func ClaimStart(bucketCount int, relayID string, held map[string]int) int {
 // MessageSize, or more) beyond MaxBytes, that row included: the relay tells
 // a batch cut by size from a drained bucket.
 //
-// Holds are the store's: the answer never holds a parked row, nor a row of
-// a key (non-nil) with a parked row of a smaller id in the same bucket,
+// Holds are the store's: the answer never includes a parked row, nor a row
+// of a key (non-nil) with a parked row of a smaller id in the same bucket,
 // unless that row's reason starts with CorruptReasonPrefix (a corrupt row
 // is parked alone). Requeueing or deleting the parked row releases them. A
 // row that cannot be decoded ends the answer: the rows before it come with
