@@ -74,7 +74,7 @@ const maxIDsPerDelete = 1000
 // lookup whatever the bucket count. The walk visits other relays' buckets
 // too, so it stops after skipScanSteps; the buckets beyond it (every one on
 // MySQL and MariaDB, where each step of such a walk is a range scan) are
-// probed by one statement per 1000 buckets, each probe NextBatch's query
+// probed by one statement per 1000 buckets, each probe nextBatch's query
 // with LIMIT 1: one index lookup whatever the backlog or the parked rows.
 // Not EXISTS: PostgreSQL drops the ORDER BY of an EXISTS subquery and may
 // scan the heap past every dead or parked row. A bucket holding only
@@ -169,37 +169,22 @@ func (s *Store) probeHeads(ctx context.Context, buckets []int) ([]int, error) {
 	return found, nil
 }
 
-// NextBatch implements relay.Store: the oldest unparked rows of bucket
-// that no parked row of their key holds (see relay.Store.NextBatch). The
-// condition "the bucket has no parked row" does not depend on the row, so
-// the per-row check of the key's parked rows runs only when it fails: the
-// table, not what a relay remembers, decides which rows wait.
-//
-// A row it cannot decode (a message id that is not a UUID, a header blob of
-// an unknown codec version, an unparsable created_at) ends the batch: the
-// rows before it are returned with a nil error, and when it is the first
-// row NextBatch returns a *relay.CorruptRowError naming it, for the relay
-// to park it.
+// nextBatch answers a request of one bucket: its oldest unparked rows that
+// no parked row of their key holds, through database/sql with hand-scanned
+// columns (see "The hot path" in hotpath.go). A row it cannot decode ends
+// the batch with a *relay.CorruptRowError naming it, the rows before it
+// returned too, for the relay to park it once it is the head.
 //
 // On PostgreSQL the bucket is selected by "bucket >= ? AND bucket <= ?"
-// ordered by bucket, parked_at_ms, id, the index's order, which it walks
-// from the bucket's head without a sort: with "bucket = ? ORDER BY id" the
-// planner often walks the primary key and filters by bucket. The fetch
-// runs with bitmap scans off (see fetchGuard).
+// ordered by bucket, parked_at_ms, id: the index's order, walked from the
+// bucket's head without a sort; with "bucket = ? ORDER BY id" the planner
+// often walks the primary key and filters by bucket. Bitmap scans are off
+// for the fetch (see fetchGuard).
 //
-// With maxBytes > 0 the batch ends with the row that brings its
-// relay.MessageSize total beyond maxBytes, that row included.
-func (s *Store) NextBatch(ctx context.Context, bucket, limit int, maxBytes int64) ([]*outbox.Message, error) {
-	return s.nextBatch(ctx, relay.BatchRequest{Bucket: bucket, Limit: limit, MaxBytes: maxBytes})
-}
-
-// nextBatch is NextBatch for req, leaving out the rows of req.Exclude (see
-// excludingCond).
-func (s *Store) nextBatch(ctx context.Context, req relay.BatchRequest) ([]*outbox.Message, error) {
-	bucket, limit, maxBytes := req.Bucket, req.Limit, req.MaxBytes
-	if limit <= 0 {
-		return nil, nil
-	}
+// With MaxBytes > 0 it stops after the first row that brings the batch's
+// relay.MessageSize total beyond it, that row included.
+func (s *Store) nextBatch(ctx context.Context, req relay.BatchRequest) (relay.BatchResult, error) {
+	bucket, limit, maxBytes := req.Buckets[0], req.Limit, req.MaxBytes
 	query := s.hot.nextBatch
 	args := make([]any, 0, s.hot.nextBatchBuckets+3)
 	for range s.hot.nextBatchBuckets {
@@ -222,16 +207,13 @@ func (s *Store) nextBatch(ctx context.Context, req relay.BatchRequest) ([]*outbo
 		}
 		return int64(len(c.msgs)), nil
 	}); err != nil {
-		return nil, fmt.Errorf("gormstore: bucket %d: next batch: %w", bucket, err)
-	}
-	if c.corrupt != nil {
-		return nil, c.corrupt
+		return relay.BatchResult{}, fmt.Errorf("gormstore: bucket %d: next batch: %w", bucket, err)
 	}
 	s.locs.put(c.msgs, c.tids)
-	return c.msgs, nil
+	return c.result(), nil
 }
 
-// scanBatch reads NextBatch's rows into a batch: at most limit, and, when
+// scanBatch reads nextBatch's rows into a batch: at most limit, and, when
 // maxBytes > 0, up to and including the row whose relay.MessageSize brings
 // the total beyond maxBytes. With tid the rows end with their ctid.
 func scanBatch(rows rowScanner, limit int, maxBytes int64, tid bool) (*batchCut, error) {
@@ -250,8 +232,8 @@ func scanBatch(rows rowScanner, limit int, maxBytes int64, tid bool) (*batchCut,
 }
 
 // batchCut is one bucket's batch as its rows are scanned, oldest first,
-// applying NextBatch's bounds and corrupt-row rule. NextBatch, NextBatches
-// and NextInOrder share it.
+// applying a request's bounds and corrupt-row rule. nextBatch, nextBatches
+// and nextInOrder share it.
 type batchCut struct {
 	limit    int
 	maxBytes int64
@@ -260,9 +242,6 @@ type batchCut struct {
 	tids     []int64 // tids[i] is msgs[i]'s ctid, when the rows end with it
 	corrupt  *relay.CorruptRowError
 	done     bool // the batch takes no more rows
-	// anyCorrupt: a corrupt row ends the batch with its error wherever it
-	// is, not only at the head (NextInOrder).
-	anyCorrupt bool
 }
 
 func newBatchCut(limit int, maxBytes int64) *batchCut {
@@ -276,9 +255,7 @@ func (c *batchCut) add(sc *batchScanner) {
 	}
 	m, err := sc.message(c.limit - len(c.msgs))
 	if err != nil {
-		if len(c.msgs) == 0 || c.anyCorrupt {
-			c.corrupt = &relay.CorruptRowError{ID: sc.id.v, Bucket: int(sc.bucket.v), Err: err}
-		}
+		c.corrupt = &relay.CorruptRowError{ID: sc.id.v, Bucket: int(sc.bucket.v), Err: err}
 		c.done = true
 		return
 	}
@@ -296,21 +273,68 @@ func (c *batchCut) add(sc *batchScanner) {
 	}
 }
 
-// batchColumns are the columns NextBatch reads, in batchScanner's order.
+// result is the batch as a relay.BatchResult.
+func (c *batchCut) result() relay.BatchResult {
+	if c.corrupt != nil {
+		return relay.BatchResult{Rows: c.msgs, Err: c.corrupt}
+	}
+	return relay.BatchResult{Rows: c.msgs}
+}
+
+// batchColumns are the columns nextBatch reads, in batchScanner's order.
 const batchColumns = "id, message_id, bucket, topic, record_key, record_value, headers, record_partition, created_at"
 
-// MarkPublished implements relay.Store: it deletes exactly the given rows
-// of bucket, unless parked, in autocommit statements: on PostgreSQL one per
-// 10,000 ids, by location when this Store read the rows (see
-// locations.go), else by id; elsewhere one per 1000 ids. Each id is one
-// primary-key probe (on SQLite, of the bucket index with all three columns
-// bound), so the cost does not grow with the bucket's rows, and MySQL and
-// MariaDB lock only the listed rows (see buildHotSQL). A row parked after
-// it was read is not deleted: it is published again once requeued.
-func (s *Store) MarkPublished(ctx context.Context, bucket int, published []*outbox.Message) error {
+// MarkPublished implements relay.Store: rows of several buckets go to
+// markPublishedBuckets, those of one bucket to markPublished.
+func (s *Store) MarkPublished(ctx context.Context, published []*outbox.Message) error {
+	for _, m := range published {
+		if m.Bucket != published[0].Bucket {
+			return s.markPublishedBuckets(ctx, published)
+		}
+	}
 	if len(published) == 0 {
 		return nil
 	}
+	return s.markPublished(ctx, int(published[0].Bucket), published)
+}
+
+// markPublished deletes exactly the given rows of bucket, unless parked,
+// each statement in autocommit (no transaction
+// around it): on PostgreSQL one statement per 10,000 ids, by location when
+// this Store read the rows (a TID scan, see locations.go),
+//
+//	DELETE FROM messages WHERE ctid = ANY(ARRAY(
+//	    SELECT f.ctid FROM unnest($2::tid[], $3::bigint[]) AS x(tid, id)
+//	    CROSS JOIN LATERAL (SELECT m.ctid FROM messages m WHERE m.ctid = x.tid AND m.id + 0 = x.id
+//	        AND bucket + 0 = $1 AND parked_at_ms + 0 IS NULL OFFSET 0) f))
+//	AND bucket + 0 = $1 AND parked_at_ms + 0 IS NULL
+//
+// else, and for rows no longer at their location, by id, each looked up in
+// the primary key (the guard's "+ 0" keeps the planner off the bucket's
+// index, see buildHotSQL),
+//
+//	DELETE FROM messages WHERE id = ANY($2::bigint[]) AND bucket + 0 = $1 AND parked_at_ms + 0 IS NULL
+//
+// on SQLite one per 1000 ids,
+//
+//	DELETE FROM messages WHERE bucket = ? AND parked_at_ms IS NULL AND id IN (?, …)
+//
+// and on MySQL and MariaDB one per 1000 ids that must look each id up in
+// the primary key (see buildHotSQL: any other plan locks gaps or rows
+// writers insert into, and deadlocked their commits),
+//
+//	DELETE m FROM messages m FORCE INDEX (PRIMARY)
+//	WHERE m.bucket = ? AND m.parked_at_ms IS NULL AND m.id IN (?, …)
+//
+// Each id is one probe of the primary key (or, on SQLite, of the (bucket,
+// parked_at_ms, id) index with all three columns bound), so the cost does
+// not grow with the rows, live or dead, of the bucket
+// (TestHotPathStaysOnTheIndexAfterABurstOnPostgres,
+// TestMarkPublishedDeletesByPrimaryKeyOnPostgreSQLWithStaleStatistics,
+// TestMarkPublishedDeletesByPrimaryKeyOnMySQL). A parked row is never
+// deleted: a row parked after it was read is published again once
+// requeued, never lost.
+func (s *Store) markPublished(ctx context.Context, bucket int, published []*outbox.Message) error {
 	return s.deleteRows(ctx, messageIDs(published), s.hot.deleteIDs != "",
 		func(chunk []int64) (string, []any) { return s.deleteStatement(bucket, chunk) },
 		func(ids, tids []int64) (string, []any) {
@@ -556,7 +580,7 @@ func (s *Store) oldestHead(ctx context.Context, k int) (time.Time, error) {
 		return parseTime(oldest)
 	}
 	// MySQL and MariaDB read a bucket's head by equality in id order, as
-	// NextBatch does: with the range form MariaDB sorts the whole bucket.
+	// nextBatch does: with the range form MariaDB sorts the whole bucket.
 	bucketHead, perBucket := fmt.Sprintf(head, "?", "?"), 2
 	if k == kindMySQL || k == kindMariaDB {
 		bucketHead, perBucket = "SELECT created_at FROM ? WHERE bucket = ? AND parked_at_ms IS NULL ORDER BY id LIMIT 1", 1
@@ -642,9 +666,3 @@ func parseTime(v any) (time.Time, error) {
 	}
 	return time.Time{}, fmt.Errorf("unparsable timestamp %q", s)
 }
-
-// ConcurrentBuckets implements relay.Store: true on PostgreSQL and
-// MySQL/MariaDB, where a relay may serve several buckets at once, each with
-// its own statements; not on SQLite, whose single writer turns the overlap
-// into lock waits.
-func (s *Store) ConcurrentBuckets() bool { return s.db.Dialector.Name() != "sqlite" }

@@ -16,8 +16,6 @@ import (
 	"gorm.io/gorm"
 )
 
-var _ relay.MultiBucketStore = (*Store)(nil)
-
 // maxBucketsPerStatement bounds the buckets of one NextBatches statement:
 // the statement's size, its bind variables (see maxBindsPerStatement) and
 // SQLite's limit of 500 members of a compound SELECT.
@@ -27,7 +25,7 @@ const maxBucketsPerStatement = 256
 // statement on MySQL, MariaDB and SQLite (SQLite before 3.32 allows 999).
 const maxBindsPerStatement = 999
 
-// multiSQL are the statement texts of NextBatches and MarkPublishedBuckets,
+// multiSQL are the statement texts of NextBatches and markPublishedBuckets,
 // built by the dialector (see buildMultiSQL).
 type multiSQL struct {
 	// nextBatches, with two bind variables (the buckets and the limits as
@@ -40,31 +38,31 @@ type multiSQL struct {
 	// member is one bucket's part of NextBatches' UNION ALL on MySQL,
 	// MariaDB and SQLite, with hotSQL.nextBatch's bind variables, and
 	// memberWith renders it with a condition appended to its WHERE; ""
-	// for a dialect without either form (NextBatch per bucket).
+	// for a dialect without either form (nextBatch per bucket).
 	member     string
 	memberWith func(cond string) string
 	// perStatement is how many buckets one NextBatches statement reads.
 	perStatement int
 	// deleteIDs, with one bind variable (the ids as a PostgreSQL bigint[]
-	// literal), is PostgreSQL's MarkPublishedBuckets statement by id; ""
+	// literal), is PostgreSQL's markPublishedBuckets statement by id; ""
 	// elsewhere. deleteTIDs, with two (the locations as a tid[] literal,
 	// the ids), is its statement by location (see locations.go).
 	deleteIDs, deleteTIDs string
-	// deletePrefix is the MarkPublishedBuckets statement up to its IN list:
+	// deletePrefix is the markPublishedBuckets statement up to its IN list:
 	// the ids' bind variables follow (binds[0:]), then ")".
 	deletePrefix string
 	// deleteOne, with one bind variable (an id), is SQLite's
-	// MarkPublishedBuckets statement, run once per id; "" elsewhere.
+	// markPublishedBuckets statement, run once per id; "" elsewhere.
 	deleteOne string
-	// inOrderWith renders NextInOrder's statement on SQLite from its
+	// inOrderWith renders nextInOrder's statement on SQLite from its
 	// bucket filter (a condition on inOrderBucket), a condition appended to
-	// its WHERE ("" or " AND …") and its limit; nil elsewhere (NextInOrder
+	// its WHERE ("" or " AND …") and its limit; nil elsewhere (nextInOrder
 	// then merges NextBatches' answers).
 	inOrderWith   func(filter, cond, limit string) string
 	inOrderBucket string
 }
 
-// buildMultiSQL renders h.multi for dialect from h.nextBatchWith, NextBatch's
+// buildMultiSQL renders h.multi for dialect from h.nextBatchWith, nextBatch's
 // statement for one bucket.
 func buildMultiSQL(h *hotSQL, dialect, table string) {
 	m := &h.multi
@@ -72,7 +70,7 @@ func buildMultiSQL(h *hotSQL, dialect, table string) {
 	m.deletePrefix = "DELETE FROM " + table + " WHERE parked_at_ms IS NULL AND id IN ("
 	switch dialect {
 	case "postgres":
-		// One LATERAL subquery per (bucket, limit) pair: NextBatch's index
+		// One LATERAL subquery per (bucket, limit) pair: nextBatch's index
 		// scan, run once per pair, stopping at its limit.
 		m.perStatement = maxBucketsPerStatement
 		m.nextBatches = "SELECT x.* FROM unnest(" + h.binds[0] + "::int[], " + h.binds[1] + "::int[]) AS r(b, n)" +
@@ -85,14 +83,14 @@ func buildMultiSQL(h *hotSQL, dialect, table string) {
 		m.deleteTIDs = deleteByLocation(table, h.binds[0], h.binds[1], " AND parked_at_ms + 0 IS NULL")
 	case "mysql":
 		// MariaDB 10.11 has no LATERAL: a UNION ALL of parenthesised
-		// selects, each NextBatch's statement. The delete looks each id up
+		// selects, each nextBatch's statement. The delete looks each id up
 		// in the primary key, as MarkPublished's does (see buildHotSQL).
 		m.memberWith = func(cond string) string { return "(" + h.nextBatchWith([4]string{"?", "?", "?", "?"}, "?", cond) + ")" }
 		m.deletePrefix = "DELETE m FROM " + table + " m FORCE INDEX (PRIMARY) WHERE m.parked_at_ms IS NULL AND m.id IN ("
 	case "sqlite":
 		// SQLite takes no ORDER BY or LIMIT on a member of a compound
 		// SELECT: each member is a subquery. The delete is one statement
-		// per id (see MarkPublishedBuckets).
+		// per id (see markPublishedBuckets).
 		m.memberWith = func(cond string) string {
 			return "SELECT * FROM (" + h.nextBatchWith([4]string{"?", "?", "?", "?"}, "?", cond) + ")"
 		}
@@ -104,7 +102,7 @@ func buildMultiSQL(h *hotSQL, dialect, table string) {
 	if dialect != "sqlite" {
 		return
 	}
-	// NextInOrder on SQLite: the table in rowid order, the buckets a filter
+	// nextInOrder on SQLite: the table in rowid order, the buckets a filter
 	// ("+ 0" keeps the planner off the bucket index, which would read the
 	// buckets' rows and sort them); the hold in its per-row form only (no
 	// index leads with parked_at_ms).
@@ -119,40 +117,43 @@ func buildMultiSQL(h *hotSQL, dialect, table string) {
 }
 
 // NextBatches implements relay.MultiBucketStore: each request is answered
-// as NextBatch would answer it, in one statement per perStatement requests
+// as nextBatch would answer it, in one statement per perStatement requests
 // (at most 999 bind variables on MySQL, MariaDB and SQLite); a single
-// request is NextBatch's own statement. On PostgreSQL the statement is a
-// LATERAL join of unnest(buckets, limits) with NextBatch's statement; on
-// MySQL, MariaDB and SQLite a UNION ALL of NextBatch's statements. Each
-// bucket's part keeps NextBatch's plan. The result is not sorted as a
+// request is nextBatch's own statement. On PostgreSQL the statement is a
+// LATERAL join of unnest(buckets, limits) with nextBatch's statement; on
+// MySQL, MariaDB and SQLite a UNION ALL of nextBatch's statements. Each
+// bucket's part keeps nextBatch's plan. The result is not sorted as a
 // whole (a sort of wide rows would spill to disk): rows are split by
 // bucket, and a bucket's rows out of id order fail the call. A dialect
-// other than these gets NextBatch per request.
+// other than these gets nextBatch per request.
 func (s *Store) NextBatches(ctx context.Context, reqs []relay.BatchRequest) ([]relay.BatchResult, error) {
 	results := make([]relay.BatchResult, len(reqs))
-	active := make([]int, 0, len(reqs)) // requests with rows to read
+	active := make([]int, 0, len(reqs)) // requests of one bucket with rows to read
 	seen := make(map[int]bool, len(reqs))
 	for i, r := range reqs {
-		if seen[r.Bucket] {
-			return nil, fmt.Errorf("gormstore: next batches: bucket %d requested twice", r.Bucket)
+		for _, b := range r.Buckets {
+			if seen[b] {
+				return nil, fmt.Errorf("gormstore: next batches: bucket %d requested twice", b)
+			}
+			seen[b] = true
 		}
-		seen[r.Bucket] = true
-		if r.Limit > 0 {
+		var err error
+		switch {
+		case r.Limit <= 0 || len(r.Buckets) == 0:
+		case len(r.Buckets) > 1:
+			results[i], err = s.nextInOrder(ctx, r)
+		default:
 			active = append(active, i)
+		}
+		if err != nil {
+			return nil, err
 		}
 	}
 	if len(active) == 1 || s.hot.multi.nextBatches == "" && s.hot.multi.member == "" {
 		for _, i := range active {
-			r := reqs[i]
-			rows, err := s.nextBatch(ctx, r)
-			var corrupt *relay.CorruptRowError
-			switch {
-			case errors.As(err, &corrupt):
-				results[i].Err = corrupt
-			case err != nil:
+			var err error
+			if results[i], err = s.nextBatch(ctx, reqs[i]); err != nil {
 				return nil, err
-			default:
-				results[i].Rows = rows
 			}
 		}
 		return results, nil
@@ -160,7 +161,7 @@ func (s *Store) NextBatches(ctx context.Context, reqs []relay.BatchRequest) ([]r
 	for len(active) > 0 {
 		chunk := active[:min(len(active), s.hot.multi.perStatement)]
 		active = active[len(chunk):]
-		if err := s.nextBatches(ctx, reqs, chunk, results, false); err != nil {
+		if err := s.nextBatches(ctx, reqs, chunk, results); err != nil {
 			return nil, err
 		}
 	}
@@ -169,29 +170,22 @@ func (s *Store) NextBatches(ctx context.Context, reqs []relay.BatchRequest) ([]r
 
 // nextBatches answers reqs[i] for each i of idx in one statement, into
 // results[i].
-func (s *Store) nextBatches(ctx context.Context, reqs []relay.BatchRequest, idx []int, results []relay.BatchResult, anyCorrupt bool) error {
+func (s *Store) nextBatches(ctx context.Context, reqs []relay.BatchRequest, idx []int, results []relay.BatchResult) error {
 	query, args := s.nextBatchesStatement(reqs, idx)
 	var cuts map[int64]*batchCut
 	if err := s.fetch(ctx, query, args, func(rows rowScanner) (int64, error) {
 		cuts = make(map[int64]*batchCut, len(idx))
 		for _, i := range idx {
-			c := newBatchCut(reqs[i].Limit, reqs[i].MaxBytes)
-			c.anyCorrupt = anyCorrupt
-			cuts[int64(reqs[i].Bucket)] = c
+			cuts[int64(reqs[i].Buckets[0])] = newBatchCut(reqs[i].Limit, reqs[i].MaxBytes)
 		}
 		return scanBatches(rows, cuts, s.hot.tid)
 	}); err != nil {
-		return fmt.Errorf("gormstore: next batches of %d buckets from bucket %d: %w", len(idx), reqs[idx[0]].Bucket, err)
+		return fmt.Errorf("gormstore: next batches of %d buckets from bucket %d: %w", len(idx), reqs[idx[0]].Buckets[0], err)
 	}
 	for _, i := range idx {
-		c := cuts[int64(reqs[i].Bucket)]
-		if c.corrupt != nil {
-			results[i].Err = c.corrupt
-		}
-		if c.corrupt == nil || anyCorrupt {
-			results[i].Rows = c.msgs
-			s.locs.put(c.msgs, c.tids)
-		}
+		c := cuts[int64(reqs[i].Buckets[0])]
+		results[i] = c.result()
+		s.locs.put(c.msgs, c.tids)
 	}
 	return nil
 }
@@ -204,7 +198,7 @@ func (s *Store) nextBatchesStatement(reqs []relay.BatchRequest, idx []int) (stri
 		buckets, limits := make([]int64, len(idx)), make([]int64, len(idx))
 		afters, ids := make([]int64, len(idx)), []int64(nil)
 		for j, i := range idx {
-			buckets[j], limits[j], afters[j] = int64(reqs[i].Bucket), int64(reqs[i].Limit), math.MinInt64
+			buckets[j], limits[j], afters[j] = int64(reqs[i].Buckets[0]), int64(reqs[i].Limit), math.MinInt64
 			if len(reqs[i].Exclude) > 0 {
 				var some []int64
 				some, afters[j] = excluded(reqs[i].Exclude)
@@ -229,7 +223,7 @@ func (s *Store) nextBatchesStatement(reqs []relay.BatchRequest, idx []int) (stri
 			b.WriteString(m.memberWith(excludingLiteral(reqs[i].Exclude)))
 		}
 		for range s.hot.nextBatchBuckets {
-			args = append(args, reqs[i].Bucket)
+			args = append(args, reqs[i].Buckets[0])
 		}
 		args = append(args, reqs[i].Limit)
 	}
@@ -266,16 +260,42 @@ func scanBatches(rows rowScanner, cuts map[int64]*batchCut, tid bool) (int64, er
 	return n, rows.Err()
 }
 
-// MarkPublishedBuckets implements relay.MultiBucketStore: it deletes
-// exactly the given rows, of any buckets, unless parked, as MarkPublished
-// does but naming no bucket (an id names one row; Message.Bucket is not
-// read). On SQLite it is one prepared statement per id in one transaction:
-// on a drained table's statistics SQLite plans "id IN (…)" without a
-// bucket as a scan of the whole table, but a rowid lookup stays a lookup.
-func (s *Store) MarkPublishedBuckets(ctx context.Context, published []*outbox.Message) error {
-	if len(published) == 0 {
-		return nil
-	}
+// markPublishedBuckets deletes exactly the given rows, of any buckets, by
+// primary key, unless parked, each statement in autocommit, as
+// markPublished does: on PostgreSQL one
+// statement per 10,000 ids, by location when this Store read the rows
+// (locations.go),
+//
+//	DELETE FROM messages WHERE ctid = ANY(ARRAY(
+//	    SELECT f.ctid FROM unnest($1::tid[], $2::bigint[]) AS x(tid, id)
+//	    CROSS JOIN LATERAL (SELECT m.ctid FROM messages m WHERE m.ctid = x.tid AND m.id + 0 = x.id
+//	        AND parked_at_ms + 0 IS NULL OFFSET 0) f))
+//	AND parked_at_ms + 0 IS NULL
+//
+// else by id,
+//
+//	DELETE FROM messages WHERE id = ANY($1::bigint[]) AND parked_at_ms + 0 IS NULL
+//
+// on SQLite one per id, prepared once, all in one transaction (one commit),
+//
+//	DELETE FROM messages WHERE id = ? AND parked_at_ms IS NULL
+//
+// because SQLite's planner, given statistics of a table that held few rows
+// (an ANALYZE or PRAGMA optimize of the drained outbox), reads the whole
+// table for "id IN (…)" without a bucket: a delete then cost a scan of the
+// backlog, 55 ms per 500 rows of 100,000 against 2 (a rowid lookup is the
+// plan whatever the statistics say);
+// and on MySQL and MariaDB one per 1000 ids, each looked up in the primary
+// key (see buildHotSQL: any other plan locks gaps or rows writers insert
+// into),
+//
+//	DELETE m FROM messages m FORCE INDEX (PRIMARY)
+//	WHERE m.parked_at_ms IS NULL AND m.id IN (?, …)
+//
+// Unlike markPublished's, the statements name no bucket: an id names one
+// row, and a published row is deleted whichever bucket holds it
+// (Message.Bucket is not read). The ids go in ascending order.
+func (s *Store) markPublishedBuckets(ctx context.Context, published []*outbox.Message) error {
 	ids := messageIDs(published)
 	slices.Sort(ids)
 	if s.hot.multi.deleteOne != "" {
@@ -291,7 +311,7 @@ func (s *Store) MarkPublishedBuckets(ctx context.Context, published []*outbox.Me
 }
 
 // deleteEach deletes ids with deleteOne, prepared once, in one
-// transaction: SQLite's MarkPublishedBuckets.
+// transaction: SQLite's markPublishedBuckets.
 func (s *Store) deleteEach(ctx context.Context, ids []int64) error {
 	s.watchPoolSoon(ctx)
 	err := s.writeTx(ctx, s.msgs, func(tx *gorm.DB) error {
@@ -315,7 +335,7 @@ func (s *Store) deleteEach(ctx context.Context, ids []int64) error {
 	return nil
 }
 
-// deleteBucketsStatement is MarkPublishedBuckets' statement for ids.
+// deleteBucketsStatement is markPublishedBuckets' statement for ids.
 func (s *Store) deleteBucketsStatement(ids []int64) (string, []any) {
 	m := &s.hot.multi
 	if m.deleteIDs != "" {
@@ -324,20 +344,36 @@ func (s *Store) deleteBucketsStatement(ids []int64) (string, []any) {
 	return s.inList(m.deletePrefix, nil, ids)
 }
 
-// NextInOrder implements relay.MultiBucketStore. On SQLite, where the relay
-// calls it, it is one statement reading the table in rowid order from the
-// first pending row of req.Buckets, like a plain "ORDER BY id LIMIT n"
-// loop, whatever the bucket count; the buckets are written into the text
-// as a span less its holes, or a list. The hold is NextBatch's per-row
-// subquery and the rows are cut as NextBatch cuts a batch; a row that
-// cannot be decoded ends the answer: the rows before it are returned with
-// its *relay.CorruptRowError. On PostgreSQL, MySQL and MariaDB it merges
-// NextBatches' answers: a read of the primary key there walks every other
-// bucket's rows and dead entries.
-func (s *Store) NextInOrder(ctx context.Context, req relay.OrderedRequest) ([]*outbox.Message, error) {
-	if req.Limit <= 0 || len(req.Buckets) == 0 {
-		return nil, nil
-	}
+// nextInOrder answers a request of several buckets. The relay makes one on
+// SQLite only (relay.Options.SingleWriter: see relay's groups), where it
+// is one statement reading the table in rowid order from its first
+// pending row of req.Buckets, like a plain "ORDER BY id LIMIT n" loop,
+// whatever the bucket count, not one index probe per bucket as NextBatches
+// makes:
+//
+//	SELECT id, … FROM messages m
+//	WHERE m.bucket + 0 >= 0 AND m.bucket + 0 <= 7 [AND m.bucket + 0 NOT IN (3, 5)]
+//	  AND m.parked_at_ms IS NULL
+//	  AND NOT EXISTS (SELECT 1 FROM messages p WHERE p.bucket = m.bucket AND p.parked_at_ms IS NOT NULL
+//	    AND p.id < m.id AND p.record_key = m.record_key AND <p is not corrupt>)
+//	  [AND (m.id > 812 OR m.id NOT IN (801, 802, …))]
+//	ORDER BY m.id LIMIT 500
+//
+// The buckets, ascending, become the span [lo, hi] less its holes (the
+// buckets of the span not asked for), or, when the holes outnumber the
+// buckets, "m.bucket + 0 IN (…)"; the integers are written into the text.
+// The hold is nextBatch's per-row subquery, on the bucket index: a parked
+// row of the row's key, with a smaller id, in its bucket, that is not
+// corrupt. The rows are cut as nextBatch cuts a batch (limit, then the row
+// crossing req.MaxBytes included). A row that cannot be decoded ends the
+// answer: the rows before it are returned with its *relay.CorruptRowError.
+//
+// On PostgreSQL, MySQL and MariaDB it merges NextBatches' answers. (One
+// statement over the primary key was built and measured there: with
+// thousands of buckets its reads passed every other bucket's rows and the
+// dead entries of the rows deleted meanwhile, and a 65,536-bucket drain ran
+// at a third of its rate by heads: see BENCHMARKS.md.)
+func (s *Store) nextInOrder(ctx context.Context, req relay.BatchRequest) (relay.BatchResult, error) {
 	buckets := req.Buckets // distinct and ascending, as the contract asks; else a sorted copy
 	for i := 1; i < len(buckets); i++ {
 		if buckets[i] <= buckets[i-1] {
@@ -352,19 +388,15 @@ func (s *Store) NextInOrder(ctx context.Context, req relay.OrderedRequest) ([]*o
 	var c *batchCut
 	if err := s.fetch(ctx, query, args, func(rows rowScanner) (int64, error) {
 		c = newBatchCut(req.Limit, req.MaxBytes)
-		c.anyCorrupt = true
 		return scanInOrder(rows, c, buckets, s.hot.tid)
 	}); err != nil {
-		return nil, fmt.Errorf("gormstore: next in order of %d buckets from bucket %d: %w", len(buckets), buckets[0], err)
+		return relay.BatchResult{}, fmt.Errorf("gormstore: next in order of %d buckets from bucket %d: %w", len(buckets), buckets[0], err)
 	}
 	s.locs.put(c.msgs, c.tids)
-	if c.corrupt != nil {
-		return c.msgs, c.corrupt
-	}
-	return c.msgs, nil
+	return c.result(), nil
 }
 
-// nextInOrderStatement is NextInOrder's statement for buckets (ascending,
+// nextInOrderStatement is nextInOrder's statement for buckets (ascending,
 // distinct, at least one), limit and the rows of exclude, and its
 // arguments.
 func (s *Store) nextInOrderStatement(buckets []int, limit int, exclude []*outbox.Message) (string, []any) {
@@ -406,7 +438,7 @@ func (s *Store) nextInOrderStatement(buckets []int, limit int, exclude []*outbox
 	return m.inOrderWith(filter, cond, strconv.Itoa(limit)), nil
 }
 
-// scanInOrder reads NextInOrder's rows into c until it is done; it returns
+// scanInOrder reads nextInOrder's rows into c until it is done; it returns
 // the rows read. A row of a bucket not asked for, or rows out of id order,
 // fail it.
 func scanInOrder(rows rowScanner, c *batchCut, buckets []int, tid bool) (int64, error) {
@@ -430,39 +462,21 @@ func scanInOrder(rows rowScanner, c *batchCut, buckets []int, tid bool) (int64, 
 	return n, rows.Err()
 }
 
-// nextInOrderMerged is NextInOrder for a dialect without its statement:
+// nextInOrderMerged is nextInOrder for a dialect without its statement:
 // each bucket's head, as NextBatches reads it, merged in id order and cut
 // at req.Limit and req.MaxBytes.
-func (s *Store) nextInOrderMerged(ctx context.Context, req relay.OrderedRequest, buckets []int) ([]*outbox.Message, error) {
+func (s *Store) nextInOrderMerged(ctx context.Context, req relay.BatchRequest, buckets []int) (relay.BatchResult, error) {
 	excl := make(map[int64][]*outbox.Message)
 	for _, m := range req.Exclude {
 		excl[int64(m.Bucket)] = append(excl[int64(m.Bucket)], m)
 	}
 	reqs := make([]relay.BatchRequest, len(buckets))
 	for i, b := range buckets {
-		reqs[i] = relay.BatchRequest{Bucket: b, Limit: req.Limit, Exclude: excl[int64(b)]}
+		reqs[i] = relay.BatchRequest{Buckets: []int{b}, Limit: req.Limit, Exclude: excl[int64(b)]}
 	}
-	var results []relay.BatchResult
-	if s.hot.multi.nextBatches == "" && s.hot.multi.member == "" {
-		var err error
-		if results, err = s.NextBatches(ctx, reqs); err != nil { // a corrupt row found only at a bucket's head
-			return nil, err
-		}
-	} else {
-		// NextBatches' statements, each bucket's corrupt row recorded
-		// wherever it ends the bucket's rows.
-		results = make([]relay.BatchResult, len(reqs))
-		idx := make([]int, len(reqs))
-		for i := range idx {
-			idx[i] = i
-		}
-		for len(idx) > 0 {
-			chunk := idx[:min(len(idx), s.hot.multi.perStatement)]
-			idx = idx[len(chunk):]
-			if err := s.nextBatches(ctx, reqs, chunk, results, true); err != nil {
-				return nil, err
-			}
-		}
+	results, err := s.NextBatches(ctx, reqs)
+	if err != nil {
+		return relay.BatchResult{}, err
 	}
 	var all []*outbox.Message
 	var corrupt *relay.CorruptRowError
@@ -474,20 +488,20 @@ func (s *Store) nextInOrderMerged(ctx context.Context, req relay.OrderedRequest,
 		}
 	}
 	slices.SortFunc(all, func(a, b *outbox.Message) int { return cmp.Compare(a.ID, b.ID) })
-	var out []*outbox.Message
+	var out relay.BatchResult
 	var total int64
 	for _, m := range all {
-		if len(out) >= req.Limit || req.MaxBytes > 0 && total > req.MaxBytes {
+		if len(out.Rows) >= req.Limit || req.MaxBytes > 0 && total > req.MaxBytes {
 			return out, nil
 		}
 		if corrupt != nil && m.ID > corrupt.ID {
-			return out, corrupt
+			break
 		}
-		out = append(out, m)
+		out.Rows = append(out.Rows, m)
 		total += relay.MessageSize(m)
 	}
-	if corrupt != nil && len(out) < req.Limit && (req.MaxBytes <= 0 || total <= req.MaxBytes) {
-		return out, corrupt
+	if corrupt != nil && len(out.Rows) < req.Limit && (req.MaxBytes <= 0 || total <= req.MaxBytes) {
+		out.Err = corrupt
 	}
 	return out, nil
 }

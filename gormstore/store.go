@@ -1,6 +1,7 @@
 // Package gormstore is the GORM-backed relay.Store: bucket leases, relay
 // heartbeats and pending outbox rows kept in the three outbox tables on
-// PostgreSQL, MySQL/MariaDB or SQLite.
+// PostgreSQL, MySQL/MariaDB or SQLite. On SQLite, whose single writer
+// serialises the relay's statements, set relay.Options.SingleWriter.
 //
 // Every lease step is a single guarded statement run in autocommit: no row
 // lock is held across steps and no transaction stays open, so a slow relay

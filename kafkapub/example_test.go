@@ -32,6 +32,6 @@ func ExampleNew() {
 		outbox.NewStringMessage("orders", "order-42", "created"),
 		outbox.NewStringMessage("orders", "order-42", "paid"),
 	}
-	res := pub.Publish(context.Background(), batch)
+	res := pub.Publish(context.Background(), [][]*outbox.Message{batch})[0]
 	fmt.Println("acknowledged:", res.Acknowledged, "error:", res.Err)
 }

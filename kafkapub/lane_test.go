@@ -43,7 +43,7 @@ func TestIdlePartitionsLeaveNoLane(t *testing.T) {
 	}
 	publish := func(topic string) {
 		batch := []*outbox.Message{{Topic: topic, Key: []byte("a")}, {Topic: topic, Key: []byte("b")}, {Topic: topic, Key: []byte("c")}}
-		if res := p.Publish(context.Background(), batch); res.Acknowledged != len(batch) || res.Err != nil {
+		if res := p.Publish(context.Background(), [][]*outbox.Message{batch})[0]; res.Acknowledged != len(batch) || res.Err != nil {
 			t.Errorf("Publish to %s = %+v; want %d acknowledged", topic, res, len(batch))
 		}
 	}

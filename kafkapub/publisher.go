@@ -75,7 +75,7 @@ type Config struct {
 	// DefaultMaxBatchRecords (1000); negative fails New.
 	MaxBatchRecords int
 
-	// PublishTimeout bounds one Publish or PublishGroup call (in the
+	// PublishTimeout bounds one Publish call (in the
 	// transactional mode, each batch's transaction): when the broker has not
 	// answered within it (a paused, hung or unreachable broker), Publish
 	// returns the rows acknowledged so far and, for the first other row, an
@@ -105,7 +105,7 @@ type Config struct {
 	Configure func(*kafka.Writer)
 
 	// TracerProvider provides the tracer of the publish spans: one span per
-	// Publish or PublishGroup call (per batch in the transactional mode),
+	// Publish call (per batch in the transactional mode),
 	// over every row of the call, of kind PRODUCER, named "send <topic>"
 	// ("send" when the rows name several topics), with the OpenTelemetry
 	// messaging attributes (messaging.system kafka,
@@ -177,11 +177,11 @@ type Config struct {
 // returns keeps its partition until it ends, so a retry cannot overtake
 // it.
 //
-// PublishGroup sends the batches of several buckets the same way, as one
-// call's rows: the produce request to a partition carries the rows of every
-// batch placed there, so that a relay publishing many shallow buckets (a
-// row or two each) pays a round of requests per group rather than per
-// bucket. Each batch gets its own Result.
+// A call sends the batches of several buckets the same way, as one call's
+// rows: the produce request to a partition carries the rows of every batch
+// placed there, so that a relay publishing many shallow buckets (a row or
+// two each) pays a round of requests per group rather than per bucket.
+// Each batch gets its own Result.
 //
 // Each Publish call records a PRODUCER span linked to the trace contexts
 // the writers stored in the rows' headers (see Config.TracerProvider);
@@ -287,10 +287,13 @@ func New(cfg Config) (*Publisher, error) {
 	return p, nil
 }
 
-// Publish sends batch and returns the contiguous acknowledged prefix and the
-// error of the first unacknowledged row (wrapping kafka-go's error, so
-// errors.Is(res.Err, kafka.MessageSizeTooLarge) and the like work). The
-// error also wraps relay.ErrUnpublishable, so that the relay's default
+// Publish implements relay.Publisher: it sends batches, each one bucket's
+// rows, and returns each batch's outcome, results[i] batches[i]'s: its
+// contiguous acknowledged prefix and the error of its first unacknowledged
+// row (a zero Result for an empty batch, ErrClosed for every other batch
+// after Close). The error wraps kafka-go's, so errors.Is(res.Err,
+// kafka.MessageSizeTooLarge) and the like work. It also wraps
+// relay.ErrUnpublishable, so that the relay's default
 // relay.Options.ParkPolicy parks the row, when it will recur for the row as
 // stored: the row alone is too large for the topic or BatchBytes, or
 // invalid (CORRUPT_MESSAGE, INVALID_RECORD); its topic is empty, invalid
@@ -308,36 +311,23 @@ func New(cfg Config) (*Publisher, error) {
 // after that (the consumer deduplicates by message id); the partition
 // stays busy until that write ends, so a later call cannot overtake it.
 //
-// Publish(ctx, batch) is PublishGroup(ctx, [][]*outbox.Message{batch})[0].
-func (p *Publisher) Publish(ctx context.Context, batch []*outbox.Message) relay.Result {
-	return p.PublishGroup(ctx, [][]*outbox.Message{batch})[0]
-}
-
-var _ relay.GroupPublisher = (*Publisher)(nil)
-
-// PublishGroup sends the batches of several buckets in one call and returns
-// each batch's outcome, as Publish reports it: results[i] is batches[i]'s
-// (a zero Result for an empty batch, ErrClosed for every other batch after
-// Close).
-//
-// In the default mode the rows of all batches go out together, as the rows
-// of one Publish call: grouped by topic partition, one produce request per
-// partition (several beyond BatchBytes or MaxBatchRecords) carrying the
-// rows of every batch placed there, in the order of batches and, within
-// each, submission order, all partitions at once, bounded by one
-// Config.PublishTimeout and traced as one span. A failed row stops its
-// partition for the rest of the call, so a later row of another batch on
-// that partition is not acknowledged; that batch's error then names the
-// failed row (another batch's) and never wraps relay.ErrUnpublishable or
-// relay.ErrPublisherAuth: the fault is not its row's. It wraps the failed
-// row's error otherwise (a timeout, a leader moving), which was its
-// request's too.
+// In the default mode the rows of all batches go out together: grouped by
+// topic partition, one produce request per partition (several beyond
+// BatchBytes or MaxBatchRecords) carrying the rows of every batch placed
+// there, in the order of batches and, within each, submission order, all
+// partitions at once, bounded by one Config.PublishTimeout and traced as
+// one span. A failed row stops its partition for the rest of the call, so
+// a later row of another batch on that partition is not acknowledged; that
+// batch's error then names the failed row (another batch's) and never
+// wraps relay.ErrUnpublishable or relay.ErrPublisherAuth: the fault is not
+// its row's. It wraps the failed row's error otherwise (a timeout, a leader
+// moving), which was its request's too.
 //
 // In the transactional mode (Config.Transactions) each batch is published
-// in its own transaction, as by Publish, the batches of different buckets
-// concurrently; batches of one bucket go in order, and a batch after one of
-// its bucket that failed is not sent (its error says so).
-func (p *Publisher) PublishGroup(ctx context.Context, batches [][]*outbox.Message) []relay.Result {
+// in its own transaction, the batches of different buckets concurrently;
+// batches of one bucket go in order, and a batch after one of its bucket
+// that failed is not sent (its error says so).
+func (p *Publisher) Publish(ctx context.Context, batches [][]*outbox.Message) []relay.Result {
 	results := make([]relay.Result, len(batches))
 	n := 0
 	for _, b := range batches {
@@ -367,7 +357,7 @@ func (p *Publisher) PublishGroup(ctx context.Context, batches [][]*outbox.Messag
 	return results
 }
 
-// publishRows is PublishGroup in the default mode: batches hold n rows in
+// publishRows is Publish in the default mode: batches hold n rows in
 // all, and results[i] receives batches[i]'s outcome.
 func (p *Publisher) publishRows(ctx context.Context, batches [][]*outbox.Message, n int, results []relay.Result) {
 	all := batches[0]
@@ -449,7 +439,7 @@ func blame(rows []row, groups map[topicPartition][]int, order []topicPartition) 
 
 // blockedError is the error of a row that was not acknowledged because an
 // earlier row of another batch on the same partition failed (see
-// PublishGroup). It wraps that row's error only when the error is not about
+// Publish). It wraps that row's error only when the error is not about
 // that row or the publisher's credentials, so that it never matches
 // relay.ErrUnpublishable or relay.ErrPublisherAuth.
 type blockedError struct {
@@ -508,7 +498,7 @@ type row struct {
 	msg       kafka.Message
 	id        outbox.UUID
 	partition int
-	batch     int  // index of the row's batch in a PublishGroup call
+	batch     int  // index of the row's batch in its Publish call
 	sent      bool // handed to the writer (acknowledged or not)
 	acked     bool
 	err       error

@@ -50,7 +50,7 @@ func newPublishTracer(tp trace.TracerProvider, prop propagation.TextMapPropagato
 const sendOperation = "send"
 
 // start starts the span of a Publish call of batch (not empty; every
-// batch's rows, in order, for a PublishGroup call), a PRODUCER
+// batch's rows, in order), a PRODUCER
 // span named after the OpenTelemetry messaging conventions: "send <topic>"
 // when the rows share a topic, else "send". The attributes samplers may
 // use are given at start; the links, whose extraction costs an allocation
@@ -122,7 +122,7 @@ func (t publishTracer) link(span trace.Span, batch []*outbox.Message) {
 	}
 }
 
-// end ends the span of a Publish or PublishGroup call whose rows are given
+// end ends the span of a Publish call whose rows are given
 // (every batch's, for a group): the partition when every row went to one,
 // and err, the error of the first unacknowledged row (of the first batch
 // that has one, for a group).

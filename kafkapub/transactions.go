@@ -37,7 +37,7 @@ const (
 // one Kafka transaction.
 //
 // Fencing. When the relay acquires a bucket (it tells the publisher, see
-// relay.BucketOwnershipObserver), the publisher initialises the bucket's
+// relay.Publisher.OwnedBuckets), the publisher initialises the bucket's
 // transactional.id (InitProducerId). The coordinator then aborts any
 // transaction a previous owner left open and bumps the producer epoch, so
 // that every later request of the previous owner (a relay that stalled past
@@ -202,9 +202,7 @@ func newTxnPublisher(cfg Transactions) *txnPublisher {
 	return &txnPublisher{cfg: cfg, producers: map[int]*txnProducer{}, now: time.Now}
 }
 
-var _ relay.BucketOwnershipObserver = (*Publisher)(nil)
-
-// OwnedBuckets implements relay.BucketOwnershipObserver. In the transactional
+// OwnedBuckets implements relay.Publisher. In the transactional
 // mode it starts, in the background, the initialisation of a producer for
 // each bucket new to the set (InitProducerId for TransactionalID(bucket),
 // which fences the bucket's previous owner), bounded by PublishTimeout; a
@@ -315,7 +313,7 @@ func (p *Publisher) publishTxn(ctx context.Context, batch []*outbox.Message) rel
 	}
 	prod := p.producer(bucket)
 	if prod == nil {
-		return relay.Result{Err: fmt.Errorf("kafkapub: bucket %d: no transactional producer (the relay does not own the bucket, see relay.BucketOwnershipObserver): %w", bucket, relay.ErrFenced)}
+		return relay.Result{Err: fmt.Errorf("kafkapub: bucket %d: no transactional producer (the relay does not own the bucket, see relay.Publisher.OwnedBuckets): %w", bucket, relay.ErrFenced)}
 	}
 	ctx, span := p.tracing.start(ctx, batch)
 	ctx, cancel := context.WithTimeoutCause(ctx, p.timeout,
@@ -341,7 +339,7 @@ func (p *Publisher) publishTxn(ctx context.Context, batch []*outbox.Message) rel
 	return res
 }
 
-// publishTxnGroup is PublishGroup in the transactional mode: each batch
+// publishTxnGroup is Publish in the transactional mode: each batch
 // (not empty) in a transaction of its own by publishTxn, the batches of
 // different buckets concurrently (each bucket's producer runs one
 // transaction at a time), those of one bucket one after the other, in

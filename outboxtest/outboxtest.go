@@ -120,6 +120,7 @@ func New(t testing.TB, opts Options) *Env {
 	}
 	ro := opts.Relay
 	ro.Notifier = notifier
+	ro.SingleWriter = ro.SingleWriter || opts.PostgresDSN == ""
 	if ro.PollInterval == 0 {
 		ro.PollInterval = 50 * time.Millisecond
 	}

@@ -21,7 +21,7 @@ func TestMaxBatchBytes(t *testing.T) {
 		wrap  func(*relaytest.MemStore) relay.Store
 		fetch string
 	}{
-		{"next_batch", nil, relaytest.OpNextBatch},
+		{"next_batch", nil, relaytest.OpNextBatches},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t, relay.Options{BucketCount: 1, MaxBatchBytes: bound}, tc.wrap)

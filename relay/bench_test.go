@@ -35,7 +35,7 @@ func TestIdleRelayStatements(t *testing.T) {
 	secs := span.Seconds()
 	discovery := float64(h.ops.count(relaytest.OpBucketsWithPending)) / secs
 	acquire := float64(h.ops.count(relaytest.OpAcquire)) / secs
-	other := h.ops.count(relaytest.OpNextBatch) + h.ops.count(relaytest.OpMarkPublished) + h.ops.count(relaytest.OpRenew)
+	other := h.ops.count(relaytest.OpNextBatches) + h.ops.count(relaytest.OpMarkPublished) + h.ops.count(relaytest.OpRenew)
 	t.Logf("idle relay owning 8 buckets: %.2f discovery queries/s + %.2f acquisition rounds/s = %.2f store calls/s", discovery, acquire, discovery+acquire)
 	// One of each at start, then one per interval.
 	maxDiscovery := int(span/relay.DefaultPollInterval) + 1
@@ -47,9 +47,15 @@ func TestIdleRelayStatements(t *testing.T) {
 
 type nopPublisher struct{}
 
-func (nopPublisher) Publish(_ context.Context, b []*outbox.Message) relay.Result {
-	return relay.Result{Acknowledged: len(b)}
+func (nopPublisher) Publish(_ context.Context, batches [][]*outbox.Message) []relay.Result {
+	results := make([]relay.Result, len(batches))
+	for i, b := range batches {
+		results[i].Acknowledged = len(b)
+	}
+	return results
 }
+
+func (nopPublisher) OwnedBuckets([]int) {}
 
 // BenchmarkRelayBatch measures the engine's overhead per batch (fetch,
 // publish, lease checks, mark) with a no-op publisher and the in-memory
@@ -62,7 +68,7 @@ func BenchmarkRelayBatch(b *testing.B) {
 		rows = append(rows, outbox.NewStringMessage("t", "k", "v"))
 	}
 	mem.Add(rows...)
-	r, err := relay.New(mem, nopPublisher{}, relay.Options{BatchSize: batch, Logger: slog.New(slog.DiscardHandler)})
+	r, err := relay.New(mem, nopPublisher{}, relay.Options{BatchSize: batch, Logger: slog.New(slog.DiscardHandler), SingleWriter: true})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -94,7 +100,7 @@ func BenchmarkSweepManyReadyBuckets(b *testing.B) {
 		for bk := range buckets {
 			mem.AddToBucket(bk, outbox.NewStringMessage("t", "k", "v"))
 		}
-		r, err := relay.New(concurrentFull{mem}, nopPublisher{}, relay.Options{BucketCount: buckets, Logger: slog.New(slog.DiscardHandler)})
+		r, err := relay.New(mem, nopPublisher{}, relay.Options{BucketCount: buckets, Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -113,9 +119,3 @@ func BenchmarkSweepManyReadyBuckets(b *testing.B) {
 		b.StartTimer()
 	}
 }
-
-// concurrentFull is a relay.Store reporting ConcurrentBuckets (as in
-// internal/tests/relay/e2e_test.go).
-type concurrentFull struct{ relay.Store }
-
-func (concurrentFull) ConcurrentBuckets() bool { return true }

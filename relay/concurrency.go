@@ -72,11 +72,10 @@ type discovered struct {
 }
 
 // sweep publishes batches of the ready buckets, round robin, up to
-// r.workers buckets (or groups of shallow buckets: see serveGroup) at
-// once, each on a worker goroutine running drainOnce (serveGroup):
-// a free slot goes to the next ready bucket at once, and hints arriving
-// meanwhile make their buckets ready, so a committed row waits for about
-// one batch of its bucket. A discovery, when hinted or (once every bucket
+// r.workers buckets (or groups of shallow buckets) at once, each on a
+// worker goroutine running serve: a free slot goes to the next ready
+// bucket at once, and hints arriving meanwhile make their buckets ready, so
+// a committed row waits for about one batch of its bucket. A discovery, when hinted or (once every bucket
 // ready at the start had a batch) due, runs beside the batches on a
 // goroutine of its own (discover), and the buckets it finds join the
 // queue, so that tens of thousands of buckets' probes never stop the
@@ -147,13 +146,7 @@ func (r *Relay) sweep(ctx, cleanup context.Context, st *runState, owned []int) e
 			for _, b := range group {
 				busy[b] = true
 			}
-			go func() {
-				if len(group) == 1 {
-					done <- groupDone{group, []error{r.drainOnce(ctx, cleanup, st, group[0])}}
-				} else {
-					done <- groupDone{group, r.serveGroup(ctx, cleanup, st, group, ordered)}
-				}
-			}()
+			go func() { done <- groupDone{group, r.serve(ctx, cleanup, st, group, ordered)} }()
 		}
 		if running == 0 && !discovering && !checking {
 			break

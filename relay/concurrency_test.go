@@ -18,10 +18,11 @@ import (
 	"github.com/gorm-outbox/outbox/relay/relaytest"
 )
 
-// concurrentStore is a MemStore that reports ConcurrentBuckets.
+// concurrentStore is a MemStore whose relay serves several buckets at once:
+// the harness sets Options.SingleWriter for any other store.
 type concurrentStore struct{ *relaytest.MemStore }
 
-func (concurrentStore) ConcurrentBuckets() bool { return true }
+func (concurrentStore) concurrent() bool { return true }
 
 func asConcurrent(m *relaytest.MemStore) relay.Store { return concurrentStore{m} }
 
@@ -54,7 +55,7 @@ func checkPublishedOnce(t *testing.T, calls [][]*outbox.Message, want int) {
 // so they are never lost, the store never sees them expire, and every row is
 // published once. Both for a store called one call at a time (the renewal
 // waits for the store call in progress, then goes first) and for a
-// ConcurrentBuckets store served four buckets at once.
+// concurrent store served four buckets at once.
 func TestLeaseRenewedDuringLongSweep(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -76,7 +77,7 @@ func TestLeaseRenewedDuringLongSweep(t *testing.T) {
 				if err := h.ops.hook(ctx, op); err != nil {
 					return err
 				}
-				if op != relaytest.OpNextBatch && op != relaytest.OpMarkPublished {
+				if op != relaytest.OpNextBatches && op != relaytest.OpMarkPublished {
 					return nil
 				}
 				if owners := h.store.Owners(); len(owners) > 0 && len(owners) != buckets {
@@ -138,7 +139,7 @@ func TestDefaultConcurrencyFollowsTheShareOfBuckets(t *testing.T) {
 	}
 }
 
-// TestConcurrentBucketsKeepOrder: a ConcurrentBuckets store's buckets are served
+// TestConcurrentBucketsKeepOrder: a concurrent store's buckets are served
 // several at once (never more than MaxConcurrentBuckets), by a publisher of
 // random latency, and each bucket's rows are still published in id order,
 // each once, and deleted.
@@ -414,18 +415,18 @@ func TestConcurrentStopAwaitsInflightPublishes(t *testing.T) {
 	}
 }
 
-// heldFetch is a concurrent MemStore whose NextBatch of bucket 1 waits
-// for hold to be closed.
+// heldFetch is a concurrent MemStore whose fetch of bucket 1 waits for
+// hold to be closed.
 type heldFetch struct {
 	concurrentStore
 	hold chan struct{}
 }
 
-func (s heldFetch) NextBatch(ctx context.Context, b, limit int, maxBytes int64) ([]*outbox.Message, error) {
-	if b == 1 {
+func (s heldFetch) NextBatches(ctx context.Context, reqs []relay.BatchRequest) ([]relay.BatchResult, error) {
+	if slices.Contains(reqs[0].Buckets, 1) {
 		<-s.hold
 	}
-	return s.MemStore.NextBatch(ctx, b, limit, maxBytes)
+	return s.MemStore.NextBatches(ctx, reqs)
 }
 
 // TestStalledIsTheOldestPublish: with two publishes in flight, started
@@ -466,7 +467,7 @@ func TestStalledIsTheOldestPublish(t *testing.T) {
 	h.waitFor("age back to 0", func() bool { return age() == 0 })
 }
 
-// TestMaxConcurrentBucketsOneIsSequential: a ConcurrentBuckets store with
+// TestMaxConcurrentBucketsOneIsSequential: a concurrent store with
 // MaxConcurrentBuckets 1 never has two publishes in flight.
 func TestMaxConcurrentBucketsOneIsSequential(t *testing.T) {
 	h := newHarness(t, relay.Options{BucketCount: 4, BatchSize: 2, MaxConcurrentBuckets: 1}, asConcurrent)
@@ -683,7 +684,7 @@ func TestDiscoveryDuringADrainSkipsBucketsWaitingForABatch(t *testing.T) {
 		if err := h.ops.hook(ctx, op); err != nil {
 			return err
 		}
-		if op == relaytest.OpNextBatch && fetches.Add(1) == full+1 { // the first pass is over
+		if op == relaytest.OpNextBatches && fetches.Add(1) == full+1 { // the first pass is over
 			h.advanceInStoreCall(relay.DefaultPollInterval) // a discovery is due
 		}
 		return nil
@@ -765,14 +766,9 @@ type heldDeletes struct {
 	closeMore     sync.Once
 }
 
-func (s *heldDeletes) MarkPublished(ctx context.Context, bucket int, rows []*outbox.Message) error {
+func (s *heldDeletes) MarkPublished(ctx context.Context, rows []*outbox.Message) error {
 	s.hold(ctx)
-	return s.MemStore.MarkPublished(ctx, bucket, rows)
-}
-
-func (s *heldDeletes) MarkPublishedBuckets(ctx context.Context, rows []*outbox.Message) error {
-	s.hold(ctx)
-	return s.MemStore.MarkPublishedBuckets(ctx, rows)
+	return s.MemStore.MarkPublished(ctx, rows)
 }
 
 func (s *heldDeletes) hold(ctx context.Context) {

@@ -18,12 +18,12 @@ import (
 	"github.com/gorm-outbox/outbox/relay/relaytest"
 )
 
-// faultyBuckets is a MemStore whose NextBatch and MarkPublished fail for
-// chosen buckets, counting the failures; concurrent makes it report
-// ConcurrentBuckets (several buckets served at once).
+// faultyBuckets is a MemStore whose NextBatches and MarkPublished fail for
+// chosen buckets, counting the failures; concurrent serves several buckets
+// at once (see concurrentStore).
 type faultyBuckets struct {
 	*relaytest.MemStore
-	concurrent bool
+	many bool
 
 	mu       sync.Mutex
 	next     map[int]error // bucket → NextBatch error
@@ -32,10 +32,10 @@ type faultyBuckets struct {
 }
 
 func newFaultyBuckets(m *relaytest.MemStore, concurrent bool) *faultyBuckets {
-	return &faultyBuckets{MemStore: m, concurrent: concurrent, next: map[int]error{}, mark: map[int]int{}, failures: map[int]int{}}
+	return &faultyBuckets{MemStore: m, many: concurrent, next: map[int]error{}, mark: map[int]int{}, failures: map[int]int{}}
 }
 
-func (f *faultyBuckets) ConcurrentBuckets() bool { return f.concurrent }
+func (f *faultyBuckets) concurrent() bool { return f.many }
 
 func (f *faultyBuckets) setNext(b int, err error) {
 	f.mu.Lock()
@@ -55,56 +55,38 @@ func (f *faultyBuckets) failed(b int) int {
 	return f.failures[b]
 }
 
-func (f *faultyBuckets) NextBatch(ctx context.Context, b, limit int, maxBytes int64) ([]*outbox.Message, error) {
-	f.mu.Lock()
-	err := f.next[b]
-	if err != nil {
-		f.failures[b]++
-	}
-	f.mu.Unlock()
-	if err != nil {
-		return nil, err
-	}
-	return f.MemStore.NextBatch(ctx, b, limit, maxBytes)
-}
-
-// NextBatches, NextInOrder and MarkPublishedBuckets inject the faults of NextBatch and
-// MarkPublished: one bucket's fault fails its group's call. A failed group
-// fetch is not counted among the bucket's failures (failed): the relay
-// then fetches each bucket of the group alone, at once, and logs only
-// these.
+// NextBatches fails when a requested bucket is faulty; only a fetch of
+// one bucket counts among its failures (failed): the relay fetches each
+// bucket of a failed group alone, at once, and logs only these.
 func (f *faultyBuckets) NextBatches(ctx context.Context, reqs []relay.BatchRequest) ([]relay.BatchResult, error) {
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	for _, req := range reqs {
-		if err := f.next[req.Bucket]; err != nil {
-			return nil, err
+		for _, b := range req.Buckets {
+			if err := f.next[b]; err != nil {
+				if len(reqs) == 1 && len(req.Buckets) == 1 {
+					f.failures[b]++
+				}
+				f.mu.Unlock()
+				return nil, err
+			}
 		}
 	}
+	f.mu.Unlock()
 	return f.MemStore.NextBatches(ctx, reqs)
 }
 
-func (f *faultyBuckets) NextInOrder(ctx context.Context, req relay.OrderedRequest) ([]*outbox.Message, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	for _, b := range req.Buckets {
-		if err := f.next[b]; err != nil {
-			return nil, err
-		}
-	}
-	return f.MemStore.NextInOrder(ctx, req)
-}
-
-func (f *faultyBuckets) MarkPublishedBuckets(ctx context.Context, ms []*outbox.Message) error {
+// MarkPublished fails, and counts a failure, for each faulty bucket of ms
+// (in one call, the first one's error).
+func (f *faultyBuckets) MarkPublished(ctx context.Context, ms []*outbox.Message) error {
 	for _, m := range ms {
-		if err := f.MarkPublished(ctx, int(m.Bucket), []*outbox.Message{m}); err != nil {
+		if err := f.markFault(int(m.Bucket)); err != nil {
 			return err
 		}
 	}
-	return nil
+	return f.MemStore.MarkPublished(ctx, ms)
 }
 
-func (f *faultyBuckets) MarkPublished(ctx context.Context, b int, ms []*outbox.Message) error {
+func (f *faultyBuckets) markFault(b int) error {
 	f.mu.Lock()
 	fail := f.mark[b] > 0
 	if fail {
@@ -115,7 +97,7 @@ func (f *faultyBuckets) MarkPublished(ctx context.Context, b int, ms []*outbox.M
 	if fail {
 		return fmt.Errorf("bucket %d: lock wait timeout exceeded", b)
 	}
-	return f.MemStore.MarkPublished(ctx, b, ms)
+	return nil
 }
 
 // publishedIDs returns the ids of the published records of bucket b, in

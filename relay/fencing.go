@@ -14,19 +14,7 @@ import (
 // next acquisition round, ErrorBackoff later, if the store still grants it.
 var ErrFenced = errors.New("fenced")
 
-// BucketOwnershipObserver is an optional Publisher capability for a
-// publisher that needs to know which buckets its relay owns (kafkapub's
-// fenced mode initialises a producer per owned bucket). The relay calls
-// OwnedBuckets with the buckets it owns, ascending, after every acquisition
-// round (an unchanged set included) and whenever it drops buckets (an
-// empty set when it stops or its leases expire), never concurrently with
-// itself nor with a Publish of a bucket that leaves the set. It must not
-// block, nor modify or keep the slice.
-type BucketOwnershipObserver interface {
-	OwnedBuckets(buckets []int)
-}
-
-// errFencedBucket is what drainOnce returns, inside an errBucket, when the
+// errFencedBucket is what settle returns, inside an errBucket, when the
 // publisher reported ErrFenced: the loop drops the bucket (dropFenced).
 type errFencedBucket struct{ err error }
 

@@ -16,7 +16,7 @@ import (
 )
 
 // observingPublisher is a relaytest.Publisher that records every owned set
-// the relay reports (relay.BucketOwnershipObserver).
+// the relay reports (relay.Publisher.OwnedBuckets).
 type observingPublisher struct {
 	*relaytest.Publisher
 	mu   sync.Mutex
@@ -35,7 +35,7 @@ func (o *observingPublisher) owned() [][]int {
 	return slices.Clone(o.sets)
 }
 
-var _ relay.BucketOwnershipObserver = (*observingPublisher)(nil)
+var _ relay.Publisher = (*observingPublisher)(nil)
 
 // A publish failing with ErrFenced drops that bucket alone: nothing of it
 // is deleted or parked (even under ParkAnyFailure with ParkAfter 1), the
@@ -69,13 +69,10 @@ func testDropsFencedBucket(t *testing.T, concurrent bool) {
 	}
 	idle := make(chan struct{}, 1)
 	reader := metrictest.NewReader()
-	var s relay.Store = store
-	if concurrent {
-		s = concurrentFull{store} // two buckets served at once
-	}
-	r, err := relay.New(s, pub, relay.Options{
+	r, err := relay.New(store, pub, relay.Options{
 		RelayID: "relay-a", BucketCount: 2, Clock: clock, Logger: slog.New(slog.DiscardHandler),
 		ParkPolicy: relay.ParkAnyFailure, ParkAfter: 1, MeterProvider: reader.MeterProvider(),
+		SingleWriter: !concurrent, // concurrent: two buckets served at once
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -10,9 +10,8 @@ import (
 	"github.com/gorm-outbox/outbox"
 )
 
-// Groups: a sweep worker serves several shallow buckets at once, when the
-// publisher is a GroupPublisher, with one fetch (a MultiBucketStore's, else
-// one NextBatch per bucket), one publish and one delete, so that a backlog
+// Groups: a sweep worker serves several shallow buckets at once, with one
+// fetch (Store.NextBatches), one publish and one delete, so that a backlog
 // spread thinly over many buckets costs a few calls per group instead of
 // per bucket. A group's batches share BatchSize and MaxBatchBytes: a
 // bucket whose latest batch took all it could (a deep one) takes twice
@@ -24,21 +23,20 @@ import (
 // most one group. A bucket retrying its head row is served alone. When a
 // group's fetch or delete fails, each of its buckets is served alone next,
 // at once: only the one at fault backs off.
-
 //
-// Groups read in order: on a store whose writes serialise (SQLite: the
-// relay serves one group at a time), a group is every waiting bucket,
-// however deep, up to maxOrdered, and its fetch is one
-// MultiBucketStore.NextInOrder: BatchSize rows in id order across its
-// buckets, the table's own order, as a plain loop over the table reads it
-// (each page read once, where one bucket's rows are spread over as many
-// times more pages as there are buckets). Cut by the limit (or the bytes), the fetch tells nothing
-// of a bucket's depth: every bucket of the group stays ready, and the
-// group is read again; a fetch that is not cut drained them all. (On
-// PostgreSQL and MariaDB, groups of thousands of buckets read so were
-// measured at a third of the rate by heads: each fetch passed the rows of
-// every other group and the dead entries of the rows deleted meanwhile,
-// and the relay's work per fetch grew with the group's buckets.)
+// Groups read in order: with Options.SingleWriter (SQLite: the relay
+// serves one group at a time), a group is every waiting bucket, however
+// deep, up to maxOrdered, and its fetch is one request of them all:
+// BatchSize rows in id order across its buckets, the table's own order,
+// as a plain loop over the table reads it (each page read once, where one
+// bucket's rows are spread over as many times more pages as there are
+// buckets). Cut by the limit (or the bytes), the fetch tells nothing of a
+// bucket's depth: every bucket of the group stays ready, and the group is
+// read again; a fetch that is not cut drained them all. (On PostgreSQL
+// and MariaDB, groups of thousands of buckets read so were measured at a
+// third of the rate by heads: each fetch passed the rows of every other
+// group and the dead entries of the rows deleted meanwhile, and the
+// relay's work per fetch grew with the group's buckets.)
 
 // maxGroup bounds the buckets of a group read by heads: its fetch, one
 // statement, reads at most maxGroup bucket heads.
@@ -50,21 +48,16 @@ const maxGroup = 64
 const maxOrdered = 1024
 
 // readsInOrder reports whether the next group is read in order (see
-// above): the store is a MultiBucketStore whose writes serialise
-// (Store.ConcurrentBuckets false), the publisher a GroupPublisher, and at
-// most maxOrdered buckets are queued.
+// above): Options.SingleWriter is set and at most maxOrdered buckets are
+// queued.
 func (r *Relay) readsInOrder(queued int) bool {
-	_, ok := r.store.(MultiBucketStore)
-	return ok && r.group != nil && r.serialWrites && queued <= maxOrdered
+	return r.serialWrites && queued <= maxOrdered
 }
 
 // groupSize is how many buckets a worker takes at once when queued buckets
 // wait: an equal share of them per worker; read by heads, at most maxGroup
-// and BatchSize (a row each); 1 without a GroupPublisher.
+// and BatchSize (a row each).
 func (r *Relay) groupSize(queued, workers int, ordered bool) int {
-	if r.group == nil {
-		return 1
-	}
 	if ordered {
 		return max(1, queued)
 	}
@@ -110,17 +103,19 @@ func (r *Relay) shares(st *runState, group []int) []int {
 	return limits
 }
 
-// serveGroup serves one batch of each bucket of group (more than one, each
-// groupable): fetch, publish, settle. It runs on a sweep's worker
-// goroutine, as drainOnce does; errs[i] is group[i]'s outcome.
-func (r *Relay) serveGroup(ctx, cleanup context.Context, st *runState, group []int, ordered bool) []error {
+// serve serves one batch of each bucket of group (one, or several
+// groupable ones): fetch, publish, settle. It runs on a sweep's worker
+// goroutine: it touches only its buckets' state and checks the leases,
+// without dropping them, before every step that changes their rows;
+// errs[i] is group[i]'s outcome.
+func (r *Relay) serve(ctx, cleanup context.Context, st *runState, group []int, ordered bool) []error {
 	errs := make([]error, len(group))
 	st.worked.Store(true)
 	var fs []*fetched
-	if ordered {
+	if ordered && len(group) > 1 {
 		fs = r.fetchInOrder(ctx, cleanup, st, group, errs)
 	} else {
-		fs = r.fetchGroup(ctx, cleanup, st, group, errs)
+		fs = r.fetchHeads(ctx, cleanup, st, group, errs)
 	}
 	var batches [][]*outbox.Message
 	var served []int // indexes into group of batches
@@ -132,17 +127,21 @@ func (r *Relay) serveGroup(ctx, cleanup context.Context, st *runState, group []i
 	if len(batches) == 0 {
 		return errs
 	}
-	results, took := r.publishGroup(cleanup, batches)
+	results, took := r.publish(cleanup, batches)
 	failpoint("relay/after-ack")
 	var del groupDelete
 	for j, i := range served {
-		errs[i] = r.settle(ctx, cleanup, st, group[i], fs[i], results[j], took, &del)
+		errs[i] = r.settle(ctx, st, group[i], fs[i], results[j], took, &del, len(group) == 1)
 	}
 	if len(del.buckets) > 0 {
 		r.startDelete(ctx, cleanup, st, del.buckets, del.rows, func(deleteTook time.Duration) {
 			for j, i := range served {
-				r.log.DebugContext(ctx, "batch published", "bucket", group[i], "rows", len(batches[j]), "acknowledged", results[j].Acknowledged,
-					"group", len(batches), "fetch_ms", fs[i].took.Milliseconds(), "publish_ms", took.Milliseconds(), "delete_ms", deleteTook.Milliseconds())
+				attrs := []any{"bucket", group[i], "rows", len(batches[j]), "acknowledged", results[j].Acknowledged}
+				if len(batches) > 1 {
+					attrs = append(attrs, "group", len(batches))
+				}
+				r.log.DebugContext(ctx, "batch published", append(attrs, "fetch_ms", fs[i].took.Milliseconds(),
+					"publish_ms", took.Milliseconds(), "delete_ms", deleteTook.Milliseconds())...)
 			}
 		})
 	}
@@ -154,28 +153,34 @@ func fraction(total int64, n, of int) int64 {
 	return total/int64(of)*int64(n) + total%int64(of)*int64(n)/int64(of)
 }
 
-// fetchGroup reads a batch of each owned bucket of group, each bounded by
-// its share of BatchSize (see shares) and as large a part of
-// MaxBatchBytes, in one NextBatches call
-// when the store is a MultiBucketStore; fs[i] is group[i]'s batch (nil:
-// nothing to publish), and a bucket's error goes to errs[i].
-func (r *Relay) fetchGroup(ctx, cleanup context.Context, st *runState, group []int, errs []error) []*fetched {
+// fetchHeads reads a batch of each owned bucket of group in one
+// NextBatches call, a request per bucket: alone, BatchSize rows and
+// MaxBatchBytes; in a group, its share of them (see shares). fs[i] is
+// group[i]'s batch (nil: nothing to publish), and a bucket's error goes to
+// errs[i]. When a group's call fails, each bucket is fetched alone next,
+// at once.
+func (r *Relay) fetchHeads(ctx, cleanup context.Context, st *runState, group []int, errs []error) []*fetched {
 	fs := make([]*fetched, len(group))
-	limits := r.shares(st, group)
+	limits := []int{r.opts.BatchSize}
+	if len(group) > 1 {
+		limits = r.shares(st, group)
+	}
 	reqs := make([]BatchRequest, 0, len(group))
 	var at []int // indexes into group of reqs
-	excls := make([][]*outbox.Message, len(group))
 	for i, b := range group {
 		if !r.ownsBucket(st, b) {
 			continue
 		}
-		maxBytes := max(1, fraction(r.opts.MaxBatchBytes, limits[i], r.opts.BatchSize))
-		req, excl, err := r.fetchRequest(ctx, cleanup, st, b, limits[i], maxBytes)
+		maxBytes := r.opts.MaxBatchBytes
+		if len(group) > 1 {
+			maxBytes = max(1, fraction(maxBytes, limits[i], r.opts.BatchSize))
+		}
+		req, err := r.fetchRequest(ctx, cleanup, st, b, limits[i], maxBytes)
 		if req == nil || err != nil {
 			errs[i] = err
 			continue
 		}
-		reqs, at, excls[i] = append(reqs, *req), append(at, i), excl
+		reqs, at = append(reqs, *req), append(at, i)
 	}
 	if len(reqs) == 0 {
 		return fs
@@ -184,47 +189,54 @@ func (r *Relay) fetchGroup(ctx, cleanup context.Context, st *runState, group []i
 	results, err := r.nextBatches(ctx, reqs)
 	took := r.clock.Now().Sub(start)
 	for j, i := range at {
-		if err != nil {
+		switch {
+		case err != nil && len(group) == 1:
+			errs[i] = errBucket{fmt.Errorf("relay: bucket %d: next batch: %w", group[i], err)}
+		case err != nil:
 			// Whose fault is not known: each bucket is fetched alone next,
 			// at once, and only a failing one backs off.
 			st.b[group[i]].alone = true
-			continue
+		default:
+			fs[i], errs[i] = r.fetched(ctx, st, reqs[j], results[j].Rows, results[j].Err, took)
 		}
-		fs[i], errs[i] = r.fetched(ctx, st, reqs[j], excls[i], results[j].Rows, results[j].Err, took)
 	}
 	return fs
 }
 
-// fetchInOrder reads a batch of the owned buckets of group in one
-// NextInOrder call (see readsInOrder): up to BatchSize rows and
-// MaxBatchBytes in id order across them, split by bucket; fs[i] is
-// group[i]'s part (nil: nothing to publish), and a bucket's error goes to
-// errs[i]. Cut by the limit, the bytes or a corrupt row, the fetch leaves
-// every bucket ready; else each is drained. A corrupt row is parked when
-// no row of its bucket comes before it (else it is its bucket's next
-// head). When the call fails, or answers with a row of a bucket not asked
-// for, each bucket is fetched alone next, at once.
+// fetchInOrder reads a batch of the owned buckets of group in one request
+// (see readsInOrder): up to BatchSize rows and MaxBatchBytes in id order
+// across them, split by bucket; fs[i] is group[i]'s part (nil: nothing to
+// publish), and a bucket's error goes to errs[i]. Cut by the limit, the
+// bytes or a corrupt row, the fetch leaves every bucket ready; else each
+// is drained. A corrupt row is parked when no row of its bucket comes
+// before it (else it is its bucket's next head). When the call fails, or
+// answers with a row of a bucket not asked for, each bucket is fetched
+// alone next, at once.
 func (r *Relay) fetchInOrder(ctx, cleanup context.Context, st *runState, group []int, errs []error) []*fetched {
 	fs := make([]*fetched, len(group))
-	req := OrderedRequest{Limit: r.opts.BatchSize, MaxBytes: r.opts.MaxBatchBytes}
+	req := BatchRequest{Limit: r.opts.BatchSize, MaxBytes: r.opts.MaxBatchBytes}
 	at := make(map[int32]int, len(group)) // bucket → its index in group
 	for i, b := range group {
 		if !r.ownsBucket(st, b) {
 			continue
 		}
-		breq, excl, err := r.fetchRequest(ctx, cleanup, st, b, r.opts.BatchSize, r.opts.MaxBatchBytes)
+		breq, err := r.fetchRequest(ctx, cleanup, st, b, r.opts.BatchSize, r.opts.MaxBatchBytes)
 		if breq == nil || err != nil {
 			errs[i] = err
 			continue
 		}
-		req.Buckets, req.Exclude, at[int32(b)] = append(req.Buckets, b), append(req.Exclude, excl...), i
+		req.Buckets, req.Exclude, at[int32(b)] = append(req.Buckets, b), append(req.Exclude, breq.Exclude...), i
 	}
 	if len(req.Buckets) == 0 {
 		return fs
 	}
 	slices.Sort(req.Buckets) // the queue's order is not theirs
 	start := r.clock.Now()
-	rows, err := r.store.(MultiBucketStore).NextInOrder(ctx, req)
+	var rows []*outbox.Message
+	results, err := r.nextBatches(ctx, []BatchRequest{req})
+	if err == nil {
+		rows, err = results[0].Rows, results[0].Err
+	}
 	took := r.clock.Now().Sub(start)
 	var corrupt *CorruptRowError
 	if errors.As(err, &corrupt) {
@@ -271,36 +283,13 @@ func (r *Relay) fetchInOrder(ctx, cleanup context.Context, st *runState, group [
 	return fs
 }
 
-// nextBatches answers reqs with the store's NextBatches, or one NextBatch
-// per request when the store is no MultiBucketStore.
+// nextBatches is the store's NextBatches, checked to answer every request.
 func (r *Relay) nextBatches(ctx context.Context, reqs []BatchRequest) ([]BatchResult, error) {
-	if ms, ok := r.store.(MultiBucketStore); ok {
-		results, err := ms.NextBatches(ctx, reqs)
-		if err == nil && len(results) != len(reqs) {
-			err = fmt.Errorf("NextBatches returned %d results for %d requests", len(results), len(reqs))
-		}
-		return results, err
+	results, err := r.store.NextBatches(ctx, reqs)
+	if err == nil && len(results) != len(reqs) {
+		err = fmt.Errorf("NextBatches returned %d results for %d requests", len(results), len(reqs))
 	}
-	results := make([]BatchResult, len(reqs))
-	for i, req := range reqs {
-		results[i].Rows, results[i].Err = r.store.NextBatch(ctx, req.Bucket, req.Limit, req.MaxBytes)
-	}
-	return results, nil
-}
-
-// markPublished deletes rows[i] of buckets[i], in one MarkPublishedBuckets
-// call when the store is a MultiBucketStore and there are several buckets.
-func (r *Relay) markPublished(ctx context.Context, buckets []int, rows [][]*outbox.Message) error {
-	ms, ok := r.store.(MultiBucketStore)
-	if ok && len(buckets) > 1 {
-		return ms.MarkPublishedBuckets(ctx, slices.Concat(rows...))
-	}
-	for i, b := range buckets {
-		if err := r.store.MarkPublished(ctx, b, rows[i]); err != nil {
-			return err
-		}
-	}
-	return nil
+	return results, err
 }
 
 // groupDelete collects a group's acknowledged rows, per bucket, for one

@@ -3,7 +3,6 @@ package relay_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -14,73 +13,51 @@ import (
 	"github.com/gorm-outbox/outbox/relay/relaytest"
 )
 
-// groupRecorder is a GroupPublisher that records the row count of each
-// batch of every PublishGroup call.
+// groupRecorder is a Publisher that records the row count of each batch of
+// every Publish call of several batches (a group).
 type groupRecorder struct {
 	*relaytest.Publisher
 	mu     sync.Mutex
 	groups [][]int
 }
 
-func (g *groupRecorder) PublishGroup(ctx context.Context, batches [][]*outbox.Message) []relay.Result {
-	sizes := make([]int, len(batches))
-	for i, b := range batches {
-		sizes[i] = len(b)
+func (g *groupRecorder) Publish(ctx context.Context, batches [][]*outbox.Message) []relay.Result {
+	if len(batches) > 1 {
+		sizes := make([]int, len(batches))
+		for i, b := range batches {
+			sizes[i] = len(b)
+		}
+		g.mu.Lock()
+		g.groups = append(g.groups, sizes)
+		g.mu.Unlock()
 	}
-	g.mu.Lock()
-	g.groups = append(g.groups, sizes)
-	g.mu.Unlock()
-	return g.Publisher.PublishGroup(ctx, batches)
-}
-
-// singlePublisher hides the publisher's PublishGroup: one bucket per call.
-type singlePublisher struct{ p *relaytest.Publisher }
-
-func (s singlePublisher) Publish(ctx context.Context, b []*outbox.Message) relay.Result {
-	return s.p.Publish(ctx, b)
+	return g.Publisher.Publish(ctx, batches)
 }
 
 // TestShallowBucketsShareFetchesPublishesAndDeletes: 1,024 buckets holding
-// one row each drain with a few dozen fetches and deletes when the
-// publisher is a GroupPublisher (a group's buckets share one NextBatches,
-// one PublishGroup and one MarkPublishedBuckets), against one of each per
-// bucket when it is not; each row is published once, in order.
+// one row each drain with a few dozen fetches, publishes and deletes (a
+// group's buckets share one of each), not one of each per bucket; each row
+// is published once, in order.
 func TestShallowBucketsShareFetchesPublishesAndDeletes(t *testing.T) {
 	const buckets = 1024
-	for _, grouped := range []bool{true, false} {
-		t.Run(fmt.Sprintf("grouped=%v", grouped), func(t *testing.T) {
-			rec := &groupRecorder{}
-			wrapPub := func(p *relaytest.Publisher) relay.Publisher {
-				if !grouped {
-					return singlePublisher{p}
-				}
-				rec.Publisher = p
-				return rec
-			}
-			h := newHarnessPub(t, relay.Options{BucketCount: buckets}, asConcurrent, wrapPub)
-			for b := range buckets {
-				h.store.AddToBucket(b, msgs(1, "t")...)
-			}
-			h.start()
-			h.waitFor("store empty", func() bool { return h.store.Len() == 0 })
-			h.waitIdle()
-			checkPublishedOnce(t, h.pub.Calls(), buckets)
-			fetches, deletes := h.ops.count(relaytest.OpNextBatch), h.ops.count(relaytest.OpMarkPublished)
-			if !grouped {
-				if fetches < buckets || deletes < buckets {
-					t.Fatalf("without groups: %d fetches and %d deletes; want one of each per bucket (%d)", fetches, deletes, buckets)
-				}
-				return
-			}
-			if limit := 2 * buckets / 64; fetches > limit || deletes > limit {
-				t.Fatalf("%d fetches and %d deletes for %d one-row buckets; want at most %d of each (groups of up to 64)", fetches, deletes, buckets, limit)
-			}
-			rec.mu.Lock()
-			defer rec.mu.Unlock()
-			if len(rec.groups) > 2*buckets/64 {
-				t.Fatalf("%d PublishGroup calls; want at most %d", len(rec.groups), 2*buckets/64)
-			}
-		})
+	rec := &groupRecorder{}
+	h := newHarnessPub(t, relay.Options{BucketCount: buckets}, asConcurrent,
+		func(p *relaytest.Publisher) relay.Publisher { rec.Publisher = p; return rec })
+	for b := range buckets {
+		h.store.AddToBucket(b, msgs(1, "t")...)
+	}
+	h.start()
+	h.waitFor("store empty", func() bool { return h.store.Len() == 0 })
+	h.waitIdle()
+	checkPublishedOnce(t, h.pub.Calls(), buckets)
+	fetches, deletes := h.ops.count(relaytest.OpNextBatches), h.ops.count(relaytest.OpMarkPublished)
+	if limit := 2 * buckets / 64; fetches > limit || deletes > limit {
+		t.Fatalf("%d fetches and %d deletes for %d one-row buckets; want at most %d of each (groups of up to 64)", fetches, deletes, buckets, limit)
+	}
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if len(rec.groups) > 2*buckets/64 {
+		t.Fatalf("%d group publishes; want at most %d", len(rec.groups), 2*buckets/64)
 	}
 }
 
@@ -104,7 +81,7 @@ func TestGroupSharesOneBatchBound(t *testing.T) {
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
 	if len(rec.groups) == 0 {
-		t.Fatal("no PublishGroup call; want the shallow buckets published in a group")
+		t.Fatal("no group publish; want the shallow buckets published in a group")
 	}
 	for _, g := range rec.groups {
 		total := 0
@@ -199,9 +176,9 @@ func TestGroupedRowIsNotStruckForAnotherRowsFailure(t *testing.T) {
 	}
 }
 
-// orderedRecorder is a MemStore (its writes serialise) that records the
-// most buckets a NextInOrder call read, and the calls whose buckets were
-// not distinct and ascending, as the contract asks.
+// orderedRecorder is a MemStore (its relay a SingleWriter) that records the
+// most buckets a request of several read, and the requests whose buckets
+// were not distinct and ascending, as the contract asks.
 type orderedRecorder struct {
 	*relaytest.MemStore
 	mu       sync.Mutex
@@ -209,14 +186,18 @@ type orderedRecorder struct {
 	unsorted [][]int
 }
 
-func (o *orderedRecorder) NextInOrder(ctx context.Context, req relay.OrderedRequest) ([]*outbox.Message, error) {
+func (o *orderedRecorder) NextBatches(ctx context.Context, reqs []relay.BatchRequest) ([]relay.BatchResult, error) {
 	o.mu.Lock()
-	o.most = max(o.most, len(req.Buckets))
-	if !slices.IsSorted(req.Buckets) || len(slices.Compact(slices.Clone(req.Buckets))) != len(req.Buckets) {
-		o.unsorted = append(o.unsorted, slices.Clone(req.Buckets))
+	for _, req := range reqs {
+		if len(req.Buckets) > 1 {
+			o.most = max(o.most, len(req.Buckets))
+		}
+		if !slices.IsSorted(req.Buckets) || len(slices.Compact(slices.Clone(req.Buckets))) != len(req.Buckets) {
+			o.unsorted = append(o.unsorted, slices.Clone(req.Buckets))
+		}
 	}
 	o.mu.Unlock()
-	return o.MemStore.NextInOrder(ctx, req)
+	return o.MemStore.NextBatches(ctx, reqs)
 }
 
 // TestSerialStoreReadsThousandsOfBucketsByHeads: while more than 1,024
@@ -241,10 +222,10 @@ func TestSerialStoreReadsThousandsOfBucketsByHeads(t *testing.T) {
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
 	if rec.most > 1024 || rec.most <= 64 {
-		t.Fatalf("NextInOrder calls read at most %d buckets; want at most 1,024 (more are read by heads), and once fewer were left, more than a group by heads (64)", rec.most)
+		t.Fatalf("requests read at most %d buckets; want at most 1,024 (more are read by heads), and once fewer were left, more than a group by heads (64)", rec.most)
 	}
 	if len(rec.unsorted) > 0 {
-		t.Fatalf("NextInOrder asked for buckets out of order (%d calls, the first %v); want them distinct and ascending", len(rec.unsorted), rec.unsorted[0][:min(8, len(rec.unsorted[0]))])
+		t.Fatalf("requests asked for buckets out of order (%d calls, the first %v); want them distinct and ascending", len(rec.unsorted), rec.unsorted[0][:min(8, len(rec.unsorted[0]))])
 	}
 }
 
@@ -286,14 +267,14 @@ func TestSerialStoreReadsGroupsInIDOrder(t *testing.T) {
 	if !slices.Equal(first, oldest) {
 		t.Fatalf("first publish held rows %v; want the %d oldest across the buckets %v", first, batch, oldest)
 	}
-	if got, limit := h.ops.count(relaytest.OpNextBatch), buckets*perBucket/batch+1; got > limit {
+	if got, limit := h.ops.count(relaytest.OpNextBatches), buckets*perBucket/batch+1; got > limit {
 		t.Fatalf("%d fetches for %d rows; want at most %d (one per BatchSize rows, then one that finds them drained)", got, buckets*perBucket, limit)
 	}
 }
 
 // TestSerialStoreAsksForBucketsInAscendingOrder: a bucket hinted while a
 // group is in flight joins the queue ahead of the group's buckets, which
-// come back behind it; the next group still asks NextInOrder for its
+// come back behind it; the next group still asks for its
 // buckets distinct and ascending, as the contract says, and every row is
 // published once, in order.
 func TestSerialStoreAsksForBucketsInAscendingOrder(t *testing.T) {
@@ -319,9 +300,9 @@ func TestSerialStoreAsksForBucketsInAscendingOrder(t *testing.T) {
 	rec.mu.Lock()
 	defer rec.mu.Unlock()
 	if len(rec.unsorted) > 0 {
-		t.Fatalf("NextInOrder asked for buckets %v; want them distinct and ascending", rec.unsorted)
+		t.Fatalf("requests asked for buckets %v; want them distinct and ascending", rec.unsorted)
 	}
 	if rec.most < 3 {
-		t.Fatalf("NextInOrder calls read at most %d buckets; want a group of the hinted bucket and the two others", rec.most)
+		t.Fatalf("requests read at most %d buckets; want a group of the hinted bucket and the two others", rec.most)
 	}
 }

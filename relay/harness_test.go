@@ -92,7 +92,8 @@ func (c *opCounter) setBlock(op string, f func(ctx context.Context) error) {
 }
 
 // newHarness builds the relay without starting it. wrap, when non-nil,
-// replaces the store the relay sees.
+// replaces the store the relay sees; unless that store serves several
+// buckets at once (see concurrentStore), the relay is a SingleWriter.
 func newHarness(t *testing.T, opts relay.Options, wrap func(*relaytest.MemStore) relay.Store) *harness {
 	t.Helper()
 	return newHarnessPub(t, opts, wrap, nil)
@@ -119,6 +120,9 @@ func newHarnessPub(t *testing.T, opts relay.Options, wrap func(*relaytest.MemSto
 	var s relay.Store = h.store
 	if wrap != nil {
 		s = wrap(h.store)
+	}
+	if c, ok := s.(interface{ concurrent() bool }); !ok || !c.concurrent() {
+		opts.SingleWriter = true // as on SQLite: one bucket at a time, groups read in order
 	}
 	var pub relay.Publisher = h.pub
 	if wrapPub != nil {

@@ -134,7 +134,7 @@ func TestHealthForgetsFailedPublishesNoLongerRetried(t *testing.T) {
 	if err := h.r.Health(); !errors.Is(err, errBroker) {
 		t.Fatalf("Health() after 70s of failures = %v; want the publish error", err)
 	}
-	if err := h.store.MarkPublished(context.Background(), 0, h.store.Pending(0)); err != nil {
+	if err := h.store.MarkPublished(context.Background(), h.store.Pending(0)); err != nil {
 		t.Fatal(err)
 	}
 	for range 12 { // the head row's backoff is at most LeaseRenewInterval

@@ -125,27 +125,32 @@ type slowDeletes struct {
 	release chan struct{}
 	ignore  bool
 	mu      sync.Mutex
-	asked   [][]int64 // the ids of Exclude of each NextBatches request
+	asked   [][]int64 // the ids of Exclude of each request that has some
 }
 
-func (s *slowDeletes) MarkPublished(ctx context.Context, b int, rows []*outbox.Message) error {
+func (s *slowDeletes) MarkPublished(ctx context.Context, rows []*outbox.Message) error {
 	<-s.release
-	return s.MemStore.MarkPublished(ctx, b, rows)
+	return s.MemStore.MarkPublished(ctx, rows)
 }
 
 func (s *slowDeletes) NextBatches(ctx context.Context, reqs []relay.BatchRequest) ([]relay.BatchResult, error) {
+	excluding := false
 	s.mu.Lock()
 	for _, r := range reqs {
-		s.asked = append(s.asked, ids(r.Exclude))
+		if len(r.Exclude) > 0 {
+			s.asked = append(s.asked, ids(r.Exclude))
+			excluding = true
+		}
 	}
 	s.mu.Unlock()
-	if s.ignore {
-		out := make([]relay.BatchResult, len(reqs))
-		for i, r := range reqs {
-			out[i].Rows, out[i].Err = s.MemStore.NextBatch(ctx, r.Bucket, r.Limit, r.MaxBytes)
+	if s.ignore && excluding {
+		reqs = slices.Clone(reqs)
+		for i := range reqs {
+			reqs[i].Exclude = nil
 		}
+		out, err := s.MemStore.NextBatches(ctx, reqs)
 		<-s.release
-		return out, nil
+		return out, err
 	}
 	return s.MemStore.NextBatches(ctx, reqs)
 }

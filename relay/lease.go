@@ -147,12 +147,10 @@ func (r *Relay) setLeases(st *runState, buckets []int, validUntil time.Time) {
 }
 
 // publishOwnership updates the state read by the notifier, the gauges and
-// the backlog sampler, and tells a BucketOwnershipObserver publisher.
+// the backlog sampler, and tells the publisher (Publisher.OwnedBuckets).
 func (r *Relay) publishOwnership(buckets []int, validUntil time.Time) {
 	r.notifier.setOwned(buckets)
-	if r.owners != nil {
-		r.owners.OwnedBuckets(buckets)
-	}
+	r.pub.OwnedBuckets(buckets)
 	r.ownedCount.Store(int64(len(buckets)))
 	if len(buckets) > 0 && buckets[0] == 0 {
 		r.zeroUntil.Store(validUntil.UnixNano())

@@ -96,7 +96,7 @@ func TestStoreOutageLogsBoundedLines(t *testing.T) {
 	h.waitFor("store empty", func() bool { return h.store.Len() == 0 })
 	h.waitIdle()
 
-	down := []string{relaytest.OpAcquire, relaytest.OpFleet, relaytest.OpRenew, relaytest.OpRelease, relaytest.OpBucketsWithPending, relaytest.OpNextBatch, relaytest.OpMarkPublished}
+	down := []string{relaytest.OpAcquire, relaytest.OpFleet, relaytest.OpRenew, relaytest.OpRelease, relaytest.OpBucketsWithPending, relaytest.OpNextBatches, relaytest.OpMarkPublished}
 	for _, op := range down {
 		h.ops.failNext(op, 1<<30)
 	}
@@ -244,7 +244,7 @@ func TestBrokerOutageLogsOncePerKind(t *testing.T) {
 func TestBucketStoreRecoveryIsLogged(t *testing.T) {
 	var buf syncBuffer
 	h := newHarness(t, relay.Options{BucketCount: 1, Logger: slog.New(slog.NewJSONHandler(&buf, nil))}, nil)
-	h.ops.failNext(relaytest.OpNextBatch, 5)
+	h.ops.failNext(relaytest.OpNextBatches, 5)
 	h.store.AddToBucket(0, msgs(1, "t")...)
 	h.start()
 	h.waitFor("the relay to deliver after the failures", func() bool {

@@ -30,16 +30,16 @@ const (
 	// publisher reported: attempts, so a retried batch counts again.
 	MetricPublishAcknowledged = "outbox.publish.acknowledged"
 	// MetricPublishFailures counts the batches whose publish returned an
-	// error, except a stop's cancellation: a Publish call, or each failed
-	// bucket's batch of a GroupPublisher's PublishGroup call.
+	// error, except a stop's cancellation: each failed batch of a Publish
+	// call.
 	MetricPublishFailures = "outbox.publish.failures"
 	// MetricLeaseExpirations counts losses of a nonempty lease set.
 	MetricLeaseExpirations = "outbox.lease.expirations"
 	// MetricFenced counts buckets the broker fenced (ErrFenced): nonzero
 	// means two relays believed they owned a bucket.
 	MetricFenced = "outbox.fenced"
-	// MetricPublishDuration is a histogram of whole Publish (or
-	// PublishGroup) calls, in seconds.
+	// MetricPublishDuration is a histogram of whole Publish calls, in
+	// seconds.
 	MetricPublishDuration = "outbox.publish.duration"
 	// MetricCycleDuration is a histogram of relay cycles (acquisition,
 	// discovery and one sweep), excluding idle waits and backoff, in seconds.

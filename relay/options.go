@@ -62,6 +62,7 @@ const maxMetricsNameLength = 64
 //     takes over a dead relay's buckets, against the pause a live one
 //     survives), MaxConcurrentBuckets (relays × it batches run against the
 //     database at once).
+//   - SQLite: SingleWriter.
 //   - Large or uneven rows: BatchSize and MaxBatchBytes.
 //   - Poison rows: ParkPolicy and ParkAfter.
 //   - Monitoring: MeterProvider and MetricsName (one name per outbox);
@@ -84,24 +85,30 @@ type Options struct {
 	BatchSize int
 
 	// MaxBatchBytes bounds a batch in bytes (MessageSize), at fetch time
-	// (Store.NextBatch): the relay publishes the longest prefix within the
+	// (BatchRequest.MaxBytes): the relay publishes the longest prefix within the
 	// bound, at least one row, and the rest comes first in the bucket's next
 	// batch (default 4 MiB).
 	MaxBatchBytes int64
 
 	// MaxConcurrentBuckets is how many batches one relay serves at once
-	// when the store gains from it (Store.ConcurrentBuckets): the fetch,
-	// publish and delete of different buckets overlap, each bucket keeping
-	// one batch in flight, in order. With a GroupPublisher, while more
-	// buckets are ready than this, each of these batches serves a group of
-	// up to 64 buckets sharing BatchSize and MaxBatchBytes (see
-	// MultiBucketStore). 1, or a store that does not gain (SQLite), serves
-	// one batch after the other (default 4). Left at the default, a relay
-	// serves no more batches at once than it would owning the same share of
-	// the default 8 buckets, ⌈8 × owned ÷ BucketCount⌉ (four relays on 1,024
-	// buckets: two each), so that a fleet's load on the database does not
-	// grow with BucketCount; a value set is used whatever the share.
+	// (unless SingleWriter): the fetch, publish and delete of different
+	// buckets overlap, each bucket keeping one batch in flight, in order.
+	// While more buckets are ready than this, each of these batches serves
+	// a group of up to 64 buckets sharing BatchSize and MaxBatchBytes. 1
+	// serves one batch after the other (default 4). Left at the default,
+	// a relay serves no more batches at once than it would owning the same
+	// share of the default 8 buckets, ⌈8 × owned ÷ BucketCount⌉ (four
+	// relays on 1,024 buckets: two each), so that a fleet's load on the
+	// database does not grow with BucketCount; a value set is used
+	// whatever the share.
 	MaxConcurrentBuckets int
+
+	// SingleWriter says that the store's writes serialise, like SQLite's
+	// single writer, which turns overlapping batches into lock waits: the
+	// relay serves one batch at a time, whatever MaxConcurrentBuckets, and
+	// reads a group of waiting buckets (up to 1,024) in one request, in id
+	// order across them, the table's own order. Set it on SQLite.
+	SingleWriter bool
 
 	// PollInterval is how often the relay looks for pending rows when no
 	// hint arrives (default 1s). A discovery longer than a quarter of it

@@ -335,7 +335,7 @@ func TestCorruptRowWaitsForTheFleet(t *testing.T) {
 	h.store.AddToBucket(0, msgs(1, "t")...)
 	h.start()
 	h.waitIdle()
-	h.step("five fetches", 200, func() bool { return h.ops.count(relaytest.OpNextBatch) >= 5 })
+	h.step("five fetches", 200, func() bool { return h.ops.count(relaytest.OpNextBatches) >= 5 })
 	if len(h.store.Parked()) != 0 || len(h.pub.Calls()) != 0 {
 		t.Fatalf("parked %v, published %d batches while the fleet cannot park; want neither", h.store.Parked(), len(h.pub.Calls()))
 	}
@@ -462,7 +462,7 @@ func requeueOnOp(h *harness, op string, key []byte, armed *atomic.Bool) {
 // id order, with no gap, and nothing stays parked. A and B share bucket 1,
 // served beside bucket 0 (key C).
 func TestRequeueRacingAPublishingRelayKeepsKeyOrder(t *testing.T) {
-	for _, window := range []string{relaytest.OpNextBatch, "free-running"} {
+	for _, window := range []string{relaytest.OpNextBatches, "free-running"} {
 		t.Run(window, func(t *testing.T) {
 			logs := &recorder{}
 			h := newHarness(t, relay.Options{BucketCount: 2, BatchSize: 4, Logger: slog.New(logs)}, asConcurrent)

@@ -30,10 +30,11 @@ const CorruptReasonPrefix = "corrupt row: "
 // follows): a parked row like any other.
 const HeldReasonPrefix = "held behind parked row "
 
-// CorruptRowError is returned by Store.NextBatch when the bucket's head row
-// cannot be decoded (a message id that is not a UUID, a header blob of an
-// unknown codec version). The relay parks it alone, with a reason starting
-// with CorruptReasonPrefix, and goes on with the bucket.
+// CorruptRowError is returned by Store.NextBatches (BatchResult.Err) for a
+// row that cannot be decoded (a message id that is not a UUID, a header
+// blob of an unknown codec version). The relay parks it alone, once it is
+// its bucket's head, with a reason starting with CorruptReasonPrefix, and
+// goes on with the bucket.
 type CorruptRowError struct {
 	// ID and Bucket locate the row.
 	ID     int64

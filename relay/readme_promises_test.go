@@ -29,7 +29,7 @@ type argsStore struct {
 	mu             sync.Mutex
 	leaseDurations []time.Duration
 	limits         []int
-	excluded       []int // len(Exclude) of each NextBatches request
+	excluded       []int // len(Exclude) of each request that has some
 }
 
 func (s *argsStore) AcquireBucketLeases(ctx context.Context, id string, n int, d time.Duration) (relay.Leases, error) {
@@ -39,18 +39,13 @@ func (s *argsStore) AcquireBucketLeases(ctx context.Context, id string, n int, d
 	return s.MemStore.AcquireBucketLeases(ctx, id, n, d)
 }
 
-func (s *argsStore) NextBatch(ctx context.Context, bucket, limit int, maxBytes int64) ([]*outbox.Message, error) {
-	s.mu.Lock()
-	s.limits = append(s.limits, limit)
-	s.mu.Unlock()
-	return s.MemStore.NextBatch(ctx, bucket, limit, maxBytes)
-}
-
 func (s *argsStore) NextBatches(ctx context.Context, reqs []relay.BatchRequest) ([]relay.BatchResult, error) {
 	s.mu.Lock()
 	for _, r := range reqs {
 		s.limits = append(s.limits, r.Limit)
-		s.excluded = append(s.excluded, len(r.Exclude))
+		if len(r.Exclude) > 0 {
+			s.excluded = append(s.excluded, len(r.Exclude))
+		}
 	}
 	s.mu.Unlock()
 	return s.MemStore.NextBatches(ctx, reqs)

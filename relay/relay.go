@@ -24,9 +24,9 @@ import (
 type Relay struct {
 	store        Store
 	pub          Publisher
-	workers      int  // buckets served at once: MaxConcurrentBuckets for a ConcurrentBuckets store, else 1
+	workers      int  // buckets (or groups) served at once: MaxConcurrentBuckets, 1 with SingleWriter
 	scaled       bool // MaxConcurrentBuckets left at its default: workers scale with the share of buckets owned (see sweepWorkers)
-	serialWrites bool // the store's writes serialise (Store.ConcurrentBuckets false): one worker, groups read in order
+	serialWrites bool // Options.SingleWriter: one worker, groups read in order
 	opts         Options
 	clock        Clock
 	log          *slog.Logger
@@ -54,19 +54,13 @@ type Relay struct {
 	clockWarned  bool          // the clock offset warning was logged and the offset has not come back within the threshold since; Run's goroutine only
 	publishSince atomic.Int64  // UnixNano, on the relay's clock, of the start of the oldest Publish call in flight; 0: none (see inflight, stalledSince)
 	inflight     inflightPublishes
-	deletes      chan struct{} // a token per running MarkPublished (startDelete): at most workers for a ConcurrentBuckets store, so that statements in flight stay 2×workers + the lease upkeep
+	deletes      chan struct{} // a token per running MarkPublished (startDelete): at most workers, so that statements in flight stay 2×workers + the lease upkeep
 
 	phase atomic.Int32  // the loop's phase (phaseWorking, …), read by renewLoop
 	kick  chan struct{} // wakes renewLoop: the leases or the loop's phase changed
 
 	unowned      atomic.Int64 // buckets without a live owner after the latest round; -1: no round yet
 	unownedSince atomic.Int64 // UnixNano of the first round of a run of rounds reporting unowned buckets; 0: none
-
-	// owners is pub as a BucketOwnershipObserver; nil when it is none.
-	owners BucketOwnershipObserver
-	// group is pub as a GroupPublisher; nil when it is none: the relay
-	// then serves one bucket per publish.
-	group GroupPublisher
 
 	onIdle func() // test hook: called when Run starts an idle wait
 }
@@ -116,11 +110,9 @@ func New(store Store, pub Publisher, opts Options) (*Relay, error) {
 		kick:        make(chan struct{}, 1),
 		resample:    make(chan struct{}, 1),
 	}
-	r.owners, _ = pub.(BucketOwnershipObserver)
-	r.group, _ = pub.(GroupPublisher)
-	// SQLite's writes serialise: a delete per bucket queues (bounded: −25 % drain).
+	// Serial writes (SQLite): a delete per bucket queues (bounded: −25 % drain).
 	r.workers, r.deletes = 1, make(chan struct{}, o.BucketCount)
-	r.serialWrites = !store.ConcurrentBuckets()
+	r.serialWrites = o.SingleWriter
 	if !r.serialWrites {
 		r.workers, r.deletes = o.MaxConcurrentBuckets, make(chan struct{}, o.MaxConcurrentBuckets)
 		r.scaled = opts.MaxConcurrentBuckets == 0
@@ -223,7 +215,7 @@ type errStore struct{ err error }
 func (e errStore) Error() string { return e.err.Error() }
 func (e errStore) Unwrap() error { return e.err }
 
-// errBucket marks a store error of one bucket (NextBatch, MarkPublished,
+// errBucket marks a store error of one bucket (NextBatches, MarkPublished,
 // Park): that bucket alone backs off (bucketFailed).
 type errBucket struct{ err error }
 
@@ -484,24 +476,6 @@ func (r *Relay) sweepable(st *runState, b int) bool {
 	return hr == nil || !r.clock.Now().Before(hr.notBefore)
 }
 
-// drainOnce serves one batch of bucket b: fetch, publish, settle. It runs
-// on a sweep's worker goroutine: it touches only bucket b's state and
-// checks the leases, without dropping them, before every step that changes
-// b's rows.
-func (r *Relay) drainOnce(ctx, cleanup context.Context, st *runState, b int) error {
-	if !r.ownsBucket(st, b) {
-		return nil
-	}
-	st.worked.Store(true)
-	f, err := r.fetch(ctx, cleanup, st, b)
-	if err != nil || f == nil || !r.ownsBucket(st, b) {
-		return err
-	}
-	res, took := r.publish(cleanup, f.rows)
-	failpoint("relay/after-ack")
-	return r.settle(ctx, cleanup, st, b, f, res, took, nil)
-}
-
 // fetched is a bucket's batch, ready to publish.
 type fetched struct {
 	rows    []*outbox.Message
@@ -509,35 +483,12 @@ type fetched struct {
 	took    time.Duration
 }
 
-// fetch deletes again the rows of b whose delete failed, then reads b's
-// next batch, bounded in rows and bytes; nil when there is nothing to
-// publish.
-func (r *Relay) fetch(ctx, cleanup context.Context, st *runState, b int) (*fetched, error) {
-	req, excl, err := r.fetchRequest(ctx, cleanup, st, b, r.opts.BatchSize, r.opts.MaxBatchBytes)
-	if req == nil || err != nil {
-		return nil, err
-	}
-	start := r.clock.Now()
-	var batch []*outbox.Message
-	if req.Exclude == nil {
-		batch, err = r.store.NextBatch(ctx, b, req.Limit, req.MaxBytes)
-	} else {
-		var res []BatchResult
-		if res, err = r.nextBatches(ctx, []BatchRequest{*req}); err == nil {
-			batch, err = res[0].Rows, res[0].Err
-		}
-	}
-	return r.fetched(ctx, st, *req, excl, batch, err, r.clock.Now().Sub(start))
-}
-
 // fetchRequest readies bucket b's fetch of up to limit rows and maxBytes:
 // it deletes again the rows whose delete failed, and returns the request
-// (nil: b is no longer owned) and the rows of b's previous batch whose
-// delete still runs (excl). A MultiBucketStore leaves them out itself
-// (BatchRequest.Exclude); from another store the fetch takes as many more
-// rows, and the relay leaves them out. A bucket retrying its head row
-// fetches it alone.
-func (r *Relay) fetchRequest(ctx, cleanup context.Context, st *runState, b, limit int, maxBytes int64) (*BatchRequest, []*outbox.Message, error) {
+// (nil: b is no longer owned), which leaves out the rows of b's previous
+// batch whose delete still runs. A bucket retrying its head row fetches it
+// alone.
+func (r *Relay) fetchRequest(ctx, cleanup context.Context, st *runState, b, limit int, maxBytes int64) (*BatchRequest, error) {
 	if st.b[b].retry != nil {
 		limit = 1
 	}
@@ -545,59 +496,53 @@ func (r *Relay) fetchRequest(ctx, cleanup context.Context, st *runState, b, limi
 	if done := st.b[b].unmarked; done != nil {
 		if !r.ownsBucket(st, b) {
 			st.b[b].unmarked = nil
-			return nil, nil, nil
+			return nil, nil
 		}
-		if err := r.store.MarkPublished(cleanup, b, done); err != nil {
-			return nil, nil, errBucket{fmt.Errorf("relay: bucket %d: mark published (again): %w", b, err)}
+		if err := r.store.MarkPublished(cleanup, done); err != nil {
+			return nil, errBucket{fmt.Errorf("relay: bucket %d: mark published (again): %w", b, err)}
 		}
 		st.b[b].unmarked = nil
 	}
-	if _, ok := r.store.(MultiBucketStore); ok && len(excl) > 0 {
-		return &BatchRequest{Bucket: b, Limit: limit, MaxBytes: maxBytes, Exclude: excl}, excl, nil
-	}
-	return &BatchRequest{Bucket: b, Limit: limit + len(excl), MaxBytes: maxBytes + batchSize(excl)}, excl, nil
+	return &BatchRequest{Buckets: []int{b}, Limit: limit, MaxBytes: maxBytes, Exclude: excl}, nil
 }
 
-// fetched makes the answer to req, read in took, bucket b's batch: without
-// the rows being deleted (excl), bounded by the request's limit and bytes;
-// nil when there is nothing to publish. It parks a corrupt head row.
-func (r *Relay) fetched(ctx context.Context, st *runState, req BatchRequest, excl, batch []*outbox.Message, err error, took time.Duration) (*fetched, error) {
-	b, limit, maxBytes := req.Bucket, req.Limit, req.MaxBytes
-	if req.Exclude == nil { // read with the rows of excl: see fetchRequest
-		limit, maxBytes = limit-len(excl), maxBytes-batchSize(excl)
-	}
+// fetched makes the answer to req, read in took, bucket b's batch, bounded
+// by the request's bytes; nil when there is nothing to publish. It parks a
+// corrupt head row.
+func (r *Relay) fetched(ctx context.Context, st *runState, req BatchRequest, batch []*outbox.Message, err error, took time.Duration) (*fetched, error) {
+	b := req.Buckets[0]
 	full := len(batch) >= req.Limit // the bucket may hold more rows
 	st.b[b].alone = false
-	r.deepen(st, b, limit, full)
-	batch = without(batch, excl)
-	if ce := (*CorruptRowError)(nil); errors.As(err, &ce) {
+	r.deepen(st, b, req.Limit, full)
+	batch = without(batch, req.Exclude)
+	ce, next := (*CorruptRowError)(nil), false
+	switch {
+	case errors.As(err, &ce) && len(batch) == 0:
 		return nil, r.parkCorrupt(ctx, st, b, ce)
-	} else if err != nil {
+	case ce != nil:
+		next = true // the corrupt row is b's next head
+	case err != nil:
 		return nil, errBucket{fmt.Errorf("relay: bucket %d: next batch: %w", b, err)}
 	}
 	if len(batch) == 0 {
-		// Nothing behind excl. Full, it was a store returning the rows of
-		// Exclude anyway: b stays ready, and is fetched again.
+		// Nothing behind the rows left out. Full, it was a store returning
+		// them anyway: b stays ready, and is fetched again.
 		st.b[b].ready = full
 		st.settled(b)
 		return nil, nil
 	}
-	if len(batch) > limit {
-		batch, full = batch[:limit], true
-	}
-	batch, over := trimToBytes(batch, maxBytes)
+	batch, over := trimToBytes(batch, req.MaxBytes)
 	failpoint("relay/after-fetch")
 	retried := st.b[b].retry != nil
-	r.deepen(st, b, limit, full || over)
-	return &fetched{rows: batch, drained: !retried && !full && !over, took: took}, nil
+	r.deepen(st, b, req.Limit, full || over)
+	return &fetched{rows: batch, drained: !retried && !full && !over && !next, took: took}, nil
 }
 
-// settle acts on the outcome of publishing f: it records it, starts the
-// delete of the acknowledged prefix (or, with a group's del, adds the
-// prefix to the group's delete), and on a failure backs the bucket off,
-// strikes its head row (see strike; not in a group) or drops it
-// (ErrFenced).
-func (r *Relay) settle(ctx, cleanup context.Context, st *runState, b int, f *fetched, res Result, took time.Duration, del *groupDelete) error {
+// settle acts on the outcome of publishing f: it records it, adds the
+// acknowledged prefix to the group's delete (del), and on a failure backs
+// the bucket off, strikes its head row (see strike; only served alone) or
+// drops it (ErrFenced).
+func (r *Relay) settle(ctx context.Context, st *runState, b int, f *fetched, res Result, took time.Duration, del *groupDelete, alone bool) error {
 	pub := f.rows
 	ack := min(max(res.Acknowledged, 0), len(pub))
 	if ack > 0 {
@@ -623,14 +568,7 @@ func (r *Relay) settle(ctx, cleanup context.Context, st *runState, b int, f *fet
 			st.b[b].unmarked = append(st.b[b].unmarked, pub[:ack]...)
 			return cmp.Or(fatal, error(errBucket{err}))
 		}
-		if del != nil {
-			del.add(b, pub[:ack])
-		} else {
-			r.startDelete(ctx, cleanup, st, []int{b}, [][]*outbox.Message{pub[:ack]}, func(deleteTook time.Duration) {
-				r.log.DebugContext(ctx, "batch published", "bucket", b, "rows", len(pub), "acknowledged", ack,
-					"fetch_ms", f.took.Milliseconds(), "publish_ms", took.Milliseconds(), "delete_ms", deleteTook.Milliseconds())
-			})
-		}
+		del.add(b, pub[:ack])
 	}
 	switch {
 	case fatal != nil:
@@ -641,7 +579,7 @@ func (r *Relay) settle(ctx, cleanup context.Context, st *runState, b int, f *fet
 		// Not the row's fault (no strike, no backoff): the loop drops b.
 		return errBucket{&errFencedBucket{res.Err}}
 	case failed:
-		if del == nil {
+		if alone {
 			if parked, err := r.strike(ctx, st, b, pub, ack, res.Err); parked || err != nil {
 				return err
 			}
@@ -659,8 +597,8 @@ func (r *Relay) settle(ctx, cleanup context.Context, st *runState, b int, f *fet
 }
 
 // pendingDelete is a bucket's part of a running delete of acknowledged
-// rows (one bucket's MarkPublished, or a group's MarkPublishedBuckets),
-// running beside the bucket's next fetch and publish.
+// rows (its group's MarkPublished), running beside the bucket's next fetch
+// and publish.
 type pendingDelete struct {
 	rows []*outbox.Message // the bucket's
 	*deleteCall
@@ -674,10 +612,10 @@ type deleteCall struct {
 }
 
 // startDelete deletes the acknowledged rows of buckets (rows[i] those of
-// buckets[i]) on a goroutine of its own, in one call for them all when the
-// store is a MultiBucketStore, and calls logBatch with its duration when
-// DEBUG is on. One runs per bucket at most (settleDelete), cap(deletes) in
-// all; the sweep awaits them (awaitDeletes).
+// buckets[i]) on a goroutine of its own, in one call for them all, and
+// calls logBatch with its duration when DEBUG is on. One runs per bucket at
+// most (settleDelete), cap(deletes) in all; the sweep awaits them
+// (awaitDeletes).
 func (r *Relay) startDelete(ctx, cleanup context.Context, st *runState, buckets []int, rows [][]*outbox.Message, logBatch func(time.Duration)) {
 	call := &deleteCall{done: make(chan struct{}), group: len(buckets) > 1}
 	for i, b := range buckets {
@@ -691,7 +629,7 @@ func (r *Relay) startDelete(ctx, cleanup context.Context, st *runState, buckets 
 		defer func() { <-r.deletes; close(call.done) }()
 		failpoint("relay/during-delete")
 		start := r.clock.Now()
-		call.err = r.markPublished(cleanup, buckets, rows)
+		call.err = r.store.MarkPublished(cleanup, slices.Concat(rows...))
 		if call.err == nil && r.log.Enabled(ctx, slog.LevelDebug) {
 			logBatch(r.clock.Now().Sub(start))
 		}
@@ -887,17 +825,10 @@ func (r *Relay) noteStuck(st *runState) {
 	}
 }
 
-// publish calls the publisher on cleanup: records cannot be retracted, so
-// a stop awaits it, up to the stop budget.
-func (r *Relay) publish(cleanup context.Context, batch []*outbox.Message) (res Result, took time.Duration) {
-	results, took := r.publishGroup(cleanup, [][]*outbox.Message{batch})
-	return results[0], took
-}
-
-// publishGroup publishes batches, each a bucket's, in one call of the
-// publisher (a GroupPublisher's PublishGroup when there are several) on
-// cleanup, as publish does; results[i] is batches[i]'s.
-func (r *Relay) publishGroup(cleanup context.Context, batches [][]*outbox.Message) (results []Result, took time.Duration) {
+// publish publishes batches, each a bucket's, in one call of the publisher
+// on cleanup: records cannot be retracted, so a stop awaits it, up to the
+// stop budget; results[i] is batches[i]'s.
+func (r *Relay) publish(cleanup context.Context, batches [][]*outbox.Message) (results []Result, took time.Duration) {
 	start := r.clock.Now()
 	token := r.inflight.begin(r, start)
 	stopWarning := context.AfterFunc(cleanup, func() {
@@ -920,12 +851,9 @@ func (r *Relay) callPublisher(ctx context.Context, batches [][]*outbox.Message) 
 			}
 		}
 	}()
-	if len(batches) == 1 {
-		return []Result{r.pub.Publish(ctx, batches[0])}
-	}
-	results = r.group.PublishGroup(ctx, batches)
+	results = r.pub.Publish(ctx, batches)
 	if len(results) != len(batches) {
-		panic(fmt.Sprintf("PublishGroup returned %d results for %d batches", len(results), len(batches)))
+		panic(fmt.Sprintf("Publish returned %d results for %d batches", len(results), len(batches)))
 	}
 	return results
 }

@@ -172,7 +172,7 @@ func TestRelay(t *testing.T) {
 	t.Run("store_failure_backs_off_and_recovers", func(t *testing.T) {
 		h := newHarness(t, relay.Options{BucketCount: 1, ErrorBackoff: 5 * time.Second}, nil)
 		h.store.Add(msgs(3, "t")...)
-		h.ops.failNext(relaytest.OpNextBatch, 1)
+		h.ops.failNext(relaytest.OpNextBatches, 1)
 		// Twice: a failed delete is tried again at once, before the
 		// bucket's next fetch; the bucket backs off when that fails too.
 		h.ops.failNext(relaytest.OpMarkPublished, 2)

@@ -15,8 +15,9 @@ import (
 // any implementation.
 //
 // Every method must honour ctx and be safe for concurrent use (the relay
-// never calls two of NextBatch, MarkPublished and Park for one bucket at
-// once). A store may lack three capabilities, and says so:
+// never calls two of NextBatches, MarkPublished and Park for one bucket at
+// once, but a NextBatches that excludes the rows a MarkPublished still
+// deletes). A store may lack three capabilities, and says so:
 //   - parking: Fleet reports CanPark false (a row the broker never accepts
 //     then stops its bucket);
 //   - backlog metrics: PendingMetrics returns nil, nil;
@@ -50,31 +51,25 @@ type Store interface {
 
 	// BucketsWithPending returns the buckets among the given ones that hold
 	// at least one pending message, in ascending order. It may report a
-	// bucket whose only unparked rows are held (see NextBatch): the relay
-	// then finds an empty batch.
+	// bucket whose only unparked rows are held (see BatchRequest): the
+	// relay then finds an empty batch.
 	BucketsWithPending(ctx context.Context, buckets []int) ([]int, error)
 
-	// NextBatch returns up to limit pending messages of bucket, oldest
-	// (lowest submission order) first. With maxBytes > 0 it also stops
-	// after the first row that brings the batch's size (by MessageSize, or
-	// more) beyond maxBytes, that row included: the relay tells a batch cut
-	// by size from a drained bucket.
-	//
-	// Holds are the store's: NextBatch never returns a parked row, nor a
-	// row of a key (non-nil) with a parked row of a smaller id in the same
-	// bucket, unless that row's reason starts with CorruptReasonPrefix (a
-	// corrupt row is parked alone). Requeueing or deleting the parked row
-	// releases them.
-	//
-	// When the head row cannot be decoded it returns a *CorruptRowError;
-	// the rows before a corrupt row are returned without an error.
-	NextBatch(ctx context.Context, bucket, limit int, maxBytes int64) ([]*outbox.Message, error)
+	// NextBatches answers each request (see BatchRequest) in one call,
+	// one statement where it can: results[i] answers reqs[i]. The
+	// requests name distinct buckets. An error of the call itself is
+	// returned alone. The relay asks for one bucket per request, a group
+	// of shallow buckets in one call, so that a backlog spread over many
+	// buckets costs a few statements per group; with Options.SingleWriter
+	// (SQLite) it asks for a group's buckets in one request, read in the
+	// table's own order, each page once.
+	NextBatches(ctx context.Context, reqs []BatchRequest) ([]BatchResult, error)
 
-	// MarkPublished deletes published messages of bucket: a prefix of what
-	// NextBatch returned, identified by ID, MessageID or a field of the
-	// store's, not by position (deleting only unparked rows is a safe
-	// guard).
-	MarkPublished(ctx context.Context, bucket int, published []*outbox.Message) error
+	// MarkPublished deletes published messages, of any buckets
+	// (Message.Bucket): a prefix of each bucket's batch NextBatches
+	// returned, identified by ID, MessageID or a field of the store's, not
+	// by position; never a parked row.
+	MarkPublished(ctx context.Context, published []*outbox.Message) error
 
 	// Fleet reports the live relays (a heartbeat within the latest round's
 	// lease duration, not stopped), cheaply: the relay calls it every
@@ -105,12 +100,6 @@ type Store interface {
 	// BucketCount is the writers' bucket count (see Options.BucketCount);
 	// zero means the store does not know.
 	BucketCount() int
-
-	// ConcurrentBuckets reports whether the store gains from serving
-	// several buckets at once (Options.MaxConcurrentBuckets); false for a
-	// store whose writes serialise, like SQLite's single writer: the relay
-	// then serves one bucket after the other.
-	ConcurrentBuckets() bool
 }
 
 // Leases is the outcome of an acquisition round (Store.AcquireBucketLeases).
@@ -150,73 +139,28 @@ func ClaimStart(bucketCount int, relayID string, held map[string]int) int {
 	return i * bucketCount / max(len(ids), 1)
 }
 
-// MultiBucketStore is a Store that reads, and deletes, the rows of several
-// buckets in one call (one statement where it can). A relay whose store
-// implements it serves a group of shallow buckets with one fetch, one
-// publish (see GroupPublisher) and one delete, so that a backlog spread
-// over many buckets costs a few statements per group rather than per
-// bucket; gormstore.Store and relaytest.MemStore implement it, and package
-// storetest checks it against NextBatch and MarkPublished. A wrapper that
-// embeds a MultiBucketStore and overrides NextBatch or MarkPublished must
-// override these as well (or not embed it): the relay calls them for
-// groups.
-type MultiBucketStore interface {
-	Store
-
-	// NextBatches answers each request as NextBatch(ctx, req.Bucket,
-	// req.Limit, req.MaxBytes) would were the rows of req.Exclude gone, in
-	// one call: results[i] answers reqs[i], with the rows NextBatch would
-	// return and, for a bucket whose head row cannot be decoded, its
-	// *CorruptRowError (the rows before a corrupt row are returned without
-	// one). The requests name distinct buckets. An error of the call
-	// itself is returned alone. The relay fetches a bucket through it, one
-	// request, while the bucket's previous batch is being deleted: the
-	// statement leaves that batch out, rather than reading it again.
-	NextBatches(ctx context.Context, reqs []BatchRequest) ([]BatchResult, error)
-
-	// MarkPublishedBuckets deletes published messages of any buckets, each
-	// as MarkPublished deletes it from its bucket (Message.Bucket): by ID,
-	// MessageID or a field of the store's, never a parked row.
-	MarkPublishedBuckets(ctx context.Context, published []*outbox.Message) error
-
-	// NextInOrder returns up to req.Limit pending messages of req.Buckets
-	// in id order across them (the table's own order: the rows a plain
-	// scan of the table meets), as if the rows of req.Exclude were gone;
-	// with req.MaxBytes > 0 it stops after the first row that brings their
-	// size beyond it, that row included. The rows of each bucket among them
-	// are thus the beginning of what NextBatch would return for it, with
-	// the same holds. When a row cannot be decoded it stops before it and
-	// returns the rows before it with that row's *CorruptRowError (only the
-	// error when it comes first). The relay reads its groups through it on
-	// a store whose writes serialise (ConcurrentBuckets false: SQLite),
-	// where a bucket's rows are spread over many times as many pages as
-	// the table's first rows: one statement in the table's order, each page
-	// read once.
-	NextInOrder(ctx context.Context, req OrderedRequest) ([]*outbox.Message, error)
-}
-
-// OrderedRequest is MultiBucketStore.NextInOrder's request.
-type OrderedRequest struct {
+// BatchRequest is one request of Store.NextBatches: up to Limit pending
+// messages of Buckets, oldest (lowest id, the submission order) first
+// across them, as if the rows of Exclude were gone. With MaxBytes > 0 the
+// answer also stops after the first row that brings its size (by
+// MessageSize, or more) beyond MaxBytes, that row included: the relay tells
+// a batch cut by size from a drained bucket.
+//
+// Holds are the store's: the answer never includes a parked row, nor a row
+// of a key (non-nil) with a parked row of a smaller id in the same bucket,
+// unless that row's reason starts with CorruptReasonPrefix (a corrupt row
+// is parked alone). Requeueing or deleting the parked row releases them. A
+// row that cannot be decoded ends the answer: the rows before it come with
+// its *CorruptRowError.
+type BatchRequest struct {
 	Buckets  []int // distinct, ascending
 	Limit    int
 	MaxBytes int64 // 0: no byte bound
 	// Exclude are rows of Buckets that the answer leaves out, as if they
-	// were gone (the buckets' previous batches, published, whose deletes
-	// still run), identified as BatchRequest.Exclude's are.
-	Exclude []*outbox.Message
-}
-
-// BatchRequest is one bucket's part of MultiBucketStore.NextBatches.
-type BatchRequest struct {
-	Bucket   int
-	Limit    int
-	MaxBytes int64 // 0: no byte bound
-	// Exclude are rows of the bucket that the answer leaves out, as if they
-	// were gone: the bucket's previous batch, published, whose delete still
-	// runs beside this fetch. Limit and MaxBytes count only the rows
-	// returned. A store identifies them as MarkPublished does (ID,
-	// MessageID or a field of its own); rows of Exclude already gone change
-	// nothing.
+	// were gone: the buckets' previous batches, published, whose deletes
+	// still run beside this fetch. Limit and MaxBytes count only the rows
+	// returned. A store identifies them as MarkPublished does; rows of
+	// Exclude already gone change nothing.
 	Exclude []*outbox.Message
 }
 
@@ -239,41 +183,37 @@ type Pending struct {
 	Parked int64
 }
 
-// Publisher sends a batch of messages, in order, and reports how many of
-// them the broker acknowledged.
+// Publisher sends batches of messages, each in order, and reports how many
+// of each the broker acknowledged.
 type Publisher interface {
-	// Publish sends batch (the messages of one bucket, in submission order)
-	// and returns once every message is acknowledged, failed, or ctx is
-	// done. The relay deletes exactly the acknowledged prefix (acks=all); a
-	// message sent but not acknowledged may still be delivered.
-	Publish(ctx context.Context, batch []*outbox.Message) Result
+	// Publish sends batches (each the messages of one bucket, in submission
+	// order; the relay sends several shallow buckets' at once) and returns
+	// once every message is acknowledged, failed, or ctx is done: results[i]
+	// is batches[i]'s outcome. The relay deletes exactly each batch's
+	// acknowledged prefix (acks=all); a message sent but not acknowledged
+	// may still be delivered. A failure of one batch may leave another's
+	// later messages unsent (not acknowledged): that batch's error then
+	// says so.
+	Publish(ctx context.Context, batches [][]*outbox.Message) []Result
+
+	// OwnedBuckets tells the publisher the buckets its relay owns,
+	// ascending, after every acquisition round (an unchanged set included)
+	// and whenever the relay drops buckets (an empty set when it stops or
+	// its leases expire), never concurrently with itself nor with a Publish
+	// of a bucket that leaves the set. It must not block, nor modify or
+	// keep the slice. A publisher that does not need it (all but kafkapub's
+	// fenced mode, which initialises a producer per owned bucket) does
+	// nothing.
+	OwnedBuckets(buckets []int)
 }
 
-// Result is the outcome of Publisher.Publish.
+// Result is the outcome of one batch of Publisher.Publish.
 type Result struct {
 	// Acknowledged is the contiguous acknowledged prefix of the batch.
 	Acknowledged int
 	// Err is the error of the first unacknowledged message; nil if and only
 	// if the whole batch was acknowledged.
 	Err error
-}
-
-// GroupPublisher is a Publisher that sends the batches of several buckets
-// in one call. The relay uses it, when its publisher implements it, to
-// publish a group of shallow buckets at once (kafkapub.Publisher does). A
-// wrapper that embeds a GroupPublisher and overrides Publish must override
-// PublishGroup as well (or not embed it): the relay calls the latter for
-// groups.
-type GroupPublisher interface {
-	Publisher
-
-	// PublishGroup sends batches (each the messages of one bucket, in
-	// submission order, as for Publish) and returns once every message is
-	// acknowledged, failed, or ctx is done: results[i] is batches[i]'s
-	// outcome, as Publish would report it. A failure of one batch may leave
-	// another's later messages unsent (not acknowledged): that batch's
-	// error then says so.
-	PublishGroup(ctx context.Context, batches [][]*outbox.Message) []Result
 }
 
 // ErrMisconfigured is wrapped by errors that no retry can fix: a relay or

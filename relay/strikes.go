@@ -14,7 +14,7 @@ import (
 
 // The relay side of parking: it counts a head row's failures and asks the
 // store to park it, under its lease; which rows wait behind it is the
-// store's decision (Store.NextBatch).
+// store's decision (BatchRequest).
 
 // strike counts the consecutive failed single-row publishes of a bucket's
 // head row that the ParkPolicy counts.

@@ -17,44 +17,39 @@ import (
 	"github.com/gorm-outbox/outbox/relay"
 )
 
-// multiScenarios run only for a relay.MultiBucketStore.
+// multiScenarios check NextBatches with several requests or buckets, and
+// MarkPublished of several buckets.
 var multiScenarios = []struct {
 	name string
 	run  func(t *testing.T, f Factory)
 }{
-	{"next_batches_answer_each_request_as_next_batch_does", nextBatchesMatchNextBatch},
+	{"next_batches_answer_each_request_as_it_is_answered_alone", nextBatchesMatchAlone},
 	{"next_batches_of_more_buckets_than_one_statement_reads", nextBatchesOfManyBuckets},
-	{"a_corrupt_head_row_in_one_bucket_leaves_the_others_alone", nextBatchesCorruptHead},
+	{"a_corrupt_row_in_one_bucket_leaves_the_others_alone", nextBatchesCorruptRow},
 	{"next_batches_leave_out_the_rows_being_deleted", nextBatchesExclude},
-	{"mark_published_buckets_deletes_exactly_the_given_rows_never_a_parked_one", markPublishedBuckets},
-	{"next_in_order_is_each_buckets_next_batch_merged_in_id_order_and_cut", nextInOrderMatchesNextBatches},
-	{"next_in_order_stops_at_a_corrupt_row_returning_the_rows_before_it_with_its_error", nextInOrderCorruptRow},
-	{"next_in_order_reads_hundreds_of_buckets_with_holes_in_one_call", nextInOrderOfManyBuckets},
+	{"mark_published_of_several_buckets_deletes_exactly_the_given_rows_never_a_parked_one", markPublishedBuckets},
+	{"a_request_of_several_buckets_is_their_batches_merged_in_id_order_and_cut", nextInOrderMatchesAlone},
+	{"a_request_of_several_buckets_stops_at_a_corrupt_row_with_its_error", nextInOrderCorruptRow},
+	{"a_request_reads_hundreds_of_buckets_with_holes", nextInOrderOfManyBuckets},
 }
 
-// multiStore returns a relay.MultiBucketStore of e, or skips t. With park,
-// its relay "relay-a" holds every bucket's lease when the store can park;
-// canPark reports whether it can.
-func (e *env) multiStore(park bool) (s relay.MultiBucketStore, canPark bool) {
+// multiStore returns a store of e. With park, its relay "relay-a" holds
+// every bucket's lease when the store can park; canPark reports whether it
+// can.
+func (e *env) multiStore(park bool) (s relay.Store, canPark bool) {
 	e.t.Helper()
 	r := e.relay("relay-a")
-	s, ok := r.s.(relay.MultiBucketStore)
-	if !ok {
-		e.t.Skip("storetest: the store does not implement relay.MultiBucketStore")
-	}
 	if !park {
-		return s, false
+		return r.s, false
 	}
-	f, err := s.Fleet(e.ctx)
+	f, err := r.s.Fleet(e.ctx)
 	if err != nil {
 		e.t.Fatalf("Fleet: %v", err)
 	}
-	if f.CanPark {
-		if got := e.acquire(r); len(got) != e.n {
-			e.t.Fatalf("AcquireBucketLeases(relay-a) = %v; want all %d buckets", got, e.n)
-		}
+	if got := e.acquire(r); f.CanPark && len(got) != e.n {
+		e.t.Fatalf("AcquireBucketLeases(relay-a) = %v; want all %d buckets", got, e.n)
 	}
-	return s, canPark
+	return r.s, f.CanPark
 }
 
 // rng returns a random source seeded from EnvSeed or the time, logging the
@@ -73,54 +68,45 @@ func (e *env) rng() *rand.Rand {
 	return rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 }
 
-// checkAsNextBatch fails t unless got answers each of reqs as NextBatch
-// answers it now.
-func (e *env) checkAsNextBatch(s relay.Store, reqs []relay.BatchRequest, got []relay.BatchResult) {
+// checkAsAlone fails t unless got answers each of reqs (of one bucket) as
+// a call of that request alone answers it now, and as modelled on the
+// bucket's whole batch (see expect).
+func (e *env) checkAsAlone(s relay.Store, reqs []relay.BatchRequest, got []relay.BatchResult) {
 	e.t.Helper()
 	if len(got) != len(reqs) {
 		e.t.Fatalf("NextBatches(%d requests) = %d results; want %d", len(reqs), len(got), len(reqs))
 	}
 	for i, r := range reqs {
-		want, err := s.NextBatch(e.ctx, r.Bucket, r.Limit, r.MaxBytes)
-		var wantCorrupt *relay.CorruptRowError
-		if err != nil && !errors.As(err, &wantCorrupt) {
-			e.t.Fatalf("NextBatch(%d, %d, %d): %v", r.Bucket, r.Limit, r.MaxBytes, err)
+		alone, aloneErr := e.answer(s, r)
+		var ce *relay.CorruptRowError
+		if aloneErr != nil && !errors.As(aloneErr, &ce) {
+			e.t.Fatalf("NextBatches(%s): %v", fmtReqs(reqs[i:i+1]), aloneErr)
 		}
-		var gotCorrupt *relay.CorruptRowError
-		if got[i].Err != nil && !errors.As(got[i].Err, &gotCorrupt) {
-			e.t.Fatalf("NextBatches result %d (bucket %d) error %v; want nil or a *relay.CorruptRowError", i, r.Bucket, got[i].Err)
-		}
-		if len(r.Exclude) > 0 {
-			var either bool // nothing left before a row NextBatch may not reach
-			if want, either = e.excluding(s, r); either && len(got[i].Rows) == 0 {
-				continue // no rows, with or without a *relay.CorruptRowError
+		want, wantErr := e.expect(s, r)
+		for _, w := range []relay.BatchResult{{Rows: alone, Err: aloneErr}, {Rows: want, Err: wantErr}} {
+			var gotCorrupt, wantCorrupt *relay.CorruptRowError
+			if got[i].Err != nil && !errors.As(got[i].Err, &gotCorrupt) {
+				e.t.Fatalf("NextBatches result %d (bucket %d) error %v; want nil or a *relay.CorruptRowError", i, r.Buckets[0], got[i].Err)
 			}
-			err, wantCorrupt = nil, nil
-		}
-		switch {
-		case (gotCorrupt == nil) != (wantCorrupt == nil),
-			gotCorrupt != nil && (gotCorrupt.ID != wantCorrupt.ID || gotCorrupt.Bucket != wantCorrupt.Bucket):
-			e.t.Fatalf("NextBatches result %d (bucket %d, limit %d, max bytes %d) error %v; want NextBatch's %v",
-				i, r.Bucket, r.Limit, r.MaxBytes, got[i].Err, err)
-		case gotCorrupt != nil && len(got[i].Rows) > 0:
-			e.t.Fatalf("NextBatches result %d (bucket %d) = %v with a *relay.CorruptRowError; want no rows", i, r.Bucket, msgIDs(got[i].Rows))
-		case !sameRows(got[i].Rows, want):
-			e.t.Fatalf("NextBatches result %d (bucket %d, limit %d, max bytes %d) = %v; want NextBatch's %v",
-				i, r.Bucket, r.Limit, r.MaxBytes, msgIDs(got[i].Rows), msgIDs(want))
+			errors.As(w.Err, &wantCorrupt)
+			if (gotCorrupt == nil) != (wantCorrupt == nil) || gotCorrupt != nil && (gotCorrupt.ID != wantCorrupt.ID || gotCorrupt.Bucket != wantCorrupt.Bucket) || !sameRows(got[i].Rows, w.Rows) {
+				e.t.Fatalf("NextBatches result %d (%s) = %v, %v; want %v, %v, as alone and as the bucket's batch cut",
+					i, fmtReqs(reqs[i:i+1]), msgIDs(got[i].Rows), got[i].Err, msgIDs(w.Rows), w.Err)
+			}
 		}
 	}
 }
 
-// excluding returns the answer to r (with an Exclude) modelled on
-// NextBatch: the bucket's batch without the rows of r.Exclude, then r's
-// limit and byte bound. either says that no row is left and a corrupt row
-// may follow, which the answer may then report.
-func (e *env) excluding(s relay.Store, r relay.BatchRequest) (want []*outbox.Message, either bool) {
+// expect returns the answer to r (of one bucket) modelled on the bucket's
+// whole batch: without the rows of r.Exclude, then r's limit and byte
+// bound; a corrupt row that ends the whole batch ends the answer, with its
+// error, when the bounds do not end it first.
+func (e *env) expect(s relay.Store, r relay.BatchRequest) (want []*outbox.Message, err error) {
 	e.t.Helper()
-	all, err := s.NextBatch(e.ctx, r.Bucket, 100000, 0)
+	all, err := e.next(s, r.Buckets[0], 100000, 0)
 	var ce *relay.CorruptRowError
 	if err != nil && !errors.As(err, &ce) {
-		e.t.Fatalf("NextBatch(%d): %v", r.Bucket, err)
+		e.t.Fatalf("NextBatches(%d): %v", r.Buckets[0], err)
 	}
 	gone := make(map[int64]bool, len(r.Exclude))
 	for _, m := range r.Exclude {
@@ -129,14 +115,17 @@ func (e *env) excluding(s relay.Store, r relay.BatchRequest) (want []*outbox.Mes
 	var total int64
 	for _, m := range all {
 		if len(want) >= r.Limit || r.MaxBytes > 0 && total > r.MaxBytes {
-			return want, false
+			return want, nil
 		}
 		if !gone[m.ID] {
 			want = append(want, m)
 			total += relay.MessageSize(m)
 		}
 	}
-	return want, len(want) == 0
+	if len(want) >= r.Limit || r.MaxBytes > 0 && total > r.MaxBytes {
+		return want, nil
+	}
+	return want, err
 }
 
 // sameRows reports whether a and b hold the same messages, in order.
@@ -150,7 +139,11 @@ func sameRows(a, b []*outbox.Message) bool {
 func fmtReqs(reqs []relay.BatchRequest) string {
 	var b strings.Builder
 	for _, r := range reqs {
-		fmt.Fprintf(&b, " %d/%d/%d", r.Bucket, r.Limit, r.MaxBytes)
+		buckets := fmt.Sprint(r.Buckets)
+		if n := len(r.Buckets); n > 20 {
+			buckets = fmt.Sprintf("%d buckets %d..%d", n, r.Buckets[0], r.Buckets[n-1])
+		}
+		fmt.Fprintf(&b, " %s/%d/%d", buckets, r.Limit, r.MaxBytes)
 		if len(r.Exclude) > 0 {
 			fmt.Fprintf(&b, "-%v", msgIDs(r.Exclude))
 		}
@@ -158,14 +151,14 @@ func fmtReqs(reqs []relay.BatchRequest) string {
 	return b.String()
 }
 
-// nextBatchesMatchNextBatch: over rounds of random requests (buckets in any
-// order, empty ones included; limits from 0; byte bounds or none; rows left
-// out, the head's or any of the bucket's, or none), on rows
+// nextBatchesMatchAlone: over rounds of random requests of one bucket each
+// (buckets in any order, empty ones included; limits from 0; byte bounds or
+// none; rows left out, the head's or any of the bucket's, or none), on rows
 // of a few keys and values of random sizes, some parked (rejected, corrupt,
 // held) when the store can park, and a corrupt row when the harness can
-// write one, NextBatches answers each request as NextBatch does; each round
-// then deletes a random prefix of each batch (MarkPublishedBuckets).
-func nextBatchesMatchNextBatch(t *testing.T, f Factory) {
+// write one, NextBatches answers each request as it answers it alone; each
+// round then deletes a random prefix of each batch (MarkPublished).
+func nextBatchesMatchAlone(t *testing.T, f Factory) {
 	const n = 12
 	e := newEnv(t, f, n)
 	s, canPark := e.multiStore(true)
@@ -203,7 +196,7 @@ func nextBatchesMatchNextBatch(t *testing.T, f Factory) {
 		buckets := rng.Perm(n)[:1+rng.IntN(n)]
 		reqs := make([]relay.BatchRequest, len(buckets))
 		for i, b := range buckets {
-			reqs[i] = relay.BatchRequest{Bucket: b, Limit: rng.IntN(8)}
+			reqs[i] = relay.BatchRequest{Buckets: []int{b}, Limit: rng.IntN(8)}
 			if rng.IntN(4) == 0 {
 				reqs[i].Limit = 100
 			}
@@ -211,7 +204,7 @@ func nextBatchesMatchNextBatch(t *testing.T, f Factory) {
 				reqs[i].MaxBytes = 1 + rng.Int64N(600)
 			}
 			if rng.IntN(2) == 0 { // a batch being deleted: a prefix, or any of the rows
-				prev, _ := s.NextBatch(e.ctx, b, 1+rng.IntN(6), 0)
+				prev, _ := e.next(s, b, 1+rng.IntN(6), 0)
 				if rng.IntN(3) == 0 {
 					prev = slices.DeleteFunc(prev, func(*outbox.Message) bool { return rng.IntN(2) == 0 })
 				}
@@ -222,35 +215,35 @@ func nextBatchesMatchNextBatch(t *testing.T, f Factory) {
 		if err != nil {
 			t.Fatalf("round %d: NextBatches(%s): %v", round, fmtReqs(reqs), err)
 		}
-		e.checkAsNextBatch(s, reqs, got)
+		e.checkAsAlone(s, reqs, got)
 		var done []*outbox.Message
 		for i, r := range got {
 			var ce *relay.CorruptRowError
-			if errors.As(r.Err, &ce) && canPark {
-				e.park(s, reqs[i].Bucket, ce.ID, relay.CorruptReasonPrefix+ce.Err.Error())
+			if errors.As(r.Err, &ce) && canPark && len(r.Rows) == 0 {
+				e.park(s, reqs[i].Buckets[0], ce.ID, relay.CorruptReasonPrefix+ce.Err.Error())
 			}
 			done = append(done, r.Rows[:rng.IntN(len(r.Rows)+1)]...)
 		}
-		if err := s.MarkPublishedBuckets(e.ctx, done); err != nil {
-			t.Fatalf("round %d: MarkPublishedBuckets(%v): %v", round, msgIDs(done), err)
+		if err := s.MarkPublished(e.ctx, done); err != nil {
+			t.Fatalf("round %d: MarkPublished(%v): %v", round, msgIDs(done), err)
 		}
 	}
 }
 
-// batchBeforeCorrupt returns the ids NextBatch returns for bucket: the rows
-// before a corrupt one, none at a corrupt head.
+// batchBeforeCorrupt returns the ids of bucket's batch: the rows before a
+// corrupt one, none at a corrupt head.
 func (e *env) batchBeforeCorrupt(s relay.Store, bucket int) []int64 {
 	e.t.Helper()
-	got, err := s.NextBatch(e.ctx, bucket, 10000, 0)
+	got, err := e.next(s, bucket, 10000, 0)
 	var ce *relay.CorruptRowError
 	if err != nil && !errors.As(err, &ce) {
-		e.t.Fatalf("NextBatch(%d): %v", bucket, err)
+		e.t.Fatalf("NextBatches(%d): %v", bucket, err)
 	}
 	return msgIDs(got)
 }
 
 // nextBatchesOfManyBuckets: one call for 600 buckets, more than a store
-// reads in one statement, answers each as NextBatch does.
+// reads in one statement, answers each as it is answered alone.
 func nextBatchesOfManyBuckets(t *testing.T, f Factory) {
 	const n = 600
 	e := newEnv(t, f, n)
@@ -266,25 +259,25 @@ func nextBatchesOfManyBuckets(t *testing.T, f Factory) {
 	}
 	reqs := make([]relay.BatchRequest, 0, n)
 	for b := n - 1; b >= 0; b-- {
-		reqs = append(reqs, relay.BatchRequest{Bucket: b, Limit: 1 + b%2})
+		reqs = append(reqs, relay.BatchRequest{Buckets: []int{b}, Limit: 1 + b%2})
 	}
 	got, err := s.NextBatches(e.ctx, reqs)
 	if err != nil {
 		t.Fatalf("NextBatches(%d buckets): %v", n, err)
 	}
-	e.checkAsNextBatch(s, reqs, got)
+	e.checkAsAlone(s, reqs, got)
 	for i, r := range got {
-		if want := min(1+reqs[i].Bucket%2, 1+reqs[i].Bucket%3); len(r.Rows) != want {
-			t.Fatalf("NextBatches result %d (bucket %d) = %d rows; want %d", i, reqs[i].Bucket, len(r.Rows), want)
+		if b := reqs[i].Buckets[0]; len(r.Rows) != min(1+b%2, 1+b%3) {
+			t.Fatalf("NextBatches result %d (bucket %d) = %d rows; want %d", i, b, len(r.Rows), min(1+b%2, 1+b%3))
 		}
 	}
 }
 
-// nextBatchesCorruptHead: a corrupt head row in one bucket is that
+// nextBatchesCorruptRow: a corrupt head row in one bucket is that
 // bucket's *relay.CorruptRowError, with no rows; a corrupt row behind good
-// ones in another bucket cuts its batch without an error; the other
-// buckets' batches are whole.
-func nextBatchesCorruptHead(t *testing.T, f Factory) {
+// ones in another bucket ends its batch with its error; the other buckets'
+// batches are whole.
+func nextBatchesCorruptRow(t *testing.T, f Factory) {
 	e := newEnv(t, f, 8)
 	if e.h.InsertCorrupt == nil {
 		t.Skip("storetest: Harness.InsertCorrupt is nil")
@@ -299,18 +292,18 @@ func nextBatchesCorruptHead(t *testing.T, f Factory) {
 		}
 	}
 	e.insert(e.msg(2, start), e.msg(3, start), e.msg(1, start))
-	reqs := []relay.BatchRequest{{Bucket: 3, Limit: 10}, {Bucket: 2, Limit: 10}, {Bucket: 1, Limit: 10}, {Bucket: 4, Limit: 10}}
+	reqs := []relay.BatchRequest{{Buckets: []int{3}, Limit: 10}, {Buckets: []int{2}, Limit: 10}, {Buckets: []int{1}, Limit: 10}, {Buckets: []int{4}, Limit: 10}}
 	got, err := s.NextBatches(e.ctx, reqs)
 	if err != nil {
 		t.Fatalf("NextBatches: %v", err)
 	}
-	e.checkAsNextBatch(s, reqs, got)
+	e.checkAsAlone(s, reqs, got)
 	var ce *relay.CorruptRowError
 	if !errors.As(got[1].Err, &ce) || ce.Bucket != 2 || len(got[1].Rows) != 0 {
 		t.Fatalf("NextBatches bucket 2 = %v, %v; want a *relay.CorruptRowError in bucket 2, no rows", msgIDs(got[1].Rows), got[1].Err)
 	}
-	if r := got[0]; r.Err != nil || len(r.Rows) != 1 || r.Rows[0].MessageID != three.MessageID {
-		t.Fatalf("NextBatches bucket 3 = %v, %v; want only the row before the corrupt one, no error", msgIDs(r.Rows), r.Err)
+	if r := got[0]; !errors.As(r.Err, &ce) || ce.Bucket != 3 || len(r.Rows) != 1 || r.Rows[0].MessageID != three.MessageID {
+		t.Fatalf("NextBatches bucket 3 = %v, %v; want the row before the corrupt one, with its *relay.CorruptRowError", msgIDs(r.Rows), r.Err)
 	}
 	if r := got[2]; r.Err != nil || len(r.Rows) != 3 {
 		t.Fatalf("NextBatches bucket 1 = %v, %v; want its 3 rows", msgIDs(r.Rows), r.Err)
@@ -320,7 +313,7 @@ func nextBatchesCorruptHead(t *testing.T, f Factory) {
 	}
 }
 
-// markPublishedBuckets: one call deleting 2,100 rows' worth of prefixes
+// markPublishedBuckets: one MarkPublished deleting 2,100 rows' worth of prefixes
 // over four buckets (in no particular order) deletes exactly those rows;
 // a row parked after it was read, when the store can park, is not deleted.
 func markPublishedBuckets(t *testing.T, f Factory) {
@@ -335,9 +328,9 @@ func markPublishedBuckets(t *testing.T, f Factory) {
 	}
 	batch := map[int][]*outbox.Message{}
 	for b := 1; b <= 4; b++ {
-		got, err := s.NextBatch(e.ctx, b, 10000, 0)
+		got, err := e.next(s, b, 10000, 0)
 		if err != nil || len(got) != 525 {
-			t.Fatalf("NextBatch(%d) = %d rows, %v; want 525", b, len(got), err)
+			t.Fatalf("NextBatches(%d) = %d rows, %v; want 525", b, len(got), err)
 		}
 		batch[b] = got
 	}
@@ -351,16 +344,13 @@ func markPublishedBuckets(t *testing.T, f Factory) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	rng.Shuffle(len(done), func(i, j int) { done[i], done[j] = done[j], done[i] })
 	for range 2 { // the second call finds the rows gone
-		if err := s.MarkPublishedBuckets(e.ctx, done); err != nil {
-			t.Fatalf("MarkPublishedBuckets(%d rows): %v", len(done), err)
+		if err := s.MarkPublished(e.ctx, done); err != nil {
+			t.Fatalf("MarkPublished(%d rows): %v", len(done), err)
 		}
-	}
-	if err := s.MarkPublishedBuckets(e.ctx, nil); err != nil {
-		t.Fatalf("MarkPublishedBuckets(nothing): %v", err)
 	}
 	for b, want := range map[int][]int64{1: msgIDs(batch[1][300:]), 2: msgIDs(batch[2][400:]), 3: {}, 4: msgIDs(batch[4][200:])} {
 		if got := e.batch(s, b); !slices.Equal(got, want) {
-			t.Fatalf("bucket %d after MarkPublishedBuckets = %d rows %v; want %d rows %v", b, len(got), got, len(want), want)
+			t.Fatalf("bucket %d after MarkPublished = %d rows %v; want %d rows %v", b, len(got), got, len(want), want)
 		}
 	}
 	if !canPark {
@@ -371,7 +361,7 @@ func markPublishedBuckets(t *testing.T, f Factory) {
 		return
 	}
 	if n, err := adm.RequeueParked(e.ctx, relay.ParkedSelector{ID: parked}); err != nil || n != 1 {
-		t.Fatalf("RequeueParked(ID %d) = %d, %v; want 1 (MarkPublishedBuckets must not delete a parked row)", parked, n, err)
+		t.Fatalf("RequeueParked(ID %d) = %d, %v; want 1 (MarkPublished must not delete a parked row)", parked, n, err)
 	}
 	if got := e.batch(s, 2); len(got) == 0 || got[0] != parked {
 		t.Fatalf("bucket 2 after the requeue = %v; want the parked row %d first", got, parked)
@@ -393,16 +383,16 @@ func nextBatchesExclude(t *testing.T, f Factory) {
 	e.insert(one...)
 	e.insert(two...)
 	var err error
-	one, err = s.NextBatch(e.ctx, 1, 100, 0)
+	one, err = e.next(s, 1, 100, 0)
 	if err != nil || len(one) != 8 {
-		t.Fatalf("NextBatch(1) = %v, %v; want 8 rows", msgIDs(one), err)
+		t.Fatalf("NextBatches(1) = %v, %v; want 8 rows", msgIDs(one), err)
 	}
-	two, err = s.NextBatch(e.ctx, 2, 100, 0)
+	two, err = e.next(s, 2, 100, 0)
 	if err != nil || len(two) != 8 {
-		t.Fatalf("NextBatch(2) = %v, %v; want 8 rows", msgIDs(two), err)
+		t.Fatalf("NextBatches(2) = %v, %v; want 8 rows", msgIDs(two), err)
 	}
 	prev1, prev2 := one[:5], two[:3]
-	alone := []relay.BatchRequest{{Bucket: 1, Limit: 2, Exclude: prev1}}
+	alone := []relay.BatchRequest{{Buckets: []int{1}, Limit: 2, Exclude: prev1}}
 	got, err := s.NextBatches(e.ctx, alone)
 	if err != nil {
 		t.Fatalf("NextBatches(%s): %v", fmtReqs(alone), err)
@@ -410,12 +400,12 @@ func nextBatchesExclude(t *testing.T, f Factory) {
 	if ids, want := msgIDs(got[0].Rows), msgIDs(one[5:7]); !slices.Equal(ids, want) || got[0].Err != nil {
 		t.Fatalf("NextBatches(%s) = %v, %v; want %v: the two rows after those left out", fmtReqs(alone), ids, got[0].Err, want)
 	}
-	group := []relay.BatchRequest{{Bucket: 2, Limit: 100, Exclude: prev2[1:]}, {Bucket: 1, Limit: 100, MaxBytes: 1, Exclude: prev1}, {Bucket: 3, Limit: 5}}
+	group := []relay.BatchRequest{{Buckets: []int{2}, Limit: 100, Exclude: prev2[1:]}, {Buckets: []int{1}, Limit: 100, MaxBytes: 1, Exclude: prev1}, {Buckets: []int{3}, Limit: 5}}
 	got, err = s.NextBatches(e.ctx, group)
 	if err != nil {
 		t.Fatalf("NextBatches(%s): %v", fmtReqs(group), err)
 	}
-	e.checkAsNextBatch(s, group, got)
+	e.checkAsAlone(s, group, got)
 	if ids, want := msgIDs(got[0].Rows), msgIDs(append([]*outbox.Message{two[0]}, two[3:]...)); !slices.Equal(ids, want) {
 		t.Fatalf("NextBatches bucket 2 = %v; want %v: all but the rows left out", ids, want)
 	}
@@ -424,12 +414,12 @@ func nextBatchesExclude(t *testing.T, f Factory) {
 	}
 }
 
-// expectInOrder returns NextInOrder's answer to req as the store's
-// NextBatches models it: each requested bucket's batch (NextBatches with a
-// large limit, without the rows of req.Exclude of that bucket), merged in
-// id order, cut at req.Limit and after the row crossing req.MaxBytes. The
-// rows must hold no corrupt row.
-func (e *env) expectInOrder(s relay.MultiBucketStore, req relay.OrderedRequest) []*outbox.Message {
+// expectInOrder returns the answer to req, of several buckets, as requests
+// of one bucket model it: each requested bucket's batch (a large limit,
+// without the rows of req.Exclude of that bucket), merged in id order, cut
+// at req.Limit and after the row crossing req.MaxBytes. The rows must hold
+// no corrupt row.
+func (e *env) expectInOrder(s relay.Store, req relay.BatchRequest) []*outbox.Message {
 	e.t.Helper()
 	excl := map[int][]*outbox.Message{}
 	for _, m := range req.Exclude {
@@ -437,7 +427,7 @@ func (e *env) expectInOrder(s relay.MultiBucketStore, req relay.OrderedRequest) 
 	}
 	reqs := make([]relay.BatchRequest, len(req.Buckets))
 	for i, b := range req.Buckets {
-		reqs[i] = relay.BatchRequest{Bucket: b, Limit: 100000, Exclude: excl[b]}
+		reqs[i] = relay.BatchRequest{Buckets: []int{b}, Limit: 100000, Exclude: excl[b]}
 	}
 	res, err := s.NextBatches(e.ctx, reqs)
 	if err != nil {
@@ -446,7 +436,7 @@ func (e *env) expectInOrder(s relay.MultiBucketStore, req relay.OrderedRequest) 
 	var all []*outbox.Message
 	for i, r := range res {
 		if r.Err != nil {
-			e.t.Fatalf("NextBatches bucket %d: %v", reqs[i].Bucket, r.Err)
+			e.t.Fatalf("NextBatches bucket %d: %v", reqs[i].Buckets[0], r.Err)
 		}
 		all = append(all, r.Rows...)
 	}
@@ -463,47 +453,36 @@ func (e *env) expectInOrder(s relay.MultiBucketStore, req relay.OrderedRequest) 
 	return want
 }
 
-// checkInOrder fails t unless got, NextInOrder's answer to req, is
-// expectInOrder's: ids ascending, rows of req.Buckets only.
-func (e *env) checkInOrder(s relay.MultiBucketStore, req relay.OrderedRequest, got []*outbox.Message, err error) {
+// checkInOrder fails t unless got, the answer to req, is expectInOrder's:
+// ids ascending, rows of req.Buckets only.
+func (e *env) checkInOrder(s relay.Store, req relay.BatchRequest, got []*outbox.Message, err error) {
 	e.t.Helper()
 	if err != nil {
-		e.t.Fatalf("NextInOrder(%s): %v", fmtOrdered(req), err)
+		e.t.Fatalf("NextBatches(%s): %v", fmtReqs([]relay.BatchRequest{req}), err)
 	}
 	want := e.expectInOrder(s, req)
 	if !sameRows(got, want) {
-		e.t.Fatalf("NextInOrder(%s) = %v; want %v: each bucket's batch merged in id order, cut", fmtOrdered(req), msgIDs(got), msgIDs(want))
+		e.t.Fatalf("NextBatches(%s) = %v; want %v: each bucket's batch merged in id order, cut", fmtReqs([]relay.BatchRequest{req}), msgIDs(got), msgIDs(want))
 	}
 	for i, m := range got {
 		if i > 0 && m.ID <= got[i-1].ID {
-			e.t.Fatalf("NextInOrder(%s) = %v: row %d after row %d", fmtOrdered(req), msgIDs(got), m.ID, got[i-1].ID)
+			e.t.Fatalf("NextBatches(%s) = %v: row %d after row %d", fmtReqs([]relay.BatchRequest{req}), msgIDs(got), m.ID, got[i-1].ID)
 		}
 		if _, ok := slices.BinarySearch(req.Buckets, int(m.Bucket)); !ok {
-			e.t.Fatalf("NextInOrder(%s) returned row %d of bucket %d, not asked for", fmtOrdered(req), m.ID, m.Bucket)
+			e.t.Fatalf("NextBatches(%s) returned row %d of bucket %d, not asked for", fmtReqs([]relay.BatchRequest{req}), m.ID, m.Bucket)
 		}
 	}
 }
 
-func fmtOrdered(req relay.OrderedRequest) string {
-	s := fmt.Sprintf("buckets %v, limit %d, max bytes %d", req.Buckets, req.Limit, req.MaxBytes)
-	if len(req.Buckets) > 20 {
-		s = fmt.Sprintf("%d buckets %d..%d, limit %d, max bytes %d", len(req.Buckets), req.Buckets[0], req.Buckets[len(req.Buckets)-1], req.Limit, req.MaxBytes)
-	}
-	if len(req.Exclude) > 0 {
-		s += fmt.Sprintf(", excluding %v", msgIDs(req.Exclude))
-	}
-	return s
-}
-
-// nextInOrderMatchesNextBatches: over rounds of random requests (a random
-// subset of 12 buckets, empty ones included; limits from 1; byte bounds or
-// none; rows left out, of requested buckets and others, or none), on rows
-// of a few keys and values of random sizes, some parked (rejected, corrupt,
-// held) when the store can park, NextInOrder returns each requested
-// bucket's NextBatch (without the rows left out) merged in id order and cut
-// at the limit and the byte bound; each round then deletes a random prefix
-// of the answer (MarkPublishedBuckets), as the relay does.
-func nextInOrderMatchesNextBatches(t *testing.T, f Factory) {
+// nextInOrderMatchesAlone: over rounds of random requests of several
+// buckets (a random subset of 12, empty ones included; limits from 1; byte
+// bounds or none; rows left out, of requested buckets and others, or
+// none), on rows of a few keys and values of random sizes, some parked
+// (rejected, corrupt, held) when the store can park, the answer is each
+// requested bucket's batch (without the rows left out) merged in id order
+// and cut at the limit and the byte bound; each round then deletes a
+// random prefix of the answer (MarkPublished), as the relay does.
+func nextInOrderMatchesAlone(t *testing.T, f Factory) {
 	const n = 12
 	e := newEnv(t, f, n)
 	s, canPark := e.multiStore(true)
@@ -527,7 +506,7 @@ func nextInOrderMatchesNextBatches(t *testing.T, f Factory) {
 		e.parkSome(s, rng, n, e.batch)
 	}
 	for round := range 20 {
-		var req relay.OrderedRequest
+		var req relay.BatchRequest
 		for b := range n {
 			if rng.IntN(3) != 0 {
 				req.Buckets = append(req.Buckets, b)
@@ -548,29 +527,29 @@ func nextInOrderMatchesNextBatches(t *testing.T, f Factory) {
 				if rng.IntN(3) != 0 {
 					continue
 				}
-				prev, _ := s.NextBatch(e.ctx, b, 1+rng.IntN(6), 0)
+				prev, _ := e.next(s, b, 1+rng.IntN(6), 0)
 				if rng.IntN(3) == 0 {
 					prev = slices.DeleteFunc(prev, func(*outbox.Message) bool { return rng.IntN(2) == 0 })
 				}
 				req.Exclude = append(req.Exclude, prev...)
 			}
 		}
-		got, err := s.NextInOrder(e.ctx, req)
+		got, err := e.answer(s, req)
 		e.checkInOrder(s, req, got, err)
 		if done := got[:rng.IntN(len(got)+1)]; len(done) > 0 {
-			if err := s.MarkPublishedBuckets(e.ctx, done); err != nil {
-				t.Fatalf("round %d: MarkPublishedBuckets(%v): %v", round, msgIDs(done), err)
+			if err := s.MarkPublished(e.ctx, done); err != nil {
+				t.Fatalf("round %d: MarkPublished(%v): %v", round, msgIDs(done), err)
 			}
 		}
 	}
-	if got, err := s.NextInOrder(e.ctx, relay.OrderedRequest{Buckets: all(n), Limit: 0}); err != nil || len(got) != 0 {
-		t.Fatalf("NextInOrder(limit 0) = %v, %v; want nothing", msgIDs(got), err)
+	if got, err := e.answer(s, relay.BatchRequest{Buckets: all(n), Limit: 0}); err != nil || len(got) != 0 {
+		t.Fatalf("NextBatches(limit 0) = %v, %v; want nothing", msgIDs(got), err)
 	}
 }
 
 // nextInOrderCorruptRow: rows of three buckets in turn, a row that cannot
 // be decoded in bucket 2 behind one of its rows, then more rows of the
-// three: NextInOrder of the three returns the rows before the corrupt one,
+// three: a request of the three returns the rows before the corrupt one,
 // in id order, with a *relay.CorruptRowError naming it (bucket 2, its id
 // between theirs and the later rows'); with a limit that ends before it,
 // the rows and no error; with the rows before it left out, the error alone;
@@ -586,37 +565,37 @@ func nextInOrderCorruptRow(t *testing.T, f Factory) {
 		t.Fatalf("Harness.InsertCorrupt(2): %v", err)
 	}
 	e.insert(e.msg(3, start), e.msg(2, start), e.msg(1, start))
-	others, err := s.NextInOrder(e.ctx, relay.OrderedRequest{Buckets: []int{1, 3}, Limit: 100})
+	others, err := e.answer(s, relay.BatchRequest{Buckets: []int{1, 3}, Limit: 100})
 	if err != nil || len(others) != 5 {
-		t.Fatalf("NextInOrder(buckets 1, 3) = %v, %v; want their 5 rows", msgIDs(others), err)
+		t.Fatalf("NextBatches(buckets 1, 3) = %v, %v; want their 5 rows", msgIDs(others), err)
 	}
-	req := relay.OrderedRequest{Buckets: []int{1, 2, 3}, Limit: 100}
-	got, err := s.NextInOrder(e.ctx, req)
+	req := relay.BatchRequest{Buckets: []int{1, 2, 3}, Limit: 100}
+	got, err := e.answer(s, req)
 	var ce *relay.CorruptRowError
 	if !errors.As(err, &ce) {
-		t.Fatalf("NextInOrder(%s) = %v, %v; want the 4 rows before the corrupt one with a *relay.CorruptRowError", fmtOrdered(req), msgIDs(got), err)
+		t.Fatalf("NextBatches(%s) = %v, %v; want the 4 rows before the corrupt one with a *relay.CorruptRowError", fmtReqs([]relay.BatchRequest{req}), msgIDs(got), err)
 	}
 	if len(got) != 4 || got[1].Bucket != 2 || !slices.IsSorted(msgIDs(got)) {
-		t.Fatalf("NextInOrder(%s) = %v (error %v); want the 4 rows before the corrupt one, in id order", fmtOrdered(req), msgIDs(got), err)
+		t.Fatalf("NextBatches(%s) = %v (error %v); want the 4 rows before the corrupt one, in id order", fmtReqs([]relay.BatchRequest{req}), msgIDs(got), err)
 	}
 	if ce.Bucket != 2 || ce.ID <= got[3].ID || ce.ID >= others[3].ID {
-		t.Fatalf("NextInOrder(%s) error names row %d of bucket %d; want the corrupt row of bucket 2, after row %d and before row %d",
-			fmtOrdered(req), ce.ID, ce.Bucket, got[3].ID, others[3].ID)
+		t.Fatalf("NextBatches(%s) error names row %d of bucket %d; want the corrupt row of bucket 2, after row %d and before row %d",
+			fmtReqs([]relay.BatchRequest{req}), ce.ID, ce.Bucket, got[3].ID, others[3].ID)
 	}
 	req.Limit = 4
-	if short, err := s.NextInOrder(e.ctx, req); err != nil || !slices.Equal(msgIDs(short), msgIDs(got)) {
-		t.Fatalf("NextInOrder(%s) = %v, %v; want %v and no error: the limit ends it before the corrupt row", fmtOrdered(req), msgIDs(short), err, msgIDs(got))
+	if short, err := e.answer(s, req); err != nil || !slices.Equal(msgIDs(short), msgIDs(got)) {
+		t.Fatalf("NextBatches(%s) = %v, %v; want %v and no error: the limit ends it before the corrupt row", fmtReqs([]relay.BatchRequest{req}), msgIDs(short), err, msgIDs(got))
 	}
-	req = relay.OrderedRequest{Buckets: []int{1, 2, 3}, Limit: 100, Exclude: got}
-	head, err := s.NextInOrder(e.ctx, req)
+	req = relay.BatchRequest{Buckets: []int{1, 2, 3}, Limit: 100, Exclude: got}
+	head, err := e.answer(s, req)
 	var again *relay.CorruptRowError
 	if !errors.As(err, &again) || again.ID != ce.ID || len(head) != 0 {
-		t.Fatalf("NextInOrder(%s) = %v, %v; want only the *relay.CorruptRowError of row %d", fmtOrdered(req), msgIDs(head), err, ce.ID)
+		t.Fatalf("NextBatches(%s) = %v, %v; want only the *relay.CorruptRowError of row %d", fmtReqs([]relay.BatchRequest{req}), msgIDs(head), err, ce.ID)
 	}
 }
 
 // nextInOrderOfManyBuckets: with one or two rows in each of 300 buckets,
-// inserted in a random order, one NextInOrder call for the buckets less
+// inserted in a random order, one request of the buckets less
 // some holes (every seventh, a run of twenty), for a few of them (more
 // holes than buckets) and for all, returns the rows of exactly those
 // buckets in id order, whole or cut at a limit.
@@ -644,14 +623,14 @@ func nextInOrderOfManyBuckets(t *testing.T, f Factory) {
 			sparse = append(sparse, b)
 		}
 	}
-	for _, req := range []relay.OrderedRequest{
+	for _, req := range []relay.BatchRequest{
 		{Buckets: holed, Limit: 1000},
 		{Buckets: holed, Limit: 50},
 		{Buckets: holed[10:200], Limit: 1000, MaxBytes: 2000},
 		{Buckets: sparse, Limit: 1000},
 		{Buckets: all(n), Limit: 1000},
 	} {
-		got, err := s.NextInOrder(e.ctx, req)
+		got, err := e.answer(s, req)
 		e.checkInOrder(s, req, got, err)
 		if req.Limit == 1000 && req.MaxBytes == 0 {
 			var want int
@@ -659,7 +638,7 @@ func nextInOrderOfManyBuckets(t *testing.T, f Factory) {
 				want += 1 + b%2
 			}
 			if len(got) != want {
-				t.Fatalf("NextInOrder(%s) = %d rows; want all %d of its buckets", fmtOrdered(req), len(got), want)
+				t.Fatalf("NextBatches(%s) = %d rows; want all %d of its buckets", fmtReqs([]relay.BatchRequest{req}), len(got), want)
 			}
 		}
 	}

@@ -26,7 +26,7 @@ var parkScenarios = []struct {
 	{"requeue_by_key_restores_the_rows_in_id_order", requeueRestoresOrder},
 	{"delete_parked_never_deletes_an_unparked_row", deleteParkedOnlyParked},
 	{"a_fleet_of_current_relays_can_park", fleetCanPark},
-	{"a_corrupt_row_ends_the_batch_and_is_reported_at_the_head", corruptRow},
+	{"a_corrupt_row_ends_the_batch_with_its_error", corruptRow},
 }
 
 // parker returns a store of e that can park, whose relay "relay-a" holds
@@ -54,22 +54,22 @@ func (e *env) admin(s relay.Store) relay.ParkAdmin {
 	return a
 }
 
-// keyed inserts n messages of key in bucket and returns them as NextBatch
+// keyed inserts n messages of key in bucket and returns them as NextBatches
 // reads them back (with their ids).
 func (e *env) keyed(s relay.Store, bucket int, key string, n int) []*outbox.Message {
 	e.t.Helper()
-	before, err := s.NextBatch(e.ctx, bucket, 10000, 0)
+	before, err := e.next(s, bucket, 10000, 0)
 	if err != nil {
-		e.t.Fatalf("NextBatch(%d): %v", bucket, err)
+		e.t.Fatalf("NextBatches(%d): %v", bucket, err)
 	}
 	for range n {
 		m := e.msg(bucket, start)
 		m.Key = []byte(key)
 		e.insert(m)
 	}
-	after, err := s.NextBatch(e.ctx, bucket, 10000, 0)
+	after, err := e.next(s, bucket, 10000, 0)
 	if err != nil || len(after) != len(before)+n {
-		e.t.Fatalf("NextBatch(%d) after inserting %d rows = %d rows, %v; want %d", bucket, n, len(after), err, len(before)+n)
+		e.t.Fatalf("NextBatches(%d) after inserting %d rows = %d rows, %v; want %d", bucket, n, len(after), err, len(before)+n)
 	}
 	return after[len(before):]
 }
@@ -84,9 +84,9 @@ func msgIDs(ms []*outbox.Message) []int64 {
 
 func (e *env) batch(s relay.Store, bucket int) []int64 {
 	e.t.Helper()
-	got, err := s.NextBatch(e.ctx, bucket, 10000, 0)
+	got, err := e.next(s, bucket, 10000, 0)
 	if err != nil {
-		e.t.Fatalf("NextBatch(%d): %v", bucket, err)
+		e.t.Fatalf("NextBatches(%d): %v", bucket, err)
 	}
 	return msgIDs(got)
 }
@@ -108,7 +108,7 @@ func parkedRowsSkipped(t *testing.T, f Factory) {
 	e.park(s, 1, a[0], "rejected")
 	e.park(s, 2, only[0], "rejected")
 	if got := e.batch(s, 1); !slices.Equal(got, b) {
-		t.Fatalf("NextBatch(1) = %v; want the rows of the other key %v (a's rows wait behind its parked row)", got, b)
+		t.Fatalf("NextBatches(1) = %v; want the rows of the other key %v (a's rows wait behind its parked row)", got, b)
 	}
 	if got, err := s.BucketsWithPending(e.ctx, all(8)); err != nil || !slices.Equal(got, []int{1}) {
 		t.Fatalf("BucketsWithPending = %v, %v; want [1] (bucket 2 holds only a parked row)", got, err)
@@ -133,13 +133,13 @@ func parkedRowHolds(t *testing.T, f Factory) {
 	e.park(s, 1, c[0], relay.CorruptReasonPrefix+"bad headers")
 	e.park(s, 4, h[0], relay.HeldReasonPrefix+"1")
 	if got, want := e.batch(s, 1), []int64{a[0], c[1]}; !slices.Equal(got, want) {
-		t.Fatalf("NextBatch(1) = %v; want %v (a's row before its parked row, and c's row behind a corrupt one)", got, want)
+		t.Fatalf("NextBatches(1) = %v; want %v (a's row before its parked row, and c's row behind a corrupt one)", got, want)
 	}
 	if got := e.batch(s, 3); !slices.Equal(got, elsewhere) {
-		t.Fatalf("NextBatch(3) = %v; want %v (a parked row holds only its bucket's rows)", got, elsewhere)
+		t.Fatalf("NextBatches(3) = %v; want %v (a parked row holds only its bucket's rows)", got, elsewhere)
 	}
 	if got := e.batch(s, 4); len(got) != 0 {
-		t.Fatalf("NextBatch(4) = %v; want nothing (a row parked as held holds its key)", got)
+		t.Fatalf("NextBatches(4) = %v; want nothing (a row parked as held holds its key)", got)
 	}
 	adm, ok := s.(relay.ParkAdmin)
 	if !ok {
@@ -149,7 +149,7 @@ func parkedRowHolds(t *testing.T, f Factory) {
 		t.Fatalf("RequeueParked(ID %d) = %d, %v; want 1", a[1], n, err)
 	}
 	if got, want := e.batch(s, 1), []int64{a[0], a[1], a[2], c[1]}; !slices.Equal(got, want) {
-		t.Fatalf("NextBatch(1) after the requeue = %v; want %v", got, want)
+		t.Fatalf("NextBatches(1) after the requeue = %v; want %v", got, want)
 	}
 }
 
@@ -170,7 +170,7 @@ func requeueCorruptReleasesNothing(t *testing.T, f Factory) {
 	later.Key = []byte("k")
 	e.insert(later)
 	if got := e.batch(s, 2); !slices.Equal(got, k[:1]) {
-		t.Fatalf("NextBatch(2) = %v; want only the requeued row %v (%v and the later row wait behind the parked head %d)", got, k[:1], k[2], k[1])
+		t.Fatalf("NextBatches(2) = %v; want only the requeued row %v (%v and the later row wait behind the parked head %d)", got, k[:1], k[2], k[1])
 	}
 }
 
@@ -193,7 +193,7 @@ func parkNeedsTheLease(t *testing.T, f Factory) {
 		t.Fatalf("Park after a peer took the bucket = %v; want an error wrapping relay.ErrLeaseLost", err)
 	}
 	if got := e.batch(s, 3); !slices.Equal(got, k) {
-		t.Fatalf("NextBatch(3) = %v; want every row %v (nothing parked)", got, k)
+		t.Fatalf("NextBatches(3) = %v; want every row %v (nothing parked)", got, k)
 	}
 	if err := s.Park(e.ctx, "relay-b", 3, k[0], "rejected"); err != nil {
 		t.Fatalf("Park by the new owner: %v", err)
@@ -213,9 +213,9 @@ func selectorsMatchChoose(t *testing.T, f Factory) {
 			keyless := e.msg(5, start)
 			keyless.Key = nil
 			e.insert(keyless)
-			got, err := s.NextBatch(e.ctx, 5, 100, 0)
+			got, err := e.next(s, 5, 100, 0)
 			if err != nil || len(got) != 5 {
-				t.Fatalf("NextBatch(5) = %d rows, %v; want 5", len(got), err)
+				t.Fatalf("NextBatches(5) = %d rows, %v; want 5", len(got), err)
 			}
 			nokey := got[4].ID
 			e.park(s, 5, k[0], relay.CorruptReasonPrefix+"bad headers")
@@ -278,7 +278,7 @@ func requeueRestoresOrder(t *testing.T, f Factory) {
 		t.Fatalf("RequeueParked(key k) = %d, %v; want 2", n, err)
 	}
 	if got, want := e.batch(s, 5), slices.Concat(k, later); !slices.Equal(got, want) {
-		t.Fatalf("NextBatch after requeue = %v; want %v (the key's rows first, in id order)", got, want)
+		t.Fatalf("NextBatches after requeue = %v; want %v (the key's rows first, in id order)", got, want)
 	}
 	if _, err := a.RequeueParked(e.ctx, relay.ParkedSelector{ID: 1, All: true}); err == nil {
 		t.Fatal("RequeueParked(ID and All) succeeded; want a validation error")
@@ -333,21 +333,21 @@ func corruptRow(t *testing.T, f Factory) {
 	}
 	m := e.msg(7, start)
 	e.insert(m)
-	got, err := s.NextBatch(e.ctx, 7, 100, 0)
-	if err != nil || !slices.Equal(msgIDs(got), good) {
-		t.Fatalf("NextBatch = %v, %v; want only the row before the corrupt one %v, no error", msgIDs(got), err, good)
+	got, err := e.next(s, 7, 100, 0)
+	var ce *relay.CorruptRowError
+	if !errors.As(err, &ce) || !slices.Equal(msgIDs(got), good) {
+		t.Fatalf("NextBatches = %v, %v; want only the row before the corrupt one %v, with its *relay.CorruptRowError", msgIDs(got), err, good)
 	}
-	if err := s.MarkPublished(e.ctx, 7, got); err != nil {
+	if err := s.MarkPublished(e.ctx, got); err != nil {
 		t.Fatal(err)
 	}
-	_, err = s.NextBatch(e.ctx, 7, 100, 0)
-	var ce *relay.CorruptRowError
-	if !errors.As(err, &ce) || ce.Bucket != 7 || ce.ID <= good[0] {
-		t.Fatalf("NextBatch at the corrupt head = %v; want a *relay.CorruptRowError in bucket 7", err)
+	head, err := e.next(s, 7, 100, 0)
+	if !errors.As(err, &ce) || len(head) != 0 || ce.Bucket != 7 || ce.ID <= good[0] {
+		t.Fatalf("NextBatches at the corrupt head = %v; want a *relay.CorruptRowError in bucket 7", err)
 	}
 	e.park(s, 7, ce.ID, relay.CorruptReasonPrefix+ce.Err.Error())
-	after, err := s.NextBatch(e.ctx, 7, 100, 0)
+	after, err := e.next(s, 7, 100, 0)
 	if err != nil || len(after) != 1 || after[0].MessageID != m.MessageID {
-		t.Fatalf("NextBatch after parking the corrupt row = %v, %v; want the later row", msgIDs(after), err)
+		t.Fatalf("NextBatches after parking the corrupt row = %v, %v; want the later row", msgIDs(after), err)
 	}
 }

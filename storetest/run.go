@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -24,8 +25,7 @@ var start = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 // Run runs every Store scenario as a subtest of t, each on a fresh backend
 // from newHarness. Scenarios that need a capability the store says it
 // lacks (parking, backlog metrics, a clock of its own, a known bucket
-// count: see relay.Store), relay.ParkAdmin, relay.MultiBucketStore, or a
-// Harness hook left nil are
+// count: see relay.Store), relay.ParkAdmin, or a Harness hook left nil are
 // skipped with a message naming it.
 func Run(t *testing.T, newHarness Factory) {
 	t.Helper()
@@ -359,6 +359,20 @@ func maps(x, y map[int]Lease) bool {
 	return true
 }
 
+// next reads bucket's batch (see answer).
+func (e *env) next(s relay.Store, bucket, limit int, maxBytes int64) ([]*outbox.Message, error) {
+	return e.answer(s, relay.BatchRequest{Buckets: []int{bucket}, Limit: limit, MaxBytes: maxBytes})
+}
+
+// answer is the rows and error of NextBatches' answer to req alone.
+func (e *env) answer(s relay.Store, req relay.BatchRequest) ([]*outbox.Message, error) {
+	res, err := s.NextBatches(e.ctx, []relay.BatchRequest{req})
+	if err != nil || len(res) != 1 {
+		return nil, cmp.Or(err, fmt.Errorf("NextBatches(1 request) = %d results", len(res)))
+	}
+	return res[0].Rows, res[0].Err
+}
+
 func ids(msgs []*outbox.Message) []string {
 	out := make([]string, len(msgs))
 	for i, m := range msgs {
@@ -380,28 +394,28 @@ func nextBatchOrder(t *testing.T, f Factory) {
 		}
 	}
 	s := e.relay("relay-a").s
-	got, err := s.NextBatch(e.ctx, 1, 3, 0)
+	got, err := e.next(s, 1, 3, 0)
 	if err != nil {
-		t.Fatalf("NextBatch(bucket 1, 3) error: %v", err)
+		t.Fatalf("NextBatches(bucket 1, 3) error: %v", err)
 	}
 	if !slices.Equal(ids(got), ids(one[:3])) {
-		t.Fatalf("NextBatch(bucket 1, 3) = %v; want the oldest three %v", ids(got), ids(one[:3]))
+		t.Fatalf("NextBatches(bucket 1, 3) = %v; want the oldest three %v", ids(got), ids(one[:3]))
 	}
 	for i, m := range got {
 		w := one[i]
 		if m.Bucket != 1 || m.Topic != w.Topic || string(m.Key) != string(w.Key) || string(m.Value) != string(w.Value) {
-			t.Errorf("NextBatch row %d = bucket %d topic %q key %q value %q; want bucket 1 topic %q key %q value %q",
+			t.Errorf("NextBatches row %d = bucket %d topic %q key %q value %q; want bucket 1 topic %q key %q value %q",
 				i, m.Bucket, m.Topic, m.Key, m.Value, w.Topic, w.Key, w.Value)
 		}
 	}
-	if got, err := s.NextBatch(e.ctx, 1, 100, 0); err != nil || !slices.Equal(ids(got), ids(one)) {
-		t.Fatalf("NextBatch(bucket 1, 100) = %v, %v; want %v", ids(got), err, ids(one))
+	if got, err := e.next(s, 1, 100, 0); err != nil || !slices.Equal(ids(got), ids(one)) {
+		t.Fatalf("NextBatches(bucket 1, 100) = %v, %v; want %v", ids(got), err, ids(one))
 	}
-	if got, err := s.NextBatch(e.ctx, 2, 100, 0); err != nil || !slices.Equal(ids(got), ids(two)) {
-		t.Fatalf("NextBatch(bucket 2, 100) = %v, %v; want %v", ids(got), err, ids(two))
+	if got, err := e.next(s, 2, 100, 0); err != nil || !slices.Equal(ids(got), ids(two)) {
+		t.Fatalf("NextBatches(bucket 2, 100) = %v, %v; want %v", ids(got), err, ids(two))
 	}
-	if got, err := s.NextBatch(e.ctx, 3, 100, 0); err != nil || len(got) != 0 {
-		t.Fatalf("NextBatch(empty bucket 3) = %d rows, %v; want 0", len(got), err)
+	if got, err := e.next(s, 3, 100, 0); err != nil || len(got) != 0 {
+		t.Fatalf("NextBatches(empty bucket 3) = %d rows, %v; want 0", len(got), err)
 	}
 }
 
@@ -437,21 +451,21 @@ func markPublished(t *testing.T, f Factory) {
 		}
 	}
 	s := e.relay("relay-a").s
-	batch, err := s.NextBatch(e.ctx, 1, 3, 0)
+	batch, err := e.next(s, 1, 3, 0)
 	if err != nil || len(batch) != 3 {
-		t.Fatalf("NextBatch(bucket 1, 3) = %d rows, %v; want 3", len(batch), err)
+		t.Fatalf("NextBatches(bucket 1, 3) = %d rows, %v; want 3", len(batch), err)
 	}
-	if err := s.MarkPublished(e.ctx, 1, batch[:2]); err != nil {
+	if err := s.MarkPublished(e.ctx, batch[:2]); err != nil {
 		t.Fatalf("MarkPublished(bucket 1, 2 rows) error: %v", err)
 	}
-	if got, err := s.NextBatch(e.ctx, 1, 100, 0); err != nil || !slices.Equal(ids(got), ids(one[2:])) {
+	if got, err := e.next(s, 1, 100, 0); err != nil || !slices.Equal(ids(got), ids(one[2:])) {
 		t.Fatalf("bucket 1 after MarkPublished = %v, %v; want %v", ids(got), err, ids(one[2:]))
 	}
-	if got, err := s.NextBatch(e.ctx, 2, 100, 0); err != nil || len(got) != 2 {
+	if got, err := e.next(s, 2, 100, 0); err != nil || len(got) != 2 {
 		t.Fatalf("bucket 2 after MarkPublished on bucket 1 = %d rows, %v; want 2", len(got), err)
 	}
-	if err := s.MarkPublished(e.ctx, 1, nil); err != nil {
-		t.Fatalf("MarkPublished(bucket 1, nothing) error: %v", err)
+	if err := s.MarkPublished(e.ctx, nil); err != nil {
+		t.Fatalf("MarkPublished(nothing) error: %v", err)
 	}
 }
 
@@ -595,11 +609,11 @@ func backlogMetrics(t *testing.T, f Factory) {
 	if err != nil || got == nil || got.Count != 3 || !got.Oldest.Equal(oldest) {
 		t.Fatalf("PendingMetrics = %+v, %v; want count 3, oldest %v", got, err, oldest)
 	}
-	batch, err := s.NextBatch(e.ctx, 3, 10, 0)
+	batch, err := e.next(s, 3, 10, 0)
 	if err != nil || len(batch) != 1 {
-		t.Fatalf("NextBatch(bucket 3) = %d rows, %v; want 1", len(batch), err)
+		t.Fatalf("NextBatches(bucket 3) = %d rows, %v; want 1", len(batch), err)
 	}
-	if err := s.MarkPublished(e.ctx, 3, batch); err != nil {
+	if err := s.MarkPublished(e.ctx, batch); err != nil {
 		t.Fatalf("MarkPublished(bucket 3) error: %v", err)
 	}
 	got, err = s.PendingMetrics(e.ctx)

@@ -596,8 +596,8 @@ var flagNames = strings.NewReplacer(
 func oneLine(err error) string { return flagNames.Replace(err.Error()) }
 
 // checkStore stands in for the database store while the relay options are
-// checked, before any connection is made: relay.New reads its bucket count
-// and ConcurrentBuckets; every other method fails.
+// checked, before any connection is made: relay.New reads its bucket
+// count; every other method fails.
 type checkStore struct{ buckets int }
 
 func (checkStore) AcquireBucketLeases(context.Context, string, int, time.Duration) (relay.Leases, error) {
@@ -608,25 +608,24 @@ func (checkStore) RenewBucketLeases(context.Context, string, []int, time.Duratio
 }
 func (checkStore) ReleaseBucketLeases(context.Context, string) error        { return errUnused }
 func (checkStore) BucketsWithPending(context.Context, []int) ([]int, error) { return nil, errUnused }
-func (checkStore) NextBatch(context.Context, int, int, int64) ([]*outbox.Message, error) {
+func (checkStore) NextBatches(context.Context, []relay.BatchRequest) ([]relay.BatchResult, error) {
 	return nil, errUnused
 }
-func (checkStore) MarkPublished(context.Context, int, []*outbox.Message) error { return errUnused }
-func (checkStore) Fleet(context.Context) (relay.Fleet, error)                  { return relay.Fleet{}, errUnused }
-func (checkStore) Park(context.Context, string, int, int64, string) error      { return errUnused }
-func (checkStore) PendingMetrics(context.Context) (*relay.Pending, error)      { return nil, errUnused }
-func (checkStore) ClockOffset() (time.Duration, time.Duration, bool)           { return 0, 0, false }
-func (s checkStore) BucketCount() int                                          { return s.buckets }
-func (checkStore) ConcurrentBuckets() bool                                     { return true }
+func (checkStore) MarkPublished(context.Context, []*outbox.Message) error { return errUnused }
+func (checkStore) Fleet(context.Context) (relay.Fleet, error)             { return relay.Fleet{}, errUnused }
+func (checkStore) Park(context.Context, string, int, int64, string) error { return errUnused }
+func (checkStore) PendingMetrics(context.Context) (*relay.Pending, error) { return nil, errUnused }
+func (checkStore) ClockOffset() (time.Duration, time.Duration, bool)      { return 0, 0, false }
+func (s checkStore) BucketCount() int                                     { return s.buckets }
 
 var _ relay.Store = checkStore{}
 
 // checkPublisher stands in for the Kafka publisher in checkRelayOptions.
 type checkPublisher struct{}
 
-func (checkPublisher) Publish(context.Context, []*outbox.Message) relay.Result {
-	return relay.Result{Err: errUnused}
-}
+func (checkPublisher) Publish(context.Context, [][]*outbox.Message) []relay.Result { return nil }
+
+func (checkPublisher) OwnedBuckets([]int) {}
 
 // errUnused is returned by checkStore, which is never run.
 var errUnused = errors.New("outbox-relay: check store is not for use")

@@ -111,10 +111,11 @@ func TestParkPolicyFlagsSetTheRelayOptions(t *testing.T) {
 }
 
 // TestEveryRelayOptionHasAFlag: each relay.Options field an operator can
-// set has a flag, which relay errors name; the rest are Go values.
+// set has a flag, which relay errors name; the rest are Go values, and
+// SingleWriter follows -db-driver.
 func TestEveryRelayOptionHasAFlag(t *testing.T) {
 	fs := newFlagSet(&config{})
-	programmatic := map[string]bool{"Clock": true, "Logger": true, "MeterProvider": true, "Notifier": true, "HintTransport": true}
+	programmatic := map[string]bool{"Clock": true, "Logger": true, "MeterProvider": true, "Notifier": true, "HintTransport": true, "SingleWriter": true}
 	for f := range reflect.TypeFor[relay.Options]().Fields() {
 		if programmatic[f.Name] {
 			continue

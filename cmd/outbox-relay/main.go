@@ -254,6 +254,7 @@ func (w *worker) run(ctx context.Context) int {
 	opts.BucketCount = w.cfg.outbox.BucketCount
 	opts.Logger = w.log
 	opts.MeterProvider = w.mp
+	opts.SingleWriter = w.cfg.dbDriver == "sqlite"
 	if w.notify != nil {
 		// LISTEN through a transaction pooler never wakes anyone: refuse
 		// at start rather than restart the listener forever.

@@ -21,12 +21,19 @@ import (
 // printer is a relay.Publisher that prints each record and acknowledges it.
 type printer struct{}
 
-func (printer) Publish(_ context.Context, batch []*outbox.Message) relay.Result {
-	for _, m := range batch {
-		fmt.Printf("published %s key=%s value=%s (bucket %d)\n", m.Topic, m.Key, m.Value, m.Bucket)
+func (printer) Publish(_ context.Context, batches [][]*outbox.Message) []relay.Result {
+	results := make([]relay.Result, len(batches))
+	for i, batch := range batches {
+		for _, m := range batch {
+			fmt.Printf("published %s key=%s value=%s (bucket %d)\n", m.Topic, m.Key, m.Value, m.Bucket)
+		}
+		results[i].Acknowledged = len(batch)
 	}
-	return relay.Result{Acknowledged: len(batch)}
+	return results
 }
+
+// OwnedBuckets implements relay.Publisher: the printer needs no ownership.
+func (printer) OwnedBuckets([]int) {}
 
 func main() {
 	const buckets = 4

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -85,10 +86,6 @@ var _ relay.Store = (*Store)(nil)
 
 // BucketCount implements relay.Store.
 func (s *Store) BucketCount() int { return s.b.buckets }
-
-// ConcurrentBuckets implements relay.Store: the backend serves calls for
-// different buckets at once, so a relay may serve several buckets at once.
-func (s *Store) ConcurrentBuckets() bool { return true }
 
 // ClockOffset implements relay.Store: the leases run on the relays' clocks
 // (now), so there is no offset to report.
@@ -285,42 +282,57 @@ func (s *Store) BucketsWithPending(ctx context.Context, buckets []int) ([]int, e
 	return slices.Compact(out), nil
 }
 
-// NextBatch implements relay.Store: the oldest rows of one bucket
-// (SELECT … WHERE bucket = ? ORDER BY id LIMIT ?), stopping after the row
-// that crosses maxBytes.
-func (s *Store) NextBatch(ctx context.Context, bucket, limit int, maxBytes int64) ([]*outbox.Message, error) {
+// NextBatches implements relay.Store: for each request, the oldest rows of
+// its buckets that it does not leave out (SELECT … WHERE bucket IN (…) AND
+// id NOT IN (…) ORDER BY id LIMIT ?), stopping after the row that crosses
+// MaxBytes.
+func (s *Store) NextBatches(ctx context.Context, reqs []relay.BatchRequest) ([]relay.BatchResult, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	s.b.mu.Lock()
 	defer s.b.mu.Unlock()
-	rows := s.b.rows[bucket]
-	out := make([]*outbox.Message, 0, min(limit, len(rows)))
-	var size int64
-	for _, m := range rows[:min(limit, len(rows))] {
-		if maxBytes > 0 && size > maxBytes {
-			break
+	out := make([]relay.BatchResult, len(reqs))
+	for i, r := range reqs {
+		gone := make(map[int64]bool, len(r.Exclude))
+		for _, m := range r.Exclude {
+			gone[m.ID] = true
 		}
-		c := *m
-		out = append(out, &c)
-		size += relay.MessageSize(m)
+		var rows []*outbox.Message
+		for _, bucket := range r.Buckets {
+			rows = append(rows, s.b.rows[bucket]...)
+		}
+		slices.SortFunc(rows, func(x, y *outbox.Message) int { return cmp.Compare(x.ID, y.ID) })
+		var size int64
+		for _, m := range rows {
+			if len(out[i].Rows) >= r.Limit || r.MaxBytes > 0 && size > r.MaxBytes {
+				break
+			}
+			if !gone[m.ID] {
+				c := *m
+				out[i].Rows = append(out[i].Rows, &c)
+				size += relay.MessageSize(m)
+			}
+		}
 	}
 	return out, nil
 }
 
-// MarkPublished implements relay.Store: delete the acknowledged prefix by
-// ID (DELETE … WHERE id IN (…)).
-func (s *Store) MarkPublished(ctx context.Context, bucket int, published []*outbox.Message) error {
+// MarkPublished implements relay.Store: delete the acknowledged rows, of
+// any buckets, by ID (DELETE … WHERE id IN (…)).
+func (s *Store) MarkPublished(ctx context.Context, published []*outbox.Message) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	s.b.mu.Lock()
 	defer s.b.mu.Unlock()
-	ids := make(map[int64]bool, len(published))
+	ids, buckets := make(map[int64]bool, len(published)), map[int]bool{}
 	for _, m := range published {
-		ids[m.ID] = true
+		ids[m.ID], buckets[int(m.Bucket)] = true, true
 	}
-	s.b.rows[bucket] = slices.DeleteFunc(s.b.rows[bucket], func(m *outbox.Message) bool { return ids[m.ID] })
+	for bucket := range buckets {
+		s.b.rows[bucket] = slices.DeleteFunc(s.b.rows[bucket], func(m *outbox.Message) bool { return ids[m.ID] })
+	}
 	return nil
 }
 

@@ -71,7 +71,7 @@ func run() error {
 		{MessageID: outbox.NewUUID(), Topic: "orders", Key: []byte("order-7"), Value: []byte("shipped")},
 	}
 	for range 2 {
-		if res := pub.Publish(ctx, batch); res.Err != nil {
+		if res := pub.Publish(ctx, [][]*outbox.Message{batch})[0]; res.Err != nil {
 			return res.Err
 		}
 	}

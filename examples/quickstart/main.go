@@ -149,6 +149,7 @@ func run() error {
 		Notifier:      notifier,
 		Logger:        log,
 		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(metrics)),
+		SingleWriter:  db.Dialector.Name() == "sqlite",
 	})
 	if err != nil {
 		return err

@@ -61,7 +61,7 @@ func main() {
 		log.Fatal(err)
 	}
 	defer pub.Close()
-	r, err := relay.New(store, pub, relay.Options{Notifier: notifier})
+	r, err := relay.New(store, pub, relay.Options{Notifier: notifier, SingleWriter: true})
 	if err != nil {
 		log.Fatal(err)
 	}

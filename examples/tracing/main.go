@@ -116,7 +116,7 @@ func run() error {
 		return err
 	}
 	defer pub.Close()
-	r, err := relay.New(store, pub, relay.Options{Notifier: notifier, Logger: slog.New(slog.DiscardHandler)})
+	r, err := relay.New(store, pub, relay.Options{Notifier: notifier, Logger: slog.New(slog.DiscardHandler), SingleWriter: true})
 	if err != nil {
 		return err
 	}

@@ -81,7 +81,7 @@ func run() error {
 			return err
 		}
 		defer pub.Close()
-		r, err := relay.New(store, pub, relay.Options{Notifier: o.wake, MetricsName: o.name, Logger: slog.New(slog.DiscardHandler)})
+		r, err := relay.New(store, pub, relay.Options{Notifier: o.wake, MetricsName: o.name, Logger: slog.New(slog.DiscardHandler), SingleWriter: true})
 		if err != nil {
 			return err
 		}

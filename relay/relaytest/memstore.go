@@ -18,7 +18,7 @@ const (
 	OpRenew              = "RenewBucketLeases"
 	OpRelease            = "ReleaseBucketLeases"
 	OpBucketsWithPending = "BucketsWithPending"
-	OpNextBatch          = "NextBatch"
+	OpNextBatches        = "NextBatches"
 	OpMarkPublished      = "MarkPublished"
 	OpPendingMetrics     = "PendingMetrics"
 	OpFleet              = "Fleet"
@@ -50,8 +50,6 @@ type memShared struct {
 	corrupt map[int64]memCorrupt // undecodable rows by id (see AddCorrupt)
 	noFleet bool                 // Fleet reports CanPark false (see SetFleetCanPark)
 	window  time.Duration        // the latest round's lease duration: Fleet's liveness window
-
-	concurrent bool // ConcurrentBuckets answers true (see SetConcurrentBuckets)
 }
 
 type memLease struct {
@@ -180,22 +178,6 @@ func (s *MemStore) Owners() map[int]string {
 
 // BucketCount implements relay.Store.
 func (s *MemStore) BucketCount() int { return s.n }
-
-// SetConcurrentBuckets sets what ConcurrentBuckets answers (false by
-// default: a relay serves a MemStore's buckets one at a time).
-func (s *MemStore) SetConcurrentBuckets(ok bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.concurrent = ok
-}
-
-// ConcurrentBuckets implements relay.Store: false unless
-// SetConcurrentBuckets(true).
-func (s *MemStore) ConcurrentBuckets() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.concurrent
-}
 
 // ClockOffset implements relay.Store: a MemStore's leases run on the clock
 // it was given, so it reports none.
@@ -350,54 +332,34 @@ func (s *MemStore) BucketsWithPending(ctx context.Context, buckets []int) ([]int
 	return slices.Compact(out), nil
 }
 
-// NextBatch implements relay.Store. It returns copies of the stored
-// messages, oldest first, skipping parked rows and the rows behind a parked
-// row of their key (see relay.Store.NextBatch), and stops after the row
-// that brings the batch's relay.MessageSize total beyond maxBytes (when
-// maxBytes > 0). A corrupt row (AddCorrupt) ends the batch before it, or,
-// at the head, makes NextBatch return a *relay.CorruptRowError.
-func (s *MemStore) NextBatch(ctx context.Context, bucket, limit int, maxBytes int64) ([]*outbox.Message, error) {
-	if err := s.enter(ctx, OpNextBatch); err != nil {
-		return nil, err
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.nextBatch(bucket, limit, maxBytes)
-}
-
-// NextBatches implements relay.MultiBucketStore: NextBatch for each
-// request, without the rows of its Exclude (by ID), in one call (one
-// OpNextBatch).
+// NextBatches implements relay.Store (one OpNextBatches). It answers each
+// request with copies of the stored messages of its buckets, oldest first
+// across them, skipping parked rows, the rows behind a parked row of their
+// key (see relay.BatchRequest) and those of Exclude (by ID), and stops
+// after the row that brings the batch's relay.MessageSize total beyond
+// MaxBytes (when MaxBytes > 0). A corrupt row (AddCorrupt) ends the
+// answer, with its *relay.CorruptRowError.
 func (s *MemStore) NextBatches(ctx context.Context, reqs []relay.BatchRequest) ([]relay.BatchResult, error) {
-	if err := s.enter(ctx, OpNextBatch); err != nil {
+	if err := s.enter(ctx, OpNextBatches); err != nil {
 		return nil, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make([]relay.BatchResult, len(reqs))
 	for i, req := range reqs {
-		out[i].Rows, out[i].Err = s.nextBatch(req.Bucket, req.Limit, req.MaxBytes, req.Exclude...)
+		out[i] = s.nextBatch(req)
 	}
 	return out, nil
 }
 
-// NextInOrder implements relay.MultiBucketStore: the rows NextBatch would
-// return for each of req.Buckets, without those of req.Exclude, merged in
-// id order and cut at req.Limit and req.MaxBytes (one OpNextBatch). A
-// corrupt row ends the answer before it, with its *relay.CorruptRowError.
-func (s *MemStore) NextInOrder(ctx context.Context, req relay.OrderedRequest) ([]*outbox.Message, error) {
-	if err := s.enter(ctx, OpNextBatch); err != nil {
-		return nil, err
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
+func (s *MemStore) nextBatch(req relay.BatchRequest) relay.BatchResult {
 	type candidate struct {
 		m       *outbox.Message
 		corrupt *relay.CorruptRowError
 	}
 	var all []candidate
 	for _, b := range req.Buckets {
-		rows, stop := s.scan(b, req.Limit, 0, req.Exclude...)
+		rows, stop := s.scan(b, req.Limit, req.Exclude...)
 		for _, m := range rows {
 			all = append(all, candidate{m: m})
 		}
@@ -405,42 +367,36 @@ func (s *MemStore) NextInOrder(ctx context.Context, req relay.OrderedRequest) ([
 			all = append(all, candidate{m: &outbox.Message{ID: stop.ID}, corrupt: stop})
 		}
 	}
-	slices.SortFunc(all, func(a, b candidate) int { return cmp.Compare(a.m.ID, b.m.ID) })
-	var out []*outbox.Message
+	if len(req.Buckets) > 1 {
+		slices.SortFunc(all, func(a, b candidate) int { return cmp.Compare(a.m.ID, b.m.ID) })
+	}
+	var res relay.BatchResult
 	var total int64
 	for _, c := range all {
-		if len(out) >= req.Limit || req.MaxBytes > 0 && total > req.MaxBytes {
+		if len(res.Rows) >= req.Limit || req.MaxBytes > 0 && total > req.MaxBytes {
 			break
 		}
 		if c.corrupt != nil {
-			return out, c.corrupt
+			res.Err = c.corrupt
+			break
 		}
-		out = append(out, c.m)
+		res.Rows = append(res.Rows, c.m)
 		total += relay.MessageSize(c.m)
 	}
-	return out, nil
+	return res
 }
 
-func (s *MemStore) nextBatch(bucket, limit int, maxBytes int64, exclude ...*outbox.Message) ([]*outbox.Message, error) {
-	out, stop := s.scan(bucket, limit, maxBytes, exclude...)
-	if stop != nil && len(out) == 0 {
-		return nil, stop
-	}
-	return out, nil
-}
-
-// scan returns NextBatch's rows of bucket, without those of exclude, and
-// the error of the corrupt row that ended them, if one did.
-func (s *MemStore) scan(bucket, limit int, maxBytes int64, exclude ...*outbox.Message) ([]*outbox.Message, *relay.CorruptRowError) {
+// scan returns up to limit unheld rows of bucket (copies), without those
+// of exclude, and the error of the corrupt row that ended them, if one did.
+func (s *MemStore) scan(bucket, limit int, exclude ...*outbox.Message) ([]*outbox.Message, *relay.CorruptRowError) {
 	var out []*outbox.Message
-	var total int64
 	held := map[string]bool{} // keys with a parked row so far that holds
 	gone := make(map[int64]bool, len(exclude))
 	for _, m := range exclude {
 		gone[m.ID] = true
 	}
 	for _, m := range s.rows[bucket] {
-		if len(out) >= limit || maxBytes > 0 && total > maxBytes {
+		if len(out) >= limit {
 			break
 		}
 		if p, ok := s.parked[m.ID]; ok {
@@ -460,26 +416,13 @@ func (s *MemStore) scan(bucket, limit int, maxBytes int64, exclude ...*outbox.Me
 		}
 		c := *m
 		out = append(out, &c)
-		total += relay.MessageSize(m)
 	}
 	return out, nil
 }
 
-// MarkPublished implements relay.Store: it deletes the given messages of
-// bucket, by ID, leaving parked rows alone.
-func (s *MemStore) MarkPublished(ctx context.Context, bucket int, published []*outbox.Message) error {
-	if err := s.enter(ctx, OpMarkPublished); err != nil {
-		return err
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.markPublished(bucket, published)
-	return nil
-}
-
-// MarkPublishedBuckets implements relay.MultiBucketStore: MarkPublished for
-// each message's bucket, in one call (one OpMarkPublished).
-func (s *MemStore) MarkPublishedBuckets(ctx context.Context, published []*outbox.Message) error {
+// MarkPublished implements relay.Store: it deletes the given messages, by
+// ID, leaving parked rows alone.
+func (s *MemStore) MarkPublished(ctx context.Context, published []*outbox.Message) error {
 	if err := s.enter(ctx, OpMarkPublished); err != nil {
 		return err
 	}

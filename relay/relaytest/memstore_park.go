@@ -30,8 +30,8 @@ const CorruptMessageID = "not-a-uuid"
 
 // AddCorrupt enqueues into bucket a row the store cannot decode (its stored
 // message id is CorruptMessageID, not a UUID), with key key (nil: keyless)
-// and topic "corrupt", and returns its id. NextBatch returns the rows before
-// it and then, once it is the head, a *relay.CorruptRowError naming it.
+// and topic "corrupt", and returns its id. NextBatches returns the rows
+// before it with a *relay.CorruptRowError naming it.
 func (s *MemStore) AddCorrupt(bucket int, key []byte) int64 {
 	m := &outbox.Message{Topic: "corrupt", Key: key, Bucket: int32(bucket)}
 	s.add([]*outbox.Message{m})
@@ -122,7 +122,7 @@ func (s *MemStore) Park(ctx context.Context, relayID string, bucket int, id int6
 }
 
 // holds reports whether parked row p of a keyed row holds the later rows of
-// its key (see relay.Store.NextBatch): unless it is corrupt.
+// its key (see relay.BatchRequest): unless it is corrupt.
 func holds(p memPark) bool { return !strings.HasPrefix(p.reason, relay.CorruptReasonPrefix) }
 
 // ListParked implements relay.ParkAdmin.

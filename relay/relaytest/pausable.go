@@ -11,7 +11,7 @@ import (
 
 // Pausable wraps a relay.Store and, while paused, stalls its lease, discovery,
 // fetch and delete calls (AcquireBucketLeases, RenewBucketLeases,
-// BucketsWithPending, NextBatch, MarkPublished) until Resume or the call's
+// BucketsWithPending, NextBatches, MarkPublished) until Resume or the call's
 // context ends: a database connection that hangs under one relay while its
 // peers go on. Its other methods pass through.
 type Pausable struct {
@@ -78,18 +78,18 @@ func (p *Pausable) BucketsWithPending(ctx context.Context, b []int) ([]int, erro
 	return p.Store.BucketsWithPending(ctx, b)
 }
 
-// NextBatch implements relay.Store, stalled while paused.
-func (p *Pausable) NextBatch(ctx context.Context, b, limit int, maxBytes int64) ([]*outbox.Message, error) {
+// NextBatches implements relay.Store, stalled while paused.
+func (p *Pausable) NextBatches(ctx context.Context, reqs []relay.BatchRequest) ([]relay.BatchResult, error) {
 	if err := p.gate(ctx); err != nil {
 		return nil, err
 	}
-	return p.Store.NextBatch(ctx, b, limit, maxBytes)
+	return p.Store.NextBatches(ctx, reqs)
 }
 
 // MarkPublished implements relay.Store, stalled while paused.
-func (p *Pausable) MarkPublished(ctx context.Context, b int, m []*outbox.Message) error {
+func (p *Pausable) MarkPublished(ctx context.Context, m []*outbox.Message) error {
 	if err := p.gate(ctx); err != nil {
 		return err
 	}
-	return p.Store.MarkPublished(ctx, b, m)
+	return p.Store.MarkPublished(ctx, m)
 }

@@ -34,8 +34,20 @@ func (p *Publisher) SetHandler(h func(ctx context.Context, batch []*outbox.Messa
 	p.handler = h
 }
 
-// Publish implements relay.Publisher.
-func (p *Publisher) Publish(ctx context.Context, batch []*outbox.Message) relay.Result {
+// Publish implements relay.Publisher: each batch in turn, recorded as a
+// call of its own.
+func (p *Publisher) Publish(ctx context.Context, batches [][]*outbox.Message) []relay.Result {
+	results := make([]relay.Result, len(batches))
+	for i, batch := range batches {
+		results[i] = p.publish(ctx, batch)
+	}
+	return results
+}
+
+// OwnedBuckets implements relay.Publisher: it does nothing.
+func (p *Publisher) OwnedBuckets([]int) {}
+
+func (p *Publisher) publish(ctx context.Context, batch []*outbox.Message) relay.Result {
 	p.mu.Lock()
 	h := p.handler
 	p.calls = append(p.calls, slices.Clone(batch))
@@ -50,16 +62,6 @@ func (p *Publisher) Publish(ctx context.Context, batch []*outbox.Message) relay.
 	p.acked = append(p.acked, batch[:min(max(res.Acknowledged, 0), len(batch))]...)
 	p.notifyLocked()
 	return res
-}
-
-// PublishGroup implements relay.GroupPublisher: Publish for each batch in
-// turn, each recorded as a call of its own.
-func (p *Publisher) PublishGroup(ctx context.Context, batches [][]*outbox.Message) []relay.Result {
-	results := make([]relay.Result, len(batches))
-	for i, batch := range batches {
-		results[i] = p.Publish(ctx, batch)
-	}
-	return results
 }
 
 func (p *Publisher) notifyLocked() {

@@ -552,6 +552,7 @@ func (e *env) startFleet(ctx context.Context, n int, open func() (*gorm.DB, erro
 		o.RelayID = fmt.Sprintf("bench-%d-%s", i, unique(""))
 		o.BatchSize = e.cfg.BatchSize
 		o.MaxConcurrentBuckets = e.cfg.MaxConcurrentBuckets
+		o.SingleWriter = e.dialect == "sqlite"
 		o.Logger = lg
 		r, err := relay.New(store, pub, o)
 		if err != nil {

@@ -65,21 +65,8 @@ type ackRecorder struct {
 	at    map[outbox.UUID]time.Time
 }
 
-func (a *ackRecorder) Publish(ctx context.Context, batch []*outbox.Message) relay.Result {
-	res := a.inner.Publish(ctx, batch)
-	a.record([][]*outbox.Message{batch}, []relay.Result{res})
-	return res
-}
-
-// PublishGroup passes the group to the inner publisher (a
-// relay.GroupPublisher: kafkapub's) as the relay would.
-func (a *ackRecorder) PublishGroup(ctx context.Context, batches [][]*outbox.Message) []relay.Result {
-	results := a.inner.(relay.GroupPublisher).PublishGroup(ctx, batches)
-	a.record(batches, results)
-	return results
-}
-
-func (a *ackRecorder) record(batches [][]*outbox.Message, results []relay.Result) {
+func (a *ackRecorder) Publish(ctx context.Context, batches [][]*outbox.Message) []relay.Result {
+	results := a.inner.Publish(ctx, batches)
 	now := time.Now()
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -90,7 +77,10 @@ func (a *ackRecorder) record(batches [][]*outbox.Message, results []relay.Result
 			}
 		}
 	}
+	return results
 }
+
+func (a *ackRecorder) OwnedBuckets(buckets []int) { a.inner.OwnedBuckets(buckets) }
 
 func (a *ackRecorder) get(id outbox.UUID) (time.Time, bool) {
 	a.mu.Lock()

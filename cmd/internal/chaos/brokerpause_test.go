@@ -127,7 +127,7 @@ func TestRelayRecoversFromAPausedRealBroker(t *testing.T) {
 	logs := &testenv.Logs{}
 	rl, err := relay.New(store, pub, relay.Options{
 		PollInterval: 100 * time.Millisecond, ErrorBackoff: 250 * time.Millisecond, BatchSize: 100,
-		MeterProvider: mp, Logger: logs.Logger(),
+		MeterProvider: mp, Logger: logs.Logger(), SingleWriter: db.Dialector.Name() == "sqlite",
 	})
 	if err != nil {
 		t.Fatal(err)

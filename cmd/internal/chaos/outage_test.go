@@ -95,7 +95,7 @@ func startRig(t *testing.T, db *gorm.DB) *outageRig {
 	rl, err := relay.New(store, pub, relay.Options{
 		LeaseDuration: 3 * time.Second, LeaseRenewInterval: time.Second, PollInterval: 200 * time.Millisecond,
 		ErrorBackoff: 250 * time.Millisecond, BatchSize: 100,
-		Logger: slog.New(slog.NewTextHandler(r.logs, nil)),
+		Logger: slog.New(slog.NewTextHandler(r.logs, nil)), SingleWriter: db.Dialector.Name() == "sqlite",
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -118,6 +118,7 @@ func RunRelay(ctx context.Context, c RelayConfig, log *slog.Logger) error {
 		BatchSize:          c.BatchSize,
 		StopTimeout:        5 * time.Second,
 		Logger:             log,
+		SingleWriter:       c.Dialect == "sqlite",
 	})
 	if err != nil {
 		return err
@@ -141,16 +142,8 @@ type fenceLogger struct {
 	log *slog.Logger
 }
 
-func (p *fenceLogger) Publish(ctx context.Context, batch []*outbox.Message) relay.Result {
-	res := p.Publisher.Publish(ctx, batch)
-	if errors.Is(res.Err, relay.ErrFenced) {
-		p.log.Warn(logFenced, "rows", len(batch), "acknowledged", res.Acknowledged, "error", res.Err)
-	}
-	return res
-}
-
-func (p *fenceLogger) PublishGroup(ctx context.Context, batches [][]*outbox.Message) []relay.Result {
-	results := p.Publisher.PublishGroup(ctx, batches)
+func (p *fenceLogger) Publish(ctx context.Context, batches [][]*outbox.Message) []relay.Result {
+	results := p.Publisher.Publish(ctx, batches)
 	for i, res := range results {
 		if errors.Is(res.Err, relay.ErrFenced) {
 			p.log.Warn(logFenced, "rows", len(batches[i]), "acknowledged", res.Acknowledged, "error", res.Err)

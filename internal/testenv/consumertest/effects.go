@@ -79,13 +79,15 @@ type lossyPublisher struct {
 	lost  *atomic.Int64 // shared by the relays
 }
 
-func (p *lossyPublisher) Publish(ctx context.Context, batch []*outbox.Message) relay.Result {
-	res := p.Publisher.Publish(ctx, batch)
-	if p.calls.Add(1)%3 == 0 && res.Acknowledged > 0 {
-		p.lost.Add(int64(res.Acknowledged))
-		return relay.Result{Err: errors.New("acknowledgement lost (injected)")}
+func (p *lossyPublisher) Publish(ctx context.Context, batches [][]*outbox.Message) []relay.Result {
+	results := p.Publisher.Publish(ctx, batches)
+	for i, res := range results {
+		if p.calls.Add(1)%3 == 0 && res.Acknowledged > 0 {
+			p.lost.Add(int64(res.Acknowledged))
+			results[i] = relay.Result{Err: errors.New("acknowledgement lost (injected)")}
+		}
 	}
-	return res
+	return results
 }
 
 func effectsRun(t *testing.T, c Client, o testenv.Opener, b testenv.Broker, fenced bool) {
@@ -130,7 +132,7 @@ func effectsRun(t *testing.T, c Client, o testenv.Opener, b testenv.Broker, fenc
 		rl, err := relay.New(store, pub, relay.Options{
 			RelayID: id, BucketCount: cfg.BucketCount, LeaseDuration: 2 * time.Second,
 			LeaseRenewInterval: 500 * time.Millisecond, PollInterval: 50 * time.Millisecond,
-			ErrorBackoff: 20 * time.Millisecond, Logger: quiet,
+			ErrorBackoff: 20 * time.Millisecond, Logger: quiet, SingleWriter: odb.Dialector.Name() == "sqlite",
 		})
 		if err != nil {
 			t.Fatal(err)

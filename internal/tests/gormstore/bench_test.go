@@ -63,7 +63,7 @@ func BenchmarkNextBatch(b *testing.B) {
 							got, err = previousBatch(b.Context(), 0, limit)
 						} else {
 							var msgs []*outbox.Message
-							msgs, err = store.NextBatch(b.Context(), 0, limit, 0)
+							msgs, err = nextBatch(b.Context(), store, 0, limit, 0)
 							got = len(msgs)
 						}
 						if err != nil || got != limit {
@@ -111,7 +111,7 @@ func previousNextBatch(b *testing.B, dialect string, db *gorm.DB, cfg outbox.Con
 	if err != nil {
 		b.Fatal(err)
 	}
-	if _, err := s.NextBatch(b.Context(), 0, 1, 0); err != nil {
+	if _, err := nextBatch(b.Context(), s, 0, 1, 0); err != nil {
 		b.Fatal(err)
 	}
 	var prefix string
@@ -208,7 +208,7 @@ func BenchmarkMarkPublished(b *testing.B) {
 						b.StopTimer()
 						rows := insert(n)
 						b.StartTimer()
-						if err := store.MarkPublished(b.Context(), 0, rows); err != nil {
+						if err := store.MarkPublished(b.Context(), rows); err != nil {
 							b.Fatal(err)
 						}
 					}
@@ -249,14 +249,14 @@ func BenchmarkNextBatches(b *testing.B) {
 			}
 			reqs := make([]relay.BatchRequest, buckets)
 			for bk := range reqs {
-				reqs[bk] = relay.BatchRequest{Bucket: bk, Limit: 500, MaxBytes: 1 << 20}
+				reqs[bk] = relay.BatchRequest{Buckets: []int{bk}, Limit: 500, MaxBytes: 1 << 20}
 			}
 			loop := func() time.Duration {
 				start := time.Now()
 				for _, r := range reqs {
-					got, err := store.NextBatch(b.Context(), r.Bucket, r.Limit, r.MaxBytes)
+					got, err := nextBatch(b.Context(), store, r.Buckets[0], r.Limit, r.MaxBytes)
 					if err != nil || len(got) != perBucket {
-						b.Fatalf("NextBatch(%d) = %d rows, %v; want %d", r.Bucket, len(got), err, perBucket)
+						b.Fatalf("NextBatch(%d) = %d rows, %v; want %d", r.Buckets[0], len(got), err, perBucket)
 					}
 				}
 				return time.Since(start)
@@ -269,7 +269,7 @@ func BenchmarkNextBatches(b *testing.B) {
 				}
 				for i, r := range got {
 					if r.Err != nil || len(r.Rows) != perBucket {
-						b.Fatalf("NextBatches bucket %d = %d rows, %v; want %d", reqs[i].Bucket, len(r.Rows), r.Err, perBucket)
+						b.Fatalf("NextBatches bucket %d = %d rows, %v; want %d", reqs[i].Buckets[0], len(r.Rows), r.Err, perBucket)
 					}
 				}
 				return time.Since(start)

@@ -117,7 +117,7 @@ func TestMarkPublishedDoesNotDeadlockConcurrentWriters(t *testing.T) {
 						}
 						found := 0
 						for b := g; b < buckets; b += relayLoops {
-							got, err := s.NextBatch(ctx, b, batch, 0)
+							got, err := nextBatch(ctx, s, b, batch, 0)
 							if err != nil {
 								mu.Lock()
 								relayErrs = append(relayErrs, fmt.Errorf("NextBatch(%d): %w", b, err))
@@ -125,7 +125,7 @@ func TestMarkPublishedDoesNotDeadlockConcurrentWriters(t *testing.T) {
 								continue
 							}
 							found += len(got)
-							err = s.MarkPublished(ctx, b, got)
+							err = s.MarkPublished(ctx, got)
 							mu.Lock()
 							if err != nil {
 								relayErrs = append(relayErrs, fmt.Errorf("MarkPublished(%d, %d rows): %w", b, len(got), err))

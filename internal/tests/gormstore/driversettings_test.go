@@ -66,7 +66,7 @@ func TestMySQLDriverSettings(t *testing.T) {
 			if owned, err := relaytest.Owned(store.AcquireBucketLeases(ctx, "relay-a", 2, 30*time.Second)); err != nil || len(owned) != 2 {
 				t.Fatalf("AcquireBucketLeases = %v, %v", owned, err)
 			}
-			batch, err := store.NextBatch(ctx, 0, 10, 0)
+			batch, err := nextBatch(ctx, store, 0, 10, 0)
 			if err != nil || len(batch) != 1 {
 				t.Fatalf("NextBatch = %d rows, %v; want 1", len(batch), err)
 			}
@@ -77,7 +77,7 @@ func TestMySQLDriverSettings(t *testing.T) {
 			if err != nil || p.Count != 1 || !p.Oldest.Equal(created) {
 				t.Errorf("PendingMetrics = %+v, %v; want 1 row, oldest %v", p, err, created)
 			}
-			if err := store.MarkPublished(ctx, 0, batch); err != nil {
+			if err := store.MarkPublished(ctx, batch); err != nil {
 				t.Fatal(err)
 			}
 		})

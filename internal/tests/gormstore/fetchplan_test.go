@@ -108,21 +108,21 @@ func TestHotPathFetchesInIndexOrderWhenStatisticsSayEmpty(t *testing.T) {
 	}
 
 	rec.Reset()
-	batch, err := store.NextBatch(ctx, 3, 500, 0)
+	batch, err := nextBatch(ctx, store, 3, 500, 0)
 	if err != nil || len(batch) != 500 {
 		t.Fatalf("NextBatch = %d rows, %v; want 500", len(batch), err)
 	}
 	inOrder("NextBatch", guardedSelect(t, "NextBatch", rec.Statements()), 500)
 
 	rec.Reset()
-	reqs := []relay.BatchRequest{{Bucket: 4, Limit: 100}, {Bucket: 5, Limit: 100}, {Bucket: 6, Limit: 100}}
+	reqs := []relay.BatchRequest{{Buckets: []int{4}, Limit: 100}, {Buckets: []int{5}, Limit: 100}, {Buckets: []int{6}, Limit: 100}}
 	results, err := store.NextBatches(ctx, reqs)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i, r := range results {
 		if r.Err != nil || len(r.Rows) != 100 {
-			t.Fatalf("NextBatches, bucket %d: %d rows, %v; want 100", reqs[i].Bucket, len(r.Rows), r.Err)
+			t.Fatalf("NextBatches, bucket %d: %d rows, %v; want 100", reqs[i].Buckets[0], len(r.Rows), r.Err)
 		}
 	}
 	inOrder("NextBatches", guardedSelect(t, "NextBatches", rec.Statements()), 300)
@@ -130,19 +130,19 @@ func TestHotPathFetchesInIndexOrderWhenStatisticsSayEmpty(t *testing.T) {
 	// The relay's fetches while the previous batch's delete runs: that
 	// batch is left out by the statement, its rows passed over in the index.
 	rec.Reset()
-	results, err = store.NextBatches(ctx, []relay.BatchRequest{{Bucket: 3, Limit: 500, Exclude: batch}})
+	results, err = store.NextBatches(ctx, []relay.BatchRequest{{Buckets: []int{3}, Limit: 500, Exclude: batch}})
 	if err != nil || results[0].Err != nil || len(results[0].Rows) != 500 || results[0].Rows[0].ID <= batch[len(batch)-1].ID {
 		t.Fatalf("NextBatches without the previous batch = %d rows, %v, %v; want the 500 after it", len(results[0].Rows), err, results[0].Err)
 	}
 	inOrder("NextBatch leaving out a batch", guardedSelect(t, "NextBatch leaving out a batch", rec.Statements()), 1000)
 	rec.Reset()
-	reqs = []relay.BatchRequest{{Bucket: 3, Limit: 100, Exclude: batch}, {Bucket: 4, Limit: 100}, {Bucket: 5, Limit: 100}}
+	reqs = []relay.BatchRequest{{Buckets: []int{3}, Limit: 100, Exclude: batch}, {Buckets: []int{4}, Limit: 100}, {Buckets: []int{5}, Limit: 100}}
 	if results, err = store.NextBatches(ctx, reqs); err != nil {
 		t.Fatal(err)
 	}
 	for i, r := range results {
 		if r.Err != nil || len(r.Rows) != 100 {
-			t.Fatalf("NextBatches leaving out a batch, bucket %d: %d rows, %v; want 100", reqs[i].Bucket, len(r.Rows), r.Err)
+			t.Fatalf("NextBatches leaving out a batch, bucket %d: %d rows, %v; want 100", reqs[i].Buckets[0], len(r.Rows), r.Err)
 		}
 	}
 	inOrder("NextBatches leaving out a batch", guardedSelect(t, "NextBatches leaving out a batch", rec.Statements()), 800)
@@ -224,7 +224,7 @@ func fetchesRunUnderTheirGuard(t *testing.T, db *gorm.DB) {
 	}
 	ctx := context.Background()
 	before := fetched()
-	batch, err := store.NextBatch(ctx, 3, 500, 0)
+	batch, err := nextBatch(ctx, store, 3, 500, 0)
 	if err != nil || len(batch) != 500 {
 		t.Fatalf("NextBatch = %d rows, %v; want 500", len(batch), err)
 	}
@@ -232,7 +232,7 @@ func fetchesRunUnderTheirGuard(t *testing.T, db *gorm.DB) {
 		t.Fatalf("NextBatch fetched %d rows through the (bucket, parked_at_ms, id) index; want its 500: it was not planned under the guard", n)
 	}
 	before = fetched()
-	results, err := store.NextBatches(ctx, []relay.BatchRequest{{Bucket: 4, Limit: 100}, {Bucket: 5, Limit: 100}, {Bucket: 6, Limit: 100}})
+	results, err := store.NextBatches(ctx, []relay.BatchRequest{{Buckets: []int{4}, Limit: 100}, {Buckets: []int{5}, Limit: 100}, {Buckets: []int{6}, Limit: 100}})
 	if err != nil {
 		t.Fatal(err)
 	}

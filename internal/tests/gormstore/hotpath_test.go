@@ -45,7 +45,7 @@ func TestNextBatchKeepsEveryValueApart(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got, err := store.NextBatch(context.Background(), 0, 1000, 0)
+			got, err := nextBatch(context.Background(), store, 0, 1000, 0)
 			if err != nil || len(got) != len(want) {
 				t.Fatalf("NextBatch = %d rows, %v; want %d", len(got), err, len(want))
 			}
@@ -110,16 +110,16 @@ func TestNextBatchBoundedInBytes(t *testing.T) {
 				{10, 250, 3}, {10, 300, 4}, {10, 99, 1}, {10, 1, 1},
 				{10, 1400, 6}, {10, 1499, 6}, {10, 1500, 7}, {10, 1599, 7}, {10, 1600, 8},
 			} {
-				got, err := store.NextBatch(ctx, 0, c.limit, c.maxBytes)
+				got, err := nextBatch(ctx, store, 0, c.limit, c.maxBytes)
 				if err != nil || len(got) != c.want {
 					t.Errorf("NextBatch(limit %d, maxBytes %d) = %d rows, %v; want %d", c.limit, c.maxBytes, len(got), err, c.want)
 				}
 			}
 			// At least one row, however large.
-			if err := store.MarkPublished(ctx, 0, rows[:5]); err != nil {
+			if err := store.MarkPublished(ctx, rows[:5]); err != nil {
 				t.Fatal(err)
 			}
-			if got, err := store.NextBatch(ctx, 0, 10, 10); err != nil || len(got) != 1 || got[0].ID != rows[5].ID {
+			if got, err := nextBatch(ctx, store, 0, 10, 10); err != nil || len(got) != 1 || got[0].ID != rows[5].ID {
 				t.Errorf("NextBatch(maxBytes 10) at a 1000-byte head = %d rows, %v; want that row alone", len(got), err)
 			}
 		})

@@ -45,11 +45,11 @@ func TestHotPathStaysOnTheIndexAfterABurstOnPostgres(t *testing.T) {
 	}
 	ctx := context.Background()
 	for range 48 {
-		batch, err := store.NextBatch(ctx, 0, 500, 0)
+		batch, err := nextBatch(ctx, store, 0, 500, 0)
 		if err != nil || len(batch) != 500 {
 			t.Fatalf("NextBatch = %d rows, %v; want 500", len(batch), err)
 		}
-		if err := store.MarkPublished(ctx, 0, batch); err != nil {
+		if err := store.MarkPublished(ctx, batch); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -66,7 +66,7 @@ func TestHotPathStaysOnTheIndexAfterABurstOnPostgres(t *testing.T) {
 	}
 
 	rec.Reset()
-	batch, err := store.NextBatch(ctx, 0, 500, 0)
+	batch, err := nextBatch(ctx, store, 0, 500, 0)
 	if err != nil || len(batch) != 500 {
 		t.Fatalf("NextBatch = %d rows, %v; want 500", len(batch), err)
 	}
@@ -74,7 +74,7 @@ func TestHotPathStaysOnTheIndexAfterABurstOnPostgres(t *testing.T) {
 	onIndex("NextBatch", nb, explainAnalyzed(t, db, nb, true))
 
 	rec.Reset()
-	if err := store.MarkPublished(ctx, 0, batch[:197]); err != nil {
+	if err := store.MarkPublished(ctx, batch[:197]); err != nil {
 		t.Fatal(err)
 	}
 	stmts := rec.Statements()

@@ -160,14 +160,14 @@ func TestMessageReadsIgnoreUncommittedRowsOnAReadUncommittedPool(t *testing.T) {
 			}
 
 			for _, limit := range []int{1, 500} {
-				got, err := store.NextBatch(ctx, 0, limit, 0)
+				got, err := nextBatch(ctx, store, 0, limit, 0)
 				if err != nil {
 					t.Fatalf("NextBatch(0, %d): %v", limit, err)
 				}
 				if len(got) != 1 || got[0].ID != committed.ID {
 					t.Errorf("NextBatch(0, %d) = %d rows %v; want only the committed row %d", limit, len(got), ids(got), committed.ID)
 				}
-				got, err = store.NextBatch(ctx, 1, limit, 0)
+				got, err = nextBatch(ctx, store, 1, limit, 0)
 				if err != nil {
 					t.Fatalf("NextBatch(1, %d): %v", limit, err)
 				}

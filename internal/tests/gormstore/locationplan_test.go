@@ -95,12 +95,12 @@ func TestHotPathDeletesByLocationAfterADrainWasAnalyzed(t *testing.T) {
 	}
 	// One bucket.
 	rec.Reset()
-	batch, err := store.NextBatch(ctx, 5, 200, 0)
+	batch, err := nextBatch(ctx, store, 5, 200, 0)
 	if err != nil || len(batch) != 200 {
 		t.Fatalf("NextBatch = %d rows, %v; want 200", len(batch), err)
 	}
 	rec.Reset()
-	if err := store.MarkPublished(ctx, 5, batch); err != nil {
+	if err := store.MarkPublished(ctx, batch); err != nil {
 		t.Fatal(err)
 	}
 	del := onlyStatement("MarkPublished", byLocation)
@@ -112,7 +112,7 @@ func TestHotPathDeletesByLocationAfterADrainWasAnalyzed(t *testing.T) {
 	t.Logf("MarkPublished: %.200s…", del)
 
 	// A group of buckets.
-	reqs := []relay.BatchRequest{{Bucket: 7, Limit: 60}, {Bucket: 8, Limit: 60}, {Bucket: 9, Limit: 60}}
+	reqs := []relay.BatchRequest{{Buckets: []int{7}, Limit: 60}, {Buckets: []int{8}, Limit: 60}, {Buckets: []int{9}, Limit: 60}}
 	results, err := store.NextBatches(ctx, reqs)
 	if err != nil {
 		t.Fatal(err)
@@ -120,12 +120,12 @@ func TestHotPathDeletesByLocationAfterADrainWasAnalyzed(t *testing.T) {
 	var rows []*outbox.Message
 	for i, r := range results {
 		if r.Err != nil || len(r.Rows) != 60 {
-			t.Fatalf("NextBatches, bucket %d: %d rows, %v; want 60", reqs[i].Bucket, len(r.Rows), r.Err)
+			t.Fatalf("NextBatches, bucket %d: %d rows, %v; want 60", reqs[i].Buckets[0], len(r.Rows), r.Err)
 		}
 		rows = append(rows, r.Rows...)
 	}
 	rec.Reset()
-	if err := store.MarkPublishedBuckets(ctx, rows); err != nil {
+	if err := store.MarkPublished(ctx, rows); err != nil {
 		t.Fatal(err)
 	}
 	onlyStatement("MarkPublishedBuckets", byLocation)
@@ -224,11 +224,11 @@ func TestDeleteByLocationIsATIDLookupWhateverTheTableSize(t *testing.T) {
 				return n
 			}
 
-			batch, err := store.NextBatch(ctx, 3, c.batch, 0)
+			batch, err := nextBatch(ctx, store, 3, c.batch, 0)
 			if err != nil || len(batch) != c.batch {
 				t.Fatalf("NextBatch = %d rows, %v; want %d", len(batch), err, c.batch)
 			}
-			if err := store.MarkPublished(ctx, 3, batch); err != nil {
+			if err := store.MarkPublished(ctx, batch); err != nil {
 				t.Fatal(err)
 			}
 			if n := count(); n != int64(c.rows-c.batch) {
@@ -239,7 +239,7 @@ func TestDeleteByLocationIsATIDLookupWhateverTheTableSize(t *testing.T) {
 			requireTIDLookups(t, "MarkPublished's custom plan", explainPlan(t, db, testenv.Postgres, byBucket, 4, tids, ids))
 			requireTIDLookups(t, "MarkPublished's generic plan", preparedGenericPlan(t, db, byBucket, "int, text, text", fmt.Sprintf("4, '%s', '%s'", tids, ids)))
 
-			results, err := store.NextBatches(ctx, []relay.BatchRequest{{Bucket: 5, Limit: c.batch / 2}, {Bucket: 6, Limit: c.batch / 2}})
+			results, err := store.NextBatches(ctx, []relay.BatchRequest{{Buckets: []int{5}, Limit: c.batch / 2}, {Buckets: []int{6}, Limit: c.batch / 2}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -250,7 +250,7 @@ func TestDeleteByLocationIsATIDLookupWhateverTheTableSize(t *testing.T) {
 			if len(rows) != c.batch {
 				t.Fatalf("NextBatches = %d rows; want %d", len(rows), c.batch)
 			}
-			if err := store.MarkPublishedBuckets(ctx, rows); err != nil {
+			if err := store.MarkPublished(ctx, rows); err != nil {
 				t.Fatal(err)
 			}
 			if n := count(); n != int64(c.rows-2*c.batch) {
@@ -278,7 +278,7 @@ func threeRowsRead(t *testing.T, db *gorm.DB, bucket int) (*gormstore.Store, []*
 	if err != nil {
 		t.Fatal(err)
 	}
-	batch, err := store.NextBatch(context.Background(), bucket, 10, 0)
+	batch, err := nextBatch(context.Background(), store, bucket, 10, 0)
 	if err != nil || len(batch) != 3 {
 		t.Fatalf("NextBatch = %d rows, %v; want 3", len(batch), err)
 	}
@@ -320,7 +320,7 @@ func TestDeleteByLocationNeverDeletesAnotherRow(t *testing.T) {
 	if got := ctid(newcomer.ID); got != slot {
 		t.Fatalf("the new row is at %s, not in the freed slot %s: the test needs it there", got, slot)
 	}
-	if err := store.MarkPublished(ctx, 1, batch); err != nil {
+	if err := store.MarkPublished(ctx, batch); err != nil {
 		t.Fatal(err)
 	}
 	var left []int64
@@ -350,7 +350,7 @@ func TestDeleteByLocationKeepsARowParkedWhileItWaited(t *testing.T) {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
-	go func() { done <- store.MarkPublished(ctx, 2, batch) }()
+	go func() { done <- store.MarkPublished(ctx, batch) }()
 	for waiting := int64(0); waiting == 0; {
 		if err := db.Raw("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE 'DELETE%'").Scan(&waiting).Error; err != nil {
 			t.Fatal(err)

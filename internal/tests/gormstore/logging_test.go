@@ -52,7 +52,7 @@ func TestStoreErrorsAreNotLoggedThroughGORM(t *testing.T) {
 			if _, err := store.AcquireBucketLeases(ctx, "relay-a", 4, 30*time.Second); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := store.NextBatch(ctx, 0, 10, 0); err != nil {
+			if _, err := nextBatch(ctx, store, 0, 10, 0); err != nil {
 				t.Fatal(err)
 			}
 			log.mu.Lock()
@@ -65,7 +65,7 @@ func TestStoreErrorsAreNotLoggedThroughGORM(t *testing.T) {
 				t.Fatal(err)
 			}
 			for range 3 {
-				if _, err := store.NextBatch(ctx, 0, 10, 0); err == nil {
+				if _, err := nextBatch(ctx, store, 0, 10, 0); err == nil {
 					t.Fatal("NextBatch on a dropped table succeeded")
 				}
 			}

@@ -91,7 +91,7 @@ func TestNextBatchesReadsEachBucketByItsIndex(t *testing.T) {
 			ctx := context.Background()
 			reqs := make([]relay.BatchRequest, multiPlanBuckets)
 			for b := range reqs {
-				reqs[b] = relay.BatchRequest{Bucket: b, Limit: 500}
+				reqs[b] = relay.BatchRequest{Buckets: []int{b}, Limit: 500}
 			}
 			if _, err := store.NextBatches(ctx, reqs); err != nil { // the first statement on MySQL asks the version
 				t.Fatal(err)
@@ -106,7 +106,7 @@ func TestNextBatchesReadsEachBucketByItsIndex(t *testing.T) {
 			var batches []*outbox.Message
 			for i, r := range got {
 				if r.Err != nil || len(r.Rows) != 500 {
-					t.Fatalf("NextBatches bucket %d = %d rows, %v; want 500", reqs[i].Bucket, len(r.Rows), r.Err)
+					t.Fatalf("NextBatches bucket %d = %d rows, %v; want 500", reqs[i].Buckets[0], len(r.Rows), r.Err)
 				}
 				batches = append(batches, r.Rows...)
 			}
@@ -154,7 +154,7 @@ func TestNextBatchesReadsEachBucketByItsIndex(t *testing.T) {
 				t.Fatalf("MarkPublishedBuckets plan %s:\n%s\n%s", bad, stmt[:min(len(stmt), 300)], plan)
 			}
 			begin = time.Now()
-			if err := store.MarkPublishedBuckets(ctx, batches); err != nil {
+			if err := store.MarkPublished(ctx, batches); err != nil {
 				t.Fatal(err)
 			}
 			t.Logf("%s: MarkPublishedBuckets of %d rows took %v", o.Name, len(batches), time.Since(begin))

@@ -47,7 +47,7 @@ func TestNextInOrderScansTheRowidInOrderOnSQLite(t *testing.T) {
 		t.Fatal(err)
 	}
 	holes := []int{17, 230, 1000, 1001, 1002, 1003, 4000}
-	var req relay.OrderedRequest
+	var req relay.BatchRequest
 	for b := range buckets {
 		if !slices.Contains(holes, b) {
 			req.Buckets = append(req.Buckets, b)
@@ -57,9 +57,9 @@ func TestNextInOrderScansTheRowidInOrderOnSQLite(t *testing.T) {
 	check := func(stats string) {
 		t.Helper()
 		rec.Reset()
-		got, err := store.NextInOrder(context.Background(), req)
-		if err != nil || len(got) != 500 {
-			t.Fatalf("%s: NextInOrder(%d buckets, limit 500) = %d rows, %v; want 500", stats, len(req.Buckets), len(got), err)
+		res, err := store.NextBatches(context.Background(), []relay.BatchRequest{req})
+		if err != nil || len(res[0].Rows) != 500 {
+			t.Fatalf("%s: NextBatches(%d buckets, limit 500) = %v, %v; want 500 rows", stats, len(req.Buckets), res, err)
 		}
 		stmts := rec.Statements()
 		if len(stmts) != 1 {

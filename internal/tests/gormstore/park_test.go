@@ -71,7 +71,7 @@ func (e *parkEnv) park(bucket int, id int64, reason string) {
 // batchIDs returns the ids NextBatch gives for bucket.
 func (e *parkEnv) batchIDs(bucket int) []int64 {
 	e.t.Helper()
-	b, err := e.s.NextBatch(e.t.Context(), bucket, 100, 0)
+	b, err := nextBatch(e.t.Context(), e.s, bucket, 100, 0)
 	if err != nil {
 		e.t.Fatalf("NextBatch(%d): %v", bucket, err)
 	}
@@ -161,21 +161,21 @@ func (e *parkEnv) corruptHeaders(id int64) {
 	}
 }
 
-func TestACorruptRowEndsTheBatchAndIsReportedOnceItIsTheHead(t *testing.T) {
+func TestACorruptRowEndsTheBatchWithItsError(t *testing.T) {
 	forEachParkDB(t, func(t *testing.T, e *parkEnv) {
 		ctx := t.Context()
 		ids := e.insert(0, []byte("k"), 4)
 		e.corruptHeaders(ids[2])
-		batch, err := e.s.NextBatch(ctx, 0, 10, 0)
-		if err != nil || len(batch) != 2 || batch[0].ID != ids[0] || batch[1].ID != ids[1] {
-			t.Fatalf("NextBatch = %d rows, %v; want the 2 rows before the corrupt one, no error", len(batch), err)
+		batch, err := nextBatch(ctx, e.s, 0, 10, 0)
+		var ce *relay.CorruptRowError
+		if !errors.As(err, &ce) || ce.ID != ids[2] || len(batch) != 2 || batch[0].ID != ids[0] || batch[1].ID != ids[1] {
+			t.Fatalf("NextBatch = %d rows, %v; want the 2 rows before the corrupt one, with its *relay.CorruptRowError", len(batch), err)
 		}
-		if err := e.s.MarkPublished(ctx, 0, batch); err != nil {
+		if err := e.s.MarkPublished(ctx, batch); err != nil {
 			t.Fatal(err)
 		}
-		_, err = e.s.NextBatch(ctx, 0, 10, 0)
-		var ce *relay.CorruptRowError
-		if !errors.As(err, &ce) || ce.ID != ids[2] || ce.Bucket != 0 || !errors.Is(err, outbox.ErrCorruptHeaders) {
+		batch, err = nextBatch(ctx, e.s, 0, 10, 0)
+		if !errors.As(err, &ce) || len(batch) != 0 || ce.ID != ids[2] || ce.Bucket != 0 || !errors.Is(err, outbox.ErrCorruptHeaders) {
 			t.Fatalf("NextBatch at the corrupt head = %v; want a *relay.CorruptRowError for row %d in bucket 0 wrapping ErrCorruptHeaders", err, ids[2])
 		}
 		e.park(0, ce.ID, relay.CorruptReasonPrefix+ce.Err.Error())
@@ -197,7 +197,7 @@ func TestARowWhoseMessageIDIsNotAUUIDIsCorruptAndCanBeParkedAndListed(t *testing
 			if err := e.db.Table(e.cfg.MessagesTableName()).Where("id = ?", ids[0]).Update("message_id", "not-a-uuid-16chr").Error; err != nil {
 				t.Fatal(err)
 			}
-			_, err := e.s.NextBatch(ctx, 3, 10, 0)
+			_, err := nextBatch(ctx, e.s, 3, 10, 0)
 			var ce *relay.CorruptRowError
 			if !errors.As(err, &ce) || ce.ID != ids[0] || ce.Bucket != 3 {
 				t.Fatalf("NextBatch = %v; want a *relay.CorruptRowError for row %d", err, ids[0])

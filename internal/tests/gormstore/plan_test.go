@@ -51,7 +51,7 @@ func TestNextBatchWalksTheParkedIndexInOrderOnPostgres(t *testing.T) {
 	}
 
 	rec.Reset()
-	batch, err := store.NextBatch(context.Background(), 0, 500, 0)
+	batch, err := nextBatch(context.Background(), store, 0, 500, 0)
 	if err != nil || len(batch) != 500 {
 		t.Fatalf("NextBatch = %d rows, %v; want 500", len(batch), err)
 	}
@@ -115,7 +115,7 @@ func TestNextBatchPlanIgnoresStaleStatisticsOnPostgres(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec.Reset()
-	batch, err := store.NextBatch(context.Background(), 3, 500, 0)
+	batch, err := nextBatch(context.Background(), store, 3, 500, 0)
 	if err != nil || len(batch) != 500 {
 		t.Fatalf("NextBatch = %d rows, %v; want 500", len(batch), err)
 	}
@@ -161,7 +161,7 @@ func TestNextBatchWalksTheParkedIndexInOrderOnSQLite(t *testing.T) {
 	}
 
 	rec.Reset()
-	if _, err := store.NextBatch(context.Background(), 0, 500, 0); err != nil {
+	if _, err := nextBatch(context.Background(), store, 0, 500, 0); err != nil {
 		t.Fatal(err)
 	}
 	stmts := rec.Statements()
@@ -224,14 +224,14 @@ func TestMarkPublishedBucketsLooksUpEachRowOnSQLiteWhateverTheStatistics(t *test
 	}
 	var published []*outbox.Message
 	for b := range 8 {
-		rows, err := store.NextBatch(context.Background(), b, 60, 0)
+		rows, err := nextBatch(context.Background(), store, b, 60, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
 		published = append(published, rows...)
 	}
 	rec.Reset()
-	if err := store.MarkPublishedBuckets(context.Background(), published); err != nil {
+	if err := store.MarkPublished(context.Background(), published); err != nil {
 		t.Fatal(err)
 	}
 	for _, stmt := range rec.Statements() {

@@ -55,14 +55,14 @@ func TestARowTheStoreCannotDecodeStallsOnlyItsBucket(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			_, err = store.NextBatch(t.Context(), 0, 10, 0)
+			_, err = nextBatch(t.Context(), store, 0, 10, 0)
 			var ce *relay.CorruptRowError
 			if !errors.As(err, &ce) || ce.Bucket != 0 || ce.ID != bad.ID || !strings.Contains(err.Error(), "unknown version 9") {
 				t.Fatalf("NextBatch of the corrupt row = %v; want a *relay.CorruptRowError for row %d of bucket 0 (the test's premise)", err, bad.ID)
 			}
 			var logs testenv.Logs
 			pub := relaytest.NewPublisher()
-			r := runRelay(t, store, pub, logs.Logger())
+			r := runRelay(t, db, store, pub, logs.Logger())
 			deadline := time.Now().Add(20 * time.Second)
 			parked := func() bool {
 				var n int64

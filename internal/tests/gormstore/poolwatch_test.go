@@ -48,7 +48,7 @@ func TestPoolWithoutIdleRoomIsNamed(t *testing.T) {
 			statements := func(n int) {
 				t.Helper()
 				for range n {
-					if _, err := store.NextBatch(ctx, 0, 10, 0); err != nil {
+					if _, err := nextBatch(ctx, store, 0, 10, 0); err != nil {
 						t.Fatal(err)
 					}
 				}
@@ -69,7 +69,7 @@ func TestPoolWithoutIdleRoomIsNamed(t *testing.T) {
 			sqlDB.SetMaxIdleConns(0)
 			statements(150)
 			clock.Advance(2 * time.Second)
-			if err := store.MarkPublished(ctx, 0, []*outbox.Message{{ID: 1 << 40}}); err != nil {
+			if err := store.MarkPublished(ctx, []*outbox.Message{{ID: 1 << 40}}); err != nil {
 				t.Fatal(err)
 			}
 			if n := warnings(); n != 1 || !strings.Contains(logs.String(), "level=WARN") {

@@ -49,7 +49,7 @@ func TestARelayReportsABlockedStoreAndRecovers(t *testing.T) {
 				t.Fatal(err)
 			}
 			pub := relaytest.NewPublisher()
-			r := runRelay(t, store, pub, slog.New(slog.NewTextHandler(io.Discard, nil)))
+			r := runRelay(t, db, store, pub, slog.New(slog.NewTextHandler(io.Discard, nil)))
 			waitFor := func(what string, cond func() bool) {
 				t.Helper()
 				deadline := time.Now().Add(20 * time.Second)

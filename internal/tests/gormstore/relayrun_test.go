@@ -14,16 +14,17 @@ import (
 	"github.com/gorm-outbox/outbox/internal/testenv"
 	"github.com/gorm-outbox/outbox/relay"
 	"github.com/gorm-outbox/outbox/relay/relaytest"
+	"gorm.io/gorm"
 )
 
 // runRelay runs a relay on store with fast test timings until the test
 // ends, then stops it (failing the test if it does not stop).
-func runRelay(t *testing.T, store relay.Store, pub relay.Publisher, logger *slog.Logger) *relay.Relay {
+func runRelay(t *testing.T, db *gorm.DB, store relay.Store, pub relay.Publisher, logger *slog.Logger) *relay.Relay {
 	t.Helper()
 	r, err := relay.New(store, pub, relay.Options{
 		PollInterval: 50 * time.Millisecond, ErrorBackoff: 100 * time.Millisecond,
 		LeaseDuration: 5 * time.Second, LeaseRenewInterval: time.Second,
-		Logger: logger,
+		Logger: logger, SingleWriter: db.Dialector.Name() == "sqlite",
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -62,7 +63,7 @@ func TestRunWithoutTheTablesFailsNamingThem(t *testing.T) {
 			if missing, err := store.MissingTables(ctx); err != nil || !slices.Equal(missing, []string{"nt_messages", "nt_leases", "nt_relays"}) {
 				t.Errorf("MissingTables = %v, %v; want the three", missing, err)
 			}
-			r, err := relay.New(store, relaytest.NewPublisher(), relay.Options{BucketCount: 2, ErrorBackoff: 10 * time.Millisecond})
+			r, err := relay.New(store, relaytest.NewPublisher(), relay.Options{BucketCount: 2, ErrorBackoff: 10 * time.Millisecond, SingleWriter: db.Dialector.Name() == "sqlite"})
 			if err != nil {
 				t.Fatal(err)
 			}

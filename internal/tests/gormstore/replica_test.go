@@ -126,7 +126,7 @@ func TestEveryStoreStatementRunsOnThePrimaryDespiteAReplica(t *testing.T) {
 				batches := make([][]*outbox.Message, 4)
 				errs := make([]error, 4)
 				for b := range 4 { // concurrently, as a relay serving several buckets does
-					wg.Go(func() { batches[b], errs[b] = store.NextBatch(ctx, b, 10, 0) })
+					wg.Go(func() { batches[b], errs[b] = nextBatch(ctx, store, b, 10, 0) })
 				}
 				wg.Wait()
 				for b := range 4 {
@@ -160,7 +160,7 @@ func TestEveryStoreStatementRunsOnThePrimaryDespiteAReplica(t *testing.T) {
 				if err := primary.Table(cfg.LeasesTableName()).Where("bucket = 0").Pluck("expires_at_ms", &exp).Error; err != nil || exp != clock.Now().Add(lease).UnixMilli() {
 					t.Fatalf("expiry on the primary after renewal = %d, %v; want %d", exp, err, clock.Now().Add(lease).UnixMilli())
 				}
-				if err := store.MarkPublished(ctx, 0, batches[0]); err != nil {
+				if err := store.MarkPublished(ctx, batches[0]); err != nil {
 					t.Fatal(err)
 				}
 				if n := count(primary); n != 0 {

@@ -23,6 +23,15 @@ import (
 
 var errInjected = errors.New("gormstore_test: injected transient failure")
 
+// nextBatch is s's batch of bucket: NextBatches of one request.
+func nextBatch(ctx context.Context, s relay.Store, bucket, limit int, maxBytes int64) ([]*outbox.Message, error) {
+	res, err := s.NextBatches(ctx, []relay.BatchRequest{{Buckets: []int{bucket}, Limit: limit, MaxBytes: maxBytes}})
+	if err != nil {
+		return nil, err
+	}
+	return res[0].Rows, res[0].Err
+}
+
 // failures makes the next create statement on a table fail once; the
 // heartbeat is a create (upsert) on the relays table and seeding one on the
 // leases table.
@@ -280,9 +289,9 @@ func TestIdleRoundStatements(t *testing.T) {
 			measure("renew (no change)", func() error { _, err := s.RenewBucketLeases(ctx, "relay-a", owned, 30*time.Second); return err })
 			measure("buckets with pending", func() error { _, err := s.BucketsWithPending(ctx, owned); return err })
 			var batch []*outbox.Message
-			measure("next batch", func() error { var err error; batch, err = s.NextBatch(ctx, owned[0], 500, 0); return err })
+			measure("next batch", func() error { var err error; batch, err = nextBatch(ctx, s, owned[0], 500, 0); return err })
 			measure("mark published", func() error {
-				return s.MarkPublished(ctx, owned[0], append(batch, &outbox.Message{ID: 1}, &outbox.Message{ID: 2}))
+				return s.MarkPublished(ctx, append(batch, &outbox.Message{ID: 1}, &outbox.Message{ID: 2}))
 			})
 			// A small table: the row estimate (none on SQLite), then the
 			// exact count and oldest row (on SQLite two statements).

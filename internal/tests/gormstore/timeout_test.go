@@ -154,7 +154,7 @@ func TestABlockedStatementReturnsWithinTheStatementTimeout(t *testing.T) {
 			if _, err := store.AcquireBucketLeases(ctx, "relay-a", 2, 30*time.Second); err != nil {
 				t.Fatal(err)
 			}
-			batch, err := store.NextBatch(ctx, 0, 10, 0)
+			batch, err := nextBatch(ctx, store, 0, 10, 0)
 			if err != nil || len(batch) != 1 {
 				t.Fatalf("NextBatch = %d, %v; want 1 row", len(batch), err)
 			}
@@ -164,11 +164,11 @@ func TestABlockedStatementReturnsWithinTheStatementTimeout(t *testing.T) {
 				call  func() error
 				reads bool
 			}{
-				{"NextBatch", func() error { _, err := store.NextBatch(ctx, 0, 10, 0); return err }, true},
+				{"NextBatch", func() error { _, err := nextBatch(ctx, store, 0, 10, 0); return err }, true},
 				{"BucketsWithPending", func() error { _, err := store.BucketsWithPending(ctx, []int{0, 1}); return err }, true},
 				{"AcquireBucketLeases", func() error { _, err := store.AcquireBucketLeases(ctx, "relay-a", 2, 30*time.Second); return err }, false},
 				{"PendingMetrics", func() error { _, err := store.PendingMetrics(ctx); return err }, true},
-				{"MarkPublished", func() error { return store.MarkPublished(ctx, 0, batch) }, false},
+				{"MarkPublished", func() error { return store.MarkPublished(ctx, batch) }, false},
 			}
 			for _, op := range ops {
 				start := time.Now()
@@ -200,10 +200,10 @@ func TestABlockedStatementReturnsWithinTheStatementTimeout(t *testing.T) {
 			if _, err := store.AcquireBucketLeases(ctx, "relay-a", 2, 30*time.Second); err != nil {
 				t.Fatalf("AcquireBucketLeases after release: %v", err)
 			}
-			if got, err := store.NextBatch(ctx, 0, 10, 0); err != nil || len(got) != 1 {
+			if got, err := nextBatch(ctx, store, 0, 10, 0); err != nil || len(got) != 1 {
 				t.Fatalf("NextBatch after release = %d, %v; want 1 row", len(got), err)
 			}
-			if err := store.MarkPublished(ctx, 0, batch); err != nil {
+			if err := store.MarkPublished(ctx, batch); err != nil {
 				t.Fatalf("MarkPublished after release: %v", err)
 			}
 			if p, err := store.PendingMetrics(ctx); err != nil || p.Count != 0 {

@@ -33,13 +33,15 @@ type duplicatingPublisher struct {
 	injected atomic.Int64 // records published by a call reported failed
 }
 
-func (d *duplicatingPublisher) Publish(ctx context.Context, batch []*outbox.Message) relay.Result {
-	res := d.Publisher.Publish(ctx, batch)
-	if d.calls.Add(1)%3 == 0 && res.Acknowledged > 0 {
-		d.injected.Add(int64(res.Acknowledged))
-		return relay.Result{Err: errLostAck}
+func (d *duplicatingPublisher) Publish(ctx context.Context, batches [][]*outbox.Message) []relay.Result {
+	results := d.Publisher.Publish(ctx, batches)
+	for i, res := range results {
+		if d.calls.Add(1)%3 == 0 && res.Acknowledged > 0 {
+			d.injected.Add(int64(res.Acknowledged))
+			results[i] = relay.Result{Err: errLostAck}
+		}
 	}
-	return res
+	return results
 }
 
 // endOffsets returns the end offset of each of topic's partitions.
@@ -102,7 +104,7 @@ func TestEndToEndOutboxRelayDuplicatesInbox(t *testing.T) {
 		}
 		t.Cleanup(func() { _ = kp.Close() })
 		pub := &duplicatingPublisher{Publisher: kp}
-		rl, err := relay.New(store, pub, relay.Options{Notifier: n, PollInterval: 50 * time.Millisecond, ErrorBackoff: 10 * time.Millisecond})
+		rl, err := relay.New(store, pub, relay.Options{Notifier: n, PollInterval: 50 * time.Millisecond, ErrorBackoff: 10 * time.Millisecond, SingleWriter: db.Dialector.Name() == "sqlite"})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -90,7 +90,7 @@ func TestKafkaPublisher_PublishTimeout_bounds_a_publish_to_a_hung_broker(t *test
 	p := boundPublisher(t, b, time.Second)
 	// Warm up: metadata cached, connections open.
 	warm := []*outbox.Message{{MessageID: outbox.NewUUID(), Topic: topic, Key: []byte("warm")}}
-	if res := p.Publish(context.Background(), warm); res.Err != nil || res.Acknowledged != 1 {
+	if res := p.Publish(context.Background(), [][]*outbox.Message{warm})[0]; res.Err != nil || res.Acknowledged != 1 {
 		t.Fatalf("warm-up Publish = %+v", res)
 	}
 
@@ -100,7 +100,7 @@ func TestKafkaPublisher_PublishTimeout_bounds_a_publish_to_a_hung_broker(t *test
 		batch = append(batch, &outbox.Message{MessageID: outbox.NewUUID(), Topic: topic, Key: fmt.Appendf(nil, "k%d", i), Value: []byte("v")})
 	}
 	start := time.Now()
-	res := p.Publish(context.Background(), batch)
+	res := p.Publish(context.Background(), [][]*outbox.Message{batch})[0]
 	took := time.Since(start)
 	t.Logf("Publish against a hung broker returned after %v: %+v", took, res)
 	if took > hangBound {
@@ -121,7 +121,7 @@ func TestKafkaPublisher_PublishTimeout_bounds_a_publish_to_a_hung_broker(t *test
 	release()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		res = p.Publish(context.Background(), batch)
+		res = p.Publish(context.Background(), [][]*outbox.Message{batch})[0]
 		if res.Err == nil && res.Acknowledged == len(batch) {
 			break
 		}

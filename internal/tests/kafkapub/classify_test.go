@@ -42,7 +42,7 @@ func TestKafkaPublisher_reports_unpublishable_rows(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := newPublisher(t, b, tc.cfg)
-			res := p.Publish(context.Background(), tc.batch)
+			res := p.Publish(context.Background(), [][]*outbox.Message{tc.batch})[0]
 			if res.Acknowledged != tc.ack {
 				t.Fatalf("Publish = %d acknowledged, %v; want %d", res.Acknowledged, res.Err, tc.ack)
 			}

@@ -34,16 +34,8 @@ type recordingPublisher struct {
 	fenced atomic.Int64
 }
 
-func (p *recordingPublisher) Publish(ctx context.Context, batch []*outbox.Message) relay.Result {
-	res := p.Publisher.Publish(ctx, batch)
-	if errors.Is(res.Err, relay.ErrFenced) {
-		p.fenced.Add(1)
-	}
-	return res
-}
-
-func (p *recordingPublisher) PublishGroup(ctx context.Context, batches [][]*outbox.Message) []relay.Result {
-	results := p.Publisher.PublishGroup(ctx, batches)
+func (p *recordingPublisher) Publish(ctx context.Context, batches [][]*outbox.Message) []relay.Result {
+	results := p.Publisher.Publish(ctx, batches)
 	for _, res := range results {
 		if errors.Is(res.Err, relay.ErrFenced) {
 			p.fenced.Add(1)
@@ -112,6 +104,7 @@ func runZombie(t *testing.T, o testenv.Opener, b testenv.Broker, step string) {
 			PollInterval:       50 * time.Millisecond,
 			ErrorBackoff:       100 * time.Millisecond,
 			Logger:             slog.New(slog.DiscardHandler),
+			SingleWriter:       db.Dialector.Name() == "sqlite",
 		}
 	}
 

@@ -40,7 +40,7 @@ func ExampleNew() {
 		{MessageID: id1, Topic: "orders", Key: []byte("order-42"), Value: []byte("created")},
 		{MessageID: id2, Topic: "orders", Key: []byte("order-42"), Value: []byte("paid")},
 	}
-	res := pub.Publish(context.Background(), batch)
+	res := pub.Publish(context.Background(), [][]*outbox.Message{batch})[0]
 	fmt.Println("acknowledged:", res.Acknowledged, "error:", res.Err)
 
 	partition := kafka.Murmur2Balancer{}.Balance(kafka.Message{Key: []byte("order-42")}, 0, 1, 2, 3)

@@ -47,7 +47,7 @@ func TestPublishGroup_acknowledges_every_batch_once_in_order(t *testing.T) {
 	p := newPublisher(t, b, kafkapub.Config{})
 	// Warm the metadata, so that the produce requests counted below are
 	// the group's only.
-	if res := p.Publish(context.Background(), []*outbox.Message{msg(topic, "", "warm", 3)}); res.Err != nil {
+	if res := p.Publish(context.Background(), [][]*outbox.Message{{msg(topic, "", "warm", 3)}})[0]; res.Err != nil {
 		t.Fatalf("warm-up Publish = %+v", res)
 	}
 	batches := [][]*outbox.Message{
@@ -60,7 +60,7 @@ func TestPublishGroup_acknowledges_every_batch_once_in_order(t *testing.T) {
 	dPart := murmur2([]byte("order-9"), parts)
 	produces := b.Fake.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Count: -1, Observe: true})
 
-	results := p.PublishGroup(context.Background(), batches)
+	results := p.Publish(context.Background(), batches)
 	if len(results) != len(batches) {
 		t.Fatalf("PublishGroup returned %d results; want %d", len(results), len(batches))
 	}
@@ -116,7 +116,7 @@ func TestPublishGroup_fails_only_rows_behind_a_failed_row(t *testing.T) {
 		{noPartition, msg(topic, "", "d1", 2)},                       // D
 		{msg(topic, "", "e0", 2), msg(topic, "", "e1", 1)},           // E
 	}
-	res := p.PublishGroup(context.Background(), batches)
+	res := p.Publish(context.Background(), batches)
 
 	a := res[0]
 	if a.Acknowledged != 1 || !errors.Is(a.Err, relay.ErrUnpublishable) || !errors.Is(a.Err, kafka.MessageSizeTooLarge) {
@@ -174,12 +174,12 @@ func TestPublishGroup_shared_request_failure_blames_the_first_row(t *testing.T) 
 			b := testenv.NewFake(t)
 			topic := newTopic(t, b, 1, nil)
 			p := newPublisher(t, b, kafkapub.Config{})
-			if res := p.Publish(context.Background(), []*outbox.Message{msg(topic, "", "warm", 0)}); res.Err != nil {
+			if res := p.Publish(context.Background(), [][]*outbox.Message{{msg(topic, "", "warm", 0)}})[0]; res.Err != nil {
 				t.Fatalf("warm-up Publish = %+v", res)
 			}
 			b.Fake.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: topic, Err: tt.err, Count: 1})
 			first := msg(topic, "", "a0", 0)
-			res := p.PublishGroup(context.Background(), [][]*outbox.Message{{first}, {msg(topic, "", "b0", 0)}})
+			res := p.Publish(context.Background(), [][]*outbox.Message{{first}, {msg(topic, "", "b0", 0)}})
 			if res[0].Acknowledged != 0 || !errors.Is(res[0].Err, tt.kafkaErr) {
 				t.Fatalf("first batch = %d, %v; want 0, %v", res[0].Acknowledged, res[0].Err, tt.kafkaErr)
 			}
@@ -209,13 +209,13 @@ func TestPublishGroup_empty_and_closed(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, batches := range [][][]*outbox.Message{nil, {}, {nil, {}}} {
-		res := p.PublishGroup(context.Background(), batches)
+		res := p.Publish(context.Background(), batches)
 		if len(res) != len(batches) {
-			t.Fatalf("PublishGroup(%d empty batches) = %d results; want %d", len(batches), len(res), len(batches))
+			t.Fatalf("Publish(%d empty batches) = %d results; want %d", len(batches), len(res), len(batches))
 		}
 		for i, r := range res {
 			if r != (relay.Result{}) {
-				t.Errorf("PublishGroup(empty)[%d] = %+v; want a zero Result", i, r)
+				t.Errorf("Publish(empty)[%d] = %+v; want a zero Result", i, r)
 			}
 		}
 	}
@@ -224,7 +224,7 @@ func TestPublishGroup_empty_and_closed(t *testing.T) {
 			t.Fatalf("Close = %v", err)
 		}
 	}
-	res := p.PublishGroup(context.Background(), [][]*outbox.Message{{msg("t", "k", "v")}, nil, {msg("t", "k", "w")}})
+	res := p.Publish(context.Background(), [][]*outbox.Message{{msg("t", "k", "v")}, nil, {msg("t", "k", "w")}})
 	for i, want := range []error{kafkapub.ErrClosed, nil, kafkapub.ErrClosed} {
 		if res[i].Acknowledged != 0 || !errors.Is(res[i].Err, want) || (want == nil) != (res[i].Err == nil) {
 			t.Errorf("PublishGroup after Close: results[%d] = %+v; want error %v", i, res[i], want)
@@ -239,7 +239,7 @@ func TestPublishGroup_reports_only_acknowledged_rows_when_ctx_ends(t *testing.T)
 	b := testenv.NewFake(t)
 	topic := newTopic(t, b, 2, nil)
 	p := newPublisher(t, b, kafkapub.Config{})
-	if res := p.Publish(context.Background(), []*outbox.Message{msg(topic, "", "warm", 0), msg(topic, "", "warm", 1)}); res.Err != nil {
+	if res := p.Publish(context.Background(), [][]*outbox.Message{{msg(topic, "", "warm", 0), msg(topic, "", "warm", 1)}})[0]; res.Err != nil {
 		t.Fatalf("warm-up Publish = %+v", res)
 	}
 	// Partition 1's produce requests hang until the end of the test; kafka-go
@@ -269,7 +269,7 @@ func TestPublishGroup_reports_only_acknowledged_rows_when_ctx_ends(t *testing.T)
 		{msg(topic, "", "c0", 1)},
 	}
 	start := time.Now()
-	res := p.PublishGroup(ctx, batches)
+	res := p.Publish(ctx, batches)
 	if d := time.Since(start); d > 5*time.Second {
 		t.Errorf("PublishGroup took %v past a 2s deadline; want it to return when ctx ends", d)
 	}
@@ -320,7 +320,7 @@ func TestPublishGroup_transactional_commits_a_transaction_per_batch(t *testing.T
 		{bucketMsg(0, topic, "k0", "0-0"), bucketMsg(0, topic, "k1", "0-1")},
 		{bucketMsg(1, topic, "k2", "1-0"), bucketMsg(1, topic, "k0", "1-1"), bucketMsg(1, topic, "k3", "1-2")},
 	}
-	res := p.PublishGroup(context.Background(), batches)
+	res := p.Publish(context.Background(), batches)
 	for i, batch := range batches {
 		if res[i].Acknowledged != len(batch) || res[i].Err != nil {
 			t.Errorf("results[%d] = %d, %v; want %d, nil", i, res[i].Acknowledged, res[i].Err, len(batch))
@@ -356,7 +356,7 @@ func TestPublishGroup_transactional_stops_a_bucket_at_its_failed_batch(t *testin
 		{bucketMsg(0, topic, "k", "0-2")},
 		{bucketMsg(1, topic, "k", "1-0")},
 	}
-	res := p.PublishGroup(context.Background(), batches)
+	res := p.Publish(context.Background(), batches)
 	if res[0].Acknowledged != 1 || !errors.Is(res[0].Err, relay.ErrUnpublishable) {
 		t.Errorf("results[0] = %d, %v; want 1, relay.ErrUnpublishable", res[0].Acknowledged, res[0].Err)
 	}

@@ -112,10 +112,10 @@ func waitingCalls() int {
 	return count
 }
 
-// publishAsync starts p.Publish(ctx, batch) and returns its result's channel.
+// publishAsync starts p.Publish of batch and returns its result's channel.
 func publishAsync(ctx context.Context, p *kafkapub.Publisher, batch ...*outbox.Message) <-chan relay.Result {
 	ch := make(chan relay.Result, 1)
-	go func() { ch <- p.Publish(ctx, batch) }()
+	go func() { ch <- p.Publish(ctx, [][]*outbox.Message{batch})[0] }()
 	return ch
 }
 

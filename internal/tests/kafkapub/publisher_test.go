@@ -189,7 +189,7 @@ func TestKafkaPublisher_hook_cannot_downgrade_invariants(t *testing.T) {
 	for i := range 16 {
 		batch = append(batch, msg(topic, fmt.Sprintf("key-%d", i), "v"))
 	}
-	if res := p.Publish(context.Background(), batch); res.Acknowledged != len(batch) || res.Err != nil {
+	if res := p.Publish(context.Background(), [][]*outbox.Message{batch})[0]; res.Acknowledged != len(batch) || res.Err != nil {
 		t.Fatalf("Publish = %+v; want %d acknowledged", res, len(batch))
 	}
 	if notAll.Hits() != 0 || produces.Hits() == 0 {
@@ -218,7 +218,7 @@ func TestKafkaPublisher_hook_cannot_downgrade_invariants(t *testing.T) {
 	// ErrorLogger and Completion are told.
 	before := produces.Hits()
 	b.Fake.Fault(kfake.Fault{Keys: []kmsg.Key{kmsg.Produce}, Topic: topic, Err: kerr.NotEnoughReplicas, Count: 1})
-	res := p.Publish(context.Background(), []*outbox.Message{msg(topic, "key-0", "v")})
+	res := p.Publish(context.Background(), [][]*outbox.Message{{msg(topic, "key-0", "v")}})[0]
 	if res.Acknowledged != 0 || !errors.Is(res.Err, kafka.NotEnoughReplicas) {
 		t.Errorf("Publish with a failing produce = %+v; want 0 acknowledged, NOT_ENOUGH_REPLICAS", res)
 	}
@@ -255,7 +255,7 @@ func TestKafkaPublisher_round_trips_records(t *testing.T) {
 		if b.Fake != nil {
 			wire = captureProduced(t, b.Fake)
 		}
-		res := p.Publish(context.Background(), batch)
+		res := p.Publish(context.Background(), [][]*outbox.Message{batch})[0]
 		if res.Acknowledged != len(batch) || res.Err != nil {
 			t.Fatalf("Publish = %+v; want %d acknowledged, nil error", res, len(batch))
 		}
@@ -317,7 +317,7 @@ func TestKafkaPublisher_stamps_configured_message_id_header(t *testing.T) {
 	topic := newTopic(t, b, 1, nil)
 	p := newPublisher(t, b, kafkapub.Config{MessageIDHeader: "id"})
 	m := msg(topic, "k", "v")
-	if res := p.Publish(context.Background(), []*outbox.Message{m}); res.Err != nil {
+	if res := p.Publish(context.Background(), [][]*outbox.Message{{m}})[0]; res.Err != nil {
 		t.Fatalf("Publish = %+v", res)
 	}
 	recs := b.ReadAll(t, topic, 1, 10*time.Second)
@@ -338,7 +338,7 @@ func TestKafkaPublisher_keeps_key_order_after_rejected_row(t *testing.T) {
 		row3 := msg(topic, "order-7", "3")
 		batch := []*outbox.Message{row1, row2, row3}
 
-		res := p.Publish(context.Background(), batch)
+		res := p.Publish(context.Background(), [][]*outbox.Message{batch})[0]
 		if res.Acknowledged != 0 || !errors.Is(res.Err, kafka.MessageSizeTooLarge) {
 			t.Fatalf("Publish = %+v; want 0 acknowledged and MessageSizeTooLarge", res)
 		}
@@ -347,7 +347,7 @@ func TestKafkaPublisher_keeps_key_order_after_rejected_row(t *testing.T) {
 		}
 
 		row1.Value = []byte("1") // repaired, same message id
-		if res := p.Publish(context.Background(), batch); res.Acknowledged != 3 || res.Err != nil {
+		if res := p.Publish(context.Background(), [][]*outbox.Message{batch})[0]; res.Acknowledged != 3 || res.Err != nil {
 			t.Fatalf("retry Publish = %+v; want 3 acknowledged", res)
 		}
 		// Nothing of the failed attempt was appended: the topic holds exactly
@@ -426,7 +426,7 @@ func TestKafkaPublisher_stops_failed_partition_while_others_proceed(t *testing.T
 				}
 				batch = append(batch, msg(topic, "", v, part))
 			}
-			res := p.Publish(context.Background(), batch)
+			res := p.Publish(context.Background(), [][]*outbox.Message{batch})[0]
 			if res.Acknowledged != tt.wantAck || !errors.Is(res.Err, tt.wantErr) {
 				t.Fatalf("Publish = %d acknowledged, %v; want %d, %v", res.Acknowledged, res.Err, tt.wantAck, tt.wantErr)
 			}
@@ -456,7 +456,7 @@ func TestKafkaPublisher_fails_row_above_batch_bytes_without_failing_earlier_rows
 		msg(topic, "", "a3", 0),
 		msg(topic, "", "b1", 1),
 	}
-	res := p.Publish(context.Background(), batch)
+	res := p.Publish(context.Background(), [][]*outbox.Message{batch})[0]
 	if res.Acknowledged != 2 || !errors.Is(res.Err, kafka.MessageSizeTooLarge) {
 		t.Fatalf("Publish = %d acknowledged, %v; want 2, MessageSizeTooLarge", res.Acknowledged, res.Err)
 	}
@@ -479,7 +479,7 @@ func TestKafkaPublisher_sends_large_batch_in_a_handful_of_requests(t *testing.T)
 	for i := range 500 {
 		batch = append(batch, &outbox.Message{MessageID: outbox.NewUUID(), Topic: topic, Key: []byte(fmt.Sprint("key-", i)), Value: value})
 	}
-	if res := p.Publish(context.Background(), batch); res.Acknowledged != 500 || res.Err != nil {
+	if res := p.Publish(context.Background(), [][]*outbox.Message{batch})[0]; res.Acknowledged != 500 || res.Err != nil {
 		t.Fatalf("Publish = %+v; want 500 acknowledged", res)
 	}
 	if n := produces.Hits(); n > parts {
@@ -499,7 +499,7 @@ func TestKafkaPublisher_chunks_partition_in_order_and_stops_it_at_a_failed_reque
 	for i := range 10 {
 		batch = append(batch, msg(topic, "k", fmt.Sprint(i)))
 	}
-	if res := p.Publish(context.Background(), batch); res.Acknowledged != 10 || res.Err != nil {
+	if res := p.Publish(context.Background(), [][]*outbox.Message{batch})[0]; res.Acknowledged != 10 || res.Err != nil {
 		t.Fatalf("Publish = %+v; want 10 acknowledged", res)
 	}
 	if n := produces.Hits(); n != 3 {
@@ -513,7 +513,7 @@ func TestKafkaPublisher_chunks_partition_in_order_and_stops_it_at_a_failed_reque
 		}
 		return len(seen) == 2 // the second request of the next call
 	}})
-	if res := p.Publish(context.Background(), batch); res.Acknowledged != 4 || !errors.Is(res.Err, kafka.NotEnoughReplicas) {
+	if res := p.Publish(context.Background(), [][]*outbox.Message{batch})[0]; res.Acknowledged != 4 || !errors.Is(res.Err, kafka.NotEnoughReplicas) {
 		t.Fatalf("Publish with its second request failing = %d acknowledged, %v; want 4, NotEnoughReplicas", res.Acknowledged, res.Err)
 	}
 	if n := produces.Hits() - 3; n != 2 {
@@ -561,7 +561,7 @@ func TestKafkaPublisher_acknowledges_rows_before_a_row_the_broker_rejects(t *tes
 			msg(topic, "k", strings.Repeat("x", 8192)),
 			msg(topic, "k", "5"),
 		}
-		res := p.Publish(context.Background(), batch)
+		res := p.Publish(context.Background(), [][]*outbox.Message{batch})[0]
 		if res.Acknowledged != 3 || !errors.Is(res.Err, kafka.MessageSizeTooLarge) {
 			t.Fatalf("Publish = %d acknowledged, %v; want 3, MessageSizeTooLarge", res.Acknowledged, res.Err)
 		}

@@ -87,7 +87,7 @@ func TestPublishSpan(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			tp, rec := recordingTracer(t)
 			p := newPublisher(t, b, kafkapub.Config{TracerProvider: tp, Propagator: propagation.TraceContext{}})
-			res := p.Publish(context.Background(), c.batch)
+			res := p.Publish(context.Background(), [][]*outbox.Message{c.batch})[0]
 			if (res.Err != nil) != (c.want.status == codes.Error) {
 				t.Fatalf("Publish = %+v; want failure %v", res, c.want.status == codes.Error)
 			}

@@ -38,13 +38,13 @@ func TestTxnPublisher_publishes_a_batch_in_one_transaction(t *testing.T) {
 		batch[7].Key = nil
 		batch[8].Value = nil
 		batch[9].Headers = outbox.Headers{{Key: "a", Value: []byte("1")}, {Key: "b", Value: nil}}
-		res := p.Publish(context.Background(), batch)
+		res := p.Publish(context.Background(), [][]*outbox.Message{batch})[0]
 		if res.Acknowledged != len(batch) || res.Err != nil {
 			t.Fatalf("Publish = %d, %v; want %d, nil", res.Acknowledged, res.Err, len(batch))
 		}
 		// A second batch: the next transaction of the same producer.
 		batch2 := []*outbox.Message{bucketMsg(2, topic, "k0", "30"), bucketMsg(2, topic, "k1", "31")}
-		if res := p.Publish(context.Background(), batch2); res.Acknowledged != 2 || res.Err != nil {
+		if res := p.Publish(context.Background(), [][]*outbox.Message{batch2})[0]; res.Acknowledged != 2 || res.Err != nil {
 			t.Fatalf("second Publish = %d, %v; want 2, nil", res.Acknowledged, res.Err)
 		}
 		batch = append(batch, batch2...)
@@ -95,12 +95,12 @@ func TestTxnPublisher_refuses_a_bucket_it_was_not_told_about(t *testing.T) {
 	topic := newTopic(t, b, 1, nil)
 	p := newTestTxnPublisher(t, b, topic, kafkapub.Config{})
 	own(t, p, 0)
-	res := p.Publish(context.Background(), []*outbox.Message{bucketMsg(1, topic, "k", "v")})
+	res := p.Publish(context.Background(), [][]*outbox.Message{{bucketMsg(1, topic, "k", "v")}})[0]
 	if res.Acknowledged != 0 || !errors.Is(res.Err, relay.ErrFenced) {
 		t.Fatalf("Publish(bucket 1) = %d, %v; want 0, relay.ErrFenced", res.Acknowledged, res.Err)
 	}
 	p.OwnedBuckets(nil)
-	res = p.Publish(context.Background(), []*outbox.Message{bucketMsg(0, topic, "k", "v")})
+	res = p.Publish(context.Background(), [][]*outbox.Message{{bucketMsg(0, topic, "k", "v")}})[0]
 	if res.Acknowledged != 0 || !errors.Is(res.Err, relay.ErrFenced) {
 		t.Fatalf("Publish(bucket 0) after it left the set = %d, %v; want 0, relay.ErrFenced", res.Acknowledged, res.Err)
 	}
@@ -114,12 +114,12 @@ func TestTxnPublisher_new_owner_fences_the_old_one(t *testing.T) {
 		topic := newTopic(t, b, 2, nil)
 		a := newTestTxnPublisher(t, b, topic, kafkapub.Config{})
 		own(t, a, 0)
-		if res := a.Publish(context.Background(), []*outbox.Message{bucketMsg(0, topic, "k", "a1")}); res.Err != nil {
+		if res := a.Publish(context.Background(), [][]*outbox.Message{{bucketMsg(0, topic, "k", "a1")}})[0]; res.Err != nil {
 			t.Fatalf("A's first Publish = %v", res.Err)
 		}
 		nb := newTestTxnPublisher(t, b, topic, kafkapub.Config{})
 		own(t, nb, 0)
-		res := a.Publish(context.Background(), []*outbox.Message{bucketMsg(0, topic, "k", "a2")})
+		res := a.Publish(context.Background(), [][]*outbox.Message{{bucketMsg(0, topic, "k", "a2")}})[0]
 		if res.Acknowledged != 0 || !errors.Is(res.Err, relay.ErrFenced) || !errors.Is(res.Err, kafka.ProducerFenced) && !errors.Is(res.Err, kafka.InvalidProducerEpoch) {
 			t.Fatalf("A's Publish after B's init = %d, %v; want 0, relay.ErrFenced and the broker's error", res.Acknowledged, res.Err)
 		}
@@ -128,10 +128,10 @@ func TestTxnPublisher_new_owner_fences_the_old_one(t *testing.T) {
 			t.Errorf("fenced error = %q; want one \"kafkapub: \" and \": fenced\" once, at the end", msg)
 		}
 		// Sticky: A never publishes again with that producer.
-		if res := a.Publish(context.Background(), []*outbox.Message{bucketMsg(0, topic, "k", "a3")}); !errors.Is(res.Err, relay.ErrFenced) {
+		if res := a.Publish(context.Background(), [][]*outbox.Message{{bucketMsg(0, topic, "k", "a3")}})[0]; !errors.Is(res.Err, relay.ErrFenced) {
 			t.Fatalf("A's next Publish = %v; want relay.ErrFenced", res.Err)
 		}
-		if res := nb.Publish(context.Background(), []*outbox.Message{bucketMsg(0, topic, "k", "b1")}); res.Err != nil {
+		if res := nb.Publish(context.Background(), [][]*outbox.Message{{bucketMsg(0, topic, "k", "b1")}})[0]; res.Err != nil {
 			t.Fatalf("B's Publish = %v", res.Err)
 		}
 		var got []string
@@ -157,7 +157,7 @@ func TestTxnPublisher_acknowledges_rows_before_a_row_the_broker_rejects(t *testi
 			batch = append(batch, bucketMsg(0, topic, fmt.Sprintf("k%d", i%3), fmt.Sprint(i)))
 		}
 		batch[6].Value = []byte(strings.Repeat("x", 8192))
-		res := p.Publish(context.Background(), batch)
+		res := p.Publish(context.Background(), [][]*outbox.Message{batch})[0]
 		if res.Acknowledged != 6 || !errors.Is(res.Err, kafka.MessageSizeTooLarge) || !errors.Is(res.Err, relay.ErrUnpublishable) {
 			t.Fatalf("Publish = %d acknowledged, %v; want 6, MessageSizeTooLarge and relay.ErrUnpublishable", res.Acknowledged, res.Err)
 		}
@@ -176,7 +176,7 @@ func TestTxnPublisher_acknowledges_rows_before_a_row_the_broker_rejects(t *testi
 			seen[v] = true
 		}
 		// The producer goes on: the rows after the culprit publish next.
-		if res := p.Publish(context.Background(), batch[7:]); res.Acknowledged != 2 || res.Err != nil {
+		if res := p.Publish(context.Background(), [][]*outbox.Message{batch[7:]})[0]; res.Acknowledged != 2 || res.Err != nil {
 			t.Fatalf("next Publish = %d, %v; want 2, nil", res.Acknowledged, res.Err)
 		}
 	})

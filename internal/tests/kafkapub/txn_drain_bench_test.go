@@ -71,7 +71,7 @@ func BenchmarkDrainTransactional(b *testing.B) {
 					if err != nil {
 						b.Fatal(err)
 					}
-					r, err := relay.New(store, pub, relay.Options{Logger: slog.New(slog.DiscardHandler), PollInterval: 10 * time.Millisecond})
+					r, err := relay.New(store, pub, relay.Options{Logger: slog.New(slog.DiscardHandler), PollInterval: 10 * time.Millisecond, SingleWriter: db.Dialector.Name() == "sqlite"})
 					if err != nil {
 						b.Fatal(err)
 					}

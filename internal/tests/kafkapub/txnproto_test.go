@@ -103,7 +103,7 @@ func TestTxnPublisher_retries_coordinator_errors(t *testing.T) {
 			top := tc.key != kmsg.AddPartitionsToTxn
 			h := b.Fake.Fault(kfake.Fault{Keys: []kmsg.Key{tc.key}, TopLevel: top, Err: tc.err, Count: 3})
 			own(t, p, 0)
-			res := p.Publish(context.Background(), []*outbox.Message{bucketMsg(0, topic, "a", "1"), bucketMsg(0, topic, "b", "2")})
+			res := p.Publish(context.Background(), [][]*outbox.Message{{bucketMsg(0, topic, "a", "1"), bucketMsg(0, topic, "b", "2")}})[0]
 			if res.Acknowledged != 2 || res.Err != nil {
 				t.Fatalf("Publish = %d, %v; want 2, nil", res.Acknowledged, res.Err)
 			}
@@ -141,7 +141,7 @@ func TestTxnPublisher_follows_a_coordinator_that_moved(t *testing.T) {
 		}
 		v := fmt.Sprint(i)
 		want = append(want, v)
-		if res := p.Publish(context.Background(), []*outbox.Message{bucketMsg(0, topic, "k", v)}); res.Err != nil {
+		if res := p.Publish(context.Background(), [][]*outbox.Message{{bucketMsg(0, topic, "k", v)}})[0]; res.Err != nil {
 			t.Fatalf("Publish %d after the coordinator moved from node %d to %d: %v", i, before, b.Fake.CoordinatorFor(txid), res.Err)
 		}
 	}
@@ -167,17 +167,17 @@ func TestTxnPublisher_resolves_a_commit_whose_answer_was_lost(t *testing.T) {
 		p := newTestTxnPublisher(t, b, topic, kafkapub.Config{Transport: ft, PublishTimeout: time.Second})
 		own(t, p, 0)
 		batch := []*outbox.Message{bucketMsg(0, topic, "k", "1"), bucketMsg(0, topic, "k", "2"), bucketMsg(0, topic, "j", "3")}
-		res := p.Publish(context.Background(), batch)
+		res := p.Publish(context.Background(), [][]*outbox.Message{batch})[0]
 		if res.Acknowledged != 0 || !errors.Is(res.Err, context.DeadlineExceeded) || errors.Is(res.Err, relay.ErrFenced) {
 			t.Fatalf("Publish with the commit answer lost = %d, %v; want 0, DeadlineExceeded (not fenced)", res.Acknowledged, res.Err)
 		}
 		produced := ft.produces.Load()
 		// The relay retries the head row alone, then the rest with a new row.
-		if res := p.Publish(context.Background(), batch[:1]); res.Acknowledged != 1 || res.Err != nil {
+		if res := p.Publish(context.Background(), [][]*outbox.Message{batch[:1]})[0]; res.Acknowledged != 1 || res.Err != nil {
 			t.Fatalf("retry of the head row = %d, %v; want 1, nil", res.Acknowledged, res.Err)
 		}
 		more := append(batch[1:], bucketMsg(0, topic, "k", "4"))
-		if res := p.Publish(context.Background(), more); res.Acknowledged != 3 || res.Err != nil {
+		if res := p.Publish(context.Background(), [][]*outbox.Message{more})[0]; res.Acknowledged != 3 || res.Err != nil {
 			t.Fatalf("next batch = %d, %v; want 3, nil", res.Acknowledged, res.Err)
 		}
 		if n := ft.produces.Load() - produced; n != 1 {
@@ -206,11 +206,11 @@ func TestTxnPublisher_bumps_the_epoch_after_a_produce_of_unknown_outcome(t *test
 		own(t, p, 0)
 		epoch := producerEpoch(t, p, 0)
 		batch := []*outbox.Message{bucketMsg(0, topic, "k", "1"), bucketMsg(0, topic, "k", "2")}
-		res := p.Publish(context.Background(), batch)
+		res := p.Publish(context.Background(), [][]*outbox.Message{batch})[0]
 		if res.Acknowledged != 0 || res.Err == nil || errors.Is(res.Err, relay.ErrFenced) {
 			t.Fatalf("Publish with the produce answer lost = %d, %v; want 0 and a transient error", res.Acknowledged, res.Err)
 		}
-		if res := p.Publish(context.Background(), batch); res.Acknowledged != 2 || res.Err != nil {
+		if res := p.Publish(context.Background(), [][]*outbox.Message{batch})[0]; res.Acknowledged != 2 || res.Err != nil {
 			t.Fatalf("retry = %d, %v; want 2, nil", res.Acknowledged, res.Err)
 		}
 		if got := producerEpoch(t, p, 0); got <= epoch {
@@ -236,7 +236,7 @@ func TestTxnPublisher_resends_a_produce_in_place(t *testing.T) {
 		own(t, p, 0)
 		epoch := producerEpoch(t, p, 0)
 		batch := []*outbox.Message{bucketMsg(0, topic, "k", "1"), bucketMsg(0, topic, "k", "2")}
-		if res := p.Publish(context.Background(), batch); res.Acknowledged != 2 || res.Err != nil {
+		if res := p.Publish(context.Background(), [][]*outbox.Message{batch})[0]; res.Acknowledged != 2 || res.Err != nil {
 			t.Fatalf("Publish = %d, %v; want 2, nil", res.Acknowledged, res.Err)
 		}
 		if got := producerEpoch(t, p, 0); got != epoch {
@@ -298,13 +298,13 @@ func TestTxnPublisher_transaction_timeout_fences_the_producer(t *testing.T) {
 						time.Sleep(stall) // past the transaction timeout
 					}
 				})
-				res := p.Publish(context.Background(), []*outbox.Message{bucketMsg(0, topic, "k", "1")})
+				res := p.Publish(context.Background(), [][]*outbox.Message{{bucketMsg(0, topic, "k", "1")}})[0]
 				if res.Acknowledged != 0 || res.Err == nil {
 					t.Fatalf("stalled Publish = %d, %v; want 0 and an error", res.Acknowledged, res.Err)
 				}
 				setTxnHook(t, p, nil)
 				// The relay retries: the producer is found fenced.
-				res = p.Publish(context.Background(), []*outbox.Message{bucketMsg(0, topic, "k", "1")})
+				res = p.Publish(context.Background(), [][]*outbox.Message{{bucketMsg(0, topic, "k", "1")}})[0]
 				if res.Acknowledged != 0 || !errors.Is(res.Err, relay.ErrFenced) {
 					t.Fatalf("retry = %d, %v; want 0, relay.ErrFenced", res.Acknowledged, res.Err)
 				}
@@ -315,7 +315,7 @@ func TestTxnPublisher_transaction_timeout_fences_the_producer(t *testing.T) {
 				// A new acquisition initialises a new producer, which publishes.
 				p.OwnedBuckets(nil)
 				own(t, p, 0)
-				if res := p.Publish(context.Background(), []*outbox.Message{bucketMsg(0, topic, "k", "1")}); res.Err != nil {
+				if res := p.Publish(context.Background(), [][]*outbox.Message{{bucketMsg(0, topic, "k", "1")}})[0]; res.Err != nil {
 					t.Fatalf("Publish after re-initialisation = %v", res.Err)
 				}
 				if got := values(readIsolated(t, b, topic, kgo.ReadCommitted(), 1, 300*time.Millisecond)); got != "1" {
@@ -351,7 +351,7 @@ func TestTxnPublisher_survives_a_broker_restart_mid_transaction(t *testing.T) {
 	topic := newTopic(t, b, 1, nil)
 	p := newTestTxnPublisher(t, b, topic, kafkapub.Config{PublishTimeout: 3 * time.Second})
 	own(t, p, 0)
-	if res := p.Publish(context.Background(), []*outbox.Message{bucketMsg(0, topic, "k", "0")}); res.Err != nil {
+	if res := p.Publish(context.Background(), [][]*outbox.Message{{bucketMsg(0, topic, "k", "0")}})[0]; res.Err != nil {
 		t.Fatalf("first Publish = %v", res.Err)
 	}
 	restarted := false
@@ -366,7 +366,7 @@ func TestTxnPublisher_survives_a_broker_restart_mid_transaction(t *testing.T) {
 		mu.Unlock()
 	})
 	batch := []*outbox.Message{bucketMsg(0, topic, "k", "1"), bucketMsg(0, topic, "k", "2")}
-	res := p.Publish(context.Background(), batch)
+	res := p.Publish(context.Background(), [][]*outbox.Message{batch})[0]
 	t.Logf("Publish across the restart = %d, %v", res.Acknowledged, res.Err)
 	if !restarted {
 		t.Fatal("the broker was not restarted")
@@ -384,7 +384,7 @@ func TestTxnPublisher_survives_a_broker_restart_mid_transaction(t *testing.T) {
 		} else if res.Err != nil {
 			time.Sleep(200 * time.Millisecond)
 		}
-		res = p.Publish(context.Background(), batch[acked:])
+		res = p.Publish(context.Background(), [][]*outbox.Message{batch[acked:]})[0]
 		acked += res.Acknowledged
 		t.Logf("retry %d = %d, %v", attempt, res.Acknowledged, res.Err)
 	}

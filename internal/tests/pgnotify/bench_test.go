@@ -27,19 +27,25 @@ type stampPublisher struct {
 	ch   chan struct{}
 }
 
-func (p *stampPublisher) Publish(_ context.Context, batch []*outbox.Message) relay.Result {
+func (p *stampPublisher) Publish(_ context.Context, batches [][]*outbox.Message) []relay.Result {
 	now := time.Now()
+	results := make([]relay.Result, len(batches))
 	p.mu.Lock()
-	for _, m := range batch {
-		p.seen[m.MessageID] = now
+	for i, batch := range batches {
+		for _, m := range batch {
+			p.seen[m.MessageID] = now
+		}
+		results[i].Acknowledged = len(batch)
 	}
 	p.mu.Unlock()
 	select {
 	case p.ch <- struct{}{}:
 	default:
 	}
-	return relay.Result{Acknowledged: len(batch)}
+	return results
 }
+
+func (p *stampPublisher) OwnedBuckets([]int) {}
 
 // BenchmarkCrossPodLatency measures commit → publish latency when the
 // committing pod does not own the bucket: through LISTEN/NOTIFY, and by

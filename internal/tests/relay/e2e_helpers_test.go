@@ -69,14 +69,14 @@ func e2eStore(t *testing.T, db *gorm.DB, n *relay.Notifier) *gormstore.Store {
 // startKafkaRelay runs a relay over store, woken by n and polling every
 // 50ms, that publishes through a kafkapub.Publisher of kc (closed at cleanup)
 // until ctx ends; Run's result arrives on the returned channel.
-func startKafkaRelay(ctx context.Context, t *testing.T, store relay.Store, n *relay.Notifier, kc kafkapub.Config) (*relay.Relay, <-chan error) {
+func startKafkaRelay(ctx context.Context, t *testing.T, db *gorm.DB, store relay.Store, n *relay.Notifier, kc kafkapub.Config) (*relay.Relay, <-chan error) {
 	t.Helper()
 	pub, err := kafkapub.New(kc)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = pub.Close() })
-	r, err := relay.New(store, pub, relay.Options{Notifier: n, PollInterval: 50 * time.Millisecond})
+	r, err := relay.New(store, pub, relay.Options{Notifier: n, PollInterval: 50 * time.Millisecond, SingleWriter: db.Dialector.Name() == "sqlite"})
 	if err != nil {
 		t.Fatal(err)
 	}

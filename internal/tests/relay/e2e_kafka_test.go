@@ -25,7 +25,7 @@ func TestEndToEndGormToKafka(t *testing.T) {
 		db := dbo.Open(t, nil)
 		n := relay.NewNotifier()
 		store := e2eStore(t, db, n)
-		_, done := startKafkaRelay(ctx, t, store, n, kafkapub.Config{Brokers: b.Addrs})
+		_, done := startKafkaRelay(ctx, t, db, store, n, kafkapub.Config{Brokers: b.Addrs})
 
 		committed, rolledBack := writeTransactions(ctx, t, db, topic, 1, 60)
 		checkRecords(t, b.ReadAll(t, topic, len(committed), time.Minute), committed, rolledBack)

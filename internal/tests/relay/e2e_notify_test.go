@@ -37,7 +37,7 @@ func TestCommitWakesIdleRelay(t *testing.T) {
 				t.Fatal(err)
 			}
 			pub := relaytest.NewPublisher()
-			r, err := relay.New(store, pub, relay.Options{Clock: clock, PollInterval: time.Hour, Notifier: n, RelayID: "solo"})
+			r, err := relay.New(store, pub, relay.Options{Clock: clock, PollInterval: time.Hour, Notifier: n, RelayID: "solo", SingleWriter: db.Dialector.Name() == "sqlite"})
 			if err != nil {
 				t.Fatal(err)
 			}

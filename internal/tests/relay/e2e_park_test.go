@@ -51,7 +51,7 @@ func TestOversizedRowParksItsKeyWhileTheBucketFlows(t *testing.T) {
 		t.Cleanup(func() { _ = pub.Close() })
 		r, err := relay.New(store, pub, relay.Options{
 			Notifier: n, PollInterval: 50 * time.Millisecond, ErrorBackoff: 50 * time.Millisecond,
-			Logger: logs.Logger(), MeterProvider: reader.MeterProvider(),
+			Logger: logs.Logger(), MeterProvider: reader.MeterProvider(), SingleWriter: db.Dialector.Name() == "sqlite",
 		})
 		if err != nil {
 			t.Fatal(err)
@@ -114,7 +114,7 @@ func TestOversizedRowParksItsKeyWhileTheBucketFlows(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		r2, err := relay.New(store2, pub, relay.Options{PollInterval: 50 * time.Millisecond, ErrorBackoff: 50 * time.Millisecond, Logger: logs.Logger()})
+		r2, err := relay.New(store2, pub, relay.Options{PollInterval: 50 * time.Millisecond, ErrorBackoff: 50 * time.Millisecond, Logger: logs.Logger(), SingleWriter: db.Dialector.Name() == "sqlite"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -219,7 +219,15 @@ func (p *rejecting) set(id outbox.UUID, on bool) {
 	p.poison[id] = on
 }
 
-func (p *rejecting) Publish(ctx context.Context, batch []*outbox.Message) relay.Result {
+func (p *rejecting) Publish(ctx context.Context, batches [][]*outbox.Message) []relay.Result {
+	results := make([]relay.Result, len(batches))
+	for i, batch := range batches {
+		results[i] = p.publish(ctx, batch)
+	}
+	return results
+}
+
+func (p *rejecting) publish(ctx context.Context, batch []*outbox.Message) relay.Result {
 	p.mu.Lock()
 	cut := -1
 	for i, m := range batch {
@@ -230,11 +238,11 @@ func (p *rejecting) Publish(ctx context.Context, batch []*outbox.Message) relay.
 	}
 	p.mu.Unlock()
 	if cut < 0 {
-		return p.Publisher.Publish(ctx, batch)
+		return p.Publisher.Publish(ctx, [][]*outbox.Message{batch})[0]
 	}
 	res := relay.Result{}
 	if cut > 0 {
-		if res = p.Publisher.Publish(ctx, batch[:cut]); res.Err != nil {
+		if res = p.Publisher.Publish(ctx, [][]*outbox.Message{batch[:cut]})[0]; res.Err != nil {
 			return res
 		}
 	}
@@ -267,7 +275,7 @@ func TestRequeueWhileTheKeyKeepsArrivingKeepsItsOrder(t *testing.T) {
 		}
 		t.Cleanup(func() { _ = kp.Close() })
 		pub := &rejecting{Publisher: kp, poison: map[outbox.UUID]bool{}}
-		r, err := relay.New(store, pub, relay.Options{Notifier: n, PollInterval: 20 * time.Millisecond, ErrorBackoff: 5 * time.Millisecond, ParkAfter: 1})
+		r, err := relay.New(store, pub, relay.Options{Notifier: n, PollInterval: 20 * time.Millisecond, ErrorBackoff: 5 * time.Millisecond, ParkAfter: 1, SingleWriter: db.Dialector.Name() == "sqlite"})
 		if err != nil {
 			t.Fatal(err)
 		}

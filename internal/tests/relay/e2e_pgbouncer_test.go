@@ -140,12 +140,12 @@ func storeWorkload(t *testing.T, db *gorm.DB) error {
 					return
 				}
 				for _, bk := range buckets {
-					msgs, err := store.NextBatch(ctx, bk, 10, 0)
+					res, err := store.NextBatches(ctx, []relay.BatchRequest{{Buckets: []int{bk}, Limit: 10}})
 					if err != nil {
-						fail(fmt.Errorf("NextBatch: %w", err))
+						fail(fmt.Errorf("NextBatches: %w", err))
 						return
 					}
-					if err := store.MarkPublished(ctx, bk, msgs); err != nil {
+					if err := store.MarkPublished(ctx, res[0].Rows); err != nil {
 						fail(fmt.Errorf("MarkPublished: %w", err))
 						return
 					}
@@ -169,7 +169,7 @@ func e2ePooled(t *testing.T, db *gorm.DB, b testenv.Broker, writers, perWriter i
 	b.CreateTopic(t, topic, 4, nil)
 	n := relay.NewNotifier()
 	store := e2eStore(t, db, n)
-	_, done := startKafkaRelay(ctx, t, store, n, kafkapub.Config{Brokers: b.Addrs})
+	_, done := startKafkaRelay(ctx, t, db, store, n, kafkapub.Config{Brokers: b.Addrs})
 
 	began := time.Now()
 	committed, rolledBack := writeTransactions(ctx, t, db, topic, writers, perWriter/2)

@@ -101,7 +101,7 @@ func TestEndToEndSASLSSL(t *testing.T) {
 
 			n := relay.NewNotifier()
 			db, store := saslSetup(t, n)
-			r, done := startKafkaRelay(ctx, t, store, n, kafkapub.Config{Brokers: b.Addrs, Transport: b.Transport(t, tc.mech())})
+			r, done := startKafkaRelay(ctx, t, db, store, n, kafkapub.Config{Brokers: b.Addrs, Transport: b.Transport(t, tc.mech())})
 
 			committed, rolledBack := enqueueSASL(t, db, topic, 60)
 			checkRecords(t, b.ReadAll(t, topic, len(committed), time.Minute), committed, rolledBack)
@@ -122,14 +122,16 @@ type errorRecorder struct {
 	errs []error
 }
 
-func (p *errorRecorder) Publish(ctx context.Context, batch []*outbox.Message) relay.Result {
-	res := p.Publisher.Publish(ctx, batch)
-	if res.Err != nil {
-		p.mu.Lock()
-		p.errs = append(p.errs, res.Err)
-		p.mu.Unlock()
+func (p *errorRecorder) Publish(ctx context.Context, batches [][]*outbox.Message) []relay.Result {
+	results := p.Publisher.Publish(ctx, batches)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, res := range results {
+		if res.Err != nil {
+			p.errs = append(p.errs, res.Err)
+		}
 	}
-	return res
+	return results
 }
 
 func (p *errorRecorder) errors() []error {
@@ -173,6 +175,7 @@ func TestSASLWrongPassword(t *testing.T) {
 		LeaseDuration:      5 * time.Second,
 		Logger:             logs.Logger(),
 		MeterProvider:      reader.MeterProvider(),
+		SingleWriter:       db.Dialector.Name() == "sqlite",
 	}
 	r, err := relay.New(store, rec, opts)
 	if err != nil {
@@ -279,7 +282,7 @@ func TestSASLUntrustedBrokerCertificate(t *testing.T) {
 	}
 	defer pub.Close()
 	rec := &errorRecorder{Publisher: pub}
-	r, err := relay.New(store, rec, relay.Options{PollInterval: 50 * time.Millisecond, ErrorBackoff: 20 * time.Millisecond, LeaseRenewInterval: 200 * time.Millisecond, LeaseDuration: 5 * time.Second})
+	r, err := relay.New(store, rec, relay.Options{PollInterval: 50 * time.Millisecond, ErrorBackoff: 20 * time.Millisecond, LeaseRenewInterval: 200 * time.Millisecond, LeaseDuration: 5 * time.Second, SingleWriter: db.Dialector.Name() == "sqlite"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,15 +21,10 @@ type e2eEnv struct {
 	storeB  relay.Store
 	pending func() int
 	total   int
-	// concurrent makes both stores report ConcurrentBuckets, so that each
-	// relay serves its buckets concurrently.
-	concurrent bool
+	// singleWriter sets both relays' Options.SingleWriter (SQLite, the
+	// MemStore run): each serves one bucket at a time.
+	singleWriter bool
 }
-
-// concurrentFull is a relay.Store reporting ConcurrentBuckets.
-type concurrentFull struct{ relay.Store }
-
-func (concurrentFull) ConcurrentBuckets() bool { return true }
 
 type published struct {
 	bucket int32
@@ -78,15 +73,11 @@ func runTakeover(t *testing.T, env e2eEnv) {
 		return relay.Result{Acknowledged: len(b)}
 	})
 	quiet := slog.New(slog.DiscardHandler)
-	var storeA, storeB relay.Store = pa, env.storeB
-	if env.concurrent {
-		storeA, storeB = concurrentFull{pa}, concurrentFull{env.storeB}
-	}
-	a, err := relay.New(storeA, pubA, relay.Options{RelayID: "relay-a", Clock: env.clock, Logger: quiet})
+	a, err := relay.New(pa, pubA, relay.Options{RelayID: "relay-a", Clock: env.clock, Logger: quiet, SingleWriter: env.singleWriter})
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := relay.New(storeB, pubB, relay.Options{RelayID: "relay-b", Clock: env.clock, Logger: quiet})
+	b, err := relay.New(env.storeB, pubB, relay.Options{RelayID: "relay-b", Clock: env.clock, Logger: quiet, SingleWriter: env.singleWriter})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -171,6 +162,6 @@ func TestEndToEndTakeover(t *testing.T) {
 				batch = batch[:0]
 			}
 		}
-		runTakeover(t, e2eEnv{clock: clock, storeA: mem, storeB: mem, pending: mem.Len, total: total})
+		runTakeover(t, e2eEnv{clock: clock, storeA: mem, storeB: mem, pending: mem.Len, total: total, singleWriter: true})
 	})
 }

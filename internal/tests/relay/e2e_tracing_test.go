@@ -62,7 +62,7 @@ func TestTraceFromWriterToConsumer(t *testing.T) {
 		db := dbo.Open(t, nil)
 		n := relay.NewNotifier()
 		store := e2eStore(t, db, n)
-		_, done := startKafkaRelay(ctx, t, store, n, kafkapub.Config{Brokers: b.Addrs, TracerProvider: tp, Propagator: prop})
+		_, done := startKafkaRelay(ctx, t, db, store, n, kafkapub.Config{Brokers: b.Addrs, TracerProvider: tp, Propagator: prop})
 
 		// Three traced transactions of two rows each, and one untraced.
 		writerOf := map[string]trace.SpanContext{} // message id → the writer's span

@@ -42,7 +42,7 @@ func TestRecordTooLargeForTheTopicIsParkedWhileItsBucketFlows(t *testing.T) {
 	var mu sync.Mutex
 	var errs []error
 	pub.SetHandler(func(ctx context.Context, batch []*outbox.Message) relay.Result {
-		res := kp.Publish(ctx, batch)
+		res := kp.Publish(ctx, [][]*outbox.Message{batch})[0]
 		if res.Err != nil {
 			mu.Lock()
 			errs = append(errs, res.Err)
