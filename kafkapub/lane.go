@@ -64,7 +64,7 @@ func (p *Publisher) lane(key topicPartition) *lane {
 			l.mu.Lock() // the sender waits for the caller's turn
 			p.lanes[key] = l
 			p.mu.Unlock()
-			p.wg.Add(1) // the calling PublishGroup holds one: Close is not waiting yet
+			p.wg.Add(1) // the calling Publish holds one: Close is not waiting yet
 			go p.serve(l)
 			return l
 		}
