@@ -178,7 +178,7 @@ type RelayHeartbeat struct {
 }
 
 // RelayFeatureParking is the bit of RelayHeartbeat.Features of a relay that
-// skips parked rows (relay.Store.NextBatch), so rows may be parked while it
+// skips parked rows (relay.Store.NextBatches), so rows may be parked while it
 // runs.
 const RelayFeatureParking int64 = 1
 

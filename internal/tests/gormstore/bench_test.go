@@ -27,7 +27,7 @@ func pendingMessage(bucket int32) *outbox.Message {
 	}
 }
 
-// BenchmarkNextBatch measures one NextBatch call of 1 and of 500 rows (of
+// BenchmarkNextBatch measures one one-bucket fetch of 1 and of 500 rows (of
 // 1000 pending in the bucket, values of 100 bytes, no parked row) on every
 // available database, alternating with the previous release's statement
 // (without the hold condition of issue 27): current/previous is their
@@ -67,7 +67,7 @@ func BenchmarkNextBatch(b *testing.B) {
 							got = len(msgs)
 						}
 						if err != nil || got != limit {
-							b.Fatalf("NextBatch = %d rows, %v; want %d", got, err, limit)
+							b.Fatalf("fetch = %d rows, %v; want %d", got, err, limit)
 						}
 						return time.Since(start)
 					}
@@ -95,7 +95,7 @@ func BenchmarkNextBatch(b *testing.B) {
 	}
 }
 
-// previousNextBatch returns NextBatch's statement as the release before
+// previousNextBatch returns the one-bucket fetch's statement as the release before
 // issue 27 had it (no hold condition; on MySQL and MariaDB the range form
 // and the index's ORDER BY), built here, as a function that runs it on db
 // for a bucket and a limit as the store runs a read — through
@@ -220,7 +220,7 @@ func BenchmarkMarkPublished(b *testing.B) {
 
 // BenchmarkNextBatches compares, on every available database, reading 64
 // shallow buckets (2 pending rows each, values of 100 bytes, no parked
-// row) with NextBatch once per bucket and with one NextBatches call, in
+// row) with a request per bucket and with one NextBatches call, in
 // alternating calls: loop-ns/op and multi-ns/op are the two ways' times
 // per round of 64 buckets, multi/loop their ratio in one run.
 func BenchmarkNextBatches(b *testing.B) {
@@ -256,7 +256,7 @@ func BenchmarkNextBatches(b *testing.B) {
 				for _, r := range reqs {
 					got, err := nextBatch(b.Context(), store, r.Buckets[0], r.Limit, r.MaxBytes)
 					if err != nil || len(got) != perBucket {
-						b.Fatalf("NextBatch(%d) = %d rows, %v; want %d", r.Buckets[0], len(got), err, perBucket)
+						b.Fatalf("fetch of bucket %d = %d rows, %v; want %d", r.Buckets[0], len(got), err, perBucket)
 					}
 				}
 				return time.Since(start)

@@ -74,10 +74,10 @@ func BenchmarkKafkaPublisher(b *testing.B) {
 	}
 }
 
-// BenchmarkPublishGroup measures what a relay serving 64 shallow buckets
-// (one row each, 8 partitions) pays per group: 64 Publish calls one after
-// the other, as a relay without GroupPublisher makes them, against one
-// PublishGroup call of the 64 batches (ns/op is per group of 64 rows).
+// BenchmarkPublish measures what a relay serving 64 shallow buckets (one
+// row each, 8 partitions) pays per group: 64 Publish calls of one batch one
+// after the other against one Publish call of the 64 batches (ns/op is per
+// group of 64 rows).
 func BenchmarkPublish(b *testing.B) {
 	const buckets = 64
 	for _, br := range benchBrokers(b) {
@@ -94,7 +94,7 @@ func BenchmarkPublish(b *testing.B) {
 		}
 		for _, res := range p.Publish(context.Background(), group()) { // warm metadata and connections
 			if res.Err != nil {
-				b.Fatalf("warm-up PublishGroup = %+v", res)
+				b.Fatalf("warm-up Publish = %+v", res)
 			}
 		}
 
@@ -111,7 +111,7 @@ func BenchmarkPublish(b *testing.B) {
 			for b.Loop() {
 				for _, res := range p.Publish(context.Background(), group()) {
 					if res.Err != nil {
-						b.Fatalf("PublishGroup = %+v", res)
+						b.Fatalf("Publish = %+v", res)
 					}
 				}
 			}
