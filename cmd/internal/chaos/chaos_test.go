@@ -75,7 +75,7 @@ func TestCrashMatrix(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
 		rows, err := chaos.CrashMatrix(ctx, chaos.MatrixConfig{Bin: bin, Dialect: dialect, BaseDSN: dsn, Brokers: brokers, Dir: t.TempDir(), Messages: matrixMessages[dialect]})
-		t.Logf("crash matrix (%s):\n%s", dialect, chaos.FormatMatrix(rows))
+		t.Logf("crash matrix (%s):\n%s", dialect, chaos.FormatMatrix(rows, false))
 		if err != nil {
 			t.Fatalf("CrashMatrix: %v", err)
 		}

@@ -9,7 +9,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -17,6 +16,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/internal/testenv"
 )
 
 // Fault kinds of a failover run (FailoverRun): the victim is always the
@@ -214,31 +214,19 @@ func FormatFailover(s FailoverSummary) string {
 // a cluster that did not heal (see FailoverSummary.Err for the checks).
 func FailoverRun(ctx context.Context, cfg FailoverConfig) (FailoverSummary, error) {
 	start := time.Now()
-	def := func(d *time.Duration, v time.Duration) {
-		if *d == 0 {
-			*d = v
-		}
-	}
-	defInt := func(n *int, v int) {
-		if *n == 0 {
-			*n = v
-		}
-	}
-	defInt(&cfg.Replication, 3)
-	defInt(&cfg.MinISR, 2)
-	defInt(&cfg.Relays, 3)
-	defInt(&cfg.Faults, 4)
-	defInt(&cfg.Messages, 15000)
-	def(&cfg.WriteFor, 120*time.Second)
-	def(&cfg.Warmup, 8*time.Second)
-	def(&cfg.KillDowntime, 12*time.Second)
-	def(&cfg.PauseFor, 12*time.Second)
-	def(&cfg.Settle, 3*time.Second)
-	def(&cfg.PublishTimeout, 5*time.Second)
-	def(&cfg.DrainTimeout, 90*time.Second)
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
+	orDefault(&cfg.Replication, 3)
+	orDefault(&cfg.MinISR, 2)
+	orDefault(&cfg.Relays, 3)
+	orDefault(&cfg.Faults, 4)
+	orDefault(&cfg.Messages, 15000)
+	orDefault(&cfg.WriteFor, 120*time.Second)
+	orDefault(&cfg.Warmup, 8*time.Second)
+	orDefault(&cfg.KillDowntime, 12*time.Second)
+	orDefault(&cfg.PauseFor, 12*time.Second)
+	orDefault(&cfg.Settle, 3*time.Second)
+	orDefault(&cfg.PublishTimeout, 5*time.Second)
+	orDefault(&cfg.DrainTimeout, 90*time.Second)
+	orDefault(&cfg.Logger, slog.Default())
 	log := cfg.Logger
 	s := FailoverSummary{Dialect: cfg.Dialect, Brokers: len(cfg.Brokers), Relays: cfg.Relays, Replication: cfg.Replication, MinISR: cfg.MinISR,
 		PublishTimeout: cfg.PublishTimeout, KillDowntime: cfg.KillDowntime, PauseFor: cfg.PauseFor}
@@ -262,24 +250,21 @@ func FailoverRun(ctx context.Context, cfg FailoverConfig) (FailoverSummary, erro
 	if err := createAckAudit(ctx, d.DSN); err != nil {
 		return s, err
 	}
-	topic := unique("chaos_failover_")
-	if err := CreateReplicatedTopic(ctx, cfg.Brokers, topic, partitions, cfg.Replication,
-		map[string]string{"min.insync.replicas": strconv.Itoa(cfg.MinISR)}); err != nil {
+	topic := testenv.Unique("chaos_failover_")
+	tc := kafka.TopicConfig{Topic: topic, NumPartitions: partitions, ReplicationFactor: cfg.Replication,
+		ConfigEntries: []kafka.ConfigEntry{{ConfigName: "min.insync.replicas", ConfigValue: strconv.Itoa(cfg.MinISR)}}}
+	if err := testenv.CreateTopic(ctx, clusterDialer, cfg.Brokers, tc); err != nil {
 		return s, err
 	}
 	cctx, cancelConsumer := context.WithCancel(ctx)
 	consumer := StartConsumer(cctx, cfg.Brokers, topic, partitions)
 	defer consumer.Wait()
 	defer cancelConsumer()
-
-	db, err := Open(cfg.Dialect, d.DSN, harnessAppName, writers+2)
+	db, err := openWriters(cfg.Dialect, d.DSN, writers+2)
 	if err != nil {
 		return s, err
 	}
 	defer closeGorm(db)
-	if err := db.Use(outbox.Plugin{}); err != nil {
-		return s, err
-	}
 	relays := &Relays{Bin: cfg.Bin, LogDir: cfg.Dir, Base: RelayConfig{
 		Dialect: cfg.Dialect, DSN: d.DSN, Brokers: cfg.Brokers,
 		// No relay faults here: a long lease keeps the buckets with their
@@ -294,22 +279,12 @@ func FailoverRun(ctx context.Context, cfg FailoverConfig) (FailoverSummary, erro
 		}
 	}
 
-	// Writers: the chaos run's (rollbacks, in-doubt commits, a pinned
+	// The chaos run's writers (rollbacks, in-doubt commits, a pinned
 	// partition per writer, a few keyless messages).
-	led := &ledger{perKey: map[string][]string{}, doubt: map[string]bool{}, rolledBack: map[string]bool{}}
-	wcfg := RunConfig{Messages: cfg.Messages, WriteFor: cfg.WriteFor, Seed: cfg.Seed}
+	led := newLedger()
 	writeStart := time.Now()
 	writeEnd := writeStart.Add(cfg.WriteFor)
-	var wwg sync.WaitGroup
-	for w := 0; w < writers; w++ {
-		wwg.Add(1)
-		go func() {
-			defer wwg.Done()
-			write(ctx, db, topic, w, wcfg, led)
-		}()
-	}
-	writersDone := make(chan struct{})
-	go func() { wwg.Wait(); close(writersDone) }()
+	writersDone := startWriters(ctx, db, topic, RunConfig{Messages: cfg.Messages, WriteFor: cfg.WriteFor, Seed: cfg.Seed}, led, nil)
 
 	sleepCtx(ctx, cfg.Warmup)
 	var faultErr error
@@ -628,70 +603,4 @@ func WaitInSync(ctx context.Context, brokers []string, topic string, replication
 		case <-time.After(250 * time.Millisecond):
 		}
 	}
-}
-
-// CreateReplicatedTopic creates topic with the given partitions,
-// replication factor and topic configs, and waits until every partition's
-// replicas are in sync and its leader serves requests.
-func CreateReplicatedTopic(ctx context.Context, brokers []string, topic string, partitions, replication int, configs map[string]string) error {
-	cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-	defer cancel()
-	conn, err := clusterDialer.DialContext(cctx, "tcp", brokers[0])
-	if err != nil {
-		return fmt.Errorf("failover: dial %s: %w", brokers[0], err)
-	}
-	defer conn.Close()
-	ctrl, err := conn.Controller()
-	if err != nil {
-		return fmt.Errorf("failover: find controller: %w", err)
-	}
-	cc, err := clusterDialer.DialContext(cctx, "tcp", net.JoinHostPort(ctrl.Host, strconv.Itoa(ctrl.Port)))
-	if err != nil {
-		return fmt.Errorf("failover: dial controller: %w", err)
-	}
-	defer cc.Close()
-	tc := kafka.TopicConfig{Topic: topic, NumPartitions: partitions, ReplicationFactor: replication}
-	for k, v := range configs {
-		tc.ConfigEntries = append(tc.ConfigEntries, kafka.ConfigEntry{ConfigName: k, ConfigValue: v})
-	}
-	if err := cc.CreateTopics(tc); err != nil {
-		return fmt.Errorf("failover: create topic %s: %w", topic, err)
-	}
-	for {
-		err := WaitInSync(cctx, brokers, topic, replication, 5*time.Second)
-		if err == nil {
-			if err = leadersAnswer(cctx, brokers, topic, partitions); err == nil {
-				return nil
-			}
-		}
-		if cctx.Err() != nil {
-			return fmt.Errorf("failover: topic %s not ready: %w", topic, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
-// leadersAnswer asks every partition's leader for its last offset (right
-// after creation a leader may still answer "not leader for partition").
-func leadersAnswer(ctx context.Context, brokers []string, topic string, partitions int) error {
-	ps, err := readPartitions(ctx, brokers, topic, "")
-	if err != nil {
-		return err
-	}
-	if len(ps) != partitions {
-		return fmt.Errorf("%d of %d partitions in the metadata", len(ps), partitions)
-	}
-	for _, p := range ps {
-		lc, err := clusterDialer.DialLeader(ctx, "tcp", net.JoinHostPort(p.Leader.Host, strconv.Itoa(p.Leader.Port)), topic, p.ID)
-		if err != nil {
-			return err
-		}
-		_ = lc.SetDeadline(time.Now().Add(3 * time.Second))
-		_, err = lc.ReadLastOffset()
-		lc.Close()
-		if err != nil {
-			return err
-		}
-	}
-	return nil
 }

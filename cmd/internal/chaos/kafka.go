@@ -2,74 +2,31 @@ package chaos
 
 import (
 	"context"
-	"fmt"
-	"net"
-	"strconv"
 	"sync"
 	"time"
 
 	"github.com/segmentio/kafka-go"
 
 	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/internal/testenv"
+	"github.com/gorm-outbox/outbox/kafkapub"
 )
 
-// CreateTopic creates topic with the given partitions and waits for their
-// leaders.
+// CreateTopic creates topic with the given partitions and waits until
+// their leaders serve.
 func CreateTopic(ctx context.Context, brokers []string, topic string, partitions int) error {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	d := &kafka.Dialer{Timeout: 10 * time.Second}
-	conn, err := d.DialContext(ctx, "tcp", brokers[0])
-	if err != nil {
-		return fmt.Errorf("chaos: dial %s: %w", brokers[0], err)
-	}
-	defer conn.Close()
-	ctrl, err := conn.Controller()
-	if err != nil {
-		return fmt.Errorf("chaos: find controller: %w", err)
-	}
-	cc, err := d.DialContext(ctx, "tcp", net.JoinHostPort(ctrl.Host, strconv.Itoa(ctrl.Port)))
-	if err != nil {
-		return fmt.Errorf("chaos: dial controller: %w", err)
-	}
-	defer cc.Close()
-	if err := cc.CreateTopics(kafka.TopicConfig{Topic: topic, NumPartitions: partitions, ReplicationFactor: 1}); err != nil {
-		return fmt.Errorf("chaos: create topic %s: %w", topic, err)
-	}
-	for {
-		ps, err := conn.ReadPartitions(topic)
-		if err == nil && len(ps) == partitions {
-			ready := true
-			for _, p := range ps {
-				ready = ready && p.Leader.Host != ""
-			}
-			if ready {
-				return nil
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("chaos: topic %s has no leaders (last error %v)", topic, err)
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+	return testenv.CreateTopic(ctx, nil, brokers, kafka.TopicConfig{Topic: topic, NumPartitions: partitions, ReplicationFactor: 1})
 }
 
 // Record is one record the checker consumed.
 type Record struct {
-	// ID is the message-id header.
-	ID string
-	// Key is the record key; Keyless reports a nil key.
-	Key     string
-	Keyless bool
-	// Partition and Offset locate the record.
+	ID        string // the message-id header
+	Key       string
+	Keyless   bool // a nil key
 	Partition int
 	Offset    int64
-	// Produced is the producer's timestamp (the relay's clock when it
-	// handed the record to the broker).
-	Produced time.Time
-	// Received is when the checker read it.
-	Received time.Time
+	Produced  time.Time // the producer's timestamp: the relay's clock when it handed the record over
+	Received  time.Time // when the checker read it
 }
 
 // Consumer reads every partition of a topic from the beginning, on its own
@@ -103,19 +60,23 @@ func StartConsumer(ctx context.Context, brokers []string, topic string, partitio
 				}
 				rec := Record{Key: string(m.Key), Keyless: m.Key == nil, Partition: p, Offset: m.Offset, Produced: m.Time, Received: time.Now()}
 				for _, h := range m.Headers {
-					if h.Key == "x-outbox-message-id" {
+					if h.Key == kafkapub.DefaultMessageIDHeader {
 						rec.ID = string(h.Value)
 					}
 				}
-				c.mu.Lock()
-				c.parts[p] = append(c.parts[p], rec)
-				c.ids[rec.ID]++
-				c.total++
-				c.mu.Unlock()
+				c.add(rec)
 			}
 		}()
 	}
 	return c
+}
+
+func (c *Consumer) add(rec Record) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.parts[rec.Partition] = append(c.parts[rec.Partition], rec)
+	c.ids[rec.ID]++
+	c.total++
 }
 
 // Wait waits for the readers to exit (after ctx is done).
@@ -217,12 +178,7 @@ func (c *Consumer) Verify(perKey map[string][]string, keyless []string, doubt, r
 	}
 	// Order: per key, the first copies in partition order must follow
 	// commit order.
-	rank := map[string]int{}
-	for _, ids := range perKey {
-		for i, id := range ids {
-			rank[id] = i
-		}
-	}
+	rank := ranks(perKey)
 	seen := map[string]bool{}
 	last := map[string]int{}
 	for _, p := range parts {
@@ -242,4 +198,15 @@ func (c *Consumer) Verify(perKey map[string][]string, keyless []string, doubt, r
 		}
 	}
 	return ck
+}
+
+// ranks maps each id of perKey to its place in its key's commit order.
+func ranks(perKey map[string][]string) map[string]int {
+	rank := map[string]int{}
+	for _, ids := range perKey {
+		for i, id := range ids {
+			rank[id] = i
+		}
+	}
+	return rank
 }

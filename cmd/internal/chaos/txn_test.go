@@ -41,7 +41,7 @@ func TestCrashMatrixTransactional(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	rows, err := chaos.CrashMatrix(ctx, chaos.MatrixConfig{Bin: bin, Dialect: chaos.Postgres, BaseDSN: dsn, Brokers: brokers, Dir: t.TempDir(), Messages: 2000, Transactional: true})
-	t.Logf("transactional crash matrix (postgres):\n%s", chaos.FormatTxnMatrix(rows))
+	t.Logf("transactional crash matrix (postgres):\n%s", chaos.FormatMatrix(rows, true))
 	if err != nil {
 		t.Fatalf("CrashMatrix: %v", err)
 	}
