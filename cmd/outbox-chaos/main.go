@@ -9,7 +9,7 @@
 //	    the crash matrix: SIGKILL a relay child at each step, print the table
 //	outbox-chaos run [-db ...] [-messages N] [-relays N] [-faults N] [-write-for D] [-txn]
 //	    a chaos run; prints one summary line, exits 1 on a failed check
-//	outbox-chaos effects [-db postgres|mysql] [-mode default|fenced|both] [-messages N] [-write-for D] [-rounds N] [-logs DIR]
+//	outbox-chaos effects [-db postgres|mysql] [-mode default|fenced|both] [-messages N] [-write-for D] [-rounds N]
 //	    the effects run: business rows, relays, inbox consumers of both
 //	    clients in their own databases, every fault injected -rounds
 //	    times; prints a table and one line per cell, exits 1 on a failed
@@ -78,15 +78,11 @@ func harness(ctx context.Context, sub string, args []string, log *slog.Logger) e
 	dialect := fs.String("db", chaos.Postgres, "database: postgres, mysql or sqlite (effects: postgres or mysql)")
 	messages := fs.Int("messages", map[string]int{"matrix": 3000, "run": 20000, "effects": 20000}[sub], "messages to write (matrix: per cell; effects: business rows)")
 	txn := fs.Bool("txn", false, "matrix, run: the transactional variant: relays publish in Kafka transactions, the checker reads read_committed")
-	relays := fs.Int("relays", 3, "run, effects: relay processes")
+	relays := fs.Int("relays", 3, "run: relay processes")
 	faults := fs.Int("faults", 24, "run: faults to inject")
 	writeFor := fs.Duration("write-for", map[string]time.Duration{"run": 75 * time.Second, "effects": 5 * time.Minute}[sub], "run, effects: how long the writers take to write the messages")
-	seed := fs.Int64("seed", time.Now().UnixNano(), "run, effects: random seed")
 	mode := fs.String("mode", "both", "effects: relay mode: default, fenced or both (one run each)")
 	rounds := fs.Int("rounds", 5, "effects: how many times each fault kind is injected")
-	keys := fs.Int("keys", 32, "effects: keys")
-	consumers := fs.Int("consumers", 2, "effects: consumer processes per client")
-	logs := fs.String("logs", "", "effects: keep the children's logs in this directory (default: a temporary one, removed)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -130,7 +126,7 @@ func harness(ctx context.Context, sub string, args []string, log *slog.Logger) e
 		return nil
 	case "run":
 		s, err := chaos.Run(ctx, chaos.RunConfig{Bin: bin, Dialect: *dialect, BaseDSN: dsn, Brokers: brokers, Dir: dir, Logger: log,
-			Messages: *messages, Relays: *relays, Faults: *faults, WriteFor: *writeFor, Seed: *seed, Transactional: *txn})
+			Messages: *messages, Relays: *relays, Faults: *faults, WriteFor: *writeFor, Seed: time.Now().UnixNano(), Transactional: *txn})
 		fmt.Println(s)
 		if err != nil {
 			return err
@@ -148,11 +144,8 @@ func harness(ctx context.Context, sub string, args []string, log *slog.Logger) e
 	if err != nil {
 		return err
 	}
-	if *logs != "" {
-		dir = *logs
-	}
 	cfg := chaos.EffectsConfig{Bin: bin, Dialect: *dialect, BaseDSN: dsn, Brokers: brokers, BrokerPID: pid, Dir: dir, Logger: log,
-		Messages: *messages, WriteFor: *writeFor, Rounds: *rounds, Keys: *keys, Relays: *relays, Consumers: *consumers, Seed: *seed}
+		Messages: *messages, WriteFor: *writeFor, Rounds: *rounds, Seed: time.Now().UnixNano()}
 	var ss []chaos.EffectsSummary
 	var errs []error
 	for _, txn := range modes {

@@ -1,6 +1,7 @@
 package chaos
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -22,13 +23,18 @@ import (
 // Fault kinds of a failover run (FailoverRun): the victim is always the
 // current leader of one partition of the run's topic.
 const (
-	// FaultLeaderKill SIGKILLs the leader's JVM and restarts the node after
-	// FailoverConfig.KillDowntime.
-	FaultLeaderKill = "leader_kill"
-	// FaultLeaderPause SIGSTOPs the leader's JVM for FailoverConfig.PauseFor
-	// (longer than the relays' publish timeout and the brokers' session
-	// timeout), then SIGCONTs it.
-	FaultLeaderPause = "leader_pause"
+	FaultLeaderKill  = "leader_kill"  // SIGKILL the leader's JVM, restart the node after KillDowntime
+	FaultLeaderPause = "leader_pause" // SIGSTOP the leader's JVM for PauseFor, then SIGCONT
+)
+
+// A failover run's topic (replication, min.insync.replicas), its steady
+// delivery before the first fault, and its wait once every replica is back
+// in sync before the next fault.
+const (
+	failoverReplication = 3
+	failoverMinISR      = 2
+	failoverWarmup      = 8 * time.Second
+	failoverSettle      = 3 * time.Second
 )
 
 // ClusterNodes controls the nodes of a Kafka cluster by node id (the
@@ -40,51 +46,34 @@ type ClusterNodes interface {
 	Start(ctx context.Context, node int) error
 }
 
-// FailoverConfig configures FailoverRun.
+// FailoverConfig configures FailoverRun. Zero sizes take the defaults
+// named.
 type FailoverConfig struct {
 	// Bin is the outbox-chaos binary (the relay children).
 	Bin string
-	// Dialect and BaseDSN name the database server.
+	// Dialect (postgres: the acknowledgement audit needs it) and BaseDSN
+	// name the database server.
 	Dialect, BaseDSN string
-	// Brokers are the cluster's bootstrap addresses (one per node).
+	// Brokers are the cluster's bootstrap addresses (one per node); Nodes
+	// kills, pauses and restarts its nodes.
 	Brokers []string
-	// Nodes kills, pauses and restarts the cluster's nodes.
-	Nodes ClusterNodes
+	Nodes   ClusterNodes
 	// Dir holds the children's logs.
 	Dir string
-	// Replication is the topic's replication factor and MinISR its
-	// min.insync.replicas. Zero means 3 and 2.
-	Replication, MinISR int
-	// Relays is the number of relay processes. Zero means 3.
-	Relays int
-	// Faults is the number of faults, alternately a leader kill and a
-	// leader pause. Zero means 4.
-	Faults int
-	// Messages and WriteFor: the writers spread Messages over WriteFor; the
-	// faults are injected one after the other while they write (a fault
-	// that would not end before the writers do is not injected). Zero
-	// means 15000 and 120s.
-	Messages int
-	WriteFor time.Duration
-	// Warmup is the steady delivery before the first fault. Zero means 8s.
-	Warmup time.Duration
-	// KillDowntime is how long a killed node stays down; PauseFor how long
-	// a paused one stays frozen. Zero means 12s each (longer than Kafka's
-	// default broker.session.timeout.ms of 9s, so that leadership moves).
+	// Relays (zero: 3); Faults (zero: 4), alternately a leader kill and a
+	// leader pause, one after the other while the writers spread Messages
+	// over WriteFor (zero: 15000 over 120s): a fault that would not end
+	// before the writers do is not injected.
+	Relays, Faults, Messages int
+	WriteFor                 time.Duration
+	// KillDowntime and PauseFor: how long a killed node stays down and a
+	// paused one frozen (zero: 12s each, longer than Kafka's 9s
+	// broker.session.timeout.ms, so that leadership moves).
 	KillDowntime, PauseFor time.Duration
-	// Settle is the wait once every partition has all its replicas in
-	// sync again, before the next fault. Zero means 3s.
-	Settle time.Duration
-	// PublishTimeout is the relays' kafkapub.Config.PublishTimeout. Zero means
-	// 5s.
+	// PublishTimeout is the relays' (zero: 5s).
 	PublishTimeout time.Duration
-	// DrainTimeout bounds the wait for the table to drain after the
-	// writers. Zero means 90s.
-	DrainTimeout time.Duration
 	// Seed seeds the writers.
 	Seed int64
-	// Logger receives progress. Nil means slog.Default().
-	Logger *slog.Logger
 }
 
 // FailoverFault is one injected fault and what followed it.
@@ -93,23 +82,15 @@ type FailoverFault struct {
 	Node      int // the victim: the partition's leader when the fault began
 	Partition int
 	At        time.Time
-	// Held is how long the node was down (killed) or frozen (paused),
-	// until its restart began or it was resumed.
-	Held time.Duration
-	// LeaderMoved is the time from the fault until the metadata named
-	// another leader for the partition; negative when it never did.
-	LeaderMoved time.Duration
-	// Restart is how long the killed node took to start again.
-	Restart time.Duration
-	// InSync is the time from the restart's end or the resume until every
-	// partition had all its replicas in sync again.
-	InSync time.Duration
-	// Stall is the longest time in the fault's window (from the fault to
-	// the next fault or the end of the writes) in which no relay
-	// acknowledged a record: no outbox row was deleted, the relays
-	// deleting a row once the cluster acknowledged it (acks=all).
-	// PartitionStall is the same for the rows consumed from the victim's
-	// partition.
+	// Held: how long the node was down or frozen; LeaderMoved: from the
+	// fault until the metadata named another leader (negative: never);
+	// Restart: how long the killed node took to start; InSync: from its
+	// restart or resume until every replica was in sync again.
+	Held, LeaderMoved, Restart, InSync time.Duration
+	// Stall is the longest time in the fault's window (until the next
+	// fault or the end of the writes) without an acknowledgement (a row
+	// deleted: the relays delete a row once acks=all acknowledged it);
+	// PartitionStall the same for the rows of the victim's partition.
 	Stall, PartitionStall time.Duration
 }
 
@@ -214,29 +195,25 @@ func FormatFailover(s FailoverSummary) string {
 // a cluster that did not heal (see FailoverSummary.Err for the checks).
 func FailoverRun(ctx context.Context, cfg FailoverConfig) (FailoverSummary, error) {
 	start := time.Now()
-	orDefault(&cfg.Replication, 3)
-	orDefault(&cfg.MinISR, 2)
 	orDefault(&cfg.Relays, 3)
 	orDefault(&cfg.Faults, 4)
 	orDefault(&cfg.Messages, 15000)
 	orDefault(&cfg.WriteFor, 120*time.Second)
-	orDefault(&cfg.Warmup, 8*time.Second)
 	orDefault(&cfg.KillDowntime, 12*time.Second)
 	orDefault(&cfg.PauseFor, 12*time.Second)
-	orDefault(&cfg.Settle, 3*time.Second)
 	orDefault(&cfg.PublishTimeout, 5*time.Second)
-	orDefault(&cfg.DrainTimeout, 90*time.Second)
-	orDefault(&cfg.Logger, slog.Default())
-	log := cfg.Logger
-	s := FailoverSummary{Dialect: cfg.Dialect, Brokers: len(cfg.Brokers), Relays: cfg.Relays, Replication: cfg.Replication, MinISR: cfg.MinISR,
+	log := slog.Default()
+	s := FailoverSummary{Dialect: cfg.Dialect, Brokers: len(cfg.Brokers), Relays: cfg.Relays, Replication: failoverReplication, MinISR: failoverMinISR,
 		PublishTimeout: cfg.PublishTimeout, KillDowntime: cfg.KillDowntime, PauseFor: cfg.PauseFor}
-	if len(cfg.Brokers) < cfg.Replication || cfg.Nodes == nil {
-		return s, fmt.Errorf("failover: need %d brokers and their nodes (have %d)", cfg.Replication, len(cfg.Brokers))
+	if len(cfg.Brokers) < failoverReplication || cfg.Nodes == nil {
+		return s, fmt.Errorf("failover: need %d brokers and their nodes (have %d)", failoverReplication, len(cfg.Brokers))
 	}
-
+	if cfg.Dialect != Postgres {
+		return s, fmt.Errorf("failover: needs PostgreSQL (the acknowledgement audit), not %s", cfg.Dialect)
+	}
 	// Every node runs: a leftover paused or killed node from an aborted
 	// run would make the first fault a double one.
-	if err := WaitInSync(ctx, cfg.Brokers, "", cfg.Replication, 60*time.Second); err != nil {
+	if err := waitInSync(ctx, cfg.Brokers, "", 60*time.Second); err != nil {
 		return s, err
 	}
 	d, err := CreateDatabase(ctx, cfg.Dialect, cfg.BaseDSN, cfg.Dir)
@@ -244,15 +221,12 @@ func FailoverRun(ctx context.Context, cfg FailoverConfig) (FailoverSummary, erro
 		return s, err
 	}
 	defer d.Drop(ctx)
-	if cfg.Dialect != Postgres {
-		return s, fmt.Errorf("failover: needs PostgreSQL (the acknowledgement audit), not %s", cfg.Dialect)
-	}
-	if err := createAckAudit(ctx, d.DSN); err != nil {
+	if err := d.migrate(createAckAudit); err != nil {
 		return s, err
 	}
 	topic := testenv.Unique("chaos_failover_")
-	tc := kafka.TopicConfig{Topic: topic, NumPartitions: partitions, ReplicationFactor: cfg.Replication,
-		ConfigEntries: []kafka.ConfigEntry{{ConfigName: "min.insync.replicas", ConfigValue: strconv.Itoa(cfg.MinISR)}}}
+	tc := kafka.TopicConfig{Topic: topic, NumPartitions: partitions, ReplicationFactor: failoverReplication,
+		ConfigEntries: []kafka.ConfigEntry{{ConfigName: "min.insync.replicas", ConfigValue: strconv.Itoa(failoverMinISR)}}}
 	if err := testenv.CreateTopic(ctx, clusterDialer, cfg.Brokers, tc); err != nil {
 		return s, err
 	}
@@ -273,8 +247,8 @@ func FailoverRun(ctx context.Context, cfg FailoverConfig) (FailoverSummary, erro
 		PublishTimeout: cfg.PublishTimeout,
 	}}
 	defer relays.StopAll(10 * time.Second)
-	for i := 1; i <= cfg.Relays; i++ {
-		if _, err := relays.Start(fmt.Sprintf("relay-%d", i)); err != nil {
+	for range cfg.Relays {
+		if err := relays.add(); err != nil {
 			return s, err
 		}
 	}
@@ -283,31 +257,27 @@ func FailoverRun(ctx context.Context, cfg FailoverConfig) (FailoverSummary, erro
 	// partition per writer, a few keyless messages).
 	led := newLedger()
 	writeStart := time.Now()
-	writeEnd := writeStart.Add(cfg.WriteFor)
 	writersDone := startWriters(ctx, db, topic, RunConfig{Messages: cfg.Messages, WriteFor: cfg.WriteFor, Seed: cfg.Seed}, led, nil)
-
-	sleepCtx(ctx, cfg.Warmup)
+	sleepCtx(ctx, failoverWarmup)
 	var faultErr error
 	for i := 0; i < cfg.Faults && ctx.Err() == nil; i++ {
-		kind := FaultLeaderKill
-		held := cfg.KillDowntime
+		kind, held := FaultLeaderKill, cfg.KillDowntime
 		if i%2 == 1 {
 			kind, held = FaultLeaderPause, cfg.PauseFor
 		}
 		// a fault ends with the node back in sync (a restart takes ~10 s)
-		if time.Until(writeEnd) < held+15*time.Second {
+		if time.Until(writeStart.Add(cfg.WriteFor)) < held+15*time.Second {
 			log.Warn("failover: no time left for the remaining faults before the writers end", "injected", i, "wanted", cfg.Faults)
 			break
 		}
-		f, err := leaderFault(ctx, cfg, topic, kind, i%partitions, log)
-		if f.Kind != "" {
+		var f FailoverFault
+		if f, faultErr = leaderFault(ctx, cfg, topic, kind, held, i%partitions, log); f.Kind != "" {
 			s.Faults = append(s.Faults, f)
 		}
-		if err != nil {
-			faultErr = err
+		if faultErr != nil {
 			break
 		}
-		sleepCtx(ctx, cfg.Settle)
+		sleepCtx(ctx, failoverSettle)
 	}
 	select {
 	case <-writersDone:
@@ -316,33 +286,26 @@ func FailoverRun(ctx context.Context, cfg FailoverConfig) (FailoverSummary, erro
 	s.lastWrite = time.Now()
 	log.Info("failover: writers done; draining", "faults", len(s.Faults))
 
-	s.Drained = drain(ctx, db, led, consumer, cfg.DrainTimeout)
-	if v, _, err := DualOwners(db); err == nil {
-		s.DualOwners = v
-	} else {
+	s.Drained = drain(ctx, db, led, consumer, drainTimeout)
+	if s.DualOwners, _, err = DualOwners(db); err != nil {
 		return s, fmt.Errorf("failover: read lease audit: %w", err)
 	}
 	led.mu.Lock()
 	s.Check = consumer.Verify(led.perKey, led.keyless, led.doubt, led.rolledBack)
 	s.Written, s.Committed, s.RolledBack, s.InDoubt = led.written, led.committed, len(led.rolledBack), len(led.doubt)
 	led.mu.Unlock()
-	acks, err := readAcks(db)
-	if err != nil {
+	if err := measureStalls(db, &s, consumer, writeStart); err != nil {
 		return s, err
 	}
-	measureStalls(&s, consumer, acks, writeStart)
 	s.Took = time.Since(start)
-	if faultErr != nil {
-		return s, faultErr
-	}
-	return s, ctx.Err()
+	return s, cmp.Or(faultErr, ctx.Err())
 }
 
-// leaderFault injects one fault on the leader of partition and waits until
-// every partition has all its replicas in sync again.
-func leaderFault(ctx context.Context, cfg FailoverConfig, topic, kind string, partition int, log *slog.Logger) (FailoverFault, error) {
+// leaderFault injects one fault on the leader of partition, for held, and
+// waits until every partition has all its replicas in sync again.
+func leaderFault(ctx context.Context, cfg FailoverConfig, topic, kind string, held time.Duration, partition int, log *slog.Logger) (FailoverFault, error) {
 	f := FailoverFault{Kind: kind, Partition: partition, LeaderMoved: -1, InSync: -1}
-	lb, err := PartitionLeader(ctx, cfg.Brokers, topic, partition, "")
+	lb, err := partitionLeader(ctx, cfg.Brokers, topic, partition, "")
 	if err != nil {
 		return FailoverFault{}, err
 	}
@@ -366,7 +329,7 @@ func leaderFault(ctx context.Context, cfg FailoverConfig, topic, kind string, pa
 	moved := make(chan time.Duration, 1)
 	go func() {
 		for wctx.Err() == nil {
-			if l, err := PartitionLeader(wctx, cfg.Brokers, topic, partition, leaderAddr); err == nil && l.ID >= 0 && l.ID != leader {
+			if l, err := partitionLeader(wctx, cfg.Brokers, topic, partition, leaderAddr); err == nil && l.ID >= 0 && l.ID != leader {
 				moved <- time.Since(f.At)
 				return
 			}
@@ -374,31 +337,21 @@ func leaderFault(ctx context.Context, cfg FailoverConfig, topic, kind string, pa
 		}
 		moved <- -1
 	}()
-	var held time.Duration
-	if kind == FaultLeaderKill {
-		held = cfg.KillDowntime
-	} else {
-		held = cfg.PauseFor
-	}
 	sleepCtx(ctx, held)
 	f.Held = time.Since(f.At)
 	stopWatch()
 	f.LeaderMoved = <-moved
-	var backAt time.Time
+	t0 := time.Now()
 	if kind == FaultLeaderKill {
-		t0 := time.Now()
 		if err := cfg.Nodes.Start(context.WithoutCancel(ctx), leader); err != nil {
 			return f, fmt.Errorf("failover: restart node %d: %w", leader, err)
 		}
-		backAt = time.Now()
-		f.Restart = backAt.Sub(t0)
-	} else {
-		if err := cfg.Nodes.Signal(leader, syscall.SIGCONT); err != nil {
-			return f, err
-		}
-		backAt = time.Now()
+		f.Restart = time.Since(t0)
+	} else if err := cfg.Nodes.Signal(leader, syscall.SIGCONT); err != nil {
+		return f, err
 	}
-	if err := WaitInSync(ctx, cfg.Brokers, topic, cfg.Replication, 90*time.Second); err != nil {
+	backAt := time.Now()
+	if err := waitInSync(ctx, cfg.Brokers, topic, 90*time.Second); err != nil {
 		return f, fmt.Errorf("failover: after %s of node %d: %w", kind, leader, err)
 	}
 	f.InSync = time.Since(backAt)
@@ -406,22 +359,11 @@ func leaderFault(ctx context.Context, cfg FailoverConfig, topic, kind string, pa
 	return f, nil
 }
 
-// ack is one acknowledged (deleted) outbox row.
-type ack struct {
-	id string
-	at time.Time
-}
-
 // createAckAudit records the deletion time of every outbox row
 // (PostgreSQL: a statement trigger over the deleted rows, with the
 // database's clock): the relay deletes a row once its record was
 // acknowledged.
-func createAckAudit(ctx context.Context, dsn string) error {
-	db, err := Open(Postgres, dsn, harnessAppName, 1)
-	if err != nil {
-		return err
-	}
-	defer closeGorm(db)
+func createAckAudit(db *gorm.DB) error {
 	for _, q := range []string{
 		"CREATE TABLE chaos_ack_audit (message_id TEXT, at_us BIGINT)",
 		`CREATE FUNCTION chaos_ack_audit() RETURNS trigger AS $$ BEGIN
@@ -430,32 +372,24 @@ func createAckAudit(ctx context.Context, dsn string) error {
 END $$ LANGUAGE plpgsql`,
 		"CREATE TRIGGER chaos_ack_audit AFTER DELETE ON " + outbox.DefaultMessagesTable + " REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION chaos_ack_audit()",
 	} {
-		if err := db.WithContext(ctx).Exec(q).Error; err != nil {
+		if err := db.Exec(q).Error; err != nil {
 			return fmt.Errorf("failover: acknowledgement audit: %w", err)
 		}
 	}
 	return nil
 }
 
-func readAcks(db *gorm.DB) ([]ack, error) {
-	var rows []struct {
+// measureStalls reads the acknowledgements and computes the longest times
+// without one, on the topic and per partition (a row's partition is the
+// one the consumer read it from).
+func measureStalls(db *gorm.DB, s *FailoverSummary, c *Consumer, writeStart time.Time) error {
+	var acks []struct {
 		MessageID string
 		AtUs      int64
 	}
-	if err := db.Raw("SELECT message_id, at_us FROM chaos_ack_audit ORDER BY at_us").Scan(&rows).Error; err != nil {
-		return nil, fmt.Errorf("failover: read acknowledgement audit: %w", err)
+	if err := db.Raw("SELECT message_id, at_us FROM chaos_ack_audit ORDER BY at_us").Scan(&acks).Error; err != nil {
+		return fmt.Errorf("failover: read acknowledgement audit: %w", err)
 	}
-	acks := make([]ack, len(rows))
-	for i, r := range rows {
-		acks[i] = ack{id: r.MessageID, at: time.UnixMicro(r.AtUs)}
-	}
-	return acks, nil
-}
-
-// measureStalls computes the longest times without an acknowledgement,
-// on the topic and per partition (a row's partition is the one the
-// consumer read it from).
-func measureStalls(s *FailoverSummary, c *Consumer, acks []ack, writeStart time.Time) {
 	parts, _, _ := c.Snapshot()
 	partOf := map[string]int{}
 	for p, recs := range parts {
@@ -466,9 +400,10 @@ func measureStalls(s *FailoverSummary, c *Consumer, acks []ack, writeStart time.
 	all := make([]time.Time, 0, len(acks))
 	byPart := make([][]time.Time, len(parts))
 	for _, a := range acks {
-		all = append(all, a.at)
-		if p, ok := partOf[a.id]; ok {
-			byPart[p] = append(byPart[p], a.at)
+		at := time.UnixMicro(a.AtUs)
+		all = append(all, at)
+		if p, ok := partOf[a.MessageID]; ok {
+			byPart[p] = append(byPart[p], at)
 		}
 	}
 	sortTimes(all)
@@ -492,6 +427,7 @@ func measureStalls(s *FailoverSummary, c *Consumer, acks []ack, writeStart time.
 		f.Stall = longestGap(all, f.At, to)
 		f.PartitionStall = longestGap(byPart[f.Partition], f.At, to)
 	}
+	return nil
 }
 
 func sortTimes(ts []time.Time) { sort.Slice(ts, func(i, j int) bool { return ts[i].Before(ts[j]) }) }
@@ -557,9 +493,9 @@ func readPartitions(ctx context.Context, brokers []string, topic, avoid string) 
 	return nil, fmt.Errorf("failover: no broker answered a metadata request: %w", lastErr)
 }
 
-// PartitionLeader returns partition's leader (ID -1 when it has none),
+// partitionLeader returns partition's leader (ID -1 when it has none),
 // asking the brokers other than avoid (an address; empty: any).
-func PartitionLeader(ctx context.Context, brokers []string, topic string, partition int, avoid string) (kafka.Broker, error) {
+func partitionLeader(ctx context.Context, brokers []string, topic string, partition int, avoid string) (kafka.Broker, error) {
 	ps, err := readPartitions(ctx, brokers, topic, avoid)
 	if err != nil {
 		return kafka.Broker{ID: -1}, err
@@ -575,9 +511,10 @@ func PartitionLeader(ctx context.Context, brokers []string, topic string, partit
 	return kafka.Broker{ID: -1}, fmt.Errorf("failover: no partition %d of %s in the metadata", partition, topic)
 }
 
-// WaitInSync waits until every partition of topic (every topic when empty)
-// has a leader and replication replicas in sync.
-func WaitInSync(ctx context.Context, brokers []string, topic string, replication int, timeout time.Duration) error {
+// waitInSync waits until every partition of topic (every topic when empty)
+// has a leader and all its replicas in sync.
+func waitInSync(ctx context.Context, brokers []string, topic string, timeout time.Duration) error {
+	const replication = failoverReplication
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	var last string

@@ -44,8 +44,13 @@ func EffectsFaults() []string {
 	return []string{FaultRelayKill, FaultRelayPause, FaultZombie, FaultConsumerKill, FaultRebalance, FaultBrokerPause, FaultOutboxDBKill, FaultConsumerDBKill}
 }
 
-// Timing of the effects run's faults.
+// The effects run's keys, relays and members of each consumer group, and
+// the timing of its faults.
 const (
+	effectsKeys      = 32
+	effectsRelays    = 3
+	effectsConsumers = 2
+
 	brokerPause   = 6 * time.Second  // a broker pause
 	zombieWait    = 25 * time.Second // the longest a zombie stays stopped
 	effectsPubTTL = 30 * time.Second // the relays' PublishTimeout: longer than zombieWait, so that the zombie's EndTxn is sent
@@ -67,23 +72,14 @@ type EffectsConfig struct {
 	Dir string
 	// Transactional runs the relays in fenced mode.
 	Transactional bool
-	// Clients are the consumer clients, each a group with a database of its
-	// own. Nil means Clients().
-	Clients []string
 	// Messages is the number of business rows written over WriteFor (zero:
 	// 4000 over 45s); the writers keep that rate until the last fault is
 	// over, so that every fault meets writers at work.
 	Messages int
 	WriteFor time.Duration
-	// Keys (zero: 32), relay processes (zero: 3) and members of each group
-	// (zero: 2).
-	Keys, Relays, Consumers int
 	// Rounds is how many times every fault kind is injected (zero: 1), in
 	// random order, spread over WriteFor.
 	Rounds int
-	// DrainTimeout bounds the wait, after the faults, for every committed
-	// row's effect and each consumer_kill victim's redelivery. Zero: 90s.
-	DrainTimeout time.Duration
 	// Seed seeds the schedule and the writers.
 	Seed int64
 	// Logger receives progress. Nil means slog.Default().
@@ -126,7 +122,7 @@ type EffectsSummary struct {
 	Faults map[string]*FaultTally
 	Cells  []EffectsCell
 	// Drained: the outbox table emptied and every client applied an effect
-	// for each committed row within DrainTimeout.
+	// for each committed row within drainTimeout.
 	Drained bool
 	Took    time.Duration
 }
@@ -306,11 +302,10 @@ func newConsumerGroup(ctx context.Context, cfg EffectsConfig, client, topic stri
 func (g *consumerGroup) start(live bool, env ...string) (*Proc, error) {
 	c := g.base
 	c.ID = g.nextID(g.client)
-	p, err := StartProcess(g.bin, c.Args(), env, filepath.Join(g.dir, "consumer-"+c.ID+".log"))
+	p, err := startProcess(c.ID, g.bin, c.Args(), env, filepath.Join(g.dir, "consumer-"+c.ID+".log"))
 	if err != nil {
 		return nil, fmt.Errorf("chaos: start consumer %s: %w", c.ID, err)
 	}
-	p.ID = c.ID
 	g.started(p, live)
 	return p, nil
 }
@@ -334,16 +329,9 @@ func (g *consumerGroup) close(ctx context.Context) {
 // is a setup failure (see EffectsSummary.Err for the checks).
 func RunEffects(ctx context.Context, cfg EffectsConfig) (EffectsSummary, error) {
 	start := time.Now()
-	if cfg.Clients == nil {
-		cfg.Clients = Clients()
-	}
 	orDefault(&cfg.Messages, 4000)
 	orDefault(&cfg.WriteFor, 45*time.Second)
-	orDefault(&cfg.Keys, 32)
-	orDefault(&cfg.Relays, 3)
-	orDefault(&cfg.Consumers, 2)
 	orDefault(&cfg.Rounds, 1)
-	orDefault(&cfg.DrainTimeout, 90*time.Second)
 	orDefault(&cfg.Logger, slog.Default())
 	log := cfg.Logger
 	s := EffectsSummary{Dialect: cfg.Dialect, Mode: "default", Faults: map[string]*FaultTally{}}
@@ -392,13 +380,13 @@ func RunEffects(ctx context.Context, cfg EffectsConfig) (EffectsSummary, error) 
 			g.close(ctx)
 		}
 	}()
-	for _, client := range cfg.Clients {
+	for _, client := range Clients() {
 		g, err := newConsumerGroup(ctx, cfg, client, topic)
 		if err != nil {
 			return s, err
 		}
 		groups = append(groups, g)
-		for range cfg.Consumers {
+		for range effectsConsumers {
 			if _, err := g.start(true); err != nil {
 				return s, err
 			}
@@ -411,7 +399,7 @@ func RunEffects(ctx context.Context, cfg EffectsConfig) (EffectsSummary, error) 
 		PublishTimeout: effectsPubTTL, TxnOutbox: txnOutbox(cfg.Transactional, topic),
 	}}
 	defer relays.StopAll(10 * time.Second)
-	for range cfg.Relays {
+	for range effectsRelays {
 		if err := relays.add(); err != nil {
 			return s, err
 		}
@@ -477,7 +465,7 @@ func RunEffects(ctx context.Context, cfg EffectsConfig) (EffectsSummary, error) 
 	if err := db.Model(&order{}).Count(&committed).Error; err != nil {
 		return s, fmt.Errorf("chaos: count business rows: %w", err)
 	}
-	for deadline := time.Now().Add(cfg.DrainTimeout); ctx.Err() == nil; time.Sleep(250 * time.Millisecond) {
+	for deadline := time.Now().Add(drainTimeout); ctx.Err() == nil; time.Sleep(250 * time.Millisecond) {
 		var n int64
 		s.Drained = db.Model(&outbox.Message{}).Count(&n).Error == nil && n == 0
 		redelivered := true
@@ -525,7 +513,7 @@ func RunEffects(ctx context.Context, cfg EffectsConfig) (EffectsSummary, error) 
 func writeOrders(ctx context.Context, db *gorm.DB, topic string, w int, cfg EffectsConfig, stop <-chan struct{}) (int, map[string]bool, error) {
 	rng := rand.New(rand.NewPCG(uint64(cfg.Seed), uint64(w)+1))
 	var keys []string
-	for k := w; k < cfg.Keys; k += writers {
+	for k := w; k < effectsKeys; k += writers {
 		keys = append(keys, fmt.Sprintf("k%02d", k))
 	}
 	rolledBack := map[string]bool{}

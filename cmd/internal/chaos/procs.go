@@ -11,25 +11,20 @@ import (
 	"time"
 )
 
-// Proc is one child process: a relay, a consumer or a broker.
+// Proc is one child process: a relay or a consumer.
 type Proc struct {
-	// ID is the relay (or consumer) id.
-	ID string
-	// Log is the file that receives its stdout and stderr.
-	Log string
-	// StartedAt is when it started.
+	ID        string // the relay (consumer) id
+	Log       string // the file of its stdout and stderr
 	StartedAt time.Time
-	cmd       *exec.Cmd
-	done      chan struct{}
-	// ExitedAt is when Wait returned; valid after Done is closed.
+	// ExitedAt and Err (Wait's) are valid once Done is closed.
 	ExitedAt time.Time
-	// Err is the result of Wait; valid after Done is closed.
-	Err error
+	Err      error
+	cmd      *exec.Cmd
+	done     chan struct{}
 }
 
-// StartProcess starts bin with args and extra environment, its stdout and
-// stderr appended to logPath.
-func StartProcess(bin string, args, env []string, logPath string) (*Proc, error) {
+// startProcess starts bin as child id, its output appended to logPath.
+func startProcess(id, bin string, args, env []string, logPath string) (*Proc, error) {
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), env...)
 	// Its own process group, so that a signal to the harness's group (a
@@ -45,7 +40,7 @@ func StartProcess(bin string, args, env []string, logPath string) (*Proc, error)
 		f.Close()
 		return nil, err
 	}
-	p := &Proc{cmd: cmd, done: make(chan struct{}), Log: logPath, StartedAt: time.Now()}
+	p := &Proc{ID: id, cmd: cmd, done: make(chan struct{}), Log: logPath, StartedAt: time.Now()}
 	go func() {
 		p.Err = cmd.Wait()
 		p.ExitedAt = time.Now()
@@ -57,9 +52,6 @@ func StartProcess(bin string, args, env []string, logPath string) (*Proc, error)
 
 // Done is closed when the process exited.
 func (p *Proc) Done() <-chan struct{} { return p.done }
-
-// Pid is the process id.
-func (p *Proc) Pid() int { return p.cmd.Process.Pid }
 
 // Signal sends sig to the process (ignored after exit).
 func (p *Proc) Signal(sig syscall.Signal) {
@@ -84,20 +76,18 @@ func (p *Proc) Stop(timeout time.Duration) {
 	select {
 	case <-p.done:
 	case <-time.After(timeout):
-		p.Signal(syscall.SIGKILL)
-		<-p.done
+		p.Kill()
 	}
 }
 
 // ExitSignal returns the signal that ended the process (0 when it exited on
-// its own); valid after Done is closed.
+// its own); valid once Done is closed.
 func (p *Proc) ExitSignal() syscall.Signal {
 	var ee *exec.ExitError
-	if !errors.As(p.Err, &ee) {
-		return 0
-	}
-	if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-		return ws.Signal()
+	if errors.As(p.Err, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return ws.Signal()
+		}
 	}
 	return 0
 }
@@ -143,8 +133,8 @@ func (s *procSet) take(intn func(int) int) *Proc {
 
 func (s *procSet) give(p *Proc) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.live = append(s.live, p)
-	s.mu.Unlock()
 }
 
 // procs returns every process the set started.
@@ -177,18 +167,16 @@ type Relays struct {
 
 // Start starts a relay child with id and extra environment (for example
 // "OUTBOX_FAILPOINTS=relay/after-fetch=kill@3").
-func (r *Relays) Start(id string, env ...string) (*Proc, error) {
-	return r.start(id, false, env...)
-}
+func (r *Relays) Start(id string, env ...string) (*Proc, error) { return r.start(id, false, env...) }
 
+// start starts a relay (live: one a fault may take).
 func (r *Relays) start(id string, live bool, env ...string) (*Proc, error) {
 	c := r.Base
 	c.RelayID = id
-	p, err := StartProcess(r.Bin, c.Args(), env, filepath.Join(r.LogDir, "relay-"+id+".log"))
+	p, err := startProcess(id, r.Bin, c.Args(), env, filepath.Join(r.LogDir, "relay-"+id+".log"))
 	if err != nil {
 		return nil, fmt.Errorf("chaos: start relay %s: %w", id, err)
 	}
-	p.ID = id
 	r.set.started(p, live)
 	return p, nil
 }

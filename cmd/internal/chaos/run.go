@@ -56,9 +56,6 @@ type RunConfig struct {
 	// the writers take WriteFor (zero: 75s), over which the faults spread.
 	Messages, Relays, Faults int
 	WriteFor                 time.Duration
-	// DrainTimeout bounds the wait for the table to drain after the faults.
-	// Zero means 90s.
-	DrainTimeout time.Duration
 	// Seed seeds the fault schedule and the writers.
 	Seed int64
 	// Logger receives progress. Nil means slog.Default().
@@ -165,6 +162,10 @@ func (s Summary) Err() error {
 	return nil
 }
 
+// drainTimeout bounds the wait, after the faults, for the table to drain
+// (the effects run: for every effect and redelivery).
+const drainTimeout = 90 * time.Second
+
 // ledger is what the writers committed.
 type ledger struct {
 	mu         sync.Mutex
@@ -228,7 +229,6 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 	orDefault(&cfg.Relays, 3)
 	orDefault(&cfg.Faults, 24)
 	orDefault(&cfg.WriteFor, 75*time.Second)
-	orDefault(&cfg.DrainTimeout, 90*time.Second)
 	orDefault(&cfg.Logger, slog.Default())
 	log := cfg.Logger
 	s := Summary{Dialect: cfg.Dialect, Broker: "kafka", Relays: cfg.Relays, Faults: map[string]int{}, Transactional: cfg.Transactional, Membership: cfg.Membership}
@@ -363,7 +363,7 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 	log.Info("chaos: faults over; draining", "faults", s.TotalFaults(), "poison_parked", s.PoisonParked, "poison_requeued", s.PoisonRequeued)
 
 	// Drain: the table empties and the checker sees every committed id.
-	s.Drained = drain(ctx, db, led, consumer, cfg.DrainTimeout)
+	s.Drained = drain(ctx, db, led, consumer, drainTimeout)
 	stopAudit()
 	auditWG.Wait()
 	s.LeaseAudits = audits
