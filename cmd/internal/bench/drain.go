@@ -61,25 +61,14 @@ type DrainResult struct {
 }
 
 // fanout forwards commit notifications to every relay of a fleet, as the
-// plugin of a process hosting several relays would.
-type fanout struct {
-	mu sync.Mutex
-	ns []*relay.Notifier
-}
+// plugin of a process hosting several relays would (the fleet is complete
+// before the first commit).
+type fanout struct{ ns []*relay.Notifier }
 
 var _ outbox.BucketNotifier = (*fanout)(nil)
 
-func (f *fanout) add(n *relay.Notifier) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.ns = append(f.ns, n)
-}
-
 func (f *fanout) each(fn func(*relay.Notifier)) {
-	f.mu.Lock()
-	ns := f.ns
-	f.mu.Unlock()
-	for _, n := range ns {
+	for _, n := range f.ns {
 		fn(n)
 	}
 }
@@ -93,8 +82,6 @@ func (f *fanout) NotifyBuckets(bs []int) { f.each(func(n *relay.Notifier) { n.No
 func (f *fanout) NonBlockingNotifier() {}
 
 func (e *env) outboxConfig() outbox.Config { return outbox.Config{BucketCount: e.cfg.Buckets} }
-
-func (e *env) log() *slog.Logger { return e.cfg.Logger }
 
 // warnOnly passes on warnings and errors only: the relays' start, stop and
 // ownership logs would drown the harness's progress.
@@ -263,7 +250,7 @@ func runDrain(ctx context.Context, e *env) ([]DrainResult, error) {
 type loopFunc func(ctx context.Context, db *sql.DB, w *kafka.Writer) error
 
 func (e *env) drainBaseline(ctx context.Context, name string, n int, loop loopFunc) (DrainResult, error) {
-	e.log().Info("bench: drain", "name", name, "rows", n)
+	e.cfg.Logger.Info("bench: drain", "name", name, "rows", n)
 	db, err := e.open(&outbox.Plugin{Config: e.outboxConfig()})
 	if err != nil {
 		return DrainResult{}, err
@@ -489,7 +476,7 @@ func (e *env) startFleet(ctx context.Context, n int, open func() (*gorm.DB, erro
 		case e.cfg.RelayLogger != nil:
 			lg = e.cfg.RelayLogger.With("relay", i)
 		default:
-			lg = slog.New(warnOnly{e.log().Handler()})
+			lg = slog.New(warnOnly{e.cfg.Logger.Handler()})
 		}
 		// The store logs beside its relay (the pool warning among them).
 		store, err := gormstore.New(db, gormstore.Options{Config: e.outboxConfig(), Logger: lg})
@@ -512,7 +499,7 @@ func (e *env) startFleet(ctx context.Context, n int, open func() (*gorm.DB, erro
 		if err != nil {
 			return fail(err)
 		}
-		f.fan.add(r.Notifier())
+		f.fan.ns = append(f.fan.ns, r.Notifier())
 		f.wg.Add(1)
 		go func() {
 			defer f.wg.Done()
@@ -575,7 +562,7 @@ func (e *env) waitBalanced(ctx context.Context, db *gorm.DB, n int) error {
 }
 
 func (e *env) drainRelays(ctx context.Context, n int) (DrainResult, error) {
-	e.log().Info("bench: drain", "name", "relay", "relays", n, "rows", e.cfg.N)
+	e.cfg.Logger.Info("bench: drain", "name", "relay", "relays", n, "rows", e.cfg.N)
 	admin, err := e.open(nil)
 	if err != nil {
 		return DrainResult{}, err

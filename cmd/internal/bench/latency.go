@@ -132,7 +132,7 @@ func runLatency(ctx context.Context, e *env, rep *Report) ([]LatencyResult, erro
 }
 
 func (e *env) latency(ctx context.Context, mode string, rate int) (LatencyResult, error) {
-	e.log().Info("bench: latency", "mode", mode, "rate", rate, "duration", e.cfg.LatencyDuration)
+	e.cfg.Logger.Info("bench: latency", "mode", mode, "rate", rate, "duration", e.cfg.LatencyDuration)
 	admin, err := e.open(nil)
 	if err != nil {
 		return LatencyResult{}, err
@@ -350,7 +350,7 @@ func (e *env) pgnotify(ctx context.Context, plugin *outbox.Plugin, fan *fanout) 
 				fan.NotifyBucket(b)
 			})
 			if err != nil && bgCtx.Err() == nil {
-				e.log().Warn("bench: pgnotify listen", "error", err)
+				e.cfg.Logger.Warn("bench: pgnotify listen", "error", err)
 				time.Sleep(100 * time.Millisecond)
 			}
 		}

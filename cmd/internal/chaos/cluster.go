@@ -3,7 +3,6 @@ package chaos
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -136,21 +135,7 @@ func (s FailoverSummary) MaxStall(kind string) (topic, partition time.Duration) 
 }
 
 // Err reports the first failed check, or nil.
-func (s FailoverSummary) Err() error {
-	switch {
-	case s.Check.Lost != 0:
-		return fmt.Errorf("failover: %d committed messages lost", s.Check.Lost)
-	case s.Check.RolledBackArrived != 0:
-		return fmt.Errorf("failover: %d rolled-back messages arrived", s.Check.RolledBackArrived)
-	case s.Check.OrderViolations != 0:
-		return fmt.Errorf("failover: %d per-key order violations after dedup", s.Check.OrderViolations)
-	case s.DualOwners != 0:
-		return fmt.Errorf("failover: %d takeovers of a live lease", s.DualOwners)
-	case !s.Drained:
-		return errors.New("failover: the outbox table did not drain")
-	}
-	return nil
-}
+func (s FailoverSummary) Err() error { return s.Check.err("failover", s.DualOwners, s.Drained) }
 
 // String is the one-line summary.
 func (s FailoverSummary) String() string {

@@ -241,22 +241,16 @@ FROM pg_stat_activity WHERE datname = $1 AND application_name = $2`, d.name, d.c
 		if err != nil {
 			return k, err
 		}
-		type sess struct {
-			id     int64
-			active bool
-		}
-		var ss []sess
+		defer rows.Close()
 		for rows.Next() {
-			var s sess
-			if err := rows.Scan(&s.id, &s.active); err == nil {
-				ss = append(ss, s)
+			var id int64
+			var active bool
+			if rows.Scan(&id, &active) != nil {
+				continue
 			}
-		}
-		rows.Close()
-		for _, s := range ss {
-			if _, err := d.admin.ExecContext(ctx, fmt.Sprintf("KILL CONNECTION %d", s.id)); err == nil {
+			if _, err := d.admin.ExecContext(ctx, fmt.Sprintf("KILL CONNECTION %d", id)); err == nil {
 				k.Killed++
-				if s.active {
+				if active {
 					k.MidStatement++
 				}
 			}

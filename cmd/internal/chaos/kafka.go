@@ -2,6 +2,8 @@ package chaos
 
 import (
 	"context"
+	"fmt"
+	"maps"
 	"sync"
 	"time"
 
@@ -103,11 +105,7 @@ func (c *Consumer) Snapshot() (parts [][]Record, copies map[string]int, total in
 	for i, p := range c.parts {
 		parts[i] = append([]Record(nil), p...)
 	}
-	copies = make(map[string]int, len(c.ids))
-	for k, v := range c.ids {
-		copies[k] = v
-	}
-	return parts, copies, c.total
+	return parts, maps.Clone(c.ids), c.total
 }
 
 // FirstProducedAfter returns the earliest producer timestamp after t of a
@@ -140,6 +138,24 @@ type Check struct {
 	OrderViolations   int // adjacent inversions of commit order per key, after dedup
 	Duplicates        int // records beyond the first copy of an id
 	Records           int
+}
+
+// err reports the first failed check a run shares: lost or rolled-back
+// messages, order violations, two live owners, an undrained table.
+func (ck Check) err(run string, dualOwners int64, drained bool) error {
+	switch {
+	case ck.Lost != 0:
+		return fmt.Errorf("%s: %d committed messages lost", run, ck.Lost)
+	case ck.RolledBackArrived != 0:
+		return fmt.Errorf("%s: %d rolled-back messages arrived", run, ck.RolledBackArrived)
+	case ck.OrderViolations != 0:
+		return fmt.Errorf("%s: %d per-key order violations after deduplication", run, ck.OrderViolations)
+	case dualOwners != 0:
+		return fmt.Errorf("%s: %d takeovers of a live lease", run, dualOwners)
+	case !drained:
+		return fmt.Errorf("%s: the outbox table did not drain", run)
+	}
+	return nil
 }
 
 // Verify checks the consumed records against the writers' ledger: perKey
@@ -176,28 +192,31 @@ func (c *Consumer) Verify(perKey map[string][]string, keyless []string, doubt, r
 	for _, id := range keyless {
 		count(id)
 	}
-	// Order: per key, the first copies in partition order must follow
-	// commit order.
+	ck.OrderViolations = orderViolations(parts, perKey, true)
+	return ck
+}
+
+// orderViolations counts, per key, the adjacent inversions of commit order
+// (perKey) in parts; dedup: among the first copies of each id only.
+func orderViolations(parts [][]Record, perKey map[string][]string, dedup bool) int {
 	rank := ranks(perKey)
 	seen := map[string]bool{}
 	last := map[string]int{}
+	n := 0
 	for _, p := range parts {
 		for _, r := range p {
-			if r.Keyless || seen[r.ID] {
+			k, ok := rank[r.ID]
+			if r.Keyless || !ok || dedup && seen[r.ID] {
 				continue
 			}
 			seen[r.ID] = true
-			k, ok := rank[r.ID]
-			if !ok {
-				continue
-			}
 			if prev, ok := last[r.Key]; ok && k < prev {
-				ck.OrderViolations++
+				n++
 			}
 			last[r.Key] = k
 		}
 	}
-	return ck
+	return n
 }
 
 // ranks maps each id of perKey to its place in its key's commit order.

@@ -143,12 +143,7 @@ func changeOne(kind string, relays *Relays, w *ownerWatch, rng *rand.Rand) (chan
 	return c, nil
 }
 
-func sleepUntil(ctx context.Context, t time.Time) {
-	select {
-	case <-ctx.Done():
-	case <-time.After(time.Until(t)):
-	}
-}
+func sleepUntil(ctx context.Context, t time.Time) { sleepCtx(ctx, time.Until(t)) }
 
 // ownerWatch samples the lease and relays tables every ownerSample and
 // records every stretch a bucket went without a live owner: an unexpired

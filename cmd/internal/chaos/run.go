@@ -143,19 +143,12 @@ func (s Summary) TotalFaults() int {
 
 // Err reports the first failed check, or nil.
 func (s Summary) Err() error {
+	if err := s.Check.err("chaos", s.DualOwners, s.Drained); err != nil {
+		return err
+	}
 	switch {
-	case s.Check.Lost != 0:
-		return fmt.Errorf("chaos: %d committed messages lost", s.Check.Lost)
-	case s.Check.RolledBackArrived != 0:
-		return fmt.Errorf("chaos: %d rolled-back messages arrived", s.Check.RolledBackArrived)
-	case s.Check.OrderViolations != 0:
-		return fmt.Errorf("chaos: %d per-key order violations", s.Check.OrderViolations)
 	case s.Transactional && s.UnexplainedOrderViolations != 0:
 		return fmt.Errorf("chaos: %d per-key order violations without deduplication that no batch published again explains (of %d in all)", s.UnexplainedOrderViolations, s.RawOrderViolations)
-	case s.DualOwners != 0:
-		return fmt.Errorf("chaos: %d takeovers of a live lease", s.DualOwners)
-	case !s.Drained:
-		return errors.New("chaos: the outbox table did not drain")
 	case !s.PoisonParked && !s.Membership:
 		return errors.New("chaos: the poison row was never parked")
 	}

@@ -87,22 +87,7 @@ func StartCommittedConsumer(ctx context.Context, brokers []string, topic string,
 // consumer that does not deduplicate sees.
 func (c *Consumer) RawOrderViolations(perKey map[string][]string) int {
 	parts, _, _ := c.Snapshot()
-	rank := ranks(perKey)
-	n := 0
-	last := map[string]int{}
-	for _, p := range parts {
-		for _, r := range p {
-			k, ok := rank[r.ID]
-			if r.Keyless || !ok {
-				continue
-			}
-			if prev, ok := last[r.Key]; ok && k < prev {
-				n++
-			}
-			last[r.Key] = k
-		}
-	}
-	return n
+	return orderViolations(parts, perKey, false)
 }
 
 // UnexplainedOrderViolations counts, per key, the order violations
