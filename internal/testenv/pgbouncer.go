@@ -74,14 +74,3 @@ func PgBouncerOpener(t testing.TB) (Opener, bool) {
 		return db
 	}}, true
 }
-
-// DatabasesWithPgBouncer is Databases plus, when available, PostgreSQL
-// through PgBouncer.
-func DatabasesWithPgBouncer(t testing.TB) []Opener {
-	t.Helper()
-	dbs := Databases(t)
-	if o, ok := PgBouncerOpener(t); ok {
-		dbs = append(dbs, o)
-	}
-	return dbs
-}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -107,8 +108,8 @@ type EffectsCell struct {
 	// other than the row's; OrderViolations: per-key inversions of commit
 	// order; WrongCounters: keys whose counter is not their committed rows.
 	Lost, Duplicates, RolledBackApplied, Unknown, Mismatched, OrderViolations, WrongCounters int
-	// Faults holds the client's own faults (consumer kill, rebalance,
-	// consumer database kill, broker pause as this client saw it).
+	// Faults holds every kind's tally as the client saw it (the relays' and
+	// the outbox database's are the run's, shared by the cells).
 	Faults map[string]*FaultTally
 }
 
@@ -117,35 +118,19 @@ type EffectsSummary struct {
 	Dialect string
 	Mode    string // default or fenced
 	Written int    // business rows written (committed or rolled back)
-	// Faults holds the faults of the relays, the outbox database and the
-	// broker (as injected).
-	Faults map[string]*FaultTally
-	Cells  []EffectsCell
+	Cells   []EffectsCell
 	// Drained: the outbox table emptied and every client applied an effect
 	// for each committed row within drainTimeout.
 	Drained bool
 	Took    time.Duration
 }
 
-// CellFaults returns every fault kind's tally as the cell saw it: the
-// run's relay, outbox database and broker faults, and the cell's own.
-func (s EffectsSummary) CellFaults(c EffectsCell) map[string]*FaultTally {
-	out := map[string]*FaultTally{}
-	for _, fs := range []map[string]*FaultTally{s.Faults, c.Faults} {
-		for k, v := range fs {
-			out[k] = v
-		}
-	}
-	return out
-}
-
 // tallies returns the cell's tally of each kind in EffectsFaults' order
 // (an empty one for a kind never injected).
 func (s EffectsSummary) tallies(c EffectsCell) []*FaultTally {
-	fs := s.CellFaults(c)
 	var out []*FaultTally
 	for _, k := range EffectsFaults() {
-		out = append(out, cmp.Or(fs[k], &FaultTally{}))
+		out = append(out, cmp.Or(c.Faults[k], &FaultTally{}))
 	}
 	return out
 }
@@ -192,9 +177,8 @@ func (s EffectsSummary) String() string {
 // one line per kind.
 func (s EffectsSummary) Evidence(c EffectsCell) string {
 	var b strings.Builder
-	fs := s.CellFaults(c)
 	for _, k := range EffectsFaults() {
-		if f := fs[k]; f != nil {
+		if f := c.Faults[k]; f != nil {
 			fmt.Fprintf(&b, "  %s (%d injected, %d proven): %s\n", k, f.Injected, f.Proven, strings.Join(f.Evidence, "; "))
 			for _, u := range f.Unproven {
 				fmt.Fprintf(&b, "    unproven: %s\n", u)
@@ -269,7 +253,7 @@ type leaver struct {
 
 // newConsumerGroup creates client's consumer database (the inbox table and
 // the effect tables) and its group, without members.
-func newConsumerGroup(ctx context.Context, cfg EffectsConfig, client, topic string) (*consumerGroup, error) {
+func newConsumerGroup(ctx context.Context, cfg EffectsConfig, client, topic string, shared map[string]*FaultTally) (*consumerGroup, error) {
 	d, err := createDatabase(ctx, cfg.Dialect, cfg.BaseDSN, "", "outbox_chaos_c_", "consumer_", consumerAppName, []string{effectCounter{}.TableName()})
 	if err != nil {
 		return nil, err
@@ -291,6 +275,7 @@ func newConsumerGroup(ctx context.Context, cfg EffectsConfig, client, topic stri
 		base: ConsumerConfig{Client: client, Dialect: cfg.Dialect, DSN: d.RelayDSN, Brokers: cfg.Brokers, Group: testenv.Unique("chaos-effects-" + client + "-"), Topic: topic},
 		cell: &EffectsCell{Client: client, Faults: map[string]*FaultTally{FaultConsumerKill: {}, FaultRebalance: {}, FaultBrokerPause: {}, FaultConsumerDBKill: {}}},
 	}
+	maps.Copy(g.cell.Faults, shared)
 	if g.db, err = Open(cfg.Dialect, d.DSN, harnessAppName, 2); err != nil {
 		d.Drop(ctx)
 		return nil, err
@@ -334,7 +319,7 @@ func RunEffects(ctx context.Context, cfg EffectsConfig) (EffectsSummary, error) 
 	orDefault(&cfg.Rounds, 1)
 	orDefault(&cfg.Logger, slog.Default())
 	log := cfg.Logger
-	s := EffectsSummary{Dialect: cfg.Dialect, Mode: "default", Faults: map[string]*FaultTally{}}
+	s := EffectsSummary{Dialect: cfg.Dialect, Mode: "default"}
 	if cfg.Transactional {
 		s.Mode = "fenced"
 	}
@@ -344,9 +329,7 @@ func RunEffects(ctx context.Context, cfg EffectsConfig) (EffectsSummary, error) 
 		return s, fmt.Errorf("chaos: log directory: %w", err)
 	}
 	cfg.Dir = dir
-	for _, k := range []string{FaultRelayKill, FaultRelayPause, FaultZombie, FaultBrokerPause, FaultOutboxDBKill} {
-		s.Faults[k] = &FaultTally{}
-	}
+	shared := map[string]*FaultTally{FaultRelayKill: {}, FaultRelayPause: {}, FaultZombie: {}, FaultOutboxDBKill: {}}
 	switch {
 	case cfg.Dialect != Postgres && cfg.Dialect != MySQL:
 		return s, fmt.Errorf("chaos: the effects run needs postgres or mysql, not %q", cfg.Dialect)
@@ -381,7 +364,7 @@ func RunEffects(ctx context.Context, cfg EffectsConfig) (EffectsSummary, error) 
 		}
 	}()
 	for _, client := range Clients() {
-		g, err := newConsumerGroup(ctx, cfg, client, topic)
+		g, err := newConsumerGroup(ctx, cfg, client, topic, shared)
 		if err != nil {
 			return s, err
 		}
@@ -436,7 +419,7 @@ func RunEffects(ctx context.Context, cfg EffectsConfig) (EffectsSummary, error) 
 		schedule = append(schedule, round...)
 	}
 	interval := cfg.WriteFor / time.Duration(len(schedule)+1)
-	h := &effectsHarness{cfg: cfg, log: log, rng: rng, d: d, db: db, relays: relays, groups: groups, s: &s}
+	h := &effectsHarness{cfg: cfg, log: log, rng: rng, d: d, db: db, relays: relays, groups: groups, faults: shared}
 	next := time.Now().Add(interval)
 	for _, kind := range schedule {
 		sleepUntil(ctx, next)
@@ -657,7 +640,7 @@ type effectsHarness struct {
 	db     *gorm.DB
 	relays *Relays
 	groups []*consumerGroup
-	s      *EffectsSummary
+	faults map[string]*FaultTally // the relays' and the outbox database's
 
 	dbKills []DBKill // outbox database kills, for their proof
 	pauses  []window // broker pauses
@@ -684,7 +667,7 @@ func (h *effectsHarness) inject(ctx context.Context, kind string) error {
 		if err != nil {
 			return err
 		}
-		h.s.Faults[kind].Injected++
+		h.faults[kind].Injected++
 		h.dbKills = append(h.dbKills, k)
 		h.log.Info("chaos: killed the relays' database sessions", "sessions", k.Killed, "mid_statement", k.MidStatement, "blocked", k.Blocked, "waited", k.Waited)
 		return nil
@@ -714,7 +697,7 @@ func (h *effectsHarness) relayKill() error {
 	if p == nil {
 		return errors.New("no live relay")
 	}
-	f := h.s.Faults[FaultRelayKill]
+	f := h.faults[FaultRelayKill]
 	p.Kill()
 	f.Injected++
 	if sig := p.ExitSignal(); sig == syscall.SIGKILL {
@@ -767,7 +750,7 @@ func (h *effectsHarness) relayPause(ctx context.Context) error {
 	if p == nil {
 		return errors.New("no live relay owns a bucket")
 	}
-	f := h.s.Faults[FaultRelayPause]
+	f := h.faults[FaultRelayPause]
 	since := time.Now().UnixMilli()
 	p.Signal(syscall.SIGSTOP)
 	stopped := time.Now()
@@ -804,7 +787,7 @@ func (h *effectsHarness) zombie(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	f := h.s.Faults[FaultZombie]
+	f := h.faults[FaultZombie]
 	defer p.Stop(10 * time.Second) // an extra relay: the pool keeps its size
 	if _, ok := waitForMatch(ctx, p.Log, func(l string) bool { return strings.Contains(l, "failpoint "+fp+": SIGSTOP") }, 30*time.Second); !ok {
 		return fmt.Errorf("%s: the failpoint %s never fired", p.ID, fp)
@@ -934,14 +917,12 @@ func (h *effectsHarness) brokerPause(ctx context.Context) error {
 		return fmt.Errorf("SIGSTOP the broker (%d): %w", h.cfg.BrokerPID, err)
 	}
 	from := time.Now()
-	h.s.Faults[FaultBrokerPause].Injected++
 	sleepCtx(ctx, brokerPause)
 	if err := syscall.Kill(h.cfg.BrokerPID, syscall.SIGCONT); err != nil {
 		return fmt.Errorf("SIGCONT the broker (%d): %w", h.cfg.BrokerPID, err)
 	}
 	w := window{from, time.Now()}
 	h.pauses = append(h.pauses, w)
-	h.s.Faults[FaultBrokerPause].prove("broker %d stopped %.1fs", h.cfg.BrokerPID, w.to.Sub(w.from).Seconds())
 	for _, g := range h.groups {
 		g.cell.Faults[FaultBrokerPause].Injected++
 	}
@@ -1091,7 +1072,7 @@ func (h *effectsHarness) proveRelayFaults() error {
 	if err != nil {
 		return err
 	}
-	f := h.s.Faults[FaultOutboxDBKill]
+	f := h.faults[FaultOutboxDBKill]
 	for _, k := range h.dbKills {
 		n := 0
 		for _, at := range warns {
