@@ -18,15 +18,13 @@ import (
 	"github.com/gorm-outbox/outbox/relay"
 )
 
-// Latency notification modes.
+// Latency notification modes: the writer's plugin notifies the relay in
+// the same process; none (the relay polls); the writer's commit hints
+// travel through PostgreSQL LISTEN/NOTIFY (package pgnotify), as between
+// pods.
 const (
-	// ModeLocal: the writer's plugin notifies the relay in the same process.
-	ModeLocal = "local"
-	// ModePoll: no notification; the relay finds rows at its poll interval.
-	ModePoll = "poll"
-	// ModePgNotify: the writer's commit hints travel through PostgreSQL
-	// LISTEN/NOTIFY (package pgnotify) to the relay's notifier, as between
-	// pods; the writer and the relay share no notifier.
+	ModeLocal    = "local"
+	ModePoll     = "poll"
 	ModePgNotify = "pgnotify"
 )
 
