@@ -111,9 +111,10 @@ func harness(ctx context.Context, sub string, args []string, log *slog.Logger) e
 		return err
 	}
 	defer os.RemoveAll(dir)
+	env := chaos.Env{Bin: bin, Dialect: *dialect, BaseDSN: dsn, Brokers: brokers, Dir: dir, Logger: log}
 	switch sub {
 	case "matrix":
-		rows, err := chaos.CrashMatrix(ctx, chaos.MatrixConfig{Bin: bin, Dialect: *dialect, BaseDSN: dsn, Brokers: brokers, Dir: dir, Messages: *messages, Logger: log, Transactional: *txn})
+		rows, err := chaos.CrashMatrix(ctx, chaos.MatrixConfig{Env: env, Messages: *messages, Transactional: *txn})
 		fmt.Print(chaos.FormatMatrix(rows, *txn))
 		if err != nil {
 			return err
@@ -125,8 +126,7 @@ func harness(ctx context.Context, sub string, args []string, log *slog.Logger) e
 		}
 		return nil
 	case "run":
-		s, err := chaos.Run(ctx, chaos.RunConfig{Bin: bin, Dialect: *dialect, BaseDSN: dsn, Brokers: brokers, Dir: dir, Logger: log,
-			Messages: *messages, Relays: *relays, Faults: *faults, WriteFor: *writeFor, Seed: time.Now().UnixNano(), Transactional: *txn})
+		s, err := chaos.Run(ctx, chaos.RunConfig{Env: env, Messages: *messages, Relays: *relays, Faults: *faults, WriteFor: *writeFor, Seed: time.Now().UnixNano(), Transactional: *txn})
 		fmt.Println(s)
 		if err != nil {
 			return err
@@ -144,8 +144,7 @@ func harness(ctx context.Context, sub string, args []string, log *slog.Logger) e
 	if err != nil {
 		return err
 	}
-	cfg := chaos.EffectsConfig{Bin: bin, Dialect: *dialect, BaseDSN: dsn, Brokers: brokers, BrokerPID: pid, Dir: dir, Logger: log,
-		Messages: *messages, WriteFor: *writeFor, Rounds: *rounds, Seed: time.Now().UnixNano()}
+	cfg := chaos.EffectsConfig{Env: env, BrokerPID: pid, Messages: *messages, WriteFor: *writeFor, Rounds: *rounds, Seed: time.Now().UnixNano()}
 	var ss []chaos.EffectsSummary
 	var errs []error
 	for _, txn := range modes {

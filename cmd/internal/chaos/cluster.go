@@ -48,17 +48,9 @@ type ClusterNodes interface {
 // FailoverConfig configures FailoverRun. Zero sizes take the defaults
 // named.
 type FailoverConfig struct {
-	// Bin is the outbox-chaos binary (the relay children).
-	Bin string
-	// Dialect (postgres: the acknowledgement audit needs it) and BaseDSN
-	// name the database server.
-	Dialect, BaseDSN string
-	// Brokers are the cluster's bootstrap addresses (one per node); Nodes
-	// kills, pauses and restarts its nodes.
-	Brokers []string
-	Nodes   ClusterNodes
-	// Dir holds the children's logs.
-	Dir string
+	Env // Dialect postgres (the acknowledgement audit); Brokers the cluster's, one per node
+	// Nodes kills, pauses and restarts the cluster's nodes.
+	Nodes ClusterNodes
 	// Relays (zero: 3); Faults (zero: 4), alternately a leader kill and a
 	// leader pause, one after the other while the writers spread Messages
 	// over WriteFor (zero: 15000 over 120s): a fault that would not end
@@ -187,7 +179,8 @@ func FailoverRun(ctx context.Context, cfg FailoverConfig) (FailoverSummary, erro
 	orDefault(&cfg.KillDowntime, 12*time.Second)
 	orDefault(&cfg.PauseFor, 12*time.Second)
 	orDefault(&cfg.PublishTimeout, 5*time.Second)
-	log := slog.Default()
+	orDefault(&cfg.Logger, slog.Default())
+	log := cfg.Logger
 	s := FailoverSummary{Dialect: cfg.Dialect, Brokers: len(cfg.Brokers), Relays: cfg.Relays, Replication: failoverReplication, MinISR: failoverMinISR,
 		PublishTimeout: cfg.PublishTimeout, KillDowntime: cfg.KillDowntime, PauseFor: cfg.PauseFor}
 	if len(cfg.Brokers) < failoverReplication || cfg.Nodes == nil {

@@ -59,18 +59,10 @@ const (
 
 // EffectsConfig configures RunEffects. Zero sizes take the defaults named.
 type EffectsConfig struct {
-	// Bin is the outbox-chaos binary built with -tags outbox_failpoints
-	// (the relay and consumer children).
-	Bin string
-	// Dialect (postgres or mysql) and BaseDSN name the database server of
-	// the outbox database and of each client's consumer database.
-	Dialect, BaseDSN string
-	// Brokers is the real Kafka broker; BrokerPID the process id of its JVM,
-	// which the broker pause stops (see testenv.BrokerPID).
-	Brokers   []string
+	Env // Dialect postgres or mysql, for the outbox database and each client's; the real broker
+	// BrokerPID is the process id of the broker's JVM, which the broker
+	// pause stops (see testenv.BrokerPID).
 	BrokerPID int
-	// Dir holds the children's logs.
-	Dir string
 	// Transactional runs the relays in fenced mode.
 	Transactional bool
 	// Messages is the number of business rows written over WriteFor (zero:
@@ -83,8 +75,6 @@ type EffectsConfig struct {
 	Rounds int
 	// Seed seeds the schedule and the writers.
 	Seed int64
-	// Logger receives progress. Nil means slog.Default().
-	Logger *slog.Logger
 }
 
 // FaultTally counts the injections of one fault kind and those of them the

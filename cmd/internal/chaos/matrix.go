@@ -64,18 +64,9 @@ const (
 
 // MatrixConfig configures CrashMatrix.
 type MatrixConfig struct {
-	// Bin is the outbox-chaos binary built with -tags outbox_failpoints.
-	Bin string
-	// Dialect and BaseDSN name the database server (sqlite: BaseDSN unused).
-	Dialect, BaseDSN string
-	// Brokers is the Kafka broker; empty starts an in-process kfake broker.
-	Brokers []string
-	// Dir holds SQLite files and the children's logs.
-	Dir string
+	Env
 	// Messages is the number of messages per cell. Zero means 3000.
 	Messages int
-	// Logger receives progress. Nil means slog.Default().
-	Logger *slog.Logger
 	// Transactional runs the transactional variant (see txn.go).
 	Transactional bool
 }

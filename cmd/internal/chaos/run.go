@@ -36,30 +36,36 @@ const (
 	rollbackChance = 0.1
 )
 
+// Env is where a run happens.
+type Env struct {
+	// Bin is the outbox-chaos binary built with -tags outbox_failpoints
+	// (the relay and consumer children).
+	Bin string
+	// Dialect and BaseDSN name the database server (sqlite: a file in Dir).
+	Dialect, BaseDSN string
+	// Brokers is the Kafka broker; empty starts an in-process kfake broker
+	// (the matrix and the chaos run), which adds the broker faults.
+	Brokers []string
+	// Dir holds SQLite files and the children's logs.
+	Dir string
+	// Logger receives progress. Nil means slog.Default().
+	Logger *slog.Logger
+}
+
 // RunConfig configures a chaos run.
 type RunConfig struct {
-	// Bin is the outbox-chaos binary (the relay children).
-	Bin string
-	// Dialect and BaseDSN name the database server (sqlite: BaseDSN unused).
-	Dialect, BaseDSN string
+	Env
 	// PoolerDSN (PostgreSQL only) is a connection pooler in front of
 	// BaseDSN's server (PgBouncer in transaction pooling mode): the writers,
 	// the relays and the checks connect through it to the run's database,
 	// which is still created, killed into and dropped through BaseDSN.
 	PoolerDSN string
-	// Brokers is the Kafka broker; empty starts an in-process kfake broker
-	// and enables the broker faults.
-	Brokers []string
-	// Dir holds SQLite files and the children's logs.
-	Dir string
 	// Messages, Relays and Faults are the run's size (zero: 20000, 3, 24);
 	// the writers take WriteFor (zero: 75s), over which the faults spread.
 	Messages, Relays, Faults int
 	WriteFor                 time.Duration
 	// Seed seeds the fault schedule and the writers.
 	Seed int64
-	// Logger receives progress. Nil means slog.Default().
-	Logger *slog.Logger
 	// Transactional runs the transactional variant (see txn.go).
 	Transactional bool
 	// Membership runs the membership variant (see membership.go): its fixed
