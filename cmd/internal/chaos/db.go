@@ -77,7 +77,10 @@ func CreateDatabase(ctx context.Context, dialect, base, dir string) (*Database, 
 		}
 		return nil
 	})
-	return d, err
+	if err != nil {
+		return nil, err
+	}
+	return d, nil
 }
 
 // migrate runs f on a connection of the harness, dropping d on an error.
