@@ -1,22 +1,13 @@
-// Command outbox-bench measures the outbox end to end: drain throughput
-// beside two baselines run on the same database and broker (a raw
-// select-produce-delete loop and a naive one-row SELECT … FOR UPDATE SKIP
-// LOCKED relay), commit→ack and commit→consume latency at a steady commit
-// rate with local notifications, polling only and PostgreSQL
-// LISTEN/NOTIFY, enqueue overhead, the idle statement rate of a relay
-// fleet, and scaling with the relay count. It prints tables and can write
-// JSON. See BENCHMARKS.md for the commands and the results.
-//
-//	outbox-bench -db sqlite -broker kfake
-//	outbox-bench -db postgres -broker kfake-process -scenarios latency
-//	outbox-bench -db postgres -dsn "$OUTBOX_TEST_POSTGRES_DSN" \
-//	    -broker real -brokers "$OUTBOX_TEST_KAFKA_BROKERS" -relays 1,2,4 -json pg.json
-//
-// With -db postgres or mysql the command creates a fresh database on the
-// server named by -dsn and drops it at the end.
+// Command outbox-bench runs the benchmark harness of cmd/internal/bench:
+// drain throughput beside a raw loop and a naive relay, latency at a
+// steady commit rate, enqueue overhead and the idle cost of a relay fleet,
+// printed as tables and optionally written as JSON (BENCHMARKS.md has the
+// commands and the figures). With -db postgres or mysql it creates a fresh
+// database on the server of -dsn and drops it at the end.
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"flag"
@@ -25,12 +16,12 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"runtime/pprof"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/gorm-outbox/outbox/cmd/internal/bench"
+	"github.com/gorm-outbox/outbox/internal/testenv"
 )
 
 func main() {
@@ -48,18 +39,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("outbox-bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var (
-		cfg        bench.Config
-		brokers    string
-		scenarios  string
-		relays     string
-		rates      string
-		modes      string
-		fleets     string
-		jsonPath   string
-		cpuProfile string
-		relayLog   string
-		quiet      bool
-		serveFake  bool
+		cfg       bench.Config
+		brokers   string
+		scenarios string
+		relays    string
+		rates     string
+		modes     string
+		fleets    string
+		jsonPath  string
+		relayLog  string
+		quiet     bool
+		serveFake bool
 	)
 	fs.StringVar(&cfg.DB, "db", "sqlite", "database: sqlite, postgres or mysql")
 	fs.StringVar(&cfg.DSN, "dsn", "", "server DSN for postgres or mysql (default $OUTBOX_TEST_POSTGRES_DSN or $OUTBOX_TEST_MYSQL_DSN)")
@@ -82,7 +72,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.DurationVar(&cfg.IdleWindow, "idle-window", 30*time.Second, "idle: counting window per fleet")
 	fs.StringVar(&fleets, "idle-fleets", "1,3", "idle: relay counts, comma-separated")
 	fs.StringVar(&jsonPath, "json", "", "write the report as JSON to this file")
-	fs.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
 	fs.StringVar(&relayLog, "relay-log", "", "drain: write every log of the relays and their stores, DEBUG included (each batch's fetch, publish and delete times), as JSON lines to this file")
 	fs.BoolVar(&quiet, "q", false, "no progress logs")
 	fs.BoolVar(&serveFake, "serve-kfake", false, "run only a kfake broker (-partitions per topic), print its address, serve until stdin ends (the child of -broker kfake-process)")
@@ -96,12 +85,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return serveKfake(ctx, cfg.Partitions, os.Stdin, stdout)
 	}
 	if cfg.DSN == "" {
-		cfg.DSN = map[string]string{"postgres": os.Getenv("OUTBOX_TEST_POSTGRES_DSN"), "mysql": os.Getenv("OUTBOX_TEST_MYSQL_DSN")}[cfg.DB]
+		cfg.DSN = map[string]string{"postgres": os.Getenv(testenv.EnvPostgres), "mysql": os.Getenv(testenv.EnvMySQL)}[cfg.DB]
 	}
-	if brokers == "" {
-		brokers = os.Getenv("OUTBOX_TEST_KAFKA_BROKERS")
-	}
-	if brokers != "" {
+	if brokers = cmp.Or(brokers, os.Getenv(testenv.EnvKafka)); brokers != "" {
 		cfg.Brokers = strings.Split(brokers, ",")
 	}
 	if cfg.Broker == "kfake-process" {
@@ -112,17 +98,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		defer p.stop()
 		cfg.Brokers = p.addrs
 	}
-	cfg.Scenarios = split(scenarios)
-	cfg.LatencyModes = split(modes)
+	cfg.Scenarios, cfg.LatencyModes = split(scenarios), split(modes)
 	var err error
-	if cfg.Relays, err = ints("relays", relays); err != nil {
-		return err
-	}
-	if cfg.Rates, err = ints("rates", rates); err != nil {
-		return err
-	}
-	if cfg.IdleFleets, err = ints("idle-fleets", fleets); err != nil {
-		return err
+	for _, f := range []struct {
+		name, value string
+		into        *[]int
+	}{{"relays", relays, &cfg.Relays}, {"rates", rates, &cfg.Rates}, {"idle-fleets", fleets, &cfg.IdleFleets}} {
+		if *f.into, err = ints(f.name, f.value); err != nil {
+			return err
+		}
 	}
 	level := slog.LevelInfo
 	if quiet {
@@ -137,17 +121,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 		defer f.Close()
 		cfg.RelayLogger = slog.New(slog.NewJSONHandler(f, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	if cpuProfile != "" {
-		f, err := os.Create(cpuProfile)
-		if err != nil {
-			return fmt.Errorf("outbox-bench: %w", err)
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return fmt.Errorf("outbox-bench: %w", err)
-		}
-		defer pprof.StopCPUProfile()
 	}
 	rep, err := bench.Run(ctx, cfg)
 	if err != nil {

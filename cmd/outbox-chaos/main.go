@@ -9,15 +9,14 @@
 //	    the crash matrix: SIGKILL a relay child at each step, print the table
 //	outbox-chaos run [-db ...] [-messages N] [-relays N] [-faults N] [-write-for D] [-txn]
 //	    a chaos run; prints one summary line, exits 1 on a failed check
-//	outbox-chaos effects [-db postgres|mysql] [-mode default|fenced|both] [-messages N] [-write-for D] [-rounds N] [-logs DIR]
+//	outbox-chaos effects [-db postgres|mysql] [-mode default|fenced|both] [-messages N] [-write-for D] [-rounds N]
 //	    the effects run: business rows, relays, inbox consumers of both
 //	    clients in their own databases, every fault injected -rounds
 //	    times; prints a table and one line per cell, exits 1 on a failed
 //	    check (needs the real broker and scripts/services.sh's pid file)
-//	outbox-chaos relay -dialect ... -dsn ... -brokers ... -id ...
-//	    one relay process (the child the harness starts)
-//	outbox-chaos consumer -client kafka-go|franz -dialect ... -dsn ... -brokers ... -group ... -topic ... -id ...
-//	    one consumer process of the effects run (the child it starts)
+//
+// and the children the harness starts: "relay" and "consumer", each with
+// its configuration as one JSON argument.
 //
 // The database and broker come from the test environment variables
 // (OUTBOX_TEST_POSTGRES_DSN, OUTBOX_TEST_MYSQL_DSN, OUTBOX_TEST_KAFKA_BROKERS);
@@ -38,34 +37,31 @@ import (
 	"time"
 
 	"github.com/gorm-outbox/outbox/cmd/internal/chaos"
+	"github.com/gorm-outbox/outbox/internal/testenv"
 )
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: outbox-chaos matrix|run|effects|relay|consumer [flags]")
+		fmt.Fprintln(os.Stderr, "usage: outbox-chaos matrix|run|effects [flags]")
 		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	var err error
-	switch os.Args[1] {
+	switch args := os.Args[2:]; os.Args[1] {
 	case "relay":
 		var c chaos.RelayConfig
-		if c, err = chaos.ParseRelayFlags(os.Args[2:]); err == nil {
+		if c, err = chaos.ParseRelayArgs(args); err == nil {
 			err = chaos.RunRelay(ctx, c, log)
 		}
 	case "consumer":
 		var c chaos.ConsumerConfig
-		if c, err = chaos.ParseConsumerFlags(os.Args[2:]); err == nil {
+		if c, err = chaos.ParseConsumerArgs(args); err == nil {
 			err = chaos.RunConsumer(ctx, c, slog.New(chaos.ConsumerLogHandler(slog.NewTextHandler(os.Stderr, nil))))
 		}
-	case "effects":
-		err = effects(ctx, os.Args[2:], log)
-	case "matrix":
-		err = matrix(ctx, os.Args[2:], log)
-	case "run":
-		err = run(ctx, os.Args[2:], log)
+	case "effects", "matrix", "run":
+		err = harness(ctx, os.Args[1], args, log)
 	default:
 		err = fmt.Errorf("unknown subcommand %q", os.Args[1])
 	}
@@ -75,147 +71,80 @@ func main() {
 	}
 }
 
-// env returns the dialect's base DSN and the brokers (nil: in-process).
-func env(dialect string) (string, []string, error) {
+// harness runs the subcommand sub: the flags, the environment's database
+// and broker, this executable as the children, a temporary directory.
+func harness(ctx context.Context, sub string, args []string, log *slog.Logger) error {
+	fs := flag.NewFlagSet(sub, flag.ContinueOnError)
+	dialect := fs.String("db", chaos.Postgres, "database: postgres, mysql or sqlite (effects: postgres or mysql)")
+	messages := fs.Int("messages", map[string]int{"matrix": 3000, "run": 20000, "effects": 20000}[sub], "messages to write (matrix: per cell; effects: business rows)")
+	txn := fs.Bool("txn", false, "matrix, run: the transactional variant: relays publish in Kafka transactions, the checker reads read_committed")
+	relays := fs.Int("relays", 3, "run: relay processes")
+	faults := fs.Int("faults", 24, "run: faults to inject")
+	writeFor := fs.Duration("write-for", map[string]time.Duration{"run": 75 * time.Second, "effects": 5 * time.Minute}[sub], "run, effects: how long the writers take to write the messages")
+	mode := fs.String("mode", "both", "effects: relay mode: default, fenced or both (one run each)")
+	rounds := fs.Int("rounds", 5, "effects: how many times each fault kind is injected")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
 	var dsn string
-	switch dialect {
+	switch *dialect {
 	case chaos.Postgres:
-		dsn = os.Getenv("OUTBOX_TEST_POSTGRES_DSN")
+		dsn = os.Getenv(testenv.EnvPostgres)
 	case chaos.MySQL:
-		dsn = os.Getenv("OUTBOX_TEST_MYSQL_DSN")
+		dsn = os.Getenv(testenv.EnvMySQL)
 	case chaos.SQLite:
 		dsn = "-"
 	}
 	if dsn == "" {
-		return "", nil, fmt.Errorf("no DSN for %s in the environment", dialect)
+		return fmt.Errorf("no DSN for %s in the environment", *dialect)
 	}
 	var brokers []string
-	if v := os.Getenv("OUTBOX_TEST_KAFKA_BROKERS"); v != "" {
+	if v := os.Getenv(testenv.EnvKafka); v != "" {
 		brokers = strings.Split(v, ",")
 	}
-	return dsn, brokers, nil
-}
-
-func self() (bin, dir string, err error) {
-	if bin, err = os.Executable(); err != nil {
-		return "", "", err
-	}
-	dir, err = os.MkdirTemp("", "outbox-chaos-")
-	return bin, dir, err
-}
-
-func matrix(ctx context.Context, args []string, log *slog.Logger) error {
-	fs := flag.NewFlagSet("matrix", flag.ContinueOnError)
-	dialect := fs.String("db", chaos.Postgres, "database: postgres, mysql or sqlite")
-	messages := fs.Int("messages", 3000, "messages per cell")
-	txn := fs.Bool("txn", false, "the transactional variant: relays publish in Kafka transactions, the checker reads read_committed")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	dsn, brokers, err := env(*dialect)
+	bin, err := os.Executable()
 	if err != nil {
 		return err
 	}
-	bin, dir, err := self()
+	dir, err := os.MkdirTemp("", "outbox-chaos-")
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	rows, err := chaos.CrashMatrix(ctx, chaos.MatrixConfig{Bin: bin, Dialect: *dialect, BaseDSN: dsn, Brokers: brokers, Dir: dir, Messages: *messages, Logger: log, Transactional: *txn})
-	if *txn {
-		fmt.Print(chaos.FormatTxnMatrix(rows))
-	} else {
-		fmt.Print(chaos.FormatMatrix(rows))
-	}
-	if err != nil {
-		return err
-	}
-	for _, r := range rows {
-		if r.Lost != 0 {
-			return fmt.Errorf("%s, %s: %d messages lost", r.Step, r.Mode, r.Lost)
+	env := chaos.Env{Bin: bin, Dialect: *dialect, BaseDSN: dsn, Brokers: brokers, Dir: dir, Logger: log}
+	switch sub {
+	case "matrix":
+		rows, err := chaos.CrashMatrix(ctx, chaos.MatrixConfig{Env: env, Messages: *messages, Transactional: *txn})
+		fmt.Print(chaos.FormatMatrix(rows, *txn))
+		if err != nil {
+			return err
 		}
+		for _, r := range rows {
+			if r.Lost != 0 {
+				return fmt.Errorf("%s, %s: %d messages lost", r.Step, r.Mode, r.Lost)
+			}
+		}
+		return nil
+	case "run":
+		s, err := chaos.Run(ctx, chaos.RunConfig{Env: env, Messages: *messages, Relays: *relays, Faults: *faults, WriteFor: *writeFor, Seed: time.Now().UnixNano(), Transactional: *txn})
+		fmt.Println(s)
+		if err != nil {
+			return err
+		}
+		return s.Err()
 	}
-	return nil
-}
-
-func run(ctx context.Context, args []string, log *slog.Logger) error {
-	fs := flag.NewFlagSet("run", flag.ContinueOnError)
-	dialect := fs.String("db", chaos.Postgres, "database: postgres, mysql or sqlite")
-	cfg := chaos.RunConfig{}
-	fs.IntVar(&cfg.Messages, "messages", 20000, "messages to write")
-	fs.IntVar(&cfg.Relays, "relays", 3, "relay processes")
-	fs.IntVar(&cfg.Faults, "faults", 24, "faults to inject")
-	fs.DurationVar(&cfg.WriteFor, "write-for", 75*time.Second, "how long the writers take to write the messages")
-	fs.Int64Var(&cfg.Seed, "seed", time.Now().UnixNano(), "random seed")
-	fs.BoolVar(&cfg.Transactional, "txn", false, "the transactional variant: relays publish in Kafka transactions, the checker reads read_committed")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	dsn, brokers, err := env(*dialect)
-	if err != nil {
-		return err
-	}
-	bin, dir, err := self()
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(dir)
-	cfg.Bin, cfg.Dialect, cfg.BaseDSN, cfg.Brokers, cfg.Dir, cfg.Logger = bin, *dialect, dsn, brokers, dir, log
-	s, err := chaos.Run(ctx, cfg)
-	fmt.Println(s)
-	if err != nil {
-		return err
-	}
-	return s.Err()
-}
-
-func effects(ctx context.Context, args []string, log *slog.Logger) error {
-	fs := flag.NewFlagSet("effects", flag.ContinueOnError)
-	dialect := fs.String("db", chaos.Postgres, "database: postgres or mysql")
-	mode := fs.String("mode", "both", "relay mode: default, fenced or both (one run each)")
-	cfg := chaos.EffectsConfig{}
-	fs.IntVar(&cfg.Messages, "messages", 20000, "business rows to write")
-	fs.DurationVar(&cfg.WriteFor, "write-for", 5*time.Minute, "how long the writers take to write them")
-	fs.IntVar(&cfg.Rounds, "rounds", 5, "how many times each fault kind is injected")
-	fs.IntVar(&cfg.Keys, "keys", 32, "keys")
-	fs.IntVar(&cfg.Relays, "relays", 3, "relay processes")
-	fs.IntVar(&cfg.Consumers, "consumers", 2, "consumer processes per client")
-	fs.Int64Var(&cfg.Seed, "seed", time.Now().UnixNano(), "random seed")
-	logs := fs.String("logs", "", "keep the children's logs in this directory (default: a temporary one, removed)")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	var modes []bool
-	switch *mode {
-	case "default":
-		modes = []bool{false}
-	case "fenced":
-		modes = []bool{true}
-	case "both":
-		modes = []bool{false, true}
-	default:
+	modes := map[string][]bool{"default": {false}, "fenced": {true}, "both": {false, true}}[*mode]
+	if modes == nil {
 		return fmt.Errorf("unknown -mode %q", *mode)
 	}
-	dsn, brokers, err := env(*dialect)
-	if err != nil {
-		return err
-	}
 	if len(brokers) == 0 {
-		return fmt.Errorf("the effects run needs the real broker: set OUTBOX_TEST_KAFKA_BROKERS")
+		return fmt.Errorf("the effects run needs the real broker: set %s", testenv.EnvKafka)
 	}
-	pid, err := chaos.ServicesBrokerPID()
+	pid, err := testenv.BrokerPID()
 	if err != nil {
 		return err
 	}
-	bin, dir, err := self()
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(dir)
-	if *logs != "" {
-		dir = *logs
-	}
-	cfg.Bin, cfg.Dialect, cfg.BaseDSN, cfg.Brokers, cfg.BrokerPID, cfg.Dir, cfg.Logger = bin, *dialect, dsn, brokers, pid, dir, log
+	cfg := chaos.EffectsConfig{Env: env, BrokerPID: pid, Messages: *messages, WriteFor: *writeFor, Rounds: *rounds, Seed: time.Now().UnixNano()}
 	var ss []chaos.EffectsSummary
 	var errs []error
 	for _, txn := range modes {

@@ -2,9 +2,7 @@ package testenv
 
 import (
 	"context"
-	"net"
 	"os"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -87,73 +85,17 @@ func ForEachBroker(t *testing.T, f func(t *testing.T, b Broker)) {
 }
 
 // CreateTopic creates a topic with the given partitions and topic configs
-// (e.g. "max.message.bytes") and waits until its partitions have leaders.
+// (e.g. "max.message.bytes") and waits until its partitions have leaders
+// that serve.
 func (b Broker) CreateTopic(t testing.TB, topic string, partitions int, configs map[string]string) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	d := b.dial()
-	conn, err := d.DialContext(ctx, "tcp", b.Addrs[0])
-	if err != nil {
-		t.Fatalf("testenv: dial %s: %v", b.Addrs[0], err)
-	}
-	defer conn.Close()
-	ctrl, err := conn.Controller()
-	if err != nil {
-		t.Fatalf("testenv: find controller: %v", err)
-	}
-	cc, err := d.DialContext(ctx, "tcp", net.JoinHostPort(ctrl.Host, strconv.Itoa(ctrl.Port)))
-	if err != nil {
-		t.Fatalf("testenv: dial controller: %v", err)
-	}
-	defer cc.Close()
 	tc := kafka.TopicConfig{Topic: topic, NumPartitions: partitions, ReplicationFactor: 1}
 	for k, v := range configs {
 		tc.ConfigEntries = append(tc.ConfigEntries, kafka.ConfigEntry{ConfigName: k, ConfigValue: v})
 	}
-	if err := cc.CreateTopics(tc); err != nil {
-		t.Fatalf("testenv: create topic %s: %v", topic, err)
+	if err := CreateTopic(context.Background(), b.dial(), b.Addrs, tc); err != nil {
+		t.Fatal(err)
 	}
-	for {
-		ps, err := conn.ReadPartitions(topic)
-		if err == nil && len(ps) == partitions {
-			ready := true
-			for _, p := range ps {
-				if p.Leader.Host == "" || p.Error != nil {
-					ready = false
-				}
-			}
-			if ready {
-				err = leadersServe(ctx, d, topic, ps)
-				if err == nil {
-					return
-				}
-			}
-		}
-		if ctx.Err() != nil {
-			t.Fatalf("testenv: topic %s has no serving leaders after 30s (last error %v)", topic, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-// leadersServe asks every partition's leader for its last offset: right
-// after a topic is created a leader may still answer "not leader for
-// partition", which a producer making one attempt (the relay's publisher)
-// reports as a failure.
-func leadersServe(ctx context.Context, d *kafka.Dialer, topic string, ps []kafka.Partition) error {
-	for _, p := range ps {
-		lc, err := d.DialLeader(ctx, "tcp", net.JoinHostPort(p.Leader.Host, strconv.Itoa(p.Leader.Port)), topic, p.ID)
-		if err != nil {
-			return err
-		}
-		_, err = lc.ReadLastOffset()
-		lc.Close()
-		if err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // ReadAll consumes topic from the beginning of every partition until want

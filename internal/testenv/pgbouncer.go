@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"context"
 	"os"
 	"testing"
 
@@ -38,8 +39,13 @@ func PgBouncerDSN(t testing.TB) (dsn, direct string, ok bool) {
 		}
 		return "", "", false
 	}
-	name := createPostgresDB(t, base)
-	return withPostgresDB(pgb, name), withPostgresDB(base, name), true
+	name := Unique("outbox_t_")
+	direct, drop, err := CreateDatabase(context.Background(), Postgres, base, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(drop)
+	return withPostgresDB(pgb, name), direct, true
 }
 
 // PgBouncerOpener returns an Opener (Name "pgbouncer") whose every Open
@@ -67,15 +73,4 @@ func PgBouncerOpener(t testing.TB) (Opener, bool) {
 		t.Cleanup(func() { closeDB(t, db) }) // runs before the DROP DATABASE registered earlier
 		return db
 	}}, true
-}
-
-// DatabasesWithPgBouncer is Databases plus, when available, PostgreSQL
-// through PgBouncer.
-func DatabasesWithPgBouncer(t testing.TB) []Opener {
-	t.Helper()
-	dbs := Databases(t)
-	if o, ok := PgBouncerOpener(t); ok {
-		dbs = append(dbs, o)
-	}
-	return dbs
 }

@@ -14,16 +14,11 @@ package testenv
 import (
 	"context"
 	"crypto/rand"
-	"database/sql"
 	"encoding/hex"
-	"net/url"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
-	"time"
 
-	mysqldrv "github.com/go-sql-driver/mysql"
 	"gorm.io/driver/mysql"
 	"gorm.io/driver/postgres"
 	"gorm.io/driver/sqlite"
@@ -79,12 +74,12 @@ func Databases(t testing.TB) []Opener {
 	t.Helper()
 	dbs := []Opener{{Name: SQLite, open: openSQLite}}
 	if dsn := os.Getenv(EnvPostgres); dsn != "" {
-		dbs = append(dbs, Opener{Name: Postgres, open: func(t testing.TB, cfg *gorm.Config) *gorm.DB { return openPostgres(t, dsn, cfg) }})
+		dbs = append(dbs, Opener{Name: Postgres, open: func(t testing.TB, cfg *gorm.Config) *gorm.DB { return openServer(t, Postgres, dsn, cfg) }})
 	} else if RequireAll() {
 		t.Fatalf("testenv: %s is not set and %s=1", EnvPostgres, EnvRequireAll)
 	}
 	if dsn := os.Getenv(EnvMySQL); dsn != "" {
-		dbs = append(dbs, Opener{Name: MySQL, open: func(t testing.TB, cfg *gorm.Config) *gorm.DB { return openMySQL(t, dsn, cfg) }})
+		dbs = append(dbs, Opener{Name: MySQL, open: func(t testing.TB, cfg *gorm.Config) *gorm.DB { return openServer(t, MySQL, dsn, cfg) }})
 	} else if RequireAll() {
 		t.Fatalf("testenv: %s is not set and %s=1", EnvMySQL, EnvRequireAll)
 	}
@@ -122,9 +117,7 @@ func closeDB(t testing.TB, db *gorm.DB) {
 
 func openSQLite(t testing.TB, cfg *gorm.Config) *gorm.DB {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "outbox.db")
-	dsn := "file:" + path + "?_busy_timeout=10000&_journal_mode=WAL&_txlock=immediate&_foreign_keys=1"
-	db, err := gorm.Open(sqlite.Open(dsn), cfg)
+	db, err := gorm.Open(sqlite.Open(SQLiteDSN(filepath.Join(t.TempDir(), "outbox.db"))), cfg)
 	if err != nil {
 		t.Fatalf("testenv: open sqlite: %v", err)
 	}
@@ -132,96 +125,29 @@ func openSQLite(t testing.TB, cfg *gorm.Config) *gorm.DB {
 	return db
 }
 
-func openPostgres(t testing.TB, dsn string, cfg *gorm.Config) *gorm.DB {
+// openServer opens a fresh database on the server of base, dropped at
+// cleanup after its pool is closed.
+func openServer(t testing.TB, dialect, base string, cfg *gorm.Config) *gorm.DB {
 	t.Helper()
-	name := createPostgresDB(t, dsn)
-	db, err := gorm.Open(postgres.Open(withPostgresDB(dsn, name)), cfg)
+	dsn := createDB(t, dialect, base)
+	db, err := gorm.Open(Dialector(dialect, dsn), cfg)
 	if err != nil {
-		t.Fatalf("testenv: open postgres %s: %v", name, err)
+		t.Fatalf("testenv: open %s: %v", dialect, err)
 	}
-	t.Cleanup(func() { closeDB(t, db) }) // runs before the DROP DATABASE that createPostgresDB registered
+	t.Cleanup(func() { closeDB(t, db) }) // runs before the DROP DATABASE that createDB registered
 	return db
 }
 
-// createPostgresDB creates a database on the server of base and drops it
-// (WITH (FORCE): the pooler's server connections to it end) at cleanup.
-func createPostgresDB(t testing.TB, base string) string {
+// createDB creates a database on the server of base, dropped at cleanup,
+// and returns its DSN.
+func createDB(t testing.TB, dialect, base string) string {
 	t.Helper()
-	name := Unique("outbox_t_")
-	admin, err := sql.Open("pgx", base)
+	dsn, drop, err := CreateDatabase(context.Background(), dialect, base, Unique("outbox_t_"))
 	if err != nil {
-		t.Fatalf("testenv: open postgres admin: %v", err)
+		t.Fatal(err)
 	}
-	defer admin.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if _, err := admin.ExecContext(ctx, "CREATE DATABASE "+name); err != nil {
-		t.Fatalf("testenv: create postgres database: %v", err)
-	}
-	t.Cleanup(func() {
-		a, err := sql.Open("pgx", base)
-		if err != nil {
-			return
-		}
-		defer a.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		_, _ = a.ExecContext(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
-	})
-	return name
-}
-
-// withPostgresDB points a key=value or URL DSN at database name.
-func withPostgresDB(dsn, name string) string {
-	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
-		u, err := url.Parse(dsn)
-		if err == nil {
-			u.Path = "/" + name
-			return u.String()
-		}
-	}
-	return dsn + " dbname=" + name
-}
-
-func openMySQL(t testing.TB, dsn string, cfg *gorm.Config) *gorm.DB {
-	t.Helper()
-	c, err := mysqldrv.ParseDSN(dsn)
-	if err != nil {
-		t.Fatalf("testenv: parse %s: %v", EnvMySQL, err)
-	}
-	name := Unique("outbox_t_")
-	adminCfg := c.Clone()
-	adminCfg.DBName = ""
-	admin, err := sql.Open("mysql", adminCfg.FormatDSN())
-	if err != nil {
-		t.Fatalf("testenv: open mysql admin: %v", err)
-	}
-	defer admin.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if _, err := admin.ExecContext(ctx, "CREATE DATABASE "+name); err != nil {
-		t.Fatalf("testenv: create mysql database: %v", err)
-	}
-	dbCfg := c.Clone()
-	dbCfg.DBName = name
-	dbCfg.ParseTime = true
-	dbCfg.Loc = time.UTC
-	db, err := gorm.Open(mysql.Open(dbCfg.FormatDSN()), cfg)
-	if err != nil {
-		t.Fatalf("testenv: open mysql %s: %v", name, err)
-	}
-	t.Cleanup(func() {
-		closeDB(t, db)
-		a, err := sql.Open("mysql", adminCfg.FormatDSN())
-		if err != nil {
-			return
-		}
-		defer a.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		_, _ = a.ExecContext(ctx, "DROP DATABASE IF EXISTS "+name)
-	})
-	return db
+	t.Cleanup(drop)
+	return dsn
 }
 
 // DialectorOn returns a gorm dialector of the dialect name (Postgres, MySQL
@@ -259,10 +185,5 @@ func PostgresDSN(t testing.TB) (dsn string, ok bool) {
 		}
 		return "", false
 	}
-	db := openPostgres(t, base, &gorm.Config{Logger: logger.Default.LogMode(logger.Silent)})
-	var name string
-	if err := db.Raw("SELECT current_database()").Scan(&name).Error; err != nil {
-		t.Fatalf("testenv: %v", err)
-	}
-	return withPostgresDB(base, name), true
+	return createDB(t, Postgres, base), true
 }

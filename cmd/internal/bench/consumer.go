@@ -13,9 +13,9 @@ import (
 	"github.com/gorm-outbox/outbox/kafkapub"
 )
 
-// consumer reads every partition of a topic from the beginning and counts
-// the distinct message ids (the x-outbox-message-id header), remembering
-// when each id was first read.
+// consumer reads every partition of a topic from the beginning and
+// remembers when it first read each message id (the x-outbox-message-id
+// header).
 type consumer struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -23,18 +23,16 @@ type consumer struct {
 	mu      sync.Mutex
 	seen    map[string]time.Time
 	want    int
-	reached chan struct{}
+	reached chan struct{} // closed once want ids were read (want > 0)
 	err     error
 }
 
-// startConsumer starts one client that reads every partition of topic
-// from the beginning, in one fetch request per round trip as Kafka's own
-// consumers do (a kafka-go Reader per partition sent the broker a fetch per
-// partition every few milliseconds: at 1,000 rows/s that was as much of
-// the broker's work as the relay's produce requests). It returns once the
-// client reads every partition: it writes a warm-up record (no message id)
-// to each and waits, up to 30 s, until each was read. want > 0 closes the
-// channel returned by done once that many distinct ids were read.
+// startConsumer starts one franz-go client that reads every partition of
+// topic in one fetch per round trip, as Kafka's own consumers do (a
+// kafka-go Reader per partition cost the broker as much work as the
+// relay's produce requests). It returns once the client reads every
+// partition: it writes a warm-up record (no message id) to each and waits,
+// up to 30 s, until each was read.
 func startConsumer(ctx context.Context, brokers []string, topic string, partitions, want int) (*consumer, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	c := &consumer{cancel: cancel, seen: make(map[string]time.Time, max(want, 1024)), want: want, reached: make(chan struct{})}
@@ -69,10 +67,11 @@ func startConsumer(ctx context.Context, brokers []string, topic string, partitio
 			}
 			if errs := fs.Errors(); len(errs) > 0 && fs.NumRecords() == 0 {
 				// A fresh topic's leader may not be known yet: the client
-				// retries; give up after 300 polls in a row that only failed,
-				// 100 ms apart (30 s).
+				// retries; give up after 30 s of polls that only failed.
 				if failures++; failures > 300 {
-					c.fail(fmt.Errorf("bench: consumer: %w", errs[0].Err))
+					c.mu.Lock()
+					c.err = fmt.Errorf("bench: consumer: %w", errs[0].Err)
+					c.mu.Unlock()
 					return
 				}
 				select {
@@ -142,12 +141,6 @@ func (c *consumer) warmUp(ctx context.Context, cl *kgo.Client, topic string, par
 	return nil
 }
 
-func (c *consumer) fail(err error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.err = err
-}
-
 // done is closed when want distinct ids were read.
 func (c *consumer) done() <-chan struct{} { return c.reached }
 
@@ -165,11 +158,9 @@ func (c *consumer) readAt(id string) (time.Time, bool) {
 	return t, ok
 }
 
-// quarterRates returns the consumer's rate, in distinct ids per second,
-// over the first and over the last quarter of the ids it read: the first
-// from start (the preload's commit) until the n/4-th distinct id was read,
-// the last from the read of the (n-n/4)-th id until the n-th. Both are 0
-// with fewer than 4 ids.
+// quarterRates returns the rate of distinct ids read over the first
+// quarter of them (from start, the preload's commit) and over the last
+// quarter; 0 and 0 with fewer than 4 ids.
 func (c *consumer) quarterRates(start time.Time) (first, last float64) {
 	c.mu.Lock()
 	ts := make([]time.Time, 0, len(c.seen))

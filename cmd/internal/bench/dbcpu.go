@@ -12,18 +12,16 @@ import (
 )
 
 // clockTicks is Linux's USER_HZ, the unit of utime and stime in
-// /proc/<pid>/stat (100 on every mainstream architecture and build).
+// /proc/<pid>/stat.
 const clockTicks = 100
 
-// backendCPU samples the CPU time of the PostgreSQL backends serving the
-// run's database, from /proc/<pid>/stat of the pids pg_stat_activity lists
-// for it (the server must run on this host, as with scripts/services.sh).
-// A backend alive when sampling starts counts from that moment, one born
-// later from its birth; one that exits between two samples loses at most
-// the CPU of one sampling interval. Shared server processes (WAL writer,
-// checkpointer, background writer) and other databases' backends are not
-// counted, so the figure is a lower bound of the database's cost, comparable
-// between variants of one run.
+// backendCPU samples, every 200 ms, the CPU time of the PostgreSQL backends
+// serving the run's database, from /proc/<pid>/stat of the pids
+// pg_stat_activity lists (the server runs on this host, as
+// scripts/services.sh starts it). A backend counts from the first sample or
+// its birth; one that exits loses at most a sampling interval. Shared server
+// processes (WAL writer, checkpointer) are left out: a lower bound,
+// comparable between the contenders of one run.
 type backendCPU struct {
 	db     *sql.DB
 	cancel context.CancelFunc
@@ -35,24 +33,21 @@ type backendCPU struct {
 	err   error
 }
 
-// startBackendCPU starts sampling every interval on db, or returns nil when
-// the database is not PostgreSQL or its backends' /proc entries cannot be
-// read (another host, another OS).
-func (e *env) startBackendCPU(ctx context.Context, db *sql.DB, interval time.Duration) *backendCPU {
+// startBackendCPU starts sampling on db, or returns nil when the database
+// is not PostgreSQL or its backends' /proc entries cannot be read.
+func (e *env) startBackendCPU(ctx context.Context, db *sql.DB) *backendCPU {
 	if e.dialect != "postgres" {
 		return nil
 	}
 	b := &backendCPU{db: db, first: map[int]int64{}, last: map[int]int64{}, done: make(chan struct{})}
 	pids, err := b.pids(ctx)
-	if err != nil || len(pids) == 0 {
+	if err != nil {
 		return nil
 	}
 	for _, pid := range pids {
-		t, err := procTicks(pid)
-		if err != nil {
-			continue // exited since the query
+		if t, err := procTicks(pid); err == nil { // else exited since the query
+			b.first[pid], b.last[pid] = t, t
 		}
-		b.first[pid], b.last[pid] = t, t
 	}
 	if len(b.first) == 0 {
 		return nil // no readable /proc entry: not this host
@@ -60,7 +55,7 @@ func (e *env) startBackendCPU(ctx context.Context, db *sql.DB, interval time.Dur
 	ctx, b.cancel = context.WithCancel(ctx)
 	go func() {
 		defer close(b.done)
-		t := time.NewTicker(interval)
+		t := time.NewTicker(200 * time.Millisecond)
 		defer t.Stop()
 		for {
 			select {

@@ -18,91 +18,57 @@ import (
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/gormstore"
+	"github.com/gorm-outbox/outbox/internal/testenv"
 	"github.com/gorm-outbox/outbox/kafkapub"
 	"github.com/gorm-outbox/outbox/relay"
 )
 
-// DrainResult is one drain run: N preloaded rows moved to Kafka.
+// DrainResult is one drain run: Rows preloaded rows moved to Kafka, timed
+// from the preload's commit (the baselines: from after their ANALYZE)
+// until the table was empty and the consumer had read every id.
 type DrainResult struct {
-	// Name is "raw loop", "naive relay" or "relay".
-	Name string `json:"name"`
-	// Relays is the relay (or worker) count.
-	Relays int `json:"relays"`
-	// Rows is the number of rows drained.
-	Rows int `json:"rows"`
-	// Seconds is the time from the preload's commit until the table was
-	// empty and the consumer had read every id.
-	Seconds float64 `json:"seconds"`
-	// MsgPerSec is Rows / Seconds.
+	Name      string  `json:"name"`   // raw loop, naive relay or relay
+	Relays    int     `json:"relays"` // relays (or workers)
+	Rows      int     `json:"rows"`
+	Seconds   float64 `json:"seconds"`
 	MsgPerSec float64 `json:"msg_per_sec"`
-	// VsRaw and VsNaive are MsgPerSec relative to the baselines of the same
-	// run (0 when that baseline did not run).
+	// VsRaw and VsNaive compare MsgPerSec with the baselines of the run (0:
+	// not run).
 	VsRaw   float64 `json:"vs_raw"`
 	VsNaive float64 `json:"vs_naive"`
-	// CPUPerSec is this process's CPU time (relays, consumer and, with
-	// kfake, the broker) per wall-clock second of the drain.
-	CPUPerSec float64 `json:"cpu_per_sec"`
-	// CPUPerMsgUs is this process's CPU time per message drained, in
-	// microseconds (CPUPerSec × Seconds / Rows); CPUVsRaw is that relative
-	// to the raw loop of the same run (0 for the raw loop itself).
+	// CPU of this process (relays or loop, consumer, an in-process kfake)
+	// per second and per message; CPUVsRaw against the raw loop's.
+	CPUPerSec   float64 `json:"cpu_per_sec"`
 	CPUPerMsgUs float64 `json:"cpu_per_msg_us"`
 	CPUVsRaw    float64 `json:"cpu_vs_raw"`
-	// DBCPUPerMsgUs (PostgreSQL on this host only, else 0) is the CPU time
-	// of the server's backends serving the run's database per message
-	// drained, in microseconds: a lower bound that leaves out the shared
-	// server processes (WAL writer, checkpointer) and at most one sampling
-	// interval of a backend that exited (see backendCPU). AllCPUVsRaw is
-	// CPUPerMsgUs + DBCPUPerMsgUs relative to the same sum of the raw loop.
+	// DBCPUPerMsgUs is the CPU of the PostgreSQL backends serving the run
+	// (this host only, else 0; a lower bound, see backendCPU); AllCPUVsRaw
+	// both per message against the raw loop's.
 	DBCPUPerMsgUs float64 `json:"db_cpu_per_msg_us,omitempty"`
 	AllCPUVsRaw   float64 `json:"all_cpu_vs_raw,omitempty"`
-	// FirstQuarterMsgPerSec and LastQuarterMsgPerSec are the consumer's
-	// rate of distinct ids over the first quarter of the rows (from the
-	// preload's commit until the Rows/4-th id was read) and over the last
-	// quarter (from the read of the (Rows-Rows/4)-th id until the last);
-	// EndVsStart is LastQuarterMsgPerSec / FirstQuarterMsgPerSec, so a value
-	// of at least 1 means the drain did not slow down towards its end.
+	// The consumer's rate of distinct ids over the first and the last
+	// quarter of the rows, and last / first (≥ 1: no slowdown at the end).
 	FirstQuarterMsgPerSec float64 `json:"first_quarter_msg_per_sec"`
 	LastQuarterMsgPerSec  float64 `json:"last_quarter_msg_per_sec"`
 	EndVsStart            float64 `json:"end_vs_start"`
-	// LeaseLosses (relays only; nil for the baselines) is the sum over the
-	// fleet of relay.MetricLeaseExpirations, read through an SDK
-	// MeterProvider with a manual reader, from the relays' start until the
-	// drain ended: observed losses of a nonempty lease set, with no fault
-	// injected.
-	LeaseLosses *int64 `json:"lease_losses,omitempty"`
-	// MaxConcurrentBuckets (relays only) is the relays'
-	// Options.MaxConcurrentBuckets as configured (0: the library default).
-	MaxConcurrentBuckets int `json:"max_concurrent_buckets,omitempty"`
-	// PreloadSeconds is how long the one-transaction preload took.
-	PreloadSeconds float64 `json:"preload_seconds"`
-	// AnalyzeSeconds (baselines only) is how long the ANALYZE of the
-	// messages table after the preload took; the baseline's clock starts
-	// after it (see analyze).
-	AnalyzeSeconds float64 `json:"analyze_seconds,omitempty"`
-	// Note qualifies the run (e.g. no SKIP LOCKED on SQLite).
-	Note string `json:"note,omitempty"`
+	// LeaseLosses (relays only) sums relay.MetricLeaseExpirations over the
+	// fleet from its start until drained: no fault is injected.
+	LeaseLosses          *int64  `json:"lease_losses,omitempty"`
+	MaxConcurrentBuckets int     `json:"max_concurrent_buckets,omitempty"` // relays only, as configured
+	PreloadSeconds       float64 `json:"preload_seconds"`
+	AnalyzeSeconds       float64 `json:"analyze_seconds,omitempty"` // baselines only (see analyze)
+	Note                 string  `json:"note,omitempty"`
 }
 
 // fanout forwards commit notifications to every relay of a fleet, as the
-// plugin of a process hosting several relays would.
-type fanout struct {
-	mu sync.Mutex
-	ns []*relay.Notifier
-}
+// plugin of a process hosting several relays would (the fleet is complete
+// before the first commit).
+type fanout struct{ ns []*relay.Notifier }
 
 var _ outbox.BucketNotifier = (*fanout)(nil)
 
-func (f *fanout) add(n *relay.Notifier) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.ns = append(f.ns, n)
-}
-
 func (f *fanout) each(fn func(*relay.Notifier)) {
-	f.mu.Lock()
-	ns := f.ns
-	f.mu.Unlock()
-	for _, n := range ns {
+	for _, n := range f.ns {
 		fn(n)
 	}
 }
@@ -117,8 +83,6 @@ func (f *fanout) NonBlockingNotifier() {}
 
 func (e *env) outboxConfig() outbox.Config { return outbox.Config{BucketCount: e.cfg.Buckets} }
 
-func (e *env) log() *slog.Logger { return e.cfg.Logger }
-
 // warnOnly passes on warnings and errors only: the relays' start, stop and
 // ownership logs would drown the harness's progress.
 type warnOnly struct{ slog.Handler }
@@ -127,14 +91,10 @@ func (h warnOnly) Enabled(ctx context.Context, l slog.Level) bool {
 	return l >= slog.LevelWarn && h.Handler.Enabled(ctx, l)
 }
 
-func quiet() *slog.Logger { return slog.New(slog.DiscardHandler) }
-
 // value is a record value of Config.ValueSize bytes.
 func (e *env) value() []byte { return []byte(strings.Repeat("v", e.cfg.ValueSize)) }
 
 func keyOf(prefix string, i int) []byte { return []byte(prefix + strconv.Itoa(i)) }
-
-func perSec(n int, d time.Duration) float64 { return float64(n) / d.Seconds() }
 
 // ratio is a / b, or 0 when b is not positive.
 func ratio(a, b float64) float64 {
@@ -144,31 +104,24 @@ func ratio(a, b float64) float64 {
 	return a / b
 }
 
-func cpuPerSec(cpu, wall time.Duration) float64 { return cpu.Seconds() / wall.Seconds() }
-
-// allCPUVsRaw compares the process's and the database backends' CPU per
-// message with the raw loop's; 0 when either lacks the database's figure.
-func allCPUVsRaw(d, raw DrainResult) float64 {
-	if d.DBCPUPerMsgUs <= 0 || raw.DBCPUPerMsgUs <= 0 {
-		return 0
-	}
-	return ratio(d.CPUPerMsgUs+d.DBCPUPerMsgUs, raw.CPUPerMsgUs+raw.DBCPUPerMsgUs)
-}
-
-// dbCPUPerMsgUs is the backends' CPU per message, 0 when not measured.
-func dbCPUPerMsgUs(cpu time.Duration, ok bool, rows int) float64 {
-	if !ok {
-		return 0
-	}
-	return cpuPerMsgUs(cpu, rows)
-}
-
 // cpuPerMsgUs is cpu per message in microseconds, or 0 without rows.
 func cpuPerMsgUs(cpu time.Duration, rows int) float64 {
 	if rows <= 0 {
 		return 0
 	}
 	return float64(cpu.Microseconds()) / float64(rows)
+}
+
+// vs fills d's ratios to the baselines (naive: nil for the naive relay).
+func (d *DrainResult) vs(raw DrainResult, naive *DrainResult) {
+	d.VsRaw = ratio(d.MsgPerSec, raw.MsgPerSec)
+	if naive != nil {
+		d.VsNaive = ratio(d.MsgPerSec, naive.MsgPerSec)
+	}
+	d.CPUVsRaw = ratio(d.CPUPerMsgUs, raw.CPUPerMsgUs)
+	if d.DBCPUPerMsgUs > 0 && raw.DBCPUPerMsgUs > 0 {
+		d.AllCPUVsRaw = ratio(d.CPUPerMsgUs+d.DBCPUPerMsgUs, raw.CPUPerMsgUs+raw.DBCPUPerMsgUs)
+	}
 }
 
 // preload commits n rows to topic in one transaction (so that they all
@@ -231,16 +184,47 @@ func (e *env) waitDrained(ctx context.Context, db *gorm.DB, c *consumer, n int) 
 	}
 }
 
+// measure times a drain of n rows from start until waitDrained (probing
+// with probe) returns, with this process's CPU and the database backends'
+// (sampled through admin); begin starts the drain, and its stop function,
+// when not nil, ends it after the table drained.
+func (e *env) measure(ctx context.Context, probe *gorm.DB, admin *gorm.DB, c *consumer, n int, start time.Time, begin func() (stop func() error)) (DrainResult, error) {
+	adminSQL, err := admin.DB()
+	if err != nil {
+		return DrainResult{}, err
+	}
+	cpu0 := cpuTime()
+	dbCPU := e.startBackendCPU(ctx, adminSQL)
+	stop := begin()
+	end, err := e.waitDrained(ctx, probe, c, n)
+	dbc, dbOK := dbCPU.stop(ctx)
+	if stop != nil {
+		if lerr := stop(); lerr != nil && !errors.Is(lerr, context.Canceled) {
+			return DrainResult{}, lerr
+		}
+	}
+	if err != nil {
+		return DrainResult{}, err
+	}
+	wall, cpu := end.Sub(start), cpuTime()-cpu0
+	q1, q4 := c.quarterRates(start)
+	d := DrainResult{Relays: 1, Rows: n, Seconds: wall.Seconds(), MsgPerSec: float64(n) / wall.Seconds(),
+		CPUPerSec: cpu.Seconds() / wall.Seconds(), CPUPerMsgUs: cpuPerMsgUs(cpu, n),
+		FirstQuarterMsgPerSec: q1, LastQuarterMsgPerSec: q4, EndVsStart: ratio(q4, q1)}
+	if dbOK {
+		d.DBCPUPerMsgUs = cpuPerMsgUs(dbc, n)
+	}
+	return d, nil
+}
+
 // runDrain runs the raw loop, the naive relay and the relay with each
 // configured relay count, each on a fresh table and topic.
 func runDrain(ctx context.Context, e *env) ([]DrainResult, error) {
-	var out []DrainResult
 	raw, err := e.drainBaseline(ctx, "raw loop", e.cfg.N, e.rawLoop)
 	if err != nil {
 		return nil, err
 	}
 	raw.Note = "SELECT 500 → one kafka-go write → DELETE id <= last; no coordination, database/sql; table analyzed after the preload, clock started after that"
-	out = append(out, raw)
 	naive, err := e.drainBaseline(ctx, "naive relay", e.cfg.NaiveN, e.naiveLoop)
 	if err != nil {
 		return nil, err
@@ -249,44 +233,24 @@ func runDrain(ctx context.Context, e *env) ([]DrainResult, error) {
 	if e.dialect == "sqlite" {
 		naive.Note = "one row per tx (BEGIN IMMEDIATE; SQLite has no FOR UPDATE SKIP LOCKED): SELECT, produce, DELETE, COMMIT"
 	}
-	naive.VsRaw = ratio(naive.MsgPerSec, raw.MsgPerSec)
-	naive.CPUVsRaw = ratio(naive.CPUPerMsgUs, raw.CPUPerMsgUs)
-	naive.AllCPUVsRaw = allCPUVsRaw(naive, raw)
-	out = append(out, naive)
+	naive.vs(raw, nil)
+	out := []DrainResult{raw, naive}
 	for _, r := range e.cfg.Relays {
 		res, err := e.drainRelays(ctx, r)
 		if err != nil {
 			return nil, err
 		}
-		res.VsRaw = ratio(res.MsgPerSec, raw.MsgPerSec)
-		res.VsNaive = ratio(res.MsgPerSec, naive.MsgPerSec)
-		res.CPUVsRaw = ratio(res.CPUPerMsgUs, raw.CPUPerMsgUs)
-		res.AllCPUVsRaw = allCPUVsRaw(res, raw)
+		res.vs(raw, &naive)
 		out = append(out, res)
 	}
 	return out, nil
 }
 
-// backendSampleInterval is how often the database backends' CPU is sampled
-// during a drain.
-const backendSampleInterval = 200 * time.Millisecond
-
 // loopFunc drains the table into topic until it is empty.
 type loopFunc func(ctx context.Context, db *sql.DB, w *kafka.Writer) error
 
-func (e *env) writer(topic string, batch int) *kafka.Writer {
-	return &kafka.Writer{
-		Addr:         kafka.TCP(e.brokers...),
-		Topic:        topic,
-		Balancer:     &kafka.Murmur2Balancer{},
-		RequiredAcks: kafka.RequireAll,
-		BatchSize:    batch,
-		BatchTimeout: time.Nanosecond,
-	}
-}
-
 func (e *env) drainBaseline(ctx context.Context, name string, n int, loop loopFunc) (DrainResult, error) {
-	e.log().Info("bench: drain", "name", name, "rows", n)
+	e.cfg.Logger.Info("bench: drain", "name", name, "rows", n)
 	db, err := e.open(&outbox.Plugin{Config: e.outboxConfig()})
 	if err != nil {
 		return DrainResult{}, err
@@ -304,7 +268,8 @@ func (e *env) drainBaseline(ctx context.Context, name string, n int, loop loopFu
 	if err != nil {
 		return DrainResult{}, err
 	}
-	w := e.writer(topic, max(e.cfg.BatchSize, 1))
+	w := &kafka.Writer{Addr: kafka.TCP(e.brokers...), Topic: topic, Balancer: &kafka.Murmur2Balancer{},
+		RequiredAcks: kafka.RequireAll, BatchSize: max(e.cfg.BatchSize, 1), BatchTimeout: time.Nanosecond}
 	if name == "naive relay" {
 		w.BatchSize = 1
 	}
@@ -322,10 +287,6 @@ func (e *env) drainBaseline(ctx context.Context, name string, n int, loop loopFu
 		return DrainResult{}, err
 	}
 	defer closeDB(admin)
-	adminSQL, err := admin.DB()
-	if err != nil {
-		return DrainResult{}, err
-	}
 	_, pre, err := e.preload(ctx, db, topic, n)
 	if err != nil {
 		return DrainResult{}, err
@@ -334,41 +295,25 @@ func (e *env) drainBaseline(ctx context.Context, name string, n int, loop loopFu
 	if err != nil {
 		return DrainResult{}, err
 	}
-	start := time.Now()
-	cpu0 := cpuTime()
-	dbCPU := e.startBackendCPU(ctx, adminSQL, backendSampleInterval)
 	lctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	loopErr := make(chan error, 1)
-	go func() { loopErr <- loop(lctx, sqlDB, w) }()
-	end, err := e.waitDrained(ctx, db, c, n)
-	dbc, dbOK := dbCPU.stop(ctx)
-	cancel()
-	if lerr := <-loopErr; lerr != nil && !errors.Is(lerr, context.Canceled) {
-		return DrainResult{}, fmt.Errorf("%s: %w", name, lerr)
-	}
+	d, err := e.measure(ctx, db, admin, c, n, time.Now(), func() func() error {
+		loopErr := make(chan error, 1)
+		go func() { loopErr <- loop(lctx, sqlDB, w) }()
+		return func() error { cancel(); return <-loopErr }
+	})
 	if err != nil {
 		return DrainResult{}, fmt.Errorf("%s: %w", name, err)
 	}
-	wall, cpu := end.Sub(start), cpuTime()-cpu0
-	q1, q4 := c.quarterRates(start)
-	return DrainResult{Name: name, Relays: 1, Rows: n, Seconds: wall.Seconds(), MsgPerSec: perSec(n, wall),
-		CPUPerSec: cpuPerSec(cpu, wall), CPUPerMsgUs: cpuPerMsgUs(cpu, n), DBCPUPerMsgUs: dbCPUPerMsgUs(dbc, dbOK, n),
-		FirstQuarterMsgPerSec: q1, LastQuarterMsgPerSec: q4, EndVsStart: ratio(q4, q1),
-		PreloadSeconds: pre.Seconds(), AnalyzeSeconds: analyzed.Seconds()}, nil
+	d.Name, d.PreloadSeconds, d.AnalyzeSeconds = name, pre.Seconds(), analyzed.Seconds()
+	return d, nil
 }
 
 // analyze updates the messages table's statistics after a baseline's
-// preload, before its clock starts. Without them, PostgreSQL estimates the
-// raw loop's DELETE … WHERE id <= $1 at a third of the table or more and
-// plans a sequential scan (about 80 ms per 500-row batch at 200,000 rows,
-// against 1.4 ms on the primary key once analyzed) or a bitmap scan that
-// re-reads the entries of every row deleted before, until autovacuum's
-// ANALYZE comes by; that made the raw loop 1.3–5.8× slower in some runs and
-// the relay's ratios to it meaningless. A production loop runs on a table
-// with statistics, so the baselines get them, free of charge. The relays do
-// not: their statements stay on the indexes without statistics (gormstore's
-// plan tests), and their clock starts at the preload's commit.
+// preload, before its clock starts: without them PostgreSQL plans the raw
+// loop's DELETE … WHERE id <= $1 as a scan, which made it 1.3–5.8× slower
+// in some runs, and a production loop runs on a table with statistics. The
+// relays get none: their statements stay on the indexes without them.
 func (e *env) analyze(ctx context.Context, db *gorm.DB) (time.Duration, error) {
 	stmt := "ANALYZE " + outbox.DefaultMessagesTable
 	if e.dialect == "mysql" {
@@ -488,9 +433,7 @@ func (e *env) naiveLoop(ctx context.Context, db *sql.DB, w *kafka.Writer) error 
 			_ = tx.Rollback()
 		}
 		if ctx.Err() != nil {
-			// Cancelled once the table drained: database/sql rolled the
-			// transaction back (sql.ErrTxDone), which is no failure.
-			return ctx.Err()
+			return ctx.Err() // cancelled once drained: the rollback is no failure
 		}
 		if err != nil {
 			return err
@@ -517,11 +460,14 @@ type fleet struct {
 func (e *env) startFleet(ctx context.Context, n int, open func() (*gorm.DB, error), opts relay.Options, wrap func(relay.Publisher) relay.Publisher) (*fleet, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	f := &fleet{fan: &fanout{}, cancel: cancel}
+	fail := func(err error) (*fleet, error) {
+		_ = f.stop()
+		return nil, err
+	}
 	for i := range n {
 		db, err := open()
 		if err != nil {
-			f.stop()
-			return nil, err
+			return fail(err)
 		}
 		f.close = append(f.close, func() { closeDB(db) })
 		lg := opts.Logger
@@ -530,18 +476,16 @@ func (e *env) startFleet(ctx context.Context, n int, open func() (*gorm.DB, erro
 		case e.cfg.RelayLogger != nil:
 			lg = e.cfg.RelayLogger.With("relay", i)
 		default:
-			lg = slog.New(warnOnly{e.log().Handler()})
+			lg = slog.New(warnOnly{e.cfg.Logger.Handler()})
 		}
 		// The store logs beside its relay (the pool warning among them).
 		store, err := gormstore.New(db, gormstore.Options{Config: e.outboxConfig(), Logger: lg})
 		if err != nil {
-			f.stop()
-			return nil, err
+			return fail(err)
 		}
 		kp, err := kafkapub.New(kafkapub.Config{Brokers: e.brokers})
 		if err != nil {
-			f.stop()
-			return nil, err
+			return fail(err)
 		}
 		f.close = append(f.close, func() { _ = kp.Close() })
 		var pub relay.Publisher = kp
@@ -549,17 +493,14 @@ func (e *env) startFleet(ctx context.Context, n int, open func() (*gorm.DB, erro
 			pub = wrap(kp)
 		}
 		o := opts
-		o.RelayID = fmt.Sprintf("bench-%d-%s", i, unique(""))
-		o.BatchSize = e.cfg.BatchSize
-		o.MaxConcurrentBuckets = e.cfg.MaxConcurrentBuckets
+		o.RelayID = fmt.Sprintf("bench-%d-%s", i, testenv.Unique(""))
+		o.BatchSize, o.MaxConcurrentBuckets, o.Logger = e.cfg.BatchSize, e.cfg.MaxConcurrentBuckets, lg
 		o.SingleWriter = e.dialect == "sqlite"
-		o.Logger = lg
 		r, err := relay.New(store, pub, o)
 		if err != nil {
-			f.stop()
-			return nil, err
+			return fail(err)
 		}
-		f.fan.add(r.Notifier())
+		f.fan.ns = append(f.fan.ns, r.Notifier())
 		f.wg.Add(1)
 		go func() {
 			defer f.wg.Done()
@@ -592,23 +533,20 @@ func (f *fleet) stop() error {
 // waitBalanced waits until n relays hold every bucket in fair shares.
 func (e *env) waitBalanced(ctx context.Context, db *gorm.DB, n int) error {
 	deadline := time.Now().Add(2 * time.Minute)
-	want := min(n, e.cfg.Buckets)
-	most := (e.cfg.Buckets + n - 1) / n
+	want, most := min(n, e.cfg.Buckets), (e.cfg.Buckets+n-1)/n
 	for {
 		var rows []struct {
 			Owner string
 			N     int
 		}
-		now := time.Now().UnixMilli()
 		err := db.WithContext(ctx).Table(outbox.DefaultLeasesTable).Select("owner, COUNT(*) AS n").
-			Where("owner IS NOT NULL AND expires_at_ms > ?", now).Group("owner").Scan(&rows).Error
+			Where("owner IS NOT NULL AND expires_at_ms > ?", time.Now().UnixMilli()).Group("owner").Scan(&rows).Error
 		if err != nil {
 			return fmt.Errorf("read leases: %w", err)
 		}
 		total, top := 0, 0
 		for _, r := range rows {
-			total += r.N
-			top = max(top, r.N)
+			total, top = total+r.N, max(top, r.N)
 		}
 		if len(rows) == want && total == e.cfg.Buckets && top <= most {
 			return nil
@@ -625,16 +563,12 @@ func (e *env) waitBalanced(ctx context.Context, db *gorm.DB, n int) error {
 }
 
 func (e *env) drainRelays(ctx context.Context, n int) (DrainResult, error) {
-	e.log().Info("bench: drain", "name", "relay", "relays", n, "rows", e.cfg.N)
+	e.cfg.Logger.Info("bench: drain", "name", "relay", "relays", n, "rows", e.cfg.N)
 	admin, err := e.open(nil)
 	if err != nil {
 		return DrainResult{}, err
 	}
 	defer closeDB(admin)
-	adminSQL, err := admin.DB()
-	if err != nil {
-		return DrainResult{}, err
-	}
 	if err := e.reset(admin); err != nil {
 		return DrainResult{}, err
 	}
@@ -670,14 +604,10 @@ func (e *env) drainRelays(ctx context.Context, n int) (DrainResult, error) {
 	if err != nil {
 		return DrainResult{}, err
 	}
-	cpu0 := cpuTime()
-	dbCPU := e.startBackendCPU(ctx, adminSQL, backendSampleInterval)
-	end, err := e.waitDrained(ctx, admin, c, e.cfg.N)
-	dbc, dbOK := dbCPU.stop(ctx)
+	d, err := e.measure(ctx, admin, admin, c, e.cfg.N, start, func() func() error { return nil })
 	if err != nil {
 		return DrainResult{}, fmt.Errorf("relay ×%d: %w", n, err)
 	}
-	cpu := cpuTime() - cpu0
 	losses, err := counterSum(ctx, metrics, relay.MetricLeaseExpirations)
 	if err != nil {
 		return DrainResult{}, fmt.Errorf("relay ×%d: read lease losses: %w", n, err)
@@ -685,17 +615,13 @@ func (e *env) drainRelays(ctx context.Context, n int) (DrainResult, error) {
 	if err := f.stop(); err != nil {
 		return DrainResult{}, fmt.Errorf("relay ×%d: %w", n, err)
 	}
-	wall := end.Sub(start)
-	q1, q4 := c.quarterRates(start)
 	conc := "max concurrent buckets: library default"
 	if e.cfg.MaxConcurrentBuckets > 0 {
 		conc = fmt.Sprintf("max concurrent buckets %d", e.cfg.MaxConcurrentBuckets)
 	}
-	return DrainResult{Name: "relay", Relays: n, Rows: e.cfg.N, Seconds: wall.Seconds(), MsgPerSec: perSec(e.cfg.N, wall),
-		CPUPerSec: cpuPerSec(cpu, wall), CPUPerMsgUs: cpuPerMsgUs(cpu, e.cfg.N), DBCPUPerMsgUs: dbCPUPerMsgUs(dbc, dbOK, e.cfg.N),
-		FirstQuarterMsgPerSec: q1, LastQuarterMsgPerSec: q4, EndVsStart: ratio(q4, q1),
-		LeaseLosses: &losses, MaxConcurrentBuckets: e.cfg.MaxConcurrentBuckets, PreloadSeconds: pre.Seconds(),
-		Note: fmt.Sprintf("gormstore + kafkapub.Publisher, %d buckets, batch %d, %s, leases balanced before the preload commit", e.cfg.Buckets, e.cfg.BatchSize, conc)}, nil
+	d.Name, d.Relays, d.LeaseLosses, d.MaxConcurrentBuckets, d.PreloadSeconds = "relay", n, &losses, e.cfg.MaxConcurrentBuckets, pre.Seconds()
+	d.Note = fmt.Sprintf("gormstore + kafkapub.Publisher, %d buckets, batch %d, %s, leases balanced before the preload commit", e.cfg.Buckets, e.cfg.BatchSize, conc)
+	return d, nil
 }
 
 // counterSum collects reader and returns the sum of every data point of the

@@ -53,7 +53,7 @@ const (
 )
 
 func runEnqueue(ctx context.Context, e *env) ([]EnqueueResult, error) {
-	e.log().Info("bench: enqueue", "tx_per_variant", e.cfg.EnqueueTx)
+	e.cfg.Logger.Info("bench: enqueue", "tx_per_variant", e.cfg.EnqueueTx)
 	plain, err := e.open(nil)
 	if err != nil {
 		return nil, err
@@ -108,43 +108,38 @@ func runEnqueue(ctx context.Context, e *env) ([]EnqueueResult, error) {
 	stmtTimes := make([]time.Duration, len(variants))
 	const rounds = 4
 	per := max(e.cfg.EnqueueTx/rounds, 1)
-	// Warm-up: a few of each, not measured.
-	for _, v := range variants {
+	// one runs a transaction of v and times it and its outbox statement.
+	one := func(v variant) (total, stmt time.Duration, err error) {
+		start := time.Now()
+		err = v.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+			if err := order(tx); err != nil || v.outbox == nil {
+				return err
+			}
+			s := time.Now()
+			err := v.outbox(tx)
+			stmt = time.Since(s)
+			return err
+		})
+		if err != nil {
+			err = fmt.Errorf("%s: %w", v.name, err)
+		}
+		return time.Since(start), stmt, err
+	}
+	for _, v := range variants { // a warm-up, not measured
 		for range 10 {
-			if err := v.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-				if err := order(tx); err != nil {
-					return err
-				}
-				if v.outbox != nil {
-					return v.outbox(tx)
-				}
-				return nil
-			}); err != nil {
-				return nil, fmt.Errorf("%s: %w", v.name, err)
+			if _, _, err := one(v); err != nil {
+				return nil, err
 			}
 		}
 	}
 	for range rounds {
 		for i, v := range variants {
 			for range per {
-				var stmt time.Duration
-				start := time.Now()
-				err := v.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-					if err := order(tx); err != nil {
-						return err
-					}
-					if v.outbox == nil {
-						return nil
-					}
-					s := time.Now()
-					err := v.outbox(tx)
-					stmt = time.Since(s)
-					return err
-				})
+				total, stmt, err := one(v)
 				if err != nil {
-					return nil, fmt.Errorf("%s: %w", v.name, err)
+					return nil, err
 				}
-				txTimes[i] = append(txTimes[i], time.Since(start))
+				txTimes[i] = append(txTimes[i], total)
 				stmtTimes[i] += stmt
 			}
 		}

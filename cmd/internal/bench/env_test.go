@@ -27,11 +27,7 @@ func TestResetStartsAFreshWriteAheadLogCycle(t *testing.T) {
 	}
 	for _, d := range dbs {
 		t.Run(d.name, func(t *testing.T) {
-			cfg, err := Config{DB: d.db, DSN: d.dsn, Partitions: 1}.withDefaults()
-			if err != nil {
-				t.Fatal(err)
-			}
-			e, err := newEnv(ctx, cfg)
+			e, err := newEnv(ctx, Config{DB: d.db, DSN: d.dsn, Broker: "kfake", Partitions: 1, Buckets: 8})
 			if err != nil {
 				t.Fatal(err)
 			}

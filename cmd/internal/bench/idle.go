@@ -101,60 +101,67 @@ func (c *stmtCounter) register(db *gorm.DB) error {
 func runIdle(ctx context.Context, e *env) ([]IdleResult, error) {
 	var out []IdleResult
 	for _, n := range e.cfg.IdleFleets {
-		e.log().Info("bench: idle", "relays", n, "window", e.cfg.IdleWindow)
-		admin, err := e.open(nil)
+		r, err := e.idle(ctx, n)
 		if err != nil {
 			return nil, err
 		}
-		if err := e.reset(admin); err != nil {
-			closeDB(admin)
-			return nil, err
-		}
-		c := &stmtCounter{}
-		f, err := e.startFleet(ctx, n, func() (*gorm.DB, error) {
-			db, err := e.open(nil)
-			if err != nil {
-				return nil, err
-			}
-			if err := c.register(db); err != nil {
-				closeDB(db)
-				return nil, err
-			}
-			return db, nil
-		}, relay.Options{}, nil)
-		if err != nil {
-			closeDB(admin)
-			return nil, err
-		}
-		err = e.waitBalanced(ctx, admin, n)
-		closeDB(admin)
-		if err != nil {
-			_ = f.stop()
-			return nil, err
-		}
-		c.start()
-		start := time.Now()
-		select {
-		case <-ctx.Done():
-		case <-time.After(e.cfg.IdleWindow):
-		}
-		window := time.Since(start)
-		kinds := c.stop()
-		if err := f.stop(); err != nil {
-			return nil, err
-		}
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		total := 0
-		for _, v := range kinds {
-			total += v
-		}
-		secs := window.Seconds()
-		pending := kinds["pending discovery"]
-		out = append(out, IdleResult{Relays: n, WindowSeconds: secs, Statements: total, PerSec: float64(total) / secs,
-			PendingPerRelaySec: float64(pending) / secs / float64(n),
-			UpkeepPerRelaySec:  float64(total-pending) / secs / float64(n), ByKind: kinds})
+		out = append(out, r)
 	}
 	return out, nil
+}
+
+func (e *env) idle(ctx context.Context, n int) (IdleResult, error) {
+	e.cfg.Logger.Info("bench: idle", "relays", n, "window", e.cfg.IdleWindow)
+	admin, err := e.open(nil)
+	if err != nil {
+		return IdleResult{}, err
+	}
+	defer closeDB(admin)
+	if err := e.reset(admin); err != nil {
+		return IdleResult{}, err
+	}
+	c := &stmtCounter{}
+	f, err := e.startFleet(ctx, n, func() (*gorm.DB, error) {
+		db, err := e.open(nil)
+		if err == nil {
+			if err = c.register(db); err != nil {
+				closeDB(db)
+			}
+		}
+		return db, err
+	}, relay.Options{}, nil)
+	if err != nil {
+		return IdleResult{}, err
+	}
+	defer f.stop()
+	if err := e.waitBalanced(ctx, admin, n); err != nil {
+		return IdleResult{}, err
+	}
+	c.start()
+	start := time.Now()
+	sleep(ctx, e.cfg.IdleWindow)
+	window := time.Since(start)
+	kinds := c.stop()
+	if err := f.stop(); err != nil {
+		return IdleResult{}, err
+	}
+	if ctx.Err() != nil {
+		return IdleResult{}, ctx.Err()
+	}
+	total := 0
+	for _, v := range kinds {
+		total += v
+	}
+	secs := window.Seconds()
+	pending := kinds["pending discovery"]
+	return IdleResult{Relays: n, WindowSeconds: secs, Statements: total, PerSec: float64(total) / secs,
+		PendingPerRelaySec: float64(pending) / secs / float64(n),
+		UpkeepPerRelaySec:  float64(total-pending) / secs / float64(n), ByKind: kinds}, nil
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -12,35 +13,31 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/internal/testenv"
 	"github.com/gorm-outbox/outbox/pgnotify"
 	"github.com/gorm-outbox/outbox/relay"
 )
 
-// Latency notification modes.
+// Latency notification modes: the writer's plugin notifies the relay in
+// the same process; none (the relay polls); the writer's commit hints
+// travel through PostgreSQL LISTEN/NOTIFY (package pgnotify), as between
+// pods.
 const (
-	// ModeLocal: the writer's plugin notifies the relay in the same process.
-	ModeLocal = "local"
-	// ModePoll: no notification; the relay finds rows at its poll interval.
-	ModePoll = "poll"
-	// ModePgNotify: the writer's commit hints travel through PostgreSQL
-	// LISTEN/NOTIFY (package pgnotify) to the relay's notifier, as between
-	// pods; the writer and the relay share no notifier.
+	ModeLocal    = "local"
+	ModePoll     = "poll"
 	ModePgNotify = "pgnotify"
 )
 
-// LatencyResult is one steady-rate latency run.
+// LatencyResult is one steady-rate latency run. Times are in
+// milliseconds from the return of the writer's Commit: to the relay's
+// Publish returning with the row acknowledged (ack), to a consumer reading
+// it (consume); commit is the writers' transaction.
 type LatencyResult struct {
-	Mode string `json:"mode"`
-	// Rate is the target commit rate per second; Achieved the measured one.
-	Rate     int     `json:"rate"`
-	Achieved float64 `json:"achieved"`
-	Messages int     `json:"messages"`
-	// WarmUp counts the rows committed before the measured ones, at the
-	// same rate, not measured.
-	WarmUp int `json:"warm_up"`
-	// Commit→ack (the relay's Publish returned with the row acknowledged)
-	// and commit→consume (a consumer read it), in milliseconds, measured
-	// from the return of the writer's Commit.
+	Mode       string  `json:"mode"`
+	Rate       int     `json:"rate"`     // target commits per second
+	Achieved   float64 `json:"achieved"` // measured
+	Messages   int     `json:"messages"`
+	WarmUp     int     `json:"warm_up"` // rows committed before, at the same rate, not measured
 	AckP50     float64 `json:"ack_p50_ms"`
 	AckP95     float64 `json:"ack_p95_ms"`
 	AckP99     float64 `json:"ack_p99_ms"`
@@ -48,9 +45,8 @@ type LatencyResult struct {
 	ConsumeP50 float64 `json:"consume_p50_ms"`
 	ConsumeP95 float64 `json:"consume_p95_ms"`
 	ConsumeP99 float64 `json:"consume_p99_ms"`
-	// CommitP50 and CommitP99 are the writers' transaction times.
-	CommitP50 float64 `json:"commit_p50_ms"`
-	CommitP99 float64 `json:"commit_p99_ms"`
+	CommitP50  float64 `json:"commit_p50_ms"`
+	CommitP99  float64 `json:"commit_p99_ms"`
 	// FailedCommits counts writers' transactions that failed (rolled back,
 	// not in the percentiles).
 	FailedCommits int    `json:"failed_commits"`
@@ -124,7 +120,7 @@ func runLatency(ctx context.Context, e *env, rep *Report) ([]LatencyResult, erro
 }
 
 func (e *env) latency(ctx context.Context, mode string, rate int) (LatencyResult, error) {
-	e.log().Info("bench: latency", "mode", mode, "rate", rate, "duration", e.cfg.LatencyDuration)
+	e.cfg.Logger.Info("bench: latency", "mode", mode, "rate", rate, "duration", e.cfg.LatencyDuration)
 	admin, err := e.open(nil)
 	if err != nil {
 		return LatencyResult{}, err
@@ -155,63 +151,15 @@ func (e *env) latency(ctx context.Context, mode string, rate int) (LatencyResult
 	}
 
 	plugin := &outbox.Plugin{Config: e.outboxConfig()}
-	var bg sync.WaitGroup
-	bgCtx, bgCancel := context.WithCancel(ctx)
-	defer func() { bgCancel(); bg.Wait() }()
 	switch mode {
 	case ModeLocal:
 		plugin.Notifier = f.fan
 	case ModePgNotify:
-		tr, err := pgnotify.New(pgnotify.Config{ConnString: e.dsn, Channel: unique("bench_"), Logger: quiet()})
+		stop, err := e.pgnotify(ctx, plugin, f.fan)
 		if err != nil {
 			return LatencyResult{}, err
 		}
-		defer func() { bgCancel(); bg.Wait(); tr.Close() }()
-		sender := &pgSender{ch: make(chan []int, 4096)}
-		plugin.Notifier = sender
-		bg.Add(2)
-		go func() {
-			defer bg.Done()
-			for {
-				select {
-				case <-bgCtx.Done():
-					return
-				case bs := <-sender.ch:
-					_ = tr.Publish(bgCtx, bs)
-				}
-			}
-		}()
-		ready := make(chan struct{})
-		var once sync.Once
-		go func() {
-			defer bg.Done()
-			for bgCtx.Err() == nil {
-				err := tr.Listen(bgCtx, func(b int) {
-					once.Do(func() { close(ready) })
-					f.fan.NotifyBucket(b)
-				})
-				if err != nil && bgCtx.Err() == nil {
-					e.log().Warn("bench: pgnotify listen", "error", err)
-					time.Sleep(100 * time.Millisecond)
-				}
-			}
-		}()
-		// Probe until the listener has subscribed and receives.
-		probeUntil := time.Now().Add(30 * time.Second)
-	probe:
-		for {
-			select {
-			case <-ready:
-				break probe
-			case <-ctx.Done():
-				return LatencyResult{}, ctx.Err()
-			case <-time.After(50 * time.Millisecond):
-				if time.Now().After(probeUntil) {
-					return LatencyResult{}, errors.New("pgnotify listener received nothing in 30s")
-				}
-				_ = tr.Publish(ctx, []int{-1})
-			}
-		}
+		defer stop()
 	}
 	w, err := e.open(plugin)
 	if err != nil {
@@ -355,6 +303,62 @@ func (e *env) latency(ctx context.Context, mode string, rate int) (LatencyResult
 	}
 	res.Note = strings.TrimSuffix(res.Note, "; ")
 	return res, f.stop()
+}
+
+// pgnotify carries the writers' commit hints through PostgreSQL
+// LISTEN/NOTIFY to fan, as between pods: plugin's notifier queues them for
+// one goroutine that NOTIFYs, another LISTENs. It returns once the listener
+// receives.
+func (e *env) pgnotify(ctx context.Context, plugin *outbox.Plugin, fan *fanout) (stop func(), err error) {
+	tr, err := pgnotify.New(pgnotify.Config{ConnString: e.dsn, Channel: testenv.Unique("bench_"), Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		return nil, err
+	}
+	var bg sync.WaitGroup
+	bgCtx, bgCancel := context.WithCancel(ctx)
+	stop = func() { bgCancel(); bg.Wait(); tr.Close() }
+	sender := &pgSender{ch: make(chan []int, 4096)}
+	plugin.Notifier = sender
+	bg.Go(func() {
+		for {
+			select {
+			case <-bgCtx.Done():
+				return
+			case bs := <-sender.ch:
+				_ = tr.Publish(bgCtx, bs)
+			}
+		}
+	})
+	ready := make(chan struct{})
+	var once sync.Once
+	bg.Go(func() {
+		for bgCtx.Err() == nil {
+			err := tr.Listen(bgCtx, func(b int) {
+				once.Do(func() { close(ready) })
+				fan.NotifyBucket(b)
+			})
+			if err != nil && bgCtx.Err() == nil {
+				e.cfg.Logger.Warn("bench: pgnotify listen", "error", err)
+				time.Sleep(100 * time.Millisecond)
+			}
+		}
+	})
+	// Probe until the listener has subscribed and receives.
+	for probeUntil := time.Now().Add(30 * time.Second); ; {
+		select {
+		case <-ready:
+			return stop, nil
+		case <-ctx.Done():
+			stop()
+			return nil, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+			if time.Now().After(probeUntil) {
+				stop()
+				return nil, errors.New("pgnotify listener received nothing in 30s")
+			}
+			_ = tr.Publish(ctx, []int{-1})
+		}
+	}
 }
 
 // ms returns d in milliseconds.

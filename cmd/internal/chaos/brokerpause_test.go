@@ -32,11 +32,11 @@ const pausePublishTimeout = 2 * time.Second
 
 // realBrokerPID returns the pid of the real broker's JVM, read from the pid
 // file scripts/services.sh writes ($OUTBOX_SERVICES_DIR/kafka/kafka.pid; see
-// chaos.ServicesBrokerPID); it skips (fails under OUTBOX_TEST_REQUIRE_ALL)
+// testenv.BrokerPID); it skips (fails under OUTBOX_TEST_REQUIRE_ALL)
 // when the file or the process is missing.
 func realBrokerPID(t *testing.T) int {
 	t.Helper()
-	pid, err := chaos.ServicesBrokerPID()
+	pid, err := testenv.BrokerPID()
 	if err != nil {
 		if testenv.RequireAll() {
 			t.Fatalf("%v and %s=1", err, testenv.EnvRequireAll)

@@ -74,8 +74,8 @@ func TestCrashMatrix(t *testing.T) {
 	forEachDatabase(t, func(t *testing.T, dialect, dsn string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
-		rows, err := chaos.CrashMatrix(ctx, chaos.MatrixConfig{Bin: bin, Dialect: dialect, BaseDSN: dsn, Brokers: brokers, Dir: t.TempDir(), Messages: matrixMessages[dialect]})
-		t.Logf("crash matrix (%s):\n%s", dialect, chaos.FormatMatrix(rows))
+		rows, err := chaos.CrashMatrix(ctx, chaos.MatrixConfig{Env: chaos.Env{Bin: bin, Dialect: dialect, BaseDSN: dsn, Brokers: brokers, Dir: t.TempDir()}, Messages: matrixMessages[dialect]})
+		t.Logf("crash matrix (%s):\n%s", dialect, chaos.FormatMatrix(rows, false))
 		if err != nil {
 			t.Fatalf("CrashMatrix: %v", err)
 		}
@@ -124,7 +124,7 @@ func TestChaosRun(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
 		s, err := chaos.Run(ctx, chaos.RunConfig{
-			Bin: bin, Dialect: dialect, BaseDSN: dsn, Brokers: brokers, Dir: t.TempDir(),
+			Env:      chaos.Env{Bin: bin, Dialect: dialect, BaseDSN: dsn, Brokers: brokers, Dir: t.TempDir()},
 			Messages: size.messages, Relays: 3, Faults: size.faults, WriteFor: size.writeFor, Seed: time.Now().UnixNano(),
 		})
 		t.Log(s)

@@ -1,15 +1,14 @@
 package chaos
 
 import (
+	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -17,18 +16,24 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/internal/testenv"
 )
 
 // Fault kinds of a failover run (FailoverRun): the victim is always the
 // current leader of one partition of the run's topic.
 const (
-	// FaultLeaderKill SIGKILLs the leader's JVM and restarts the node after
-	// FailoverConfig.KillDowntime.
-	FaultLeaderKill = "leader_kill"
-	// FaultLeaderPause SIGSTOPs the leader's JVM for FailoverConfig.PauseFor
-	// (longer than the relays' publish timeout and the brokers' session
-	// timeout), then SIGCONTs it.
-	FaultLeaderPause = "leader_pause"
+	FaultLeaderKill  = "leader_kill"  // SIGKILL the leader's JVM, restart the node after KillDowntime
+	FaultLeaderPause = "leader_pause" // SIGSTOP the leader's JVM for PauseFor, then SIGCONT
+)
+
+// A failover run's topic (replication, min.insync.replicas), its steady
+// delivery before the first fault, and its wait once every replica is back
+// in sync before the next fault.
+const (
+	failoverReplication = 3
+	failoverMinISR      = 2
+	failoverWarmup      = 8 * time.Second
+	failoverSettle      = 3 * time.Second
 )
 
 // ClusterNodes controls the nodes of a Kafka cluster by node id (the
@@ -40,51 +45,26 @@ type ClusterNodes interface {
 	Start(ctx context.Context, node int) error
 }
 
-// FailoverConfig configures FailoverRun.
+// FailoverConfig configures FailoverRun. Zero sizes take the defaults
+// named.
 type FailoverConfig struct {
-	// Bin is the outbox-chaos binary (the relay children).
-	Bin string
-	// Dialect and BaseDSN name the database server.
-	Dialect, BaseDSN string
-	// Brokers are the cluster's bootstrap addresses (one per node).
-	Brokers []string
+	Env // Dialect postgres (the acknowledgement audit); Brokers the cluster's, one per node
 	// Nodes kills, pauses and restarts the cluster's nodes.
 	Nodes ClusterNodes
-	// Dir holds the children's logs.
-	Dir string
-	// Replication is the topic's replication factor and MinISR its
-	// min.insync.replicas. Zero means 3 and 2.
-	Replication, MinISR int
-	// Relays is the number of relay processes. Zero means 3.
-	Relays int
-	// Faults is the number of faults, alternately a leader kill and a
-	// leader pause. Zero means 4.
-	Faults int
-	// Messages and WriteFor: the writers spread Messages over WriteFor; the
-	// faults are injected one after the other while they write (a fault
-	// that would not end before the writers do is not injected). Zero
-	// means 15000 and 120s.
-	Messages int
-	WriteFor time.Duration
-	// Warmup is the steady delivery before the first fault. Zero means 8s.
-	Warmup time.Duration
-	// KillDowntime is how long a killed node stays down; PauseFor how long
-	// a paused one stays frozen. Zero means 12s each (longer than Kafka's
-	// default broker.session.timeout.ms of 9s, so that leadership moves).
+	// Relays (zero: 3); Faults (zero: 4), alternately a leader kill and a
+	// leader pause, one after the other while the writers spread Messages
+	// over WriteFor (zero: 15000 over 120s): a fault that would not end
+	// before the writers do is not injected.
+	Relays, Faults, Messages int
+	WriteFor                 time.Duration
+	// KillDowntime and PauseFor: how long a killed node stays down and a
+	// paused one frozen (zero: 12s each, longer than Kafka's 9s
+	// broker.session.timeout.ms, so that leadership moves).
 	KillDowntime, PauseFor time.Duration
-	// Settle is the wait once every partition has all its replicas in
-	// sync again, before the next fault. Zero means 3s.
-	Settle time.Duration
-	// PublishTimeout is the relays' kafkapub.Config.PublishTimeout. Zero means
-	// 5s.
+	// PublishTimeout is the relays' (zero: 5s).
 	PublishTimeout time.Duration
-	// DrainTimeout bounds the wait for the table to drain after the
-	// writers. Zero means 90s.
-	DrainTimeout time.Duration
 	// Seed seeds the writers.
 	Seed int64
-	// Logger receives progress. Nil means slog.Default().
-	Logger *slog.Logger
 }
 
 // FailoverFault is one injected fault and what followed it.
@@ -93,23 +73,15 @@ type FailoverFault struct {
 	Node      int // the victim: the partition's leader when the fault began
 	Partition int
 	At        time.Time
-	// Held is how long the node was down (killed) or frozen (paused),
-	// until its restart began or it was resumed.
-	Held time.Duration
-	// LeaderMoved is the time from the fault until the metadata named
-	// another leader for the partition; negative when it never did.
-	LeaderMoved time.Duration
-	// Restart is how long the killed node took to start again.
-	Restart time.Duration
-	// InSync is the time from the restart's end or the resume until every
-	// partition had all its replicas in sync again.
-	InSync time.Duration
-	// Stall is the longest time in the fault's window (from the fault to
-	// the next fault or the end of the writes) in which no relay
-	// acknowledged a record: no outbox row was deleted, the relays
-	// deleting a row once the cluster acknowledged it (acks=all).
-	// PartitionStall is the same for the rows consumed from the victim's
-	// partition.
+	// Held: how long the node was down or frozen; LeaderMoved: from the
+	// fault until the metadata named another leader (negative: never);
+	// Restart: how long the killed node took to start; InSync: from its
+	// restart or resume until every replica was in sync again.
+	Held, LeaderMoved, Restart, InSync time.Duration
+	// Stall is the longest time in the fault's window (until the next
+	// fault or the end of the writes) without an acknowledgement (a row
+	// deleted: the relays delete a row once acks=all acknowledged it);
+	// PartitionStall the same for the rows of the victim's partition.
 	Stall, PartitionStall time.Duration
 }
 
@@ -155,21 +127,7 @@ func (s FailoverSummary) MaxStall(kind string) (topic, partition time.Duration) 
 }
 
 // Err reports the first failed check, or nil.
-func (s FailoverSummary) Err() error {
-	switch {
-	case s.Check.Lost != 0:
-		return fmt.Errorf("failover: %d committed messages lost", s.Check.Lost)
-	case s.Check.RolledBackArrived != 0:
-		return fmt.Errorf("failover: %d rolled-back messages arrived", s.Check.RolledBackArrived)
-	case s.Check.OrderViolations != 0:
-		return fmt.Errorf("failover: %d per-key order violations after dedup", s.Check.OrderViolations)
-	case s.DualOwners != 0:
-		return fmt.Errorf("failover: %d takeovers of a live lease", s.DualOwners)
-	case !s.Drained:
-		return errors.New("failover: the outbox table did not drain")
-	}
-	return nil
-}
+func (s FailoverSummary) Err() error { return s.Check.err("failover", s.DualOwners, s.Drained) }
 
 // String is the one-line summary.
 func (s FailoverSummary) String() string {
@@ -214,41 +172,26 @@ func FormatFailover(s FailoverSummary) string {
 // a cluster that did not heal (see FailoverSummary.Err for the checks).
 func FailoverRun(ctx context.Context, cfg FailoverConfig) (FailoverSummary, error) {
 	start := time.Now()
-	def := func(d *time.Duration, v time.Duration) {
-		if *d == 0 {
-			*d = v
-		}
-	}
-	defInt := func(n *int, v int) {
-		if *n == 0 {
-			*n = v
-		}
-	}
-	defInt(&cfg.Replication, 3)
-	defInt(&cfg.MinISR, 2)
-	defInt(&cfg.Relays, 3)
-	defInt(&cfg.Faults, 4)
-	defInt(&cfg.Messages, 15000)
-	def(&cfg.WriteFor, 120*time.Second)
-	def(&cfg.Warmup, 8*time.Second)
-	def(&cfg.KillDowntime, 12*time.Second)
-	def(&cfg.PauseFor, 12*time.Second)
-	def(&cfg.Settle, 3*time.Second)
-	def(&cfg.PublishTimeout, 5*time.Second)
-	def(&cfg.DrainTimeout, 90*time.Second)
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
+	orDefault(&cfg.Relays, 3)
+	orDefault(&cfg.Faults, 4)
+	orDefault(&cfg.Messages, 15000)
+	orDefault(&cfg.WriteFor, 120*time.Second)
+	orDefault(&cfg.KillDowntime, 12*time.Second)
+	orDefault(&cfg.PauseFor, 12*time.Second)
+	orDefault(&cfg.PublishTimeout, 5*time.Second)
+	orDefault(&cfg.Logger, slog.Default())
 	log := cfg.Logger
-	s := FailoverSummary{Dialect: cfg.Dialect, Brokers: len(cfg.Brokers), Relays: cfg.Relays, Replication: cfg.Replication, MinISR: cfg.MinISR,
+	s := FailoverSummary{Dialect: cfg.Dialect, Brokers: len(cfg.Brokers), Relays: cfg.Relays, Replication: failoverReplication, MinISR: failoverMinISR,
 		PublishTimeout: cfg.PublishTimeout, KillDowntime: cfg.KillDowntime, PauseFor: cfg.PauseFor}
-	if len(cfg.Brokers) < cfg.Replication || cfg.Nodes == nil {
-		return s, fmt.Errorf("failover: need %d brokers and their nodes (have %d)", cfg.Replication, len(cfg.Brokers))
+	if len(cfg.Brokers) < failoverReplication || cfg.Nodes == nil {
+		return s, fmt.Errorf("failover: need %d brokers and their nodes (have %d)", failoverReplication, len(cfg.Brokers))
 	}
-
+	if cfg.Dialect != Postgres {
+		return s, fmt.Errorf("failover: needs PostgreSQL (the acknowledgement audit), not %s", cfg.Dialect)
+	}
 	// Every node runs: a leftover paused or killed node from an aborted
 	// run would make the first fault a double one.
-	if err := WaitInSync(ctx, cfg.Brokers, "", cfg.Replication, 60*time.Second); err != nil {
+	if err := waitInSync(ctx, cfg.Brokers, "", 60*time.Second); err != nil {
 		return s, err
 	}
 	d, err := CreateDatabase(ctx, cfg.Dialect, cfg.BaseDSN, cfg.Dir)
@@ -256,30 +199,24 @@ func FailoverRun(ctx context.Context, cfg FailoverConfig) (FailoverSummary, erro
 		return s, err
 	}
 	defer d.Drop(ctx)
-	if cfg.Dialect != Postgres {
-		return s, fmt.Errorf("failover: needs PostgreSQL (the acknowledgement audit), not %s", cfg.Dialect)
-	}
-	if err := createAckAudit(ctx, d.DSN); err != nil {
+	if err := d.migrate(createAckAudit); err != nil {
 		return s, err
 	}
-	topic := unique("chaos_failover_")
-	if err := CreateReplicatedTopic(ctx, cfg.Brokers, topic, partitions, cfg.Replication,
-		map[string]string{"min.insync.replicas": strconv.Itoa(cfg.MinISR)}); err != nil {
+	topic := testenv.Unique("chaos_failover_")
+	tc := kafka.TopicConfig{Topic: topic, NumPartitions: partitions, ReplicationFactor: failoverReplication,
+		ConfigEntries: []kafka.ConfigEntry{{ConfigName: "min.insync.replicas", ConfigValue: strconv.Itoa(failoverMinISR)}}}
+	if err := testenv.CreateTopic(ctx, clusterDialer, cfg.Brokers, tc); err != nil {
 		return s, err
 	}
 	cctx, cancelConsumer := context.WithCancel(ctx)
 	consumer := StartConsumer(cctx, cfg.Brokers, topic, partitions)
 	defer consumer.Wait()
 	defer cancelConsumer()
-
-	db, err := Open(cfg.Dialect, d.DSN, harnessAppName, writers+2)
+	db, err := openWriters(cfg.Dialect, d.DSN, writers+2)
 	if err != nil {
 		return s, err
 	}
 	defer closeGorm(db)
-	if err := db.Use(outbox.Plugin{}); err != nil {
-		return s, err
-	}
 	relays := &Relays{Bin: cfg.Bin, LogDir: cfg.Dir, Base: RelayConfig{
 		Dialect: cfg.Dialect, DSN: d.DSN, Brokers: cfg.Brokers,
 		// No relay faults here: a long lease keeps the buckets with their
@@ -288,51 +225,37 @@ func FailoverRun(ctx context.Context, cfg FailoverConfig) (FailoverSummary, erro
 		PublishTimeout: cfg.PublishTimeout,
 	}}
 	defer relays.StopAll(10 * time.Second)
-	for i := 1; i <= cfg.Relays; i++ {
-		if _, err := relays.Start(fmt.Sprintf("relay-%d", i)); err != nil {
+	for range cfg.Relays {
+		if err := relays.add(); err != nil {
 			return s, err
 		}
 	}
 
-	// Writers: the chaos run's (rollbacks, in-doubt commits, a pinned
+	// The chaos run's writers (rollbacks, in-doubt commits, a pinned
 	// partition per writer, a few keyless messages).
-	led := &ledger{perKey: map[string][]string{}, doubt: map[string]bool{}, rolledBack: map[string]bool{}}
-	wcfg := RunConfig{Messages: cfg.Messages, WriteFor: cfg.WriteFor, Seed: cfg.Seed}
+	led := newLedger()
 	writeStart := time.Now()
-	writeEnd := writeStart.Add(cfg.WriteFor)
-	var wwg sync.WaitGroup
-	for w := 0; w < writers; w++ {
-		wwg.Add(1)
-		go func() {
-			defer wwg.Done()
-			write(ctx, db, topic, w, wcfg, led)
-		}()
-	}
-	writersDone := make(chan struct{})
-	go func() { wwg.Wait(); close(writersDone) }()
-
-	sleepCtx(ctx, cfg.Warmup)
+	writersDone := startWriters(ctx, db, topic, RunConfig{Messages: cfg.Messages, WriteFor: cfg.WriteFor, Seed: cfg.Seed}, led, nil)
+	sleepCtx(ctx, failoverWarmup)
 	var faultErr error
 	for i := 0; i < cfg.Faults && ctx.Err() == nil; i++ {
-		kind := FaultLeaderKill
-		held := cfg.KillDowntime
+		kind, held := FaultLeaderKill, cfg.KillDowntime
 		if i%2 == 1 {
 			kind, held = FaultLeaderPause, cfg.PauseFor
 		}
 		// a fault ends with the node back in sync (a restart takes ~10 s)
-		if time.Until(writeEnd) < held+15*time.Second {
+		if time.Until(writeStart.Add(cfg.WriteFor)) < held+15*time.Second {
 			log.Warn("failover: no time left for the remaining faults before the writers end", "injected", i, "wanted", cfg.Faults)
 			break
 		}
-		f, err := leaderFault(ctx, cfg, topic, kind, i%partitions, log)
-		if f.Kind != "" {
+		var f FailoverFault
+		if f, faultErr = leaderFault(ctx, cfg, topic, kind, held, i%partitions, log); f.Kind != "" {
 			s.Faults = append(s.Faults, f)
 		}
-		if err != nil {
-			faultErr = err
+		if faultErr != nil {
 			break
 		}
-		sleepCtx(ctx, cfg.Settle)
+		sleepCtx(ctx, failoverSettle)
 	}
 	select {
 	case <-writersDone:
@@ -341,33 +264,26 @@ func FailoverRun(ctx context.Context, cfg FailoverConfig) (FailoverSummary, erro
 	s.lastWrite = time.Now()
 	log.Info("failover: writers done; draining", "faults", len(s.Faults))
 
-	s.Drained = drain(ctx, db, led, consumer, cfg.DrainTimeout)
-	if v, _, err := DualOwners(db); err == nil {
-		s.DualOwners = v
-	} else {
+	s.Drained = drain(ctx, db, led, consumer, drainTimeout)
+	if s.DualOwners, _, err = DualOwners(db); err != nil {
 		return s, fmt.Errorf("failover: read lease audit: %w", err)
 	}
 	led.mu.Lock()
 	s.Check = consumer.Verify(led.perKey, led.keyless, led.doubt, led.rolledBack)
 	s.Written, s.Committed, s.RolledBack, s.InDoubt = led.written, led.committed, len(led.rolledBack), len(led.doubt)
 	led.mu.Unlock()
-	acks, err := readAcks(db)
-	if err != nil {
+	if err := measureStalls(db, &s, consumer, writeStart); err != nil {
 		return s, err
 	}
-	measureStalls(&s, consumer, acks, writeStart)
 	s.Took = time.Since(start)
-	if faultErr != nil {
-		return s, faultErr
-	}
-	return s, ctx.Err()
+	return s, cmp.Or(faultErr, ctx.Err())
 }
 
-// leaderFault injects one fault on the leader of partition and waits until
-// every partition has all its replicas in sync again.
-func leaderFault(ctx context.Context, cfg FailoverConfig, topic, kind string, partition int, log *slog.Logger) (FailoverFault, error) {
+// leaderFault injects one fault on the leader of partition, for held, and
+// waits until every partition has all its replicas in sync again.
+func leaderFault(ctx context.Context, cfg FailoverConfig, topic, kind string, held time.Duration, partition int, log *slog.Logger) (FailoverFault, error) {
 	f := FailoverFault{Kind: kind, Partition: partition, LeaderMoved: -1, InSync: -1}
-	lb, err := PartitionLeader(ctx, cfg.Brokers, topic, partition, "")
+	lb, err := partitionLeader(ctx, cfg.Brokers, topic, partition, "")
 	if err != nil {
 		return FailoverFault{}, err
 	}
@@ -391,7 +307,7 @@ func leaderFault(ctx context.Context, cfg FailoverConfig, topic, kind string, pa
 	moved := make(chan time.Duration, 1)
 	go func() {
 		for wctx.Err() == nil {
-			if l, err := PartitionLeader(wctx, cfg.Brokers, topic, partition, leaderAddr); err == nil && l.ID >= 0 && l.ID != leader {
+			if l, err := partitionLeader(wctx, cfg.Brokers, topic, partition, leaderAddr); err == nil && l.ID >= 0 && l.ID != leader {
 				moved <- time.Since(f.At)
 				return
 			}
@@ -399,31 +315,21 @@ func leaderFault(ctx context.Context, cfg FailoverConfig, topic, kind string, pa
 		}
 		moved <- -1
 	}()
-	var held time.Duration
-	if kind == FaultLeaderKill {
-		held = cfg.KillDowntime
-	} else {
-		held = cfg.PauseFor
-	}
 	sleepCtx(ctx, held)
 	f.Held = time.Since(f.At)
 	stopWatch()
 	f.LeaderMoved = <-moved
-	var backAt time.Time
+	t0 := time.Now()
 	if kind == FaultLeaderKill {
-		t0 := time.Now()
 		if err := cfg.Nodes.Start(context.WithoutCancel(ctx), leader); err != nil {
 			return f, fmt.Errorf("failover: restart node %d: %w", leader, err)
 		}
-		backAt = time.Now()
-		f.Restart = backAt.Sub(t0)
-	} else {
-		if err := cfg.Nodes.Signal(leader, syscall.SIGCONT); err != nil {
-			return f, err
-		}
-		backAt = time.Now()
+		f.Restart = time.Since(t0)
+	} else if err := cfg.Nodes.Signal(leader, syscall.SIGCONT); err != nil {
+		return f, err
 	}
-	if err := WaitInSync(ctx, cfg.Brokers, topic, cfg.Replication, 90*time.Second); err != nil {
+	backAt := time.Now()
+	if err := waitInSync(ctx, cfg.Brokers, topic, 90*time.Second); err != nil {
 		return f, fmt.Errorf("failover: after %s of node %d: %w", kind, leader, err)
 	}
 	f.InSync = time.Since(backAt)
@@ -431,22 +337,11 @@ func leaderFault(ctx context.Context, cfg FailoverConfig, topic, kind string, pa
 	return f, nil
 }
 
-// ack is one acknowledged (deleted) outbox row.
-type ack struct {
-	id string
-	at time.Time
-}
-
 // createAckAudit records the deletion time of every outbox row
 // (PostgreSQL: a statement trigger over the deleted rows, with the
 // database's clock): the relay deletes a row once its record was
 // acknowledged.
-func createAckAudit(ctx context.Context, dsn string) error {
-	db, err := Open(Postgres, dsn, harnessAppName, 1)
-	if err != nil {
-		return err
-	}
-	defer closeGorm(db)
+func createAckAudit(db *gorm.DB) error {
 	for _, q := range []string{
 		"CREATE TABLE chaos_ack_audit (message_id TEXT, at_us BIGINT)",
 		`CREATE FUNCTION chaos_ack_audit() RETURNS trigger AS $$ BEGIN
@@ -455,32 +350,24 @@ func createAckAudit(ctx context.Context, dsn string) error {
 END $$ LANGUAGE plpgsql`,
 		"CREATE TRIGGER chaos_ack_audit AFTER DELETE ON " + outbox.DefaultMessagesTable + " REFERENCING OLD TABLE AS gone FOR EACH STATEMENT EXECUTE FUNCTION chaos_ack_audit()",
 	} {
-		if err := db.WithContext(ctx).Exec(q).Error; err != nil {
+		if err := db.Exec(q).Error; err != nil {
 			return fmt.Errorf("failover: acknowledgement audit: %w", err)
 		}
 	}
 	return nil
 }
 
-func readAcks(db *gorm.DB) ([]ack, error) {
-	var rows []struct {
+// measureStalls reads the acknowledgements and computes the longest times
+// without one, on the topic and per partition (a row's partition is the
+// one the consumer read it from).
+func measureStalls(db *gorm.DB, s *FailoverSummary, c *Consumer, writeStart time.Time) error {
+	var acks []struct {
 		MessageID string
 		AtUs      int64
 	}
-	if err := db.Raw("SELECT message_id, at_us FROM chaos_ack_audit ORDER BY at_us").Scan(&rows).Error; err != nil {
-		return nil, fmt.Errorf("failover: read acknowledgement audit: %w", err)
+	if err := db.Raw("SELECT message_id, at_us FROM chaos_ack_audit ORDER BY at_us").Scan(&acks).Error; err != nil {
+		return fmt.Errorf("failover: read acknowledgement audit: %w", err)
 	}
-	acks := make([]ack, len(rows))
-	for i, r := range rows {
-		acks[i] = ack{id: r.MessageID, at: time.UnixMicro(r.AtUs)}
-	}
-	return acks, nil
-}
-
-// measureStalls computes the longest times without an acknowledgement,
-// on the topic and per partition (a row's partition is the one the
-// consumer read it from).
-func measureStalls(s *FailoverSummary, c *Consumer, acks []ack, writeStart time.Time) {
 	parts, _, _ := c.Snapshot()
 	partOf := map[string]int{}
 	for p, recs := range parts {
@@ -491,9 +378,10 @@ func measureStalls(s *FailoverSummary, c *Consumer, acks []ack, writeStart time.
 	all := make([]time.Time, 0, len(acks))
 	byPart := make([][]time.Time, len(parts))
 	for _, a := range acks {
-		all = append(all, a.at)
-		if p, ok := partOf[a.id]; ok {
-			byPart[p] = append(byPart[p], a.at)
+		at := time.UnixMicro(a.AtUs)
+		all = append(all, at)
+		if p, ok := partOf[a.MessageID]; ok {
+			byPart[p] = append(byPart[p], at)
 		}
 	}
 	sortTimes(all)
@@ -517,6 +405,7 @@ func measureStalls(s *FailoverSummary, c *Consumer, acks []ack, writeStart time.
 		f.Stall = longestGap(all, f.At, to)
 		f.PartitionStall = longestGap(byPart[f.Partition], f.At, to)
 	}
+	return nil
 }
 
 func sortTimes(ts []time.Time) { sort.Slice(ts, func(i, j int) bool { return ts[i].Before(ts[j]) }) }
@@ -582,9 +471,9 @@ func readPartitions(ctx context.Context, brokers []string, topic, avoid string) 
 	return nil, fmt.Errorf("failover: no broker answered a metadata request: %w", lastErr)
 }
 
-// PartitionLeader returns partition's leader (ID -1 when it has none),
+// partitionLeader returns partition's leader (ID -1 when it has none),
 // asking the brokers other than avoid (an address; empty: any).
-func PartitionLeader(ctx context.Context, brokers []string, topic string, partition int, avoid string) (kafka.Broker, error) {
+func partitionLeader(ctx context.Context, brokers []string, topic string, partition int, avoid string) (kafka.Broker, error) {
 	ps, err := readPartitions(ctx, brokers, topic, avoid)
 	if err != nil {
 		return kafka.Broker{ID: -1}, err
@@ -600,9 +489,10 @@ func PartitionLeader(ctx context.Context, brokers []string, topic string, partit
 	return kafka.Broker{ID: -1}, fmt.Errorf("failover: no partition %d of %s in the metadata", partition, topic)
 }
 
-// WaitInSync waits until every partition of topic (every topic when empty)
-// has a leader and replication replicas in sync.
-func WaitInSync(ctx context.Context, brokers []string, topic string, replication int, timeout time.Duration) error {
+// waitInSync waits until every partition of topic (every topic when empty)
+// has a leader and all its replicas in sync.
+func waitInSync(ctx context.Context, brokers []string, topic string, timeout time.Duration) error {
+	const replication = failoverReplication
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	var last string
@@ -628,70 +518,4 @@ func WaitInSync(ctx context.Context, brokers []string, topic string, replication
 		case <-time.After(250 * time.Millisecond):
 		}
 	}
-}
-
-// CreateReplicatedTopic creates topic with the given partitions,
-// replication factor and topic configs, and waits until every partition's
-// replicas are in sync and its leader serves requests.
-func CreateReplicatedTopic(ctx context.Context, brokers []string, topic string, partitions, replication int, configs map[string]string) error {
-	cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-	defer cancel()
-	conn, err := clusterDialer.DialContext(cctx, "tcp", brokers[0])
-	if err != nil {
-		return fmt.Errorf("failover: dial %s: %w", brokers[0], err)
-	}
-	defer conn.Close()
-	ctrl, err := conn.Controller()
-	if err != nil {
-		return fmt.Errorf("failover: find controller: %w", err)
-	}
-	cc, err := clusterDialer.DialContext(cctx, "tcp", net.JoinHostPort(ctrl.Host, strconv.Itoa(ctrl.Port)))
-	if err != nil {
-		return fmt.Errorf("failover: dial controller: %w", err)
-	}
-	defer cc.Close()
-	tc := kafka.TopicConfig{Topic: topic, NumPartitions: partitions, ReplicationFactor: replication}
-	for k, v := range configs {
-		tc.ConfigEntries = append(tc.ConfigEntries, kafka.ConfigEntry{ConfigName: k, ConfigValue: v})
-	}
-	if err := cc.CreateTopics(tc); err != nil {
-		return fmt.Errorf("failover: create topic %s: %w", topic, err)
-	}
-	for {
-		err := WaitInSync(cctx, brokers, topic, replication, 5*time.Second)
-		if err == nil {
-			if err = leadersAnswer(cctx, brokers, topic, partitions); err == nil {
-				return nil
-			}
-		}
-		if cctx.Err() != nil {
-			return fmt.Errorf("failover: topic %s not ready: %w", topic, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
-// leadersAnswer asks every partition's leader for its last offset (right
-// after creation a leader may still answer "not leader for partition").
-func leadersAnswer(ctx context.Context, brokers []string, topic string, partitions int) error {
-	ps, err := readPartitions(ctx, brokers, topic, "")
-	if err != nil {
-		return err
-	}
-	if len(ps) != partitions {
-		return fmt.Errorf("%d of %d partitions in the metadata", len(ps), partitions)
-	}
-	for _, p := range ps {
-		lc, err := clusterDialer.DialLeader(ctx, "tcp", net.JoinHostPort(p.Leader.Host, strconv.Itoa(p.Leader.Port)), topic, p.ID)
-		if err != nil {
-			return err
-		}
-		_ = lc.SetDeadline(time.Now().Add(3 * time.Second))
-		_, err = lc.ReadLastOffset()
-		lc.Close()
-		if err != nil {
-			return err
-		}
-	}
-	return nil
 }

@@ -36,12 +36,12 @@ func TestRelayArgsCarryThePublishTimeout(t *testing.T) {
 	for _, want := range []time.Duration{0, 5 * time.Second} {
 		c := RelayConfig{Dialect: Postgres, DSN: "dsn", Brokers: []string{"a:1", "b:2"}, RelayID: "r", PublishTimeout: want}
 		args := c.Args()
-		got, err := ParseRelayFlags(args[1:])
+		got, err := ParseRelayArgs(args[1:])
 		if err != nil {
-			t.Fatalf("ParseRelayFlags(%q): %v", args, err)
+			t.Fatalf("ParseRelayArgs(%q): %v", args, err)
 		}
 		if got.PublishTimeout != want || len(got.Brokers) != 2 {
-			t.Errorf("ParseRelayFlags(Args()) = publish timeout %v, brokers %q; want %v and 2 brokers", got.PublishTimeout, got.Brokers, want)
+			t.Errorf("ParseRelayArgs(Args()) = publish timeout %v, brokers %q; want %v and 2 brokers", got.PublishTimeout, got.Brokers, want)
 		}
 	}
 }

@@ -54,7 +54,7 @@ func TestPartitionLeaderFailoverLosesNothing(t *testing.T) {
 		maxPartitionStall = 30 * time.Second // + 6 s metadata refresh + a 5 s publish timeout
 	)
 	s, err := chaos.FailoverRun(ctx, chaos.FailoverConfig{
-		Bin: bin, Dialect: dialect, BaseDSN: dsn, Brokers: cluster.Addrs, Nodes: cluster, Dir: t.TempDir(),
+		Env: chaos.Env{Bin: bin, Dialect: dialect, BaseDSN: dsn, Brokers: cluster.Addrs, Dir: t.TempDir()}, Nodes: cluster,
 		Relays: 3, Faults: 4, Messages: 15000, WriteFor: 120 * time.Second,
 		KillDowntime: 12 * time.Second, PauseFor: 12 * time.Second, PublishTimeout: publishTimeout,
 		Seed: time.Now().UnixNano(),

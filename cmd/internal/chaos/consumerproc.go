@@ -2,8 +2,6 @@ package chaos
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"log/slog"
 	"sort"
@@ -74,50 +72,21 @@ func (effectCounter) TableName() string { return "chaos_effect_counters" }
 // ConsumerConfig configures one consumer child process (the "consumer"
 // subcommand of cmd/outbox-chaos).
 type ConsumerConfig struct {
-	// Client is ClientKafkaGo or ClientFranz.
-	Client string
-	// Dialect and DSN open the consumer's database (PostgreSQL sessions get
-	// the consumers' application name, so that a kill can target them).
+	Client string // ClientKafkaGo or ClientFranz
+	// Dialect and DSN open the consumer's database (with the consumers'
+	// application name on PostgreSQL, so that a kill can target them).
 	Dialect, DSN string
-	// Brokers, Group and Topic name what the consumer reads.
 	Brokers      []string
 	Group, Topic string
-	// ID names the consumer in its effects and logs.
-	ID string
+	ID           string // names the consumer in its effects and logs
 }
 
-// Args returns the command-line arguments of the consumer subcommand for c.
-func (c ConsumerConfig) Args() []string {
-	return []string{"consumer",
-		"-client", c.Client, "-dialect", c.Dialect, "-dsn", c.DSN, "-brokers", strings.Join(c.Brokers, ","),
-		"-group", c.Group, "-topic", c.Topic, "-id", c.ID,
-	}
-}
+// Args returns the command line of the consumer subcommand for c.
+func (c ConsumerConfig) Args() []string { return childArgs("consumer", c) }
 
-// ParseConsumerFlags parses the arguments Args produced (without
-// "consumer").
-func ParseConsumerFlags(args []string) (ConsumerConfig, error) {
-	fs := flag.NewFlagSet("consumer", flag.ContinueOnError)
-	var c ConsumerConfig
-	var brokers string
-	fs.StringVar(&c.Client, "client", ClientKafkaGo, "Kafka client: kafka-go or franz")
-	fs.StringVar(&c.Dialect, "dialect", Postgres, "database dialect: postgres or mysql")
-	fs.StringVar(&c.DSN, "dsn", "", "the consumer's database DSN")
-	fs.StringVar(&brokers, "brokers", "", "Kafka bootstrap addresses, comma separated")
-	fs.StringVar(&c.Group, "group", "", "consumer group")
-	fs.StringVar(&c.Topic, "topic", "", "topic")
-	fs.StringVar(&c.ID, "id", "", "consumer id")
-	if err := fs.Parse(args); err != nil {
-		return c, err
-	}
-	if c.DSN == "" || brokers == "" || c.Group == "" || c.Topic == "" || c.ID == "" {
-		return c, errors.New("chaos: consumer: -dsn, -brokers, -group, -topic and -id are required")
-	}
-	if c.Client != ClientKafkaGo && c.Client != ClientFranz {
-		return c, fmt.Errorf("chaos: consumer: unknown -client %q", c.Client)
-	}
-	c.Brokers = strings.Split(brokers, ",")
-	return c, nil
+// ParseConsumerArgs parses what Args produced (without "consumer").
+func ParseConsumerArgs(args []string) (c ConsumerConfig, err error) {
+	return c, parseChildArgs(args, &c)
 }
 
 // ConsumerLogHandler wraps h, the consumer child's handler: it passes

@@ -2,33 +2,28 @@ package chaos
 
 import (
 	"context"
-	"crypto/rand"
 	"database/sql"
 	"database/sql/driver"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"net/url"
 	"path/filepath"
 	"strings"
 	"time"
 
 	mysqldrv "github.com/go-sql-driver/mysql"
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx" for the admin connection
-	"gorm.io/driver/mysql"
-	"gorm.io/driver/postgres"
-	"gorm.io/driver/sqlite"
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
 
 	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/internal/testenv"
 )
 
 // Dialects.
 const (
-	SQLite   = "sqlite"
-	Postgres = "postgres"
-	MySQL    = "mysql"
+	SQLite   = testenv.SQLite
+	Postgres = testenv.Postgres
+	MySQL    = testenv.MySQL
 )
 
 // Application names of the harness's connections (PostgreSQL), so that a
@@ -47,12 +42,12 @@ type Database struct {
 	DSN string
 	// RelayDSN opens the database as the relays (of a consumer database:
 	// the consumers): DSN, except on MySQL, where they connect as a user
-	// of their own (created for the database and dropped with it), so that
-	// a database kill can tell their sessions from the writers' and the
-	// harness's (PostgreSQL tells them apart by application name).
+	// of their own, so that a database kill can tell their sessions from
+	// the writers' and the harness's (PostgreSQL: by application name).
 	RelayDSN string
 
 	name   string
+	drop   func()
 	admin  *sql.DB // server-level connection (nil on SQLite)
 	locker *sql.DB // KillClientSessions' lock connections (opened on first use)
 	// The clients KillClientSessions kills: the relays of an outbox
@@ -60,12 +55,6 @@ type Database struct {
 	clientUser string   // MySQL: their user (see RelayDSN)
 	clientApp  string   // PostgreSQL: their application name
 	lockTables []string // the tables only they use
-}
-
-func unique(prefix string) string {
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	return prefix + hex.EncodeToString(b[:])
 }
 
 // CreateDatabase creates an empty database on the server of base (a
@@ -77,23 +66,34 @@ func CreateDatabase(ctx context.Context, dialect, base, dir string) (*Database, 
 	if err != nil {
 		return nil, err
 	}
-	db, err := Open(dialect, d.DSN, harnessAppName, 2)
-	if err != nil {
-		d.Drop(ctx)
-		return nil, err
-	}
-	defer closeGorm(db)
-	if err := outbox.AutoMigrate(db, outbox.Config{}); err != nil {
-		d.Drop(ctx)
-		return nil, err
-	}
-	for _, s := range auditDDL(dialect) {
-		if err := db.Exec(s).Error; err != nil {
-			d.Drop(ctx)
-			return nil, fmt.Errorf("chaos: audit trigger: %w", err)
+	err = d.migrate(func(db *gorm.DB) error {
+		if err := outbox.AutoMigrate(db, outbox.Config{}); err != nil {
+			return err
 		}
+		for _, s := range auditDDL(dialect) {
+			if err := db.Exec(s).Error; err != nil {
+				return fmt.Errorf("chaos: audit trigger: %w", err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
 	return d, nil
+}
+
+// migrate runs f on a connection of the harness, dropping d on an error.
+func (d *Database) migrate(f func(db *gorm.DB) error) error {
+	db, err := Open(d.Dialect, d.DSN, harnessAppName, 2)
+	if err == nil {
+		err = f(db)
+		closeGorm(db)
+	}
+	if err != nil {
+		d.Drop(context.Background())
+	}
+	return err
 }
 
 // createDatabase creates an empty database named with prefix; on MySQL also
@@ -101,54 +101,40 @@ func CreateDatabase(ctx context.Context, dialect, base, dir string) (*Database, 
 // targets, whose DSN is RelayDSN. app names those clients' PostgreSQL
 // sessions, lockTables the tables only they use.
 func createDatabase(ctx context.Context, dialect, base, dir, prefix, userPrefix, app string, lockTables []string) (*Database, error) {
-	d := &Database{Dialect: dialect, name: unique(prefix), clientApp: app, lockTables: lockTables}
-	var err error
+	d := &Database{Dialect: dialect, name: testenv.Unique(prefix), clientApp: app, lockTables: lockTables, drop: func() {}}
 	switch dialect {
 	case SQLite:
-		d.DSN = "file:" + filepath.Join(dir, d.name+".db") + "?_busy_timeout=10000&_journal_mode=WAL&_txlock=immediate"
-	case Postgres:
-		if d.admin, err = sql.Open("pgx", base); err != nil {
-			return nil, fmt.Errorf("chaos: open postgres: %w", err)
-		}
-		if _, err = d.admin.ExecContext(ctx, "CREATE DATABASE "+d.name); err != nil {
-			d.admin.Close()
-			return nil, fmt.Errorf("chaos: create database: %w", err)
-		}
-		d.DSN = withPostgresParam(base, "dbname", d.name)
-	case MySQL:
-		c, err := mysqldrv.ParseDSN(base)
+		d.DSN = testenv.SQLiteDSN(filepath.Join(dir, d.name+".db"))
+	case Postgres, MySQL:
+		driver, adminDSN, err := testenv.AdminDSN(dialect, base)
 		if err != nil {
-			return nil, fmt.Errorf("chaos: parse mysql dsn: %w", err)
+			return nil, err
 		}
-		ac := c.Clone()
-		ac.DBName = ""
-		if d.admin, err = sql.Open("mysql", ac.FormatDSN()); err != nil {
-			return nil, fmt.Errorf("chaos: open mysql: %w", err)
+		if d.DSN, d.drop, err = testenv.CreateDatabase(ctx, dialect, base, d.name); err != nil {
+			return nil, err
 		}
-		if _, err = d.admin.ExecContext(ctx, "CREATE DATABASE "+d.name); err != nil {
-			d.admin.Close()
-			return nil, fmt.Errorf("chaos: create database: %w", err)
+		if d.admin, err = sql.Open(driver, adminDSN); err != nil {
+			d.drop()
+			return nil, err
 		}
-		c.DBName, c.ParseTime, c.Loc = d.name, true, time.UTC
-		d.DSN = c.FormatDSN()
+	default:
+		return nil, fmt.Errorf("chaos: unknown dialect %q", dialect)
+	}
+	d.RelayDSN = d.DSN
+	if dialect == MySQL {
 		d.clientUser = userPrefix + strings.TrimPrefix(d.name, prefix)
 		for _, q := range []string{
 			"CREATE USER '" + d.clientUser + "'@'%'",
 			"GRANT ALL PRIVILEGES ON " + d.name + ".* TO '" + d.clientUser + "'@'%'",
 		} {
-			if _, err = d.admin.ExecContext(ctx, q); err != nil {
+			if _, err := d.admin.ExecContext(ctx, q); err != nil {
 				d.Drop(ctx)
 				return nil, fmt.Errorf("chaos: create the clients' user: %w", err)
 			}
 		}
-		rc := c.Clone()
-		rc.User, rc.Passwd = d.clientUser, ""
-		d.RelayDSN = rc.FormatDSN()
-	default:
-		return nil, fmt.Errorf("chaos: unknown dialect %q", dialect)
-	}
-	if d.RelayDSN == "" {
-		d.RelayDSN = d.DSN
+		c, _ := mysqldrv.ParseDSN(d.DSN)
+		c.User, c.Passwd = d.clientUser, ""
+		d.RelayDSN = c.FormatDSN()
 	}
 	return d, nil
 }
@@ -220,27 +206,13 @@ const dbKillHold = 1500 * time.Millisecond
 
 // KillClientSessions terminates the database sessions of the relays (of a
 // consumer database: the consumers) while at least one of them is in the
-// middle of a statement.
-//
-// Killing idle pooled connections alone does nothing a relay notices: both
-// drivers check a pooled connection before reusing it (go-sql-driver's
-// connection liveness check, pgx's ping of a connection idle for over a
-// second) and database/sql silently opens a new one; the relays' statements
-// are short and autocommit, so a kill rarely lands inside one. So the
-// harness first takes an exclusive lock on the tables only relays use (the
-// leases and relays tables; a consumer database's: the effect counters,
-// which a consumer updates last in each transaction: PostgreSQL LOCK TABLE
-// … IN ACCESS EXCLUSIVE MODE, MySQL LOCK TABLES … WRITE), waits until a
-// relay's (consumer's) statement is
-// blocked on it (pg_stat_activity wait_event_type 'Lock'; the MySQL
-// processlist state 'Waiting for table metadata lock'), up to dbKillHold,
-// then terminates every session of the relays (PostgreSQL:
-// pg_terminate_backend by application name; MySQL: KILL CONNECTION by the
-// relays' user), and releases the lock. A blocked statement fails with the
-// killed connection, which the relay must log and recover from. Writers
-// only touch the messages table: they are never blocked nor killed.
-//
-// SQLite has no sessions to kill.
+// middle of a statement. Killing idle pooled connections alone does nothing
+// a client notices (both drivers check a pooled connection before reusing
+// it), and the relays' statements are short: so the harness first locks the
+// tables only the clients use (writers never touch them), waits up to
+// dbKillHold until a client's statement blocks on the lock, kills every
+// session of the clients (PostgreSQL by application name, MySQL by user)
+// and releases the lock. SQLite has no sessions to kill.
 func (d *Database) KillClientSessions(ctx context.Context) (k DBKill, err error) {
 	k.At = time.Now()
 	defer func() { k.Took = time.Since(k.At) }()
@@ -272,22 +244,16 @@ FROM pg_stat_activity WHERE datname = $1 AND application_name = $2`, d.name, d.c
 		if err != nil {
 			return k, err
 		}
-		type sess struct {
-			id     int64
-			active bool
-		}
-		var ss []sess
+		defer rows.Close()
 		for rows.Next() {
-			var s sess
-			if err := rows.Scan(&s.id, &s.active); err == nil {
-				ss = append(ss, s)
+			var id int64
+			var active bool
+			if rows.Scan(&id, &active) != nil {
+				continue
 			}
-		}
-		rows.Close()
-		for _, s := range ss {
-			if _, err := d.admin.ExecContext(ctx, fmt.Sprintf("KILL CONNECTION %d", s.id)); err == nil {
+			if _, err := d.admin.ExecContext(ctx, fmt.Sprintf("KILL CONNECTION %d", id)); err == nil {
 				k.Killed++
-				if s.active {
+				if active {
 					k.MidStatement++
 				}
 			}
@@ -301,7 +267,7 @@ FROM pg_stat_activity WHERE datname = $1 AND application_name = $2`, d.name, d.c
 // connection of its own (waiting at most 2s for it) and returns its release.
 func (d *Database) lockClientTables(ctx context.Context) (release func(), err error) {
 	if d.locker == nil {
-		driver, dsn := "pgx", withPostgresParam(d.DSN, "application_name", harnessAppName)
+		driver, dsn := "pgx", testenv.WithPostgresParam(d.DSN, "application_name", harnessAppName)
 		if d.Dialect == MySQL {
 			driver, dsn = "mysql", d.DSN
 		}
@@ -368,19 +334,14 @@ func (d *Database) Drop(ctx context.Context) {
 	if d.locker != nil {
 		d.locker.Close()
 	}
+	d.drop()
 	if d.admin == nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	defer cancel()
-	switch d.Dialect {
-	case Postgres:
-		_, _ = d.admin.ExecContext(ctx, "DROP DATABASE IF EXISTS "+d.name+" WITH (FORCE)")
-	case MySQL:
-		_, _ = d.admin.ExecContext(ctx, "DROP DATABASE IF EXISTS "+d.name)
-		if d.clientUser != "" {
-			_, _ = d.admin.ExecContext(ctx, "DROP USER IF EXISTS '"+d.clientUser+"'@'%'")
-		}
+	if d.clientUser != "" {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		_, _ = d.admin.ExecContext(ctx, "DROP USER IF EXISTS '"+d.clientUser+"'@'%'")
 	}
 	d.admin.Close()
 }
@@ -388,18 +349,10 @@ func (d *Database) Drop(ctx context.Context) {
 // Open opens dsn with a silent logger and at most maxConns connections;
 // app names the PostgreSQL session.
 func Open(dialect, dsn, app string, maxConns int) (*gorm.DB, error) {
-	var dl gorm.Dialector
-	switch dialect {
-	case SQLite:
-		dl = sqlite.Open(dsn)
-	case Postgres:
-		dl = postgres.Open(withPostgresParam(dsn, "application_name", app))
-	case MySQL:
-		dl = mysql.Open(dsn)
-	default:
-		return nil, fmt.Errorf("chaos: unknown dialect %q", dialect)
+	if dialect == Postgres {
+		dsn = testenv.WithPostgresParam(dsn, "application_name", app)
 	}
-	db, err := gorm.Open(dl, &gorm.Config{Logger: logger.Default.LogMode(logger.Silent)})
+	db, err := gorm.Open(testenv.Dialector(dialect, dsn), &gorm.Config{Logger: logger.Default.LogMode(logger.Silent)})
 	if err != nil {
 		return nil, fmt.Errorf("chaos: open %s: %w", dialect, err)
 	}
@@ -416,21 +369,4 @@ func closeGorm(db *gorm.DB) {
 	if s, err := db.DB(); err == nil {
 		_ = s.Close()
 	}
-}
-
-// withPostgresParam sets a parameter of a key=value or URL DSN.
-func withPostgresParam(dsn, key, value string) string {
-	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
-		if u, err := url.Parse(dsn); err == nil {
-			if key == "dbname" {
-				u.Path = "/" + value
-			} else {
-				q := u.Query()
-				q.Set(key, value)
-				u.RawQuery = q.Encode()
-			}
-			return u.String()
-		}
-	}
-	return dsn + " " + key + "=" + value
 }

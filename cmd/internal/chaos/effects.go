@@ -1,14 +1,15 @@
 package chaos
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,56 +20,23 @@ import (
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/inbox"
+	"github.com/gorm-outbox/outbox/internal/testenv"
 )
 
-// The effects run (RunEffects): the audit that matters to users, read from
-// the consumer's database. Writers commit business rows with their outbox
-// messages, relay processes publish them (default or fenced mode), and
-// consumer processes of each client apply one effect per message in their
-// own database, while every fault below is injected. Each fault is proven
-// from what the processes logged or wrote, not only from the harness's
-// intent.
+// The effects run (RunEffects) audits what users see, the consumers'
+// databases: writers commit business rows with their outbox messages, relay
+// processes publish them, and consumer processes of each client apply one
+// effect per message in their own database, under every fault below. Each
+// fault is proven from what the processes logged or wrote (CHAOS.md).
 const (
-	// FaultRelayKill: SIGKILL a relay, start a replacement. Proven by its
-	// exit status.
-	FaultRelayKill = "relay_kill"
-	// FaultRelayPause: SIGSTOP a relay that owns buckets until a peer has
-	// taken one of them (past its lease), then SIGCONT. Proven by the lease
-	// audit trigger: an owner change away from it while it was stopped.
-	FaultRelayPause = "relay_pause"
-	// FaultZombie: an extra relay stops itself (failpoint action stop)
-	// between its produce and its commit at its second publish —
-	// kafkapub/before-commit in fenced mode, relay/during-publish (records
-	// appended, the answer not yet seen) in the default mode — and is
-	// resumed once peers own all its buckets and have published and deleted
-	// rows newer than the ones it had in flight; then it stops gracefully.
-	// Proven in fenced mode by its "publish fenced" line naming the refused
-	// EndTxn (commit); in the default mode by the peers' progress.
-	FaultZombie = "zombie"
-	// FaultConsumerKill: an extra consumer of each client joins its group
-	// and SIGKILLs itself after its 10th to 39th processed message's
-	// transaction committed, before the offset commit (failpoint
-	// inbox/after-commit). Proven by the failpoint's line and by a
-	// "duplicate skipped" line of another member of its group for the
-	// message of its last effect.
-	FaultConsumerKill = "consumer_kill"
-	// FaultRebalance: a consumer of each client leaves its group (SIGTERM)
-	// and a new one joins. Proven by the "partitions assigned" line of a
-	// member that stayed, logged after the leave (a new generation).
-	FaultRebalance = "rebalance"
-	// FaultBrokerPause: SIGSTOP the broker's JVM for brokerPause, then
-	// SIGCONT. Proven per client by a gap of at least half the pause in the
-	// effects applied, overlapping the pause.
-	FaultBrokerPause = "broker_pause"
-	// FaultOutboxDBKill: kill the relays' sessions, one of them
-	// mid-statement (Database.KillClientSessions). Proven by a kill
-	// mid-statement and a relay's store-error WARN within dbKillEcho.
-	FaultOutboxDBKill = "outbox_db_kill"
-	// FaultConsumerDBKill: kill the consumers' sessions in each client's
-	// database while one of them is inside its transaction (blocked on the
-	// counters table). Proven by a kill mid-statement and a consumer's
-	// "handling failed; retrying the message" WARN within dbKillEcho.
-	FaultConsumerDBKill = "consumer_db_kill"
+	FaultRelayKill      = "relay_kill"       // SIGKILL a relay, start a replacement
+	FaultRelayPause     = "relay_pause"      // SIGSTOP a relay that owns buckets until a peer took one
+	FaultZombie         = "zombie"           // a relay stopped between its produce and its commit, resumed once peers moved on
+	FaultConsumerKill   = "consumer_kill"    // a consumer SIGKILLed after a commit, before its offset commit
+	FaultRebalance      = "rebalance"        // a consumer leaves its group (SIGTERM), a new one joins
+	FaultBrokerPause    = "broker_pause"     // SIGSTOP the broker's JVM for brokerPause
+	FaultOutboxDBKill   = "outbox_db_kill"   // kill the relays' sessions, one mid-statement
+	FaultConsumerDBKill = "consumer_db_kill" // kill the consumers' sessions, one inside its transaction
 )
 
 // EffectsFaults returns the fault kinds of the effects run, in the order
@@ -77,8 +45,13 @@ func EffectsFaults() []string {
 	return []string{FaultRelayKill, FaultRelayPause, FaultZombie, FaultConsumerKill, FaultRebalance, FaultBrokerPause, FaultOutboxDBKill, FaultConsumerDBKill}
 }
 
-// Timing of the effects run's faults.
+// The effects run's keys, relays and members of each consumer group, and
+// the timing of its faults.
 const (
+	effectsKeys      = 32
+	effectsRelays    = 3
+	effectsConsumers = 2
+
 	brokerPause   = 6 * time.Second  // a broker pause
 	zombieWait    = 25 * time.Second // the longest a zombie stays stopped
 	effectsPubTTL = 30 * time.Second // the relays' PublishTimeout: longer than zombieWait, so that the zombie's EndTxn is sent
@@ -86,102 +59,68 @@ const (
 
 // EffectsConfig configures RunEffects. Zero sizes take the defaults named.
 type EffectsConfig struct {
-	// Bin is the outbox-chaos binary built with -tags outbox_failpoints
-	// (the relay and consumer children).
-	Bin string
-	// Dialect (postgres or mysql) and BaseDSN name the database server of
-	// the outbox database and of each client's consumer database.
-	Dialect, BaseDSN string
-	// Brokers is the real Kafka broker; BrokerPID the process id of its JVM,
-	// which the broker pause stops (see ServicesBrokerPID).
-	Brokers   []string
+	Env // Dialect postgres or mysql, for the outbox database and each client's; the real broker
+	// BrokerPID is the process id of the broker's JVM, which the broker
+	// pause stops (see testenv.BrokerPID).
 	BrokerPID int
-	// Dir holds the children's logs.
-	Dir string
-	// Transactional runs the relays in fenced mode
-	// (kafkapub.Config.Transactions).
+	// Transactional runs the relays in fenced mode.
 	Transactional bool
-	// Clients are the consumer clients (ClientKafkaGo, ClientFranz), each
-	// a consumer group with a database of its own. Nil means both.
-	Clients []string
-	// Messages is the number of business rows (one message each) written
-	// over WriteFor: zero means 4000 over 45s. The writers keep that rate
-	// until the last fault is over, so that every fault meets writers at
-	// work: a run whose faults outlast WriteFor writes more.
+	// Messages is the number of business rows written over WriteFor (zero:
+	// 4000 over 45s); the writers keep that rate until the last fault is
+	// over, so that every fault meets writers at work.
 	Messages int
 	WriteFor time.Duration
-	// Keys is the number of keys (zero: 32), Relays the relay processes
-	// (zero: 3), Consumers the members of each group (zero: 2).
-	Keys, Relays, Consumers int
 	// Rounds is how many times every fault kind is injected (zero: 1), in
 	// random order, spread over WriteFor.
 	Rounds int
-	// DrainTimeout bounds the wait, after the faults, for every committed
-	// row's effect and the redelivery of the last message of every
-	// consumer the consumer_kill fault killed. Zero means 90s.
-	DrainTimeout time.Duration
 	// Seed seeds the schedule and the writers.
 	Seed int64
-	// Logger receives progress. Nil means slog.Default().
-	Logger *slog.Logger
 }
 
 // FaultTally counts the injections of one fault kind and those of them the
 // logs (or the databases) prove.
 type FaultTally struct {
 	Injected, Proven int
-	// Evidence samples the proofs (a log line's gist, a measure);
-	// Unproven says what was missing for each injection left unproven.
+	// Evidence samples the proofs; Unproven says what was missing for each
+	// injection left unproven.
 	Evidence, Unproven []string
 }
 
 // EffectsCell is the effects audit of one client in one run, read from its
 // consumer database against the business rows of the outbox database.
 type EffectsCell struct {
-	Client string
-	// Committed business rows; RolledBack rows the writers rolled back.
-	Committed, RolledBack int
-	// Effects applied in all.
-	Effects int
-	// Lost: committed rows without an effect. Duplicates: effects beyond
-	// the first of a message. RolledBackApplied: effects of a rolled-back
-	// row; Unknown: of a message that is no committed row (rolled back
-	// ones included). Mismatched: effects whose key or sequence differ from
-	// their row's. OrderViolations: per-key inversions of commit order in
-	// the effects' order. WrongCounters: keys whose counter differs from
-	// their committed rows.
+	Client                string
+	Committed, RolledBack int // business rows
+	Effects               int // effects applied in all
+	// Lost: committed rows without an effect; Duplicates: effects beyond a
+	// message's first; RolledBackApplied and Unknown: effects of a
+	// rolled-back row, of no committed row; Mismatched: key or sequence
+	// other than the row's; OrderViolations: per-key inversions of commit
+	// order; WrongCounters: keys whose counter is not their committed rows.
 	Lost, Duplicates, RolledBackApplied, Unknown, Mismatched, OrderViolations, WrongCounters int
-	// Faults holds the client's own faults (consumer kill, rebalance,
-	// consumer database kill, broker pause as this client saw it).
+	// Faults holds every kind's tally as the client saw it (the relays' and
+	// the outbox database's are the run's, shared by the cells).
 	Faults map[string]*FaultTally
 }
 
 // EffectsSummary is the verdict of one effects run.
 type EffectsSummary struct {
 	Dialect string
-	// Mode is "default" or "fenced".
-	Mode string
-	// Written is the business rows written (committed or rolled back).
-	Written int
-	// Faults holds the faults of the relays, the outbox database and the
-	// broker (as injected).
-	Faults map[string]*FaultTally
-	Cells  []EffectsCell
-	// Drained: the outbox table emptied and every client applied an
-	// effect for each committed row within DrainTimeout.
+	Mode    string // default or fenced
+	Written int    // business rows written (committed or rolled back)
+	Cells   []EffectsCell
+	// Drained: the outbox table emptied and every client applied an effect
+	// for each committed row within drainTimeout.
 	Drained bool
 	Took    time.Duration
 }
 
-// CellFaults returns every fault kind's tally as the cell saw it: the
-// run's relay, outbox database and broker faults, and the cell's own.
-func (s EffectsSummary) CellFaults(c EffectsCell) map[string]*FaultTally {
-	out := map[string]*FaultTally{}
-	for k, v := range s.Faults {
-		out[k] = v
-	}
-	for k, v := range c.Faults {
-		out[k] = v
+// tallies returns the cell's tally of each kind in EffectsFaults' order
+// (an empty one for a kind never injected).
+func (s EffectsSummary) tallies(c EffectsCell) []*FaultTally {
+	var out []*FaultTally
+	for _, k := range EffectsFaults() {
+		out = append(out, cmp.Or(c.Faults[k], &FaultTally{}))
 	}
 	return out
 }
@@ -196,14 +135,9 @@ func (s EffectsSummary) Err() error {
 			errs = append(errs, fmt.Errorf("chaos: effects, %s mode, %s: %d lost, %d duplicates, %d of rolled-back rows, %d unknown, %d mismatched, %d order violations, %d wrong counters",
 				s.Mode, c.Client, c.Lost, c.Duplicates, c.RolledBackApplied, c.Unknown, c.Mismatched, c.OrderViolations, c.WrongCounters))
 		}
-		fs := s.CellFaults(c)
-		for _, k := range EffectsFaults() {
-			if f := fs[k]; f == nil || f.Proven == 0 {
-				inj := 0
-				if f != nil {
-					inj = f.Injected
-				}
-				errs = append(errs, fmt.Errorf("chaos: effects, %s mode, %s: fault %s injected %d times, never proven", s.Mode, c.Client, k, inj))
+		for i, f := range s.tallies(c) {
+			if f.Proven == 0 {
+				errs = append(errs, fmt.Errorf("chaos: effects, %s mode, %s: fault %s injected %d times, never proven", s.Mode, c.Client, EffectsFaults()[i], f.Injected))
 			}
 		}
 	}
@@ -215,39 +149,48 @@ func (s EffectsSummary) Err() error {
 
 // String is the summary: one line per cell.
 func (s EffectsSummary) String() string {
-	var b strings.Builder
-	for i, c := range s.Cells {
-		if i > 0 {
-			b.WriteByte('\n')
-		}
+	var lines []string
+	for _, c := range s.Cells {
+		var b strings.Builder
 		fmt.Fprintf(&b, "effects: db=%s mode=%s client=%s written=%d committed=%d rolled_back=%d effects=%d lost=%d duplicates=%d rolled_back_applied=%d unknown=%d mismatched=%d order_violations=%d wrong_counters=%d drained=%t faults:",
 			s.Dialect, s.Mode, c.Client, s.Written, c.Committed, c.RolledBack, c.Effects, c.Lost, c.Duplicates, c.RolledBackApplied, c.Unknown, c.Mismatched, c.OrderViolations, c.WrongCounters, s.Drained)
-		fs := s.CellFaults(c)
-		for _, k := range EffectsFaults() {
-			f := fs[k]
-			if f == nil {
-				f = &FaultTally{}
-			}
-			fmt.Fprintf(&b, " %s=%d/%d", k, f.Proven, f.Injected)
+		for i, f := range s.tallies(c) {
+			fmt.Fprintf(&b, " %s=%d/%d", EffectsFaults()[i], f.Proven, f.Injected)
 		}
 		fmt.Fprintf(&b, " took=%s", s.Took.Round(time.Second))
+		lines = append(lines, b.String())
 	}
-	return b.String()
+	return strings.Join(lines, "\n")
 }
 
 // Evidence returns the proofs of every fault kind as the cell saw them,
 // one line per kind.
 func (s EffectsSummary) Evidence(c EffectsCell) string {
 	var b strings.Builder
-	fs := s.CellFaults(c)
 	for _, k := range EffectsFaults() {
-		f := fs[k]
-		if f == nil {
-			continue
+		if f := c.Faults[k]; f != nil {
+			fmt.Fprintf(&b, "  %s (%d injected, %d proven): %s\n", k, f.Injected, f.Proven, strings.Join(f.Evidence, "; "))
+			for _, u := range f.Unproven {
+				fmt.Fprintf(&b, "    unproven: %s\n", u)
+			}
 		}
-		fmt.Fprintf(&b, "  %s (%d injected, %d proven): %s\n", k, f.Injected, f.Proven, strings.Join(f.Evidence, "; "))
-		for _, u := range f.Unproven {
-			fmt.Fprintf(&b, "    unproven: %s\n", u)
+	}
+	return b.String()
+}
+
+// FormatEffects renders summaries as a Markdown table: one row per cell.
+func FormatEffects(ss []EffectsSummary) string {
+	var b strings.Builder
+	b.WriteString("| database | relay mode | consumer | committed | rolled back | effects | lost | duplicates | order violations | wrong counters | faults proven/injected | took |\n")
+	b.WriteString("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|\n")
+	for _, s := range ss {
+		for _, c := range s.Cells {
+			var parts []string
+			for i, f := range s.tallies(c) {
+				parts = append(parts, fmt.Sprintf("%s %d/%d", EffectsFaults()[i], f.Proven, f.Injected))
+			}
+			fmt.Fprintf(&b, "| %s | %s | %s | %d | %d | %d | %d | %d | %d | %d | %s | %s |\n", s.Dialect, s.Mode, c.Client, c.Committed, c.RolledBack, c.Effects,
+				c.Lost, c.Duplicates, c.OrderViolations, c.WrongCounters, strings.Join(parts, ", "), s.Took.Round(time.Second))
 		}
 	}
 	return b.String()
@@ -276,32 +219,9 @@ type order struct {
 
 func (order) TableName() string { return "chaos_orders" }
 
-// createConsumerDatabase creates a client's consumer database: the inbox
-// table and the effect tables.
-func createConsumerDatabase(ctx context.Context, dialect, base string) (*Database, error) {
-	d, err := createDatabase(ctx, dialect, base, "", "outbox_chaos_c_", "consumer_", consumerAppName, []string{effectCounter{}.TableName()})
-	if err != nil {
-		return nil, err
-	}
-	db, err := Open(dialect, d.DSN, harnessAppName, 2)
-	if err != nil {
-		d.Drop(ctx)
-		return nil, err
-	}
-	defer closeGorm(db)
-	if err := inbox.AutoMigrate(db, inbox.Config{}); err != nil {
-		d.Drop(ctx)
-		return nil, err
-	}
-	if err := db.AutoMigrate(&effect{}, &effectCounter{}); err != nil {
-		d.Drop(ctx)
-		return nil, fmt.Errorf("chaos: migrate the effect tables: %w", err)
-	}
-	return d, nil
-}
-
-// consumerGroup is one client's consumer processes.
+// consumerGroup is one client's consumer processes, with their database.
 type consumerGroup struct {
+	procSet
 	client string
 	base   ConsumerConfig
 	bin    string
@@ -310,13 +230,9 @@ type consumerGroup struct {
 	db     *gorm.DB  // the harness's connection to it
 	cell   *EffectsCell
 
-	mu      sync.Mutex
-	live    []*Proc
-	all     []*Proc
-	next    int
-	victims []*Proc  // killed by the inbox/after-commit failpoint
-	leavers []leaver // stopped by a rebalance fault
-	dbKills []DBKill // of the consumer database
+	victims []*Proc  // killed by the inbox/after-commit failpoint (under mu)
+	leavers []leaver // stopped by a rebalance fault (under mu)
+	dbKills []DBKill // of the consumer database (under mu)
 }
 
 // leaver is a member a rebalance fault stopped, and when.
@@ -325,115 +241,75 @@ type leaver struct {
 	left time.Time
 }
 
-func (g *consumerGroup) start(env ...string) (*Proc, error) {
-	g.mu.Lock()
-	g.next++
-	id := fmt.Sprintf("%s-%d", g.client, g.next)
-	g.mu.Unlock()
-	c := g.base
-	c.ID = id
-	p, err := startProcess(g.bin, c.Args(), env, filepath.Join(g.dir, "consumer-"+id+".log"))
-	if err != nil {
-		return nil, fmt.Errorf("chaos: start consumer %s: %w", id, err)
-	}
-	p.ID = id
-	g.mu.Lock()
-	g.all = append(g.all, p)
-	g.mu.Unlock()
-	return p, nil
-}
-
-func (g *consumerGroup) add(env ...string) (*Proc, error) {
-	p, err := g.start(env...)
+// newConsumerGroup creates client's consumer database (the inbox table and
+// the effect tables) and its group, without members.
+func newConsumerGroup(ctx context.Context, cfg EffectsConfig, client, topic string, shared map[string]*FaultTally) (*consumerGroup, error) {
+	d, err := createDatabase(ctx, cfg.Dialect, cfg.BaseDSN, "", "outbox_chaos_c_", "consumer_", consumerAppName, []string{effectCounter{}.TableName()})
 	if err != nil {
 		return nil, err
 	}
-	g.mu.Lock()
-	g.live = append(g.live, p)
-	g.mu.Unlock()
-	return p, nil
-}
-
-// take removes a random live member from the group's pool (the groups'
-// faults run at once: math/rand's goroutine-safe source).
-func (g *consumerGroup) take() *Proc {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if len(g.live) == 0 {
+	err = d.migrate(func(db *gorm.DB) error {
+		if err := inbox.AutoMigrate(db, inbox.Config{}); err != nil {
+			return err
+		}
+		if err := db.AutoMigrate(&effect{}, &effectCounter{}); err != nil {
+			return fmt.Errorf("chaos: migrate the effect tables: %w", err)
+		}
 		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
-	i := rand.IntN(len(g.live))
-	p := g.live[i]
-	g.live = append(g.live[:i], g.live[i+1:]...)
-	return p
+	g := &consumerGroup{
+		client: client, bin: cfg.Bin, dir: cfg.Dir, d: d,
+		base: ConsumerConfig{Client: client, Dialect: cfg.Dialect, DSN: d.RelayDSN, Brokers: cfg.Brokers, Group: testenv.Unique("chaos-effects-" + client + "-"), Topic: topic},
+		cell: &EffectsCell{Client: client, Faults: map[string]*FaultTally{FaultConsumerKill: {}, FaultRebalance: {}, FaultBrokerPause: {}, FaultConsumerDBKill: {}}},
+	}
+	maps.Copy(g.cell.Faults, shared)
+	if g.db, err = Open(cfg.Dialect, d.DSN, harnessAppName, 2); err != nil {
+		d.Drop(ctx)
+		return nil, err
+	}
+	return g, nil
 }
 
-func (g *consumerGroup) stopAll() {
-	g.mu.Lock()
-	ps := append([]*Proc(nil), g.all...)
-	g.mu.Unlock()
-	var wg sync.WaitGroup
-	for _, p := range ps {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			p.Stop(15 * time.Second)
-		}()
+// start starts a member (live: one a fault may take).
+func (g *consumerGroup) start(live bool, env ...string) (*Proc, error) {
+	c := g.base
+	c.ID = g.nextID(g.client)
+	p, err := startProcess(c.ID, g.bin, c.Args(), env, filepath.Join(g.dir, "consumer-"+c.ID+".log"))
+	if err != nil {
+		return nil, fmt.Errorf("chaos: start consumer %s: %w", c.ID, err)
 	}
-	wg.Wait()
-}
-
-// procs returns every process the group started.
-func (g *consumerGroup) procs() []*Proc {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return append([]*Proc(nil), g.all...)
+	g.started(p, live)
+	return p, nil
 }
 
 // logs returns the group's log files.
 func (g *consumerGroup) logs() []string {
-	g.mu.Lock()
-	defer g.mu.Unlock()
 	var fs []string
-	for _, p := range g.all {
+	for _, p := range g.procs() {
 		fs = append(fs, p.Log)
 	}
 	return fs
+}
+
+func (g *consumerGroup) close(ctx context.Context) {
+	g.stopAll(15 * time.Second)
+	closeGorm(g.db)
+	g.d.Drop(ctx)
 }
 
 // RunEffects performs one effects run and returns its summary; the error
 // is a setup failure (see EffectsSummary.Err for the checks).
 func RunEffects(ctx context.Context, cfg EffectsConfig) (EffectsSummary, error) {
 	start := time.Now()
-	if cfg.Clients == nil {
-		cfg.Clients = Clients()
-	}
-	if cfg.Messages == 0 {
-		cfg.Messages = 4000
-	}
-	if cfg.WriteFor == 0 {
-		cfg.WriteFor = 45 * time.Second
-	}
-	if cfg.Keys == 0 {
-		cfg.Keys = 32
-	}
-	if cfg.Relays == 0 {
-		cfg.Relays = 3
-	}
-	if cfg.Consumers == 0 {
-		cfg.Consumers = 2
-	}
-	if cfg.Rounds == 0 {
-		cfg.Rounds = 1
-	}
-	if cfg.DrainTimeout == 0 {
-		cfg.DrainTimeout = 90 * time.Second
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
+	orDefault(&cfg.Messages, 4000)
+	orDefault(&cfg.WriteFor, 45*time.Second)
+	orDefault(&cfg.Rounds, 1)
+	orDefault(&cfg.Logger, slog.Default())
 	log := cfg.Logger
-	s := EffectsSummary{Dialect: cfg.Dialect, Mode: "default", Faults: map[string]*FaultTally{}}
+	s := EffectsSummary{Dialect: cfg.Dialect, Mode: "default"}
 	if cfg.Transactional {
 		s.Mode = "fenced"
 	}
@@ -443,9 +319,7 @@ func RunEffects(ctx context.Context, cfg EffectsConfig) (EffectsSummary, error) 
 		return s, fmt.Errorf("chaos: log directory: %w", err)
 	}
 	cfg.Dir = dir
-	for _, k := range []string{FaultRelayKill, FaultRelayPause, FaultZombie, FaultBrokerPause, FaultOutboxDBKill} {
-		s.Faults[k] = &FaultTally{}
-	}
+	shared := map[string]*FaultTally{FaultRelayKill: {}, FaultRelayPause: {}, FaultZombie: {}, FaultOutboxDBKill: {}}
 	switch {
 	case cfg.Dialect != Postgres && cfg.Dialect != MySQL:
 		return s, fmt.Errorf("chaos: the effects run needs postgres or mysql, not %q", cfg.Dialect)
@@ -460,49 +334,33 @@ func RunEffects(ctx context.Context, cfg EffectsConfig) (EffectsSummary, error) 
 		return s, err
 	}
 	defer d.Drop(ctx)
-	db, err := Open(cfg.Dialect, d.DSN, harnessAppName, writers+4)
+	db, err := openWriters(cfg.Dialect, d.DSN, writers+4)
 	if err != nil {
 		return s, err
 	}
 	defer closeGorm(db)
-	if err := db.Use(outbox.Plugin{}); err != nil {
-		return s, err
-	}
 	if err := db.AutoMigrate(&order{}); err != nil {
 		return s, fmt.Errorf("chaos: migrate the business table: %w", err)
 	}
-	topic := unique("chaos_effects_")
+	topic := testenv.Unique("chaos_effects_")
 	if err := CreateTopic(ctx, cfg.Brokers, topic, partitions); err != nil {
 		return s, err
 	}
 
-	// Each client's consumer database and group.
 	var groups []*consumerGroup
 	defer func() {
 		for _, g := range groups {
-			g.stopAll()
-			closeGorm(g.db)
-			g.d.Drop(ctx)
+			g.close(ctx)
 		}
 	}()
-	for _, client := range cfg.Clients {
-		cd, err := createConsumerDatabase(ctx, cfg.Dialect, cfg.BaseDSN)
+	for _, client := range Clients() {
+		g, err := newConsumerGroup(ctx, cfg, client, topic, shared)
 		if err != nil {
 			return s, err
-		}
-		cdb, err := Open(cfg.Dialect, cd.DSN, harnessAppName, 2)
-		if err != nil {
-			cd.Drop(ctx)
-			return s, err
-		}
-		g := &consumerGroup{
-			client: client, bin: cfg.Bin, dir: cfg.Dir, d: cd, db: cdb,
-			base: ConsumerConfig{Client: client, Dialect: cfg.Dialect, DSN: cd.RelayDSN, Brokers: cfg.Brokers, Group: unique("chaos-effects-" + client + "-"), Topic: topic},
-			cell: &EffectsCell{Client: client, Faults: map[string]*FaultTally{FaultConsumerKill: {}, FaultRebalance: {}, FaultBrokerPause: {}, FaultConsumerDBKill: {}}},
 		}
 		groups = append(groups, g)
-		for range cfg.Consumers {
-			if _, err := g.add(); err != nil {
+		for range effectsConsumers {
+			if _, err := g.start(true); err != nil {
 				return s, err
 			}
 		}
@@ -514,14 +372,12 @@ func RunEffects(ctx context.Context, cfg EffectsConfig) (EffectsSummary, error) 
 		PublishTimeout: effectsPubTTL, TxnOutbox: txnOutbox(cfg.Transactional, topic),
 	}}
 	defer relays.StopAll(10 * time.Second)
-	pool := &relayPool{relays: relays}
-	for range cfg.Relays {
-		if err := pool.add(); err != nil {
+	for range effectsRelays {
+		if err := relays.add(); err != nil {
 			return s, err
 		}
 	}
 
-	// Writers.
 	rng := rand.New(rand.NewPCG(uint64(cfg.Seed), 0xeffec7))
 	stopWriters := make(chan struct{})
 	var (
@@ -532,9 +388,7 @@ func RunEffects(ctx context.Context, cfg EffectsConfig) (EffectsSummary, error) 
 		wwg        sync.WaitGroup
 	)
 	for w := range writers {
-		wwg.Add(1)
-		go func() {
-			defer wwg.Done()
+		wwg.Go(func() {
 			n, rb, err := writeOrders(ctx, db, topic, w, cfg, stopWriters)
 			wmu.Lock()
 			defer wmu.Unlock()
@@ -543,10 +397,8 @@ func RunEffects(ctx context.Context, cfg EffectsConfig) (EffectsSummary, error) 
 				rolledBack[id] = true
 			}
 			writeErr = errors.Join(writeErr, err)
-		}()
+		})
 	}
-	writersDone := make(chan struct{})
-	go func() { wwg.Wait(); close(writersDone) }()
 	writeUntil := time.Now().Add(cfg.WriteFor)
 
 	// Faults: every kind once per round, shuffled within the round.
@@ -557,15 +409,10 @@ func RunEffects(ctx context.Context, cfg EffectsConfig) (EffectsSummary, error) 
 		schedule = append(schedule, round...)
 	}
 	interval := cfg.WriteFor / time.Duration(len(schedule)+1)
-	h := &effectsHarness{cfg: cfg, log: log, rng: rng, d: d, db: db, pool: pool, groups: groups, s: &s}
+	h := &effectsHarness{cfg: cfg, log: log, rng: rng, d: d, db: db, relays: relays, groups: groups, faults: shared}
 	next := time.Now().Add(interval)
 	for _, kind := range schedule {
-		if wait := time.Until(next); wait > 0 {
-			select {
-			case <-ctx.Done():
-			case <-time.After(wait):
-			}
-		}
+		sleepUntil(ctx, next)
 		if ctx.Err() != nil {
 			break
 		}
@@ -575,14 +422,9 @@ func RunEffects(ctx context.Context, cfg EffectsConfig) (EffectsSummary, error) 
 			log.Warn("chaos: effects fault failed", "kind", kind, "error", err)
 		}
 	}
-	if wait := time.Until(writeUntil); wait > 0 {
-		select {
-		case <-ctx.Done():
-		case <-time.After(wait):
-		}
-	}
+	sleepUntil(ctx, writeUntil)
 	close(stopWriters)
-	<-writersDone // they stop at once (or at ctx's end)
+	wwg.Wait() // they stop at once (or at ctx's end)
 	if writeErr != nil {
 		return s, writeErr
 	}
@@ -596,32 +438,24 @@ func RunEffects(ctx context.Context, cfg EffectsConfig) (EffectsSummary, error) 
 	if err := db.Model(&order{}).Count(&committed).Error; err != nil {
 		return s, fmt.Errorf("chaos: count business rows: %w", err)
 	}
-	deadline := time.Now().Add(cfg.DrainTimeout)
-	for ctx.Err() == nil {
-		drained, redelivered := true, true
+	for deadline := time.Now().Add(drainTimeout); ctx.Err() == nil; time.Sleep(250 * time.Millisecond) {
 		var n int64
-		if err := db.Model(&outbox.Message{}).Count(&n).Error; err != nil || n > 0 {
-			drained = false
-		}
+		s.Drained = db.Model(&outbox.Message{}).Count(&n).Error == nil && n == 0
+		redelivered := true
 		for _, g := range groups {
 			var ids int64
 			if err := g.db.Model(&effect{}).Distinct("message_id").Count(&ids).Error; err != nil || ids < committed {
-				drained = false
+				s.Drained = false
 			}
 			redelivered = redelivered && g.redelivered()
 		}
-		s.Drained = drained
-		if drained && redelivered {
+		if s.Drained && redelivered || time.Now().After(deadline) {
 			break
 		}
-		if time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(250 * time.Millisecond)
 	}
 	time.Sleep(time.Second) // room for a late duplicate effect
 	for _, g := range groups {
-		g.stopAll()
+		g.stopAll(15 * time.Second)
 	}
 	relays.StopAll(10 * time.Second)
 
@@ -652,7 +486,7 @@ func RunEffects(ctx context.Context, cfg EffectsConfig) (EffectsSummary, error) 
 func writeOrders(ctx context.Context, db *gorm.DB, topic string, w int, cfg EffectsConfig, stop <-chan struct{}) (int, map[string]bool, error) {
 	rng := rand.New(rand.NewPCG(uint64(cfg.Seed), uint64(w)+1))
 	var keys []string
-	for k := w; k < cfg.Keys; k += writers {
+	for k := w; k < effectsKeys; k += writers {
 		keys = append(keys, fmt.Sprintf("k%02d", k))
 	}
 	rolledBack := map[string]bool{}
@@ -794,9 +628,9 @@ type effectsHarness struct {
 	rng    *rand.Rand
 	d      *Database
 	db     *gorm.DB
-	pool   *relayPool
+	relays *Relays
 	groups []*consumerGroup
-	s      *EffectsSummary
+	faults map[string]*FaultTally // the relays' and the outbox database's
 
 	dbKills []DBKill // outbox database kills, for their proof
 	pauses  []window // broker pauses
@@ -815,7 +649,7 @@ func (h *effectsHarness) inject(ctx context.Context, kind string) error {
 	case FaultConsumerKill:
 		return h.eachGroup(func(g *consumerGroup) error { return h.consumerKill(ctx, g) })
 	case FaultRebalance:
-		return h.eachGroup(func(g *consumerGroup) error { return h.rebalance(g) })
+		return h.eachGroup(h.rebalance)
 	case FaultBrokerPause:
 		return h.brokerPause(ctx)
 	case FaultOutboxDBKill:
@@ -823,7 +657,7 @@ func (h *effectsHarness) inject(ctx context.Context, kind string) error {
 		if err != nil {
 			return err
 		}
-		h.s.Faults[kind].Injected++
+		h.faults[kind].Injected++
 		h.dbKills = append(h.dbKills, k)
 		h.log.Info("chaos: killed the relays' database sessions", "sessions", k.Killed, "mid_statement", k.MidStatement, "blocked", k.Blocked, "waited", k.Waited)
 		return nil
@@ -838,33 +672,30 @@ func (h *effectsHarness) eachGroup(f func(g *consumerGroup) error) error {
 	errs := make([]error, len(h.groups))
 	var wg sync.WaitGroup
 	for i, g := range h.groups {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			if err := f(g); err != nil {
 				errs[i] = fmt.Errorf("%s: %w", g.client, err)
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	return errors.Join(errs...)
 }
 
 func (h *effectsHarness) relayKill() error {
-	p := h.pool.take(h.rng)
+	p := h.relays.set.take(h.rng.IntN)
 	if p == nil {
 		return errors.New("no live relay")
 	}
-	f := h.s.Faults[FaultRelayKill]
-	p.Signal(syscall.SIGKILL)
-	<-p.Done()
+	f := h.faults[FaultRelayKill]
+	p.Kill()
 	f.Injected++
 	if sig := p.ExitSignal(); sig == syscall.SIGKILL {
 		f.prove("%s exited by %v", p.ID, sig)
 	} else {
 		f.note("%s exited with %v", p.ID, p.Err)
 	}
-	return h.pool.add()
+	return h.relays.add()
 }
 
 // owners returns the live owner of each bucket (bucket → relay id).
@@ -892,23 +723,16 @@ func (h *effectsHarness) takeOwner() *Proc {
 	for _, id := range own {
 		ids[id] = true
 	}
-	h.pool.mu.Lock()
-	defer h.pool.mu.Unlock()
-	for i, p := range h.pool.live {
+	s := &h.relays.set
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, p := range s.live {
 		if ids[p.ID] {
-			h.pool.live = append(h.pool.live[:i], h.pool.live[i+1:]...)
+			s.live = append(s.live[:i], s.live[i+1:]...)
 			return p
 		}
 	}
 	return nil
-}
-
-// takenFrom reports whether the lease audit recorded a bucket moving from
-// id to another relay at or after since (database clock, Unix ms).
-func (h *effectsHarness) takenFrom(id string, since int64) (bool, error) {
-	var n int64
-	err := h.db.Raw("SELECT COUNT(*) FROM chaos_lease_audit WHERE old_owner = ? AND new_owner IS NOT NULL AND new_owner <> ? AND at_ms >= ?", id, id, since).Scan(&n).Error
-	return n > 0, err
 }
 
 func (h *effectsHarness) relayPause(ctx context.Context) error {
@@ -916,14 +740,16 @@ func (h *effectsHarness) relayPause(ctx context.Context) error {
 	if p == nil {
 		return errors.New("no live relay owns a bucket")
 	}
-	f := h.s.Faults[FaultRelayPause]
+	f := h.faults[FaultRelayPause]
 	since := time.Now().UnixMilli()
 	p.Signal(syscall.SIGSTOP)
 	stopped := time.Now()
 	f.Injected++
 	taken := false
 	for end := stopped.Add(leaseDuration + 5*time.Second); time.Now().Before(end) && ctx.Err() == nil; time.Sleep(100 * time.Millisecond) {
-		if ok, err := h.takenFrom(p.ID, since); err == nil && ok {
+		// The lease audit: a bucket moved from p to another relay since.
+		var n int64
+		if err := h.db.Raw("SELECT COUNT(*) FROM chaos_lease_audit WHERE old_owner = ? AND new_owner IS NOT NULL AND new_owner <> ? AND at_ms >= ?", p.ID, p.ID, since).Scan(&n).Error; err == nil && n > 0 {
 			taken = true
 			time.Sleep(time.Second) // the peer publishes from the bucket meanwhile
 			break
@@ -935,7 +761,7 @@ func (h *effectsHarness) relayPause(ctx context.Context) error {
 	} else {
 		f.note("%s stopped %.1fs; no takeover seen", p.ID, time.Since(stopped).Seconds())
 	}
-	h.pool.give(p)
+	h.relays.set.give(p)
 	return nil
 }
 
@@ -947,13 +773,13 @@ func (h *effectsHarness) zombie(ctx context.Context) error {
 	if h.cfg.Transactional {
 		fp = "kafkapub/before-commit"
 	}
-	p, err := h.pool.start("zombie", "OUTBOX_FAILPOINTS="+fp+"=stop@2")
+	p, err := h.relays.start(h.relays.set.nextID("zombie"), false, "OUTBOX_FAILPOINTS="+fp+"=stop@2")
 	if err != nil {
 		return err
 	}
-	f := h.s.Faults[FaultZombie]
+	f := h.faults[FaultZombie]
 	defer p.Stop(10 * time.Second) // an extra relay: the pool keeps its size
-	if !waitForLine(ctx, p.Log, "failpoint "+fp+": SIGSTOP", 30*time.Second) {
+	if _, ok := waitForMatch(ctx, p.Log, func(l string) bool { return strings.Contains(l, "failpoint "+fp+": SIGSTOP") }, 30*time.Second); !ok {
 		return fmt.Errorf("%s: the failpoint %s never fired", p.ID, fp)
 	}
 	stoppedAt := time.Now()
@@ -963,57 +789,59 @@ func (h *effectsHarness) zombie(ctx context.Context) error {
 	if err := h.db.Model(&outbox.BucketLease{}).Where("owner = ?", p.ID).Pluck("bucket", &buckets).Error; err != nil {
 		return err
 	}
-	var m int64
-	if err := h.db.Model(&outbox.Message{}).Select("COALESCE(MAX(id), 0)").Scan(&m).Error; err != nil {
+	maxID := func() (m int64, err error) {
+		err = h.db.Model(&outbox.Message{}).Select("COALESCE(MAX(id), 0)").Scan(&m).Error
+		return m, err
+	}
+	m, err := maxID()
+	if err != nil {
 		return err
 	}
 	progressed := false
 	var newer int64
 	deadline := stoppedAt.Add(zombieWait)
-	for time.Now().Before(deadline) && ctx.Err() == nil && len(buckets) > 0 {
-		own, err := h.owners()
-		if err == nil && peersOwn(own, buckets, p.ID) {
-			// Rows newer than the zombie's batch, committed now, in its buckets:
-			// once none of them is left, a peer has published them.
-			var m2 int64
-			if err := h.db.Model(&outbox.Message{}).Select("COALESCE(MAX(id), 0)").Scan(&m2).Error; err != nil {
-				return err
-			}
-			if err := h.db.Model(&outbox.Message{}).Where("bucket IN ? AND id > ? AND id <= ?", buckets, m, m2).Count(&newer).Error; err != nil {
-				return err
-			}
-			if newer > 0 {
-				for time.Now().Before(deadline) && ctx.Err() == nil {
-					var left int64
-					if err := h.db.Model(&outbox.Message{}).Where("bucket IN ? AND id <= ?", buckets, m2).Count(&left).Error; err == nil && left == 0 {
-						progressed = true
-						break
-					}
-					time.Sleep(100 * time.Millisecond)
-				}
+	for ; time.Now().Before(deadline) && ctx.Err() == nil && len(buckets) > 0; time.Sleep(100 * time.Millisecond) {
+		if own, err := h.owners(); err != nil || !peersOwn(own, buckets, p.ID) {
+			continue
+		}
+		// Rows newer than the zombie's batch, committed now, in its
+		// buckets: once none of them is left, a peer has published them.
+		m2, err := maxID()
+		if err != nil {
+			return err
+		}
+		if err := h.db.Model(&outbox.Message{}).Where("bucket IN ? AND id > ? AND id <= ?", buckets, m, m2).Count(&newer).Error; err != nil {
+			return err
+		}
+		if newer == 0 {
+			continue
+		}
+		for ; time.Now().Before(deadline) && ctx.Err() == nil; time.Sleep(100 * time.Millisecond) {
+			var left int64
+			if err := h.db.Model(&outbox.Message{}).Where("bucket IN ? AND id <= ?", buckets, m2).Count(&left).Error; err == nil && left == 0 {
+				progressed = true
 				break
 			}
 		}
-		time.Sleep(100 * time.Millisecond)
+		break
 	}
 	p.Signal(syscall.SIGCONT)
 	resumed := time.Now()
 	h.log.Info("chaos: zombie resumed", "relay", p.ID, "buckets", buckets, "stopped", resumed.Sub(stoppedAt).Round(time.Millisecond), "peers_published_newer_rows", progressed, "newer_rows", newer)
-	if !progressed {
-		f.note("%s stopped %.1fs at %s (buckets %v); peers did not publish newer rows meanwhile", p.ID, resumed.Sub(stoppedAt).Seconds(), fp, buckets)
-		return nil
-	}
-	if !h.cfg.Transactional {
-		f.prove("%s stopped %.1fs at %s with its records appended; peers published %d newer rows of its buckets %v meanwhile", p.ID, resumed.Sub(stoppedAt).Seconds(), fp, newer, buckets)
-		return nil
-	}
-	// Fenced mode: its commit must be refused.
-	if line, ok := waitForMatch(ctx, p.Log, func(l string) bool {
-		return strings.Contains(l, `msg="`+logFenced+`"`) && strings.Contains(l, "EndTxn (commit)")
-	}, 15*time.Second); ok {
-		f.prove("%s stopped %.1fs at %s; peers published %d newer rows of buckets %v; then its commit was refused: %s", p.ID, resumed.Sub(stoppedAt).Seconds(), fp, newer, buckets, gist(line, "error="))
-	} else {
-		f.note("%s: no refused EndTxn (commit) in its log", p.ID)
+	stopped := resumed.Sub(stoppedAt).Seconds()
+	switch {
+	case !progressed:
+		f.note("%s stopped %.1fs at %s (buckets %v); peers did not publish newer rows meanwhile", p.ID, stopped, fp, buckets)
+	case !h.cfg.Transactional:
+		f.prove("%s stopped %.1fs at %s with its records appended; peers published %d newer rows of its buckets %v meanwhile", p.ID, stopped, fp, newer, buckets)
+	default: // fenced mode: its commit must be refused
+		if line, ok := waitForMatch(ctx, p.Log, func(l string) bool {
+			return strings.Contains(l, `msg="`+logFenced+`"`) && strings.Contains(l, "EndTxn (commit)")
+		}, 15*time.Second); ok {
+			f.prove("%s stopped %.1fs at %s; peers published %d newer rows of buckets %v; then its commit was refused: %s", p.ID, stopped, fp, newer, buckets, gist(line, "error="))
+		} else {
+			f.note("%s: no refused EndTxn (commit) in its log", p.ID)
+		}
 	}
 	return nil
 }
@@ -1035,15 +863,14 @@ func peersOwn(own map[int]string, buckets []int, id string) bool {
 // (proveConsumerFaults).
 func (h *effectsHarness) consumerKill(ctx context.Context, g *consumerGroup) error {
 	k := 10 + rand.IntN(30)
-	p, err := g.start(fmt.Sprintf("OUTBOX_FAILPOINTS=inbox/after-commit=kill@%d", k))
+	p, err := g.start(false, fmt.Sprintf("OUTBOX_FAILPOINTS=inbox/after-commit=kill@%d", k))
 	if err != nil {
 		return err
 	}
 	select {
 	case <-p.Done():
 	case <-time.After(60 * time.Second):
-		p.Signal(syscall.SIGKILL)
-		<-p.Done()
+		p.Kill()
 		return fmt.Errorf("%s never reached its %d-th commit", p.ID, k)
 	case <-ctx.Done():
 		return ctx.Err()
@@ -1058,9 +885,10 @@ func (h *effectsHarness) consumerKill(ctx context.Context, g *consumerGroup) err
 }
 
 // rebalance stops a member gracefully (it leaves the group) and starts a
-// new one.
+// new one (the groups' faults run at once: math/rand's goroutine-safe
+// source picks the member).
 func (h *effectsHarness) rebalance(g *consumerGroup) error {
-	p := g.take()
+	p := g.take(rand.IntN)
 	if p == nil {
 		return errors.New("no live consumer")
 	}
@@ -1070,7 +898,7 @@ func (h *effectsHarness) rebalance(g *consumerGroup) error {
 	g.mu.Lock()
 	g.leavers = append(g.leavers, leaver{p, left})
 	g.mu.Unlock()
-	_, err := g.add()
+	_, err := g.start(true)
 	return err
 }
 
@@ -1079,17 +907,12 @@ func (h *effectsHarness) brokerPause(ctx context.Context) error {
 		return fmt.Errorf("SIGSTOP the broker (%d): %w", h.cfg.BrokerPID, err)
 	}
 	from := time.Now()
-	h.s.Faults[FaultBrokerPause].Injected++
-	select {
-	case <-ctx.Done():
-	case <-time.After(brokerPause):
-	}
+	sleepCtx(ctx, brokerPause)
 	if err := syscall.Kill(h.cfg.BrokerPID, syscall.SIGCONT); err != nil {
 		return fmt.Errorf("SIGCONT the broker (%d): %w", h.cfg.BrokerPID, err)
 	}
 	w := window{from, time.Now()}
 	h.pauses = append(h.pauses, w)
-	h.s.Faults[FaultBrokerPause].prove("broker %d stopped %.1fs", h.cfg.BrokerPID, w.to.Sub(w.from).Seconds())
 	for _, g := range h.groups {
 		g.cell.Faults[FaultBrokerPause].Injected++
 	}
@@ -1098,8 +921,8 @@ func (h *effectsHarness) brokerPause(ctx context.Context) error {
 
 // consumerDBKill kills the consumers' sessions of g's database until a
 // kill lands mid-transaction (a consumer blocked on the lock; a group that
-// is rebalancing handles nothing), at most consumerDBKillTries times. The
-// proof comes at the end (proveConsumerFaults).
+// is rebalancing handles nothing), at most 8 times. The proof comes at the
+// end (proveConsumerFaults).
 func (h *effectsHarness) consumerDBKill(ctx context.Context, g *consumerGroup) error {
 	g.cell.Faults[FaultConsumerDBKill].Injected++
 	for try := 1; ; try++ {
@@ -1111,37 +934,31 @@ func (h *effectsHarness) consumerDBKill(ctx context.Context, g *consumerGroup) e
 		g.mu.Lock()
 		g.dbKills = append(g.dbKills, k)
 		g.mu.Unlock()
-		if k.MidStatement > 0 || try == consumerDBKillTries || ctx.Err() != nil {
+		if k.MidStatement > 0 || try == 8 || ctx.Err() != nil {
 			return nil
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
 }
 
-// consumerDBKillTries bounds the kills of one consumer database kill
-// fault.
-const consumerDBKillTries = 8
-
-// proveConsumerFaults proves g's faults from the whole logs: each consumer
-// kill (the message of the victim's last effect, its transaction committed
-// and its offset not, was redelivered to another member and skipped as a
-// duplicate), each rebalance (another member logged a new assignment after
-// the leave) and each consumer database kill (mid-transaction, and a
-// consumer logged a failed handling within dbKillEcho).
+// proveConsumerFaults proves g's faults from the whole logs: each rebalance
+// (a member that stayed logged a new assignment after the leave), each
+// consumer database kill (mid-transaction, and a consumer logged a failed
+// handling within dbKillEcho) and each consumer kill (the message of the
+// victim's last effect, committed but not its offset, was redelivered to
+// another member and skipped as a duplicate).
 func proveConsumerFaults(g *consumerGroup) error {
 	rf := g.cell.Faults[FaultRebalance]
 	for _, l := range g.leavers {
 		found := ""
 		for _, p := range g.procs() {
-			// A member that was there before the leave.
+			// A member that was there before the leave; its client logs
+			// each generation's assignment (franz-go's cooperative
+			// rebalance may assign it nothing new: the line still comes).
 			if p == l.p || !p.StartedAt.Before(l.left) {
 				continue
 			}
-			file := p.Log
-			// Its client logs each generation's assignment (franz-go's
-			// cooperative rebalance may assign a member nothing new: the
-			// callback still runs, with no partition).
-			if line, ok := firstLine(file, func(s string) bool {
+			if line, ok := firstLine(p.Log, func(s string) bool {
 				at, ok := lineTime(s)
 				return ok && at.After(l.left) && strings.Contains(s, `msg="`+logAssigned+`"`)
 			}); ok {
@@ -1162,7 +979,10 @@ func proveConsumerFaults(g *consumerGroup) error {
 		}
 		found := ""
 		for _, file := range g.logs() {
-			if line, ok := lineWithin(file, `msg="`+logHandlingFailed+`"`, k.At, k.At.Add(k.Took+dbKillEcho)); ok {
+			if line, ok := firstLine(file, func(l string) bool {
+				at, ok := lineTime(l)
+				return ok && k.echoed(at) && strings.Contains(l, `msg="`+logHandlingFailed+`"`)
+			}); ok {
 				found = line
 				break
 			}
@@ -1177,29 +997,20 @@ func proveConsumerFaults(g *consumerGroup) error {
 		df.note("%d kills, none mid-transaction", len(g.dbKills))
 	}
 	f := g.cell.Faults[FaultConsumerKill]
-	for _, v := range g.killed() {
+	for _, v := range g.victims {
 		e, found, err := g.redelivery(v)
-		if err != nil {
+		switch {
+		case err != nil:
 			return err
-		}
-		if e.MessageID == "" {
+		case e.MessageID == "":
 			f.note("%s applied no effect", v.ID)
-			continue
-		}
-		if found == "" {
+		case found == "":
 			f.note("%s killed after committing %s[%d]@%d; its redelivery never seen", v.ID, e.Key, e.Part, e.At)
-			continue
+		default:
+			f.prove("%s killed after committing message %s (key %s, partition %d, offset %d); redelivered and skipped: %s", v.ID, e.MessageID, e.Key, e.Part, e.At, gist(found, "consumer="))
 		}
-		f.prove("%s killed after committing message %s (key %s, partition %d, offset %d); redelivered and skipped: %s", v.ID, e.MessageID, e.Key, e.Part, e.At, gist(found, "consumer="))
 	}
 	return nil
-}
-
-// killed returns the members the consumer_kill fault killed.
-func (g *consumerGroup) killed() []*Proc {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return slices.Clone(g.victims)
 }
 
 // redelivery returns v's last effect (MessageID "" when it applied none)
@@ -1229,9 +1040,12 @@ func (g *consumerGroup) redelivery(v *Proc) (effect, string, error) {
 // redelivered reports whether the last effect of every member the
 // consumer_kill fault killed has been redelivered to another member: a
 // member killed moments before the drain holds its partitions until its
-// session times out, and only then do they move.
+// session times out.
 func (g *consumerGroup) redelivered() bool {
-	for _, v := range g.killed() {
+	g.mu.Lock()
+	victims := append([]*Proc(nil), g.victims...)
+	g.mu.Unlock()
+	for _, v := range victims {
 		e, found, err := g.redelivery(v)
 		if err != nil || (e.MessageID != "" && found == "") {
 			return false
@@ -1248,11 +1062,11 @@ func (h *effectsHarness) proveRelayFaults() error {
 	if err != nil {
 		return err
 	}
-	f := h.s.Faults[FaultOutboxDBKill]
+	f := h.faults[FaultOutboxDBKill]
 	for _, k := range h.dbKills {
 		n := 0
 		for _, at := range warns {
-			if !at.Before(k.At) && at.Before(k.At.Add(k.Took+dbKillEcho)) {
+			if k.echoed(at) {
 				n++
 			}
 		}
@@ -1301,29 +1115,6 @@ func effectGap(db *gorm.DB, w window) (time.Duration, error) {
 	return time.Duration(best) * time.Millisecond, nil
 }
 
-// ServicesBrokerPID returns the pid of the real broker's JVM from the pid
-// file scripts/services.sh writes ($OUTBOX_SERVICES_DIR/kafka/kafka.pid,
-// by default under /tmp/gorm-outbox-services), checking that it runs.
-func ServicesBrokerPID() (int, error) {
-	dir := os.Getenv("OUTBOX_SERVICES_DIR")
-	if dir == "" {
-		dir = "/tmp/gorm-outbox-services"
-	}
-	file := filepath.Join(dir, "kafka", "kafka.pid")
-	b, err := os.ReadFile(file)
-	if err != nil {
-		return 0, fmt.Errorf("chaos: no pid file of the real broker: %w", err)
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(strings.SplitN(string(b), "\n", 2)[0]))
-	if err != nil || pid <= 1 {
-		return 0, fmt.Errorf("chaos: pid file %s holds no pid (%q)", file, b)
-	}
-	if err := syscall.Kill(pid, 0); err != nil {
-		return 0, fmt.Errorf("chaos: the real broker's process %d (from %s) is not running: %w", pid, file, err)
-	}
-	return pid, nil
-}
-
 // Log reading. The children log with slog's text handler: each line starts
 // with time=RFC3339Nano.
 
@@ -1358,19 +1149,7 @@ func fileContains(file, s string) bool {
 	return ok
 }
 
-// lineWithin returns the first line holding s logged in [from, to).
-func lineWithin(file, s string, from, to time.Time) (string, bool) {
-	return firstLine(file, func(l string) bool {
-		at, ok := lineTime(l)
-		return ok && !at.Before(from) && at.Before(to) && strings.Contains(l, s)
-	})
-}
-
-func waitForLine(ctx context.Context, file, s string, timeout time.Duration) bool {
-	_, ok := waitForMatch(ctx, file, func(l string) bool { return strings.Contains(l, s) }, timeout)
-	return ok
-}
-
+// waitForMatch waits up to timeout for a line of file that matches.
 func waitForMatch(ctx context.Context, file string, match func(string) bool, timeout time.Duration) (string, bool) {
 	for end := time.Now().Add(timeout); ctx.Err() == nil; time.Sleep(100 * time.Millisecond) {
 		if l, ok := firstLine(file, match); ok {
@@ -1392,27 +1171,4 @@ func gist(l, from string) string {
 		l = l[:200] + "…"
 	}
 	return l
-}
-
-// FormatEffects renders summaries as a Markdown table: one row per cell.
-func FormatEffects(ss []EffectsSummary) string {
-	var b strings.Builder
-	b.WriteString("| database | relay mode | consumer | committed | rolled back | effects | lost | duplicates | order violations | wrong counters | faults proven/injected | took |\n")
-	b.WriteString("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|\n")
-	for _, s := range ss {
-		for _, c := range s.Cells {
-			fs := s.CellFaults(c)
-			var parts []string
-			for _, k := range EffectsFaults() {
-				f := fs[k]
-				if f == nil {
-					f = &FaultTally{}
-				}
-				parts = append(parts, fmt.Sprintf("%s %d/%d", k, f.Proven, f.Injected))
-			}
-			fmt.Fprintf(&b, "| %s | %s | %s | %d | %d | %d | %d | %d | %d | %d | %s | %s |\n", s.Dialect, s.Mode, c.Client, c.Committed, c.RolledBack, c.Effects,
-				c.Lost, c.Duplicates, c.OrderViolations, c.WrongCounters, strings.Join(parts, ", "), s.Took.Round(time.Second))
-		}
-	}
-	return b.String()
 }

@@ -50,7 +50,7 @@ func TestEffectsChaosKeepsEveryEffectOnce(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 			defer cancel()
 			s, err := chaos.RunEffects(ctx, chaos.EffectsConfig{
-				Bin: bin, Dialect: chaos.Postgres, BaseDSN: dsn, Brokers: brokers, BrokerPID: pid, Dir: t.TempDir(),
+				Env: chaos.Env{Bin: bin, Dialect: chaos.Postgres, BaseDSN: dsn, Brokers: brokers, Dir: t.TempDir()}, BrokerPID: pid,
 				Transactional: mode.transactional, Messages: 2400, WriteFor: 30 * time.Second, Seed: time.Now().UnixNano(),
 			})
 			t.Log(s)

@@ -3,73 +3,32 @@ package chaos
 import (
 	"context"
 	"fmt"
-	"net"
-	"strconv"
+	"maps"
 	"sync"
 	"time"
 
 	"github.com/segmentio/kafka-go"
 
 	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/internal/testenv"
+	"github.com/gorm-outbox/outbox/kafkapub"
 )
 
-// CreateTopic creates topic with the given partitions and waits for their
-// leaders.
+// CreateTopic creates topic with the given partitions and waits until
+// their leaders serve.
 func CreateTopic(ctx context.Context, brokers []string, topic string, partitions int) error {
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	d := &kafka.Dialer{Timeout: 10 * time.Second}
-	conn, err := d.DialContext(ctx, "tcp", brokers[0])
-	if err != nil {
-		return fmt.Errorf("chaos: dial %s: %w", brokers[0], err)
-	}
-	defer conn.Close()
-	ctrl, err := conn.Controller()
-	if err != nil {
-		return fmt.Errorf("chaos: find controller: %w", err)
-	}
-	cc, err := d.DialContext(ctx, "tcp", net.JoinHostPort(ctrl.Host, strconv.Itoa(ctrl.Port)))
-	if err != nil {
-		return fmt.Errorf("chaos: dial controller: %w", err)
-	}
-	defer cc.Close()
-	if err := cc.CreateTopics(kafka.TopicConfig{Topic: topic, NumPartitions: partitions, ReplicationFactor: 1}); err != nil {
-		return fmt.Errorf("chaos: create topic %s: %w", topic, err)
-	}
-	for {
-		ps, err := conn.ReadPartitions(topic)
-		if err == nil && len(ps) == partitions {
-			ready := true
-			for _, p := range ps {
-				ready = ready && p.Leader.Host != ""
-			}
-			if ready {
-				return nil
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("chaos: topic %s has no leaders (last error %v)", topic, err)
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+	return testenv.CreateTopic(ctx, nil, brokers, kafka.TopicConfig{Topic: topic, NumPartitions: partitions, ReplicationFactor: 1})
 }
 
 // Record is one record the checker consumed.
 type Record struct {
-	// ID is the message-id header.
-	ID string
-	// Key is the record key; Keyless reports a nil key.
-	Key     string
-	Keyless bool
-	// Partition and Offset locate the record.
+	ID        string // the message-id header
+	Key       string
+	Keyless   bool // a nil key
 	Partition int
 	Offset    int64
-	// Produced is the producer's timestamp (the relay's clock when it
-	// handed the record to the broker).
-	Produced time.Time
-	// Received is when the checker read it.
-	Received time.Time
+	Produced  time.Time // the producer's timestamp: the relay's clock when it handed the record over
+	Received  time.Time // when the checker read it
 }
 
 // Consumer reads every partition of a topic from the beginning, on its own
@@ -103,19 +62,23 @@ func StartConsumer(ctx context.Context, brokers []string, topic string, partitio
 				}
 				rec := Record{Key: string(m.Key), Keyless: m.Key == nil, Partition: p, Offset: m.Offset, Produced: m.Time, Received: time.Now()}
 				for _, h := range m.Headers {
-					if h.Key == "x-outbox-message-id" {
+					if h.Key == kafkapub.DefaultMessageIDHeader {
 						rec.ID = string(h.Value)
 					}
 				}
-				c.mu.Lock()
-				c.parts[p] = append(c.parts[p], rec)
-				c.ids[rec.ID]++
-				c.total++
-				c.mu.Unlock()
+				c.add(rec)
 			}
 		}()
 	}
 	return c
+}
+
+func (c *Consumer) add(rec Record) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.parts[rec.Partition] = append(c.parts[rec.Partition], rec)
+	c.ids[rec.ID]++
+	c.total++
 }
 
 // Wait waits for the readers to exit (after ctx is done).
@@ -142,11 +105,7 @@ func (c *Consumer) Snapshot() (parts [][]Record, copies map[string]int, total in
 	for i, p := range c.parts {
 		parts[i] = append([]Record(nil), p...)
 	}
-	copies = make(map[string]int, len(c.ids))
-	for k, v := range c.ids {
-		copies[k] = v
-	}
-	return parts, copies, c.total
+	return parts, maps.Clone(c.ids), c.total
 }
 
 // FirstProducedAfter returns the earliest producer timestamp after t of a
@@ -179,6 +138,24 @@ type Check struct {
 	OrderViolations   int // adjacent inversions of commit order per key, after dedup
 	Duplicates        int // records beyond the first copy of an id
 	Records           int
+}
+
+// err reports the first failed check a run shares: lost or rolled-back
+// messages, order violations, two live owners, an undrained table.
+func (ck Check) err(run string, dualOwners int64, drained bool) error {
+	switch {
+	case ck.Lost != 0:
+		return fmt.Errorf("%s: %d committed messages lost", run, ck.Lost)
+	case ck.RolledBackArrived != 0:
+		return fmt.Errorf("%s: %d rolled-back messages arrived", run, ck.RolledBackArrived)
+	case ck.OrderViolations != 0:
+		return fmt.Errorf("%s: %d per-key order violations after deduplication", run, ck.OrderViolations)
+	case dualOwners != 0:
+		return fmt.Errorf("%s: %d takeovers of a live lease", run, dualOwners)
+	case !drained:
+		return fmt.Errorf("%s: the outbox table did not drain", run)
+	}
+	return nil
 }
 
 // Verify checks the consumed records against the writers' ledger: perKey
@@ -215,31 +192,40 @@ func (c *Consumer) Verify(perKey map[string][]string, keyless []string, doubt, r
 	for _, id := range keyless {
 		count(id)
 	}
-	// Order: per key, the first copies in partition order must follow
-	// commit order.
+	ck.OrderViolations = orderViolations(parts, perKey, true)
+	return ck
+}
+
+// orderViolations counts, per key, the adjacent inversions of commit order
+// (perKey) in parts; dedup: among the first copies of each id only.
+func orderViolations(parts [][]Record, perKey map[string][]string, dedup bool) int {
+	rank := ranks(perKey)
+	seen := map[string]bool{}
+	last := map[string]int{}
+	n := 0
+	for _, p := range parts {
+		for _, r := range p {
+			k, ok := rank[r.ID]
+			if r.Keyless || !ok || dedup && seen[r.ID] {
+				continue
+			}
+			seen[r.ID] = true
+			if prev, ok := last[r.Key]; ok && k < prev {
+				n++
+			}
+			last[r.Key] = k
+		}
+	}
+	return n
+}
+
+// ranks maps each id of perKey to its place in its key's commit order.
+func ranks(perKey map[string][]string) map[string]int {
 	rank := map[string]int{}
 	for _, ids := range perKey {
 		for i, id := range ids {
 			rank[id] = i
 		}
 	}
-	seen := map[string]bool{}
-	last := map[string]int{}
-	for _, p := range parts {
-		for _, r := range p {
-			if r.Keyless || seen[r.ID] {
-				continue
-			}
-			seen[r.ID] = true
-			k, ok := rank[r.ID]
-			if !ok {
-				continue
-			}
-			if prev, ok := last[r.Key]; ok && k < prev {
-				ck.OrderViolations++
-			}
-			last[r.Key] = k
-		}
-	}
-	return ck
+	return rank
 }

@@ -5,17 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os/exec"
 	"strings"
 	"syscall"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kfake"
 	"gorm.io/gorm"
 
 	"github.com/gorm-outbox/outbox"
-	"github.com/gorm-outbox/outbox/gormstore"
-	"github.com/gorm-outbox/outbox/relay"
+	"github.com/gorm-outbox/outbox/internal/testenv"
 )
 
 // Timing of every harness relay: short leases so that takeovers happen
@@ -67,18 +64,9 @@ const (
 
 // MatrixConfig configures CrashMatrix.
 type MatrixConfig struct {
-	// Bin is the outbox-chaos binary built with -tags outbox_failpoints.
-	Bin string
-	// Dialect and BaseDSN name the database server (sqlite: BaseDSN unused).
-	Dialect, BaseDSN string
-	// Brokers is the Kafka broker; empty starts an in-process kfake broker.
-	Brokers []string
-	// Dir holds SQLite files and the children's logs.
-	Dir string
+	Env
 	// Messages is the number of messages per cell. Zero means 3000.
 	Messages int
-	// Logger receives progress. Nil means slog.Default().
-	Logger *slog.Logger
 	// Transactional runs the transactional variant (see txn.go).
 	Transactional bool
 }
@@ -89,37 +77,28 @@ type MatrixRow struct {
 	Messages               int
 	Lost, Duplicates       int
 	OrderViolations        int
-	// RawOrderViolations (transactional variant, else -1): per-key
-	// inversions without deduplication (see Consumer.RawOrderViolations).
-	RawOrderViolations int
-	// UnexplainedOrderViolations (transactional variant, else -1): those
-	// of them that no batch published again explains (see
-	// Consumer.UnexplainedOrderViolations).
-	UnexplainedOrderViolations int
+	// The transactional variant (else -1): per-key inversions without
+	// deduplication, and those of them no batch published again explains.
+	RawOrderViolations, UnexplainedOrderViolations int
 	// Resumed is the time from the kill until the first record of the
 	// victim's buckets was produced again; negative when no row was left to
 	// publish after the kill.
 	Resumed time.Duration
-	// PoisonParked: the cell's poison row (see crashCell) was seen parked
-	// before its repair and requeue.
+	// PoisonParked: the cell's poison row was seen parked before its repair
+	// and requeue.
 	PoisonParked bool
 }
 
 // CrashMatrix runs every step in both modes and returns the rows.
 func CrashMatrix(ctx context.Context, cfg MatrixConfig) ([]MatrixRow, error) {
-	if cfg.Messages == 0 {
-		cfg.Messages = 3000
+	orDefault(&cfg.Messages, 3000)
+	orDefault(&cfg.Logger, slog.Default())
+	fake, err := startKfake(&cfg.Brokers)
+	if err != nil {
+		return nil, err
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
-	if len(cfg.Brokers) == 0 {
-		c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.DefaultNumPartitions(partitions))
-		if err != nil {
-			return nil, fmt.Errorf("chaos: start kfake: %w", err)
-		}
-		defer c.Close()
-		cfg.Brokers = c.ListenAddrs()
+	if fake != nil {
+		defer fake.Close()
 	}
 	var rows []MatrixRow
 	for i, s := range MatrixSteps() {
@@ -142,7 +121,7 @@ func crashCell(ctx context.Context, cfg MatrixConfig, cell string, step MatrixSt
 		return row, err
 	}
 	defer d.Drop(ctx)
-	topic := unique("chaos_matrix_")
+	topic := testenv.Unique("chaos_matrix_")
 	if err := CreateTopic(ctx, cfg.Brokers, topic, partitions); err != nil {
 		return row, err
 	}
@@ -150,43 +129,40 @@ func crashCell(ctx context.Context, cfg MatrixConfig, cell string, step MatrixSt
 	consumer := startChecker(cctx, cfg.Transactional, cfg.Brokers, topic, partitions)
 	defer consumer.Wait()
 	defer cancel()
-
-	db, err := Open(cfg.Dialect, d.DSN, harnessAppName, 4)
+	db, err := openWriters(cfg.Dialect, d.DSN, 4)
 	if err != nil {
 		return row, err
 	}
 	defer closeGorm(db)
-	if err := db.Use(outbox.Plugin{}); err != nil {
-		return row, err
-	}
 	perKey := map[string][]string{}
 	var all []string
-	// The poison key: a head row beyond the relays' BatchBytes, which they
-	// park, and rows behind it; after the kill it is repaired and requeued.
-	poisonMsgs := []*outbox.Message{outbox.NewStringMessage(topic, poisonKey, "head:"+strings.Repeat("x", 2<<20))}
-	for i := range 3 {
-		poisonMsgs = append(poisonMsgs, outbox.NewStringMessage(topic, poisonKey, fmt.Sprint(i)))
-	}
-	if err := outbox.Enqueue(db.WithContext(ctx), poisonMsgs...); err != nil {
-		return row, err
-	}
-	for _, m := range poisonMsgs {
-		perKey[poisonKey] = append(perKey[poisonKey], m.MessageID.String())
-		all = append(all, m.MessageID.String())
-	}
-	for start := 0; start < cfg.Messages; start += 100 {
-		var msgs []*outbox.Message
-		for i := start; i < min(start+100, cfg.Messages); i++ {
-			key := fmt.Sprintf("k%02d", i%40)
-			msgs = append(msgs, outbox.NewStringMessage(topic, key, fmt.Sprint(i)))
-		}
+	enqueue := func(msgs []*outbox.Message) error {
 		if err := db.Transaction(func(tx *gorm.DB) error { return outbox.Enqueue(tx, msgs...) }); err != nil {
-			return row, err
+			return err
 		}
 		for _, m := range msgs {
-			id := m.MessageID.String()
-			perKey[string(m.Key)] = append(perKey[string(m.Key)], id)
-			all = append(all, id)
+			perKey[string(m.Key)] = append(perKey[string(m.Key)], m.MessageID.String())
+			all = append(all, m.MessageID.String())
+		}
+		return nil
+	}
+	// The poison key: a head row beyond the relays' BatchBytes, which they
+	// park, and rows behind it; after the kill it is repaired and requeued.
+	msgs := []*outbox.Message{outbox.NewStringMessage(topic, poisonKey, poisonHead)}
+	for i := range 3 {
+		msgs = append(msgs, outbox.NewStringMessage(topic, poisonKey, fmt.Sprint(i)))
+	}
+	if err := enqueue(msgs); err != nil {
+		return row, err
+	}
+	head := msgs[0].ID
+	for start := 0; start < cfg.Messages; start += 100 {
+		msgs = nil
+		for i := start; i < min(start+100, cfg.Messages); i++ {
+			msgs = append(msgs, outbox.NewStringMessage(topic, fmt.Sprintf("k%02d", i%40), fmt.Sprint(i)))
+		}
+		if err := enqueue(msgs); err != nil {
+			return row, err
 		}
 	}
 
@@ -196,14 +172,14 @@ func crashCell(ctx context.Context, cfg MatrixConfig, cell string, step MatrixSt
 		TxnOutbox: txnOutbox(cfg.Transactional, topic),
 	}}
 	defer relays.StopAll(10 * time.Second)
-	victimID := "victim-" + cell
+	victimID, peerID := "victim-"+cell, "peer-"+cell
 	victim, err := relays.Start(victimID, "OUTBOX_FAILPOINTS="+step.Failpoints)
 	if err != nil {
 		return row, err
 	}
 	if mode == ModePeer && !step.PeerAfterKill {
 		time.Sleep(300 * time.Millisecond)
-		if _, err := relays.Start("peer-" + cell); err != nil {
+		if _, err := relays.Start(peerID); err != nil {
 			return row, err
 		}
 	}
@@ -215,63 +191,40 @@ func crashCell(ctx context.Context, cfg MatrixConfig, cell string, step MatrixSt
 		return row, ctx.Err()
 	}
 	killedAt := victim.ExitedAt
-	var ee *exec.ExitError
-	if !errors.As(victim.Err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+	if victim.ExitSignal() != syscall.SIGKILL {
 		return row, fmt.Errorf("victim exited with %v, not SIGKILL", victim.Err)
 	}
-	owned := map[int]bool{}
 	var buckets []int
 	if err := db.Model(&outbox.BucketLease{}).Where("owner = ?", victimID).Pluck("bucket", &buckets).Error; err != nil {
 		return row, err
 	}
+	owned := map[int]bool{}
 	for _, b := range buckets {
 		owned[b] = true
 	}
-	if len(owned) == 0 {
-		for b := 0; b < bucketCount; b++ {
-			owned[b] = true
-		}
+	for b := 0; len(buckets) == 0 && b < bucketCount; b++ {
+		owned[b] = true
 	}
 	if mode == ModeRestart {
 		if _, err := relays.Start(victimID); err != nil {
 			return row, err
 		}
-	}
-	if mode == ModePeer && step.PeerAfterKill {
-		if _, err := relays.Start("peer-" + cell); err != nil {
+	} else if step.PeerAfterKill {
+		if _, err := relays.Start(peerID); err != nil {
 			return row, err
 		}
 	}
-	head := poisonMsgs[0].ID
-	for end := time.Now().Add(30 * time.Second); !row.PoisonParked && time.Now().Before(end) && ctx.Err() == nil; time.Sleep(100 * time.Millisecond) {
-		var n int64
-		if err := db.Model(&outbox.Message{}).Where("id = ? AND parked_at_ms IS NOT NULL", head).Count(&n).Error; err == nil && n == 1 {
-			row.PoisonParked = true
-		}
-	}
-	if err := db.Model(&outbox.Message{}).Where("id = ?", head).Update("record_value", []byte("head:repaired")).Error; err != nil {
-		return row, fmt.Errorf("repair the poison row: %w", err)
-	}
-	store, err := gormstore.New(db, gormstore.Options{})
-	if err != nil {
+	if row.PoisonParked, _, err = repairPoison(ctx, db, head); err != nil {
 		return row, err
 	}
-	if _, err := store.RequeueParked(ctx, relay.ParkedSelector{Key: []byte(poisonKey)}); err != nil {
-		return row, fmt.Errorf("requeue the poison key: %w", err)
-	}
-	deadline := time.Now().Add(90 * time.Second)
-	for {
+	for deadline := time.Now().Add(90 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
 		var n int64
 		if err := db.Model(&outbox.Message{}).Count(&n).Error; err != nil {
 			return row, err
 		}
 		if n == 0 && consumer.Has(all) {
-			break
+			break // else Verify reports what is missing
 		}
-		if time.Now().After(deadline) {
-			break // Verify reports what is missing
-		}
-		time.Sleep(100 * time.Millisecond)
 	}
 	time.Sleep(500 * time.Millisecond) // late copies
 	if t, ok := consumer.FirstProducedAfter(killedAt, owned, bucketCount); ok {
@@ -286,17 +239,27 @@ func crashCell(ctx context.Context, cfg MatrixConfig, cell string, step MatrixSt
 	return row, nil
 }
 
-// FormatMatrix renders rows as a Markdown table.
-func FormatMatrix(rows []MatrixRow) string {
+// FormatMatrix renders rows as a Markdown table; the transactional
+// variant's adds the order violations without deduplication, and those of
+// them that no batch published again explains.
+func FormatMatrix(rows []MatrixRow, transactional bool) string {
 	var b strings.Builder
-	b.WriteString("| step (failpoints) | recovery | messages | lost | duplicates | order violations | delivery resumed after | poison parked |\n")
-	b.WriteString("|---|---|---:|---:|---:|---:|---:|---|\n")
+	if transactional {
+		b.WriteString("| step (failpoints) | recovery | messages | lost | duplicates | order violations (dedup) | order violations (no dedup) | unexplained | delivery resumed after |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
+	} else {
+		b.WriteString("| step (failpoints) | recovery | messages | lost | duplicates | order violations | delivery resumed after | poison parked |\n|---|---|---:|---:|---:|---:|---:|---|\n")
+	}
 	for _, r := range rows {
 		resumed := "— (nothing left)"
 		if r.Resumed >= 0 {
 			resumed = r.Resumed.Round(10 * time.Millisecond).String()
 		}
-		fmt.Fprintf(&b, "| %s (`%s`) | %s | %d | %d | %d | %d | %s | %t |\n", r.Step, r.Failpoints, r.Mode, r.Messages, r.Lost, r.Duplicates, r.OrderViolations, resumed, r.PoisonParked)
+		fmt.Fprintf(&b, "| %s (`%s`) | %s | %d | %d | %d | %d | ", r.Step, r.Failpoints, r.Mode, r.Messages, r.Lost, r.Duplicates, r.OrderViolations)
+		if transactional {
+			fmt.Fprintf(&b, "%d | %d | %s |\n", r.RawOrderViolations, r.UnexplainedOrderViolations, resumed)
+		} else {
+			fmt.Fprintf(&b, "%s | %t |\n", resumed, r.PoisonParked)
+		}
 	}
 	return b.String()
 }

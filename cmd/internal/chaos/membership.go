@@ -10,7 +10,6 @@ import (
 	"sort"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"gorm.io/gorm"
@@ -92,7 +91,7 @@ type change struct {
 // first membershipWarmup after its call and each next one after the
 // previous one's settle time, telling w of every kill; it returns the
 // changes made once the last settle time is over.
-func changeMembership(ctx context.Context, pool *relayPool, w *ownerWatch, rng *rand.Rand, log *slog.Logger) ([]change, error) {
+func changeMembership(ctx context.Context, relays *Relays, w *ownerWatch, rng *rand.Rand, log *slog.Logger) ([]change, error) {
 	var done []change
 	next := time.Now().Add(membershipWarmup)
 	for _, sc := range membershipSchedule() {
@@ -100,7 +99,7 @@ func changeMembership(ctx context.Context, pool *relayPool, w *ownerWatch, rng *
 		if ctx.Err() != nil {
 			return done, ctx.Err()
 		}
-		c, err := changeOne(sc.kind, pool, w, rng)
+		c, err := changeOne(sc.kind, relays, w, rng)
 		if err != nil {
 			return done, fmt.Errorf("chaos: membership change %s: %w", sc.kind, err)
 		}
@@ -114,47 +113,37 @@ func changeMembership(ctx context.Context, pool *relayPool, w *ownerWatch, rng *
 
 // changeOne makes one change; it began at the start of the new relay
 // (join) or at the signal to the old one.
-func changeOne(kind string, pool *relayPool, w *ownerWatch, rng *rand.Rand) (change, error) {
+func changeOne(kind string, relays *Relays, w *ownerWatch, rng *rand.Rand) (change, error) {
 	c := change{kind: kind, at: time.Now()}
 	if kind == ChangeJoin {
-		pr, err := pool.start("relay")
+		pr, err := relays.start(relays.set.nextID("relay"), true)
 		if err == nil {
 			c.relay = pr.ID
-			pool.give(pr)
 		}
 		return c, err
 	}
-	pr := pool.take(rng)
+	pr := relays.set.take(rng.IntN)
 	if pr == nil {
 		return c, errors.New("no live relay")
 	}
 	c.relay, c.at = pr.ID, time.Now()
 	if kind == ChangeKill {
 		w.kill(pr.ID, c.at)
-		pr.Signal(syscall.SIGKILL)
-		<-pr.Done()
+		pr.Kill()
 		return c, nil
 	}
 	pr.Stop(15 * time.Second)
 	switch kind {
 	case ChangeRestart:
-		np, err := pool.relays.Start(pr.ID)
-		if err != nil {
-			return c, err
-		}
-		pool.give(np)
+		_, err := relays.start(pr.ID, true)
+		return c, err
 	case ChangeRestartNewID:
-		return c, pool.add()
+		return c, relays.add()
 	}
 	return c, nil
 }
 
-func sleepUntil(ctx context.Context, t time.Time) {
-	select {
-	case <-ctx.Done():
-	case <-time.After(time.Until(t)):
-	}
-}
+func sleepUntil(ctx context.Context, t time.Time) { sleepCtx(ctx, time.Until(t)) }
 
 // ownerWatch samples the lease and relays tables every ownerSample and
 // records every stretch a bucket went without a live owner: an unexpired

@@ -27,7 +27,7 @@ func TestMembershipChaos(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
 		s, err := chaos.Run(ctx, chaos.RunConfig{
-			Bin: bin, Dialect: dialect, BaseDSN: dsn, Brokers: brokers, Dir: t.TempDir(),
+			Env:        chaos.Env{Bin: bin, Dialect: dialect, BaseDSN: dsn, Brokers: brokers, Dir: t.TempDir()},
 			Membership: true, Seed: time.Now().UnixNano(),
 		})
 		t.Log(s)

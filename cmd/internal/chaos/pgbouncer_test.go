@@ -28,7 +28,7 @@ func TestChaosRunPgBouncer(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	s, err := chaos.Run(ctx, chaos.RunConfig{
-		Bin: bin, Dialect: chaos.Postgres, BaseDSN: dsn, PoolerDSN: pooler, Brokers: brokers, Dir: t.TempDir(),
+		Env: chaos.Env{Bin: bin, Dialect: chaos.Postgres, BaseDSN: dsn, Brokers: brokers, Dir: t.TempDir()}, PoolerDSN: pooler,
 		Messages: 8000, Relays: 3, Faults: 10, WriteFor: 30 * time.Second, Seed: time.Now().UnixNano(),
 	})
 	t.Log(s)

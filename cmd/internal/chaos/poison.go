@@ -13,24 +13,21 @@ import (
 	"github.com/gorm-outbox/outbox/relay"
 )
 
-// poisonKey is the key of a run's poison rows (see poison).
-const poisonKey = "poison"
+// The poison key's head is a record larger than the relays' BatchBytes (1
+// MiB), which they park as unpublishable; poisonRows rows follow it.
+const (
+	poisonKey  = "poison"
+	poisonRows = 20
+)
 
-// poisonRows is how many rows of poisonKey a run writes after its head.
-const poisonRows = 20
+var poisonHead = "head:" + strings.Repeat("x", 2<<20)
 
-// poison writes poisonKey's rows: first its head, a record larger than the
-// relays' BatchBytes (1 MiB), which the relays park as unpublishable, then
-// one row every WriteFor/poisonRows. Halfway through WriteFor it waits (at
-// most 30 s) for the head to be parked, repairs it (a small value) and
-// requeues the key, as an operator would; the key's rows must then arrive
-// in commit order like any other key's. It returns whether the head was
-// seen parked and how many rows the requeue changed.
+// poison writes poisonKey's head, then one row every WriteFor/poisonRows,
+// and halfway through WriteFor repairs and requeues the head (see
+// repairPoison); the key's rows must then arrive in commit order like any
+// other key's. It returns whether the head was seen parked and how many
+// rows the requeue changed.
 func poison(ctx context.Context, db *gorm.DB, topic string, cfg RunConfig, led *ledger) (parked bool, requeued int64, err error) {
-	store, err := gormstore.New(db, gormstore.Options{})
-	if err != nil {
-		return false, 0, err
-	}
 	commit := func(value string) (int64, error) {
 		m := outbox.NewStringMessage(topic, poisonKey, value)
 		if err := outbox.Enqueue(db.WithContext(ctx), m); err != nil {
@@ -43,7 +40,7 @@ func poison(ctx context.Context, db *gorm.DB, topic string, cfg RunConfig, led *
 		led.mu.Unlock()
 		return m.ID, nil
 	}
-	head, err := commit("head:" + strings.Repeat("x", 2<<20))
+	head, err := commit(poisonHead)
 	if err != nil {
 		return false, 0, err
 	}
@@ -56,22 +53,35 @@ func poison(ctx context.Context, db *gorm.DB, topic string, cfg RunConfig, led *
 		}
 		if !repaired && time.Since(start) >= cfg.WriteFor/2 {
 			repaired = true
-			for end := time.Now().Add(30 * time.Second); !parked && time.Now().Before(end) && ctx.Err() == nil; time.Sleep(100 * time.Millisecond) {
-				var n int64
-				if err := db.Model(&outbox.Message{}).Where("id = ? AND parked_at_ms IS NOT NULL", head).Count(&n).Error; err == nil && n == 1 {
-					parked = true
-				}
-			}
-			if err := db.Model(&outbox.Message{}).Where("id = ?", head).Update("record_value", []byte("head:repaired")).Error; err != nil {
-				return parked, 0, fmt.Errorf("chaos: repair the poison row: %w", err)
-			}
-			if requeued, err = store.RequeueParked(ctx, relay.ParkedSelector{Key: []byte(poisonKey)}); err != nil {
-				return parked, requeued, fmt.Errorf("chaos: requeue the poison key: %w", err)
+			if parked, requeued, err = repairPoison(ctx, db, head); err != nil {
+				return parked, requeued, err
 			}
 		}
 		if _, err := commit(fmt.Sprint(i)); err != nil {
 			return parked, requeued, err
 		}
+	}
+	return parked, requeued, nil
+}
+
+// repairPoison waits (at most 30 s) for the poison head to be parked,
+// repairs it (a small value) and requeues the key, as an operator would.
+func repairPoison(ctx context.Context, db *gorm.DB, head int64) (parked bool, requeued int64, err error) {
+	for end := time.Now().Add(30 * time.Second); !parked && time.Now().Before(end) && ctx.Err() == nil; time.Sleep(100 * time.Millisecond) {
+		var n int64
+		if err := db.Model(&outbox.Message{}).Where("id = ? AND parked_at_ms IS NOT NULL", head).Count(&n).Error; err == nil && n == 1 {
+			parked = true
+		}
+	}
+	if err := db.Model(&outbox.Message{}).Where("id = ?", head).Update("record_value", []byte("head:repaired")).Error; err != nil {
+		return parked, 0, fmt.Errorf("chaos: repair the poison row: %w", err)
+	}
+	store, err := gormstore.New(db, gormstore.Options{})
+	if err == nil {
+		requeued, err = store.RequeueParked(ctx, relay.ParkedSelector{Key: []byte(poisonKey)})
+	}
+	if err != nil {
+		return parked, requeued, fmt.Errorf("chaos: requeue the poison key: %w", err)
 	}
 	return parked, requeued, nil
 }

@@ -11,67 +11,20 @@ import (
 	"time"
 )
 
-// Relays starts and signals relay child processes.
-type Relays struct {
-	// Bin is the outbox-chaos binary (built with -tags outbox_failpoints
-	// for failpoints to work).
-	Bin string
-	// Base is the configuration of every child; RelayID is set per child.
-	Base RelayConfig
-	// LogDir receives one stderr log per child.
-	LogDir string
-
-	mu    sync.Mutex
-	procs []*Proc
-}
-
-// Proc is one relay child process.
+// Proc is one child process: a relay or a consumer.
 type Proc struct {
-	// ID is the relay (or consumer) id.
-	ID string
-	// Log is the file that receives its stdout and stderr.
-	Log string
-	// StartedAt is when it started.
+	ID        string // the relay (consumer) id
+	Log       string // the file of its stdout and stderr
 	StartedAt time.Time
-	cmd       *exec.Cmd
-	done      chan struct{}
-	// ExitedAt is when Wait returned; valid after Done is closed.
+	// ExitedAt and Err (Wait's) are valid once Done is closed.
 	ExitedAt time.Time
-	// Err is the result of Wait; valid after Done is closed.
-	Err error
+	Err      error
+	cmd      *exec.Cmd
+	done     chan struct{}
 }
 
-// Done is closed when the process exited.
-func (p *Proc) Done() <-chan struct{} { return p.done }
-
-// Signal sends sig to the process (ignored after exit).
-func (p *Proc) Signal(sig syscall.Signal) {
-	select {
-	case <-p.done:
-	default:
-		_ = p.cmd.Process.Signal(sig)
-	}
-}
-
-// Start starts a relay child with id and extra environment (for example
-// "OUTBOX_FAILPOINTS=relay/after-fetch=kill@3").
-func (r *Relays) Start(id string, env ...string) (*Proc, error) {
-	c := r.Base
-	c.RelayID = id
-	p, err := startProcess(r.Bin, c.Args(), env, filepath.Join(r.LogDir, "relay-"+id+".log"))
-	if err != nil {
-		return nil, fmt.Errorf("chaos: start relay %s: %w", id, err)
-	}
-	p.ID = id
-	r.mu.Lock()
-	r.procs = append(r.procs, p)
-	r.mu.Unlock()
-	return p, nil
-}
-
-// startProcess starts bin with args and extra environment, its stdout and
-// stderr appended to logPath.
-func startProcess(bin string, args, env []string, logPath string) (*Proc, error) {
+// startProcess starts bin as child id, its output appended to logPath.
+func startProcess(id, bin string, args, env []string, logPath string) (*Proc, error) {
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), env...)
 	// Its own process group, so that a signal to the harness's group (a
@@ -87,7 +40,7 @@ func startProcess(bin string, args, env []string, logPath string) (*Proc, error)
 		f.Close()
 		return nil, err
 	}
-	p := &Proc{cmd: cmd, done: make(chan struct{}), Log: logPath, StartedAt: time.Now()}
+	p := &Proc{ID: id, cmd: cmd, done: make(chan struct{}), Log: logPath, StartedAt: time.Now()}
 	go func() {
 		p.Err = cmd.Wait()
 		p.ExitedAt = time.Now()
@@ -95,6 +48,24 @@ func startProcess(bin string, args, env []string, logPath string) (*Proc, error)
 		close(p.done)
 	}()
 	return p, nil
+}
+
+// Done is closed when the process exited.
+func (p *Proc) Done() <-chan struct{} { return p.done }
+
+// Signal sends sig to the process (ignored after exit).
+func (p *Proc) Signal(sig syscall.Signal) {
+	select {
+	case <-p.done:
+	default:
+		_ = p.cmd.Process.Signal(sig)
+	}
+}
+
+// Kill SIGKILLs p and waits for it.
+func (p *Proc) Kill() {
+	p.Signal(syscall.SIGKILL)
+	<-p.done
 }
 
 // Stop stops p gracefully (SIGCONT, SIGTERM), SIGKILLs it after timeout,
@@ -105,36 +76,116 @@ func (p *Proc) Stop(timeout time.Duration) {
 	select {
 	case <-p.done:
 	case <-time.After(timeout):
-		p.Signal(syscall.SIGKILL)
-		<-p.done
+		p.Kill()
 	}
 }
 
-// StopAll stops every child still running.
-func (r *Relays) StopAll(timeout time.Duration) {
-	r.mu.Lock()
-	ps := append([]*Proc(nil), r.procs...)
-	r.mu.Unlock()
+// ExitSignal returns the signal that ended the process (0 when it exited on
+// its own); valid once Done is closed.
+func (p *Proc) ExitSignal() syscall.Signal {
+	var ee *exec.ExitError
+	if errors.As(p.Err, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return ws.Signal()
+		}
+	}
+	return 0
+}
+
+// procSet keeps the children of one kind: every one started (stopped at
+// the end) and the live ones a fault may take.
+type procSet struct {
+	mu   sync.Mutex
+	all  []*Proc
+	live []*Proc // not paused, not stopping
+	next int
+}
+
+// nextID returns prefix-N, N counting the set's ids.
+func (s *procSet) nextID(prefix string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.next++
+	return fmt.Sprintf("%s-%d", prefix, s.next)
+}
+
+func (s *procSet) started(p *Proc, live bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.all = append(s.all, p)
+	if live {
+		s.live = append(s.live, p)
+	}
+}
+
+// take removes a live process (the intn-th) from the set, or returns nil.
+func (s *procSet) take(intn func(int) int) *Proc {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.live) == 0 {
+		return nil
+	}
+	i := intn(len(s.live))
+	p := s.live[i]
+	s.live = append(s.live[:i], s.live[i+1:]...)
+	return p
+}
+
+func (s *procSet) give(p *Proc) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.live = append(s.live, p)
+}
+
+// procs returns every process the set started.
+func (s *procSet) procs() []*Proc {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]*Proc(nil), s.all...)
+}
+
+func (s *procSet) stopAll(timeout time.Duration) {
 	var wg sync.WaitGroup
-	for _, p := range ps {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			p.Stop(timeout)
-		}()
+	for _, p := range s.procs() {
+		wg.Go(func() { p.Stop(timeout) })
 	}
 	wg.Wait()
 }
 
-// ExitSignal returns the signal that ended the process (0 when it exited on
-// its own); valid after Done is closed.
-func (p *Proc) ExitSignal() syscall.Signal {
-	var ee *exec.ExitError
-	if !errors.As(p.Err, &ee) {
-		return 0
-	}
-	if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-		return ws.Signal()
-	}
-	return 0
+// Relays starts and signals relay child processes.
+type Relays struct {
+	// Bin is the outbox-chaos binary (built with -tags outbox_failpoints
+	// for failpoints to work).
+	Bin string
+	// Base is the configuration of every child; RelayID is set per child.
+	Base RelayConfig
+	// LogDir receives one log per child.
+	LogDir string
+
+	set procSet
 }
+
+// Start starts a relay child with id and extra environment (for example
+// "OUTBOX_FAILPOINTS=relay/after-fetch=kill@3").
+func (r *Relays) Start(id string, env ...string) (*Proc, error) { return r.start(id, false, env...) }
+
+// start starts a relay (live: one a fault may take).
+func (r *Relays) start(id string, live bool, env ...string) (*Proc, error) {
+	c := r.Base
+	c.RelayID = id
+	p, err := startProcess(id, r.Bin, c.Args(), env, filepath.Join(r.LogDir, "relay-"+id+".log"))
+	if err != nil {
+		return nil, fmt.Errorf("chaos: start relay %s: %w", id, err)
+	}
+	r.set.started(p, live)
+	return p, nil
+}
+
+// add starts a relay named relay-N that faults may take.
+func (r *Relays) add() error {
+	_, err := r.start(r.set.nextID("relay"), true)
+	return err
+}
+
+// StopAll stops every child still running.
+func (r *Relays) StopAll(timeout time.Duration) { r.set.stopAll(timeout) }

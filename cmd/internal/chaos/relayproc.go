@@ -2,11 +2,10 @@ package chaos
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"log/slog"
-	"strings"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -19,62 +18,45 @@ import (
 
 // RelayConfig configures one relay child process.
 type RelayConfig struct {
-	// Dialect is sqlite, postgres or mysql.
 	Dialect string
-	// DSN opens the database (the relay's own application name is added on
-	// PostgreSQL, so that connection kills can target relays).
-	DSN string
-	// Brokers are the Kafka bootstrap addresses.
+	// DSN opens the database (with the relays' application name on
+	// PostgreSQL, so that connection kills can target them).
+	DSN     string
 	Brokers []string
-	// RelayID is the relay's id in the lease table.
 	RelayID string
-	// LeaseDuration, RenewInterval, PollInterval and BatchSize are passed to
-	// relay.Options.
-	LeaseDuration time.Duration
-	RenewInterval time.Duration
-	PollInterval  time.Duration
-	BatchSize     int
-	// PublishTimeout is kafkapub.Config.PublishTimeout; zero means the
-	// library's default.
+	// Passed to relay.Options.
+	LeaseDuration, RenewInterval, PollInterval time.Duration
+	BatchSize                                  int
+	// PublishTimeout is kafkapub.Config.PublishTimeout (0: the default).
 	PublishTimeout time.Duration
 	// TxnOutbox, when set, makes the publisher transactional with this
 	// outbox name (kafkapub.Transactions.Outbox).
 	TxnOutbox string
 }
 
-// Args returns the command-line arguments of the relay subcommand for c.
-func (c RelayConfig) Args() []string {
-	return []string{"relay",
-		"-dialect", c.Dialect, "-dsn", c.DSN, "-brokers", strings.Join(c.Brokers, ","), "-id", c.RelayID,
-		"-lease", c.LeaseDuration.String(), "-renew", c.RenewInterval.String(), "-poll", c.PollInterval.String(),
-		"-batch", fmt.Sprint(c.BatchSize), "-publish-timeout", c.PublishTimeout.String(),
-		"-txn-outbox", c.TxnOutbox,
-	}
+// Args returns the command line of the relay subcommand for c.
+func (c RelayConfig) Args() []string { return childArgs("relay", c) }
+
+// ParseRelayArgs parses what Args produced (without "relay").
+func ParseRelayArgs(args []string) (c RelayConfig, err error) {
+	return c, parseChildArgs(args, &c)
 }
 
-// ParseRelayFlags parses the arguments Args produced (without "relay").
-func ParseRelayFlags(args []string) (RelayConfig, error) {
-	fs := flag.NewFlagSet("relay", flag.ContinueOnError)
-	var c RelayConfig
-	var brokers string
-	fs.StringVar(&c.Dialect, "dialect", "sqlite", "database dialect: sqlite, postgres or mysql")
-	fs.StringVar(&c.DSN, "dsn", "", "database DSN")
-	fs.StringVar(&brokers, "brokers", "", "Kafka bootstrap addresses, comma separated")
-	fs.StringVar(&c.RelayID, "id", "", "relay id")
-	fs.DurationVar(&c.LeaseDuration, "lease", 3*time.Second, "lease duration")
-	fs.DurationVar(&c.RenewInterval, "renew", time.Second, "lease renew interval")
-	fs.DurationVar(&c.PollInterval, "poll", 200*time.Millisecond, "poll interval")
-	fs.IntVar(&c.BatchSize, "batch", 100, "batch size")
-	fs.DurationVar(&c.PublishTimeout, "publish-timeout", 0, "the publisher's PublishTimeout (0: the library's default)")
-	fs.StringVar(&c.TxnOutbox, "txn-outbox", "", "publish transactionally, with this outbox name (empty: the default mode)")
-	if err := fs.Parse(args); err != nil {
-		return c, err
+// childArgs is a child's command line: the subcommand and its
+// configuration as JSON (the harness's, never typed by hand).
+func childArgs(sub string, c any) []string {
+	b, _ := json.Marshal(c)
+	return []string{sub, string(b)}
+}
+
+func parseChildArgs(args []string, c any) error {
+	if len(args) != 1 {
+		return errors.New("chaos: a child takes its configuration as one JSON argument")
 	}
-	if c.DSN == "" || brokers == "" {
-		return c, errors.New("chaos: relay: -dsn and -brokers are required")
+	if err := json.Unmarshal([]byte(args[0]), c); err != nil {
+		return fmt.Errorf("chaos: child configuration: %w", err)
 	}
-	c.Brokers = strings.Split(brokers, ",")
-	return c, nil
+	return nil
 }
 
 // RunRelay runs one relay until ctx is done (a graceful stop), then closes
@@ -132,11 +114,8 @@ func RunRelay(ctx context.Context, c RelayConfig, log *slog.Logger) error {
 const logFenced = "publish fenced"
 
 // fenceLogger logs every publish that failed with relay.ErrFenced, with its
-// error (which names the refused call: "EndTxn (commit)" for a zombie's
-// commit). The relay logs a fenced bucket only while it still holds the
-// bucket's lease; this line does not depend on what the relay knows. Every
-// other method of the publisher (the ownership calls of fenced publishing)
-// is the embedded one.
+// error (which names the refused call: "EndTxn (commit)" for a zombie's):
+// the relay logs a fenced bucket only while it still holds its lease.
 type fenceLogger struct {
 	*kafkapub.Publisher
 	log *slog.Logger

@@ -7,8 +7,8 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -20,6 +20,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/gorm-outbox/outbox"
+	"github.com/gorm-outbox/outbox/internal/testenv"
 )
 
 // Fault kinds of a chaos run.
@@ -35,42 +36,41 @@ const (
 	rollbackChance = 0.1
 )
 
-// RunConfig configures a chaos run.
-type RunConfig struct {
-	// Bin is the outbox-chaos binary (the relay children).
+// Env is where a run happens.
+type Env struct {
+	// Bin is the outbox-chaos binary built with -tags outbox_failpoints
+	// (the relay and consumer children).
 	Bin string
-	// Dialect and BaseDSN name the database server (sqlite: BaseDSN unused).
+	// Dialect and BaseDSN name the database server (sqlite: a file in Dir).
 	Dialect, BaseDSN string
-	// PoolerDSN (PostgreSQL only) is a connection pooler in front of
-	// BaseDSN's server, e.g. PgBouncer in transaction pooling mode with
-	// default_query_exec_mode=exec: when set, the writers, the relays and
-	// the harness's checks connect through it to the run's database, which
-	// is still created, killed-into and dropped through BaseDSN.
-	PoolerDSN string
 	// Brokers is the Kafka broker; empty starts an in-process kfake broker
-	// and enables the broker faults.
+	// (the matrix and the chaos run), which adds the broker faults.
 	Brokers []string
 	// Dir holds SQLite files and the children's logs.
 	Dir string
-	// Messages, Relays and Faults are the run's size. Zero means 20000, 3
-	// and 24.
-	Messages, Relays, Faults int
-	// WriteFor is how long the writers take for Messages; the faults are
-	// spread over it. Zero means 75s.
-	WriteFor time.Duration
-	// DrainTimeout bounds the wait for the table to drain after the faults.
-	// Zero means 90s.
-	DrainTimeout time.Duration
-	// Seed seeds the fault schedule and the writers.
-	Seed int64
 	// Logger receives progress. Nil means slog.Default().
 	Logger *slog.Logger
+}
+
+// RunConfig configures a chaos run.
+type RunConfig struct {
+	Env
+	// PoolerDSN (PostgreSQL only) is a connection pooler in front of
+	// BaseDSN's server (PgBouncer in transaction pooling mode): the writers,
+	// the relays and the checks connect through it to the run's database,
+	// which is still created, killed into and dropped through BaseDSN.
+	PoolerDSN string
+	// Messages, Relays and Faults are the run's size (zero: 20000, 3, 24);
+	// the writers take WriteFor (zero: 75s), over which the faults spread.
+	Messages, Relays, Faults int
+	WriteFor                 time.Duration
+	// Seed seeds the fault schedule and the writers.
+	Seed int64
 	// Transactional runs the transactional variant (see txn.go).
 	Transactional bool
-	// Membership runs the membership variant (see membership.go): the
-	// fixed schedule of membership changes replaces the faults and the
-	// poison key, Faults and WriteFor are ignored, and Messages and Relays
-	// default to membershipRate a second and 2.
+	// Membership runs the membership variant (see membership.go): its fixed
+	// schedule of membership changes replaces the faults and the poison
+	// key; Messages and Relays default to membershipRate a second and 2.
 	Membership bool
 }
 
@@ -85,30 +85,24 @@ type Summary struct {
 	LeaseAudits              int
 	Drained                  bool
 	Faults                   map[string]int
-	// DBKills are the database-kill faults, in order.
-	DBKills []DBKill
-	// RelayStoreWarnings counts the WARN lines of the relays' logs about a
-	// failed database statement (see storeWarnings) logged during a
-	// database-kill fault or within dbKillEcho after it;
-	// RelayStoreWarningsTotal counts them over the whole run.
+	DBKills                  []DBKill // in order
+	// RelayStoreWarnings counts the relays' store-error WARN lines (see
+	// storeWarnings) during a database-kill fault or within dbKillEcho
+	// after it; RelayStoreWarningsTotal over the whole run.
 	RelayStoreWarnings, RelayStoreWarningsTotal int
 	Took                                        time.Duration
-	// Transactional: the transactional variant; RawOrderViolations are
-	// its checker's per-key inversions without deduplication (see
-	// Consumer.RawOrderViolations), UnexplainedOrderViolations those of
-	// them that no batch published again explains (see
-	// Consumer.UnexplainedOrderViolations).
+	// The transactional variant: its checker's per-key inversions without
+	// deduplication, and those of them no batch published again explains.
 	Transactional              bool
 	RawOrderViolations         int
 	UnexplainedOrderViolations int
-	// PoisonParked: the poison key's head (see poison) was seen parked;
-	// PoisonRequeued is how many rows its requeue changed.
+	// PoisonParked: the poison key's head was seen parked; PoisonRequeued
+	// is how many rows its requeue changed.
 	PoisonParked   bool
 	PoisonRequeued int64
-	// Membership: the membership variant; Handovers are its figures per
-	// kind of change, Delay its longest delivery delay (commit to the
-	// checker's read) and OwnerSampling the longest time between two
-	// samples of the owners.
+	// The membership variant: its figures per kind of change, its longest
+	// delivery delay (commit to the checker's read) and the longest time
+	// between two samples of the owners.
 	Membership           bool
 	Handovers            []Handover
 	Delay, OwnerSampling time.Duration
@@ -129,11 +123,9 @@ func (s Summary) String() string {
 	if s.Membership {
 		return s.membershipString()
 	}
-	kinds := make([]string, 0, len(s.Faults))
-	total := 0
+	var kinds []string
 	for k, n := range s.Faults {
 		kinds = append(kinds, fmt.Sprintf("%s=%d", k, n))
-		total += n
 	}
 	sort.Strings(kinds)
 	dbkill := fmt.Sprintf(" relay_store_warns=%d", s.RelayStoreWarningsTotal)
@@ -143,7 +135,7 @@ func (s Summary) String() string {
 	}
 	return fmt.Sprintf("chaos: db=%s broker=%s relays=%d messages=%d committed=%d rolled_back=%d in_doubt=%d lost=%d rolled_back_arrived=%d order_violations=%d dual_owners=%d (lease changes %d, audits %d) drained=%t duplicates=%d records=%d poison_parked=%t poison_requeued=%d faults=%d (%s)%s took=%s",
 		s.Dialect, s.Broker, s.Relays, s.Written, s.Committed, s.RolledBack, s.InDoubt, s.Check.Lost, s.Check.RolledBackArrived, s.Check.OrderViolations,
-		s.DualOwners, s.LeaseChanges, s.LeaseAudits, s.Drained, s.Check.Duplicates, s.Check.Records, s.PoisonParked, s.PoisonRequeued, total, strings.Join(kinds, " "), dbkill+s.txnSummary(), s.Took.Round(time.Second))
+		s.DualOwners, s.LeaseChanges, s.LeaseAudits, s.Drained, s.Check.Duplicates, s.Check.Records, s.PoisonParked, s.PoisonRequeued, s.TotalFaults(), strings.Join(kinds, " "), dbkill+s.txnSummary(), s.Took.Round(time.Second))
 }
 
 // TotalFaults is the number of injected faults.
@@ -157,24 +149,21 @@ func (s Summary) TotalFaults() int {
 
 // Err reports the first failed check, or nil.
 func (s Summary) Err() error {
+	if err := s.Check.err("chaos", s.DualOwners, s.Drained); err != nil {
+		return err
+	}
 	switch {
-	case s.Check.Lost != 0:
-		return fmt.Errorf("chaos: %d committed messages lost", s.Check.Lost)
-	case s.Check.RolledBackArrived != 0:
-		return fmt.Errorf("chaos: %d rolled-back messages arrived", s.Check.RolledBackArrived)
-	case s.Check.OrderViolations != 0:
-		return fmt.Errorf("chaos: %d per-key order violations", s.Check.OrderViolations)
 	case s.Transactional && s.UnexplainedOrderViolations != 0:
 		return fmt.Errorf("chaos: %d per-key order violations without deduplication that no batch published again explains (of %d in all)", s.UnexplainedOrderViolations, s.RawOrderViolations)
-	case s.DualOwners != 0:
-		return fmt.Errorf("chaos: %d takeovers of a live lease", s.DualOwners)
-	case !s.Drained:
-		return errors.New("chaos: the outbox table did not drain")
 	case !s.PoisonParked && !s.Membership:
 		return errors.New("chaos: the poison row was never parked")
 	}
 	return nil
 }
+
+// drainTimeout bounds the wait, after the faults, for the table to drain
+// (the effects run: for every effect and redelivery).
+const drainTimeout = 90 * time.Second
 
 // ledger is what the writers committed.
 type ledger struct {
@@ -190,62 +179,81 @@ type ledger struct {
 	committedAt map[string]time.Time
 }
 
+func newLedger() *ledger {
+	return &ledger{perKey: map[string][]string{}, doubt: map[string]bool{}, rolledBack: map[string]bool{}}
+}
+
+// orDefault sets *v to d when it is zero.
+func orDefault[T comparable](v *T, d T) {
+	var zero T
+	if *v == zero {
+		*v = d
+	}
+}
+
+// startKfake starts an in-process broker when brokers is empty.
+func startKfake(brokers *[]string) (*kfake.Cluster, error) {
+	if len(*brokers) > 0 {
+		return nil, nil
+	}
+	c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.DefaultNumPartitions(partitions))
+	if err != nil {
+		return nil, fmt.Errorf("chaos: start kfake: %w", err)
+	}
+	*brokers = c.ListenAddrs()
+	return c, nil
+}
+
+// openWriters opens the harness's connection with the outbox plugin.
+func openWriters(dialect, dsn string, conns int) (*gorm.DB, error) {
+	db, err := Open(dialect, dsn, harnessAppName, conns)
+	if err == nil {
+		if err = db.Use(outbox.Plugin{}); err != nil {
+			closeGorm(db)
+		}
+	}
+	return db, err
+}
+
 // Run performs a chaos run and returns its summary; the error is a setup
 // failure (see Summary.Err for the checks).
 func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 	start := time.Now()
 	if cfg.Membership {
 		cfg.WriteFor = membershipSpan()
-		if cfg.Messages == 0 {
-			cfg.Messages = int(membershipRate * cfg.WriteFor.Seconds())
-		}
-		if cfg.Relays == 0 {
-			cfg.Relays = 2
-		}
+		orDefault(&cfg.Messages, int(membershipRate*cfg.WriteFor.Seconds()))
+		orDefault(&cfg.Relays, 2)
 	}
-	if cfg.Messages == 0 {
-		cfg.Messages = 20000
-	}
-	if cfg.Relays == 0 {
-		cfg.Relays = 3
-	}
-	if cfg.Faults == 0 {
-		cfg.Faults = 24
-	}
-	if cfg.WriteFor == 0 {
-		cfg.WriteFor = 75 * time.Second
-	}
-	if cfg.DrainTimeout == 0 {
-		cfg.DrainTimeout = 90 * time.Second
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
+	orDefault(&cfg.Messages, 20000)
+	orDefault(&cfg.Relays, 3)
+	orDefault(&cfg.Faults, 24)
+	orDefault(&cfg.WriteFor, 75*time.Second)
+	orDefault(&cfg.Logger, slog.Default())
 	log := cfg.Logger
 	s := Summary{Dialect: cfg.Dialect, Broker: "kafka", Relays: cfg.Relays, Faults: map[string]int{}, Transactional: cfg.Transactional, Membership: cfg.Membership}
-	var fake *kfake.Cluster
-	if len(cfg.Brokers) == 0 {
-		c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.DefaultNumPartitions(partitions))
-		if err != nil {
-			return s, fmt.Errorf("chaos: start kfake: %w", err)
-		}
-		defer c.Close()
-		fake, cfg.Brokers, s.Broker = c, c.ListenAddrs(), "kfake"
+	fake, err := startKfake(&cfg.Brokers)
+	if err != nil {
+		return s, err
+	}
+	if fake != nil {
+		defer fake.Close()
+		s.Broker = "kfake"
 	}
 	d, err := CreateDatabase(ctx, cfg.Dialect, cfg.BaseDSN, cfg.Dir)
 	if err != nil {
 		return s, err
 	}
 	defer d.Drop(ctx)
-	clientDSN := d.DSN
+	clientDSN, relayDSN := d.DSN, d.RelayDSN
 	if cfg.PoolerDSN != "" {
 		if cfg.Dialect != Postgres {
 			return s, fmt.Errorf("chaos: RunConfig.PoolerDSN needs PostgreSQL, not %s", cfg.Dialect)
 		}
-		clientDSN = withPostgresParam(cfg.PoolerDSN, "dbname", d.name)
+		clientDSN = testenv.WithPostgresParam(cfg.PoolerDSN, "dbname", d.name)
+		relayDSN = clientDSN
 		s.Dialect += "+pooler"
 	}
-	topic := unique("chaos_run_")
+	topic := testenv.Unique("chaos_run_")
 	if err := CreateTopic(ctx, cfg.Brokers, topic, partitions); err != nil {
 		return s, err
 	}
@@ -253,29 +261,19 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 	consumer := startChecker(cctx, cfg.Transactional, cfg.Brokers, topic, partitions)
 	defer consumer.Wait()
 	defer cancelConsumer()
-
-	db, err := Open(cfg.Dialect, clientDSN, harnessAppName, writers+2)
+	db, err := openWriters(cfg.Dialect, clientDSN, writers+2)
 	if err != nil {
 		return s, err
 	}
 	defer closeGorm(db)
-	if err := db.Use(outbox.Plugin{}); err != nil {
-		return s, err
-	}
-
-	relayDSN := d.RelayDSN
-	if cfg.PoolerDSN != "" {
-		relayDSN = clientDSN
-	}
 	relays := &Relays{Bin: cfg.Bin, LogDir: cfg.Dir, Base: RelayConfig{
 		Dialect: cfg.Dialect, DSN: relayDSN, Brokers: cfg.Brokers,
 		LeaseDuration: leaseDuration, RenewInterval: renewInterval, PollInterval: pollInterval, BatchSize: batchSize,
 		TxnOutbox: txnOutbox(cfg.Transactional, topic),
 	}}
 	defer relays.StopAll(10 * time.Second)
-	pool := &relayPool{relays: relays}
-	for i := 0; i < cfg.Relays; i++ {
-		if err := pool.add(); err != nil {
+	for range cfg.Relays {
+		if err := relays.add(); err != nil {
 			return s, err
 		}
 	}
@@ -285,9 +283,7 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 	auditCtx, stopAudit := context.WithCancel(ctx)
 	var auditWG sync.WaitGroup
 	audits := 0 // owned by the auditor until auditWG.Wait
-	auditWG.Add(1)
-	go func() {
-		defer auditWG.Done()
+	auditWG.Go(func() {
 		reported := false
 		for auditCtx.Err() == nil {
 			if v, _, err := DualOwners(db.WithContext(auditCtx)); err == nil {
@@ -297,33 +293,18 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 					log.Error("chaos: a bucket had two live owners", "violations", v)
 				}
 			}
-			select {
-			case <-auditCtx.Done():
-			case <-time.After(250 * time.Millisecond):
-			}
+			sleepCtx(auditCtx, 250*time.Millisecond)
 		}
-	}()
+	})
 
-	// Writers.
-	led := &ledger{perKey: map[string][]string{}, doubt: map[string]bool{}, rolledBack: map[string]bool{}, committedAt: map[string]time.Time{}}
-	var wwg sync.WaitGroup
-	for w := 0; w < writers; w++ {
-		wwg.Add(1)
-		go func() {
-			defer wwg.Done()
-			write(ctx, db, topic, w, cfg, led)
-		}()
-	}
+	led := newLedger()
+	led.committedAt = map[string]time.Time{}
 	var poisonErr error
+	var poisoner func()
 	if !cfg.Membership {
-		wwg.Add(1)
-		go func() {
-			defer wwg.Done()
-			s.PoisonParked, s.PoisonRequeued, poisonErr = poison(ctx, db, topic, cfg, led)
-		}()
+		poisoner = func() { s.PoisonParked, s.PoisonRequeued, poisonErr = poison(ctx, db, topic, cfg, led) }
 	}
-	writersDone := make(chan struct{})
-	go func() { wwg.Wait(); close(writersDone) }()
+	writersDone := startWriters(ctx, db, topic, cfg, led, poisoner)
 
 	rng := rand.New(rand.NewPCG(uint64(cfg.Seed), 0xc4a05))
 	var changes []change
@@ -334,7 +315,7 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 		wctx, stopWatch := context.WithCancel(ctx)
 		watched := make(chan struct{})
 		go func() { watch.run(wctx); close(watched) }()
-		changes, membershipErr = changeMembership(ctx, pool, watch, rng, log)
+		changes, membershipErr = changeMembership(ctx, relays, watch, rng, log)
 		stopWatch()
 		<-watched
 		cfg.Faults = 0 // the changes were the run's faults
@@ -351,10 +332,7 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 	schedule := faultSchedule(rng, kinds, cfg.Faults)
 	var fwg sync.WaitGroup
 	for n := 0; n < cfg.Faults && ctx.Err() == nil; {
-		select {
-		case <-ctx.Done():
-		case <-time.After(interval):
-		}
+		sleepCtx(ctx, interval)
 		kind := schedule[n]
 		if kind == FaultDBKill {
 			k, err := d.KillClientSessions(ctx)
@@ -368,7 +346,7 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 			n++
 			continue
 		}
-		if inject(ctx, kind, rng, pool, fake, &fwg, log) {
+		if inject(ctx, kind, rng, relays, fake, &fwg, log) {
 			s.Faults[kind]++
 			n++
 		} else {
@@ -384,7 +362,7 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 	log.Info("chaos: faults over; draining", "faults", s.TotalFaults(), "poison_parked", s.PoisonParked, "poison_requeued", s.PoisonRequeued)
 
 	// Drain: the table empties and the checker sees every committed id.
-	s.Drained = drain(ctx, db, led, consumer, cfg.DrainTimeout)
+	s.Drained = drain(ctx, db, led, consumer, drainTimeout)
 	stopAudit()
 	auditWG.Wait()
 	s.LeaseAudits = audits
@@ -413,11 +391,8 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 	}
 	s.RelayStoreWarningsTotal = len(warns)
 	for _, at := range warns {
-		for _, k := range s.DBKills {
-			if !at.Before(k.At) && at.Before(k.At.Add(k.Took+dbKillEcho)) {
-				s.RelayStoreWarnings++
-				break
-			}
+		if slices.ContainsFunc(s.DBKills, func(k DBKill) bool { return k.echoed(at) }) {
+			s.RelayStoreWarnings++
 		}
 	}
 	s.Took = time.Since(start)
@@ -425,6 +400,21 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 		return s, err
 	}
 	return s, ctx.Err()
+}
+
+// startWriters starts the writers, and extra when not nil, and returns a
+// channel closed when they are done.
+func startWriters(ctx context.Context, db *gorm.DB, topic string, cfg RunConfig, led *ledger, extra func()) <-chan struct{} {
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Go(func() { write(ctx, db, topic, w, cfg, led) })
+	}
+	if extra != nil {
+		wg.Go(extra)
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	return done
 }
 
 // write is one writer: it owns its keys (so their writes are serialised)
@@ -503,53 +493,6 @@ func write(ctx context.Context, db *gorm.DB, topic string, w int, cfg RunConfig,
 	}
 }
 
-// relayPool keeps the relay processes of a run: the live ones a fault may
-// pick, and the replacements of stopped ones.
-type relayPool struct {
-	relays *Relays
-	mu     sync.Mutex
-	live   []*Proc // not paused, not stopping
-	next   int
-}
-
-func (p *relayPool) add() error {
-	pr, err := p.start("relay")
-	if err != nil {
-		return err
-	}
-	p.give(pr)
-	return nil
-}
-
-// start starts a relay named prefix-N with extra environment (see
-// Relays.Start), outside the live pool (give adds it).
-func (p *relayPool) start(prefix string, env ...string) (*Proc, error) {
-	p.mu.Lock()
-	p.next++
-	id := fmt.Sprintf("%s-%d", prefix, p.next)
-	p.mu.Unlock()
-	return p.relays.Start(id, env...)
-}
-
-// take removes a random live relay from the pool, or returns nil.
-func (p *relayPool) take(rng *rand.Rand) *Proc {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if len(p.live) == 0 {
-		return nil
-	}
-	i := rng.IntN(len(p.live))
-	pr := p.live[i]
-	p.live = append(p.live[:i], p.live[i+1:]...)
-	return pr
-}
-
-func (p *relayPool) give(pr *Proc) {
-	p.mu.Lock()
-	p.live = append(p.live, pr)
-	p.mu.Unlock()
-}
-
 // faultSchedule returns n fault kinds in random order: every kind at least
 // once when n allows it (so that a short run still has each fault), the
 // rest drawn at random.
@@ -564,6 +507,11 @@ func faultSchedule(rng *rand.Rand, kinds []string, n int) []string {
 	}
 	rng.Shuffle(len(s), func(i, j int) { s[i], s[j] = s[j], s[i] })
 	return s
+}
+
+// echoed reports whether at falls within the fault or dbKillEcho after it.
+func (k DBKill) echoed(at time.Time) bool {
+	return !at.Before(k.At) && at.Before(k.At.Add(k.Took+dbKillEcho))
 }
 
 // dbKillEcho is how long after a database-kill fault a relay's WARN still
@@ -588,72 +536,48 @@ var storeWarnMessages = []string{
 // relay children's logs (dir/relay-*.log, slog's text format).
 func storeWarnings(dir string) ([]time.Time, error) {
 	files, err := filepath.Glob(filepath.Join(dir, "relay-*.log"))
-	if err != nil {
-		return nil, err
-	}
 	var at []time.Time
 	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			return nil, err
-		}
-		for _, line := range strings.Split(string(b), "\n") {
-			if !strings.HasPrefix(line, "time=") || !strings.Contains(line, " level=WARN ") {
-				continue
-			}
-			for _, m := range storeWarnMessages {
-				if strings.Contains(line, m) {
-					ts, _, _ := strings.Cut(strings.TrimPrefix(line, "time="), " ")
-					if t, err := time.Parse(time.RFC3339Nano, ts); err == nil {
-						at = append(at, t)
-					}
-					break
-				}
+		for _, l := range readLines(f) {
+			t, ok := lineTime(l)
+			if ok && strings.Contains(l, " level=WARN ") && slices.ContainsFunc(storeWarnMessages, func(m string) bool { return strings.Contains(l, m) }) {
+				at = append(at, t)
 			}
 		}
 	}
-	return at, nil
+	return at, err
 }
 
 // inject injects one fault of kind (a process or broker fault) and reports
 // whether it was injected. Process faults finish in the background (tracked
 // by wg).
-func inject(ctx context.Context, kind string, rng *rand.Rand, pool *relayPool, fake *kfake.Cluster, wg *sync.WaitGroup, log *slog.Logger) bool {
+func inject(ctx context.Context, kind string, rng *rand.Rand, relays *Relays, fake *kfake.Cluster, wg *sync.WaitGroup, log *slog.Logger) bool {
 	log.Info("chaos: fault", "kind", kind)
 	switch kind {
 	case FaultKill, FaultTerm, FaultPause:
-		pr := pool.take(rng)
+		pr := relays.set.take(rng.IntN)
 		if pr == nil {
 			return false
 		}
 		pause := leaseDuration + time.Second + time.Duration(rng.Int64N(int64(time.Second))) // rng stays on this goroutine
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			switch kind {
 			case FaultKill:
-				pr.Signal(syscall.SIGKILL)
-				<-pr.Done()
+				pr.Kill()
 				time.Sleep(300 * time.Millisecond)
 			case FaultTerm:
-				pr.Signal(syscall.SIGTERM)
-				select {
-				case <-pr.Done():
-				case <-time.After(15 * time.Second):
-					pr.Signal(syscall.SIGKILL)
-					<-pr.Done()
-				}
+				pr.Stop(15 * time.Second)
 			case FaultPause:
 				pr.Signal(syscall.SIGSTOP)
 				time.Sleep(pause)
 				pr.Signal(syscall.SIGCONT)
-				pool.give(pr)
+				relays.set.give(pr)
 				return
 			}
-			if err := pool.add(); err != nil {
+			if err := relays.add(); err != nil {
 				log.Error("chaos: restart relay", "error", err)
 			}
-		}()
+		})
 		return true
 	case FaultProduce:
 		fake.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {

@@ -3,9 +3,9 @@ package chaos
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
+	"github.com/gorm-outbox/outbox/kafkapub"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -71,15 +71,11 @@ func StartCommittedConsumer(ctx context.Context, brokers []string, topic string,
 				}
 				rec := Record{Key: string(m.Key), Keyless: m.Key == nil, Partition: p, Offset: m.Offset, Produced: m.Timestamp, Received: time.Now()}
 				for _, h := range m.Headers {
-					if h.Key == "x-outbox-message-id" {
+					if h.Key == kafkapub.DefaultMessageIDHeader {
 						rec.ID = string(h.Value)
 					}
 				}
-				c.mu.Lock()
-				c.parts[p] = append(c.parts[p], rec)
-				c.ids[rec.ID]++
-				c.total++
-				c.mu.Unlock()
+				c.add(rec)
 			})
 		}
 	}()
@@ -87,63 +83,29 @@ func StartCommittedConsumer(ctx context.Context, brokers []string, topic string,
 }
 
 // RawOrderViolations counts, per key, the adjacent inversions of commit
-// order in the records as consumed, every copy included: what a consumer
-// that does not deduplicate sees. perKey holds each key's committed ids in
-// commit order. A batch published again (a relay stopped between the
-// broker's acknowledgement and its delete) counts, as its first record
-// follows later ones.
+// order (perKey) in the records as consumed, every copy included: what a
+// consumer that does not deduplicate sees.
 func (c *Consumer) RawOrderViolations(perKey map[string][]string) int {
 	parts, _, _ := c.Snapshot()
-	rank := map[string]int{}
-	for _, ids := range perKey {
-		for i, id := range ids {
-			rank[id] = i
-		}
-	}
-	n := 0
-	last := map[string]int{}
-	for _, p := range parts {
-		for _, r := range p {
-			k, ok := rank[r.ID]
-			if r.Keyless || !ok {
-				continue
-			}
-			if prev, ok := last[r.Key]; ok && k < prev {
-				n++
-			}
-			last[r.Key] = k
-		}
-	}
-	return n
+	return orderViolations(parts, perKey, false)
 }
 
 // UnexplainedOrderViolations counts, per key, the order violations
 // without deduplication that a batch published again does not explain.
-// Fenced publishing allows exactly one such case: a relay stopped between
-// its Kafka commit and its delete leaves the batch's rows in the table, and
-// the bucket's next owner publishes them again, from the first undeleted
-// row on, in commit order, before any newer row of the key (a bucket's
-// rows are deleted in batch order, so every copied row up to the newest
-// one delivered is still there). So a copy may restart a key's sequence at
-// an earlier row, and the copies must then run on consecutively up to the
-// newest row delivered before a first copy of any newer row arrives, or
-// before the records end. Anything else is a late record that fencing
-// should have kept from a read_committed consumer: a first copy arriving
-// while a restarted run is incomplete, a restarted run that skips a row,
-// or one that never completes. perKey holds each key's committed ids in
-// commit order; ids outside it (rolled back, in doubt) are ignored.
+// Fenced publishing allows one: a relay stopped between its Kafka commit
+// and its delete leaves the batch's rows, and the bucket's next owner
+// publishes them again from the first undeleted row, in commit order,
+// before any newer row of the key. So a copy may restart a key's sequence
+// at an earlier row, and the copies must then run on consecutively up to
+// the newest row delivered before a first copy of a newer row arrives, or
+// the records end. Ids outside perKey (rolled back, in doubt) are ignored.
 func (c *Consumer) UnexplainedOrderViolations(perKey map[string][]string) int {
 	parts, _, _ := c.Snapshot()
 	return unexplainedOrderViolations(parts, perKey)
 }
 
 func unexplainedOrderViolations(parts [][]Record, perKey map[string][]string) int {
-	rank := map[string]int{}
-	for _, ids := range perKey {
-		for i, id := range ids {
-			rank[id] = i
-		}
-	}
+	rank := ranks(perKey)
 	type keyState struct {
 		newest int          // rank of the newest row delivered
 		next   int          // rank the restarted run must deliver next; -1: none
@@ -197,21 +159,4 @@ func (s Summary) txnSummary() string {
 		return ""
 	}
 	return fmt.Sprintf(" transactional isolation=read_committed raw_order_violations=%d unexplained_order_violations=%d", s.RawOrderViolations, s.UnexplainedOrderViolations)
-}
-
-// FormatTxnMatrix renders rows of the transactional variant as a Markdown
-// table: FormatMatrix's columns plus the order violations without
-// deduplication, and those of them that no batch published again explains.
-func FormatTxnMatrix(rows []MatrixRow) string {
-	var b strings.Builder
-	b.WriteString("| step (failpoints) | recovery | messages | lost | duplicates | order violations (dedup) | order violations (no dedup) | unexplained | delivery resumed after |\n")
-	b.WriteString("|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
-	for _, r := range rows {
-		resumed := "— (nothing left)"
-		if r.Resumed >= 0 {
-			resumed = r.Resumed.Round(10 * time.Millisecond).String()
-		}
-		fmt.Fprintf(&b, "| %s (`%s`) | %s | %d | %d | %d | %d | %d | %d | %s |\n", r.Step, r.Failpoints, r.Mode, r.Messages, r.Lost, r.Duplicates, r.OrderViolations, r.RawOrderViolations, r.UnexplainedOrderViolations, resumed)
-	}
-	return b.String()
 }

@@ -40,8 +40,8 @@ func TestCrashMatrixTransactional(t *testing.T) {
 	dsn := postgresDSN(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	rows, err := chaos.CrashMatrix(ctx, chaos.MatrixConfig{Bin: bin, Dialect: chaos.Postgres, BaseDSN: dsn, Brokers: brokers, Dir: t.TempDir(), Messages: 2000, Transactional: true})
-	t.Logf("transactional crash matrix (postgres):\n%s", chaos.FormatTxnMatrix(rows))
+	rows, err := chaos.CrashMatrix(ctx, chaos.MatrixConfig{Env: chaos.Env{Bin: bin, Dialect: chaos.Postgres, BaseDSN: dsn, Brokers: brokers, Dir: t.TempDir()}, Messages: 2000, Transactional: true})
+	t.Logf("transactional crash matrix (postgres):\n%s", chaos.FormatMatrix(rows, true))
 	if err != nil {
 		t.Fatalf("CrashMatrix: %v", err)
 	}
@@ -69,7 +69,7 @@ func TestChaosRunTransactional(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	s, err := chaos.Run(ctx, chaos.RunConfig{
-		Bin: bin, Dialect: chaos.Postgres, BaseDSN: dsn, Brokers: brokers, Dir: t.TempDir(),
+		Env:      chaos.Env{Bin: bin, Dialect: chaos.Postgres, BaseDSN: dsn, Brokers: brokers, Dir: t.TempDir()},
 		Messages: 20000, Relays: 3, Faults: 24, WriteFor: 75 * time.Second, Seed: time.Now().UnixNano(), Transactional: true,
 	})
 	t.Log(s)

@@ -1,17 +1,13 @@
 // Command cireport reads the `go test -json` event files that .ci/run's
 // phases write through gotestsum (which reruns a failed test once, alone)
-// and prints what a reader of CI's log needs at the end: the tests that
-// failed and passed on their rerun (flaky: each one is a defect to fix),
-// with the package and the first failure's message; the tests that failed
-// twice; and the plain closing line "ci: N passed, N failed, N skipped".
-//
-// Usage:
+// and prints, at the end of CI's log, the tests that passed only on their
+// rerun (flaky: each a defect to fix) with their first failure, the tests
+// that failed twice, and the line "ci: N passed, N failed, N skipped".
 //
 //	go run ./cmd/internal/cireport PHASE=FILE [PHASE=FILE ...]
 //
-// A file that does not exist counts as a phase that ran no test. The
-// command reports; it always exits 0 when it could read its files (the
-// phases' exit codes decide CI).
+// A missing file is a phase that ran no test. It exits 0 once it could
+// read its files: the phases' exit codes decide CI.
 package main
 
 import (
@@ -24,6 +20,7 @@ import (
 	"io/fs"
 	"os"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -61,17 +58,6 @@ type testResult struct {
 	phase, pkg, name string
 	outcomes         []string // pass, fail or skip, in the order they came
 	firstOutput      []string // what the test printed up to its first outcome
-}
-
-func (t *testResult) final() string { return t.outcomes[len(t.outcomes)-1] }
-
-func (t *testResult) failedOnce() bool {
-	for _, o := range t.outcomes {
-		if o == "fail" {
-			return true
-		}
-	}
-	return false
 }
 
 // report is what the phases' files say.
@@ -155,10 +141,10 @@ func (r *report) add(tests []*testResult, pkgs map[string]string) {
 		if len(t.outcomes) == 0 {
 			continue // started, never ended: its package's failure says why
 		}
-		switch t.final() {
+		switch t.outcomes[len(t.outcomes)-1] {
 		case "pass":
 			r.passed++
-			if t.failedOnce() {
+			if slices.Contains(t.outcomes, "fail") {
 				flaky = append(flaky, t)
 			}
 		case "fail":
@@ -187,14 +173,7 @@ func (r *report) add(tests []*testResult, pkgs map[string]string) {
 func leaves(ts []*testResult) []*testResult {
 	var out []*testResult
 	for _, t := range ts {
-		parent := false
-		for _, u := range ts {
-			if u.pkg == t.pkg && strings.HasPrefix(u.name, t.name+"/") {
-				parent = true
-				break
-			}
-		}
-		if !parent {
+		if !slices.ContainsFunc(ts, func(u *testResult) bool { return u.pkg == t.pkg && strings.HasPrefix(u.name, t.name+"/") }) {
 			out = append(out, t)
 		}
 	}
