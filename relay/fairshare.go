@@ -1,6 +1,10 @@
 package relay
 
-import "sort"
+import (
+	"maps"
+	"slices"
+	"sort"
+)
 
 // Shares divides bucketCount buckets among the active relays; held maps
 // each (the caller included) to the unexpired leases it holds. Every relay
@@ -38,4 +42,14 @@ func Shares(bucketCount int, held map[string]int) map[string]int {
 		}
 	}
 	return out
+}
+
+// ClaimStart is where relayID starts claiming free buckets among
+// bucketCount: the relays counted in a round (held, as for Shares) each
+// start at another point, so that relays starting together claim
+// different buckets rather than collide on the lowest ones.
+func ClaimStart(bucketCount int, relayID string, held map[string]int) int {
+	ids := slices.Sorted(maps.Keys(held))
+	i, _ := slices.BinarySearch(ids, relayID)
+	return i * bucketCount / max(len(ids), 1)
 }

@@ -9,13 +9,6 @@ import (
 	"time"
 )
 
-// ErrPublisherAuth is wrapped by a publish error when the broker rejected
-// the publisher's credentials, which no retry of a row can cure (kafkapub
-// wraps it for SASL failures; a custom Publisher may too). Health reports
-// it until a publish is acknowledged again; a broker certificate that does
-// not verify (crypto/tls, crypto/x509 errors) counts too, without it.
-var ErrPublisherAuth = errors.New("the broker rejected the publisher's credentials")
-
 // errNoCycle is Health's answer between the start of Run and the end of its
 // first cycle.
 var errNoCycle = errors.New("relay: no cycle completed yet")

@@ -136,7 +136,7 @@ func (r *Relay) setLeases(st *runState, buckets []int, validUntil time.Time) {
 	}
 	for _, b := range old {
 		if !containsSorted(buckets, b) {
-			st.forget(b)
+			st.b[b].forget()
 		}
 	}
 	r.noteStuck(st)

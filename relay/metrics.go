@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"errors"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -313,4 +314,44 @@ func (r *Relay) backlogLooksDrained() {
 func (r *Relay) ownsBucketZero() bool {
 	until := r.zeroUntil.Load()
 	return until != 0 && r.clock.Now().UnixNano() < until
+}
+
+// inflightPublishes keeps Relay.publishSince at the start of the oldest
+// Publish call in flight, for the stalled gauge.
+type inflightPublishes struct {
+	mu     sync.Mutex
+	next   uint64
+	starts map[uint64]time.Time
+}
+
+// begin records a publish started at start and returns its token for end.
+func (p *inflightPublishes) begin(r *Relay, start time.Time) uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.starts == nil {
+		p.starts = map[uint64]time.Time{}
+	}
+	p.next++
+	p.starts[p.next] = start
+	p.store(r)
+	return p.next
+}
+
+// end forgets the publish of token.
+func (p *inflightPublishes) end(r *Relay, token uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.starts, token)
+	p.store(r)
+}
+
+// store stores the oldest start (UnixNano; 0: none) in r.publishSince.
+func (p *inflightPublishes) store(r *Relay) {
+	var oldest int64
+	for _, t := range p.starts {
+		if n := t.UnixNano(); oldest == 0 || n < oldest {
+			oldest = n
+		}
+	}
+	r.publishSince.Store(oldest)
 }

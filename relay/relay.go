@@ -7,14 +7,12 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
-	"maps"
 	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/gorm-outbox/outbox"
 	fp "github.com/gorm-outbox/outbox/internal/failpoint"
 	"github.com/gorm-outbox/outbox/internal/logrepeat"
 )
@@ -136,7 +134,7 @@ func (r *Relay) Notifier() *Notifier {
 
 // runState is the state of one Run, owned by its goroutine; the lease set
 // is shared with the renewal goroutine, and b[i] with the sweep's worker
-// serving bucket i, while it runs (retry is written under mu only).
+// serving bucket i, while it runs.
 type runState struct {
 	lease         leaseSet
 	attempted     bool // an acquisition was attempted: release on stop
@@ -152,60 +150,21 @@ type runState struct {
 	acquireErr     error       // the latest acquisition's error, nil after a success
 	discoverErr    error       // the latest discovery's error, nil after a success
 
-	b []bucketState // per bucket, BucketCount of them
+	b []bucket // BucketCount of them
 
-	serving int // workers of a concurrent sweep running; read and written by the loop only
+	serving int // workers of a sweep running; the loop's goroutine only
 
-	mu       sync.Mutex       // guards writes to bucketState.retry, retrying and deleting
-	retrying map[int]struct{} // the buckets whose retry is set: noteStuck reads these, not all BucketCount slots, per batch
-	deleting map[int]struct{} // the buckets whose delete runs (bucketState.deleting): the sweep awaits these at its end
+	mu       sync.Mutex       // guards bucket.retry, retrying and deleting
+	retrying map[int]struct{} // the buckets whose retry is set
+	deleting map[int]struct{} // the buckets whose delete runs: the sweep awaits these at its end
 }
 
-// bucketState is what a Run knows of one bucket.
-type bucketState struct {
-	ready    bool              // it may hold pending rows: serve it
-	alone    bool              // served alone next: its group's fetch or delete failed
-	share    int               // rows its next batch takes in a group: 0 an equal share; doubled by a batch its limit or bytes cut, up to BatchSize: served alone
-	unmarked []*outbox.Message // acknowledged rows whose MarkPublished failed: deleted before the next fetch
-	strikes  *strike           // its head row's strikes (see strike)
-	retry    *headRetry        // its head row's backoff; nil: none (written under runState.mu)
-	deleting *pendingDelete    // the delete of its latest acknowledged rows, running; nil: none
-}
-
-func newRunState(buckets int) *runState {
-	return &runState{b: make([]bucketState, buckets), retrying: map[int]struct{}{}, deleting: map[int]struct{}{}}
-}
-
-// forget drops what the Run knows of bucket b, no longer owned; its
-// acknowledged rows not yet deleted are the next owner's to republish.
-func (st *runState) forget(b int) {
-	st.b[b].ready, st.b[b].unmarked = false, nil
-	st.settled(b)
-}
-
-// settled ends bucket b's backoff and its head row's strikes.
-func (st *runState) settled(b int) {
-	st.clearRetry(b)
-	st.b[b].strikes = nil
-}
-
-// clearRetry ends bucket b's backoff.
-func (st *runState) clearRetry(b int) {
-	st.mu.Lock()
-	st.b[b].retry = nil
-	delete(st.retrying, b)
-	st.mu.Unlock()
-}
-
-// headRetry is the backoff of a bucket whose head row failed to publish or
-// whose own store call failed: it is retried alone, not before notBefore;
-// since is when the first of these consecutive failures happened.
-type headRetry struct {
-	attempts  int
-	notBefore time.Time
-	since     time.Time
-	storeErr  error // the latest failure was this store error; nil: a publish failure
-	published bool  // a publish of the head row failed (see publishFailing)
+func (r *Relay) newRunState() *runState {
+	st := &runState{b: make([]bucket, r.opts.BucketCount), retrying: map[int]struct{}{}, deleting: map[int]struct{}{}}
+	for i := range st.b {
+		st.b[i] = bucket{id: i, r: r, st: st}
+	}
+	return st
 }
 
 // errStore marks a store error that the loop backs off from: every bucket
@@ -214,13 +173,6 @@ type errStore struct{ err error }
 
 func (e errStore) Error() string { return e.err.Error() }
 func (e errStore) Unwrap() error { return e.err }
-
-// errBucket marks a store error of one bucket (NextBatches, MarkPublished,
-// Park): that bucket alone backs off (bucketFailed).
-type errBucket struct{ err error }
-
-func (e errBucket) Error() string { return e.err.Error() }
-func (e errBucket) Unwrap() error { return e.err }
 
 // Run publishes until ctx is done, then stops: it awaits the in-flight
 // publishes (records cannot be retracted), deletes their acknowledged
@@ -296,7 +248,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	r.pubFail.Store(nil)
 	r.unowned.Store(-1)
 	r.unownedSince.Store(0)
-	st := newRunState(r.opts.BucketCount)
+	st := r.newRunState()
 	st.nextRebalance = r.clock.Now()
 	r.phase.Store(phaseWorking)
 	// The renewal goroutine keeps the leases while a stop awaits the
@@ -466,302 +418,6 @@ func (r *Relay) checkClockOffset() {
 	}
 }
 
-// sweepable reports whether bucket b is ready, not waiting out a head-row
-// backoff.
-func (r *Relay) sweepable(st *runState, b int) bool {
-	if !st.b[b].ready {
-		return false
-	}
-	hr := st.b[b].retry
-	return hr == nil || !r.clock.Now().Before(hr.notBefore)
-}
-
-// fetched is a bucket's batch, ready to publish.
-type fetched struct {
-	rows    []*outbox.Message
-	drained bool // nothing is left behind it, and no head row was retried
-	took    time.Duration
-}
-
-// fetchRequest readies bucket b's fetch of up to limit rows and maxBytes:
-// it deletes again the rows whose delete failed, and returns the request
-// (nil: b is no longer owned), which leaves out the rows of b's previous
-// batch whose delete still runs. A bucket retrying its head row fetches it
-// alone.
-func (r *Relay) fetchRequest(ctx, cleanup context.Context, st *runState, b, limit int, maxBytes int64) (*BatchRequest, error) {
-	if st.b[b].retry != nil {
-		limit = 1
-	}
-	excl := r.deletingRows(ctx, st, b)
-	if done := st.b[b].unmarked; done != nil {
-		if !r.ownsBucket(st, b) {
-			st.b[b].unmarked = nil
-			return nil, nil
-		}
-		if err := r.store.MarkPublished(cleanup, done); err != nil {
-			return nil, errBucket{fmt.Errorf("relay: bucket %d: mark published (again): %w", b, err)}
-		}
-		st.b[b].unmarked = nil
-	}
-	return &BatchRequest{Buckets: []int{b}, Limit: limit, MaxBytes: maxBytes, Exclude: excl}, nil
-}
-
-// fetched makes the answer to req, read in took, bucket b's batch, bounded
-// by the request's bytes; nil when there is nothing to publish. It parks a
-// corrupt head row.
-func (r *Relay) fetched(ctx context.Context, st *runState, req BatchRequest, batch []*outbox.Message, err error, took time.Duration) (*fetched, error) {
-	b := req.Buckets[0]
-	full := len(batch) >= req.Limit // the bucket may hold more rows
-	st.b[b].alone = false
-	r.deepen(st, b, req.Limit, full)
-	batch = without(batch, req.Exclude)
-	ce, next := (*CorruptRowError)(nil), false
-	switch {
-	case errors.As(err, &ce) && len(batch) == 0:
-		return nil, r.parkCorrupt(ctx, st, b, ce)
-	case ce != nil:
-		next = true // the corrupt row is b's next head
-	case err != nil:
-		return nil, errBucket{fmt.Errorf("relay: bucket %d: next batch: %w", b, err)}
-	}
-	if len(batch) == 0 {
-		// Nothing behind the rows left out. Full, it was a store returning
-		// them anyway: b stays ready, and is fetched again.
-		st.b[b].ready = full
-		st.settled(b)
-		return nil, nil
-	}
-	batch, over := trimToBytes(batch, req.MaxBytes)
-	failpoint("relay/after-fetch")
-	retried := st.b[b].retry != nil
-	r.deepen(st, b, req.Limit, full || over)
-	return &fetched{rows: batch, drained: !retried && !full && !over && !next, took: took}, nil
-}
-
-// settle acts on the outcome of publishing f: it records it, adds the
-// acknowledged prefix to the group's delete (del), and on a failure backs
-// the bucket off, strikes its head row (see strike; only served alone) or
-// drops it (ErrFenced).
-func (r *Relay) settle(ctx context.Context, st *runState, b int, f *fetched, res Result, took time.Duration, del *groupDelete, alone bool) error {
-	pub := f.rows
-	ack := min(max(res.Acknowledged, 0), len(pub))
-	if ack > 0 {
-		r.m.acked.Add(context.Background(), int64(ack), r.m.attrs)
-	}
-	failed := res.Err != nil && ack < len(pub)
-	stopped := ctx.Err() != nil && errors.Is(res.Err, context.Canceled)
-	if failed && !stopped {
-		r.m.failures.Add(context.Background(), 1, r.m.attrs)
-	}
-	r.recordPublishHealth(res.Err, ack, failed, stopped, r.clock.Now().Add(-took))
-	var fatal error
-	if r.opts.MaxPublishDuration > 0 && took > r.opts.MaxPublishDuration {
-		fatal = fmt.Errorf("relay: bucket %d: publish took %v, more than Options.MaxPublishDuration %v: %w", b, took, r.opts.MaxPublishDuration, ErrMisconfigured)
-	}
-	if ack > 0 {
-		if !r.ownsBucket(st, b) {
-			return fatal // a peer may own the rows now: mark nothing
-		}
-		// One delete of b runs at a time: a crash republishes at most the
-		// batch being deleted and the one in flight.
-		if err := r.settleDelete(ctx, st, b); err != nil {
-			st.b[b].unmarked = append(st.b[b].unmarked, pub[:ack]...)
-			return cmp.Or(fatal, error(errBucket{err}))
-		}
-		del.add(b, pub[:ack])
-	}
-	switch {
-	case fatal != nil:
-		return fatal
-	case failed && ctx.Err() != nil:
-		return nil
-	case failed && errors.Is(res.Err, ErrFenced):
-		// Not the row's fault (no strike, no backoff): the loop drops b.
-		return errBucket{&errFencedBucket{res.Err}}
-	case failed:
-		if alone {
-			if parked, err := r.strike(ctx, st, b, pub, ack, res.Err); parked || err != nil {
-				return err
-			}
-		}
-		hr, wait := r.retryLater(st, b, nil, true)
-		r.repeats.Log(ctx, r.log, r.clock.Now(), "publish", "publish failed; retrying the head row alone", res.Err, "bucket", b, "acknowledged", ack, "batch", len(pub), "attempt", hr.attempts, "backoff", wait)
-		return nil
-	}
-	st.settled(b)
-	r.logRecovered(ctx, st)
-	if f.drained {
-		st.b[b].ready = false // a hint or discovery brings it back
-	}
-	return nil
-}
-
-// pendingDelete is a bucket's part of a running delete of acknowledged
-// rows (its group's MarkPublished), running beside the bucket's next fetch
-// and publish.
-type pendingDelete struct {
-	rows []*outbox.Message // the bucket's
-	*deleteCall
-}
-
-// deleteCall is one running delete.
-type deleteCall struct {
-	done  chan struct{} // closed when the delete returned
-	err   error
-	group bool // of several buckets
-}
-
-// startDelete deletes the acknowledged rows of buckets (rows[i] those of
-// buckets[i]) on a goroutine of its own, in one call for them all, and
-// calls logBatch with its duration when DEBUG is on. One runs per bucket at
-// most (settleDelete), cap(deletes) in all; the sweep awaits them
-// (awaitDeletes).
-func (r *Relay) startDelete(ctx, cleanup context.Context, st *runState, buckets []int, rows [][]*outbox.Message, logBatch func(time.Duration)) {
-	call := &deleteCall{done: make(chan struct{}), group: len(buckets) > 1}
-	for i, b := range buckets {
-		st.b[b].deleting = &pendingDelete{rows: rows[i], deleteCall: call}
-		st.mu.Lock()
-		st.deleting[b] = struct{}{}
-		st.mu.Unlock()
-	}
-	r.deletes <- struct{}{}
-	go func() {
-		defer func() { <-r.deletes; close(call.done) }()
-		failpoint("relay/during-delete")
-		start := r.clock.Now()
-		call.err = r.store.MarkPublished(cleanup, slices.Concat(rows...))
-		if call.err == nil && r.log.Enabled(ctx, slog.LevelDebug) {
-			logBatch(r.clock.Now().Sub(start))
-		}
-	}()
-}
-
-// deletingRows returns the rows of bucket b whose delete still runs, for
-// its next fetch to leave out; nil when none runs (a finished one is
-// settled: see settleDelete).
-func (r *Relay) deletingRows(ctx context.Context, st *runState, b int) []*outbox.Message {
-	d := st.b[b].deleting
-	if d == nil {
-		return nil
-	}
-	select {
-	case <-d.done:
-		_ = r.settleDelete(ctx, st, b) // a failed one's rows are deleted again before the fetch
-		return nil
-	default:
-		return d.rows
-	}
-}
-
-// settleDelete waits for bucket b's running delete, if any, and forgets it.
-// A failed one leaves its rows to delete again before b's next fetch
-// (unmarked) and returns its error; during a stop it is logged instead.
-func (r *Relay) settleDelete(ctx context.Context, st *runState, b int) error {
-	d := st.b[b].deleting
-	if d == nil {
-		return nil
-	}
-	<-d.done
-	st.b[b].deleting = nil
-	st.mu.Lock()
-	delete(st.deleting, b)
-	st.mu.Unlock()
-	switch {
-	case d.err == nil:
-		return nil
-	case ctx.Err() != nil:
-		r.log.WarnContext(ctx, "mark published failed during the stop; the next owner republishes the rows", "bucket", b, "rows", len(d.rows), "error", d.err)
-		return nil
-	case !r.ownsBucket(st, b):
-		return nil // the next owner republishes them
-	}
-	st.b[b].unmarked = append(st.b[b].unmarked, d.rows...)
-	if d.group { // whose fault is not known: b deletes its rows alone next, at once
-		st.b[b].alone, st.b[b].ready = true, true
-		return nil
-	}
-	return fmt.Errorf("relay: bucket %d: mark published: %w", b, d.err)
-}
-
-// awaitDeletes settles every running delete once a sweep's workers have
-// returned; a bucket whose delete failed backs off (bucketFailed).
-func (r *Relay) awaitDeletes(ctx context.Context, st *runState) {
-	st.mu.Lock()
-	bs := slices.Collect(maps.Keys(st.deleting))
-	st.mu.Unlock()
-	for _, b := range bs {
-		if err := r.settleDelete(ctx, st, b); err != nil {
-			r.bucketFailed(st, b, err)
-			st.b[b].ready = true
-		}
-	}
-}
-
-// without returns batch without the rows of excl (by id), in order.
-func without(batch, excl []*outbox.Message) []*outbox.Message {
-	if len(excl) == 0 {
-		return batch
-	}
-	ids := make(map[int64]struct{}, len(excl))
-	for _, m := range excl {
-		ids[m.ID] = struct{}{}
-	}
-	return slices.DeleteFunc(batch, func(m *outbox.Message) bool {
-		_, ok := ids[m.ID]
-		return ok
-	})
-}
-
-// batchSize is the total MessageSize of rows.
-func batchSize(rows []*outbox.Message) int64 {
-	var n int64
-	for _, m := range rows {
-		n += MessageSize(m)
-	}
-	return n
-}
-
-// retryLater records one more failure of bucket b's head row, a store
-// error (storeErr) or a failed publish (storeErr nil, published), and
-// returns the bucket's backoff state and its new wait.
-func (r *Relay) retryLater(st *runState, b int, storeErr error, published bool) (*headRetry, time.Duration) {
-	now := r.clock.Now()
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	hr := st.b[b].retry
-	if hr == nil {
-		hr = &headRetry{since: now}
-		st.b[b].retry = hr
-		st.retrying[b] = struct{}{}
-	}
-	hr.attempts++
-	wait := r.backoff(hr.attempts)
-	hr.notBefore = now.Add(wait)
-	hr.storeErr = storeErr
-	hr.published = hr.published || published
-	return hr, wait
-}
-
-// bucketFailed handles a store error confined to bucket b: the bucket
-// backs off like a failing head row while the others go on, and Health does
-// not count it. A fenced publish or a lost lease drops the bucket instead
-// (dropFenced).
-func (r *Relay) bucketFailed(st *runState, b int, err error) {
-	if cur, _, _ := st.lease.snapshot(); !containsSorted(cur, b) {
-		return // lost meanwhile: its state is forgotten
-	}
-	if fb := (*errFencedBucket)(nil); errors.As(err, &fb) {
-		r.dropFenced(st, b, fb.err, true)
-		return
-	}
-	if errors.Is(err, ErrLeaseLost) {
-		r.dropFenced(st, b, err, false)
-		return
-	}
-	hr, wait := r.retryLater(st, b, err, false)
-	r.repeats.Log(context.Background(), r.log, r.clock.Now(), "bucket store", "bucket store error; backing off this bucket, the others go on", err, "bucket", b, "attempt", hr.attempts, "backoff", wait, "failing_for", r.clock.Now().Sub(hr.since))
-}
-
 // logRecovered, after a batch went through, logs the end of the failed
 // publishes and of the buckets' store errors (Limiter.LogRecovered) once no
 // bucket retries one: while one partition is down, the other buckets'
@@ -823,52 +479,6 @@ func (r *Relay) noteStuck(st *runState) {
 	} else {
 		r.stuckSince.Store(oldest.UnixNano())
 	}
-}
-
-// publish publishes batches, each a bucket's, in one call of the publisher
-// on cleanup: records cannot be retracted, so a stop awaits it, up to the
-// stop budget; results[i] is batches[i]'s.
-func (r *Relay) publish(cleanup context.Context, batches [][]*outbox.Message) (results []Result, took time.Duration) {
-	start := r.clock.Now()
-	token := r.inflight.begin(r, start)
-	stopWarning := context.AfterFunc(cleanup, func() {
-		r.log.Warn("in-flight publish outlived the stop budget; cancelled", "stop_timeout", r.opts.StopTimeout)
-	})
-	results = r.callPublisher(cleanup, batches)
-	stopWarning()
-	r.inflight.end(r, token)
-	took = r.clock.Now().Sub(start)
-	r.m.publishDur.Record(context.Background(), took.Seconds(), r.m.attrs)
-	return results, took
-}
-
-func (r *Relay) callPublisher(ctx context.Context, batches [][]*outbox.Message) (results []Result) {
-	defer func() {
-		if p := recover(); p != nil {
-			results = make([]Result, len(batches))
-			for i := range results {
-				results[i] = Result{Err: fmt.Errorf("relay: publisher panicked: %v", p)}
-			}
-		}
-	}()
-	results = r.pub.Publish(ctx, batches)
-	if len(results) != len(batches) {
-		panic(fmt.Sprintf("Publish returned %d results for %d batches", len(results), len(batches)))
-	}
-	return results
-}
-
-// backoff returns the jittered exponential backoff of a head row's attempt:
-// ErrorBackoff doubling per attempt, capped at LeaseRenewInterval, then a
-// random value in [d/2, d].
-func (r *Relay) backoff(attempt int) time.Duration {
-	d := r.opts.ErrorBackoff
-	for i := 1; i < attempt && d < r.opts.LeaseRenewInterval; i++ {
-		d *= 2
-	}
-	d = min(d, r.opts.LeaseRenewInterval)
-	half := d / 2
-	return half + time.Duration(r.rng.Int64N(int64(d-half)+1))
 }
 
 // eligible reports whether an acquisition round is due or an owned ready
@@ -934,10 +544,6 @@ func earliest(a, b time.Time) time.Time {
 	}
 	return a
 }
-
-// discoveryRest is how many times its own duration a discovery slower than
-// a quarter of PollInterval waits before the next one (see cycle).
-const discoveryRest = 3
 
 func containsSorted(s []int, v int) bool {
 	_, ok := slices.BinarySearch(s, v)

@@ -2,8 +2,6 @@ package relay
 
 import (
 	"context"
-	"maps"
-	"slices"
 	"time"
 
 	"github.com/gorm-outbox/outbox"
@@ -129,16 +127,6 @@ type Fleet struct {
 	CanPark bool
 }
 
-// ClaimStart is where relayID starts claiming free buckets among
-// bucketCount: the relays counted in a round (held, as for Shares) each
-// start at another point, so that relays starting together claim
-// different buckets rather than collide on the lowest ones.
-func ClaimStart(bucketCount int, relayID string, held map[string]int) int {
-	ids := slices.Sorted(maps.Keys(held))
-	i, _ := slices.BinarySearch(ids, relayID)
-	return i * bucketCount / max(len(ids), 1)
-}
-
 // BatchRequest is one request of Store.NextBatches: up to Limit pending
 // messages of Buckets, oldest (lowest id, the submission order) first
 // across them, as if the rows of Exclude were gone. With MaxBytes > 0 the
@@ -181,39 +169,6 @@ type Pending struct {
 	// Parked is the number of parked rows; zero for a store that cannot
 	// park.
 	Parked int64
-}
-
-// Publisher sends batches of messages, each in order, and reports how many
-// of each the broker acknowledged.
-type Publisher interface {
-	// Publish sends batches (each the messages of one bucket, in submission
-	// order; the relay sends several shallow buckets' at once) and returns
-	// once every message is acknowledged, failed, or ctx is done: results[i]
-	// is batches[i]'s outcome. The relay deletes exactly each batch's
-	// acknowledged prefix (acks=all); a message sent but not acknowledged
-	// may still be delivered. A failure of one batch may leave another's
-	// later messages unsent (not acknowledged): that batch's error then
-	// says so.
-	Publish(ctx context.Context, batches [][]*outbox.Message) []Result
-
-	// OwnedBuckets tells the publisher the buckets its relay owns,
-	// ascending, after every acquisition round (an unchanged set included)
-	// and whenever the relay drops buckets (an empty set when it stops or
-	// its leases expire), never concurrently with itself nor with a Publish
-	// of a bucket that leaves the set. It must not block, nor modify or
-	// keep the slice. A publisher that does not need it (all but kafkapub's
-	// fenced mode, which initialises a producer per owned bucket) does
-	// nothing.
-	OwnedBuckets(buckets []int)
-}
-
-// Result is the outcome of one batch of Publisher.Publish.
-type Result struct {
-	// Acknowledged is the contiguous acknowledged prefix of the batch.
-	Acknowledged int
-	// Err is the error of the first unacknowledged message; nil if and only
-	// if the whole batch was acknowledged.
-	Err error
 }
 
 // ErrMisconfigured is wrapped by errors that no retry can fix: a relay or

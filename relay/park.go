@@ -1,16 +1,22 @@
-// The parking contract: unpublishable and corrupt rows, ParkPolicy, and the
-// operator's ParkAdmin. The engine's side is strikes.go.
+// Parking: the contract (unpublishable and corrupt rows, ParkPolicy, the
+// operator's ParkAdmin) and the relay's side, which counts a head row's
+// strikes and asks the store to park it.
 
 package relay
 
 import (
 	"bytes"
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/gorm-outbox/outbox"
 )
 
 // ErrUnpublishable is wrapped by a publish error that will recur for the
@@ -176,4 +182,144 @@ type ParkAdmin interface {
 	// DeleteParked deletes the chosen parked rows (never an unparked one)
 	// and returns how many it deleted.
 	DeleteParked(ctx context.Context, sel ParkedSelector) (int64, error)
+}
+
+// strike counts the consecutive failed single-row publishes of a bucket's
+// head row that the ParkPolicy counts.
+type strike struct {
+	id       int64 // the row
+	n        int
+	deferred bool // "parking deferred" was logged for this row
+}
+
+// parkCorrupt parks the bucket's undecodable head row alone, when the fleet
+// can park; the bucket then goes on at once. Otherwise the error is the
+// bucket's store error, as without parking.
+func (bk *bucket) parkCorrupt(ctx context.Context, ce *CorruptRowError) error {
+	cause := ce.Error()
+	if ce.Err != nil {
+		cause = ce.Err.Error()
+	}
+	reason := CorruptReasonPrefix + cause
+	parked, can, err := bk.park(ctx, ce.ID, reason)
+	switch {
+	case err != nil:
+		return err
+	case !can:
+		return bk.errorf("next batch: %w", ce) // a live relay predates parking: back off as before
+	case !parked:
+		return nil
+	}
+	bk.r.m.countParked(ParkReasonCorrupt, 1)
+	bk.r.log.WarnContext(ctx, "corrupt row parked; the rest of its bucket goes on", "bucket", bk.id, "id", ce.ID, "reason", reason)
+	bk.ready = true
+	return nil
+}
+
+// park parks row id with reason when the fleet can park and the relay owns
+// the bucket, and then ends its backoff and strikes. parked is false when
+// the relay may no longer act on the bucket; can is false when a live relay
+// predates parking (nothing parked).
+func (bk *bucket) park(ctx context.Context, id int64, reason string) (parked, can bool, err error) {
+	r := bk.r
+	if !bk.owned() {
+		return false, true, nil
+	}
+	if f, err := r.store.Fleet(ctx); err != nil || !f.CanPark {
+		if err != nil {
+			err = bk.errorf("can the fleet park: %w", err)
+		}
+		return false, f.CanPark, err
+	}
+	if !bk.owned() {
+		return false, true, nil
+	}
+	failpoint("relay/before-park")
+	if err := r.store.Park(ctx, r.opts.RelayID, bk.id, id, reason); err != nil {
+		return false, true, bk.errorf("park row %d: %w", id, err)
+	}
+	bk.settled()
+	return true, true, nil
+}
+
+// strikeCounts reports whether the policy counts a publish failure with err
+// towards parking.
+func (r *Relay) strikeCounts(err error) bool {
+	switch r.opts.ParkPolicy {
+	case ParkUnpublishable:
+		return errors.Is(err, ErrUnpublishable)
+	case ParkAnyFailure:
+		return true // a stop's cancellation never gets here
+	}
+	return false
+}
+
+// strike records a failed publish of batch whose first unacknowledged row
+// is batch[ack], and parks that row when it has failed alone ParkAfter
+// consecutive times in a way the policy counts and the fleet can park.
+// parked reports that the row was parked (or that the relay may no longer
+// act on the bucket): the caller must not back the bucket off.
+func (bk *bucket) strike(ctx context.Context, batch []*outbox.Message, ack int, pubErr error) (parked bool, err error) {
+	if len(batch) != 1 || ack != 0 {
+		return false, nil // only a row published alone is judged
+	}
+	r, row := bk.r, batch[0]
+	s := bk.strikes
+	if s == nil || s.id != row.ID {
+		s = &strike{id: row.ID}
+		bk.strikes = s
+	}
+	if !r.strikeCounts(pubErr) {
+		s.n = 0
+		return false, nil
+	}
+	s.n++
+	if s.n < r.opts.ParkAfter {
+		return false, nil
+	}
+	reason := pubErr.Error()
+	parked, can, err := bk.park(ctx, row.ID, reason)
+	switch {
+	case err != nil:
+		return false, err
+	case !can:
+		if !s.deferred {
+			s.deferred = true
+			r.log.WarnContext(ctx, "parking deferred: a live relay predates parking; retrying the row", "bucket", bk.id, "id", row.ID, "message_id", row.MessageID.String(), "topic", row.Topic, "attempts", s.n, "error", pubErr)
+		}
+		return false, nil
+	case !parked:
+		return true, nil
+	}
+	class := ParkReasonFailure
+	if errors.Is(pubErr, ErrUnpublishable) {
+		class = ParkReasonUnpublishable
+	}
+	r.m.countParked(class, 1)
+	r.log.WarnContext(ctx, "row parked; later rows of its key wait until it is requeued", "bucket", bk.id, "id", row.ID, "message_id", row.MessageID.String(), "topic", row.Topic, "key", printableKey(row.Key), "reason", reason, "attempts", s.n)
+	return true, nil
+}
+
+// maxLoggedKey is the longest key printed in a log line, in bytes of text.
+const maxLoggedKey = 64
+
+// printableKey renders a record key for a log line: as text when it is
+// printable UTF-8, else as hex, truncated to maxLoggedKey bytes with "…".
+func printableKey(k []byte) string {
+	if k == nil {
+		return "<nil>"
+	}
+	printable := utf8.Valid(k) && strings.IndexFunc(string(k), func(c rune) bool { return !unicode.IsPrint(c) }) < 0
+	s := string(k)
+	if !printable {
+		s = "0x" + hex.EncodeToString(k)
+	}
+	if len(s) > maxLoggedKey {
+		cut := maxLoggedKey
+		for cut > 0 && !utf8.RuneStart(s[cut]) {
+			cut--
+		}
+		s = s[:cut] + "…"
+	}
+	return s
 }

@@ -1,0 +1,324 @@
+package relay
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/gorm-outbox/outbox"
+)
+
+// maxGroup bounds the buckets of a group read by heads: its fetch, one
+// statement, reads at most maxGroup bucket heads.
+const maxGroup = 64
+
+// maxOrdered bounds the buckets of a group read in order: the relay's work
+// per fetch grows with them; beyond it a serialising store's groups are
+// read by heads.
+const maxOrdered = 1024
+
+// discoveryRest is how many times its own duration a discovery slower than
+// a quarter of PollInterval waits before the next one.
+const discoveryRest = 3
+
+// scheduler is one sweep's dispatch state: it hands the ready buckets,
+// round robin, to up to workers goroutines running serve, a group at a
+// time, and runs discovery and the fleet check beside them.
+type scheduler struct {
+	r           *Relay
+	st          *runState
+	ctx         context.Context
+	owned       []int
+	workers     int
+	running     int
+	discovering bool
+	checking    bool // a fleet check runs
+	fatal       error
+	busy        map[int]bool // buckets being served
+	hinted      map[int]bool // hinted while being served
+	queue       []int        // buckets to serve, in turn
+	queued      map[int]bool
+	firstPass   int // buckets servable at the start: each gets a batch first
+	dispatched  int
+	done        chan groupDone
+	found       chan discovered
+	fleet       chan int
+}
+
+// groupDone is the outcome of a worker's batches: errs[i] is buckets[i]'s.
+type groupDone struct {
+	buckets []int
+	errs    []error
+}
+
+// discovered is the outcome of a discovery run beside the batches.
+type discovered struct {
+	pending []int
+	err     error
+	began   time.Time
+	all     bool // every owned bucket was probed (none was waiting, ready)
+}
+
+// sweep publishes batches of the ready buckets until nothing is left to
+// serve, the rebalance is due, a fatal error (returned once the workers
+// have), a stop or an invalid lease set. A free worker goes to the next
+// ready bucket at once, and hints arriving meanwhile make their buckets
+// ready, so a committed row waits for about one batch of its bucket. A
+// discovery, when hinted or (after the first pass) due, runs beside the
+// batches and the buckets it finds join the queue. The sweep drops an
+// invalid lease set, and returns, only once every worker, discovery and
+// delete has.
+func (r *Relay) sweep(ctx, cleanup context.Context, st *runState, owned []int) error {
+	defer r.awaitDeletes(ctx, st) // after every worker returned
+	s := &scheduler{r: r, st: st, ctx: ctx, owned: owned, workers: r.sweepWorkers(len(owned)),
+		busy: make(map[int]bool, r.workers), hinted: make(map[int]bool, r.workers),
+		queue: make([]int, 0, len(owned)), queued: make(map[int]bool, len(owned)),
+		done: make(chan groupDone), found: make(chan discovered, 1), fleet: make(chan int, 1)}
+	for _, b := range owned {
+		s.enqueue(b)
+		if st.b[b].sweepable() {
+			s.firstPass++
+		}
+	}
+	for {
+		s.dispatch(cleanup)
+		if s.running == 0 && !s.discovering && !s.checking {
+			break
+		}
+		st.serving = s.running
+		s.wait()
+	}
+	for b := range s.hinted {
+		st.b[b].ready = st.b[b].owned()
+	}
+	if s.fatal != nil {
+		return s.fatal
+	}
+	r.checkLease(st)
+	return nil
+}
+
+func (s *scheduler) enqueue(b int) {
+	if !s.queued[b] {
+		s.queued[b] = true
+		s.queue = append(s.queue, b)
+	}
+}
+
+// readied marks b ready after a hint or a discovery found rows in it.
+func (s *scheduler) readied(b int) {
+	switch {
+	case !s.st.b[b].owned(): // dropped meanwhile: a round grants it again
+	case s.busy[b]:
+		s.hinted[b] = true // its worker may be clearing ready
+	default:
+		s.st.b[b].ready = true
+		s.enqueue(b)
+	}
+}
+
+func (s *scheduler) dispatching() bool {
+	return s.fatal == nil && s.ctx.Err() == nil && s.r.leaseValid(s.st) && s.r.clock.Now().Before(s.st.nextRebalance)
+}
+
+// dispatch starts a discovery and a fleet check when due, and a worker per
+// free slot while groups are ready.
+func (s *scheduler) dispatch(cleanup context.Context) {
+	r, st, ctx := s.r, s.st, s.ctx
+	if !s.discovering && s.dispatching() {
+		s.discovering = r.discover(ctx, st, s.owned, s.busy, s.dispatched < s.firstPass, s.found)
+	}
+	if now := r.clock.Now(); !s.checking && s.dispatching() && !now.Before(st.nextFleetCheck) {
+		s.checking = true
+		st.nextFleetCheck = now.Add(r.opts.PollInterval)
+		go func() { s.fleet <- r.liveRelays(ctx) }()
+	}
+	for s.running < s.workers && s.dispatching() {
+		ordered := r.readsInOrder(len(s.queue))
+		group := s.nextGroup(r.groupSize(len(s.queue), s.workers, ordered), ordered)
+		if len(group) == 0 {
+			break
+		}
+		s.running++
+		s.dispatched += len(group)
+		for _, b := range group {
+			s.busy[b] = true
+		}
+		go func() { s.done <- groupDone{group, r.serve(ctx, cleanup, st, group, ordered)} }()
+	}
+}
+
+// wait takes the next event: a worker done, a fleet check, a discovery or
+// hints.
+func (s *scheduler) wait() {
+	r, st := s.r, s.st
+	select {
+	case d := <-s.done:
+		s.running--
+		st.serving = s.running
+		for i, b := range d.buckets {
+			delete(s.busy, b)
+			var be errBucket
+			switch err := d.errs[i]; {
+			case errors.As(err, &be):
+				if s.ctx.Err() == nil {
+					st.b[b].failed(be.err)
+				}
+			case err != nil && s.fatal == nil:
+				s.fatal = err
+			}
+			if s.hinted[b] {
+				delete(s.hinted, b)
+				s.readied(b)
+			} else if st.b[b].ready {
+				s.enqueue(b)
+			}
+		}
+		r.noteStuck(st)
+	case n := <-s.fleet:
+		s.checking = false
+		r.fleetChecked(st, n)
+	case d := <-s.found:
+		s.discovering = false
+		for _, b := range r.discoveredBuckets(s.ctx, st, d) {
+			s.readied(b)
+		}
+	case <-r.notifier.wake:
+		var unknown bool
+		st.hints, unknown = r.notifier.take(st.hints[:0])
+		for _, b := range st.hints {
+			s.readied(b)
+		}
+		if unknown {
+			st.discover = true // discovered at once, beside the batches
+		}
+	}
+}
+
+// discover starts a discovery of the owned buckets holding rows, on a
+// goroutine that sends its outcome to found, when one is hinted or due
+// (PollInterval after the previous one began) and the sweep is past its
+// first pass (a walk of many buckets would slow the batches of a backlog
+// the relay already knows), and reports whether it did. None runs while
+// every owned bucket is ready or busy. It probes only the buckets not
+// waiting, ready, for a batch: a waiting bucket's next batch starts after
+// the discovery, so it reads every row committed before.
+func (r *Relay) discover(ctx context.Context, st *runState, owned []int, busy map[int]bool, firstPass bool, found chan<- discovered) bool {
+	now := r.clock.Now()
+	if !st.discover && (firstPass || now.Before(st.nextDiscovery)) {
+		return false
+	}
+	st.discover = false
+	st.nextDiscovery = now.Add(r.opts.PollInterval)
+	if !slices.ContainsFunc(owned, func(b int) bool { return !busy[b] && !st.b[b].ready }) {
+		return false
+	}
+	waiting := func(b int) bool { return !busy[b] && st.b[b].ready }
+	probe := owned
+	if slices.ContainsFunc(owned, waiting) {
+		probe = slices.DeleteFunc(slices.Clone(owned), waiting)
+	}
+	all := len(probe) == len(owned)
+	st.worked.Store(true)
+	go func() {
+		pending, err := r.store.BucketsWithPending(ctx, probe)
+		found <- discovered{pending, err, now, all}
+	}()
+	return true
+}
+
+// discoveredBuckets records the outcome of a discovery and returns the
+// buckets it found. A failed one is retried after ErrorBackoff, the buckets
+// known to be ready being served meanwhile: a slow discovery must not stop
+// the relay.
+func (r *Relay) discoveredBuckets(ctx context.Context, st *runState, d discovered) []int {
+	if d.err != nil {
+		if ctx.Err() == nil {
+			r.repeats.Log(ctx, r.log, r.clock.Now(), "cycle", "discovery of pending buckets failed; serving the buckets known to be ready, retrying it after the backoff", d.err, "backoff", r.opts.ErrorBackoff)
+			st.discoverErr = fmt.Errorf("relay: discover pending buckets: %w", d.err)
+			st.nextDiscovery = r.clock.Now().Add(r.opts.ErrorBackoff)
+		}
+		return nil
+	}
+	st.discoverErr = nil
+	// A discovery taking a good part of PollInterval rests discoveryRest
+	// times as long as it took: it takes at most a quarter of the time.
+	if end := r.clock.Now(); end.Sub(d.began)*(discoveryRest+1) > r.opts.PollInterval {
+		st.nextDiscovery = end.Add(end.Sub(d.began) * discoveryRest)
+	}
+	r.repeats.LogRecovered(ctx, r.log, r.clock.Now(), "cycle", "store answers again")
+	if len(d.pending) == 0 && d.all {
+		r.backlogLooksDrained()
+	}
+	return d.pending
+}
+
+// sweepWorkers is how many groups a sweep over owned buckets serves at
+// once: r.workers, and with MaxConcurrentBuckets left at its default no
+// more than the relay's part of what a fleet on outbox.DefaultBucketCount
+// buckets serves, ⌈8 × owned ÷ BucketCount⌉, so that a fleet's load on the
+// database does not grow with the bucket count.
+func (r *Relay) sweepWorkers(owned int) int {
+	if !r.scaled {
+		return r.workers
+	}
+	fleet := outbox.DefaultBucketCount * owned
+	return min(r.workers, max(1, (fleet+r.opts.BucketCount-1)/r.opts.BucketCount))
+}
+
+// readsInOrder reports whether the next group is read in order:
+// Options.SingleWriter is set and at most maxOrdered buckets are queued.
+func (r *Relay) readsInOrder(queued int) bool {
+	return r.serialWrites && queued <= maxOrdered
+}
+
+// groupSize is how many buckets a worker takes at once: an equal share of
+// the queued ones per worker; read by heads, at most maxGroup and BatchSize.
+func (r *Relay) groupSize(queued, workers int, ordered bool) int {
+	if ordered {
+		return max(1, queued)
+	}
+	each := max(1, (queued+workers-1)/workers)
+	return min(maxGroup, r.opts.BatchSize, each)
+}
+
+// nextGroup removes from the queue, and returns, its first bucket that is
+// sweepable and not busy, and, when that bucket is groupable, the next
+// such groupable ones whose shares fit in BatchSize (a bucket without one
+// counts BatchSize/size; read in order, no share), up to size in all;
+// buckets no longer ready leave the queue, and those skipped keep their
+// place.
+func (s *scheduler) nextGroup(size int, ordered bool) []int {
+	r, st, q := s.r, s.st, s.queue
+	var group []int
+	kept := q[:0] // written behind the reading index
+	equal := max(1, r.opts.BatchSize/size)
+	used := 0 // rows of BatchSize the group's shares take
+	i := 0
+	for ; i < len(q) && len(group) < size && (ordered || used < r.opts.BatchSize); i++ {
+		b, bk := q[i], &st.b[q[i]]
+		rows := cmp.Or(bk.share, equal)
+		switch {
+		case !s.busy[b] && bk.sweepable() && (len(group) == 0 || bk.groupable(ordered) && (ordered || used+rows <= r.opts.BatchSize)):
+			delete(s.queued, b)
+			group = append(group, b)
+			used += rows
+			if !bk.groupable(ordered) {
+				size = 1
+			}
+		case s.busy[b] || bk.ready:
+			kept = append(kept, b)
+		default:
+			delete(s.queued, b)
+		}
+	}
+	if len(kept) == 0 {
+		s.queue = q[i:] // the usual case: no copy of the queue per dispatch
+	} else {
+		s.queue = append(kept, q[i:]...)
+	}
+	return group
+}
