@@ -226,57 +226,7 @@ func (o Options) withDefaults(store Store) (Options, error) {
 	bad := func(format string, args ...any) {
 		errs = append(errs, fmt.Errorf("relay: "+format, args...))
 	}
-	durations := []struct {
-		name string
-		v    *time.Duration
-		def  time.Duration
-	}{
-		{"PollInterval", &o.PollInterval, DefaultPollInterval},
-		{"ErrorBackoff", &o.ErrorBackoff, DefaultErrorBackoff},
-		{"LeaseDuration", &o.LeaseDuration, DefaultLeaseDuration},
-		{"LeaseRenewInterval", &o.LeaseRenewInterval, DefaultLeaseRenewInterval},
-		{"MaxPublishDuration", &o.MaxPublishDuration, 0},
-		{"MetricsInterval", &o.MetricsInterval, DefaultMetricsInterval},
-		{"MetricsTimeout", &o.MetricsTimeout, DefaultMetricsTimeout},
-		{"StopTimeout", &o.StopTimeout, DefaultStopTimeout},
-		{"PublishFailureWindow", &o.PublishFailureWindow, DefaultPublishFailureWindow},
-	}
-	for _, d := range durations {
-		switch {
-		case *d.v < 0:
-			bad("Options.%s %v is negative", d.name, *d.v)
-		case *d.v == 0:
-			*d.v = d.def
-		}
-	}
-	counts := []struct {
-		name string
-		v    *int
-		def  int
-	}{
-		{"BatchSize", &o.BatchSize, DefaultBatchSize},
-		{"MaxConcurrentBuckets", &o.MaxConcurrentBuckets, DefaultMaxConcurrentBuckets},
-		{"ParkAfter", &o.ParkAfter, DefaultParkAfter},
-	}
-	for _, c := range counts {
-		switch {
-		case *c.v < 0:
-			bad("Options.%s %d is negative", c.name, *c.v)
-		case *c.v == 0:
-			*c.v = c.def
-		}
-	}
-	switch o.ParkPolicy {
-	case ParkUnpublishable, ParkNever, ParkAnyFailure:
-	default:
-		bad("Options.ParkPolicy %v is not one of ParkUnpublishable, ParkNever, ParkAnyFailure", o.ParkPolicy)
-	}
-	switch {
-	case o.MaxBatchBytes < 0:
-		bad("Options.MaxBatchBytes %d is negative", o.MaxBatchBytes)
-	case o.MaxBatchBytes == 0:
-		o.MaxBatchBytes = DefaultMaxBatchBytes
-	}
+	o.defaultNumbers(bad)
 	storeCount := store.BucketCount()
 	switch {
 	case o.BucketCount < 0:
@@ -317,6 +267,39 @@ func (o Options) withDefaults(store Store) (Options, error) {
 		o.MeterProvider = otel.GetMeterProvider()
 	}
 	return o, errors.Join(errs...)
+}
+
+// defaultNumbers fills in the default durations and counts, reporting a
+// negative one to bad.
+func (o *Options) defaultNumbers(bad func(format string, args ...any)) {
+	orDefault(bad, "PollInterval", &o.PollInterval, DefaultPollInterval)
+	orDefault(bad, "ErrorBackoff", &o.ErrorBackoff, DefaultErrorBackoff)
+	orDefault(bad, "LeaseDuration", &o.LeaseDuration, DefaultLeaseDuration)
+	orDefault(bad, "LeaseRenewInterval", &o.LeaseRenewInterval, DefaultLeaseRenewInterval)
+	orDefault(bad, "MaxPublishDuration", &o.MaxPublishDuration, 0)
+	orDefault(bad, "MetricsInterval", &o.MetricsInterval, DefaultMetricsInterval)
+	orDefault(bad, "MetricsTimeout", &o.MetricsTimeout, DefaultMetricsTimeout)
+	orDefault(bad, "StopTimeout", &o.StopTimeout, DefaultStopTimeout)
+	orDefault(bad, "PublishFailureWindow", &o.PublishFailureWindow, DefaultPublishFailureWindow)
+	orDefault(bad, "BatchSize", &o.BatchSize, DefaultBatchSize)
+	orDefault(bad, "MaxConcurrentBuckets", &o.MaxConcurrentBuckets, DefaultMaxConcurrentBuckets)
+	orDefault(bad, "ParkAfter", &o.ParkAfter, DefaultParkAfter)
+	switch o.ParkPolicy {
+	case ParkUnpublishable, ParkNever, ParkAnyFailure:
+	default:
+		bad("Options.ParkPolicy %v is not one of ParkUnpublishable, ParkNever, ParkAnyFailure", o.ParkPolicy)
+	}
+	orDefault(bad, "MaxBatchBytes", &o.MaxBatchBytes, DefaultMaxBatchBytes)
+}
+
+// orDefault sets *v to def when zero, and reports it to bad when negative.
+func orDefault[T ~int | ~int64](bad func(format string, args ...any), name string, v *T, def T) {
+	switch {
+	case *v < 0:
+		bad("Options.%s %v is negative", name, *v)
+	case *v == 0:
+		*v = def
+	}
 }
 
 // defaultRelayID returns the host name plus a random suffix.

@@ -193,7 +193,6 @@ func (r *Relay) Run(ctx context.Context) error {
 		r.log.InfoContext(ctx, "no notifier wired, so commits are found by polling every poll_interval; for commits to wake the relay, pass one relay.NewNotifier() to outbox.Plugin and to Options.Notifier, or set Options.HintTransport (package pgnotify; the outbox-relay worker: -notify-postgres-dsn) when the writers run in other processes",
 			"poll_interval", r.opts.PollInterval)
 	}
-
 	r.m.exportCounters(ctx)
 	reg, err := r.registerGauges()
 	if err != nil {
@@ -202,33 +201,45 @@ func (r *Relay) Run(ctx context.Context) error {
 		return err
 	}
 	defer func() { _ = reg.Unregister() }()
-	var wg sync.WaitGroup
+	defer r.startAux(ctx)()
+	if err := r.work(ctx); err != nil {
+		r.log.ErrorContext(ctx, "stopped by a fatal error", "error", err)
+		return err
+	}
+	r.log.InfoContext(ctx, "stopped")
+	return nil
+}
+
+// startAux starts the backlog sampler and the hint transport, and returns
+// the function that stops them.
+func (r *Relay) startAux(ctx context.Context) (stop func()) {
+	var wg, twg sync.WaitGroup
+	sctx, cancelSampler := context.WithCancel(ctx)
 	if r.opts.MetricsBacklog {
-		sctx, cancel := context.WithCancel(ctx)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			r.sampleBacklog(sctx)
 		}()
-		defer func() {
-			cancel()
-			wg.Wait()
-		}()
 	}
-	defer r.pending.Store(nil)
+	tctx, cancelTransport := context.WithCancel(ctx)
 	if r.opts.HintTransport != nil {
-		tctx, cancel := context.WithCancel(ctx)
-		var twg sync.WaitGroup
 		twg.Add(2) // sender and listener
 		go r.runTransport(tctx, twg.Done)
-		defer func() {
-			cancel()
-			twg.Wait()
-		}()
 	}
+	return func() {
+		cancelTransport()
+		twg.Wait()
+		r.pending.Store(nil)
+		cancelSampler()
+		wg.Wait()
+	}
+}
 
-	// cleanup carries the publishes and deletes, release the lease release:
-	// detached from ctx, they end by runStopBudget.
+// work runs the loop and the lease renewal until ctx is done or a fatal
+// error, then stops within the stop budget: cleanup carries the publishes
+// and deletes, release the lease release, both detached from ctx.
+func (r *Relay) work(ctx context.Context) error {
 	stopping, beginStop := context.WithCancel(ctx)
 	defer beginStop()
 	cleanup, cancelCleanup := context.WithCancel(context.WithoutCancel(ctx))
@@ -261,19 +272,14 @@ func (r *Relay) Run(ctx context.Context) error {
 		defer rwg.Done()
 		r.renewLoop(renewing, st)
 	}()
-	err = r.loop(ctx, cleanup, st)
+	err := r.loop(ctx, cleanup, st)
 	beginStop() // a fatal error starts the stop too
 	stopRenewing()
 	rwg.Wait()
 	r.stop(release, st)
 	close(stopped)
 	bwg.Wait()
-	if err != nil {
-		r.log.ErrorContext(ctx, "stopped by a fatal error", "error", err)
-		return err
-	}
-	r.log.InfoContext(ctx, "stopped")
-	return nil
+	return err
 }
 
 // runStopBudget enforces the stop budget: once stopping is done, it
