@@ -85,9 +85,10 @@ func (bk *bucket) settled() {
 	bk.strikes = nil
 }
 
-// sweepable reports whether the bucket is ready, not waiting out a backoff.
-func (bk *bucket) sweepable() bool {
-	return bk.ready && (bk.retry == nil || !bk.r.clock.Now().Before(bk.retry.notBefore))
+// sweepable reports whether the bucket is ready, not waiting out a backoff
+// at now.
+func (bk *bucket) sweepable(now time.Time) bool {
+	return bk.ready && (bk.retry == nil || !now.Before(bk.retry.notBefore))
 }
 
 // groupable reports whether the bucket may join a group: not retrying its

@@ -14,8 +14,8 @@ import (
 // leaseSet is the relay's local view of its leases. validUntil is the
 // relay-clock time read before the call that granted them, plus
 // LeaseDuration (the store's lease ends later, never earlier). renewLoop
-// extends it; the loop replaces it (setLeases), bumping gen so that a
-// renewal of the previous set changes nothing.
+// extends it; the loop replaces it, bumping gen so that a renewal of the
+// previous set changes nothing.
 type leaseSet struct {
 	mu         sync.Mutex
 	buckets    []int
@@ -41,8 +41,7 @@ func (l *leaseSet) valid(now time.Time) bool {
 // acquire runs one acquisition round. A store error wrapping
 // ErrMisconfigured is fatal; others are retried after ErrorBackoff, the
 // current leases staying valid until they expire. A relay granted less than
-// its fair share (buckets a peer still holds, or releases only at its own
-// next round) runs its next round a quarter PollInterval later.
+// its fair share runs its next round a quarter PollInterval later.
 func (r *Relay) acquire(ctx context.Context, st *runState) error {
 	st.attempted = true
 	t0 := r.clock.Now()
@@ -64,7 +63,7 @@ func (r *Relay) acquire(ctx context.Context, st *runState) error {
 	}
 	st.acquireErr = nil
 	r.repeats.LogRecovered(ctx, r.log, r.clock.Now(), "acquire", "acquire leases succeeds again")
-	r.repeats.Recovered("renew") // an acquisition renews too: the renewals' failures ended with it
+	r.repeats.Recovered("renew") // an acquisition renews too
 	validUntil := t0.Add(r.opts.LeaseDuration)
 	buckets := l.Owned
 	if !t1.Before(validUntil) {
@@ -84,10 +83,8 @@ func (r *Relay) acquire(ctx context.Context, st *runState) error {
 }
 
 // liveRelays returns the number of live relays (Store.Fleet), -1 when the
-// store fails, for the fleet check: every PollInterval (nextFleetCheck)
-// one cheap statement, so that a relay that joined, stopped or died makes
-// its peers run an acquisition round at once (fleetChecked), not a
-// LeaseRenewInterval later.
+// store fails: checked every PollInterval, so that a relay that joined,
+// stopped or died makes its peers run an acquisition round at once.
 func (r *Relay) liveRelays(ctx context.Context) int {
 	f, err := r.store.Fleet(ctx)
 	if err != nil {
@@ -97,16 +94,15 @@ func (r *Relay) liveRelays(ctx context.Context) int {
 }
 
 // fleetChecked makes the next acquisition round due now when the live
-// relays (n) differ in number from the latest round's (while rounds fail,
-// they are retried after ErrorBackoff anyway).
+// relays (n) differ in number from the latest successful round's.
 func (r *Relay) fleetChecked(st *runState, n int) {
 	if n >= 0 && st.relays > 0 && n != st.relays && st.acquireErr == nil {
 		st.nextRebalance = r.clock.Now()
 	}
 }
 
-// noteUnowned records a round's count of buckets without a live owner, for
-// MetricUnownedBuckets and Health, and since when it has been nonzero.
+// noteUnowned records a round's count of buckets without a live owner, and
+// since when it has been nonzero.
 func (r *Relay) noteUnowned(n int, now time.Time) {
 	r.unowned.Store(int64(n))
 	switch {
@@ -128,7 +124,7 @@ func (r *Relay) setLeases(st *runState, buckets []int, validUntil time.Time) {
 	st.lease.gen++
 	st.lease.mu.Unlock()
 	r.kickRenewer()
-	for _, b := range buckets { // both sorted: O(n log n) at 65,536 buckets, not O(n²)
+	for _, b := range buckets { // both sorted
 		if !containsSorted(old, b) {
 			st.discover = true
 			st.b[b].strikes = nil
@@ -146,8 +142,8 @@ func (r *Relay) setLeases(st *runState, buckets []int, validUntil time.Time) {
 	r.publishOwnership(buckets, validUntil)
 }
 
-// publishOwnership updates the state read by the notifier, the gauges and
-// the backlog sampler, and tells the publisher (Publisher.OwnedBuckets).
+// publishOwnership tells the notifier, the gauges, the backlog sampler and
+// the publisher the owned buckets.
 func (r *Relay) publishOwnership(buckets []int, validUntil time.Time) {
 	r.notifier.setOwned(buckets)
 	r.pub.OwnedBuckets(buckets)
@@ -160,7 +156,7 @@ func (r *Relay) publishOwnership(buckets []int, validUntil time.Time) {
 }
 
 // leaseValid reports whether the relay may act on its leases now; unlike
-// checkLease it changes nothing, so that sweep workers may call it.
+// checkLease it changes nothing, so that workers may call it.
 func (r *Relay) leaseValid(st *runState) bool { return st.lease.valid(r.clock.Now()) }
 
 // checkLease drops the lease set if it is no longer valid by the relay's
@@ -181,23 +177,21 @@ func (r *Relay) checkLease(st *runState) bool {
 	return false
 }
 
-// Phases of the loop, read by the renewal goroutine (see renewLoop).
+// Phases of the loop, read by renewLoop.
 const (
 	phaseWorking   int32 = iota // in a cycle past its acquisition, or backing off
 	phaseIdle                   // waiting in idle, whose deadline includes the rebalance
 	phaseAcquiring              // in an acquisition round, which extends the leases
 )
 
-// setPhase records the loop's phase and wakes the renewal goroutine when it
-// changed.
+// setPhase records the loop's phase and wakes renewLoop when it changed.
 func (r *Relay) setPhase(p int32) {
 	if r.phase.Swap(p) != p {
 		r.kickRenewer()
 	}
 }
 
-// kickRenewer makes the renewal goroutine look at the leases and the loop's
-// phase again.
+// kickRenewer makes renewLoop look at the leases and the phase again.
 func (r *Relay) kickRenewer() {
 	select {
 	case r.kick <- struct{}{}:
@@ -205,10 +199,10 @@ func (r *Relay) kickRenewer() {
 	}
 }
 
-// renewLoop renews the leases on its own timer when due (renewalDue), so
-// that no amount of work lets them lapse, except while the loop is idle or
-// acquiring: the rebalance's acquisition extends them then, at no extra
-// store call. It marks the set lost or extends it; only the loop drops it.
+// renewLoop renews the leases on its own timer when due, so that no amount
+// of work lets them lapse, except while the loop is idle or acquiring: the
+// rebalance's acquisition extends them then. It marks the set lost or
+// extends it; only the loop drops it.
 func (r *Relay) renewLoop(ctx context.Context, st *runState) {
 	var tried time.Time // start of the latest renewal attempt
 	for {
@@ -231,9 +225,7 @@ func (r *Relay) renewLoop(ctx context.Context, st *runState) {
 		if !fired {
 			continue // look again: a kick changed the leases or the phase
 		}
-		// The phase first: a loop that is working again has recorded its
-		// acquisition's leases before it says so.
-		if r.phase.Load() != phaseWorking {
+		if r.phase.Load() != phaseWorking { // then the acquisition's leases are recorded
 			select {
 			case <-ctx.Done():
 				return
@@ -252,7 +244,7 @@ func (r *Relay) renewLoop(ctx context.Context, st *runState) {
 
 // renewalDue returns when the leases need renewing, counted from their
 // grant or the latest attempt (tried); ok is false when there is nothing to
-// renew (no leases, lost, or expired).
+// renew.
 func (r *Relay) renewalDue(st *runState, tried time.Time) (time.Time, bool) {
 	buckets, validUntil, lost := st.lease.snapshot()
 	if len(buckets) == 0 || lost {
@@ -308,7 +300,7 @@ func (r *Relay) renew(ctx context.Context, st *runState) {
 }
 
 // bucketRanges writes ascending buckets as ranges ("0-3,8,10-12"), at most
-// limit of them and then "…": a line stays short at 65,536 buckets.
+// limit of them and then "…".
 func bucketRanges(buckets []int, limit int) string {
 	var b strings.Builder
 	for i, n := 0, 0; i < len(buckets); n++ {

@@ -14,25 +14,22 @@ import (
 const meterName = "github.com/gorm-outbox/outbox/relay"
 
 // Instrument names. Every instrument carries the attribute outbox.name
-// (Options.MetricsName); MetricParked adds outbox.park.reason. Counters and
-// histograms are recorded once per batch or cycle, never per message;
-// gauges read state the relay cached and never query the store.
-// docs/operating.md lists them with their exported names and alerts.
+// (Options.MetricsName); MetricParked adds outbox.park.reason. Gauges read
+// state the relay cached and never query the store. docs/operating.md
+// lists them with their alerts.
 const (
-	// MetricOwnedBuckets is a gauge of the buckets in the relay's local lease
-	// set.
+	// MetricOwnedBuckets is a gauge of the buckets in the relay's local
+	// lease set.
 	MetricOwnedBuckets = "outbox.owned_buckets"
-	// MetricUnownedBuckets is a gauge of the buckets without a live owner,
-	// counted in the lease table by the relay's latest acquisition round
-	// (Leases.Unowned); absent before the first. Every relay reports the
-	// fleet's count: alert on its max.
+	// MetricUnownedBuckets is a gauge of the buckets without a live owner at
+	// the relay's latest acquisition round (Leases.Unowned); absent before
+	// the first. Every relay reports the fleet's count: alert on its max.
 	MetricUnownedBuckets = "outbox.buckets.unowned"
 	// MetricPublishAcknowledged counts the acknowledged prefixes the
 	// publisher reported: attempts, so a retried batch counts again.
 	MetricPublishAcknowledged = "outbox.publish.acknowledged"
 	// MetricPublishFailures counts the batches whose publish returned an
-	// error, except a stop's cancellation: each failed batch of a Publish
-	// call.
+	// error, except a stop's cancellation.
 	MetricPublishFailures = "outbox.publish.failures"
 	// MetricLeaseExpirations counts losses of a nonempty lease set.
 	MetricLeaseExpirations = "outbox.lease.expirations"
@@ -43,7 +40,7 @@ const (
 	// seconds.
 	MetricPublishDuration = "outbox.publish.duration"
 	// MetricCycleDuration is a histogram of relay cycles (acquisition,
-	// discovery and one sweep), excluding idle waits and backoff, in seconds.
+	// discovery and one sweep), excluding idle waits, in seconds.
 	MetricCycleDuration = "outbox.cycle.duration"
 	// MetricPendingMessages is a gauge of the whole store's pending rows from
 	// the latest backlog sample (Options.MetricsBacklog); absent without one.
@@ -55,43 +52,37 @@ const (
 	MetricPendingAvailable = "outbox.pending.available"
 	// MetricHeadOldestAge is a gauge of how long the longest-failing head
 	// row of the owned buckets (a failed publish, or the bucket's own store
-	// error) has been failing, in seconds; 0 when none is. The alert "a
-	// bucket has been stuck for N minutes" is max(outbox.head.oldest_age) >
-	// N*60.
+	// error) has been failing, in seconds; 0 when none is.
 	MetricHeadOldestAge = "outbox.head.oldest_age"
 	// MetricPublishStalled is a gauge of how long publishing has made no
 	// progress, in seconds: since the start of the oldest Publish call in
 	// flight or, while failed publishes are retried with none acknowledged
-	// since, of the first of them; 0 when neither. A hung broker shows as
-	// it growing through every failed attempt and backoff, so an alert's
-	// "for" holds.
+	// since, of the first of them; 0 when neither.
 	MetricPublishStalled = "outbox.publish.stalled"
 	// MetricParked counts the rows the relay parked, by AttrParkReason;
 	// every series starts at 0 (ParkReasonHeld stays 0: the store holds a
-	// parked row's later rows without marking them). Alert on
-	// increase(outbox.parked{outbox.park.reason!="held"}) > 0.
+	// parked row's later rows without marking them).
 	MetricParked = "outbox.parked"
 	// MetricParkedMessages is a gauge of the whole store's parked rows from
 	// the latest backlog sample; absent without one.
 	MetricParkedMessages = "outbox.parked.messages"
-	// MetricClockOffset is a gauge of the store's clock (the database's)
-	// minus the relay host's, in seconds (Store.ClockOffset); absent while
-	// the store reports none. Leases do not depend on it; backlog ages do.
+	// MetricClockOffset is a gauge of the store's clock minus the relay
+	// host's, in seconds (Store.ClockOffset); absent while the store reports
+	// none.
 	MetricClockOffset = "outbox.clock.offset"
 )
 
-// ClockOffsetWarnThreshold is the clock offset (MetricClockOffset), less
-// its uncertainty, beyond which the relay logs a warning, once until the
-// offset comes back within it.
+// ClockOffsetWarnThreshold is the clock offset, less its uncertainty,
+// beyond which the relay logs a warning, once until the offset comes back
+// within it.
 const ClockOffsetWarnThreshold = time.Second
 
 // AttrParkReason is the attribute of MetricParked saying why rows were
-// parked: ParkReasonUnpublishable (ErrUnpublishable, ParkAfter times),
-// ParkReasonFailure (any failure, under ParkAnyFailure), ParkReasonCorrupt
-// (a *CorruptRowError) or ParkReasonHeld.
+// parked: one of the ParkReason values.
 const AttrParkReason = "outbox.park.reason"
 
-// Values of AttrParkReason.
+// Values of AttrParkReason: ErrUnpublishable ParkAfter times, any failure
+// under ParkAnyFailure, a *CorruptRowError, held.
 const (
 	ParkReasonUnpublishable = "unpublishable"
 	ParkReasonFailure       = "failure"
@@ -180,9 +171,8 @@ func newInstruments(mp metric.MeterProvider, name string) (*instruments, error) 
 	return in, nil
 }
 
-// exportCounters adds 0 to every counter (and every park reason), so that
-// each series exists from the start: increase() and rate() then see the
-// first failure, fence or park, not only the second.
+// exportCounters adds 0 to every counter, so that increase() sees the
+// first failure, fence or park.
 func (in *instruments) exportCounters(ctx context.Context) {
 	for _, c := range []metric.Int64Counter{in.acked, in.failures, in.expirations, in.fenced} {
 		c.Add(ctx, 0, in.attrs)
@@ -197,7 +187,7 @@ func (in *instruments) countParked(reason string, n int) {
 	in.parked.Add(context.Background(), int64(n), in.parkAttrs[reason])
 }
 
-// register installs the gauge callback, which reads only cached state.
+// registerGauges installs the gauge callback, which reads only cached state.
 func (r *Relay) registerGauges() (metric.Registration, error) {
 	in := r.m
 	return in.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
@@ -237,9 +227,7 @@ func (r *Relay) registerGauges() (metric.Registration, error) {
 }
 
 // stalledSince is when publishing stopped making progress (see
-// MetricPublishStalled): the start of the oldest publish in flight, or of
-// the first failed publish being retried since the last acknowledgement,
-// whichever is earlier; zero when neither.
+// MetricPublishStalled); zero when it did not.
 func (r *Relay) stalledSince() time.Time {
 	var since time.Time
 	if p := r.pubFail.Load(); p != nil {
@@ -254,9 +242,7 @@ func (r *Relay) stalledSince() time.Time {
 }
 
 // sampleBacklog runs the backlog sampler until ctx is done: one query at a
-// time, bounded by MetricsTimeout, then a wait of MetricsInterval. (The
-// OpenTelemetry API cannot tell whether a reader is attached: it runs only
-// with Options.MetricsBacklog.)
+// time, bounded by MetricsTimeout, then a wait of MetricsInterval.
 func (r *Relay) sampleBacklog(ctx context.Context) {
 	for {
 		if r.opts.MetricsBucketZeroOnly && !r.ownsBucketZero() {
@@ -294,10 +280,9 @@ func (r *Relay) sampleBacklog(ctx context.Context) {
 	}
 }
 
-// backlogLooksDrained is called when a discovery found none of the owned
-// buckets pending: a cached sample older than PollInterval that still
-// counts pending rows is taken again now, so that the gauges show a drained
-// backlog within about a poll interval.
+// backlogLooksDrained, when a discovery found no owned bucket pending,
+// takes a sample again now if the cached one, older than PollInterval,
+// still counts pending rows.
 func (r *Relay) backlogLooksDrained() {
 	s := r.pending.Load()
 	if !r.opts.MetricsBacklog || s == nil || s.count == 0 || r.clock.Now().Sub(s.at) < r.opts.PollInterval {
@@ -309,8 +294,7 @@ func (r *Relay) backlogLooksDrained() {
 	}
 }
 
-// ownsBucketZero reports whether the relay holds a locally valid lease on
-// bucket 0.
+// ownsBucketZero reports whether the relay holds a valid lease on bucket 0.
 func (r *Relay) ownsBucketZero() bool {
 	until := r.zeroUntil.Load()
 	return until != 0 && r.clock.Now().UnixNano() < until

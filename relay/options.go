@@ -29,14 +29,10 @@ const (
 	DefaultPublishFailureWindow = 5 * time.Minute
 	DefaultParkAfter            = 3
 	// DefaultMaxConcurrentBuckets lets two or three relays sharing the
-	// default 8 buckets serve all their ready buckets together, holding at
-	// most four store connections (plus one for renewal) and four batches;
-	// on more buckets it scales with the relay's share of them (see
-	// Options.MaxConcurrentBuckets).
+	// default 8 buckets serve all their ready buckets together.
 	DefaultMaxConcurrentBuckets = 4
-	// DefaultMaxBatchBytes, 4 MiB, rarely cuts a batch of 500 rows of a few
-	// KiB, but publishes 1 MiB rows a few at a time; with
-	// DefaultMaxConcurrentBuckets it bounds a relay's batches to ~16 MiB.
+	// DefaultMaxBatchBytes rarely cuts a batch of small rows, but publishes
+	// 1 MiB rows a few at a time.
 	DefaultMaxBatchBytes = 4 << 20
 )
 
@@ -52,27 +48,16 @@ const maxMetricsNameLength = 64
 // each field in depth.
 //
 // Which fields matter depends on the setup; the others can stay zero:
-//   - Every relay: nothing. BucketCount comes from the store (gormstore:
-//     its Config), and RelayID defaults to a unique one.
 //   - Writers in the relay's process: pass Relay.Notifier (or Notifier) to
 //     outbox.Plugin, so that a commit wakes the relay at once.
-//   - Several relays or pods: HintTransport (a commit in one pod wakes the
-//     relay owning its bucket in another; without it PollInterval bounds
-//     the delay), LeaseDuration and LeaseRenewInterval (how soon a peer
-//     takes over a dead relay's buckets, against the pause a live one
-//     survives), MaxConcurrentBuckets (relays × it batches run against the
-//     database at once).
+//   - Several relays or pods: HintTransport, LeaseDuration and
+//     LeaseRenewInterval, MaxConcurrentBuckets.
 //   - SQLite: SingleWriter.
 //   - Large or uneven rows: BatchSize and MaxBatchBytes.
 //   - Poison rows: ParkPolicy and ParkAfter.
-//   - Monitoring: MeterProvider and MetricsName (one name per outbox);
-//     MetricsBacklog (with MetricsInterval, MetricsTimeout, and
-//     MetricsBucketZeroOnly for a fleet) for the backlog gauges;
-//     PublishFailureWindow for Relay.Health; Logger.
-//   - Shutdown: StopTimeout, within the orchestrator's grace period.
-//   - Tests: Clock.
-//   - Assertions an operator may add: MaxPublishDuration; ErrorBackoff
-//     tunes the retry pace.
+//   - Monitoring: MeterProvider, MetricsName, the Metrics* fields,
+//     PublishFailureWindow, Logger.
+//   - Shutdown: StopTimeout. Tests: Clock.
 type Options struct {
 	// BucketCount is the number of ordering buckets; it must equal the
 	// writers' outbox.Config.BucketCount. Zero means the store's count
@@ -84,53 +69,44 @@ type Options struct {
 	// (default 500).
 	BatchSize int
 
-	// MaxBatchBytes bounds a batch in bytes (MessageSize), at fetch time
-	// (BatchRequest.MaxBytes): the relay publishes the longest prefix within the
-	// bound, at least one row, and the rest comes first in the bucket's next
-	// batch (default 4 MiB).
+	// MaxBatchBytes bounds a batch in bytes (MessageSize): the relay
+	// publishes the longest prefix within the bound, at least one row
+	// (default 4 MiB).
 	MaxBatchBytes int64
 
 	// MaxConcurrentBuckets is how many batches one relay serves at once
-	// (unless SingleWriter): the fetch, publish and delete of different
-	// buckets overlap, each bucket keeping one batch in flight, in order.
-	// While more buckets are ready than this, each of these batches serves
-	// a group of up to 64 buckets sharing BatchSize and MaxBatchBytes. 1
-	// serves one batch after the other (default 4). Left at the default,
-	// a relay serves no more batches at once than it would owning the same
-	// share of the default 8 buckets, ⌈8 × owned ÷ BucketCount⌉ (four
-	// relays on 1,024 buckets: two each), so that a fleet's load on the
-	// database does not grow with BucketCount; a value set is used
-	// whatever the share.
+	// (unless SingleWriter), each bucket keeping one batch in flight; while
+	// more buckets are ready, each batch serves a group of up to 64 buckets
+	// sharing BatchSize and MaxBatchBytes (default 4). Left at the default,
+	// a relay serves no more at once than it would owning the same share of
+	// 8 buckets, ⌈8 × owned ÷ BucketCount⌉, so that a fleet's load on the
+	// database does not grow with BucketCount.
 	MaxConcurrentBuckets int
 
-	// SingleWriter says that the store's writes serialise, like SQLite's
-	// single writer, which turns overlapping batches into lock waits: the
-	// relay serves one batch at a time, whatever MaxConcurrentBuckets, and
-	// reads a group of waiting buckets (up to 1,024) in one request, in id
-	// order across them, the table's own order. Set it on SQLite.
+	// SingleWriter says that the store's writes serialise, like SQLite's:
+	// the relay serves one batch at a time and reads a group of waiting
+	// buckets (up to 1,024) in one request, in id order across them. Set it
+	// on SQLite.
 	SingleWriter bool
 
 	// PollInterval is how often the relay looks for pending rows when no
-	// hint arrives (default 1s). A discovery longer than a quarter of it
-	// rests three times its own duration before the next.
+	// hint arrives (default 1s).
 	PollInterval time.Duration
 
-	// ErrorBackoff is the wait after a store error of the relay as a whole
-	// (acquisition, discovery), and the first backoff of a failing head row
-	// or of a bucket whose own store call failed, doubling and jittered up
-	// to LeaseRenewInterval; such a bucket backs off alone (default 1s).
+	// ErrorBackoff is the wait after a failed acquisition or discovery, and
+	// the first backoff of a failing head row or of a bucket whose own
+	// store call failed, doubling and jittered up to LeaseRenewInterval
+	// (default 1s).
 	ErrorBackoff time.Duration
 
 	// LeaseDuration is how long an acquired or renewed lease lasts: how long
 	// after the relay's last renewal a peer takes over (default 30s).
 	LeaseDuration time.Duration
 
-	// LeaseRenewInterval is the rebalance cadence (one acquisition round per
-	// interval) and the renewal cadence while the relay works: leases are
+	// LeaseRenewInterval is the rebalance and renewal cadence: leases are
 	// renewed once they have gone min(LeaseRenewInterval, half the remaining
-	// lease) without extension, whatever the work. It must be shorter than
-	// LeaseDuration; the difference is the margin for a slow renewal or a
-	// paused process (default 10s).
+	// lease) without extension. It must be shorter than LeaseDuration
+	// (default 10s).
 	LeaseRenewInterval time.Duration
 
 	// MaxPublishDuration is an operator's assertion that a Publish call
@@ -156,14 +132,13 @@ type Options struct {
 	MetricsTimeout time.Duration
 
 	// MetricsBacklog turns on the backlog sampler: while Run runs, the relay
-	// queries the store (Store.PendingMetrics) every MetricsInterval for the
+	// queries Store.PendingMetrics every MetricsInterval for the
 	// outbox.pending.* gauges. Off by default: each sample reads the whole
-	// messages table, and outbox.pending.available then reports 0.
+	// messages table.
 	MetricsBacklog bool
 
 	// MetricsBucketZeroOnly makes only the owner of bucket 0 sample the
-	// backlog, so that a fleet queries it once; set it on every relay. It
-	// needs MetricsBacklog.
+	// backlog, so that a fleet queries it once. It needs MetricsBacklog.
 	MetricsBucketZeroOnly bool
 
 	// Clock is the source of time for leases, polling and backoff. Nil means
@@ -174,53 +149,44 @@ type Options struct {
 	Logger *slog.Logger
 
 	// MeterProvider provides the relay's instruments. Nil means
-	// otel.GetMeterProvider(), which records nothing until the application
-	// installs an SDK.
+	// otel.GetMeterProvider().
 	MeterProvider metric.MeterProvider
 
 	// Notifier wakes the relay after commits; pass the one given to
 	// outbox.Plugin. A Notifier serves one relay. Nil means a new one, which
-	// Relay.Notifier returns; when it is not taken either and HintTransport
-	// is nil, commits are found by polling, as Run says once at INFO.
+	// Relay.Notifier returns.
 	Notifier *Notifier
 
 	// HintTransport carries bucket hints to and from the relays of other
-	// processes (see HintTransport and package pgnotify). Nil means local
-	// notifications only; polling stays on either way.
+	// processes (see package pgnotify). Nil means local notifications only;
+	// polling stays on either way.
 	HintTransport HintTransport
 
 	// StopTimeout is the budget of a whole stop, from Run's ctx done (or a
 	// fatal error) to Run's return: in-flight publishes and deletes are
-	// cancelled at three quarters (their rows are republished by the next
-	// owner), the lease release at the end. Give the process a longer grace
-	// period (default 10s, a third of Kubernetes' default 30s).
+	// cancelled at three quarters, the lease release at the end (default
+	// 10s).
 	StopTimeout time.Duration
 
-	// PublishFailureWindow is how long every Publish call may fail (no row
-	// acknowledged since the first failure) before Health reports the relay
-	// unhealthy, wrapping the latest error; rows are kept and retried
-	// (default 5m).
+	// PublishFailureWindow is how long every Publish call may fail before
+	// Health reports the relay unhealthy (default 5m).
 	PublishFailureWindow time.Duration
 
 	// ParkPolicy says which publish failures park a row (see Store.Park). A
 	// failing row is retried alone; each such publish failing with an error
 	// the policy counts is a strike, any other outcome resets the count, and
-	// at ParkAfter strikes the row is parked: kept, marked, holding its
-	// key's later rows in the bucket until an operator requeues it
-	// (ParkAdmin), while the rest of the bucket flows on. A row is parked
-	// only while Store.Fleet reports CanPark. A row the store cannot decode
-	// (*CorruptRowError) is parked alone, at once, under every policy. The
-	// zero value, ParkUnpublishable, counts only errors wrapping
-	// ErrUnpublishable, so a broker outage parks nothing.
+	// at ParkAfter strikes the row is parked, holding its key's later rows
+	// in the bucket until an operator requeues it (ParkAdmin). A row is
+	// parked only while Store.Fleet reports CanPark. A row the store cannot
+	// decode is parked at once under every policy.
 	ParkPolicy ParkPolicy
 
-	// ParkAfter is the number of strikes that park a row (default 3: with
-	// the default backoff, 3.5 to 7 s after its batch failed).
+	// ParkAfter is the number of strikes that park a row (default 3).
 	ParkAfter int
 }
 
-// withDefaults validates o against the store's capabilities and returns it
-// with every default filled in. It is the only place that checks options.
+// withDefaults validates o against the store and returns it with every
+// default filled in.
 func (o Options) withDefaults(store Store) (Options, error) {
 	var errs []error
 	bad := func(format string, args ...any) {

@@ -11,23 +11,17 @@ import (
 // of each the broker acknowledged.
 type Publisher interface {
 	// Publish sends batches (each the messages of one bucket, in submission
-	// order; the relay sends several shallow buckets' at once) and returns
-	// once every message is acknowledged, failed, or ctx is done: results[i]
-	// is batches[i]'s outcome. The relay deletes exactly each batch's
-	// acknowledged prefix (acks=all); a message sent but not acknowledged
-	// may still be delivered. A failure of one batch may leave another's
-	// later messages unsent (not acknowledged): that batch's error then
-	// says so.
+	// order) and returns once every message is acknowledged, failed, or ctx
+	// is done: results[i] is batches[i]'s outcome. The relay deletes exactly
+	// each batch's acknowledged prefix; a message sent but not acknowledged
+	// may still be delivered.
 	Publish(ctx context.Context, batches [][]*outbox.Message) []Result
 
 	// OwnedBuckets tells the publisher the buckets its relay owns,
-	// ascending, after every acquisition round (an unchanged set included)
-	// and whenever the relay drops buckets (an empty set when it stops or
-	// its leases expire), never concurrently with itself nor with a Publish
-	// of a bucket that leaves the set. It must not block, nor modify or
-	// keep the slice. A publisher that does not need it (all but kafkapub's
-	// fenced mode, which initialises a producer per owned bucket) does
-	// nothing.
+	// ascending, after every acquisition round and whenever the relay drops
+	// buckets (an empty set when it stops), never concurrently with itself
+	// nor with a Publish of a bucket that leaves the set. It must not
+	// block, nor keep the slice. Most publishers do nothing (PublishFunc).
 	OwnedBuckets(buckets []int)
 }
 
@@ -54,15 +48,11 @@ func (PublishFunc) OwnedBuckets([]int) {}
 
 // ErrFenced is wrapped by the error of a Publish that cannot publish its
 // bucket's rows under the relay's current lease and never will (kafkapub's
-// fenced mode: fenced by a newer owner, transaction aborted, not
-// initialised, or a bucket the relay never reported owning). The relay
-// drops that bucket, with no strike for the row, and takes it back at its
-// next acquisition round, ErrorBackoff later, if the store still grants it.
+// fenced mode). The relay drops that bucket, with no strike for the row,
+// until its next acquisition round, ErrorBackoff later.
 var ErrFenced = errors.New("fenced")
 
 // ErrPublisherAuth is wrapped by a publish error when the broker rejected
-// the publisher's credentials, which no retry of a row can cure (kafkapub
-// wraps it for SASL failures; a custom Publisher may too). Health reports
-// it until a publish is acknowledged again; a broker certificate that does
-// not verify (crypto/tls, crypto/x509 errors) counts too, without it.
+// the publisher's credentials. Health reports it, as a broker certificate
+// that does not verify, until a publish is acknowledged again.
 var ErrPublisherAuth = errors.New("the broker rejected the publisher's credentials")

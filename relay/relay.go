@@ -20,23 +20,22 @@ import (
 // Relay publishes the pending rows of the buckets it leases. Create it with
 // New and start it with Run.
 type Relay struct {
-	store        Store
-	pub          Publisher
-	workers      int  // buckets (or groups) served at once: MaxConcurrentBuckets, 1 with SingleWriter
-	scaled       bool // MaxConcurrentBuckets left at its default: workers scale with the share of buckets owned (see sweepWorkers)
-	serialWrites bool // Options.SingleWriter: one worker, groups read in order
-	opts         Options
-	clock        Clock
-	log          *slog.Logger
-	repeats      *logrepeat.Limiter // bounds the lines of failures the relay retries
-	notifier     *Notifier
+	store    Store
+	pub      Publisher
+	workers  int  // groups served at once: MaxConcurrentBuckets, 1 with SingleWriter
+	scaled   bool // MaxConcurrentBuckets left at its default (see sweepWorkers)
+	opts     Options
+	clock    Clock
+	log      *slog.Logger
+	repeats  *logrepeat.Limiter // bounds the lines of failures the relay retries
+	notifier *Notifier
 	// New created the notifier; Relay.Notifier handed it out; Run logged
 	// that no commit can wake the relay.
 	ownNotifier   bool
 	notifierTaken atomic.Bool
 	pollNoticed   atomic.Bool
 	m             *instruments
-	rng           *rand.Rand // jitter; used under runState.mu only (retryLater)
+	rng           *rand.Rand // jitter; under runState.mu only
 
 	running atomic.Bool
 	health  atomic.Pointer[error]          // the latest cycle's error; nil: it succeeded (see Health)
@@ -48,17 +47,17 @@ type Relay struct {
 	zeroUntil    atomic.Int64 // UnixNano validity of the bucket-0 lease; 0 if not owned
 	pending      atomic.Pointer[pendingSample]
 	resample     chan struct{} // wakes the backlog sampler before MetricsInterval ends
-	stuckSince   atomic.Int64  // UnixNano of the first failure of the longest-failing owned head row; 0: none (see noteStuck)
-	clockWarned  bool          // the clock offset warning was logged and the offset has not come back within the threshold since; Run's goroutine only
-	publishSince atomic.Int64  // UnixNano, on the relay's clock, of the start of the oldest Publish call in flight; 0: none (see inflight, stalledSince)
+	stuckSince   atomic.Int64  // UnixNano of the first failure of the longest-failing head row; 0: none
+	clockWarned  bool          // the clock offset warning is logged, not yet re-armed; the loop only
+	publishSince atomic.Int64  // UnixNano of the start of the oldest Publish in flight; 0: none
 	inflight     inflightPublishes
-	deletes      chan struct{} // a token per running MarkPublished (startDelete): at most workers, so that statements in flight stay 2×workers + the lease upkeep
+	deletes      chan struct{} // a token per running MarkPublished: statements in flight stay 2×workers + the lease upkeep
 
 	phase atomic.Int32  // the loop's phase (phaseWorking, …), read by renewLoop
 	kick  chan struct{} // wakes renewLoop: the leases or the loop's phase changed
 
 	unowned      atomic.Int64 // buckets without a live owner after the latest round; -1: no round yet
-	unownedSince atomic.Int64 // UnixNano of the first round of a run of rounds reporting unowned buckets; 0: none
+	unownedSince atomic.Int64 // UnixNano of the first of the latest rounds reporting unowned buckets; 0: none
 
 	onIdle func() // test hook: called when Run starts an idle wait
 }
@@ -108,10 +107,9 @@ func New(store Store, pub Publisher, opts Options) (*Relay, error) {
 		kick:        make(chan struct{}, 1),
 		resample:    make(chan struct{}, 1),
 	}
-	// Serial writes (SQLite): a delete per bucket queues (bounded: −25 % drain).
+	// Serial writes (SQLite): one worker, a delete per bucket may queue.
 	r.workers, r.deletes = 1, make(chan struct{}, o.BucketCount)
-	r.serialWrites = o.SingleWriter
-	if !r.serialWrites {
+	if !o.SingleWriter {
 		r.workers, r.deletes = o.MaxConcurrentBuckets, make(chan struct{}, o.MaxConcurrentBuckets)
 		r.scaled = opts.MaxConcurrentBuckets == 0
 	}
@@ -166,13 +164,6 @@ func (r *Relay) newRunState() *runState {
 	}
 	return st
 }
-
-// errStore marks a store error that the loop backs off from: every bucket
-// waits (discovery, acquisition, a lease too short to publish under).
-type errStore struct{ err error }
-
-func (e errStore) Error() string { return e.err.Error() }
-func (e errStore) Unwrap() error { return e.err }
 
 // Run publishes until ctx is done, then stops: it awaits the in-flight
 // publishes (records cannot be retracted), deletes their acknowledged
@@ -296,7 +287,7 @@ func (r *Relay) runStopBudget(stopping context.Context, stopped <-chan struct{},
 		at     time.Time
 		cancel context.CancelFunc
 	}{
-		{deadline.Add(-releaseReserve(r.opts.StopTimeout)), cancelCleanup},
+		{deadline.Add(-r.opts.StopTimeout / 4), cancelCleanup}, // a quarter is kept for the release
 		{deadline, cancelRelease},
 	}
 	for _, step := range steps {
@@ -312,10 +303,6 @@ func (r *Relay) runStopBudget(stopping context.Context, stopped <-chan struct{},
 	<-stopped
 }
 
-// releaseReserve is the part of the stop budget kept for releasing the
-// leases: a quarter.
-func releaseReserve(stopTimeout time.Duration) time.Duration { return stopTimeout / 4 }
-
 // stop releases the leases after the loop ended, on release (bounded by the
 // stop budget).
 func (r *Relay) stop(release context.Context, st *runState) {
@@ -328,9 +315,8 @@ func (r *Relay) stop(release context.Context, st *runState) {
 	}
 }
 
-// loop runs cycles until ctx is done or a fatal error. cleanup, detached
-// from ctx and bounded by the stop budget, carries the steps a stop must not
-// interrupt.
+// loop runs cycles until ctx is done or a fatal error; cleanup carries the
+// steps a stop must not interrupt.
 func (r *Relay) loop(ctx, cleanup context.Context, st *runState) error {
 	for ctx.Err() == nil {
 		start := r.clock.Now()
@@ -347,21 +333,14 @@ func (r *Relay) loop(ctx, cleanup context.Context, st *runState) error {
 		if st.worked.Load() {
 			r.m.cycleDur.Record(context.Background(), r.clock.Now().Sub(start).Seconds(), r.m.attrs)
 		}
-		var se errStore
 		switch {
 		case ctx.Err() != nil:
 			return nil
-		case errors.As(err, &se):
-			r.repeats.Log(ctx, r.log, r.clock.Now(), "cycle", "store error; backing off", se.err, "backoff", r.opts.ErrorBackoff)
-			r.sleep(ctx, r.opts.ErrorBackoff)
-			continue
 		case err != nil:
 			return err
+		case !r.eligible(st, r.clock.Now()):
+			r.idle(ctx, st)
 		}
-		if r.eligible(st, r.clock.Now()) {
-			continue
-		}
-		r.idle(ctx, st)
 	}
 	return nil
 }
@@ -425,9 +404,7 @@ func (r *Relay) checkClockOffset() {
 }
 
 // logRecovered, after a batch went through, logs the end of the failed
-// publishes and of the buckets' store errors (Limiter.LogRecovered) once no
-// bucket retries one: while one partition is down, the other buckets'
-// batches do not end its failures.
+// publishes and of the buckets' store errors once no bucket retries one.
 func (r *Relay) logRecovered(ctx context.Context, st *runState) {
 	var publish, store bool
 	st.mu.Lock()
@@ -446,8 +423,7 @@ func (r *Relay) logRecovered(ctx context.Context, st *runState) {
 }
 
 // everyBucketFailing returns, for Health, an error when every owned bucket
-// backs off from its own store error: the store fails all of the relay's
-// work, not one bucket's.
+// backs off from its own store error.
 func (r *Relay) everyBucketFailing(st *runState) error {
 	owned, _, _ := st.lease.snapshot()
 	if len(owned) == 0 {
@@ -475,9 +451,7 @@ func (r *Relay) noteStuck(st *runState) {
 		publishing = publishing || hr.published
 	}
 	st.mu.Unlock()
-	if !publishing && st.serving == 0 {
-		// No failed publish is being retried. (A worker still running may
-		// have failed one and not yet recorded its retry: judge after it.)
+	if !publishing && st.serving == 0 { // a running worker may not have recorded its retry yet
 		r.pubFail.Store(nil)
 	}
 	if oldest.IsZero() {
@@ -494,15 +468,7 @@ func (r *Relay) eligible(st *runState, now time.Time) bool {
 		return true
 	}
 	owned, _, _ := st.lease.snapshot()
-	for _, b := range owned {
-		if !st.b[b].ready {
-			continue
-		}
-		if hr := st.b[b].retry; hr == nil || !now.Before(hr.notBefore) {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(owned, func(b int) bool { return st.b[b].sweepable(now) })
 }
 
 // idle waits for the next deadline (rebalance; discovery and head-row
@@ -522,25 +488,12 @@ func (r *Relay) idle(ctx context.Context, st *runState) {
 	defer stop()
 	r.setPhase(phaseIdle) // the wait ends by the rebalance: see renewLoop
 	if r.onIdle != nil {
-		r.onIdle()
-	}
-	select {
-	case <-ctx.Done():
-	case <-tc:
-	case <-r.notifier.wake:
-	}
-}
-
-// sleep waits d or until ctx is done; notifications do not interrupt it.
-func (r *Relay) sleep(ctx context.Context, d time.Duration) {
-	tc, stop := r.clock.NewTimer(d)
-	defer stop()
-	if r.onIdle != nil {
 		r.onIdle() // once the timer is set: a test may move the clock now
 	}
 	select {
 	case <-ctx.Done():
 	case <-tc:
+	case <-r.notifier.wake:
 	}
 }
 
@@ -556,7 +509,6 @@ func containsSorted(s []int, v int) bool {
 	return ok
 }
 
-// failpoint marks a step of the relay's life where a crash test can stop the
-// process (see internal/failpoint; built with -tags outbox_failpoints). In a
-// normal build it is empty and inlined: it costs nothing.
+// failpoint marks a step where a crash test can stop the process (built
+// with -tags outbox_failpoints); otherwise it is empty and inlined.
 func failpoint(name string) { fp.Inject(name) }

@@ -79,7 +79,7 @@ func (r *Relay) sweep(ctx, cleanup context.Context, st *runState, owned []int) e
 		done: make(chan groupDone), found: make(chan discovered, 1), fleet: make(chan int, 1)}
 	for _, b := range owned {
 		s.enqueue(b)
-		if st.b[b].sweepable() {
+		if st.b[b].sweepable(r.clock.Now()) {
 			s.firstPass++
 		}
 	}
@@ -272,7 +272,7 @@ func (r *Relay) sweepWorkers(owned int) int {
 // readsInOrder reports whether the next group is read in order:
 // Options.SingleWriter is set and at most maxOrdered buckets are queued.
 func (r *Relay) readsInOrder(queued int) bool {
-	return r.serialWrites && queued <= maxOrdered
+	return r.opts.SingleWriter && queued <= maxOrdered
 }
 
 // groupSize is how many buckets a worker takes at once: an equal share of
@@ -302,7 +302,7 @@ func (s *scheduler) nextGroup(size int, ordered bool) []int {
 		b, bk := q[i], &st.b[q[i]]
 		rows := cmp.Or(bk.share, equal)
 		switch {
-		case !s.busy[b] && bk.sweepable() && (len(group) == 0 || bk.groupable(ordered) && (ordered || used+rows <= r.opts.BatchSize)):
+		case !s.busy[b] && bk.sweepable(r.clock.Now()) && (len(group) == 0 || bk.groupable(ordered) && (ordered || used+rows <= r.opts.BatchSize)):
 			delete(s.queued, b)
 			group = append(group, b)
 			used += rows

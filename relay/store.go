@@ -15,25 +15,20 @@ import (
 // Every method must honour ctx and be safe for concurrent use (the relay
 // never calls two of NextBatches, MarkPublished and Park for one bucket at
 // once, but a NextBatches that excludes the rows a MarkPublished still
-// deletes). A store may lack three capabilities, and says so:
-//   - parking: Fleet reports CanPark false (a row the broker never accepts
-//     then stops its bucket);
-//   - backlog metrics: PendingMetrics returns nil, nil;
-//   - a clock of its own: ClockOffset returns ok false (its leases then run
-//     on the relay hosts' clocks, which must agree within a fraction of
-//     LeaseDuration − LeaseRenewInterval).
+// deletes). A store may lack parking (Fleet reports CanPark false),
+// backlog metrics (PendingMetrics returns nil, nil) or a clock of its own
+// (ClockOffset returns ok false: the relay hosts' clocks must then agree
+// within a fraction of LeaseDuration − LeaseRenewInterval).
 type Store interface {
 	// AcquireBucketLeases runs one acquisition round for relayID: it records
 	// a heartbeat, takes or keeps this relay's fair share of the bucketCount
-	// buckets (see Shares) with leases lasting leaseDuration from now, frees
-	// any excess, and reports the round (Leases). It claims free buckets
-	// from a point that differs between relays (see ClaimStart), and never
-	// a lease row it had to recreate before any earlier holder's lease
-	// could have run out. The fleet's bucket count is the store's (a
-	// database's lease rows): a bucketCount that differs, or rows in a
-	// bucket outside [0, bucketCount), make it return an error wrapping
-	// ErrMisconfigured that names both counts, before it records a
-	// heartbeat, so that a misconfigured relay is never counted as a peer.
+	// buckets (Shares) with leases lasting leaseDuration from now, frees any
+	// excess, and reports the round. It claims free buckets from ClaimStart,
+	// and never a lease row it had to recreate before any earlier holder's
+	// lease could have run out. A bucketCount that differs from the store's,
+	// or rows in a bucket outside [0, bucketCount), make it return an error
+	// wrapping ErrMisconfigured that names both counts, before it records a
+	// heartbeat.
 	AcquireBucketLeases(ctx context.Context, relayID string, bucketCount int, leaseDuration time.Duration) (Leases, error)
 
 	// RenewBucketLeases extends relayID's leases on buckets to now +
@@ -42,9 +37,8 @@ type Store interface {
 	RenewBucketLeases(ctx context.Context, relayID string, buckets []int, leaseDuration time.Duration) (bool, error)
 
 	// ReleaseBucketLeases marks relayID stopped (a late statement of its
-	// own cannot claim buckets again) and frees its leases, so that a peer
-	// takes the buckets at once. The relay calls it once, after its last
-	// publish.
+	// own cannot claim buckets again) and frees its leases. The relay calls
+	// it once, after its last publish.
 	ReleaseBucketLeases(ctx context.Context, relayID string) error
 
 	// BucketsWithPending returns the buckets among the given ones that hold
@@ -53,14 +47,9 @@ type Store interface {
 	// relay then finds an empty batch.
 	BucketsWithPending(ctx context.Context, buckets []int) ([]int, error)
 
-	// NextBatches answers each request (see BatchRequest) in one call,
-	// one statement where it can: results[i] answers reqs[i]. The
-	// requests name distinct buckets. An error of the call itself is
-	// returned alone. The relay asks for one bucket per request, a group
-	// of shallow buckets in one call, so that a backlog spread over many
-	// buckets costs a few statements per group; with Options.SingleWriter
-	// (SQLite) it asks for a group's buckets in one request, read in the
-	// table's own order, each page once.
+	// NextBatches answers each request (see BatchRequest) in one call, one
+	// statement where it can: results[i] answers reqs[i]. The requests name
+	// distinct buckets. An error of the call itself is returned alone.
 	NextBatches(ctx context.Context, reqs []BatchRequest) ([]BatchResult, error)
 
 	// MarkPublished deletes published messages, of any buckets
@@ -71,9 +60,7 @@ type Store interface {
 
 	// Fleet reports the live relays (a heartbeat within the latest round's
 	// lease duration, not stopped), cheaply: the relay calls it every
-	// PollInterval and runs an acquisition round at once when their number
-	// changed, so that a joining or stopping relay's buckets change hands
-	// within about a PollInterval.
+	// PollInterval.
 	Fleet(ctx context.Context) (Fleet, error)
 
 	// Park marks row id of bucket parked, in place, with reason (which the
@@ -89,10 +76,9 @@ type Store interface {
 	PendingMetrics(ctx context.Context) (*Pending, error)
 
 	// ClockOffset returns the latest measured offset of the clock the
-	// store's leases run on (gormstore: the database's) to the relay host's
-	// (the store's minus the host's), and its uncertainty; ok is false while
-	// nothing was measured or when the leases run on the hosts' clocks. It
-	// returns a cached value and never queries (see MetricClockOffset).
+	// store's leases run on to the relay host's (the store's minus the
+	// host's), and its uncertainty; ok is false while nothing was measured
+	// or when the leases run on the hosts' clocks. It never queries.
 	ClockOffset() (offset, uncertainty time.Duration, ok bool)
 
 	// BucketCount is the writers' bucket count (see Options.BucketCount);
@@ -104,16 +90,13 @@ type Store interface {
 type Leases struct {
 	// Owned are the buckets the relay owns after the round, ascending.
 	Owned []int
-	// Share is the relay's fair share in the round (Shares): while it owns
-	// fewer, the relay runs its next round soon, not a LeaseRenewInterval
-	// later.
+	// Share is the relay's fair share in the round (Shares).
 	Share int
 	// Relays is the number of live relays the round counted, the caller
 	// included.
 	Relays int
 	// Unowned is the number of buckets without a live owner after the
-	// round: free, expired, or held by a relay no longer live
-	// (MetricUnownedBuckets).
+	// round: free, expired, or held by a relay no longer live.
 	Unowned int
 }
 
@@ -121,18 +104,16 @@ type Leases struct {
 type Fleet struct {
 	// Relays is the number of live relays.
 	Relays int
-	// CanPark reports whether every live relay supports parking (an older
-	// one would publish parked rows); while false (a rolling upgrade) the
-	// relay retries a row instead of parking it.
+	// CanPark reports whether every live relay supports parking; while
+	// false (a rolling upgrade) the relay retries a row instead.
 	CanPark bool
 }
 
 // BatchRequest is one request of Store.NextBatches: up to Limit pending
-// messages of Buckets, oldest (lowest id, the submission order) first
-// across them, as if the rows of Exclude were gone. With MaxBytes > 0 the
-// answer also stops after the first row that brings its size (by
-// MessageSize, or more) beyond MaxBytes, that row included: the relay tells
-// a batch cut by size from a drained bucket.
+// messages of Buckets, oldest (lowest id) first across them, as if the rows
+// of Exclude were gone. With MaxBytes > 0 the answer also stops after the
+// first row that brings its size (by MessageSize, or more) beyond
+// MaxBytes, that row included.
 //
 // Holds are the store's: the answer never includes a parked row, nor a row
 // of a key (non-nil) with a parked row of a smaller id in the same bucket,
@@ -144,11 +125,9 @@ type BatchRequest struct {
 	Buckets  []int // distinct, ascending
 	Limit    int
 	MaxBytes int64 // 0: no byte bound
-	// Exclude are rows of Buckets that the answer leaves out, as if they
-	// were gone: the buckets' previous batches, published, whose deletes
-	// still run beside this fetch. Limit and MaxBytes count only the rows
-	// returned. A store identifies them as MarkPublished does; rows of
-	// Exclude already gone change nothing.
+	// Exclude are rows of Buckets whose deletes still run beside this
+	// fetch: the answer leaves them out, and Limit and MaxBytes count only
+	// the rows returned. A store identifies them as MarkPublished does.
 	Exclude []*outbox.Message
 }
 
@@ -160,20 +139,15 @@ type BatchResult struct {
 
 // Pending is a backlog snapshot of the whole store.
 type Pending struct {
-	// Count is the number of pending messages in every bucket, parked rows
-	// excluded.
-	Count int64
+	Count int64 // pending messages, parked rows excluded
 	// Oldest is the creation time of the oldest pending message that is not
 	// parked; zero when there is none or the store cannot tell.
 	Oldest time.Time
-	// Parked is the number of parked rows; zero for a store that cannot
-	// park.
-	Parked int64
+	Parked int64 // parked rows; zero for a store that cannot park
 }
 
-// ErrMisconfigured is wrapped by errors that no retry can fix: a relay or
-// writer whose bucket count differs from the fleet's (a store's
-// AcquireBucketLeases returns it), or a publish longer than
-// Options.MaxPublishDuration. Run stops with it, so that a misconfigured
-// deployment fails loudly. It is outbox.ErrMisconfigured.
+// ErrMisconfigured is wrapped by errors that no retry can fix: a bucket
+// count differing from the fleet's, or a publish longer than
+// Options.MaxPublishDuration. Run stops with it. It is
+// outbox.ErrMisconfigured.
 var ErrMisconfigured = outbox.ErrMisconfigured
