@@ -10,22 +10,17 @@ import (
 	"github.com/gorm-outbox/outbox"
 )
 
-// A sweep's worker serves a group of buckets, one or several, with one
-// fetch (Store.NextBatches), one publish and one delete, so that a backlog
-// spread thinly over many buckets costs a few calls per group. Read by
-// heads, each bucket has its own request, and the group's batches share
-// BatchSize and MaxBatchBytes: a bucket whose latest batch was cut takes
-// twice that share next, up to a whole batch (served alone), the others
-// split what is left. Read in order (Options.SingleWriter), one request
-// covers the group's buckets, BatchSize rows in id order across them, the
-// table's own order; cut, it leaves every bucket ready, else it drained
-// them all. When a group's fetch or delete fails, each of its buckets is
-// served alone next, at once: only the one at fault backs off.
+// A worker serves a group of buckets with one fetch, one publish and one
+// delete, so that a backlog spread thinly over many buckets costs a few
+// calls per group. Read by heads, each bucket has its own request sharing
+// BatchSize and MaxBatchBytes; read in order (Options.SingleWriter), one
+// request covers the group, in the table's own order. When a group's fetch
+// or delete fails, each of its buckets is served alone next, at once: only
+// the one at fault backs off.
 
-// serve serves one batch of each bucket of group: fetch, publish, settle.
-// It runs on a sweep's worker goroutine, touches only its buckets, and
-// checks the leases before every step that changes their rows; errs[i] is
-// group[i]'s outcome.
+// serve fetches, publishes and settles one batch of each bucket of group on
+// a worker goroutine, checking the leases before every step that changes
+// their rows; errs[i] is group[i]'s outcome.
 func (r *Relay) serve(ctx, cleanup context.Context, st *runState, group []int, ordered bool) []error {
 	errs := make([]error, len(group))
 	st.worked.Store(true)
@@ -62,10 +57,8 @@ func (r *Relay) serve(ctx, cleanup context.Context, st *runState, group []int, o
 }
 
 // fetch reads a batch of each owned bucket of group in one NextBatches
-// call: by heads, a request per bucket, alone BatchSize rows and
-// MaxBatchBytes, in a group its share of them; or in order (see
-// fetchInOrder). fs[i] is group[i]'s batch (nil: nothing to publish), and a
-// bucket's error goes to errs[i].
+// call; fs[i] is group[i]'s batch (nil: nothing to publish), errs[i] its
+// error.
 func (r *Relay) fetch(ctx, cleanup context.Context, st *runState, group []int, ordered bool, errs []error) []*fetched {
 	fs := make([]*fetched, len(group))
 	ordered = ordered && len(group) > 1
@@ -110,7 +103,7 @@ func (r *Relay) fetch(ctx, cleanup context.Context, st *runState, group []int, o
 
 // shares returns the rows each bucket of group takes: alone or read in
 // order, BatchSize; else a deep one its share, the others an equal part of
-// what the deep ones leave of BatchSize (at least one row).
+// what is left.
 func (r *Relay) shares(st *runState, group []int, ordered bool) []int {
 	limits := make([]int, len(group))
 	if len(group) == 1 || ordered {
@@ -141,12 +134,9 @@ func fraction(total int64, n, of int) int64 {
 }
 
 // fetchInOrder reads the buckets of reqs (at: their indexes into group) in
-// one request: up to BatchSize rows and MaxBatchBytes in id order across
-// them, split by bucket into fs. Cut by the limit, the bytes or a corrupt
-// row, the fetch leaves every bucket ready; else each is drained. A corrupt
-// row is parked when no row of its bucket comes before it. When the call
-// fails, or answers with a row of a bucket not asked for, each bucket is
-// fetched alone next, at once.
+// one request, split by bucket into fs. Cut, the fetch leaves every bucket
+// ready; else each is drained. When the call fails, or answers with a row
+// of a bucket not asked for, each bucket is fetched alone next.
 func (r *Relay) fetchInOrder(ctx context.Context, st *runState, group []int, reqs []BatchRequest, at []int, fs []*fetched, errs []error) {
 	req := BatchRequest{Limit: r.opts.BatchSize, MaxBytes: r.opts.MaxBatchBytes}
 	index := make(map[int32]int, len(reqs)) // bucket → its index in group
@@ -212,9 +202,8 @@ func (r *Relay) nextBatches(ctx context.Context, reqs []BatchRequest) ([]BatchRe
 	return results, err
 }
 
-// publish publishes batches, each a bucket's, in one call of the publisher
-// on cleanup: records cannot be retracted, so a stop awaits it, up to the
-// stop budget; results[i] is batches[i]'s.
+// publish publishes batches in one call on cleanup: records cannot be
+// retracted, so a stop awaits it, up to the stop budget.
 func (r *Relay) publish(cleanup context.Context, batches [][]*outbox.Message) (results []Result, took time.Duration) {
 	start := r.clock.Now()
 	token := r.inflight.begin(r, start)
@@ -258,8 +247,7 @@ func MessageSize(m *outbox.Message) int64 {
 }
 
 // trimToBytes returns the longest prefix of batch within maxBytes, at least
-// one row; over reports that batch exceeded the bound (the bucket may hold
-// more rows).
+// one row; over reports that batch exceeded it.
 func trimToBytes(batch []*outbox.Message, maxBytes int64) (kept []*outbox.Message, over bool) {
 	var total int64
 	for i, m := range batch {

@@ -14,9 +14,8 @@ import (
 )
 
 // bucket is what a Run knows of one bucket, and the steps of its life:
-// fetch, settle, delete, strike and park (park.go), drop. While a sweep's
-// worker serves it, that worker alone touches it; retry is written under
-// runState.mu.
+// fetch, settle, delete, strike and park (park.go), drop. The worker
+// serving it alone touches it; retry is written under runState.mu.
 type bucket struct {
 	id       int
 	r        *Relay
@@ -31,18 +30,16 @@ type bucket struct {
 }
 
 // headRetry is the backoff of a bucket whose head row failed to publish or
-// whose own store call failed: it is retried alone, not before notBefore;
-// since is when the first of these consecutive failures happened.
+// whose own store call failed: it is retried alone, not before notBefore.
 type headRetry struct {
 	attempts  int
 	notBefore time.Time
-	since     time.Time
-	storeErr  error // the latest failure was this store error; nil: a publish failure
-	published bool  // a publish of the head row failed (see publishFailing)
+	since     time.Time // the first of these consecutive failures
+	storeErr  error     // the latest failure was this store error; nil: a publish failure
+	published bool      // a publish of the head row failed (see publishFailing)
 }
 
-// errBucket marks a store error of one bucket: that bucket alone backs off
-// (failed).
+// errBucket marks a store error of one bucket: that bucket alone backs off.
 type errBucket struct{ err error }
 
 func (e errBucket) Error() string { return e.err.Error() }
@@ -52,15 +49,13 @@ func (bk *bucket) errorf(format string, args ...any) error {
 	return errBucket{fmt.Errorf("relay: bucket %d: "+format, append([]any{bk.id}, args...)...)}
 }
 
-// errFencedBucket is what settle returns, inside an errBucket, when the
-// publisher reported ErrFenced: the loop drops the bucket.
+// errFencedBucket, inside an errBucket, makes the loop drop the bucket.
 type errFencedBucket struct{ err error }
 
 func (e *errFencedBucket) Error() string { return e.err.Error() }
 func (e *errFencedBucket) Unwrap() error { return e.err }
 
-// owned reports whether the relay may act on the bucket now: its lease set
-// is valid and holds it.
+// owned reports whether the relay may act on the bucket now.
 func (bk *bucket) owned() bool {
 	if !bk.r.leaseValid(bk.st) {
 		return false
@@ -91,15 +86,14 @@ func (bk *bucket) sweepable(now time.Time) bool {
 	return bk.ready && (bk.retry == nil || !now.Before(bk.retry.notBefore))
 }
 
-// groupable reports whether the bucket may join a group: not retrying its
-// head row, nor due alone, nor, read by heads, deep enough for a whole batch.
+// groupable reports whether the bucket may join a group: not retrying, nor
+// due alone, nor, read by heads, deep enough for a whole batch.
 func (bk *bucket) groupable(ordered bool) bool {
 	return bk.retry == nil && !bk.alone && (ordered || bk.share < bk.r.opts.BatchSize)
 }
 
-// deepen records a batch read with limit rows: cut (by the limit or the
-// bytes), the next share in a group is twice limit, up to BatchSize; else
-// an equal share.
+// deepen records a batch read with limit rows: cut, the next share in a
+// group is twice limit, up to BatchSize; else an equal share.
 func (bk *bucket) deepen(limit int, cut bool) {
 	bk.share = 0
 	if cut {
@@ -114,10 +108,10 @@ type fetched struct {
 	took    time.Duration
 }
 
-// request readies the bucket's fetch of up to limit rows and maxBytes: it
-// deletes again the rows whose delete failed, and returns the request (nil:
-// no longer owned), which leaves out the rows of the previous batch whose
-// delete still runs. A bucket retrying its head row fetches it alone.
+// request readies the bucket's fetch: it deletes again the rows whose
+// delete failed, and returns the request (nil: no longer owned), which
+// leaves out the rows whose delete still runs. A retried head row is
+// fetched alone.
 func (bk *bucket) request(ctx, cleanup context.Context, limit int, maxBytes int64) (*BatchRequest, error) {
 	if bk.retry != nil {
 		limit = 1
@@ -136,9 +130,8 @@ func (bk *bucket) request(ctx, cleanup context.Context, limit int, maxBytes int6
 	return &BatchRequest{Buckets: []int{bk.id}, Limit: limit, MaxBytes: maxBytes, Exclude: excl}, nil
 }
 
-// fetched makes the answer to req, read in took, the bucket's batch,
-// bounded by the request's bytes; nil when there is nothing to publish. It
-// parks a corrupt head row.
+// fetched makes the answer to req the bucket's batch, nil when there is
+// nothing to publish; it parks a corrupt head row.
 func (bk *bucket) fetched(ctx context.Context, req BatchRequest, batch []*outbox.Message, err error, took time.Duration) (*fetched, error) {
 	full := len(batch) >= req.Limit // the bucket may hold more rows
 	bk.alone = false
@@ -165,10 +158,9 @@ func (bk *bucket) fetched(ctx context.Context, req BatchRequest, batch []*outbox
 	return &fetched{rows: batch, drained: bk.retry == nil && !full && !over && !next, took: took}, nil
 }
 
-// settle acts on the outcome of publishing f: it records it, adds the
-// acknowledged prefix to the group's delete (del), and on a failure backs
-// the bucket off, strikes its head row (only served alone) or drops it
-// (ErrFenced).
+// settle records the outcome of publishing f, adds the acknowledged prefix
+// to the group's delete, and on a failure backs the bucket off, strikes its
+// head row (only served alone) or drops it (ErrFenced).
 func (bk *bucket) settle(ctx context.Context, f *fetched, res Result, took time.Duration, del *groupDelete, alone bool) error {
 	r, pub := bk.r, f.rows
 	ack := min(max(res.Acknowledged, 0), len(pub))
@@ -189,8 +181,7 @@ func (bk *bucket) settle(ctx context.Context, f *fetched, res Result, took time.
 		if !bk.owned() {
 			return fatal // a peer may own the rows now: mark nothing
 		}
-		// One delete per bucket at a time: a crash republishes at most the
-		// batch being deleted and the one in flight.
+		// One delete per bucket at a time bounds what a crash republishes.
 		if err := bk.settleDelete(ctx); err != nil {
 			bk.unmarked = append(bk.unmarked, pub[:ack]...)
 			return cmp.Or(fatal, error(errBucket{err}))
@@ -222,8 +213,8 @@ func (bk *bucket) settle(ctx context.Context, f *fetched, res Result, took time.
 	return nil
 }
 
-// pendingDelete is a bucket's part of a running delete (its group's
-// MarkPublished), running beside the bucket's next fetch and publish.
+// pendingDelete is a bucket's part of a running delete, beside its next
+// fetch and publish.
 type pendingDelete struct {
 	rows []*outbox.Message
 	*deleteCall
@@ -236,8 +227,7 @@ type deleteCall struct {
 	group bool // of several buckets
 }
 
-// groupDelete collects a group's acknowledged rows, per bucket, for one
-// delete.
+// groupDelete collects a group's acknowledged rows for one delete.
 type groupDelete struct {
 	buckets []*bucket
 	rows    [][]*outbox.Message
@@ -247,9 +237,9 @@ func (d *groupDelete) add(bk *bucket, rows []*outbox.Message) {
 	d.buckets, d.rows = append(d.buckets, bk), append(d.rows, rows)
 }
 
-// startDelete deletes del's rows on a goroutine of its own, in one call,
-// and calls logBatch with its duration when DEBUG is on. One runs per
-// bucket at most (settleDelete), cap(deletes) in all; the sweep awaits them.
+// startDelete deletes del's rows in one call on a goroutine, and calls
+// logBatch with its duration at DEBUG. One runs per bucket at most,
+// cap(deletes) in all; the sweep awaits them.
 func (r *Relay) startDelete(ctx, cleanup context.Context, st *runState, del *groupDelete, logBatch func(time.Duration)) {
 	call := &deleteCall{done: make(chan struct{}), group: len(del.buckets) > 1}
 	for i, bk := range del.buckets {
@@ -270,8 +260,8 @@ func (r *Relay) startDelete(ctx, cleanup context.Context, st *runState, del *gro
 	}()
 }
 
-// deletingRows returns the rows whose delete still runs, for the next fetch
-// to leave out; nil when none runs (a finished one is settled).
+// deletingRows returns the rows whose delete still runs; a finished one is
+// settled.
 func (bk *bucket) deletingRows(ctx context.Context) []*outbox.Message {
 	d := bk.deleting
 	if d == nil {
@@ -286,9 +276,9 @@ func (bk *bucket) deletingRows(ctx context.Context) []*outbox.Message {
 	}
 }
 
-// settleDelete waits for the bucket's running delete, if any, and forgets
-// it. A failed one leaves its rows to delete again before the next fetch
-// and returns its error; during a stop it is logged instead.
+// settleDelete waits for the bucket's running delete, if any. A failed one
+// leaves its rows to delete again before the next fetch and returns its
+// error; during a stop it is logged instead.
 func (bk *bucket) settleDelete(ctx context.Context) error {
 	d := bk.deleting
 	if d == nil {
@@ -317,7 +307,7 @@ func (bk *bucket) settleDelete(ctx context.Context) error {
 }
 
 // awaitDeletes settles every running delete once a sweep's workers have
-// returned; a bucket whose delete failed backs off.
+// returned.
 func (r *Relay) awaitDeletes(ctx context.Context, st *runState) {
 	st.mu.Lock()
 	bs := slices.Collect(maps.Keys(st.deleting))
@@ -330,9 +320,8 @@ func (r *Relay) awaitDeletes(ctx context.Context, st *runState) {
 	}
 }
 
-// retryLater records one more failure of the head row, a store error
-// (storeErr) or a failed publish (published), and returns the backoff
-// state and its new wait.
+// retryLater records one more failure of the head row, a store error or a
+// failed publish, and returns the backoff state and its new wait.
 func (bk *bucket) retryLater(storeErr error, published bool) (*headRetry, time.Duration) {
 	now := bk.r.clock.Now()
 	bk.st.mu.Lock()
@@ -351,9 +340,8 @@ func (bk *bucket) retryLater(storeErr error, published bool) (*headRetry, time.D
 	return hr, wait
 }
 
-// backoff returns the jittered exponential backoff of a head row's attempt:
-// ErrorBackoff doubling per attempt, capped at LeaseRenewInterval, then a
-// random value in [d/2, d].
+// backoff returns the backoff of a head row's attempt: ErrorBackoff
+// doubling per attempt up to LeaseRenewInterval, jittered in [d/2, d].
 func (r *Relay) backoff(attempt int) time.Duration {
 	d := r.opts.ErrorBackoff
 	for i := 1; i < attempt && d < r.opts.LeaseRenewInterval; i++ {
@@ -364,9 +352,8 @@ func (r *Relay) backoff(attempt int) time.Duration {
 	return half + time.Duration(r.rng.Int64N(int64(d-half)+1))
 }
 
-// failed handles a store error confined to the bucket: it backs off like a
-// failing head row while the others go on, and Health does not count it.
-// A fenced publish or a lost lease drops the bucket instead.
+// failed backs the bucket off after a store error of its own, the others
+// going on; a fenced publish or a lost lease drops it instead.
 func (bk *bucket) failed(err error) {
 	if cur, _, _ := bk.st.lease.snapshot(); !containsSorted(cur, bk.id) {
 		return // lost meanwhile: its state is forgotten
@@ -384,10 +371,9 @@ func (bk *bucket) failed(err error) {
 	r.repeats.Log(context.Background(), r.log, r.clock.Now(), "bucket store", "bucket store error; backing off this bucket, the others go on", err, "bucket", bk.id, "attempt", hr.attempts, "backoff", wait, "failing_for", r.clock.Now().Sub(hr.since))
 }
 
-// drop drops the bucket from the lease set after its publisher reported
-// ErrFenced (cause; atBroker), or the store ErrLeaseLost, as if a round had
-// not granted it; the next round comes within ErrorBackoff. The loop's
-// goroutine only.
+// drop drops the bucket from the lease set after ErrFenced (atBroker) or
+// ErrLeaseLost, as if a round had not granted it; the next round comes
+// within ErrorBackoff. The loop's goroutine only.
 func (bk *bucket) drop(cause error, atBroker bool) {
 	r, st := bk.r, bk.st
 	st.lease.mu.Lock()

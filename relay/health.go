@@ -18,14 +18,12 @@ var errNotRunning = errors.New("relay: not running")
 
 // Health reports whether the relay is healthy: nil while Run is running
 // and its latest cycle succeeded. Otherwise it says why: not running, no
-// cycle completed yet, the latest cycle's store or fatal error, a failed
-// acquisition not yet repaired, every owned bucket backing off from its own
-// store error, buckets without a live owner for longer than LeaseDuration
-// (as its acquisition rounds count them), or, until a publish is
-// acknowledged again, a publisher that
-// cannot authenticate (ErrPublisherAuth) or every publish failing for
-// longer than Options.PublishFailureWindow. A failing row or one bucket's
-// store error is not unhealthy. It is safe to call from any goroutine.
+// cycle completed yet, a fatal error, a failed acquisition or discovery,
+// every owned bucket backing off from its own store error, buckets without
+// a live owner for longer than LeaseDuration, or, until a publish is
+// acknowledged again, a publisher that cannot authenticate
+// (ErrPublisherAuth) or every publish failing for longer than
+// Options.PublishFailureWindow. It is safe to call from any goroutine.
 func (r *Relay) Health() error {
 	if !r.running.Load() {
 		return errNotRunning
@@ -49,18 +47,15 @@ func (r *Relay) Health() error {
 	return nil
 }
 
-// publishFailing is an unbroken run of failed publishes: since the start of
-// the first one, the latest one's error.
+// publishFailing is an unbroken run of failed publishes.
 type publishFailing struct {
 	since time.Time
 	last  error
 }
 
-// recordPublishHealth remembers an authentication failure of a publish,
-// and when an unbroken run of failed publishes began (the start of its
-// first call), for Health and MetricPublishStalled; it forgets both once a
-// publish is acknowledged. A publish cancelled by a stop (stopped) does not
-// count.
+// recordPublishHealth remembers an authentication failure and when a run
+// of failed publishes began, until a publish is acknowledged; a publish
+// cancelled by a stop does not count.
 func (r *Relay) recordPublishHealth(err error, ack int, failed, stopped bool, start time.Time) {
 	switch {
 	case ack > 0 || !failed:
@@ -80,8 +75,7 @@ func (r *Relay) recordPublishHealth(err error, ack int, failed, stopped bool, st
 	r.pubFail.Store(&publishFailing{since: since, last: err})
 }
 
-// authFailure reports whether a publish error says that the publisher
-// cannot authenticate to the cluster, so that every row fails the same way.
+// authFailure reports whether the publisher cannot authenticate.
 func authFailure(err error) bool {
 	if errors.Is(err, ErrPublisherAuth) {
 		return true
@@ -93,8 +87,7 @@ func authFailure(err error) bool {
 	return errors.As(err, &verify) || errors.As(err, &unknownCA) || errors.As(err, &hostname) || errors.As(err, &invalid)
 }
 
-// recordHealth remembers the outcome of a cycle for Health. A cycle cut
-// short by ctx is not recorded.
+// recordHealth remembers a cycle's outcome, unless ctx cut it short.
 func (r *Relay) recordHealth(ctx context.Context, err error) {
 	switch {
 	case ctx.Err() != nil:

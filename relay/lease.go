@@ -39,9 +39,8 @@ func (l *leaseSet) valid(now time.Time) bool {
 }
 
 // acquire runs one acquisition round. A store error wrapping
-// ErrMisconfigured is fatal; others are retried after ErrorBackoff, the
-// current leases staying valid until they expire. A relay granted less than
-// its fair share runs its next round a quarter PollInterval later.
+// ErrMisconfigured is fatal; others are retried after ErrorBackoff. A relay
+// granted less than its fair share runs its next round soon.
 func (r *Relay) acquire(ctx context.Context, st *runState) error {
 	st.attempted = true
 	t0 := r.clock.Now()
@@ -113,8 +112,8 @@ func (r *Relay) noteUnowned(n int, now time.Time) {
 	}
 }
 
-// setLeases replaces the local lease set. Newly gained buckets force a
-// discovery; state of buckets no longer owned is forgotten.
+// setLeases replaces the local lease set: gained buckets force a
+// discovery, lost ones are forgotten.
 func (r *Relay) setLeases(st *runState, buckets []int, validUntil time.Time) {
 	old, _, _ := st.lease.snapshot()
 	st.lease.mu.Lock()
@@ -159,8 +158,7 @@ func (r *Relay) publishOwnership(buckets []int, validUntil time.Time) {
 // checkLease it changes nothing, so that workers may call it.
 func (r *Relay) leaseValid(st *runState) bool { return st.lease.valid(r.clock.Now()) }
 
-// checkLease drops the lease set if it is no longer valid by the relay's
-// clock, and reports whether the relay may act on it.
+// checkLease drops the lease set if it is no longer valid.
 func (r *Relay) checkLease(st *runState) bool {
 	now := r.clock.Now()
 	if st.lease.valid(now) {
@@ -192,12 +190,7 @@ func (r *Relay) setPhase(p int32) {
 }
 
 // kickRenewer makes renewLoop look at the leases and the phase again.
-func (r *Relay) kickRenewer() {
-	select {
-	case r.kick <- struct{}{}:
-	default:
-	}
-}
+func (r *Relay) kickRenewer() { nudge(r.kick) }
 
 // renewLoop renews the leases on its own timer when due, so that no amount
 // of work lets them lapse, except while the loop is idle or acquiring: the
@@ -225,7 +218,7 @@ func (r *Relay) renewLoop(ctx context.Context, st *runState) {
 		if !fired {
 			continue // look again: a kick changed the leases or the phase
 		}
-		if r.phase.Load() != phaseWorking { // then the acquisition's leases are recorded
+		if r.phase.Load() != phaseWorking { // read first: a working loop recorded its leases
 			select {
 			case <-ctx.Done():
 				return
@@ -261,9 +254,7 @@ func (r *Relay) renewalDue(st *runState, tried time.Time) (time.Time, bool) {
 	return base.Add(min(r.opts.LeaseRenewInterval, rem/2)), true
 }
 
-// renew extends the leases. A false answer, or one arriving after they
-// expired, marks them lost; one about a set the loop replaced meanwhile is
-// ignored.
+// renew extends the leases; a false or late answer marks them lost.
 func (r *Relay) renew(ctx context.Context, st *runState) {
 	st.lease.mu.Lock()
 	buckets, validUntil, gen := st.lease.buckets, st.lease.validUntil, st.lease.gen

@@ -92,25 +92,14 @@ const (
 
 // instruments are a relay's OpenTelemetry instruments.
 type instruments struct {
-	attrs       metric.MeasurementOption
-	meter       metric.Meter
-	owned       metric.Int64ObservableGauge
-	unowned     metric.Int64ObservableGauge
-	acked       metric.Int64Counter
-	failures    metric.Int64Counter
-	expirations metric.Int64Counter
-	fenced      metric.Int64Counter
-	publishDur  metric.Float64Histogram
-	cycleDur    metric.Float64Histogram
-	pendingMsgs metric.Int64ObservableGauge
-	pendingAge  metric.Float64ObservableGauge
-	pendingOK   metric.Int64ObservableGauge
-	headAge     metric.Float64ObservableGauge
-	stalled     metric.Float64ObservableGauge
-	parked      metric.Int64Counter
-	parkedMsgs  metric.Int64ObservableGauge
-	clockOffset metric.Float64ObservableGauge
-	parkAttrs   map[string]metric.MeasurementOption // AttrParkReason value → outbox.name and that reason
+	attrs                                        metric.MeasurementOption
+	meter                                        metric.Meter
+	owned, unowned, pendingMsgs, pendingOK       metric.Int64ObservableGauge
+	parkedMsgs                                   metric.Int64ObservableGauge
+	acked, failures, expirations, fenced, parked metric.Int64Counter
+	publishDur, cycleDur                         metric.Float64Histogram
+	pendingAge, headAge, stalled, clockOffset    metric.Float64ObservableGauge
+	parkAttrs                                    map[string]metric.MeasurementOption // AttrParkReason value → outbox.name and that reason
 }
 
 // pendingSample is a cached backlog sample.
@@ -129,25 +118,17 @@ func newInstruments(mp metric.MeterProvider, name string) (*instruments, error) 
 	}
 	var errs []error
 	counter := func(name, unit, desc string) metric.Int64Counter {
-		c, err := m.Int64Counter(name, metric.WithUnit(unit), metric.WithDescription(desc))
-		errs = append(errs, err)
-		return c
+		return noting[metric.Int64Counter](&errs)(m.Int64Counter(name, metric.WithUnit(unit), metric.WithDescription(desc)))
 	}
 	intGauge := func(name, unit, desc string) metric.Int64ObservableGauge {
-		g, err := m.Int64ObservableGauge(name, metric.WithUnit(unit), metric.WithDescription(desc))
-		errs = append(errs, err)
-		return g
+		return noting[metric.Int64ObservableGauge](&errs)(m.Int64ObservableGauge(name, metric.WithUnit(unit), metric.WithDescription(desc)))
 	}
 	floatGauge := func(name, desc string) metric.Float64ObservableGauge {
-		g, err := m.Float64ObservableGauge(name, metric.WithUnit("s"), metric.WithDescription(desc))
-		errs = append(errs, err)
-		return g
+		return noting[metric.Float64ObservableGauge](&errs)(m.Float64ObservableGauge(name, metric.WithUnit("s"), metric.WithDescription(desc)))
 	}
 	seconds := metric.WithExplicitBucketBoundaries(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 	histogram := func(name, desc string) metric.Float64Histogram {
-		h, err := m.Float64Histogram(name, metric.WithUnit("s"), metric.WithDescription(desc), seconds)
-		errs = append(errs, err)
-		return h
+		return noting[metric.Float64Histogram](&errs)(m.Float64Histogram(name, metric.WithUnit("s"), metric.WithDescription(desc), seconds))
 	}
 	in.owned = intGauge(MetricOwnedBuckets, "{bucket}", "Buckets in the relay's local lease set.")
 	in.unowned = intGauge(MetricUnownedBuckets, "{bucket}", "Buckets without a live owner in the lease table, at the relay's latest acquisition round.")
@@ -169,6 +150,14 @@ func newInstruments(mp metric.MeterProvider, name string) (*instruments, error) 
 		return nil, err
 	}
 	return in, nil
+}
+
+// noting returns a function that notes err in errs and returns v.
+func noting[T any](errs *[]error) func(v T, err error) T {
+	return func(v T, err error) T {
+		*errs = append(*errs, err)
+		return v
+	}
 }
 
 // exportCounters adds 0 to every counter, so that increase() sees the
@@ -288,10 +277,7 @@ func (r *Relay) backlogLooksDrained() {
 	if !r.opts.MetricsBacklog || s == nil || s.count == 0 || r.clock.Now().Sub(s.at) < r.opts.PollInterval {
 		return
 	}
-	select {
-	case r.resample <- struct{}{}:
-	default:
-	}
+	nudge(r.resample)
 }
 
 // ownsBucketZero reports whether the relay holds a valid lease on bucket 0.

@@ -12,10 +12,8 @@ import (
 // implements outbox.BucketNotifier: pass it to outbox.Plugin, or call it
 // from a custom writer after a confirmed commit (never before).
 //
-// A Notifier keeps one bit per bucket, so notifications cost no memory and
-// none is lost before the relay waits; only hints for owned buckets wake
-// it, and only to look sooner. With Options.HintTransport commits also go
-// to other processes' relays. Its methods are safe for concurrent use and
+// A Notifier keeps one bit per bucket; only hints for owned buckets wake
+// the relay, to look sooner. Its methods are safe for concurrent use and
 // never block; a nil *Notifier ignores every call. Until relay.New attaches
 // it, notifications wake nothing (the first is logged at WARN).
 type Notifier struct {
@@ -41,7 +39,7 @@ type notifyState struct {
 }
 
 // NewNotifier returns a Notifier, to pass to outbox.Plugin and in
-// Options.Notifier when the plugin is registered before the relay is built.
+// Options.Notifier.
 func NewNotifier() *Notifier {
 	return &Notifier{wake: make(chan struct{}, 1), outWake: make(chan struct{}, 1)}
 }
@@ -103,8 +101,7 @@ func (n *Notifier) NotifyBucket(bucket int) {
 	n.local(st, bucket)
 }
 
-// checkAttached logs, once, a notification to a Notifier that no relay
-// was built with.
+// checkAttached logs, once, a notification to an unattached Notifier.
 func (n *Notifier) checkAttached() {
 	if n.attached.Load() || !n.warned.CompareAndSwap(false, true) {
 		return
@@ -145,28 +142,24 @@ func (n *Notifier) NotifyBuckets(buckets []int) {
 	}
 }
 
-func (n *Notifier) signal() {
+func (n *Notifier) signal()    { nudge(n.wake) }
+func (n *Notifier) signalOut() { nudge(n.outWake) }
+
+// nudge sends on c, a channel of one slot, unless a signal already waits.
+func nudge(c chan struct{}) {
 	select {
-	case n.wake <- struct{}{}:
+	case c <- struct{}{}:
 	default:
 	}
 }
 
-func (n *Notifier) signalOut() {
-	select {
-	case n.outWake <- struct{}{}:
-	default:
-	}
-}
-
-// takeOut returns and clears the hints to send to peers: committed buckets
-// in ascending order and whether an unknown-bucket commit happened.
+// takeOut returns and clears the hints to send to peers.
 func (n *Notifier) takeOut(dst []int) ([]int, bool) {
 	return takeBits(dst, n.state.Load().out, nil), n.outUnknown.Swap(false)
 }
 
 // takeBits clears words and appends the buckets whose bits were set (and
-// set in mask, when non-nil), in ascending order.
+// set in mask, when non-nil).
 func takeBits(dst []int, words, mask []atomic.Uint64) []int {
 	for i := range words {
 		w := words[i].Swap(0)
@@ -191,8 +184,7 @@ func (n *Notifier) attach(bucketCount int) bool {
 	return true
 }
 
-// setOwned records the buckets the relay owns; hints for others are
-// dropped from now on.
+// setOwned records the buckets the relay owns.
 func (n *Notifier) setOwned(buckets []int) {
 	st := n.state.Load()
 	words := make([]uint64, len(st.owned))
@@ -208,8 +200,7 @@ func (n *Notifier) setOwned(buckets []int) {
 	st.any.Store(len(buckets) > 0)
 }
 
-// take returns and clears the pending hints: the hinted owned buckets in
-// ascending order and whether an unknown-bucket notification arrived.
+// take returns and clears the hinted owned buckets and the unknown flag.
 func (n *Notifier) take(dst []int) ([]int, bool) {
 	st := n.state.Load()
 	return takeBits(dst, st.hinted, st.owned), n.unknown.Swap(false)

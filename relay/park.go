@@ -20,33 +20,26 @@ import (
 )
 
 // ErrUnpublishable is wrapped by a publish error that will recur for the
-// row as stored, whatever the retry (a record too large or invalid, a topic
-// that cannot exist or may not be written): the default ParkPolicy parks
-// such a row. kafkapub wraps it for such Kafka errors; transient failures
-// must not wrap it.
+// row as stored, whatever the retry (a record too large, a topic that may
+// not be written): the default ParkPolicy parks such a row. Transient
+// failures must not wrap it.
 var ErrUnpublishable = errors.New("the broker will never accept this row as stored")
 
 // CorruptReasonPrefix starts the reason of a row parked because the store
-// could not decode it. Such a row is parked alone: it does not hold the
-// later rows of its key.
+// could not decode it. Such a row does not hold the later rows of its key.
 const CorruptReasonPrefix = "corrupt row: "
 
-// HeldReasonPrefix starts the reason of a row that a relay of an earlier
-// release parked behind an earlier parked row of its key (whose id
-// follows): a parked row like any other.
+// HeldReasonPrefix starts the reason of a row that an earlier release
+// parked behind a parked row of its key (whose id follows).
 const HeldReasonPrefix = "held behind parked row "
 
 // CorruptRowError is returned by Store.NextBatches (BatchResult.Err) for a
-// row that cannot be decoded (a message id that is not a UUID, a header
-// blob of an unknown codec version). The relay parks it alone, once it is
-// its bucket's head, with a reason starting with CorruptReasonPrefix, and
-// goes on with the bucket.
+// row that cannot be decoded. The relay parks it, once it is its bucket's
+// head, with a reason starting with CorruptReasonPrefix.
 type CorruptRowError struct {
-	// ID and Bucket locate the row.
 	ID     int64
 	Bucket int
-	// Err is the decoding error.
-	Err error
+	Err    error // the decoding error
 }
 
 func (e *CorruptRowError) Error() string {
@@ -84,8 +77,7 @@ func (p ParkPolicy) String() string {
 }
 
 // ErrLeaseLost is wrapped by the error of Store.Park when the relay no
-// longer holds the bucket's lease: the relay drops the bucket until its
-// next acquisition round.
+// longer holds the bucket's lease: the relay drops the bucket.
 var ErrLeaseLost = errors.New("the relay no longer holds the bucket's lease")
 
 // ParkedRow is a parked row as ParkAdmin lists it.
@@ -95,16 +87,14 @@ type ParkedRow struct {
 	Bucket    int
 	Topic     string
 	Key       []byte
-	// Size is the length of the value plus the key, in bytes.
-	Size      int
+	Size      int // of the value plus the key, in bytes
 	CreatedAt time.Time
 	ParkedAt  time.Time
 	Reason    string
 }
 
 // ParkedSelector chooses parked rows for ParkAdmin's requeue and deletion;
-// exactly one of its fields is set. Choose defines what it chooses, for
-// every ParkAdmin and for previews.
+// exactly one of its fields is set. Choose defines what it chooses.
 type ParkedSelector struct {
 	// ID chooses one row. A corrupt (reason starting with
 	// CorruptReasonPrefix) or keyless row is chosen alone; any other row
@@ -149,8 +139,7 @@ func (s ParkedSelector) Choose(parked []ParkedRow) []ParkedRow {
 	return out
 }
 
-// parkedAlone reports whether r holds nothing and is chosen alone by an ID
-// selection: keyless or corrupt.
+// parkedAlone reports whether r is keyless or corrupt: chosen alone by ID.
 func (r ParkedRow) parkedAlone() bool {
 	return r.Key == nil || strings.HasPrefix(r.Reason, CorruptReasonPrefix)
 }
@@ -184,8 +173,8 @@ type ParkAdmin interface {
 	DeleteParked(ctx context.Context, sel ParkedSelector) (int64, error)
 }
 
-// strike counts the consecutive failed single-row publishes of a bucket's
-// head row that the ParkPolicy counts.
+// strike counts the failed single-row publishes of a head row that the
+// ParkPolicy counts.
 type strike struct {
 	id       int64 // the row
 	n        int

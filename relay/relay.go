@@ -62,10 +62,9 @@ type Relay struct {
 	onIdle func() // test hook: called when Run starts an idle wait
 }
 
-// New returns a relay publishing store's rows with pub. It validates opts
-// (see Options) against the store: an invalid option or a Notifier already
-// attached to another relay is an error naming the cause; a BucketCount
-// disagreeing with the store's wraps ErrMisconfigured.
+// New returns a relay publishing store's rows with pub. An invalid option
+// or a Notifier already attached to another relay is an error naming the
+// cause; a BucketCount disagreeing with the store's wraps ErrMisconfigured.
 func New(store Store, pub Publisher, opts Options) (*Relay, error) {
 	if store == nil {
 		return nil, errors.New("relay: nil Store")
@@ -131,30 +130,20 @@ func (r *Relay) Notifier() *Notifier {
 }
 
 // runState is the state of one Run, owned by its goroutine; the lease set
-// is shared with the renewal goroutine, and b[i] with the sweep's worker
-// serving bucket i, while it runs.
+// is shared with renewLoop, and b[i] with the worker serving it.
 type runState struct {
-	lease         leaseSet
-	attempted     bool // an acquisition was attempted: release on stop
-	nextRebalance time.Time
-	nextDiscovery time.Time
-	// The fleet check (liveRelays): the live relays the latest round
-	// counted (0: none yet), and when the next check is due.
-	relays         int
-	nextFleetCheck time.Time
-	discover       bool // discovery forced by new buckets or an unknown hint
-	hints          []int
-	worked         atomic.Bool // the cycle called the store
-	acquireErr     error       // the latest acquisition's error, nil after a success
-	discoverErr    error       // the latest discovery's error, nil after a success
-
-	b []bucket // BucketCount of them
-
-	serving int // workers of a sweep running; the loop's goroutine only
-
-	mu       sync.Mutex       // guards bucket.retry, retrying and deleting
-	retrying map[int]struct{} // the buckets whose retry is set
-	deleting map[int]struct{} // the buckets whose delete runs: the sweep awaits these at its end
+	lease                                        leaseSet
+	attempted                                    bool // an acquisition was attempted: release on stop
+	nextRebalance, nextDiscovery, nextFleetCheck time.Time
+	relays                                       int  // live relays the latest round counted (0: none yet)
+	discover                                     bool // discovery forced by new buckets or an unknown hint
+	hints                                        []int
+	worked                                       atomic.Bool      // the cycle called the store
+	acquireErr, discoverErr                      error            // the latest ones; nil after a success
+	b                                            []bucket         // BucketCount of them
+	serving                                      int              // workers of a sweep running; the loop only
+	mu                                           sync.Mutex       // guards bucket.retry, retrying and deleting
+	retrying, deleting                           map[int]struct{} // the buckets whose retry is set, whose delete runs
 }
 
 func (r *Relay) newRunState() *runState {
@@ -165,15 +154,12 @@ func (r *Relay) newRunState() *runState {
 	return st
 }
 
-// Run publishes until ctx is done, then stops: it awaits the in-flight
-// publishes (records cannot be retracted), deletes their acknowledged
-// prefixes while the leases are valid, and releases the leases so that a
-// peer takes over at once, all within Options.StopTimeout. It returns nil
-// after such a stop, or, after the same stop, a fatal error wrapping
-// ErrMisconfigured (a bucket count disagreement, a publish exceeding
-// MaxPublishDuration). Run returns only after every goroutine it started
-// has exited. Calling Run while another Run of the same relay is running is
-// an error.
+// Run publishes until ctx is done, then stops within Options.StopTimeout:
+// it awaits the in-flight publishes, deletes their acknowledged prefixes
+// while the leases are valid, and releases the leases. It returns nil, or,
+// after the same stop, a fatal error wrapping ErrMisconfigured, and only
+// after every goroutine it started has exited. Calling Run while another
+// Run of the same relay is running is an error.
 func (r *Relay) Run(ctx context.Context) error {
 	if !r.running.CompareAndSwap(false, true) {
 		return errors.New("relay: Run called while the relay is already running")
@@ -228,8 +214,8 @@ func (r *Relay) startAux(ctx context.Context) (stop func()) {
 }
 
 // work runs the loop and the lease renewal until ctx is done or a fatal
-// error, then stops within the stop budget: cleanup carries the publishes
-// and deletes, release the lease release, both detached from ctx.
+// error, then stops: cleanup carries the publishes and deletes, release
+// the lease release, both detached from ctx.
 func (r *Relay) work(ctx context.Context) error {
 	stopping, beginStop := context.WithCancel(ctx)
 	defer beginStop()
@@ -253,8 +239,7 @@ func (r *Relay) work(ctx context.Context) error {
 	st := r.newRunState()
 	st.nextRebalance = r.clock.Now()
 	r.phase.Store(phaseWorking)
-	// The renewal goroutine keeps the leases while a stop awaits the
-	// in-flight publishes; it ends before the release.
+	// Renewal keeps the leases while a stop awaits the publishes.
 	renewing, stopRenewing := context.WithCancel(cleanup)
 	defer stopRenewing()
 	var rwg sync.WaitGroup
@@ -273,9 +258,8 @@ func (r *Relay) work(ctx context.Context) error {
 	return err
 }
 
-// runStopBudget enforces the stop budget: once stopping is done, it
-// cancels cleanup (the in-flight publishes and deletes) at three quarters
-// of StopTimeout and release at its end. It returns when stopped closes.
+// runStopBudget cancels cleanup at three quarters of StopTimeout after
+// stopping is done, and release at its end; it returns when stopped closes.
 func (r *Relay) runStopBudget(stopping context.Context, stopped <-chan struct{}, cancelCleanup, cancelRelease context.CancelFunc) {
 	select {
 	case <-stopped:
@@ -303,8 +287,7 @@ func (r *Relay) runStopBudget(stopping context.Context, stopped <-chan struct{},
 	<-stopped
 }
 
-// stop releases the leases after the loop ended, on release (bounded by the
-// stop budget).
+// stop releases the leases after the loop ended.
 func (r *Relay) stop(release context.Context, st *runState) {
 	r.setLeases(st, nil, time.Time{})
 	if !st.attempted {
@@ -345,8 +328,7 @@ func (r *Relay) loop(ctx, cleanup context.Context, st *runState) error {
 	return nil
 }
 
-// cycle runs acquisition when due and one sweep over the owned buckets
-// (which discovers, when due or hinted, beside its batches).
+// cycle runs acquisition when due and one sweep over the owned buckets.
 func (r *Relay) cycle(ctx, cleanup context.Context, st *runState) error {
 	if now := r.clock.Now(); !now.Before(st.nextFleetCheck) && now.Before(st.nextRebalance) {
 		st.nextFleetCheck = now.Add(r.opts.PollInterval)
@@ -367,25 +349,32 @@ func (r *Relay) cycle(ctx, cleanup context.Context, st *runState) error {
 	r.setPhase(phaseWorking)
 	r.checkLease(st)
 	owned, _, _ := st.lease.snapshot()
-	var unknown bool
-	st.hints, unknown = r.notifier.take(st.hints[:0])
-	for _, b := range st.hints {
+	r.takeHints(st, func(b int) {
 		if containsSorted(owned, b) {
-			st.b[b].ready = true // hinted owned buckets are fetched directly
+			st.b[b].ready = true
 		}
-	}
+	})
 	if len(owned) == 0 {
 		return nil
-	}
-	if unknown {
-		st.discover = true
 	}
 	return r.sweep(ctx, cleanup, st, owned)
 }
 
-// checkClockOffset logs one warning when the store reports the host clock
-// off by more than ClockOffsetWarnThreshold (beyond the measurement's
-// uncertainty), and arms the next only once the offset is back within it.
+// takeHints hands each hinted bucket to ready; a hint of an unknown bucket
+// forces a discovery.
+func (r *Relay) takeHints(st *runState, ready func(b int)) {
+	var unknown bool
+	st.hints, unknown = r.notifier.take(st.hints[:0])
+	for _, b := range st.hints {
+		ready(b)
+	}
+	if unknown {
+		st.discover = true
+	}
+}
+
+// checkClockOffset warns once when the host clock is off the store's by
+// more than ClockOffsetWarnThreshold, again once it came back within it.
 func (r *Relay) checkClockOffset() {
 	off, unc, ok := r.store.ClockOffset()
 	if !ok {
@@ -437,8 +426,7 @@ func (r *Relay) everyBucketFailing(st *runState) error {
 	return fmt.Errorf("relay: the store fails for every owned bucket (%d); bucket %d: %w", len(owned), owned[0], st.b[owned[0]].retry.storeErr)
 }
 
-// noteStuck caches, for the head-age gauge, when the longest-failing head
-// row of the owned buckets first failed (zero: none is failing).
+// noteStuck caches when the longest-failing head row first failed.
 func (r *Relay) noteStuck(st *runState) {
 	var oldest time.Time
 	publishing := false
@@ -461,8 +449,7 @@ func (r *Relay) noteStuck(st *runState) {
 	}
 }
 
-// eligible reports whether an acquisition round is due or an owned ready
-// bucket can be swept now.
+// eligible reports whether a round is due or an owned bucket is sweepable.
 func (r *Relay) eligible(st *runState, now time.Time) bool {
 	if !now.Before(st.nextRebalance) || !now.Before(st.nextFleetCheck) {
 		return true
@@ -471,8 +458,7 @@ func (r *Relay) eligible(st *runState, now time.Time) bool {
 	return slices.ContainsFunc(owned, func(b int) bool { return st.b[b].sweepable(now) })
 }
 
-// idle waits for the next deadline (rebalance; discovery and head-row
-// retries when owning buckets) or a notification.
+// idle waits for the next deadline or a notification.
 func (r *Relay) idle(ctx context.Context, st *runState) {
 	now := r.clock.Now()
 	deadline := earliest(st.nextRebalance, st.nextFleetCheck)

@@ -11,41 +11,28 @@ import (
 	"github.com/gorm-outbox/outbox"
 )
 
-// maxGroup bounds the buckets of a group read by heads: its fetch, one
-// statement, reads at most maxGroup bucket heads.
-const maxGroup = 64
+const (
+	maxGroup      = 64   // buckets of a group read by heads: heads one statement reads
+	maxOrdered    = 1024 // buckets of a group read in order; beyond, groups are read by heads
+	discoveryRest = 3    // a slow discovery rests this many times its duration
+)
 
-// maxOrdered bounds the buckets of a group read in order: the relay's work
-// per fetch grows with them; beyond it a serialising store's groups are
-// read by heads.
-const maxOrdered = 1024
-
-// discoveryRest is how many times its own duration a discovery slower than
-// a quarter of PollInterval waits before the next one.
-const discoveryRest = 3
-
-// scheduler is one sweep's dispatch state: it hands the ready buckets,
-// round robin, to up to workers goroutines running serve, a group at a
-// time, and runs discovery and the fleet check beside them.
+// scheduler is one sweep's state: it hands the ready buckets, round robin,
+// a group at a time, to up to workers goroutines running serve, and runs
+// discovery and the fleet check beside them.
 type scheduler struct {
-	r           *Relay
-	st          *runState
-	ctx         context.Context
-	owned       []int
-	workers     int
-	running     int
-	discovering bool
-	checking    bool // a fleet check runs
-	fatal       error
-	busy        map[int]bool // buckets being served
-	hinted      map[int]bool // hinted while being served
-	queue       []int        // buckets to serve, in turn
-	queued      map[int]bool
-	firstPass   int // buckets servable at the start: each gets a batch first
-	dispatched  int
-	done        chan groupDone
-	found       chan discovered
-	fleet       chan int
+	r                     *Relay
+	st                    *runState
+	ctx                   context.Context
+	owned, queue          []int // queue: buckets to serve, in turn
+	workers, running      int
+	firstPass, dispatched int  // firstPass: buckets sweepable at the start, each served first
+	discovering, checking bool // a discovery, a fleet check runs
+	fatal                 error
+	busy, hinted, queued  map[int]bool // hinted: while being served
+	done                  chan groupDone
+	found                 chan discovered
+	fleet                 chan int
 }
 
 // groupDone is the outcome of a worker's batches: errs[i] is buckets[i]'s.
@@ -63,14 +50,10 @@ type discovered struct {
 }
 
 // sweep publishes batches of the ready buckets until nothing is left to
-// serve, the rebalance is due, a fatal error (returned once the workers
-// have), a stop or an invalid lease set. A free worker goes to the next
-// ready bucket at once, and hints arriving meanwhile make their buckets
-// ready, so a committed row waits for about one batch of its bucket. A
-// discovery, when hinted or (after the first pass) due, runs beside the
-// batches and the buckets it finds join the queue. The sweep drops an
-// invalid lease set, and returns, only once every worker, discovery and
-// delete has.
+// serve, the rebalance is due, a fatal error, a stop or an invalid lease
+// set. Hints and discoveries arriving meanwhile make their buckets ready,
+// so a committed row waits for about one batch of its bucket. It returns
+// only once every worker, discovery and delete has.
 func (r *Relay) sweep(ctx, cleanup context.Context, st *runState, owned []int) error {
 	defer r.awaitDeletes(ctx, st) // after every worker returned
 	s := &scheduler{r: r, st: st, ctx: ctx, owned: owned, workers: r.sweepWorkers(len(owned)),
@@ -125,7 +108,7 @@ func (s *scheduler) dispatching() bool {
 }
 
 // dispatch starts a discovery and a fleet check when due, and a worker per
-// free slot while groups are ready.
+// free slot.
 func (s *scheduler) dispatch(cleanup context.Context) {
 	r, st, ctx := s.r, s.st, s.ctx
 	if !s.discovering && s.dispatching() {
@@ -151,8 +134,7 @@ func (s *scheduler) dispatch(cleanup context.Context) {
 	}
 }
 
-// wait takes the next event: a worker done, a fleet check, a discovery or
-// hints.
+// wait takes the next event: a worker done, a fleet check, a discovery, hints.
 func (s *scheduler) wait() {
 	r, st := s.r, s.st
 	select {
@@ -187,25 +169,14 @@ func (s *scheduler) wait() {
 			s.readied(b)
 		}
 	case <-r.notifier.wake:
-		var unknown bool
-		st.hints, unknown = r.notifier.take(st.hints[:0])
-		for _, b := range st.hints {
-			s.readied(b)
-		}
-		if unknown {
-			st.discover = true // discovered at once, beside the batches
-		}
+		r.takeHints(st, s.readied)
 	}
 }
 
-// discover starts a discovery of the owned buckets holding rows, on a
-// goroutine that sends its outcome to found, when one is hinted or due
-// (PollInterval after the previous one began) and the sweep is past its
-// first pass (a walk of many buckets would slow the batches of a backlog
-// the relay already knows), and reports whether it did. None runs while
-// every owned bucket is ready or busy. It probes only the buckets not
-// waiting, ready, for a batch: a waiting bucket's next batch starts after
-// the discovery, so it reads every row committed before.
+// discover starts a discovery on a goroutine sending to found, when one is
+// hinted, or due and the sweep is past its first pass, and reports whether
+// it did. It probes only the buckets not waiting, ready, for a batch: their
+// next batch reads every row committed before.
 func (r *Relay) discover(ctx context.Context, st *runState, owned []int, busy map[int]bool, firstPass bool, found chan<- discovered) bool {
 	now := r.clock.Now()
 	if !st.discover && (firstPass || now.Before(st.nextDiscovery)) {
@@ -231,9 +202,7 @@ func (r *Relay) discover(ctx context.Context, st *runState, owned []int, busy ma
 }
 
 // discoveredBuckets records the outcome of a discovery and returns the
-// buckets it found. A failed one is retried after ErrorBackoff, the buckets
-// known to be ready being served meanwhile: a slow discovery must not stop
-// the relay.
+// buckets it found; a failed one is retried after ErrorBackoff.
 func (r *Relay) discoveredBuckets(ctx context.Context, st *runState, d discovered) []int {
 	if d.err != nil {
 		if ctx.Err() == nil {
@@ -244,8 +213,7 @@ func (r *Relay) discoveredBuckets(ctx context.Context, st *runState, d discovere
 		return nil
 	}
 	st.discoverErr = nil
-	// A discovery taking a good part of PollInterval rests discoveryRest
-	// times as long as it took: it takes at most a quarter of the time.
+	// A slow discovery takes at most a quarter of the relay's time.
 	if end := r.clock.Now(); end.Sub(d.began)*(discoveryRest+1) > r.opts.PollInterval {
 		st.nextDiscovery = end.Add(end.Sub(d.began) * discoveryRest)
 	}
@@ -257,10 +225,7 @@ func (r *Relay) discoveredBuckets(ctx context.Context, st *runState, d discovere
 }
 
 // sweepWorkers is how many groups a sweep over owned buckets serves at
-// once: r.workers, and with MaxConcurrentBuckets left at its default no
-// more than the relay's part of what a fleet on outbox.DefaultBucketCount
-// buckets serves, ⌈8 × owned ÷ BucketCount⌉, so that a fleet's load on the
-// database does not grow with the bucket count.
+// once (see Options.MaxConcurrentBuckets).
 func (r *Relay) sweepWorkers(owned int) int {
 	if !r.scaled {
 		return r.workers
@@ -269,14 +234,13 @@ func (r *Relay) sweepWorkers(owned int) int {
 	return min(r.workers, max(1, (fleet+r.opts.BucketCount-1)/r.opts.BucketCount))
 }
 
-// readsInOrder reports whether the next group is read in order:
-// Options.SingleWriter is set and at most maxOrdered buckets are queued.
+// readsInOrder reports whether the next group is read in order.
 func (r *Relay) readsInOrder(queued int) bool {
 	return r.opts.SingleWriter && queued <= maxOrdered
 }
 
 // groupSize is how many buckets a worker takes at once: an equal share of
-// the queued ones per worker; read by heads, at most maxGroup and BatchSize.
+// the queued ones; read by heads, at most maxGroup and BatchSize.
 func (r *Relay) groupSize(queued, workers int, ordered bool) int {
 	if ordered {
 		return max(1, queued)
@@ -285,12 +249,10 @@ func (r *Relay) groupSize(queued, workers int, ordered bool) int {
 	return min(maxGroup, r.opts.BatchSize, each)
 }
 
-// nextGroup removes from the queue, and returns, its first bucket that is
-// sweepable and not busy, and, when that bucket is groupable, the next
-// such groupable ones whose shares fit in BatchSize (a bucket without one
-// counts BatchSize/size; read in order, no share), up to size in all;
-// buckets no longer ready leave the queue, and those skipped keep their
-// place.
+// nextGroup takes from the queue its first sweepable bucket not busy and,
+// when it is groupable, the next such ones whose shares fit in BatchSize,
+// up to size in all; buckets no longer ready leave the queue, and those
+// skipped keep their place.
 func (s *scheduler) nextGroup(size int, ordered bool) []int {
 	r, st, q := s.r, s.st, s.queue
 	var group []int

@@ -6,11 +6,9 @@ import (
 )
 
 // HintTransport carries bucket hints between relay processes, so that a
-// commit in one wakes the relay owning its bucket in another before its
-// poll. Hints are advisory: they may be duplicated, reordered or lost.
-// pgnotify implements it with PostgreSQL LISTEN/NOTIFY. The relay calls
-// Publish and Listen from one goroutine each, concurrently; both must
-// honour ctx.
+// commit in one wakes the relay owning its bucket in another. Hints may be
+// duplicated, reordered or lost. pgnotify implements it. The relay calls
+// Publish and Listen from one goroutine each; both must honour ctx.
 type HintTransport interface {
 	// Publish broadcasts committed bucket ids (−1: unknown) to every relay
 	// sharing the outbox, this one included, without retaining buckets. On
