@@ -18,9 +18,7 @@ import (
 // or delete fails, each of its buckets is served alone next, at once: only
 // the one at fault backs off.
 
-// serve fetches, publishes and settles one batch of each bucket of group on
-// a worker goroutine, checking the leases before every step that changes
-// their rows; errs[i] is group[i]'s outcome.
+// serve fetches, publishes and settles a batch of each bucket of group; errs[i] is group[i]'s outcome.
 func (r *Relay) serve(ctx, cleanup context.Context, st *runState, group []int, ordered bool) []error {
 	errs := make([]error, len(group))
 	st.worked.Store(true)
@@ -56,9 +54,7 @@ func (r *Relay) serve(ctx, cleanup context.Context, st *runState, group []int, o
 	return errs
 }
 
-// fetch reads a batch of each owned bucket of group in one NextBatches
-// call; fs[i] is group[i]'s batch (nil: nothing to publish), errs[i] its
-// error.
+// fetch reads a batch of each owned bucket of group in one NextBatches call (nil: nothing to publish).
 func (r *Relay) fetch(ctx, cleanup context.Context, st *runState, group []int, ordered bool, errs []error) []*fetched {
 	fs := make([]*fetched, len(group))
 	ordered = ordered && len(group) > 1
@@ -101,9 +97,7 @@ func (r *Relay) fetch(ctx, cleanup context.Context, st *runState, group []int, o
 	return fs
 }
 
-// shares returns the rows each bucket of group takes: alone or read in
-// order, BatchSize; else a deep one its share, the others an equal part of
-// what is left.
+// shares returns the rows each bucket of group takes: a deep one its share, the others an equal part.
 func (r *Relay) shares(st *runState, group []int, ordered bool) []int {
 	limits := make([]int, len(group))
 	if len(group) == 1 || ordered {
@@ -133,10 +127,7 @@ func fraction(total int64, n, of int) int64 {
 	return total/int64(of)*int64(n) + total%int64(of)*int64(n)/int64(of)
 }
 
-// fetchInOrder reads the buckets of reqs (at: their indexes into group) in
-// one request, split by bucket into fs. Cut, the fetch leaves every bucket
-// ready; else each is drained. When the call fails, or answers with a row
-// of a bucket not asked for, each bucket is fetched alone next.
+// fetchInOrder reads the buckets of reqs in one request, in id order, split by bucket into fs.
 func (r *Relay) fetchInOrder(ctx context.Context, st *runState, group []int, reqs []BatchRequest, at []int, fs []*fetched, errs []error) {
 	req := BatchRequest{Limit: r.opts.BatchSize, MaxBytes: r.opts.MaxBatchBytes}
 	index := make(map[int32]int, len(reqs)) // bucket → its index in group
@@ -202,24 +193,22 @@ func (r *Relay) nextBatches(ctx context.Context, reqs []BatchRequest) ([]BatchRe
 	return results, err
 }
 
-// publish publishes batches in one call on cleanup: records cannot be
-// retracted, so a stop awaits it, up to the stop budget.
+// publish publishes batches on cleanup: records cannot be retracted, so a stop awaits it.
 func (r *Relay) publish(cleanup context.Context, batches [][]*outbox.Message) (results []Result, took time.Duration) {
 	start := r.clock.Now()
-	token := r.inflight.begin(r, start)
+	r.inflight.track(r, start, false)
 	stopWarning := context.AfterFunc(cleanup, func() {
 		r.log.Warn("in-flight publish outlived the stop budget; cancelled", "stop_timeout", r.opts.StopTimeout)
 	})
 	results = r.callPublisher(cleanup, batches)
 	stopWarning()
-	r.inflight.end(r, token)
+	r.inflight.track(r, start, true)
 	took = r.clock.Now().Sub(start)
 	r.m.publishDur.Record(context.Background(), took.Seconds(), r.m.attrs)
 	return results, took
 }
 
-// callPublisher calls Publish, turning a panic or a wrong number of results
-// into every batch's error.
+// callPublisher calls Publish, turning a panic or wrong results into every batch's error.
 func (r *Relay) callPublisher(ctx context.Context, batches [][]*outbox.Message) (results []Result) {
 	defer func() {
 		if p := recover(); p != nil {
@@ -246,8 +235,7 @@ func MessageSize(m *outbox.Message) int64 {
 	return n
 }
 
-// trimToBytes returns the longest prefix of batch within maxBytes, at least
-// one row; over reports that batch exceeded it.
+// trimToBytes returns the longest prefix of batch within maxBytes, at least one row.
 func trimToBytes(batch []*outbox.Message, maxBytes int64) (kept []*outbox.Message, over bool) {
 	var total int64
 	for i, m := range batch {

@@ -29,8 +29,7 @@ type bucket struct {
 	deleting *pendingDelete    // the running delete of its latest acknowledged rows; nil: none
 }
 
-// headRetry is the backoff of a bucket whose head row failed to publish or
-// whose own store call failed: it is retried alone, not before notBefore.
+// headRetry is the backoff of a bucket whose head row or own store call failed.
 type headRetry struct {
 	attempts  int
 	notBefore time.Time
@@ -49,12 +48,6 @@ func (bk *bucket) errorf(format string, args ...any) error {
 	return errBucket{fmt.Errorf("relay: bucket %d: "+format, append([]any{bk.id}, args...)...)}
 }
 
-// errFencedBucket, inside an errBucket, makes the loop drop the bucket.
-type errFencedBucket struct{ err error }
-
-func (e *errFencedBucket) Error() string { return e.err.Error() }
-func (e *errFencedBucket) Unwrap() error { return e.err }
-
 // owned reports whether the relay may act on the bucket now.
 func (bk *bucket) owned() bool {
 	if !bk.r.leaseValid(bk.st) {
@@ -64,8 +57,7 @@ func (bk *bucket) owned() bool {
 	return containsSorted(owned, bk.id)
 }
 
-// forget drops what the Run knows of the bucket, no longer owned; its
-// acknowledged rows not yet deleted are the next owner's to republish.
+// forget drops what the Run knows of the bucket, no longer owned.
 func (bk *bucket) forget() {
 	bk.ready, bk.unmarked = false, nil
 	bk.settled()
@@ -80,20 +72,17 @@ func (bk *bucket) settled() {
 	bk.strikes = nil
 }
 
-// sweepable reports whether the bucket is ready, not waiting out a backoff
-// at now.
+// sweepable reports whether the bucket is ready, not waiting out a backoff at now.
 func (bk *bucket) sweepable(now time.Time) bool {
 	return bk.ready && (bk.retry == nil || !now.Before(bk.retry.notBefore))
 }
 
-// groupable reports whether the bucket may join a group: not retrying, nor
-// due alone, nor, read by heads, deep enough for a whole batch.
+// groupable reports whether the bucket may join a group (not retrying, due alone or deep).
 func (bk *bucket) groupable(ordered bool) bool {
 	return bk.retry == nil && !bk.alone && (ordered || bk.share < bk.r.opts.BatchSize)
 }
 
-// deepen records a batch read with limit rows: cut, the next share in a
-// group is twice limit, up to BatchSize; else an equal share.
+// deepen sets the next share in a group after a batch read with limit rows, cut or not.
 func (bk *bucket) deepen(limit int, cut bool) {
 	bk.share = 0
 	if cut {
@@ -108,10 +97,7 @@ type fetched struct {
 	took    time.Duration
 }
 
-// request readies the bucket's fetch: it deletes again the rows whose
-// delete failed, and returns the request (nil: no longer owned), which
-// leaves out the rows whose delete still runs. A retried head row is
-// fetched alone.
+// request readies the fetch: it deletes again the rows whose delete failed, and leaves out those still deleted.
 func (bk *bucket) request(ctx, cleanup context.Context, limit int, maxBytes int64) (*BatchRequest, error) {
 	if bk.retry != nil {
 		limit = 1
@@ -130,8 +116,7 @@ func (bk *bucket) request(ctx, cleanup context.Context, limit int, maxBytes int6
 	return &BatchRequest{Buckets: []int{bk.id}, Limit: limit, MaxBytes: maxBytes, Exclude: excl}, nil
 }
 
-// fetched makes the answer to req the bucket's batch, nil when there is
-// nothing to publish; it parks a corrupt head row.
+// fetched makes the answer to req the bucket's batch (nil: nothing to publish), parking a corrupt head row.
 func (bk *bucket) fetched(ctx context.Context, req BatchRequest, batch []*outbox.Message, err error, took time.Duration) (*fetched, error) {
 	full := len(batch) >= req.Limit // the bucket may hold more rows
 	bk.alone = false
@@ -158,9 +143,8 @@ func (bk *bucket) fetched(ctx context.Context, req BatchRequest, batch []*outbox
 	return &fetched{rows: batch, drained: bk.retry == nil && !full && !over && !next, took: took}, nil
 }
 
-// settle records the outcome of publishing f, adds the acknowledged prefix
-// to the group's delete, and on a failure backs the bucket off, strikes its
-// head row (only served alone) or drops it (ErrFenced).
+// settle records a publish's outcome and queues the acknowledged rows' delete; a failure backs
+// the bucket off, strikes its head row or drops it.
 func (bk *bucket) settle(ctx context.Context, f *fetched, res Result, took time.Duration, del *groupDelete, alone bool) error {
 	r, pub := bk.r, f.rows
 	ack := min(max(res.Acknowledged, 0), len(pub))
@@ -194,7 +178,7 @@ func (bk *bucket) settle(ctx context.Context, f *fetched, res Result, took time.
 	case failed && ctx.Err() != nil:
 		return nil
 	case failed && errors.Is(res.Err, ErrFenced):
-		return errBucket{&errFencedBucket{res.Err}} // not the row's fault: no strike, no backoff
+		return errBucket{res.Err} // not the row's fault: dropped, no strike, no backoff
 	case failed:
 		if alone {
 			if parked, err := bk.strike(ctx, pub, ack, res.Err); parked || err != nil {
@@ -213,8 +197,7 @@ func (bk *bucket) settle(ctx context.Context, f *fetched, res Result, took time.
 	return nil
 }
 
-// pendingDelete is a bucket's part of a running delete, beside its next
-// fetch and publish.
+// pendingDelete is a bucket's part of a running delete, beside its next fetch and publish.
 type pendingDelete struct {
 	rows []*outbox.Message
 	*deleteCall
@@ -237,9 +220,7 @@ func (d *groupDelete) add(bk *bucket, rows []*outbox.Message) {
 	d.buckets, d.rows = append(d.buckets, bk), append(d.rows, rows)
 }
 
-// startDelete deletes del's rows in one call on a goroutine, and calls
-// logBatch with its duration at DEBUG. One runs per bucket at most,
-// cap(deletes) in all; the sweep awaits them.
+// startDelete deletes del's rows in one call on a goroutine; one runs per bucket at most.
 func (r *Relay) startDelete(ctx, cleanup context.Context, st *runState, del *groupDelete, logBatch func(time.Duration)) {
 	call := &deleteCall{done: make(chan struct{}), group: len(del.buckets) > 1}
 	for i, bk := range del.buckets {
@@ -260,8 +241,7 @@ func (r *Relay) startDelete(ctx, cleanup context.Context, st *runState, del *gro
 	}()
 }
 
-// deletingRows returns the rows whose delete still runs; a finished one is
-// settled.
+// deletingRows returns the rows whose delete still runs; a finished one is settled.
 func (bk *bucket) deletingRows(ctx context.Context) []*outbox.Message {
 	d := bk.deleting
 	if d == nil {
@@ -276,9 +256,7 @@ func (bk *bucket) deletingRows(ctx context.Context) []*outbox.Message {
 	}
 }
 
-// settleDelete waits for the bucket's running delete, if any. A failed one
-// leaves its rows to delete again before the next fetch and returns its
-// error; during a stop it is logged instead.
+// settleDelete waits for the running delete; a failed one's rows are deleted again before the next fetch.
 func (bk *bucket) settleDelete(ctx context.Context) error {
 	d := bk.deleting
 	if d == nil {
@@ -306,8 +284,7 @@ func (bk *bucket) settleDelete(ctx context.Context) error {
 	return fmt.Errorf("relay: bucket %d: mark published: %w", bk.id, d.err)
 }
 
-// awaitDeletes settles every running delete once a sweep's workers have
-// returned.
+// awaitDeletes settles every running delete once the sweep's workers returned.
 func (r *Relay) awaitDeletes(ctx context.Context, st *runState) {
 	st.mu.Lock()
 	bs := slices.Collect(maps.Keys(st.deleting))
@@ -320,8 +297,7 @@ func (r *Relay) awaitDeletes(ctx context.Context, st *runState) {
 	}
 }
 
-// retryLater records one more failure of the head row, a store error or a
-// failed publish, and returns the backoff state and its new wait.
+// retryLater records one more failure of the head row and returns the backoff state and wait.
 func (bk *bucket) retryLater(storeErr error, published bool) (*headRetry, time.Duration) {
 	now := bk.r.clock.Now()
 	bk.st.mu.Lock()
@@ -340,8 +316,7 @@ func (bk *bucket) retryLater(storeErr error, published bool) (*headRetry, time.D
 	return hr, wait
 }
 
-// backoff returns the backoff of a head row's attempt: ErrorBackoff
-// doubling per attempt up to LeaseRenewInterval, jittered in [d/2, d].
+// backoff is ErrorBackoff doubling per attempt up to LeaseRenewInterval, jittered in [d/2, d].
 func (r *Relay) backoff(attempt int) time.Duration {
 	d := r.opts.ErrorBackoff
 	for i := 1; i < attempt && d < r.opts.LeaseRenewInterval; i++ {
@@ -352,14 +327,13 @@ func (r *Relay) backoff(attempt int) time.Duration {
 	return half + time.Duration(r.rng.Int64N(int64(d-half)+1))
 }
 
-// failed backs the bucket off after a store error of its own, the others
-// going on; a fenced publish or a lost lease drops it instead.
+// failed backs the bucket off after its own store error, or drops it (ErrFenced, ErrLeaseLost).
 func (bk *bucket) failed(err error) {
 	if cur, _, _ := bk.st.lease.snapshot(); !containsSorted(cur, bk.id) {
 		return // lost meanwhile: its state is forgotten
 	}
-	if fb := (*errFencedBucket)(nil); errors.As(err, &fb) {
-		bk.drop(fb.err, true)
+	if errors.Is(err, ErrFenced) {
+		bk.drop(err, true)
 		return
 	}
 	if errors.Is(err, ErrLeaseLost) {
@@ -371,9 +345,7 @@ func (bk *bucket) failed(err error) {
 	r.repeats.Log(context.Background(), r.log, r.clock.Now(), "bucket store", "bucket store error; backing off this bucket, the others go on", err, "bucket", bk.id, "attempt", hr.attempts, "backoff", wait, "failing_for", r.clock.Now().Sub(hr.since))
 }
 
-// drop drops the bucket from the lease set after ErrFenced (atBroker) or
-// ErrLeaseLost, as if a round had not granted it; the next round comes
-// within ErrorBackoff. The loop's goroutine only.
+// drop drops the bucket from the lease set until the next round, within ErrorBackoff.
 func (bk *bucket) drop(cause error, atBroker bool) {
 	r, st := bk.r, bk.st
 	st.lease.mu.Lock()

@@ -53,9 +53,7 @@ type publishFailing struct {
 	last  error
 }
 
-// recordPublishHealth remembers an authentication failure and when a run
-// of failed publishes began, until a publish is acknowledged; a publish
-// cancelled by a stop does not count.
+// recordPublishHealth remembers an auth failure and a run of failed publishes until an acknowledgement.
 func (r *Relay) recordPublishHealth(err error, ack int, failed, stopped bool, start time.Time) {
 	switch {
 	case ack > 0 || !failed:

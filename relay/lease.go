@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,17 +32,14 @@ func (l *leaseSet) snapshot() ([]int, time.Time, bool) {
 	return l.buckets, l.validUntil, l.lost
 }
 
-// valid reports whether the relay may still act on its leases at now: it
-// owns buckets, no renewal reported them lost, and they have not expired.
+// valid reports whether the relay may act on its leases at now.
 func (l *leaseSet) valid(now time.Time) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return len(l.buckets) > 0 && !l.lost && now.Before(l.validUntil)
 }
 
-// acquire runs one acquisition round. A store error wrapping
-// ErrMisconfigured is fatal; others are retried after ErrorBackoff. A relay
-// granted less than its fair share runs its next round soon.
+// acquire runs an acquisition round; only ErrMisconfigured is fatal, others retry after ErrorBackoff.
 func (r *Relay) acquire(ctx context.Context, st *runState) error {
 	st.attempted = true
 	t0 := r.clock.Now()
@@ -81,9 +80,7 @@ func (r *Relay) acquire(ctx context.Context, st *runState) error {
 	return nil
 }
 
-// liveRelays returns the number of live relays (Store.Fleet), -1 when the
-// store fails: checked every PollInterval, so that a relay that joined,
-// stopped or died makes its peers run an acquisition round at once.
+// liveRelays returns the number of live relays, -1 when the store fails.
 func (r *Relay) liveRelays(ctx context.Context) int {
 	f, err := r.store.Fleet(ctx)
 	if err != nil {
@@ -92,16 +89,14 @@ func (r *Relay) liveRelays(ctx context.Context) int {
 	return f.Relays
 }
 
-// fleetChecked makes the next acquisition round due now when the live
-// relays (n) differ in number from the latest successful round's.
+// fleetChecked makes a round due now when the number of live relays changed.
 func (r *Relay) fleetChecked(st *runState, n int) {
 	if n >= 0 && st.relays > 0 && n != st.relays && st.acquireErr == nil {
 		st.nextRebalance = r.clock.Now()
 	}
 }
 
-// noteUnowned records a round's count of buckets without a live owner, and
-// since when it has been nonzero.
+// noteUnowned records a round's unowned buckets, and since when there are some.
 func (r *Relay) noteUnowned(n int, now time.Time) {
 	r.unowned.Store(int64(n))
 	switch {
@@ -112,8 +107,7 @@ func (r *Relay) noteUnowned(n int, now time.Time) {
 	}
 }
 
-// setLeases replaces the local lease set: gained buckets force a
-// discovery, lost ones are forgotten.
+// setLeases replaces the lease set: gained buckets force a discovery, lost ones are forgotten.
 func (r *Relay) setLeases(st *runState, buckets []int, validUntil time.Time) {
 	old, _, _ := st.lease.snapshot()
 	st.lease.mu.Lock()
@@ -141,8 +135,7 @@ func (r *Relay) setLeases(st *runState, buckets []int, validUntil time.Time) {
 	r.publishOwnership(buckets, validUntil)
 }
 
-// publishOwnership tells the notifier, the gauges, the backlog sampler and
-// the publisher the owned buckets.
+// publishOwnership tells the notifier, the gauges and the publisher the owned buckets.
 func (r *Relay) publishOwnership(buckets []int, validUntil time.Time) {
 	r.notifier.setOwned(buckets)
 	r.pub.OwnedBuckets(buckets)
@@ -154,8 +147,7 @@ func (r *Relay) publishOwnership(buckets []int, validUntil time.Time) {
 	}
 }
 
-// leaseValid reports whether the relay may act on its leases now; unlike
-// checkLease it changes nothing, so that workers may call it.
+// leaseValid reports whether the relay may act on its leases now, changing nothing.
 func (r *Relay) leaseValid(st *runState) bool { return st.lease.valid(r.clock.Now()) }
 
 // checkLease drops the lease set if it is no longer valid.
@@ -192,10 +184,7 @@ func (r *Relay) setPhase(p int32) {
 // kickRenewer makes renewLoop look at the leases and the phase again.
 func (r *Relay) kickRenewer() { nudge(r.kick) }
 
-// renewLoop renews the leases on its own timer when due, so that no amount
-// of work lets them lapse, except while the loop is idle or acquiring: the
-// rebalance's acquisition extends them then. It marks the set lost or
-// extends it; only the loop drops it.
+// renewLoop renews the leases when due while the loop works (an idle or acquiring loop's round extends them).
 func (r *Relay) renewLoop(ctx context.Context, st *runState) {
 	var tried time.Time // start of the latest renewal attempt
 	for {
@@ -235,9 +224,7 @@ func (r *Relay) renewLoop(ctx context.Context, st *runState) {
 	}
 }
 
-// renewalDue returns when the leases need renewing, counted from their
-// grant or the latest attempt (tried); ok is false when there is nothing to
-// renew.
+// renewalDue returns when the leases need renewing; ok is false when there is nothing to renew.
 func (r *Relay) renewalDue(st *runState, tried time.Time) (time.Time, bool) {
 	buckets, validUntil, lost := st.lease.snapshot()
 	if len(buckets) == 0 || lost {
@@ -290,8 +277,7 @@ func (r *Relay) renew(ctx context.Context, st *runState) {
 	}
 }
 
-// bucketRanges writes ascending buckets as ranges ("0-3,8,10-12"), at most
-// limit of them and then "…".
+// bucketRanges writes ascending buckets as ranges ("0-3,8"), at most limit of them.
 func bucketRanges(buckets []int, limit int) string {
 	var b strings.Builder
 	for i, n := 0, 0; i < len(buckets); n++ {
@@ -313,4 +299,52 @@ func bucketRanges(buckets []int, limit int) string {
 		i = j + 1
 	}
 	return b.String()
+}
+
+// Shares divides bucketCount buckets among the active relays; held maps
+// each (the caller included) to the unexpired leases it holds. Every relay
+// gets ⌊N/R⌋; the N mod R others go first to relays, in byte-wise id order,
+// already holding more, then to the rest in id order: incumbents keep the
+// remainder and joiners do not churn ownership. Every Store must use it.
+func Shares(bucketCount int, held map[string]int) map[string]int {
+	out := make(map[string]int, len(held))
+	if len(held) == 0 || bucketCount <= 0 {
+		for id := range held {
+			out[id] = 0
+		}
+		return out
+	}
+	ids := make([]string, 0, len(held))
+	for id := range held {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids) // byte-wise
+	base := bucketCount / len(ids)
+	extra := bucketCount % len(ids)
+	for _, id := range ids {
+		out[id] = base
+	}
+	for pass := 0; pass < 2 && extra > 0; pass++ {
+		for _, id := range ids {
+			if extra == 0 {
+				break
+			}
+			incumbent := held[id] > base
+			if (pass == 0) == incumbent && out[id] == base {
+				out[id]++
+				extra--
+			}
+		}
+	}
+	return out
+}
+
+// ClaimStart is where relayID starts claiming free buckets among
+// bucketCount: the relays counted in a round (held, as for Shares) each
+// start at another point, so that relays starting together claim
+// different buckets rather than collide on the lowest ones.
+func ClaimStart(bucketCount int, relayID string, held map[string]int) int {
+	ids := slices.Sorted(maps.Keys(held))
+	i, _ := slices.BinarySearch(ids, relayID)
+	return i * bucketCount / max(len(ids), 1)
 }

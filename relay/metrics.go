@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"time"
 
@@ -18,63 +19,29 @@ const meterName = "github.com/gorm-outbox/outbox/relay"
 // state the relay cached and never query the store. docs/operating.md
 // lists them with their alerts.
 const (
-	// MetricOwnedBuckets is a gauge of the buckets in the relay's local
-	// lease set.
-	MetricOwnedBuckets = "outbox.owned_buckets"
-	// MetricUnownedBuckets is a gauge of the buckets without a live owner at
-	// the relay's latest acquisition round (Leases.Unowned); absent before
-	// the first. Every relay reports the fleet's count: alert on its max.
-	MetricUnownedBuckets = "outbox.buckets.unowned"
-	// MetricPublishAcknowledged counts the acknowledged prefixes the
-	// publisher reported: attempts, so a retried batch counts again.
-	MetricPublishAcknowledged = "outbox.publish.acknowledged"
-	// MetricPublishFailures counts the batches whose publish returned an
-	// error, except a stop's cancellation.
-	MetricPublishFailures = "outbox.publish.failures"
-	// MetricLeaseExpirations counts losses of a nonempty lease set.
-	MetricLeaseExpirations = "outbox.lease.expirations"
-	// MetricFenced counts buckets the broker fenced (ErrFenced): nonzero
-	// means two relays believed they owned a bucket.
-	MetricFenced = "outbox.fenced"
-	// MetricPublishDuration is a histogram of whole Publish calls, in
-	// seconds.
-	MetricPublishDuration = "outbox.publish.duration"
-	// MetricCycleDuration is a histogram of relay cycles (acquisition,
-	// discovery and one sweep), excluding idle waits, in seconds.
-	MetricCycleDuration = "outbox.cycle.duration"
-	// MetricPendingMessages is a gauge of the whole store's pending rows from
-	// the latest backlog sample (Options.MetricsBacklog); absent without one.
-	MetricPendingMessages = "outbox.pending.messages"
-	// MetricPendingOldestAge is a gauge of the age of the oldest pending row
-	// of the latest sample, in seconds, growing between samples.
-	MetricPendingOldestAge = "outbox.pending.oldest_age"
-	// MetricPendingAvailable is 1 when a backlog sample is available, else 0.
-	MetricPendingAvailable = "outbox.pending.available"
-	// MetricHeadOldestAge is a gauge of how long the longest-failing head
-	// row of the owned buckets (a failed publish, or the bucket's own store
-	// error) has been failing, in seconds; 0 when none is.
-	MetricHeadOldestAge = "outbox.head.oldest_age"
+	MetricOwnedBuckets        = "outbox.owned_buckets"        // gauge: buckets the relay owns
+	MetricUnownedBuckets      = "outbox.buckets.unowned"      // gauge: buckets without a live owner at the latest round (the fleet's: alert on its max)
+	MetricPublishAcknowledged = "outbox.publish.acknowledged" // counter: acknowledged rows, counting attempts
+	MetricPublishFailures     = "outbox.publish.failures"     // counter: batches whose publish failed, a stop's cancellation aside
+	MetricLeaseExpirations    = "outbox.lease.expirations"    // counter: losses of a nonempty lease set
+	MetricFenced              = "outbox.fenced"               // counter: buckets the broker fenced (ErrFenced): two relays believed they owned them
+	MetricPublishDuration     = "outbox.publish.duration"     // histogram: Publish calls, in seconds
+	MetricCycleDuration       = "outbox.cycle.duration"       // histogram: relay cycles excluding idle waits, in seconds
+	MetricPendingMessages     = "outbox.pending.messages"     // gauge: the store's pending rows at the latest backlog sample
+	MetricPendingOldestAge    = "outbox.pending.oldest_age"   // gauge: age of the oldest pending row of the latest sample, in seconds
+	MetricPendingAvailable    = "outbox.pending.available"    // gauge: 1 when a backlog sample is available, else 0
+	MetricHeadOldestAge       = "outbox.head.oldest_age"      // gauge: how long the longest-failing head row has failed, in seconds; 0: none
+	MetricParked              = "outbox.parked"               // counter: rows parked, by AttrParkReason, every series from 0
+	MetricParkedMessages      = "outbox.parked.messages"      // gauge: the store's parked rows at the latest backlog sample
+	MetricClockOffset         = "outbox.clock.offset"         // gauge: the store's clock minus the host's, in seconds
 	// MetricPublishStalled is a gauge of how long publishing has made no
-	// progress, in seconds: since the start of the oldest Publish call in
-	// flight or, while failed publishes are retried with none acknowledged
-	// since, of the first of them; 0 when neither.
+	// progress, in seconds: since the start of the oldest Publish in flight
+	// or of the first failed publish retried since an acknowledgement.
 	MetricPublishStalled = "outbox.publish.stalled"
-	// MetricParked counts the rows the relay parked, by AttrParkReason;
-	// every series starts at 0 (ParkReasonHeld stays 0: the store holds a
-	// parked row's later rows without marking them).
-	MetricParked = "outbox.parked"
-	// MetricParkedMessages is a gauge of the whole store's parked rows from
-	// the latest backlog sample; absent without one.
-	MetricParkedMessages = "outbox.parked.messages"
-	// MetricClockOffset is a gauge of the store's clock minus the relay
-	// host's, in seconds (Store.ClockOffset); absent while the store reports
-	// none.
-	MetricClockOffset = "outbox.clock.offset"
 )
 
 // ClockOffsetWarnThreshold is the clock offset, less its uncertainty,
-// beyond which the relay logs a warning, once until the offset comes back
-// within it.
+// beyond which the relay logs a warning.
 const ClockOffsetWarnThreshold = time.Second
 
 // AttrParkReason is the attribute of MetricParked saying why rows were
@@ -102,12 +69,10 @@ type instruments struct {
 	parkAttrs                                    map[string]metric.MeasurementOption // AttrParkReason value → outbox.name and that reason
 }
 
-// pendingSample is a cached backlog sample.
+// pendingSample is a cached backlog sample, taken at at.
 type pendingSample struct {
-	count  int64
-	oldest time.Time // zero: unknown (or empty store)
-	parked int64
-	at     time.Time // when it was taken, on the relay's clock
+	count, parked int64
+	oldest, at    time.Time // oldest zero: unknown
 }
 
 func newInstruments(mp metric.MeterProvider, name string) (*instruments, error) {
@@ -160,8 +125,7 @@ func noting[T any](errs *[]error) func(v T, err error) T {
 	}
 }
 
-// exportCounters adds 0 to every counter, so that increase() sees the
-// first failure, fence or park.
+// exportCounters adds 0 to every counter, so that increase() sees the first event.
 func (in *instruments) exportCounters(ctx context.Context) {
 	for _, c := range []metric.Int64Counter{in.acked, in.failures, in.expirations, in.fenced} {
 		c.Add(ctx, 0, in.attrs)
@@ -215,8 +179,7 @@ func (r *Relay) registerGauges() (metric.Registration, error) {
 	}, in.owned, in.unowned, in.pendingMsgs, in.pendingAge, in.pendingOK, in.headAge, in.stalled, in.parkedMsgs, in.clockOffset)
 }
 
-// stalledSince is when publishing stopped making progress (see
-// MetricPublishStalled); zero when it did not.
+// stalledSince is when publishing stopped making progress; zero when it did not.
 func (r *Relay) stalledSince() time.Time {
 	var since time.Time
 	if p := r.pubFail.Load(); p != nil {
@@ -230,8 +193,7 @@ func (r *Relay) stalledSince() time.Time {
 	return since
 }
 
-// sampleBacklog runs the backlog sampler until ctx is done: one query at a
-// time, bounded by MetricsTimeout, then a wait of MetricsInterval.
+// sampleBacklog queries the backlog every MetricsInterval until ctx is done.
 func (r *Relay) sampleBacklog(ctx context.Context) {
 	for {
 		if r.opts.MetricsBucketZeroOnly && !r.ownsBucketZero() {
@@ -269,9 +231,7 @@ func (r *Relay) sampleBacklog(ctx context.Context) {
 	}
 }
 
-// backlogLooksDrained, when a discovery found no owned bucket pending,
-// takes a sample again now if the cached one, older than PollInterval,
-// still counts pending rows.
+// backlogLooksDrained resamples a stale sample still counting rows after an empty discovery.
 func (r *Relay) backlogLooksDrained() {
 	s := r.pending.Load()
 	if !r.opts.MetricsBacklog || s == nil || s.count == 0 || r.clock.Now().Sub(s.at) < r.opts.PollInterval {
@@ -286,42 +246,26 @@ func (r *Relay) ownsBucketZero() bool {
 	return until != 0 && r.clock.Now().UnixNano() < until
 }
 
-// inflightPublishes keeps Relay.publishSince at the start of the oldest
-// Publish call in flight, for the stalled gauge.
+// inflightPublishes keeps publishSince at the start of the oldest Publish in flight.
 type inflightPublishes struct {
 	mu     sync.Mutex
-	next   uint64
-	starts map[uint64]time.Time
+	starts []time.Time
 }
 
-// begin records a publish started at start and returns its token for end.
-func (p *inflightPublishes) begin(r *Relay, start time.Time) uint64 {
+// track records a publish started at start, or its end (done), and stores
+// the oldest start in flight.
+func (p *inflightPublishes) track(r *Relay, start time.Time, done bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.starts == nil {
-		p.starts = map[uint64]time.Time{}
+	if done {
+		i := slices.Index(p.starts, start)
+		p.starts = slices.Delete(p.starts, i, i+1)
+	} else {
+		p.starts = append(p.starts, start)
 	}
-	p.next++
-	p.starts[p.next] = start
-	p.store(r)
-	return p.next
-}
-
-// end forgets the publish of token.
-func (p *inflightPublishes) end(r *Relay, token uint64) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	delete(p.starts, token)
-	p.store(r)
-}
-
-// store stores the oldest start (UnixNano; 0: none) in r.publishSince.
-func (p *inflightPublishes) store(r *Relay) {
-	var oldest int64
-	for _, t := range p.starts {
-		if n := t.UnixNano(); oldest == 0 || n < oldest {
-			oldest = n
-		}
+	var oldest int64 // UnixNano; 0: none
+	if len(p.starts) > 0 {
+		oldest = slices.MinFunc(p.starts, time.Time.Compare).UnixNano()
 	}
 	r.publishSince.Store(oldest)
 }

@@ -109,8 +109,7 @@ func (n *Notifier) checkAttached() {
 	slog.Default().Warn("a commit notified a notifier that no relay uses (yet); until relay.New takes it in Options.Notifier, commits wait for polling. Harmless once at startup, before the relay is built; otherwise pass this notifier to relay.New")
 }
 
-// receive takes a hint from the transport: it may wake this relay, and is
-// never sent on (no rebroadcast).
+// receive takes a hint from the transport, never sent on.
 func (n *Notifier) receive(bucket int) {
 	if bucket < 0 {
 		n.localUnknown()
@@ -158,8 +157,7 @@ func (n *Notifier) takeOut(dst []int) ([]int, bool) {
 	return takeBits(dst, n.state.Load().out, nil), n.outUnknown.Swap(false)
 }
 
-// takeBits clears words and appends the buckets whose bits were set (and
-// set in mask, when non-nil).
+// takeBits clears words and appends the buckets whose bits were set (and set in mask).
 func takeBits(dst []int, words, mask []atomic.Uint64) []int {
 	for i := range words {
 		w := words[i].Swap(0)
@@ -173,8 +171,7 @@ func takeBits(dst []int, words, mask []atomic.Uint64) []int {
 	return dst
 }
 
-// attach binds n to a relay with bucketCount buckets; false if n is
-// already attached.
+// attach binds n to a relay of bucketCount buckets; false if already attached.
 func (n *Notifier) attach(bucketCount int) bool {
 	if !n.attached.CompareAndSwap(false, true) {
 		return false

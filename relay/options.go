@@ -43,30 +43,16 @@ const MaxRelayIDLength = 128
 const maxMetricsNameLength = 64
 
 // Options configures a Relay. A zero Options consists entirely of default
-// values; New rejects a negative duration or count, and any other invalid
-// value, with an error naming the field. docs/configuration.md explains
-// each field in depth.
-//
-// Which fields matter depends on the setup; the others can stay zero:
-//   - Writers in the relay's process: pass Relay.Notifier (or Notifier) to
-//     outbox.Plugin, so that a commit wakes the relay at once.
-//   - Several relays or pods: HintTransport, LeaseDuration and
-//     LeaseRenewInterval, MaxConcurrentBuckets.
-//   - SQLite: SingleWriter.
-//   - Large or uneven rows: BatchSize and MaxBatchBytes.
-//   - Poison rows: ParkPolicy and ParkAfter.
-//   - Monitoring: MeterProvider, MetricsName, the Metrics* fields,
-//     PublishFailureWindow, Logger.
-//   - Shutdown: StopTimeout. Tests: Clock.
+// values; New rejects an invalid value with an error naming the field.
+// docs/configuration.md explains each field and which matter in which
+// setup; most can stay zero.
 type Options struct {
-	// BucketCount is the number of ordering buckets; it must equal the
-	// writers' outbox.Config.BucketCount. Zero means the store's count
-	// (Store.BucketCount), else DefaultBucketCount; a count disagreeing with
-	// the store's fails New with an error wrapping ErrMisconfigured.
+	// BucketCount is the number of ordering buckets, the writers'. Zero
+	// means the store's count, else DefaultBucketCount; a count disagreeing
+	// with the store's fails New with an error wrapping ErrMisconfigured.
 	BucketCount int
 
-	// BatchSize is the number of rows fetched and published per batch
-	// (default 500).
+	// BatchSize is the number of rows per batch (default 500).
 	BatchSize int
 
 	// MaxBatchBytes bounds a batch in bytes (MessageSize): the relay
@@ -75,18 +61,15 @@ type Options struct {
 	MaxBatchBytes int64
 
 	// MaxConcurrentBuckets is how many batches one relay serves at once
-	// (unless SingleWriter), each bucket keeping one batch in flight; while
-	// more buckets are ready, each batch serves a group of up to 64 buckets
-	// sharing BatchSize and MaxBatchBytes (default 4). Left at the default,
-	// a relay serves no more at once than it would owning the same share of
-	// 8 buckets, ⌈8 × owned ÷ BucketCount⌉, so that a fleet's load on the
-	// database does not grow with BucketCount.
+	// (unless SingleWriter), each of a group of up to 64 buckets when more
+	// are ready (default 4). Left at the default, a relay serves no more at
+	// once than it would owning the same share of 8 buckets, ⌈8 × owned ÷
+	// BucketCount⌉.
 	MaxConcurrentBuckets int
 
-	// SingleWriter says that the store's writes serialise, like SQLite's:
-	// the relay serves one batch at a time and reads a group of waiting
-	// buckets (up to 1,024) in one request, in id order across them. Set it
-	// on SQLite.
+	// SingleWriter says that the store's writes serialise (SQLite): the
+	// relay serves one batch at a time and reads a group of waiting buckets
+	// (up to 1,024) in one request, in id order across them.
 	SingleWriter bool
 
 	// PollInterval is how often the relay looks for pending rows when no
@@ -94,13 +77,12 @@ type Options struct {
 	PollInterval time.Duration
 
 	// ErrorBackoff is the wait after a failed acquisition or discovery, and
-	// the first backoff of a failing head row or of a bucket whose own
-	// store call failed, doubling and jittered up to LeaseRenewInterval
-	// (default 1s).
+	// the first backoff of a failing bucket, doubling and jittered up to
+	// LeaseRenewInterval (default 1s).
 	ErrorBackoff time.Duration
 
-	// LeaseDuration is how long an acquired or renewed lease lasts: how long
-	// after the relay's last renewal a peer takes over (default 30s).
+	// LeaseDuration is how long an acquired or renewed lease lasts (default
+	// 30s).
 	LeaseDuration time.Duration
 
 	// LeaseRenewInterval is the rebalance and renewal cadence: leases are
@@ -109,20 +91,17 @@ type Options struct {
 	// (default 10s).
 	LeaseRenewInterval time.Duration
 
-	// MaxPublishDuration is an operator's assertion that a Publish call
-	// ends within it: a longer one makes Run fail with an error wrapping
-	// ErrMisconfigured. MaxPublishDuration + LeaseRenewInterval must be
-	// shorter than LeaseDuration. Zero means no bound.
+	// MaxPublishDuration, when set, makes a longer Publish call fail Run
+	// with an error wrapping ErrMisconfigured. MaxPublishDuration +
+	// LeaseRenewInterval must be shorter than LeaseDuration.
 	MaxPublishDuration time.Duration
 
 	// RelayID identifies this relay in the lease table, unique among live
-	// relays, at most MaxRelayIDLength bytes. Empty means the host name
-	// plus a random suffix.
+	// relays. Empty means the host name plus a random suffix.
 	RelayID string
 
-	// MetricsName is the outbox.name attribute of every instrument: the
-	// same for relays sharing a store, distinct for independent stores; 1
-	// to 64 non-blank characters (default "outbox").
+	// MetricsName is the outbox.name attribute of every instrument, the
+	// same for relays sharing a store; 1 to 64 characters (default "outbox").
 	MetricsName string
 
 	// MetricsInterval is the wait between backlog queries (default 30s).
@@ -131,62 +110,53 @@ type Options struct {
 	// MetricsTimeout bounds one backlog query (default 5s).
 	MetricsTimeout time.Duration
 
-	// MetricsBacklog turns on the backlog sampler: while Run runs, the relay
-	// queries Store.PendingMetrics every MetricsInterval for the
-	// outbox.pending.* gauges. Off by default: each sample reads the whole
-	// messages table.
+	// MetricsBacklog turns on the backlog sampler (Store.PendingMetrics
+	// every MetricsInterval, for the outbox.pending.* gauges). Off by
+	// default: each sample reads the whole messages table.
 	MetricsBacklog bool
 
 	// MetricsBucketZeroOnly makes only the owner of bucket 0 sample the
-	// backlog, so that a fleet queries it once. It needs MetricsBacklog.
+	// backlog. It needs MetricsBacklog.
 	MetricsBucketZeroOnly bool
 
-	// Clock is the source of time for leases, polling and backoff. Nil means
-	// SystemClock.
+	// Clock is the source of time. Nil means SystemClock.
 	Clock Clock
 
 	// Logger receives the relay's logs. Nil means slog.Default().
 	Logger *slog.Logger
 
-	// MeterProvider provides the relay's instruments. Nil means
-	// otel.GetMeterProvider().
+	// MeterProvider provides the instruments. Nil: otel.GetMeterProvider().
 	MeterProvider metric.MeterProvider
 
 	// Notifier wakes the relay after commits; pass the one given to
-	// outbox.Plugin. A Notifier serves one relay. Nil means a new one, which
-	// Relay.Notifier returns.
+	// outbox.Plugin. Nil means a new one, which Relay.Notifier returns.
 	Notifier *Notifier
 
 	// HintTransport carries bucket hints to and from the relays of other
-	// processes (see package pgnotify). Nil means local notifications only;
-	// polling stays on either way.
+	// processes. Nil means local notifications only.
 	HintTransport HintTransport
 
-	// StopTimeout is the budget of a whole stop, from Run's ctx done (or a
-	// fatal error) to Run's return: in-flight publishes and deletes are
-	// cancelled at three quarters, the lease release at the end (default
-	// 10s).
+	// StopTimeout is the budget of a stop, from Run's ctx done to Run's
+	// return: in-flight publishes and deletes are cancelled at three
+	// quarters, the lease release at the end (default 10s).
 	StopTimeout time.Duration
 
 	// PublishFailureWindow is how long every Publish call may fail before
 	// Health reports the relay unhealthy (default 5m).
 	PublishFailureWindow time.Duration
 
-	// ParkPolicy says which publish failures park a row (see Store.Park). A
-	// failing row is retried alone; each such publish failing with an error
-	// the policy counts is a strike, any other outcome resets the count, and
-	// at ParkAfter strikes the row is parked, holding its key's later rows
-	// in the bucket until an operator requeues it (ParkAdmin). A row is
-	// parked only while Store.Fleet reports CanPark. A row the store cannot
-	// decode is parked at once under every policy.
+	// ParkPolicy says which publish failures park a row. A failing row is
+	// retried alone; a failure the policy counts is a strike, any other
+	// outcome resets the count, and at ParkAfter strikes the row is parked,
+	// holding its key's later rows until an operator requeues it. A corrupt
+	// row is parked at once under every policy.
 	ParkPolicy ParkPolicy
 
 	// ParkAfter is the number of strikes that park a row (default 3).
 	ParkAfter int
 }
 
-// withDefaults validates o against the store and returns it with every
-// default filled in.
+// withDefaults validates o against the store and fills in the defaults.
 func (o Options) withDefaults(store Store) (Options, error) {
 	var errs []error
 	bad := func(format string, args ...any) {
@@ -235,8 +205,7 @@ func (o Options) withDefaults(store Store) (Options, error) {
 	return o, errors.Join(errs...)
 }
 
-// defaultNumbers fills in the default durations and counts, reporting a
-// negative one to bad.
+// defaultNumbers fills in the default durations and counts, reporting negative ones.
 func (o *Options) defaultNumbers(bad func(format string, args ...any)) {
 	orDefault(bad, "PollInterval", &o.PollInterval, DefaultPollInterval)
 	orDefault(bad, "ErrorBackoff", &o.ErrorBackoff, DefaultErrorBackoff)

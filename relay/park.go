@@ -173,17 +173,14 @@ type ParkAdmin interface {
 	DeleteParked(ctx context.Context, sel ParkedSelector) (int64, error)
 }
 
-// strike counts the failed single-row publishes of a head row that the
-// ParkPolicy counts.
+// strike counts the failures of a head row published alone that the ParkPolicy counts.
 type strike struct {
 	id       int64 // the row
 	n        int
 	deferred bool // "parking deferred" was logged for this row
 }
 
-// parkCorrupt parks the bucket's undecodable head row alone, when the fleet
-// can park; the bucket then goes on at once. Otherwise the error is the
-// bucket's store error, as without parking.
+// parkCorrupt parks an undecodable head row when the fleet can park; else it is a store error.
 func (bk *bucket) parkCorrupt(ctx context.Context, ce *CorruptRowError) error {
 	cause := ce.Error()
 	if ce.Err != nil {
@@ -205,10 +202,7 @@ func (bk *bucket) parkCorrupt(ctx context.Context, ce *CorruptRowError) error {
 	return nil
 }
 
-// park parks row id with reason when the fleet can park and the relay owns
-// the bucket, and then ends its backoff and strikes. parked is false when
-// the relay may no longer act on the bucket; can is false when a live relay
-// predates parking (nothing parked).
+// park parks row id when the fleet can and the relay owns the bucket; can is false when it cannot.
 func (bk *bucket) park(ctx context.Context, id int64, reason string) (parked, can bool, err error) {
 	r := bk.r
 	if !bk.owned() {
@@ -231,8 +225,7 @@ func (bk *bucket) park(ctx context.Context, id int64, reason string) (parked, ca
 	return true, true, nil
 }
 
-// strikeCounts reports whether the policy counts a publish failure with err
-// towards parking.
+// strikeCounts reports whether the policy counts a publish failure with err.
 func (r *Relay) strikeCounts(err error) bool {
 	switch r.opts.ParkPolicy {
 	case ParkUnpublishable:
@@ -243,11 +236,7 @@ func (r *Relay) strikeCounts(err error) bool {
 	return false
 }
 
-// strike records a failed publish of batch whose first unacknowledged row
-// is batch[ack], and parks that row when it has failed alone ParkAfter
-// consecutive times in a way the policy counts and the fleet can park.
-// parked reports that the row was parked (or that the relay may no longer
-// act on the bucket): the caller must not back the bucket off.
+// strike counts a failure of a row published alone, and parks it at ParkAfter; parked: do not back off.
 func (bk *bucket) strike(ctx context.Context, batch []*outbox.Message, ack int, pubErr error) (parked bool, err error) {
 	if len(batch) != 1 || ack != 0 {
 		return false, nil // only a row published alone is judged
@@ -292,8 +281,7 @@ func (bk *bucket) strike(ctx context.Context, batch []*outbox.Message, ack int, 
 // maxLoggedKey is the longest key printed in a log line, in bytes of text.
 const maxLoggedKey = 64
 
-// printableKey renders a record key for a log line: as text when it is
-// printable UTF-8, else as hex, truncated to maxLoggedKey bytes with "…".
+// printableKey renders a key for a log line, as text or hex, at most maxLoggedKey bytes.
 func printableKey(k []byte) string {
 	if k == nil {
 		return "<nil>"

@@ -31,35 +31,31 @@ type Relay struct {
 	notifier *Notifier
 	// New created the notifier; Relay.Notifier handed it out; Run logged
 	// that no commit can wake the relay.
-	ownNotifier   bool
-	notifierTaken atomic.Bool
-	pollNoticed   atomic.Bool
-	m             *instruments
-	rng           *rand.Rand // jitter; under runState.mu only
+	ownNotifier                bool
+	notifierTaken, pollNoticed atomic.Bool
+	m                          *instruments
+	rng                        *rand.Rand // jitter; under runState.mu only
 
 	running atomic.Bool
-	health  atomic.Pointer[error]          // the latest cycle's error; nil: it succeeded (see Health)
-	authErr atomic.Pointer[error]          // the publisher cannot authenticate to Kafka; nil: no such failure since the last acknowledgement
-	pubFail atomic.Pointer[publishFailing] // every publish since pubFail.since failed; nil: a publish succeeded since, or none is being retried
+	health  atomic.Pointer[error]          // the latest cycle's error; nil: it succeeded
+	authErr atomic.Pointer[error]          // the publisher cannot authenticate; nil since an acknowledgement
+	pubFail atomic.Pointer[publishFailing] // every publish since pubFail.since failed; nil: none is retried
 
-	// State read by gauges and the sampler.
+	// State read by gauges and the sampler; UnixNano times, 0: none.
 	ownedCount   atomic.Int64
-	zeroUntil    atomic.Int64 // UnixNano validity of the bucket-0 lease; 0 if not owned
+	zeroUntil    atomic.Int64 // validity of the bucket-0 lease
 	pending      atomic.Pointer[pendingSample]
 	resample     chan struct{} // wakes the backlog sampler before MetricsInterval ends
-	stuckSince   atomic.Int64  // UnixNano of the first failure of the longest-failing head row; 0: none
+	stuckSince   atomic.Int64  // the first failure of the longest-failing head row
 	clockWarned  bool          // the clock offset warning is logged, not yet re-armed; the loop only
-	publishSince atomic.Int64  // UnixNano of the start of the oldest Publish in flight; 0: none
+	publishSince atomic.Int64  // the start of the oldest Publish in flight
 	inflight     inflightPublishes
 	deletes      chan struct{} // a token per running MarkPublished: statements in flight stay 2×workers + the lease upkeep
-
-	phase atomic.Int32  // the loop's phase (phaseWorking, …), read by renewLoop
-	kick  chan struct{} // wakes renewLoop: the leases or the loop's phase changed
-
-	unowned      atomic.Int64 // buckets without a live owner after the latest round; -1: no round yet
-	unownedSince atomic.Int64 // UnixNano of the first of the latest rounds reporting unowned buckets; 0: none
-
-	onIdle func() // test hook: called when Run starts an idle wait
+	phase        atomic.Int32  // the loop's phase (phaseWorking, …), read by renewLoop
+	kick         chan struct{} // wakes renewLoop: the leases or the loop's phase changed
+	unowned      atomic.Int64  // buckets without a live owner after the latest round; -1: no round yet
+	unownedSince atomic.Int64  // the first of the latest rounds reporting unowned buckets
+	onIdle       func()        // test hook: called when Run starts an idle wait
 }
 
 // New returns a relay publishing store's rows with pub. An invalid option
@@ -129,8 +125,7 @@ func (r *Relay) Notifier() *Notifier {
 	return r.notifier
 }
 
-// runState is the state of one Run, owned by its goroutine; the lease set
-// is shared with renewLoop, and b[i] with the worker serving it.
+// runState is one Run's state; the lease set is shared with renewLoop, b[i] with its worker.
 type runState struct {
 	lease                                        leaseSet
 	attempted                                    bool // an acquisition was attempted: release on stop
@@ -187,8 +182,7 @@ func (r *Relay) Run(ctx context.Context) error {
 	return nil
 }
 
-// startAux starts the backlog sampler and the hint transport, and returns
-// the function that stops them.
+// startAux starts the backlog sampler and the hint transport; stop ends them.
 func (r *Relay) startAux(ctx context.Context) (stop func()) {
 	var wg, twg sync.WaitGroup
 	sctx, cancelSampler := context.WithCancel(ctx)
@@ -213,9 +207,7 @@ func (r *Relay) startAux(ctx context.Context) (stop func()) {
 	}
 }
 
-// work runs the loop and the lease renewal until ctx is done or a fatal
-// error, then stops: cleanup carries the publishes and deletes, release
-// the lease release, both detached from ctx.
+// work runs the loop and the renewal, then stops: cleanup carries the publishes and deletes.
 func (r *Relay) work(ctx context.Context) error {
 	stopping, beginStop := context.WithCancel(ctx)
 	defer beginStop()
@@ -258,8 +250,7 @@ func (r *Relay) work(ctx context.Context) error {
 	return err
 }
 
-// runStopBudget cancels cleanup at three quarters of StopTimeout after
-// stopping is done, and release at its end; it returns when stopped closes.
+// runStopBudget cancels cleanup at three quarters of StopTimeout, release at its end.
 func (r *Relay) runStopBudget(stopping context.Context, stopped <-chan struct{}, cancelCleanup, cancelRelease context.CancelFunc) {
 	select {
 	case <-stopped:
@@ -298,8 +289,7 @@ func (r *Relay) stop(release context.Context, st *runState) {
 	}
 }
 
-// loop runs cycles until ctx is done or a fatal error; cleanup carries the
-// steps a stop must not interrupt.
+// loop runs cycles until ctx is done or a fatal error.
 func (r *Relay) loop(ctx, cleanup context.Context, st *runState) error {
 	for ctx.Err() == nil {
 		start := r.clock.Now()
@@ -360,8 +350,7 @@ func (r *Relay) cycle(ctx, cleanup context.Context, st *runState) error {
 	return r.sweep(ctx, cleanup, st, owned)
 }
 
-// takeHints hands each hinted bucket to ready; a hint of an unknown bucket
-// forces a discovery.
+// takeHints hands each hinted bucket to ready; an unknown one forces a discovery.
 func (r *Relay) takeHints(st *runState, ready func(b int)) {
 	var unknown bool
 	st.hints, unknown = r.notifier.take(st.hints[:0])
@@ -373,8 +362,7 @@ func (r *Relay) takeHints(st *runState, ready func(b int)) {
 	}
 }
 
-// checkClockOffset warns once when the host clock is off the store's by
-// more than ClockOffsetWarnThreshold, again once it came back within it.
+// checkClockOffset warns once when the host clock is off the store's beyond the threshold.
 func (r *Relay) checkClockOffset() {
 	off, unc, ok := r.store.ClockOffset()
 	if !ok {
@@ -392,8 +380,7 @@ func (r *Relay) checkClockOffset() {
 	}
 }
 
-// logRecovered, after a batch went through, logs the end of the failed
-// publishes and of the buckets' store errors once no bucket retries one.
+// logRecovered logs the end of failures once no bucket retries one.
 func (r *Relay) logRecovered(ctx context.Context, st *runState) {
 	var publish, store bool
 	st.mu.Lock()
@@ -411,8 +398,7 @@ func (r *Relay) logRecovered(ctx context.Context, st *runState) {
 	}
 }
 
-// everyBucketFailing returns, for Health, an error when every owned bucket
-// backs off from its own store error.
+// everyBucketFailing is Health's error when every owned bucket backs off from a store error.
 func (r *Relay) everyBucketFailing(st *runState) error {
 	owned, _, _ := st.lease.snapshot()
 	if len(owned) == 0 {
@@ -495,6 +481,5 @@ func containsSorted(s []int, v int) bool {
 	return ok
 }
 
-// failpoint marks a step where a crash test can stop the process (built
-// with -tags outbox_failpoints); otherwise it is empty and inlined.
+// failpoint marks where a crash test can stop the process (-tags outbox_failpoints).
 func failpoint(name string) { fp.Inject(name) }

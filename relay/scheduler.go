@@ -107,8 +107,7 @@ func (s *scheduler) dispatching() bool {
 	return s.fatal == nil && s.ctx.Err() == nil && s.r.leaseValid(s.st) && s.r.clock.Now().Before(s.st.nextRebalance)
 }
 
-// dispatch starts a discovery and a fleet check when due, and a worker per
-// free slot.
+// dispatch starts a discovery and a fleet check when due, and a worker per free slot.
 func (s *scheduler) dispatch(cleanup context.Context) {
 	r, st, ctx := s.r, s.st, s.ctx
 	if !s.discovering && s.dispatching() {
@@ -173,10 +172,7 @@ func (s *scheduler) wait() {
 	}
 }
 
-// discover starts a discovery on a goroutine sending to found, when one is
-// hinted, or due and the sweep is past its first pass, and reports whether
-// it did. It probes only the buckets not waiting, ready, for a batch: their
-// next batch reads every row committed before.
+// discover starts a discovery of the buckets not waiting for a batch, when hinted or due.
 func (r *Relay) discover(ctx context.Context, st *runState, owned []int, busy map[int]bool, firstPass bool, found chan<- discovered) bool {
 	now := r.clock.Now()
 	if !st.discover && (firstPass || now.Before(st.nextDiscovery)) {
@@ -201,8 +197,7 @@ func (r *Relay) discover(ctx context.Context, st *runState, owned []int, busy ma
 	return true
 }
 
-// discoveredBuckets records the outcome of a discovery and returns the
-// buckets it found; a failed one is retried after ErrorBackoff.
+// discoveredBuckets records a discovery's outcome and returns the buckets it found.
 func (r *Relay) discoveredBuckets(ctx context.Context, st *runState, d discovered) []int {
 	if d.err != nil {
 		if ctx.Err() == nil {
@@ -224,8 +219,7 @@ func (r *Relay) discoveredBuckets(ctx context.Context, st *runState, d discovere
 	return d.pending
 }
 
-// sweepWorkers is how many groups a sweep over owned buckets serves at
-// once (see Options.MaxConcurrentBuckets).
+// sweepWorkers is how many groups a sweep serves at once (see Options.MaxConcurrentBuckets).
 func (r *Relay) sweepWorkers(owned int) int {
 	if !r.scaled {
 		return r.workers
@@ -239,8 +233,7 @@ func (r *Relay) readsInOrder(queued int) bool {
 	return r.opts.SingleWriter && queued <= maxOrdered
 }
 
-// groupSize is how many buckets a worker takes at once: an equal share of
-// the queued ones; read by heads, at most maxGroup and BatchSize.
+// groupSize is an equal share of the queued buckets; read by heads, at most maxGroup and BatchSize.
 func (r *Relay) groupSize(queued, workers int, ordered bool) int {
 	if ordered {
 		return max(1, queued)
@@ -249,10 +242,7 @@ func (r *Relay) groupSize(queued, workers int, ordered bool) int {
 	return min(maxGroup, r.opts.BatchSize, each)
 }
 
-// nextGroup takes from the queue its first sweepable bucket not busy and,
-// when it is groupable, the next such ones whose shares fit in BatchSize,
-// up to size in all; buckets no longer ready leave the queue, and those
-// skipped keep their place.
+// nextGroup takes the next group from the queue; skipped buckets keep their place.
 func (s *scheduler) nextGroup(size int, ordered bool) []int {
 	r, st, q := s.r, s.st, s.queue
 	var group []int

@@ -8,9 +8,8 @@ import (
 )
 
 // Store is the relay's contract with the outbox's storage: pending
-// messages, bucket leases shared with its peers, parking. gormstore.Store
-// implements it, relaytest.MemStore in memory; package storetest checks
-// any implementation.
+// messages, bucket leases shared with its peers, parking. Package
+// storetest checks an implementation.
 //
 // Every method must honour ctx and be safe for concurrent use (the relay
 // never calls two of NextBatches, MarkPublished and Park for one bucket at
@@ -35,52 +34,40 @@ type Store interface {
 	// leaseDuration (never backwards) and refreshes its heartbeat, all or
 	// nothing: false reports that a bucket was no longer held, unexpired.
 	RenewBucketLeases(ctx context.Context, relayID string, buckets []int, leaseDuration time.Duration) (bool, error)
-
 	// ReleaseBucketLeases marks relayID stopped (a late statement of its
 	// own cannot claim buckets again) and frees its leases. The relay calls
 	// it once, after its last publish.
 	ReleaseBucketLeases(ctx context.Context, relayID string) error
-
 	// BucketsWithPending returns the buckets among the given ones that hold
-	// at least one pending message, in ascending order. It may report a
-	// bucket whose only unparked rows are held (see BatchRequest): the
-	// relay then finds an empty batch.
+	// a pending message, ascending (possibly held: see BatchRequest).
 	BucketsWithPending(ctx context.Context, buckets []int) ([]int, error)
-
 	// NextBatches answers each request (see BatchRequest) in one call, one
 	// statement where it can: results[i] answers reqs[i]. The requests name
 	// distinct buckets. An error of the call itself is returned alone.
 	NextBatches(ctx context.Context, reqs []BatchRequest) ([]BatchResult, error)
-
 	// MarkPublished deletes published messages, of any buckets
 	// (Message.Bucket): a prefix of each bucket's batch NextBatches
 	// returned, identified by ID, MessageID or a field of the store's, not
 	// by position; never a parked row.
 	MarkPublished(ctx context.Context, published []*outbox.Message) error
-
 	// Fleet reports the live relays (a heartbeat within the latest round's
 	// lease duration, not stopped), cheaply: the relay calls it every
 	// PollInterval.
 	Fleet(ctx context.Context) (Fleet, error)
-
 	// Park marks row id of bucket parked, in place, with reason (which the
 	// store may truncate), in one atomic step with checking that relayID
 	// holds bucket's lease unexpired on the store's clock; without the lease
 	// it changes nothing and returns an error wrapping ErrLeaseLost. A row
 	// already parked or gone is left as it is.
 	Park(ctx context.Context, relayID string, bucket int, id int64, reason string) error
-
 	// PendingMetrics returns a backlog snapshot of the whole store; nil
-	// (with a nil error) means "unavailable", not zero. The relay calls it
-	// one at a time, and only with Options.MetricsBacklog.
+	// (with a nil error) means "unavailable", not zero.
 	PendingMetrics(ctx context.Context) (*Pending, error)
-
 	// ClockOffset returns the latest measured offset of the clock the
 	// store's leases run on to the relay host's (the store's minus the
 	// host's), and its uncertainty; ok is false while nothing was measured
 	// or when the leases run on the hosts' clocks. It never queries.
 	ClockOffset() (offset, uncertainty time.Duration, ok bool)
-
 	// BucketCount is the writers' bucket count (see Options.BucketCount);
 	// zero means the store does not know.
 	BucketCount() int
@@ -115,12 +102,10 @@ type Fleet struct {
 // first row that brings its size (by MessageSize, or more) beyond
 // MaxBytes, that row included.
 //
-// Holds are the store's: the answer never includes a parked row, nor a row
-// of a key (non-nil) with a parked row of a smaller id in the same bucket,
-// unless that row's reason starts with CorruptReasonPrefix (a corrupt row
-// is parked alone). Requeueing or deleting the parked row releases them. A
-// row that cannot be decoded ends the answer: the rows before it come with
-// its *CorruptRowError.
+// The answer never includes a parked row, nor a row of a key (non-nil)
+// with a parked row of a smaller id in the same bucket, unless that row is
+// corrupt (CorruptReasonPrefix). A row that cannot be decoded ends the
+// answer: the rows before it come with its *CorruptRowError.
 type BatchRequest struct {
 	Buckets  []int // distinct, ascending
 	Limit    int
@@ -139,11 +124,9 @@ type BatchResult struct {
 
 // Pending is a backlog snapshot of the whole store.
 type Pending struct {
-	Count int64 // pending messages, parked rows excluded
-	// Oldest is the creation time of the oldest pending message that is not
-	// parked; zero when there is none or the store cannot tell.
-	Oldest time.Time
-	Parked int64 // parked rows; zero for a store that cannot park
+	Count  int64     // pending messages, parked rows excluded
+	Oldest time.Time // created_at of the oldest unparked one; zero: none or unknown
+	Parked int64     // parked rows; zero for a store that cannot park
 }
 
 // ErrMisconfigured is wrapped by errors that no retry can fix: a bucket
