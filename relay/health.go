@@ -9,21 +9,18 @@ import (
 	"time"
 )
 
-// errNoCycle is Health's answer between the start of Run and the end of its
-// first cycle.
-var errNoCycle = errors.New("relay: no cycle completed yet")
+// Health's answers before Run's first cycle ended, and while Run is not running.
+var (
+	errNoCycle    = errors.New("relay: no cycle completed yet")
+	errNotRunning = errors.New("relay: not running")
+)
 
-// errNotRunning is Health's answer while Run is not running.
-var errNotRunning = errors.New("relay: not running")
-
-// Health reports whether the relay is healthy: nil while Run is running
-// and its latest cycle succeeded. Otherwise it says why: not running, no
-// cycle completed yet, a fatal error, a failed acquisition or discovery,
-// every owned bucket backing off from its own store error, buckets without
-// a live owner for longer than LeaseDuration, or, until a publish is
-// acknowledged again, a publisher that cannot authenticate
-// (ErrPublisherAuth) or every publish failing for longer than
-// Options.PublishFailureWindow. It is safe to call from any goroutine.
+// Health returns nil while Run runs and its latest cycle succeeded, else
+// why not: not running, no cycle yet, a fatal error, a failed acquisition
+// or discovery, every owned bucket failing in the store, buckets without a
+// live owner for longer than LeaseDuration, or, until a publish is
+// acknowledged, ErrPublisherAuth or every publish failing for longer than
+// Options.PublishFailureWindow. It is safe for concurrent use.
 func (r *Relay) Health() error {
 	if !r.running.Load() {
 		return errNotRunning

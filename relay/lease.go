@@ -6,18 +6,15 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 )
 
-// leaseSet is the relay's local view of its leases. validUntil is the
-// relay-clock time read before the call that granted them, plus
-// LeaseDuration (the store's lease ends later, never earlier). renewLoop
-// extends it; the loop replaces it, bumping gen so that a renewal of the
-// previous set changes nothing.
+// leaseSet is the relay's view of its leases, valid until the relay-clock
+// time read before the call that granted them plus LeaseDuration (never
+// after the store's). gen tells a renewal of a replaced set.
 type leaseSet struct {
 	mu         sync.Mutex
 	buckets    []int
@@ -314,11 +311,7 @@ func Shares(bucketCount int, held map[string]int) map[string]int {
 		}
 		return out
 	}
-	ids := make([]string, 0, len(held))
-	for id := range held {
-		ids = append(ids, id)
-	}
-	sort.Strings(ids) // byte-wise
+	ids := slices.Sorted(maps.Keys(held)) // byte-wise
 	base := bucketCount / len(ids)
 	extra := bucketCount % len(ids)
 	for _, id := range ids {
@@ -340,9 +333,8 @@ func Shares(bucketCount int, held map[string]int) map[string]int {
 }
 
 // ClaimStart is where relayID starts claiming free buckets among
-// bucketCount: the relays counted in a round (held, as for Shares) each
-// start at another point, so that relays starting together claim
-// different buckets rather than collide on the lowest ones.
+// bucketCount: each relay of held (as for Shares) at another point, so that
+// relays starting together do not collide on the lowest ones.
 func ClaimStart(bucketCount int, relayID string, held map[string]int) int {
 	ids := slices.Sorted(maps.Keys(held))
 	i, _ := slices.BinarySearch(ids, relayID)

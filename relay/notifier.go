@@ -8,14 +8,12 @@ import (
 	"github.com/gorm-outbox/outbox"
 )
 
-// Notifier wakes its relay when committed outbox rows are waiting. It
-// implements outbox.BucketNotifier: pass it to outbox.Plugin, or call it
-// from a custom writer after a confirmed commit (never before).
-//
-// A Notifier keeps one bit per bucket; only hints for owned buckets wake
-// the relay, to look sooner. Its methods are safe for concurrent use and
-// never block; a nil *Notifier ignores every call. Until relay.New attaches
-// it, notifications wake nothing (the first is logged at WARN).
+// Notifier wakes its relay when committed rows are waiting: pass it to
+// outbox.Plugin, or call it after a confirmed commit (never before). It
+// keeps a bit per bucket; only hints for owned buckets wake the relay. Its
+// methods are safe for concurrent use and never block; a nil *Notifier
+// ignores every call. Until relay.New attaches it, notifications wake
+// nothing (the first is logged at WARN).
 type Notifier struct {
 	attached atomic.Bool
 	warned   atomic.Bool // the unattached warning was logged
@@ -62,7 +60,7 @@ func (n *Notifier) NotifyCommitted() {
 	n.checkAttached()
 	if n.sending.Load() {
 		n.outUnknown.Store(true)
-		n.signalOut()
+		nudge(n.outWake)
 	}
 	n.localUnknown()
 }
@@ -71,7 +69,7 @@ func (n *Notifier) NotifyCommitted() {
 func (n *Notifier) localUnknown() {
 	n.unknown.Store(true)
 	if st := n.state.Load(); st != nil && st.any.Load() {
-		n.signal()
+		nudge(n.wake)
 	}
 }
 
@@ -96,7 +94,7 @@ func (n *Notifier) NotifyBucket(bucket int) {
 		} else {
 			st.out[bucket/64].Or(uint64(1) << (bucket % 64))
 		}
-		n.signalOut()
+		nudge(n.outWake)
 	}
 	n.local(st, bucket)
 }
@@ -130,7 +128,7 @@ func (n *Notifier) local(st *notifyState, bucket int) {
 		return
 	}
 	st.hinted[w].Or(bit)
-	n.signal()
+	nudge(n.wake)
 }
 
 // NotifyBuckets reports committed rows in each of buckets; it does not
@@ -140,9 +138,6 @@ func (n *Notifier) NotifyBuckets(buckets []int) {
 		n.NotifyBucket(b)
 	}
 }
-
-func (n *Notifier) signal()    { nudge(n.wake) }
-func (n *Notifier) signalOut() { nudge(n.outWake) }
 
 // nudge sends on c, a channel of one slot, unless a signal already waits.
 func nudge(c chan struct{}) {

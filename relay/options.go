@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"cmp"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -51,109 +52,74 @@ type Options struct {
 	// means the store's count, else DefaultBucketCount; a count disagreeing
 	// with the store's fails New with an error wrapping ErrMisconfigured.
 	BucketCount int
-
-	// BatchSize is the number of rows per batch (default 500).
-	BatchSize int
-
+	BatchSize   int // rows per batch (default 500)
 	// MaxBatchBytes bounds a batch in bytes (MessageSize): the relay
 	// publishes the longest prefix within the bound, at least one row
 	// (default 4 MiB).
 	MaxBatchBytes int64
-
 	// MaxConcurrentBuckets is how many batches one relay serves at once
 	// (unless SingleWriter), each of a group of up to 64 buckets when more
 	// are ready (default 4). Left at the default, a relay serves no more at
 	// once than it would owning the same share of 8 buckets, ⌈8 × owned ÷
 	// BucketCount⌉.
 	MaxConcurrentBuckets int
-
 	// SingleWriter says that the store's writes serialise (SQLite): the
 	// relay serves one batch at a time and reads a group of waiting buckets
 	// (up to 1,024) in one request, in id order across them.
 	SingleWriter bool
-
-	// PollInterval is how often the relay looks for pending rows when no
-	// hint arrives (default 1s).
-	PollInterval time.Duration
-
+	PollInterval time.Duration // how often the relay looks for rows without hints (default 1s)
 	// ErrorBackoff is the wait after a failed acquisition or discovery, and
 	// the first backoff of a failing bucket, doubling and jittered up to
 	// LeaseRenewInterval (default 1s).
-	ErrorBackoff time.Duration
-
-	// LeaseDuration is how long an acquired or renewed lease lasts (default
-	// 30s).
-	LeaseDuration time.Duration
-
+	ErrorBackoff  time.Duration
+	LeaseDuration time.Duration // how long an acquired or renewed lease lasts (default 30s)
 	// LeaseRenewInterval is the rebalance and renewal cadence: leases are
 	// renewed once they have gone min(LeaseRenewInterval, half the remaining
 	// lease) without extension. It must be shorter than LeaseDuration
 	// (default 10s).
 	LeaseRenewInterval time.Duration
-
 	// MaxPublishDuration, when set, makes a longer Publish call fail Run
 	// with an error wrapping ErrMisconfigured. MaxPublishDuration +
 	// LeaseRenewInterval must be shorter than LeaseDuration.
 	MaxPublishDuration time.Duration
-
 	// RelayID identifies this relay in the lease table, unique among live
 	// relays. Empty means the host name plus a random suffix.
 	RelayID string
-
 	// MetricsName is the outbox.name attribute of every instrument, the
 	// same for relays sharing a store; 1 to 64 characters (default "outbox").
-	MetricsName string
-
-	// MetricsInterval is the wait between backlog queries (default 30s).
-	MetricsInterval time.Duration
-
-	// MetricsTimeout bounds one backlog query (default 5s).
-	MetricsTimeout time.Duration
-
+	MetricsName     string
+	MetricsInterval time.Duration // the wait between backlog queries (default 30s)
+	MetricsTimeout  time.Duration // bounds one backlog query (default 5s)
 	// MetricsBacklog turns on the backlog sampler (Store.PendingMetrics
 	// every MetricsInterval, for the outbox.pending.* gauges). Off by
 	// default: each sample reads the whole messages table.
 	MetricsBacklog bool
-
 	// MetricsBucketZeroOnly makes only the owner of bucket 0 sample the
 	// backlog. It needs MetricsBacklog.
 	MetricsBucketZeroOnly bool
-
-	// Clock is the source of time. Nil means SystemClock.
-	Clock Clock
-
-	// Logger receives the relay's logs. Nil means slog.Default().
-	Logger *slog.Logger
-
-	// MeterProvider provides the instruments. Nil: otel.GetMeterProvider().
-	MeterProvider metric.MeterProvider
-
+	Clock                 Clock                // the source of time; nil: SystemClock
+	Logger                *slog.Logger         // nil: slog.Default()
+	MeterProvider         metric.MeterProvider // nil: otel.GetMeterProvider()
 	// Notifier wakes the relay after commits; pass the one given to
 	// outbox.Plugin. Nil means a new one, which Relay.Notifier returns.
 	Notifier *Notifier
-
 	// HintTransport carries bucket hints to and from the relays of other
 	// processes. Nil means local notifications only.
 	HintTransport HintTransport
-
 	// StopTimeout is the budget of a stop, from Run's ctx done to Run's
 	// return: in-flight publishes and deletes are cancelled at three
 	// quarters, the lease release at the end (default 10s).
 	StopTimeout time.Duration
-
 	// PublishFailureWindow is how long every Publish call may fail before
 	// Health reports the relay unhealthy (default 5m).
 	PublishFailureWindow time.Duration
-
 	// ParkPolicy says which publish failures park a row. A failing row is
 	// retried alone; a failure the policy counts is a strike, any other
 	// outcome resets the count, and at ParkAfter strikes the row is parked,
 	// holding its key's later rows until an operator requeues it. A corrupt
 	// row is parked at once under every policy.
 	ParkPolicy ParkPolicy
-
-	// ParkAfter is the number of strikes that park a row (default 3).
-	ParkAfter int
+	ParkAfter  int // strikes that park a row (default 3)
 }
 
 // withDefaults validates o against the store and fills in the defaults.
@@ -193,15 +159,9 @@ func (o Options) withDefaults(store Store) (Options, error) {
 	if o.MetricsBucketZeroOnly && !o.MetricsBacklog {
 		bad("Options.MetricsBucketZeroOnly needs Options.MetricsBacklog: without it no relay samples the backlog")
 	}
-	if o.Clock == nil {
-		o.Clock = SystemClock{}
-	}
-	if o.Logger == nil {
-		o.Logger = slog.Default()
-	}
-	if o.MeterProvider == nil {
-		o.MeterProvider = otel.GetMeterProvider()
-	}
+	o.Clock = cmp.Or(o.Clock, Clock(SystemClock{}))
+	o.Logger = cmp.Or(o.Logger, slog.Default())
+	o.MeterProvider = cmp.Or(o.MeterProvider, otel.GetMeterProvider())
 	return o, errors.Join(errs...)
 }
 

@@ -1,6 +1,5 @@
-// Parking: the contract (unpublishable and corrupt rows, ParkPolicy, the
-// operator's ParkAdmin) and the relay's side, which counts a head row's
-// strikes and asks the store to park it.
+// Parking: the contract (ParkPolicy, ParkAdmin) and the relay's side,
+// which strikes a failing head row and asks the store to park it.
 
 package relay
 
@@ -20,9 +19,7 @@ import (
 )
 
 // ErrUnpublishable is wrapped by a publish error that will recur for the
-// row as stored, whatever the retry (a record too large, a topic that may
-// not be written): the default ParkPolicy parks such a row. Transient
-// failures must not wrap it.
+// row as stored (a record too large); the default ParkPolicy parks it.
 var ErrUnpublishable = errors.New("the broker will never accept this row as stored")
 
 // CorruptReasonPrefix starts the reason of a row parked because the store
@@ -65,13 +62,8 @@ const (
 )
 
 func (p ParkPolicy) String() string {
-	switch p {
-	case ParkUnpublishable:
-		return "unpublishable"
-	case ParkNever:
-		return "never"
-	case ParkAnyFailure:
-		return "any-failure"
+	if names := []string{"unpublishable", "never", "any-failure"}; p >= 0 && int(p) < len(names) {
+		return names[p]
 	}
 	return fmt.Sprintf("ParkPolicy(%d)", int(p))
 }
@@ -158,9 +150,8 @@ func (s ParkedSelector) Validate() error {
 	return nil
 }
 
-// ParkAdmin is the operator's side of parking: list, requeue and delete
-// parked rows, safe while relays run. Requeued rows flow again in id order,
-// ahead of later rows of their key.
+// ParkAdmin lists, requeues and deletes parked rows, safe while relays
+// run; requeued rows flow again ahead of later rows of their key.
 type ParkAdmin interface {
 	// ListParked returns up to limit parked rows (limit ≤ 0: all) in
 	// (bucket, id) order.

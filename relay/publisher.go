@@ -46,13 +46,11 @@ func (f PublishFunc) Publish(ctx context.Context, batches [][]*outbox.Message) [
 // OwnedBuckets does nothing.
 func (PublishFunc) OwnedBuckets([]int) {}
 
-// ErrFenced is wrapped by the error of a Publish that cannot publish its
-// bucket's rows under the relay's current lease and never will (kafkapub's
-// fenced mode). The relay drops that bucket, with no strike for the row,
-// until its next acquisition round, ErrorBackoff later.
+// ErrFenced is wrapped by the error of a Publish that cannot publish the
+// bucket under the relay's lease and never will: the relay drops the
+// bucket, with no strike, until its next acquisition round.
 var ErrFenced = errors.New("fenced")
 
 // ErrPublisherAuth is wrapped by a publish error when the broker rejected
-// the publisher's credentials. Health reports it, as a broker certificate
-// that does not verify, until a publish is acknowledged again.
+// the credentials; Health reports it until a publish is acknowledged.
 var ErrPublisherAuth = errors.New("the broker rejected the publisher's credentials")

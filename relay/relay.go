@@ -88,20 +88,11 @@ func New(store Store, pub Publisher, opts Options) (*Relay, error) {
 	}
 	h := fnv.New64a()
 	h.Write([]byte(o.RelayID))
-	r := &Relay{
-		store:       store,
-		pub:         pub,
-		opts:        o,
-		clock:       o.Clock,
-		log:         o.Logger.With("relay", o.RelayID, "outbox", o.MetricsName), // said once, on every line
-		repeats:     logrepeat.New(logrepeat.Interval),
-		notifier:    n,
-		ownNotifier: o.Notifier == nil,
-		m:           m,
-		rng:         rand.New(rand.NewPCG(h.Sum64(), 0x6f7574626f78)),
-		kick:        make(chan struct{}, 1),
-		resample:    make(chan struct{}, 1),
-	}
+	r := &Relay{store: store, pub: pub, opts: o, clock: o.Clock, notifier: n, ownNotifier: o.Notifier == nil, m: m,
+		log:     o.Logger.With("relay", o.RelayID, "outbox", o.MetricsName), // said once, on every line
+		repeats: logrepeat.New(logrepeat.Interval),
+		rng:     rand.New(rand.NewPCG(h.Sum64(), 0x6f7574626f78)),
+		kick:    make(chan struct{}, 1), resample: make(chan struct{}, 1)}
 	// Serial writes (SQLite): one worker, a delete per bucket may queue.
 	r.workers, r.deletes = 1, make(chan struct{}, o.BucketCount)
 	if !o.SingleWriter {
@@ -151,10 +142,9 @@ func (r *Relay) newRunState() *runState {
 
 // Run publishes until ctx is done, then stops within Options.StopTimeout:
 // it awaits the in-flight publishes, deletes their acknowledged prefixes
-// while the leases are valid, and releases the leases. It returns nil, or,
-// after the same stop, a fatal error wrapping ErrMisconfigured, and only
-// after every goroutine it started has exited. Calling Run while another
-// Run of the same relay is running is an error.
+// and releases the leases. It returns nil or a fatal error wrapping
+// ErrMisconfigured, after every goroutine it started has exited. A second
+// concurrent Run of a relay is an error.
 func (r *Relay) Run(ctx context.Context) error {
 	if !r.running.CompareAndSwap(false, true) {
 		return errors.New("relay: Run called while the relay is already running")
@@ -187,11 +177,7 @@ func (r *Relay) startAux(ctx context.Context) (stop func()) {
 	var wg, twg sync.WaitGroup
 	sctx, cancelSampler := context.WithCancel(ctx)
 	if r.opts.MetricsBacklog {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r.sampleBacklog(sctx)
-		}()
+		wg.Go(func() { r.sampleBacklog(sctx) })
 	}
 	tctx, cancelTransport := context.WithCancel(ctx)
 	if r.opts.HintTransport != nil {
@@ -216,12 +202,8 @@ func (r *Relay) work(ctx context.Context) error {
 	release, cancelRelease := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelRelease()
 	stopped := make(chan struct{})
-	var bwg sync.WaitGroup
-	bwg.Add(1)
-	go func() {
-		defer bwg.Done()
-		r.runStopBudget(stopping, stopped, cancelCleanup, cancelRelease)
-	}()
+	var bwg, rwg sync.WaitGroup
+	bwg.Go(func() { r.runStopBudget(stopping, stopped, cancelCleanup, cancelRelease) })
 
 	r.health.Store(&errNoCycle)
 	r.authErr.Store(nil)
@@ -234,12 +216,7 @@ func (r *Relay) work(ctx context.Context) error {
 	// Renewal keeps the leases while a stop awaits the publishes.
 	renewing, stopRenewing := context.WithCancel(cleanup)
 	defer stopRenewing()
-	var rwg sync.WaitGroup
-	rwg.Add(1)
-	go func() {
-		defer rwg.Done()
-		r.renewLoop(renewing, st)
-	}()
+	rwg.Go(func() { r.renewLoop(renewing, st) })
 	err := r.loop(ctx, cleanup, st)
 	beginStop() // a fatal error starts the stop too
 	stopRenewing()

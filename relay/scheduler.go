@@ -49,11 +49,9 @@ type discovered struct {
 	all     bool // every owned bucket was probed (none was waiting, ready)
 }
 
-// sweep publishes batches of the ready buckets until nothing is left to
-// serve, the rebalance is due, a fatal error, a stop or an invalid lease
-// set. Hints and discoveries arriving meanwhile make their buckets ready,
-// so a committed row waits for about one batch of its bucket. It returns
-// only once every worker, discovery and delete has.
+// sweep serves the ready buckets, and those hints and discoveries make
+// ready meanwhile, until none is left, the rebalance is due, a fatal error,
+// a stop or an invalid lease set; it returns once every goroutine has.
 func (r *Relay) sweep(ctx, cleanup context.Context, st *runState, owned []int) error {
 	defer r.awaitDeletes(ctx, st) // after every worker returned
 	s := &scheduler{r: r, st: st, ctx: ctx, owned: owned, workers: r.sweepWorkers(len(owned)),

@@ -45,10 +45,9 @@ type Store interface {
 	// statement where it can: results[i] answers reqs[i]. The requests name
 	// distinct buckets. An error of the call itself is returned alone.
 	NextBatches(ctx context.Context, reqs []BatchRequest) ([]BatchResult, error)
-	// MarkPublished deletes published messages, of any buckets
-	// (Message.Bucket): a prefix of each bucket's batch NextBatches
-	// returned, identified by ID, MessageID or a field of the store's, not
-	// by position; never a parked row.
+	// MarkPublished deletes published messages of any buckets, a prefix of
+	// each bucket's batch NextBatches returned, identified by ID, MessageID
+	// or a field of the store's; never a parked row.
 	MarkPublished(ctx context.Context, published []*outbox.Message) error
 	// Fleet reports the live relays (a heartbeat within the latest round's
 	// lease duration, not stopped), cheaply: the relay calls it every
@@ -75,25 +74,16 @@ type Store interface {
 
 // Leases is the outcome of an acquisition round (Store.AcquireBucketLeases).
 type Leases struct {
-	// Owned are the buckets the relay owns after the round, ascending.
-	Owned []int
-	// Share is the relay's fair share in the round (Shares).
-	Share int
-	// Relays is the number of live relays the round counted, the caller
-	// included.
-	Relays int
-	// Unowned is the number of buckets without a live owner after the
-	// round: free, expired, or held by a relay no longer live.
-	Unowned int
+	Owned   []int // the buckets the relay owns after the round, ascending
+	Share   int   // the relay's fair share in the round (Shares)
+	Relays  int   // live relays the round counted, the caller included
+	Unowned int   // buckets without a live owner: free, expired, or held by a relay no longer live
 }
 
 // Fleet is what Store.Fleet reports of the live relays.
 type Fleet struct {
-	// Relays is the number of live relays.
-	Relays int
-	// CanPark reports whether every live relay supports parking; while
-	// false (a rolling upgrade) the relay retries a row instead.
-	CanPark bool
+	Relays  int  // live relays
+	CanPark bool // every live relay supports parking; while false the relay retries a row instead
 }
 
 // BatchRequest is one request of Store.NextBatches: up to Limit pending
@@ -129,8 +119,7 @@ type Pending struct {
 	Parked int64     // parked rows; zero for a store that cannot park
 }
 
-// ErrMisconfigured is wrapped by errors that no retry can fix: a bucket
-// count differing from the fleet's, or a publish longer than
-// Options.MaxPublishDuration. Run stops with it. It is
-// outbox.ErrMisconfigured.
+// ErrMisconfigured (outbox.ErrMisconfigured) is wrapped by the errors no
+// retry can fix, with which Run stops: a bucket count differing from the
+// fleet's, a publish longer than Options.MaxPublishDuration.
 var ErrMisconfigured = outbox.ErrMisconfigured

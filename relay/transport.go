@@ -5,10 +5,9 @@ import (
 	"time"
 )
 
-// HintTransport carries bucket hints between relay processes, so that a
-// commit in one wakes the relay owning its bucket in another. Hints may be
-// duplicated, reordered or lost. pgnotify implements it. The relay calls
-// Publish and Listen from one goroutine each; both must honour ctx.
+// HintTransport carries bucket hints, which may be duplicated, reordered or
+// lost, between relay processes (pgnotify). The relay calls Publish and
+// Listen from one goroutine each; both must honour ctx.
 type HintTransport interface {
 	// Publish broadcasts committed bucket ids (−1: unknown) to every relay
 	// sharing the outbox, this one included, without retaining buckets. On
