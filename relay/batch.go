@@ -35,12 +35,12 @@ func (r *Relay) serve(ctx, cleanup context.Context, st *runState, group []int, o
 	}
 	results, took := r.publish(cleanup, batches)
 	failpoint("relay/after-ack")
-	var del groupDelete
+	var del []*pendingDelete // the group's acknowledged rows, for one delete
 	for j, i := range served {
 		errs[i] = st.b[group[i]].settle(ctx, fs[i], results[j], took, &del, len(group) == 1)
 	}
-	if len(del.buckets) > 0 {
-		r.startDelete(ctx, cleanup, st, &del, func(deleteTook time.Duration) {
+	if len(del) > 0 {
+		r.startDelete(ctx, cleanup, st, del, func(deleteTook time.Duration) {
 			for j, i := range served {
 				attrs := []any{"bucket", group[i], "rows", len(batches[j]), "acknowledged", results[j].Acknowledged}
 				if len(batches) > 1 {

@@ -145,7 +145,7 @@ func (bk *bucket) fetched(ctx context.Context, req BatchRequest, batch []*outbox
 
 // settle records a publish's outcome and queues the acknowledged rows' delete; a failure backs
 // the bucket off, strikes its head row or drops it.
-func (bk *bucket) settle(ctx context.Context, f *fetched, res Result, took time.Duration, del *groupDelete, alone bool) error {
+func (bk *bucket) settle(ctx context.Context, f *fetched, res Result, took time.Duration, del *[]*pendingDelete, alone bool) error {
 	r, pub := bk.r, f.rows
 	ack := min(max(res.Acknowledged, 0), len(pub))
 	if ack > 0 {
@@ -170,7 +170,7 @@ func (bk *bucket) settle(ctx context.Context, f *fetched, res Result, took time.
 			bk.unmarked = append(bk.unmarked, pub[:ack]...)
 			return cmp.Or(fatal, error(errBucket{err}))
 		}
-		del.add(bk, pub[:ack])
+		*del = append(*del, &pendingDelete{bk: bk, rows: pub[:ack]})
 	}
 	switch {
 	case fatal != nil:
@@ -199,6 +199,7 @@ func (bk *bucket) settle(ctx context.Context, f *fetched, res Result, took time.
 
 // pendingDelete is a bucket's part of a running delete, beside its next fetch and publish.
 type pendingDelete struct {
+	bk   *bucket
 	rows []*outbox.Message
 	*deleteCall
 }
@@ -210,23 +211,14 @@ type deleteCall struct {
 	group bool // of several buckets
 }
 
-// groupDelete collects a group's acknowledged rows for one delete.
-type groupDelete struct {
-	buckets []*bucket
-	rows    [][]*outbox.Message
-}
-
-func (d *groupDelete) add(bk *bucket, rows []*outbox.Message) {
-	d.buckets, d.rows = append(d.buckets, bk), append(d.rows, rows)
-}
-
 // startDelete deletes del's rows in one call on a goroutine; one runs per bucket at most.
-func (r *Relay) startDelete(ctx, cleanup context.Context, st *runState, del *groupDelete, logBatch func(time.Duration)) {
-	call := &deleteCall{done: make(chan struct{}), group: len(del.buckets) > 1}
-	for i, bk := range del.buckets {
-		bk.deleting = &pendingDelete{rows: del.rows[i], deleteCall: call}
+func (r *Relay) startDelete(ctx, cleanup context.Context, st *runState, del []*pendingDelete, logBatch func(time.Duration)) {
+	call := &deleteCall{done: make(chan struct{}), group: len(del) > 1}
+	rows := make([][]*outbox.Message, len(del))
+	for i, d := range del {
+		d.deleteCall, d.bk.deleting, rows[i] = call, d, d.rows
 		st.mu.Lock()
-		st.deleting[bk.id] = struct{}{}
+		st.deleting[d.bk.id] = struct{}{}
 		st.mu.Unlock()
 	}
 	r.deletes <- struct{}{}
@@ -234,7 +226,7 @@ func (r *Relay) startDelete(ctx, cleanup context.Context, st *runState, del *gro
 		defer func() { <-r.deletes; close(call.done) }()
 		failpoint("relay/during-delete")
 		start := r.clock.Now()
-		call.err = r.store.MarkPublished(cleanup, slices.Concat(del.rows...))
+		call.err = r.store.MarkPublished(cleanup, slices.Concat(rows...))
 		if call.err == nil && r.log.Enabled(ctx, slog.LevelDebug) {
 			logBatch(r.clock.Now().Sub(start))
 		}

@@ -148,15 +148,14 @@ func (r *Relay) registerGauges() (metric.Registration, error) {
 		if n := r.unowned.Load(); n >= 0 {
 			o.ObserveInt64(in.unowned, n, in.attrs)
 		}
-		var headAge float64
+		var headAge, stalled float64 // seconds; 0: none
 		if since := r.stuckSince.Load(); since != 0 {
 			headAge = max(0, r.clock.Now().Sub(time.Unix(0, since)).Seconds())
 		}
-		o.ObserveFloat64(in.headAge, headAge, in.attrs)
-		var stalled float64
 		if since := r.stalledSince(); !since.IsZero() {
 			stalled = max(0, r.clock.Now().Sub(since).Seconds())
 		}
+		o.ObserveFloat64(in.headAge, headAge, in.attrs)
 		o.ObserveFloat64(in.stalled, stalled, in.attrs)
 		if off, _, ok := r.store.ClockOffset(); ok {
 			o.ObserveFloat64(in.clockOffset, off.Seconds(), in.attrs)

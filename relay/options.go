@@ -53,15 +53,12 @@ type Options struct {
 	// with the store's fails New with an error wrapping ErrMisconfigured.
 	BucketCount int
 	BatchSize   int // rows per batch (default 500)
-	// MaxBatchBytes bounds a batch in bytes (MessageSize): the relay
-	// publishes the longest prefix within the bound, at least one row
+	// MaxBatchBytes bounds a batch in bytes (MessageSize), at least one row
 	// (default 4 MiB).
 	MaxBatchBytes int64
-	// MaxConcurrentBuckets is how many batches one relay serves at once
-	// (unless SingleWriter), each of a group of up to 64 buckets when more
-	// are ready (default 4). Left at the default, a relay serves no more at
-	// once than it would owning the same share of 8 buckets, ⌈8 × owned ÷
-	// BucketCount⌉.
+	// MaxConcurrentBuckets is how many batches (of up to 64 buckets) one
+	// relay serves at once (default 4); left at the default, no more than
+	// it would owning the same share of 8 buckets, ⌈8 × owned ÷ BucketCount⌉.
 	MaxConcurrentBuckets int
 	// SingleWriter says that the store's writes serialise (SQLite): the
 	// relay serves one batch at a time and reads a group of waiting buckets
@@ -73,10 +70,8 @@ type Options struct {
 	// LeaseRenewInterval (default 1s).
 	ErrorBackoff  time.Duration
 	LeaseDuration time.Duration // how long an acquired or renewed lease lasts (default 30s)
-	// LeaseRenewInterval is the rebalance and renewal cadence: leases are
-	// renewed once they have gone min(LeaseRenewInterval, half the remaining
-	// lease) without extension. It must be shorter than LeaseDuration
-	// (default 10s).
+	// LeaseRenewInterval is the rebalance and renewal cadence; it must be
+	// shorter than LeaseDuration (default 10s).
 	LeaseRenewInterval time.Duration
 	// MaxPublishDuration, when set, makes a longer Publish call fail Run
 	// with an error wrapping ErrMisconfigured. MaxPublishDuration +
@@ -90,9 +85,8 @@ type Options struct {
 	MetricsName     string
 	MetricsInterval time.Duration // the wait between backlog queries (default 30s)
 	MetricsTimeout  time.Duration // bounds one backlog query (default 5s)
-	// MetricsBacklog turns on the backlog sampler (Store.PendingMetrics
-	// every MetricsInterval, for the outbox.pending.* gauges). Off by
-	// default: each sample reads the whole messages table.
+	// MetricsBacklog turns on the backlog sampler for the outbox.pending.*
+	// gauges; off by default, as each sample reads the whole table.
 	MetricsBacklog bool
 	// MetricsBucketZeroOnly makes only the owner of bucket 0 sample the
 	// backlog. It needs MetricsBacklog.
@@ -107,17 +101,14 @@ type Options struct {
 	// processes. Nil means local notifications only.
 	HintTransport HintTransport
 	// StopTimeout is the budget of a stop, from Run's ctx done to Run's
-	// return: in-flight publishes and deletes are cancelled at three
-	// quarters, the lease release at the end (default 10s).
+	// return; publishes and deletes are cancelled at 3/4 (default 10s).
 	StopTimeout time.Duration
 	// PublishFailureWindow is how long every Publish call may fail before
 	// Health reports the relay unhealthy (default 5m).
 	PublishFailureWindow time.Duration
-	// ParkPolicy says which publish failures park a row. A failing row is
-	// retried alone; a failure the policy counts is a strike, any other
-	// outcome resets the count, and at ParkAfter strikes the row is parked,
-	// holding its key's later rows until an operator requeues it. A corrupt
-	// row is parked at once under every policy.
+	// ParkPolicy says which failures of a row retried alone are strikes
+	// (any other outcome resets them): at ParkAfter the row is parked,
+	// holding its key's later rows until requeued.
 	ParkPolicy ParkPolicy
 	ParkAfter  int // strikes that park a row (default 3)
 }

@@ -18,17 +18,23 @@ import (
 	"github.com/gorm-outbox/outbox"
 )
 
-// ErrUnpublishable is wrapped by a publish error that will recur for the
-// row as stored (a record too large); the default ParkPolicy parks it.
-var ErrUnpublishable = errors.New("the broker will never accept this row as stored")
+var (
+	// ErrUnpublishable is wrapped by a publish error that will recur for the
+	// row as stored (a record too large); the default ParkPolicy parks it.
+	ErrUnpublishable = errors.New("the broker will never accept this row as stored")
+	// ErrLeaseLost is wrapped by the error of Store.Park when the relay no
+	// longer holds the bucket's lease: the relay drops the bucket.
+	ErrLeaseLost = errors.New("the relay no longer holds the bucket's lease")
+)
 
-// CorruptReasonPrefix starts the reason of a row parked because the store
-// could not decode it. Such a row does not hold the later rows of its key.
-const CorruptReasonPrefix = "corrupt row: "
-
-// HeldReasonPrefix starts the reason of a row that an earlier release
-// parked behind a parked row of its key (whose id follows).
-const HeldReasonPrefix = "held behind parked row "
+const (
+	// CorruptReasonPrefix starts the reason of a row parked because the
+	// store could not decode it; such a row holds no later rows of its key.
+	CorruptReasonPrefix = "corrupt row: "
+	// HeldReasonPrefix starts the reason of a row that an earlier release
+	// parked behind a parked row of its key (whose id follows).
+	HeldReasonPrefix = "held behind parked row "
+)
 
 // CorruptRowError is returned by Store.NextBatches (BatchResult.Err) for a
 // row that cannot be decoded. The relay parks it, once it is its bucket's
@@ -49,15 +55,13 @@ func (e *CorruptRowError) Unwrap() error { return e.Err }
 type ParkPolicy int
 
 const (
-	// ParkUnpublishable, the default, parks a row whose publish failed
-	// Options.ParkAfter consecutive times with an error wrapping
-	// ErrUnpublishable: a broker outage parks nothing.
+	// ParkUnpublishable, the default, parks a row that failed ParkAfter
+	// times with ErrUnpublishable: a broker outage parks nothing.
 	ParkUnpublishable ParkPolicy = iota
-	// ParkNever retries every failing row forever: a row the broker never
-	// accepts stops its bucket. Corrupt rows are still parked.
+	// ParkNever parks no failing row: one the broker never accepts stops
+	// its bucket. Corrupt rows are still parked.
 	ParkNever
-	// ParkAnyFailure parks a row after Options.ParkAfter consecutive failed
-	// publishes of any kind, a broker outage's included.
+	// ParkAnyFailure parks a row after ParkAfter failures of any kind.
 	ParkAnyFailure
 )
 
@@ -67,10 +71,6 @@ func (p ParkPolicy) String() string {
 	}
 	return fmt.Sprintf("ParkPolicy(%d)", int(p))
 }
-
-// ErrLeaseLost is wrapped by the error of Store.Park when the relay no
-// longer holds the bucket's lease: the relay drops the bucket.
-var ErrLeaseLost = errors.New("the relay no longer holds the bucket's lease")
 
 // ParkedRow is a parked row as ParkAdmin lists it.
 type ParkedRow struct {
@@ -96,8 +96,7 @@ type ParkedSelector struct {
 	// Key chooses every parked row of this key (an empty non-nil key is a
 	// key), in every bucket, corrupt ones included.
 	Key []byte
-	// All chooses every parked row.
-	All bool
+	All bool // chooses every parked row
 }
 
 // Choose returns the rows of parked (every parked row of the store, in any
@@ -216,17 +215,6 @@ func (bk *bucket) park(ctx context.Context, id int64, reason string) (parked, ca
 	return true, true, nil
 }
 
-// strikeCounts reports whether the policy counts a publish failure with err.
-func (r *Relay) strikeCounts(err error) bool {
-	switch r.opts.ParkPolicy {
-	case ParkUnpublishable:
-		return errors.Is(err, ErrUnpublishable)
-	case ParkAnyFailure:
-		return true // a stop's cancellation never gets here
-	}
-	return false
-}
-
 // strike counts a failure of a row published alone, and parks it at ParkAfter; parked: do not back off.
 func (bk *bucket) strike(ctx context.Context, batch []*outbox.Message, ack int, pubErr error) (parked bool, err error) {
 	if len(batch) != 1 || ack != 0 {
@@ -238,7 +226,8 @@ func (bk *bucket) strike(ctx context.Context, batch []*outbox.Message, ack int, 
 		s = &strike{id: row.ID}
 		bk.strikes = s
 	}
-	if !r.strikeCounts(pubErr) {
+	// A stop's cancellation never gets here.
+	if p := r.opts.ParkPolicy; p != ParkAnyFailure && (p != ParkUnpublishable || !errors.Is(pubErr, ErrUnpublishable)) {
 		s.n = 0
 		return false, nil
 	}

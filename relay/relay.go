@@ -391,13 +391,13 @@ func (r *Relay) everyBucketFailing(st *runState) error {
 
 // noteStuck caches when the longest-failing head row first failed.
 func (r *Relay) noteStuck(st *runState) {
-	var oldest time.Time
+	var oldest int64 // UnixNano; 0: none
 	publishing := false
 	st.mu.Lock()
 	for b := range st.retrying {
 		hr := st.b[b].retry
-		if oldest.IsZero() || hr.since.Before(oldest) {
-			oldest = hr.since
+		if n := hr.since.UnixNano(); oldest == 0 || n < oldest {
+			oldest = n
 		}
 		publishing = publishing || hr.published
 	}
@@ -405,11 +405,7 @@ func (r *Relay) noteStuck(st *runState) {
 	if !publishing && st.serving == 0 { // a running worker may not have recorded its retry yet
 		r.pubFail.Store(nil)
 	}
-	if oldest.IsZero() {
-		r.stuckSince.Store(0)
-	} else {
-		r.stuckSince.Store(oldest.UnixNano())
-	}
+	r.stuckSince.Store(oldest)
 }
 
 // eligible reports whether a round is due or an owned bucket is sweepable.

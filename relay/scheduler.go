@@ -178,13 +178,9 @@ func (r *Relay) discover(ctx context.Context, st *runState, owned []int, busy ma
 	}
 	st.discover = false
 	st.nextDiscovery = now.Add(r.opts.PollInterval)
-	if !slices.ContainsFunc(owned, func(b int) bool { return !busy[b] && !st.b[b].ready }) {
-		return false
-	}
-	waiting := func(b int) bool { return !busy[b] && st.b[b].ready }
-	probe := owned
-	if slices.ContainsFunc(owned, waiting) {
-		probe = slices.DeleteFunc(slices.Clone(owned), waiting)
+	probe := slices.DeleteFunc(slices.Clone(owned), func(b int) bool { return !busy[b] && st.b[b].ready })
+	if !slices.ContainsFunc(probe, func(b int) bool { return !busy[b] }) {
+		return false // every bucket is busy or waiting for a batch
 	}
 	all := len(probe) == len(owned)
 	st.worked.Store(true)

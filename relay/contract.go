@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/gorm-outbox/outbox"
@@ -29,7 +30,6 @@ type Store interface {
 	// wrapping ErrMisconfigured that names both counts, before it records a
 	// heartbeat.
 	AcquireBucketLeases(ctx context.Context, relayID string, bucketCount int, leaseDuration time.Duration) (Leases, error)
-
 	// RenewBucketLeases extends relayID's leases on buckets to now +
 	// leaseDuration (never backwards) and refreshes its heartbeat, all or
 	// nothing: false reports that a bucket was no longer held, unexpired.
@@ -90,9 +90,7 @@ type Fleet struct {
 // messages of Buckets, oldest (lowest id) first across them, as if the rows
 // of Exclude were gone. With MaxBytes > 0 the answer also stops after the
 // first row that brings its size (by MessageSize, or more) beyond
-// MaxBytes, that row included.
-//
-// The answer never includes a parked row, nor a row of a key (non-nil)
+// MaxBytes, that row included. The answer never includes a parked row, nor a row of a key (non-nil)
 // with a parked row of a smaller id in the same bucket, unless that row is
 // corrupt (CorruptReasonPrefix). A row that cannot be decoded ends the
 // answer: the rows before it come with its *CorruptRowError.
@@ -123,3 +121,71 @@ type Pending struct {
 // retry can fix, with which Run stops: a bucket count differing from the
 // fleet's, a publish longer than Options.MaxPublishDuration.
 var ErrMisconfigured = outbox.ErrMisconfigured
+
+// Publisher sends batches of messages, each in order, and reports how many
+// of each the broker acknowledged.
+type Publisher interface {
+	// Publish sends batches (each the messages of one bucket, in submission
+	// order) and returns once every message is acknowledged, failed, or ctx
+	// is done: results[i] is batches[i]'s outcome. The relay deletes exactly
+	// each batch's acknowledged prefix; a message sent but not acknowledged
+	// may still be delivered.
+	Publish(ctx context.Context, batches [][]*outbox.Message) []Result
+	// OwnedBuckets tells the publisher the buckets its relay owns,
+	// ascending, after every acquisition round and whenever the relay drops
+	// buckets (an empty set when it stops), never concurrently with itself
+	// nor with a Publish of a bucket that leaves the set. It must not
+	// block, nor keep the slice. Most publishers do nothing (PublishFunc).
+	OwnedBuckets(buckets []int)
+}
+
+// Result is the outcome of one batch of Publisher.Publish.
+type Result struct {
+	Acknowledged int   // the contiguous acknowledged prefix of the batch
+	Err          error // the first unacknowledged message's; nil if and only if all were acknowledged
+}
+
+// PublishFunc is a Publisher made of one function, like http.HandlerFunc:
+// Publish calls f, and OwnedBuckets does nothing.
+type PublishFunc func(ctx context.Context, batches [][]*outbox.Message) []Result
+
+// Publish calls f(ctx, batches).
+func (f PublishFunc) Publish(ctx context.Context, batches [][]*outbox.Message) []Result {
+	return f(ctx, batches)
+}
+
+// OwnedBuckets does nothing.
+func (PublishFunc) OwnedBuckets([]int) {}
+
+var (
+	// ErrFenced is wrapped by the error of a Publish that cannot publish the
+	// bucket under the relay's lease and never will: the relay drops the
+	// bucket, with no strike, until its next acquisition round.
+	ErrFenced = errors.New("fenced")
+	// ErrPublisherAuth is wrapped by a publish error when the broker rejected
+	// the credentials; Health reports it until a publish is acknowledged.
+	ErrPublisherAuth = errors.New("the broker rejected the publisher's credentials")
+)
+
+// Clock is the relay's source of time and timers (relaytest.ManualClock in
+// tests).
+type Clock interface {
+	// Now returns the current time. The relay compares only times it read
+	// from the same Clock, so the system clock's monotonic reading is used.
+	Now() time.Time
+	// NewTimer starts a one-shot timer, like time.NewTimer; stop is like
+	// time.Timer.Stop.
+	NewTimer(d time.Duration) (c <-chan time.Time, stop func() bool)
+}
+
+// SystemClock is the Clock of package time.
+type SystemClock struct{}
+
+// Now returns time.Now().
+func (SystemClock) Now() time.Time { return time.Now() }
+
+// NewTimer starts a time.Timer.
+func (SystemClock) NewTimer(d time.Duration) (<-chan time.Time, func() bool) {
+	t := time.NewTimer(d)
+	return t.C, t.Stop
+}
