@@ -225,8 +225,7 @@ func (r *Relay) callPublisher(ctx context.Context, batches [][]*outbox.Message) 
 	return results
 }
 
-// MessageSize is the size of a row as Options.MaxBatchBytes counts it: the
-// bytes of its key, value, and header names and values.
+// MessageSize is the bytes of a row's key, value, header names and values.
 func MessageSize(m *outbox.Message) int64 {
 	n := int64(len(m.Key) + len(m.Value))
 	for _, h := range m.Headers {

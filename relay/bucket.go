@@ -22,7 +22,7 @@ type bucket struct {
 	st       *runState
 	ready    bool              // it may hold pending rows: serve it
 	alone    bool              // served alone next: its group's fetch or delete failed
-	share    int               // rows its next batch takes in a group: 0 an equal share; doubled by a cut batch, up to BatchSize: served alone
+	share    int               // rows its next batch takes in a group (see deepen); 0: an equal share
 	unmarked []*outbox.Message // acknowledged rows whose MarkPublished failed: deleted before the next fetch
 	strikes  *strike           // its head row's strikes
 	retry    *headRetry        // its head row's backoff; nil: none
@@ -97,7 +97,7 @@ type fetched struct {
 	took    time.Duration
 }
 
-// request readies the fetch: it deletes again the rows whose delete failed, and leaves out those still deleted.
+// request readies the fetch, deleting again the rows whose delete failed.
 func (bk *bucket) request(ctx, cleanup context.Context, limit int, maxBytes int64) (*BatchRequest, error) {
 	if bk.retry != nil {
 		limit = 1

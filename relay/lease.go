@@ -137,11 +137,11 @@ func (r *Relay) publishOwnership(buckets []int, validUntil time.Time) {
 	r.notifier.setOwned(buckets)
 	r.pub.OwnedBuckets(buckets)
 	r.ownedCount.Store(int64(len(buckets)))
+	zero := int64(0)
 	if len(buckets) > 0 && buckets[0] == 0 {
-		r.zeroUntil.Store(validUntil.UnixNano())
-	} else {
-		r.zeroUntil.Store(0)
+		zero = validUntil.UnixNano()
 	}
+	r.zeroUntil.Store(zero)
 }
 
 // leaseValid reports whether the relay may act on its leases now, changing nothing.

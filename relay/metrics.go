@@ -40,16 +40,13 @@ const (
 	MetricPublishStalled = "outbox.publish.stalled"
 )
 
-// ClockOffsetWarnThreshold is the clock offset, less its uncertainty,
-// beyond which the relay logs a warning.
+// ClockOffsetWarnThreshold is the clock offset beyond which the relay warns.
 const ClockOffsetWarnThreshold = time.Second
 
-// AttrParkReason is the attribute of MetricParked saying why rows were
-// parked: one of the ParkReason values.
+// AttrParkReason is MetricParked's attribute: why rows were parked.
 const AttrParkReason = "outbox.park.reason"
 
-// Values of AttrParkReason: ErrUnpublishable ParkAfter times, any failure
-// under ParkAnyFailure, a *CorruptRowError, held.
+// Values of AttrParkReason.
 const (
 	ParkReasonUnpublishable = "unpublishable"
 	ParkReasonFailure       = "failure"
@@ -251,8 +248,7 @@ type inflightPublishes struct {
 	starts []time.Time
 }
 
-// track records a publish started at start, or its end (done), and stores
-// the oldest start in flight.
+// track records a publish started at start, or its end, and the oldest start.
 func (p *inflightPublishes) track(r *Relay, start time.Time, done bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()

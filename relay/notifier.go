@@ -36,8 +36,7 @@ type notifyState struct {
 	any    atomic.Bool     // owns at least one bucket
 }
 
-// NewNotifier returns a Notifier, to pass to outbox.Plugin and in
-// Options.Notifier.
+// NewNotifier returns a Notifier, for outbox.Plugin and Options.Notifier.
 func NewNotifier() *Notifier {
 	return &Notifier{wake: make(chan struct{}, 1), outWake: make(chan struct{}, 1)}
 }
@@ -47,8 +46,7 @@ var (
 	_ outbox.NonBlocking    = (*Notifier)(nil)
 )
 
-// NonBlockingNotifier marks the Notifier as never blocking (outbox.NonBlocking),
-// so the GORM plugin calls it on the committing goroutine.
+// NonBlockingNotifier marks the Notifier as never blocking (outbox.NonBlocking).
 func (*Notifier) NonBlockingNotifier() {}
 
 // NotifyCommitted reports committed rows in unknown buckets: the relay, if
@@ -131,8 +129,7 @@ func (n *Notifier) local(st *notifyState, bucket int) {
 	nudge(n.wake)
 }
 
-// NotifyBuckets reports committed rows in each of buckets; it does not
-// retain the slice.
+// NotifyBuckets reports committed rows in each of buckets.
 func (n *Notifier) NotifyBuckets(buckets []int) {
 	for _, b := range buckets {
 		n.NotifyBucket(b)

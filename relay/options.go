@@ -29,12 +29,8 @@ const (
 	DefaultStopTimeout          = 10 * time.Second
 	DefaultPublishFailureWindow = 5 * time.Minute
 	DefaultParkAfter            = 3
-	// DefaultMaxConcurrentBuckets lets two or three relays sharing the
-	// default 8 buckets serve all their ready buckets together.
-	DefaultMaxConcurrentBuckets = 4
-	// DefaultMaxBatchBytes rarely cuts a batch of small rows, but publishes
-	// 1 MiB rows a few at a time.
-	DefaultMaxBatchBytes = 4 << 20
+	DefaultMaxConcurrentBuckets = 4       // two or three relays on 8 buckets serve all at once
+	DefaultMaxBatchBytes        = 4 << 20 // rarely cuts small rows; 1 MiB rows go a few at a time
 )
 
 // MaxRelayIDLength is the longest RelayID, the width of the owner column.
@@ -53,8 +49,7 @@ type Options struct {
 	// with the store's fails New with an error wrapping ErrMisconfigured.
 	BucketCount int
 	BatchSize   int // rows per batch (default 500)
-	// MaxBatchBytes bounds a batch in bytes (MessageSize), at least one row
-	// (default 4 MiB).
+	// MaxBatchBytes bounds a batch, of at least one row (default 4 MiB).
 	MaxBatchBytes int64
 	// MaxConcurrentBuckets is how many batches (of up to 64 buckets) one
 	// relay serves at once (default 4); left at the default, no more than
@@ -77,8 +72,7 @@ type Options struct {
 	// with an error wrapping ErrMisconfigured. MaxPublishDuration +
 	// LeaseRenewInterval must be shorter than LeaseDuration.
 	MaxPublishDuration time.Duration
-	// RelayID identifies this relay in the lease table, unique among live
-	// relays. Empty means the host name plus a random suffix.
+	// RelayID is unique among live relays; empty: host name, random suffix.
 	RelayID string
 	// MetricsName is the outbox.name attribute of every instrument, the
 	// same for relays sharing a store; 1 to 64 characters (default "outbox").
@@ -88,8 +82,7 @@ type Options struct {
 	// MetricsBacklog turns on the backlog sampler for the outbox.pending.*
 	// gauges; off by default, as each sample reads the whole table.
 	MetricsBacklog bool
-	// MetricsBucketZeroOnly makes only the owner of bucket 0 sample the
-	// backlog. It needs MetricsBacklog.
+	// MetricsBucketZeroOnly: only bucket 0's owner samples the backlog.
 	MetricsBucketZeroOnly bool
 	Clock                 Clock                // the source of time; nil: SystemClock
 	Logger                *slog.Logger         // nil: slog.Default()
@@ -97,14 +90,12 @@ type Options struct {
 	// Notifier wakes the relay after commits; pass the one given to
 	// outbox.Plugin. Nil means a new one, which Relay.Notifier returns.
 	Notifier *Notifier
-	// HintTransport carries bucket hints to and from the relays of other
-	// processes. Nil means local notifications only.
+	// HintTransport carries hints between processes; nil: local ones only.
 	HintTransport HintTransport
 	// StopTimeout is the budget of a stop, from Run's ctx done to Run's
 	// return; publishes and deletes are cancelled at 3/4 (default 10s).
 	StopTimeout time.Duration
-	// PublishFailureWindow is how long every Publish call may fail before
-	// Health reports the relay unhealthy (default 5m).
+	// PublishFailureWindow: every Publish failing this long is unhealthy (default 5m).
 	PublishFailureWindow time.Duration
 	// ParkPolicy says which failures of a row retried alone are strikes
 	// (any other outcome resets them): at ParkAfter the row is parked,

@@ -1,5 +1,4 @@
-// Parking: the contract (ParkPolicy, ParkAdmin) and the relay's side,
-// which strikes a failing head row and asks the store to park it.
+// Parking: its contract, and the relay's strikes of a failing head row.
 
 package relay
 
@@ -85,8 +84,7 @@ type ParkedRow struct {
 	Reason    string
 }
 
-// ParkedSelector chooses parked rows for ParkAdmin's requeue and deletion;
-// exactly one of its fields is set. Choose defines what it chooses.
+// ParkedSelector, with exactly one field set, chooses parked rows (Choose).
 type ParkedSelector struct {
 	// ID chooses one row. A corrupt (reason starting with
 	// CorruptReasonPrefix) or keyless row is chosen alone; any other row
@@ -99,8 +97,7 @@ type ParkedSelector struct {
 	All bool // chooses every parked row
 }
 
-// Choose returns the rows of parked (every parked row of the store, in any
-// order) that s chooses, in parked's order.
+// Choose returns the rows of parked (all the store's) that s chooses, in order.
 func (s ParkedSelector) Choose(parked []ParkedRow) []ParkedRow {
 	var out []ParkedRow
 	switch {
@@ -152,14 +149,11 @@ func (s ParkedSelector) Validate() error {
 // ParkAdmin lists, requeues and deletes parked rows, safe while relays
 // run; requeued rows flow again ahead of later rows of their key.
 type ParkAdmin interface {
-	// ListParked returns up to limit parked rows (limit ≤ 0: all) in
-	// (bucket, id) order.
+	// ListParked returns up to limit parked rows (≤ 0: all) by (bucket, id).
 	ListParked(ctx context.Context, limit int) ([]ParkedRow, error)
-	// RequeueParked clears the parked mark of the chosen rows and returns
-	// how many rows it requeued.
+	// RequeueParked unparks the chosen rows and returns how many it did.
 	RequeueParked(ctx context.Context, sel ParkedSelector) (int64, error)
-	// DeleteParked deletes the chosen parked rows (never an unparked one)
-	// and returns how many it deleted.
+	// DeleteParked deletes the chosen parked rows and returns how many.
 	DeleteParked(ctx context.Context, sel ParkedSelector) (int64, error)
 }
 

@@ -17,8 +17,7 @@ import (
 	"github.com/gorm-outbox/outbox/internal/logrepeat"
 )
 
-// Relay publishes the pending rows of the buckets it leases. Create it with
-// New and start it with Run.
+// Relay publishes the pending rows of the buckets it leases (New, Run).
 type Relay struct {
 	store    Store
 	pub      Publisher
@@ -105,8 +104,7 @@ func New(store Store, pub Publisher, opts Options) (*Relay, error) {
 	return r, nil
 }
 
-// ID returns the relay id used in the lease table (Options.RelayID or the
-// generated default).
+// ID returns the relay id used in the lease table.
 func (r *Relay) ID() string { return r.opts.RelayID }
 
 // Notifier returns the relay's notifier: Options.Notifier or the one New
