@@ -184,7 +184,6 @@ func (r *Relay) fetchInOrder(ctx context.Context, st *runState, group []int, req
 	}
 }
 
-// nextBatches is the store's NextBatches, checked to answer every request.
 func (r *Relay) nextBatches(ctx context.Context, reqs []BatchRequest) ([]BatchResult, error) {
 	results, err := r.store.NextBatches(ctx, reqs)
 	if err == nil && len(results) != len(reqs) {

@@ -48,7 +48,6 @@ func (bk *bucket) errorf(format string, args ...any) error {
 	return errBucket{fmt.Errorf("relay: bucket %d: "+format, append([]any{bk.id}, args...)...)}
 }
 
-// owned reports whether the relay may act on the bucket now.
 func (bk *bucket) owned() bool {
 	if !bk.r.leaseValid(bk.st) {
 		return false
@@ -57,13 +56,11 @@ func (bk *bucket) owned() bool {
 	return containsSorted(owned, bk.id)
 }
 
-// forget drops what the Run knows of the bucket, no longer owned.
 func (bk *bucket) forget() {
 	bk.ready, bk.unmarked = false, nil
 	bk.settled()
 }
 
-// settled ends the bucket's backoff and its head row's strikes.
 func (bk *bucket) settled() {
 	bk.st.mu.Lock()
 	bk.retry = nil
@@ -90,7 +87,6 @@ func (bk *bucket) deepen(limit int, cut bool) {
 	}
 }
 
-// fetched is a bucket's batch, ready to publish.
 type fetched struct {
 	rows    []*outbox.Message
 	drained bool // nothing is left behind it, and no head row was retried
@@ -204,7 +200,6 @@ type pendingDelete struct {
 	*deleteCall
 }
 
-// deleteCall is one running delete.
 type deleteCall struct {
 	done  chan struct{} // closed when the delete returned
 	err   error
@@ -289,7 +284,6 @@ func (r *Relay) awaitDeletes(ctx context.Context, st *runState) {
 	}
 }
 
-// retryLater records one more failure of the head row and returns the backoff state and wait.
 func (bk *bucket) retryLater(storeErr error, published bool) (*headRetry, time.Duration) {
 	now := bk.r.clock.Now()
 	bk.st.mu.Lock()
@@ -364,7 +358,6 @@ func (bk *bucket) drop(cause error, atBroker bool) {
 	r.publishOwnership(buckets, validUntil)
 }
 
-// without returns batch without the rows of excl (by id), in order.
 func without(batch, excl []*outbox.Message) []*outbox.Message {
 	if len(excl) == 0 {
 		return batch

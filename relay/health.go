@@ -44,7 +44,6 @@ func (r *Relay) Health() error {
 	return nil
 }
 
-// publishFailing is an unbroken run of failed publishes.
 type publishFailing struct {
 	since time.Time
 	last  error
@@ -70,7 +69,6 @@ func (r *Relay) recordPublishHealth(err error, ack int, failed, stopped bool, st
 	r.pubFail.Store(&publishFailing{since: since, last: err})
 }
 
-// authFailure reports whether the publisher cannot authenticate.
 func authFailure(err error) bool {
 	if errors.Is(err, ErrPublisherAuth) {
 		return true
@@ -82,7 +80,6 @@ func authFailure(err error) bool {
 	return errors.As(err, &verify) || errors.As(err, &unknownCA) || errors.As(err, &hostname) || errors.As(err, &invalid)
 }
 
-// recordHealth remembers a cycle's outcome, unless ctx cut it short.
 func (r *Relay) recordHealth(ctx context.Context, err error) {
 	switch {
 	case ctx.Err() != nil:

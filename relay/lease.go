@@ -29,7 +29,6 @@ func (l *leaseSet) snapshot() ([]int, time.Time, bool) {
 	return l.buckets, l.validUntil, l.lost
 }
 
-// valid reports whether the relay may act on its leases at now.
 func (l *leaseSet) valid(now time.Time) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -77,7 +76,6 @@ func (r *Relay) acquire(ctx context.Context, st *runState) error {
 	return nil
 }
 
-// liveRelays returns the number of live relays, -1 when the store fails.
 func (r *Relay) liveRelays(ctx context.Context) int {
 	f, err := r.store.Fleet(ctx)
 	if err != nil {
@@ -147,7 +145,6 @@ func (r *Relay) publishOwnership(buckets []int, validUntil time.Time) {
 // leaseValid reports whether the relay may act on its leases now, changing nothing.
 func (r *Relay) leaseValid(st *runState) bool { return st.lease.valid(r.clock.Now()) }
 
-// checkLease drops the lease set if it is no longer valid.
 func (r *Relay) checkLease(st *runState) bool {
 	now := r.clock.Now()
 	if st.lease.valid(now) {
@@ -171,14 +168,12 @@ const (
 	phaseAcquiring              // in an acquisition round, which extends the leases
 )
 
-// setPhase records the loop's phase and wakes renewLoop when it changed.
 func (r *Relay) setPhase(p int32) {
 	if r.phase.Swap(p) != p {
 		r.kickRenewer()
 	}
 }
 
-// kickRenewer makes renewLoop look at the leases and the phase again.
 func (r *Relay) kickRenewer() { nudge(r.kick) }
 
 // renewLoop renews the leases when due while the loop works (an idle or acquiring loop's round extends them).

@@ -11,7 +11,6 @@ import (
 	"go.opentelemetry.io/otel/metric"
 )
 
-// meterName is the instrumentation scope of the relay's instruments.
 const meterName = "github.com/gorm-outbox/outbox/relay"
 
 // Instrument names. Every instrument carries the attribute outbox.name
@@ -54,7 +53,6 @@ const (
 	ParkReasonHeld          = "held"
 )
 
-// instruments are a relay's OpenTelemetry instruments.
 type instruments struct {
 	attrs                                        metric.MeasurementOption
 	meter                                        metric.Meter
@@ -114,7 +112,6 @@ func newInstruments(mp metric.MeterProvider, name string) (*instruments, error) 
 	return in, nil
 }
 
-// noting returns a function that notes err in errs and returns v.
 func noting[T any](errs *[]error) func(v T, err error) T {
 	return func(v T, err error) T {
 		*errs = append(*errs, err)
@@ -132,12 +129,10 @@ func (in *instruments) exportCounters(ctx context.Context) {
 	}
 }
 
-// countParked adds n rows to MetricParked with reason (a ParkReason value).
 func (in *instruments) countParked(reason string, n int) {
 	in.parked.Add(context.Background(), int64(n), in.parkAttrs[reason])
 }
 
-// registerGauges installs the gauge callback, which reads only cached state.
 func (r *Relay) registerGauges() (metric.Registration, error) {
 	in := r.m
 	return in.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
@@ -189,7 +184,6 @@ func (r *Relay) stalledSince() time.Time {
 	return since
 }
 
-// sampleBacklog queries the backlog every MetricsInterval until ctx is done.
 func (r *Relay) sampleBacklog(ctx context.Context) {
 	for {
 		if r.opts.MetricsBucketZeroOnly && !r.ownsBucketZero() {
@@ -236,7 +230,6 @@ func (r *Relay) backlogLooksDrained() {
 	nudge(r.resample)
 }
 
-// ownsBucketZero reports whether the relay holds a valid lease on bucket 0.
 func (r *Relay) ownsBucketZero() bool {
 	until := r.zeroUntil.Load()
 	return until != 0 && r.clock.Now().UnixNano() < until

@@ -27,7 +27,6 @@ type Notifier struct {
 	outWake    chan struct{}
 }
 
-// notifyState holds the bitsets of one relay's bucket count.
 type notifyState struct {
 	n      int
 	owned  []atomic.Uint64
@@ -63,7 +62,6 @@ func (n *Notifier) NotifyCommitted() {
 	n.localUnknown()
 }
 
-// localUnknown wakes this relay for an unknown-bucket notification.
 func (n *Notifier) localUnknown() {
 	n.unknown.Store(true)
 	if st := n.state.Load(); st != nil && st.any.Load() {
@@ -97,7 +95,6 @@ func (n *Notifier) NotifyBucket(bucket int) {
 	n.local(st, bucket)
 }
 
-// checkAttached logs, once, a notification to an unattached Notifier.
 func (n *Notifier) checkAttached() {
 	if n.attached.Load() || !n.warned.CompareAndSwap(false, true) {
 		return
@@ -116,7 +113,6 @@ func (n *Notifier) receive(bucket int) {
 	}
 }
 
-// local wakes this relay if it owns bucket.
 func (n *Notifier) local(st *notifyState, bucket int) {
 	if bucket >= st.n {
 		return
@@ -144,12 +140,10 @@ func nudge(c chan struct{}) {
 	}
 }
 
-// takeOut returns and clears the hints to send to peers.
 func (n *Notifier) takeOut(dst []int) ([]int, bool) {
 	return takeBits(dst, n.state.Load().out, nil), n.outUnknown.Swap(false)
 }
 
-// takeBits clears words and appends the buckets whose bits were set (and set in mask).
 func takeBits(dst []int, words, mask []atomic.Uint64) []int {
 	for i := range words {
 		w := words[i].Swap(0)
@@ -163,7 +157,6 @@ func takeBits(dst []int, words, mask []atomic.Uint64) []int {
 	return dst
 }
 
-// attach binds n to a relay of bucketCount buckets; false if already attached.
 func (n *Notifier) attach(bucketCount int) bool {
 	if !n.attached.CompareAndSwap(false, true) {
 		return false
@@ -173,7 +166,6 @@ func (n *Notifier) attach(bucketCount int) bool {
 	return true
 }
 
-// setOwned records the buckets the relay owns.
 func (n *Notifier) setOwned(buckets []int) {
 	st := n.state.Load()
 	words := make([]uint64, len(st.owned))
@@ -189,7 +181,6 @@ func (n *Notifier) setOwned(buckets []int) {
 	st.any.Store(len(buckets) > 0)
 }
 
-// take returns and clears the hinted owned buckets and the unknown flag.
 func (n *Notifier) take(dst []int) ([]int, bool) {
 	st := n.state.Load()
 	return takeBits(dst, st.hinted, st.owned), n.unknown.Swap(false)

@@ -36,7 +36,6 @@ const (
 // MaxRelayIDLength is the longest RelayID, the width of the owner column.
 const MaxRelayIDLength = 128
 
-// maxMetricsNameLength is the longest MetricsName.
 const maxMetricsNameLength = 64
 
 // Options configures a Relay. A zero Options consists entirely of default
@@ -104,7 +103,6 @@ type Options struct {
 	ParkAfter  int // strikes that park a row (default 3)
 }
 
-// withDefaults validates o against the store and fills in the defaults.
 func (o Options) withDefaults(store Store) (Options, error) {
 	var errs []error
 	bad := func(format string, args ...any) {
@@ -179,7 +177,6 @@ func orDefault[T ~int | ~int64](bad func(format string, args ...any), name strin
 	}
 }
 
-// defaultRelayID returns the host name plus a random suffix.
 func defaultRelayID() string {
 	host, err := os.Hostname()
 	if err != nil || host == "" {

@@ -84,7 +84,7 @@ type ParkedRow struct {
 	Reason    string
 }
 
-// ParkedSelector, with exactly one field set, chooses parked rows (Choose).
+// ParkedSelector chooses parked rows (see Choose); exactly one field is set.
 type ParkedSelector struct {
 	// ID chooses one row. A corrupt (reason starting with
 	// CorruptReasonPrefix) or keyless row is chosen alone; any other row
@@ -127,7 +127,6 @@ func (s ParkedSelector) Choose(parked []ParkedRow) []ParkedRow {
 	return out
 }
 
-// parkedAlone reports whether r is keyless or corrupt: chosen alone by ID.
 func (r ParkedRow) parkedAlone() bool {
 	return r.Key == nil || strings.HasPrefix(r.Reason, CorruptReasonPrefix)
 }
@@ -252,7 +251,6 @@ func (bk *bucket) strike(ctx context.Context, batch []*outbox.Message, ack int, 
 	return true, nil
 }
 
-// maxLoggedKey is the longest key printed in a log line, in bytes of text.
 const maxLoggedKey = 64
 
 // printableKey renders a key for a log line, as text or hex, at most maxLoggedKey bytes.

@@ -253,7 +253,6 @@ func (r *Relay) runStopBudget(stopping context.Context, stopped <-chan struct{},
 	<-stopped
 }
 
-// stop releases the leases after the loop ended.
 func (r *Relay) stop(release context.Context, st *runState) {
 	r.setLeases(st, nil, time.Time{})
 	if !st.attempted {
@@ -264,7 +263,6 @@ func (r *Relay) stop(release context.Context, st *runState) {
 	}
 }
 
-// loop runs cycles until ctx is done or a fatal error.
 func (r *Relay) loop(ctx, cleanup context.Context, st *runState) error {
 	for ctx.Err() == nil {
 		start := r.clock.Now()
@@ -293,7 +291,6 @@ func (r *Relay) loop(ctx, cleanup context.Context, st *runState) error {
 	return nil
 }
 
-// cycle runs acquisition when due and one sweep over the owned buckets.
 func (r *Relay) cycle(ctx, cleanup context.Context, st *runState) error {
 	if now := r.clock.Now(); !now.Before(st.nextFleetCheck) && now.Before(st.nextRebalance) {
 		st.nextFleetCheck = now.Add(r.opts.PollInterval)
@@ -406,7 +403,6 @@ func (r *Relay) noteStuck(st *runState) {
 	r.stuckSince.Store(oldest)
 }
 
-// eligible reports whether a round is due or an owned bucket is sweepable.
 func (r *Relay) eligible(st *runState, now time.Time) bool {
 	if !now.Before(st.nextRebalance) || !now.Before(st.nextFleetCheck) {
 		return true
@@ -415,7 +411,6 @@ func (r *Relay) eligible(st *runState, now time.Time) bool {
 	return slices.ContainsFunc(owned, func(b int) bool { return st.b[b].sweepable(now) })
 }
 
-// idle waits for the next deadline or a notification.
 func (r *Relay) idle(ctx context.Context, st *runState) {
 	now := r.clock.Now()
 	deadline := earliest(st.nextRebalance, st.nextFleetCheck)

@@ -35,7 +35,6 @@ type scheduler struct {
 	fleet                 chan int
 }
 
-// groupDone is the outcome of a worker's batches: errs[i] is buckets[i]'s.
 type groupDone struct {
 	buckets []int
 	errs    []error
@@ -89,7 +88,6 @@ func (s *scheduler) enqueue(b int) {
 	}
 }
 
-// readied marks b ready after a hint or a discovery found rows in it.
 func (s *scheduler) readied(b int) {
 	switch {
 	case !s.st.b[b].owned(): // dropped meanwhile: a round grants it again
@@ -131,7 +129,6 @@ func (s *scheduler) dispatch(cleanup context.Context) {
 	}
 }
 
-// wait takes the next event: a worker done, a fleet check, a discovery, hints.
 func (s *scheduler) wait() {
 	r, st := s.r, s.st
 	select {
@@ -222,7 +219,6 @@ func (r *Relay) sweepWorkers(owned int) int {
 	return min(r.workers, max(1, (fleet+r.opts.BucketCount-1)/r.opts.BucketCount))
 }
 
-// readsInOrder reports whether the next group is read in order.
 func (r *Relay) readsInOrder(queued int) bool {
 	return r.opts.SingleWriter && queued <= maxOrdered
 }

@@ -20,7 +20,6 @@ type HintTransport interface {
 	Listen(ctx context.Context, fn func(bucket int)) error
 }
 
-// runTransport runs the sender and the listener until ctx is done.
 func (r *Relay) runTransport(ctx context.Context, done func()) {
 	defer done()
 	t := r.opts.HintTransport
@@ -63,7 +62,6 @@ func (r *Relay) runTransport(ctx context.Context, done func()) {
 	}
 }
 
-// pause waits d on the relay's clock or until ctx is done.
 func (r *Relay) pause(ctx context.Context, d time.Duration) {
 	tc, stop := r.clock.NewTimer(d)
 	defer stop()
