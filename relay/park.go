@@ -19,7 +19,7 @@ import (
 
 var (
 	// ErrUnpublishable is wrapped by a publish error that will recur for the
-	// row as stored (a record too large); the default ParkPolicy parks it.
+	// row as stored, never a transient one; the default ParkPolicy parks it.
 	ErrUnpublishable = errors.New("the broker will never accept this row as stored")
 	// ErrLeaseLost is wrapped by the error of Store.Park when the relay no
 	// longer holds the bucket's lease: the relay drops the bucket.
