@@ -45,17 +45,14 @@ func TestIdleRelayStatements(t *testing.T) {
 	}
 }
 
-type nopPublisher struct{}
-
-func (nopPublisher) Publish(_ context.Context, batches [][]*outbox.Message) []relay.Result {
+// nopPublisher acknowledges every batch.
+var nopPublisher = relay.PublishFunc(func(_ context.Context, batches [][]*outbox.Message) []relay.Result {
 	results := make([]relay.Result, len(batches))
 	for i, b := range batches {
 		results[i].Acknowledged = len(b)
 	}
 	return results
-}
-
-func (nopPublisher) OwnedBuckets([]int) {}
+})
 
 // BenchmarkRelayBatch measures the engine's overhead per batch (fetch,
 // publish, lease checks, mark) with a no-op publisher and the in-memory
@@ -68,7 +65,7 @@ func BenchmarkRelayBatch(b *testing.B) {
 		rows = append(rows, outbox.NewStringMessage("t", "k", "v"))
 	}
 	mem.Add(rows...)
-	r, err := relay.New(mem, nopPublisher{}, relay.Options{BatchSize: batch, Logger: slog.New(slog.DiscardHandler), SingleWriter: true})
+	r, err := relay.New(mem, nopPublisher, relay.Options{BatchSize: batch, Logger: slog.New(slog.DiscardHandler), SingleWriter: true})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -100,7 +97,7 @@ func BenchmarkSweepManyReadyBuckets(b *testing.B) {
 		for bk := range buckets {
 			mem.AddToBucket(bk, outbox.NewStringMessage("t", "k", "v"))
 		}
-		r, err := relay.New(mem, nopPublisher{}, relay.Options{BucketCount: buckets, Logger: slog.New(slog.DiscardHandler)})
+		r, err := relay.New(mem, nopPublisher, relay.Options{BucketCount: buckets, Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -1,6 +1,6 @@
 package relay
 
-// SetIdleHook makes r call f whenever Run starts an idle wait or a backoff
+// SetIdleHook makes r call f whenever Run starts an idle wait
 // (after its timer is set), so tests know when to move a manual clock.
 func SetIdleHook(r *Relay, f func()) { r.onIdle = f }
 

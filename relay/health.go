@@ -9,30 +9,18 @@ import (
 	"time"
 )
 
-// ErrPublisherAuth is wrapped by a publish error when the broker rejected
-// the publisher's credentials, which no retry of a row can cure (kafkapub
-// wraps it for SASL failures; a custom Publisher may too). Health reports
-// it until a publish is acknowledged again; a broker certificate that does
-// not verify (crypto/tls, crypto/x509 errors) counts too, without it.
-var ErrPublisherAuth = errors.New("the broker rejected the publisher's credentials")
+// Health's answers before Run's first cycle ended, and while Run is not running.
+var (
+	errNoCycle    = errors.New("relay: no cycle completed yet")
+	errNotRunning = errors.New("relay: not running")
+)
 
-// errNoCycle is Health's answer between the start of Run and the end of its
-// first cycle.
-var errNoCycle = errors.New("relay: no cycle completed yet")
-
-// errNotRunning is Health's answer while Run is not running.
-var errNotRunning = errors.New("relay: not running")
-
-// Health reports whether the relay is healthy: nil while Run is running
-// and its latest cycle succeeded. Otherwise it says why: not running, no
-// cycle completed yet, the latest cycle's store or fatal error, a failed
-// acquisition not yet repaired, every owned bucket backing off from its own
-// store error, buckets without a live owner for longer than LeaseDuration
-// (as its acquisition rounds count them), or, until a publish is
-// acknowledged again, a publisher that
-// cannot authenticate (ErrPublisherAuth) or every publish failing for
-// longer than Options.PublishFailureWindow. A failing row or one bucket's
-// store error is not unhealthy. It is safe to call from any goroutine.
+// Health returns nil while Run runs and its latest cycle succeeded, else
+// why not: not running, no cycle yet, a fatal error, a failed acquisition
+// or discovery, every owned bucket failing in the store, buckets without a
+// live owner for longer than LeaseDuration, or, until a publish is
+// acknowledged, ErrPublisherAuth or every publish failing for longer than
+// Options.PublishFailureWindow. It is safe for concurrent use.
 func (r *Relay) Health() error {
 	if !r.running.Load() {
 		return errNotRunning
@@ -56,18 +44,12 @@ func (r *Relay) Health() error {
 	return nil
 }
 
-// publishFailing is an unbroken run of failed publishes: since the start of
-// the first one, the latest one's error.
 type publishFailing struct {
 	since time.Time
 	last  error
 }
 
-// recordPublishHealth remembers an authentication failure of a publish,
-// and when an unbroken run of failed publishes began (the start of its
-// first call), for Health and MetricPublishStalled; it forgets both once a
-// publish is acknowledged. A publish cancelled by a stop (stopped) does not
-// count.
+// recordPublishHealth remembers an auth failure and a run of failed publishes until an acknowledgement.
 func (r *Relay) recordPublishHealth(err error, ack int, failed, stopped bool, start time.Time) {
 	switch {
 	case ack > 0 || !failed:
@@ -87,8 +69,6 @@ func (r *Relay) recordPublishHealth(err error, ack int, failed, stopped bool, st
 	r.pubFail.Store(&publishFailing{since: since, last: err})
 }
 
-// authFailure reports whether a publish error says that the publisher
-// cannot authenticate to the cluster, so that every row fails the same way.
 func authFailure(err error) bool {
 	if errors.Is(err, ErrPublisherAuth) {
 		return true
@@ -100,8 +80,6 @@ func authFailure(err error) bool {
 	return errors.As(err, &verify) || errors.As(err, &unknownCA) || errors.As(err, &hostname) || errors.As(err, &invalid)
 }
 
-// recordHealth remembers the outcome of a cycle for Health. A cycle cut
-// short by ctx is not recorded.
 func (r *Relay) recordHealth(ctx context.Context, err error) {
 	switch {
 	case ctx.Err() != nil:

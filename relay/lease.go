@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -11,11 +12,9 @@ import (
 	"time"
 )
 
-// leaseSet is the relay's local view of its leases. validUntil is the
-// relay-clock time read before the call that granted them, plus
-// LeaseDuration (the store's lease ends later, never earlier). renewLoop
-// extends it; the loop replaces it (setLeases), bumping gen so that a
-// renewal of the previous set changes nothing.
+// leaseSet is the relay's view of its leases, valid until the relay-clock
+// time read before the call that granted them plus LeaseDuration (never
+// after the store's). gen tells a renewal of a replaced set.
 type leaseSet struct {
 	mu         sync.Mutex
 	buckets    []int
@@ -30,19 +29,13 @@ func (l *leaseSet) snapshot() ([]int, time.Time, bool) {
 	return l.buckets, l.validUntil, l.lost
 }
 
-// valid reports whether the relay may still act on its leases at now: it
-// owns buckets, no renewal reported them lost, and they have not expired.
 func (l *leaseSet) valid(now time.Time) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return len(l.buckets) > 0 && !l.lost && now.Before(l.validUntil)
 }
 
-// acquire runs one acquisition round. A store error wrapping
-// ErrMisconfigured is fatal; others are retried after ErrorBackoff, the
-// current leases staying valid until they expire. A relay granted less than
-// its fair share (buckets a peer still holds, or releases only at its own
-// next round) runs its next round a quarter PollInterval later.
+// acquire runs an acquisition round; only ErrMisconfigured is fatal, others retry after ErrorBackoff.
 func (r *Relay) acquire(ctx context.Context, st *runState) error {
 	st.attempted = true
 	t0 := r.clock.Now()
@@ -64,7 +57,7 @@ func (r *Relay) acquire(ctx context.Context, st *runState) error {
 	}
 	st.acquireErr = nil
 	r.repeats.LogRecovered(ctx, r.log, r.clock.Now(), "acquire", "acquire leases succeeds again")
-	r.repeats.Recovered("renew") // an acquisition renews too: the renewals' failures ended with it
+	r.repeats.Recovered("renew") // an acquisition renews too
 	validUntil := t0.Add(r.opts.LeaseDuration)
 	buckets := l.Owned
 	if !t1.Before(validUntil) {
@@ -83,11 +76,6 @@ func (r *Relay) acquire(ctx context.Context, st *runState) error {
 	return nil
 }
 
-// liveRelays returns the number of live relays (Store.Fleet), -1 when the
-// store fails, for the fleet check: every PollInterval (nextFleetCheck)
-// one cheap statement, so that a relay that joined, stopped or died makes
-// its peers run an acquisition round at once (fleetChecked), not a
-// LeaseRenewInterval later.
 func (r *Relay) liveRelays(ctx context.Context) int {
 	f, err := r.store.Fleet(ctx)
 	if err != nil {
@@ -96,17 +84,14 @@ func (r *Relay) liveRelays(ctx context.Context) int {
 	return f.Relays
 }
 
-// fleetChecked makes the next acquisition round due now when the live
-// relays (n) differ in number from the latest round's (while rounds fail,
-// they are retried after ErrorBackoff anyway).
+// fleetChecked makes a round due now when the number of live relays changed.
 func (r *Relay) fleetChecked(st *runState, n int) {
 	if n >= 0 && st.relays > 0 && n != st.relays && st.acquireErr == nil {
 		st.nextRebalance = r.clock.Now()
 	}
 }
 
-// noteUnowned records a round's count of buckets without a live owner, for
-// MetricUnownedBuckets and Health, and since when it has been nonzero.
+// noteUnowned records a round's unowned buckets, and since when there are some.
 func (r *Relay) noteUnowned(n int, now time.Time) {
 	r.unowned.Store(int64(n))
 	switch {
@@ -117,8 +102,7 @@ func (r *Relay) noteUnowned(n int, now time.Time) {
 	}
 }
 
-// setLeases replaces the local lease set. Newly gained buckets force a
-// discovery; state of buckets no longer owned is forgotten.
+// setLeases replaces the lease set: gained buckets force a discovery, lost ones are forgotten.
 func (r *Relay) setLeases(st *runState, buckets []int, validUntil time.Time) {
 	old, _, _ := st.lease.snapshot()
 	st.lease.mu.Lock()
@@ -128,7 +112,7 @@ func (r *Relay) setLeases(st *runState, buckets []int, validUntil time.Time) {
 	st.lease.gen++
 	st.lease.mu.Unlock()
 	r.kickRenewer()
-	for _, b := range buckets { // both sorted: O(n log n) at 65,536 buckets, not O(n²)
+	for _, b := range buckets { // both sorted
 		if !containsSorted(old, b) {
 			st.discover = true
 			st.b[b].strikes = nil
@@ -136,7 +120,7 @@ func (r *Relay) setLeases(st *runState, buckets []int, validUntil time.Time) {
 	}
 	for _, b := range old {
 		if !containsSorted(buckets, b) {
-			st.forget(b)
+			st.b[b].forget()
 		}
 	}
 	r.noteStuck(st)
@@ -146,25 +130,21 @@ func (r *Relay) setLeases(st *runState, buckets []int, validUntil time.Time) {
 	r.publishOwnership(buckets, validUntil)
 }
 
-// publishOwnership updates the state read by the notifier, the gauges and
-// the backlog sampler, and tells the publisher (Publisher.OwnedBuckets).
+// publishOwnership tells the notifier, the gauges and the publisher the owned buckets.
 func (r *Relay) publishOwnership(buckets []int, validUntil time.Time) {
 	r.notifier.setOwned(buckets)
 	r.pub.OwnedBuckets(buckets)
 	r.ownedCount.Store(int64(len(buckets)))
+	zero := int64(0)
 	if len(buckets) > 0 && buckets[0] == 0 {
-		r.zeroUntil.Store(validUntil.UnixNano())
-	} else {
-		r.zeroUntil.Store(0)
+		zero = validUntil.UnixNano()
 	}
+	r.zeroUntil.Store(zero)
 }
 
-// leaseValid reports whether the relay may act on its leases now; unlike
-// checkLease it changes nothing, so that sweep workers may call it.
+// leaseValid reports whether the relay may act on its leases now, changing nothing.
 func (r *Relay) leaseValid(st *runState) bool { return st.lease.valid(r.clock.Now()) }
 
-// checkLease drops the lease set if it is no longer valid by the relay's
-// clock, and reports whether the relay may act on it.
 func (r *Relay) checkLease(st *runState) bool {
 	now := r.clock.Now()
 	if st.lease.valid(now) {
@@ -181,34 +161,22 @@ func (r *Relay) checkLease(st *runState) bool {
 	return false
 }
 
-// Phases of the loop, read by the renewal goroutine (see renewLoop).
+// Phases of the loop, read by renewLoop.
 const (
 	phaseWorking   int32 = iota // in a cycle past its acquisition, or backing off
 	phaseIdle                   // waiting in idle, whose deadline includes the rebalance
 	phaseAcquiring              // in an acquisition round, which extends the leases
 )
 
-// setPhase records the loop's phase and wakes the renewal goroutine when it
-// changed.
 func (r *Relay) setPhase(p int32) {
 	if r.phase.Swap(p) != p {
 		r.kickRenewer()
 	}
 }
 
-// kickRenewer makes the renewal goroutine look at the leases and the loop's
-// phase again.
-func (r *Relay) kickRenewer() {
-	select {
-	case r.kick <- struct{}{}:
-	default:
-	}
-}
+func (r *Relay) kickRenewer() { nudge(r.kick) }
 
-// renewLoop renews the leases on its own timer when due (renewalDue), so
-// that no amount of work lets them lapse, except while the loop is idle or
-// acquiring: the rebalance's acquisition extends them then, at no extra
-// store call. It marks the set lost or extends it; only the loop drops it.
+// renewLoop renews the leases when due while the loop works (an idle or acquiring loop's round extends them).
 func (r *Relay) renewLoop(ctx context.Context, st *runState) {
 	var tried time.Time // start of the latest renewal attempt
 	for {
@@ -231,9 +199,7 @@ func (r *Relay) renewLoop(ctx context.Context, st *runState) {
 		if !fired {
 			continue // look again: a kick changed the leases or the phase
 		}
-		// The phase first: a loop that is working again has recorded its
-		// acquisition's leases before it says so.
-		if r.phase.Load() != phaseWorking {
+		if r.phase.Load() != phaseWorking { // read first: a working loop recorded its leases
 			select {
 			case <-ctx.Done():
 				return
@@ -250,9 +216,7 @@ func (r *Relay) renewLoop(ctx context.Context, st *runState) {
 	}
 }
 
-// renewalDue returns when the leases need renewing, counted from their
-// grant or the latest attempt (tried); ok is false when there is nothing to
-// renew (no leases, lost, or expired).
+// renewalDue returns when the leases need renewing; ok is false when there is nothing to renew.
 func (r *Relay) renewalDue(st *runState, tried time.Time) (time.Time, bool) {
 	buckets, validUntil, lost := st.lease.snapshot()
 	if len(buckets) == 0 || lost {
@@ -269,9 +233,7 @@ func (r *Relay) renewalDue(st *runState, tried time.Time) (time.Time, bool) {
 	return base.Add(min(r.opts.LeaseRenewInterval, rem/2)), true
 }
 
-// renew extends the leases. A false answer, or one arriving after they
-// expired, marks them lost; one about a set the loop replaced meanwhile is
-// ignored.
+// renew extends the leases; a false or late answer marks them lost.
 func (r *Relay) renew(ctx context.Context, st *runState) {
 	st.lease.mu.Lock()
 	buckets, validUntil, gen := st.lease.buckets, st.lease.validUntil, st.lease.gen
@@ -307,8 +269,7 @@ func (r *Relay) renew(ctx context.Context, st *runState) {
 	}
 }
 
-// bucketRanges writes ascending buckets as ranges ("0-3,8,10-12"), at most
-// limit of them and then "…": a line stays short at 65,536 buckets.
+// bucketRanges writes ascending buckets as ranges ("0-3,8"), at most limit of them.
 func bucketRanges(buckets []int, limit int) string {
 	var b strings.Builder
 	for i, n := 0, 0; i < len(buckets); n++ {
@@ -330,4 +291,47 @@ func bucketRanges(buckets []int, limit int) string {
 		i = j + 1
 	}
 	return b.String()
+}
+
+// Shares divides bucketCount buckets among the active relays; held maps
+// each (the caller included) to the unexpired leases it holds. Every relay
+// gets ⌊N/R⌋; the N mod R others go first to relays, in byte-wise id order,
+// already holding more, then to the rest in id order: incumbents keep the
+// remainder and joiners do not churn ownership. Every Store must use it.
+func Shares(bucketCount int, held map[string]int) map[string]int {
+	out := make(map[string]int, len(held))
+	if len(held) == 0 || bucketCount <= 0 {
+		for id := range held {
+			out[id] = 0
+		}
+		return out
+	}
+	ids := slices.Sorted(maps.Keys(held)) // byte-wise
+	base := bucketCount / len(ids)
+	extra := bucketCount % len(ids)
+	for _, id := range ids {
+		out[id] = base
+	}
+	for pass := 0; pass < 2 && extra > 0; pass++ {
+		for _, id := range ids {
+			if extra == 0 {
+				break
+			}
+			incumbent := held[id] > base
+			if (pass == 0) == incumbent && out[id] == base {
+				out[id]++
+				extra--
+			}
+		}
+	}
+	return out
+}
+
+// ClaimStart is where relayID starts claiming free buckets among
+// bucketCount: each relay of held (as for Shares) at another point, so that
+// relays starting together do not collide on the lowest ones.
+func ClaimStart(bucketCount int, relayID string, held map[string]int) int {
+	ids := slices.Sorted(maps.Keys(held))
+	i, _ := slices.BinarySearch(ids, relayID)
+	return i * bucketCount / max(len(ids), 1)
 }

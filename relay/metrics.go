@@ -3,91 +3,46 @@ package relay
 import (
 	"context"
 	"errors"
+	"slices"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 )
 
-// meterName is the instrumentation scope of the relay's instruments.
 const meterName = "github.com/gorm-outbox/outbox/relay"
 
 // Instrument names. Every instrument carries the attribute outbox.name
-// (Options.MetricsName); MetricParked adds outbox.park.reason. Counters and
-// histograms are recorded once per batch or cycle, never per message;
-// gauges read state the relay cached and never query the store.
-// docs/operating.md lists them with their exported names and alerts.
+// (Options.MetricsName); MetricParked adds outbox.park.reason. Gauges read
+// state the relay cached and never query the store. docs/operating.md
+// lists them with their alerts.
 const (
-	// MetricOwnedBuckets is a gauge of the buckets in the relay's local lease
-	// set.
-	MetricOwnedBuckets = "outbox.owned_buckets"
-	// MetricUnownedBuckets is a gauge of the buckets without a live owner,
-	// counted in the lease table by the relay's latest acquisition round
-	// (Leases.Unowned); absent before the first. Every relay reports the
-	// fleet's count: alert on its max.
-	MetricUnownedBuckets = "outbox.buckets.unowned"
-	// MetricPublishAcknowledged counts the acknowledged prefixes the
-	// publisher reported: attempts, so a retried batch counts again.
-	MetricPublishAcknowledged = "outbox.publish.acknowledged"
-	// MetricPublishFailures counts the batches whose publish returned an
-	// error, except a stop's cancellation: each failed batch of a Publish
-	// call.
-	MetricPublishFailures = "outbox.publish.failures"
-	// MetricLeaseExpirations counts losses of a nonempty lease set.
-	MetricLeaseExpirations = "outbox.lease.expirations"
-	// MetricFenced counts buckets the broker fenced (ErrFenced): nonzero
-	// means two relays believed they owned a bucket.
-	MetricFenced = "outbox.fenced"
-	// MetricPublishDuration is a histogram of whole Publish calls, in
-	// seconds.
-	MetricPublishDuration = "outbox.publish.duration"
-	// MetricCycleDuration is a histogram of relay cycles (acquisition,
-	// discovery and one sweep), excluding idle waits and backoff, in seconds.
-	MetricCycleDuration = "outbox.cycle.duration"
-	// MetricPendingMessages is a gauge of the whole store's pending rows from
-	// the latest backlog sample (Options.MetricsBacklog); absent without one.
-	MetricPendingMessages = "outbox.pending.messages"
-	// MetricPendingOldestAge is a gauge of the age of the oldest pending row
-	// of the latest sample, in seconds, growing between samples.
-	MetricPendingOldestAge = "outbox.pending.oldest_age"
-	// MetricPendingAvailable is 1 when a backlog sample is available, else 0.
-	MetricPendingAvailable = "outbox.pending.available"
-	// MetricHeadOldestAge is a gauge of how long the longest-failing head
-	// row of the owned buckets (a failed publish, or the bucket's own store
-	// error) has been failing, in seconds; 0 when none is. The alert "a
-	// bucket has been stuck for N minutes" is max(outbox.head.oldest_age) >
-	// N*60.
-	MetricHeadOldestAge = "outbox.head.oldest_age"
+	MetricOwnedBuckets        = "outbox.owned_buckets"        // gauge: buckets the relay owns
+	MetricUnownedBuckets      = "outbox.buckets.unowned"      // gauge: buckets without a live owner at the latest round (the fleet's: alert on its max)
+	MetricPublishAcknowledged = "outbox.publish.acknowledged" // counter: acknowledged rows, counting attempts
+	MetricPublishFailures     = "outbox.publish.failures"     // counter: batches whose publish failed, a stop's cancellation aside
+	MetricLeaseExpirations    = "outbox.lease.expirations"    // counter: losses of a nonempty lease set
+	MetricFenced              = "outbox.fenced"               // counter: buckets the broker fenced (ErrFenced): two relays believed they owned them
+	MetricPublishDuration     = "outbox.publish.duration"     // histogram: Publish calls, in seconds
+	MetricCycleDuration       = "outbox.cycle.duration"       // histogram: relay cycles excluding idle waits, in seconds
+	MetricPendingMessages     = "outbox.pending.messages"     // gauge: the store's pending rows at the latest backlog sample
+	MetricPendingOldestAge    = "outbox.pending.oldest_age"   // gauge: age of the oldest pending row of the latest sample, in seconds
+	MetricPendingAvailable    = "outbox.pending.available"    // gauge: 1 when a backlog sample is available, else 0
+	MetricHeadOldestAge       = "outbox.head.oldest_age"      // gauge: how long the longest-failing head row has failed, in seconds; 0: none
+	MetricParked              = "outbox.parked"               // counter: rows parked, by AttrParkReason, every series from 0
+	MetricParkedMessages      = "outbox.parked.messages"      // gauge: the store's parked rows at the latest backlog sample
+	MetricClockOffset         = "outbox.clock.offset"         // gauge: the store's clock minus the host's, in seconds
 	// MetricPublishStalled is a gauge of how long publishing has made no
-	// progress, in seconds: since the start of the oldest Publish call in
-	// flight or, while failed publishes are retried with none acknowledged
-	// since, of the first of them; 0 when neither. A hung broker shows as
-	// it growing through every failed attempt and backoff, so an alert's
-	// "for" holds.
+	// progress, in seconds: since the start of the oldest Publish in flight
+	// or of the first failed publish retried since an acknowledgement.
 	MetricPublishStalled = "outbox.publish.stalled"
-	// MetricParked counts the rows the relay parked, by AttrParkReason;
-	// every series starts at 0 (ParkReasonHeld stays 0: the store holds a
-	// parked row's later rows without marking them). Alert on
-	// increase(outbox.parked{outbox.park.reason!="held"}) > 0.
-	MetricParked = "outbox.parked"
-	// MetricParkedMessages is a gauge of the whole store's parked rows from
-	// the latest backlog sample; absent without one.
-	MetricParkedMessages = "outbox.parked.messages"
-	// MetricClockOffset is a gauge of the store's clock (the database's)
-	// minus the relay host's, in seconds (Store.ClockOffset); absent while
-	// the store reports none. Leases do not depend on it; backlog ages do.
-	MetricClockOffset = "outbox.clock.offset"
 )
 
-// ClockOffsetWarnThreshold is the clock offset (MetricClockOffset), less
-// its uncertainty, beyond which the relay logs a warning, once until the
-// offset comes back within it.
+// ClockOffsetWarnThreshold is the clock offset beyond which the relay warns.
 const ClockOffsetWarnThreshold = time.Second
 
-// AttrParkReason is the attribute of MetricParked saying why rows were
-// parked: ParkReasonUnpublishable (ErrUnpublishable, ParkAfter times),
-// ParkReasonFailure (any failure, under ParkAnyFailure), ParkReasonCorrupt
-// (a *CorruptRowError) or ParkReasonHeld.
+// AttrParkReason is MetricParked's attribute: why rows were parked.
 const AttrParkReason = "outbox.park.reason"
 
 // Values of AttrParkReason.
@@ -98,35 +53,21 @@ const (
 	ParkReasonHeld          = "held"
 )
 
-// instruments are a relay's OpenTelemetry instruments.
 type instruments struct {
-	attrs       metric.MeasurementOption
-	meter       metric.Meter
-	owned       metric.Int64ObservableGauge
-	unowned     metric.Int64ObservableGauge
-	acked       metric.Int64Counter
-	failures    metric.Int64Counter
-	expirations metric.Int64Counter
-	fenced      metric.Int64Counter
-	publishDur  metric.Float64Histogram
-	cycleDur    metric.Float64Histogram
-	pendingMsgs metric.Int64ObservableGauge
-	pendingAge  metric.Float64ObservableGauge
-	pendingOK   metric.Int64ObservableGauge
-	headAge     metric.Float64ObservableGauge
-	stalled     metric.Float64ObservableGauge
-	parked      metric.Int64Counter
-	parkedMsgs  metric.Int64ObservableGauge
-	clockOffset metric.Float64ObservableGauge
-	parkAttrs   map[string]metric.MeasurementOption // AttrParkReason value → outbox.name and that reason
+	attrs                                        metric.MeasurementOption
+	meter                                        metric.Meter
+	owned, unowned, pendingMsgs, pendingOK       metric.Int64ObservableGauge
+	parkedMsgs                                   metric.Int64ObservableGauge
+	acked, failures, expirations, fenced, parked metric.Int64Counter
+	publishDur, cycleDur                         metric.Float64Histogram
+	pendingAge, headAge, stalled, clockOffset    metric.Float64ObservableGauge
+	parkAttrs                                    map[string]metric.MeasurementOption // AttrParkReason value → outbox.name and that reason
 }
 
-// pendingSample is a cached backlog sample.
+// pendingSample is a cached backlog sample, taken at at.
 type pendingSample struct {
-	count  int64
-	oldest time.Time // zero: unknown (or empty store)
-	parked int64
-	at     time.Time // when it was taken, on the relay's clock
+	count, parked int64
+	oldest, at    time.Time // oldest zero: unknown
 }
 
 func newInstruments(mp metric.MeterProvider, name string) (*instruments, error) {
@@ -137,25 +78,17 @@ func newInstruments(mp metric.MeterProvider, name string) (*instruments, error) 
 	}
 	var errs []error
 	counter := func(name, unit, desc string) metric.Int64Counter {
-		c, err := m.Int64Counter(name, metric.WithUnit(unit), metric.WithDescription(desc))
-		errs = append(errs, err)
-		return c
+		return noting[metric.Int64Counter](&errs)(m.Int64Counter(name, metric.WithUnit(unit), metric.WithDescription(desc)))
 	}
 	intGauge := func(name, unit, desc string) metric.Int64ObservableGauge {
-		g, err := m.Int64ObservableGauge(name, metric.WithUnit(unit), metric.WithDescription(desc))
-		errs = append(errs, err)
-		return g
+		return noting[metric.Int64ObservableGauge](&errs)(m.Int64ObservableGauge(name, metric.WithUnit(unit), metric.WithDescription(desc)))
 	}
 	floatGauge := func(name, desc string) metric.Float64ObservableGauge {
-		g, err := m.Float64ObservableGauge(name, metric.WithUnit("s"), metric.WithDescription(desc))
-		errs = append(errs, err)
-		return g
+		return noting[metric.Float64ObservableGauge](&errs)(m.Float64ObservableGauge(name, metric.WithUnit("s"), metric.WithDescription(desc)))
 	}
 	seconds := metric.WithExplicitBucketBoundaries(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 	histogram := func(name, desc string) metric.Float64Histogram {
-		h, err := m.Float64Histogram(name, metric.WithUnit("s"), metric.WithDescription(desc), seconds)
-		errs = append(errs, err)
-		return h
+		return noting[metric.Float64Histogram](&errs)(m.Float64Histogram(name, metric.WithUnit("s"), metric.WithDescription(desc), seconds))
 	}
 	in.owned = intGauge(MetricOwnedBuckets, "{bucket}", "Buckets in the relay's local lease set.")
 	in.unowned = intGauge(MetricUnownedBuckets, "{bucket}", "Buckets without a live owner in the lease table, at the relay's latest acquisition round.")
@@ -179,9 +112,14 @@ func newInstruments(mp metric.MeterProvider, name string) (*instruments, error) 
 	return in, nil
 }
 
-// exportCounters adds 0 to every counter (and every park reason), so that
-// each series exists from the start: increase() and rate() then see the
-// first failure, fence or park, not only the second.
+func noting[T any](errs *[]error) func(v T, err error) T {
+	return func(v T, err error) T {
+		*errs = append(*errs, err)
+		return v
+	}
+}
+
+// exportCounters adds 0 to every counter, so that increase() sees the first event.
 func (in *instruments) exportCounters(ctx context.Context) {
 	for _, c := range []metric.Int64Counter{in.acked, in.failures, in.expirations, in.fenced} {
 		c.Add(ctx, 0, in.attrs)
@@ -191,12 +129,10 @@ func (in *instruments) exportCounters(ctx context.Context) {
 	}
 }
 
-// countParked adds n rows to MetricParked with reason (a ParkReason value).
 func (in *instruments) countParked(reason string, n int) {
 	in.parked.Add(context.Background(), int64(n), in.parkAttrs[reason])
 }
 
-// register installs the gauge callback, which reads only cached state.
 func (r *Relay) registerGauges() (metric.Registration, error) {
 	in := r.m
 	return in.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
@@ -204,15 +140,14 @@ func (r *Relay) registerGauges() (metric.Registration, error) {
 		if n := r.unowned.Load(); n >= 0 {
 			o.ObserveInt64(in.unowned, n, in.attrs)
 		}
-		var headAge float64
+		var headAge, stalled float64 // seconds; 0: none
 		if since := r.stuckSince.Load(); since != 0 {
 			headAge = max(0, r.clock.Now().Sub(time.Unix(0, since)).Seconds())
 		}
-		o.ObserveFloat64(in.headAge, headAge, in.attrs)
-		var stalled float64
 		if since := r.stalledSince(); !since.IsZero() {
 			stalled = max(0, r.clock.Now().Sub(since).Seconds())
 		}
+		o.ObserveFloat64(in.headAge, headAge, in.attrs)
 		o.ObserveFloat64(in.stalled, stalled, in.attrs)
 		if off, _, ok := r.store.ClockOffset(); ok {
 			o.ObserveFloat64(in.clockOffset, off.Seconds(), in.attrs)
@@ -235,10 +170,7 @@ func (r *Relay) registerGauges() (metric.Registration, error) {
 	}, in.owned, in.unowned, in.pendingMsgs, in.pendingAge, in.pendingOK, in.headAge, in.stalled, in.parkedMsgs, in.clockOffset)
 }
 
-// stalledSince is when publishing stopped making progress (see
-// MetricPublishStalled): the start of the oldest publish in flight, or of
-// the first failed publish being retried since the last acknowledgement,
-// whichever is earlier; zero when neither.
+// stalledSince is when publishing stopped making progress; zero when it did not.
 func (r *Relay) stalledSince() time.Time {
 	var since time.Time
 	if p := r.pubFail.Load(); p != nil {
@@ -252,10 +184,6 @@ func (r *Relay) stalledSince() time.Time {
 	return since
 }
 
-// sampleBacklog runs the backlog sampler until ctx is done: one query at a
-// time, bounded by MetricsTimeout, then a wait of MetricsInterval. (The
-// OpenTelemetry API cannot tell whether a reader is attached: it runs only
-// with Options.MetricsBacklog.)
 func (r *Relay) sampleBacklog(ctx context.Context) {
 	for {
 		if r.opts.MetricsBucketZeroOnly && !r.ownsBucketZero() {
@@ -293,24 +221,39 @@ func (r *Relay) sampleBacklog(ctx context.Context) {
 	}
 }
 
-// backlogLooksDrained is called when a discovery found none of the owned
-// buckets pending: a cached sample older than PollInterval that still
-// counts pending rows is taken again now, so that the gauges show a drained
-// backlog within about a poll interval.
+// backlogLooksDrained resamples a stale sample still counting rows after an empty discovery.
 func (r *Relay) backlogLooksDrained() {
 	s := r.pending.Load()
 	if !r.opts.MetricsBacklog || s == nil || s.count == 0 || r.clock.Now().Sub(s.at) < r.opts.PollInterval {
 		return
 	}
-	select {
-	case r.resample <- struct{}{}:
-	default:
-	}
+	nudge(r.resample)
 }
 
-// ownsBucketZero reports whether the relay holds a locally valid lease on
-// bucket 0.
 func (r *Relay) ownsBucketZero() bool {
 	until := r.zeroUntil.Load()
 	return until != 0 && r.clock.Now().UnixNano() < until
+}
+
+// inflightPublishes keeps publishSince at the start of the oldest Publish in flight.
+type inflightPublishes struct {
+	mu     sync.Mutex
+	starts []time.Time
+}
+
+// track records a publish started at start, or its end, and the oldest start.
+func (p *inflightPublishes) track(r *Relay, start time.Time, done bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if done {
+		i := slices.Index(p.starts, start)
+		p.starts = slices.Delete(p.starts, i, i+1)
+	} else {
+		p.starts = append(p.starts, start)
+	}
+	var oldest int64 // UnixNano; 0: none
+	if len(p.starts) > 0 {
+		oldest = slices.MinFunc(p.starts, time.Time.Compare).UnixNano()
+	}
+	r.publishSince.Store(oldest)
 }

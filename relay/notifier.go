@@ -8,16 +8,12 @@ import (
 	"github.com/gorm-outbox/outbox"
 )
 
-// Notifier wakes its relay when committed outbox rows are waiting. It
-// implements outbox.BucketNotifier: pass it to outbox.Plugin, or call it
-// from a custom writer after a confirmed commit (never before).
-//
-// A Notifier keeps one bit per bucket, so notifications cost no memory and
-// none is lost before the relay waits; only hints for owned buckets wake
-// it, and only to look sooner. With Options.HintTransport commits also go
-// to other processes' relays. Its methods are safe for concurrent use and
-// never block; a nil *Notifier ignores every call. Until relay.New attaches
-// it, notifications wake nothing (the first is logged at WARN).
+// Notifier wakes its relay when committed rows are waiting: pass it to
+// outbox.Plugin, or call it after a confirmed commit (never before). It
+// keeps a bit per bucket; only hints for owned buckets wake the relay. Its
+// methods are safe for concurrent use and never block; a nil *Notifier
+// ignores every call. Until relay.New attaches it, notifications wake
+// nothing (the first is logged at WARN).
 type Notifier struct {
 	attached atomic.Bool
 	warned   atomic.Bool // the unattached warning was logged
@@ -31,7 +27,6 @@ type Notifier struct {
 	outWake    chan struct{}
 }
 
-// notifyState holds the bitsets of one relay's bucket count.
 type notifyState struct {
 	n      int
 	owned  []atomic.Uint64
@@ -40,8 +35,7 @@ type notifyState struct {
 	any    atomic.Bool     // owns at least one bucket
 }
 
-// NewNotifier returns a Notifier, to pass to outbox.Plugin and in
-// Options.Notifier when the plugin is registered before the relay is built.
+// NewNotifier returns a Notifier, for outbox.Plugin and Options.Notifier.
 func NewNotifier() *Notifier {
 	return &Notifier{wake: make(chan struct{}, 1), outWake: make(chan struct{}, 1)}
 }
@@ -51,8 +45,7 @@ var (
 	_ outbox.NonBlocking    = (*Notifier)(nil)
 )
 
-// NonBlockingNotifier marks the Notifier as never blocking (outbox.NonBlocking),
-// so the GORM plugin calls it on the committing goroutine.
+// NonBlockingNotifier marks the Notifier as never blocking (outbox.NonBlocking).
 func (*Notifier) NonBlockingNotifier() {}
 
 // NotifyCommitted reports committed rows in unknown buckets: the relay, if
@@ -64,16 +57,15 @@ func (n *Notifier) NotifyCommitted() {
 	n.checkAttached()
 	if n.sending.Load() {
 		n.outUnknown.Store(true)
-		n.signalOut()
+		nudge(n.outWake)
 	}
 	n.localUnknown()
 }
 
-// localUnknown wakes this relay for an unknown-bucket notification.
 func (n *Notifier) localUnknown() {
 	n.unknown.Store(true)
 	if st := n.state.Load(); st != nil && st.any.Load() {
-		n.signal()
+		nudge(n.wake)
 	}
 }
 
@@ -98,13 +90,11 @@ func (n *Notifier) NotifyBucket(bucket int) {
 		} else {
 			st.out[bucket/64].Or(uint64(1) << (bucket % 64))
 		}
-		n.signalOut()
+		nudge(n.outWake)
 	}
 	n.local(st, bucket)
 }
 
-// checkAttached logs, once, a notification to a Notifier that no relay
-// was built with.
 func (n *Notifier) checkAttached() {
 	if n.attached.Load() || !n.warned.CompareAndSwap(false, true) {
 		return
@@ -112,8 +102,7 @@ func (n *Notifier) checkAttached() {
 	slog.Default().Warn("a commit notified a notifier that no relay uses (yet); until relay.New takes it in Options.Notifier, commits wait for polling. Harmless once at startup, before the relay is built; otherwise pass this notifier to relay.New")
 }
 
-// receive takes a hint from the transport: it may wake this relay, and is
-// never sent on (no rebroadcast).
+// receive takes a hint from the transport, never sent on.
 func (n *Notifier) receive(bucket int) {
 	if bucket < 0 {
 		n.localUnknown()
@@ -124,7 +113,6 @@ func (n *Notifier) receive(bucket int) {
 	}
 }
 
-// local wakes this relay if it owns bucket.
 func (n *Notifier) local(st *notifyState, bucket int) {
 	if bucket >= st.n {
 		return
@@ -134,39 +122,28 @@ func (n *Notifier) local(st *notifyState, bucket int) {
 		return
 	}
 	st.hinted[w].Or(bit)
-	n.signal()
+	nudge(n.wake)
 }
 
-// NotifyBuckets reports committed rows in each of buckets; it does not
-// retain the slice.
+// NotifyBuckets reports committed rows in each of buckets.
 func (n *Notifier) NotifyBuckets(buckets []int) {
 	for _, b := range buckets {
 		n.NotifyBucket(b)
 	}
 }
 
-func (n *Notifier) signal() {
+// nudge sends on c, a channel of one slot, unless a signal already waits.
+func nudge(c chan struct{}) {
 	select {
-	case n.wake <- struct{}{}:
+	case c <- struct{}{}:
 	default:
 	}
 }
 
-func (n *Notifier) signalOut() {
-	select {
-	case n.outWake <- struct{}{}:
-	default:
-	}
-}
-
-// takeOut returns and clears the hints to send to peers: committed buckets
-// in ascending order and whether an unknown-bucket commit happened.
 func (n *Notifier) takeOut(dst []int) ([]int, bool) {
 	return takeBits(dst, n.state.Load().out, nil), n.outUnknown.Swap(false)
 }
 
-// takeBits clears words and appends the buckets whose bits were set (and
-// set in mask, when non-nil), in ascending order.
 func takeBits(dst []int, words, mask []atomic.Uint64) []int {
 	for i := range words {
 		w := words[i].Swap(0)
@@ -180,8 +157,6 @@ func takeBits(dst []int, words, mask []atomic.Uint64) []int {
 	return dst
 }
 
-// attach binds n to a relay with bucketCount buckets; false if n is
-// already attached.
 func (n *Notifier) attach(bucketCount int) bool {
 	if !n.attached.CompareAndSwap(false, true) {
 		return false
@@ -191,8 +166,6 @@ func (n *Notifier) attach(bucketCount int) bool {
 	return true
 }
 
-// setOwned records the buckets the relay owns; hints for others are
-// dropped from now on.
 func (n *Notifier) setOwned(buckets []int) {
 	st := n.state.Load()
 	words := make([]uint64, len(st.owned))
@@ -208,8 +181,6 @@ func (n *Notifier) setOwned(buckets []int) {
 	st.any.Store(len(buckets) > 0)
 }
 
-// take returns and clears the pending hints: the hinted owned buckets in
-// ascending order and whether an unknown-bucket notification arrived.
 func (n *Notifier) take(dst []int) ([]int, bool) {
 	st := n.state.Load()
 	return takeBits(dst, st.hinted, st.owned), n.unknown.Swap(false)

@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"cmp"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -28,255 +29,86 @@ const (
 	DefaultStopTimeout          = 10 * time.Second
 	DefaultPublishFailureWindow = 5 * time.Minute
 	DefaultParkAfter            = 3
-	// DefaultMaxConcurrentBuckets lets two or three relays sharing the
-	// default 8 buckets serve all their ready buckets together, holding at
-	// most four store connections (plus one for renewal) and four batches;
-	// on more buckets it scales with the relay's share of them (see
-	// Options.MaxConcurrentBuckets).
-	DefaultMaxConcurrentBuckets = 4
-	// DefaultMaxBatchBytes, 4 MiB, rarely cuts a batch of 500 rows of a few
-	// KiB, but publishes 1 MiB rows a few at a time; with
-	// DefaultMaxConcurrentBuckets it bounds a relay's batches to ~16 MiB.
-	DefaultMaxBatchBytes = 4 << 20
+	DefaultMaxConcurrentBuckets = 4       // two or three relays on 8 buckets serve all at once
+	DefaultMaxBatchBytes        = 4 << 20 // rarely cuts small rows; 1 MiB rows go a few at a time
 )
 
 // MaxRelayIDLength is the longest RelayID, the width of the owner column.
 const MaxRelayIDLength = 128
 
-// maxMetricsNameLength is the longest MetricsName.
 const maxMetricsNameLength = 64
 
 // Options configures a Relay. A zero Options consists entirely of default
-// values; New rejects a negative duration or count, and any other invalid
-// value, with an error naming the field. docs/configuration.md explains
-// each field in depth.
-//
-// Which fields matter depends on the setup; the others can stay zero:
-//   - Every relay: nothing. BucketCount comes from the store (gormstore:
-//     its Config), and RelayID defaults to a unique one.
-//   - Writers in the relay's process: pass Relay.Notifier (or Notifier) to
-//     outbox.Plugin, so that a commit wakes the relay at once.
-//   - Several relays or pods: HintTransport (a commit in one pod wakes the
-//     relay owning its bucket in another; without it PollInterval bounds
-//     the delay), LeaseDuration and LeaseRenewInterval (how soon a peer
-//     takes over a dead relay's buckets, against the pause a live one
-//     survives), MaxConcurrentBuckets (relays × it batches run against the
-//     database at once).
-//   - SQLite: SingleWriter.
-//   - Large or uneven rows: BatchSize and MaxBatchBytes.
-//   - Poison rows: ParkPolicy and ParkAfter.
-//   - Monitoring: MeterProvider and MetricsName (one name per outbox);
-//     MetricsBacklog (with MetricsInterval, MetricsTimeout, and
-//     MetricsBucketZeroOnly for a fleet) for the backlog gauges;
-//     PublishFailureWindow for Relay.Health; Logger.
-//   - Shutdown: StopTimeout, within the orchestrator's grace period.
-//   - Tests: Clock.
-//   - Assertions an operator may add: MaxPublishDuration; ErrorBackoff
-//     tunes the retry pace.
+// values; New rejects an invalid value with an error naming the field.
+// docs/configuration.md explains each field and which matter in which
+// setup; most can stay zero.
 type Options struct {
-	// BucketCount is the number of ordering buckets; it must equal the
-	// writers' outbox.Config.BucketCount. Zero means the store's count
-	// (Store.BucketCount), else DefaultBucketCount; a count disagreeing with
-	// the store's fails New with an error wrapping ErrMisconfigured.
+	// BucketCount is the number of ordering buckets, the writers'. Zero
+	// means the store's count, else DefaultBucketCount; a count disagreeing
+	// with the store's fails New with an error wrapping ErrMisconfigured.
 	BucketCount int
-
-	// BatchSize is the number of rows fetched and published per batch
-	// (default 500).
-	BatchSize int
-
-	// MaxBatchBytes bounds a batch in bytes (MessageSize), at fetch time
-	// (BatchRequest.MaxBytes): the relay publishes the longest prefix within the
-	// bound, at least one row, and the rest comes first in the bucket's next
-	// batch (default 4 MiB).
+	BatchSize   int // rows per batch (default 500)
+	// MaxBatchBytes bounds a batch, of at least one row (default 4 MiB).
 	MaxBatchBytes int64
-
-	// MaxConcurrentBuckets is how many batches one relay serves at once
-	// (unless SingleWriter): the fetch, publish and delete of different
-	// buckets overlap, each bucket keeping one batch in flight, in order.
-	// While more buckets are ready than this, each of these batches serves
-	// a group of up to 64 buckets sharing BatchSize and MaxBatchBytes. 1
-	// serves one batch after the other (default 4). Left at the default,
-	// a relay serves no more batches at once than it would owning the same
-	// share of the default 8 buckets, ⌈8 × owned ÷ BucketCount⌉ (four
-	// relays on 1,024 buckets: two each), so that a fleet's load on the
-	// database does not grow with BucketCount; a value set is used
-	// whatever the share.
+	// MaxConcurrentBuckets is how many batches (of up to 64 buckets) one
+	// relay serves at once (default 4); left at the default, no more than
+	// it would owning the same share of 8 buckets, ⌈8 × owned ÷ BucketCount⌉.
 	MaxConcurrentBuckets int
-
-	// SingleWriter says that the store's writes serialise, like SQLite's
-	// single writer, which turns overlapping batches into lock waits: the
-	// relay serves one batch at a time, whatever MaxConcurrentBuckets, and
-	// reads a group of waiting buckets (up to 1,024) in one request, in id
-	// order across them, the table's own order. Set it on SQLite.
+	// SingleWriter says that the store's writes serialise (SQLite): the
+	// relay serves one batch at a time and reads a group of waiting buckets
+	// (up to 1,024) in one request, in id order across them.
 	SingleWriter bool
-
-	// PollInterval is how often the relay looks for pending rows when no
-	// hint arrives (default 1s). A discovery longer than a quarter of it
-	// rests three times its own duration before the next.
-	PollInterval time.Duration
-
-	// ErrorBackoff is the wait after a store error of the relay as a whole
-	// (acquisition, discovery), and the first backoff of a failing head row
-	// or of a bucket whose own store call failed, doubling and jittered up
-	// to LeaseRenewInterval; such a bucket backs off alone (default 1s).
-	ErrorBackoff time.Duration
-
-	// LeaseDuration is how long an acquired or renewed lease lasts: how long
-	// after the relay's last renewal a peer takes over (default 30s).
-	LeaseDuration time.Duration
-
-	// LeaseRenewInterval is the rebalance cadence (one acquisition round per
-	// interval) and the renewal cadence while the relay works: leases are
-	// renewed once they have gone min(LeaseRenewInterval, half the remaining
-	// lease) without extension, whatever the work. It must be shorter than
-	// LeaseDuration; the difference is the margin for a slow renewal or a
-	// paused process (default 10s).
+	PollInterval time.Duration // how often the relay looks for rows without hints (default 1s)
+	// ErrorBackoff is the wait after a failed acquisition or discovery, and
+	// the first backoff of a failing bucket, doubling and jittered up to
+	// LeaseRenewInterval (default 1s).
+	ErrorBackoff  time.Duration
+	LeaseDuration time.Duration // how long an acquired or renewed lease lasts (default 30s)
+	// LeaseRenewInterval is the rebalance and renewal cadence; it must be
+	// shorter than LeaseDuration (default 10s).
 	LeaseRenewInterval time.Duration
-
-	// MaxPublishDuration is an operator's assertion that a Publish call
-	// ends within it: a longer one makes Run fail with an error wrapping
-	// ErrMisconfigured. MaxPublishDuration + LeaseRenewInterval must be
-	// shorter than LeaseDuration. Zero means no bound.
+	// MaxPublishDuration, when set, makes a longer Publish call fail Run
+	// with an error wrapping ErrMisconfigured. MaxPublishDuration +
+	// LeaseRenewInterval must be shorter than LeaseDuration.
 	MaxPublishDuration time.Duration
-
-	// RelayID identifies this relay in the lease table, unique among live
-	// relays, at most MaxRelayIDLength bytes. Empty means the host name
-	// plus a random suffix.
+	// RelayID is unique among live relays; empty: host name, random suffix.
 	RelayID string
-
-	// MetricsName is the outbox.name attribute of every instrument: the
-	// same for relays sharing a store, distinct for independent stores; 1
-	// to 64 non-blank characters (default "outbox").
-	MetricsName string
-
-	// MetricsInterval is the wait between backlog queries (default 30s).
-	MetricsInterval time.Duration
-
-	// MetricsTimeout bounds one backlog query (default 5s).
-	MetricsTimeout time.Duration
-
-	// MetricsBacklog turns on the backlog sampler: while Run runs, the relay
-	// queries the store (Store.PendingMetrics) every MetricsInterval for the
-	// outbox.pending.* gauges. Off by default: each sample reads the whole
-	// messages table, and outbox.pending.available then reports 0.
+	// MetricsName is the outbox.name attribute of every instrument, the
+	// same for relays sharing a store; 1 to 64 characters (default "outbox").
+	MetricsName     string
+	MetricsInterval time.Duration // the wait between backlog queries (default 30s)
+	MetricsTimeout  time.Duration // bounds one backlog query (default 5s)
+	// MetricsBacklog turns on the backlog sampler for the outbox.pending.*
+	// gauges; off by default, as each sample reads the whole table.
 	MetricsBacklog bool
-
-	// MetricsBucketZeroOnly makes only the owner of bucket 0 sample the
-	// backlog, so that a fleet queries it once; set it on every relay. It
-	// needs MetricsBacklog.
+	// MetricsBucketZeroOnly: only bucket 0's owner samples the backlog.
 	MetricsBucketZeroOnly bool
-
-	// Clock is the source of time for leases, polling and backoff. Nil means
-	// SystemClock.
-	Clock Clock
-
-	// Logger receives the relay's logs. Nil means slog.Default().
-	Logger *slog.Logger
-
-	// MeterProvider provides the relay's instruments. Nil means
-	// otel.GetMeterProvider(), which records nothing until the application
-	// installs an SDK.
-	MeterProvider metric.MeterProvider
-
+	Clock                 Clock                // the source of time; nil: SystemClock
+	Logger                *slog.Logger         // nil: slog.Default()
+	MeterProvider         metric.MeterProvider // nil: otel.GetMeterProvider()
 	// Notifier wakes the relay after commits; pass the one given to
-	// outbox.Plugin. A Notifier serves one relay. Nil means a new one, which
-	// Relay.Notifier returns; when it is not taken either and HintTransport
-	// is nil, commits are found by polling, as Run says once at INFO.
+	// outbox.Plugin. Nil means a new one, which Relay.Notifier returns.
 	Notifier *Notifier
-
-	// HintTransport carries bucket hints to and from the relays of other
-	// processes (see HintTransport and package pgnotify). Nil means local
-	// notifications only; polling stays on either way.
+	// HintTransport carries hints between processes; nil: local ones only.
 	HintTransport HintTransport
-
-	// StopTimeout is the budget of a whole stop, from Run's ctx done (or a
-	// fatal error) to Run's return: in-flight publishes and deletes are
-	// cancelled at three quarters (their rows are republished by the next
-	// owner), the lease release at the end. Give the process a longer grace
-	// period (default 10s, a third of Kubernetes' default 30s).
+	// StopTimeout is the budget of a stop, from Run's ctx done to Run's
+	// return; publishes and deletes are cancelled at 3/4 (default 10s).
 	StopTimeout time.Duration
-
-	// PublishFailureWindow is how long every Publish call may fail (no row
-	// acknowledged since the first failure) before Health reports the relay
-	// unhealthy, wrapping the latest error; rows are kept and retried
-	// (default 5m).
+	// PublishFailureWindow: every Publish failing this long is unhealthy (default 5m).
 	PublishFailureWindow time.Duration
-
-	// ParkPolicy says which publish failures park a row (see Store.Park). A
-	// failing row is retried alone; each such publish failing with an error
-	// the policy counts is a strike, any other outcome resets the count, and
-	// at ParkAfter strikes the row is parked: kept, marked, holding its
-	// key's later rows in the bucket until an operator requeues it
-	// (ParkAdmin), while the rest of the bucket flows on. A row is parked
-	// only while Store.Fleet reports CanPark. A row the store cannot decode
-	// (*CorruptRowError) is parked alone, at once, under every policy. The
-	// zero value, ParkUnpublishable, counts only errors wrapping
-	// ErrUnpublishable, so a broker outage parks nothing.
+	// ParkPolicy says which failures of a row retried alone are strikes
+	// (any other outcome resets them): at ParkAfter the row is parked,
+	// holding its key's later rows until requeued.
 	ParkPolicy ParkPolicy
-
-	// ParkAfter is the number of strikes that park a row (default 3: with
-	// the default backoff, 3.5 to 7 s after its batch failed).
-	ParkAfter int
+	ParkAfter  int // strikes that park a row (default 3)
 }
 
-// withDefaults validates o against the store's capabilities and returns it
-// with every default filled in. It is the only place that checks options.
 func (o Options) withDefaults(store Store) (Options, error) {
 	var errs []error
 	bad := func(format string, args ...any) {
 		errs = append(errs, fmt.Errorf("relay: "+format, args...))
 	}
-	durations := []struct {
-		name string
-		v    *time.Duration
-		def  time.Duration
-	}{
-		{"PollInterval", &o.PollInterval, DefaultPollInterval},
-		{"ErrorBackoff", &o.ErrorBackoff, DefaultErrorBackoff},
-		{"LeaseDuration", &o.LeaseDuration, DefaultLeaseDuration},
-		{"LeaseRenewInterval", &o.LeaseRenewInterval, DefaultLeaseRenewInterval},
-		{"MaxPublishDuration", &o.MaxPublishDuration, 0},
-		{"MetricsInterval", &o.MetricsInterval, DefaultMetricsInterval},
-		{"MetricsTimeout", &o.MetricsTimeout, DefaultMetricsTimeout},
-		{"StopTimeout", &o.StopTimeout, DefaultStopTimeout},
-		{"PublishFailureWindow", &o.PublishFailureWindow, DefaultPublishFailureWindow},
-	}
-	for _, d := range durations {
-		switch {
-		case *d.v < 0:
-			bad("Options.%s %v is negative", d.name, *d.v)
-		case *d.v == 0:
-			*d.v = d.def
-		}
-	}
-	counts := []struct {
-		name string
-		v    *int
-		def  int
-	}{
-		{"BatchSize", &o.BatchSize, DefaultBatchSize},
-		{"MaxConcurrentBuckets", &o.MaxConcurrentBuckets, DefaultMaxConcurrentBuckets},
-		{"ParkAfter", &o.ParkAfter, DefaultParkAfter},
-	}
-	for _, c := range counts {
-		switch {
-		case *c.v < 0:
-			bad("Options.%s %d is negative", c.name, *c.v)
-		case *c.v == 0:
-			*c.v = c.def
-		}
-	}
-	switch o.ParkPolicy {
-	case ParkUnpublishable, ParkNever, ParkAnyFailure:
-	default:
-		bad("Options.ParkPolicy %v is not one of ParkUnpublishable, ParkNever, ParkAnyFailure", o.ParkPolicy)
-	}
-	switch {
-	case o.MaxBatchBytes < 0:
-		bad("Options.MaxBatchBytes %d is negative", o.MaxBatchBytes)
-	case o.MaxBatchBytes == 0:
-		o.MaxBatchBytes = DefaultMaxBatchBytes
-	}
+	o.defaultNumbers(bad)
 	storeCount := store.BucketCount()
 	switch {
 	case o.BucketCount < 0:
@@ -307,19 +139,44 @@ func (o Options) withDefaults(store Store) (Options, error) {
 	if o.MetricsBucketZeroOnly && !o.MetricsBacklog {
 		bad("Options.MetricsBucketZeroOnly needs Options.MetricsBacklog: without it no relay samples the backlog")
 	}
-	if o.Clock == nil {
-		o.Clock = SystemClock{}
-	}
-	if o.Logger == nil {
-		o.Logger = slog.Default()
-	}
-	if o.MeterProvider == nil {
-		o.MeterProvider = otel.GetMeterProvider()
-	}
+	o.Clock = cmp.Or(o.Clock, Clock(SystemClock{}))
+	o.Logger = cmp.Or(o.Logger, slog.Default())
+	o.MeterProvider = cmp.Or(o.MeterProvider, otel.GetMeterProvider())
 	return o, errors.Join(errs...)
 }
 
-// defaultRelayID returns the host name plus a random suffix.
+// defaultNumbers fills in the default durations and counts, reporting negative ones.
+func (o *Options) defaultNumbers(bad func(format string, args ...any)) {
+	orDefault(bad, "PollInterval", &o.PollInterval, DefaultPollInterval)
+	orDefault(bad, "ErrorBackoff", &o.ErrorBackoff, DefaultErrorBackoff)
+	orDefault(bad, "LeaseDuration", &o.LeaseDuration, DefaultLeaseDuration)
+	orDefault(bad, "LeaseRenewInterval", &o.LeaseRenewInterval, DefaultLeaseRenewInterval)
+	orDefault(bad, "MaxPublishDuration", &o.MaxPublishDuration, 0)
+	orDefault(bad, "MetricsInterval", &o.MetricsInterval, DefaultMetricsInterval)
+	orDefault(bad, "MetricsTimeout", &o.MetricsTimeout, DefaultMetricsTimeout)
+	orDefault(bad, "StopTimeout", &o.StopTimeout, DefaultStopTimeout)
+	orDefault(bad, "PublishFailureWindow", &o.PublishFailureWindow, DefaultPublishFailureWindow)
+	orDefault(bad, "BatchSize", &o.BatchSize, DefaultBatchSize)
+	orDefault(bad, "MaxConcurrentBuckets", &o.MaxConcurrentBuckets, DefaultMaxConcurrentBuckets)
+	orDefault(bad, "ParkAfter", &o.ParkAfter, DefaultParkAfter)
+	switch o.ParkPolicy {
+	case ParkUnpublishable, ParkNever, ParkAnyFailure:
+	default:
+		bad("Options.ParkPolicy %v is not one of ParkUnpublishable, ParkNever, ParkAnyFailure", o.ParkPolicy)
+	}
+	orDefault(bad, "MaxBatchBytes", &o.MaxBatchBytes, DefaultMaxBatchBytes)
+}
+
+// orDefault sets *v to def when zero, and reports it to bad when negative.
+func orDefault[T ~int | ~int64](bad func(format string, args ...any), name string, v *T, def T) {
+	switch {
+	case *v < 0:
+		bad("Options.%s %v is negative", name, *v)
+	case *v == 0:
+		*v = def
+	}
+}
+
 func defaultRelayID() string {
 	host, err := os.Hostname()
 	if err != nil || host == "" {

@@ -7,68 +7,59 @@ import (
 	"fmt"
 	"hash/fnv"
 	"log/slog"
-	"maps"
 	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/gorm-outbox/outbox"
 	fp "github.com/gorm-outbox/outbox/internal/failpoint"
 	"github.com/gorm-outbox/outbox/internal/logrepeat"
 )
 
-// Relay publishes the pending rows of the buckets it leases. Create it with
-// New and start it with Run.
+// Relay publishes the pending rows of the buckets it leases (New, Run).
 type Relay struct {
-	store        Store
-	pub          Publisher
-	workers      int  // buckets (or groups) served at once: MaxConcurrentBuckets, 1 with SingleWriter
-	scaled       bool // MaxConcurrentBuckets left at its default: workers scale with the share of buckets owned (see sweepWorkers)
-	serialWrites bool // Options.SingleWriter: one worker, groups read in order
-	opts         Options
-	clock        Clock
-	log          *slog.Logger
-	repeats      *logrepeat.Limiter // bounds the lines of failures the relay retries
-	notifier     *Notifier
+	store    Store
+	pub      Publisher
+	workers  int  // groups served at once: MaxConcurrentBuckets, 1 with SingleWriter
+	scaled   bool // MaxConcurrentBuckets left at its default (see sweepWorkers)
+	opts     Options
+	clock    Clock
+	log      *slog.Logger
+	repeats  *logrepeat.Limiter // bounds the lines of failures the relay retries
+	notifier *Notifier
 	// New created the notifier; Relay.Notifier handed it out; Run logged
 	// that no commit can wake the relay.
-	ownNotifier   bool
-	notifierTaken atomic.Bool
-	pollNoticed   atomic.Bool
-	m             *instruments
-	rng           *rand.Rand // jitter; used under runState.mu only (retryLater)
+	ownNotifier                bool
+	notifierTaken, pollNoticed atomic.Bool
+	m                          *instruments
+	rng                        *rand.Rand // jitter; under runState.mu only
 
 	running atomic.Bool
-	health  atomic.Pointer[error]          // the latest cycle's error; nil: it succeeded (see Health)
-	authErr atomic.Pointer[error]          // the publisher cannot authenticate to Kafka; nil: no such failure since the last acknowledgement
-	pubFail atomic.Pointer[publishFailing] // every publish since pubFail.since failed; nil: a publish succeeded since, or none is being retried
+	health  atomic.Pointer[error]          // the latest cycle's error; nil: it succeeded
+	authErr atomic.Pointer[error]          // the publisher cannot authenticate; nil since an acknowledgement
+	pubFail atomic.Pointer[publishFailing] // every publish since pubFail.since failed; nil: none is retried
 
-	// State read by gauges and the sampler.
+	// State read by gauges and the sampler; UnixNano times, 0: none.
 	ownedCount   atomic.Int64
-	zeroUntil    atomic.Int64 // UnixNano validity of the bucket-0 lease; 0 if not owned
+	zeroUntil    atomic.Int64 // validity of the bucket-0 lease
 	pending      atomic.Pointer[pendingSample]
 	resample     chan struct{} // wakes the backlog sampler before MetricsInterval ends
-	stuckSince   atomic.Int64  // UnixNano of the first failure of the longest-failing owned head row; 0: none (see noteStuck)
-	clockWarned  bool          // the clock offset warning was logged and the offset has not come back within the threshold since; Run's goroutine only
-	publishSince atomic.Int64  // UnixNano, on the relay's clock, of the start of the oldest Publish call in flight; 0: none (see inflight, stalledSince)
+	stuckSince   atomic.Int64  // the first failure of the longest-failing head row
+	clockWarned  bool          // the clock offset warning is logged, not yet re-armed; the loop only
+	publishSince atomic.Int64  // the start of the oldest Publish in flight
 	inflight     inflightPublishes
-	deletes      chan struct{} // a token per running MarkPublished (startDelete): at most workers, so that statements in flight stay 2×workers + the lease upkeep
-
-	phase atomic.Int32  // the loop's phase (phaseWorking, …), read by renewLoop
-	kick  chan struct{} // wakes renewLoop: the leases or the loop's phase changed
-
-	unowned      atomic.Int64 // buckets without a live owner after the latest round; -1: no round yet
-	unownedSince atomic.Int64 // UnixNano of the first round of a run of rounds reporting unowned buckets; 0: none
-
-	onIdle func() // test hook: called when Run starts an idle wait
+	deletes      chan struct{} // a token per running MarkPublished: statements in flight stay 2×workers + the lease upkeep
+	phase        atomic.Int32  // the loop's phase (phaseWorking, …), read by renewLoop
+	kick         chan struct{} // wakes renewLoop: the leases or the loop's phase changed
+	unowned      atomic.Int64  // buckets without a live owner after the latest round; -1: no round yet
+	unownedSince atomic.Int64  // the first of the latest rounds reporting unowned buckets
+	onIdle       func()        // test hook: called when Run starts an idle wait
 }
 
-// New returns a relay publishing store's rows with pub. It validates opts
-// (see Options) against the store: an invalid option or a Notifier already
-// attached to another relay is an error naming the cause; a BucketCount
-// disagreeing with the store's wraps ErrMisconfigured.
+// New returns a relay publishing store's rows with pub. An invalid option
+// or a Notifier already attached to another relay is an error naming the
+// cause; a BucketCount disagreeing with the store's wraps ErrMisconfigured.
 func New(store Store, pub Publisher, opts Options) (*Relay, error) {
 	if store == nil {
 		return nil, errors.New("relay: nil Store")
@@ -96,24 +87,14 @@ func New(store Store, pub Publisher, opts Options) (*Relay, error) {
 	}
 	h := fnv.New64a()
 	h.Write([]byte(o.RelayID))
-	r := &Relay{
-		store:       store,
-		pub:         pub,
-		opts:        o,
-		clock:       o.Clock,
-		log:         o.Logger.With("relay", o.RelayID, "outbox", o.MetricsName), // said once, on every line
-		repeats:     logrepeat.New(logrepeat.Interval),
-		notifier:    n,
-		ownNotifier: o.Notifier == nil,
-		m:           m,
-		rng:         rand.New(rand.NewPCG(h.Sum64(), 0x6f7574626f78)),
-		kick:        make(chan struct{}, 1),
-		resample:    make(chan struct{}, 1),
-	}
-	// Serial writes (SQLite): a delete per bucket queues (bounded: −25 % drain).
+	r := &Relay{store: store, pub: pub, opts: o, clock: o.Clock, notifier: n, ownNotifier: o.Notifier == nil, m: m,
+		log:     o.Logger.With("relay", o.RelayID, "outbox", o.MetricsName), // said once, on every line
+		repeats: logrepeat.New(logrepeat.Interval),
+		rng:     rand.New(rand.NewPCG(h.Sum64(), 0x6f7574626f78)),
+		kick:    make(chan struct{}, 1), resample: make(chan struct{}, 1)}
+	// Serial writes (SQLite): one worker, a delete per bucket may queue.
 	r.workers, r.deletes = 1, make(chan struct{}, o.BucketCount)
-	r.serialWrites = o.SingleWriter
-	if !r.serialWrites {
+	if !o.SingleWriter {
 		r.workers, r.deletes = o.MaxConcurrentBuckets, make(chan struct{}, o.MaxConcurrentBuckets)
 		r.scaled = opts.MaxConcurrentBuckets == 0
 	}
@@ -123,8 +104,7 @@ func New(store Store, pub Publisher, opts Options) (*Relay, error) {
 	return r, nil
 }
 
-// ID returns the relay id used in the lease table (Options.RelayID or the
-// generated default).
+// ID returns the relay id used in the lease table.
 func (r *Relay) ID() string { return r.opts.RelayID }
 
 // Notifier returns the relay's notifier: Options.Notifier or the one New
@@ -134,103 +114,35 @@ func (r *Relay) Notifier() *Notifier {
 	return r.notifier
 }
 
-// runState is the state of one Run, owned by its goroutine; the lease set
-// is shared with the renewal goroutine, and b[i] with the sweep's worker
-// serving bucket i, while it runs (retry is written under mu only).
+// runState is one Run's state; the lease set is shared with renewLoop, b[i] with its worker.
 type runState struct {
-	lease         leaseSet
-	attempted     bool // an acquisition was attempted: release on stop
-	nextRebalance time.Time
-	nextDiscovery time.Time
-	// The fleet check (liveRelays): the live relays the latest round
-	// counted (0: none yet), and when the next check is due.
-	relays         int
-	nextFleetCheck time.Time
-	discover       bool // discovery forced by new buckets or an unknown hint
-	hints          []int
-	worked         atomic.Bool // the cycle called the store
-	acquireErr     error       // the latest acquisition's error, nil after a success
-	discoverErr    error       // the latest discovery's error, nil after a success
-
-	b []bucketState // per bucket, BucketCount of them
-
-	serving int // workers of a concurrent sweep running; read and written by the loop only
-
-	mu       sync.Mutex       // guards writes to bucketState.retry, retrying and deleting
-	retrying map[int]struct{} // the buckets whose retry is set: noteStuck reads these, not all BucketCount slots, per batch
-	deleting map[int]struct{} // the buckets whose delete runs (bucketState.deleting): the sweep awaits these at its end
+	lease                                        leaseSet
+	attempted                                    bool // an acquisition was attempted: release on stop
+	nextRebalance, nextDiscovery, nextFleetCheck time.Time
+	relays                                       int  // live relays the latest round counted (0: none yet)
+	discover                                     bool // discovery forced by new buckets or an unknown hint
+	hints                                        []int
+	worked                                       atomic.Bool      // the cycle called the store
+	acquireErr, discoverErr                      error            // the latest ones; nil after a success
+	b                                            []bucket         // BucketCount of them
+	serving                                      int              // workers of a sweep running; the loop only
+	mu                                           sync.Mutex       // guards bucket.retry, retrying and deleting
+	retrying, deleting                           map[int]struct{} // the buckets whose retry is set, whose delete runs
 }
 
-// bucketState is what a Run knows of one bucket.
-type bucketState struct {
-	ready    bool              // it may hold pending rows: serve it
-	alone    bool              // served alone next: its group's fetch or delete failed
-	share    int               // rows its next batch takes in a group: 0 an equal share; doubled by a batch its limit or bytes cut, up to BatchSize: served alone
-	unmarked []*outbox.Message // acknowledged rows whose MarkPublished failed: deleted before the next fetch
-	strikes  *strike           // its head row's strikes (see strike)
-	retry    *headRetry        // its head row's backoff; nil: none (written under runState.mu)
-	deleting *pendingDelete    // the delete of its latest acknowledged rows, running; nil: none
+func (r *Relay) newRunState() *runState {
+	st := &runState{b: make([]bucket, r.opts.BucketCount), retrying: map[int]struct{}{}, deleting: map[int]struct{}{}}
+	for i := range st.b {
+		st.b[i] = bucket{id: i, r: r, st: st}
+	}
+	return st
 }
 
-func newRunState(buckets int) *runState {
-	return &runState{b: make([]bucketState, buckets), retrying: map[int]struct{}{}, deleting: map[int]struct{}{}}
-}
-
-// forget drops what the Run knows of bucket b, no longer owned; its
-// acknowledged rows not yet deleted are the next owner's to republish.
-func (st *runState) forget(b int) {
-	st.b[b].ready, st.b[b].unmarked = false, nil
-	st.settled(b)
-}
-
-// settled ends bucket b's backoff and its head row's strikes.
-func (st *runState) settled(b int) {
-	st.clearRetry(b)
-	st.b[b].strikes = nil
-}
-
-// clearRetry ends bucket b's backoff.
-func (st *runState) clearRetry(b int) {
-	st.mu.Lock()
-	st.b[b].retry = nil
-	delete(st.retrying, b)
-	st.mu.Unlock()
-}
-
-// headRetry is the backoff of a bucket whose head row failed to publish or
-// whose own store call failed: it is retried alone, not before notBefore;
-// since is when the first of these consecutive failures happened.
-type headRetry struct {
-	attempts  int
-	notBefore time.Time
-	since     time.Time
-	storeErr  error // the latest failure was this store error; nil: a publish failure
-	published bool  // a publish of the head row failed (see publishFailing)
-}
-
-// errStore marks a store error that the loop backs off from: every bucket
-// waits (discovery, acquisition, a lease too short to publish under).
-type errStore struct{ err error }
-
-func (e errStore) Error() string { return e.err.Error() }
-func (e errStore) Unwrap() error { return e.err }
-
-// errBucket marks a store error of one bucket (NextBatches, MarkPublished,
-// Park): that bucket alone backs off (bucketFailed).
-type errBucket struct{ err error }
-
-func (e errBucket) Error() string { return e.err.Error() }
-func (e errBucket) Unwrap() error { return e.err }
-
-// Run publishes until ctx is done, then stops: it awaits the in-flight
-// publishes (records cannot be retracted), deletes their acknowledged
-// prefixes while the leases are valid, and releases the leases so that a
-// peer takes over at once, all within Options.StopTimeout. It returns nil
-// after such a stop, or, after the same stop, a fatal error wrapping
-// ErrMisconfigured (a bucket count disagreement, a publish exceeding
-// MaxPublishDuration). Run returns only after every goroutine it started
-// has exited. Calling Run while another Run of the same relay is running is
-// an error.
+// Run publishes until ctx is done, then stops within Options.StopTimeout:
+// it awaits the in-flight publishes, deletes their acknowledged prefixes
+// and releases the leases. It returns nil or a fatal error wrapping
+// ErrMisconfigured, after every goroutine it started has exited. A second
+// concurrent Run of a relay is an error.
 func (r *Relay) Run(ctx context.Context) error {
 	if !r.running.CompareAndSwap(false, true) {
 		return errors.New("relay: Run called while the relay is already running")
@@ -241,7 +153,6 @@ func (r *Relay) Run(ctx context.Context) error {
 		r.log.InfoContext(ctx, "no notifier wired, so commits are found by polling every poll_interval; for commits to wake the relay, pass one relay.NewNotifier() to outbox.Plugin and to Options.Notifier, or set Options.HintTransport (package pgnotify; the outbox-relay worker: -notify-postgres-dsn) when the writers run in other processes",
 			"poll_interval", r.opts.PollInterval)
 	}
-
 	r.m.exportCounters(ctx)
 	reg, err := r.registerGauges()
 	if err != nil {
@@ -250,73 +161,8 @@ func (r *Relay) Run(ctx context.Context) error {
 		return err
 	}
 	defer func() { _ = reg.Unregister() }()
-	var wg sync.WaitGroup
-	if r.opts.MetricsBacklog {
-		sctx, cancel := context.WithCancel(ctx)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r.sampleBacklog(sctx)
-		}()
-		defer func() {
-			cancel()
-			wg.Wait()
-		}()
-	}
-	defer r.pending.Store(nil)
-	if r.opts.HintTransport != nil {
-		tctx, cancel := context.WithCancel(ctx)
-		var twg sync.WaitGroup
-		twg.Add(2) // sender and listener
-		go r.runTransport(tctx, twg.Done)
-		defer func() {
-			cancel()
-			twg.Wait()
-		}()
-	}
-
-	// cleanup carries the publishes and deletes, release the lease release:
-	// detached from ctx, they end by runStopBudget.
-	stopping, beginStop := context.WithCancel(ctx)
-	defer beginStop()
-	cleanup, cancelCleanup := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancelCleanup()
-	release, cancelRelease := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancelRelease()
-	stopped := make(chan struct{})
-	var bwg sync.WaitGroup
-	bwg.Add(1)
-	go func() {
-		defer bwg.Done()
-		r.runStopBudget(stopping, stopped, cancelCleanup, cancelRelease)
-	}()
-
-	r.health.Store(&errNoCycle)
-	r.authErr.Store(nil)
-	r.pubFail.Store(nil)
-	r.unowned.Store(-1)
-	r.unownedSince.Store(0)
-	st := newRunState(r.opts.BucketCount)
-	st.nextRebalance = r.clock.Now()
-	r.phase.Store(phaseWorking)
-	// The renewal goroutine keeps the leases while a stop awaits the
-	// in-flight publishes; it ends before the release.
-	renewing, stopRenewing := context.WithCancel(cleanup)
-	defer stopRenewing()
-	var rwg sync.WaitGroup
-	rwg.Add(1)
-	go func() {
-		defer rwg.Done()
-		r.renewLoop(renewing, st)
-	}()
-	err = r.loop(ctx, cleanup, st)
-	beginStop() // a fatal error starts the stop too
-	stopRenewing()
-	rwg.Wait()
-	r.stop(release, st)
-	close(stopped)
-	bwg.Wait()
-	if err != nil {
+	defer r.startAux(ctx)()
+	if err := r.work(ctx); err != nil {
 		r.log.ErrorContext(ctx, "stopped by a fatal error", "error", err)
 		return err
 	}
@@ -324,9 +170,62 @@ func (r *Relay) Run(ctx context.Context) error {
 	return nil
 }
 
-// runStopBudget enforces the stop budget: once stopping is done, it
-// cancels cleanup (the in-flight publishes and deletes) at three quarters
-// of StopTimeout and release at its end. It returns when stopped closes.
+// startAux starts the backlog sampler and the hint transport; stop ends them.
+func (r *Relay) startAux(ctx context.Context) (stop func()) {
+	var wg, twg sync.WaitGroup
+	sctx, cancelSampler := context.WithCancel(ctx)
+	if r.opts.MetricsBacklog {
+		wg.Go(func() { r.sampleBacklog(sctx) })
+	}
+	tctx, cancelTransport := context.WithCancel(ctx)
+	if r.opts.HintTransport != nil {
+		twg.Add(2) // sender and listener
+		go r.runTransport(tctx, twg.Done)
+	}
+	return func() {
+		cancelTransport()
+		twg.Wait()
+		r.pending.Store(nil)
+		cancelSampler()
+		wg.Wait()
+	}
+}
+
+// work runs the loop and the renewal, then stops: cleanup carries the publishes and deletes.
+func (r *Relay) work(ctx context.Context) error {
+	stopping, beginStop := context.WithCancel(ctx)
+	defer beginStop()
+	cleanup, cancelCleanup := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelCleanup()
+	release, cancelRelease := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelRelease()
+	stopped := make(chan struct{})
+	var bwg, rwg sync.WaitGroup
+	bwg.Go(func() { r.runStopBudget(stopping, stopped, cancelCleanup, cancelRelease) })
+
+	r.health.Store(&errNoCycle)
+	r.authErr.Store(nil)
+	r.pubFail.Store(nil)
+	r.unowned.Store(-1)
+	r.unownedSince.Store(0)
+	st := r.newRunState()
+	st.nextRebalance = r.clock.Now()
+	r.phase.Store(phaseWorking)
+	// Renewal keeps the leases while a stop awaits the publishes.
+	renewing, stopRenewing := context.WithCancel(cleanup)
+	defer stopRenewing()
+	rwg.Go(func() { r.renewLoop(renewing, st) })
+	err := r.loop(ctx, cleanup, st)
+	beginStop() // a fatal error starts the stop too
+	stopRenewing()
+	rwg.Wait()
+	r.stop(release, st)
+	close(stopped)
+	bwg.Wait()
+	return err
+}
+
+// runStopBudget cancels cleanup at three quarters of StopTimeout, release at its end.
 func (r *Relay) runStopBudget(stopping context.Context, stopped <-chan struct{}, cancelCleanup, cancelRelease context.CancelFunc) {
 	select {
 	case <-stopped:
@@ -338,7 +237,7 @@ func (r *Relay) runStopBudget(stopping context.Context, stopped <-chan struct{},
 		at     time.Time
 		cancel context.CancelFunc
 	}{
-		{deadline.Add(-releaseReserve(r.opts.StopTimeout)), cancelCleanup},
+		{deadline.Add(-r.opts.StopTimeout / 4), cancelCleanup}, // a quarter is kept for the release
 		{deadline, cancelRelease},
 	}
 	for _, step := range steps {
@@ -354,12 +253,6 @@ func (r *Relay) runStopBudget(stopping context.Context, stopped <-chan struct{},
 	<-stopped
 }
 
-// releaseReserve is the part of the stop budget kept for releasing the
-// leases: a quarter.
-func releaseReserve(stopTimeout time.Duration) time.Duration { return stopTimeout / 4 }
-
-// stop releases the leases after the loop ended, on release (bounded by the
-// stop budget).
 func (r *Relay) stop(release context.Context, st *runState) {
 	r.setLeases(st, nil, time.Time{})
 	if !st.attempted {
@@ -370,9 +263,6 @@ func (r *Relay) stop(release context.Context, st *runState) {
 	}
 }
 
-// loop runs cycles until ctx is done or a fatal error. cleanup, detached
-// from ctx and bounded by the stop budget, carries the steps a stop must not
-// interrupt.
 func (r *Relay) loop(ctx, cleanup context.Context, st *runState) error {
 	for ctx.Err() == nil {
 		start := r.clock.Now()
@@ -389,27 +279,18 @@ func (r *Relay) loop(ctx, cleanup context.Context, st *runState) error {
 		if st.worked.Load() {
 			r.m.cycleDur.Record(context.Background(), r.clock.Now().Sub(start).Seconds(), r.m.attrs)
 		}
-		var se errStore
 		switch {
 		case ctx.Err() != nil:
 			return nil
-		case errors.As(err, &se):
-			r.repeats.Log(ctx, r.log, r.clock.Now(), "cycle", "store error; backing off", se.err, "backoff", r.opts.ErrorBackoff)
-			r.sleep(ctx, r.opts.ErrorBackoff)
-			continue
 		case err != nil:
 			return err
+		case !r.eligible(st, r.clock.Now()):
+			r.idle(ctx, st)
 		}
-		if r.eligible(st, r.clock.Now()) {
-			continue
-		}
-		r.idle(ctx, st)
 	}
 	return nil
 }
 
-// cycle runs acquisition when due and one sweep over the owned buckets
-// (which discovers, when due or hinted, beside its batches).
 func (r *Relay) cycle(ctx, cleanup context.Context, st *runState) error {
 	if now := r.clock.Now(); !now.Before(st.nextFleetCheck) && now.Before(st.nextRebalance) {
 		st.nextFleetCheck = now.Add(r.opts.PollInterval)
@@ -430,25 +311,30 @@ func (r *Relay) cycle(ctx, cleanup context.Context, st *runState) error {
 	r.setPhase(phaseWorking)
 	r.checkLease(st)
 	owned, _, _ := st.lease.snapshot()
-	var unknown bool
-	st.hints, unknown = r.notifier.take(st.hints[:0])
-	for _, b := range st.hints {
+	r.takeHints(st, func(b int) {
 		if containsSorted(owned, b) {
-			st.b[b].ready = true // hinted owned buckets are fetched directly
+			st.b[b].ready = true
 		}
-	}
+	})
 	if len(owned) == 0 {
 		return nil
-	}
-	if unknown {
-		st.discover = true
 	}
 	return r.sweep(ctx, cleanup, st, owned)
 }
 
-// checkClockOffset logs one warning when the store reports the host clock
-// off by more than ClockOffsetWarnThreshold (beyond the measurement's
-// uncertainty), and arms the next only once the offset is back within it.
+// takeHints hands each hinted bucket to ready; an unknown one forces a discovery.
+func (r *Relay) takeHints(st *runState, ready func(b int)) {
+	var unknown bool
+	st.hints, unknown = r.notifier.take(st.hints[:0])
+	for _, b := range st.hints {
+		ready(b)
+	}
+	if unknown {
+		st.discover = true
+	}
+}
+
+// checkClockOffset warns once when the host clock is off the store's beyond the threshold.
 func (r *Relay) checkClockOffset() {
 	off, unc, ok := r.store.ClockOffset()
 	if !ok {
@@ -466,306 +352,7 @@ func (r *Relay) checkClockOffset() {
 	}
 }
 
-// sweepable reports whether bucket b is ready, not waiting out a head-row
-// backoff.
-func (r *Relay) sweepable(st *runState, b int) bool {
-	if !st.b[b].ready {
-		return false
-	}
-	hr := st.b[b].retry
-	return hr == nil || !r.clock.Now().Before(hr.notBefore)
-}
-
-// fetched is a bucket's batch, ready to publish.
-type fetched struct {
-	rows    []*outbox.Message
-	drained bool // nothing is left behind it, and no head row was retried
-	took    time.Duration
-}
-
-// fetchRequest readies bucket b's fetch of up to limit rows and maxBytes:
-// it deletes again the rows whose delete failed, and returns the request
-// (nil: b is no longer owned), which leaves out the rows of b's previous
-// batch whose delete still runs. A bucket retrying its head row fetches it
-// alone.
-func (r *Relay) fetchRequest(ctx, cleanup context.Context, st *runState, b, limit int, maxBytes int64) (*BatchRequest, error) {
-	if st.b[b].retry != nil {
-		limit = 1
-	}
-	excl := r.deletingRows(ctx, st, b)
-	if done := st.b[b].unmarked; done != nil {
-		if !r.ownsBucket(st, b) {
-			st.b[b].unmarked = nil
-			return nil, nil
-		}
-		if err := r.store.MarkPublished(cleanup, done); err != nil {
-			return nil, errBucket{fmt.Errorf("relay: bucket %d: mark published (again): %w", b, err)}
-		}
-		st.b[b].unmarked = nil
-	}
-	return &BatchRequest{Buckets: []int{b}, Limit: limit, MaxBytes: maxBytes, Exclude: excl}, nil
-}
-
-// fetched makes the answer to req, read in took, bucket b's batch, bounded
-// by the request's bytes; nil when there is nothing to publish. It parks a
-// corrupt head row.
-func (r *Relay) fetched(ctx context.Context, st *runState, req BatchRequest, batch []*outbox.Message, err error, took time.Duration) (*fetched, error) {
-	b := req.Buckets[0]
-	full := len(batch) >= req.Limit // the bucket may hold more rows
-	st.b[b].alone = false
-	r.deepen(st, b, req.Limit, full)
-	batch = without(batch, req.Exclude)
-	ce, next := (*CorruptRowError)(nil), false
-	switch {
-	case errors.As(err, &ce) && len(batch) == 0:
-		return nil, r.parkCorrupt(ctx, st, b, ce)
-	case ce != nil:
-		next = true // the corrupt row is b's next head
-	case err != nil:
-		return nil, errBucket{fmt.Errorf("relay: bucket %d: next batch: %w", b, err)}
-	}
-	if len(batch) == 0 {
-		// Nothing behind the rows left out. Full, it was a store returning
-		// them anyway: b stays ready, and is fetched again.
-		st.b[b].ready = full
-		st.settled(b)
-		return nil, nil
-	}
-	batch, over := trimToBytes(batch, req.MaxBytes)
-	failpoint("relay/after-fetch")
-	retried := st.b[b].retry != nil
-	r.deepen(st, b, req.Limit, full || over)
-	return &fetched{rows: batch, drained: !retried && !full && !over && !next, took: took}, nil
-}
-
-// settle acts on the outcome of publishing f: it records it, adds the
-// acknowledged prefix to the group's delete (del), and on a failure backs
-// the bucket off, strikes its head row (see strike; only served alone) or
-// drops it (ErrFenced).
-func (r *Relay) settle(ctx context.Context, st *runState, b int, f *fetched, res Result, took time.Duration, del *groupDelete, alone bool) error {
-	pub := f.rows
-	ack := min(max(res.Acknowledged, 0), len(pub))
-	if ack > 0 {
-		r.m.acked.Add(context.Background(), int64(ack), r.m.attrs)
-	}
-	failed := res.Err != nil && ack < len(pub)
-	stopped := ctx.Err() != nil && errors.Is(res.Err, context.Canceled)
-	if failed && !stopped {
-		r.m.failures.Add(context.Background(), 1, r.m.attrs)
-	}
-	r.recordPublishHealth(res.Err, ack, failed, stopped, r.clock.Now().Add(-took))
-	var fatal error
-	if r.opts.MaxPublishDuration > 0 && took > r.opts.MaxPublishDuration {
-		fatal = fmt.Errorf("relay: bucket %d: publish took %v, more than Options.MaxPublishDuration %v: %w", b, took, r.opts.MaxPublishDuration, ErrMisconfigured)
-	}
-	if ack > 0 {
-		if !r.ownsBucket(st, b) {
-			return fatal // a peer may own the rows now: mark nothing
-		}
-		// One delete of b runs at a time: a crash republishes at most the
-		// batch being deleted and the one in flight.
-		if err := r.settleDelete(ctx, st, b); err != nil {
-			st.b[b].unmarked = append(st.b[b].unmarked, pub[:ack]...)
-			return cmp.Or(fatal, error(errBucket{err}))
-		}
-		del.add(b, pub[:ack])
-	}
-	switch {
-	case fatal != nil:
-		return fatal
-	case failed && ctx.Err() != nil:
-		return nil
-	case failed && errors.Is(res.Err, ErrFenced):
-		// Not the row's fault (no strike, no backoff): the loop drops b.
-		return errBucket{&errFencedBucket{res.Err}}
-	case failed:
-		if alone {
-			if parked, err := r.strike(ctx, st, b, pub, ack, res.Err); parked || err != nil {
-				return err
-			}
-		}
-		hr, wait := r.retryLater(st, b, nil, true)
-		r.repeats.Log(ctx, r.log, r.clock.Now(), "publish", "publish failed; retrying the head row alone", res.Err, "bucket", b, "acknowledged", ack, "batch", len(pub), "attempt", hr.attempts, "backoff", wait)
-		return nil
-	}
-	st.settled(b)
-	r.logRecovered(ctx, st)
-	if f.drained {
-		st.b[b].ready = false // a hint or discovery brings it back
-	}
-	return nil
-}
-
-// pendingDelete is a bucket's part of a running delete of acknowledged
-// rows (its group's MarkPublished), running beside the bucket's next fetch
-// and publish.
-type pendingDelete struct {
-	rows []*outbox.Message // the bucket's
-	*deleteCall
-}
-
-// deleteCall is one running delete.
-type deleteCall struct {
-	done  chan struct{} // closed when the delete returned
-	err   error
-	group bool // of several buckets
-}
-
-// startDelete deletes the acknowledged rows of buckets (rows[i] those of
-// buckets[i]) on a goroutine of its own, in one call for them all, and
-// calls logBatch with its duration when DEBUG is on. One runs per bucket at
-// most (settleDelete), cap(deletes) in all; the sweep awaits them
-// (awaitDeletes).
-func (r *Relay) startDelete(ctx, cleanup context.Context, st *runState, buckets []int, rows [][]*outbox.Message, logBatch func(time.Duration)) {
-	call := &deleteCall{done: make(chan struct{}), group: len(buckets) > 1}
-	for i, b := range buckets {
-		st.b[b].deleting = &pendingDelete{rows: rows[i], deleteCall: call}
-		st.mu.Lock()
-		st.deleting[b] = struct{}{}
-		st.mu.Unlock()
-	}
-	r.deletes <- struct{}{}
-	go func() {
-		defer func() { <-r.deletes; close(call.done) }()
-		failpoint("relay/during-delete")
-		start := r.clock.Now()
-		call.err = r.store.MarkPublished(cleanup, slices.Concat(rows...))
-		if call.err == nil && r.log.Enabled(ctx, slog.LevelDebug) {
-			logBatch(r.clock.Now().Sub(start))
-		}
-	}()
-}
-
-// deletingRows returns the rows of bucket b whose delete still runs, for
-// its next fetch to leave out; nil when none runs (a finished one is
-// settled: see settleDelete).
-func (r *Relay) deletingRows(ctx context.Context, st *runState, b int) []*outbox.Message {
-	d := st.b[b].deleting
-	if d == nil {
-		return nil
-	}
-	select {
-	case <-d.done:
-		_ = r.settleDelete(ctx, st, b) // a failed one's rows are deleted again before the fetch
-		return nil
-	default:
-		return d.rows
-	}
-}
-
-// settleDelete waits for bucket b's running delete, if any, and forgets it.
-// A failed one leaves its rows to delete again before b's next fetch
-// (unmarked) and returns its error; during a stop it is logged instead.
-func (r *Relay) settleDelete(ctx context.Context, st *runState, b int) error {
-	d := st.b[b].deleting
-	if d == nil {
-		return nil
-	}
-	<-d.done
-	st.b[b].deleting = nil
-	st.mu.Lock()
-	delete(st.deleting, b)
-	st.mu.Unlock()
-	switch {
-	case d.err == nil:
-		return nil
-	case ctx.Err() != nil:
-		r.log.WarnContext(ctx, "mark published failed during the stop; the next owner republishes the rows", "bucket", b, "rows", len(d.rows), "error", d.err)
-		return nil
-	case !r.ownsBucket(st, b):
-		return nil // the next owner republishes them
-	}
-	st.b[b].unmarked = append(st.b[b].unmarked, d.rows...)
-	if d.group { // whose fault is not known: b deletes its rows alone next, at once
-		st.b[b].alone, st.b[b].ready = true, true
-		return nil
-	}
-	return fmt.Errorf("relay: bucket %d: mark published: %w", b, d.err)
-}
-
-// awaitDeletes settles every running delete once a sweep's workers have
-// returned; a bucket whose delete failed backs off (bucketFailed).
-func (r *Relay) awaitDeletes(ctx context.Context, st *runState) {
-	st.mu.Lock()
-	bs := slices.Collect(maps.Keys(st.deleting))
-	st.mu.Unlock()
-	for _, b := range bs {
-		if err := r.settleDelete(ctx, st, b); err != nil {
-			r.bucketFailed(st, b, err)
-			st.b[b].ready = true
-		}
-	}
-}
-
-// without returns batch without the rows of excl (by id), in order.
-func without(batch, excl []*outbox.Message) []*outbox.Message {
-	if len(excl) == 0 {
-		return batch
-	}
-	ids := make(map[int64]struct{}, len(excl))
-	for _, m := range excl {
-		ids[m.ID] = struct{}{}
-	}
-	return slices.DeleteFunc(batch, func(m *outbox.Message) bool {
-		_, ok := ids[m.ID]
-		return ok
-	})
-}
-
-// batchSize is the total MessageSize of rows.
-func batchSize(rows []*outbox.Message) int64 {
-	var n int64
-	for _, m := range rows {
-		n += MessageSize(m)
-	}
-	return n
-}
-
-// retryLater records one more failure of bucket b's head row, a store
-// error (storeErr) or a failed publish (storeErr nil, published), and
-// returns the bucket's backoff state and its new wait.
-func (r *Relay) retryLater(st *runState, b int, storeErr error, published bool) (*headRetry, time.Duration) {
-	now := r.clock.Now()
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	hr := st.b[b].retry
-	if hr == nil {
-		hr = &headRetry{since: now}
-		st.b[b].retry = hr
-		st.retrying[b] = struct{}{}
-	}
-	hr.attempts++
-	wait := r.backoff(hr.attempts)
-	hr.notBefore = now.Add(wait)
-	hr.storeErr = storeErr
-	hr.published = hr.published || published
-	return hr, wait
-}
-
-// bucketFailed handles a store error confined to bucket b: the bucket
-// backs off like a failing head row while the others go on, and Health does
-// not count it. A fenced publish or a lost lease drops the bucket instead
-// (dropFenced).
-func (r *Relay) bucketFailed(st *runState, b int, err error) {
-	if cur, _, _ := st.lease.snapshot(); !containsSorted(cur, b) {
-		return // lost meanwhile: its state is forgotten
-	}
-	if fb := (*errFencedBucket)(nil); errors.As(err, &fb) {
-		r.dropFenced(st, b, fb.err, true)
-		return
-	}
-	if errors.Is(err, ErrLeaseLost) {
-		r.dropFenced(st, b, err, false)
-		return
-	}
-	hr, wait := r.retryLater(st, b, err, false)
-	r.repeats.Log(context.Background(), r.log, r.clock.Now(), "bucket store", "bucket store error; backing off this bucket, the others go on", err, "bucket", b, "attempt", hr.attempts, "backoff", wait, "failing_for", r.clock.Now().Sub(hr.since))
-}
-
-// logRecovered, after a batch went through, logs the end of the failed
-// publishes and of the buckets' store errors (Limiter.LogRecovered) once no
-// bucket retries one: while one partition is down, the other buckets'
-// batches do not end its failures.
+// logRecovered logs the end of failures once no bucket retries one.
 func (r *Relay) logRecovered(ctx context.Context, st *runState) {
 	var publish, store bool
 	st.mu.Lock()
@@ -783,9 +370,7 @@ func (r *Relay) logRecovered(ctx context.Context, st *runState) {
 	}
 }
 
-// everyBucketFailing returns, for Health, an error when every owned bucket
-// backs off from its own store error: the store fails all of the relay's
-// work, not one bucket's.
+// everyBucketFailing is Health's error when every owned bucket backs off from a store error.
 func (r *Relay) everyBucketFailing(st *runState) error {
 	owned, _, _ := st.lease.snapshot()
 	if len(owned) == 0 {
@@ -799,98 +384,33 @@ func (r *Relay) everyBucketFailing(st *runState) error {
 	return fmt.Errorf("relay: the store fails for every owned bucket (%d); bucket %d: %w", len(owned), owned[0], st.b[owned[0]].retry.storeErr)
 }
 
-// noteStuck caches, for the head-age gauge, when the longest-failing head
-// row of the owned buckets first failed (zero: none is failing).
+// noteStuck caches when the longest-failing head row first failed.
 func (r *Relay) noteStuck(st *runState) {
-	var oldest time.Time
+	var oldest int64 // UnixNano; 0: none
 	publishing := false
 	st.mu.Lock()
 	for b := range st.retrying {
 		hr := st.b[b].retry
-		if oldest.IsZero() || hr.since.Before(oldest) {
-			oldest = hr.since
+		if n := hr.since.UnixNano(); oldest == 0 || n < oldest {
+			oldest = n
 		}
 		publishing = publishing || hr.published
 	}
 	st.mu.Unlock()
-	if !publishing && st.serving == 0 {
-		// No failed publish is being retried. (A worker still running may
-		// have failed one and not yet recorded its retry: judge after it.)
+	if !publishing && st.serving == 0 { // a running worker may not have recorded its retry yet
 		r.pubFail.Store(nil)
 	}
-	if oldest.IsZero() {
-		r.stuckSince.Store(0)
-	} else {
-		r.stuckSince.Store(oldest.UnixNano())
-	}
+	r.stuckSince.Store(oldest)
 }
 
-// publish publishes batches, each a bucket's, in one call of the publisher
-// on cleanup: records cannot be retracted, so a stop awaits it, up to the
-// stop budget; results[i] is batches[i]'s.
-func (r *Relay) publish(cleanup context.Context, batches [][]*outbox.Message) (results []Result, took time.Duration) {
-	start := r.clock.Now()
-	token := r.inflight.begin(r, start)
-	stopWarning := context.AfterFunc(cleanup, func() {
-		r.log.Warn("in-flight publish outlived the stop budget; cancelled", "stop_timeout", r.opts.StopTimeout)
-	})
-	results = r.callPublisher(cleanup, batches)
-	stopWarning()
-	r.inflight.end(r, token)
-	took = r.clock.Now().Sub(start)
-	r.m.publishDur.Record(context.Background(), took.Seconds(), r.m.attrs)
-	return results, took
-}
-
-func (r *Relay) callPublisher(ctx context.Context, batches [][]*outbox.Message) (results []Result) {
-	defer func() {
-		if p := recover(); p != nil {
-			results = make([]Result, len(batches))
-			for i := range results {
-				results[i] = Result{Err: fmt.Errorf("relay: publisher panicked: %v", p)}
-			}
-		}
-	}()
-	results = r.pub.Publish(ctx, batches)
-	if len(results) != len(batches) {
-		panic(fmt.Sprintf("Publish returned %d results for %d batches", len(results), len(batches)))
-	}
-	return results
-}
-
-// backoff returns the jittered exponential backoff of a head row's attempt:
-// ErrorBackoff doubling per attempt, capped at LeaseRenewInterval, then a
-// random value in [d/2, d].
-func (r *Relay) backoff(attempt int) time.Duration {
-	d := r.opts.ErrorBackoff
-	for i := 1; i < attempt && d < r.opts.LeaseRenewInterval; i++ {
-		d *= 2
-	}
-	d = min(d, r.opts.LeaseRenewInterval)
-	half := d / 2
-	return half + time.Duration(r.rng.Int64N(int64(d-half)+1))
-}
-
-// eligible reports whether an acquisition round is due or an owned ready
-// bucket can be swept now.
 func (r *Relay) eligible(st *runState, now time.Time) bool {
 	if !now.Before(st.nextRebalance) || !now.Before(st.nextFleetCheck) {
 		return true
 	}
 	owned, _, _ := st.lease.snapshot()
-	for _, b := range owned {
-		if !st.b[b].ready {
-			continue
-		}
-		if hr := st.b[b].retry; hr == nil || !now.Before(hr.notBefore) {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(owned, func(b int) bool { return st.b[b].sweepable(now) })
 }
 
-// idle waits for the next deadline (rebalance; discovery and head-row
-// retries when owning buckets) or a notification.
 func (r *Relay) idle(ctx context.Context, st *runState) {
 	now := r.clock.Now()
 	deadline := earliest(st.nextRebalance, st.nextFleetCheck)
@@ -906,25 +426,12 @@ func (r *Relay) idle(ctx context.Context, st *runState) {
 	defer stop()
 	r.setPhase(phaseIdle) // the wait ends by the rebalance: see renewLoop
 	if r.onIdle != nil {
-		r.onIdle()
-	}
-	select {
-	case <-ctx.Done():
-	case <-tc:
-	case <-r.notifier.wake:
-	}
-}
-
-// sleep waits d or until ctx is done; notifications do not interrupt it.
-func (r *Relay) sleep(ctx context.Context, d time.Duration) {
-	tc, stop := r.clock.NewTimer(d)
-	defer stop()
-	if r.onIdle != nil {
 		r.onIdle() // once the timer is set: a test may move the clock now
 	}
 	select {
 	case <-ctx.Done():
 	case <-tc:
+	case <-r.notifier.wake:
 	}
 }
 
@@ -935,16 +442,10 @@ func earliest(a, b time.Time) time.Time {
 	return a
 }
 
-// discoveryRest is how many times its own duration a discovery slower than
-// a quarter of PollInterval waits before the next one (see cycle).
-const discoveryRest = 3
-
 func containsSorted(s []int, v int) bool {
 	_, ok := slices.BinarySearch(s, v)
 	return ok
 }
 
-// failpoint marks a step of the relay's life where a crash test can stop the
-// process (see internal/failpoint; built with -tags outbox_failpoints). In a
-// normal build it is empty and inlined: it costs nothing.
+// failpoint marks where a crash test can stop the process (-tags outbox_failpoints).
 func failpoint(name string) { fp.Inject(name) }

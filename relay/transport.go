@@ -5,12 +5,9 @@ import (
 	"time"
 )
 
-// HintTransport carries bucket hints between relay processes, so that a
-// commit in one wakes the relay owning its bucket in another before its
-// poll. Hints are advisory: they may be duplicated, reordered or lost.
-// pgnotify implements it with PostgreSQL LISTEN/NOTIFY. The relay calls
-// Publish and Listen from one goroutine each, concurrently; both must
-// honour ctx.
+// HintTransport carries bucket hints, which may be duplicated, reordered or
+// lost, between relay processes (pgnotify). The relay calls Publish and
+// Listen from one goroutine each; both must honour ctx.
 type HintTransport interface {
 	// Publish broadcasts committed bucket ids (−1: unknown) to every relay
 	// sharing the outbox, this one included, without retaining buckets. On
@@ -23,7 +20,6 @@ type HintTransport interface {
 	Listen(ctx context.Context, fn func(bucket int)) error
 }
 
-// runTransport runs the sender and the listener until ctx is done.
 func (r *Relay) runTransport(ctx context.Context, done func()) {
 	defer done()
 	t := r.opts.HintTransport
@@ -66,7 +62,6 @@ func (r *Relay) runTransport(ctx context.Context, done func()) {
 	}
 }
 
-// pause waits d on the relay's clock or until ctx is done.
 func (r *Relay) pause(ctx context.Context, d time.Duration) {
 	tc, stop := r.clock.NewTimer(d)
 	defer stop()

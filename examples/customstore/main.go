@@ -18,10 +18,9 @@ import (
 	"github.com/gorm-outbox/outbox/relay"
 )
 
-// printer is a relay.Publisher that prints each record and acknowledges it.
-type printer struct{}
-
-func (printer) Publish(_ context.Context, batches [][]*outbox.Message) []relay.Result {
+// printer is a relay.Publisher made of one function: it prints each record
+// and acknowledges it.
+var printer = relay.PublishFunc(func(_ context.Context, batches [][]*outbox.Message) []relay.Result {
 	results := make([]relay.Result, len(batches))
 	for i, batch := range batches {
 		for _, m := range batch {
@@ -30,10 +29,7 @@ func (printer) Publish(_ context.Context, batches [][]*outbox.Message) []relay.R
 		results[i].Acknowledged = len(batch)
 	}
 	return results
-}
-
-// OwnedBuckets implements relay.Publisher: the printer needs no ownership.
-func (printer) OwnedBuckets([]int) {}
+})
 
 func main() {
 	const buckets = 4
@@ -47,7 +43,7 @@ func main() {
 	}
 
 	store := NewStore(backend, nil)
-	r, err := relay.New(store, printer{}, relay.Options{Logger: slog.New(slog.DiscardHandler), PollInterval: 10 * time.Millisecond})
+	r, err := relay.New(store, printer, relay.Options{Logger: slog.New(slog.DiscardHandler), PollInterval: 10 * time.Millisecond})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "customstore:", err)
 		os.Exit(1)
