@@ -67,7 +67,7 @@ type Client struct {
 // Run runs the suite on every database with the in-process broker and, on
 // PostgreSQL, with the real broker when the environment names one.
 func Run(t *testing.T, c Client) {
-	forEachPairing(t, false, func(t *testing.T, o testenv.Opener, b testenv.Broker) {
+	ForEachPairing(t, false, func(t *testing.T, o testenv.Opener, b testenv.Broker) {
 		db := o.Open(t, nil)
 		for _, s := range scenarios {
 			t.Run(s.name, func(t *testing.T) { s.run(t, c, db, b) })
@@ -92,10 +92,10 @@ var scenarios = []struct {
 func sameRecordThreeTimes(t *testing.T, c Client, db *gorm.DB, b testenv.Broker) {
 	topic, group := testenv.Unique("inbox-three-"), testenv.Unique("g-")
 	b.CreateTopic(t, topic, 1, nil)
-	produce(t, b, topic, withID(0, "three-x", "x1"), withID(0, "three-x", "x2"), withID(0, "three-y", "y"), withID(0, "three-x", "x3"))
+	Produce(t, b, topic, withID(0, "three-x", "x1"), withID(0, "three-x", "x2"), withID(0, "three-y", "y"), withID(0, "three-x", "x3"))
 	ib, metrics := setup(t, db, inbox.Options{})
 	stop := runConsumer(t, c.New(t, b, ib, group, topic, "three", applyRecord, inbox.ConsumerOptions{}))
-	waitCommitted(t, b, group, topic, map[int]int64{0: 4})
+	WaitCommitted(t, b, group, topic, map[int]int64{0: 4})
 	stop()
 	if got, want := effectsInOrder(t, db), []string{"three-x", "three-y"}; !slices.Equal(got, want) {
 		t.Fatalf("effects = %v; want %v", got, want)
@@ -104,13 +104,13 @@ func sameRecordThreeTimes(t *testing.T, c Client, db *gorm.DB, b testenv.Broker)
 	if err := db.Model(&effect{}).Where("message_id = ?", "three-x").Pluck("note", &note).Error; err != nil || note != "x1" {
 		t.Fatalf("effect of three-x = %q, %v; want the first delivery's (x1)", note, err)
 	}
-	collect(t, metrics).check(t, readings{inbox.MetricProcessed: 2, inbox.MetricDuplicates: 2, inbox.MetricFailures: 0})
+	Collect(t, metrics).Check(t, Readings{inbox.MetricProcessed: 2, inbox.MetricDuplicates: 2, inbox.MetricFailures: 0})
 }
 
 func handlerErrorRetried(t *testing.T, c Client, db *gorm.DB, b testenv.Broker) {
 	topic, group := testenv.Unique("inbox-retry-"), testenv.Unique("g-")
 	b.CreateTopic(t, topic, 1, nil)
-	produce(t, b, topic, withID(0, "retry-a", "a"), withID(0, "retry-b", "b"))
+	Produce(t, b, topic, withID(0, "retry-a", "a"), withID(0, "retry-b", "b"))
 	clock := relaytest.NewManualClock(time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC))
 	logs := &testenv.Logs{}
 	ib, metrics := setup(t, db, inbox.Options{Clock: clock, Logger: logs.Logger()})
@@ -122,7 +122,7 @@ func handlerErrorRetried(t *testing.T, c Client, db *gorm.DB, b testenv.Broker) 
 		return errInjected // after writing the effect: rolled back
 	}
 	runConsumer(t, c.New(t, b, ib, group, topic, "retry", fn, inbox.ConsumerOptions{RetryBackoff: time.Second, MaxRetryBackoff: 10 * time.Second}))
-	ctx := withTimeout(t, time.Minute)
+	ctx := WithTimeout(t, time.Minute)
 	for attempt, max := range []time.Duration{time.Second, 2 * time.Second} {
 		if !clock.WaitForWaiters(ctx, 1) {
 			t.Fatalf("the consumer never waited after failure %d", attempt+1)
@@ -134,16 +134,16 @@ func handlerErrorRetried(t *testing.T, c Client, db *gorm.DB, b testenv.Broker) 
 		if n := effects(t, db, "retry-a"); n != 0 {
 			t.Fatalf("effects of retry-a after failure %d = %d; want 0 (rolled back)", attempt+1, n)
 		}
-		if got := committed(t, b, group, topic, 1)[0]; got > 0 {
+		if got := Committed(t, b, group, topic, 1)[0]; got > 0 {
 			t.Fatalf("committed offset after failure %d = %d; want none (the record is not skipped)", attempt+1, got)
 		}
 		clock.Advance(max)
 	}
-	waitCommitted(t, b, group, topic, map[int]int64{0: 2})
+	WaitCommitted(t, b, group, topic, map[int]int64{0: 2})
 	if got, want := effectsInOrder(t, db), []string{"retry-a", "retry-b"}; !slices.Equal(got, want) {
 		t.Fatalf("effects = %v; want %v", got, want)
 	}
-	collect(t, metrics).check(t, readings{inbox.MetricProcessed: 2, inbox.MetricFailures: 2})
+	Collect(t, metrics).Check(t, Readings{inbox.MetricProcessed: 2, inbox.MetricFailures: 2})
 	if warns := logs.Matching("level=WARN msg=\"handling failed; retrying the message\""); len(warns) != 1 {
 		t.Fatalf("WARN lines for a repeated failure = %d; want 1 (then DEBUG):\n%s", len(warns), strings.Join(warns, "\n"))
 	}
@@ -153,7 +153,7 @@ func deadLetter(t *testing.T, c Client, db *gorm.DB, b testenv.Broker) {
 	topic, dlq, group := testenv.Unique("inbox-dl-"), testenv.Unique("inbox-dlq-"), testenv.Unique("g-")
 	b.CreateTopic(t, topic, 1, nil)
 	b.CreateTopic(t, dlq, 1, nil)
-	produce(t, b, topic, withID(0, "poison", "p"), withID(0, "", "no-id"), withID(0, "fine", "f"))
+	Produce(t, b, topic, withID(0, "poison", "p"), withID(0, "", "no-id"), withID(0, "fine", "f"))
 	ib, metrics := setup(t, db, inbox.Options{})
 	fn := func(tx *gorm.DB, r Record) error {
 		if err := applyRecord(tx, r); err != nil || string(r.Value) != "p" {
@@ -164,7 +164,7 @@ func deadLetter(t *testing.T, c Client, db *gorm.DB, b testenv.Broker) {
 	stop := runConsumer(t, c.New(t, b, ib, group, topic, "dl", fn, inbox.ConsumerOptions{
 		DeadLetterTopic: dlq, MaxAttempts: 3, RetryBackoff: time.Millisecond, MaxRetryBackoff: time.Millisecond,
 	}))
-	waitCommitted(t, b, group, topic, map[int]int64{0: 3})
+	WaitCommitted(t, b, group, topic, map[int]int64{0: 3})
 	stop()
 	if got, want := effectsInOrder(t, db), []string{"fine"}; !slices.Equal(got, want) {
 		t.Fatalf("effects = %v; want %v", got, want)
@@ -204,14 +204,14 @@ func deadLetter(t *testing.T, c Client, db *gorm.DB, b testenv.Broker) {
 			t.Errorf("dead-letter record %d key = %q; want %q", i, m.Key, "key-"+want.id)
 		}
 	}
-	collect(t, metrics).check(t, readings{inbox.MetricDeadLettered: 2, inbox.MetricFailures: 4, inbox.MetricProcessed: 1})
+	Collect(t, metrics).Check(t, Readings{inbox.MetricDeadLettered: 2, inbox.MetricFailures: 4, inbox.MetricProcessed: 1})
 }
 
 func outage(t *testing.T, c Client, db *gorm.DB, b testenv.Broker) {
 	topic, dlq, group := testenv.Unique("inbox-outage-"), testenv.Unique("inbox-dlq-"), testenv.Unique("g-")
 	b.CreateTopic(t, topic, 1, nil)
 	b.CreateTopic(t, dlq, 1, nil)
-	produce(t, b, topic, withID(0, "outage", "o"))
+	Produce(t, b, topic, withID(0, "outage", "o"))
 	// An inbox on a table that does not exist yet: every Handle fails in
 	// the database, before the handler.
 	table := testenv.Unique("inbox_later_")
@@ -222,31 +222,31 @@ func outage(t *testing.T, c Client, db *gorm.DB, b testenv.Broker) {
 	runConsumer(t, c.New(t, b, ib, group, topic, "outage", applyRecord, inbox.ConsumerOptions{
 		DeadLetterTopic: dlq, MaxAttempts: 1, RetryBackoff: time.Millisecond, MaxRetryBackoff: time.Millisecond,
 	}))
-	if !eventually(10*time.Millisecond, func() bool { return collect(t, metrics)[inbox.MetricFailures] >= 5 }) {
+	if !eventually(10*time.Millisecond, func() bool { return Collect(t, metrics)[inbox.MetricFailures] >= 5 }) {
 		t.Fatal("the consumer did not retry the failing database")
 	}
 	if err := inbox.AutoMigrate(db, inbox.Config{Table: table}); err != nil {
 		t.Fatal(err)
 	}
-	waitCommitted(t, b, group, topic, map[int]int64{0: 1})
+	WaitCommitted(t, b, group, topic, map[int]int64{0: 1})
 	if n := effects(t, db, "outage"); n != 1 {
 		t.Fatalf("effects = %d; want 1", n)
 	}
-	collect(t, metrics).check(t, readings{inbox.MetricDeadLettered: 0, inbox.MetricProcessed: 1})
+	Collect(t, metrics).Check(t, Readings{inbox.MetricDeadLettered: 0, inbox.MetricProcessed: 1})
 }
 
 func stopDuringRetry(t *testing.T, c Client, db *gorm.DB, b testenv.Broker) {
 	topic, group := testenv.Unique("inbox-stop-"), testenv.Unique("g-")
 	b.CreateTopic(t, topic, 1, nil)
-	produce(t, b, topic, withID(0, "stuck", "s"))
+	Produce(t, b, topic, withID(0, "stuck", "s"))
 	clock := relaytest.NewManualClock(time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC))
 	ib, _ := setup(t, db, inbox.Options{Clock: clock})
 	stop := runConsumer(t, c.New(t, b, ib, group, topic, "stop", func(*gorm.DB, Record) error { return errInjected }, inbox.ConsumerOptions{}))
-	if !clock.WaitForWaiters(withTimeout(t, time.Minute), 1) {
+	if !clock.WaitForWaiters(WithTimeout(t, time.Minute), 1) {
 		t.Fatal("the consumer never waited to retry")
 	}
 	stop() // fails t unless Run returns nil within 30s
-	if got := committed(t, b, group, topic, 1)[0]; got > 0 {
+	if got := Committed(t, b, group, topic, 1)[0]; got > 0 {
 		t.Fatalf("committed offset = %d; want none", got)
 	}
 }
@@ -258,7 +258,7 @@ func stopWhileFetching(t *testing.T, c Client, db *gorm.DB, b testenv.Broker) {
 	stop := runConsumer(t, c.New(t, b, ib, group, topic, "idle", applyRecord, inbox.ConsumerOptions{}))
 	time.Sleep(200 * time.Millisecond) // let Run reach the fetch
 	stop()
-	collect(t, metrics).check(t, readings{inbox.MetricHandleDuration: 0})
+	Collect(t, metrics).Check(t, Readings{inbox.MetricHandleDuration: 0})
 }
 
 // transactionalTopic reads a partition as fenced publishing leaves it after
@@ -286,7 +286,7 @@ func transactionalTopic(t *testing.T, c Client, db *gorm.DB, b testenv.Broker) {
 	stop := runConsumer(t, c.New(t, b, ib, group, topic, "txn", applyRecord, inbox.ConsumerOptions{
 		DeadLetterTopic: dlq, MaxAttempts: 1, RetryBackoff: time.Millisecond, MaxRetryBackoff: time.Millisecond,
 	}))
-	waitCommitted(t, b, group, topic, map[int]int64{0: end})
+	WaitCommitted(t, b, group, topic, map[int]int64{0: end})
 	stop()
 	want, dups := []string{"a", "b", "c", "z", "d"}, int64(1)
 	if c.SkipsAborted {
@@ -295,7 +295,7 @@ func transactionalTopic(t *testing.T, c Client, db *gorm.DB, b testenv.Broker) {
 	if got := effectsInOrder(t, db); !slices.Equal(got, want) {
 		t.Fatalf("effects in order = %v; want %v", got, want)
 	}
-	collect(t, metrics).check(t, readings{inbox.MetricProcessed: int64(len(want)), inbox.MetricDuplicates: dups, inbox.MetricFailures: 0, inbox.MetricDeadLettered: 0})
+	Collect(t, metrics).Check(t, Readings{inbox.MetricProcessed: int64(len(want)), inbox.MetricDuplicates: dups, inbox.MetricFailures: 0, inbox.MetricDeadLettered: 0})
 }
 
 // twoConsumersRebalance: records on four partitions, two consumers of one
@@ -324,14 +324,14 @@ func twoConsumersRebalance(t *testing.T, c Client, db *gorm.DB, b testenv.Broker
 		}
 		want[p] = perPartition
 	}
-	produce(t, b, topic, msgs[:len(msgs)/2]...)
-	if !eventually(5*time.Millisecond, func() bool { return collect(t, metrics)[inbox.MetricProcessed] >= int64(len(msgs)/4) }) {
+	Produce(t, b, topic, msgs[:len(msgs)/2]...)
+	if !eventually(5*time.Millisecond, func() bool { return Collect(t, metrics)[inbox.MetricProcessed] >= int64(len(msgs)/4) }) {
 		t.Fatal("the consumers processed too little to stop one half-way")
 	}
 	stopA()
 	a.Close() // its partitions move to the other
-	produce(t, b, topic, msgs[len(msgs)/2:]...)
-	waitCommitted(t, b, group, topic, want)
+	Produce(t, b, topic, msgs[len(msgs)/2:]...)
+	WaitCommitted(t, b, group, topic, want)
 	got := effectsInOrder(t, db)
 	if len(got) != len(msgs) {
 		t.Fatalf("effects = %d; want %d (one per record)", len(got), len(msgs))
@@ -346,7 +346,7 @@ func twoConsumersRebalance(t *testing.T, c Client, db *gorm.DB, b testenv.Broker
 	// A record whose transaction committed as the first consumer stopped,
 	// its offset not, counts as a duplicate for the second: processed may
 	// be short by the records in flight at the stop, never over.
-	m := collect(t, metrics)
+	m := Collect(t, metrics)
 	processed, dups := m[inbox.MetricProcessed], m[inbox.MetricDuplicates]
 	if processed > int64(len(msgs)) || processed+dups < int64(len(msgs)) || processed < int64(len(msgs))-int64(partitions) || m[inbox.MetricFailures] != 0 {
 		t.Errorf("processed %d, duplicates %d, failures %d; want %d records processed or, at most one per partition in flight at the stop, seen again as duplicates, and no failure",
@@ -424,13 +424,14 @@ func effectsInOrder(t testing.TB, db *gorm.DB) []string {
 	return ids
 }
 
-// readings are the inbox's counters (summed over attributes) and histogram
+// Readings are the inbox's counters (summed over attributes) and histogram
 // counts, by instrument name.
-type readings map[string]int64
+type Readings map[string]int64
 
-func collect(t testing.TB, r *metrictest.Reader) readings {
+// Collect returns r's current Readings, failing t when it cannot collect.
+func Collect(t testing.TB, r *metrictest.Reader) Readings {
 	t.Helper()
-	m, out := r.Read(t), readings{}
+	m, out := r.Read(t), Readings{}
 	for name, v := range m.Values {
 		out[name] = int64(v)
 	}
@@ -440,8 +441,8 @@ func collect(t testing.TB, r *metrictest.Reader) readings {
 	return out
 }
 
-// check fails t unless r holds want for every named instrument.
-func (r readings) check(t testing.TB, want readings) {
+// Check fails t unless r holds want for every named instrument.
+func (r Readings) Check(t testing.TB, want Readings) {
 	t.Helper()
 	for name, w := range want {
 		if r[name] != w {
@@ -450,8 +451,8 @@ func (r readings) check(t testing.TB, want readings) {
 	}
 }
 
-// withTimeout returns a context ending after d or at t's end.
-func withTimeout(t testing.TB, d time.Duration) context.Context {
+// WithTimeout returns a context ending after d or at t's end.
+func WithTimeout(t testing.TB, d time.Duration) context.Context {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
@@ -476,13 +477,13 @@ var errInjected = errors.New("injected failure")
 // runConsumer runs c until the returned stop is called; stop fails t
 // unless Run returned nil.
 func runConsumer(t testing.TB, c Consumer) (stop func()) {
-	return start(t, context.Background(), "consumer", c.Run)
+	return Start(t, context.Background(), "consumer", c.Run)
 }
 
-// start runs run on a child of ctx until the returned stop is called (at
+// Start runs run on a child of ctx until the returned stop is called (at
 // t's cleanup at the latest); stop fails t unless run returned nil within
 // 30s.
-func start(t testing.TB, ctx context.Context, name string, run func(context.Context) error) (stop func()) {
+func Start(t testing.TB, ctx context.Context, name string, run func(context.Context) error) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- run(ctx) }()

@@ -33,7 +33,7 @@ import (
 // variant of cmd/internal/chaos's effects run (CHAOS.md), on every database
 // and broker.
 func RunEffects(t *testing.T, c Client) {
-	forEachPairing(t, true, func(t *testing.T, o testenv.Opener, b testenv.Broker) {
+	ForEachPairing(t, true, func(t *testing.T, o testenv.Opener, b testenv.Broker) {
 		for _, fenced := range []bool{false, true} {
 			name := "default_mode"
 			if fenced {
@@ -137,7 +137,7 @@ func effectsRun(t *testing.T, c Client, o testenv.Opener, b testenv.Broker, fenc
 		if err != nil {
 			t.Fatal(err)
 		}
-		return start(t, ctx, id, rl.Run)
+		return Start(t, ctx, id, rl.Run)
 	}
 
 	// The consuming service's database.
@@ -291,7 +291,7 @@ func effectsRun(t *testing.T, c Client, o testenv.Opener, b testenv.Broker, fenc
 			badCounters++
 		}
 	}
-	r := collect(t, metrics)
+	r := Collect(t, metrics)
 	t.Logf("%s: %d committed rows, %d rolled back, %d acknowledgements lost; %d processed, %d duplicates skipped; audit: %d lost effects, %d duplicate effects, %d effects of rolled-back rows, %d per-key order violations, %d wrong counters",
 		c.Name, len(committedIDs), len(rolledB), lost.Load(), r[inbox.MetricProcessed], r[inbox.MetricDuplicates], lostEffects, dup, ghost, inversions, badCounters)
 	if lostEffects+dup+ghost+inversions+badCounters > 0 {
