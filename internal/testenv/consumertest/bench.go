@@ -29,8 +29,7 @@ func Bench(b *testing.B, c Client) {
 			}
 			db := o.Open(b, nil)
 			ib, _ := setup(b, db, inbox.Options{Logger: slog.New(slog.DiscardHandler)})
-			topic, group := testenv.Unique("inbox-bench-"), testenv.Unique("g-")
-			br.CreateTopic(b, topic, 1, nil)
+			topic, group := newTopic(b, br, "inbox-bench-", 1), testenv.Unique("g-")
 			msgs := make([]kafka.Message, b.N)
 			for i := range msgs {
 				msgs[i] = withID(0, fmt.Sprintf("bench-%d", i), "shipped")

@@ -90,8 +90,7 @@ var scenarios = []struct {
 }
 
 func sameRecordThreeTimes(t *testing.T, c Client, db *gorm.DB, b testenv.Broker) {
-	topic, group := testenv.Unique("inbox-three-"), testenv.Unique("g-")
-	b.CreateTopic(t, topic, 1, nil)
+	topic, group := newTopic(t, b, "inbox-three-", 1), testenv.Unique("g-")
 	Produce(t, b, topic, withID(0, "three-x", "x1"), withID(0, "three-x", "x2"), withID(0, "three-y", "y"), withID(0, "three-x", "x3"))
 	ib, metrics := setup(t, db, inbox.Options{})
 	stop := runConsumer(t, c.New(t, b, ib, group, topic, "three", applyRecord, inbox.ConsumerOptions{}))
@@ -108,8 +107,7 @@ func sameRecordThreeTimes(t *testing.T, c Client, db *gorm.DB, b testenv.Broker)
 }
 
 func handlerErrorRetried(t *testing.T, c Client, db *gorm.DB, b testenv.Broker) {
-	topic, group := testenv.Unique("inbox-retry-"), testenv.Unique("g-")
-	b.CreateTopic(t, topic, 1, nil)
+	topic, group := newTopic(t, b, "inbox-retry-", 1), testenv.Unique("g-")
 	Produce(t, b, topic, withID(0, "retry-a", "a"), withID(0, "retry-b", "b"))
 	clock := relaytest.NewManualClock(time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC))
 	logs := &testenv.Logs{}
@@ -150,9 +148,7 @@ func handlerErrorRetried(t *testing.T, c Client, db *gorm.DB, b testenv.Broker) 
 }
 
 func deadLetter(t *testing.T, c Client, db *gorm.DB, b testenv.Broker) {
-	topic, dlq, group := testenv.Unique("inbox-dl-"), testenv.Unique("inbox-dlq-"), testenv.Unique("g-")
-	b.CreateTopic(t, topic, 1, nil)
-	b.CreateTopic(t, dlq, 1, nil)
+	topic, dlq, group := newTopic(t, b, "inbox-dl-", 1), newTopic(t, b, "inbox-dlq-", 1), testenv.Unique("g-")
 	Produce(t, b, topic, withID(0, "poison", "p"), withID(0, "", "no-id"), withID(0, "fine", "f"))
 	ib, metrics := setup(t, db, inbox.Options{})
 	fn := func(tx *gorm.DB, r Record) error {
@@ -208,26 +204,20 @@ func deadLetter(t *testing.T, c Client, db *gorm.DB, b testenv.Broker) {
 }
 
 func outage(t *testing.T, c Client, db *gorm.DB, b testenv.Broker) {
-	topic, dlq, group := testenv.Unique("inbox-outage-"), testenv.Unique("inbox-dlq-"), testenv.Unique("g-")
-	b.CreateTopic(t, topic, 1, nil)
-	b.CreateTopic(t, dlq, 1, nil)
+	topic, dlq, group := newTopic(t, b, "inbox-outage-", 1), newTopic(t, b, "inbox-dlq-", 1), testenv.Unique("g-")
 	Produce(t, b, topic, withID(0, "outage", "o"))
 	// An inbox on a table that does not exist yet: every Handle fails in
 	// the database, before the handler.
 	table := testenv.Unique("inbox_later_")
 	ib, metrics := setup(t, db, inbox.Options{Config: inbox.Config{Table: table}})
-	if err := db.Migrator().DropTable(table); err != nil {
-		t.Fatal(err)
-	}
+	must(t, db.Migrator().DropTable(table))
 	runConsumer(t, c.New(t, b, ib, group, topic, "outage", applyRecord, inbox.ConsumerOptions{
 		DeadLetterTopic: dlq, MaxAttempts: 1, RetryBackoff: time.Millisecond, MaxRetryBackoff: time.Millisecond,
 	}))
 	if !eventually(10*time.Millisecond, func() bool { return Collect(t, metrics)[inbox.MetricFailures] >= 5 }) {
 		t.Fatal("the consumer did not retry the failing database")
 	}
-	if err := inbox.AutoMigrate(db, inbox.Config{Table: table}); err != nil {
-		t.Fatal(err)
-	}
+	must(t, inbox.AutoMigrate(db, inbox.Config{Table: table}))
 	WaitCommitted(t, b, group, topic, map[int]int64{0: 1})
 	if n := effects(t, db, "outage"); n != 1 {
 		t.Fatalf("effects = %d; want 1", n)
@@ -236,8 +226,7 @@ func outage(t *testing.T, c Client, db *gorm.DB, b testenv.Broker) {
 }
 
 func stopDuringRetry(t *testing.T, c Client, db *gorm.DB, b testenv.Broker) {
-	topic, group := testenv.Unique("inbox-stop-"), testenv.Unique("g-")
-	b.CreateTopic(t, topic, 1, nil)
+	topic, group := newTopic(t, b, "inbox-stop-", 1), testenv.Unique("g-")
 	Produce(t, b, topic, withID(0, "stuck", "s"))
 	clock := relaytest.NewManualClock(time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC))
 	ib, _ := setup(t, db, inbox.Options{Clock: clock})
@@ -252,8 +241,7 @@ func stopDuringRetry(t *testing.T, c Client, db *gorm.DB, b testenv.Broker) {
 }
 
 func stopWhileFetching(t *testing.T, c Client, db *gorm.DB, b testenv.Broker) {
-	topic, group := testenv.Unique("inbox-idle-"), testenv.Unique("g-")
-	b.CreateTopic(t, topic, 1, nil)
+	topic, group := newTopic(t, b, "inbox-idle-", 1), testenv.Unique("g-")
 	ib, metrics := setup(t, db, inbox.Options{})
 	stop := runConsumer(t, c.New(t, b, ib, group, topic, "idle", applyRecord, inbox.ConsumerOptions{}))
 	time.Sleep(200 * time.Millisecond) // let Run reach the fetch
@@ -269,9 +257,7 @@ func stopWhileFetching(t *testing.T, c Client, db *gorm.DB, b testenv.Broker) {
 // copy the client returns (z only on a client that hands aborted records
 // over, the limit the README states).
 func transactionalTopic(t *testing.T, c Client, db *gorm.DB, b testenv.Broker) {
-	topic, dlq, group := testenv.Unique("inbox-txn-"), testenv.Unique("inbox-dlq-"), testenv.Unique("g-")
-	b.CreateTopic(t, topic, 1, nil)
-	b.CreateTopic(t, dlq, 1, nil)
+	topic, dlq, group := newTopic(t, b, "inbox-txn-", 1), newTopic(t, b, "inbox-dlq-", 1), testenv.Unique("g-")
 	produceTxn(t, b, topic, true, "a", "b")
 	produceTxn(t, b, topic, false, "c", "z")
 	produceTxn(t, b, topic, true, "c", "d")
@@ -303,9 +289,8 @@ func transactionalTopic(t *testing.T, c Client, db *gorm.DB, b testenv.Broker) {
 // other, which may get records the first had handled but not committed):
 // every record has exactly one effect, each partition's in offset order.
 func twoConsumersRebalance(t *testing.T, c Client, db *gorm.DB, b testenv.Broker) {
-	topic, group := testenv.Unique("inbox-rebalance-"), testenv.Unique("g-")
 	const partitions, perPartition = 4, 25
-	b.CreateTopic(t, topic, partitions, nil)
+	topic, group := newTopic(t, b, "inbox-rebalance-", partitions), testenv.Unique("g-")
 	ib, metrics := setup(t, db, inbox.Options{})
 	opts := inbox.ConsumerOptions{RetryBackoff: 10 * time.Millisecond, MaxRetryBackoff: 10 * time.Millisecond}
 	slow := func(tx *gorm.DB, r Record) error {
@@ -385,21 +370,13 @@ func withID(partition int, id, note string) kafka.Message {
 // returns an Inbox with opts whose instruments a fresh reader collects.
 func setup(t testing.TB, db *gorm.DB, opts inbox.Options) (*inbox.Inbox, *metrictest.Reader) {
 	t.Helper()
-	if err := inbox.AutoMigrate(db, opts.Config); err != nil {
-		t.Fatal(err)
-	}
-	if err := db.Migrator().DropTable(&effect{}); err != nil {
-		t.Fatal(err)
-	}
-	if err := db.AutoMigrate(&effect{}); err != nil {
-		t.Fatal(err)
-	}
+	must(t, inbox.AutoMigrate(db, opts.Config))
+	must(t, db.Migrator().DropTable(&effect{}))
+	must(t, db.AutoMigrate(&effect{}))
 	reader := metrictest.NewReader()
 	opts.MeterProvider = reader.MeterProvider()
 	ib, err := inbox.New(db, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	return ib, reader
 }
 
@@ -407,9 +384,7 @@ func setup(t testing.TB, db *gorm.DB, opts inbox.Options) (*inbox.Inbox, *metric
 func effects(t testing.TB, db *gorm.DB, id string) int64 {
 	t.Helper()
 	var n int64
-	if err := db.Model(&effect{}).Where("message_id = ?", id).Count(&n).Error; err != nil {
-		t.Fatal(err)
-	}
+	must(t, db.Model(&effect{}).Where("message_id = ?", id).Count(&n).Error)
 	return n
 }
 
@@ -418,9 +393,7 @@ func effects(t testing.TB, db *gorm.DB, id string) int64 {
 func effectsInOrder(t testing.TB, db *gorm.DB) []string {
 	t.Helper()
 	var ids []string
-	if err := db.Model(&effect{}).Order("id").Pluck("message_id", &ids).Error; err != nil {
-		t.Fatal(err)
-	}
+	must(t, db.Model(&effect{}).Order("id").Pluck("message_id", &ids).Error)
 	return ids
 }
 
@@ -471,6 +444,23 @@ func header(hs []kafka.Header, key string) (string, bool) {
 	return v, ok
 }
 
+// must fails t on err.
+func must(t testing.TB, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// newTopic creates a topic named prefix and random hex with partitions on
+// b, and returns its name.
+func newTopic(t testing.TB, b testenv.Broker, prefix string, partitions int) string {
+	t.Helper()
+	topic := testenv.Unique(prefix)
+	b.CreateTopic(t, topic, partitions, nil)
+	return topic
+}
+
 // errInjected is the error the suite's handlers inject.
 var errInjected = errors.New("injected failure")
 
@@ -511,15 +501,11 @@ func produceTxn(t testing.TB, b testenv.Broker, topic string, commit bool, ids .
 	t.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(b.Addrs...), kgo.TransactionalID(testenv.Unique("txn-")),
 		kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.DefaultProduceTopic(topic))
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	defer cl.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := cl.BeginTransaction(); err != nil {
-		t.Fatal(err)
-	}
+	must(t, cl.BeginTransaction())
 	for _, id := range ids {
 		r := &kgo.Record{Key: []byte("k"), Value: []byte(id), Headers: []kgo.RecordHeader{{Key: kafkapub.DefaultMessageIDHeader, Value: []byte(id)}}}
 		if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
