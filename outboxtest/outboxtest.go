@@ -17,6 +17,7 @@
 package outboxtest
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -188,10 +189,7 @@ func (e *Env) Records(t testing.TB, topic string, n int) []kafka.Message {
 		}
 		if len(got) >= n {
 			slices.SortStableFunc(got, func(a, b kafka.Message) int {
-				if a.Partition != b.Partition {
-					return a.Partition - b.Partition
-				}
-				return int(a.Offset - b.Offset)
+				return cmp.Or(cmp.Compare(a.Partition, b.Partition), cmp.Compare(a.Offset, b.Offset))
 			})
 			return got
 		}

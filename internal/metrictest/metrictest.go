@@ -3,15 +3,16 @@
 // Collect, as the SDK's ManualReader does with cumulative temporality.
 //
 // It keeps the OpenTelemetry SDK out of the library's module graph (see
-// scripts/importer-check.sh). Recorded: counters and histograms (cumulative
-// per attribute set, from their first measurement) and observable gauges
-// (what the callbacks observed during the latest Collect); instruments of
-// other kinds record nothing.
+// scripts/importer-check.sh). Recorded: int64 counters and float64
+// histograms (cumulative per attribute set, from their first measurement)
+// and observable gauges (what the callbacks observed during the latest
+// Collect); instruments of other kinds record nothing.
 package metrictest
 
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -179,16 +180,6 @@ func (m *meter) Int64Counter(name string, opts ...metric.Int64CounterOption) (me
 	return int64Counter{d: m.r.define(m.scope, name, Counter, c.Unit(), c.Description()), r: m.r}, nil
 }
 
-func (m *meter) Float64Counter(name string, opts ...metric.Float64CounterOption) (metric.Float64Counter, error) {
-	c := metric.NewFloat64CounterConfig(opts...)
-	return float64Counter{d: m.r.define(m.scope, name, Counter, c.Unit(), c.Description()), r: m.r}, nil
-}
-
-func (m *meter) Int64Histogram(name string, opts ...metric.Int64HistogramOption) (metric.Int64Histogram, error) {
-	c := metric.NewInt64HistogramConfig(opts...)
-	return int64Histogram{d: m.r.define(m.scope, name, Histogram, c.Unit(), c.Description()), r: m.r}, nil
-}
-
 func (m *meter) Float64Histogram(name string, opts ...metric.Float64HistogramOption) (metric.Float64Histogram, error) {
 	c := metric.NewFloat64HistogramConfig(opts...)
 	return float64Histogram{d: m.r.define(m.scope, name, Histogram, c.Unit(), c.Description()), r: m.r}, nil
@@ -196,13 +187,10 @@ func (m *meter) Float64Histogram(name string, opts ...metric.Float64HistogramOpt
 
 func (m *meter) Int64ObservableGauge(name string, opts ...metric.Int64ObservableGaugeOption) (metric.Int64ObservableGauge, error) {
 	c := metric.NewInt64ObservableGaugeConfig(opts...)
-	g := &int64Gauge{d: m.r.define(m.scope, name, Gauge, c.Unit(), c.Description())}
-	for _, cb := range c.Callbacks() {
-		m.r.register(func(ctx context.Context, o metric.Observer) error {
-			return cb(ctx, int64Observer{o: o, g: g})
-		})
+	if len(c.Callbacks()) > 0 {
+		return nil, errors.New("metrictest: Int64ObservableGauge: observe it with RegisterCallback")
 	}
-	return g, nil
+	return &int64Gauge{d: m.r.define(m.scope, name, Gauge, c.Unit(), c.Description())}, nil
 }
 
 func (m *meter) Float64ObservableGauge(name string, opts ...metric.Float64ObservableGaugeOption) (metric.Float64ObservableGauge, error) {
@@ -252,28 +240,6 @@ func (c int64Counter) Add(_ context.Context, v int64, opts ...metric.AddOption) 
 	c.r.record(c.d, float64(v), metric.NewAddConfig(opts).Attributes())
 }
 
-type float64Counter struct {
-	noop.Float64Counter
-	d *desc
-	r *Reader
-}
-
-func (c float64Counter) Enabled(context.Context) bool { return true }
-func (c float64Counter) Add(_ context.Context, v float64, opts ...metric.AddOption) {
-	c.r.record(c.d, v, metric.NewAddConfig(opts).Attributes())
-}
-
-type int64Histogram struct {
-	noop.Int64Histogram
-	d *desc
-	r *Reader
-}
-
-func (h int64Histogram) Enabled(context.Context) bool { return true }
-func (h int64Histogram) Record(_ context.Context, v int64, opts ...metric.RecordOption) {
-	h.r.record(h.d, float64(v), metric.NewRecordConfig(opts).Attributes())
-}
-
 type float64Histogram struct {
 	noop.Float64Histogram
 	d *desc
@@ -320,18 +286,7 @@ func (o *observer) ObserveInt64(obsrv metric.Int64Observable, v int64, opts ...m
 	}
 }
 
-// int64Observer and float64Observer serve an instrument's own callbacks
-// (metric.WithInt64Callback, metric.WithFloat64Callback).
-type int64Observer struct {
-	embedded.Int64Observer
-	o metric.Observer
-	g *int64Gauge
-}
-
-func (o int64Observer) Observe(v int64, opts ...metric.ObserveOption) {
-	o.o.ObserveInt64(o.g, v, opts...)
-}
-
+// float64Observer serves a gauge's own callbacks (metric.WithFloat64Callback).
 type float64Observer struct {
 	embedded.Float64Observer
 	o metric.Observer

@@ -129,9 +129,9 @@ func (t tracer) Start(ctx context.Context, name string, opts ...trace.SpanStartO
 		Parent:      parent,
 		Start:       cmp.Or(cfg.Timestamp(), time.Now()),
 	}}
-	s.setAttributes(cfg.Attributes())
+	s.SetAttributes(cfg.Attributes()...)
 	for _, l := range cfg.Links() {
-		s.addLink(l)
+		s.AddLink(l)
 	}
 	return trace.ContextWithSpan(ctx, s), s
 }
@@ -190,10 +190,6 @@ func (s *span) AddEvent(name string, opts ...trace.EventOption) {
 	cfg := trace.NewEventConfig(opts...)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.addEvent(name, cfg)
-}
-
-func (s *span) addEvent(name string, cfg trace.EventConfig) {
 	if !s.recording() {
 		return
 	}
@@ -203,10 +199,6 @@ func (s *span) addEvent(name string, cfg trace.EventConfig) {
 func (s *span) AddLink(l trace.Link) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.addLink(l)
-}
-
-func (s *span) addLink(l trace.Link) {
 	if !s.recording() || !l.SpanContext.IsValid() { // the SDK drops invalid links too
 		return
 	}
@@ -218,14 +210,10 @@ func (s *span) RecordError(err error, opts ...trace.EventOption) {
 	if err == nil {
 		return
 	}
-	opts = append(opts, trace.WithAttributes(
+	s.AddEvent("exception", append(opts, trace.WithAttributes(
 		attribute.String("exception.type", typeName(err)),
 		attribute.String("exception.message", err.Error()),
-	))
-	cfg := trace.NewEventConfig(opts...)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.addEvent("exception", cfg)
+	))...)
 }
 
 func typeName(v any) string {
@@ -258,15 +246,11 @@ func (s *span) SetName(name string) {
 	}
 }
 
+// SetAttributes adds kvs; a key already set takes its new value in place.
 func (s *span) SetAttributes(kvs ...attribute.KeyValue) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.setAttributes(kvs)
-}
-
-// setAttributes adds kvs; a key already set takes its new value in place.
-func (s *span) setAttributes(kvs []attribute.KeyValue) {
-	if !s.recording() || len(kvs) == 0 {
+	if !s.recording() {
 		return
 	}
 	attrs := s.data.Attributes

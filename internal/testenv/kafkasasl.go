@@ -45,25 +45,11 @@ type SASLBroker struct {
 // OUTBOX_TEST_REQUIRE_ALL). An unreadable CA file always fails t.
 func RealSASLBroker(t testing.TB) (b SASLBroker, ok bool) {
 	t.Helper()
-	var missing []string
-	get := func(name string) string {
-		v := os.Getenv(name)
-		if v == "" {
-			missing = append(missing, name)
-		}
-		return v
-	}
-	addrs := get(EnvKafkaSASL)
-	b.User = get(EnvKafkaSASLUser)
-	b.Password = get(EnvKafkaSASLPassword)
-	b.CAFile = get(EnvKafkaCAFile)
-	if len(missing) > 0 {
-		if RequireAll() {
-			t.Fatalf("testenv: %s not set and %s=1 (scripts/services.sh start prints them)", strings.Join(missing, ", "), EnvRequireAll)
-		}
+	if !isSet(t, EnvKafkaSASL, EnvKafkaSASLUser, EnvKafkaSASLPassword, EnvKafkaCAFile) {
 		return SASLBroker{}, false
 	}
-	b.Addrs = strings.Split(addrs, ",")
+	b.Addrs = strings.Split(os.Getenv(EnvKafkaSASL), ",")
+	b.User, b.Password, b.CAFile = os.Getenv(EnvKafkaSASLUser), os.Getenv(EnvKafkaSASLPassword), os.Getenv(EnvKafkaCAFile)
 	pem, err := os.ReadFile(b.CAFile)
 	if err != nil {
 		t.Fatalf("testenv: %s: %v", EnvKafkaCAFile, err)

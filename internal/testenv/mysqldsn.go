@@ -6,7 +6,6 @@ import (
 	"time"
 
 	mysqldrv "github.com/go-sql-driver/mysql"
-	"gorm.io/driver/mysql"
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
 )
@@ -30,10 +29,5 @@ func MySQLWith(t testing.TB, db *gorm.DB, edit func(c *mysqldrv.Config)) *gorm.D
 	c.ParseTime = true
 	c.Loc = time.UTC
 	edit(c)
-	other, err := gorm.Open(mysql.Open(c.FormatDSN()), &gorm.Config{Logger: logger.Default.LogMode(logger.Silent)})
-	if err != nil {
-		t.Fatalf("testenv: open mysql %s: %v", name, err)
-	}
-	t.Cleanup(func() { closeDB(t, other) })
-	return other
+	return open(t, MySQL, c.FormatDSN(), &gorm.Config{Logger: logger.Default.LogMode(logger.Silent)})
 }

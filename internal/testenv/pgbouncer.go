@@ -5,7 +5,6 @@ import (
 	"os"
 	"testing"
 
-	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
 )
 
@@ -32,20 +31,16 @@ const PgBouncer = "pgbouncer"
 // dsn+" default_query_exec_mode=cache_statement".
 func PgBouncerDSN(t testing.TB) (dsn, direct string, ok bool) {
 	t.Helper()
-	pgb, base := os.Getenv(EnvPgBouncer), os.Getenv(EnvPostgres)
-	if pgb == "" || base == "" {
-		if RequireAll() {
-			t.Fatalf("testenv: %s and %s must both be set when %s=1", EnvPgBouncer, EnvPostgres, EnvRequireAll)
-		}
+	if !isSet(t, EnvPgBouncer, EnvPostgres) {
 		return "", "", false
 	}
 	name := Unique("outbox_t_")
-	direct, drop, err := CreateDatabase(context.Background(), Postgres, base, name)
+	direct, drop, err := CreateDatabase(context.Background(), Postgres, os.Getenv(EnvPostgres), name)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(drop)
-	return withPostgresDB(pgb, name), direct, true
+	return WithPostgresParam(os.Getenv(EnvPgBouncer), "dbname", name), direct, true
 }
 
 // PgBouncerOpener returns an Opener (Name "pgbouncer") whose every Open
@@ -57,20 +52,12 @@ func PgBouncerDSN(t testing.TB) (dsn, direct string, ok bool) {
 // statement (exec or simple_protocol).
 func PgBouncerOpener(t testing.TB) (Opener, bool) {
 	t.Helper()
-	if os.Getenv(EnvPgBouncer) == "" || os.Getenv(EnvPostgres) == "" {
-		if RequireAll() {
-			t.Fatalf("testenv: %s and %s must both be set when %s=1", EnvPgBouncer, EnvPostgres, EnvRequireAll)
-		}
+	if !isSet(t, EnvPgBouncer, EnvPostgres) {
 		return Opener{}, false
 	}
 	return Opener{Name: PgBouncer, open: func(t testing.TB, cfg *gorm.Config) *gorm.DB {
 		t.Helper()
 		dsn, _, _ := PgBouncerDSN(t)
-		db, err := gorm.Open(postgres.Open(dsn), cfg)
-		if err != nil {
-			t.Fatalf("testenv: open postgres through pgbouncer: %v", err)
-		}
-		t.Cleanup(func() { closeDB(t, db) }) // runs before the DROP DATABASE registered earlier
-		return db
+		return open(t, Postgres, dsn, cfg)
 	}}, true
 }

@@ -59,8 +59,6 @@ func WithPostgresParam(dsn, key, value string) string {
 	return dsn + " " + key + "=" + value
 }
 
-func withPostgresDB(dsn, name string) string { return WithPostgresParam(dsn, "dbname", name) }
-
 // AdminDSN returns the database/sql driver and the DSN of a server-level
 // connection to the server of base (a PostgreSQL or MySQL DSN).
 func AdminDSN(dialect, base string) (driver, dsn string, err error) {
@@ -101,7 +99,7 @@ func CreateDatabase(ctx context.Context, dialect, base, name string) (dsn string
 	}
 	stmt := "DROP DATABASE IF EXISTS " + name
 	if dialect == Postgres {
-		dsn, stmt = withPostgresDB(base, name), stmt+" WITH (FORCE)"
+		dsn, stmt = WithPostgresParam(base, "dbname", name), stmt+" WITH (FORCE)"
 	} else {
 		c, _ := mysqldrv.ParseDSN(base) // parsed by adminExec
 		c.DBName, c.ParseTime, c.Loc = name, true, time.UTC

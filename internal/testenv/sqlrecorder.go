@@ -3,6 +3,7 @@ package testenv
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -38,7 +39,7 @@ func (r *SQLRecorder) Warn(_ context.Context, msg string, args ...any) {
 func (r *SQLRecorder) Warnings() []string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return append([]string(nil), r.warn...)
+	return slices.Clone(r.warn)
 }
 
 // Error implements logger.Interface.
@@ -56,7 +57,7 @@ func (r *SQLRecorder) Trace(_ context.Context, _ time.Time, fc func() (string, i
 func (r *SQLRecorder) Statements() []string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return append([]string(nil), r.stmt...)
+	return slices.Clone(r.stmt)
 }
 
 // Reset forgets the recorded statements.
@@ -68,15 +69,8 @@ func (r *SQLRecorder) Reset() {
 
 // DDL returns the recorded statements that change a schema.
 func (r *SQLRecorder) DDL() []string {
-	var out []string
-	for _, s := range r.Statements() {
+	return slices.DeleteFunc(r.Statements(), func(s string) bool {
 		u := strings.ToUpper(strings.TrimSpace(s))
-		for _, p := range []string{"CREATE ", "ALTER ", "DROP ", "RENAME "} {
-			if strings.HasPrefix(u, p) {
-				out = append(out, s)
-				break
-			}
-		}
-	}
-	return out
+		return !slices.ContainsFunc([]string{"CREATE ", "ALTER ", "DROP ", "RENAME "}, func(p string) bool { return strings.HasPrefix(u, p) })
+	})
 }

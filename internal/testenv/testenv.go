@@ -17,6 +17,7 @@ import (
 	"encoding/hex"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"gorm.io/driver/mysql"
@@ -47,6 +48,22 @@ func RequireAll() bool {
 	return v != "" && v != "0" && v != "false"
 }
 
+// isSet reports whether every variable of names is set; when one is not,
+// it fails t under OUTBOX_TEST_REQUIRE_ALL.
+func isSet(t testing.TB, names ...string) bool {
+	t.Helper()
+	var missing []string
+	for _, n := range names {
+		if os.Getenv(n) == "" {
+			missing = append(missing, n)
+		}
+	}
+	if len(missing) > 0 && RequireAll() {
+		t.Fatalf("testenv: %s not set and %s=1 (scripts/services.sh start prints them)", strings.Join(missing, ", "), EnvRequireAll)
+	}
+	return len(missing) == 0
+}
+
 // Opener opens a fresh empty database of one dialect.
 type Opener struct {
 	// Name is the dialect name: sqlite, postgres or mysql.
@@ -72,16 +89,16 @@ func (o Opener) Open(t testing.TB, cfg *gorm.Config) *gorm.DB {
 // missing DSN fails t.
 func Databases(t testing.TB) []Opener {
 	t.Helper()
-	dbs := []Opener{{Name: SQLite, open: openSQLite}}
-	if dsn := os.Getenv(EnvPostgres); dsn != "" {
-		dbs = append(dbs, Opener{Name: Postgres, open: func(t testing.TB, cfg *gorm.Config) *gorm.DB { return openServer(t, Postgres, dsn, cfg) }})
-	} else if RequireAll() {
-		t.Fatalf("testenv: %s is not set and %s=1", EnvPostgres, EnvRequireAll)
-	}
-	if dsn := os.Getenv(EnvMySQL); dsn != "" {
-		dbs = append(dbs, Opener{Name: MySQL, open: func(t testing.TB, cfg *gorm.Config) *gorm.DB { return openServer(t, MySQL, dsn, cfg) }})
-	} else if RequireAll() {
-		t.Fatalf("testenv: %s is not set and %s=1", EnvMySQL, EnvRequireAll)
+	dbs := []Opener{{Name: SQLite, open: func(t testing.TB, cfg *gorm.Config) *gorm.DB {
+		return open(t, SQLite, SQLiteDSN(filepath.Join(t.TempDir(), "outbox.db")), cfg)
+	}}}
+	for _, server := range []struct{ name, env string }{{Postgres, EnvPostgres}, {MySQL, EnvMySQL}} {
+		if isSet(t, server.env) {
+			base := os.Getenv(server.env)
+			dbs = append(dbs, Opener{Name: server.name, open: func(t testing.TB, cfg *gorm.Config) *gorm.DB {
+				return open(t, server.name, createDB(t, server.name, base), cfg)
+			}})
+		}
 	}
 	return dbs
 }
@@ -109,32 +126,19 @@ func Unique(prefix string) string {
 	return prefix + hex.EncodeToString(b[:])
 }
 
-func closeDB(t testing.TB, db *gorm.DB) {
-	if sqlDB, err := db.DB(); err == nil {
-		_ = sqlDB.Close()
-	}
-}
-
-func openSQLite(t testing.TB, cfg *gorm.Config) *gorm.DB {
+// open opens dsn of dialect, its pool closed at cleanup: before the DROP
+// DATABASE a createDB registered earlier.
+func open(t testing.TB, dialect, dsn string, cfg *gorm.Config) *gorm.DB {
 	t.Helper()
-	db, err := gorm.Open(sqlite.Open(SQLiteDSN(filepath.Join(t.TempDir(), "outbox.db"))), cfg)
-	if err != nil {
-		t.Fatalf("testenv: open sqlite: %v", err)
-	}
-	t.Cleanup(func() { closeDB(t, db) })
-	return db
-}
-
-// openServer opens a fresh database on the server of base, dropped at
-// cleanup after its pool is closed.
-func openServer(t testing.TB, dialect, base string, cfg *gorm.Config) *gorm.DB {
-	t.Helper()
-	dsn := createDB(t, dialect, base)
 	db, err := gorm.Open(Dialector(dialect, dsn), cfg)
 	if err != nil {
 		t.Fatalf("testenv: open %s: %v", dialect, err)
 	}
-	t.Cleanup(func() { closeDB(t, db) }) // runs before the DROP DATABASE that createDB registered
+	t.Cleanup(func() {
+		if sqlDB, err := db.DB(); err == nil {
+			_ = sqlDB.Close()
+		}
+	})
 	return db
 }
 
@@ -178,12 +182,8 @@ func MustExec(t testing.TB, db *gorm.DB, stmts ...string) {
 // OUTBOX_TEST_REQUIRE_ALL).
 func PostgresDSN(t testing.TB) (dsn string, ok bool) {
 	t.Helper()
-	base := os.Getenv(EnvPostgres)
-	if base == "" {
-		if RequireAll() {
-			t.Fatalf("testenv: %s is not set and %s=1", EnvPostgres, EnvRequireAll)
-		}
+	if !isSet(t, EnvPostgres) {
 		return "", false
 	}
-	return createDB(t, Postgres, base), true
+	return createDB(t, Postgres, os.Getenv(EnvPostgres)), true
 }

@@ -29,14 +29,13 @@ func Bench(b *testing.B, c Client) {
 			}
 			db := o.Open(b, nil)
 			ib, _ := setup(b, db, inbox.Options{Logger: slog.New(slog.DiscardHandler)})
-			topic, group := testenv.Unique("inbox-bench-"), testenv.Unique("g-")
-			br.CreateTopic(b, topic, 1, nil)
+			topic, group := newTopic(b, br, "inbox-bench-", 1), testenv.Unique("g-")
 			msgs := make([]kafka.Message, b.N)
 			for i := range msgs {
 				msgs[i] = withID(0, fmt.Sprintf("bench-%d", i), "shipped")
 			}
 			for i := 0; i < len(msgs); i += 1000 {
-				produce(b, br, topic, msgs[i:min(i+1000, len(msgs))]...)
+				Produce(b, br, topic, msgs[i:min(i+1000, len(msgs))]...)
 			}
 			ctx := context.Background()
 
@@ -53,7 +52,7 @@ func Bench(b *testing.B, c Client) {
 
 			start = time.Now()
 			stop := runConsumer(b, c.New(b, br, ib, group, topic, "bench", applyRecord, inbox.ConsumerOptions{}))
-			for committed(b, br, group, topic, 1)[0] < int64(b.N) {
+			for Committed(b, br, group, topic, 1)[0] < int64(b.N) {
 				time.Sleep(5 * time.Millisecond)
 			}
 			consumer := time.Since(start)

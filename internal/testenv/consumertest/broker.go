@@ -11,10 +11,10 @@ import (
 	"github.com/gorm-outbox/outbox/internal/testenv"
 )
 
-// forEachPairing runs f as subtests named <database>_<broker>: every
+// ForEachPairing runs f as subtests named <database>_<broker>: every
 // database with the in-process broker and, on PostgreSQL (every database
 // when everyDB is set), with the real broker when the environment names one.
-func forEachPairing(t *testing.T, everyDB bool, f func(t *testing.T, o testenv.Opener, b testenv.Broker)) {
+func ForEachPairing(t *testing.T, everyDB bool, f func(t *testing.T, o testenv.Opener, b testenv.Broker)) {
 	t.Helper()
 	for _, o := range testenv.Databases(t) {
 		t.Run(o.Name+"_"+testenv.InProcess, func(t *testing.T) { f(t, o, testenv.NewFake(t)) })
@@ -31,8 +31,8 @@ func forEachPairing(t *testing.T, everyDB bool, f func(t *testing.T, o testenv.O
 	}
 }
 
-// produce writes msgs to topic, each to its Partition.
-func produce(t testing.TB, b testenv.Broker, topic string, msgs ...kafka.Message) {
+// Produce writes msgs to topic, each to its Partition.
+func Produce(t testing.TB, b testenv.Broker, topic string, msgs ...kafka.Message) {
 	t.Helper()
 	tr := &kafka.Transport{} // its own: the default caches metadata
 	defer tr.CloseIdleConnections()
@@ -52,9 +52,9 @@ func produce(t testing.TB, b testenv.Broker, topic string, msgs ...kafka.Message
 	}
 }
 
-// committed returns the group's committed offset of each of topic's
+// Committed returns the group's committed offset of each of topic's
 // partitions (-1 for none).
-func committed(t testing.TB, b testenv.Broker, group, topic string, partitions int) map[int]int64 {
+func Committed(t testing.TB, b testenv.Broker, group, topic string, partitions int) map[int]int64 {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -88,13 +88,13 @@ func committed(t testing.TB, b testenv.Broker, group, topic string, partitions i
 	return out
 }
 
-// waitCommitted waits until the group's committed offsets reach want
+// WaitCommitted waits until the group's committed offsets reach want
 // (partition → offset), failing t after a minute.
-func waitCommitted(t testing.TB, b testenv.Broker, group, topic string, want map[int]int64) {
+func WaitCommitted(t testing.TB, b testenv.Broker, group, topic string, want map[int]int64) {
 	t.Helper()
 	var got map[int]int64
 	if !eventually(20*time.Millisecond, func() bool {
-		got = committed(t, b, group, topic, len(want))
+		got = Committed(t, b, group, topic, len(want))
 		for p, off := range want {
 			if got[p] < off {
 				return false

@@ -67,7 +67,7 @@ type Client struct {
 // Run runs the suite on every database with the in-process broker and, on
 // PostgreSQL, with the real broker when the environment names one.
 func Run(t *testing.T, c Client) {
-	forEachPairing(t, false, func(t *testing.T, o testenv.Opener, b testenv.Broker) {
+	ForEachPairing(t, false, func(t *testing.T, o testenv.Opener, b testenv.Broker) {
 		db := o.Open(t, nil)
 		for _, s := range scenarios {
 			t.Run(s.name, func(t *testing.T) { s.run(t, c, db, b) })
@@ -90,12 +90,11 @@ var scenarios = []struct {
 }
 
 func sameRecordThreeTimes(t *testing.T, c Client, db *gorm.DB, b testenv.Broker) {
-	topic, group := testenv.Unique("inbox-three-"), testenv.Unique("g-")
-	b.CreateTopic(t, topic, 1, nil)
-	produce(t, b, topic, withID(0, "three-x", "x1"), withID(0, "three-x", "x2"), withID(0, "three-y", "y"), withID(0, "three-x", "x3"))
+	topic, group := newTopic(t, b, "inbox-three-", 1), testenv.Unique("g-")
+	Produce(t, b, topic, withID(0, "three-x", "x1"), withID(0, "three-x", "x2"), withID(0, "three-y", "y"), withID(0, "three-x", "x3"))
 	ib, metrics := setup(t, db, inbox.Options{})
 	stop := runConsumer(t, c.New(t, b, ib, group, topic, "three", applyRecord, inbox.ConsumerOptions{}))
-	waitCommitted(t, b, group, topic, map[int]int64{0: 4})
+	WaitCommitted(t, b, group, topic, map[int]int64{0: 4})
 	stop()
 	if got, want := effectsInOrder(t, db), []string{"three-x", "three-y"}; !slices.Equal(got, want) {
 		t.Fatalf("effects = %v; want %v", got, want)
@@ -104,13 +103,12 @@ func sameRecordThreeTimes(t *testing.T, c Client, db *gorm.DB, b testenv.Broker)
 	if err := db.Model(&effect{}).Where("message_id = ?", "three-x").Pluck("note", &note).Error; err != nil || note != "x1" {
 		t.Fatalf("effect of three-x = %q, %v; want the first delivery's (x1)", note, err)
 	}
-	collect(t, metrics).check(t, readings{inbox.MetricProcessed: 2, inbox.MetricDuplicates: 2, inbox.MetricFailures: 0})
+	Collect(t, metrics).Check(t, Readings{inbox.MetricProcessed: 2, inbox.MetricDuplicates: 2, inbox.MetricFailures: 0})
 }
 
 func handlerErrorRetried(t *testing.T, c Client, db *gorm.DB, b testenv.Broker) {
-	topic, group := testenv.Unique("inbox-retry-"), testenv.Unique("g-")
-	b.CreateTopic(t, topic, 1, nil)
-	produce(t, b, topic, withID(0, "retry-a", "a"), withID(0, "retry-b", "b"))
+	topic, group := newTopic(t, b, "inbox-retry-", 1), testenv.Unique("g-")
+	Produce(t, b, topic, withID(0, "retry-a", "a"), withID(0, "retry-b", "b"))
 	clock := relaytest.NewManualClock(time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC))
 	logs := &testenv.Logs{}
 	ib, metrics := setup(t, db, inbox.Options{Clock: clock, Logger: logs.Logger()})
@@ -122,7 +120,7 @@ func handlerErrorRetried(t *testing.T, c Client, db *gorm.DB, b testenv.Broker) 
 		return errInjected // after writing the effect: rolled back
 	}
 	runConsumer(t, c.New(t, b, ib, group, topic, "retry", fn, inbox.ConsumerOptions{RetryBackoff: time.Second, MaxRetryBackoff: 10 * time.Second}))
-	ctx := withTimeout(t, time.Minute)
+	ctx := WithTimeout(t, time.Minute)
 	for attempt, max := range []time.Duration{time.Second, 2 * time.Second} {
 		if !clock.WaitForWaiters(ctx, 1) {
 			t.Fatalf("the consumer never waited after failure %d", attempt+1)
@@ -134,26 +132,24 @@ func handlerErrorRetried(t *testing.T, c Client, db *gorm.DB, b testenv.Broker) 
 		if n := effects(t, db, "retry-a"); n != 0 {
 			t.Fatalf("effects of retry-a after failure %d = %d; want 0 (rolled back)", attempt+1, n)
 		}
-		if got := committed(t, b, group, topic, 1)[0]; got > 0 {
+		if got := Committed(t, b, group, topic, 1)[0]; got > 0 {
 			t.Fatalf("committed offset after failure %d = %d; want none (the record is not skipped)", attempt+1, got)
 		}
 		clock.Advance(max)
 	}
-	waitCommitted(t, b, group, topic, map[int]int64{0: 2})
+	WaitCommitted(t, b, group, topic, map[int]int64{0: 2})
 	if got, want := effectsInOrder(t, db), []string{"retry-a", "retry-b"}; !slices.Equal(got, want) {
 		t.Fatalf("effects = %v; want %v", got, want)
 	}
-	collect(t, metrics).check(t, readings{inbox.MetricProcessed: 2, inbox.MetricFailures: 2})
+	Collect(t, metrics).Check(t, Readings{inbox.MetricProcessed: 2, inbox.MetricFailures: 2})
 	if warns := logs.Matching("level=WARN msg=\"handling failed; retrying the message\""); len(warns) != 1 {
 		t.Fatalf("WARN lines for a repeated failure = %d; want 1 (then DEBUG):\n%s", len(warns), strings.Join(warns, "\n"))
 	}
 }
 
 func deadLetter(t *testing.T, c Client, db *gorm.DB, b testenv.Broker) {
-	topic, dlq, group := testenv.Unique("inbox-dl-"), testenv.Unique("inbox-dlq-"), testenv.Unique("g-")
-	b.CreateTopic(t, topic, 1, nil)
-	b.CreateTopic(t, dlq, 1, nil)
-	produce(t, b, topic, withID(0, "poison", "p"), withID(0, "", "no-id"), withID(0, "fine", "f"))
+	topic, dlq, group := newTopic(t, b, "inbox-dl-", 1), newTopic(t, b, "inbox-dlq-", 1), testenv.Unique("g-")
+	Produce(t, b, topic, withID(0, "poison", "p"), withID(0, "", "no-id"), withID(0, "fine", "f"))
 	ib, metrics := setup(t, db, inbox.Options{})
 	fn := func(tx *gorm.DB, r Record) error {
 		if err := applyRecord(tx, r); err != nil || string(r.Value) != "p" {
@@ -164,7 +160,7 @@ func deadLetter(t *testing.T, c Client, db *gorm.DB, b testenv.Broker) {
 	stop := runConsumer(t, c.New(t, b, ib, group, topic, "dl", fn, inbox.ConsumerOptions{
 		DeadLetterTopic: dlq, MaxAttempts: 3, RetryBackoff: time.Millisecond, MaxRetryBackoff: time.Millisecond,
 	}))
-	waitCommitted(t, b, group, topic, map[int]int64{0: 3})
+	WaitCommitted(t, b, group, topic, map[int]int64{0: 3})
 	stop()
 	if got, want := effectsInOrder(t, db), []string{"fine"}; !slices.Equal(got, want) {
 		t.Fatalf("effects = %v; want %v", got, want)
@@ -204,61 +200,53 @@ func deadLetter(t *testing.T, c Client, db *gorm.DB, b testenv.Broker) {
 			t.Errorf("dead-letter record %d key = %q; want %q", i, m.Key, "key-"+want.id)
 		}
 	}
-	collect(t, metrics).check(t, readings{inbox.MetricDeadLettered: 2, inbox.MetricFailures: 4, inbox.MetricProcessed: 1})
+	Collect(t, metrics).Check(t, Readings{inbox.MetricDeadLettered: 2, inbox.MetricFailures: 4, inbox.MetricProcessed: 1})
 }
 
 func outage(t *testing.T, c Client, db *gorm.DB, b testenv.Broker) {
-	topic, dlq, group := testenv.Unique("inbox-outage-"), testenv.Unique("inbox-dlq-"), testenv.Unique("g-")
-	b.CreateTopic(t, topic, 1, nil)
-	b.CreateTopic(t, dlq, 1, nil)
-	produce(t, b, topic, withID(0, "outage", "o"))
+	topic, dlq, group := newTopic(t, b, "inbox-outage-", 1), newTopic(t, b, "inbox-dlq-", 1), testenv.Unique("g-")
+	Produce(t, b, topic, withID(0, "outage", "o"))
 	// An inbox on a table that does not exist yet: every Handle fails in
 	// the database, before the handler.
 	table := testenv.Unique("inbox_later_")
 	ib, metrics := setup(t, db, inbox.Options{Config: inbox.Config{Table: table}})
-	if err := db.Migrator().DropTable(table); err != nil {
-		t.Fatal(err)
-	}
+	must(t, db.Migrator().DropTable(table))
 	runConsumer(t, c.New(t, b, ib, group, topic, "outage", applyRecord, inbox.ConsumerOptions{
 		DeadLetterTopic: dlq, MaxAttempts: 1, RetryBackoff: time.Millisecond, MaxRetryBackoff: time.Millisecond,
 	}))
-	if !eventually(10*time.Millisecond, func() bool { return collect(t, metrics)[inbox.MetricFailures] >= 5 }) {
+	if !eventually(10*time.Millisecond, func() bool { return Collect(t, metrics)[inbox.MetricFailures] >= 5 }) {
 		t.Fatal("the consumer did not retry the failing database")
 	}
-	if err := inbox.AutoMigrate(db, inbox.Config{Table: table}); err != nil {
-		t.Fatal(err)
-	}
-	waitCommitted(t, b, group, topic, map[int]int64{0: 1})
+	must(t, inbox.AutoMigrate(db, inbox.Config{Table: table}))
+	WaitCommitted(t, b, group, topic, map[int]int64{0: 1})
 	if n := effects(t, db, "outage"); n != 1 {
 		t.Fatalf("effects = %d; want 1", n)
 	}
-	collect(t, metrics).check(t, readings{inbox.MetricDeadLettered: 0, inbox.MetricProcessed: 1})
+	Collect(t, metrics).Check(t, Readings{inbox.MetricDeadLettered: 0, inbox.MetricProcessed: 1})
 }
 
 func stopDuringRetry(t *testing.T, c Client, db *gorm.DB, b testenv.Broker) {
-	topic, group := testenv.Unique("inbox-stop-"), testenv.Unique("g-")
-	b.CreateTopic(t, topic, 1, nil)
-	produce(t, b, topic, withID(0, "stuck", "s"))
+	topic, group := newTopic(t, b, "inbox-stop-", 1), testenv.Unique("g-")
+	Produce(t, b, topic, withID(0, "stuck", "s"))
 	clock := relaytest.NewManualClock(time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC))
 	ib, _ := setup(t, db, inbox.Options{Clock: clock})
 	stop := runConsumer(t, c.New(t, b, ib, group, topic, "stop", func(*gorm.DB, Record) error { return errInjected }, inbox.ConsumerOptions{}))
-	if !clock.WaitForWaiters(withTimeout(t, time.Minute), 1) {
+	if !clock.WaitForWaiters(WithTimeout(t, time.Minute), 1) {
 		t.Fatal("the consumer never waited to retry")
 	}
 	stop() // fails t unless Run returns nil within 30s
-	if got := committed(t, b, group, topic, 1)[0]; got > 0 {
+	if got := Committed(t, b, group, topic, 1)[0]; got > 0 {
 		t.Fatalf("committed offset = %d; want none", got)
 	}
 }
 
 func stopWhileFetching(t *testing.T, c Client, db *gorm.DB, b testenv.Broker) {
-	topic, group := testenv.Unique("inbox-idle-"), testenv.Unique("g-")
-	b.CreateTopic(t, topic, 1, nil)
+	topic, group := newTopic(t, b, "inbox-idle-", 1), testenv.Unique("g-")
 	ib, metrics := setup(t, db, inbox.Options{})
 	stop := runConsumer(t, c.New(t, b, ib, group, topic, "idle", applyRecord, inbox.ConsumerOptions{}))
 	time.Sleep(200 * time.Millisecond) // let Run reach the fetch
 	stop()
-	collect(t, metrics).check(t, readings{inbox.MetricHandleDuration: 0})
+	Collect(t, metrics).Check(t, Readings{inbox.MetricHandleDuration: 0})
 }
 
 // transactionalTopic reads a partition as fenced publishing leaves it after
@@ -269,9 +257,7 @@ func stopWhileFetching(t *testing.T, c Client, db *gorm.DB, b testenv.Broker) {
 // copy the client returns (z only on a client that hands aborted records
 // over, the limit the README states).
 func transactionalTopic(t *testing.T, c Client, db *gorm.DB, b testenv.Broker) {
-	topic, dlq, group := testenv.Unique("inbox-txn-"), testenv.Unique("inbox-dlq-"), testenv.Unique("g-")
-	b.CreateTopic(t, topic, 1, nil)
-	b.CreateTopic(t, dlq, 1, nil)
+	topic, dlq, group := newTopic(t, b, "inbox-txn-", 1), newTopic(t, b, "inbox-dlq-", 1), testenv.Unique("g-")
 	produceTxn(t, b, topic, true, "a", "b")
 	produceTxn(t, b, topic, false, "c", "z")
 	produceTxn(t, b, topic, true, "c", "d")
@@ -286,7 +272,7 @@ func transactionalTopic(t *testing.T, c Client, db *gorm.DB, b testenv.Broker) {
 	stop := runConsumer(t, c.New(t, b, ib, group, topic, "txn", applyRecord, inbox.ConsumerOptions{
 		DeadLetterTopic: dlq, MaxAttempts: 1, RetryBackoff: time.Millisecond, MaxRetryBackoff: time.Millisecond,
 	}))
-	waitCommitted(t, b, group, topic, map[int]int64{0: end})
+	WaitCommitted(t, b, group, topic, map[int]int64{0: end})
 	stop()
 	want, dups := []string{"a", "b", "c", "z", "d"}, int64(1)
 	if c.SkipsAborted {
@@ -295,7 +281,7 @@ func transactionalTopic(t *testing.T, c Client, db *gorm.DB, b testenv.Broker) {
 	if got := effectsInOrder(t, db); !slices.Equal(got, want) {
 		t.Fatalf("effects in order = %v; want %v", got, want)
 	}
-	collect(t, metrics).check(t, readings{inbox.MetricProcessed: int64(len(want)), inbox.MetricDuplicates: dups, inbox.MetricFailures: 0, inbox.MetricDeadLettered: 0})
+	Collect(t, metrics).Check(t, Readings{inbox.MetricProcessed: int64(len(want)), inbox.MetricDuplicates: dups, inbox.MetricFailures: 0, inbox.MetricDeadLettered: 0})
 }
 
 // twoConsumersRebalance: records on four partitions, two consumers of one
@@ -303,9 +289,8 @@ func transactionalTopic(t *testing.T, c Client, db *gorm.DB, b testenv.Broker) {
 // other, which may get records the first had handled but not committed):
 // every record has exactly one effect, each partition's in offset order.
 func twoConsumersRebalance(t *testing.T, c Client, db *gorm.DB, b testenv.Broker) {
-	topic, group := testenv.Unique("inbox-rebalance-"), testenv.Unique("g-")
 	const partitions, perPartition = 4, 25
-	b.CreateTopic(t, topic, partitions, nil)
+	topic, group := newTopic(t, b, "inbox-rebalance-", partitions), testenv.Unique("g-")
 	ib, metrics := setup(t, db, inbox.Options{})
 	opts := inbox.ConsumerOptions{RetryBackoff: 10 * time.Millisecond, MaxRetryBackoff: 10 * time.Millisecond}
 	slow := func(tx *gorm.DB, r Record) error {
@@ -324,14 +309,14 @@ func twoConsumersRebalance(t *testing.T, c Client, db *gorm.DB, b testenv.Broker
 		}
 		want[p] = perPartition
 	}
-	produce(t, b, topic, msgs[:len(msgs)/2]...)
-	if !eventually(5*time.Millisecond, func() bool { return collect(t, metrics)[inbox.MetricProcessed] >= int64(len(msgs)/4) }) {
+	Produce(t, b, topic, msgs[:len(msgs)/2]...)
+	if !eventually(5*time.Millisecond, func() bool { return Collect(t, metrics)[inbox.MetricProcessed] >= int64(len(msgs)/4) }) {
 		t.Fatal("the consumers processed too little to stop one half-way")
 	}
 	stopA()
 	a.Close() // its partitions move to the other
-	produce(t, b, topic, msgs[len(msgs)/2:]...)
-	waitCommitted(t, b, group, topic, want)
+	Produce(t, b, topic, msgs[len(msgs)/2:]...)
+	WaitCommitted(t, b, group, topic, want)
 	got := effectsInOrder(t, db)
 	if len(got) != len(msgs) {
 		t.Fatalf("effects = %d; want %d (one per record)", len(got), len(msgs))
@@ -346,7 +331,7 @@ func twoConsumersRebalance(t *testing.T, c Client, db *gorm.DB, b testenv.Broker
 	// A record whose transaction committed as the first consumer stopped,
 	// its offset not, counts as a duplicate for the second: processed may
 	// be short by the records in flight at the stop, never over.
-	m := collect(t, metrics)
+	m := Collect(t, metrics)
 	processed, dups := m[inbox.MetricProcessed], m[inbox.MetricDuplicates]
 	if processed > int64(len(msgs)) || processed+dups < int64(len(msgs)) || processed < int64(len(msgs))-int64(partitions) || m[inbox.MetricFailures] != 0 {
 		t.Errorf("processed %d, duplicates %d, failures %d; want %d records processed or, at most one per partition in flight at the stop, seen again as duplicates, and no failure",
@@ -385,21 +370,13 @@ func withID(partition int, id, note string) kafka.Message {
 // returns an Inbox with opts whose instruments a fresh reader collects.
 func setup(t testing.TB, db *gorm.DB, opts inbox.Options) (*inbox.Inbox, *metrictest.Reader) {
 	t.Helper()
-	if err := inbox.AutoMigrate(db, opts.Config); err != nil {
-		t.Fatal(err)
-	}
-	if err := db.Migrator().DropTable(&effect{}); err != nil {
-		t.Fatal(err)
-	}
-	if err := db.AutoMigrate(&effect{}); err != nil {
-		t.Fatal(err)
-	}
+	must(t, inbox.AutoMigrate(db, opts.Config))
+	must(t, db.Migrator().DropTable(&effect{}))
+	must(t, db.AutoMigrate(&effect{}))
 	reader := metrictest.NewReader()
 	opts.MeterProvider = reader.MeterProvider()
 	ib, err := inbox.New(db, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	return ib, reader
 }
 
@@ -407,9 +384,7 @@ func setup(t testing.TB, db *gorm.DB, opts inbox.Options) (*inbox.Inbox, *metric
 func effects(t testing.TB, db *gorm.DB, id string) int64 {
 	t.Helper()
 	var n int64
-	if err := db.Model(&effect{}).Where("message_id = ?", id).Count(&n).Error; err != nil {
-		t.Fatal(err)
-	}
+	must(t, db.Model(&effect{}).Where("message_id = ?", id).Count(&n).Error)
 	return n
 }
 
@@ -418,19 +393,18 @@ func effects(t testing.TB, db *gorm.DB, id string) int64 {
 func effectsInOrder(t testing.TB, db *gorm.DB) []string {
 	t.Helper()
 	var ids []string
-	if err := db.Model(&effect{}).Order("id").Pluck("message_id", &ids).Error; err != nil {
-		t.Fatal(err)
-	}
+	must(t, db.Model(&effect{}).Order("id").Pluck("message_id", &ids).Error)
 	return ids
 }
 
-// readings are the inbox's counters (summed over attributes) and histogram
+// Readings are the inbox's counters (summed over attributes) and histogram
 // counts, by instrument name.
-type readings map[string]int64
+type Readings map[string]int64
 
-func collect(t testing.TB, r *metrictest.Reader) readings {
+// Collect returns r's current Readings, failing t when it cannot collect.
+func Collect(t testing.TB, r *metrictest.Reader) Readings {
 	t.Helper()
-	m, out := r.Read(t), readings{}
+	m, out := r.Read(t), Readings{}
 	for name, v := range m.Values {
 		out[name] = int64(v)
 	}
@@ -440,8 +414,8 @@ func collect(t testing.TB, r *metrictest.Reader) readings {
 	return out
 }
 
-// check fails t unless r holds want for every named instrument.
-func (r readings) check(t testing.TB, want readings) {
+// Check fails t unless r holds want for every named instrument.
+func (r Readings) Check(t testing.TB, want Readings) {
 	t.Helper()
 	for name, w := range want {
 		if r[name] != w {
@@ -450,8 +424,8 @@ func (r readings) check(t testing.TB, want readings) {
 	}
 }
 
-// withTimeout returns a context ending after d or at t's end.
-func withTimeout(t testing.TB, d time.Duration) context.Context {
+// WithTimeout returns a context ending after d or at t's end.
+func WithTimeout(t testing.TB, d time.Duration) context.Context {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
@@ -470,19 +444,36 @@ func header(hs []kafka.Header, key string) (string, bool) {
 	return v, ok
 }
 
+// must fails t on err.
+func must(t testing.TB, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// newTopic creates a topic named prefix and random hex with partitions on
+// b, and returns its name.
+func newTopic(t testing.TB, b testenv.Broker, prefix string, partitions int) string {
+	t.Helper()
+	topic := testenv.Unique(prefix)
+	b.CreateTopic(t, topic, partitions, nil)
+	return topic
+}
+
 // errInjected is the error the suite's handlers inject.
 var errInjected = errors.New("injected failure")
 
 // runConsumer runs c until the returned stop is called; stop fails t
 // unless Run returned nil.
 func runConsumer(t testing.TB, c Consumer) (stop func()) {
-	return start(t, context.Background(), "consumer", c.Run)
+	return Start(t, context.Background(), "consumer", c.Run)
 }
 
-// start runs run on a child of ctx until the returned stop is called (at
+// Start runs run on a child of ctx until the returned stop is called (at
 // t's cleanup at the latest); stop fails t unless run returned nil within
 // 30s.
-func start(t testing.TB, ctx context.Context, name string, run func(context.Context) error) (stop func()) {
+func Start(t testing.TB, ctx context.Context, name string, run func(context.Context) error) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- run(ctx) }()
@@ -510,15 +501,11 @@ func produceTxn(t testing.TB, b testenv.Broker, topic string, commit bool, ids .
 	t.Helper()
 	cl, err := kgo.NewClient(kgo.SeedBrokers(b.Addrs...), kgo.TransactionalID(testenv.Unique("txn-")),
 		kgo.RecordPartitioner(kgo.ManualPartitioner()), kgo.DefaultProduceTopic(topic))
-	if err != nil {
-		t.Fatal(err)
-	}
+	must(t, err)
 	defer cl.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := cl.BeginTransaction(); err != nil {
-		t.Fatal(err)
-	}
+	must(t, cl.BeginTransaction())
 	for _, id := range ids {
 		r := &kgo.Record{Key: []byte("k"), Value: []byte(id), Headers: []kgo.RecordHeader{{Key: kafkapub.DefaultMessageIDHeader, Value: []byte(id)}}}
 		if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {

@@ -33,7 +33,7 @@ import (
 // variant of cmd/internal/chaos's effects run (CHAOS.md), on every database
 // and broker.
 func RunEffects(t *testing.T, c Client) {
-	forEachPairing(t, true, func(t *testing.T, o testenv.Opener, b testenv.Broker) {
+	ForEachPairing(t, true, func(t *testing.T, o testenv.Opener, b testenv.Broker) {
 		for _, fenced := range []bool{false, true} {
 			name := "default_mode"
 			if fenced {
@@ -94,36 +94,25 @@ func effectsRun(t *testing.T, c Client, o testenv.Opener, b testenv.Broker, fenc
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	const partitions, keys, perKey = 4, 8, 30
-	topic, group := testenv.Unique("inbox-effects-"), testenv.Unique("g-")
-	b.CreateTopic(t, topic, partitions, nil)
+	topic, group := newTopic(t, b, "inbox-effects-", partitions), testenv.Unique("g-")
 	quiet := slog.New(slog.DiscardHandler)
 
 	// The producing service's database.
 	odb := o.Open(t, nil)
 	cfg := outbox.Config{BucketCount: 8}
-	if err := odb.Use(outbox.Plugin{Config: cfg}); err != nil {
-		t.Fatal(err)
-	}
-	if err := outbox.AutoMigrate(odb, cfg); err != nil {
-		t.Fatal(err)
-	}
-	if err := odb.AutoMigrate(&order{}); err != nil {
-		t.Fatal(err)
-	}
+	must(t, odb.Use(outbox.Plugin{Config: cfg}))
+	must(t, outbox.AutoMigrate(odb, cfg))
+	must(t, odb.AutoMigrate(&order{}))
 	var lost atomic.Int64 // acknowledgements lost, in the default mode
 	startRelay := func(id string) (stop func()) {
 		store, err := gormstore.New(odb, gormstore.Options{Config: cfg})
-		if err != nil {
-			t.Fatal(err)
-		}
+		must(t, err)
 		kc := kafkapub.Config{Brokers: b.Addrs, PublishTimeout: 5 * time.Second}
 		if fenced {
 			kc.Transactions = &kafkapub.Transactions{Outbox: topic}
 		}
 		kp, err := kafkapub.New(kc)
-		if err != nil {
-			t.Fatal(err)
-		}
+		must(t, err)
 		t.Cleanup(func() { _ = kp.Close() })
 		var pub relay.Publisher = kp
 		if !fenced {
@@ -134,21 +123,15 @@ func effectsRun(t *testing.T, c Client, o testenv.Opener, b testenv.Broker, fenc
 			LeaseRenewInterval: 500 * time.Millisecond, PollInterval: 50 * time.Millisecond,
 			ErrorBackoff: 20 * time.Millisecond, Logger: quiet, SingleWriter: odb.Dialector.Name() == "sqlite",
 		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return start(t, ctx, id, rl.Run)
+		must(t, err)
+		return Start(t, ctx, id, rl.Run)
 	}
 
 	// The consuming service's database.
 	cdb := o.Open(t, nil)
-	if err := cdb.AutoMigrate(&effectLog{}, &effectCounter{}); err != nil {
-		t.Fatal(err)
-	}
+	must(t, cdb.AutoMigrate(&effectLog{}, &effectCounter{}))
 	for k := range keys {
-		if err := cdb.Create(&effectCounter{Key: fmt.Sprintf("key-%d", k)}).Error; err != nil {
-			t.Fatal(err)
-		}
+		must(t, cdb.Create(&effectCounter{Key: fmt.Sprintf("key-%d", k)}).Error)
 	}
 	ib, metrics := setup(t, cdb, inbox.Options{Logger: quiet})
 	apply := func(tx *gorm.DB, r Record) error {
@@ -242,9 +225,7 @@ func effectsRun(t *testing.T, c Client, o testenv.Opener, b testenv.Broker, fenc
 	want := int64(len(committedIDs))
 	for {
 		var n int64
-		if err := cdb.Model(&effectLog{}).Count(&n).Error; err != nil {
-			t.Fatal(err)
-		}
+		must(t, cdb.Model(&effectLog{}).Count(&n).Error)
 		if n >= want {
 			break
 		}
@@ -256,9 +237,7 @@ func effectsRun(t *testing.T, c Client, o testenv.Opener, b testenv.Broker, fenc
 	time.Sleep(500 * time.Millisecond) // room for a late duplicate effect to show
 
 	var logs []effectLog
-	if err := cdb.Order("id").Find(&logs).Error; err != nil {
-		t.Fatal(err)
-	}
+	must(t, cdb.Order("id").Find(&logs).Error)
 	perID := map[string]int{}
 	applied := map[string][]int{}
 	var dup, ghost, inversions int
@@ -282,16 +261,14 @@ func effectsRun(t *testing.T, c Client, o testenv.Opener, b testenv.Broker, fenc
 		}
 	}
 	var counters []effectCounter
-	if err := cdb.Find(&counters).Error; err != nil {
-		t.Fatal(err)
-	}
+	must(t, cdb.Find(&counters).Error)
 	badCounters := 0
 	for _, ct := range counters {
 		if ct.N != len(committed[ct.Key]) {
 			badCounters++
 		}
 	}
-	r := collect(t, metrics)
+	r := Collect(t, metrics)
 	t.Logf("%s: %d committed rows, %d rolled back, %d acknowledgements lost; %d processed, %d duplicates skipped; audit: %d lost effects, %d duplicate effects, %d effects of rolled-back rows, %d per-key order violations, %d wrong counters",
 		c.Name, len(committedIDs), len(rolledB), lost.Load(), r[inbox.MetricProcessed], r[inbox.MetricDuplicates], lostEffects, dup, ghost, inversions, badCounters)
 	if lostEffects+dup+ghost+inversions+badCounters > 0 {

@@ -115,7 +115,7 @@ func TestHandlerErrorFromADroppedConnectionIsAnOutageNotAnAttempt(t *testing.T) 
 		if n := effects(t, db, "flapping"); n != 1 {
 			t.Fatalf("effects = %d; want 1", n)
 		}
-		collect(t, metrics).check(t, readings{inbox.MetricFailures: 3, inbox.MetricProcessed: 1, inbox.MetricDeadLettered: 0})
+		collect(t, metrics).Check(t, readings{inbox.MetricFailures: 3, inbox.MetricProcessed: 1, inbox.MetricDeadLettered: 0})
 	})
 }
 
@@ -141,7 +141,7 @@ func TestRecordWithoutMessageID(t *testing.T) {
 			if a, _ := header(dl.msgs[0], inbox.HeaderAttempts); a != "1" {
 				t.Errorf("%s = %q; want 1", inbox.HeaderAttempts, a)
 			}
-			collect(t, metrics).check(t, readings{inbox.MetricFailures: 1, inbox.MetricDeadLettered: 1, inbox.MetricProcessed: 1})
+			collect(t, metrics).Check(t, readings{inbox.MetricFailures: 1, inbox.MetricDeadLettered: 1, inbox.MetricProcessed: 1})
 		})
 		t.Run("stops_Run_without_a_dead_letter_topic", func(t *testing.T) {
 			ib, metrics := setup(t, db, inbox.Options{})
@@ -157,7 +157,7 @@ func TestRecordWithoutMessageID(t *testing.T) {
 			if n := len(r.commits); n != 1 {
 				t.Fatalf("commits = %d; want 1 (the record before, not the one without an id)", n)
 			}
-			collect(t, metrics).check(t, readings{inbox.MetricFailures: 1, inbox.MetricProcessed: 1})
+			collect(t, metrics).Check(t, readings{inbox.MetricFailures: 1, inbox.MetricProcessed: 1})
 		})
 	})
 }
@@ -201,7 +201,7 @@ func TestTransactionMarkersAreSkipped(t *testing.T) {
 		if got, want := handled.Load(), int32(1+len(notMarkers)); got != want || dl.len() != 0 {
 			t.Fatalf("handled %d records, dead-lettered %d; want %d and 0 (the two markers skipped)", got, dl.len(), want)
 		}
-		collect(t, metrics).check(t, readings{inbox.MetricProcessed: int64(1 + len(notMarkers)), inbox.MetricFailures: 0})
+		collect(t, metrics).Check(t, readings{inbox.MetricProcessed: int64(1 + len(notMarkers)), inbox.MetricFailures: 0})
 
 		// A reader whose client filters markers itself: the shape is a record.
 		handled.Store(0)

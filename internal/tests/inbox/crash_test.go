@@ -142,7 +142,7 @@ func TestCrashBetweenTransactionAndOffsetCommit(t *testing.T) {
 		if a, b := effects(t, db, "crash-1"), effects(t, db, "crash-2"); a != 1 || b != 1 {
 			t.Fatalf("effects = %d, %d; want 1, 1", a, b)
 		}
-		collect(t, reader).check(t, readings{inbox.MetricDuplicates: 1, inbox.MetricProcessed: 1, inbox.MetricFailures: 0})
+		collect(t, reader).Check(t, readings{inbox.MetricDuplicates: 1, inbox.MetricProcessed: 1, inbox.MetricFailures: 0})
 	})
 }
 

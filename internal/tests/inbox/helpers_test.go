@@ -1,10 +1,8 @@
 package inbox_test
 
 import (
-	"context"
 	"fmt"
 	"testing"
-	"time"
 
 	"github.com/segmentio/kafka-go"
 	"gorm.io/gorm"
@@ -12,6 +10,7 @@ import (
 	"github.com/gorm-outbox/outbox/inbox"
 	"github.com/gorm-outbox/outbox/internal/metrictest"
 	"github.com/gorm-outbox/outbox/internal/testenv"
+	"github.com/gorm-outbox/outbox/internal/testenv/consumertest"
 	"github.com/gorm-outbox/outbox/kafkapub"
 )
 
@@ -84,45 +83,13 @@ func recorded(t testing.TB, db *gorm.DB) int64 {
 	return n
 }
 
-// readings are the inbox's counters (summed over attributes) and histogram
-// counts, by instrument name.
-type readings map[string]int64
+// Helpers shared with the consumer suite.
+var (
+	collect     = consumertest.Collect
+	withTimeout = consumertest.WithTimeout
+)
 
-func collect(t testing.TB, r *metrictest.Reader) readings {
-	t.Helper()
-	points, err := r.Collect(context.Background())
-	if err != nil {
-		t.Fatalf("Collect: %v", err)
-	}
-	out := readings{}
-	for _, p := range points {
-		switch p.Kind {
-		case metrictest.Counter:
-			out[p.Name] += int64(p.Value)
-		case metrictest.Histogram:
-			out[p.Name] += int64(p.Count)
-		}
-	}
-	return out
-}
-
-// check fails t unless r holds want for every named instrument.
-func (r readings) check(t testing.TB, want readings) {
-	t.Helper()
-	for name, w := range want {
-		if r[name] != w {
-			t.Errorf("%s = %d; want %d (all: %v)", name, r[name], w, r)
-		}
-	}
-}
-
-// withTimeout returns a context ending after d or at t's end.
-func withTimeout(t testing.TB, d time.Duration) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
-}
+type readings = consumertest.Readings
 
 // forEachDB runs f on a fresh database of every available dialect.
 func forEachDB(t *testing.T, f func(t *testing.T, o testenv.Opener, db *gorm.DB)) {

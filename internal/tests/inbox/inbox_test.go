@@ -37,7 +37,7 @@ func TestHandle(t *testing.T) {
 			if n := effects(t, db, "3f1d6a52-0e4b-4f0e-9a43-5b1a3c2d4e01"); n != 1 {
 				t.Fatalf("effects = %d; want 1", n)
 			}
-			collect(t, reader).check(t, readings{inbox.MetricProcessed: 1, inbox.MetricDuplicates: 2, inbox.MetricFailures: 0, inbox.MetricHandleDuration: 3})
+			collect(t, reader).Check(t, readings{inbox.MetricProcessed: 1, inbox.MetricDuplicates: 2, inbox.MetricFailures: 0, inbox.MetricHandleDuration: 3})
 		})
 
 		t.Run("handlers_record_one_message_independently", func(t *testing.T) {
@@ -92,7 +92,7 @@ func TestHandle(t *testing.T) {
 			if n := effects(t, db, "retry-me"); n != 1 {
 				t.Fatalf("effects = %d; want 1", n)
 			}
-			collect(t, reader).check(t, readings{inbox.MetricProcessed: 1, inbox.MetricFailures: 1})
+			collect(t, reader).Check(t, readings{inbox.MetricProcessed: 1, inbox.MetricFailures: 1})
 		})
 
 		t.Run("a_panic_rolls_back", func(t *testing.T) {
@@ -133,7 +133,7 @@ func TestHandle(t *testing.T) {
 			if called || recorded(t, db) != before {
 				t.Fatal("a record without an id ran the handler or was recorded")
 			}
-			collect(t, reader).check(t, readings{inbox.MetricFailures: 2})
+			collect(t, reader).Check(t, readings{inbox.MetricFailures: 2})
 		})
 
 		t.Run("IDFromOffset_derives_topic_partition_offset", func(t *testing.T) {
@@ -199,7 +199,7 @@ func TestHandle(t *testing.T) {
 			if recorded(t, db) != before || effects(t, db, "cancelled") != 0 {
 				t.Fatal("a cancelled Handle left rows behind")
 			}
-			collect(t, reader).check(t, readings{inbox.MetricFailures: 0, inbox.MetricProcessed: 0})
+			collect(t, reader).Check(t, readings{inbox.MetricFailures: 0, inbox.MetricProcessed: 0})
 		})
 	})
 }
@@ -269,6 +269,6 @@ func TestConcurrentDeliveriesOfOneIDHaveOneEffect(t *testing.T) {
 		if !racedOnce {
 			t.Fatal("no duplicate delivery ever waited for its winner: the deliveries did not overlap")
 		}
-		collect(t, reader).check(t, readings{inbox.MetricProcessed: ids, inbox.MetricDuplicates: ids * (racers - 1), inbox.MetricFailures: 0})
+		collect(t, reader).Check(t, readings{inbox.MetricProcessed: ids, inbox.MetricDuplicates: ids * (racers - 1), inbox.MetricFailures: 0})
 	})
 }

@@ -143,7 +143,7 @@ func TestNilMeterProviderRecordsToTheGlobalProvider(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	collect(t, reader).check(t, readings{inbox.MetricProcessed: 1, inbox.MetricDuplicates: 1, inbox.MetricHandleDuration: 2})
+	collect(t, reader).Check(t, readings{inbox.MetricProcessed: 1, inbox.MetricDuplicates: 1, inbox.MetricHandleDuration: 2})
 	points, err := reader.Collect(context.Background())
 	if err != nil {
 		t.Fatal(err)

@@ -72,7 +72,7 @@ func TestPurgeRemovesOnlyExpiredIDs(t *testing.T) {
 			if deletes != 3 {
 				t.Fatalf("Purge ran %d DELETE statements; want 3 (2 + 2 + 1 rows)", deletes)
 			}
-			collect(t, reader).check(t, readings{inbox.MetricPurged: 5})
+			collect(t, reader).Check(t, readings{inbox.MetricPurged: 5})
 
 			// Exactly at the boundary: recorded at day 3 12:00, purged once
 			// the clock is past day 10 12:00.
@@ -139,5 +139,5 @@ func TestRunPurgePurgesEveryInterval(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatalf("RunPurge = %v; want nil after the stop", err)
 	}
-	collect(t, reader).check(t, readings{inbox.MetricPurged: 4})
+	collect(t, reader).Check(t, readings{inbox.MetricPurged: 4})
 }
