@@ -26,23 +26,17 @@ var parkScenarios = []struct {
 	{"requeue_by_key_restores_the_rows_in_id_order", requeueRestoresOrder},
 	{"delete_parked_never_deletes_an_unparked_row", deleteParkedOnlyParked},
 	{"a_fleet_of_current_relays_can_park", fleetCanPark},
-	{"a_corrupt_row_ends_the_batch_with_its_error", corruptRow},
 }
 
 // parker returns a store of e that can park, whose relay "relay-a" holds
 // every bucket's lease, or skips t.
 func (e *env) parker() relay.Store {
 	e.t.Helper()
-	r := e.relay("relay-a")
-	if f, err := r.s.Fleet(e.ctx); err != nil {
-		e.t.Fatalf("Fleet: %v", err)
-	} else if !f.CanPark {
+	s, ok := e.parkingStore()
+	if !ok {
 		e.t.Skip("storetest: the store cannot park (Fleet reports CanPark false with no relay alive)")
 	}
-	if got := e.acquire(r); len(got) != e.n {
-		e.t.Fatalf("AcquireBucketLeases(relay-a) = %v; want all %d buckets", got, e.n)
-	}
-	return r.s
+	return s
 }
 
 func (e *env) admin(s relay.Store) relay.ParkAdmin {
@@ -318,36 +312,5 @@ func fleetCanPark(t *testing.T, f Factory) {
 	e.converge(2, e.relay("relay-a"), e.relay("relay-b"))
 	if f, err := s.Fleet(e.ctx); err != nil || !f.CanPark || f.Relays != 2 {
 		t.Fatalf("Fleet with two relays of this store = %+v, %v; want CanPark and 2 relays", f, err)
-	}
-}
-
-func corruptRow(t *testing.T, f Factory) {
-	e := newEnv(t, f, 8)
-	s := e.parker()
-	if e.h.InsertCorrupt == nil {
-		t.Skip("storetest: Harness.InsertCorrupt is nil")
-	}
-	good := msgIDs(e.keyed(s, 7, "k", 1))
-	if err := e.h.InsertCorrupt(e.ctx, 7); err != nil {
-		t.Fatalf("Harness.InsertCorrupt: %v", err)
-	}
-	m := e.msg(7, start)
-	e.insert(m)
-	got, err := e.next(s, 7, 100, 0)
-	var ce *relay.CorruptRowError
-	if !errors.As(err, &ce) || !slices.Equal(msgIDs(got), good) {
-		t.Fatalf("NextBatches = %v, %v; want only the row before the corrupt one %v, with its *relay.CorruptRowError", msgIDs(got), err, good)
-	}
-	if err := s.MarkPublished(e.ctx, got); err != nil {
-		t.Fatal(err)
-	}
-	head, err := e.next(s, 7, 100, 0)
-	if !errors.As(err, &ce) || len(head) != 0 || ce.Bucket != 7 || ce.ID <= good[0] {
-		t.Fatalf("NextBatches at the corrupt head = %v; want a *relay.CorruptRowError in bucket 7", err)
-	}
-	e.park(s, 7, ce.ID, relay.CorruptReasonPrefix+ce.Err.Error())
-	after, err := e.next(s, 7, 100, 0)
-	if err != nil || len(after) != 1 || after[0].MessageID != m.MessageID {
-		t.Fatalf("NextBatches after parking the corrupt row = %v, %v; want the later row", msgIDs(after), err)
 	}
 }
