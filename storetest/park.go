@@ -18,14 +18,12 @@ var parkScenarios = []struct {
 	name string
 	run  func(t *testing.T, f Factory)
 }{
-	{"parked_rows_are_skipped_by_next_batch_and_pending_probe_and_counted_apart", parkedRowsSkipped},
-	{"a_parked_row_holds_the_later_rows_of_its_key_in_its_bucket", parkedRowHolds},
+	{"a_parked_row_is_skipped_counted_apart_and_holds_the_later_rows_of_its_key_in_its_bucket", parkedRowHolds},
 	{"requeueing_a_corrupt_row_of_a_parked_key_releases_nothing_behind_its_head", requeueCorruptReleasesNothing},
 	{"park_without_the_lease_changes_nothing", parkNeedsTheLease},
 	{"selectors_change_exactly_the_rows_choose_previews", selectorsMatchChoose},
 	{"requeue_by_key_restores_the_rows_in_id_order", requeueRestoresOrder},
 	{"delete_parked_never_deletes_an_unparked_row", deleteParkedOnlyParked},
-	{"a_fleet_of_current_relays_can_park", fleetCanPark},
 }
 
 // parker returns a store of e that can park, whose relay "relay-a" holds
@@ -93,39 +91,29 @@ func (e *env) park(s relay.Store, bucket int, id int64, reason string) {
 	}
 }
 
-func parkedRowsSkipped(t *testing.T, f Factory) {
-	e := newEnv(t, f, 8)
-	s := e.parker()
-	a := msgIDs(e.keyed(s, 1, "a", 3))
-	b := msgIDs(e.keyed(s, 1, "b", 2))
-	only := msgIDs(e.keyed(s, 2, "c", 1))
-	e.park(s, 1, a[0], "rejected")
-	e.park(s, 2, only[0], "rejected")
-	if got := e.batch(s, 1); !slices.Equal(got, b) {
-		t.Fatalf("NextBatches(1) = %v; want the rows of the other key %v (a's rows wait behind its parked row)", got, b)
-	}
-	if got, err := s.BucketsWithPending(e.ctx, all(8)); err != nil || !slices.Equal(got, []int{1}) {
-		t.Fatalf("BucketsWithPending = %v, %v; want [1] (bucket 2 holds only a parked row)", got, err)
-	}
-	if got, err := s.PendingMetrics(e.ctx); err != nil || got != nil && (got.Count != 4 || got.Parked != 2) {
-		t.Fatalf("PendingMetrics = %+v, %v; want Count 4 (the waiting rows are pending), Parked 2", got, err)
-	}
-}
-
-// parkedRowHolds: a parked row holds its key's later rows in its bucket
-// (not the earlier ones, not other buckets' rows of the key); a corrupt
-// parked row holds nothing; a row an earlier release parked as held
-// (relay.HeldReasonPrefix) holds like any parked row.
+// parkedRowHolds: a parked row is skipped by NextBatches and
+// BucketsWithPending and counted apart in PendingMetrics; it holds its key's
+// later rows in its bucket (not the earlier ones, not other buckets' rows of
+// the key); a corrupt parked row holds nothing; a row an earlier release
+// parked as held (relay.HeldReasonPrefix) holds like any parked row.
 func parkedRowHolds(t *testing.T, f Factory) {
 	e := newEnv(t, f, 8)
 	s := e.parker()
 	a := msgIDs(e.keyed(s, 1, "a", 3))
 	c := msgIDs(e.keyed(s, 1, "c", 2))
+	only := msgIDs(e.keyed(s, 2, "c", 1))
 	elsewhere := msgIDs(e.keyed(s, 3, "a", 1))
 	h := msgIDs(e.keyed(s, 4, "h", 2))
 	e.park(s, 1, a[1], "rejected")
 	e.park(s, 1, c[0], relay.CorruptReasonPrefix+"bad headers")
+	e.park(s, 2, only[0], "rejected")
 	e.park(s, 4, h[0], relay.HeldReasonPrefix+"1")
+	if got, err := s.BucketsWithPending(e.ctx, all(4)); err != nil || !slices.Equal(got, []int{1, 3}) {
+		t.Fatalf("BucketsWithPending(0..3) = %v, %v; want [1 3] (bucket 2 holds only a parked row)", got, err)
+	}
+	if got, err := s.PendingMetrics(e.ctx); err != nil || got != nil && (got.Count != 5 || got.Parked != 4) {
+		t.Fatalf("PendingMetrics = %+v, %v; want Count 5 (the waiting rows are pending), Parked 4", got, err)
+	}
 	if got, want := e.batch(s, 1), []int64{a[0], c[1]}; !slices.Equal(got, want) {
 		t.Fatalf("NextBatches(1) = %v; want %v (a's row before its parked row, and c's row behind a corrupt one)", got, want)
 	}
@@ -300,17 +288,5 @@ func deleteParkedOnlyParked(t *testing.T, f Factory) {
 	}
 	if got := e.batch(s, 6); !slices.Equal(got, k[2:]) {
 		t.Fatalf("rows left = %v; want the unparked %v", got, k[2:])
-	}
-}
-
-func fleetCanPark(t *testing.T, f Factory) {
-	e := newEnv(t, f, 8)
-	s := e.parker()
-	if f, err := s.Fleet(e.ctx); err != nil || !f.CanPark || f.Relays != 1 {
-		t.Fatalf("Fleet with relay-a = %+v, %v; want CanPark and 1 relay", f, err)
-	}
-	e.converge(2, e.relay("relay-a"), e.relay("relay-b"))
-	if f, err := s.Fleet(e.ctx); err != nil || !f.CanPark || f.Relays != 2 {
-		t.Fatalf("Fleet with two relays of this store = %+v, %v; want CanPark and 2 relays", f, err)
 	}
 }
