@@ -19,10 +19,7 @@ import (
 
 // multiScenarios check NextBatches with several requests or buckets, and
 // MarkPublished.
-var multiScenarios = []struct {
-	name string
-	run  func(t *testing.T, f Factory)
-}{
+var multiScenarios = []scenario{
 	{"next_batches_answer_random_requests_of_one_or_several_buckets", nextBatchesRandom},
 	{"next_batches_of_more_buckets_than_one_statement_reads", nextBatchesOfManyBuckets},
 	{"a_corrupt_row_ends_the_batch_with_its_error", nextBatchesCorruptRow},

@@ -14,16 +14,12 @@ import (
 // parkScenarios run only for a store that can park (Fleet reporting CanPark with
 // no other relay alive) and, for the admin ones, implements
 // relay.ParkAdmin.
-var parkScenarios = []struct {
-	name string
-	run  func(t *testing.T, f Factory)
-}{
+var parkScenarios = []scenario{
 	{"a_parked_row_is_skipped_counted_apart_and_holds_the_later_rows_of_its_key_in_its_bucket", parkedRowHolds},
 	{"requeueing_a_corrupt_row_of_a_parked_key_releases_nothing_behind_its_head", requeueCorruptReleasesNothing},
 	{"park_without_the_lease_changes_nothing", parkNeedsTheLease},
 	{"selectors_change_exactly_the_rows_choose_previews", selectorsMatchChoose},
-	{"requeue_by_key_restores_the_rows_in_id_order", requeueRestoresOrder},
-	{"delete_parked_never_deletes_an_unparked_row", deleteParkedOnlyParked},
+	{"requeue_by_key_restores_the_rows_in_id_order_and_delete_parked_never_deletes_an_unparked_row", requeueRestoresOrder},
 }
 
 // parker returns a store of e that can park, whose relay "relay-a" holds
@@ -241,6 +237,9 @@ func parkedIDs(rows []relay.ParkedRow) []int64 {
 	return out
 }
 
+// requeueRestoresOrder: ListParked lists a key's parked rows in id order,
+// RequeueParked by key restores them ahead of later rows, and DeleteParked
+// deletes a key's parked rows, never an unparked one.
 func requeueRestoresOrder(t *testing.T, f Factory) {
 	e := newEnv(t, f, 8)
 	s := e.parker()
@@ -265,13 +264,8 @@ func requeueRestoresOrder(t *testing.T, f Factory) {
 	if _, err := a.RequeueParked(e.ctx, relay.ParkedSelector{ID: 1, All: true}); err == nil {
 		t.Fatal("RequeueParked(ID and All) succeeded; want a validation error")
 	}
-}
 
-func deleteParkedOnlyParked(t *testing.T, f Factory) {
-	e := newEnv(t, f, 8)
-	s := e.parker()
-	a := e.admin(s)
-	k := msgIDs(e.keyed(s, 6, "k", 3))
+	k = msgIDs(e.keyed(s, 6, "k", 3))
 	e.park(s, 6, k[0], "rejected")
 	e.park(s, 6, k[1], "rejected")
 	if n, err := a.DeleteParked(e.ctx, relay.ParkedSelector{ID: k[0]}); err != nil || n != 2 {

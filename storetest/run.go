@@ -30,10 +30,7 @@ var start = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 // skipped with a message naming it.
 func Run(t *testing.T, newHarness Factory) {
 	t.Helper()
-	scenarios := []struct {
-		name string
-		run  func(t *testing.T, f Factory)
-	}{
+	scenarios := []scenario{
 		{"single_relay_gets_every_bucket", singleRelayGetsEveryBucket},
 		{"renewal_extends_expiry", renewalExtendsExpiry},
 		{"expired_leases_are_claimed_by_a_new_relay", expiredLeasesAreClaimed},
@@ -57,6 +54,12 @@ func Run(t *testing.T, newHarness Factory) {
 	for _, sc := range scenarios {
 		t.Run(sc.name, func(t *testing.T) { sc.run(t, newHarness) })
 	}
+}
+
+// scenario is a named check of a store, run as a subtest on a fresh backend.
+type scenario struct {
+	name string
+	run  func(t *testing.T, f Factory)
 }
 
 // env is one scenario's backend, clock and context.
