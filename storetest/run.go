@@ -207,11 +207,10 @@ func singleRelayGetsEveryBucket(t *testing.T, f Factory) {
 func renewalExtendsExpiry(t *testing.T, f Factory) {
 	e := newEnv(t, f, 8)
 	a := e.relay("relay-a")
-	ren := a.s
 	owned := e.acquire(a)
 	e.clock.Advance(LeaseDuration / 2)
 	renewedAt := e.clock.Now()
-	if ok, err := ren.RenewBucketLeases(e.ctx, a.id, owned, LeaseDuration); err != nil || !ok {
+	if ok, err := a.s.RenewBucketLeases(e.ctx, a.id, owned, LeaseDuration); err != nil || !ok {
 		t.Fatalf("RenewBucketLeases(held leases) = %v, %v; want true, nil", ok, err)
 	}
 	if e.h.Leases != nil {
@@ -232,7 +231,7 @@ func renewalExtendsExpiry(t *testing.T, f Factory) {
 	if got := e.acquire(b); !slices.Equal(got, all(8)) {
 		t.Fatalf("peer after the renewed expiry: AcquireBucketLeases = %v; want %v", got, all(8))
 	}
-	if ok, err := ren.RenewBucketLeases(e.ctx, a.id, owned, LeaseDuration); err != nil || ok {
+	if ok, err := a.s.RenewBucketLeases(e.ctx, a.id, owned, LeaseDuration); err != nil || ok {
 		t.Fatalf("RenewBucketLeases(lost leases) = %v, %v; want false, nil", ok, err)
 	}
 	// Partial: b renews its own buckets plus one of a peer's. (a's failed
@@ -308,11 +307,10 @@ func moreRelaysThanBuckets(t *testing.T, f Factory) {
 func stoppedRelayLateStatement(t *testing.T, f Factory) {
 	e := newEnv(t, f, 8)
 	a, b := e.relay("relay-a"), e.relay("relay-b")
-	rel := a.s
 	e.converge(3, a, b)
 	late := e.clock.Now() // a's next round started here, before its release
 	e.clock.Advance(time.Second)
-	if err := rel.ReleaseBucketLeases(e.ctx, a.id); err != nil {
+	if err := a.s.ReleaseBucketLeases(e.ctx, a.id); err != nil {
 		t.Fatalf("ReleaseBucketLeases(a) error: %v", err)
 	}
 	var before map[int]Lease
