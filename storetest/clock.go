@@ -10,18 +10,15 @@ import (
 // and a clock of millisecond resolution.
 const clockOffsetMargin = 50 * time.Millisecond
 
-// clockOffsetIsReportedAfterAnAcquisition checks Store.ClockOffset of a
-// store with a clock of its own (one that reports an offset after its first
-// acquisition round; the others are skipped): after an acquisition round it reports the offset of its clock (the now
-// NewStore was given, which the kit sets months from the host's) to the
-// host's wall clock (time.Now), store minus host, within its uncertainty,
-// and a later round measures it again.
+// clockOffsetIsReportedAfterAnAcquisition: a store with a clock of its own
+// reports, after an acquisition round, the offset of its clock (the now
+// NewStore was given, months from the host's) to the host's wall clock,
+// store minus host, within its uncertainty; a later round measures it again.
 func clockOffsetIsReportedAfterAnAcquisition(t *testing.T, f Factory) {
 	e := newEnv(t, f, 8)
 	a := e.relay("relay-a")
-	rep := a.s
 	e.acquire(a)
-	if _, _, ok := rep.ClockOffset(); !ok {
+	if _, _, ok := a.s.ClockOffset(); !ok {
 		t.Skip("storetest: the store reports no clock offset (its leases run on the relay hosts' clocks)")
 	}
 	check := func(what string) {
@@ -29,7 +26,7 @@ func clockOffsetIsReportedAfterAnAcquisition(t *testing.T, f Factory) {
 		before := time.Now()
 		e.acquire(a)
 		after := time.Now()
-		off, unc, ok := rep.ClockOffset()
+		off, unc, ok := a.s.ClockOffset()
 		if !ok {
 			t.Fatalf("%s: ClockOffset reports no offset after an acquisition round", what)
 		}

@@ -14,35 +14,23 @@ import (
 // parkScenarios run only for a store that can park (Fleet reporting CanPark with
 // no other relay alive) and, for the admin ones, implements
 // relay.ParkAdmin.
-var parkScenarios = []struct {
-	name string
-	run  func(t *testing.T, f Factory)
-}{
-	{"parked_rows_are_skipped_by_next_batch_and_pending_probe_and_counted_apart", parkedRowsSkipped},
-	{"a_parked_row_holds_the_later_rows_of_its_key_in_its_bucket", parkedRowHolds},
+var parkScenarios = []scenario{
+	{"a_parked_row_is_skipped_counted_apart_and_holds_the_later_rows_of_its_key_in_its_bucket", parkedRowHolds},
 	{"requeueing_a_corrupt_row_of_a_parked_key_releases_nothing_behind_its_head", requeueCorruptReleasesNothing},
 	{"park_without_the_lease_changes_nothing", parkNeedsTheLease},
 	{"selectors_change_exactly_the_rows_choose_previews", selectorsMatchChoose},
-	{"requeue_by_key_restores_the_rows_in_id_order", requeueRestoresOrder},
-	{"delete_parked_never_deletes_an_unparked_row", deleteParkedOnlyParked},
-	{"a_fleet_of_current_relays_can_park", fleetCanPark},
-	{"a_corrupt_row_ends_the_batch_with_its_error", corruptRow},
+	{"requeue_by_key_restores_the_rows_in_id_order_and_delete_parked_never_deletes_an_unparked_row", requeueRestoresOrder},
 }
 
 // parker returns a store of e that can park, whose relay "relay-a" holds
 // every bucket's lease, or skips t.
 func (e *env) parker() relay.Store {
 	e.t.Helper()
-	r := e.relay("relay-a")
-	if f, err := r.s.Fleet(e.ctx); err != nil {
-		e.t.Fatalf("Fleet: %v", err)
-	} else if !f.CanPark {
+	s, ok := e.parkingStore()
+	if !ok {
 		e.t.Skip("storetest: the store cannot park (Fleet reports CanPark false with no relay alive)")
 	}
-	if got := e.acquire(r); len(got) != e.n {
-		e.t.Fatalf("AcquireBucketLeases(relay-a) = %v; want all %d buckets", got, e.n)
-	}
-	return r.s
+	return s
 }
 
 func (e *env) admin(s relay.Store) relay.ParkAdmin {
@@ -99,39 +87,29 @@ func (e *env) park(s relay.Store, bucket int, id int64, reason string) {
 	}
 }
 
-func parkedRowsSkipped(t *testing.T, f Factory) {
-	e := newEnv(t, f, 8)
-	s := e.parker()
-	a := msgIDs(e.keyed(s, 1, "a", 3))
-	b := msgIDs(e.keyed(s, 1, "b", 2))
-	only := msgIDs(e.keyed(s, 2, "c", 1))
-	e.park(s, 1, a[0], "rejected")
-	e.park(s, 2, only[0], "rejected")
-	if got := e.batch(s, 1); !slices.Equal(got, b) {
-		t.Fatalf("NextBatches(1) = %v; want the rows of the other key %v (a's rows wait behind its parked row)", got, b)
-	}
-	if got, err := s.BucketsWithPending(e.ctx, all(8)); err != nil || !slices.Equal(got, []int{1}) {
-		t.Fatalf("BucketsWithPending = %v, %v; want [1] (bucket 2 holds only a parked row)", got, err)
-	}
-	if got, err := s.PendingMetrics(e.ctx); err != nil || got != nil && (got.Count != 4 || got.Parked != 2) {
-		t.Fatalf("PendingMetrics = %+v, %v; want Count 4 (the waiting rows are pending), Parked 2", got, err)
-	}
-}
-
-// parkedRowHolds: a parked row holds its key's later rows in its bucket
-// (not the earlier ones, not other buckets' rows of the key); a corrupt
-// parked row holds nothing; a row an earlier release parked as held
-// (relay.HeldReasonPrefix) holds like any parked row.
+// parkedRowHolds: a parked row is skipped by NextBatches and
+// BucketsWithPending and counted apart in PendingMetrics; it holds its key's
+// later rows in its bucket (not the earlier ones, not other buckets' rows of
+// the key); a corrupt parked row holds nothing; a row an earlier release
+// parked as held (relay.HeldReasonPrefix) holds like any parked row.
 func parkedRowHolds(t *testing.T, f Factory) {
 	e := newEnv(t, f, 8)
 	s := e.parker()
 	a := msgIDs(e.keyed(s, 1, "a", 3))
 	c := msgIDs(e.keyed(s, 1, "c", 2))
+	only := msgIDs(e.keyed(s, 2, "c", 1))
 	elsewhere := msgIDs(e.keyed(s, 3, "a", 1))
 	h := msgIDs(e.keyed(s, 4, "h", 2))
 	e.park(s, 1, a[1], "rejected")
 	e.park(s, 1, c[0], relay.CorruptReasonPrefix+"bad headers")
+	e.park(s, 2, only[0], "rejected")
 	e.park(s, 4, h[0], relay.HeldReasonPrefix+"1")
+	if got, err := s.BucketsWithPending(e.ctx, all(4)); err != nil || !slices.Equal(got, []int{1, 3}) {
+		t.Fatalf("BucketsWithPending(0..3) = %v, %v; want [1 3] (bucket 2 holds only a parked row)", got, err)
+	}
+	if got, err := s.PendingMetrics(e.ctx); err != nil || got != nil && (got.Count != 5 || got.Parked != 4) {
+		t.Fatalf("PendingMetrics = %+v, %v; want Count 5 (the waiting rows are pending), Parked 4", got, err)
+	}
 	if got, want := e.batch(s, 1), []int64{a[0], c[1]}; !slices.Equal(got, want) {
 		t.Fatalf("NextBatches(1) = %v; want %v (a's row before its parked row, and c's row behind a corrupt one)", got, want)
 	}
@@ -259,6 +237,9 @@ func parkedIDs(rows []relay.ParkedRow) []int64 {
 	return out
 }
 
+// requeueRestoresOrder: ListParked lists a key's parked rows in id order,
+// RequeueParked by key restores them ahead of later rows, and DeleteParked
+// deletes a key's parked rows, never an unparked one.
 func requeueRestoresOrder(t *testing.T, f Factory) {
 	e := newEnv(t, f, 8)
 	s := e.parker()
@@ -283,13 +264,8 @@ func requeueRestoresOrder(t *testing.T, f Factory) {
 	if _, err := a.RequeueParked(e.ctx, relay.ParkedSelector{ID: 1, All: true}); err == nil {
 		t.Fatal("RequeueParked(ID and All) succeeded; want a validation error")
 	}
-}
 
-func deleteParkedOnlyParked(t *testing.T, f Factory) {
-	e := newEnv(t, f, 8)
-	s := e.parker()
-	a := e.admin(s)
-	k := msgIDs(e.keyed(s, 6, "k", 3))
+	k = msgIDs(e.keyed(s, 6, "k", 3))
 	e.park(s, 6, k[0], "rejected")
 	e.park(s, 6, k[1], "rejected")
 	if n, err := a.DeleteParked(e.ctx, relay.ParkedSelector{ID: k[0]}); err != nil || n != 2 {
@@ -306,48 +282,5 @@ func deleteParkedOnlyParked(t *testing.T, f Factory) {
 	}
 	if got := e.batch(s, 6); !slices.Equal(got, k[2:]) {
 		t.Fatalf("rows left = %v; want the unparked %v", got, k[2:])
-	}
-}
-
-func fleetCanPark(t *testing.T, f Factory) {
-	e := newEnv(t, f, 8)
-	s := e.parker()
-	if f, err := s.Fleet(e.ctx); err != nil || !f.CanPark || f.Relays != 1 {
-		t.Fatalf("Fleet with relay-a = %+v, %v; want CanPark and 1 relay", f, err)
-	}
-	e.converge(2, e.relay("relay-a"), e.relay("relay-b"))
-	if f, err := s.Fleet(e.ctx); err != nil || !f.CanPark || f.Relays != 2 {
-		t.Fatalf("Fleet with two relays of this store = %+v, %v; want CanPark and 2 relays", f, err)
-	}
-}
-
-func corruptRow(t *testing.T, f Factory) {
-	e := newEnv(t, f, 8)
-	s := e.parker()
-	if e.h.InsertCorrupt == nil {
-		t.Skip("storetest: Harness.InsertCorrupt is nil")
-	}
-	good := msgIDs(e.keyed(s, 7, "k", 1))
-	if err := e.h.InsertCorrupt(e.ctx, 7); err != nil {
-		t.Fatalf("Harness.InsertCorrupt: %v", err)
-	}
-	m := e.msg(7, start)
-	e.insert(m)
-	got, err := e.next(s, 7, 100, 0)
-	var ce *relay.CorruptRowError
-	if !errors.As(err, &ce) || !slices.Equal(msgIDs(got), good) {
-		t.Fatalf("NextBatches = %v, %v; want only the row before the corrupt one %v, with its *relay.CorruptRowError", msgIDs(got), err, good)
-	}
-	if err := s.MarkPublished(e.ctx, got); err != nil {
-		t.Fatal(err)
-	}
-	head, err := e.next(s, 7, 100, 0)
-	if !errors.As(err, &ce) || len(head) != 0 || ce.Bucket != 7 || ce.ID <= good[0] {
-		t.Fatalf("NextBatches at the corrupt head = %v; want a *relay.CorruptRowError in bucket 7", err)
-	}
-	e.park(s, 7, ce.ID, relay.CorruptReasonPrefix+ce.Err.Error())
-	after, err := e.next(s, 7, 100, 0)
-	if err != nil || len(after) != 1 || after[0].MessageID != m.MessageID {
-		t.Fatalf("NextBatches after parking the corrupt row = %v, %v; want the later row", msgIDs(after), err)
 	}
 }

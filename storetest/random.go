@@ -2,6 +2,7 @@ package storetest
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"testing"
@@ -202,12 +203,7 @@ func checkOwners(t *testing.T, e *env, round int, sims []*sim) {
 		return
 	}
 	table := e.leases()
-	keys := make([]int, 0, len(owner))
-	for b := range owner {
-		keys = append(keys, b)
-	}
-	slices.Sort(keys)
-	for _, b := range keys {
+	for _, b := range slices.Sorted(maps.Keys(owner)) {
 		s := owner[b]
 		if l := table[b]; l.Owner != s.r.id || l.ExpiresAt.Before(s.expiry) {
 			t.Fatalf("round %d: lease table has bucket %d owned by %q until %v; want %s until at least %v",

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -29,25 +30,19 @@ var start = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 // skipped with a message naming it.
 func Run(t *testing.T, newHarness Factory) {
 	t.Helper()
-	scenarios := []struct {
-		name string
-		run  func(t *testing.T, f Factory)
-	}{
+	scenarios := []scenario{
 		{"single_relay_gets_every_bucket", singleRelayGetsEveryBucket},
 		{"renewal_extends_expiry", renewalExtendsExpiry},
 		{"expired_leases_are_claimed_by_a_new_relay", expiredLeasesAreClaimed},
-		{"two_relays_converge_to_disjoint_halves", twoRelaysConvergeToHalves},
-		{"three_relays_on_8_converge_to_3_3_2_without_starving_the_joiner", threeRelaysConverge},
+		{"two_relays_converge_to_halves_and_three_on_8_to_3_3_2_without_starving_the_joiner", threeRelaysConverge},
 		{"more_relays_than_buckets_leave_the_extra_ones_with_none", moreRelaysThanBuckets},
 		{"stopped_relay_late_statement_changes_nothing_and_a_peer_takes_all", stoppedRelayLateStatement},
-		{"next_batch_returns_oldest_rows_of_one_bucket_in_id_order", nextBatchOrder},
-		{"buckets_with_pending_returns_only_requested_buckets_with_rows", bucketsWithPending},
-		{"mark_published_deletes_only_the_given_rows_of_the_bucket", markPublished},
+		{"next_batch_returns_oldest_rows_of_one_bucket_in_id_order_and_buckets_with_pending_the_requested_ones_with_rows", nextBatchOrder},
 		{"rows_outside_the_bucket_range_are_a_misconfiguration", rowsOutsideRange},
 		{"a_lease_table_of_16_buckets_refuses_a_relay_of_8_uncounted", otherBucketCount(16)},
 		{"a_lease_table_of_4_buckets_refuses_a_relay_of_8_uncounted", otherBucketCount(4)},
 		{"relays_claim_free_buckets_from_their_own_starting_points", claimStarts},
-		{"fleet_counts_the_live_relays", fleetCountsLiveRelays},
+		{"fleet_counts_the_live_relays_and_a_fleet_of_current_relays_can_park", fleetCountsLiveRelays},
 		{"transient_heartbeat_failure_is_returned_and_the_next_round_works", transientFailure(StepHeartbeat)},
 		{"transient_seed_failure_is_returned_and_the_next_round_works", transientFailure(StepSeed)},
 		{"backlog_metrics_report_count_and_oldest", backlogMetrics},
@@ -59,6 +54,12 @@ func Run(t *testing.T, newHarness Factory) {
 	for _, sc := range scenarios {
 		t.Run(sc.name, func(t *testing.T) { sc.run(t, newHarness) })
 	}
+}
+
+// scenario is a named check of a store, run as a subtest on a fresh backend.
+type scenario struct {
+	name string
+	run  func(t *testing.T, f Factory)
 }
 
 // env is one scenario's backend, clock and context.
@@ -206,11 +207,10 @@ func singleRelayGetsEveryBucket(t *testing.T, f Factory) {
 func renewalExtendsExpiry(t *testing.T, f Factory) {
 	e := newEnv(t, f, 8)
 	a := e.relay("relay-a")
-	ren := a.s
 	owned := e.acquire(a)
 	e.clock.Advance(LeaseDuration / 2)
 	renewedAt := e.clock.Now()
-	if ok, err := ren.RenewBucketLeases(e.ctx, a.id, owned, LeaseDuration); err != nil || !ok {
+	if ok, err := a.s.RenewBucketLeases(e.ctx, a.id, owned, LeaseDuration); err != nil || !ok {
 		t.Fatalf("RenewBucketLeases(held leases) = %v, %v; want true, nil", ok, err)
 	}
 	if e.h.Leases != nil {
@@ -231,7 +231,7 @@ func renewalExtendsExpiry(t *testing.T, f Factory) {
 	if got := e.acquire(b); !slices.Equal(got, all(8)) {
 		t.Fatalf("peer after the renewed expiry: AcquireBucketLeases = %v; want %v", got, all(8))
 	}
-	if ok, err := ren.RenewBucketLeases(e.ctx, a.id, owned, LeaseDuration); err != nil || ok {
+	if ok, err := a.s.RenewBucketLeases(e.ctx, a.id, owned, LeaseDuration); err != nil || ok {
 		t.Fatalf("RenewBucketLeases(lost leases) = %v, %v; want false, nil", ok, err)
 	}
 	// Partial: b renews its own buckets plus one of a peer's. (a's failed
@@ -274,17 +274,10 @@ func expiredLeasesAreClaimed(t *testing.T, f Factory) {
 	}
 }
 
-func twoRelaysConvergeToHalves(t *testing.T, f Factory) {
-	e := newEnv(t, f, 8)
-	a, b := e.relay("relay-a"), e.relay("relay-b")
-	got := e.converge(3, a, b)
-	e.checkPartition(got, map[string]int{a.id: 4, b.id: 4})
-}
-
 func threeRelaysConverge(t *testing.T, f Factory) {
 	e := newEnv(t, f, 8)
 	a, b := e.relay("relay-a"), e.relay("relay-b")
-	e.converge(3, a, b)
+	e.checkPartition(e.converge(3, a, b), map[string]int{a.id: 4, b.id: 4})
 	// The joiner sorts first by id: the remainder still goes to incumbents.
 	j := e.relay("relay-0")
 	first := e.converge(1, j, a, b)
@@ -314,11 +307,10 @@ func moreRelaysThanBuckets(t *testing.T, f Factory) {
 func stoppedRelayLateStatement(t *testing.T, f Factory) {
 	e := newEnv(t, f, 8)
 	a, b := e.relay("relay-a"), e.relay("relay-b")
-	rel := a.s
 	e.converge(3, a, b)
 	late := e.clock.Now() // a's next round started here, before its release
 	e.clock.Advance(time.Second)
-	if err := rel.ReleaseBucketLeases(e.ctx, a.id); err != nil {
+	if err := a.s.ReleaseBucketLeases(e.ctx, a.id); err != nil {
 		t.Fatalf("ReleaseBucketLeases(a) error: %v", err)
 	}
 	var before map[int]Lease
@@ -333,7 +325,7 @@ func stoppedRelayLateStatement(t *testing.T, f Factory) {
 		t.Fatalf("late renewal of the stopped relay = %v, %v; want false, nil", ok, err)
 	}
 	if before != nil {
-		if after := e.leases(); !maps(before, after) {
+		if after := e.leases(); !maps.EqualFunc(before, after, func(v, w Lease) bool { return v.Owner == w.Owner && v.ExpiresAt.Equal(w.ExpiresAt) }) {
 			t.Fatalf("late statements changed the leases: %v; want %v", after, before)
 		}
 	}
@@ -344,19 +336,6 @@ func stoppedRelayLateStatement(t *testing.T, f Factory) {
 	e.clock.Advance(time.Second)
 	got := e.converge(3, a, b)
 	e.checkPartition(got, map[string]int{a.id: 4, b.id: 4})
-}
-
-func maps(x, y map[int]Lease) bool {
-	if len(x) != len(y) {
-		return false
-	}
-	for k, v := range x {
-		w, ok := y[k]
-		if !ok || v.Owner != w.Owner || !v.ExpiresAt.Equal(w.ExpiresAt) {
-			return false
-		}
-	}
-	return true
 }
 
 // next reads bucket's batch (see answer).
@@ -384,12 +363,12 @@ func ids(msgs []*outbox.Message) []string {
 func nextBatchOrder(t *testing.T, f Factory) {
 	e := newEnv(t, f, 8)
 	var one, two []*outbox.Message
-	for i, b := range []int{1, 2, 1, 1, 2, 1, 1} {
+	for i, b := range []int{1, 2, 1, 1, 2, 1, 1, 5} {
 		m := e.msg(b, start.Add(time.Duration(i)*time.Second))
 		e.insert(m)
 		if b == 1 {
 			one = append(one, m)
-		} else {
+		} else if b == 2 {
 			two = append(two, m)
 		}
 	}
@@ -417,12 +396,6 @@ func nextBatchOrder(t *testing.T, f Factory) {
 	if got, err := e.next(s, 3, 100, 0); err != nil || len(got) != 0 {
 		t.Fatalf("NextBatches(empty bucket 3) = %d rows, %v; want 0", len(got), err)
 	}
-}
-
-func bucketsWithPending(t *testing.T, f Factory) {
-	e := newEnv(t, f, 8)
-	e.insert(e.msg(1, start), e.msg(2, start), e.msg(2, start), e.msg(5, start))
-	s := e.relay("relay-a").s
 	for _, c := range []struct{ ask, want []int }{
 		{[]int{0, 1, 2, 3}, []int{1, 2}},
 		{[]int{7, 5}, []int{5}},
@@ -430,42 +403,9 @@ func bucketsWithPending(t *testing.T, f Factory) {
 		{nil, nil},
 		{all(8), []int{1, 2, 5}},
 	} {
-		got, err := s.BucketsWithPending(e.ctx, c.ask)
-		if err != nil {
-			t.Fatalf("BucketsWithPending(%v) error: %v", c.ask, err)
+		if got, err := s.BucketsWithPending(e.ctx, c.ask); err != nil || !slices.Equal(got, c.want) {
+			t.Errorf("BucketsWithPending(%v) = %v, %v; want %v", c.ask, got, err, c.want)
 		}
-		if len(got) != len(c.want) || (len(got) > 0 && !slices.Equal(got, c.want)) {
-			t.Errorf("BucketsWithPending(%v) = %v; want %v", c.ask, got, c.want)
-		}
-	}
-}
-
-func markPublished(t *testing.T, f Factory) {
-	e := newEnv(t, f, 8)
-	var one []*outbox.Message
-	for i, b := range []int{1, 2, 1, 1, 2, 1, 1} {
-		m := e.msg(b, start.Add(time.Duration(i)*time.Second))
-		e.insert(m)
-		if b == 1 {
-			one = append(one, m)
-		}
-	}
-	s := e.relay("relay-a").s
-	batch, err := e.next(s, 1, 3, 0)
-	if err != nil || len(batch) != 3 {
-		t.Fatalf("NextBatches(bucket 1, 3) = %d rows, %v; want 3", len(batch), err)
-	}
-	if err := s.MarkPublished(e.ctx, batch[:2]); err != nil {
-		t.Fatalf("MarkPublished(bucket 1, 2 rows) error: %v", err)
-	}
-	if got, err := e.next(s, 1, 100, 0); err != nil || !slices.Equal(ids(got), ids(one[2:])) {
-		t.Fatalf("bucket 1 after MarkPublished = %v, %v; want %v", ids(got), err, ids(one[2:]))
-	}
-	if got, err := e.next(s, 2, 100, 0); err != nil || len(got) != 2 {
-		t.Fatalf("bucket 2 after MarkPublished on bucket 1 = %d rows, %v; want 2", len(got), err)
-	}
-	if err := s.MarkPublished(e.ctx, nil); err != nil {
-		t.Fatalf("MarkPublished(nothing) error: %v", err)
 	}
 }
 
@@ -543,14 +483,20 @@ func claimStarts(t *testing.T, f Factory) {
 }
 
 // fleetCountsLiveRelays: Fleet counts relays with a recent heartbeat that
-// have not stopped, as a round does.
+// have not stopped, as a round does; a store that can park with no relay
+// alive can for a fleet of its own relays.
 func fleetCountsLiveRelays(t *testing.T, f Factory) {
 	e := newEnv(t, f, 8)
 	a, b := e.relay("relay-a"), e.relay("relay-b")
+	fl, err := a.s.Fleet(e.ctx)
+	if err != nil {
+		t.Fatalf("Fleet: %v", err)
+	}
+	canPark := fl.CanPark
 	fleet := func(want int, when string) {
 		t.Helper()
-		if fl, err := a.s.Fleet(e.ctx); err != nil || fl.Relays != want {
-			t.Fatalf("Fleet %s = %+v, %v; want %d relays", when, fl, err, want)
+		if fl, err := a.s.Fleet(e.ctx); err != nil || fl.Relays != want || fl.CanPark != canPark {
+			t.Fatalf("Fleet %s = %+v, %v; want %d relays, CanPark %v", when, fl, err, want, canPark)
 		}
 	}
 	e.acquire(a)

@@ -1,31 +1,11 @@
 // Package storetest is a conformance kit for relay.Store implementations,
 // like testing/fstest for file systems: Run checks every Store behaviour the
-// relay relies on — fair-share lease acquisition, takeover, renewal, graceful
-// release, batches, misconfiguration, backlog metrics, parking — and a randomised
-// multi-relay run asserting that no bucket ever has two live owners.
-//
-// Batches are checked with requests of one bucket (order, holds, byte
-// bounds, rows left out, a corrupt row ending a batch with its error),
-// answered alike alone or many per call (random buckets, limits, byte
-// bounds, parked and held rows; more buckets than one statement reads),
-// and with requests of several buckets (each bucket's batch merged in id
-// order and cut; hundreds of buckets with holes; a corrupt row ending the
-// answer with its error); MarkPublished deletes exactly the given rows of
-// one or several buckets, never a parked one.
-//
-// A store that can park (Fleet reporting CanPark) is also checked for it:
-// parked rows skipped by NextBatches and BucketsWithPending and counted in
-// Pending.Parked, the later rows of a parked row's key held (a corrupt row
-// holding nothing, a requeue of a corrupt row releasing nothing), Park
-// changing nothing without the relay's lease, Fleet for a fleet of its own
-// relays, a corrupt row reported as a *relay.CorruptRowError (with
-// Harness.InsertCorrupt), and, for a relay.ParkAdmin, listing, requeue in
-// id order, deletion of parked rows only, and each selection changing
-// exactly the rows relay.ParkedSelector.Choose picks. A store with a clock
-// of its own (Store.ClockOffset reports ok) is checked to report, after an
-// acquisition round, the offset of its clock (the now NewStore gets) to
-// the host's wall clock. A store without these capabilities skips those
-// scenarios.
+// relay relies on — fair-share lease acquisition, takeover, renewal,
+// graceful release, batches of one or several buckets, MarkPublished,
+// misconfiguration, backlog metrics, parking (relay.ParkAdmin included),
+// the store's clock offset — and a randomised multi-relay run asserting
+// that no bucket ever has two live owners. Scenarios needing a capability
+// the store lacks are skipped.
 //
 // A custom store (MongoDB, DynamoDB, …) passes it by giving Run a factory of
 // Harness values, each on a fresh, empty backend:
