@@ -258,7 +258,7 @@ func New(cfg Config) (*Publisher, error) {
 		if err != nil {
 			return nil, err
 		}
-		p.txn = newTxnPublisher(tc)
+		p.txn = &txnPublisher{cfg: tc, producers: map[int]*txnProducer{}}
 	}
 
 	w := &kafka.Writer{}
@@ -350,7 +350,7 @@ func (p *Publisher) Publish(ctx context.Context, batches [][]*outbox.Message) []
 	p.mu.Unlock()
 	defer p.wg.Done()
 	if p.txn != nil {
-		p.publishTxnGroup(ctx, batches, results) // see Transactions
+		p.publishTxn(ctx, batches, results) // see Transactions
 		return results
 	}
 	p.publishRows(ctx, batches, n, results)
@@ -431,7 +431,7 @@ func blame(rows []row, groups map[topicPartition][]int, order []topicPartition) 
 					failed = r
 				}
 			case failed != nil && failed.batch != r.batch:
-				r.err = newBlockedError(failed.id, failed.err, r.sent)
+				r.err = &blockedError{failed.id, failed.err, r.sent}
 			}
 		}
 	}
@@ -446,12 +446,6 @@ type blockedError struct {
 	failed outbox.UUID // the failed row's message id
 	err    error       // its error
 	sent   bool        // the row was in a request that failed
-	wrap   bool        // Unwrap returns err
-}
-
-func newBlockedError(failed outbox.UUID, err error, sent bool) *blockedError {
-	wrap := !errors.Is(err, relay.ErrUnpublishable) && !errors.Is(classifyAuth(err), relay.ErrPublisherAuth)
-	return &blockedError{failed: failed, err: err, sent: sent, wrap: wrap}
 }
 
 func (e *blockedError) Error() string {
@@ -462,10 +456,10 @@ func (e *blockedError) Error() string {
 }
 
 func (e *blockedError) Unwrap() error {
-	if e.wrap {
-		return e.err
+	if errors.Is(e.err, relay.ErrUnpublishable) || errors.Is(classifyAuth(e.err), relay.ErrPublisherAuth) {
+		return nil
 	}
-	return nil
+	return e.err
 }
 
 // outcome is the relay.Result of rows (one batch's) that ended: the
@@ -599,12 +593,7 @@ func (p *Publisher) writeError(err error) error {
 // of its records, so that nothing was appended and a smaller request may
 // succeed.
 func recordError(err error) bool {
-	for _, e := range []kafka.Error{kafka.MessageSizeTooLarge, kafka.RecordListTooLarge, kafka.InvalidRecord, kafka.InvalidMessage} { // InvalidMessage is CORRUPT_MESSAGE
-		if errors.Is(err, e) {
-			return true
-		}
-	}
-	return false
+	return wire.Is(err, kafka.MessageSizeTooLarge, kafka.RecordListTooLarge, kafka.InvalidRecord, kafka.InvalidMessage) // InvalidMessage is CORRUPT_MESSAGE
 }
 
 // unpublishableError is a row's publish error that will recur for the row
@@ -629,13 +618,9 @@ func (e *authError) Unwrap() []error { return []error{e.err, relay.ErrPublisherA
 // rejected the publisher's credentials (SASL_AUTHENTICATION_FAILED,
 // UNSUPPORTED_SASL_MECHANISM, ILLEGAL_SASL_STATE), else err itself.
 func classifyAuth(err error) error {
-	if err == nil || errors.Is(err, relay.ErrPublisherAuth) {
-		return err
-	}
-	for _, code := range []kafka.Error{kafka.SASLAuthenticationFailed, kafka.UnsupportedSASLMechanism, kafka.IllegalSASLState} {
-		if errors.Is(err, code) {
-			return &authError{err}
-		}
+	if err != nil && !errors.Is(err, relay.ErrPublisherAuth) &&
+		wire.Is(err, kafka.SASLAuthenticationFailed, kafka.UnsupportedSASLMechanism, kafka.IllegalSASLState) {
+		return &authError{err}
 	}
 	return err
 }
@@ -665,12 +650,7 @@ func classify(err error, alone bool) error {
 		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
 		return err
 	}
-	for _, e := range []kafka.Error{kafka.InvalidTopic, kafka.TopicAuthorizationFailed} {
-		if errors.Is(err, e) {
-			return unpublishable(err)
-		}
-	}
-	if alone && recordError(err) {
+	if wire.Is(err, kafka.InvalidTopic, kafka.TopicAuthorizationFailed) || alone && recordError(err) {
 		return unpublishable(err)
 	}
 	return err
@@ -689,7 +669,12 @@ func (p *Publisher) Close() error {
 	p.closed = true
 	p.mu.Unlock()
 	p.wg.Wait()
-	p.abortOnClose() // the transactional mode's open transactions
+	if p.txn != nil { // retire the producers, as if the relay had stopped owning them
+		p.mu.Lock()
+		p.retireProducers(func(int) bool { return true })
+		p.mu.Unlock()
+		p.wg.Wait()
+	}
 	if p.ownTransport != nil {
 		p.ownTransport.CloseIdleConnections()
 	}

@@ -1,6 +1,7 @@
 package kafkapub
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -164,7 +165,6 @@ type txnPublisher struct {
 	// producers are the owned buckets' producers, guarded by
 	// Publisher.mu.
 	producers map[int]*txnProducer
-	now       func() time.Time // record timestamps
 }
 
 // txnProducer is the transactional producer of one bucket. Its fields but
@@ -198,10 +198,6 @@ type txnProducer struct {
 	committed []outbox.UUID
 }
 
-func newTxnPublisher(cfg Transactions) *txnPublisher {
-	return &txnPublisher{cfg: cfg, producers: map[int]*txnProducer{}, now: time.Now}
-}
-
 // OwnedBuckets implements relay.Publisher. In the transactional
 // mode it starts, in the background, the initialisation of a producer for
 // each bucket new to the set (InitProducerId for TransactionalID(bucket),
@@ -225,16 +221,10 @@ func (p *Publisher) OwnedBuckets(buckets []int) {
 	if !slices.IsSorted(owned) {
 		owned = slices.Sorted(slices.Values(buckets))
 	}
-	for b, prod := range p.txn.producers {
-		if _, ok := slices.BinarySearch(owned, b); !ok {
-			delete(p.txn.producers, b)
-			p.wg.Add(1)
-			go func() {
-				defer p.wg.Done()
-				p.retire(prod)
-			}()
-		}
-	}
+	p.retireProducers(func(b int) bool {
+		_, ok := slices.BinarySearch(owned, b)
+		return !ok
+	})
 	for _, b := range buckets {
 		if _, ok := p.txn.producers[b]; ok {
 			continue
@@ -246,11 +236,7 @@ func (p *Publisher) OwnedBuckets(buckets []int) {
 			turn:   make(chan struct{}, 1),
 		}
 		p.txn.producers[b] = prod
-		p.wg.Add(1)
-		go func() {
-			defer p.wg.Done()
-			p.initProducer(prod)
-		}()
+		p.wg.Go(func() { p.initProducer(prod) })
 	}
 }
 
@@ -303,8 +289,9 @@ func (p *Publisher) producer(bucket int) *txnProducer {
 	return p.txn.producers[bucket]
 }
 
-// publishTxn is Publish in the transactional mode (see Transactions).
-func (p *Publisher) publishTxn(ctx context.Context, batch []*outbox.Message) relay.Result {
+// publishTxnBatch publishes one bucket's batch in a transaction of its own
+// (see Transactions).
+func (p *Publisher) publishTxnBatch(ctx context.Context, batch []*outbox.Message) relay.Result {
 	bucket := int(batch[0].Bucket)
 	for _, m := range batch[1:] {
 		if int(m.Bucket) != bucket {
@@ -339,15 +326,13 @@ func (p *Publisher) publishTxn(ctx context.Context, batch []*outbox.Message) rel
 	return res
 }
 
-// publishTxnGroup is Publish in the transactional mode: each batch
-// (not empty) in a transaction of its own by publishTxn, the batches of
-// different buckets concurrently (each bucket's producer runs one
-// transaction at a time), those of one bucket one after the other, in
-// order; a batch after one of its bucket that failed is not sent, so that
-// the bucket's order holds. results[i] receives batches[i]'s outcome.
-func (p *Publisher) publishTxnGroup(ctx context.Context, batches [][]*outbox.Message, results []relay.Result) {
-	if len(batches) == 1 { // Publish
-		results[0] = p.publishTxn(ctx, batches[0])
+// publishTxn is Publish in the transactional mode: each batch (not empty)
+// by publishTxnBatch, the batches of different buckets concurrently, those
+// of one bucket in order; a batch after one of its bucket that failed is
+// not sent, so that the bucket's order holds.
+func (p *Publisher) publishTxn(ctx context.Context, batches [][]*outbox.Message, results []relay.Result) {
+	if len(batches) == 1 { // nothing to group
+		results[0] = p.publishTxnBatch(ctx, batches[0])
 		return
 	}
 	byBucket := map[int32][]int{}
@@ -370,7 +355,7 @@ func (p *Publisher) publishTxnGroup(ctx context.Context, batches [][]*outbox.Mes
 				results[i].Err = fmt.Errorf("kafkapub: bucket %d: batch not sent: message %s of an earlier batch of the bucket failed", bucket, failed)
 				continue
 			}
-			results[i] = p.publishTxn(ctx, batches[i])
+			results[i] = p.publishTxnBatch(ctx, batches[i])
 			if results[i].Err != nil {
 				stopped = true
 				failed = batches[i][results[i].Acknowledged].MessageID
@@ -396,12 +381,8 @@ func (p *Publisher) publishTxnGroup(ctx context.Context, batches [][]*outbox.Mes
 // rows a lost-then-resolved commit already published, then publishes the
 // others in transactions (see txnRange).
 func (p *Publisher) runTxns(ctx context.Context, prod *txnProducer, batch []*outbox.Message, rows []row) {
-	if prod.initErr != nil {
-		rows[0].err = prod.initErr
-		return
-	}
-	if prod.fenced != nil {
-		rows[0].err = prod.fenced
+	if err := cmp.Or(prod.initErr, prod.fenced); err != nil {
+		rows[0].err = err
 		return
 	}
 	if prod.inDoubt != nil {
@@ -415,13 +396,9 @@ func (p *Publisher) runTxns(ctx context.Context, prod *txnProducer, batch []*out
 		rows[skip].acked = true
 		skip++
 	}
-	if skip > 0 {
-		prod.committed = prod.committed[skip:]
-	} else {
-		prod.committed = nil // the relay moved on (or never saw them fail)
-	}
-	if len(prod.committed) == 0 {
-		prod.committed = nil
+	prod.committed = prod.committed[skip:]
+	if skip == 0 || len(prod.committed) == 0 {
+		prod.committed = nil // none left, or the relay moved on (or never saw them fail)
 	}
 	if skip == len(rows) {
 		return
@@ -626,26 +603,13 @@ func nextSequence(seq int32, n int) int32 {
 	return int32((int64(seq) + int64(n)) % (math.MaxInt32 + 1))
 }
 
-// abortOnClose is Close's part for the transactional mode: the owned
-// producers are retired as if the relay had stopped owning them.
-func (p *Publisher) abortOnClose() {
-	if p.txn == nil {
-		return
-	}
-	p.mu.Lock()
-	prods := make([]*txnProducer, 0, len(p.txn.producers))
+// retireProducers drops the producers of the buckets that gone reports
+// and retires them in the background (p.wg); called with p.mu held.
+func (p *Publisher) retireProducers(gone func(bucket int) bool) {
 	for b, prod := range p.txn.producers {
-		prods = append(prods, prod)
-		delete(p.txn.producers, b)
+		if gone(b) {
+			delete(p.txn.producers, b)
+			p.wg.Go(func() { p.retire(prod) })
+		}
 	}
-	p.mu.Unlock()
-	var wg sync.WaitGroup
-	for _, prod := range prods {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			p.retire(prod)
-		}()
-	}
-	wg.Wait()
 }

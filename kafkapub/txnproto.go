@@ -105,7 +105,7 @@ func (p *Publisher) produceAll(ctx context.Context, prod *txnProducer, rows []ro
 		chunks[i] = p.chunk(rows, idx[tp])
 	}
 	leaders := p.client().Leaders(ctx, parts)
-	ts := p.txn.now().UnixMilli()
+	ts := time.Now().UnixMilli()
 	for round := 0; ; round++ {
 		groups := map[int32][]*produceItem{}
 		var order []int32
