@@ -3,8 +3,10 @@ package kafkapub
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"os"
 	"sync"
 
 	"github.com/segmentio/kafka-go"
@@ -14,17 +16,12 @@ import (
 )
 
 // Lanes: the rows that concurrent calls place on one partition are sent by
-// one goroutine, the partition's lane's sender, one produce request at a
-// time, in order of arrival; the rows of the calls that arrived while a
-// request was in flight go out together in the next (at most
-// MaxBatchRecords and BatchBytes each). So a partition shared by the
-// groups of several relay workers carries one request per round trip
-// rather than a request per call in turn, and a later call can never
-// overtake a request still in flight, even one whose caller stopped
-// waiting. Each call keeps its own order and its own failures: a failed
-// request fails the rows it carried and stops, for each call, the rest of
-// that call's rows on the partition. A lane lives while its sender does, so
-// that idle partitions (dynamic topic names) leave nothing behind.
+// the partition's lane's sender, one produce request at a time, in order of
+// arrival, the rows of the calls that arrived while a request was in flight
+// together in the next (see Publisher). So a later call never overtakes a
+// request still in flight, even one whose caller stopped waiting. A lane
+// lives while its sender does, so that idle partitions (dynamic topic
+// names) leave nothing behind.
 
 // lane is one partition's queue of calls.
 type lane struct {
@@ -196,24 +193,22 @@ func (p *Publisher) resend(l *lane, t *turn, idx []int) bool {
 	}
 	err := p.write(t.ctx, msgs)
 	l.mu.Lock()
+	left := t.left
 	switch {
-	case t.left:
-		l.mu.Unlock()
-		return false
+	case left:
 	case err == nil:
 		for _, i := range idx {
 			t.rows[i].acked = true
 		}
+	case len(idx) > 1 && recordError(err):
 		l.mu.Unlock()
-		return true
-	case len(idx) == 1 || !recordError(err):
+		return p.split(l, t, idx)
+	default:
 		t.rows[idx[0]].err = classify(err, len(idx) == 1)
 		t.stopped = true
-		l.mu.Unlock()
-		return false
 	}
 	l.mu.Unlock()
-	return p.split(l, t, idx)
+	return !left && err == nil
 }
 
 // split resends idx, rows of turn t that the broker rejected for one
@@ -268,14 +263,11 @@ func (p *Publisher) pack(ts []*turn) (parts []part, n int) {
 // writer's partition writer sends a batch: kafka-go's Client.Produce on the
 // writer's Addr and Transport, with its RequiredAcks (all) and Compression,
 // its WriteTimeout as the bound of the request (one attempt), its Logger,
-// ErrorLogger and Completion told of the write; and returns the outcome.
-// Not through Writer.WriteMessages: its batching (a slice of BatchSize
-// messages per call, 150 KB at the default 1,000, a timer and two
-// goroutines between the call and the request) cost a single-row publish
-// 163 KB and ~100 µs more than this (BenchmarkKafkaPublisher), and a lane
-// already hands over one request's rows. The write is not cancelled by the
-// callers' contexts (a request in flight stays one unit that the
-// partition's next request cannot overtake).
+// ErrorLogger and Completion told of the write. Not Writer.WriteMessages,
+// whose batching (a timer, goroutines, a BatchSize slice per call) costs a
+// publish far more than a lane that already holds one request's rows. The
+// callers' contexts do not cancel the write: a request in flight stays one
+// unit that the partition's next request cannot overtake.
 func (p *Publisher) write(ctx context.Context, msgs []kafka.Message) error {
 	w, topic, partition := p.w, msgs[0].Topic, msgs[0].Partition
 	if w.Logger != nil {
@@ -301,7 +293,12 @@ func (p *Publisher) write(ctx context.Context, msgs []kafka.Message) error {
 		w.Completion(msgs, err)
 	}
 	failpoint.Inject("relay/during-publish")
-	return p.writeError(err)
+	if errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, context.DeadlineExceeded) {
+		// The write's deadline (WriteTimeout, at most PublishTimeout) fired:
+		// the error names the timeout and wraps context.DeadlineExceeded.
+		return fmt.Errorf("no answer from the broker within Config.PublishTimeout (%v): %w (%w)", p.timeout, context.DeadlineExceeded, err)
+	}
+	return err
 }
 
 // records reads msgs as a produce request's records, as the writer's own
