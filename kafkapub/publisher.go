@@ -175,12 +175,13 @@ type Publisher struct {
 	maxRecords   int
 	ownTransport *kafka.Transport
 	tracing      publishTracer
-	txn          *txnPublisher // nil: the default mode (see Config.Transactions)
+	txn          *Transactions // with defaults; nil: the default mode
 
-	mu     sync.Mutex
-	closed bool
-	lanes  map[topicPartition]*lane
-	wg     sync.WaitGroup // Publish calls and the lanes' senders
+	mu        sync.Mutex
+	closed    bool
+	lanes     map[topicPartition]*lane
+	producers map[int]*txnProducer // the owned buckets' (transactional mode)
+	wg        sync.WaitGroup       // Publish calls and background goroutines
 }
 
 var _ relay.Publisher = (*Publisher)(nil)
@@ -221,7 +222,7 @@ func New(cfg Config) (*Publisher, error) {
 		if err != nil {
 			return nil, err
 		}
-		p.txn = &txnPublisher{cfg: tc, producers: map[int]*txnProducer{}}
+		p.txn, p.producers = &tc, map[int]*txnProducer{}
 	}
 
 	w := &kafka.Writer{}
@@ -324,8 +325,7 @@ func (p *Publisher) publishRows(ctx context.Context, batches [][]*outbox.Message
 		}
 	}
 	ctx, span := p.tracing.start(ctx, all)
-	ctx, cancel := context.WithTimeoutCause(ctx, p.timeout,
-		fmt.Errorf("no answer from the broker within Config.PublishTimeout (%v): %w", p.timeout, context.DeadlineExceeded))
+	ctx, cancel := p.withTimeout(ctx, "broker")
 	defer cancel()
 
 	rows := make([]row, 0, n)
@@ -369,6 +369,13 @@ func (p *Publisher) publishRows(ctx context.Context, batches [][]*outbox.Message
 		}
 	}
 	p.tracing.end(span, rows, first)
+}
+
+// withTimeout bounds ctx by Config.PublishTimeout, whose expiry is an
+// error naming the field and who did not answer.
+func (p *Publisher) withTimeout(ctx context.Context, who string) (context.Context, context.CancelFunc) {
+	return context.WithTimeoutCause(ctx, p.timeout,
+		fmt.Errorf("no answer from the %s within Config.PublishTimeout (%v): %w", who, p.timeout, context.DeadlineExceeded))
 }
 
 // blame gives each row that a failed row of another batch left

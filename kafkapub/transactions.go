@@ -31,79 +31,72 @@ const (
 	DefaultTransactionTimeout = time.Minute
 )
 
-// Transactions makes a Publisher transactional
-// (Config.Transactions): fenced publishing. The publisher keeps one
-// Kafka transactional producer per bucket its relay owns, with the
-// transactional.id TransactionalID(bucket), and publishes each batch inside
-// one Kafka transaction.
+// Transactions makes a Publisher transactional (Config.Transactions):
+// fenced publishing. The publisher keeps one Kafka transactional producer
+// per bucket its relay owns, with the transactional.id
+// TransactionalID(bucket), and publishes each batch in one Kafka
+// transaction.
 //
-// Fencing. When the relay acquires a bucket (it tells the publisher, see
-// relay.Publisher.OwnedBuckets), the publisher initialises the bucket's
-// transactional.id (InitProducerId). The coordinator then aborts any
-// transaction a previous owner left open and bumps the producer epoch, so
-// that every later request of the previous owner (a relay that stalled past
-// its lease: a GC pause, a partition, SIGSTOP) is refused: its produce,
-// its commit. The publisher never initialises a producer on its own, only
-// when told of an acquisition, so a stalled relay cannot take the epoch
-// back. A Publish whose producer was fenced, or whose transaction the
-// coordinator aborted (it stayed open longer than Timeout), fails with an
-// error wrapping relay.ErrFenced and acknowledges nothing, and the relay drops
-// the bucket (see relay.ErrFenced). Consumers reading with
+// Fencing. When the relay acquires a bucket (relay.Publisher.OwnedBuckets),
+// the publisher initialises the bucket's transactional.id (InitProducerId):
+// the coordinator aborts any transaction a previous owner left open and
+// bumps the producer epoch, so that every later request of the previous
+// owner (a relay that stalled past its lease: a GC pause, a partition,
+// SIGSTOP) is refused, its produce and its commit. The publisher
+// initialises a producer only when told of an acquisition, so a stalled
+// relay cannot take the epoch back. A Publish whose producer was fenced, or
+// whose transaction the coordinator aborted (open longer than Timeout),
+// fails with an error wrapping relay.ErrFenced and acknowledges nothing,
+// and the relay drops the bucket. Consumers reading with
 // isolation.level=read_committed never see a record of an aborted
 // transaction, so no record of a fenced relay becomes visible to them.
 //
-// Each Publish: AddPartitionsToTxn for the batch's partitions, one produce
-// request per partition (several beyond BatchBytes or MaxBatchRecords, in
-// order) carrying a v2 record batch with the producer id, epoch and
-// per-partition sequence numbers, all partitions at once, then EndTxn
-// (commit). Publish reports the batch acknowledged only once the commit
-// succeeded, so the relay deletes rows only after it. The message-id
-// header, placement, BatchBytes, MaxBatchRecords, PublishTimeout, the
-// writer's Compression and the tracing are the default mode's.
+// Each Publish: AddPartitionsToTxn for the batch's partitions, produce
+// requests of v2 record batches with the producer id, epoch and
+// per-partition sequence numbers (several per partition beyond BatchBytes or
+// MaxBatchRecords, in order), then EndTxn (commit). The batch is reported
+// acknowledged only once the commit succeeded, so the relay deletes rows
+// only after it. The message-id header, placement, BatchBytes,
+// MaxBatchRecords, PublishTimeout, the writer's Compression and the tracing
+// are the default mode's.
 //
-// Partial failure. When the broker rejects a record (too large, invalid,
-// a topic the relay may not write), the transaction is aborted and the
-// rows before that record are published again alone, in a new transaction
-// of the same call (bisecting a rejected request, as the default mode
-// does), so that Publish acknowledges exactly the prefix before the
-// culprit and per-key order holds. Inside the call (5 ms, doubling to
-// 250 ms, until PublishTimeout) the publisher retries what the protocol
-// makes safe to retry: coordinator requests answered
-// CONCURRENT_TRANSACTIONS or by a coordinator moving or loading
-// (NOT_COORDINATOR, COORDINATOR_NOT_AVAILABLE, COORDINATOR_LOAD_IN_PROGRESS)
-// or cut off by the network, and a produce request cut off or answered
-// REQUEST_TIMED_OUT, NETWORK_EXCEPTION, NOT_ENOUGH_REPLICAS or
-// CONCURRENT_TRANSACTIONS, which is resent with the same sequence number so
-// that the broker appends it once. Any other failure (a leader moving, the
+// Partial failure. When the broker rejects a record (too large, invalid, a
+// topic the relay may not write), the transaction is aborted and the rows
+// before that record are published again alone, in a new transaction of
+// the same call, so that Publish acknowledges exactly the prefix before the
+// culprit and per-key order holds. Within PublishTimeout the publisher
+// retries, with a backoff, what the protocol makes safe to retry:
+// coordinator requests answered CONCURRENT_TRANSACTIONS or by a coordinator
+// moving or loading, or cut off by the network, and a produce request cut
+// off or answered REQUEST_TIMED_OUT, NETWORK_EXCEPTION, NOT_ENOUGH_REPLICAS
+// or CONCURRENT_TRANSACTIONS, resent with the same sequence number so that
+// the broker appends it once. Any other failure (a leader moving, the
 // call's timeout) aborts the transaction and fails the call at its first
-// row; the relay retries it with its backoff. After a failure that leaves
-// the broker's sequence numbers unknown, the publisher aborts and bumps its
-// epoch (InitProducerId with its current producer id and epoch, which the
+// row, for the relay to retry. After a failure that leaves the broker's
+// sequence numbers unknown, the publisher bumps its epoch (which the
 // coordinator refuses to a fenced producer) before the next transaction.
 //
 // Duplicates. A commit whose answer was lost is resolved by the next
-// Publish of the bucket (EndTxn commit again): if it committed, the rows it
-// held are acknowledged without being sent again. Records of a committed
+// Publish of the bucket (EndTxn commit again): if it committed, its rows
+// are acknowledged without being sent again. Records of a committed
 // transaction are therefore published twice only when the relay committed
-// them and then could not delete them as the owner: a crash, a stop or a
+// them and then could not delete them as the owner (a crash, a stop or a
 // lost lease between the commit and the delete, or a lost commit answer
-// followed by the loss of the bucket; the bucket's next owner publishes
-// that batch again, after it (one batch per bucket the relay was
-// publishing), and a consumer deduplicating by message id sees each key's
-// records in commit order.
+// followed by the loss of the bucket): the bucket's next owner publishes
+// that batch again, after it, and a consumer deduplicating by message id
+// sees each key's records in commit order.
 //
 // Requirements and costs: the relay's principal needs WRITE and DESCRIBE on
 // the transactional ids (ACL resource TransactionalId, prefix IDPrefix),
 // the brokers a transaction state log, and consumers read_committed
 // isolation. An open transaction holds back read_committed consumers of the
-// partitions it wrote (the last stable offset) until it ends: normally one
-// publish, at worst until the next owner initialises the bucket or Timeout.
-// A Publish costs three more coordinator round trips than the default mode
-// (kafka-go's transport looks the coordinator up before each), one of them
-// a commit that writes the transaction log and markers. A transactional
-// Publisher serves one relay: bucket numbers name its producers. A
-// batch's producer is its rows' Message.Bucket, so the store must return
-// rows with their bucket set (gormstore and relaytest.MemStore do).
+// partitions it wrote until it ends: normally one publish, at worst until
+// the next owner initialises the bucket or Timeout. A Publish costs three
+// more coordinator round trips than the default mode, one of them a commit
+// that writes the transaction log and markers. A transactional Publisher
+// serves one relay: bucket numbers name its producers, and a batch's
+// producer is its rows' Message.Bucket, so the store must return rows with
+// their bucket set (gormstore and relaytest.MemStore do).
 type Transactions struct {
 	// Outbox names the outbox in its transactional ids. Required: the ids
 	// must be unique to this outbox across the Kafka cluster, since two
@@ -128,11 +121,7 @@ type Transactions struct {
 // DefaultTransactionalIDPrefix), Outbox, "-" and the bucket number, e.g.
 // "outbox-orders-3".
 func (t Transactions) TransactionalID(bucket int) string {
-	prefix := t.IDPrefix
-	if prefix == "" {
-		prefix = DefaultTransactionalIDPrefix
-	}
-	return prefix + t.Outbox + "-" + strconv.Itoa(bucket)
+	return cmp.Or(t.IDPrefix, DefaultTransactionalIDPrefix) + t.Outbox + "-" + strconv.Itoa(bucket)
 }
 
 // check validates t for a publisher whose PublishTimeout is publishTimeout
@@ -144,27 +133,15 @@ func (t Transactions) check(publishTimeout time.Duration) (Transactions, error) 
 	if t.Timeout < 0 {
 		return t, fmt.Errorf("kafkapub: Transactions.Timeout is negative (%v)", t.Timeout)
 	}
-	if t.Timeout == 0 {
-		t.Timeout = DefaultTransactionTimeout
-	}
+	t.Timeout = cmp.Or(t.Timeout, DefaultTransactionTimeout)
 	if t.Timeout <= publishTimeout {
 		return t, fmt.Errorf("kafkapub: Transactions.Timeout %v is not longer than Config.PublishTimeout %v", t.Timeout, publishTimeout)
 	}
 	if t.Timeout/time.Millisecond > math.MaxInt32 {
 		return t, fmt.Errorf("kafkapub: Transactions.Timeout %v is too long", t.Timeout)
 	}
-	if t.IDPrefix == "" {
-		t.IDPrefix = DefaultTransactionalIDPrefix
-	}
+	t.IDPrefix = cmp.Or(t.IDPrefix, DefaultTransactionalIDPrefix)
 	return t, nil
-}
-
-// txnPublisher is the transactional state of a Publisher.
-type txnPublisher struct {
-	cfg Transactions // with defaults
-	// producers are the owned buckets' producers, guarded by
-	// Publisher.mu.
-	producers map[int]*txnProducer
 }
 
 // txnProducer is the transactional producer of one bucket. Its fields but
@@ -226,16 +203,16 @@ func (p *Publisher) OwnedBuckets(buckets []int) {
 		return !ok
 	})
 	for _, b := range buckets {
-		if _, ok := p.txn.producers[b]; ok {
+		if _, ok := p.producers[b]; ok {
 			continue
 		}
 		prod := &txnProducer{
 			bucket: b,
-			id:     p.txn.cfg.TransactionalID(b),
+			id:     p.txn.TransactionalID(b),
 			ready:  make(chan struct{}),
 			turn:   make(chan struct{}, 1),
 		}
-		p.txn.producers[b] = prod
+		p.producers[b] = prod
 		p.wg.Go(func() { p.initProducer(prod) })
 	}
 }
@@ -244,8 +221,7 @@ func (p *Publisher) OwnedBuckets(buckets []int) {
 // a new epoch that fences every older one) and closes prod.ready.
 func (p *Publisher) initProducer(prod *txnProducer) {
 	defer close(prod.ready)
-	ctx, cancel := context.WithTimeoutCause(context.Background(), p.timeout,
-		fmt.Errorf("no answer from the coordinator within Config.PublishTimeout (%v): %w", p.timeout, context.DeadlineExceeded))
+	ctx, cancel := p.withTimeout(context.Background(), "coordinator")
 	defer cancel()
 	pid, epoch, err := p.initProducerID(ctx, prod.id, -1, -1)
 	if err != nil {
@@ -286,7 +262,7 @@ func (p *Publisher) retire(prod *txnProducer) {
 func (p *Publisher) producer(bucket int) *txnProducer {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.txn.producers[bucket]
+	return p.producers[bucket]
 }
 
 // publishTxnBatch publishes one bucket's batch in a transaction of its own
@@ -303,8 +279,7 @@ func (p *Publisher) publishTxnBatch(ctx context.Context, batch []*outbox.Message
 		return relay.Result{Err: fmt.Errorf("kafkapub: bucket %d: no transactional producer (the relay does not own the bucket, see relay.Publisher.OwnedBuckets): %w", bucket, relay.ErrFenced)}
 	}
 	ctx, span := p.tracing.start(ctx, batch)
-	ctx, cancel := context.WithTimeoutCause(ctx, p.timeout,
-		fmt.Errorf("no answer from the broker within Config.PublishTimeout (%v): %w", p.timeout, context.DeadlineExceeded))
+	ctx, cancel := p.withTimeout(ctx, "broker")
 	defer cancel()
 
 	rows := make([]row, len(batch))
@@ -445,9 +420,14 @@ func (p *Publisher) txnRange(ctx context.Context, prod *txnProducer, rows []row,
 	if lo >= hi {
 		return true
 	}
-	if err := p.readyTxn(ctx, prod); err != nil {
-		rows[lo].err = err
+	// stop fails the range at row at: the rows before it go alone.
+	stop := func(at int, err error) bool {
+		rows[at].err = err
+		p.txnRange(ctx, prod, rows, lo, at)
 		return false
+	}
+	if err := p.readyTxn(ctx, prod); err != nil {
+		return stop(lo, err)
 	}
 
 	// The range's partitions, in the order of their first row.
@@ -464,23 +444,19 @@ func (p *Publisher) txnRange(ctx context.Context, prod *txnProducer, rows []row,
 	failed, err := p.addPartitions(ctx, prod, parts)
 	if err != nil {
 		if failed == nil {
-			rows[lo].err = err
-			return false
+			return stop(lo, err)
 		}
-		// Partitions the coordinator refused: the rows before the first
-		// of their rows go alone.
+		// Partitions the coordinator refused: the range stops at their
+		// first row.
 		cut := hi
 		for _, tp := range failed {
 			cut = min(cut, idx[tp][0])
 		}
-		rows[cut].err = classify(err, false)
-		p.txnRange(ctx, prod, rows, lo, cut)
-		return false
+		return stop(cut, classify(err, false))
 	}
 	out := p.produceAll(ctx, prod, rows, parts, idx)
 	if prod.fenced != nil {
-		rows[lo].err = prod.fenced
-		return false
+		return stop(lo, prod.fenced)
 	}
 	var first *partitionOutcome
 	unknown := false
@@ -495,8 +471,7 @@ func (p *Publisher) txnRange(ctx context.Context, prod *txnProducer, rows []row,
 		failpoint.Inject("relay/during-publish")
 		failpoint.Inject("kafkapub/before-commit") // a zombie stalls here (CHAOS.md)
 		if err := p.commit(ctx, prod, rows[lo:hi]); err != nil {
-			rows[lo].err = err
-			return false
+			return stop(lo, err)
 		}
 		for i := lo; i < hi; i++ {
 			rows[i].acked = true
@@ -509,35 +484,22 @@ func (p *Publisher) txnRange(ctx context.Context, prod *txnProducer, rows []row,
 		prod.bump = true
 	}
 	if _, err := p.endTxn(ctx, prod, false); err != nil && prod.fenced != nil {
-		rows[lo].err = err
-		return false
+		return stop(lo, err)
 	}
-	switch {
+	switch c := first.failed; {
 	case first.unknown:
-		rows[lo].err = first.err
-		return false
+		return stop(lo, first.err)
+	case recordError(first.err) && len(c) == 1:
+		return stop(c[0], classify(first.err, true))
 	case recordError(first.err):
-		c := first.failed
-		if len(c) == 1 {
-			rows[c[0]].err = classify(first.err, true)
-			p.txnRange(ctx, prod, rows, lo, c[0])
-			return false
-		}
 		mid := c[len(c)/2]
-		if !p.txnRange(ctx, prod, rows, lo, mid) {
-			return false
-		}
-		return p.txnRange(ctx, prod, rows, mid, hi)
+		return p.txnRange(ctx, prod, rows, lo, mid) && p.txnRange(ctx, prod, rows, mid, hi)
 	case errors.Is(classify(first.err, false), relay.ErrUnpublishable):
 		// About the topic (not writable, invalid): every row of the
-		// partition fails, so the rows before its first go alone.
-		cut := idx[first.tp][0]
-		rows[cut].err = classify(first.err, false)
-		p.txnRange(ctx, prod, rows, lo, cut)
-		return false
+		// partition fails.
+		return stop(idx[first.tp][0], classify(first.err, false))
 	default:
-		rows[lo].err = fmt.Errorf("transaction aborted: %s[%d]: %w", first.tp.Topic, first.tp.Partition, first.err)
-		return false
+		return stop(lo, fmt.Errorf("transaction aborted: %s[%d]: %w", first.tp.Topic, first.tp.Partition, first.err))
 	}
 }
 
@@ -606,9 +568,9 @@ func nextSequence(seq int32, n int) int32 {
 // retireProducers drops the producers of the buckets that gone reports
 // and retires them in the background (p.wg); called with p.mu held.
 func (p *Publisher) retireProducers(gone func(bucket int) bool) {
-	for b, prod := range p.txn.producers {
+	for b, prod := range p.producers {
 		if gone(b) {
-			delete(p.txn.producers, b)
+			delete(p.producers, b)
 			p.wg.Go(func() { p.retire(prod) })
 		}
 	}

@@ -18,13 +18,10 @@ import (
 // each answer becomes the producer's state (open, fenced, its sequence
 // numbers) and the relay's errors (relay.ErrFenced).
 
-// initProducerID initialises transactional id txid: with pid and epoch -1
-// a new epoch (fencing every older producer of txid); with the producer's
-// current pid and epoch, an epoch bump that the coordinator refuses
-// (PRODUCER_FENCED) when they are no longer current. A fenced answer wraps
-// relay.ErrFenced.
+// initProducerID is wire's InitProducerID with the configured transaction
+// timeout; a fenced answer wraps relay.ErrFenced.
 func (p *Publisher) initProducerID(ctx context.Context, txid string, pid int64, epoch int16) (int64, int16, error) {
-	pid, epoch, err := p.client().InitProducerID(ctx, txid, p.txn.cfg.Timeout, pid, epoch)
+	pid, epoch, err := p.client().InitProducerID(ctx, txid, p.txn.Timeout, pid, epoch)
 	if err != nil {
 		if wire.ProducerFenced(err) {
 			err = fmt.Errorf("%w: %w", err, relay.ErrFenced)
@@ -127,6 +124,9 @@ func (p *Publisher) produceAll(ctx context.Context, prod *txnProducer, rows []ro
 				continue
 			}
 			leader := leaders[o.tp]
+			if leader < 0 {
+				leader = -1 - int32(i) // leader unknown: a request of its own
+			}
 			if _, ok := groups[leader]; !ok {
 				order = append(order, leader)
 			}
@@ -137,22 +137,7 @@ func (p *Publisher) produceAll(ctx context.Context, prod *txnProducer, rows []ro
 		}
 		var wg sync.WaitGroup
 		for _, leader := range order {
-			items := groups[leader]
-			if leader < 0 { // leader unknown: each alone
-				for _, it := range items {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						p.sendItems(ctx, prod, []*produceItem{it})
-					}()
-				}
-				continue
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				p.sendItems(ctx, prod, items)
-			}()
+			wg.Go(func() { p.sendItems(ctx, prod, groups[leader]) })
 		}
 		wg.Wait()
 		for _, leader := range order {
@@ -236,11 +221,7 @@ func (p *Publisher) sendItems(ctx context.Context, prod *txnProducer, items []*p
 		if split {
 			var wg sync.WaitGroup
 			for _, it := range pending {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					p.sendItems(ctx, prod, []*produceItem{it})
-				}()
+				wg.Go(func() { p.sendItems(ctx, prod, []*produceItem{it}) })
 			}
 			wg.Wait()
 			return
