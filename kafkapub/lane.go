@@ -238,7 +238,7 @@ func (p *Publisher) pack(ts []*turn) (parts []part, n int) {
 				if t.next > first {
 					break // sent first; the row fails once they are acknowledged
 				}
-				t.rows[i].err = unpublishable(fmt.Errorf("record of %d bytes exceeds BatchBytes %d: %w", rs, p.batchBytes, kafka.MessageSizeTooLarge))
+				t.rows[i].err = p.tooLarge(rs)
 				t.stopped = true
 				break
 			}

@@ -551,6 +551,11 @@ func (e *unpublishableError) Unwrap() []error { return []error{e.err, relay.ErrU
 
 func unpublishable(err error) error { return &unpublishableError{err} }
 
+// tooLarge is the error of a record of n bytes, more than BatchBytes.
+func (p *Publisher) tooLarge(n int64) error {
+	return unpublishable(fmt.Errorf("record of %d bytes exceeds BatchBytes %d: %w", n, p.batchBytes, kafka.MessageSizeTooLarge))
+}
+
 // authError is a publish error that says the broker rejected the
 // publisher's credentials: it matches relay.ErrPublisherAuth as well as the
 // original error, and reads as the original.

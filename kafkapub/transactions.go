@@ -12,8 +12,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/segmentio/kafka-go"
-
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/internal/failpoint"
 	"github.com/gorm-outbox/outbox/kafkapub/internal/wire"
@@ -240,21 +238,30 @@ func (p *Publisher) initProducer(prod *txnProducer) {
 func (p *Publisher) retire(prod *txnProducer) {
 	ctx, cancel := context.WithTimeout(context.Background(), p.timeout)
 	defer cancel()
-	select {
-	case <-prod.ready:
-	case <-ctx.Done():
+	if !prod.take(ctx) {
 		return
 	}
-	select {
-	case prod.turn <- struct{}{}:
-		defer func() { <-prod.turn }()
-	case <-ctx.Done():
-		return
-	}
+	defer func() { <-prod.turn }()
 	if prod.initErr != nil || prod.fenced != nil || (!prod.open && prod.inDoubt == nil) {
 		return
 	}
 	_, _ = p.endTxn(ctx, prod, false)
+}
+
+// take waits for prod's initialisation, then takes its turn, and reports
+// whether it did before ctx ended.
+func (prod *txnProducer) take(ctx context.Context) bool {
+	select {
+	case <-prod.ready:
+	case <-ctx.Done():
+		return false
+	}
+	select {
+	case prod.turn <- struct{}{}:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // producer returns the producer of bucket, nil when the relay did not
@@ -286,15 +293,9 @@ func (p *Publisher) publishTxnBatch(ctx context.Context, batch []*outbox.Message
 	for i, m := range batch {
 		rows[i] = row{msg: p.record(m), id: m.MessageID, partition: -1}
 	}
-	select {
-	case <-prod.ready:
-		select {
-		case prod.turn <- struct{}{}:
-			p.runTxns(ctx, prod, batch, rows)
-			<-prod.turn
-		case <-ctx.Done():
-		}
-	case <-ctx.Done():
+	if prod.take(ctx) {
+		p.runTxns(ctx, prod, batch, rows)
+		<-prod.turn
 	}
 	res := outcome(ctx, rows)
 	p.tracing.end(span, rows, res.Err)
@@ -337,18 +338,12 @@ func (p *Publisher) publishTxn(ctx context.Context, batches [][]*outbox.Message,
 			}
 		}
 	}
-	if len(buckets) == 1 {
-		run(buckets[0], byBucket[buckets[0]])
-		return
-	}
 	var wg sync.WaitGroup
-	for _, b := range buckets {
+	for _, b := range buckets[1:] {
 		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			run(b, byBucket[b])
-		}()
+		go func() { defer wg.Done(); run(b, byBucket[b]) }()
 	}
+	run(buckets[0], byBucket[buckets[0]]) // on this goroutine
 	wg.Wait()
 }
 
@@ -387,7 +382,7 @@ func (p *Publisher) runTxns(ctx context.Context, prod *txnProducer, batch []*out
 			break
 		}
 		if n := int64(wire.RecordSize(&rows[i].msg)); n > p.batchBytes {
-			rows[i].err = unpublishable(fmt.Errorf("record of %d bytes exceeds BatchBytes %d: %w", n, p.batchBytes, kafka.MessageSizeTooLarge))
+			rows[i].err = p.tooLarge(n)
 			hi = i
 			break
 		}

@@ -13,10 +13,8 @@ import (
 	"github.com/gorm-outbox/outbox/relay"
 )
 
-// The transactional mode's protocol steps on a producer's state: the
-// requests themselves are package wire's, on the writer's transport; here
-// each answer becomes the producer's state (open, fenced, its sequence
-// numbers) and the relay's errors (relay.ErrFenced).
+// The transactional mode's protocol steps: package wire sends the requests;
+// here each answer becomes the producer's state and the relay's errors.
 
 // initProducerID is wire's InitProducerID with the configured transaction
 // timeout; a fenced answer wraps relay.ErrFenced.
@@ -75,25 +73,20 @@ func (p *Publisher) endTxn(ctx context.Context, prod *txnProducer, commit bool) 
 // partitionOutcome is the outcome of one partition's produce requests in a
 // transaction.
 type partitionOutcome struct {
-	tp  topicPartition
-	seq int32 // the partition's next sequence number after the requests
-	// failed holds the rows of the failed request (nil: all appended); err
-	// is its error; unknown says that the request's outcome is unknown (or
-	// the broker's sequence state is), so that the epoch must be bumped.
-	failed  []int
-	err     error
-	unknown bool
+	tp      topicPartition
+	seq     int32 // the partition's next sequence number after the requests
+	failed  []int // the rows of the failed request; nil: all appended
+	err     error // its error
+	unknown bool  // its outcome (or the broker's sequence state) is unknown: bump the epoch
 }
 
 // produceAll sends the rows of every partition of a transaction in rounds:
-// round k carries the k-th chunk (at most batchBytes and maxRecords) of
-// every partition that has one, as one produce request per leader broker,
-// all leaders at once. A partition stops at its first failure. One request
-// per broker matters beyond saving round trips: a partition leader verifies
-// a transaction's first batch on it with the coordinator, and concurrent
-// verifications of one transactional id on one broker fail all but one
-// (NOT_ENOUGH_REPLICAS, "Unable to verify the partition has been added to
-// the transaction", NETWORK_EXCEPTION).
+// round k carries the k-th chunk of every partition that has one, as one
+// produce request per leader broker, all leaders at once. A partition stops
+// at its first failure. One request per broker matters beyond saving round
+// trips: a leader verifies a transaction's first batch on it with the
+// coordinator, and concurrent verifications of one transactional id on one
+// broker fail all but one (NOT_ENOUGH_REPLICAS, NETWORK_EXCEPTION).
 func (p *Publisher) produceAll(ctx context.Context, prod *txnProducer, rows []row, parts []topicPartition, idx map[topicPartition][]int) []partitionOutcome {
 	out := make([]partitionOutcome, len(parts))
 	chunks := make([][][]int, len(parts))
@@ -137,7 +130,8 @@ func (p *Publisher) produceAll(ctx context.Context, prod *txnProducer, rows []ro
 		}
 		var wg sync.WaitGroup
 		for _, leader := range order {
-			wg.Go(func() { p.sendItems(ctx, prod, groups[leader]) })
+			wg.Add(1)
+			go func() { defer wg.Done(); p.sendItems(ctx, prod, groups[leader]) }()
 		}
 		wg.Wait()
 		for _, leader := range order {
@@ -188,23 +182,18 @@ type produceItem struct {
 	rows []int
 	set  []byte // the request's record set: size prefix, batch
 
-	done bool  // settled: appended (err nil) or failed
-	err  error // the failure, or the latest attempt's error while pending
-	// maybeAppended: an attempt may have been appended (cut off, or
-	// answered REQUEST_TIMED_OUT, NOT_ENOUGH_REPLICAS_AFTER_APPEND or
-	// NETWORK_EXCEPTION); unknown: the item failed so.
-	maybeAppended bool
-	unknown       bool
+	done          bool  // settled: appended (err nil) or failed
+	err           error // the failure, or the latest attempt's error while pending
+	maybeAppended bool  // an attempt may have been appended (cut off, or an uncertain answer)
+	unknown       bool  // it failed after such an attempt
 }
 
 // sendItems sends items (partitions led by one broker) in one produce
 // request and records each one's outcome. A failure that leaves a batch
-// appended or not, as the broker's idempotence decides (a network error,
-// REQUEST_TIMED_OUT, NETWORK_EXCEPTION, NOT_ENOUGH_REPLICAS,
-// CONCURRENT_TRANSACTIONS), is retried with the same bytes and sequence
-// number until ctx ends: the broker appends a producer's batch once and
-// answers a resent one as the first. When the transport finds no common
-// leader for the partitions (its metadata moved), they go one by one.
+// appended or not (see wire.ProduceRetriable) is retried with the same
+// bytes and sequence number until ctx ends: the broker appends a
+// producer's batch once and answers a resent one as the first. When the
+// transport finds no common leader for the partitions, they go one by one.
 func (p *Publisher) sendItems(ctx context.Context, prod *txnProducer, items []*produceItem) {
 	wait := wire.RetryFirst
 	for {
@@ -221,18 +210,13 @@ func (p *Publisher) sendItems(ctx context.Context, prod *txnProducer, items []*p
 		if split {
 			var wg sync.WaitGroup
 			for _, it := range pending {
-				wg.Go(func() { p.sendItems(ctx, prod, []*produceItem{it}) })
+				wg.Add(1)
+				go func() { defer wg.Done(); p.sendItems(ctx, prod, []*produceItem{it}) }()
 			}
 			wg.Wait()
 			return
 		}
-		if !retry {
-			continue // every pending item is done
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if retry && !wire.Backoff(ctx, &wait) {
 			for _, it := range items {
 				if !it.done {
 					it.done, it.unknown = true, it.maybeAppended
@@ -240,9 +224,7 @@ func (p *Publisher) sendItems(ctx context.Context, prod *txnProducer, items []*p
 				}
 			}
 			return
-		case <-t.C:
 		}
-		wait = min(2*wait, wire.RetryMax)
 	}
 }
 

@@ -24,8 +24,8 @@ import (
 // each; a coordinator that moved answers NOT_COORDINATOR and the request is
 // sent again.
 
-// Backoff of the requests retried inside a call (see coordinate, and the
-// publisher's resending of a produce request).
+// Backoff of the requests retried inside a call (coordinate's, and the
+// publisher's resent produce requests).
 const (
 	RetryFirst = time.Millisecond
 	RetryMax   = 250 * time.Millisecond
@@ -77,26 +77,30 @@ func retriable(err error, codes ...kafka.Error) bool {
 // CoordinatorRetriable does not retry, or ctx ends (then the error wraps
 // ctx's cause and the last error).
 func coordinate(ctx context.Context, do func(context.Context) error) error {
-	wait := RetryFirst
-	for {
+	for wait := RetryFirst; ; {
 		err := do(ctx)
-		if err == nil {
+		switch {
+		case err == nil:
 			return nil
-		}
-		if ctx.Err() != nil {
-			return fmt.Errorf("%w (last error: %w)", context.Cause(ctx), err)
-		}
-		if !CoordinatorRetriable(err) {
+		case ctx.Err() == nil && !CoordinatorRetriable(err):
 			return err
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		case ctx.Err() != nil || !Backoff(ctx, &wait):
 			return fmt.Errorf("%w (last error: %w)", context.Cause(ctx), err)
-		case <-t.C:
 		}
-		wait = min(2*wait, RetryMax)
+	}
+}
+
+// Backoff waits *wait, then doubles it up to RetryMax, and reports whether
+// it did before ctx ended.
+func Backoff(ctx context.Context, wait *time.Duration) bool {
+	t := time.NewTimer(*wait)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		*wait = min(2**wait, RetryMax)
+		return true
 	}
 }
 
