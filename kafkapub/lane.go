@@ -119,25 +119,21 @@ func (p *Publisher) serve(l *lane) {
 	l.mu.Unlock()
 }
 
-// sendRequest sends the next request of turns ts and records its outcome,
-// and reports whether it sent one.
+// sendRequest sends the next request of turns ts, records its outcome and
+// reports whether it sent one.
 func (p *Publisher) sendRequest(l *lane, ts []*turn) bool {
 	l.mu.Lock()
 	parts, n := p.pack(ts)
+	msgs := make([]kafka.Message, 0, n)
 	for _, pt := range parts {
 		for _, i := range pt.idx {
 			pt.t.rows[i].sent = true
+			msgs = append(msgs, pt.t.rows[i].msg)
 		}
 	}
 	l.mu.Unlock()
 	if n == 0 {
 		return false
-	}
-	msgs := make([]kafka.Message, 0, n)
-	for _, pt := range parts {
-		for _, i := range pt.idx {
-			msgs = append(msgs, pt.t.rows[i].msg)
-		}
 	}
 	err := p.write(parts[0].t.ctx, msgs)
 
@@ -177,9 +173,9 @@ func (p *Publisher) sendRequest(l *lane, ts []*turn) bool {
 }
 
 // resend sends idx, rows of turn t that failed in a shared request for one
-// record's fault, as one request, and in halves, in order, while the broker
-// rejects them for that reason (split); the culprit gets the error and
-// stops t. It reports whether every row was acknowledged.
+// record's fault, as one request, then in halves while the broker rejects
+// them so (split): the culprit gets the error and stops t. It reports
+// whether every row was acknowledged.
 func (p *Publisher) resend(l *lane, t *turn, idx []int) bool {
 	l.mu.Lock()
 	stopped := t.stopped
@@ -211,9 +207,7 @@ func (p *Publisher) resend(l *lane, t *turn, idx []int) bool {
 	return !left && err == nil
 }
 
-// split resends idx, rows of turn t that the broker rejected for one
-// record's fault, in halves, in order (see resend), and reports whether
-// every row was acknowledged.
+// split resends idx in halves, in order (see resend).
 func (p *Publisher) split(l *lane, t *turn, idx []int) bool {
 	half := len(idx) / 2
 	return p.resend(l, t, idx[:half]) && p.resend(l, t, idx[half:])

@@ -47,11 +47,10 @@ type Config struct {
 	Brokers []string
 
 	// Transport carries the writer's requests: a *kafka.Transport with TLS,
-	// SASL, dial and metadata settings, or any kafka.RoundTripper (one that
-	// records or injects faults, say). It is passed to the writer untouched
-	// and the caller keeps ownership (Close does not close it). Nil means the
-	// Transport the Configure hook set on the writer, else a default
-	// kafka.Transport owned (and closed) by the publisher.
+	// SASL, dial and metadata settings, or any kafka.RoundTripper. It is
+	// passed to the writer untouched and the caller keeps ownership (Close
+	// does not close it). Nil means the Transport the Configure hook set on
+	// the writer, else a default kafka.Transport owned by the publisher.
 	Transport kafka.RoundTripper
 
 	// MessageIDHeader is the header that carries each row's message id as
@@ -124,11 +123,7 @@ type Config struct {
 	Propagator propagation.TextMapPropagator
 
 	// Transactions, when set, makes the publisher transactional (fenced
-	// publishing, opt-in): one Kafka transactional producer per bucket the
-	// relay owns, each batch published in one Kafka transaction, so that a
-	// relay that lost its bucket cannot publish to read_committed
-	// consumers. See Transactions. Nil means the default mode:
-	// kafka-go's produce requests, no producer id.
+	// publishing, opt-in; see Transactions). Nil means the default mode.
 	Transactions *Transactions
 }
 
@@ -314,8 +309,7 @@ func (p *Publisher) Publish(ctx context.Context, batches [][]*outbox.Message) []
 	return results
 }
 
-// publishRows is Publish in the default mode: batches hold n rows in
-// all, and results[i] receives batches[i]'s outcome.
+// publishRows is Publish in the default mode; batches hold n rows.
 func (p *Publisher) publishRows(ctx context.Context, batches [][]*outbox.Message, n int, results []relay.Result) {
 	all := batches[0]
 	if len(all) != n {
@@ -337,9 +331,8 @@ func (p *Publisher) publishRows(ctx context.Context, batches [][]*outbox.Message
 
 	groups, order := p.place(ctx, all, rows)
 
-	// Every partition at once; the last on this goroutine (a row or a
-	// shallow batch usually has one partition: no goroutine to start and
-	// wake).
+	// Every partition at once, the last (often the only one) on this
+	// goroutine.
 	var wg sync.WaitGroup
 	for i, key := range order {
 		if i == len(order)-1 {
@@ -521,12 +514,18 @@ func (p *Publisher) place(ctx context.Context, batch []*outbox.Message, rows []r
 		rows[i].partition = part
 		rows[i].msg.Partition = part
 		key := topicPartition{Topic: m.Topic, Partition: part}
-		if _, ok := groups[key]; !ok {
-			order = append(order, key)
-		}
-		groups[key] = append(groups[key], i)
+		order = appendGroup(groups, order, key, i)
 	}
 	return groups, order
+}
+
+// appendGroup appends v to key's group, and key to order when it is new.
+func appendGroup[K comparable, V any](groups map[K][]V, order []K, key K, v V) []K {
+	if _, ok := groups[key]; !ok {
+		order = append(order, key)
+	}
+	groups[key] = append(groups[key], v)
+	return order
 }
 
 // client sends the publisher's own requests on the writer's transport.

@@ -18,10 +18,9 @@ import (
 
 // MaxPublishSpanLinks bounds the links of one publish span: the span links
 // the first MaxPublishSpanLinks distinct span contexts found in its rows'
-// headers, in submission order, and no more (the OpenTelemetry SDK's
-// default SpanLimits.LinkCountLimit is the same 128). Rows enqueued in one
-// traced transaction share one context, so a batch of 500 rows from a few
-// transactions links each of them.
+// headers, in submission order (the OpenTelemetry SDK's default
+// SpanLimits.LinkCountLimit is the same 128). Rows enqueued in one traced
+// transaction share one context.
 const MaxPublishSpanLinks = 128
 
 // tracerName is the instrumentation scope of the publish spans, the same

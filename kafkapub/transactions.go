@@ -157,32 +157,24 @@ type txnProducer struct {
 	epoch int16
 	seq   map[topicPartition]int32 // next sequence number per partition, this epoch
 
-	// open: a transaction may be open on the coordinator (partitions were
-	// added, no EndTxn answered). bump: the epoch must be bumped before the
-	// next transaction (a produce of unknown outcome left the sequence
-	// numbers unknown). fenced: the producer is fenced for good (wraps
-	// relay.ErrFenced).
-	open   bool
-	bump   bool
-	fenced error
+	open   bool  // a transaction may be open on the coordinator (partitions added, no EndTxn answered)
+	bump   bool  // a produce of unknown outcome left the sequence numbers unknown: bump the epoch first
+	fenced error // fenced for good (wraps relay.ErrFenced)
 
-	// inDoubt are the rows of a transaction whose commit was sent but not
-	// answered; committed those of such a transaction found committed,
-	// which the relay has not yet been told were acknowledged.
-	inDoubt   []outbox.UUID
-	committed []outbox.UUID
+	inDoubt   []outbox.UUID // the rows of a transaction whose commit was sent but not answered
+	committed []outbox.UUID // those of such a transaction found committed, not yet acknowledged to the relay
 }
 
-// OwnedBuckets implements relay.Publisher. In the transactional
-// mode it starts, in the background, the initialisation of a producer for
-// each bucket new to the set (InitProducerId for TransactionalID(bucket),
-// which fences the bucket's previous owner), bounded by PublishTimeout; a
-// Publish of the bucket waits for it. A bucket that leaves the set loses
-// its producer; a transaction it left open (or a commit whose answer was
-// lost) is aborted in the background, unless a newer owner's producer
-// fenced it already. A bucket whose initialisation failed keeps its failed
-// producer, so that its Publish fails with relay.ErrFenced and the relay drops
-// the bucket and acquires it again. In the default mode it does nothing.
+// OwnedBuckets implements relay.Publisher. In the transactional mode it
+// starts, in the background, the initialisation of a producer for each
+// bucket new to the set (InitProducerId, which fences the bucket's previous
+// owner), bounded by PublishTimeout; a Publish of the bucket waits for it.
+// A bucket that leaves the set loses its producer, and a transaction it
+// left open (or a commit whose answer was lost) is aborted in the
+// background. A bucket whose initialisation failed keeps its failed
+// producer, so that its Publish fails with relay.ErrFenced and the relay
+// drops the bucket and acquires it again. In the default mode it does
+// nothing.
 func (p *Publisher) OwnedBuckets(buckets []int) {
 	if p.txn == nil {
 		return
@@ -230,11 +222,10 @@ func (p *Publisher) initProducer(prod *txnProducer) {
 	prod.seq = map[topicPartition]int32{}
 }
 
-// retire ends what a producer the relay no longer owns left on the
-// coordinator: an open transaction, or one whose commit answer was lost, is
-// aborted (bounded by PublishTimeout), so that read_committed consumers of
-// its partitions are not held back until the next owner's initialisation or
-// the transaction timeout. A fenced producer has nothing to end.
+// retire aborts, within PublishTimeout, a transaction that a producer the
+// relay no longer owns left open or in doubt, so that read_committed
+// consumers of its partitions are not held back until the next owner's
+// initialisation or the transaction timeout.
 func (p *Publisher) retire(prod *txnProducer) {
 	ctx, cancel := context.WithTimeout(context.Background(), p.timeout)
 	defer cancel()
@@ -317,11 +308,7 @@ func (p *Publisher) publishTxn(ctx context.Context, batches [][]*outbox.Message,
 		if len(b) == 0 {
 			continue
 		}
-		k := b[0].Bucket
-		if _, ok := byBucket[k]; !ok {
-			buckets = append(buckets, k)
-		}
-		byBucket[k] = append(byBucket[k], i)
+		buckets = appendGroup(byBucket, buckets, b[0].Bucket, i)
 	}
 	run := func(bucket int32, idx []int) {
 		var failed outbox.UUID // the row that stopped the bucket
@@ -429,11 +416,7 @@ func (p *Publisher) txnRange(ctx context.Context, prod *txnProducer, rows []row,
 	idx := map[topicPartition][]int{}
 	var parts []topicPartition
 	for i := lo; i < hi; i++ {
-		tp := topicPartition{Topic: rows[i].msg.Topic, Partition: rows[i].partition}
-		if _, ok := idx[tp]; !ok {
-			parts = append(parts, tp)
-		}
-		idx[tp] = append(idx[tp], i)
+		parts = appendGroup(idx, parts, topicPartition{Topic: rows[i].msg.Topic, Partition: rows[i].partition}, i)
 	}
 
 	failed, err := p.addPartitions(ctx, prod, parts)

@@ -120,10 +120,7 @@ func (p *Publisher) produceAll(ctx context.Context, prod *txnProducer, rows []ro
 			if leader < 0 {
 				leader = -1 - int32(i) // leader unknown: a request of its own
 			}
-			if _, ok := groups[leader]; !ok {
-				order = append(order, leader)
-			}
-			groups[leader] = append(groups[leader], &produceItem{out: o, rows: c, set: set})
+			order = appendGroup(groups, order, leader, &produceItem{out: o, rows: c, set: set})
 		}
 		if len(order) == 0 {
 			break
@@ -230,7 +227,7 @@ func (p *Publisher) sendItems(ctx context.Context, prod *txnProducer, items []*p
 
 // sendOnce sends pending in one request and settles the items it can;
 // retry reports items left to resend, split a request the transport could
-// not route as one (no common leader).
+// not route as one.
 func (p *Publisher) sendOnce(ctx context.Context, prod *txnProducer, pending []*produceItem) (retry, split bool) {
 	// The broker waits at most half the time left for the in-sync
 	// replicas, as kafka-go's writer asks.

@@ -17,12 +17,9 @@ import (
 	"github.com/segmentio/kafka-go/protocol/rawproduce"
 )
 
-// The Kafka protocol steps of the transactional mode, on the writer's
-// transport. Requests to the transaction coordinator (InitProducerId,
-// AddPartitionsToTxn, EndTxn) are routed by kafka-go's transport, which
-// looks the coordinator up (FindCoordinator, transaction key type) before
-// each; a coordinator that moved answers NOT_COORDINATOR and the request is
-// sent again.
+// The transactional mode's requests, on the writer's transport, which looks
+// the transaction coordinator up before each; a coordinator that moved
+// answers NOT_COORDINATOR and the request is sent again.
 
 // Backoff of the requests retried inside a call (coordinate's, and the
 // publisher's resent produce requests).
