@@ -3,8 +3,10 @@ package kafkapub
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"os"
 	"sync"
 
 	"github.com/segmentio/kafka-go"
@@ -14,17 +16,12 @@ import (
 )
 
 // Lanes: the rows that concurrent calls place on one partition are sent by
-// one goroutine, the partition's lane's sender, one produce request at a
-// time, in order of arrival; the rows of the calls that arrived while a
-// request was in flight go out together in the next (at most
-// MaxBatchRecords and BatchBytes each). So a partition shared by the
-// groups of several relay workers carries one request per round trip
-// rather than a request per call in turn, and a later call can never
-// overtake a request still in flight, even one whose caller stopped
-// waiting. Each call keeps its own order and its own failures: a failed
-// request fails the rows it carried and stops, for each call, the rest of
-// that call's rows on the partition. A lane lives while its sender does, so
-// that idle partitions (dynamic topic names) leave nothing behind.
+// the partition's lane's sender, one produce request at a time, in order of
+// arrival, the rows of the calls that arrived while a request was in flight
+// together in the next (see Publisher). So a later call never overtakes a
+// request still in flight, even one whose caller stopped waiting. A lane
+// lives while its sender does, so that idle partitions (dynamic topic
+// names) leave nothing behind.
 
 // lane is one partition's queue of calls.
 type lane struct {
@@ -122,25 +119,21 @@ func (p *Publisher) serve(l *lane) {
 	l.mu.Unlock()
 }
 
-// sendRequest sends the next request of turns ts and records its outcome,
-// and reports whether it sent one.
+// sendRequest sends the next request of turns ts, records its outcome and
+// reports whether it sent one.
 func (p *Publisher) sendRequest(l *lane, ts []*turn) bool {
 	l.mu.Lock()
 	parts, n := p.pack(ts)
+	msgs := make([]kafka.Message, 0, n)
 	for _, pt := range parts {
 		for _, i := range pt.idx {
 			pt.t.rows[i].sent = true
+			msgs = append(msgs, pt.t.rows[i].msg)
 		}
 	}
 	l.mu.Unlock()
 	if n == 0 {
 		return false
-	}
-	msgs := make([]kafka.Message, 0, n)
-	for _, pt := range parts {
-		for _, i := range pt.idx {
-			msgs = append(msgs, pt.t.rows[i].msg)
-		}
 	}
 	err := p.write(parts[0].t.ctx, msgs)
 
@@ -180,9 +173,9 @@ func (p *Publisher) sendRequest(l *lane, ts []*turn) bool {
 }
 
 // resend sends idx, rows of turn t that failed in a shared request for one
-// record's fault, as one request, and in halves, in order, while the broker
-// rejects them for that reason (split); the culprit gets the error and
-// stops t. It reports whether every row was acknowledged.
+// record's fault, as one request, then in halves while the broker rejects
+// them so (split): the culprit gets the error and stops t. It reports
+// whether every row was acknowledged.
 func (p *Publisher) resend(l *lane, t *turn, idx []int) bool {
 	l.mu.Lock()
 	stopped := t.stopped
@@ -196,29 +189,25 @@ func (p *Publisher) resend(l *lane, t *turn, idx []int) bool {
 	}
 	err := p.write(t.ctx, msgs)
 	l.mu.Lock()
+	left := t.left
 	switch {
-	case t.left:
-		l.mu.Unlock()
-		return false
+	case left:
 	case err == nil:
 		for _, i := range idx {
 			t.rows[i].acked = true
 		}
+	case len(idx) > 1 && recordError(err):
 		l.mu.Unlock()
-		return true
-	case len(idx) == 1 || !recordError(err):
+		return p.split(l, t, idx)
+	default:
 		t.rows[idx[0]].err = classify(err, len(idx) == 1)
 		t.stopped = true
-		l.mu.Unlock()
-		return false
 	}
 	l.mu.Unlock()
-	return p.split(l, t, idx)
+	return !left && err == nil
 }
 
-// split resends idx, rows of turn t that the broker rejected for one
-// record's fault, in halves, in order (see resend), and reports whether
-// every row was acknowledged.
+// split resends idx in halves, in order (see resend).
 func (p *Publisher) split(l *lane, t *turn, idx []int) bool {
 	half := len(idx) / 2
 	return p.resend(l, t, idx[:half]) && p.resend(l, t, idx[half:])
@@ -243,7 +232,7 @@ func (p *Publisher) pack(ts []*turn) (parts []part, n int) {
 				if t.next > first {
 					break // sent first; the row fails once they are acknowledged
 				}
-				t.rows[i].err = unpublishable(fmt.Errorf("record of %d bytes exceeds BatchBytes %d: %w", rs, p.batchBytes, kafka.MessageSizeTooLarge))
+				t.rows[i].err = p.tooLarge(rs)
 				t.stopped = true
 				break
 			}
@@ -268,14 +257,11 @@ func (p *Publisher) pack(ts []*turn) (parts []part, n int) {
 // writer's partition writer sends a batch: kafka-go's Client.Produce on the
 // writer's Addr and Transport, with its RequiredAcks (all) and Compression,
 // its WriteTimeout as the bound of the request (one attempt), its Logger,
-// ErrorLogger and Completion told of the write; and returns the outcome.
-// Not through Writer.WriteMessages: its batching (a slice of BatchSize
-// messages per call, 150 KB at the default 1,000, a timer and two
-// goroutines between the call and the request) cost a single-row publish
-// 163 KB and ~100 µs more than this (BenchmarkKafkaPublisher), and a lane
-// already hands over one request's rows. The write is not cancelled by the
-// callers' contexts (a request in flight stays one unit that the
-// partition's next request cannot overtake).
+// ErrorLogger and Completion told of the write. Not Writer.WriteMessages,
+// whose batching (a timer, goroutines, a BatchSize slice per call) costs a
+// publish far more than a lane that already holds one request's rows. The
+// callers' contexts do not cancel the write: a request in flight stays one
+// unit that the partition's next request cannot overtake.
 func (p *Publisher) write(ctx context.Context, msgs []kafka.Message) error {
 	w, topic, partition := p.w, msgs[0].Topic, msgs[0].Partition
 	if w.Logger != nil {
@@ -301,7 +287,12 @@ func (p *Publisher) write(ctx context.Context, msgs []kafka.Message) error {
 		w.Completion(msgs, err)
 	}
 	failpoint.Inject("relay/during-publish")
-	return p.writeError(err)
+	if errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, context.DeadlineExceeded) {
+		// The write's deadline (WriteTimeout, at most PublishTimeout) fired:
+		// the error names the timeout and wraps context.DeadlineExceeded.
+		return fmt.Errorf("no answer from the broker within Config.PublishTimeout (%v): %w (%w)", p.timeout, context.DeadlineExceeded, err)
+	}
+	return err
 }
 
 // records reads msgs as a produce request's records, as the writer's own

@@ -1,10 +1,10 @@
 package kafkapub
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"sync"
 	"time"
@@ -47,11 +47,10 @@ type Config struct {
 	Brokers []string
 
 	// Transport carries the writer's requests: a *kafka.Transport with TLS,
-	// SASL, dial and metadata settings, or any kafka.RoundTripper (one that
-	// records or injects faults, say). It is passed to the writer untouched
-	// and the caller keeps ownership (Close does not close it). Nil means the
-	// Transport the Configure hook set on the writer, else a default
-	// kafka.Transport owned (and closed) by the publisher.
+	// SASL, dial and metadata settings, or any kafka.RoundTripper. It is
+	// passed to the writer untouched and the caller keeps ownership (Close
+	// does not close it). Nil means the Transport the Configure hook set on
+	// the writer, else a default kafka.Transport owned by the publisher.
 	Transport kafka.RoundTripper
 
 	// MessageIDHeader is the header that carries each row's message id as
@@ -59,15 +58,14 @@ type Config struct {
 	// and the stamped header comes last. Empty means DefaultMessageIDHeader.
 	MessageIDHeader string
 
-	// BatchBytes is the largest produce request, in kafka-go's accounting of
-	// record sizes, that the publisher sends to one partition; a partition's
-	// rows that exceed it go in several requests, one after the other. A
-	// single row larger than BatchBytes fails with an error matching
-	// kafka.MessageSizeTooLarge and relay.ErrUnpublishable without being
-	// sent. Keep it at most the topics' max.message.bytes: a larger request
-	// is rejected by the broker and the publisher then has to split it. Zero means the BatchBytes the
-	// Configure hook set on the writer, else DefaultBatchBytes (1 MiB);
-	// negative fails New.
+	// BatchBytes is the largest produce request to one partition, in
+	// kafka-go's accounting of record sizes: a partition's rows beyond it go
+	// in several requests, in sequence. A row larger than BatchBytes fails
+	// unsent with an error matching kafka.MessageSizeTooLarge and
+	// relay.ErrUnpublishable. Keep it at most the topics' max.message.bytes:
+	// the broker rejects a larger request and the publisher then splits it.
+	// Zero means the BatchBytes the Configure hook set on the writer, else
+	// DefaultBatchBytes (1 MiB); negative fails New.
 	BatchBytes int64
 
 	// MaxBatchRecords is the largest number of records the publisher sends
@@ -75,16 +73,14 @@ type Config struct {
 	// DefaultMaxBatchRecords (1000); negative fails New.
 	MaxBatchRecords int
 
-	// PublishTimeout bounds one Publish call (in the
-	// transactional mode, each batch's transaction): when the broker has not
-	// answered within it (a paused, hung or unreachable broker), Publish
-	// returns the rows acknowledged so far and, for the first other row, an
-	// error wrapping context.DeadlineExceeded that names this field, so that
-	// the relay counts the failure, logs it and retries with its backoff.
-	// It is also the writer's WriteTimeout, the bound of each produce
-	// request (kafka-go asks the broker to wait at most half of it for the
-	// in-sync replicas), so a write still in flight when Publish returns
-	// ends within the bound. Keep it well under the relay's lease
+	// PublishTimeout bounds one Publish call (in the transactional mode,
+	// each batch's transaction): when the broker has not answered within it
+	// (a paused, hung or unreachable broker), Publish returns the rows
+	// acknowledged so far and, for the first other row, an error wrapping
+	// context.DeadlineExceeded that names this field, so that the relay
+	// counts, logs and retries it. It is also the writer's WriteTimeout, the
+	// bound of each produce request, so a write still in flight when Publish
+	// returns ends within it. Keep it well under the relay's lease
 	// (relay.Options.LeaseDuration). Zero means DefaultPublishTimeout
 	// (10 s); negative fails New.
 	PublishTimeout time.Duration
@@ -95,31 +91,27 @@ type Config struct {
 	// AllowAutoTopicCreation, Logger, ErrorLogger, Completion and Transport
 	// (when the Transport field is nil). The publisher then sets Addr (from
 	// Brokers) and RequiredAcks = RequireAll, whatever the hook set, and
-	// sends each produce request itself, with kafka-go's Client.Produce as
-	// the writer's own partition writers do, one attempt each (the relay
-	// owns retries, see Publisher), telling the writer's Logger, ErrorLogger
-	// and Completion of each. The writer's batching, balancing, attempts and
-	// Topic are not used: each row names its topic, the publisher places it
-	// (explicit partition, else murmur2 of the key) and sizes the requests
-	// (BatchBytes, MaxBatchRecords).
+	// sends each produce request itself with kafka-go's Client.Produce, one
+	// attempt each, telling the writer's Logger, ErrorLogger and Completion
+	// of each. The writer's batching, balancing, attempts and Topic are not
+	// used: each row names its topic, and the publisher places the rows and
+	// sizes the requests.
 	Configure func(*kafka.Writer)
 
 	// TracerProvider provides the tracer of the publish spans: one span per
-	// Publish call (per batch in the transactional mode),
-	// over every row of the call, of kind PRODUCER, named "send <topic>"
-	// ("send" when the rows name several topics), with the OpenTelemetry
-	// messaging attributes (messaging.system kafka,
+	// Publish call (per batch in the transactional mode), of kind PRODUCER,
+	// named "send <topic>" ("send" when the rows name several topics), with
+	// the OpenTelemetry messaging attributes (messaging.system kafka,
 	// messaging.operation.type and .name send, messaging.destination.name
 	// for one topic, messaging.destination.partition.id when every row went
 	// to one partition, messaging.batch.message_count for several rows,
 	// messaging.message.id for one), the error of the first unacknowledged
-	// row (of the first batch with one), and a link to each distinct span context found in the rows'
-	// headers (the writers' trace contexts, see outbox.Plugin.Propagator),
-	// at most MaxPublishSpanLinks. The links are added after the span
-	// starts, so samplers do not see them. Nil means the OpenTelemetry
-	// global, otel.GetTracerProvider(), which records nothing until the
-	// application installs an SDK (otel.SetTracerProvider); a span that
-	// does not record costs a few allocations per call and none per row.
+	// row, and a link to each distinct span context in the rows' headers
+	// (the writers' trace contexts, see outbox.Plugin.Propagator), at most
+	// MaxPublishSpanLinks, added after the span starts (samplers do not see
+	// them). Nil means the OpenTelemetry global, otel.GetTracerProvider(),
+	// which records nothing until the application installs an SDK; a span
+	// that does not record costs no allocation per row.
 	TracerProvider trace.TracerProvider
 
 	// Propagator extracts the trace context from each row's headers, for
@@ -131,70 +123,45 @@ type Config struct {
 	Propagator propagation.TextMapPropagator
 
 	// Transactions, when set, makes the publisher transactional (fenced
-	// publishing, opt-in): one Kafka transactional producer per bucket the
-	// relay owns, each batch published in one Kafka transaction, so that a
-	// relay that lost its bucket cannot publish to read_committed
-	// consumers. See Transactions. Nil means the default mode:
-	// kafka-go's produce requests, no producer id.
+	// publishing, opt-in; see Transactions). Nil means the default mode.
 	Transactions *Transactions
 }
 
-// Publisher is the relay.Publisher built on kafka-go: acks=all,
-// murmur2 key placement (explicit partitions honoured), the message-id
-// header on every record, and ordered across partial failure.
+// Publisher is the relay.Publisher built on kafka-go: acks=all, murmur2
+// key placement (explicit partitions honoured), the message-id header on
+// every record, and each partition's records in submission order across
+// partial failure. With Config.Transactions it publishes in Kafka
+// transactions instead (fenced publishing: see Transactions, which also
+// says how its requests, retries and duplicates differ from what follows).
 //
-// With Config.Transactions it publishes in Kafka transactions instead,
-// one transactional producer per owned bucket (fenced publishing: see
-// Transactions, which also says how its requests, retries and
-// duplicates differ from what follows).
+// Publish groups its rows by topic partition and sends every partition's
+// rows at once, each partition's as one produce request (several, in
+// sequence, beyond BatchBytes or MaxBatchRecords). A produce request is
+// atomic on the broker, and once a row routed to partition P fails, no
+// later row of the call is sent to P: a consumer that deduplicates by
+// message id sees each partition's records in submission order even when a
+// row is rejected and retried later. When the broker rejects a request for
+// a reason that belongs to one record (MESSAGE_TOO_LARGE, INVALID_RECORD,
+// CORRUPT_MESSAGE, RECORD_LIST_TOO_LARGE) the publisher resends its rows in
+// halves, in order, so that the rows before the culprit are still
+// acknowledged and the error names the culprit. Any other failed request is
+// not retried inside the publisher: the error goes back to the relay, which
+// counts it (outbox.publish.failures), logs it and retries with its backoff.
 //
-// Publish groups a batch's rows by topic partition, in submission order,
-// and sends every partition's rows at once, each partition as one produce
-// request (several, in sequence, beyond BatchBytes or MaxBatchRecords), so a
-// 500-row batch takes a handful of broker round trips. A produce request
-// to one partition is atomic on the broker, and once a row routed to
-// partition P fails, no later row of the same Publish call is sent to P:
-// a consumer that deduplicates by message id sees each partition's records
-// in submission order even when a row is rejected and retried later. When
-// the broker rejects a request for a reason that belongs to one record
-// (MESSAGE_TOO_LARGE, INVALID_RECORD, CORRUPT_MESSAGE, RECORD_LIST_TOO_LARGE)
-// the publisher resends its rows in halves, in order, so that the rows
-// before the culprit are still acknowledged and the error names the culprit.
-// A failed produce request is not retried inside the publisher: each
-// request is sent once and the error goes back to the relay, which counts
-// it (outbox.publish.failures), logs it and retries the head row with its
-// backoff. A Publish call lasts at most
-// Config.PublishTimeout, however long the broker takes to answer.
-//
-// Duplicates: a retry resends rows whose fate the publisher does not
-// know. When the broker appended a request but its acknowledgement was
-// lost (a broker paused or restarted after the append, a connection cut,
-// a PublishTimeout that fired first), the rows are sent again, so a
-// consumer sees the same message id twice (or more, once per such
-// attempt). The copies follow each other in the partition, separated at
-// most by rows of the same retried batches, and deduplication by message
-// id restores the submission order. A write still in flight when Publish
-// returns keeps its partition until it ends, so a retry cannot overtake
-// it.
-//
-// A call sends the batches of several buckets the same way, as one call's
-// rows: the produce request to a partition carries the rows of every batch
-// placed there, so that a relay publishing many shallow buckets (a row or
-// two each) pays a round of requests per group rather than per bucket.
-// Each batch gets its own Result.
-//
-// Each Publish call records a PRODUCER span linked to the trace contexts
-// the writers stored in the rows' headers (see Config.TracerProvider);
-// the records carry those headers as stored, so that a consumer continues
-// the writer's trace.
+// Duplicates: when the broker appended a request but its acknowledgement
+// was lost (a broker paused or restarted after the append, a connection
+// cut, a PublishTimeout that fired first), the retry sends the rows again,
+// so a consumer sees the same message id twice or more. The copies follow
+// each other in the partition, separated at most by rows of the same
+// retried batches, and deduplication by message id restores the submission
+// order. A write still in flight when Publish returns keeps its partition
+// until it ends, so a retry cannot overtake it.
 //
 // Calls on different partitions run concurrently; calls that share a
 // partition share its requests: one request is in flight per partition,
-// and the rows of every call that arrived meanwhile go out together in
-// the next, each call's in its submission order and the calls in order of
-// arrival. A failed request fails each call's rows from its first row in
-// it; a call whose ctx ended before its rows were sent sends none. A
-// Publisher is safe for concurrent use.
+// and the rows of every call that arrived meanwhile go out together in the
+// next, each call's in its submission order and the calls in order of
+// arrival. A Publisher is safe for concurrent use.
 type Publisher struct {
 	w            *kafka.Writer
 	header       string
@@ -203,12 +170,13 @@ type Publisher struct {
 	maxRecords   int
 	ownTransport *kafka.Transport
 	tracing      publishTracer
-	txn          *txnPublisher // nil: the default mode (see Config.Transactions)
+	txn          *Transactions // with defaults; nil: the default mode
 
-	mu     sync.Mutex
-	closed bool
-	lanes  map[topicPartition]*lane
-	wg     sync.WaitGroup // Publish calls and the lanes' senders
+	mu        sync.Mutex
+	closed    bool
+	lanes     map[topicPartition]*lane
+	producers map[int]*txnProducer // the owned buckets' (transactional mode)
+	wg        sync.WaitGroup       // Publish calls and background goroutines
 }
 
 var _ relay.Publisher = (*Publisher)(nil)
@@ -238,37 +206,25 @@ func New(cfg Config) (*Publisher, error) {
 		return nil, fmt.Errorf("kafkapub: Config.PublishTimeout is negative (%v)", cfg.PublishTimeout)
 	}
 	p := &Publisher{
-		header:     cfg.MessageIDHeader,
-		timeout:    cfg.PublishTimeout,
-		maxRecords: cfg.MaxBatchRecords,
+		header:     cmp.Or(cfg.MessageIDHeader, DefaultMessageIDHeader),
+		timeout:    cmp.Or(cfg.PublishTimeout, DefaultPublishTimeout),
+		maxRecords: cmp.Or(cfg.MaxBatchRecords, DefaultMaxBatchRecords),
 		lanes:      make(map[topicPartition]*lane),
 		tracing:    newPublishTracer(cfg.TracerProvider, cfg.Propagator),
-	}
-	if p.header == "" {
-		p.header = DefaultMessageIDHeader
-	}
-	if p.maxRecords == 0 {
-		p.maxRecords = DefaultMaxBatchRecords
-	}
-	if p.timeout == 0 {
-		p.timeout = DefaultPublishTimeout
 	}
 	if cfg.Transactions != nil {
 		tc, err := cfg.Transactions.check(p.timeout)
 		if err != nil {
 			return nil, err
 		}
-		p.txn = newTxnPublisher(tc)
+		p.txn, p.producers = &tc, map[int]*txnProducer{}
 	}
 
 	w := &kafka.Writer{}
 	if cfg.Configure != nil {
 		cfg.Configure(w)
 	}
-	p.batchBytes = cfg.BatchBytes
-	if p.batchBytes == 0 {
-		p.batchBytes = w.BatchBytes
-	}
+	p.batchBytes = cmp.Or(cfg.BatchBytes, w.BatchBytes)
 	if p.batchBytes <= 0 {
 		p.batchBytes = DefaultBatchBytes
 	}
@@ -287,11 +243,10 @@ func New(cfg Config) (*Publisher, error) {
 	return p, nil
 }
 
-// Publish implements relay.Publisher: it sends batches, each one bucket's
-// rows, and returns each batch's outcome, results[i] batches[i]'s: its
-// contiguous acknowledged prefix and the error of its first unacknowledged
-// row (a zero Result for an empty batch, ErrClosed for every other batch
-// after Close). The error wraps kafka-go's, so errors.Is(res.Err,
+// Publish implements relay.Publisher: results[i] is batches[i]'s outcome,
+// its contiguous acknowledged prefix and the error of its first
+// unacknowledged row (a zero Result for an empty batch, ErrClosed for every
+// other batch after Close). The error wraps kafka-go's, so errors.Is(res.Err,
 // kafka.MessageSizeTooLarge) and the like work. It also wraps
 // relay.ErrUnpublishable, so that the relay's default
 // relay.Options.ParkPolicy parks the row, when it will recur for the row as
@@ -299,34 +254,31 @@ func New(cfg Config) (*Publisher, error) {
 // invalid (CORRUPT_MESSAGE, INVALID_RECORD); its topic is empty, invalid
 // or not writable by the relay (TOPIC_AUTHORIZATION_FAILED); or it names a
 // partition its topic does not have. Transient errors (leaders, timeouts,
-// replicas, the network, an unknown topic) never wrap it. When the broker
-// rejects the publisher's credentials (SASL_AUTHENTICATION_FAILED,
-// UNSUPPORTED_SASL_MECHANISM, ILLEGAL_SASL_STATE), the error wraps
-// relay.ErrPublisherAuth, so that the relay's Health reports it.
+// replicas, the network, an unknown topic) never wrap it. Refused
+// credentials (SASL_AUTHENTICATION_FAILED, UNSUPPORTED_SASL_MECHANISM,
+// ILLEGAL_SASL_STATE) wrap relay.ErrPublisherAuth, which the relay's
+// Health reports.
 //
 // When ctx is done, or Config.PublishTimeout has passed, Publish stops
 // waiting and reports only the rows acknowledged so far, with ctx's error
 // (or the timeout's, wrapping context.DeadlineExceeded) for the first
 // other row. A row already handed to the broker may still be appended
-// after that (the consumer deduplicates by message id); the partition
-// stays busy until that write ends, so a later call cannot overtake it.
+// after that.
 //
-// In the default mode the rows of all batches go out together: grouped by
-// topic partition, one produce request per partition (several beyond
-// BatchBytes or MaxBatchRecords) carrying the rows of every batch placed
-// there, in the order of batches and, within each, submission order, all
-// partitions at once, bounded by one Config.PublishTimeout and traced as
-// one span. A failed row stops its partition for the rest of the call, so
-// a later row of another batch on that partition is not acknowledged; that
-// batch's error then names the failed row (another batch's) and never
-// wraps relay.ErrUnpublishable or relay.ErrPublisherAuth: the fault is not
-// its row's. It wraps the failed row's error otherwise (a timeout, a leader
-// moving), which was its request's too.
+// In the default mode the rows of all batches go out as one call's, under
+// one PublishTimeout and one span: the request to a partition carries the
+// rows of every batch placed there, in the order of batches, so that many
+// shallow buckets cost one round of requests rather than one each. A failed
+// row stops its partition for the rest of the call; a later row of another
+// batch there is then not acknowledged, and its batch's error names the
+// failed row and wraps that row's error unless it wraps
+// relay.ErrUnpublishable or relay.ErrPublisherAuth (the fault is not its
+// row's).
 //
-// In the transactional mode (Config.Transactions) each batch is published
-// in its own transaction, the batches of different buckets concurrently;
-// batches of one bucket go in order, and a batch after one of its bucket
-// that failed is not sent (its error says so).
+// In the transactional mode each batch is published in its own
+// transaction, the batches of different buckets concurrently; batches of
+// one bucket go in order, and a batch after one of its bucket that failed
+// is not sent (its error says so).
 func (p *Publisher) Publish(ctx context.Context, batches [][]*outbox.Message) []relay.Result {
 	results := make([]relay.Result, len(batches))
 	n := 0
@@ -350,15 +302,14 @@ func (p *Publisher) Publish(ctx context.Context, batches [][]*outbox.Message) []
 	p.mu.Unlock()
 	defer p.wg.Done()
 	if p.txn != nil {
-		p.publishTxnGroup(ctx, batches, results) // see Transactions
+		p.publishTxn(ctx, batches, results) // see Transactions
 		return results
 	}
 	p.publishRows(ctx, batches, n, results)
 	return results
 }
 
-// publishRows is Publish in the default mode: batches hold n rows in
-// all, and results[i] receives batches[i]'s outcome.
+// publishRows is Publish in the default mode; batches hold n rows.
 func (p *Publisher) publishRows(ctx context.Context, batches [][]*outbox.Message, n int, results []relay.Result) {
 	all := batches[0]
 	if len(all) != n {
@@ -368,8 +319,7 @@ func (p *Publisher) publishRows(ctx context.Context, batches [][]*outbox.Message
 		}
 	}
 	ctx, span := p.tracing.start(ctx, all)
-	ctx, cancel := context.WithTimeoutCause(ctx, p.timeout,
-		fmt.Errorf("no answer from the broker within Config.PublishTimeout (%v): %w", p.timeout, context.DeadlineExceeded))
+	ctx, cancel := p.withTimeout(ctx, "broker")
 	defer cancel()
 
 	rows := make([]row, 0, n)
@@ -381,9 +331,8 @@ func (p *Publisher) publishRows(ctx context.Context, batches [][]*outbox.Message
 
 	groups, order := p.place(ctx, all, rows)
 
-	// Every partition at once; the last on this goroutine (a row or a
-	// shallow batch usually has one partition: no goroutine to start and
-	// wake).
+	// Every partition at once, the last (often the only one) on this
+	// goroutine.
 	var wg sync.WaitGroup
 	for i, key := range order {
 		if i == len(order)-1 {
@@ -415,6 +364,13 @@ func (p *Publisher) publishRows(ctx context.Context, batches [][]*outbox.Message
 	p.tracing.end(span, rows, first)
 }
 
+// withTimeout bounds ctx by Config.PublishTimeout, whose expiry is an
+// error naming the field and who did not answer.
+func (p *Publisher) withTimeout(ctx context.Context, who string) (context.Context, context.CancelFunc) {
+	return context.WithTimeoutCause(ctx, p.timeout,
+		fmt.Errorf("no answer from the %s within Config.PublishTimeout (%v): %w", who, p.timeout, context.DeadlineExceeded))
+}
+
 // blame gives each row that a failed row of another batch left
 // unacknowledged on their partition (publishPartition stops at a partition's
 // first failure, and a failed request fails every row it carried) a
@@ -431,7 +387,7 @@ func blame(rows []row, groups map[topicPartition][]int, order []topicPartition) 
 					failed = r
 				}
 			case failed != nil && failed.batch != r.batch:
-				r.err = newBlockedError(failed.id, failed.err, r.sent)
+				r.err = &blockedError{failed.id, failed.err, r.sent}
 			}
 		}
 	}
@@ -446,12 +402,6 @@ type blockedError struct {
 	failed outbox.UUID // the failed row's message id
 	err    error       // its error
 	sent   bool        // the row was in a request that failed
-	wrap   bool        // Unwrap returns err
-}
-
-func newBlockedError(failed outbox.UUID, err error, sent bool) *blockedError {
-	wrap := !errors.Is(err, relay.ErrUnpublishable) && !errors.Is(classifyAuth(err), relay.ErrPublisherAuth)
-	return &blockedError{failed: failed, err: err, sent: sent, wrap: wrap}
 }
 
 func (e *blockedError) Error() string {
@@ -462,10 +412,10 @@ func (e *blockedError) Error() string {
 }
 
 func (e *blockedError) Unwrap() error {
-	if e.wrap {
-		return e.err
+	if errors.Is(e.err, relay.ErrUnpublishable) || errors.Is(classifyAuth(e.err), relay.ErrPublisherAuth) {
+		return nil
 	}
-	return nil
+	return e.err
 }
 
 // outcome is the relay.Result of rows (one batch's) that ended: the
@@ -522,8 +472,11 @@ func (p *Publisher) record(m *outbox.Message) kafka.Message {
 // partition, each group in submission order; order lists the groups. A row
 // that cannot be placed gets its error.
 func (p *Publisher) place(ctx context.Context, batch []*outbox.Message, rows []row) (map[topicPartition][]int, []topicPartition) {
-	counts := make(map[string]int)
-	countErr := make(map[string]error)
+	type count struct {
+		n   int
+		err error
+	}
+	counts := make(map[string]count) // per topic
 	groups := make(map[topicPartition][]int)
 	var order []topicPartition
 	var parts []int
@@ -532,18 +485,14 @@ func (p *Publisher) place(ctx context.Context, batch []*outbox.Message, rows []r
 			rows[i].err = unpublishable(errors.New("the row has no topic"))
 			continue
 		}
-		n, seen := counts[m.Topic]
-		err := countErr[m.Topic]
-		if !seen && err == nil {
-			n, err = p.partitions(ctx, m.Topic)
-			if err != nil {
-				countErr[m.Topic] = err
-			} else {
-				counts[m.Topic] = n
-			}
+		c, seen := counts[m.Topic]
+		if !seen {
+			c.n, c.err = p.client().Partitions(ctx, m.Topic, p.w.AllowAutoTopicCreation)
+			counts[m.Topic] = c
 		}
-		if err != nil {
-			rows[i].err = classify(err, true)
+		n := c.n
+		if c.err != nil {
+			rows[i].err = classify(c.err, true)
 			continue
 		}
 		var part int
@@ -565,18 +514,18 @@ func (p *Publisher) place(ctx context.Context, batch []*outbox.Message, rows []r
 		rows[i].partition = part
 		rows[i].msg.Partition = part
 		key := topicPartition{Topic: m.Topic, Partition: part}
-		if _, ok := groups[key]; !ok {
-			order = append(order, key)
-		}
-		groups[key] = append(groups[key], i)
+		order = appendGroup(groups, order, key, i)
 	}
 	return groups, order
 }
 
-// partitions returns topic's partition count from the transport's (cached)
-// metadata, as the writer itself looks it up.
-func (p *Publisher) partitions(ctx context.Context, topic string) (int, error) {
-	return p.client().Partitions(ctx, topic, p.w.AllowAutoTopicCreation)
+// appendGroup appends v to key's group, and key to order when it is new.
+func appendGroup[K comparable, V any](groups map[K][]V, order []K, key K, v V) []K {
+	if _, ok := groups[key]; !ok {
+		order = append(order, key)
+	}
+	groups[key] = append(groups[key], v)
+	return order
 }
 
 // client sends the publisher's own requests on the writer's transport.
@@ -584,27 +533,11 @@ func (p *Publisher) client() wire.Client {
 	return wire.Client{Transport: p.w.Transport, Addr: p.w.Addr}
 }
 
-// writeError is the error of a write that ended, reported as the
-// PublishTimeout when the write's deadline fired (WriteTimeout, at most
-// PublishTimeout), so that it names the timeout and wraps
-// context.DeadlineExceeded.
-func (p *Publisher) writeError(err error) error {
-	if err != nil && (errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, context.DeadlineExceeded)) {
-		return fmt.Errorf("no answer from the broker within Config.PublishTimeout (%v): %w (%w)", p.timeout, context.DeadlineExceeded, err)
-	}
-	return err
-}
-
 // recordError reports whether the broker rejected a request because of one
 // of its records, so that nothing was appended and a smaller request may
 // succeed.
 func recordError(err error) bool {
-	for _, e := range []kafka.Error{kafka.MessageSizeTooLarge, kafka.RecordListTooLarge, kafka.InvalidRecord, kafka.InvalidMessage} { // InvalidMessage is CORRUPT_MESSAGE
-		if errors.Is(err, e) {
-			return true
-		}
-	}
-	return false
+	return wire.Is(err, kafka.MessageSizeTooLarge, kafka.RecordListTooLarge, kafka.InvalidRecord, kafka.InvalidMessage) // InvalidMessage is CORRUPT_MESSAGE
 }
 
 // unpublishableError is a row's publish error that will recur for the row
@@ -616,6 +549,11 @@ func (e *unpublishableError) Error() string   { return e.err.Error() }
 func (e *unpublishableError) Unwrap() []error { return []error{e.err, relay.ErrUnpublishable} }
 
 func unpublishable(err error) error { return &unpublishableError{err} }
+
+// tooLarge is the error of a record of n bytes, more than BatchBytes.
+func (p *Publisher) tooLarge(n int64) error {
+	return unpublishable(fmt.Errorf("record of %d bytes exceeds BatchBytes %d: %w", n, p.batchBytes, kafka.MessageSizeTooLarge))
+}
 
 // authError is a publish error that says the broker rejected the
 // publisher's credentials: it matches relay.ErrPublisherAuth as well as the
@@ -629,48 +567,29 @@ func (e *authError) Unwrap() []error { return []error{e.err, relay.ErrPublisherA
 // rejected the publisher's credentials (SASL_AUTHENTICATION_FAILED,
 // UNSUPPORTED_SASL_MECHANISM, ILLEGAL_SASL_STATE), else err itself.
 func classifyAuth(err error) error {
-	if err == nil || errors.Is(err, relay.ErrPublisherAuth) {
-		return err
-	}
-	for _, code := range []kafka.Error{kafka.SASLAuthenticationFailed, kafka.UnsupportedSASLMechanism, kafka.IllegalSASLState} {
-		if errors.Is(err, code) {
-			return &authError{err}
-		}
+	if err != nil && !errors.Is(err, relay.ErrPublisherAuth) &&
+		wire.Is(err, kafka.SASLAuthenticationFailed, kafka.UnsupportedSASLMechanism, kafka.IllegalSASLState) {
+		return &authError{err}
 	}
 	return err
 }
 
 // classify returns err wrapping relay.ErrUnpublishable when it will recur
-// for the row as stored, whatever the retry, else err itself. alone says that the
-// failed request held this row only, so that an error about the size or
-// validity of the request's records is about this row and not a batching
-// effect (the publisher resends a rejected request in halves down to one
-// row, see sendSplit):
-//   - about the row, when alone: MESSAGE_TOO_LARGE (larger than the topic's
-//     max.message.bytes), RECORD_LIST_TOO_LARGE (larger than its
-//     segment.bytes), CORRUPT_MESSAGE (kafka.InvalidMessage; e.g. a keyless
-//     record for a compacted topic on older brokers) and INVALID_RECORD
-//     (the broker's record validation);
-//   - about the topic, whatever the request: INVALID_TOPIC_EXCEPTION (a
-//     topic name Kafka cannot have) and TOPIC_AUTHORIZATION_FAILED (the
-//     relay may not write the topic: fix the ACL, then requeue).
-//
-// Everything else is transient: leaders moving or unavailable
-// (LEADER_NOT_AVAILABLE, NOT_LEADER_FOR_PARTITION), timeouts
-// (REQUEST_TIMED_OUT, PublishTimeout, a cancelled context), missing
-// replicas (NOT_ENOUGH_REPLICAS*), network errors, and
-// UNKNOWN_TOPIC_OR_PARTITION from the broker (a topic being created).
+// for the row as stored, whatever the retry (see Publish), else err itself:
+// a topic Kafka cannot have or the relay may not write
+// (INVALID_TOPIC_EXCEPTION, TOPIC_AUTHORIZATION_FAILED: fix the ACL, then
+// requeue), and a recordError when alone says that the failed request held
+// this row only (the publisher resends a rejected request in halves down to
+// one row), so that the error is the row's and not a batching effect.
+// Everything else is transient: leaders moving, timeouts, missing replicas,
+// the network, and UNKNOWN_TOPIC_OR_PARTITION from the broker (a topic
+// being created).
 func classify(err error, alone bool) error {
 	if err == nil || errors.Is(err, relay.ErrUnpublishable) ||
 		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
 		return err
 	}
-	for _, e := range []kafka.Error{kafka.InvalidTopic, kafka.TopicAuthorizationFailed} {
-		if errors.Is(err, e) {
-			return unpublishable(err)
-		}
-	}
-	if alone && recordError(err) {
+	if wire.Is(err, kafka.InvalidTopic, kafka.TopicAuthorizationFailed) || alone && recordError(err) {
 		return unpublishable(err)
 	}
 	return err
@@ -689,7 +608,12 @@ func (p *Publisher) Close() error {
 	p.closed = true
 	p.mu.Unlock()
 	p.wg.Wait()
-	p.abortOnClose() // the transactional mode's open transactions
+	if p.txn != nil { // retire the producers, as if the relay had stopped owning them
+		p.mu.Lock()
+		p.retireProducers(func(int) bool { return true })
+		p.mu.Unlock()
+		p.wg.Wait()
+	}
 	if p.ownTransport != nil {
 		p.ownTransport.CloseIdleConnections()
 	}

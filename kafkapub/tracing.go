@@ -18,10 +18,9 @@ import (
 
 // MaxPublishSpanLinks bounds the links of one publish span: the span links
 // the first MaxPublishSpanLinks distinct span contexts found in its rows'
-// headers, in submission order, and no more (the OpenTelemetry SDK's
-// default SpanLimits.LinkCountLimit is the same 128). Rows enqueued in one
-// traced transaction share one context, so a batch of 500 rows from a few
-// transactions links each of them.
+// headers, in submission order (the OpenTelemetry SDK's default
+// SpanLimits.LinkCountLimit is the same 128). Rows enqueued in one traced
+// transaction share one context.
 const MaxPublishSpanLinks = 128
 
 // tracerName is the instrumentation scope of the publish spans, the same
@@ -50,9 +49,9 @@ func newPublishTracer(tp trace.TracerProvider, prop propagation.TextMapPropagato
 const sendOperation = "send"
 
 // start starts the span of a Publish call of batch (not empty; every
-// batch's rows, in order), a PRODUCER
-// span named after the OpenTelemetry messaging conventions: "send <topic>"
-// when the rows share a topic, else "send". The attributes samplers may
+// batch's rows, in order), a PRODUCER span named after the OpenTelemetry
+// messaging conventions: "send <topic>" when the rows share a topic, else
+// "send". The attributes samplers may
 // use are given at start; the links, whose extraction costs an allocation
 // or more per row, only to a recording span.
 func (t publishTracer) start(ctx context.Context, batch []*outbox.Message) (context.Context, trace.Span) {
@@ -122,10 +121,9 @@ func (t publishTracer) link(span trace.Span, batch []*outbox.Message) {
 	}
 }
 
-// end ends the span of a Publish call whose rows are given
-// (every batch's, for a group): the partition when every row went to one,
-// and err, the error of the first unacknowledged row (of the first batch
-// that has one, for a group).
+// end ends the span of a Publish call of rows with the partition when
+// every row went to one, and err, the error of the first unacknowledged
+// row (of the first batch that has one).
 func (t publishTracer) end(span trace.Span, rows []row, err error) {
 	if span.IsRecording() {
 		part := rows[0].partition

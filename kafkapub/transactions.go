@@ -1,6 +1,7 @@
 package kafkapub
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -10,8 +11,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/segmentio/kafka-go"
 
 	"github.com/gorm-outbox/outbox"
 	"github.com/gorm-outbox/outbox/internal/failpoint"
@@ -30,79 +29,72 @@ const (
 	DefaultTransactionTimeout = time.Minute
 )
 
-// Transactions makes a Publisher transactional
-// (Config.Transactions): fenced publishing. The publisher keeps one
-// Kafka transactional producer per bucket its relay owns, with the
-// transactional.id TransactionalID(bucket), and publishes each batch inside
-// one Kafka transaction.
+// Transactions makes a Publisher transactional (Config.Transactions):
+// fenced publishing. The publisher keeps one Kafka transactional producer
+// per bucket its relay owns, with the transactional.id
+// TransactionalID(bucket), and publishes each batch in one Kafka
+// transaction.
 //
-// Fencing. When the relay acquires a bucket (it tells the publisher, see
-// relay.Publisher.OwnedBuckets), the publisher initialises the bucket's
-// transactional.id (InitProducerId). The coordinator then aborts any
-// transaction a previous owner left open and bumps the producer epoch, so
-// that every later request of the previous owner (a relay that stalled past
-// its lease: a GC pause, a partition, SIGSTOP) is refused: its produce,
-// its commit. The publisher never initialises a producer on its own, only
-// when told of an acquisition, so a stalled relay cannot take the epoch
-// back. A Publish whose producer was fenced, or whose transaction the
-// coordinator aborted (it stayed open longer than Timeout), fails with an
-// error wrapping relay.ErrFenced and acknowledges nothing, and the relay drops
-// the bucket (see relay.ErrFenced). Consumers reading with
+// Fencing. When the relay acquires a bucket (relay.Publisher.OwnedBuckets),
+// the publisher initialises the bucket's transactional.id (InitProducerId):
+// the coordinator aborts any transaction a previous owner left open and
+// bumps the producer epoch, so that every later request of the previous
+// owner (a relay that stalled past its lease: a GC pause, a partition,
+// SIGSTOP) is refused, its produce and its commit. The publisher
+// initialises a producer only when told of an acquisition, so a stalled
+// relay cannot take the epoch back. A Publish whose producer was fenced, or
+// whose transaction the coordinator aborted (open longer than Timeout),
+// fails with an error wrapping relay.ErrFenced and acknowledges nothing,
+// and the relay drops the bucket. Consumers reading with
 // isolation.level=read_committed never see a record of an aborted
 // transaction, so no record of a fenced relay becomes visible to them.
 //
-// Each Publish: AddPartitionsToTxn for the batch's partitions, one produce
-// request per partition (several beyond BatchBytes or MaxBatchRecords, in
-// order) carrying a v2 record batch with the producer id, epoch and
-// per-partition sequence numbers, all partitions at once, then EndTxn
-// (commit). Publish reports the batch acknowledged only once the commit
-// succeeded, so the relay deletes rows only after it. The message-id
-// header, placement, BatchBytes, MaxBatchRecords, PublishTimeout, the
-// writer's Compression and the tracing are the default mode's.
+// Each Publish: AddPartitionsToTxn for the batch's partitions, produce
+// requests of v2 record batches with the producer id, epoch and
+// per-partition sequence numbers (several per partition beyond BatchBytes or
+// MaxBatchRecords, in order), then EndTxn (commit). The batch is reported
+// acknowledged only once the commit succeeded, so the relay deletes rows
+// only after it. The message-id header, placement, BatchBytes,
+// MaxBatchRecords, PublishTimeout, the writer's Compression and the tracing
+// are the default mode's.
 //
-// Partial failure. When the broker rejects a record (too large, invalid,
-// a topic the relay may not write), the transaction is aborted and the
-// rows before that record are published again alone, in a new transaction
-// of the same call (bisecting a rejected request, as the default mode
-// does), so that Publish acknowledges exactly the prefix before the
-// culprit and per-key order holds. Inside the call (5 ms, doubling to
-// 250 ms, until PublishTimeout) the publisher retries what the protocol
-// makes safe to retry: coordinator requests answered
-// CONCURRENT_TRANSACTIONS or by a coordinator moving or loading
-// (NOT_COORDINATOR, COORDINATOR_NOT_AVAILABLE, COORDINATOR_LOAD_IN_PROGRESS)
-// or cut off by the network, and a produce request cut off or answered
-// REQUEST_TIMED_OUT, NETWORK_EXCEPTION, NOT_ENOUGH_REPLICAS or
-// CONCURRENT_TRANSACTIONS, which is resent with the same sequence number so
-// that the broker appends it once. Any other failure (a leader moving, the
+// Partial failure. When the broker rejects a record (too large, invalid, a
+// topic the relay may not write), the transaction is aborted and the rows
+// before that record are published again alone, in a new transaction of
+// the same call, so that Publish acknowledges exactly the prefix before the
+// culprit and per-key order holds. Within PublishTimeout the publisher
+// retries, with a backoff, what the protocol makes safe to retry:
+// coordinator requests answered CONCURRENT_TRANSACTIONS or by a coordinator
+// moving or loading, or cut off by the network, and a produce request cut
+// off or answered REQUEST_TIMED_OUT, NETWORK_EXCEPTION, NOT_ENOUGH_REPLICAS
+// or CONCURRENT_TRANSACTIONS, resent with the same sequence number so that
+// the broker appends it once. Any other failure (a leader moving, the
 // call's timeout) aborts the transaction and fails the call at its first
-// row; the relay retries it with its backoff. After a failure that leaves
-// the broker's sequence numbers unknown, the publisher aborts and bumps its
-// epoch (InitProducerId with its current producer id and epoch, which the
+// row, for the relay to retry. After a failure that leaves the broker's
+// sequence numbers unknown, the publisher bumps its epoch (which the
 // coordinator refuses to a fenced producer) before the next transaction.
 //
 // Duplicates. A commit whose answer was lost is resolved by the next
-// Publish of the bucket (EndTxn commit again): if it committed, the rows it
-// held are acknowledged without being sent again. Records of a committed
+// Publish of the bucket (EndTxn commit again): if it committed, its rows
+// are acknowledged without being sent again. Records of a committed
 // transaction are therefore published twice only when the relay committed
-// them and then could not delete them as the owner: a crash, a stop or a
+// them and then could not delete them as the owner (a crash, a stop or a
 // lost lease between the commit and the delete, or a lost commit answer
-// followed by the loss of the bucket; the bucket's next owner publishes
-// that batch again, after it (one batch per bucket the relay was
-// publishing), and a consumer deduplicating by message id sees each key's
-// records in commit order.
+// followed by the loss of the bucket): the bucket's next owner publishes
+// that batch again, after it, and a consumer deduplicating by message id
+// sees each key's records in commit order.
 //
 // Requirements and costs: the relay's principal needs WRITE and DESCRIBE on
 // the transactional ids (ACL resource TransactionalId, prefix IDPrefix),
 // the brokers a transaction state log, and consumers read_committed
 // isolation. An open transaction holds back read_committed consumers of the
-// partitions it wrote (the last stable offset) until it ends: normally one
-// publish, at worst until the next owner initialises the bucket or Timeout.
-// A Publish costs three more coordinator round trips than the default mode
-// (kafka-go's transport looks the coordinator up before each), one of them
-// a commit that writes the transaction log and markers. A transactional
-// Publisher serves one relay: bucket numbers name its producers. A
-// batch's producer is its rows' Message.Bucket, so the store must return
-// rows with their bucket set (gormstore and relaytest.MemStore do).
+// partitions it wrote until it ends: normally one publish, at worst until
+// the next owner initialises the bucket or Timeout. A Publish costs three
+// more coordinator round trips than the default mode, one of them a commit
+// that writes the transaction log and markers. A transactional Publisher
+// serves one relay: bucket numbers name its producers, and a batch's
+// producer is its rows' Message.Bucket, so the store must return rows with
+// their bucket set (gormstore and relaytest.MemStore do).
 type Transactions struct {
 	// Outbox names the outbox in its transactional ids. Required: the ids
 	// must be unique to this outbox across the Kafka cluster, since two
@@ -127,11 +119,7 @@ type Transactions struct {
 // DefaultTransactionalIDPrefix), Outbox, "-" and the bucket number, e.g.
 // "outbox-orders-3".
 func (t Transactions) TransactionalID(bucket int) string {
-	prefix := t.IDPrefix
-	if prefix == "" {
-		prefix = DefaultTransactionalIDPrefix
-	}
-	return prefix + t.Outbox + "-" + strconv.Itoa(bucket)
+	return cmp.Or(t.IDPrefix, DefaultTransactionalIDPrefix) + t.Outbox + "-" + strconv.Itoa(bucket)
 }
 
 // check validates t for a publisher whose PublishTimeout is publishTimeout
@@ -143,28 +131,15 @@ func (t Transactions) check(publishTimeout time.Duration) (Transactions, error) 
 	if t.Timeout < 0 {
 		return t, fmt.Errorf("kafkapub: Transactions.Timeout is negative (%v)", t.Timeout)
 	}
-	if t.Timeout == 0 {
-		t.Timeout = DefaultTransactionTimeout
-	}
+	t.Timeout = cmp.Or(t.Timeout, DefaultTransactionTimeout)
 	if t.Timeout <= publishTimeout {
 		return t, fmt.Errorf("kafkapub: Transactions.Timeout %v is not longer than Config.PublishTimeout %v", t.Timeout, publishTimeout)
 	}
 	if t.Timeout/time.Millisecond > math.MaxInt32 {
 		return t, fmt.Errorf("kafkapub: Transactions.Timeout %v is too long", t.Timeout)
 	}
-	if t.IDPrefix == "" {
-		t.IDPrefix = DefaultTransactionalIDPrefix
-	}
+	t.IDPrefix = cmp.Or(t.IDPrefix, DefaultTransactionalIDPrefix)
 	return t, nil
-}
-
-// txnPublisher is the transactional state of a Publisher.
-type txnPublisher struct {
-	cfg Transactions // with defaults
-	// producers are the owned buckets' producers, guarded by
-	// Publisher.mu.
-	producers map[int]*txnProducer
-	now       func() time.Time // record timestamps
 }
 
 // txnProducer is the transactional producer of one bucket. Its fields but
@@ -182,36 +157,24 @@ type txnProducer struct {
 	epoch int16
 	seq   map[topicPartition]int32 // next sequence number per partition, this epoch
 
-	// open: a transaction may be open on the coordinator (partitions were
-	// added, no EndTxn answered). bump: the epoch must be bumped before the
-	// next transaction (a produce of unknown outcome left the sequence
-	// numbers unknown). fenced: the producer is fenced for good (wraps
-	// relay.ErrFenced).
-	open   bool
-	bump   bool
-	fenced error
+	open   bool  // a transaction may be open on the coordinator (partitions added, no EndTxn answered)
+	bump   bool  // a produce of unknown outcome left the sequence numbers unknown: bump the epoch first
+	fenced error // fenced for good (wraps relay.ErrFenced)
 
-	// inDoubt are the rows of a transaction whose commit was sent but not
-	// answered; committed those of such a transaction found committed,
-	// which the relay has not yet been told were acknowledged.
-	inDoubt   []outbox.UUID
-	committed []outbox.UUID
+	inDoubt   []outbox.UUID // the rows of a transaction whose commit was sent but not answered
+	committed []outbox.UUID // those of such a transaction found committed, not yet acknowledged to the relay
 }
 
-func newTxnPublisher(cfg Transactions) *txnPublisher {
-	return &txnPublisher{cfg: cfg, producers: map[int]*txnProducer{}, now: time.Now}
-}
-
-// OwnedBuckets implements relay.Publisher. In the transactional
-// mode it starts, in the background, the initialisation of a producer for
-// each bucket new to the set (InitProducerId for TransactionalID(bucket),
-// which fences the bucket's previous owner), bounded by PublishTimeout; a
-// Publish of the bucket waits for it. A bucket that leaves the set loses
-// its producer; a transaction it left open (or a commit whose answer was
-// lost) is aborted in the background, unless a newer owner's producer
-// fenced it already. A bucket whose initialisation failed keeps its failed
-// producer, so that its Publish fails with relay.ErrFenced and the relay drops
-// the bucket and acquires it again. In the default mode it does nothing.
+// OwnedBuckets implements relay.Publisher. In the transactional mode it
+// starts, in the background, the initialisation of a producer for each
+// bucket new to the set (InitProducerId, which fences the bucket's previous
+// owner), bounded by PublishTimeout; a Publish of the bucket waits for it.
+// A bucket that leaves the set loses its producer, and a transaction it
+// left open (or a commit whose answer was lost) is aborted in the
+// background. A bucket whose initialisation failed keeps its failed
+// producer, so that its Publish fails with relay.ErrFenced and the relay
+// drops the bucket and acquires it again. In the default mode it does
+// nothing.
 func (p *Publisher) OwnedBuckets(buckets []int) {
 	if p.txn == nil {
 		return
@@ -225,32 +188,22 @@ func (p *Publisher) OwnedBuckets(buckets []int) {
 	if !slices.IsSorted(owned) {
 		owned = slices.Sorted(slices.Values(buckets))
 	}
-	for b, prod := range p.txn.producers {
-		if _, ok := slices.BinarySearch(owned, b); !ok {
-			delete(p.txn.producers, b)
-			p.wg.Add(1)
-			go func() {
-				defer p.wg.Done()
-				p.retire(prod)
-			}()
-		}
-	}
+	p.retireProducers(func(b int) bool {
+		_, ok := slices.BinarySearch(owned, b)
+		return !ok
+	})
 	for _, b := range buckets {
-		if _, ok := p.txn.producers[b]; ok {
+		if _, ok := p.producers[b]; ok {
 			continue
 		}
 		prod := &txnProducer{
 			bucket: b,
-			id:     p.txn.cfg.TransactionalID(b),
+			id:     p.txn.TransactionalID(b),
 			ready:  make(chan struct{}),
 			turn:   make(chan struct{}, 1),
 		}
-		p.txn.producers[b] = prod
-		p.wg.Add(1)
-		go func() {
-			defer p.wg.Done()
-			p.initProducer(prod)
-		}()
+		p.producers[b] = prod
+		p.wg.Go(func() { p.initProducer(prod) })
 	}
 }
 
@@ -258,8 +211,7 @@ func (p *Publisher) OwnedBuckets(buckets []int) {
 // a new epoch that fences every older one) and closes prod.ready.
 func (p *Publisher) initProducer(prod *txnProducer) {
 	defer close(prod.ready)
-	ctx, cancel := context.WithTimeoutCause(context.Background(), p.timeout,
-		fmt.Errorf("no answer from the coordinator within Config.PublishTimeout (%v): %w", p.timeout, context.DeadlineExceeded))
+	ctx, cancel := p.withTimeout(context.Background(), "coordinator")
 	defer cancel()
 	pid, epoch, err := p.initProducerID(ctx, prod.id, -1, -1)
 	if err != nil {
@@ -270,29 +222,37 @@ func (p *Publisher) initProducer(prod *txnProducer) {
 	prod.seq = map[topicPartition]int32{}
 }
 
-// retire ends what a producer the relay no longer owns left on the
-// coordinator: an open transaction, or one whose commit answer was lost, is
-// aborted (bounded by PublishTimeout), so that read_committed consumers of
-// its partitions are not held back until the next owner's initialisation or
-// the transaction timeout. A fenced producer has nothing to end.
+// retire aborts, within PublishTimeout, a transaction that a producer the
+// relay no longer owns left open or in doubt, so that read_committed
+// consumers of its partitions are not held back until the next owner's
+// initialisation or the transaction timeout.
 func (p *Publisher) retire(prod *txnProducer) {
 	ctx, cancel := context.WithTimeout(context.Background(), p.timeout)
 	defer cancel()
-	select {
-	case <-prod.ready:
-	case <-ctx.Done():
+	if !prod.take(ctx) {
 		return
 	}
-	select {
-	case prod.turn <- struct{}{}:
-		defer func() { <-prod.turn }()
-	case <-ctx.Done():
-		return
-	}
+	defer func() { <-prod.turn }()
 	if prod.initErr != nil || prod.fenced != nil || (!prod.open && prod.inDoubt == nil) {
 		return
 	}
 	_, _ = p.endTxn(ctx, prod, false)
+}
+
+// take waits for prod's initialisation, then takes its turn, and reports
+// whether it did before ctx ended.
+func (prod *txnProducer) take(ctx context.Context) bool {
+	select {
+	case <-prod.ready:
+	case <-ctx.Done():
+		return false
+	}
+	select {
+	case prod.turn <- struct{}{}:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // producer returns the producer of bucket, nil when the relay did not
@@ -300,11 +260,12 @@ func (p *Publisher) retire(prod *txnProducer) {
 func (p *Publisher) producer(bucket int) *txnProducer {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.txn.producers[bucket]
+	return p.producers[bucket]
 }
 
-// publishTxn is Publish in the transactional mode (see Transactions).
-func (p *Publisher) publishTxn(ctx context.Context, batch []*outbox.Message) relay.Result {
+// publishTxnBatch publishes one bucket's batch in a transaction of its own
+// (see Transactions).
+func (p *Publisher) publishTxnBatch(ctx context.Context, batch []*outbox.Message) relay.Result {
 	bucket := int(batch[0].Bucket)
 	for _, m := range batch[1:] {
 		if int(m.Bucket) != bucket {
@@ -316,38 +277,29 @@ func (p *Publisher) publishTxn(ctx context.Context, batch []*outbox.Message) rel
 		return relay.Result{Err: fmt.Errorf("kafkapub: bucket %d: no transactional producer (the relay does not own the bucket, see relay.Publisher.OwnedBuckets): %w", bucket, relay.ErrFenced)}
 	}
 	ctx, span := p.tracing.start(ctx, batch)
-	ctx, cancel := context.WithTimeoutCause(ctx, p.timeout,
-		fmt.Errorf("no answer from the broker within Config.PublishTimeout (%v): %w", p.timeout, context.DeadlineExceeded))
+	ctx, cancel := p.withTimeout(ctx, "broker")
 	defer cancel()
 
 	rows := make([]row, len(batch))
 	for i, m := range batch {
 		rows[i] = row{msg: p.record(m), id: m.MessageID, partition: -1}
 	}
-	select {
-	case <-prod.ready:
-		select {
-		case prod.turn <- struct{}{}:
-			p.runTxns(ctx, prod, batch, rows)
-			<-prod.turn
-		case <-ctx.Done():
-		}
-	case <-ctx.Done():
+	if prod.take(ctx) {
+		p.runTxns(ctx, prod, batch, rows)
+		<-prod.turn
 	}
 	res := outcome(ctx, rows)
 	p.tracing.end(span, rows, res.Err)
 	return res
 }
 
-// publishTxnGroup is Publish in the transactional mode: each batch
-// (not empty) in a transaction of its own by publishTxn, the batches of
-// different buckets concurrently (each bucket's producer runs one
-// transaction at a time), those of one bucket one after the other, in
-// order; a batch after one of its bucket that failed is not sent, so that
-// the bucket's order holds. results[i] receives batches[i]'s outcome.
-func (p *Publisher) publishTxnGroup(ctx context.Context, batches [][]*outbox.Message, results []relay.Result) {
-	if len(batches) == 1 { // Publish
-		results[0] = p.publishTxn(ctx, batches[0])
+// publishTxn is Publish in the transactional mode: each batch (not empty)
+// by publishTxnBatch, the batches of different buckets concurrently, those
+// of one bucket in order; a batch after one of its bucket that failed is
+// not sent, so that the bucket's order holds.
+func (p *Publisher) publishTxn(ctx context.Context, batches [][]*outbox.Message, results []relay.Result) {
+	if len(batches) == 1 { // nothing to group
+		results[0] = p.publishTxnBatch(ctx, batches[0])
 		return
 	}
 	byBucket := map[int32][]int{}
@@ -356,11 +308,7 @@ func (p *Publisher) publishTxnGroup(ctx context.Context, batches [][]*outbox.Mes
 		if len(b) == 0 {
 			continue
 		}
-		k := b[0].Bucket
-		if _, ok := byBucket[k]; !ok {
-			buckets = append(buckets, k)
-		}
-		byBucket[k] = append(byBucket[k], i)
+		buckets = appendGroup(byBucket, buckets, b[0].Bucket, i)
 	}
 	run := func(bucket int32, idx []int) {
 		var failed outbox.UUID // the row that stopped the bucket
@@ -370,25 +318,19 @@ func (p *Publisher) publishTxnGroup(ctx context.Context, batches [][]*outbox.Mes
 				results[i].Err = fmt.Errorf("kafkapub: bucket %d: batch not sent: message %s of an earlier batch of the bucket failed", bucket, failed)
 				continue
 			}
-			results[i] = p.publishTxn(ctx, batches[i])
+			results[i] = p.publishTxnBatch(ctx, batches[i])
 			if results[i].Err != nil {
 				stopped = true
 				failed = batches[i][results[i].Acknowledged].MessageID
 			}
 		}
 	}
-	if len(buckets) == 1 {
-		run(buckets[0], byBucket[buckets[0]])
-		return
-	}
 	var wg sync.WaitGroup
-	for _, b := range buckets {
+	for _, b := range buckets[1:] {
 		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			run(b, byBucket[b])
-		}()
+		go func() { defer wg.Done(); run(b, byBucket[b]) }()
 	}
+	run(buckets[0], byBucket[buckets[0]]) // on this goroutine
 	wg.Wait()
 }
 
@@ -396,12 +338,8 @@ func (p *Publisher) publishTxnGroup(ctx context.Context, batches [][]*outbox.Mes
 // rows a lost-then-resolved commit already published, then publishes the
 // others in transactions (see txnRange).
 func (p *Publisher) runTxns(ctx context.Context, prod *txnProducer, batch []*outbox.Message, rows []row) {
-	if prod.initErr != nil {
-		rows[0].err = prod.initErr
-		return
-	}
-	if prod.fenced != nil {
-		rows[0].err = prod.fenced
+	if err := cmp.Or(prod.initErr, prod.fenced); err != nil {
+		rows[0].err = err
 		return
 	}
 	if prod.inDoubt != nil {
@@ -415,13 +353,9 @@ func (p *Publisher) runTxns(ctx context.Context, prod *txnProducer, batch []*out
 		rows[skip].acked = true
 		skip++
 	}
-	if skip > 0 {
-		prod.committed = prod.committed[skip:]
-	} else {
-		prod.committed = nil // the relay moved on (or never saw them fail)
-	}
-	if len(prod.committed) == 0 {
-		prod.committed = nil
+	prod.committed = prod.committed[skip:]
+	if skip == 0 || len(prod.committed) == 0 {
+		prod.committed = nil // none left, or the relay moved on (or never saw them fail)
 	}
 	if skip == len(rows) {
 		return
@@ -435,7 +369,7 @@ func (p *Publisher) runTxns(ctx context.Context, prod *txnProducer, batch []*out
 			break
 		}
 		if n := int64(wire.RecordSize(&rows[i].msg)); n > p.batchBytes {
-			rows[i].err = unpublishable(fmt.Errorf("record of %d bytes exceeds BatchBytes %d: %w", n, p.batchBytes, kafka.MessageSizeTooLarge))
+			rows[i].err = p.tooLarge(n)
 			hi = i
 			break
 		}
@@ -468,42 +402,39 @@ func (p *Publisher) txnRange(ctx context.Context, prod *txnProducer, rows []row,
 	if lo >= hi {
 		return true
 	}
-	if err := p.readyTxn(ctx, prod); err != nil {
-		rows[lo].err = err
+	// stop fails the range at row at: the rows before it go alone.
+	stop := func(at int, err error) bool {
+		rows[at].err = err
+		p.txnRange(ctx, prod, rows, lo, at)
 		return false
+	}
+	if err := p.readyTxn(ctx, prod); err != nil {
+		return stop(lo, err)
 	}
 
 	// The range's partitions, in the order of their first row.
 	idx := map[topicPartition][]int{}
 	var parts []topicPartition
 	for i := lo; i < hi; i++ {
-		tp := topicPartition{Topic: rows[i].msg.Topic, Partition: rows[i].partition}
-		if _, ok := idx[tp]; !ok {
-			parts = append(parts, tp)
-		}
-		idx[tp] = append(idx[tp], i)
+		parts = appendGroup(idx, parts, topicPartition{Topic: rows[i].msg.Topic, Partition: rows[i].partition}, i)
 	}
 
 	failed, err := p.addPartitions(ctx, prod, parts)
 	if err != nil {
 		if failed == nil {
-			rows[lo].err = err
-			return false
+			return stop(lo, err)
 		}
-		// Partitions the coordinator refused: the rows before the first
-		// of their rows go alone.
+		// Partitions the coordinator refused: the range stops at their
+		// first row.
 		cut := hi
 		for _, tp := range failed {
 			cut = min(cut, idx[tp][0])
 		}
-		rows[cut].err = classify(err, false)
-		p.txnRange(ctx, prod, rows, lo, cut)
-		return false
+		return stop(cut, classify(err, false))
 	}
 	out := p.produceAll(ctx, prod, rows, parts, idx)
 	if prod.fenced != nil {
-		rows[lo].err = prod.fenced
-		return false
+		return stop(lo, prod.fenced)
 	}
 	var first *partitionOutcome
 	unknown := false
@@ -518,8 +449,7 @@ func (p *Publisher) txnRange(ctx context.Context, prod *txnProducer, rows []row,
 		failpoint.Inject("relay/during-publish")
 		failpoint.Inject("kafkapub/before-commit") // a zombie stalls here (CHAOS.md)
 		if err := p.commit(ctx, prod, rows[lo:hi]); err != nil {
-			rows[lo].err = err
-			return false
+			return stop(lo, err)
 		}
 		for i := lo; i < hi; i++ {
 			rows[i].acked = true
@@ -532,35 +462,22 @@ func (p *Publisher) txnRange(ctx context.Context, prod *txnProducer, rows []row,
 		prod.bump = true
 	}
 	if _, err := p.endTxn(ctx, prod, false); err != nil && prod.fenced != nil {
-		rows[lo].err = err
-		return false
+		return stop(lo, err)
 	}
-	switch {
+	switch c := first.failed; {
 	case first.unknown:
-		rows[lo].err = first.err
-		return false
+		return stop(lo, first.err)
+	case recordError(first.err) && len(c) == 1:
+		return stop(c[0], classify(first.err, true))
 	case recordError(first.err):
-		c := first.failed
-		if len(c) == 1 {
-			rows[c[0]].err = classify(first.err, true)
-			p.txnRange(ctx, prod, rows, lo, c[0])
-			return false
-		}
 		mid := c[len(c)/2]
-		if !p.txnRange(ctx, prod, rows, lo, mid) {
-			return false
-		}
-		return p.txnRange(ctx, prod, rows, mid, hi)
+		return p.txnRange(ctx, prod, rows, lo, mid) && p.txnRange(ctx, prod, rows, mid, hi)
 	case errors.Is(classify(first.err, false), relay.ErrUnpublishable):
 		// About the topic (not writable, invalid): every row of the
-		// partition fails, so the rows before its first go alone.
-		cut := idx[first.tp][0]
-		rows[cut].err = classify(first.err, false)
-		p.txnRange(ctx, prod, rows, lo, cut)
-		return false
+		// partition fails.
+		return stop(idx[first.tp][0], classify(first.err, false))
 	default:
-		rows[lo].err = fmt.Errorf("transaction aborted: %s[%d]: %w", first.tp.Topic, first.tp.Partition, first.err)
-		return false
+		return stop(lo, fmt.Errorf("transaction aborted: %s[%d]: %w", first.tp.Topic, first.tp.Partition, first.err))
 	}
 }
 
@@ -626,26 +543,13 @@ func nextSequence(seq int32, n int) int32 {
 	return int32((int64(seq) + int64(n)) % (math.MaxInt32 + 1))
 }
 
-// abortOnClose is Close's part for the transactional mode: the owned
-// producers are retired as if the relay had stopped owning them.
-func (p *Publisher) abortOnClose() {
-	if p.txn == nil {
-		return
+// retireProducers drops the producers of the buckets that gone reports
+// and retires them in the background (p.wg); called with p.mu held.
+func (p *Publisher) retireProducers(gone func(bucket int) bool) {
+	for b, prod := range p.producers {
+		if gone(b) {
+			delete(p.producers, b)
+			p.wg.Go(func() { p.retire(prod) })
+		}
 	}
-	p.mu.Lock()
-	prods := make([]*txnProducer, 0, len(p.txn.producers))
-	for b, prod := range p.txn.producers {
-		prods = append(prods, prod)
-		delete(p.txn.producers, b)
-	}
-	p.mu.Unlock()
-	var wg sync.WaitGroup
-	for _, prod := range prods {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			p.retire(prod)
-		}()
-	}
-	wg.Wait()
 }

@@ -17,9 +17,9 @@ func ownedPublisher(t testing.TB, n int) *Publisher {
 	}
 	t.Cleanup(func() { _ = p.Close() })
 	for b := range n {
-		prod := &txnProducer{bucket: b, id: p.txn.cfg.TransactionalID(b), ready: make(chan struct{}), turn: make(chan struct{}, 1)}
+		prod := &txnProducer{bucket: b, id: p.txn.TransactionalID(b), ready: make(chan struct{}), turn: make(chan struct{}, 1)}
 		close(prod.ready)
-		p.txn.producers[b] = prod
+		p.producers[b] = prod
 	}
 	return p
 }
@@ -30,8 +30,8 @@ func TestOwnedBucketsRetiresExactlyTheBucketsThatLeft(t *testing.T) {
 	for _, buckets := range [][]int{{1, 3, 7}, {7, 1, 3}} { // the relay's order, and any other
 		p.OwnedBuckets(buckets)
 		p.mu.Lock()
-		got := slices.Sorted(maps.Keys(p.txn.producers))
-		same := maps.EqualFunc(p.txn.producers, kept, func(a, b *txnProducer) bool { return a == b })
+		got := slices.Sorted(maps.Keys(p.producers))
+		same := maps.EqualFunc(p.producers, kept, func(a, b *txnProducer) bool { return a == b })
 		p.mu.Unlock()
 		if !slices.Equal(got, []int{1, 3, 7}) || !same {
 			t.Fatalf("OwnedBuckets(%v): producers of buckets %v (the same ones: %v); want the producers of 1, 3 and 7 kept", buckets, got, same)
@@ -54,7 +54,7 @@ func BenchmarkOwnedBuckets(b *testing.B) {
 	for b.Loop() {
 		p.OwnedBuckets(buckets)
 	}
-	if len(p.txn.producers) != n {
-		b.Fatalf("%d producers; want %d", len(p.txn.producers), n)
+	if len(p.producers) != n {
+		b.Fatalf("%d producers; want %d", len(p.producers), n)
 	}
 }

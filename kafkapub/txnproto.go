@@ -13,18 +13,13 @@ import (
 	"github.com/gorm-outbox/outbox/relay"
 )
 
-// The transactional mode's protocol steps on a producer's state: the
-// requests themselves are package wire's, on the writer's transport; here
-// each answer becomes the producer's state (open, fenced, its sequence
-// numbers) and the relay's errors (relay.ErrFenced).
+// The transactional mode's protocol steps: package wire sends the requests;
+// here each answer becomes the producer's state and the relay's errors.
 
-// initProducerID initialises transactional id txid: with pid and epoch -1
-// a new epoch (fencing every older producer of txid); with the producer's
-// current pid and epoch, an epoch bump that the coordinator refuses
-// (PRODUCER_FENCED) when they are no longer current. A fenced answer wraps
-// relay.ErrFenced.
+// initProducerID is wire's InitProducerID with the configured transaction
+// timeout; a fenced answer wraps relay.ErrFenced.
 func (p *Publisher) initProducerID(ctx context.Context, txid string, pid int64, epoch int16) (int64, int16, error) {
-	pid, epoch, err := p.client().InitProducerID(ctx, txid, p.txn.cfg.Timeout, pid, epoch)
+	pid, epoch, err := p.client().InitProducerID(ctx, txid, p.txn.Timeout, pid, epoch)
 	if err != nil {
 		if wire.ProducerFenced(err) {
 			err = fmt.Errorf("%w: %w", err, relay.ErrFenced)
@@ -78,25 +73,20 @@ func (p *Publisher) endTxn(ctx context.Context, prod *txnProducer, commit bool) 
 // partitionOutcome is the outcome of one partition's produce requests in a
 // transaction.
 type partitionOutcome struct {
-	tp  topicPartition
-	seq int32 // the partition's next sequence number after the requests
-	// failed holds the rows of the failed request (nil: all appended); err
-	// is its error; unknown says that the request's outcome is unknown (or
-	// the broker's sequence state is), so that the epoch must be bumped.
-	failed  []int
-	err     error
-	unknown bool
+	tp      topicPartition
+	seq     int32 // the partition's next sequence number after the requests
+	failed  []int // the rows of the failed request; nil: all appended
+	err     error // its error
+	unknown bool  // its outcome (or the broker's sequence state) is unknown: bump the epoch
 }
 
 // produceAll sends the rows of every partition of a transaction in rounds:
-// round k carries the k-th chunk (at most batchBytes and maxRecords) of
-// every partition that has one, as one produce request per leader broker,
-// all leaders at once. A partition stops at its first failure. One request
-// per broker matters beyond saving round trips: a partition leader verifies
-// a transaction's first batch on it with the coordinator, and concurrent
-// verifications of one transactional id on one broker fail all but one
-// (NOT_ENOUGH_REPLICAS, "Unable to verify the partition has been added to
-// the transaction", NETWORK_EXCEPTION).
+// round k carries the k-th chunk of every partition that has one, as one
+// produce request per leader broker, all leaders at once. A partition stops
+// at its first failure. One request per broker matters beyond saving round
+// trips: a leader verifies a transaction's first batch on it with the
+// coordinator, and concurrent verifications of one transactional id on one
+// broker fail all but one (NOT_ENOUGH_REPLICAS, NETWORK_EXCEPTION).
 func (p *Publisher) produceAll(ctx context.Context, prod *txnProducer, rows []row, parts []topicPartition, idx map[topicPartition][]int) []partitionOutcome {
 	out := make([]partitionOutcome, len(parts))
 	chunks := make([][][]int, len(parts))
@@ -105,7 +95,7 @@ func (p *Publisher) produceAll(ctx context.Context, prod *txnProducer, rows []ro
 		chunks[i] = p.chunk(rows, idx[tp])
 	}
 	leaders := p.client().Leaders(ctx, parts)
-	ts := p.txn.now().UnixMilli()
+	ts := time.Now().UnixMilli()
 	for round := 0; ; round++ {
 		groups := map[int32][]*produceItem{}
 		var order []int32
@@ -127,32 +117,18 @@ func (p *Publisher) produceAll(ctx context.Context, prod *txnProducer, rows []ro
 				continue
 			}
 			leader := leaders[o.tp]
-			if _, ok := groups[leader]; !ok {
-				order = append(order, leader)
+			if leader < 0 {
+				leader = -1 - int32(i) // leader unknown: a request of its own
 			}
-			groups[leader] = append(groups[leader], &produceItem{out: o, rows: c, set: set})
+			order = appendGroup(groups, order, leader, &produceItem{out: o, rows: c, set: set})
 		}
 		if len(order) == 0 {
 			break
 		}
 		var wg sync.WaitGroup
 		for _, leader := range order {
-			items := groups[leader]
-			if leader < 0 { // leader unknown: each alone
-				for _, it := range items {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						p.sendItems(ctx, prod, []*produceItem{it})
-					}()
-				}
-				continue
-			}
 			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				p.sendItems(ctx, prod, items)
-			}()
+			go func() { defer wg.Done(); p.sendItems(ctx, prod, groups[leader]) }()
 		}
 		wg.Wait()
 		for _, leader := range order {
@@ -203,23 +179,18 @@ type produceItem struct {
 	rows []int
 	set  []byte // the request's record set: size prefix, batch
 
-	done bool  // settled: appended (err nil) or failed
-	err  error // the failure, or the latest attempt's error while pending
-	// maybeAppended: an attempt may have been appended (cut off, or
-	// answered REQUEST_TIMED_OUT, NOT_ENOUGH_REPLICAS_AFTER_APPEND or
-	// NETWORK_EXCEPTION); unknown: the item failed so.
-	maybeAppended bool
-	unknown       bool
+	done          bool  // settled: appended (err nil) or failed
+	err           error // the failure, or the latest attempt's error while pending
+	maybeAppended bool  // an attempt may have been appended (cut off, or an uncertain answer)
+	unknown       bool  // it failed after such an attempt
 }
 
 // sendItems sends items (partitions led by one broker) in one produce
 // request and records each one's outcome. A failure that leaves a batch
-// appended or not, as the broker's idempotence decides (a network error,
-// REQUEST_TIMED_OUT, NETWORK_EXCEPTION, NOT_ENOUGH_REPLICAS,
-// CONCURRENT_TRANSACTIONS), is retried with the same bytes and sequence
-// number until ctx ends: the broker appends a producer's batch once and
-// answers a resent one as the first. When the transport finds no common
-// leader for the partitions (its metadata moved), they go one by one.
+// appended or not (see wire.ProduceRetriable) is retried with the same
+// bytes and sequence number until ctx ends: the broker appends a
+// producer's batch once and answers a resent one as the first. When the
+// transport finds no common leader for the partitions, they go one by one.
 func (p *Publisher) sendItems(ctx context.Context, prod *txnProducer, items []*produceItem) {
 	wait := wire.RetryFirst
 	for {
@@ -237,21 +208,12 @@ func (p *Publisher) sendItems(ctx context.Context, prod *txnProducer, items []*p
 			var wg sync.WaitGroup
 			for _, it := range pending {
 				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					p.sendItems(ctx, prod, []*produceItem{it})
-				}()
+				go func() { defer wg.Done(); p.sendItems(ctx, prod, []*produceItem{it}) }()
 			}
 			wg.Wait()
 			return
 		}
-		if !retry {
-			continue // every pending item is done
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if retry && !wire.Backoff(ctx, &wait) {
 			for _, it := range items {
 				if !it.done {
 					it.done, it.unknown = true, it.maybeAppended
@@ -259,15 +221,13 @@ func (p *Publisher) sendItems(ctx context.Context, prod *txnProducer, items []*p
 				}
 			}
 			return
-		case <-t.C:
 		}
-		wait = min(2*wait, wire.RetryMax)
 	}
 }
 
 // sendOnce sends pending in one request and settles the items it can;
 // retry reports items left to resend, split a request the transport could
-// not route as one (no common leader).
+// not route as one.
 func (p *Publisher) sendOnce(ctx context.Context, prod *txnProducer, pending []*produceItem) (retry, split bool) {
 	// The broker waits at most half the time left for the in-sync
 	// replicas, as kafka-go's writer asks.

@@ -8,7 +8,6 @@ import (
 	"hash/crc32"
 
 	"github.com/segmentio/kafka-go"
-	"github.com/segmentio/kafka-go/compress"
 )
 
 // Offsets in a v2 record batch (magic 2), after its 4-byte size prefix.
@@ -87,9 +86,16 @@ func EncodeRecordBatch(pb ProducerBatch, timestampMs int64, compression kafka.Co
 		for i := range msgs {
 			raw = appendRecord(raw, i, &msgs[i])
 		}
-		if err := compressInto(codec, &buf, raw); err != nil {
+		b := bytes.NewBuffer(buf)
+		w := codec.NewWriter(b)
+		_, err := w.Write(raw)
+		if cerr := w.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
 			return nil, fmt.Errorf("record batch: %s: %w", codec.Name(), err)
 		}
+		buf = b.Bytes()
 	}
 
 	binary.BigEndian.PutUint32(buf[0:], uint32(len(buf)-4))
@@ -98,21 +104,6 @@ func EncodeRecordBatch(pb ProducerBatch, timestampMs int64, compression kafka.Co
 	crc := crc32.Checksum(buf[4+batchOffAttributes:], crc32.MakeTable(crc32.Castagnoli))
 	binary.BigEndian.PutUint32(buf[4+batchOffCRC:], crc)
 	return buf, nil
-}
-
-// compressInto appends raw, compressed with codec, to *buf.
-func compressInto(codec compress.Codec, buf *[]byte, raw []byte) error {
-	b := bytes.NewBuffer(*buf)
-	w := codec.NewWriter(b)
-	if _, err := w.Write(raw); err != nil {
-		w.Close()
-		return err
-	}
-	if err := w.Close(); err != nil {
-		return err
-	}
-	*buf = b.Bytes()
-	return nil
 }
 
 // appendRecord appends record i of a batch (timestamp delta 0, offset delta

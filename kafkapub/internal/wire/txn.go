@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -16,15 +17,12 @@ import (
 	"github.com/segmentio/kafka-go/protocol/rawproduce"
 )
 
-// The Kafka protocol steps of the transactional mode, on the writer's
-// transport. Requests to the transaction coordinator (InitProducerId,
-// AddPartitionsToTxn, EndTxn) are routed by kafka-go's transport, which
-// looks the coordinator up (FindCoordinator, transaction key type) before
-// each; a coordinator that moved answers NOT_COORDINATOR and the request is
-// sent again.
+// The transactional mode's requests, on the writer's transport, which looks
+// the transaction coordinator up before each; a coordinator that moved
+// answers NOT_COORDINATOR and the request is sent again.
 
-// Backoff of the requests retried inside a call (see coordinate, and the
-// publisher's resending of a produce request).
+// Backoff of the requests retried inside a call (coordinate's, and the
+// publisher's resent produce requests).
 const (
 	RetryFirst = time.Millisecond
 	RetryMax   = 250 * time.Millisecond
@@ -35,34 +33,18 @@ const (
 // completing (CONCURRENT_TRANSACTIONS), a coordinator moving, loading or
 // unreachable, a network error.
 func CoordinatorRetriable(err error) bool {
-	var ke kafka.Error
-	if !errors.As(err, &ke) {
-		return !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded)
-	}
-	switch ke {
-	case kafka.ConcurrentTransactions,
+	return retriable(err, kafka.ConcurrentTransactions,
 		kafka.NotCoordinatorForGroup,       // NOT_COORDINATOR
 		kafka.GroupCoordinatorNotAvailable, // COORDINATOR_NOT_AVAILABLE
 		kafka.GroupLoadInProgress,          // COORDINATOR_LOAD_IN_PROGRESS
-		kafka.TransactionCoordinatorFenced,
-		kafka.BrokerNotAvailable,
-		kafka.RequestTimedOut,
-		kafka.NetworkException:
-		return true
-	}
-	return false
+		kafka.TransactionCoordinatorFenced, kafka.BrokerNotAvailable, kafka.RequestTimedOut, kafka.NetworkException)
 }
 
 // ProducerFenced reports whether a broker error says that the producer's
 // epoch is no longer the transactional id's: a newer producer initialised
 // it, or the coordinator aborted its transaction and bumped the epoch.
 func ProducerFenced(err error) bool {
-	for _, e := range []kafka.Error{kafka.ProducerFenced, kafka.InvalidProducerEpoch, kafka.InvalidProducerIDMapping} {
-		if errors.Is(err, e) {
-			return true
-		}
-	}
-	return false
+	return Is(err, kafka.ProducerFenced, kafka.InvalidProducerEpoch, kafka.InvalidProducerIDMapping)
 }
 
 // ProduceRetriable reports whether a produce error may be resent in place,
@@ -70,41 +52,52 @@ func ProducerFenced(err error) bool {
 // batch once): a network error, REQUEST_TIMED_OUT, NETWORK_EXCEPTION,
 // NOT_ENOUGH_REPLICAS(_AFTER_APPEND), CONCURRENT_TRANSACTIONS.
 func ProduceRetriable(err error) bool {
+	return retriable(err, kafka.RequestTimedOut, kafka.NetworkException, kafka.NotEnoughReplicas, kafka.NotEnoughReplicasAfterAppend, kafka.ConcurrentTransactions)
+}
+
+// Is reports whether err matches one of codes.
+func Is(err error, codes ...kafka.Error) bool {
+	return slices.ContainsFunc(codes, func(c kafka.Error) bool { return errors.Is(err, c) })
+}
+
+// retriable reports whether err is a network error or its first Kafka
+// error is one of codes.
+func retriable(err error, codes ...kafka.Error) bool {
 	var ke kafka.Error
 	if !errors.As(err, &ke) {
 		return !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded)
 	}
-	switch ke {
-	case kafka.RequestTimedOut, kafka.NetworkException, kafka.NotEnoughReplicas, kafka.NotEnoughReplicasAfterAppend, kafka.ConcurrentTransactions:
-		return true
-	}
-	return false
+	return slices.Contains(codes, ke)
 }
 
 // coordinate runs do until it succeeds, fails with an error that
 // CoordinatorRetriable does not retry, or ctx ends (then the error wraps
 // ctx's cause and the last error).
 func coordinate(ctx context.Context, do func(context.Context) error) error {
-	wait := RetryFirst
-	for {
+	for wait := RetryFirst; ; {
 		err := do(ctx)
-		if err == nil {
+		switch {
+		case err == nil:
 			return nil
-		}
-		if ctx.Err() != nil {
-			return fmt.Errorf("%w (last error: %w)", context.Cause(ctx), err)
-		}
-		if !CoordinatorRetriable(err) {
+		case ctx.Err() == nil && !CoordinatorRetriable(err):
 			return err
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		case ctx.Err() != nil || !Backoff(ctx, &wait):
 			return fmt.Errorf("%w (last error: %w)", context.Cause(ctx), err)
-		case <-t.C:
 		}
-		wait = min(2*wait, RetryMax)
+	}
+}
+
+// Backoff waits *wait, then doubles it up to RetryMax, and reports whether
+// it did before ctx ended.
+func Backoff(ctx context.Context, wait *time.Duration) bool {
+	t := time.NewTimer(*wait)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		*wait = min(2**wait, RetryMax)
+		return true
 	}
 }
 
@@ -149,12 +142,10 @@ func (c Client) AddPartitionsToTxn(ctx context.Context, txid string, pid int64, 
 		ProducerID:      pid,
 		ProducerEpoch:   epoch,
 	}
-	byTopic := map[string]int{}
 	for _, tp := range parts {
-		i, ok := byTopic[tp.Topic]
-		if !ok {
+		i := slices.IndexFunc(req.Topics, func(t addpartitionstotxn.RequestTopic) bool { return t.Name == tp.Topic })
+		if i < 0 {
 			i = len(req.Topics)
-			byTopic[tp.Topic] = i
 			req.Topics = append(req.Topics, addpartitionstotxn.RequestTopic{Name: tp.Topic})
 		}
 		req.Topics[i].Partitions = append(req.Topics[i].Partitions, int32(tp.Partition))
@@ -248,12 +239,10 @@ func (c Client) Produce(ctx context.Context, txid string, timeout time.Duration,
 		Acks:            int16(kafka.RequireAll),
 		Timeout:         int32(min(timeout, time.Duration(1<<31-1)*time.Millisecond) / time.Millisecond),
 	}
-	byTopic := map[string]int{}
 	for _, s := range sets {
-		i, ok := byTopic[s.Topic]
-		if !ok {
+		i := slices.IndexFunc(req.Topics, func(t rawproduce.RequestTopic) bool { return t.Topic == s.Topic })
+		if i < 0 {
 			i = len(req.Topics)
-			byTopic[s.Topic] = i
 			req.Topics = append(req.Topics, rawproduce.RequestTopic{Topic: s.Topic})
 		}
 		req.Topics[i].Partitions = append(req.Topics[i].Partitions, rawproduce.RequestPartition{
