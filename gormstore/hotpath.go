@@ -63,23 +63,16 @@ type hotSQL struct {
 	// order, or "id" on MySQL and MariaDB, which walk the (bucket, NULL)
 	// entries in id order for that but sort the whole bucket otherwise.
 	order string
-	// deleteIDs, with two bind variables (bucket, ids as a PostgreSQL array
-	// literal), is PostgreSQL's MarkPublished statement by id; "" elsewhere.
-	deleteIDs string
 	// tid says nextBatch's statement also reads each row's ctid
-	// (PostgreSQL, after batchColumns); deleteTIDs, with three bind
-	// variables (bucket, tid[] and bigint[] literals), is then
-	// MarkPublished's statement by location (see locations.go).
-	tid        bool
-	deleteTIDs string
-	// deletePrefix is the MarkPublished statement up to its IN list, with
-	// one bind variable (bucket): the ids' bind variables follow
-	// (binds[1:]), then ")".
-	deletePrefix string
+	// (PostgreSQL, after batchColumns).
+	tid bool
+	// del are MarkPublished's statements for the rows of one bucket, its
+	// first bind variable.
+	del deleteSQL
 	// binds[i] is the bind variable of the statement's argument i+1.
 	binds []string
 
-	// The statements of several buckets (NextBatches, markPublishedBuckets):
+	// The statements of several buckets (NextBatches, MarkPublished):
 	// see buildMultiSQL.
 	multi multiSQL
 }
@@ -145,21 +138,27 @@ func buildHotSQL(db *gorm.DB, msgs string) hotSQL {
 		// Each id looked up in the primary key: the guard's "+ 0" keeps the
 		// planner off the (bucket, parked_at_ms, id) index, which it walks
 		// whole on statistics that predate a backlog.
-		h.deleteIDs = "DELETE FROM " + table + " WHERE id = ANY(" + h.binds[1] + "::bigint[]) AND bucket + 0 = " + h.binds[0] + " AND parked_at_ms + 0 IS NULL"
-		h.deleteTIDs = deleteByLocation(table, h.binds[1], h.binds[2], " AND bucket + 0 = "+h.binds[0]+" AND parked_at_ms + 0 IS NULL")
+		h.del.ids = "DELETE FROM " + table + " WHERE id = ANY(" + h.binds[1] + "::bigint[]) AND bucket + 0 = " + h.binds[0] + " AND parked_at_ms + 0 IS NULL"
+		h.del.tids = deleteByLocation(table, h.binds[1], h.binds[2], " AND bucket + 0 = "+h.binds[0]+" AND parked_at_ms + 0 IS NULL")
 	case "mysql":
 		// MySQL and MariaDB: the multi-table form takes FORCE INDEX (the
 		// single-table DELETE does not, MariaDB 10.11), so each id is a
 		// primary-key lookup that locks only the listed, committed rows.
 		// Other plans lock gaps and writers' uncommitted rows at REPEATABLE
 		// READ, and deadlocked writers' commits.
-		h.deletePrefix = "DELETE m FROM " + table + " m FORCE INDEX (PRIMARY) WHERE m.bucket = " + h.binds[0] +
+		h.del.prefix = "DELETE m FROM " + table + " m FORCE INDEX (PRIMARY) WHERE m.bucket = " + h.binds[0] +
 			" AND m.parked_at_ms IS NULL AND m.id IN ("
 		return h
 	}
-	h.deletePrefix = del + "IN ("
+	h.del.prefix = del + "IN ("
 	return h
 }
+
+// deleteSQL are MarkPublished's DELETE statements. ids, with the ids as a
+// bigint[] literal, and tids, by location (see locations.go) with a tid[]
+// and a bigint[] literal, are PostgreSQL's; elsewhere prefix is the
+// statement up to its IN list, the ids' bind variables to follow, then ")".
+type deleteSQL struct{ ids, tids, prefix string }
 
 // deleteByLocation is PostgreSQL's DELETE of rows by location (see
 // locations.go): tids and ids are the bind variables of the rows' ctids

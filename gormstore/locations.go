@@ -14,7 +14,7 @@ import (
 // Deleting by location (PostgreSQL)
 //
 // nextBatch and NextBatches also read each row's ctid, and the store
-// remembers it (rowLocations) until MarkPublished or markPublishedBuckets
+// remembers it (rowLocations) until MarkPublished
 // deletes the row by a TID lookup (see deleteByLocation), whose plan does
 // not depend on the planner's statistics. A delete by id does: on the
 // statistics of a drained table, common until autovacuum analyzes it

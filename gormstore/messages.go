@@ -284,87 +284,48 @@ func (c *batchCut) result() relay.BatchResult {
 // batchColumns are the columns nextBatch reads, in batchScanner's order.
 const batchColumns = "id, message_id, bucket, topic, record_key, record_value, headers, record_partition, created_at"
 
-// MarkPublished implements relay.Store: rows of several buckets go to
-// markPublishedBuckets, those of one bucket to markPublished.
+// MarkPublished implements relay.Store: it deletes exactly the given rows,
+// unless parked (a row parked after it was read is published again once
+// requeued, never lost), each statement in autocommit. Each id is one
+// probe of the primary key (on SQLite, of the (bucket, parked_at_ms, id)
+// index with all three columns bound), so the cost does not grow with the
+// bucket's rows, live or dead. Rows of one bucket are deleted by
+// statements naming it (hotSQL.del); rows of several by statements that
+// name none, their ids ascending (multiSQL.del), on SQLite one statement
+// per id in one transaction (deleteEach). On PostgreSQL a row this Store
+// read is deleted by location first (locations.go).
 func (s *Store) MarkPublished(ctx context.Context, published []*outbox.Message) error {
-	for _, m := range published {
-		if m.Bucket != published[0].Bucket {
-			return s.markPublishedBuckets(ctx, published)
-		}
-	}
 	if len(published) == 0 {
 		return nil
 	}
-	return s.markPublished(ctx, int(published[0].Bucket), published)
-}
-
-// markPublished deletes exactly the given rows of bucket, unless parked,
-// each statement in autocommit (no transaction
-// around it): on PostgreSQL one statement per 10,000 ids, by location when
-// this Store read the rows (a TID scan, see locations.go),
-//
-//	DELETE FROM messages WHERE ctid = ANY(ARRAY(
-//	    SELECT f.ctid FROM unnest($2::tid[], $3::bigint[]) AS x(tid, id)
-//	    CROSS JOIN LATERAL (SELECT m.ctid FROM messages m WHERE m.ctid = x.tid AND m.id + 0 = x.id
-//	        AND bucket + 0 = $1 AND parked_at_ms + 0 IS NULL OFFSET 0) f))
-//	AND bucket + 0 = $1 AND parked_at_ms + 0 IS NULL
-//
-// else, and for rows no longer at their location, by id, each looked up in
-// the primary key (the guard's "+ 0" keeps the planner off the bucket's
-// index, see buildHotSQL),
-//
-//	DELETE FROM messages WHERE id = ANY($2::bigint[]) AND bucket + 0 = $1 AND parked_at_ms + 0 IS NULL
-//
-// on SQLite one per 1000 ids,
-//
-//	DELETE FROM messages WHERE bucket = ? AND parked_at_ms IS NULL AND id IN (?, …)
-//
-// and on MySQL and MariaDB one per 1000 ids that must look each id up in
-// the primary key (see buildHotSQL: any other plan locks gaps or rows
-// writers insert into, and deadlocked their commits),
-//
-//	DELETE m FROM messages m FORCE INDEX (PRIMARY)
-//	WHERE m.bucket = ? AND m.parked_at_ms IS NULL AND m.id IN (?, …)
-//
-// Each id is one probe of the primary key (or, on SQLite, of the (bucket,
-// parked_at_ms, id) index with all three columns bound), so the cost does
-// not grow with the rows, live or dead, of the bucket
-// (TestHotPathStaysOnTheIndexAfterABurstOnPostgres,
-// TestMarkPublishedDeletesByPrimaryKeyOnPostgreSQLWithStaleStatistics,
-// TestMarkPublishedDeletesByPrimaryKeyOnMySQL). A parked row is never
-// deleted: a row parked after it was read is published again once
-// requeued, never lost.
-func (s *Store) markPublished(ctx context.Context, bucket int, published []*outbox.Message) error {
-	return s.deleteRows(ctx, messageIDs(published), s.hot.deleteIDs != "",
-		func(chunk []int64) (string, []any) { return s.deleteStatement(bucket, chunk) },
-		func(ids, tids []int64) (string, []any) {
-			return s.hot.deleteTIDs, []any{bucket, tidsArray(tids), idsArray(ids)}
-		},
-		func(chunk []int64, err error) error {
+	ids := make([]int64, len(published))
+	for i, m := range published {
+		ids[i] = m.ID
+	}
+	bucket := int(published[0].Bucket)
+	if !slices.ContainsFunc(published, func(m *outbox.Message) bool { return int(m.Bucket) != bucket }) {
+		return s.deleteRows(ctx, ids, s.hot.del, []any{bucket}, func(chunk []int64, err error) error {
 			return fmt.Errorf("gormstore: bucket %d: mark %d published: %w", bucket, len(chunk), err)
 		})
-}
-
-// messageIDs returns the ids of msgs.
-func messageIDs(msgs []*outbox.Message) []int64 {
-	ids := make([]int64, 0, len(msgs))
-	for _, m := range msgs {
-		ids = append(ids, m.ID)
 	}
-	return ids
+	slices.Sort(ids)
+	if s.hot.multi.deleteOne != "" {
+		return s.deleteEach(ctx, ids)
+	}
+	return s.deleteRows(ctx, ids, s.hot.multi.del, nil, func(chunk []int64, err error) error {
+		return fmt.Errorf("gormstore: mark %d published (ids %d to %d): %w", len(chunk), chunk[0], chunk[len(chunk)-1], err)
+	})
 }
 
-// deleteRows deletes ids in chunks, in autocommit: maxIDsPerArray ids per
-// statement when the statement takes them as one array, else
-// maxIDsPerDelete. When the store knows where every one of ids lies (see
-// locations.go), each chunk is deleted by location (byTID), and by id
-// (byID) only when that deleted fewer rows than the chunk lists; otherwise
-// by id. wrap gives a failed chunk's error its context.
-func (s *Store) deleteRows(ctx context.Context, ids []int64, array bool, byID func(ids []int64) (string, []any),
-	byTID func(ids, tids []int64) (string, []any), wrap func([]int64, error) error) error {
+// deleteRows deletes ids with d's statements, their bind variables after
+// head's, in chunks: maxIDsPerArray ids per statement by array, else
+// maxIDsPerDelete. A chunk whose rows' locations the store knows is
+// deleted by location, then by id only when that deleted fewer rows than
+// it lists. wrap gives a failed chunk's error its context.
+func (s *Store) deleteRows(ctx context.Context, ids []int64, d deleteSQL, head []any, wrap func([]int64, error) error) error {
 	s.watchPoolSoon(ctx)
 	per := maxIDsPerDelete
-	if array {
+	if d.ids != "" {
 		per = maxIDsPerArray
 	}
 	var tids []int64
@@ -375,8 +336,7 @@ func (s *Store) deleteRows(ctx context.Context, ids []int64, array bool, byID fu
 		end := min(len(ids), off+per)
 		chunk := ids[off:end]
 		if tids != nil {
-			query, args := byTID(chunk, tids[off:end])
-			n, err := s.execDelete(ctx, query, args)
+			n, err := s.execDelete(ctx, d.tids, append(slices.Clip(head), tidsArray(tids[off:end]), idsArray(chunk)))
 			if err != nil {
 				return wrap(chunk, err)
 			}
@@ -384,7 +344,10 @@ func (s *Store) deleteRows(ctx context.Context, ids []int64, array bool, byID fu
 				continue
 			}
 		}
-		query, args := byID(chunk)
+		query, args := d.ids, append(slices.Clip(head), idsArray(chunk))
+		if d.ids == "" {
+			query, args = s.inList(d.prefix, head, chunk)
+		}
 		if _, err := s.execDelete(ctx, query, args); err != nil {
 			return wrap(chunk, err)
 		}
@@ -414,14 +377,6 @@ func (s *Store) execDelete(ctx context.Context, query string, args []any) (int64
 
 // maxIDsPerArray bounds the ids of one PostgreSQL MarkPublished DELETE.
 const maxIDsPerArray = 10000
-
-// deleteStatement is MarkPublished's statement for ids of bucket.
-func (s *Store) deleteStatement(bucket int, ids []int64) (string, []any) {
-	if s.hot.deleteIDs != "" {
-		return s.hot.deleteIDs, []any{bucket, idsArray(ids)}
-	}
-	return s.inList(s.hot.deletePrefix, []any{bucket}, ids)
-}
 
 // inList completes prefix (ending in "IN (") with a bind variable per id,
 // after those of head, and returns the statement and its arguments.

@@ -25,8 +25,8 @@ const maxBucketsPerStatement = 256
 // statement on MySQL, MariaDB and SQLite (SQLite before 3.32 allows 999).
 const maxBindsPerStatement = 999
 
-// multiSQL are the statement texts of NextBatches and markPublishedBuckets,
-// built by the dialector (see buildMultiSQL).
+// multiSQL are the statement texts of NextBatches and MarkPublished for
+// several buckets (see buildMultiSQL).
 type multiSQL struct {
 	// nextBatches, with two bind variables (the buckets and the limits as
 	// PostgreSQL int[] literals, in the same order), is PostgreSQL's
@@ -43,16 +43,9 @@ type multiSQL struct {
 	memberWith func(cond string) string
 	// perStatement is how many buckets one NextBatches statement reads.
 	perStatement int
-	// deleteIDs, with one bind variable (the ids as a PostgreSQL bigint[]
-	// literal), is PostgreSQL's markPublishedBuckets statement by id; ""
-	// elsewhere. deleteTIDs, with two (the locations as a tid[] literal,
-	// the ids), is its statement by location (see locations.go).
-	deleteIDs, deleteTIDs string
-	// deletePrefix is the markPublishedBuckets statement up to its IN list:
-	// the ids' bind variables follow (binds[0:]), then ")".
-	deletePrefix string
-	// deleteOne, with one bind variable (an id), is SQLite's
-	// markPublishedBuckets statement, run once per id; "" elsewhere.
+	// del are MarkPublished's statements for rows of several buckets.
+	del deleteSQL
+	// deleteOne (SQLite; "" elsewhere) deletes one id (see deleteEach).
 	deleteOne string
 	// inOrderWith renders nextInOrder's statement on SQLite from its
 	// bucket filter (a condition on inOrderBucket), a condition appended to
@@ -67,7 +60,7 @@ type multiSQL struct {
 func buildMultiSQL(h *hotSQL, dialect, table string) {
 	m := &h.multi
 	m.perStatement = min(maxBucketsPerStatement, maxBindsPerStatement/(h.nextBatchBuckets+1))
-	m.deletePrefix = "DELETE FROM " + table + " WHERE parked_at_ms IS NULL AND id IN ("
+	m.del.prefix = "DELETE FROM " + table + " WHERE parked_at_ms IS NULL AND id IN ("
 	switch dialect {
 	case "postgres":
 		// One LATERAL subquery per (bucket, limit) pair: nextBatch's index
@@ -79,18 +72,18 @@ func buildMultiSQL(h *hotSQL, dialect, table string) {
 			" CROSS JOIN LATERAL (" + h.nextBatchWith([4]string{"r.b", "r.b", "r.b", "r.b"}, "r.n", excludingCond("r.a", notInArray(h.binds[3]))) + ") x"
 		// By id, through the primary key ("+ 0" as in MarkPublished's); no
 		// bucket guard: an id names one row, whichever bucket holds it.
-		m.deleteIDs = "DELETE FROM " + table + " WHERE id = ANY(" + h.binds[0] + "::bigint[]) AND parked_at_ms + 0 IS NULL"
-		m.deleteTIDs = deleteByLocation(table, h.binds[0], h.binds[1], " AND parked_at_ms + 0 IS NULL")
+		m.del.ids = "DELETE FROM " + table + " WHERE id = ANY(" + h.binds[0] + "::bigint[]) AND parked_at_ms + 0 IS NULL"
+		m.del.tids = deleteByLocation(table, h.binds[0], h.binds[1], " AND parked_at_ms + 0 IS NULL")
 	case "mysql":
 		// MariaDB 10.11 has no LATERAL: a UNION ALL of parenthesised
 		// selects, each nextBatch's statement. The delete looks each id up
 		// in the primary key, as MarkPublished's does (see buildHotSQL).
 		m.memberWith = func(cond string) string { return "(" + h.nextBatchWith([4]string{"?", "?", "?", "?"}, "?", cond) + ")" }
-		m.deletePrefix = "DELETE m FROM " + table + " m FORCE INDEX (PRIMARY) WHERE m.parked_at_ms IS NULL AND m.id IN ("
+		m.del.prefix = "DELETE m FROM " + table + " m FORCE INDEX (PRIMARY) WHERE m.parked_at_ms IS NULL AND m.id IN ("
 	case "sqlite":
 		// SQLite takes no ORDER BY or LIMIT on a member of a compound
 		// SELECT: each member is a subquery. The delete is one statement
-		// per id (see markPublishedBuckets).
+		// per id (see deleteEach).
 		m.memberWith = func(cond string) string {
 			return "SELECT * FROM (" + h.nextBatchWith([4]string{"?", "?", "?", "?"}, "?", cond) + ")"
 		}
@@ -260,58 +253,11 @@ func scanBatches(rows rowScanner, cuts map[int64]*batchCut, tid bool) (int64, er
 	return n, rows.Err()
 }
 
-// markPublishedBuckets deletes exactly the given rows, of any buckets, by
-// primary key, unless parked, each statement in autocommit, as
-// markPublished does: on PostgreSQL one
-// statement per 10,000 ids, by location when this Store read the rows
-// (locations.go),
-//
-//	DELETE FROM messages WHERE ctid = ANY(ARRAY(
-//	    SELECT f.ctid FROM unnest($1::tid[], $2::bigint[]) AS x(tid, id)
-//	    CROSS JOIN LATERAL (SELECT m.ctid FROM messages m WHERE m.ctid = x.tid AND m.id + 0 = x.id
-//	        AND parked_at_ms + 0 IS NULL OFFSET 0) f))
-//	AND parked_at_ms + 0 IS NULL
-//
-// else by id,
-//
-//	DELETE FROM messages WHERE id = ANY($1::bigint[]) AND parked_at_ms + 0 IS NULL
-//
-// on SQLite one per id, prepared once, all in one transaction (one commit),
-//
-//	DELETE FROM messages WHERE id = ? AND parked_at_ms IS NULL
-//
-// because SQLite's planner, given statistics of a table that held few rows
-// (an ANALYZE or PRAGMA optimize of the drained outbox), reads the whole
-// table for "id IN (…)" without a bucket: a delete then cost a scan of the
-// backlog, 55 ms per 500 rows of 100,000 against 2 (a rowid lookup is the
-// plan whatever the statistics say);
-// and on MySQL and MariaDB one per 1000 ids, each looked up in the primary
-// key (see buildHotSQL: any other plan locks gaps or rows writers insert
-// into),
-//
-//	DELETE m FROM messages m FORCE INDEX (PRIMARY)
-//	WHERE m.parked_at_ms IS NULL AND m.id IN (?, …)
-//
-// Unlike markPublished's, the statements name no bucket: an id names one
-// row, and a published row is deleted whichever bucket holds it
-// (Message.Bucket is not read). The ids go in ascending order.
-func (s *Store) markPublishedBuckets(ctx context.Context, published []*outbox.Message) error {
-	ids := messageIDs(published)
-	slices.Sort(ids)
-	if s.hot.multi.deleteOne != "" {
-		return s.deleteEach(ctx, ids)
-	}
-	return s.deleteRows(ctx, ids, s.hot.multi.deleteIDs != "", s.deleteBucketsStatement,
-		func(ids, tids []int64) (string, []any) {
-			return s.hot.multi.deleteTIDs, []any{tidsArray(tids), idsArray(ids)}
-		},
-		func(chunk []int64, err error) error {
-			return fmt.Errorf("gormstore: mark %d published (ids %d to %d): %w", len(chunk), chunk[0], chunk[len(chunk)-1], err)
-		})
-}
-
 // deleteEach deletes ids with deleteOne, prepared once, in one
-// transaction: SQLite's markPublishedBuckets.
+// transaction: SQLite's MarkPublished of several buckets. Given statistics
+// of a drained table, SQLite's planner reads the whole table for
+// "id IN (…)" without a bucket; a rowid lookup per id is its plan whatever
+// the statistics say.
 func (s *Store) deleteEach(ctx context.Context, ids []int64) error {
 	s.watchPoolSoon(ctx)
 	err := s.writeTx(ctx, s.msgs, func(tx *gorm.DB) error {
@@ -333,15 +279,6 @@ func (s *Store) deleteEach(ctx context.Context, ids []int64) error {
 		return fmt.Errorf("gormstore: mark %d published (ids %d to %d): %w", len(ids), ids[0], ids[len(ids)-1], err)
 	}
 	return nil
-}
-
-// deleteBucketsStatement is markPublishedBuckets' statement for ids.
-func (s *Store) deleteBucketsStatement(ids []int64) (string, []any) {
-	m := &s.hot.multi
-	if m.deleteIDs != "" {
-		return m.deleteIDs, []any{idsArray(ids)}
-	}
-	return s.inList(m.deletePrefix, nil, ids)
 }
 
 // nextInOrder answers a request of several buckets. The relay makes one on
