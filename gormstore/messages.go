@@ -103,39 +103,8 @@ func (s *Store) BucketsWithPending(ctx context.Context, buckets []int) ([]int, e
 			out = append(out, found...)
 			continue
 		}
-		var sql strings.Builder
-		args := make([]any, 0, 2*len(chunk))
-		sql.WriteString("SELECT ")
-		for i, b := range chunk {
-			if i > 0 {
-				sql.WriteString(", ")
-			}
-			if s.hot.bucketEquality {
-				sql.WriteString("(SELECT id FROM ? WHERE bucket = ? AND parked_at_ms IS NULL ORDER BY " + s.hot.order + " LIMIT 1)")
-				args = append(args, clause.Table{Name: s.msgs}, b)
-			} else {
-				sql.WriteString("(SELECT id FROM ? WHERE bucket >= ? AND bucket <= ? AND parked_at_ms IS NULL ORDER BY bucket, parked_at_ms, id LIMIT 1)")
-				args = append(args, clause.Table{Name: s.msgs}, b, b)
-			}
-		}
-		vals := make([]any, len(chunk))
-		if err := s.read(ctx, s.msgs, func(q *gorm.DB) error {
-			rows, err := q.Raw(s.rawPrefix()+sql.String(), args...).Rows()
-			if err != nil {
-				return err
-			}
-			defer rows.Close()
-			ptrs := make([]any, len(chunk))
-			for i := range vals {
-				ptrs[i] = &vals[i]
-			}
-			if rows.Next() {
-				if err := rows.Scan(ptrs...); err != nil {
-					return err
-				}
-			}
-			return rows.Err()
-		}); err != nil {
+		vals, err := s.probeEach(ctx, "SELECT id FROM ? WHERE bucket = ? AND parked_at_ms IS NULL ORDER BY "+s.hot.order+" LIMIT 1", 1, chunk)
+		if err != nil {
 			return nil, fmt.Errorf("gormstore: probe pending buckets: %w", err)
 		}
 		for i, v := range vals {
@@ -541,28 +510,8 @@ func (s *Store) oldestHead(ctx context.Context, k int) (time.Time, error) {
 		bucketHead, perBucket = "SELECT created_at FROM ? WHERE bucket = ? AND parked_at_ms IS NULL ORDER BY id LIMIT 1", 1
 	}
 	var oldest time.Time
-	for _, c := range chunks(s.configuredBuckets()) {
-		var b strings.Builder
-		args := make([]any, 0, (1+perBucket)*len(c))
-		b.WriteString(s.rawPrefix() + "SELECT ")
-		for i, bucket := range c {
-			if i > 0 {
-				b.WriteString(", ")
-			}
-			b.WriteString("(" + bucketHead + ")")
-			args = append(args, clause.Table{Name: s.msgs}, bucket)
-			if perBucket == 2 {
-				args = append(args, bucket)
-			}
-		}
-		vals := make([]any, len(c))
-		err := s.read(ctx, s.msgs, func(q *gorm.DB) error {
-			ptrs := make([]any, len(vals))
-			for i := range vals {
-				ptrs[i] = &vals[i]
-			}
-			return q.Raw(b.String(), args...).Row().Scan(ptrs...)
-		})
+	for c := range slices.Chunk(s.configuredBuckets(), maxPerStatement) {
+		vals, err := s.probeEach(ctx, bucketHead, perBucket, c)
 		if err != nil {
 			return time.Time{}, err
 		}
@@ -577,6 +526,33 @@ func (s *Store) oldestHead(ctx context.Context, k int) (time.Time, error) {
 		}
 	}
 	return oldest, nil
+}
+
+// probeEach runs one SELECT of the scalar subquery sub for each of
+// buckets, sub's arguments the table and perBucket times the bucket, and
+// returns their values (nil for NULL).
+func (s *Store) probeEach(ctx context.Context, sub string, perBucket int, buckets []int) ([]any, error) {
+	var b strings.Builder
+	args := make([]any, 0, (1+perBucket)*len(buckets))
+	b.WriteString(s.rawPrefix() + "SELECT ")
+	for i, bucket := range buckets {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString("(" + sub + ")")
+		args = append(args, clause.Table{Name: s.msgs}, bucket)
+		if perBucket == 2 {
+			args = append(args, bucket)
+		}
+	}
+	vals := make([]any, len(buckets))
+	ptrs := make([]any, len(vals))
+	for i := range vals {
+		ptrs[i] = &vals[i]
+	}
+	return vals, s.read(ctx, s.msgs, func(q *gorm.DB) error {
+		return q.Raw(b.String(), args...).Row().Scan(ptrs...)
+	})
 }
 
 // timeLayouts are the textual forms a timestamp comes back in: SQLite's

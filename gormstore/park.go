@@ -5,6 +5,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -25,17 +26,6 @@ const DefaultLiveness = 30 * time.Second
 // maxPerStatement bounds the ids or buckets of one IN list of the parking
 // statements.
 const maxPerStatement = 1000
-
-// chunks splits xs into slices of at most maxPerStatement elements.
-func chunks[T any](xs []T) [][]T {
-	var out [][]T
-	for len(xs) > 0 {
-		n := min(len(xs), maxPerStatement)
-		out = append(out, xs[:n])
-		xs = xs[n:]
-	}
-	return out
-}
 
 // notCorrupt is the condition that the parked row (of table alias t, ""
 // for none) is not corrupt: it holds its key's later rows, and an ID
@@ -79,7 +69,7 @@ func (s *Store) allBuckets(ctx context.Context) ([][]int, error) {
 	for i := lo; i <= hi; i++ {
 		b = append(b, i)
 	}
-	return chunks(b), nil
+	return slices.Collect(slices.Chunk(b, maxPerStatement)), nil
 }
 
 // reasonFor returns reason as the parked_reason column can hold it on
