@@ -31,37 +31,27 @@ type hotSQL struct {
 	// then the limit.
 	nextBatch        string
 	nextBatchBuckets int
-	// nextBatchExcluding is nextBatch leaving out the rows of a request's
-	// Exclude, with two more bind variables (the largest id left out, the
-	// ids as a bigint[] literal): PostgreSQL only; elsewhere the ids are
-	// written out (excludingLiteral).
+	// nextBatchExcluding (PostgreSQL) leaves out a request's Exclude, with
+	// two more bind variables: the largest id left out, the ids as a
+	// bigint[] literal. Elsewhere the ids are written out (excludingLiteral).
 	nextBatchExcluding string
-	// nextBatchWith renders nextBatch's statement for one bucket (named by
-	// the four expressions of nextBatch's bucket bind variables), a limit
-	// and a condition appended to its WHERE ("" or " AND …").
-	nextBatchWith func(bucket [4]string, limit, cond string) string
-	// nextBatchArgs and nextBatchLimit are nextBatch's arguments to
-	// nextBatchWith: its bind variables. Elsewhere than on PostgreSQL,
-	// nextBatch renders its statement with them and the ids left out
-	// written in it (see excludingLiteral).
+	// nextBatchWith renders nextBatch for one bucket (the four expressions
+	// of its bucket bind variables), a limit and a condition appended to
+	// its WHERE ("" or " AND …"); nextBatchArgs and nextBatchLimit are
+	// nextBatch's own.
+	nextBatchWith  func(bucket [4]string, limit, cond string) string
 	nextBatchArgs  [4]string
 	nextBatchLimit string
-	// bucketEquality says the statements select a bucket with "bucket = ?"
-	// (SQLite), not the range form "bucket >= ? AND bucket <= ?": SQLite
-	// plans the range as a range scan of the index followed by a sort of
-	// the whole bucket ("USE TEMP B-TREE FOR RIGHT PART OF ORDER BY"), 57 ms
-	// per batch on a 25k-row bucket against 3 ms with the equality, which
-	// walks the (bucket, parked_at_ms, id) index in order and stops at the
-	// limit. PostgreSQL needs the range form (see nextBatch). MySQL and
-	// MariaDB take the equality too, with ORDER BY id (see order).
+	// bucketEquality says a bucket is selected by "bucket = ?", not by
+	// "bucket >= ? AND bucket <= ?": SQLite sorts the whole bucket for the
+	// range form, PostgreSQL needs it (see nextBatch).
 	bucketEquality bool
 	// skipScan says BucketsWithPending walks the index with a recursive
-	// CTE first (PostgreSQL, SQLite; not MySQL or MariaDB, where each step
-	// is a range scan).
+	// CTE first (not on MySQL or MariaDB, where each step is a range scan).
 	skipScan bool
 	// order is the ORDER BY of one bucket's unparked rows: the index's
-	// order, or "id" on MySQL and MariaDB, which walk the (bucket, NULL)
-	// entries in id order for that but sort the whole bucket otherwise.
+	// order, or "id" on MySQL and MariaDB, which sort the whole bucket
+	// otherwise.
 	order string
 	// tid says nextBatch's statement also reads each row's ctid
 	// (PostgreSQL, after batchColumns).

@@ -19,17 +19,13 @@ import (
 // statement (PostgreSQL allows 1664 result columns).
 const maxExistsPerStatement = 1000
 
-// skipScanSteps is how many buckets holding unparked rows the skip scan of
-// BucketsWithPending visits at most, for n requested buckets: a quarter of
-// them (the walk visits other relays' buckets too), at least 8, at most
-// 999 (a bound on a single statement's work).
+// skipScanSteps bounds the buckets the skip scan visits for n requested:
+// it visits other relays' buckets too.
 func skipScanSteps(n int) int { return min(max(n/4, 8), 999) }
 
 // skipScanPending walks the buckets in [buckets[0], last of buckets] that
-// hold an unparked row (see BucketsWithPending). It returns the requested
-// ones it found, in ascending order, and the highest bucket whose state it
-// knows: the top of the range, or the last bucket it reached when it
-// stopped after skipScanSteps.
+// hold an unparked row. It returns the requested ones it found, ascending,
+// and the highest bucket whose state it knows.
 func (s *Store) skipScanPending(ctx context.Context, buckets []int) (found []int, reached int, err error) {
 	lo, hi := buckets[0], buckets[len(buckets)-1]
 	steps := skipScanSteps(len(buckets))
@@ -68,17 +64,13 @@ func (s *Store) skipScanPending(ctx context.Context, buckets []int) (found []int
 // maxIDsPerDelete bounds the ids of one MarkPublished DELETE.
 const maxIDsPerDelete = 1000
 
-// BucketsWithPending implements relay.Store. On PostgreSQL and SQLite it
-// first walks the (bucket, parked_at_ms, id) index across the requested
-// range with a skip scan (skipScanPending), so that an idle table costs one
-// lookup whatever the bucket count. The walk visits other relays' buckets
-// too, so it stops after skipScanSteps; the buckets beyond it (every one on
-// MySQL and MariaDB, where each step of such a walk is a range scan) are
-// probed by one statement per 1000 buckets, each probe nextBatch's query
-// with LIMIT 1: one index lookup whatever the backlog or the parked rows.
-// Not EXISTS: PostgreSQL drops the ORDER BY of an EXISTS subquery and may
-// scan the heap past every dead or parked row. A bucket holding only
-// parked rows has none pending.
+// BucketsWithPending implements relay.Store. On PostgreSQL and SQLite a
+// skip scan of the (bucket, parked_at_ms, id) index (skipScanPending) costs
+// an idle table one lookup whatever the bucket count; the buckets beyond it
+// (all on MySQL and MariaDB, where each step would be a range scan) are
+// probed with nextBatch's query at LIMIT 1, 1000 a statement. Not EXISTS:
+// PostgreSQL drops the ORDER BY of an EXISTS subquery and may scan the heap
+// past every dead or parked row.
 func (s *Store) BucketsWithPending(ctx context.Context, buckets []int) ([]int, error) {
 	buckets = slices.Compact(slices.Sorted(slices.Values(buckets)))
 	if len(buckets) == 0 {
@@ -117,9 +109,8 @@ func (s *Store) BucketsWithPending(ctx context.Context, buckets []int) ([]int, e
 }
 
 // probeHeads returns the buckets (ascending) holding an unparked row, on
-// PostgreSQL: one statement of LATERAL head probes over unnest($1::int[]),
-// not scalar subqueries per bucket, which PostgreSQL plans anew at every
-// execution.
+// PostgreSQL, by LATERAL head probes: scalar subqueries would be planned
+// anew at every execution.
 func (s *Store) probeHeads(ctx context.Context, buckets []int) ([]int, error) {
 	ids := make([]int64, len(buckets))
 	for i, b := range buckets {
@@ -139,19 +130,11 @@ func (s *Store) probeHeads(ctx context.Context, buckets []int) ([]int, error) {
 }
 
 // nextBatch answers a request of one bucket: its oldest unparked rows that
-// no parked row of their key holds, through database/sql with hand-scanned
-// columns (see "The hot path" in hotpath.go). A row it cannot decode ends
-// the batch with a *relay.CorruptRowError naming it, the rows before it
-// returned too, for the relay to park it once it is the head.
-//
-// On PostgreSQL the bucket is selected by "bucket >= ? AND bucket <= ?"
-// ordered by bucket, parked_at_ms, id: the index's order, walked from the
-// bucket's head without a sort; with "bucket = ? ORDER BY id" the planner
-// often walks the primary key and filters by bucket. Bitmap scans are off
-// for the fetch (see fetchGuard).
-//
-// With MaxBytes > 0 it stops after the first row that brings the batch's
-// relay.MessageSize total beyond it, that row included.
+// no parked row of their key holds, scanned by hand (see "The hot path").
+// A row it cannot decode ends the batch with a *relay.CorruptRowError, the
+// rows before it returned too. On PostgreSQL the bucket is a range ordered
+// as the index, walked from its head without a sort: with "bucket = ?
+// ORDER BY id" the planner often walks the primary key instead.
 func (s *Store) nextBatch(ctx context.Context, req relay.BatchRequest) (relay.BatchResult, error) {
 	bucket, limit, maxBytes := req.Buckets[0], req.Limit, req.MaxBytes
 	query := s.hot.nextBatch
@@ -182,9 +165,7 @@ func (s *Store) nextBatch(ctx context.Context, req relay.BatchRequest) (relay.Ba
 	return c.result(), nil
 }
 
-// scanBatch reads nextBatch's rows into a batch: at most limit, and, when
-// maxBytes > 0, up to and including the row whose relay.MessageSize brings
-// the total beyond maxBytes. With tid the rows end with their ctid.
+// scanBatch reads nextBatch's rows into a batch (see batchCut).
 func scanBatch(rows rowScanner, limit int, maxBytes int64, tid bool) (*batchCut, error) {
 	sc := newBatchScanner(tid)
 	c := newBatchCut(limit, maxBytes)
@@ -200,9 +181,9 @@ func scanBatch(rows rowScanner, limit int, maxBytes int64, tid bool) (*batchCut,
 	return c, nil
 }
 
-// batchCut is one bucket's batch as its rows are scanned, oldest first,
-// applying a request's bounds and corrupt-row rule. nextBatch, nextBatches
-// and nextInOrder share it.
+// batchCut is one bucket's batch as its rows are scanned, oldest first: at
+// most limit rows and, with maxBytes > 0, up to the row whose
+// relay.MessageSize brings the total beyond it, that row included.
 type batchCut struct {
 	limit    int
 	maxBytes int64
@@ -324,8 +305,7 @@ func (s *Store) deleteRows(ctx context.Context, ids []int64, d deleteSQL, head [
 	return nil
 }
 
-// execDelete runs one DELETE on the primary and returns the rows it
-// deleted (-1 when the driver does not say).
+// execDelete runs one DELETE and returns the rows it deleted (-1 unknown).
 func (s *Store) execDelete(ctx context.Context, query string, args []any) (int64, error) {
 	var n int64
 	err := s.write(ctx, s.msgs, func(q *gorm.DB) error {
@@ -366,23 +346,17 @@ func (s *Store) inList(prefix string, head []any, ids []int64) (string, []any) {
 	return b.String(), args
 }
 
-// pendingExactBelow is the (estimated) size of the messages table under
-// which PendingMetrics counts and finds the oldest row exactly: a scan of
-// at most this many rows, a few milliseconds.
+// pendingExactBelow is the estimated table size under which PendingMetrics
+// counts exactly.
 const pendingExactBelow = 50_000
 
-// PendingMetrics implements relay.Store. Its cost does not grow with the
-// backlog beyond pendingExactBelow rows.
-//
-// Below pendingExactBelow estimated rows (or with no estimate) it is one
-// exact aggregate. Above it, on PostgreSQL and MySQL/MariaDB, Count is the
-// database's live-row estimate (pg_stat_get_live_tuples; InnoDB's
-// TABLE_ROWS, which can be off by tens of percent) minus Parked; Oldest is
-// the oldest created_at among the buckets' heads, younger than the truth
-// only by the lag of a row committed behind a newer one; Parked stays
-// exact, a count of the parked index entries. SQLite has no cheap
-// estimate: Count and Parked are always exact, and Oldest comes from the
-// heads once the unparked rows reach pendingExactBelow.
+// PendingMetrics implements relay.Store; its cost does not grow with the
+// backlog. Below pendingExactBelow estimated rows (or with no estimate) it
+// is one exact aggregate. Above, Count is the database's live-row estimate
+// minus Parked, Oldest the oldest of the buckets' heads, and Parked an
+// exact count of the parked index entries. SQLite has no estimate: Count
+// and Parked are exact, Oldest comes from the heads once the unparked rows
+// reach pendingExactBelow.
 func (s *Store) PendingMetrics(ctx context.Context) (*relay.Pending, error) {
 	k, err := s.kind(ctx)
 	if err != nil {
@@ -436,9 +410,8 @@ func (s *Store) PendingMetrics(ctx context.Context) (*relay.Pending, error) {
 	return &relay.Pending{Count: count, Oldest: t, Parked: parked}, nil
 }
 
-// rowEstimate is the database's estimate of the messages table's live rows
-// (see PendingMetrics), or -1 when it has none (SQLite, another dialect,
-// a table without statistics yet).
+// rowEstimate is the database's estimate of the messages table's live
+// rows, or -1 when it has none.
 func (s *Store) rowEstimate(ctx context.Context, k int) (int64, error) {
 	var query string
 	var args []any
@@ -466,8 +439,7 @@ func (s *Store) rowEstimate(ctx context.Context, k int) (int64, error) {
 	return est.Int64, nil
 }
 
-// countParked counts the parked rows from the parked entries of the
-// (bucket, parked_at_ms, id) index, per 1000 buckets.
+// countParked counts the parked index entries, 1000 buckets a statement.
 func (s *Store) countParked(ctx context.Context) (int64, error) {
 	all, err := s.allBuckets(ctx)
 	if err != nil {
@@ -486,10 +458,8 @@ func (s *Store) countParked(ctx context.Context) (int64, error) {
 	return total, nil
 }
 
-// oldestHead is the oldest created_at among the buckets' heads (their
-// lowest unparked id), zero when there are none: on PostgreSQL one LATERAL
-// statement over generate_series, elsewhere one scalar subquery per bucket,
-// 1000 buckets a statement; each head is one index probe.
+// oldestHead is the oldest created_at among the buckets' heads, zero when
+// there are none; each head is one index probe.
 func (s *Store) oldestHead(ctx context.Context, k int) (time.Time, error) {
 	const head = "SELECT created_at FROM ? WHERE bucket >= %s AND bucket <= %s AND parked_at_ms IS NULL ORDER BY bucket, parked_at_ms, id LIMIT 1"
 	if k == kindPostgres {
@@ -555,9 +525,7 @@ func (s *Store) probeEach(ctx context.Context, sub string, perBucket int, bucket
 	})
 }
 
-// timeLayouts are the textual forms a timestamp comes back in: SQLite's
-// (as mattn/go-sqlite3 writes time.Time), RFC 3339, and MySQL's without
-// parseTime.
+// timeLayouts are the textual forms a timestamp comes back in.
 var timeLayouts = []string{
 	"2006-01-02 15:04:05.999999999-07:00",
 	"2006-01-02T15:04:05.999999999-07:00",

@@ -16,9 +16,8 @@ import (
 	"gorm.io/gorm"
 )
 
-// maxBucketsPerStatement bounds the buckets of one NextBatches statement:
-// the statement's size, its bind variables (see maxBindsPerStatement) and
-// SQLite's limit of 500 members of a compound SELECT.
+// maxBucketsPerStatement bounds the buckets of one NextBatches statement
+// (SQLite allows 500 members of a compound SELECT).
 const maxBucketsPerStatement = 256
 
 // maxBindsPerStatement bounds the bind variables of one NextBatches
@@ -109,16 +108,13 @@ func buildMultiSQL(h *hotSQL, dialect, table string) {
 	}
 }
 
-// NextBatches implements relay.MultiBucketStore: each request is answered
-// as nextBatch would answer it, in one statement per perStatement requests
-// (at most 999 bind variables on MySQL, MariaDB and SQLite); a single
-// request is nextBatch's own statement. On PostgreSQL the statement is a
-// LATERAL join of unnest(buckets, limits) with nextBatch's statement; on
-// MySQL, MariaDB and SQLite a UNION ALL of nextBatch's statements. Each
-// bucket's part keeps nextBatch's plan. The result is not sorted as a
-// whole (a sort of wide rows would spill to disk): rows are split by
-// bucket, and a bucket's rows out of id order fail the call. A dialect
-// other than these gets nextBatch per request.
+// NextBatches implements relay.Store. Requests of one bucket are answered
+// as nextBatch would, perStatement a statement (a single one is nextBatch's
+// own): on PostgreSQL a LATERAL join of unnest(buckets, limits) with
+// nextBatch's statement, on MySQL, MariaDB and SQLite a UNION ALL of them,
+// each bucket's part keeping nextBatch's plan. The rows are not sorted as a
+// whole (a sort of wide rows would spill to disk) but split by bucket.
+// A request of several buckets goes to nextInOrder.
 func (s *Store) NextBatches(ctx context.Context, reqs []relay.BatchRequest) ([]relay.BatchResult, error) {
 	results := make([]relay.BatchResult, len(reqs))
 	active := make([]int, 0, len(reqs)) // requests of one bucket with rows to read
@@ -183,8 +179,7 @@ func (s *Store) nextBatches(ctx context.Context, reqs []relay.BatchRequest, idx 
 	return nil
 }
 
-// nextBatchesStatement is NextBatches' statement for reqs[i], i in idx
-// (at least two), and its arguments.
+// nextBatchesStatement is NextBatches' statement for reqs[i], i in idx.
 func (s *Store) nextBatchesStatement(reqs []relay.BatchRequest, idx []int) (string, []any) {
 	m := &s.hot.multi
 	if m.nextBatches != "" {
@@ -223,8 +218,8 @@ func (s *Store) nextBatchesStatement(reqs []relay.BatchRequest, idx []int) (stri
 	return b.String(), args
 }
 
-// scanBatches reads NextBatches' rows into the batch of their bucket, until
-// every batch is done; it returns the rows read. A row of a bucket not
+// scanBatches reads NextBatches' rows into their buckets' batches until
+// every batch is done, and returns the rows read. A row of a bucket not
 // asked for, or a bucket's rows out of id order, fail it.
 func scanBatches(rows rowScanner, cuts map[int64]*batchCut, tid bool) (int64, error) {
 	sc := newBatchScanner(tid)
@@ -281,35 +276,15 @@ func (s *Store) deleteEach(ctx context.Context, ids []int64) error {
 	return nil
 }
 
-// nextInOrder answers a request of several buckets. The relay makes one on
-// SQLite only (relay.Options.SingleWriter: see relay's groups), where it
-// is one statement reading the table in rowid order from its first
-// pending row of req.Buckets, like a plain "ORDER BY id LIMIT n" loop,
-// whatever the bucket count, not one index probe per bucket as NextBatches
-// makes:
-//
-//	SELECT id, … FROM messages m
-//	WHERE m.bucket + 0 >= 0 AND m.bucket + 0 <= 7 [AND m.bucket + 0 NOT IN (3, 5)]
-//	  AND m.parked_at_ms IS NULL
-//	  AND NOT EXISTS (SELECT 1 FROM messages p WHERE p.bucket = m.bucket AND p.parked_at_ms IS NOT NULL
-//	    AND p.id < m.id AND p.record_key = m.record_key AND <p is not corrupt>)
-//	  [AND (m.id > 812 OR m.id NOT IN (801, 802, …))]
-//	ORDER BY m.id LIMIT 500
-//
-// The buckets, ascending, become the span [lo, hi] less its holes (the
-// buckets of the span not asked for), or, when the holes outnumber the
-// buckets, "m.bucket + 0 IN (…)"; the integers are written into the text.
-// The hold is nextBatch's per-row subquery, on the bucket index: a parked
-// row of the row's key, with a smaller id, in its bucket, that is not
-// corrupt. The rows are cut as nextBatch cuts a batch (limit, then the row
-// crossing req.MaxBytes included). A row that cannot be decoded ends the
-// answer: the rows before it are returned with its *relay.CorruptRowError.
-//
-// On PostgreSQL, MySQL and MariaDB it merges NextBatches' answers. (One
-// statement over the primary key was built and measured there: with
-// thousands of buckets its reads passed every other bucket's rows and the
-// dead entries of the rows deleted meanwhile, and a 65,536-bucket drain ran
-// at a third of its rate by heads: see BENCHMARKS.md.)
+// nextInOrder answers a request of several buckets, which the relay makes
+// on SQLite only (relay.Options.SingleWriter): one statement reads the
+// table in rowid order from the buckets' first pending row, like a plain
+// "ORDER BY id LIMIT n" loop, whatever the bucket count. The buckets are a
+// span less its holes, or an IN list when the holes outnumber them; the
+// hold is nextBatch's per-row subquery, and the rows are cut as nextBatch
+// cuts a batch. Elsewhere it merges NextBatches' answers: one statement
+// over the primary key there read every other bucket's rows and the dead
+// entries of rows deleted meanwhile.
 func (s *Store) nextInOrder(ctx context.Context, req relay.BatchRequest) (relay.BatchResult, error) {
 	buckets := req.Buckets // distinct and ascending, as the contract asks; else a sorted copy
 	for i := 1; i < len(buckets); i++ {
@@ -321,9 +296,8 @@ func (s *Store) nextInOrder(ctx context.Context, req relay.BatchRequest) (relay.
 	if s.hot.multi.inOrderWith == nil {
 		return s.nextInOrderMerged(ctx, req, buckets)
 	}
-	query, args := s.nextInOrderStatement(buckets, req.Limit, req.Exclude)
 	var c *batchCut
-	if err := s.fetch(ctx, query, args, func(rows rowScanner) (int64, error) {
+	if err := s.fetch(ctx, s.nextInOrderStatement(buckets, req.Limit, req.Exclude), nil, func(rows rowScanner) (int64, error) {
 		c = newBatchCut(req.Limit, req.MaxBytes)
 		return scanInOrder(rows, c, buckets, s.hot.tid)
 	}); err != nil {
@@ -334,30 +308,17 @@ func (s *Store) nextInOrder(ctx context.Context, req relay.BatchRequest) (relay.
 }
 
 // nextInOrderStatement is nextInOrder's statement for buckets (ascending,
-// distinct, at least one), limit and the rows of exclude, and its
-// arguments.
-func (s *Store) nextInOrderStatement(buckets []int, limit int, exclude []*outbox.Message) (string, []any) {
+// distinct, at least one), limit and the rows of exclude.
+func (s *Store) nextInOrderStatement(buckets []int, limit int, exclude []*outbox.Message) string {
 	m := &s.hot.multi
 	col := m.inOrderBucket
 	lo, hi := buckets[0], buckets[len(buckets)-1]
-	var holes []int64
-	list := hi-lo+1-len(buckets) > len(buckets) // fewer buckets than holes: list the buckets
-	if !list {
-		holes = make([]int64, 0, hi-lo+1-len(buckets))
-		next := lo
-		for _, b := range buckets {
-			for ; next < b; next++ {
-				holes = append(holes, int64(next))
-			}
-			next = b + 1
-		}
-	}
-	var filter, cond string
 	literal := func(xs []int64) string {
 		a := idsArray(xs) // "{1,2,3}"
 		return a[1 : len(a)-1]
 	}
-	if list {
+	var filter, cond string
+	if hi-lo+1-len(buckets) > len(buckets) { // fewer buckets than holes: list the buckets
 		ids := make([]int64, len(buckets))
 		for i, b := range buckets {
 			ids[i] = int64(b)
@@ -365,6 +326,12 @@ func (s *Store) nextInOrderStatement(buckets []int, limit int, exclude []*outbox
 		filter = col + " IN (" + literal(ids) + ")"
 	} else {
 		filter = col + " >= " + strconv.Itoa(lo) + " AND " + col + " <= " + strconv.Itoa(hi)
+		var holes []int64
+		for b := lo; b <= hi; b++ {
+			if _, ok := slices.BinarySearch(buckets, b); !ok {
+				holes = append(holes, int64(b))
+			}
+		}
 		if len(holes) > 0 {
 			filter += " AND " + col + " NOT IN (" + literal(holes) + ")"
 		}
@@ -372,12 +339,11 @@ func (s *Store) nextInOrderStatement(buckets []int, limit int, exclude []*outbox
 	if len(exclude) > 0 {
 		cond = excludingLiteral(exclude)
 	}
-	return m.inOrderWith(filter, cond, strconv.Itoa(limit)), nil
+	return m.inOrderWith(filter, cond, strconv.Itoa(limit))
 }
 
-// scanInOrder reads nextInOrder's rows into c until it is done; it returns
-// the rows read. A row of a bucket not asked for, or rows out of id order,
-// fail it.
+// scanInOrder reads nextInOrder's rows into c until it is done, as
+// scanBatches does.
 func scanInOrder(rows rowScanner, c *batchCut, buckets []int, tid bool) (int64, error) {
 	sc := newBatchScanner(tid)
 	var n, last int64
@@ -399,9 +365,8 @@ func scanInOrder(rows rowScanner, c *batchCut, buckets []int, tid bool) (int64, 
 	return n, rows.Err()
 }
 
-// nextInOrderMerged is nextInOrder for a dialect without its statement:
-// each bucket's head, as NextBatches reads it, merged in id order and cut
-// at req.Limit and req.MaxBytes.
+// nextInOrderMerged is nextInOrder without its statement: each bucket's
+// head, as NextBatches reads it, merged in id order and cut as a batch.
 func (s *Store) nextInOrderMerged(ctx context.Context, req relay.BatchRequest, buckets []int) (relay.BatchResult, error) {
 	excl := make(map[int64][]*outbox.Message)
 	for _, m := range req.Exclude {
