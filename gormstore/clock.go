@@ -11,21 +11,17 @@ import (
 // The database's clock
 //
 // Relays must agree on "now" for their leases, and the database is the one
-// clock they all see. Each lease operation (acquisition round, renewal,
-// release) reads it once (dbClockSQL) and uses that value for all its
-// statements, rather than embedding the expression in each: a late
-// statement then means what it meant when the operation started (a
-// delayed heartbeat cannot revive a relay that stopped meanwhile), and the
-// read measures the host's clock offset (ClockOffset). Park and Fleet have
-// no round, so they evaluate the expression inside their one statement
-// (nowArg, agoArg). The value is Unix milliseconds, whatever the session's
-// time zone.
+// clock they all see. Each lease operation reads it once (nowMs) and uses
+// that value for all its statements: a late statement then means what it
+// meant when the operation started (a delayed heartbeat cannot revive a
+// relay that stopped meanwhile), and the read measures the host's clock
+// offset. Park and Fleet evaluate the expression inside their one
+// statement (nowArg, agoArg).
 
-// dbClockSQL returns the dialect's current-time expression in Unix
-// milliseconds, parenthesised: PostgreSQL's clock_timestamp (now() is fixed
-// within a transaction); MySQL's UTC_TIMESTAMP (NOW() goes through the
-// session time zone, ambiguous at daylight saving changes); on SQLite the
-// process's own clock.
+// dbClockSQL is the dialect's current time in Unix milliseconds whatever
+// the session's time zone: PostgreSQL's clock_timestamp (now() is fixed
+// within a transaction), MySQL's UTC_TIMESTAMP (NOW() is ambiguous at
+// daylight saving changes); "" for a dialect without a known expression.
 func dbClockSQL(kind int) string {
 	switch kind {
 	case kindPostgres:
@@ -35,9 +31,6 @@ func dbClockSQL(kind int) string {
 	case kindSQLite:
 		return "(CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER))"
 	default:
-		// Another dialect: SQL's CURRENT_TIMESTAMP has no portable
-		// conversion to epoch milliseconds. New rejects such a store unless
-		// Options.Clock is set.
 		return ""
 	}
 }
@@ -50,9 +43,9 @@ type clockSample struct {
 }
 
 // nowMs returns "now" in Unix milliseconds for one lease operation, from
-// Options.Clock or the database's clock (one SELECT), and records that
-// clock's offset to the host's: its reading minus the midpoint of the host
-// readings around it, half their distance being the uncertainty.
+// Options.Clock or the database's clock, and records that clock's offset
+// to the midpoint of the host readings around it, half their distance
+// being the uncertainty.
 func (s *Store) nowMs(ctx context.Context) (int64, error) {
 	before := s.hostNow()
 	var now int64
@@ -64,20 +57,14 @@ func (s *Store) nowMs(ctx context.Context) (int64, error) {
 			return 0, err
 		}
 	}
-	after := s.hostNow()
-	half := after.Sub(before) / 2
-	if half < 0 {
-		half = -half
-	}
-	mid := before.Add(after.Sub(before) / 2)
+	half := s.hostNow().Sub(before) / 2
 	s.mu.Lock()
-	s.offset = clockSample{offset: time.UnixMilli(now).Sub(mid), uncertainty: half + time.Millisecond, ok: true}
+	s.offset = clockSample{offset: time.UnixMilli(now).Sub(before.Add(half)), uncertainty: max(half, -half) + time.Millisecond, ok: true}
 	s.mu.Unlock()
 	return now, nil
 }
 
-// dbNow reads the database's clock: one statement, no table read (so no
-// read transaction on MySQL/MariaDB), bounded like every other.
+// dbNow reads the database's clock: one statement, no table read.
 func (s *Store) dbNow(ctx context.Context) (int64, error) {
 	k, err := s.kind(ctx)
 	if err != nil {
@@ -93,9 +80,8 @@ func (s *Store) dbNow(ctx context.Context) (int64, error) {
 	return now, nil
 }
 
-// nowArg is "now" as a statement argument for a single statement: the
-// value of Options.Clock in Unix milliseconds when set, else the database's
-// clock expression, evaluated by the statement itself.
+// nowArg is "now" as an argument of a single statement: Options.Clock's
+// time when set, else the database's clock expression.
 func (s *Store) nowArg(ctx context.Context) (any, error) {
 	if s.now != nil {
 		return s.now().UnixMilli(), nil
@@ -119,12 +105,9 @@ func (s *Store) agoArg(ctx context.Context, d time.Duration) (any, error) {
 	return gorm.Expr("("+dbClockSQL(k)+" - ?)", d.Milliseconds()), nil
 }
 
-// ClockOffset implements relay.Store: the offset of the
-// store's clock (the database's, or Options.Clock) to the host's wall clock
-// (Options.HostClock), store minus host, as measured by the latest
-// acquisition round, renewal or release, and its uncertainty (half that
-// operation's clock read round trip, plus the millisecond resolution). ok
-// is false before the first measurement. It never queries.
+// ClockOffset implements relay.Store: the store's clock minus the host's
+// (Options.HostClock) as the latest lease operation measured it, and its
+// uncertainty; ok is false before the first measurement. It never queries.
 func (s *Store) ClockOffset() (offset, uncertainty time.Duration, ok bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -17,13 +17,11 @@ import (
 
 // The hot path
 //
-// nextBatch and MarkPublished run once per batch of every owned bucket.
-// GORM supplies the dialect, the quoted table name, the bind variables and
-// the primary's pool, but the statements go straight to database/sql:
-// nextBatch scans into reusable targets without reflection, copying key
-// and value once into a per-batch arena, and MarkPublished is one
-// autocommit DELETE per chunk, without GORM's default transaction (three
-// round trips). Each statement is still shown to the *gorm.DB's logger.
+// nextBatch and MarkPublished run once per batch of every owned bucket:
+// their statements, built once from GORM's dialect, table name and bind
+// variables, go straight to database/sql, scanned without reflection into
+// a per-batch arena, each DELETE in autocommit without GORM's default
+// transaction. Each statement is still shown to the *gorm.DB's logger.
 
 // hotSQL are the statement texts of the hot path, built by the dialector.
 type hotSQL struct {
@@ -31,55 +29,38 @@ type hotSQL struct {
 	// then the limit.
 	nextBatch        string
 	nextBatchBuckets int
-	// nextBatchExcluding is nextBatch leaving out the rows of a request's
-	// Exclude, with two more bind variables (the largest id left out, the
-	// ids as a bigint[] literal): PostgreSQL only; elsewhere the ids are
-	// written out (excludingLiteral).
+	// nextBatchExcluding (PostgreSQL) leaves out a request's Exclude, with
+	// two more bind variables: the largest id left out, the ids as a
+	// bigint[] literal. Elsewhere the ids are written out (excludingLiteral).
 	nextBatchExcluding string
-	// nextBatchWith renders nextBatch's statement for one bucket (named by
-	// the four expressions of nextBatch's bucket bind variables), a limit
-	// and a condition appended to its WHERE ("" or " AND …").
-	nextBatchWith func(bucket [4]string, limit, cond string) string
-	// nextBatchArgs and nextBatchLimit are nextBatch's arguments to
-	// nextBatchWith: its bind variables. Elsewhere than on PostgreSQL,
-	// nextBatch renders its statement with them and the ids left out
-	// written in it (see excludingLiteral).
+	// nextBatchWith renders nextBatch for one bucket (the four expressions
+	// of its bucket bind variables), a limit and a condition appended to
+	// its WHERE ("" or " AND …"); nextBatchArgs and nextBatchLimit are
+	// nextBatch's own.
+	nextBatchWith  func(bucket [4]string, limit, cond string) string
 	nextBatchArgs  [4]string
 	nextBatchLimit string
-	// bucketEquality says the statements select a bucket with "bucket = ?"
-	// (SQLite), not the range form "bucket >= ? AND bucket <= ?": SQLite
-	// plans the range as a range scan of the index followed by a sort of
-	// the whole bucket ("USE TEMP B-TREE FOR RIGHT PART OF ORDER BY"), 57 ms
-	// per batch on a 25k-row bucket against 3 ms with the equality, which
-	// walks the (bucket, parked_at_ms, id) index in order and stops at the
-	// limit. PostgreSQL needs the range form (see nextBatch). MySQL and
-	// MariaDB take the equality too, with ORDER BY id (see order).
+	// bucketEquality says a bucket is selected by "bucket = ?", not by
+	// "bucket >= ? AND bucket <= ?": SQLite sorts the whole bucket for the
+	// range form, PostgreSQL needs it (see nextBatch).
 	bucketEquality bool
 	// skipScan says BucketsWithPending walks the index with a recursive
-	// CTE first (PostgreSQL, SQLite; not MySQL or MariaDB, where each step
-	// is a range scan).
+	// CTE first (not on MySQL or MariaDB, where each step is a range scan).
 	skipScan bool
 	// order is the ORDER BY of one bucket's unparked rows: the index's
-	// order, or "id" on MySQL and MariaDB, which walk the (bucket, NULL)
-	// entries in id order for that but sort the whole bucket otherwise.
+	// order, or "id" on MySQL and MariaDB, which sort the whole bucket
+	// otherwise.
 	order string
-	// deleteIDs, with two bind variables (bucket, ids as a PostgreSQL array
-	// literal), is PostgreSQL's MarkPublished statement by id; "" elsewhere.
-	deleteIDs string
 	// tid says nextBatch's statement also reads each row's ctid
-	// (PostgreSQL, after batchColumns); deleteTIDs, with three bind
-	// variables (bucket, tid[] and bigint[] literals), is then
-	// MarkPublished's statement by location (see locations.go).
-	tid        bool
-	deleteTIDs string
-	// deletePrefix is the MarkPublished statement up to its IN list, with
-	// one bind variable (bucket): the ids' bind variables follow
-	// (binds[1:]), then ")".
-	deletePrefix string
+	// (PostgreSQL, after batchColumns).
+	tid bool
+	// del are MarkPublished's statements for the rows of one bucket, its
+	// first bind variable.
+	del deleteSQL
 	// binds[i] is the bind variable of the statement's argument i+1.
 	binds []string
 
-	// The statements of several buckets (NextBatches, markPublishedBuckets):
+	// The statements of several buckets (NextBatches, MarkPublished):
 	// see buildMultiSQL.
 	multi multiSQL
 }
@@ -145,44 +126,43 @@ func buildHotSQL(db *gorm.DB, msgs string) hotSQL {
 		// Each id looked up in the primary key: the guard's "+ 0" keeps the
 		// planner off the (bucket, parked_at_ms, id) index, which it walks
 		// whole on statistics that predate a backlog.
-		h.deleteIDs = "DELETE FROM " + table + " WHERE id = ANY(" + h.binds[1] + "::bigint[]) AND bucket + 0 = " + h.binds[0] + " AND parked_at_ms + 0 IS NULL"
-		h.deleteTIDs = deleteByLocation(table, h.binds[1], h.binds[2], " AND bucket + 0 = "+h.binds[0]+" AND parked_at_ms + 0 IS NULL")
+		h.del.ids = "DELETE FROM " + table + " WHERE id = ANY(" + h.binds[1] + "::bigint[]) AND bucket + 0 = " + h.binds[0] + " AND parked_at_ms + 0 IS NULL"
+		h.del.tids = deleteByLocation(table, h.binds[1], h.binds[2], " AND bucket + 0 = "+h.binds[0]+" AND parked_at_ms + 0 IS NULL")
 	case "mysql":
 		// MySQL and MariaDB: the multi-table form takes FORCE INDEX (the
 		// single-table DELETE does not, MariaDB 10.11), so each id is a
 		// primary-key lookup that locks only the listed, committed rows.
 		// Other plans lock gaps and writers' uncommitted rows at REPEATABLE
 		// READ, and deadlocked writers' commits.
-		h.deletePrefix = "DELETE m FROM " + table + " m FORCE INDEX (PRIMARY) WHERE m.bucket = " + h.binds[0] +
+		h.del.prefix = "DELETE m FROM " + table + " m FORCE INDEX (PRIMARY) WHERE m.bucket = " + h.binds[0] +
 			" AND m.parked_at_ms IS NULL AND m.id IN ("
 		return h
 	}
-	h.deletePrefix = del + "IN ("
+	h.del.prefix = del + "IN ("
 	return h
 }
 
-// deleteByLocation is PostgreSQL's DELETE of rows by location (see
-// locations.go): tids and ids are the bind variables of the rows' ctids
-// (tid[]) and ids (bigint[]) in the same order, guard further conditions
-// (" AND …", columns unqualified). Each ctid is a TID lookup kept only if
-// its row holds the id listed with it (compared with its own row's, not
-// searched in the array) and passes guard. The lookups are a LATERAL
-// subquery that OFFSET 0 keeps from becoming a join, so the plan stays a
-// TID lookup per row whatever the statistics; "+ 0" keeps the conditions
-// off the indexes. A row parked while the delete waits for its lock is
-// not deleted: the conditions are checked again on its latest version.
+// deleteSQL are MarkPublished's DELETE statements. ids, with the ids as a
+// bigint[] literal, and tids, by location (see locations.go) with a tid[]
+// and a bigint[] literal, are PostgreSQL's; elsewhere prefix is the
+// statement up to its IN list, the ids' bind variables to follow, then ")".
+type deleteSQL struct{ ids, tids, prefix string }
+
+// deleteByLocation is PostgreSQL's DELETE by location: tids and ids are
+// the bind variables of the rows' ctids and ids, in the same order, guard
+// further conditions (" AND …"). Each ctid is a TID lookup kept only if its
+// row holds the id listed with it and passes guard; OFFSET 0 keeps the
+// LATERAL lookups from becoming a join and "+ 0" the conditions off the
+// indexes, so the plan does not depend on statistics. The conditions are
+// checked again on a row's latest version: a row parked meanwhile stays.
 func deleteByLocation(table, tids, ids, guard string) string {
 	return "DELETE FROM " + table + " WHERE ctid = ANY(ARRAY(SELECT f.ctid FROM unnest(" + tids + "::tid[], " + ids + "::bigint[]) AS x(tid, id)" +
 		" CROSS JOIN LATERAL (SELECT m.ctid FROM " + table + " m WHERE m.ctid = x.tid AND m.id + 0 = x.id" + guard + " OFFSET 0) f))" + guard
 }
 
-// excludingCond is the condition that leaves out the rows of a
-// relay.BatchRequest's Exclude: after, an expression for the largest id
-// left out, and notIn, one that holds for the rows not listed. The rows
-// after the largest (a bucket's rows beyond its previous batch, the usual
-// answer) pass on the first comparison; only the rows up to it (that
-// batch, whose delete still runs, and rows committed late between its
-// ids) are looked up in the list.
+// excludingCond leaves out a relay.BatchRequest's Exclude: after is the
+// largest id left out, notIn holds for the rows not listed. The rows after
+// it, the usual answer, pass on the first comparison.
 func excludingCond(after, notIn string) string {
 	return " AND (m.id > " + after + " OR " + notIn + ")"
 }
@@ -201,23 +181,19 @@ func excluded(rows []*outbox.Message) (ids []int64, last int64) {
 }
 
 // excludingLiteral is excludingCond for rows (at least one) with the ids
-// written out, for MySQL, MariaDB and SQLite: integers the store formats
-// itself, and no bind variable per id (at most 999 in a statement; and
-// MySQL's driver prepares each statement text anyway).
+// written out (MySQL, MariaDB, SQLite): no bind variable per id.
 func excludingLiteral(rows []*outbox.Message) string {
 	ids, last := excluded(rows)
 	list := idsArray(ids) // "{1,2,3}"
 	return excludingCond(strconv.FormatInt(last, 10), "m.id NOT IN ("+list[1:len(list)-1]+")")
 }
 
-// queryRows runs query on q's connection (the primary pool, or the read
-// transaction) within q's context.
+// queryRows runs query on q's connection within q's context.
 func queryRows(q *gorm.DB, query string, args ...any) (*sql.Rows, error) {
 	return q.Statement.ConnPool.QueryContext(q.Statement.Context, query, args...)
 }
 
-// trace shows a statement the store ran outside GORM to q's logger, as
-// GORM shows its own.
+// trace shows a statement run outside GORM to q's logger.
 func trace(q *gorm.DB, begin time.Time, query string, args []any, rows int64, err error) {
 	if q.Logger == nil {
 		return
@@ -227,16 +203,15 @@ func trace(q *gorm.DB, begin time.Time, query string, args []any, rows int64, er
 	}, err)
 }
 
-// arenaChunk is the size of the blocks nextBatch copies keys and values
-// into; a larger key+value gets a block of its own.
+// arenaChunk is the size of the blocks keys and values are copied into.
 const arenaChunk = 32 << 10
 
 // arena hands out slices of shared blocks: one allocation for many rows'
 // keys and values.
 type arena struct{ buf []byte }
 
-// reserve makes room for n bytes, in a new block sized for rows more rows
-// like this one (at most arenaChunk) when the current one is full.
+// reserve makes room for n bytes, in a new block sized for rows more such
+// rows (at most arenaChunk) when the current one is full.
 func (a *arena) reserve(n, rows int) {
 	if n <= arenaChunk/4 && cap(a.buf)-len(a.buf) < n {
 		a.buf = make([]byte, 0, min(arenaChunk, n*max(rows, 1)))
@@ -261,7 +236,7 @@ func (a *arena) clone(b []byte) []byte {
 }
 
 // intCol scans an integer column without reflection: the driver's int64,
-// or its text form (MySQL's text protocol).
+// or its text (MySQL's text protocol).
 type intCol struct {
 	v     int64
 	valid bool
@@ -311,9 +286,8 @@ func (c *intCol) parse(b []byte) error {
 	return nil
 }
 
-// uuidCol decodes message_id while scanning; a value that is not a UUID is
-// kept as an error for the row's decoding (a corrupt row, not a failed
-// read).
+// uuidCol decodes message_id; a value that is not a UUID is kept as the
+// row's decoding error (a corrupt row, not a failed read).
 type uuidCol struct {
 	v   outbox.UUID
 	err error
@@ -343,9 +317,8 @@ func (c *uuidCol) Scan(src any) error {
 	return nil
 }
 
-// timeCol decodes created_at while scanning: the driver's time.Time, or
-// text (SQLite, MySQL without parseTime); an unparsable value is kept as an
-// error for the row's decoding.
+// timeCol decodes created_at; an unparsable value is kept as the row's
+// decoding error.
 type timeCol struct {
 	v   time.Time
 	err error
@@ -393,9 +366,8 @@ func newBatchScanner(tid bool) *batchScanner {
 	return s
 }
 
-// rawCol scans a text or bytea column of pgx's rows as database/sql scans
-// into a sql.RawBytes: the driver's bytes, valid until the next row, no
-// copy (pgtype.BytesScanner); NULL is nil.
+// rawCol scans a column of pgx's rows as database/sql scans a
+// sql.RawBytes: the driver's bytes, valid until the next row.
 type rawCol struct{ p *sql.RawBytes }
 
 func (c rawCol) ScanBytes(b []byte) error {
@@ -403,9 +375,8 @@ func (c rawCol) ScanBytes(b []byte) error {
 	return nil
 }
 
-// message decodes the current row, copying its key and value once. left
-// is how many more rows the batch may hold (the size of the next block of
-// Messages).
+// message decodes the current row, copying its key and value once. left is
+// how many more rows the batch may hold.
 func (s *batchScanner) message(left int) (*outbox.Message, error) {
 	if s.messageID.err != nil {
 		return nil, s.messageID.err
@@ -437,9 +408,8 @@ func (s *batchScanner) message(left int) (*outbox.Message, error) {
 	return m, nil
 }
 
-// idsArray is ids as a PostgreSQL bigint[] literal: {1,2,3}. Passed as
-// text and cast in the statement, it works with every driver and query
-// mode (pgx's extended or simple protocol, lib/pq).
+// idsArray is ids as a PostgreSQL bigint[] literal, {1,2,3}: text cast in
+// the statement works with every driver and query mode.
 func idsArray(ids []int64) string {
 	b := make([]byte, 0, 2+len(ids)*8)
 	b = append(b, '{')

@@ -15,11 +15,8 @@ import (
 )
 
 // Now returns the time on the store's clock: the database server's (one
-// SELECT, bounded by Options.StatementTimeout), or Options.Clock's time when set.
-// It is the clock every lease expiry, heartbeat, stopped stamp and
-// parked_at_ms of the store is written and compared with, so a tool that
-// reads those columns (outbox-relay status, say) compares them with Now,
-// not with its host's clock. It does not change what ClockOffset reports.
+// SELECT), or Options.Clock's. Compare the store's lease, relay and park
+// columns with it, not with the host's clock.
 func (s *Store) Now(ctx context.Context) (time.Time, error) {
 	if s.now != nil {
 		return s.now(), nil
@@ -31,10 +28,9 @@ func (s *Store) Now(ctx context.Context) (time.Time, error) {
 	return time.UnixMilli(ms).UTC(), nil
 }
 
-// MissingTables returns the store's tables (messages, leases, relays, as
-// Config names them, schema-qualified when Config.Schema is set) that do
-// not exist in the database; none when all three do. It reads the
-// catalogue, bounded by Options.StatementTimeout.
+// MissingTables returns the store's tables (as Config names them,
+// schema-qualified when Config.Schema is set) that do not exist in the
+// database; none when all three do.
 func (s *Store) MissingTables(ctx context.Context) ([]string, error) {
 	k, err := s.kind(ctx)
 	if err != nil {
@@ -64,20 +60,25 @@ func qualified(schema, table string) string {
 	return schema + "." + table
 }
 
+// pgName is table of schema (empty: the search path) quoted for
+// to_regclass.
+func pgName(schema, table string) string {
+	if schema == "" {
+		return `"` + table + `"`
+	}
+	return `"` + schema + `"."` + table + `"`
+}
+
 // hasTable reports whether table exists in schema (empty: the connection's
-// default). gorm's Migrator().HasTable ignores a schema on MySQL and SQLite
-// and turns a failed query into false; this returns the error.
+// default). Migrator().HasTable ignores a schema on MySQL and SQLite and
+// turns a failed query into false.
 func hasTable(q *gorm.DB, kind int, schema, table string) (bool, error) {
 	var n int64
 	var err error
 	switch kind {
 	case kindPostgres:
-		name := `"` + table + `"`
-		if schema != "" {
-			name = `"` + schema + `".` + name
-		}
 		var ok bool
-		err = q.Raw("SELECT to_regclass(?) IS NOT NULL", name).Scan(&ok).Error
+		err = q.Raw("SELECT to_regclass(?) IS NOT NULL", pgName(schema, table)).Scan(&ok).Error
 		return ok, err
 	case kindMySQL, kindMariaDB:
 		if schema == "" {
@@ -96,10 +97,9 @@ func hasTable(q *gorm.DB, kind int, schema, table string) (bool, error) {
 	return n > 0, err
 }
 
-// explainMissingTables returns err, or, when one of the store's tables is
-// missing, an error wrapping relay.ErrMisconfigured (and err) that names
-// the missing tables and how to create them: no retry can fix it, so the
-// relay stops instead of failing every round in its logs.
+// explainMissingTables returns err or, when a store table is missing, an
+// error wrapping relay.ErrMisconfigured that says how to create it: no
+// retry can fix it, so the relay stops.
 func (s *Store) explainMissingTables(ctx context.Context, err error) error {
 	missing, merr := s.MissingTables(ctx)
 	if merr != nil || len(missing) == 0 {
@@ -148,10 +148,8 @@ type BucketBacklog struct {
 }
 
 // Backlog counts the pending and parked rows of every bucket that has any,
-// buckets outside Config.BucketCount included, with each one's oldest
-// pending row, in bucket order: one exact aggregate over the messages
-// table, bounded by Options.StatementTimeout. For a gauge use
-// PendingMetrics, which estimates on large tables.
+// outside Config.BucketCount included, with each one's oldest pending row,
+// in bucket order: one exact aggregate (for a gauge use PendingMetrics).
 func (s *Store) Backlog(ctx context.Context) ([]BucketBacklog, error) {
 	var out []BucketBacklog
 	err := s.read(ctx, s.msgs, func(q *gorm.DB) error {
@@ -181,11 +179,10 @@ func (s *Store) Backlog(ctx context.Context) ([]BucketBacklog, error) {
 	return out, nil
 }
 
-// MissingColumns returns the columns of table (one of the store's tables,
-// as Config names it, schema-qualified) that a SELECT cannot read: one
-// probe of all of them (WHERE 1 = 0: no row is read), then one per column
-// if it fails. If every column fails, the table cannot be read at all,
-// which is an error.
+// MissingColumns returns the columns of table (as Config names it,
+// schema-qualified) that a SELECT cannot read: one probe of all of them
+// reading no row, then one per column if it fails. If every column fails,
+// the table cannot be read at all, which is an error.
 func (s *Store) MissingColumns(ctx context.Context, table string, columns []string) ([]string, error) {
 	probe := func(cols []string) error {
 		return s.read(ctx, table, func(q *gorm.DB) error {
@@ -242,17 +239,13 @@ func (s *Store) Indexes(ctx context.Context, table string) ([]Index, error) {
 		var err error
 		switch k {
 		case kindPostgres:
-			name := `"` + table + `"`
-			if schema != "" {
-				name = `"` + schema + `".` + name
-			}
 			rows, err = q.Raw(`SELECT i.relname, x.indisunique, x.indpred IS NOT NULL, COALESCE(a.attname, '')
 FROM pg_index x
 JOIN pg_class i ON i.oid = x.indexrelid
 CROSS JOIN LATERAL unnest(x.indkey::int2[]) WITH ORDINALITY AS k(attnum, n)
 LEFT JOIN pg_attribute a ON a.attrelid = x.indrelid AND a.attnum = k.attnum
 WHERE x.indrelid = to_regclass(?) AND k.n <= x.indnkeyatts
-ORDER BY i.relname, k.n`, name).Rows()
+ORDER BY i.relname, k.n`, pgName(schema, table)).Rows()
 		case kindMySQL, kindMariaDB:
 			rows, err = q.Raw(`SELECT INDEX_NAME, NON_UNIQUE = 0, FALSE, COALESCE(COLUMN_NAME, '')
 FROM information_schema.STATISTICS

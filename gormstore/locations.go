@@ -13,19 +13,16 @@ import (
 
 // Deleting by location (PostgreSQL)
 //
-// nextBatch and NextBatches also read each row's ctid, and the store
-// remembers it (rowLocations) until MarkPublished or markPublishedBuckets
-// deletes the row by a TID lookup (see deleteByLocation), whose plan does
-// not depend on the planner's statistics. A delete by id does: on the
-// statistics of a drained table, common until autovacuum analyzes it
-// again, its generic plan scanned the whole (bucket, parked_at_ms, id)
-// index once per id. A row no longer at its location (VACUUM FULL, a
-// rebucket), or not read by this Store, is deleted by id.
+// nextBatch and NextBatches also read each row's ctid, which the store
+// remembers (rowLocations) until MarkPublished deletes the row by a TID
+// lookup (deleteByLocation), whose plan does not depend on statistics: on
+// those of a drained table, a delete by id's generic plan scanned the
+// whole bucket index once per id. A row no longer at its location, or not
+// read by this Store, is deleted by id.
 
 // rowLocationsPerGeneration bounds the locations remembered: a generation
-// holds at most this many, and the store keeps two. Rows read but never
-// deleted (published by another relay after a rebalance, parked) are
-// forgotten after two generations.
+// holds at most this many and the store keeps two, so rows read but never
+// deleted are forgotten.
 const rowLocationsPerGeneration = 1 << 16
 
 // rowLocations maps the ids of rows read to their ctid (block << 16 |

@@ -19,17 +19,13 @@ import (
 // statement (PostgreSQL allows 1664 result columns).
 const maxExistsPerStatement = 1000
 
-// skipScanSteps is how many buckets holding unparked rows the skip scan of
-// BucketsWithPending visits at most, for n requested buckets: a quarter of
-// them (the walk visits other relays' buckets too), at least 8, at most
-// 999 (a bound on a single statement's work).
+// skipScanSteps bounds the buckets the skip scan visits for n requested:
+// it visits other relays' buckets too.
 func skipScanSteps(n int) int { return min(max(n/4, 8), 999) }
 
 // skipScanPending walks the buckets in [buckets[0], last of buckets] that
-// hold an unparked row (see BucketsWithPending). It returns the requested
-// ones it found, in ascending order, and the highest bucket whose state it
-// knows: the top of the range, or the last bucket it reached when it
-// stopped after skipScanSteps.
+// hold an unparked row. It returns the requested ones it found, ascending,
+// and the highest bucket whose state it knows.
 func (s *Store) skipScanPending(ctx context.Context, buckets []int) (found []int, reached int, err error) {
 	lo, hi := buckets[0], buckets[len(buckets)-1]
 	steps := skipScanSteps(len(buckets))
@@ -68,17 +64,13 @@ func (s *Store) skipScanPending(ctx context.Context, buckets []int) (found []int
 // maxIDsPerDelete bounds the ids of one MarkPublished DELETE.
 const maxIDsPerDelete = 1000
 
-// BucketsWithPending implements relay.Store. On PostgreSQL and SQLite it
-// first walks the (bucket, parked_at_ms, id) index across the requested
-// range with a skip scan (skipScanPending), so that an idle table costs one
-// lookup whatever the bucket count. The walk visits other relays' buckets
-// too, so it stops after skipScanSteps; the buckets beyond it (every one on
-// MySQL and MariaDB, where each step of such a walk is a range scan) are
-// probed by one statement per 1000 buckets, each probe nextBatch's query
-// with LIMIT 1: one index lookup whatever the backlog or the parked rows.
-// Not EXISTS: PostgreSQL drops the ORDER BY of an EXISTS subquery and may
-// scan the heap past every dead or parked row. A bucket holding only
-// parked rows has none pending.
+// BucketsWithPending implements relay.Store. On PostgreSQL and SQLite a
+// skip scan of the (bucket, parked_at_ms, id) index (skipScanPending) costs
+// an idle table one lookup whatever the bucket count; the buckets beyond it
+// (all on MySQL and MariaDB, where each step would be a range scan) are
+// probed with nextBatch's query at LIMIT 1, 1000 a statement. Not EXISTS:
+// PostgreSQL drops the ORDER BY of an EXISTS subquery and may scan the heap
+// past every dead or parked row.
 func (s *Store) BucketsWithPending(ctx context.Context, buckets []int) ([]int, error) {
 	buckets = slices.Compact(slices.Sorted(slices.Values(buckets)))
 	if len(buckets) == 0 {
@@ -103,39 +95,8 @@ func (s *Store) BucketsWithPending(ctx context.Context, buckets []int) ([]int, e
 			out = append(out, found...)
 			continue
 		}
-		var sql strings.Builder
-		args := make([]any, 0, 2*len(chunk))
-		sql.WriteString("SELECT ")
-		for i, b := range chunk {
-			if i > 0 {
-				sql.WriteString(", ")
-			}
-			if s.hot.bucketEquality {
-				sql.WriteString("(SELECT id FROM ? WHERE bucket = ? AND parked_at_ms IS NULL ORDER BY " + s.hot.order + " LIMIT 1)")
-				args = append(args, clause.Table{Name: s.msgs}, b)
-			} else {
-				sql.WriteString("(SELECT id FROM ? WHERE bucket >= ? AND bucket <= ? AND parked_at_ms IS NULL ORDER BY bucket, parked_at_ms, id LIMIT 1)")
-				args = append(args, clause.Table{Name: s.msgs}, b, b)
-			}
-		}
-		vals := make([]any, len(chunk))
-		if err := s.read(ctx, s.msgs, func(q *gorm.DB) error {
-			rows, err := q.Raw(s.rawPrefix()+sql.String(), args...).Rows()
-			if err != nil {
-				return err
-			}
-			defer rows.Close()
-			ptrs := make([]any, len(chunk))
-			for i := range vals {
-				ptrs[i] = &vals[i]
-			}
-			if rows.Next() {
-				if err := rows.Scan(ptrs...); err != nil {
-					return err
-				}
-			}
-			return rows.Err()
-		}); err != nil {
+		vals, err := s.probeEach(ctx, "SELECT id FROM ? WHERE bucket = ? AND parked_at_ms IS NULL ORDER BY "+s.hot.order+" LIMIT 1", 1, chunk)
+		if err != nil {
 			return nil, fmt.Errorf("gormstore: probe pending buckets: %w", err)
 		}
 		for i, v := range vals {
@@ -148,9 +109,8 @@ func (s *Store) BucketsWithPending(ctx context.Context, buckets []int) ([]int, e
 }
 
 // probeHeads returns the buckets (ascending) holding an unparked row, on
-// PostgreSQL: one statement of LATERAL head probes over unnest($1::int[]),
-// not scalar subqueries per bucket, which PostgreSQL plans anew at every
-// execution.
+// PostgreSQL, by LATERAL head probes: scalar subqueries would be planned
+// anew at every execution.
 func (s *Store) probeHeads(ctx context.Context, buckets []int) ([]int, error) {
 	ids := make([]int64, len(buckets))
 	for i, b := range buckets {
@@ -170,19 +130,11 @@ func (s *Store) probeHeads(ctx context.Context, buckets []int) ([]int, error) {
 }
 
 // nextBatch answers a request of one bucket: its oldest unparked rows that
-// no parked row of their key holds, through database/sql with hand-scanned
-// columns (see "The hot path" in hotpath.go). A row it cannot decode ends
-// the batch with a *relay.CorruptRowError naming it, the rows before it
-// returned too, for the relay to park it once it is the head.
-//
-// On PostgreSQL the bucket is selected by "bucket >= ? AND bucket <= ?"
-// ordered by bucket, parked_at_ms, id: the index's order, walked from the
-// bucket's head without a sort; with "bucket = ? ORDER BY id" the planner
-// often walks the primary key and filters by bucket. Bitmap scans are off
-// for the fetch (see fetchGuard).
-//
-// With MaxBytes > 0 it stops after the first row that brings the batch's
-// relay.MessageSize total beyond it, that row included.
+// no parked row of their key holds, scanned by hand (see "The hot path").
+// A row it cannot decode ends the batch with a *relay.CorruptRowError, the
+// rows before it returned too. On PostgreSQL the bucket is a range ordered
+// as the index, walked from its head without a sort: with "bucket = ?
+// ORDER BY id" the planner often walks the primary key instead.
 func (s *Store) nextBatch(ctx context.Context, req relay.BatchRequest) (relay.BatchResult, error) {
 	bucket, limit, maxBytes := req.Buckets[0], req.Limit, req.MaxBytes
 	query := s.hot.nextBatch
@@ -213,9 +165,7 @@ func (s *Store) nextBatch(ctx context.Context, req relay.BatchRequest) (relay.Ba
 	return c.result(), nil
 }
 
-// scanBatch reads nextBatch's rows into a batch: at most limit, and, when
-// maxBytes > 0, up to and including the row whose relay.MessageSize brings
-// the total beyond maxBytes. With tid the rows end with their ctid.
+// scanBatch reads nextBatch's rows into a batch (see batchCut).
 func scanBatch(rows rowScanner, limit int, maxBytes int64, tid bool) (*batchCut, error) {
 	sc := newBatchScanner(tid)
 	c := newBatchCut(limit, maxBytes)
@@ -231,9 +181,9 @@ func scanBatch(rows rowScanner, limit int, maxBytes int64, tid bool) (*batchCut,
 	return c, nil
 }
 
-// batchCut is one bucket's batch as its rows are scanned, oldest first,
-// applying a request's bounds and corrupt-row rule. nextBatch, nextBatches
-// and nextInOrder share it.
+// batchCut is one bucket's batch as its rows are scanned, oldest first: at
+// most limit rows and, with maxBytes > 0, up to the row whose
+// relay.MessageSize brings the total beyond it, that row included.
 type batchCut struct {
 	limit    int
 	maxBytes int64
@@ -284,87 +234,48 @@ func (c *batchCut) result() relay.BatchResult {
 // batchColumns are the columns nextBatch reads, in batchScanner's order.
 const batchColumns = "id, message_id, bucket, topic, record_key, record_value, headers, record_partition, created_at"
 
-// MarkPublished implements relay.Store: rows of several buckets go to
-// markPublishedBuckets, those of one bucket to markPublished.
+// MarkPublished implements relay.Store: it deletes exactly the given rows,
+// unless parked (a row parked after it was read is published again once
+// requeued, never lost), each statement in autocommit. Each id is one
+// probe of the primary key (on SQLite, of the (bucket, parked_at_ms, id)
+// index with all three columns bound), so the cost does not grow with the
+// bucket's rows, live or dead. Rows of one bucket are deleted by
+// statements naming it (hotSQL.del); rows of several by statements that
+// name none, their ids ascending (multiSQL.del), on SQLite one statement
+// per id in one transaction (deleteEach). On PostgreSQL a row this Store
+// read is deleted by location first (locations.go).
 func (s *Store) MarkPublished(ctx context.Context, published []*outbox.Message) error {
-	for _, m := range published {
-		if m.Bucket != published[0].Bucket {
-			return s.markPublishedBuckets(ctx, published)
-		}
-	}
 	if len(published) == 0 {
 		return nil
 	}
-	return s.markPublished(ctx, int(published[0].Bucket), published)
-}
-
-// markPublished deletes exactly the given rows of bucket, unless parked,
-// each statement in autocommit (no transaction
-// around it): on PostgreSQL one statement per 10,000 ids, by location when
-// this Store read the rows (a TID scan, see locations.go),
-//
-//	DELETE FROM messages WHERE ctid = ANY(ARRAY(
-//	    SELECT f.ctid FROM unnest($2::tid[], $3::bigint[]) AS x(tid, id)
-//	    CROSS JOIN LATERAL (SELECT m.ctid FROM messages m WHERE m.ctid = x.tid AND m.id + 0 = x.id
-//	        AND bucket + 0 = $1 AND parked_at_ms + 0 IS NULL OFFSET 0) f))
-//	AND bucket + 0 = $1 AND parked_at_ms + 0 IS NULL
-//
-// else, and for rows no longer at their location, by id, each looked up in
-// the primary key (the guard's "+ 0" keeps the planner off the bucket's
-// index, see buildHotSQL),
-//
-//	DELETE FROM messages WHERE id = ANY($2::bigint[]) AND bucket + 0 = $1 AND parked_at_ms + 0 IS NULL
-//
-// on SQLite one per 1000 ids,
-//
-//	DELETE FROM messages WHERE bucket = ? AND parked_at_ms IS NULL AND id IN (?, …)
-//
-// and on MySQL and MariaDB one per 1000 ids that must look each id up in
-// the primary key (see buildHotSQL: any other plan locks gaps or rows
-// writers insert into, and deadlocked their commits),
-//
-//	DELETE m FROM messages m FORCE INDEX (PRIMARY)
-//	WHERE m.bucket = ? AND m.parked_at_ms IS NULL AND m.id IN (?, …)
-//
-// Each id is one probe of the primary key (or, on SQLite, of the (bucket,
-// parked_at_ms, id) index with all three columns bound), so the cost does
-// not grow with the rows, live or dead, of the bucket
-// (TestHotPathStaysOnTheIndexAfterABurstOnPostgres,
-// TestMarkPublishedDeletesByPrimaryKeyOnPostgreSQLWithStaleStatistics,
-// TestMarkPublishedDeletesByPrimaryKeyOnMySQL). A parked row is never
-// deleted: a row parked after it was read is published again once
-// requeued, never lost.
-func (s *Store) markPublished(ctx context.Context, bucket int, published []*outbox.Message) error {
-	return s.deleteRows(ctx, messageIDs(published), s.hot.deleteIDs != "",
-		func(chunk []int64) (string, []any) { return s.deleteStatement(bucket, chunk) },
-		func(ids, tids []int64) (string, []any) {
-			return s.hot.deleteTIDs, []any{bucket, tidsArray(tids), idsArray(ids)}
-		},
-		func(chunk []int64, err error) error {
+	ids := make([]int64, len(published))
+	for i, m := range published {
+		ids[i] = m.ID
+	}
+	bucket := int(published[0].Bucket)
+	if !slices.ContainsFunc(published, func(m *outbox.Message) bool { return int(m.Bucket) != bucket }) {
+		return s.deleteRows(ctx, ids, s.hot.del, []any{bucket}, func(chunk []int64, err error) error {
 			return fmt.Errorf("gormstore: bucket %d: mark %d published: %w", bucket, len(chunk), err)
 		})
-}
-
-// messageIDs returns the ids of msgs.
-func messageIDs(msgs []*outbox.Message) []int64 {
-	ids := make([]int64, 0, len(msgs))
-	for _, m := range msgs {
-		ids = append(ids, m.ID)
 	}
-	return ids
+	slices.Sort(ids)
+	if s.hot.multi.deleteOne != "" {
+		return s.deleteEach(ctx, ids)
+	}
+	return s.deleteRows(ctx, ids, s.hot.multi.del, nil, func(chunk []int64, err error) error {
+		return fmt.Errorf("gormstore: mark %d published (ids %d to %d): %w", len(chunk), chunk[0], chunk[len(chunk)-1], err)
+	})
 }
 
-// deleteRows deletes ids in chunks, in autocommit: maxIDsPerArray ids per
-// statement when the statement takes them as one array, else
-// maxIDsPerDelete. When the store knows where every one of ids lies (see
-// locations.go), each chunk is deleted by location (byTID), and by id
-// (byID) only when that deleted fewer rows than the chunk lists; otherwise
-// by id. wrap gives a failed chunk's error its context.
-func (s *Store) deleteRows(ctx context.Context, ids []int64, array bool, byID func(ids []int64) (string, []any),
-	byTID func(ids, tids []int64) (string, []any), wrap func([]int64, error) error) error {
+// deleteRows deletes ids with d's statements, their bind variables after
+// head's, in chunks: maxIDsPerArray ids per statement by array, else
+// maxIDsPerDelete. A chunk whose rows' locations the store knows is
+// deleted by location, then by id only when that deleted fewer rows than
+// it lists. wrap gives a failed chunk's error its context.
+func (s *Store) deleteRows(ctx context.Context, ids []int64, d deleteSQL, head []any, wrap func([]int64, error) error) error {
 	s.watchPoolSoon(ctx)
 	per := maxIDsPerDelete
-	if array {
+	if d.ids != "" {
 		per = maxIDsPerArray
 	}
 	var tids []int64
@@ -375,8 +286,7 @@ func (s *Store) deleteRows(ctx context.Context, ids []int64, array bool, byID fu
 		end := min(len(ids), off+per)
 		chunk := ids[off:end]
 		if tids != nil {
-			query, args := byTID(chunk, tids[off:end])
-			n, err := s.execDelete(ctx, query, args)
+			n, err := s.execDelete(ctx, d.tids, append(slices.Clip(head), tidsArray(tids[off:end]), idsArray(chunk)))
 			if err != nil {
 				return wrap(chunk, err)
 			}
@@ -384,7 +294,10 @@ func (s *Store) deleteRows(ctx context.Context, ids []int64, array bool, byID fu
 				continue
 			}
 		}
-		query, args := byID(chunk)
+		query, args := d.ids, append(slices.Clip(head), idsArray(chunk))
+		if d.ids == "" {
+			query, args = s.inList(d.prefix, head, chunk)
+		}
 		if _, err := s.execDelete(ctx, query, args); err != nil {
 			return wrap(chunk, err)
 		}
@@ -392,8 +305,7 @@ func (s *Store) deleteRows(ctx context.Context, ids []int64, array bool, byID fu
 	return nil
 }
 
-// execDelete runs one DELETE on the primary and returns the rows it
-// deleted (-1 when the driver does not say).
+// execDelete runs one DELETE and returns the rows it deleted (-1 unknown).
 func (s *Store) execDelete(ctx context.Context, query string, args []any) (int64, error) {
 	var n int64
 	err := s.write(ctx, s.msgs, func(q *gorm.DB) error {
@@ -415,14 +327,6 @@ func (s *Store) execDelete(ctx context.Context, query string, args []any) (int64
 // maxIDsPerArray bounds the ids of one PostgreSQL MarkPublished DELETE.
 const maxIDsPerArray = 10000
 
-// deleteStatement is MarkPublished's statement for ids of bucket.
-func (s *Store) deleteStatement(bucket int, ids []int64) (string, []any) {
-	if s.hot.deleteIDs != "" {
-		return s.hot.deleteIDs, []any{bucket, idsArray(ids)}
-	}
-	return s.inList(s.hot.deletePrefix, []any{bucket}, ids)
-}
-
 // inList completes prefix (ending in "IN (") with a bind variable per id,
 // after those of head, and returns the statement and its arguments.
 func (s *Store) inList(prefix string, head []any, ids []int64) (string, []any) {
@@ -442,23 +346,17 @@ func (s *Store) inList(prefix string, head []any, ids []int64) (string, []any) {
 	return b.String(), args
 }
 
-// pendingExactBelow is the (estimated) size of the messages table under
-// which PendingMetrics counts and finds the oldest row exactly: a scan of
-// at most this many rows, a few milliseconds.
+// pendingExactBelow is the estimated table size under which PendingMetrics
+// counts exactly.
 const pendingExactBelow = 50_000
 
-// PendingMetrics implements relay.Store. Its cost does not grow with the
-// backlog beyond pendingExactBelow rows.
-//
-// Below pendingExactBelow estimated rows (or with no estimate) it is one
-// exact aggregate. Above it, on PostgreSQL and MySQL/MariaDB, Count is the
-// database's live-row estimate (pg_stat_get_live_tuples; InnoDB's
-// TABLE_ROWS, which can be off by tens of percent) minus Parked; Oldest is
-// the oldest created_at among the buckets' heads, younger than the truth
-// only by the lag of a row committed behind a newer one; Parked stays
-// exact, a count of the parked index entries. SQLite has no cheap
-// estimate: Count and Parked are always exact, and Oldest comes from the
-// heads once the unparked rows reach pendingExactBelow.
+// PendingMetrics implements relay.Store; its cost does not grow with the
+// backlog. Below pendingExactBelow estimated rows (or with no estimate) it
+// is one exact aggregate. Above, Count is the database's live-row estimate
+// minus Parked, Oldest the oldest of the buckets' heads, and Parked an
+// exact count of the parked index entries. SQLite has no estimate: Count
+// and Parked are exact, Oldest comes from the heads once the unparked rows
+// reach pendingExactBelow.
 func (s *Store) PendingMetrics(ctx context.Context) (*relay.Pending, error) {
 	k, err := s.kind(ctx)
 	if err != nil {
@@ -512,9 +410,8 @@ func (s *Store) PendingMetrics(ctx context.Context) (*relay.Pending, error) {
 	return &relay.Pending{Count: count, Oldest: t, Parked: parked}, nil
 }
 
-// rowEstimate is the database's estimate of the messages table's live rows
-// (see PendingMetrics), or -1 when it has none (SQLite, another dialect,
-// a table without statistics yet).
+// rowEstimate is the database's estimate of the messages table's live
+// rows, or -1 when it has none.
 func (s *Store) rowEstimate(ctx context.Context, k int) (int64, error) {
 	var query string
 	var args []any
@@ -542,8 +439,7 @@ func (s *Store) rowEstimate(ctx context.Context, k int) (int64, error) {
 	return est.Int64, nil
 }
 
-// countParked counts the parked rows from the parked entries of the
-// (bucket, parked_at_ms, id) index, per 1000 buckets.
+// countParked counts the parked index entries, 1000 buckets a statement.
 func (s *Store) countParked(ctx context.Context) (int64, error) {
 	all, err := s.allBuckets(ctx)
 	if err != nil {
@@ -562,10 +458,8 @@ func (s *Store) countParked(ctx context.Context) (int64, error) {
 	return total, nil
 }
 
-// oldestHead is the oldest created_at among the buckets' heads (their
-// lowest unparked id), zero when there are none: on PostgreSQL one LATERAL
-// statement over generate_series, elsewhere one scalar subquery per bucket,
-// 1000 buckets a statement; each head is one index probe.
+// oldestHead is the oldest created_at among the buckets' heads, zero when
+// there are none; each head is one index probe.
 func (s *Store) oldestHead(ctx context.Context, k int) (time.Time, error) {
 	const head = "SELECT created_at FROM ? WHERE bucket >= %s AND bucket <= %s AND parked_at_ms IS NULL ORDER BY bucket, parked_at_ms, id LIMIT 1"
 	if k == kindPostgres {
@@ -586,28 +480,8 @@ func (s *Store) oldestHead(ctx context.Context, k int) (time.Time, error) {
 		bucketHead, perBucket = "SELECT created_at FROM ? WHERE bucket = ? AND parked_at_ms IS NULL ORDER BY id LIMIT 1", 1
 	}
 	var oldest time.Time
-	for _, c := range chunks(s.configuredBuckets()) {
-		var b strings.Builder
-		args := make([]any, 0, (1+perBucket)*len(c))
-		b.WriteString(s.rawPrefix() + "SELECT ")
-		for i, bucket := range c {
-			if i > 0 {
-				b.WriteString(", ")
-			}
-			b.WriteString("(" + bucketHead + ")")
-			args = append(args, clause.Table{Name: s.msgs}, bucket)
-			if perBucket == 2 {
-				args = append(args, bucket)
-			}
-		}
-		vals := make([]any, len(c))
-		err := s.read(ctx, s.msgs, func(q *gorm.DB) error {
-			ptrs := make([]any, len(vals))
-			for i := range vals {
-				ptrs[i] = &vals[i]
-			}
-			return q.Raw(b.String(), args...).Row().Scan(ptrs...)
-		})
+	for c := range slices.Chunk(s.configuredBuckets(), maxPerStatement) {
+		vals, err := s.probeEach(ctx, bucketHead, perBucket, c)
 		if err != nil {
 			return time.Time{}, err
 		}
@@ -624,9 +498,34 @@ func (s *Store) oldestHead(ctx context.Context, k int) (time.Time, error) {
 	return oldest, nil
 }
 
-// timeLayouts are the textual forms a timestamp comes back in: SQLite's
-// (as mattn/go-sqlite3 writes time.Time), RFC 3339, and MySQL's without
-// parseTime.
+// probeEach runs one SELECT of the scalar subquery sub for each of
+// buckets, sub's arguments the table and perBucket times the bucket, and
+// returns their values (nil for NULL).
+func (s *Store) probeEach(ctx context.Context, sub string, perBucket int, buckets []int) ([]any, error) {
+	var b strings.Builder
+	args := make([]any, 0, (1+perBucket)*len(buckets))
+	b.WriteString(s.rawPrefix() + "SELECT ")
+	for i, bucket := range buckets {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString("(" + sub + ")")
+		args = append(args, clause.Table{Name: s.msgs}, bucket)
+		if perBucket == 2 {
+			args = append(args, bucket)
+		}
+	}
+	vals := make([]any, len(buckets))
+	ptrs := make([]any, len(vals))
+	for i := range vals {
+		ptrs[i] = &vals[i]
+	}
+	return vals, s.read(ctx, s.msgs, func(q *gorm.DB) error {
+		return q.Raw(b.String(), args...).Row().Scan(ptrs...)
+	})
+}
+
+// timeLayouts are the textual forms a timestamp comes back in.
 var timeLayouts = []string{
 	"2006-01-02 15:04:05.999999999-07:00",
 	"2006-01-02T15:04:05.999999999-07:00",

@@ -16,17 +16,16 @@ import (
 	"gorm.io/gorm"
 )
 
-// maxBucketsPerStatement bounds the buckets of one NextBatches statement:
-// the statement's size, its bind variables (see maxBindsPerStatement) and
-// SQLite's limit of 500 members of a compound SELECT.
+// maxBucketsPerStatement bounds the buckets of one NextBatches statement
+// (SQLite allows 500 members of a compound SELECT).
 const maxBucketsPerStatement = 256
 
 // maxBindsPerStatement bounds the bind variables of one NextBatches
 // statement on MySQL, MariaDB and SQLite (SQLite before 3.32 allows 999).
 const maxBindsPerStatement = 999
 
-// multiSQL are the statement texts of NextBatches and markPublishedBuckets,
-// built by the dialector (see buildMultiSQL).
+// multiSQL are the statement texts of NextBatches and MarkPublished for
+// several buckets (see buildMultiSQL).
 type multiSQL struct {
 	// nextBatches, with two bind variables (the buckets and the limits as
 	// PostgreSQL int[] literals, in the same order), is PostgreSQL's
@@ -43,16 +42,9 @@ type multiSQL struct {
 	memberWith func(cond string) string
 	// perStatement is how many buckets one NextBatches statement reads.
 	perStatement int
-	// deleteIDs, with one bind variable (the ids as a PostgreSQL bigint[]
-	// literal), is PostgreSQL's markPublishedBuckets statement by id; ""
-	// elsewhere. deleteTIDs, with two (the locations as a tid[] literal,
-	// the ids), is its statement by location (see locations.go).
-	deleteIDs, deleteTIDs string
-	// deletePrefix is the markPublishedBuckets statement up to its IN list:
-	// the ids' bind variables follow (binds[0:]), then ")".
-	deletePrefix string
-	// deleteOne, with one bind variable (an id), is SQLite's
-	// markPublishedBuckets statement, run once per id; "" elsewhere.
+	// del are MarkPublished's statements for rows of several buckets.
+	del deleteSQL
+	// deleteOne (SQLite; "" elsewhere) deletes one id (see deleteEach).
 	deleteOne string
 	// inOrderWith renders nextInOrder's statement on SQLite from its
 	// bucket filter (a condition on inOrderBucket), a condition appended to
@@ -67,7 +59,7 @@ type multiSQL struct {
 func buildMultiSQL(h *hotSQL, dialect, table string) {
 	m := &h.multi
 	m.perStatement = min(maxBucketsPerStatement, maxBindsPerStatement/(h.nextBatchBuckets+1))
-	m.deletePrefix = "DELETE FROM " + table + " WHERE parked_at_ms IS NULL AND id IN ("
+	m.del.prefix = "DELETE FROM " + table + " WHERE parked_at_ms IS NULL AND id IN ("
 	switch dialect {
 	case "postgres":
 		// One LATERAL subquery per (bucket, limit) pair: nextBatch's index
@@ -79,18 +71,18 @@ func buildMultiSQL(h *hotSQL, dialect, table string) {
 			" CROSS JOIN LATERAL (" + h.nextBatchWith([4]string{"r.b", "r.b", "r.b", "r.b"}, "r.n", excludingCond("r.a", notInArray(h.binds[3]))) + ") x"
 		// By id, through the primary key ("+ 0" as in MarkPublished's); no
 		// bucket guard: an id names one row, whichever bucket holds it.
-		m.deleteIDs = "DELETE FROM " + table + " WHERE id = ANY(" + h.binds[0] + "::bigint[]) AND parked_at_ms + 0 IS NULL"
-		m.deleteTIDs = deleteByLocation(table, h.binds[0], h.binds[1], " AND parked_at_ms + 0 IS NULL")
+		m.del.ids = "DELETE FROM " + table + " WHERE id = ANY(" + h.binds[0] + "::bigint[]) AND parked_at_ms + 0 IS NULL"
+		m.del.tids = deleteByLocation(table, h.binds[0], h.binds[1], " AND parked_at_ms + 0 IS NULL")
 	case "mysql":
 		// MariaDB 10.11 has no LATERAL: a UNION ALL of parenthesised
 		// selects, each nextBatch's statement. The delete looks each id up
 		// in the primary key, as MarkPublished's does (see buildHotSQL).
 		m.memberWith = func(cond string) string { return "(" + h.nextBatchWith([4]string{"?", "?", "?", "?"}, "?", cond) + ")" }
-		m.deletePrefix = "DELETE m FROM " + table + " m FORCE INDEX (PRIMARY) WHERE m.parked_at_ms IS NULL AND m.id IN ("
+		m.del.prefix = "DELETE m FROM " + table + " m FORCE INDEX (PRIMARY) WHERE m.parked_at_ms IS NULL AND m.id IN ("
 	case "sqlite":
 		// SQLite takes no ORDER BY or LIMIT on a member of a compound
 		// SELECT: each member is a subquery. The delete is one statement
-		// per id (see markPublishedBuckets).
+		// per id (see deleteEach).
 		m.memberWith = func(cond string) string {
 			return "SELECT * FROM (" + h.nextBatchWith([4]string{"?", "?", "?", "?"}, "?", cond) + ")"
 		}
@@ -116,16 +108,13 @@ func buildMultiSQL(h *hotSQL, dialect, table string) {
 	}
 }
 
-// NextBatches implements relay.MultiBucketStore: each request is answered
-// as nextBatch would answer it, in one statement per perStatement requests
-// (at most 999 bind variables on MySQL, MariaDB and SQLite); a single
-// request is nextBatch's own statement. On PostgreSQL the statement is a
-// LATERAL join of unnest(buckets, limits) with nextBatch's statement; on
-// MySQL, MariaDB and SQLite a UNION ALL of nextBatch's statements. Each
-// bucket's part keeps nextBatch's plan. The result is not sorted as a
-// whole (a sort of wide rows would spill to disk): rows are split by
-// bucket, and a bucket's rows out of id order fail the call. A dialect
-// other than these gets nextBatch per request.
+// NextBatches implements relay.Store. Requests of one bucket are answered
+// as nextBatch would, perStatement a statement (a single one is nextBatch's
+// own): on PostgreSQL a LATERAL join of unnest(buckets, limits) with
+// nextBatch's statement, on MySQL, MariaDB and SQLite a UNION ALL of them,
+// each bucket's part keeping nextBatch's plan. The rows are not sorted as a
+// whole (a sort of wide rows would spill to disk) but split by bucket.
+// A request of several buckets goes to nextInOrder.
 func (s *Store) NextBatches(ctx context.Context, reqs []relay.BatchRequest) ([]relay.BatchResult, error) {
 	results := make([]relay.BatchResult, len(reqs))
 	active := make([]int, 0, len(reqs)) // requests of one bucket with rows to read
@@ -190,8 +179,7 @@ func (s *Store) nextBatches(ctx context.Context, reqs []relay.BatchRequest, idx 
 	return nil
 }
 
-// nextBatchesStatement is NextBatches' statement for reqs[i], i in idx
-// (at least two), and its arguments.
+// nextBatchesStatement is NextBatches' statement for reqs[i], i in idx.
 func (s *Store) nextBatchesStatement(reqs []relay.BatchRequest, idx []int) (string, []any) {
 	m := &s.hot.multi
 	if m.nextBatches != "" {
@@ -230,8 +218,8 @@ func (s *Store) nextBatchesStatement(reqs []relay.BatchRequest, idx []int) (stri
 	return b.String(), args
 }
 
-// scanBatches reads NextBatches' rows into the batch of their bucket, until
-// every batch is done; it returns the rows read. A row of a bucket not
+// scanBatches reads NextBatches' rows into their buckets' batches until
+// every batch is done, and returns the rows read. A row of a bucket not
 // asked for, or a bucket's rows out of id order, fail it.
 func scanBatches(rows rowScanner, cuts map[int64]*batchCut, tid bool) (int64, error) {
 	sc := newBatchScanner(tid)
@@ -260,58 +248,11 @@ func scanBatches(rows rowScanner, cuts map[int64]*batchCut, tid bool) (int64, er
 	return n, rows.Err()
 }
 
-// markPublishedBuckets deletes exactly the given rows, of any buckets, by
-// primary key, unless parked, each statement in autocommit, as
-// markPublished does: on PostgreSQL one
-// statement per 10,000 ids, by location when this Store read the rows
-// (locations.go),
-//
-//	DELETE FROM messages WHERE ctid = ANY(ARRAY(
-//	    SELECT f.ctid FROM unnest($1::tid[], $2::bigint[]) AS x(tid, id)
-//	    CROSS JOIN LATERAL (SELECT m.ctid FROM messages m WHERE m.ctid = x.tid AND m.id + 0 = x.id
-//	        AND parked_at_ms + 0 IS NULL OFFSET 0) f))
-//	AND parked_at_ms + 0 IS NULL
-//
-// else by id,
-//
-//	DELETE FROM messages WHERE id = ANY($1::bigint[]) AND parked_at_ms + 0 IS NULL
-//
-// on SQLite one per id, prepared once, all in one transaction (one commit),
-//
-//	DELETE FROM messages WHERE id = ? AND parked_at_ms IS NULL
-//
-// because SQLite's planner, given statistics of a table that held few rows
-// (an ANALYZE or PRAGMA optimize of the drained outbox), reads the whole
-// table for "id IN (…)" without a bucket: a delete then cost a scan of the
-// backlog, 55 ms per 500 rows of 100,000 against 2 (a rowid lookup is the
-// plan whatever the statistics say);
-// and on MySQL and MariaDB one per 1000 ids, each looked up in the primary
-// key (see buildHotSQL: any other plan locks gaps or rows writers insert
-// into),
-//
-//	DELETE m FROM messages m FORCE INDEX (PRIMARY)
-//	WHERE m.parked_at_ms IS NULL AND m.id IN (?, …)
-//
-// Unlike markPublished's, the statements name no bucket: an id names one
-// row, and a published row is deleted whichever bucket holds it
-// (Message.Bucket is not read). The ids go in ascending order.
-func (s *Store) markPublishedBuckets(ctx context.Context, published []*outbox.Message) error {
-	ids := messageIDs(published)
-	slices.Sort(ids)
-	if s.hot.multi.deleteOne != "" {
-		return s.deleteEach(ctx, ids)
-	}
-	return s.deleteRows(ctx, ids, s.hot.multi.deleteIDs != "", s.deleteBucketsStatement,
-		func(ids, tids []int64) (string, []any) {
-			return s.hot.multi.deleteTIDs, []any{tidsArray(tids), idsArray(ids)}
-		},
-		func(chunk []int64, err error) error {
-			return fmt.Errorf("gormstore: mark %d published (ids %d to %d): %w", len(chunk), chunk[0], chunk[len(chunk)-1], err)
-		})
-}
-
 // deleteEach deletes ids with deleteOne, prepared once, in one
-// transaction: SQLite's markPublishedBuckets.
+// transaction: SQLite's MarkPublished of several buckets. Given statistics
+// of a drained table, SQLite's planner reads the whole table for
+// "id IN (…)" without a bucket; a rowid lookup per id is its plan whatever
+// the statistics say.
 func (s *Store) deleteEach(ctx context.Context, ids []int64) error {
 	s.watchPoolSoon(ctx)
 	err := s.writeTx(ctx, s.msgs, func(tx *gorm.DB) error {
@@ -335,44 +276,15 @@ func (s *Store) deleteEach(ctx context.Context, ids []int64) error {
 	return nil
 }
 
-// deleteBucketsStatement is markPublishedBuckets' statement for ids.
-func (s *Store) deleteBucketsStatement(ids []int64) (string, []any) {
-	m := &s.hot.multi
-	if m.deleteIDs != "" {
-		return m.deleteIDs, []any{idsArray(ids)}
-	}
-	return s.inList(m.deletePrefix, nil, ids)
-}
-
-// nextInOrder answers a request of several buckets. The relay makes one on
-// SQLite only (relay.Options.SingleWriter: see relay's groups), where it
-// is one statement reading the table in rowid order from its first
-// pending row of req.Buckets, like a plain "ORDER BY id LIMIT n" loop,
-// whatever the bucket count, not one index probe per bucket as NextBatches
-// makes:
-//
-//	SELECT id, … FROM messages m
-//	WHERE m.bucket + 0 >= 0 AND m.bucket + 0 <= 7 [AND m.bucket + 0 NOT IN (3, 5)]
-//	  AND m.parked_at_ms IS NULL
-//	  AND NOT EXISTS (SELECT 1 FROM messages p WHERE p.bucket = m.bucket AND p.parked_at_ms IS NOT NULL
-//	    AND p.id < m.id AND p.record_key = m.record_key AND <p is not corrupt>)
-//	  [AND (m.id > 812 OR m.id NOT IN (801, 802, …))]
-//	ORDER BY m.id LIMIT 500
-//
-// The buckets, ascending, become the span [lo, hi] less its holes (the
-// buckets of the span not asked for), or, when the holes outnumber the
-// buckets, "m.bucket + 0 IN (…)"; the integers are written into the text.
-// The hold is nextBatch's per-row subquery, on the bucket index: a parked
-// row of the row's key, with a smaller id, in its bucket, that is not
-// corrupt. The rows are cut as nextBatch cuts a batch (limit, then the row
-// crossing req.MaxBytes included). A row that cannot be decoded ends the
-// answer: the rows before it are returned with its *relay.CorruptRowError.
-//
-// On PostgreSQL, MySQL and MariaDB it merges NextBatches' answers. (One
-// statement over the primary key was built and measured there: with
-// thousands of buckets its reads passed every other bucket's rows and the
-// dead entries of the rows deleted meanwhile, and a 65,536-bucket drain ran
-// at a third of its rate by heads: see BENCHMARKS.md.)
+// nextInOrder answers a request of several buckets, which the relay makes
+// on SQLite only (relay.Options.SingleWriter): one statement reads the
+// table in rowid order from the buckets' first pending row, like a plain
+// "ORDER BY id LIMIT n" loop, whatever the bucket count. The buckets are a
+// span less its holes, or an IN list when the holes outnumber them; the
+// hold is nextBatch's per-row subquery, and the rows are cut as nextBatch
+// cuts a batch. Elsewhere it merges NextBatches' answers: one statement
+// over the primary key there read every other bucket's rows and the dead
+// entries of rows deleted meanwhile.
 func (s *Store) nextInOrder(ctx context.Context, req relay.BatchRequest) (relay.BatchResult, error) {
 	buckets := req.Buckets // distinct and ascending, as the contract asks; else a sorted copy
 	for i := 1; i < len(buckets); i++ {
@@ -384,9 +296,8 @@ func (s *Store) nextInOrder(ctx context.Context, req relay.BatchRequest) (relay.
 	if s.hot.multi.inOrderWith == nil {
 		return s.nextInOrderMerged(ctx, req, buckets)
 	}
-	query, args := s.nextInOrderStatement(buckets, req.Limit, req.Exclude)
 	var c *batchCut
-	if err := s.fetch(ctx, query, args, func(rows rowScanner) (int64, error) {
+	if err := s.fetch(ctx, s.nextInOrderStatement(buckets, req.Limit, req.Exclude), nil, func(rows rowScanner) (int64, error) {
 		c = newBatchCut(req.Limit, req.MaxBytes)
 		return scanInOrder(rows, c, buckets, s.hot.tid)
 	}); err != nil {
@@ -397,30 +308,17 @@ func (s *Store) nextInOrder(ctx context.Context, req relay.BatchRequest) (relay.
 }
 
 // nextInOrderStatement is nextInOrder's statement for buckets (ascending,
-// distinct, at least one), limit and the rows of exclude, and its
-// arguments.
-func (s *Store) nextInOrderStatement(buckets []int, limit int, exclude []*outbox.Message) (string, []any) {
+// distinct, at least one), limit and the rows of exclude.
+func (s *Store) nextInOrderStatement(buckets []int, limit int, exclude []*outbox.Message) string {
 	m := &s.hot.multi
 	col := m.inOrderBucket
 	lo, hi := buckets[0], buckets[len(buckets)-1]
-	var holes []int64
-	list := hi-lo+1-len(buckets) > len(buckets) // fewer buckets than holes: list the buckets
-	if !list {
-		holes = make([]int64, 0, hi-lo+1-len(buckets))
-		next := lo
-		for _, b := range buckets {
-			for ; next < b; next++ {
-				holes = append(holes, int64(next))
-			}
-			next = b + 1
-		}
-	}
-	var filter, cond string
 	literal := func(xs []int64) string {
 		a := idsArray(xs) // "{1,2,3}"
 		return a[1 : len(a)-1]
 	}
-	if list {
+	var filter, cond string
+	if hi-lo+1-len(buckets) > len(buckets) { // fewer buckets than holes: list the buckets
 		ids := make([]int64, len(buckets))
 		for i, b := range buckets {
 			ids[i] = int64(b)
@@ -428,6 +326,12 @@ func (s *Store) nextInOrderStatement(buckets []int, limit int, exclude []*outbox
 		filter = col + " IN (" + literal(ids) + ")"
 	} else {
 		filter = col + " >= " + strconv.Itoa(lo) + " AND " + col + " <= " + strconv.Itoa(hi)
+		var holes []int64
+		for b := lo; b <= hi; b++ {
+			if _, ok := slices.BinarySearch(buckets, b); !ok {
+				holes = append(holes, int64(b))
+			}
+		}
 		if len(holes) > 0 {
 			filter += " AND " + col + " NOT IN (" + literal(holes) + ")"
 		}
@@ -435,12 +339,11 @@ func (s *Store) nextInOrderStatement(buckets []int, limit int, exclude []*outbox
 	if len(exclude) > 0 {
 		cond = excludingLiteral(exclude)
 	}
-	return m.inOrderWith(filter, cond, strconv.Itoa(limit)), nil
+	return m.inOrderWith(filter, cond, strconv.Itoa(limit))
 }
 
-// scanInOrder reads nextInOrder's rows into c until it is done; it returns
-// the rows read. A row of a bucket not asked for, or rows out of id order,
-// fail it.
+// scanInOrder reads nextInOrder's rows into c until it is done, as
+// scanBatches does.
 func scanInOrder(rows rowScanner, c *batchCut, buckets []int, tid bool) (int64, error) {
 	sc := newBatchScanner(tid)
 	var n, last int64
@@ -462,9 +365,8 @@ func scanInOrder(rows rowScanner, c *batchCut, buckets []int, tid bool) (int64, 
 	return n, rows.Err()
 }
 
-// nextInOrderMerged is nextInOrder for a dialect without its statement:
-// each bucket's head, as NextBatches reads it, merged in id order and cut
-// at req.Limit and req.MaxBytes.
+// nextInOrderMerged is nextInOrder without its statement: each bucket's
+// head, as NextBatches reads it, merged in id order and cut as a batch.
 func (s *Store) nextInOrderMerged(ctx context.Context, req relay.BatchRequest, buckets []int) (relay.BatchResult, error) {
 	excl := make(map[int64][]*outbox.Message)
 	for _, m := range req.Exclude {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -15,32 +16,18 @@ import (
 	"gorm.io/gorm/clause"
 )
 
-// DefaultLiveness is the window Fleet counts a relay live in (its
-// heartbeat at most this old, and not stopped) before the store's first
-// acquisition round; afterwards the window is the lease duration of the
-// latest round, as for the acquisition's own count of active relays. It is
-// the relay's default LeaseDuration.
+// DefaultLiveness is the window Fleet counts a relay live in before the
+// store's first acquisition round (afterwards the latest round's lease
+// duration): the relay's default LeaseDuration.
 const DefaultLiveness = 30 * time.Second
 
 // maxPerStatement bounds the ids or buckets of one IN list of the parking
 // statements.
 const maxPerStatement = 1000
 
-// chunks splits xs into slices of at most maxPerStatement elements.
-func chunks[T any](xs []T) [][]T {
-	var out [][]T
-	for len(xs) > 0 {
-		n := min(len(xs), maxPerStatement)
-		out = append(out, xs[:n])
-		xs = xs[n:]
-	}
-	return out
-}
-
 // notCorrupt is the condition that the parked row (of table alias t, ""
-// for none) is not corrupt: it holds its key's later rows, and an ID
-// selection of its key chooses it. The prefix is a constant of the
-// statement, not an argument: the hot path's statement text is built once.
+// for none) is not corrupt, so that it holds its key's later rows. The
+// prefix is written in, not bound: the hot path's text is built once.
 func notCorrupt(t string) string {
 	if t != "" {
 		t += "."
@@ -57,10 +44,9 @@ func (s *Store) configuredBuckets() []int {
 	return b
 }
 
-// allBuckets is every bucket the table may hold rows of, in chunks: 0 to
-// BucketCount-1 and any bucket outside that range that has rows. The
-// chunks are the bucket condition of the statements over every parked
-// row, so that each reads the parked index entries instead of the table.
+// allBuckets is, in chunks, every bucket the table may hold rows of: the
+// configured ones and any outside them that hold rows. The chunks bound
+// the statements over every parked row to the parked index entries.
 func (s *Store) allBuckets(ctx context.Context) ([][]int, error) {
 	lo, hi := 0, s.cfg.BucketCount-1
 	var lim struct{ Lo, Hi sql.NullInt64 }
@@ -79,14 +65,14 @@ func (s *Store) allBuckets(ctx context.Context) ([][]int, error) {
 	for i := lo; i <= hi; i++ {
 		b = append(b, i)
 	}
-	return chunks(b), nil
+	return slices.Collect(slices.Chunk(b, maxPerStatement)), nil
 }
 
-// reasonFor returns reason as the parked_reason column can hold it on
-// dialect k: valid UTF-8 without NUL bytes (PostgreSQL rejects them in
-// text), ASCII on MySQL and MariaDB (whose server default character set may
-// be latin1 or 3-byte utf8, which would reject the statement, and the row
-// could never be parked), at most outbox.MaxParkedReasonLength characters.
+// reasonFor returns reason as parked_reason can hold it on dialect k: valid
+// UTF-8 without NUL bytes (PostgreSQL rejects them), ASCII on MySQL and
+// MariaDB (a latin1 or 3-byte utf8 column would reject the statement, and
+// the row could never be parked), at most outbox.MaxParkedReasonLength
+// characters.
 func reasonFor(k int, reason string) string {
 	reason = strings.ReplaceAll(strings.ToValidUTF8(reason, "\uFFFD"), "\x00", "")
 	if k == kindMySQL || k == kindMariaDB || k == kindUnknownMySQL {
@@ -110,13 +96,10 @@ func reasonFor(k int, reason string) string {
 	return reason
 }
 
-// Park implements relay.Store with one autocommit UPDATE of the row,
-// guarded by EXISTS on relayID's unexpired lease of bucket, with "now" the
-// database's clock evaluated by the statement itself. When it changes no
-// row, one read of the lease tells a lost lease (an error wrapping
-// relay.ErrLeaseLost) from a row already parked or gone (nil). The reason
-// is stored as valid UTF-8 (ASCII on MySQL and MariaDB, other characters
-// as '?'), at most outbox.MaxParkedReasonLength characters.
+// Park implements relay.Store with one autocommit UPDATE guarded by
+// relayID's unexpired lease of bucket on the store's clock. When it changes
+// no row, a read of the lease tells a lost lease (an error wrapping
+// relay.ErrLeaseLost) from a row already parked or gone (nil).
 func (s *Store) Park(ctx context.Context, relayID string, bucket int, id int64, reason string) error {
 	k, err := s.kind(ctx)
 	if err != nil {
@@ -159,10 +142,9 @@ func (s *Store) leaseHeld(relayID string, bucket int, now any) clause.Expr {
 		clause.Table{Name: s.leases}, bucket, relayID, now)
 }
 
-// Fleet implements relay.Store: one read of the relays table counting the
-// live relays (a heartbeat within the latest round's lease duration, or
-// DefaultLiveness before the first round, on the store's clock, and not
-// stopped) and those of them whose heartbeat lacks the parking bit.
+// Fleet implements relay.Store: one read counting the live relays (a
+// heartbeat within the latest round's lease duration, or DefaultLiveness,
+// and not stopped) and those whose heartbeat lacks the parking bit.
 func (s *Store) Fleet(ctx context.Context) (relay.Fleet, error) {
 	s.mu.Lock()
 	window := cmp.Or(s.lease, DefaultLiveness)
@@ -183,11 +165,9 @@ func (s *Store) Fleet(ctx context.Context) (relay.Fleet, error) {
 }
 
 // ListParked implements relay.ParkAdmin: up to limit parked rows in
-// (bucket, id) order, read per 1000 buckets from the parked entries of the
-// (bucket, parked_at_ms, id) index. Size is LENGTH(record_key) +
-// LENGTH(record_value), computed by the database (bytes on every dialect),
-// so values are not transferred. MessageID is the stored text, whatever it
-// holds.
+// (bucket, id) order, read per 1000 buckets from the parked index entries.
+// Size is computed by the database, so values are not transferred;
+// MessageID is the stored text, whatever it holds.
 func (s *Store) ListParked(ctx context.Context, limit int) ([]relay.ParkedRow, error) {
 	all, err := s.allBuckets(ctx)
 	if err != nil {
@@ -264,10 +244,9 @@ func textOf(v any) string {
 	}
 }
 
-// RequeueParked implements relay.ParkAdmin: it clears parked_at_ms and
-// parked_reason of the chosen rows, which then flow again in id order (they
-// kept their ids), ahead of the later rows of their key. See DeleteParked
-// for how the rows are chosen and locked.
+// RequeueParked implements relay.ParkAdmin: it clears the parking columns
+// of the chosen rows, which then flow again in id order ahead of their
+// key's later rows. See DeleteParked for how rows are chosen and locked.
 func (s *Store) RequeueParked(ctx context.Context, sel relay.ParkedSelector) (int64, error) {
 	n, err := s.alterParked(ctx, sel, false)
 	if err != nil {
@@ -277,19 +256,13 @@ func (s *Store) RequeueParked(ctx context.Context, sel relay.ParkedSelector) (in
 }
 
 // DeleteParked implements relay.ParkAdmin: it deletes the chosen parked
-// rows, never an unparked one.
-//
-// Selection is relay.ParkedSelector.Choose's: Key chooses every parked row
-// of the key in every bucket; All every parked row (both per 1000 buckets,
-// over every bucket the table holds rows of, see allBuckets); ID the row
-// alone when it is keyless or corrupt (reason starting with
-// relay.CorruptReasonPrefix), else every parked row of its key in its
-// bucket that is not corrupt. On PostgreSQL and MySQL/MariaDB
-// each step is one READ COMMITTED transaction that first locks the chosen
-// parked rows (SELECT id … FOR UPDATE, the ID selection's own row first)
-// and then, in a second statement with the same selection, deletes (or
-// requeues) them, so that the step sees the rows it locked as they are once
-// locked. On SQLite each step is one statement.
+// rows, never an unparked one. Key and All choose per 1000 buckets over
+// every bucket the table holds rows of; ID chooses the row alone when it is
+// keyless or corrupt, else every parked, not corrupt row of its key in its
+// bucket. Except on SQLite, each step is one READ COMMITTED transaction
+// that locks the chosen rows (the ID selection's own row first) and then
+// changes them with the same selection, seeing them as they are once
+// locked.
 func (s *Store) DeleteParked(ctx context.Context, sel relay.ParkedSelector) (int64, error) {
 	n, err := s.alterParked(ctx, sel, true)
 	if err != nil {

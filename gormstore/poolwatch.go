@@ -35,9 +35,8 @@ type poolWatch struct {
 	checked atomic.Int64
 }
 
-// watchPoolSoon is watchPool from the hot path (each delete), at most once
-// a second: a relay whose drain ends between two lease rounds (10 s by
-// default) is warned during the drain, when the churn costs.
+// watchPoolSoon is watchPool from the hot path, at most once a second: a
+// drain that ends between two lease rounds is warned during the drain.
 func (s *Store) watchPoolSoon(ctx context.Context) {
 	now := s.hostNow()
 	last := s.pool.checked.Load()
@@ -47,11 +46,9 @@ func (s *Store) watchPoolSoon(ctx context.Context) {
 	s.watchPool(ctx, now)
 }
 
-// watchPool checks the store's pool at now (the host's clock) and warns,
-// at most once per poolWatchQuiet, at the first check that finds at least
-// poolWatchCloses closes for want of idle room since the window began, not
-// at the window's end (a short drain's churn is over by then). A window
-// that ends with fewer closes starts a new one.
+// watchPool warns, at most once per poolWatchQuiet, at the first check
+// that finds poolWatchCloses closes for want of idle room since the window
+// began; a window that ends with fewer starts a new one.
 func (s *Store) watchPool(ctx context.Context, now time.Time) {
 	sqlDB, err := s.db.DB()
 	if err != nil {

@@ -78,16 +78,14 @@ func (e *UnplaceableRowError) Error() string {
 func (e *UnplaceableRowError) Unwrap() error { return e.Err }
 
 // Rebucket changes the bucket count to `to` in one transaction: it locks
-// the lease rows (PostgreSQL, MySQL; SQLite's transaction holds the write
-// lock), reads the state again and calls check with it — a non-nil error
-// from check rolls everything back and is returned as is — then deletes
-// every lease row, creates `to` free ones and, with rehash, moves every row
-// of the messages table to the bucket outbox.BucketOf gives it under the
+// the lease rows (SQLite's transaction holds the write lock), reads the
+// state again and calls check with it (an error from check rolls back and
+// is returned as is), replaces the lease rows with `to` free ones and, with
+// rehash, moves every row to the bucket outbox.BucketOf gives it under the
 // new count, in id order. Each statement is bounded by
-// Options.StatementTimeout, the transaction as a whole is not (a rehash
-// of a large table takes as long as it takes). The store's own
-// Config.BucketCount is not changed: deploy writers and relays with the new
-// count afterwards.
+// Options.StatementTimeout, the transaction is not. The store's own
+// Config.BucketCount is not changed: deploy writers and relays with the
+// new count afterwards.
 func (s *Store) Rebucket(ctx context.Context, to int, rehash bool, check func(*RebucketState) error) (*RebucketResult, error) {
 	if to < 1 || to > outbox.MaxBucketCount {
 		return nil, fmt.Errorf("gormstore: Rebucket to %d buckets: must be between 1 and %d", to, outbox.MaxBucketCount)
@@ -148,10 +146,8 @@ func (s *Store) Rebucket(ctx context.Context, to int, rehash bool, check func(*R
 	return res, nil
 }
 
-// rehash moves every row of the messages table to the bucket n gives it,
-// in batches of rebucketBatch rows in id order, through step (one
-// statement of the caller's transaction each). It returns how many rows
-// changed bucket.
+// rehash moves every row to the bucket n gives it, rebucketBatch rows a
+// statement of the caller's transaction, and returns how many moved.
 func (s *Store) rehash(step func(func(*gorm.DB) error) error, n int) (int64, error) {
 	var moved int64
 	after := int64(0)

@@ -16,15 +16,12 @@ import (
 )
 
 // DefaultStatementTimeout bounds each store statement when
-// Options.StatementTimeout is zero. It is well under the relay's default
-// LeaseRenewInterval (10s) and LeaseDuration (30s): a renewal that times out
-// still leaves time for the next one before the leases expire.
+// Options.StatementTimeout is zero: well under the relay's default lease
+// renewal interval, so a renewal that times out leaves time for the next.
 const DefaultStatementTimeout = 5 * time.Second
 
-// Settings a read/write-splitting resolver reads. The store sets
-// resolverWrite on every statement: gorm.io/plugin/dbresolver then sends the
-// statement to a source (primary), never to a replica. It is the key
-// dbresolver.Write stores; the store does not import dbresolver.
+// Settings a read/write-splitting resolver reads: resolverWrite (the key
+// dbresolver.Write stores) sends a statement to the primary.
 const (
 	resolverWrite    = "gorm:db_resolver:write"
 	resolverCallback = "gorm:db_resolver"
@@ -53,12 +50,10 @@ func kindOf(dialect string) int {
 	}
 }
 
-// primary returns s.db on ctx with every statement marked for the primary
-// (resolverWrite). When a resolver is registered, its source pool is
-// resolved at once and the returned session starts on it, so that a
-// transaction begun on it runs on the primary too (dbresolver never
-// switches the statements of a transaction). table names the table the
-// statement(s) mainly touch, for per-table resolvers.
+// primary returns s.db on ctx with every statement marked for the primary.
+// When a resolver is registered, its source pool is resolved at once, so
+// that a transaction begun on the session runs on the primary too; table
+// is for per-table resolvers.
 func (s *Store) primary(ctx context.Context, table string) *gorm.DB {
 	q := s.db.WithContext(ctx).Set(resolverWrite, struct{}{})
 	if fc := s.db.Callback().Query().Get(resolverCallback); fc != nil {
@@ -117,11 +112,9 @@ func (s *Store) write(ctx context.Context, table string, fn func(q *gorm.DB) err
 }
 
 // writeTx runs fn as one read-write transaction on the primary at READ
-// COMMITTED whatever the pool's default (a locking read then reads the
-// latest committed version), bounded as a whole by the statement timeout;
-// a plain transaction on SQLite. It commits when fn returns nil. A
-// deadlock victim (InnoDB's 1213, PostgreSQL's 40P01) changed nothing and
-// is retried, up to deadlockAttempts runs in all.
+// COMMITTED (a plain transaction on SQLite), bounded as a whole by the
+// statement timeout. A deadlock victim changed nothing and is retried, up
+// to deadlockAttempts runs in all.
 func (s *Store) writeTx(ctx context.Context, table string, fn func(tx *gorm.DB) error) error {
 	var err error
 	for range deadlockAttempts {
@@ -142,11 +135,9 @@ func deadlocked(err error) bool {
 	return strings.Contains(m, "Error 1213") || strings.Contains(m, "SQLSTATE 40P01")
 }
 
-// read runs fn, one or more reads, on the primary at READ COMMITTED or
-// stronger whatever the pool's default, bounded by the statement timeout:
-// directly on PostgreSQL and SQLite, whose autocommit reads see committed
-// data, else in one READ ONLY transaction at READ COMMITTED. fn must not
-// write.
+// read runs fn, reads only, on the primary at READ COMMITTED or stronger,
+// bounded by the statement timeout: directly on PostgreSQL and SQLite,
+// else in one READ ONLY transaction.
 func (s *Store) read(ctx context.Context, table string, fn func(q *gorm.DB) error) error {
 	return s.run(ctx, table, modeRead, fn)
 }
@@ -156,9 +147,8 @@ func (s *Store) read(ctx context.Context, table string, fn func(q *gorm.DB) erro
 // backlog, the planner would read and sort the whole bucket every batch.
 const fetchGuard = "SELECT set_config('enable_bitmapscan', 'off', true)"
 
-// rowScanner is what the fetches' scans read rows through: database/sql's
-// rows or pgx's (a pipelined fetch), each scanning a row into a
-// batchScanner's columns.
+// rowScanner is database/sql's rows or pgx's (a pipelined fetch), scanning
+// a row into a batchScanner's columns.
 type rowScanner interface {
 	Next() bool
 	Err() error
@@ -173,11 +163,10 @@ type pgxRows struct{ pgx.Rows }
 
 func (r pgxRows) scanInto(sc *batchScanner) error { return r.Scan(sc.pgxDest...) }
 
-// fetch runs query, one of the hot path's fetches, on the primary (as read
-// does) and hands its rows to scan, which returns how many it read. On
-// PostgreSQL it runs after fetchGuard in one transaction: one pgx batch
-// (one round trip) when the pool is on pgx's driver, else BEGIN, guard,
-// statement and COMMIT.
+// fetch runs one of the hot path's fetches, as read does, and hands its
+// rows to scan, which returns how many it read. On PostgreSQL it runs after
+// fetchGuard in one transaction: one pgx batch on pgx's driver, else BEGIN,
+// guard, statement and COMMIT.
 func (s *Store) fetch(ctx context.Context, query string, args []any, scan func(rowScanner) (int64, error)) error {
 	k, err := s.kind(ctx)
 	if err != nil {
@@ -219,12 +208,10 @@ func fetchOn(q *gorm.DB, query string, args []any, scan func(rowScanner) (int64,
 // pgx's database/sql driver.
 var errNotPGX = errors.New("gormstore: not a pgx connection")
 
-// fetchPipelined sends fetchGuard and a fetch's statement to PostgreSQL in
-// one pgx batch, on a connection of q's pool. A failure or a cancellation
-// leaves nothing behind on the connection: the batch's implicit
-// transaction ends with it, and a connection pgx closed (a cancelled
-// statement) or left in a transaction is never reused (pgx's driver
-// reports it bad to database/sql).
+// fetchPipelined sends fetchGuard and a fetch's statement in one pgx
+// batch. A failure or a cancellation leaves nothing on the connection: the
+// batch's implicit transaction ends with it, and pgx's driver reports a
+// connection it closed or left in a transaction bad to database/sql.
 func fetchPipelined(q *gorm.DB, query string, args []any, scan func(rowScanner) (int64, error)) error {
 	db, ok := q.Statement.ConnPool.(*sql.DB)
 	if !ok {
@@ -267,15 +254,11 @@ func fetchPipelined(q *gorm.DB, query string, args []any, scan func(rowScanner) 
 }
 
 // run runs fn on the primary within the statement timeout, per statement
-// (or per read transaction), never per session; an error from the bound
-// wraps context.DeadlineExceeded. PostgreSQL: a context deadline, on which
-// pgx sends a cancel request that ends the statement on the server too
-// (statement_timeout would need SET LOCAL in a transaction). MariaDB: each
-// statement starts with SET STATEMENT max_statement_time and the lock wait
-// timeouts (mariaPrefix), and the deadline falls later (grace), since
-// go-sql-driver closes the connection without a KILL QUERY, leaving the
-// statement running. Others: the deadline only (SQLite's busy handler
-// ignores it: keep _busy_timeout at most StatementTimeout).
+// or read transaction; an error from the bound wraps
+// context.DeadlineExceeded. On PostgreSQL pgx's cancel request ends the
+// statement on the server too. On MariaDB each statement also starts with
+// SET STATEMENT max_statement_time (mariaPrefix) and the deadline falls
+// later (grace): go-sql-driver closes the connection without a KILL QUERY.
 func (s *Store) run(ctx context.Context, table string, mode runMode, fn func(q *gorm.DB) error) error {
 	k, err := s.kind(ctx)
 	if err != nil {
@@ -299,7 +282,7 @@ func (s *Store) run(ctx context.Context, table string, mode runMode, fn func(q *
 }
 
 // serverTimeout reports whether err is MariaDB's max_statement_time (1969)
-// or a lock wait timeout (1205): the store's bound, enforced by the server.
+// or a lock wait timeout (1205).
 func serverTimeout(err error) bool {
 	m := err.Error()
 	return strings.Contains(m, "Error 1969") || strings.Contains(m, "Error 1205")
@@ -326,9 +309,8 @@ func (s *Store) runOn(ctx context.Context, k int, table string, mode runMode, fn
 // falls: a fifth of the timeout, at most 1s.
 func grace(d time.Duration) time.Duration { return min(d/5, time.Second) }
 
-// mariaPrefix is the SET STATEMENT clause bounding one MariaDB statement.
-// The lock waits are whole seconds (at least 1), max_statement_time covers
-// every wait to the microsecond.
+// mariaPrefix is the SET STATEMENT clause bounding one MariaDB statement;
+// its lock waits are whole seconds, at least 1.
 func (s *Store) mariaPrefix() string {
 	secs := int64(math.Ceil(s.timeout.Seconds()))
 	return fmt.Sprintf("SET STATEMENT max_statement_time=%.6f, lock_wait_timeout=%d, innodb_lock_wait_timeout=%d FOR",
@@ -347,9 +329,8 @@ func (s *Store) rawPrefix() string {
 	return ""
 }
 
-// mariaBound makes the statement GORM builds start with prefix: it sits
-// before the first clause of whichever statement is built (SELECT, INSERT,
-// UPDATE or DELETE); GORM merges its own clause into it and keeps it.
+// mariaBound makes the statement GORM builds, whichever it is, start with
+// prefix.
 type mariaBound struct{ prefix string }
 
 func (m mariaBound) ModifyStatement(stmt *gorm.Statement) {

@@ -3,66 +3,52 @@
 // PostgreSQL, MySQL/MariaDB or SQLite. On SQLite, whose single writer
 // serialises the relay's statements, set relay.Options.SingleWriter.
 //
-// Every lease step is a single guarded statement run in autocommit: no row
-// lock is held across steps and no transaction stays open, so a slow relay
-// never blocks its peers. Times are Unix milliseconds, and all comparisons
-// are plain integer comparisons on every database. Table names come from the
-// outbox.Config shared with outbox.Plugin and are quoted by GORM, never
-// concatenated into SQL.
+// Every lease step is a single guarded statement in autocommit: no lock is
+// held across steps, so a slow relay never blocks its peers. Times are Unix
+// milliseconds compared as integers. Table names come from the
+// outbox.Config shared with outbox.Plugin and are quoted by GORM.
 //
 // # One clock: the database's
 //
-// Every time the store writes or compares in the lease, relay and park
-// columns comes from the database server's clock, not the relay host's:
-// relays whose host clocks disagree still agree on when a lease expires
-// (see clock.go). Options.Clock, when set, replaces it. created_at is
-// stamped by the writers' hosts; ClockOffset reports the relay host's
-// offset to the store's clock (the relay's outbox.clock.offset gauge).
+// The lease, relay and park columns are written and compared on the
+// database server's clock (clock.go), so relays whose host clocks disagree
+// still agree on when a lease expires; Options.Clock replaces it.
+// created_at is the writers' hosts'; ClockOffset reports the relay host's
+// offset to the store's clock.
 //
 // # Isolation
 //
-// Every read that decides what is published, deleted, owned or parked, and
-// the backlog metrics, sees only committed rows whatever isolation the
-// pool's connections default to, so a relay never publishes a row whose
-// transaction then rolls back. PostgreSQL's and SQLite's autocommit
-// reads already do (SQLite's shared-cache mode is not supported). On MySQL
-// and MariaDB each read runs in its own READ ONLY transaction at READ
-// COMMITTED, set per transaction: MariaDB refuses tx_isolation in SET
-// STATEMENT and MySQL has no per-statement form. Writes are single
-// autocommit statements, except RequeueParked and DeleteParked, which lock
-// their rows (SELECT … FOR UPDATE) in one READ COMMITTED transaction.
+// Every read that decides what is published, deleted, owned or parked sees
+// only committed rows whatever the pool's default isolation: PostgreSQL's
+// and SQLite's autocommit reads do (SQLite's shared-cache mode is not
+// supported); on MySQL and MariaDB each read is a READ ONLY transaction at
+// READ COMMITTED. Writes are single autocommit statements, except
+// RequeueParked and DeleteParked, which lock their rows in one READ
+// COMMITTED transaction.
 //
 // # The primary
 //
-// Every statement, reads included, runs on the primary whatever
-// read/write-splitting resolver is registered: each carries the setting
-// "gorm:db_resolver:write" (what dbresolver's Write clause sets), and the
+// Every statement, reads included, runs on the primary: each carries the
+// setting "gorm:db_resolver:write" (dbresolver's Write clause), and the
 // store asks a callback named "gorm:db_resolver" for the source pool
-// first, so that its transactions and its raw hot-path statements start
-// there too. A lagging replica would flap ownership and republish deleted
-// rows. A resolver of another name must honour the same setting.
+// first, so that its transactions and raw statements start there too. A
+// lagging replica would flap ownership and republish deleted rows.
 //
 // # Parking
 //
-// A parked row stays in the messages table with parked_at_ms (the
-// database's clock) and parked_reason set, which only the store writes.
-// The hot path reads the unparked entries of the (bucket, parked_at_ms, id)
-// index; ListParked, RequeueParked and DeleteParked read the parked ones.
-// Every heartbeat carries Features; Fleet reports CanPark false while a
-// live relay's row lacks the parking bit.
-//
+// A parked row stays in the messages table with parked_at_ms and
+// parked_reason set, which only the store writes. Every heartbeat carries
+// Features; Fleet reports CanPark false while a live relay lacks parking.
 // Upgrade: apply the schema change first (outbox.AutoMigrate, or
-// migrations/<dialect>/000002_parking.up.sql), then deploy the new relays;
-// no row is parked while an old relay is live. Downgrade only after
-// requeueing or deleting every parked row, with the new relays stopped:
-// an old relay would publish parked rows out of order.
+// migrations/<dialect>/000002_parking.up.sql), then deploy the new relays.
+// Downgrade only after requeueing or deleting every parked row, with the
+// new relays stopped: an old relay would publish parked rows out of order.
 //
 // # Session state
 //
 // No statement depends on or leaves session state (no SET SESSION, no
-// temporary table, no prepared statement of the store's own): the store works
-// behind PgBouncer in transaction pooling mode. Isolation and timeouts are set
-// per transaction (SET TRANSACTION) or per statement (SET STATEMENT … FOR).
+// temporary table, no prepared statement of the store's own): the store
+// works behind PgBouncer in transaction pooling mode.
 package gormstore
 
 import (
@@ -88,49 +74,39 @@ import (
 // the heartbeat rows of long-gone relays when Options.PruneInterval is zero.
 const DefaultPruneInterval = time.Minute
 
-// Clock is the time source the store reads (only Now): relay.Clock and
-// relaytest.ManualClock satisfy it, so a test gives the store the relay's
-// clock.
+// Clock is the time source the store reads: relay.Clock and
+// relaytest.ManualClock satisfy it.
 type Clock interface {
 	Now() time.Time
 }
 
-// Options configures a Store. A zero Options means the default outbox.Config
-// (8 buckets, default table names), the database's clock and a one-minute
-// prune interval.
+// Options configures a Store. The zero Options means outbox's default
+// Config, the database's clock and the default intervals.
 type Options struct {
-	// Config names the outbox tables and the bucket count. Share the value
-	// given to outbox.Plugin: writers and relays must agree. The zero Config
-	// means outbox's defaults; an invalid Config fails New.
+	// Config names the outbox tables and the bucket count; share the value
+	// given to outbox.Plugin. The zero Config means outbox's defaults; an
+	// invalid Config fails New.
 	Config outbox.Config
-	// Clock, when set, replaces the database's clock for lease expiries,
-	// heartbeats, stopped stamps, liveness windows, pruning and
-	// parked_at_ms (tests inject relaytest.ManualClock). Nil means the
-	// database server's clock. A dialect other than PostgreSQL,
-	// MySQL/MariaDB and SQLite has no known clock expression: New fails
-	// unless Clock is set.
+	// Clock, when set, replaces the database's clock for every lease, relay
+	// and park time. A dialect other than PostgreSQL, MySQL/MariaDB and SQLite
+	// has no known clock expression: New fails unless Clock is set.
 	Clock Clock
-	// HostClock is the relay host's wall clock, against which each read of
-	// the store's clock measures the offset that ClockOffset reports. Nil
-	// means the system clock. Leases never use it; tests inject a skewed
-	// clock.
+	// HostClock is the relay host's clock, against which ClockOffset measures
+	// the store's. Nil means the system clock.
 	HostClock Clock
-	// PruneInterval is the least time between two deletions of stale
-	// heartbeat rows (relays unseen for 10 × the lease duration, stopped
-	// relays after 1 × the lease duration), done as part of an acquisition
-	// round. Zero means DefaultPruneInterval (1m); a negative value fails New.
+	// PruneInterval is the least time between two deletions of stale heartbeat
+	// rows (relays unseen for 10 × the lease duration, stopped ones after 1 ×)
+	// within an acquisition round. Zero means DefaultPruneInterval; a negative
+	// value fails New.
 	PruneInterval time.Duration
 	// StatementTimeout bounds every statement of the store (and each read
-	// transaction of MySQL/MariaDB as a whole): a lock wait or a stuck
-	// connection becomes an error the relay reports and backs off from. It
-	// is a context deadline per statement, never session state, and ends
-	// the statement on the server too (pgx's cancel request; MariaDB's SET
-	// STATEMENT max_statement_time). On SQLite keep the DSN's _busy_timeout
-	// at most StatementTimeout. Zero means DefaultStatementTimeout (5s); a
-	// negative value fails New. Keep it well under LeaseRenewInterval.
+	// transaction on MySQL/MariaDB): a context deadline per statement that
+	// ends it on the server too (pgx's cancel request; MariaDB's SET
+	// STATEMENT max_statement_time). On SQLite keep the DSN's
+	// _busy_timeout at most StatementTimeout. Zero means
+	// DefaultStatementTimeout; a negative value fails New.
 	StatementTimeout time.Duration
-	// Logger receives the store's own warnings (lease rows it had to
-	// recreate). Nil means slog.Default().
+	// Logger receives the store's warnings. Nil means slog.Default().
 	Logger *slog.Logger
 }
 
@@ -236,17 +212,10 @@ func notBackwards(exp int64) clause.Expr {
 	return gorm.Expr("CASE WHEN expires_at_ms < ? THEN ? ELSE expires_at_ms END", exp, exp)
 }
 
-// AcquireBucketLeases implements relay.Store. A round reads the database's
-// clock, upserts the heartbeat (pruning stale ones at most once per
-// PruneInterval), seeds the lease rows until that succeeded once, probes
-// for misconfiguration, reads the active relays and the leases, extends,
-// releases and claims leases, and reads back what this relay owns: each
-// step a single statement.
-//
-// A store table missing before the first successful round fails it with
-// relay.ErrMisconfigured, which stops the relay; one that goes missing
-// later fails rounds, which the relay retries. Each round also checks the
-// pool's idle room (poolwatch.go).
+// AcquireBucketLeases implements relay.Store: one round of single
+// statements (clock, seed, heartbeat, prune, probe, reads, extend, release,
+// claim, read back). A store table missing before the first successful
+// round fails it with relay.ErrMisconfigured, which stops the relay.
 func (s *Store) AcquireBucketLeases(ctx context.Context, relayID string, bucketCount int, leaseDuration time.Duration) (relay.Leases, error) {
 	s.watchPool(ctx, s.hostNow())
 	l, err := s.acquireBucketLeases(ctx, relayID, bucketCount, leaseDuration)
@@ -412,16 +381,13 @@ func checkArgs(relayID string, leaseDuration time.Duration) error {
 	return nil
 }
 
-// Features is the capability bit set the store writes with every heartbeat
-// (the relays table's features column): parking. A relay of a version
-// without the column's support leaves 0 in its row, which makes
-// Fleet report CanPark false while it is live.
+// Features is the capability bit set every heartbeat writes (parking): a
+// relay whose row lacks it makes Fleet report CanPark false.
 const Features = outbox.RelayFeatureParking
 
-// heartbeat upserts relayID's last-seen, never moving it backwards, and
-// clears its stopped stamp unless the stamp is not older than now: a late
-// heartbeat from before a release does not revive the relay. It writes the
-// Features bits too.
+// heartbeat upserts relayID's last-seen, never backwards, and clears its
+// stopped stamp unless that is not older than now: a late heartbeat from
+// before a release does not revive the relay.
 func (s *Store) heartbeat(ctx context.Context, relayID string, now int64) error {
 	last := clause.Column{Table: s.relays, Name: "last_seen_ms"}
 	stopped := clause.Column{Table: s.relays, Name: "stopped_at_ms"}
@@ -463,10 +429,9 @@ func (s *Store) maybePrune(ctx context.Context, now, ld int64) error {
 	return nil
 }
 
-// seed checks, in the store's first round, that the lease table holds
-// this store's bucket count, and seeds an empty one: free rows, or, when
-// another relay is live (the table was emptied under a running fleet),
-// rows no relay can claim before any earlier holder's lease has run out.
+// seed checks, in the store's first round, that the lease table holds this
+// store's bucket count, and seeds an empty one: free rows, or, when another
+// relay is live, rows no relay claims before an earlier lease has run out.
 func (s *Store) seed(ctx context.Context, relayID string, now, ld int64) error {
 	s.mu.Lock()
 	done := s.seeded
@@ -507,8 +472,8 @@ func (s *Store) seed(ctx context.Context, relayID string, now, ld int64) error {
 	return nil
 }
 
-// insertLeases inserts the lease rows [from, to) that do not exist yet,
-// with no owner and expiring at exp, a statement per thousand rows.
+// insertLeases inserts the missing lease rows [from, to), unowned and
+// expiring at exp, 1000 a statement.
 func (s *Store) insertLeases(ctx context.Context, from, to int, exp int64) error {
 	rows := make([]outbox.BucketLease, 0, to-from)
 	for b := from; b < to; b++ {
@@ -526,10 +491,9 @@ func (s *Store) insertLeases(ctx context.Context, from, to int, exp int64) error
 	return nil
 }
 
-// reseed recreates the lease rows missing from snap with no owner, not
-// claimable before exp (now + the lease duration: an earlier holder may
-// still believe its lease valid until then), and returns snap with them,
-// in bucket order. A row another relay recreated meanwhile is kept.
+// reseed recreates the lease rows missing from snap, unowned and not
+// claimable before an earlier holder's lease has run out, and returns snap
+// with them in bucket order.
 func (s *Store) reseed(ctx context.Context, snap []outbox.BucketLease, now, ld int64) ([]outbox.BucketLease, error) {
 	exp := now + ld
 	n := s.cfg.BucketCount
@@ -571,11 +535,9 @@ func (s *Store) free(ctx context.Context, relayID string, buckets []int) error {
 }
 
 // RenewBucketLeases implements relay.Store: a clock read, a heartbeat and
-// one guarded UPDATE extending the leases relayID still holds unexpired
-// (never backwards); only when it reports fewer rows than buckets, a read
-// tells a lost lease from an unchanged expiry (MySQL counts only changed
-// rows). It returns false when any bucket was lost; the leases still held
-// are extended all the same.
+// guarded UPDATEs extending the leases relayID still holds (never
+// backwards); only when they report fewer rows than buckets, a read tells a
+// lost lease from an unchanged expiry (MySQL counts only changed rows).
 func (s *Store) RenewBucketLeases(ctx context.Context, relayID string, buckets []int, leaseDuration time.Duration) (bool, error) {
 	if err := checkArgs(relayID, leaseDuration); err != nil {
 		return false, err
@@ -625,9 +587,8 @@ func (s *Store) RenewBucketLeases(ctx context.Context, relayID string, buckets [
 	return held == int64(len(buckets)), nil
 }
 
-// ReleaseBucketLeases implements relay.Store: it reads the
-// database's clock (unless Options.Clock is set), stamps relayID stopped (so that its own late statements change nothing), then frees its
-// leases (owner NULL, expiry 0).
+// ReleaseBucketLeases implements relay.Store: it stamps relayID stopped
+// (its own late statements then change nothing) and frees its leases.
 func (s *Store) ReleaseBucketLeases(ctx context.Context, relayID string) error {
 	if err := checkArgs(relayID, time.Millisecond); err != nil {
 		return err
@@ -663,10 +624,9 @@ type bucketSet struct {
 	n    int // buckets it covers
 }
 
-// bucketSets splits buckets (any order, duplicates allowed) into
-// conditions of at most maxPerStatement bind variables each, under every
-// dialect's limit: a run of three or more contiguous buckets is one range,
-// the others go in an IN list.
+// bucketSets splits buckets into conditions of at most maxPerStatement
+// bind variables: a run of three or more contiguous buckets is a range,
+// the others an IN list.
 func bucketSets(buckets []int) []bucketSet {
 	buckets = slices.Compact(slices.Sorted(slices.Values(buckets)))
 	var out []bucketSet
@@ -713,10 +673,8 @@ func bucketSets(buckets []int) []bucketSet {
 	return out
 }
 
-// scanLeases appends the lease rows of buckets [0, n) to snap, in bucket
-// order, scanned by hand (no reflection per row: an acquisition round
-// reads up to 65,536 of them). The owners are interned: a relay's id is
-// one string however many buckets it holds.
+// scanLeases appends the lease rows of buckets [0, n) to snap in bucket
+// order, scanned by hand, their owners interned.
 func (s *Store) scanLeases(q *gorm.DB, n int, snap *[]outbox.BucketLease) error {
 	rows, err := q.Table(s.leases).Select("bucket, owner, expires_at_ms").
 		Where("bucket >= ? AND bucket < ?", 0, n).Order("bucket").Rows()
@@ -746,9 +704,8 @@ func (s *Store) scanLeases(q *gorm.DB, n int, snap *[]outbox.BucketLease) error 
 	return rows.Err()
 }
 
-// quietErrors is the user's GORM logger, except that failed statements are
-// not reported through it: the relay logs each error once with its
-// context, where GORM would print the SQL at ERROR on every retry.
+// quietErrors is the user's GORM logger without failed statements: the
+// relay logs each error once with its context.
 type quietErrors struct{ logger.Interface }
 
 func (q quietErrors) LogMode(l logger.LogLevel) logger.Interface {
@@ -764,12 +721,9 @@ func (q quietErrors) Trace(ctx context.Context, begin time.Time, fc func() (stri
 
 // bucketsOutside selects the largest bucket below 0 (lo) and the smallest
 // at or above BucketCount (hi) holding a row, NULL when none. Each probe
-// starts at the edge of the configured range and moves away from it, so
-// it never walks the index entries of rows an open transaction is
-// inserting, which a probe from the index's ends must check one by one.
-// On PostgreSQL ORDER BY … LIMIT 1, not MIN/MAX: on stale statistics it
-// aggregates a scan of the whole index. SQLite optimizes one MIN or MAX
-// per query, hence a subquery each.
+// moves away from the configured range, never walking the entries of rows
+// being inserted. PostgreSQL: ORDER BY … LIMIT 1, as MIN/MAX scan the
+// whole index on stale statistics; SQLite: a subquery per MIN or MAX.
 func (s *Store) bucketsOutside(q *gorm.DB) *gorm.DB {
 	t, n := clause.Table{Name: s.msgs}, s.cfg.BucketCount
 	if s.db.Dialector.Name() == "postgres" {
@@ -778,9 +732,9 @@ func (s *Store) bucketsOutside(q *gorm.DB) *gorm.DB {
 	return q.Raw("SELECT (SELECT MAX(bucket) FROM ? WHERE bucket < 0) AS lo, (SELECT MIN(bucket) FROM ? WHERE bucket >= ?) AS hi", t, t, n)
 }
 
-// bucketEnds selects the smallest and the largest bucket holding a row
-// (NULL when the table is empty). It walks the entries of rows being
-// inserted, so it runs only when bucketsOutside found rows outside.
+// bucketEnds selects the smallest and the largest bucket holding a row. It
+// walks the entries of rows being inserted: only after bucketsOutside
+// found rows outside.
 func (s *Store) bucketEnds(q *gorm.DB) *gorm.DB {
 	t := clause.Table{Name: s.msgs}
 	if s.db.Dialector.Name() == "postgres" {
