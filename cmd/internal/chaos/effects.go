@@ -285,11 +285,13 @@ func (g *consumerGroup) start(live bool, env ...string) (*Proc, error) {
 	return p, nil
 }
 
-// logs returns the group's log files.
-func (g *consumerGroup) logs() []string {
+// logs returns the group's log files but skip.
+func (g *consumerGroup) logs(skip string) []string {
 	var fs []string
 	for _, p := range g.procs() {
-		fs = append(fs, p.Log)
+		if p.Log != skip {
+			fs = append(fs, p.Log)
+		}
 	}
 	return fs
 }
@@ -875,7 +877,7 @@ func (h *effectsHarness) consumerKill(ctx context.Context, g *consumerGroup) err
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	if p.ExitSignal() == syscall.SIGKILL && fileContains(p.Log, "failpoint inbox/after-commit: SIGKILL") {
+	if p.ExitSignal() == syscall.SIGKILL && firstInLogs([]string{p.Log}, func(l string) bool { return strings.Contains(l, "failpoint inbox/after-commit: SIGKILL") }) != "" {
 		g.cell.Faults[FaultConsumerKill].Injected++
 		g.mu.Lock()
 		g.victims = append(g.victims, p)
@@ -950,23 +952,19 @@ func (h *effectsHarness) consumerDBKill(ctx context.Context, g *consumerGroup) e
 func proveConsumerFaults(g *consumerGroup) error {
 	rf := g.cell.Faults[FaultRebalance]
 	for _, l := range g.leavers {
-		found := ""
+		// A member that was there before the leave logs each generation's
+		// assignment (franz-go's cooperative rebalance may assign it
+		// nothing new: the line still comes).
+		var stayed []string
 		for _, p := range g.procs() {
-			// A member that was there before the leave; its client logs
-			// each generation's assignment (franz-go's cooperative
-			// rebalance may assign it nothing new: the line still comes).
-			if p == l.p || !p.StartedAt.Before(l.left) {
-				continue
-			}
-			if line, ok := firstLine(p.Log, func(s string) bool {
-				at, ok := lineTime(s)
-				return ok && at.After(l.left) && strings.Contains(s, `msg="`+logAssigned+`"`)
-			}); ok {
-				found = line
-				break
+			if p != l.p && p.StartedAt.Before(l.left) {
+				stayed = append(stayed, p.Log)
 			}
 		}
-		if found != "" {
+		if found := firstInLogs(stayed, func(s string) bool {
+			at, ok := lineTime(s)
+			return ok && at.After(l.left) && strings.Contains(s, `msg="`+logAssigned+`"`)
+		}); found != "" {
 			rf.prove("%s left; a member that stayed: %s", l.p.ID, gist(found, "consumer="))
 		} else {
 			rf.note("%s left; no member that stayed logged a new assignment", l.p.ID)
@@ -977,17 +975,10 @@ func proveConsumerFaults(g *consumerGroup) error {
 		if k.MidStatement == 0 {
 			continue
 		}
-		found := ""
-		for _, file := range g.logs() {
-			if line, ok := firstLine(file, func(l string) bool {
-				at, ok := lineTime(l)
-				return ok && k.echoed(at) && strings.Contains(l, `msg="`+logHandlingFailed+`"`)
-			}); ok {
-				found = line
-				break
-			}
-		}
-		if found != "" {
+		if found := firstInLogs(g.logs(""), func(l string) bool {
+			at, ok := lineTime(l)
+			return ok && k.echoed(at) && strings.Contains(l, `msg="`+logHandlingFailed+`"`)
+		}); found != "" {
 			df.prove("%d sessions killed, %d mid-transaction; %s", k.Killed, k.MidStatement, gist(found, "error="))
 		} else {
 			df.note("%d sessions killed, %d mid-statement; no consumer WARN within %v", k.Killed, k.MidStatement, dbKillEcho)
@@ -1024,17 +1015,9 @@ func (g *consumerGroup) redelivery(v *Proc) (effect, string, error) {
 	if e.MessageID == "" {
 		return e, "", nil
 	}
-	for _, file := range g.logs() {
-		if file == v.Log {
-			continue
-		}
-		if line, ok := firstLine(file, func(l string) bool {
-			return strings.Contains(l, `msg="`+logDuplicate+`"`) && strings.Contains(l, "message_id="+e.MessageID)
-		}); ok {
-			return e, line, nil
-		}
-	}
-	return e, "", nil
+	return e, firstInLogs(g.logs(v.Log), func(l string) bool {
+		return strings.Contains(l, `msg="`+logDuplicate+`"`) && strings.Contains(l, "message_id="+e.MessageID)
+	}), nil
 }
 
 // redelivered reports whether the last effect of every member the
@@ -1144,9 +1127,14 @@ func firstLine(file string, match func(string) bool) (string, bool) {
 	return "", false
 }
 
-func fileContains(file, s string) bool {
-	_, ok := firstLine(file, func(l string) bool { return strings.Contains(l, s) })
-	return ok
+// firstInLogs returns the first line of files, in order, that matches ("" when none does).
+func firstInLogs(files []string, match func(string) bool) string {
+	for _, f := range files {
+		if l, ok := firstLine(f, match); ok {
+			return l
+		}
+	}
+	return ""
 }
 
 // waitForMatch waits up to timeout for a line of file that matches.

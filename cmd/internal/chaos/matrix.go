@@ -233,8 +233,7 @@ func crashCell(ctx context.Context, cfg MatrixConfig, cell string, step MatrixSt
 	ck := consumer.Verify(perKey, nil, nil, nil)
 	row.Lost, row.Duplicates, row.OrderViolations = ck.Lost, ck.Duplicates, ck.OrderViolations
 	if cfg.Transactional {
-		row.RawOrderViolations = consumer.RawOrderViolations(perKey)
-		row.UnexplainedOrderViolations = consumer.UnexplainedOrderViolations(perKey)
+		row.RawOrderViolations, row.UnexplainedOrderViolations = consumer.txnOrderViolations(perKey)
 	}
 	return row, nil
 }

@@ -374,8 +374,7 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 	led.mu.Lock()
 	s.Check = consumer.Verify(led.perKey, led.keyless, led.doubt, led.rolledBack)
 	if cfg.Transactional {
-		s.RawOrderViolations = consumer.RawOrderViolations(led.perKey)
-		s.UnexplainedOrderViolations = consumer.UnexplainedOrderViolations(led.perKey)
+		s.RawOrderViolations, s.UnexplainedOrderViolations = consumer.txnOrderViolations(led.perKey)
 	}
 	s.Written, s.Committed, s.RolledBack, s.InDoubt = led.written, led.committed, len(led.rolledBack), len(led.doubt)
 	if cfg.Membership {
