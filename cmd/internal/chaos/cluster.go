@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -106,24 +106,19 @@ type FailoverSummary struct {
 
 // Count returns the number of faults of kind.
 func (s FailoverSummary) Count(kind string) int {
-	n := 0
-	for _, f := range s.Faults {
-		if f.Kind == kind {
-			n++
-		}
-	}
+	n, _, _ := s.stats(kind)
 	return n
 }
 
-// MaxStall returns the longest topic-wide and partition stall after
-// faults of kind.
-func (s FailoverSummary) MaxStall(kind string) (topic, partition time.Duration) {
+// stats returns the number of faults of kind and their longest topic-wide
+// and partition stall.
+func (s FailoverSummary) stats(kind string) (n int, topic, partition time.Duration) {
 	for _, f := range s.Faults {
 		if f.Kind == kind {
-			topic, partition = max(topic, f.Stall), max(partition, f.PartitionStall)
+			n, topic, partition = n+1, max(topic, f.Stall), max(partition, f.PartitionStall)
 		}
 	}
-	return topic, partition
+	return n, topic, partition
 }
 
 // Err reports the first failed check, or nil.
@@ -131,12 +126,12 @@ func (s FailoverSummary) Err() error { return s.Check.err("failover", s.DualOwne
 
 // String is the one-line summary.
 func (s FailoverSummary) String() string {
-	ks, ps := s.MaxStall(FaultLeaderKill)
-	kp, pp := s.MaxStall(FaultLeaderPause)
+	kn, ks, ps := s.stats(FaultLeaderKill)
+	pn, kp, pp := s.stats(FaultLeaderPause)
 	return fmt.Sprintf("failover: db=%s brokers=%d rf=%d min_isr=%d relays=%d publish_timeout=%s messages=%d committed=%d rolled_back=%d in_doubt=%d records=%d lost=%d rolled_back_arrived=%d order_violations=%d duplicates=%d dual_owners=%d drained=%t faults=%d (%s=%d %s=%d) longest_stall kill=%s (partition %s) pause=%s (partition %s) baseline=%s (partition %s) took=%s",
 		s.Dialect, s.Brokers, s.Replication, s.MinISR, s.Relays, s.PublishTimeout, s.Written, s.Committed, s.RolledBack, s.InDoubt, s.Check.Records,
 		s.Check.Lost, s.Check.RolledBackArrived, s.Check.OrderViolations, s.Check.Duplicates, s.DualOwners, s.Drained,
-		len(s.Faults), FaultLeaderKill, s.Count(FaultLeaderKill), FaultLeaderPause, s.Count(FaultLeaderPause),
+		len(s.Faults), FaultLeaderKill, kn, FaultLeaderPause, pn,
 		ms(ks), ms(ps), ms(kp), ms(pp), ms(s.BaselineStall), ms(s.BaselinePartitionStall), s.Took.Round(time.Second))
 }
 
@@ -384,9 +379,8 @@ func measureStalls(db *gorm.DB, s *FailoverSummary, c *Consumer, writeStart time
 			byPart[p] = append(byPart[p], at)
 		}
 	}
-	sortTimes(all)
-	for _, ts := range byPart {
-		sortTimes(ts)
+	for _, ts := range append(byPart, all) {
+		slices.SortFunc(ts, time.Time.Compare)
 	}
 	if len(s.Faults) > 0 {
 		// baseline: from 2 s into the writes to the first fault
@@ -407,8 +401,6 @@ func measureStalls(db *gorm.DB, s *FailoverSummary, c *Consumer, writeStart time
 	}
 	return nil
 }
-
-func sortTimes(ts []time.Time) { sort.Slice(ts, func(i, j int) bool { return ts[i].Before(ts[j]) }) }
 
 // longestGap is the longest interval inside [from, to] with no time of ts
 // (sorted) in it: the gaps between consecutive times, and from `from` to

@@ -382,24 +382,11 @@ func RunEffects(ctx context.Context, cfg EffectsConfig) (EffectsSummary, error) 
 
 	rng := rand.New(rand.NewPCG(uint64(cfg.Seed), 0xeffec7))
 	stopWriters := make(chan struct{})
-	var (
-		wmu        sync.Mutex
-		written    int
-		rolledBack = map[string]bool{}
-		writeErr   error
-		wwg        sync.WaitGroup
-	)
+	led := newLedger()
+	writeErrs := make([]error, writers)
+	var wwg sync.WaitGroup
 	for w := range writers {
-		wwg.Go(func() {
-			n, rb, err := writeOrders(ctx, db, topic, w, cfg, stopWriters)
-			wmu.Lock()
-			defer wmu.Unlock()
-			written += n
-			for id := range rb {
-				rolledBack[id] = true
-			}
-			writeErr = errors.Join(writeErr, err)
-		})
+		wwg.Go(func() { writeErrs[w] = writeOrders(ctx, db, topic, w, cfg, stopWriters, led) })
 	}
 	writeUntil := time.Now().Add(cfg.WriteFor)
 
@@ -427,11 +414,11 @@ func RunEffects(ctx context.Context, cfg EffectsConfig) (EffectsSummary, error) 
 	sleepUntil(ctx, writeUntil)
 	close(stopWriters)
 	wwg.Wait() // they stop at once (or at ctx's end)
-	if writeErr != nil {
-		return s, writeErr
+	if err := errors.Join(writeErrs...); err != nil {
+		return s, err
 	}
-	s.Written = written
-	log.Info("chaos: effects faults over; draining", "mode", s.Mode, "written", written)
+	s.Written = led.written
+	log.Info("chaos: effects faults over; draining", "mode", s.Mode, "written", s.Written)
 
 	// Drain: the outbox table empties, each client applies an effect for
 	// every committed row, and the last message of each consumer the
@@ -463,7 +450,7 @@ func RunEffects(ctx context.Context, cfg EffectsConfig) (EffectsSummary, error) 
 
 	// The audit and the proofs that need the whole logs.
 	for _, g := range groups {
-		if err := auditEffects(db, g.db, rolledBack, g.cell); err != nil {
+		if err := auditEffects(db, g.db, led.rolledBack, g.cell); err != nil {
 			return s, err
 		}
 		if err := proveConsumerFaults(g); err != nil {
@@ -483,34 +470,31 @@ func RunEffects(ctx context.Context, cfg EffectsConfig) (EffectsSummary, error) 
 // commit order) and commits or rolls back transactions of 1 to 3 business
 // rows, each with its outbox message (value: the row's sequence number),
 // at the rate of its share of cfg.Messages over cfg.WriteFor, until stop
-// is closed. It returns the rows written and the message ids of the
-// rolled-back ones.
-func writeOrders(ctx context.Context, db *gorm.DB, topic string, w int, cfg EffectsConfig, stop <-chan struct{}) (int, map[string]bool, error) {
+// is closed. It counts the rows in led, and the rolled-back messages.
+func writeOrders(ctx context.Context, db *gorm.DB, topic string, w int, cfg EffectsConfig, stop <-chan struct{}, led *ledger) error {
 	rng := rand.New(rand.NewPCG(uint64(cfg.Seed), uint64(w)+1))
 	var keys []string
 	for k := w; k < effectsKeys; k += writers {
 		keys = append(keys, fmt.Sprintf("k%02d", k))
 	}
-	rolledBack := map[string]bool{}
 	if len(keys) == 0 {
-		return 0, rolledBack, nil
+		return nil
 	}
 	share := max(cfg.Messages/writers, 1)
 	seq := map[string]int{}
 	start := time.Now()
-	written := 0
-	for ctx.Err() == nil {
+	for written := 0; ctx.Err() == nil; {
 		due := time.Duration(float64(cfg.WriteFor) * float64(written) / float64(share))
 		if el := time.Since(start); el < due {
 			select {
 			case <-stop:
-				return written, rolledBack, nil
+				return nil
 			case <-time.After(due - el):
 			}
 		}
 		select {
 		case <-stop:
-			return written, rolledBack, nil
+			return nil
 		default:
 		}
 		n := 1 + rng.IntN(3)
@@ -538,22 +522,25 @@ func writeOrders(ctx context.Context, db *gorm.DB, topic string, w int, cfg Effe
 			}
 			return nil
 		})
-		switch {
-		case errors.Is(err, errRollback):
-			for _, m := range msgs {
-				rolledBack[m.MessageID.String()] = true
-			}
-		case err != nil:
+		if err != nil && !errors.Is(err, errRollback) {
 			if ctx.Err() != nil {
-				return written, rolledBack, nil
+				return nil
 			}
 			// The writers' sessions are never killed: a failed commit is
 			// the harness's problem, not a fault under test.
-			return written, rolledBack, fmt.Errorf("chaos: writer %d: %w", w, err)
+			return fmt.Errorf("chaos: writer %d: %w", w, err)
 		}
 		written += n
+		led.mu.Lock()
+		led.written += n
+		for _, m := range msgs {
+			if err != nil { // errRollback
+				led.rolledBack[m.MessageID.String()] = true
+			}
+		}
+		led.mu.Unlock()
 	}
-	return written, rolledBack, nil
+	return nil
 }
 
 var errRollback = errors.New("chaos: rolled back on purpose")
@@ -1076,26 +1063,17 @@ func (h *effectsHarness) proveRelayFaults() error {
 	return nil
 }
 
-// effectGap returns the longest interval without an effect applied that
-// overlaps w.
+// effectGap returns the longest interval within w without an effect applied.
 func effectGap(db *gorm.DB, w window) (time.Duration, error) {
 	var ats []int64
-	from, to := w.from.Add(-30*time.Second).UnixMilli(), w.to.Add(30*time.Second).UnixMilli()
-	if err := db.Model(&effect{}).Where("applied_at_ms BETWEEN ? AND ?", from, to).Order("applied_at_ms").Pluck("applied_at_ms", &ats).Error; err != nil {
+	if err := db.Model(&effect{}).Where("applied_at_ms BETWEEN ? AND ?", w.from.UnixMilli(), w.to.UnixMilli()).Order("applied_at_ms").Pluck("applied_at_ms", &ats).Error; err != nil {
 		return 0, fmt.Errorf("chaos: read effect times: %w", err)
 	}
-	ats = append([]int64{from}, append(ats, to)...)
-	var best int64
-	for i := 1; i < len(ats); i++ {
-		a, b := ats[i-1], ats[i]
-		if b < w.from.UnixMilli() || a > w.to.UnixMilli() {
-			continue
-		}
-		// The part of the gap that overlaps the pause.
-		a, b = max(a, w.from.UnixMilli()), min(b, w.to.UnixMilli())
-		best = max(best, b-a)
+	ts := make([]time.Time, len(ats))
+	for i, at := range ats {
+		ts[i] = time.UnixMilli(at)
 	}
-	return time.Duration(best) * time.Millisecond, nil
+	return longestGap(ts, w.from.Truncate(time.Millisecond), w.to.Truncate(time.Millisecond)), nil
 }
 
 // Log reading. The children log with slog's text handler: each line starts
