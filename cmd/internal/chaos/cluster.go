@@ -212,18 +212,12 @@ func FailoverRun(ctx context.Context, cfg FailoverConfig) (FailoverSummary, erro
 		return s, err
 	}
 	defer closeGorm(db)
-	relays := &Relays{Bin: cfg.Bin, LogDir: cfg.Dir, Base: RelayConfig{
-		Dialect: cfg.Dialect, DSN: d.DSN, Brokers: cfg.Brokers,
-		// No relay faults here: a long lease keeps the buckets with their
-		// owners while the brokers fail.
-		LeaseDuration: 15 * time.Second, RenewInterval: 3 * time.Second, PollInterval: pollInterval, BatchSize: batchSize,
-		PublishTimeout: cfg.PublishTimeout,
-	}}
+	// No relay faults here: a long lease keeps the buckets with their
+	// owners while the brokers fail.
+	relays := cfg.relays(RelayConfig{DSN: d.DSN, LeaseDuration: 15 * time.Second, RenewInterval: 3 * time.Second, PublishTimeout: cfg.PublishTimeout})
 	defer relays.StopAll(10 * time.Second)
-	for range cfg.Relays {
-		if err := relays.add(); err != nil {
-			return s, err
-		}
+	if err := relays.add(cfg.Relays); err != nil {
+		return s, err
 	}
 
 	// The chaos run's writers (rollbacks, in-doubt commits, a pinned

@@ -9,7 +9,6 @@ import (
 	"maps"
 	"math/rand/v2"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -277,12 +276,7 @@ func newConsumerGroup(ctx context.Context, cfg EffectsConfig, client, topic stri
 func (g *consumerGroup) start(live bool, env ...string) (*Proc, error) {
 	c := g.base
 	c.ID = g.nextID(g.client)
-	p, err := startProcess(c.ID, g.bin, c.Args(), env, filepath.Join(g.dir, "consumer-"+c.ID+".log"))
-	if err != nil {
-		return nil, fmt.Errorf("chaos: start consumer %s: %w", c.ID, err)
-	}
-	g.started(p, live)
-	return p, nil
+	return g.procSet.start("consumer", c.ID, g.bin, g.dir, c.Args(), env, live)
 }
 
 // logs returns the group's log files but skip.
@@ -368,16 +362,10 @@ func RunEffects(ctx context.Context, cfg EffectsConfig) (EffectsSummary, error) 
 		}
 	}
 
-	relays := &Relays{Bin: cfg.Bin, LogDir: cfg.Dir, Base: RelayConfig{
-		Dialect: cfg.Dialect, DSN: d.RelayDSN, Brokers: cfg.Brokers,
-		LeaseDuration: leaseDuration, RenewInterval: renewInterval, PollInterval: pollInterval, BatchSize: batchSize,
-		PublishTimeout: effectsPubTTL, TxnOutbox: txnOutbox(cfg.Transactional, topic),
-	}}
+	relays := cfg.relays(RelayConfig{DSN: d.RelayDSN, PublishTimeout: effectsPubTTL, TxnOutbox: txnOutbox(cfg.Transactional, topic)})
 	defer relays.StopAll(10 * time.Second)
-	for range effectsRelays {
-		if err := relays.add(); err != nil {
-			return s, err
-		}
+	if err := relays.add(effectsRelays); err != nil {
+		return s, err
 	}
 
 	rng := rand.New(rand.NewPCG(uint64(cfg.Seed), 0xeffec7))
@@ -684,7 +672,7 @@ func (h *effectsHarness) relayKill() error {
 	} else {
 		f.note("%s exited with %v", p.ID, p.Err)
 	}
-	return h.relays.add()
+	return h.relays.add(1)
 }
 
 // owners returns the live owner of each bucket (bucket → relay id).

@@ -138,7 +138,7 @@ func changeOne(kind string, relays *Relays, w *ownerWatch, rng *rand.Rand) (chan
 		_, err := relays.start(pr.ID, true)
 		return c, err
 	case ChangeRestartNewID:
-		return c, relays.add()
+		return c, relays.add(1)
 	}
 	return c, nil
 }

@@ -266,16 +266,10 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 		return s, err
 	}
 	defer closeGorm(db)
-	relays := &Relays{Bin: cfg.Bin, LogDir: cfg.Dir, Base: RelayConfig{
-		Dialect: cfg.Dialect, DSN: relayDSN, Brokers: cfg.Brokers,
-		LeaseDuration: leaseDuration, RenewInterval: renewInterval, PollInterval: pollInterval, BatchSize: batchSize,
-		TxnOutbox: txnOutbox(cfg.Transactional, topic),
-	}}
+	relays := cfg.relays(RelayConfig{DSN: relayDSN, TxnOutbox: txnOutbox(cfg.Transactional, topic)})
 	defer relays.StopAll(10 * time.Second)
-	for range cfg.Relays {
-		if err := relays.add(); err != nil {
-			return s, err
-		}
+	if err := relays.add(cfg.Relays); err != nil {
+		return s, err
 	}
 
 	// Lease auditor: the trigger records every owner change; the auditor
@@ -573,7 +567,7 @@ func inject(ctx context.Context, kind string, rng *rand.Rand, relays *Relays, fa
 				relays.set.give(pr)
 				return
 			}
-			if err := relays.add(); err != nil {
+			if err := relays.add(1); err != nil {
 				log.Error("chaos: restart relay", "error", err)
 			}
 		})
