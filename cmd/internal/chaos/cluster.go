@@ -51,10 +51,8 @@ type FailoverConfig struct {
 	Env // Dialect postgres (the acknowledgement audit); Brokers the cluster's, one per node
 	// Nodes kills, pauses and restarts the cluster's nodes.
 	Nodes ClusterNodes
-	// Relays (zero: 3); Faults (zero: 4), alternately a leader kill and a
-	// leader pause, one after the other while the writers spread Messages
-	// over WriteFor (zero: 15000 over 120s): a fault that would not end
-	// before the writers do is not injected.
+	// Relays (zero: 3); Faults (zero: 4), leader kills and pauses in turn
+	// while the writers spread Messages over WriteFor (zero: 15000, 120s).
 	Relays, Faults, Messages int
 	WriteFor                 time.Duration
 	// KillDowntime and PauseFor: how long a killed node stays down and a
@@ -158,13 +156,10 @@ func FormatFailover(s FailoverSummary) string {
 	return b.String()
 }
 
-// FailoverRun drives writers and relay processes against a multi-node
-// Kafka cluster while it kills and pauses the leaders of the topic's
-// partitions, one fault at a time, then checks with the independent
-// consumer that nothing committed was lost, no rolled-back message
-// arrived and per-key order held after deduplication, and measures how
-// long delivery stalled after each fault. The error is a setup failure or
-// a cluster that did not heal (see FailoverSummary.Err for the checks).
+// FailoverRun kills and pauses partition leaders of a Kafka cluster, one at
+// a time, under writers and relay processes, checks the delivery and
+// measures each fault's stall. The error is a setup failure or a cluster
+// that did not heal (see FailoverSummary.Err for the checks).
 func FailoverRun(ctx context.Context, cfg FailoverConfig) (FailoverSummary, error) {
 	start := time.Now()
 	orDefault(&cfg.Relays, 3)
@@ -326,10 +321,8 @@ func leaderFault(ctx context.Context, cfg FailoverConfig, topic, kind string, he
 	return f, nil
 }
 
-// createAckAudit records the deletion time of every outbox row
-// (PostgreSQL: a statement trigger over the deleted rows, with the
-// database's clock): the relay deletes a row once its record was
-// acknowledged.
+// createAckAudit records when each outbox row is deleted, that is
+// acknowledged (PostgreSQL statement trigger, the database's clock).
 func createAckAudit(db *gorm.DB) error {
 	for _, q := range []string{
 		"CREATE TABLE chaos_ack_audit (message_id TEXT, at_us BIGINT)",
@@ -397,8 +390,7 @@ func measureStalls(db *gorm.DB, s *FailoverSummary, c *Consumer, writeStart time
 }
 
 // longestGap is the longest interval inside [from, to] with no time of ts
-// (sorted) in it: the gaps between consecutive times, and from `from` to
-// the first time after it (or to `to` when there is none).
+// (sorted) in it.
 func longestGap(ts []time.Time, from, to time.Time) time.Duration {
 	var longest time.Duration
 	prev := from

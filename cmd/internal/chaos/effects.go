@@ -453,12 +453,9 @@ func RunEffects(ctx context.Context, cfg EffectsConfig) (EffectsSummary, error) 
 	return s, ctx.Err()
 }
 
-// writeOrders is one writer: it owns every key k with k % writers == w (its
-// writes to a key are serialised, so a key's sequence numbers are its
-// commit order) and commits or rolls back transactions of 1 to 3 business
-// rows, each with its outbox message (value: the row's sequence number),
-// at the rate of its share of cfg.Messages over cfg.WriteFor, until stop
-// is closed. It counts the rows in led, and the rolled-back messages.
+// writeOrders is writer w: transactions of 1-3 business rows with their
+// messages over the keys k % writers == w (so a key's sequence numbers are
+// its commit order), paced over cfg.WriteFor until stop, counted in led.
 func writeOrders(ctx context.Context, db *gorm.DB, topic string, w int, cfg EffectsConfig, stop <-chan struct{}, led *ledger) error {
 	rng := rand.New(rand.NewPCG(uint64(cfg.Seed), uint64(w)+1))
 	var keys []string
@@ -918,12 +915,8 @@ func (h *effectsHarness) consumerDBKill(ctx context.Context, g *consumerGroup) e
 	}
 }
 
-// proveConsumerFaults proves g's faults from the whole logs: each rebalance
-// (a member that stayed logged a new assignment after the leave), each
-// consumer database kill (mid-transaction, and a consumer logged a failed
-// handling within dbKillEcho) and each consumer kill (the message of the
-// victim's last effect, committed but not its offset, was redelivered to
-// another member and skipped as a duplicate).
+// proveConsumerFaults proves g's rebalances, consumer database kills and
+// consumer kills from the whole logs.
 func proveConsumerFaults(g *consumerGroup) error {
 	rf := g.cell.Faults[FaultRebalance]
 	for _, l := range g.leavers {

@@ -9,19 +9,10 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
-// The transactional variants (RunConfig.Transactional,
-// MatrixConfig.Transactional): the relay children publish with
-// kafkapub.Config.Transactions (one transactional id per bucket, prefixed
-// with the run's topic so that runs never fence each other), and the
-// checker reads with isolation.level=read_committed through franz-go:
-// kafka-go's Reader does not filter aborted transactions (it returns their
-// records and the transaction markers even with IsolationLevel
-// ReadCommitted).
-
-// startChecker starts the run's independent consumer: for a transactional
-// run it reads with isolation.level=read_committed through franz-go, so
-// that records of aborted transactions and markers are never seen; else
-// kafka-go's Reader (StartConsumer).
+// startChecker starts the run's independent consumer. A transactional run
+// (its relays publish with kafkapub.Transactions, outbox named after the
+// topic so that runs never fence each other) reads read_committed through
+// franz-go: kafka-go's Reader returns aborted records and markers even so.
 func startChecker(ctx context.Context, transactional bool, brokers []string, topic string, partitions int) *Consumer {
 	if !transactional {
 		return StartConsumer(ctx, brokers, topic, partitions)
@@ -68,7 +59,7 @@ func kgoMessageID(r *kgo.Record) string {
 	return ""
 }
 
-// txnOutbox is the relays' RelayConfig.TxnOutbox for a run on topic.
+// txnOutbox is the relays' RelayConfig.TxnOutbox.
 func txnOutbox(transactional bool, topic string) string {
 	if transactional {
 		return topic
