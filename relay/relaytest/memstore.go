@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -46,10 +47,10 @@ type memShared struct {
 	leases map[int]memLease
 	relays map[string]*memRelay
 
-	parked  map[int64]memPark    // parked rows by id
-	corrupt map[int64]memCorrupt // undecodable rows by id (see AddCorrupt)
-	noFleet bool                 // Fleet reports CanPark false (see SetFleetCanPark)
-	window  time.Duration        // the latest round's lease duration: Fleet's liveness window
+	parked  map[int64]memPark // parked rows by id
+	corrupt map[int64]error   // why each undecodable row (AddCorrupt) cannot be decoded, by id
+	noFleet bool              // Fleet reports CanPark false (see SetFleetCanPark)
+	window  time.Duration     // the latest round's lease duration: Fleet's liveness window
 }
 
 type memLease struct {
@@ -71,7 +72,7 @@ func NewMemStore(bucketCount int, now func() time.Time) *MemStore {
 		now = time.Now
 	}
 	return &MemStore{now: now, n: bucketCount, memShared: &memShared{rows: map[int][]*outbox.Message{}, leases: map[int]memLease{}, relays: map[string]*memRelay{},
-		parked: map[int64]memPark{}, corrupt: map[int64]memCorrupt{}}}
+		parked: map[int64]memPark{}, corrupt: map[int64]error{}}}
 }
 
 // WithClock returns a view of s whose leases and heartbeats read now
@@ -347,77 +348,56 @@ func (s *MemStore) NextBatches(ctx context.Context, reqs []relay.BatchRequest) (
 	defer s.mu.Unlock()
 	out := make([]relay.BatchResult, len(reqs))
 	for i, req := range reqs {
-		out[i] = s.nextBatch(req)
+		gone := make(map[int64]bool, len(req.Exclude))
+		for _, m := range req.Exclude {
+			gone[m.ID] = true
+		}
+		var rows []*outbox.Message
+		for _, b := range req.Buckets {
+			rows = append(rows, s.scan(b, req.Limit, gone)...)
+		}
+		slices.SortFunc(rows, func(a, b *outbox.Message) int { return cmp.Compare(a.ID, b.ID) })
+		var total int64
+		for _, m := range rows {
+			if len(out[i].Rows) >= req.Limit || req.MaxBytes > 0 && total > req.MaxBytes {
+				break
+			}
+			if err := s.corrupt[m.ID]; err != nil {
+				out[i].Err = &relay.CorruptRowError{ID: m.ID, Bucket: int(m.Bucket), Err: err}
+				break
+			}
+			out[i].Rows = append(out[i].Rows, m)
+			total += relay.MessageSize(m)
+		}
 	}
 	return out, nil
 }
 
-func (s *MemStore) nextBatch(req relay.BatchRequest) relay.BatchResult {
-	type candidate struct {
-		m       *outbox.Message
-		corrupt *relay.CorruptRowError
-	}
-	var all []candidate
-	for _, b := range req.Buckets {
-		rows, stop := s.scan(b, req.Limit, req.Exclude...)
-		for _, m := range rows {
-			all = append(all, candidate{m: m})
-		}
-		if stop != nil {
-			all = append(all, candidate{m: &outbox.Message{ID: stop.ID}, corrupt: stop})
-		}
-	}
-	if len(req.Buckets) > 1 {
-		slices.SortFunc(all, func(a, b candidate) int { return cmp.Compare(a.m.ID, b.m.ID) })
-	}
-	var res relay.BatchResult
-	var total int64
-	for _, c := range all {
-		if len(res.Rows) >= req.Limit || req.MaxBytes > 0 && total > req.MaxBytes {
-			break
-		}
-		if c.corrupt != nil {
-			res.Err = c.corrupt
-			break
-		}
-		res.Rows = append(res.Rows, c.m)
-		total += relay.MessageSize(c.m)
-	}
-	return res
-}
-
-// scan returns up to limit unheld rows of bucket (copies), without those
-// of exclude, and the error of the corrupt row that ended them, if one did.
-func (s *MemStore) scan(bucket, limit int, exclude ...*outbox.Message) ([]*outbox.Message, *relay.CorruptRowError) {
+// scan returns copies of up to limit rows of bucket that a fetch may
+// return, without those of gone; a corrupt row ends them, as the last.
+func (s *MemStore) scan(bucket, limit int, gone map[int64]bool) []*outbox.Message {
 	var out []*outbox.Message
-	held := map[string]bool{} // keys with a parked row so far that holds
-	gone := make(map[int64]bool, len(exclude))
-	for _, m := range exclude {
-		gone[m.ID] = true
-	}
+	held := map[string]bool{} // keys behind a parked row that holds them: one that is not corrupt
 	for _, m := range s.rows[bucket] {
 		if len(out) >= limit {
 			break
 		}
 		if p, ok := s.parked[m.ID]; ok {
-			if m.Key != nil && holds(p) {
+			if m.Key != nil && !strings.HasPrefix(p.reason, relay.CorruptReasonPrefix) {
 				held[string(m.Key)] = true
 			}
 			continue
 		}
-		if m.Key != nil && held[string(m.Key)] {
+		if m.Key != nil && held[string(m.Key)] || gone[m.ID] {
 			continue
-		}
-		if gone[m.ID] {
-			continue
-		}
-		if c, ok := s.corrupt[m.ID]; ok {
-			return out, &relay.CorruptRowError{ID: m.ID, Bucket: bucket, Err: c.err}
 		}
 		c := *m
 		out = append(out, &c)
+		if s.corrupt[m.ID] != nil {
+			break
+		}
 	}
-	return out, nil
+	return out
 }
 
 // MarkPublished implements relay.Store: it deletes the given messages, by
@@ -428,33 +408,23 @@ func (s *MemStore) MarkPublished(ctx context.Context, published []*outbox.Messag
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for len(published) > 0 {
-		n := 1
-		for n < len(published) && published[n].Bucket == published[0].Bucket {
-			n++
-		}
-		s.markPublished(int(published[0].Bucket), published[:n])
-		published = published[n:]
-	}
-	return nil
-}
-
-func (s *MemStore) markPublished(bucket int, published []*outbox.Message) {
-	rows := s.rows[bucket]
-	k := 0 // the usual case: published is the head of the bucket
-	for k < len(published) && k < len(rows) && rows[k].ID == published[k].ID && !s.isParked(rows[k].ID) {
-		k++
-	}
-	if k == len(published) {
-		clear(rows[:k])
-		s.rows[bucket] = rows[k:]
-		return
-	}
-	ids := make(map[int64]bool, len(published))
+	ids, buckets := make(map[int64]bool, len(published)), map[int]int{}
 	for _, m := range published {
 		ids[m.ID] = true
+		buckets[int(m.Bucket)]++
 	}
-	s.rows[bucket] = slices.DeleteFunc(s.rows[bucket], func(m *outbox.Message) bool { return ids[m.ID] && !s.isParked(m.ID) })
+	del := func(m *outbox.Message) bool { return ids[m.ID] && !s.isParked(m.ID) }
+	for b, n := range buckets {
+		rows, k := s.rows[b], 0
+		for k < n && k < len(rows) && del(rows[k]) { // the usual case: the head of the bucket
+			k++
+		}
+		clear(rows[:k])
+		if s.rows[b] = rows[k:]; k < n {
+			s.rows[b] = slices.DeleteFunc(rows[k:], del)
+		}
+	}
+	return nil
 }
 
 // PendingMetrics implements relay.Store.
