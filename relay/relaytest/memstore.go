@@ -29,9 +29,9 @@ const (
 	OpDeleteParked       = "DeleteParked"
 )
 
-// MemStore is an in-memory relay.Store and relay.ParkAdmin. It keeps leases, heartbeats and fair share (relay.Shares) like a database
-// store, with expiry read from an injected clock, so it serves engine tests
-// and shows what a custom store must do. It is safe for concurrent use.
+// MemStore is an in-memory relay.Store and relay.ParkAdmin. It keeps
+// leases, heartbeats and fair share (relay.Shares) like a database store,
+// with expiry read from an injected clock. It is safe for concurrent use.
 type MemStore struct {
 	now func() time.Time
 	n   int
@@ -59,9 +59,8 @@ type memLease struct {
 }
 
 type memRelay struct {
-	lastSeen time.Time
-	stopped  bool
-	stopAt   time.Time // when it was stopped (released)
+	lastSeen  time.Time
+	stoppedAt time.Time // when it was released; zero: live
 }
 
 // NewMemStore returns an empty store for bucketCount buckets whose leases
@@ -91,6 +90,8 @@ func (s *MemStore) SetHook(h func(ctx context.Context, op string) error) {
 	s.hook = h
 }
 
+// enter starts a store call: it runs the hook, then, unless the call fails,
+// locks s for the caller to unlock.
 func (s *MemStore) enter(ctx context.Context, op string) error {
 	s.mu.Lock()
 	h := s.hook
@@ -100,7 +101,11 @@ func (s *MemStore) enter(ctx context.Context, op string) error {
 			return err
 		}
 	}
-	return ctx.Err()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	return nil
 }
 
 // Add enqueues msgs as outbox.Plugin would: it fills ID (increasing),
@@ -193,7 +198,6 @@ func (s *MemStore) AcquireBucketLeases(ctx context.Context, relayID string, buck
 	if err := s.enter(ctx, OpAcquire); err != nil {
 		return relay.Leases{}, err
 	}
-	s.mu.Lock()
 	defer s.mu.Unlock()
 	if bucketCount != s.n {
 		return relay.Leases{}, fmt.Errorf("relaytest: bucket count %d, the store's is %d: %w", bucketCount, s.n, relay.ErrMisconfigured)
@@ -210,13 +214,10 @@ func (s *MemStore) AcquireBucketLeases(ctx context.Context, relayID string, buck
 		rel = &memRelay{}
 		s.relays[relayID] = rel
 	}
-	if rel.stopped {
-		if !now.After(rel.stopAt) {
-			return relay.Leases{Owned: []int{}}, nil // a late statement of a stopped relay changes nothing
-		}
-		rel.stopped = false // the same id started again
+	if !rel.stoppedAt.IsZero() && !now.After(rel.stoppedAt) {
+		return relay.Leases{Owned: []int{}}, nil // a late statement of a stopped relay changes nothing
 	}
-	rel.lastSeen = now
+	rel.stoppedAt, rel.lastSeen = time.Time{}, now // a later round is a restart
 	held := s.liveLocked(now)
 	var mine []int
 	others := 0
@@ -235,11 +236,10 @@ func (s *MemStore) AcquireBucketLeases(ctx context.Context, relayID string, buck
 	}
 	others -= len(mine)
 	share := relay.Shares(bucketCount, held)[relayID]
-	for len(mine) > share {
-		last := mine[len(mine)-1]
-		delete(s.leases, last)
-		mine = mine[:len(mine)-1]
+	for _, b := range mine[min(share, len(mine)):] {
+		delete(s.leases, b)
 	}
+	mine = mine[:min(share, len(mine))]
 	start := relay.ClaimStart(bucketCount, relayID, held)
 	for i := 0; i < bucketCount && len(mine) < share; i++ {
 		b := (start + i) % bucketCount
@@ -260,7 +260,7 @@ func (s *MemStore) AcquireBucketLeases(ctx context.Context, relayID string, buck
 func (s *MemStore) liveLocked(now time.Time) map[string]int {
 	held := map[string]int{}
 	for id, r := range s.relays {
-		if !r.stopped && now.Sub(r.lastSeen) < s.window {
+		if r.stoppedAt.IsZero() && now.Sub(r.lastSeen) < s.window {
 			held[id] = 0
 		}
 	}
@@ -272,11 +272,10 @@ func (s *MemStore) RenewBucketLeases(ctx context.Context, relayID string, bucket
 	if err := s.enter(ctx, OpRenew); err != nil {
 		return false, err
 	}
-	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
 	rel := s.relays[relayID]
-	if rel == nil || rel.stopped {
+	if rel == nil || !rel.stoppedAt.IsZero() {
 		return false, nil
 	}
 	for _, b := range buckets {
@@ -300,14 +299,13 @@ func (s *MemStore) ReleaseBucketLeases(ctx context.Context, relayID string) erro
 	if err := s.enter(ctx, OpRelease); err != nil {
 		return err
 	}
-	s.mu.Lock()
 	defer s.mu.Unlock()
 	rel := s.relays[relayID]
 	if rel == nil {
 		rel = &memRelay{}
 		s.relays[relayID] = rel
 	}
-	rel.stopped, rel.stopAt = true, s.now()
+	rel.stoppedAt = s.now()
 	for b, l := range s.leases {
 		if l.owner == relayID {
 			delete(s.leases, b)
@@ -321,7 +319,6 @@ func (s *MemStore) BucketsWithPending(ctx context.Context, buckets []int) ([]int
 	if err := s.enter(ctx, OpBucketsWithPending); err != nil {
 		return nil, err
 	}
-	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []int
 	for _, b := range buckets {
@@ -344,7 +341,6 @@ func (s *MemStore) NextBatches(ctx context.Context, reqs []relay.BatchRequest) (
 	if err := s.enter(ctx, OpNextBatches); err != nil {
 		return nil, err
 	}
-	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make([]relay.BatchResult, len(reqs))
 	for i, req := range reqs {
@@ -406,7 +402,6 @@ func (s *MemStore) MarkPublished(ctx context.Context, published []*outbox.Messag
 	if err := s.enter(ctx, OpMarkPublished); err != nil {
 		return err
 	}
-	s.mu.Lock()
 	defer s.mu.Unlock()
 	ids, buckets := make(map[int64]bool, len(published)), map[int]int{}
 	for _, m := range published {
@@ -432,7 +427,6 @@ func (s *MemStore) PendingMetrics(ctx context.Context) (*relay.Pending, error) {
 	if err := s.enter(ctx, OpPendingMetrics); err != nil {
 		return nil, err
 	}
-	s.mu.Lock()
 	defer s.mu.Unlock()
 	p := &relay.Pending{Parked: int64(len(s.parked))}
 	for _, rows := range s.rows {

@@ -82,7 +82,6 @@ func (s *MemStore) Fleet(ctx context.Context) (relay.Fleet, error) {
 	if err := s.enter(ctx, OpFleet); err != nil {
 		return relay.Fleet{}, err
 	}
-	s.mu.Lock()
 	defer s.mu.Unlock()
 	return relay.Fleet{Relays: len(s.liveLocked(s.now())), CanPark: !s.noFleet}, nil
 }
@@ -93,7 +92,6 @@ func (s *MemStore) Park(ctx context.Context, relayID string, bucket int, id int6
 	if err := s.enter(ctx, OpPark); err != nil {
 		return err
 	}
-	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
 	if l := s.leases[bucket]; l.owner != relayID || !now.Before(l.expires) {
@@ -111,7 +109,6 @@ func (s *MemStore) ListParked(ctx context.Context, limit int) ([]relay.ParkedRow
 	if err := s.enter(ctx, OpListParked); err != nil {
 		return nil, err
 	}
-	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.listParkedLocked(limit), nil
 }
@@ -159,7 +156,6 @@ func (s *MemStore) unpark(ctx context.Context, op string, sel relay.ParkedSelect
 	if err := s.enter(ctx, op); err != nil {
 		return 0, err
 	}
-	s.mu.Lock()
 	defer s.mu.Unlock()
 	chosen := sel.Choose(s.listParkedLocked(0))
 	for _, r := range chosen {
