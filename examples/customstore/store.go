@@ -294,10 +294,6 @@ func (s *Store) NextBatches(ctx context.Context, reqs []relay.BatchRequest) ([]r
 	defer s.b.mu.Unlock()
 	out := make([]relay.BatchResult, len(reqs))
 	for i, r := range reqs {
-		gone := make(map[int64]bool, len(r.Exclude))
-		for _, m := range r.Exclude {
-			gone[m.ID] = true
-		}
 		var rows []*outbox.Message
 		for _, bucket := range r.Buckets {
 			rows = append(rows, s.b.rows[bucket]...)
@@ -308,7 +304,7 @@ func (s *Store) NextBatches(ctx context.Context, reqs []relay.BatchRequest) ([]r
 			if len(out[i].Rows) >= r.Limit || r.MaxBytes > 0 && size > r.MaxBytes {
 				break
 			}
-			if !gone[m.ID] {
+			if !slices.ContainsFunc(r.Exclude, func(x *outbox.Message) bool { return x.ID == m.ID }) {
 				c := *m
 				out[i].Rows = append(out[i].Rows, &c)
 				size += relay.MessageSize(m)

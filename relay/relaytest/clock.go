@@ -5,7 +5,7 @@ package relaytest
 
 import (
 	"context"
-	"sort"
+	"slices"
 	"sync"
 	"time"
 
@@ -18,13 +18,18 @@ import (
 type ManualClock struct {
 	mu      sync.Mutex
 	now     time.Time
-	timers  []*manualTimer
-	changed chan struct{} // closed and replaced whenever timers change
+	timers  []*manualTimer // pending, in deadline order
+	changed signal         // timers changed
+}
+
+type manualTimer struct {
+	at time.Time
+	ch chan time.Time
 }
 
 // NewManualClock returns a clock reading start.
 func NewManualClock(start time.Time) *ManualClock {
-	return &ManualClock{now: start, changed: make(chan struct{})}
+	return &ManualClock{now: start}
 }
 
 // Now returns the clock's time.
@@ -39,23 +44,32 @@ func (c *ManualClock) Now() time.Time {
 func (c *ManualClock) NewTimer(d time.Duration) (<-chan time.Time, func() bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	t := &manualTimer{c: c, at: c.now.Add(d), ch: make(chan time.Time, 1)}
+	t := &manualTimer{at: c.now.Add(d), ch: make(chan time.Time, 1)}
+	stop := func() bool { return c.stop(t) }
 	if d <= 0 {
 		t.ch <- c.now
-		return t.ch, t.Stop
+		return t.ch, stop
 	}
 	c.timers = append(c.timers, t)
-	c.notifyLocked()
-	return t.ch, t.Stop
+	slices.SortStableFunc(c.timers, func(a, b *manualTimer) int { return a.at.Compare(b.at) })
+	c.changed.broadcast()
+	return t.ch, stop
+}
+
+func (c *ManualClock) stop(t *manualTimer) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	i := slices.Index(c.timers, t)
+	if i < 0 {
+		return false
+	}
+	c.timers = slices.Delete(c.timers, i, i+1)
+	c.changed.broadcast()
+	return true
 }
 
 // Advance moves the clock forward by d, firing due timers.
-func (c *ManualClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	t := c.now.Add(d)
-	c.mu.Unlock()
-	c.Set(t)
-}
+func (c *ManualClock) Advance(d time.Duration) { c.Set(c.Now().Add(d)) }
 
 // Set moves the clock to t (never backwards), firing due timers.
 func (c *ManualClock) Set(t time.Time) {
@@ -64,17 +78,12 @@ func (c *ManualClock) Set(t time.Time) {
 	if t.After(c.now) {
 		c.now = t
 	}
-	sort.Slice(c.timers, func(i, j int) bool { return c.timers[i].at.Before(c.timers[j].at) })
-	kept := c.timers[:0]
-	for _, tm := range c.timers {
-		if !tm.at.After(c.now) {
-			tm.ch <- c.now
-			continue
-		}
-		kept = append(kept, tm)
+	n := 0
+	for ; n < len(c.timers) && !c.timers[n].at.After(c.now); n++ {
+		c.timers[n].ch <- c.now
 	}
-	c.timers = kept
-	c.notifyLocked()
+	c.timers = slices.Delete(c.timers, 0, n)
+	c.changed.broadcast()
 }
 
 // Waiters returns the number of timers that have not fired or been stopped.
@@ -91,57 +100,48 @@ func (c *ManualClock) NextDeadline() (time.Time, bool) {
 	if len(c.timers) == 0 {
 		return time.Time{}, false
 	}
-	min := c.timers[0].at
-	for _, t := range c.timers[1:] {
-		if t.at.Before(min) {
-			min = t.at
-		}
-	}
-	return min, true
+	return c.timers[0].at, true
 }
 
 // WaitForWaiters blocks until at least n timers are pending or ctx is done,
 // and reports whether the count was reached. Tests use it to know that the
 // code under test is parked on the clock before advancing it.
 func (c *ManualClock) WaitForWaiters(ctx context.Context, n int) bool {
+	return c.changed.wait(ctx, &c.mu, func() bool { return len(c.timers) >= n })
+}
+
+// signal wakes the goroutines waiting for a change of state that a mutex
+// guards; its zero value is ready.
+type signal struct{ ch chan struct{} }
+
+// broadcast wakes every waiter; the mutex is held.
+func (s *signal) broadcast() {
+	if s.ch != nil {
+		close(s.ch)
+		s.ch = nil
+	}
+}
+
+// wait blocks until done, called with mu held, is true or ctx ends, and
+// reports whether done became true.
+func (s *signal) wait(ctx context.Context, mu *sync.Mutex, done func() bool) bool {
 	for {
-		c.mu.Lock()
-		if len(c.timers) >= n {
-			c.mu.Unlock()
+		mu.Lock()
+		if done() {
+			mu.Unlock()
 			return true
 		}
-		ch := c.changed
-		c.mu.Unlock()
+		if s.ch == nil {
+			s.ch = make(chan struct{})
+		}
+		ch := s.ch
+		mu.Unlock()
 		select {
 		case <-ch:
 		case <-ctx.Done():
 			return false
 		}
 	}
-}
-
-func (c *ManualClock) notifyLocked() {
-	close(c.changed)
-	c.changed = make(chan struct{})
-}
-
-type manualTimer struct {
-	c  *ManualClock
-	at time.Time
-	ch chan time.Time
-}
-
-func (t *manualTimer) Stop() bool {
-	t.c.mu.Lock()
-	defer t.c.mu.Unlock()
-	for i, x := range t.c.timers {
-		if x == t {
-			t.c.timers = append(t.c.timers[:i], t.c.timers[i+1:]...)
-			t.c.notifyLocked()
-			return true
-		}
-	}
-	return false
 }
 
 var _ relay.Clock = (*ManualClock)(nil)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -28,9 +29,9 @@ const (
 	OpDeleteParked       = "DeleteParked"
 )
 
-// MemStore is an in-memory relay.Store and relay.ParkAdmin. It keeps leases, heartbeats and fair share (relay.Shares) like a database
-// store, with expiry read from an injected clock, so it serves engine tests
-// and shows what a custom store must do. It is safe for concurrent use.
+// MemStore is an in-memory relay.Store and relay.ParkAdmin. It keeps
+// leases, heartbeats and fair share (relay.Shares) like a database store,
+// with expiry read from an injected clock. It is safe for concurrent use.
 type MemStore struct {
 	now func() time.Time
 	n   int
@@ -46,10 +47,10 @@ type memShared struct {
 	leases map[int]memLease
 	relays map[string]*memRelay
 
-	parked  map[int64]memPark    // parked rows by id
-	corrupt map[int64]memCorrupt // undecodable rows by id (see AddCorrupt)
-	noFleet bool                 // Fleet reports CanPark false (see SetFleetCanPark)
-	window  time.Duration        // the latest round's lease duration: Fleet's liveness window
+	parked  map[int64]memPark // parked rows by id
+	corrupt map[int64]error   // why each undecodable row (AddCorrupt) cannot be decoded, by id
+	noFleet bool              // Fleet reports CanPark false (see SetFleetCanPark)
+	window  time.Duration     // the latest round's lease duration: Fleet's liveness window
 }
 
 type memLease struct {
@@ -58,9 +59,8 @@ type memLease struct {
 }
 
 type memRelay struct {
-	lastSeen time.Time
-	stopped  bool
-	stopAt   time.Time // when it was stopped (released)
+	lastSeen  time.Time
+	stoppedAt time.Time // when it was released; zero: live
 }
 
 // NewMemStore returns an empty store for bucketCount buckets whose leases
@@ -71,7 +71,7 @@ func NewMemStore(bucketCount int, now func() time.Time) *MemStore {
 		now = time.Now
 	}
 	return &MemStore{now: now, n: bucketCount, memShared: &memShared{rows: map[int][]*outbox.Message{}, leases: map[int]memLease{}, relays: map[string]*memRelay{},
-		parked: map[int64]memPark{}, corrupt: map[int64]memCorrupt{}}}
+		parked: map[int64]memPark{}, corrupt: map[int64]error{}}}
 }
 
 // WithClock returns a view of s whose leases and heartbeats read now
@@ -90,6 +90,8 @@ func (s *MemStore) SetHook(h func(ctx context.Context, op string) error) {
 	s.hook = h
 }
 
+// enter starts a store call: it runs the hook, then, unless the call fails,
+// locks s for the caller to unlock.
 func (s *MemStore) enter(ctx context.Context, op string) error {
 	s.mu.Lock()
 	h := s.hook
@@ -99,7 +101,11 @@ func (s *MemStore) enter(ctx context.Context, op string) error {
 			return err
 		}
 	}
-	return ctx.Err()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	return nil
 }
 
 // Add enqueues msgs as outbox.Plugin would: it fills ID (increasing),
@@ -192,7 +198,6 @@ func (s *MemStore) AcquireBucketLeases(ctx context.Context, relayID string, buck
 	if err := s.enter(ctx, OpAcquire); err != nil {
 		return relay.Leases{}, err
 	}
-	s.mu.Lock()
 	defer s.mu.Unlock()
 	if bucketCount != s.n {
 		return relay.Leases{}, fmt.Errorf("relaytest: bucket count %d, the store's is %d: %w", bucketCount, s.n, relay.ErrMisconfigured)
@@ -209,13 +214,10 @@ func (s *MemStore) AcquireBucketLeases(ctx context.Context, relayID string, buck
 		rel = &memRelay{}
 		s.relays[relayID] = rel
 	}
-	if rel.stopped {
-		if !now.After(rel.stopAt) {
-			return relay.Leases{Owned: []int{}}, nil // a late statement of a stopped relay changes nothing
-		}
-		rel.stopped = false // the same id started again
+	if !rel.stoppedAt.IsZero() && !now.After(rel.stoppedAt) {
+		return relay.Leases{Owned: []int{}}, nil // a late statement of a stopped relay changes nothing
 	}
-	rel.lastSeen = now
+	rel.stoppedAt, rel.lastSeen = time.Time{}, now // a later round is a restart
 	held := s.liveLocked(now)
 	var mine []int
 	others := 0
@@ -234,11 +236,10 @@ func (s *MemStore) AcquireBucketLeases(ctx context.Context, relayID string, buck
 	}
 	others -= len(mine)
 	share := relay.Shares(bucketCount, held)[relayID]
-	for len(mine) > share {
-		last := mine[len(mine)-1]
-		delete(s.leases, last)
-		mine = mine[:len(mine)-1]
+	for _, b := range mine[min(share, len(mine)):] {
+		delete(s.leases, b)
 	}
+	mine = mine[:min(share, len(mine))]
 	start := relay.ClaimStart(bucketCount, relayID, held)
 	for i := 0; i < bucketCount && len(mine) < share; i++ {
 		b := (start + i) % bucketCount
@@ -259,7 +260,7 @@ func (s *MemStore) AcquireBucketLeases(ctx context.Context, relayID string, buck
 func (s *MemStore) liveLocked(now time.Time) map[string]int {
 	held := map[string]int{}
 	for id, r := range s.relays {
-		if !r.stopped && now.Sub(r.lastSeen) < s.window {
+		if r.stoppedAt.IsZero() && now.Sub(r.lastSeen) < s.window {
 			held[id] = 0
 		}
 	}
@@ -271,11 +272,10 @@ func (s *MemStore) RenewBucketLeases(ctx context.Context, relayID string, bucket
 	if err := s.enter(ctx, OpRenew); err != nil {
 		return false, err
 	}
-	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
 	rel := s.relays[relayID]
-	if rel == nil || rel.stopped {
+	if rel == nil || !rel.stoppedAt.IsZero() {
 		return false, nil
 	}
 	for _, b := range buckets {
@@ -299,14 +299,13 @@ func (s *MemStore) ReleaseBucketLeases(ctx context.Context, relayID string) erro
 	if err := s.enter(ctx, OpRelease); err != nil {
 		return err
 	}
-	s.mu.Lock()
 	defer s.mu.Unlock()
 	rel := s.relays[relayID]
 	if rel == nil {
 		rel = &memRelay{}
 		s.relays[relayID] = rel
 	}
-	rel.stopped, rel.stopAt = true, s.now()
+	rel.stoppedAt = s.now()
 	for b, l := range s.leases {
 		if l.owner == relayID {
 			delete(s.leases, b)
@@ -320,7 +319,6 @@ func (s *MemStore) BucketsWithPending(ctx context.Context, buckets []int) ([]int
 	if err := s.enter(ctx, OpBucketsWithPending); err != nil {
 		return nil, err
 	}
-	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []int
 	for _, b := range buckets {
@@ -343,81 +341,59 @@ func (s *MemStore) NextBatches(ctx context.Context, reqs []relay.BatchRequest) (
 	if err := s.enter(ctx, OpNextBatches); err != nil {
 		return nil, err
 	}
-	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make([]relay.BatchResult, len(reqs))
 	for i, req := range reqs {
-		out[i] = s.nextBatch(req)
+		gone := make(map[int64]bool, len(req.Exclude))
+		for _, m := range req.Exclude {
+			gone[m.ID] = true
+		}
+		var rows []*outbox.Message
+		for _, b := range req.Buckets {
+			rows = append(rows, s.scan(b, req.Limit, gone)...)
+		}
+		slices.SortFunc(rows, func(a, b *outbox.Message) int { return cmp.Compare(a.ID, b.ID) })
+		var total int64
+		for _, m := range rows {
+			if len(out[i].Rows) >= req.Limit || req.MaxBytes > 0 && total > req.MaxBytes {
+				break
+			}
+			if err := s.corrupt[m.ID]; err != nil {
+				out[i].Err = &relay.CorruptRowError{ID: m.ID, Bucket: int(m.Bucket), Err: err}
+				break
+			}
+			out[i].Rows = append(out[i].Rows, m)
+			total += relay.MessageSize(m)
+		}
 	}
 	return out, nil
 }
 
-func (s *MemStore) nextBatch(req relay.BatchRequest) relay.BatchResult {
-	type candidate struct {
-		m       *outbox.Message
-		corrupt *relay.CorruptRowError
-	}
-	var all []candidate
-	for _, b := range req.Buckets {
-		rows, stop := s.scan(b, req.Limit, req.Exclude...)
-		for _, m := range rows {
-			all = append(all, candidate{m: m})
-		}
-		if stop != nil {
-			all = append(all, candidate{m: &outbox.Message{ID: stop.ID}, corrupt: stop})
-		}
-	}
-	if len(req.Buckets) > 1 {
-		slices.SortFunc(all, func(a, b candidate) int { return cmp.Compare(a.m.ID, b.m.ID) })
-	}
-	var res relay.BatchResult
-	var total int64
-	for _, c := range all {
-		if len(res.Rows) >= req.Limit || req.MaxBytes > 0 && total > req.MaxBytes {
-			break
-		}
-		if c.corrupt != nil {
-			res.Err = c.corrupt
-			break
-		}
-		res.Rows = append(res.Rows, c.m)
-		total += relay.MessageSize(c.m)
-	}
-	return res
-}
-
-// scan returns up to limit unheld rows of bucket (copies), without those
-// of exclude, and the error of the corrupt row that ended them, if one did.
-func (s *MemStore) scan(bucket, limit int, exclude ...*outbox.Message) ([]*outbox.Message, *relay.CorruptRowError) {
+// scan returns copies of up to limit rows of bucket that a fetch may
+// return, without those of gone; a corrupt row ends them, as the last.
+func (s *MemStore) scan(bucket, limit int, gone map[int64]bool) []*outbox.Message {
 	var out []*outbox.Message
-	held := map[string]bool{} // keys with a parked row so far that holds
-	gone := make(map[int64]bool, len(exclude))
-	for _, m := range exclude {
-		gone[m.ID] = true
-	}
+	held := map[string]bool{} // keys behind a parked row that holds them: one that is not corrupt
 	for _, m := range s.rows[bucket] {
 		if len(out) >= limit {
 			break
 		}
 		if p, ok := s.parked[m.ID]; ok {
-			if m.Key != nil && holds(p) {
+			if m.Key != nil && !strings.HasPrefix(p.reason, relay.CorruptReasonPrefix) {
 				held[string(m.Key)] = true
 			}
 			continue
 		}
-		if m.Key != nil && held[string(m.Key)] {
+		if m.Key != nil && held[string(m.Key)] || gone[m.ID] {
 			continue
-		}
-		if gone[m.ID] {
-			continue
-		}
-		if c, ok := s.corrupt[m.ID]; ok {
-			return out, &relay.CorruptRowError{ID: m.ID, Bucket: bucket, Err: c.err}
 		}
 		c := *m
 		out = append(out, &c)
+		if s.corrupt[m.ID] != nil {
+			break
+		}
 	}
-	return out, nil
+	return out
 }
 
 // MarkPublished implements relay.Store: it deletes the given messages, by
@@ -426,35 +402,24 @@ func (s *MemStore) MarkPublished(ctx context.Context, published []*outbox.Messag
 	if err := s.enter(ctx, OpMarkPublished); err != nil {
 		return err
 	}
-	s.mu.Lock()
 	defer s.mu.Unlock()
-	for len(published) > 0 {
-		n := 1
-		for n < len(published) && published[n].Bucket == published[0].Bucket {
-			n++
-		}
-		s.markPublished(int(published[0].Bucket), published[:n])
-		published = published[n:]
-	}
-	return nil
-}
-
-func (s *MemStore) markPublished(bucket int, published []*outbox.Message) {
-	rows := s.rows[bucket]
-	k := 0 // the usual case: published is the head of the bucket
-	for k < len(published) && k < len(rows) && rows[k].ID == published[k].ID && !s.isParked(rows[k].ID) {
-		k++
-	}
-	if k == len(published) {
-		clear(rows[:k])
-		s.rows[bucket] = rows[k:]
-		return
-	}
-	ids := make(map[int64]bool, len(published))
+	ids, buckets := make(map[int64]bool, len(published)), map[int]int{}
 	for _, m := range published {
 		ids[m.ID] = true
+		buckets[int(m.Bucket)]++
 	}
-	s.rows[bucket] = slices.DeleteFunc(s.rows[bucket], func(m *outbox.Message) bool { return ids[m.ID] && !s.isParked(m.ID) })
+	del := func(m *outbox.Message) bool { return ids[m.ID] && !s.isParked(m.ID) }
+	for b, n := range buckets {
+		rows, k := s.rows[b], 0
+		for k < n && k < len(rows) && del(rows[k]) { // the usual case: the head of the bucket
+			k++
+		}
+		clear(rows[:k])
+		if s.rows[b] = rows[k:]; k < n {
+			s.rows[b] = slices.DeleteFunc(rows[k:], del)
+		}
+	}
+	return nil
 }
 
 // PendingMetrics implements relay.Store.
@@ -462,7 +427,6 @@ func (s *MemStore) PendingMetrics(ctx context.Context) (*relay.Pending, error) {
 	if err := s.enter(ctx, OpPendingMetrics); err != nil {
 		return nil, err
 	}
-	s.mu.Lock()
 	defer s.mu.Unlock()
 	p := &relay.Pending{Parked: int64(len(s.parked))}
 	for _, rows := range s.rows {

@@ -5,8 +5,8 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"maps"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/gorm-outbox/outbox"
@@ -17,12 +17,6 @@ import (
 type memPark struct {
 	at     time.Time
 	reason string
-}
-
-// memCorrupt is what makes a row undecodable.
-type memCorrupt struct {
-	messageID string // as stored
-	err       error
 }
 
 // CorruptMessageID is the stored message id of the rows AddCorrupt adds.
@@ -37,7 +31,7 @@ func (s *MemStore) AddCorrupt(bucket int, key []byte) int64 {
 	s.add([]*outbox.Message{m})
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.corrupt[m.ID] = memCorrupt{messageID: CorruptMessageID, err: fmt.Errorf("message id %q is not a UUID", CorruptMessageID)}
+	s.corrupt[m.ID] = fmt.Errorf("message id %q is not a UUID", CorruptMessageID)
 	return m.ID
 }
 
@@ -88,19 +82,8 @@ func (s *MemStore) Fleet(ctx context.Context) (relay.Fleet, error) {
 	if err := s.enter(ctx, OpFleet); err != nil {
 		return relay.Fleet{}, err
 	}
-	s.mu.Lock()
 	defer s.mu.Unlock()
 	return relay.Fleet{Relays: len(s.liveLocked(s.now())), CanPark: !s.noFleet}, nil
-}
-
-// row returns row id of bucket, or nil.
-func (s *MemStore) row(bucket int, id int64) *outbox.Message {
-	rows := s.rows[bucket]
-	i, ok := slices.BinarySearchFunc(rows, id, func(m *outbox.Message, id int64) int { return cmp.Compare(m.ID, id) })
-	if !ok {
-		return nil
-	}
-	return rows[i]
 }
 
 // Park implements relay.Store: the row is parked only while relayID holds
@@ -109,35 +92,30 @@ func (s *MemStore) Park(ctx context.Context, relayID string, bucket int, id int6
 	if err := s.enter(ctx, OpPark); err != nil {
 		return err
 	}
-	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
 	if l := s.leases[bucket]; l.owner != relayID || !now.Before(l.expires) {
 		return fmt.Errorf("relaytest: bucket %d: park row %d: %w", bucket, id, relay.ErrLeaseLost)
 	}
-	if s.row(bucket, id) != nil && !s.isParked(id) {
+	_, found := slices.BinarySearchFunc(s.rows[bucket], id, func(m *outbox.Message, id int64) int { return cmp.Compare(m.ID, id) })
+	if found && !s.isParked(id) {
 		s.parked[id] = memPark{at: now.UTC(), reason: reason}
 	}
 	return nil
 }
-
-// holds reports whether parked row p of a keyed row holds the later rows of
-// its key (see relay.BatchRequest): unless it is corrupt.
-func holds(p memPark) bool { return !strings.HasPrefix(p.reason, relay.CorruptReasonPrefix) }
 
 // ListParked implements relay.ParkAdmin.
 func (s *MemStore) ListParked(ctx context.Context, limit int) ([]relay.ParkedRow, error) {
 	if err := s.enter(ctx, OpListParked); err != nil {
 		return nil, err
 	}
-	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.listParkedLocked(limit), nil
 }
 
 func (s *MemStore) listParkedLocked(limit int) []relay.ParkedRow {
 	var out []relay.ParkedRow
-	for _, b := range slices.Sorted(mapKeys(s.rows)) {
+	for _, b := range slices.Sorted(maps.Keys(s.rows)) {
 		for _, m := range s.rows[b] {
 			p, ok := s.parked[m.ID]
 			if !ok {
@@ -147,8 +125,8 @@ func (s *MemStore) listParkedLocked(limit int) []relay.ParkedRow {
 				return out
 			}
 			id := m.MessageID.String()
-			if c, ok := s.corrupt[m.ID]; ok {
-				id = c.messageID
+			if s.corrupt[m.ID] != nil {
+				id = CorruptMessageID
 			}
 			out = append(out, relay.ParkedRow{
 				ID: m.ID, MessageID: id, Bucket: b, Topic: m.Topic, Key: bytes.Clone(m.Key),
@@ -159,66 +137,33 @@ func (s *MemStore) listParkedLocked(limit int) []relay.ParkedRow {
 	return out
 }
 
-func mapKeys[V any](m map[int]V) func(func(int) bool) {
-	return func(yield func(int) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
-			}
-		}
-	}
-}
-
-// chosen returns bucket → ids of the parked rows sel chooses
-// (relay.ParkedSelector.Choose).
-func (s *MemStore) chosen(sel relay.ParkedSelector) map[int][]int64 {
-	out := map[int][]int64{}
-	for _, r := range sel.Choose(s.listParkedLocked(0)) {
-		out[r.Bucket] = append(out[r.Bucket], r.ID)
-	}
-	return out
-}
-
 // RequeueParked implements relay.ParkAdmin.
 func (s *MemStore) RequeueParked(ctx context.Context, sel relay.ParkedSelector) (int64, error) {
-	if err := sel.Validate(); err != nil {
-		return 0, err
-	}
-	if err := s.enter(ctx, OpRequeueParked); err != nil {
-		return 0, err
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var n int64
-	for _, ids := range s.chosen(sel) {
-		for _, id := range ids {
-			delete(s.parked, id)
-			n++
-		}
-	}
-	return n, nil
+	return s.unpark(ctx, OpRequeueParked, sel, false)
 }
 
 // DeleteParked implements relay.ParkAdmin.
 func (s *MemStore) DeleteParked(ctx context.Context, sel relay.ParkedSelector) (int64, error) {
+	return s.unpark(ctx, OpDeleteParked, sel, true)
+}
+
+// unpark clears the parked mark of the rows sel chooses, deleting them too
+// when del is set.
+func (s *MemStore) unpark(ctx context.Context, op string, sel relay.ParkedSelector, del bool) (int64, error) {
 	if err := sel.Validate(); err != nil {
 		return 0, err
 	}
-	if err := s.enter(ctx, OpDeleteParked); err != nil {
+	if err := s.enter(ctx, op); err != nil {
 		return 0, err
 	}
-	s.mu.Lock()
 	defer s.mu.Unlock()
-	var n int64
-	for b, ids := range s.chosen(sel) {
-		gone := map[int64]bool{}
-		for _, id := range ids {
-			gone[id] = true
-			delete(s.parked, id)
-			delete(s.corrupt, id)
-			n++
+	chosen := sel.Choose(s.listParkedLocked(0))
+	for _, r := range chosen {
+		delete(s.parked, r.ID)
+		if del {
+			delete(s.corrupt, r.ID)
+			s.rows[r.Bucket] = slices.DeleteFunc(s.rows[r.Bucket], func(m *outbox.Message) bool { return m.ID == r.ID })
 		}
-		s.rows[b] = slices.DeleteFunc(s.rows[b], func(m *outbox.Message) bool { return gone[m.ID] })
 	}
-	return n, nil
+	return int64(len(chosen)), nil
 }

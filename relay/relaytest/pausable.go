@@ -16,42 +16,31 @@ import (
 // peers go on. Its other methods pass through.
 type Pausable struct {
 	relay.Store
-	mu     sync.Mutex
-	paused chan struct{} // non-nil while paused; closed on resume
+	mu      sync.Mutex
+	paused  bool
+	resumed signal
 }
 
 // Pause makes the next gated calls stall.
 func (p *Pausable) Pause() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.paused == nil {
-		p.paused = make(chan struct{})
-	}
+	p.paused = true
 }
 
 // Resume lets the stalled calls and the next ones through.
 func (p *Pausable) Resume() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.paused != nil {
-		close(p.paused)
-		p.paused = nil
-	}
+	p.paused = false
+	p.resumed.broadcast()
 }
 
 func (p *Pausable) gate(ctx context.Context) error {
-	p.mu.Lock()
-	ch := p.paused
-	p.mu.Unlock()
-	if ch == nil {
-		return nil
-	}
-	select {
-	case <-ch:
-		return nil
-	case <-ctx.Done():
+	if !p.resumed.wait(ctx, &p.mu, func() bool { return !p.paused }) {
 		return ctx.Err()
 	}
+	return nil
 }
 
 // AcquireBucketLeases implements relay.Store, stalled while paused.

@@ -18,12 +18,12 @@ type Publisher struct {
 	handler func(ctx context.Context, batch []*outbox.Message) relay.Result
 	calls   [][]*outbox.Message
 	acked   []*outbox.Message
-	changed chan struct{}
+	changed signal // a call started or ended
 }
 
 // NewPublisher returns a Publisher that acknowledges everything.
 func NewPublisher() *Publisher {
-	return &Publisher{changed: make(chan struct{})}
+	return &Publisher{}
 }
 
 // SetHandler makes h decide the result of later calls; nil acknowledges
@@ -39,35 +39,25 @@ func (p *Publisher) SetHandler(h func(ctx context.Context, batch []*outbox.Messa
 func (p *Publisher) Publish(ctx context.Context, batches [][]*outbox.Message) []relay.Result {
 	results := make([]relay.Result, len(batches))
 	for i, batch := range batches {
-		results[i] = p.publish(ctx, batch)
+		p.mu.Lock()
+		h := p.handler
+		p.calls = append(p.calls, slices.Clone(batch))
+		p.changed.broadcast()
+		p.mu.Unlock()
+		results[i] = relay.Result{Acknowledged: len(batch)}
+		if h != nil {
+			results[i] = h(ctx, batch)
+		}
+		p.mu.Lock()
+		p.acked = append(p.acked, batch[:min(max(results[i].Acknowledged, 0), len(batch))]...)
+		p.changed.broadcast()
+		p.mu.Unlock()
 	}
 	return results
 }
 
 // OwnedBuckets implements relay.Publisher: it does nothing.
 func (p *Publisher) OwnedBuckets([]int) {}
-
-func (p *Publisher) publish(ctx context.Context, batch []*outbox.Message) relay.Result {
-	p.mu.Lock()
-	h := p.handler
-	p.calls = append(p.calls, slices.Clone(batch))
-	p.notifyLocked()
-	p.mu.Unlock()
-	res := relay.Result{Acknowledged: len(batch)}
-	if h != nil {
-		res = h(ctx, batch)
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.acked = append(p.acked, batch[:min(max(res.Acknowledged, 0), len(batch))]...)
-	p.notifyLocked()
-	return res
-}
-
-func (p *Publisher) notifyLocked() {
-	close(p.changed)
-	p.changed = make(chan struct{})
-}
 
 // Calls returns the batches of every call so far, in call order.
 func (p *Publisher) Calls() [][]*outbox.Message {
@@ -87,20 +77,7 @@ func (p *Publisher) Acknowledged() []*outbox.Message {
 // WaitCalls blocks until at least n calls have started or ctx is done, and
 // reports whether the count was reached.
 func (p *Publisher) WaitCalls(ctx context.Context, n int) bool {
-	for {
-		p.mu.Lock()
-		if len(p.calls) >= n {
-			p.mu.Unlock()
-			return true
-		}
-		ch := p.changed
-		p.mu.Unlock()
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return false
-		}
-	}
+	return p.changed.wait(ctx, &p.mu, func() bool { return len(p.calls) >= n })
 }
 
 // FailWhere returns a handler that acknowledges a batch up to the first

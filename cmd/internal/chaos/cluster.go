@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -51,10 +51,8 @@ type FailoverConfig struct {
 	Env // Dialect postgres (the acknowledgement audit); Brokers the cluster's, one per node
 	// Nodes kills, pauses and restarts the cluster's nodes.
 	Nodes ClusterNodes
-	// Relays (zero: 3); Faults (zero: 4), alternately a leader kill and a
-	// leader pause, one after the other while the writers spread Messages
-	// over WriteFor (zero: 15000 over 120s): a fault that would not end
-	// before the writers do is not injected.
+	// Relays (zero: 3); Faults (zero: 4), leader kills and pauses in turn
+	// while the writers spread Messages over WriteFor (zero: 15000, 120s).
 	Relays, Faults, Messages int
 	WriteFor                 time.Duration
 	// KillDowntime and PauseFor: how long a killed node stays down and a
@@ -106,24 +104,19 @@ type FailoverSummary struct {
 
 // Count returns the number of faults of kind.
 func (s FailoverSummary) Count(kind string) int {
-	n := 0
-	for _, f := range s.Faults {
-		if f.Kind == kind {
-			n++
-		}
-	}
+	n, _, _ := s.stats(kind)
 	return n
 }
 
-// MaxStall returns the longest topic-wide and partition stall after
-// faults of kind.
-func (s FailoverSummary) MaxStall(kind string) (topic, partition time.Duration) {
+// stats returns the number of faults of kind and their longest topic-wide
+// and partition stall.
+func (s FailoverSummary) stats(kind string) (n int, topic, partition time.Duration) {
 	for _, f := range s.Faults {
 		if f.Kind == kind {
-			topic, partition = max(topic, f.Stall), max(partition, f.PartitionStall)
+			n, topic, partition = n+1, max(topic, f.Stall), max(partition, f.PartitionStall)
 		}
 	}
-	return topic, partition
+	return n, topic, partition
 }
 
 // Err reports the first failed check, or nil.
@@ -131,12 +124,12 @@ func (s FailoverSummary) Err() error { return s.Check.err("failover", s.DualOwne
 
 // String is the one-line summary.
 func (s FailoverSummary) String() string {
-	ks, ps := s.MaxStall(FaultLeaderKill)
-	kp, pp := s.MaxStall(FaultLeaderPause)
+	kn, ks, ps := s.stats(FaultLeaderKill)
+	pn, kp, pp := s.stats(FaultLeaderPause)
 	return fmt.Sprintf("failover: db=%s brokers=%d rf=%d min_isr=%d relays=%d publish_timeout=%s messages=%d committed=%d rolled_back=%d in_doubt=%d records=%d lost=%d rolled_back_arrived=%d order_violations=%d duplicates=%d dual_owners=%d drained=%t faults=%d (%s=%d %s=%d) longest_stall kill=%s (partition %s) pause=%s (partition %s) baseline=%s (partition %s) took=%s",
 		s.Dialect, s.Brokers, s.Replication, s.MinISR, s.Relays, s.PublishTimeout, s.Written, s.Committed, s.RolledBack, s.InDoubt, s.Check.Records,
 		s.Check.Lost, s.Check.RolledBackArrived, s.Check.OrderViolations, s.Check.Duplicates, s.DualOwners, s.Drained,
-		len(s.Faults), FaultLeaderKill, s.Count(FaultLeaderKill), FaultLeaderPause, s.Count(FaultLeaderPause),
+		len(s.Faults), FaultLeaderKill, kn, FaultLeaderPause, pn,
 		ms(ks), ms(ps), ms(kp), ms(pp), ms(s.BaselineStall), ms(s.BaselinePartitionStall), s.Took.Round(time.Second))
 }
 
@@ -163,13 +156,10 @@ func FormatFailover(s FailoverSummary) string {
 	return b.String()
 }
 
-// FailoverRun drives writers and relay processes against a multi-node
-// Kafka cluster while it kills and pauses the leaders of the topic's
-// partitions, one fault at a time, then checks with the independent
-// consumer that nothing committed was lost, no rolled-back message
-// arrived and per-key order held after deduplication, and measures how
-// long delivery stalled after each fault. The error is a setup failure or
-// a cluster that did not heal (see FailoverSummary.Err for the checks).
+// FailoverRun kills and pauses partition leaders of a Kafka cluster, one at
+// a time, under writers and relay processes, checks the delivery and
+// measures each fault's stall. The error is a setup failure or a cluster
+// that did not heal (see FailoverSummary.Err for the checks).
 func FailoverRun(ctx context.Context, cfg FailoverConfig) (FailoverSummary, error) {
 	start := time.Now()
 	orDefault(&cfg.Relays, 3)
@@ -217,18 +207,12 @@ func FailoverRun(ctx context.Context, cfg FailoverConfig) (FailoverSummary, erro
 		return s, err
 	}
 	defer closeGorm(db)
-	relays := &Relays{Bin: cfg.Bin, LogDir: cfg.Dir, Base: RelayConfig{
-		Dialect: cfg.Dialect, DSN: d.DSN, Brokers: cfg.Brokers,
-		// No relay faults here: a long lease keeps the buckets with their
-		// owners while the brokers fail.
-		LeaseDuration: 15 * time.Second, RenewInterval: 3 * time.Second, PollInterval: pollInterval, BatchSize: batchSize,
-		PublishTimeout: cfg.PublishTimeout,
-	}}
+	// No relay faults here: a long lease keeps the buckets with their
+	// owners while the brokers fail.
+	relays := cfg.relays(RelayConfig{DSN: d.DSN, LeaseDuration: 15 * time.Second, RenewInterval: 3 * time.Second, PublishTimeout: cfg.PublishTimeout})
 	defer relays.StopAll(10 * time.Second)
-	for range cfg.Relays {
-		if err := relays.add(); err != nil {
-			return s, err
-		}
+	if err := relays.add(cfg.Relays); err != nil {
+		return s, err
 	}
 
 	// The chaos run's writers (rollbacks, in-doubt commits, a pinned
@@ -337,10 +321,8 @@ func leaderFault(ctx context.Context, cfg FailoverConfig, topic, kind string, he
 	return f, nil
 }
 
-// createAckAudit records the deletion time of every outbox row
-// (PostgreSQL: a statement trigger over the deleted rows, with the
-// database's clock): the relay deletes a row once its record was
-// acknowledged.
+// createAckAudit records when each outbox row is deleted, that is
+// acknowledged (PostgreSQL statement trigger, the database's clock).
 func createAckAudit(db *gorm.DB) error {
 	for _, q := range []string{
 		"CREATE TABLE chaos_ack_audit (message_id TEXT, at_us BIGINT)",
@@ -384,9 +366,8 @@ func measureStalls(db *gorm.DB, s *FailoverSummary, c *Consumer, writeStart time
 			byPart[p] = append(byPart[p], at)
 		}
 	}
-	sortTimes(all)
-	for _, ts := range byPart {
-		sortTimes(ts)
+	for _, ts := range append(byPart, all) {
+		slices.SortFunc(ts, time.Time.Compare)
 	}
 	if len(s.Faults) > 0 {
 		// baseline: from 2 s into the writes to the first fault
@@ -408,11 +389,8 @@ func measureStalls(db *gorm.DB, s *FailoverSummary, c *Consumer, writeStart time
 	return nil
 }
 
-func sortTimes(ts []time.Time) { sort.Slice(ts, func(i, j int) bool { return ts[i].Before(ts[j]) }) }
-
 // longestGap is the longest interval inside [from, to] with no time of ts
-// (sorted) in it: the gaps between consecutive times, and from `from` to
-// the first time after it (or to `to` when there is none).
+// (sorted) in it.
 func longestGap(ts []time.Time, from, to time.Time) time.Duration {
 	var longest time.Duration
 	prev := from

@@ -16,7 +16,6 @@ import (
 
 	"github.com/gorm-outbox/outbox/inbox"
 	"github.com/gorm-outbox/outbox/inbox/franz"
-	"github.com/gorm-outbox/outbox/kafkapub"
 )
 
 // Consumer clients of the effects run.
@@ -189,13 +188,7 @@ func RunConsumer(ctx context.Context, c ConsumerConfig, log *slog.Logger) error 
 			}
 		}
 		cons, err := franz.NewConsumer(ib, effectsHandler, func(tx *gorm.DB, r *kgo.Record) error {
-			id := ""
-			for _, h := range r.Headers {
-				if h.Key == kafkapub.DefaultMessageIDHeader {
-					id = string(h.Value)
-				}
-			}
-			return apply(tx, r.Key, r.Value, id, int(r.Partition), r.Offset)
+			return apply(tx, r.Key, r.Value, kgoMessageID(r), int(r.Partition), r.Offset)
 		}, copts,
 			kgo.SeedBrokers(c.Brokers...),
 			kgo.ConsumerGroup(c.Group),

@@ -9,7 +9,6 @@ import (
 	"maps"
 	"math/rand/v2"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -277,19 +276,16 @@ func newConsumerGroup(ctx context.Context, cfg EffectsConfig, client, topic stri
 func (g *consumerGroup) start(live bool, env ...string) (*Proc, error) {
 	c := g.base
 	c.ID = g.nextID(g.client)
-	p, err := startProcess(c.ID, g.bin, c.Args(), env, filepath.Join(g.dir, "consumer-"+c.ID+".log"))
-	if err != nil {
-		return nil, fmt.Errorf("chaos: start consumer %s: %w", c.ID, err)
-	}
-	g.started(p, live)
-	return p, nil
+	return g.procSet.start("consumer", c.ID, g.bin, g.dir, c.Args(), env, live)
 }
 
-// logs returns the group's log files.
-func (g *consumerGroup) logs() []string {
+// logs returns the group's log files but skip.
+func (g *consumerGroup) logs(skip string) []string {
 	var fs []string
 	for _, p := range g.procs() {
-		fs = append(fs, p.Log)
+		if p.Log != skip {
+			fs = append(fs, p.Log)
+		}
 	}
 	return fs
 }
@@ -366,38 +362,19 @@ func RunEffects(ctx context.Context, cfg EffectsConfig) (EffectsSummary, error) 
 		}
 	}
 
-	relays := &Relays{Bin: cfg.Bin, LogDir: cfg.Dir, Base: RelayConfig{
-		Dialect: cfg.Dialect, DSN: d.RelayDSN, Brokers: cfg.Brokers,
-		LeaseDuration: leaseDuration, RenewInterval: renewInterval, PollInterval: pollInterval, BatchSize: batchSize,
-		PublishTimeout: effectsPubTTL, TxnOutbox: txnOutbox(cfg.Transactional, topic),
-	}}
+	relays := cfg.relays(RelayConfig{DSN: d.RelayDSN, PublishTimeout: effectsPubTTL, TxnOutbox: txnOutbox(cfg.Transactional, topic)})
 	defer relays.StopAll(10 * time.Second)
-	for range effectsRelays {
-		if err := relays.add(); err != nil {
-			return s, err
-		}
+	if err := relays.add(effectsRelays); err != nil {
+		return s, err
 	}
 
 	rng := rand.New(rand.NewPCG(uint64(cfg.Seed), 0xeffec7))
 	stopWriters := make(chan struct{})
-	var (
-		wmu        sync.Mutex
-		written    int
-		rolledBack = map[string]bool{}
-		writeErr   error
-		wwg        sync.WaitGroup
-	)
+	led := newLedger()
+	writeErrs := make([]error, writers)
+	var wwg sync.WaitGroup
 	for w := range writers {
-		wwg.Go(func() {
-			n, rb, err := writeOrders(ctx, db, topic, w, cfg, stopWriters)
-			wmu.Lock()
-			defer wmu.Unlock()
-			written += n
-			for id := range rb {
-				rolledBack[id] = true
-			}
-			writeErr = errors.Join(writeErr, err)
-		})
+		wwg.Go(func() { writeErrs[w] = writeOrders(ctx, db, topic, w, cfg, stopWriters, led) })
 	}
 	writeUntil := time.Now().Add(cfg.WriteFor)
 
@@ -425,11 +402,11 @@ func RunEffects(ctx context.Context, cfg EffectsConfig) (EffectsSummary, error) 
 	sleepUntil(ctx, writeUntil)
 	close(stopWriters)
 	wwg.Wait() // they stop at once (or at ctx's end)
-	if writeErr != nil {
-		return s, writeErr
+	if err := errors.Join(writeErrs...); err != nil {
+		return s, err
 	}
-	s.Written = written
-	log.Info("chaos: effects faults over; draining", "mode", s.Mode, "written", written)
+	s.Written = led.written
+	log.Info("chaos: effects faults over; draining", "mode", s.Mode, "written", s.Written)
 
 	// Drain: the outbox table empties, each client applies an effect for
 	// every committed row, and the last message of each consumer the
@@ -461,7 +438,7 @@ func RunEffects(ctx context.Context, cfg EffectsConfig) (EffectsSummary, error) 
 
 	// The audit and the proofs that need the whole logs.
 	for _, g := range groups {
-		if err := auditEffects(db, g.db, rolledBack, g.cell); err != nil {
+		if err := auditEffects(db, g.db, led.rolledBack, g.cell); err != nil {
 			return s, err
 		}
 		if err := proveConsumerFaults(g); err != nil {
@@ -476,39 +453,33 @@ func RunEffects(ctx context.Context, cfg EffectsConfig) (EffectsSummary, error) 
 	return s, ctx.Err()
 }
 
-// writeOrders is one writer: it owns every key k with k % writers == w (its
-// writes to a key are serialised, so a key's sequence numbers are its
-// commit order) and commits or rolls back transactions of 1 to 3 business
-// rows, each with its outbox message (value: the row's sequence number),
-// at the rate of its share of cfg.Messages over cfg.WriteFor, until stop
-// is closed. It returns the rows written and the message ids of the
-// rolled-back ones.
-func writeOrders(ctx context.Context, db *gorm.DB, topic string, w int, cfg EffectsConfig, stop <-chan struct{}) (int, map[string]bool, error) {
+// writeOrders is writer w: transactions of 1-3 business rows with their
+// messages over the keys k % writers == w (so a key's sequence numbers are
+// its commit order), paced over cfg.WriteFor until stop, counted in led.
+func writeOrders(ctx context.Context, db *gorm.DB, topic string, w int, cfg EffectsConfig, stop <-chan struct{}, led *ledger) error {
 	rng := rand.New(rand.NewPCG(uint64(cfg.Seed), uint64(w)+1))
 	var keys []string
 	for k := w; k < effectsKeys; k += writers {
 		keys = append(keys, fmt.Sprintf("k%02d", k))
 	}
-	rolledBack := map[string]bool{}
 	if len(keys) == 0 {
-		return 0, rolledBack, nil
+		return nil
 	}
 	share := max(cfg.Messages/writers, 1)
 	seq := map[string]int{}
 	start := time.Now()
-	written := 0
-	for ctx.Err() == nil {
+	for written := 0; ctx.Err() == nil; {
 		due := time.Duration(float64(cfg.WriteFor) * float64(written) / float64(share))
 		if el := time.Since(start); el < due {
 			select {
 			case <-stop:
-				return written, rolledBack, nil
+				return nil
 			case <-time.After(due - el):
 			}
 		}
 		select {
 		case <-stop:
-			return written, rolledBack, nil
+			return nil
 		default:
 		}
 		n := 1 + rng.IntN(3)
@@ -536,22 +507,25 @@ func writeOrders(ctx context.Context, db *gorm.DB, topic string, w int, cfg Effe
 			}
 			return nil
 		})
-		switch {
-		case errors.Is(err, errRollback):
-			for _, m := range msgs {
-				rolledBack[m.MessageID.String()] = true
-			}
-		case err != nil:
+		if err != nil && !errors.Is(err, errRollback) {
 			if ctx.Err() != nil {
-				return written, rolledBack, nil
+				return nil
 			}
 			// The writers' sessions are never killed: a failed commit is
 			// the harness's problem, not a fault under test.
-			return written, rolledBack, fmt.Errorf("chaos: writer %d: %w", w, err)
+			return fmt.Errorf("chaos: writer %d: %w", w, err)
 		}
 		written += n
+		led.mu.Lock()
+		led.written += n
+		for _, m := range msgs {
+			if err != nil { // errRollback
+				led.rolledBack[m.MessageID.String()] = true
+			}
+		}
+		led.mu.Unlock()
 	}
-	return written, rolledBack, nil
+	return nil
 }
 
 var errRollback = errors.New("chaos: rolled back on purpose")
@@ -695,7 +669,7 @@ func (h *effectsHarness) relayKill() error {
 	} else {
 		f.note("%s exited with %v", p.ID, p.Err)
 	}
-	return h.relays.add()
+	return h.relays.add(1)
 }
 
 // owners returns the live owner of each bucket (bucket → relay id).
@@ -875,7 +849,7 @@ func (h *effectsHarness) consumerKill(ctx context.Context, g *consumerGroup) err
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	if p.ExitSignal() == syscall.SIGKILL && fileContains(p.Log, "failpoint inbox/after-commit: SIGKILL") {
+	if p.ExitSignal() == syscall.SIGKILL && firstInLogs([]string{p.Log}, func(l string) bool { return strings.Contains(l, "failpoint inbox/after-commit: SIGKILL") }) != "" {
 		g.cell.Faults[FaultConsumerKill].Injected++
 		g.mu.Lock()
 		g.victims = append(g.victims, p)
@@ -941,32 +915,24 @@ func (h *effectsHarness) consumerDBKill(ctx context.Context, g *consumerGroup) e
 	}
 }
 
-// proveConsumerFaults proves g's faults from the whole logs: each rebalance
-// (a member that stayed logged a new assignment after the leave), each
-// consumer database kill (mid-transaction, and a consumer logged a failed
-// handling within dbKillEcho) and each consumer kill (the message of the
-// victim's last effect, committed but not its offset, was redelivered to
-// another member and skipped as a duplicate).
+// proveConsumerFaults proves g's rebalances, consumer database kills and
+// consumer kills from the whole logs.
 func proveConsumerFaults(g *consumerGroup) error {
 	rf := g.cell.Faults[FaultRebalance]
 	for _, l := range g.leavers {
-		found := ""
+		// A member that was there before the leave logs each generation's
+		// assignment (franz-go's cooperative rebalance may assign it
+		// nothing new: the line still comes).
+		var stayed []string
 		for _, p := range g.procs() {
-			// A member that was there before the leave; its client logs
-			// each generation's assignment (franz-go's cooperative
-			// rebalance may assign it nothing new: the line still comes).
-			if p == l.p || !p.StartedAt.Before(l.left) {
-				continue
-			}
-			if line, ok := firstLine(p.Log, func(s string) bool {
-				at, ok := lineTime(s)
-				return ok && at.After(l.left) && strings.Contains(s, `msg="`+logAssigned+`"`)
-			}); ok {
-				found = line
-				break
+			if p != l.p && p.StartedAt.Before(l.left) {
+				stayed = append(stayed, p.Log)
 			}
 		}
-		if found != "" {
+		if found := firstInLogs(stayed, func(s string) bool {
+			at, ok := lineTime(s)
+			return ok && at.After(l.left) && strings.Contains(s, `msg="`+logAssigned+`"`)
+		}); found != "" {
 			rf.prove("%s left; a member that stayed: %s", l.p.ID, gist(found, "consumer="))
 		} else {
 			rf.note("%s left; no member that stayed logged a new assignment", l.p.ID)
@@ -977,17 +943,10 @@ func proveConsumerFaults(g *consumerGroup) error {
 		if k.MidStatement == 0 {
 			continue
 		}
-		found := ""
-		for _, file := range g.logs() {
-			if line, ok := firstLine(file, func(l string) bool {
-				at, ok := lineTime(l)
-				return ok && k.echoed(at) && strings.Contains(l, `msg="`+logHandlingFailed+`"`)
-			}); ok {
-				found = line
-				break
-			}
-		}
-		if found != "" {
+		if found := firstInLogs(g.logs(""), func(l string) bool {
+			at, ok := lineTime(l)
+			return ok && k.echoed(at) && strings.Contains(l, `msg="`+logHandlingFailed+`"`)
+		}); found != "" {
 			df.prove("%d sessions killed, %d mid-transaction; %s", k.Killed, k.MidStatement, gist(found, "error="))
 		} else {
 			df.note("%d sessions killed, %d mid-statement; no consumer WARN within %v", k.Killed, k.MidStatement, dbKillEcho)
@@ -1024,17 +983,9 @@ func (g *consumerGroup) redelivery(v *Proc) (effect, string, error) {
 	if e.MessageID == "" {
 		return e, "", nil
 	}
-	for _, file := range g.logs() {
-		if file == v.Log {
-			continue
-		}
-		if line, ok := firstLine(file, func(l string) bool {
-			return strings.Contains(l, `msg="`+logDuplicate+`"`) && strings.Contains(l, "message_id="+e.MessageID)
-		}); ok {
-			return e, line, nil
-		}
-	}
-	return e, "", nil
+	return e, firstInLogs(g.logs(v.Log), func(l string) bool {
+		return strings.Contains(l, `msg="`+logDuplicate+`"`) && strings.Contains(l, "message_id="+e.MessageID)
+	}), nil
 }
 
 // redelivered reports whether the last effect of every member the
@@ -1093,26 +1044,17 @@ func (h *effectsHarness) proveRelayFaults() error {
 	return nil
 }
 
-// effectGap returns the longest interval without an effect applied that
-// overlaps w.
+// effectGap returns the longest interval within w without an effect applied.
 func effectGap(db *gorm.DB, w window) (time.Duration, error) {
 	var ats []int64
-	from, to := w.from.Add(-30*time.Second).UnixMilli(), w.to.Add(30*time.Second).UnixMilli()
-	if err := db.Model(&effect{}).Where("applied_at_ms BETWEEN ? AND ?", from, to).Order("applied_at_ms").Pluck("applied_at_ms", &ats).Error; err != nil {
+	if err := db.Model(&effect{}).Where("applied_at_ms BETWEEN ? AND ?", w.from.UnixMilli(), w.to.UnixMilli()).Order("applied_at_ms").Pluck("applied_at_ms", &ats).Error; err != nil {
 		return 0, fmt.Errorf("chaos: read effect times: %w", err)
 	}
-	ats = append([]int64{from}, append(ats, to)...)
-	var best int64
-	for i := 1; i < len(ats); i++ {
-		a, b := ats[i-1], ats[i]
-		if b < w.from.UnixMilli() || a > w.to.UnixMilli() {
-			continue
-		}
-		// The part of the gap that overlaps the pause.
-		a, b = max(a, w.from.UnixMilli()), min(b, w.to.UnixMilli())
-		best = max(best, b-a)
+	ts := make([]time.Time, len(ats))
+	for i, at := range ats {
+		ts[i] = time.UnixMilli(at)
 	}
-	return time.Duration(best) * time.Millisecond, nil
+	return longestGap(ts, w.from.Truncate(time.Millisecond), w.to.Truncate(time.Millisecond)), nil
 }
 
 // Log reading. The children log with slog's text handler: each line starts
@@ -1144,9 +1086,14 @@ func firstLine(file string, match func(string) bool) (string, bool) {
 	return "", false
 }
 
-func fileContains(file, s string) bool {
-	_, ok := firstLine(file, func(l string) bool { return strings.Contains(l, s) })
-	return ok
+// firstInLogs returns the first line of files, in order, that matches ("" when none does).
+func firstInLogs(files []string, match func(string) bool) string {
+	for _, f := range files {
+		if l, ok := firstLine(f, match); ok {
+			return l
+		}
+	}
+	return ""
 }
 
 // waitForMatch waits up to timeout for a line of file that matches.

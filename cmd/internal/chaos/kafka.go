@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -45,10 +46,8 @@ type Consumer struct {
 // the readers to exit.
 func StartConsumer(ctx context.Context, brokers []string, topic string, partitions int) *Consumer {
 	c := &Consumer{parts: make([][]Record, partitions), ids: map[string]int{}}
-	for p := 0; p < partitions; p++ {
-		c.wg.Add(1)
-		go func() {
-			defer c.wg.Done()
+	for p := range partitions {
+		c.wg.Go(func() {
 			r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, Partition: p, MinBytes: 1, MaxBytes: 10 << 20, MaxWait: 100 * time.Millisecond, StartOffset: kafka.FirstOffset})
 			defer r.Close()
 			for {
@@ -60,15 +59,15 @@ func StartConsumer(ctx context.Context, brokers []string, topic string, partitio
 					time.Sleep(100 * time.Millisecond)
 					continue
 				}
-				rec := Record{Key: string(m.Key), Keyless: m.Key == nil, Partition: p, Offset: m.Offset, Produced: m.Time, Received: time.Now()}
+				id := ""
 				for _, h := range m.Headers {
 					if h.Key == kafkapub.DefaultMessageIDHeader {
-						rec.ID = string(h.Value)
+						id = string(h.Value)
 					}
 				}
-				c.add(rec)
+				c.add(Record{ID: id, Key: string(m.Key), Keyless: m.Key == nil, Partition: p, Offset: m.Offset, Produced: m.Time, Received: time.Now()})
 			}
-		}()
+		})
 	}
 	return c
 }
@@ -132,7 +131,6 @@ func (c *Consumer) FirstProducedAfter(t time.Time, buckets map[int]bool, bucketC
 
 // Check is the verdict of the checker.
 type Check struct {
-	Arrived           int // distinct committed (or in-doubt) ids that arrived
 	Lost              int // committed ids that never arrived
 	RolledBackArrived int // rolled-back ids that arrived
 	OrderViolations   int // adjacent inversions of commit order per key, after dedup
@@ -176,21 +174,12 @@ func (c *Consumer) Verify(perKey map[string][]string, keyless []string, doubt, r
 			ck.RolledBackArrived++
 		}
 	}
-	count := func(id string) {
-		switch {
-		case copies[id] > 0:
-			ck.Arrived++
-		case !doubt[id]:
-			ck.Lost++
-		}
-	}
-	for _, ids := range perKey {
+	for _, ids := range append(slices.Collect(maps.Values(perKey)), keyless) {
 		for _, id := range ids {
-			count(id)
+			if copies[id] == 0 && !doubt[id] {
+				ck.Lost++
+			}
 		}
-	}
-	for _, id := range keyless {
-		count(id)
 	}
 	ck.OrderViolations = orderViolations(parts, perKey, true)
 	return ck

@@ -166,11 +166,7 @@ func crashCell(ctx context.Context, cfg MatrixConfig, cell string, step MatrixSt
 		}
 	}
 
-	relays := &Relays{Bin: cfg.Bin, LogDir: cfg.Dir, Base: RelayConfig{
-		Dialect: cfg.Dialect, DSN: d.DSN, Brokers: cfg.Brokers,
-		LeaseDuration: leaseDuration, RenewInterval: renewInterval, PollInterval: pollInterval, BatchSize: batchSize,
-		TxnOutbox: txnOutbox(cfg.Transactional, topic),
-	}}
+	relays := cfg.relays(RelayConfig{DSN: d.DSN, TxnOutbox: txnOutbox(cfg.Transactional, topic)})
 	defer relays.StopAll(10 * time.Second)
 	victimID, peerID := "victim-"+cell, "peer-"+cell
 	victim, err := relays.Start(victimID, "OUTBOX_FAILPOINTS="+step.Failpoints)
@@ -233,8 +229,7 @@ func crashCell(ctx context.Context, cfg MatrixConfig, cell string, step MatrixSt
 	ck := consumer.Verify(perKey, nil, nil, nil)
 	row.Lost, row.Duplicates, row.OrderViolations = ck.Lost, ck.Duplicates, ck.OrderViolations
 	if cfg.Transactional {
-		row.RawOrderViolations = consumer.RawOrderViolations(perKey)
-		row.UnexplainedOrderViolations = consumer.UnexplainedOrderViolations(perKey)
+		row.RawOrderViolations, row.UnexplainedOrderViolations = consumer.txnOrderViolations(perKey)
 	}
 	return row, nil
 }

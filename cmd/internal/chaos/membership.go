@@ -87,10 +87,8 @@ type change struct {
 	at          time.Time
 }
 
-// changeMembership makes the schedule's changes to pool's relays, the
-// first membershipWarmup after its call and each next one after the
-// previous one's settle time, telling w of every kill; it returns the
-// changes made once the last settle time is over.
+// changeMembership makes the schedule's changes, telling w of every kill,
+// and returns them once the last settle time is over.
 func changeMembership(ctx context.Context, relays *Relays, w *ownerWatch, rng *rand.Rand, log *slog.Logger) ([]change, error) {
 	var done []change
 	next := time.Now().Add(membershipWarmup)
@@ -138,7 +136,7 @@ func changeOne(kind string, relays *Relays, w *ownerWatch, rng *rand.Rand) (chan
 		_, err := relays.start(pr.ID, true)
 		return c, err
 	case ChangeRestartNewID:
-		return c, relays.add()
+		return c, relays.add(1)
 	}
 	return c, nil
 }
@@ -147,11 +145,8 @@ func sleepUntil(ctx context.Context, t time.Time) { sleepCtx(ctx, time.Until(t))
 
 // ownerWatch samples the lease and relays tables every ownerSample and
 // records every stretch a bucket went without a live owner: an unexpired
-// lease whose owner's heartbeat is live (not stopped, seen within the lease
-// duration) and whose process the harness did not kill. A killed relay's
-// lease and heartbeat stay valid until they run out, but nobody serves its
-// buckets: their stretches count from the kill. Times are the host's clock,
-// the clock of every database of the harness (all on this host).
+// lease of a relay with a live heartbeat that the harness did not kill (a
+// killed relay's buckets are unserved from the kill on).
 type ownerWatch struct {
 	db *gorm.DB
 

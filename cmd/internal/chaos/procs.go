@@ -109,13 +109,20 @@ func (s *procSet) nextID(prefix string) string {
 	return fmt.Sprintf("%s-%d", prefix, s.next)
 }
 
-func (s *procSet) started(p *Proc, live bool) {
+// start starts child id of kind (relay, consumer), its log dir/kind-id.log
+// (live: one a fault may take).
+func (s *procSet) start(kind, id, bin, dir string, args, env []string, live bool) (*Proc, error) {
+	p, err := startProcess(id, bin, args, env, filepath.Join(dir, kind+"-"+id+".log"))
+	if err != nil {
+		return nil, fmt.Errorf("chaos: start %s %s: %w", kind, id, err)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.all = append(s.all, p)
 	if live {
 		s.live = append(s.live, p)
 	}
+	return p, nil
 }
 
 // take removes a live process (the intn-th) from the set, or returns nil.
@@ -173,18 +180,28 @@ func (r *Relays) Start(id string, env ...string) (*Proc, error) { return r.start
 func (r *Relays) start(id string, live bool, env ...string) (*Proc, error) {
 	c := r.Base
 	c.RelayID = id
-	p, err := startProcess(id, r.Bin, c.Args(), env, filepath.Join(r.LogDir, "relay-"+id+".log"))
-	if err != nil {
-		return nil, fmt.Errorf("chaos: start relay %s: %w", id, err)
-	}
-	r.set.started(p, live)
-	return p, nil
+	return r.set.start("relay", id, r.Bin, r.LogDir, c.Args(), env, live)
 }
 
-// add starts a relay named relay-N that faults may take.
-func (r *Relays) add() error {
-	_, err := r.start(r.set.nextID("relay"), true)
-	return err
+// add starts n relays named relay-N that faults may take.
+func (r *Relays) add(n int) error {
+	for range n {
+		if _, err := r.start(r.set.nextID("relay"), true); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// relays returns a pool of relay children of e with the harness's timing
+// where base leaves it zero.
+func (e Env) relays(base RelayConfig) *Relays {
+	base.Dialect, base.Brokers = e.Dialect, e.Brokers
+	orDefault(&base.LeaseDuration, leaseDuration)
+	orDefault(&base.RenewInterval, renewInterval)
+	orDefault(&base.PollInterval, pollInterval)
+	orDefault(&base.BatchSize, batchSize)
+	return &Relays{Bin: e.Bin, LogDir: e.Dir, Base: base}
 }
 
 // StopAll stops every child still running.

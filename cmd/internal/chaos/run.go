@@ -55,10 +55,8 @@ type Env struct {
 // RunConfig configures a chaos run.
 type RunConfig struct {
 	Env
-	// PoolerDSN (PostgreSQL only) is a connection pooler in front of
-	// BaseDSN's server (PgBouncer in transaction pooling mode): the writers,
-	// the relays and the checks connect through it to the run's database,
-	// which is still created, killed into and dropped through BaseDSN.
+	// PoolerDSN (PostgreSQL only): a PgBouncer in front of BaseDSN's server
+	// through which the writers, relays and checks connect.
 	PoolerDSN string
 	// Messages, Relays and Faults are the run's size (zero: 20000, 3, 24);
 	// the writers take WriteFor (zero: 75s), over which the faults spread.
@@ -68,9 +66,8 @@ type RunConfig struct {
 	Seed int64
 	// Transactional runs the transactional variant (see txn.go).
 	Transactional bool
-	// Membership runs the membership variant (see membership.go): its fixed
-	// schedule of membership changes replaces the faults and the poison
-	// key; Messages and Relays default to membershipRate a second and 2.
+	// Membership runs the membership variant (see membership.go): its
+	// changes replace the faults and the poison key.
 	Membership bool
 }
 
@@ -100,9 +97,8 @@ type Summary struct {
 	// is how many rows its requeue changed.
 	PoisonParked   bool
 	PoisonRequeued int64
-	// The membership variant: its figures per kind of change, its longest
-	// delivery delay (commit to the checker's read) and the longest time
-	// between two samples of the owners.
+	// The membership variant: per kind of change, the longest delivery
+	// delay, the longest time between two owner samples.
 	Membership           bool
 	Handovers            []Handover
 	Delay, OwnerSampling time.Duration
@@ -161,8 +157,7 @@ func (s Summary) Err() error {
 	return nil
 }
 
-// drainTimeout bounds the wait, after the faults, for the table to drain
-// (the effects run: for every effect and redelivery).
+// drainTimeout bounds the wait for the table to drain after the faults.
 const drainTimeout = 90 * time.Second
 
 // ledger is what the writers committed.
@@ -174,8 +169,7 @@ type ledger struct {
 	rolledBack map[string]bool
 	written    int
 	committed  int
-	// committedAt, when not nil, records when each committed id's
-	// transaction committed.
+	// committedAt, when not nil: each committed id's commit time.
 	committedAt map[string]time.Time
 }
 
@@ -266,16 +260,10 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 		return s, err
 	}
 	defer closeGorm(db)
-	relays := &Relays{Bin: cfg.Bin, LogDir: cfg.Dir, Base: RelayConfig{
-		Dialect: cfg.Dialect, DSN: relayDSN, Brokers: cfg.Brokers,
-		LeaseDuration: leaseDuration, RenewInterval: renewInterval, PollInterval: pollInterval, BatchSize: batchSize,
-		TxnOutbox: txnOutbox(cfg.Transactional, topic),
-	}}
+	relays := cfg.relays(RelayConfig{DSN: relayDSN, TxnOutbox: txnOutbox(cfg.Transactional, topic)})
 	defer relays.StopAll(10 * time.Second)
-	for range cfg.Relays {
-		if err := relays.add(); err != nil {
-			return s, err
-		}
+	if err := relays.add(cfg.Relays); err != nil {
+		return s, err
 	}
 
 	// Lease auditor: the trigger records every owner change; the auditor
@@ -374,8 +362,7 @@ func Run(ctx context.Context, cfg RunConfig) (Summary, error) {
 	led.mu.Lock()
 	s.Check = consumer.Verify(led.perKey, led.keyless, led.doubt, led.rolledBack)
 	if cfg.Transactional {
-		s.RawOrderViolations = consumer.RawOrderViolations(led.perKey)
-		s.UnexplainedOrderViolations = consumer.UnexplainedOrderViolations(led.perKey)
+		s.RawOrderViolations, s.UnexplainedOrderViolations = consumer.txnOrderViolations(led.perKey)
 	}
 	s.Written, s.Committed, s.RolledBack, s.InDoubt = led.written, led.committed, len(led.rolledBack), len(led.doubt)
 	if cfg.Membership {
@@ -417,10 +404,9 @@ func startWriters(ctx context.Context, db *gorm.DB, topic string, cfg RunConfig,
 	return done
 }
 
-// write is one writer: it owns its keys (so their writes are serialised)
-// and commits or rolls back transactions of 1 to 4 messages, paced to
-// spread its share of the messages over cfg.WriteFor. Key k0 of each writer
-// pins an explicit partition; a few messages are keyless.
+// write is one writer of 1-4 message transactions over its own keys (so
+// each key's writes are serialised), paced over cfg.WriteFor; k0 pins a
+// partition, a few messages are keyless.
 func write(ctx context.Context, db *gorm.DB, topic string, w int, cfg RunConfig, led *ledger) {
 	rng := rand.New(rand.NewPCG(uint64(cfg.Seed), uint64(w)))
 	share := cfg.Messages / writers
@@ -493,9 +479,8 @@ func write(ctx context.Context, db *gorm.DB, topic string, w int, cfg RunConfig,
 	}
 }
 
-// faultSchedule returns n fault kinds in random order: every kind at least
-// once when n allows it (so that a short run still has each fault), the
-// rest drawn at random.
+// faultSchedule returns n fault kinds in random order, each kind at least
+// once when n allows it.
 func faultSchedule(rng *rand.Rand, kinds []string, n int) []string {
 	s := make([]string, n)
 	for i := range s {
@@ -515,9 +500,7 @@ func (k DBKill) echoed(at time.Time) bool {
 }
 
 // dbKillEcho is how long after a database-kill fault a relay's WARN still
-// counts as its echo: a relay blocked on the harness's lock reports the
-// killed connection at once; one that was idle meets it at its next
-// statement (it reconnects silently: see KillClientSessions).
+// counts as its echo: an idle relay meets the kill at its next statement.
 const dbKillEcho = 2 * time.Second
 
 // storeWarnMessages are the relay's WARN messages about a failed store
@@ -548,9 +531,8 @@ func storeWarnings(dir string) ([]time.Time, error) {
 	return at, err
 }
 
-// inject injects one fault of kind (a process or broker fault) and reports
-// whether it was injected. Process faults finish in the background (tracked
-// by wg).
+// inject injects one fault of kind and reports whether it did; process
+// faults finish in the background (wg).
 func inject(ctx context.Context, kind string, rng *rand.Rand, relays *Relays, fake *kfake.Cluster, wg *sync.WaitGroup, log *slog.Logger) bool {
 	log.Info("chaos: fault", "kind", kind)
 	switch kind {
@@ -574,7 +556,7 @@ func inject(ctx context.Context, kind string, rng *rand.Rand, relays *Relays, fa
 				relays.set.give(pr)
 				return
 			}
-			if err := relays.add(); err != nil {
+			if err := relays.add(1); err != nil {
 				log.Error("chaos: restart relay", "error", err)
 			}
 		})
@@ -608,9 +590,9 @@ func inject(ctx context.Context, kind string, rng *rand.Rand, relays *Relays, fa
 	return false
 }
 
-// drain waits up to timeout for the messages table to empty, reporting
-// whether it did, then up to a minute for the consumer to see every id the
-// ledger is sure was committed, then a second more for late copies.
+// drain waits up to timeout for the table to empty (reporting whether it
+// did), then up to a minute for the consumer to see every surely committed
+// id, then a second for late copies.
 func drain(ctx context.Context, db *gorm.DB, led *ledger, consumer *Consumer, timeout time.Duration) (drained bool) {
 	deadline := time.Now().Add(timeout)
 	for ctx.Err() == nil {

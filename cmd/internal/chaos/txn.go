@@ -9,40 +9,16 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
-// The transactional variants (RunConfig.Transactional,
-// MatrixConfig.Transactional): the relay children publish with
-// kafkapub.Config.Transactions (one transactional id per bucket, prefixed
-// with the run's topic so that runs never fence each other), and the
-// checker reads with isolation.level=read_committed through franz-go:
-// kafka-go's Reader does not filter aborted transactions (it returns their
-// records and the transaction markers even with IsolationLevel
-// ReadCommitted).
-
-// startChecker starts the run's independent consumer: read_committed
-// through franz-go for a transactional run, else kafka-go's Reader.
+// startChecker starts the run's independent consumer. A transactional run
+// (its relays publish with kafkapub.Transactions, outbox named after the
+// topic so that runs never fence each other) reads read_committed through
+// franz-go: kafka-go's Reader returns aborted records and markers even so.
 func startChecker(ctx context.Context, transactional bool, brokers []string, topic string, partitions int) *Consumer {
-	if transactional {
-		return StartCommittedConsumer(ctx, brokers, topic, partitions)
+	if !transactional {
+		return StartConsumer(ctx, brokers, topic, partitions)
 	}
-	return StartConsumer(ctx, brokers, topic, partitions)
-}
-
-// txnOutbox is the relays' RelayConfig.TxnOutbox for a run on topic.
-func txnOutbox(transactional bool, topic string) string {
-	if transactional {
-		return topic
-	}
-	return ""
-}
-
-// StartCommittedConsumer is StartConsumer reading with
-// isolation.level=read_committed (franz-go): records of aborted
-// transactions and transaction markers are never seen.
-func StartCommittedConsumer(ctx context.Context, brokers []string, topic string, partitions int) *Consumer {
 	c := &Consumer{parts: make([][]Record, partitions), ids: map[string]int{}}
-	c.wg.Add(1)
-	go func() {
-		defer c.wg.Done()
+	c.wg.Go(func() {
 		var cl *kgo.Client
 		for ctx.Err() == nil {
 			var err error
@@ -63,45 +39,48 @@ func StartCommittedConsumer(ctx context.Context, brokers []string, topic string,
 		}
 		defer cl.Close()
 		for ctx.Err() == nil {
-			fs := cl.PollFetches(ctx)
-			fs.EachRecord(func(m *kgo.Record) {
-				p := int(m.Partition)
-				if p < 0 || p >= partitions {
-					return
+			cl.PollFetches(ctx).EachRecord(func(m *kgo.Record) {
+				if p := int(m.Partition); p >= 0 && p < partitions {
+					c.add(Record{ID: kgoMessageID(m), Key: string(m.Key), Keyless: m.Key == nil, Partition: p, Offset: m.Offset, Produced: m.Timestamp, Received: time.Now()})
 				}
-				rec := Record{Key: string(m.Key), Keyless: m.Key == nil, Partition: p, Offset: m.Offset, Produced: m.Timestamp, Received: time.Now()}
-				for _, h := range m.Headers {
-					if h.Key == kafkapub.DefaultMessageIDHeader {
-						rec.ID = string(h.Value)
-					}
-				}
-				c.add(rec)
 			})
 		}
-	}()
+	})
 	return c
 }
 
-// RawOrderViolations counts, per key, the adjacent inversions of commit
-// order (perKey) in the records as consumed, every copy included: what a
-// consumer that does not deduplicate sees.
-func (c *Consumer) RawOrderViolations(perKey map[string][]string) int {
-	parts, _, _ := c.Snapshot()
-	return orderViolations(parts, perKey, false)
+// kgoMessageID returns r's message-id header.
+func kgoMessageID(r *kgo.Record) string {
+	for _, h := range r.Headers {
+		if h.Key == kafkapub.DefaultMessageIDHeader {
+			return string(h.Value)
+		}
+	}
+	return ""
 }
 
-// UnexplainedOrderViolations counts, per key, the order violations
-// without deduplication that a batch published again does not explain.
-// Fenced publishing allows one: a relay stopped between its Kafka commit
-// and its delete leaves the batch's rows, and the bucket's next owner
-// publishes them again from the first undeleted row, in commit order,
-// before any newer row of the key. So a copy may restart a key's sequence
-// at an earlier row, and the copies must then run on consecutively up to
-// the newest row delivered before a first copy of a newer row arrives, or
-// the records end. Ids outside perKey (rolled back, in doubt) are ignored.
-func (c *Consumer) UnexplainedOrderViolations(perKey map[string][]string) int {
+// txnOutbox is the relays' RelayConfig.TxnOutbox.
+func txnOutbox(transactional bool, topic string) string {
+	if transactional {
+		return topic
+	}
+	return ""
+}
+
+// txnOrderViolations counts, per key, the inversions of commit order
+// (perKey) in the records as consumed, every copy included (what a consumer
+// that does not deduplicate sees), and those of them a batch published
+// again does not explain. Fenced publishing allows one: a relay stopped
+// between its Kafka commit and its delete leaves the batch's rows, and the
+// bucket's next owner publishes them again from the first undeleted row, in
+// commit order, before any newer row of the key. So a copy may restart a
+// key's sequence at an earlier row, and the copies must then run on
+// consecutively up to the newest row delivered before a first copy of a
+// newer row arrives, or the records end. Ids outside perKey (rolled back,
+// in doubt) are ignored.
+func (c *Consumer) txnOrderViolations(perKey map[string][]string) (raw, unexplained int) {
 	parts, _, _ := c.Snapshot()
-	return unexplainedOrderViolations(parts, perKey)
+	return orderViolations(parts, perKey, false), unexplainedOrderViolations(parts, perKey)
 }
 
 func unexplainedOrderViolations(parts [][]Record, perKey map[string][]string) int {
