@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -74,7 +75,6 @@ type config struct {
 	logLevel  string
 }
 
-// envName returns the environment variable of a flag.
 func envName(flagName string) string {
 	return envPrefix + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
 }
@@ -361,44 +361,42 @@ func checkDSN(driver, dsn string) error {
 	return nil
 }
 
+// rule is a check of the configuration: when broken, err is the error.
+type rule struct {
+	broken bool
+	err    string
+}
+
+// firstBroken returns the error of the first broken rule, or nil.
+func firstBroken(rules ...rule) error {
+	for _, r := range rules {
+		if r.broken {
+			return errors.New(r.err)
+		}
+	}
+	return nil
+}
+
 // check reports the first invalid setting the relay and publisher would not
 // report themselves (they are checked by relay.New and kafkapub.New).
 func (c *config) check() error {
 	if err := c.dbConfig.checkConnection(); err != nil {
 		return err
 	}
-	if len(c.kafka.Brokers) == 0 {
-		return errors.New("-kafka-brokers is required")
-	}
-	switch c.saslMechanism {
-	case "", "plain", "scram-sha-256", "scram-sha-512":
-	default:
-		return fmt.Errorf("-kafka-sasl-mechanism %q: must be plain, scram-sha-256 or scram-sha-512", c.saslMechanism)
-	}
-	if c.saslMechanism != "" && c.saslUser == "" {
-		return fmt.Errorf("-kafka-sasl-username is required with -kafka-sasl-mechanism %s", c.saslMechanism)
-	}
-	if (c.tlsCert == "") != (c.tlsKey == "") {
-		return errors.New("-kafka-tls-cert and -kafka-tls-key go together")
-	}
-	if c.kafka.PublishTimeout < 0 {
-		return fmt.Errorf("-kafka-publish-timeout %q: must not be negative", c.kafka.PublishTimeout.String())
-	}
-	if c.txn.Outbox == "" && c.txn.IDPrefix != kafkapub.DefaultTransactionalIDPrefix {
-		return errors.New("-kafka-transactional-id-prefix goes with -kafka-transactions")
-	}
-	if c.txn.Outbox == "" && c.txn.Timeout != kafkapub.DefaultTransactionTimeout {
-		return errors.New("-kafka-transaction-timeout goes with -kafka-transactions")
-	}
-	if mpd := c.relay.MaxPublishDuration; mpd > 0 {
-		if pt := c.kafka.PublishTimeout; pt >= mpd {
-			return fmt.Errorf("-kafka-publish-timeout %v must be shorter than -max-publish-duration %v: a publish to a hung broker would stop the relay", pt, mpd)
-		}
-	}
-	switch c.logFormat {
-	case "text", "json":
-	default:
-		return fmt.Errorf("-log-format %q: must be text or json", c.logFormat)
+	mpd, pt := c.relay.MaxPublishDuration, c.kafka.PublishTimeout
+	if err := firstBroken(
+		rule{len(c.kafka.Brokers) == 0, "-kafka-brokers is required"},
+		rule{!slices.Contains([]string{"", "plain", "scram-sha-256", "scram-sha-512"}, c.saslMechanism),
+			fmt.Sprintf("-kafka-sasl-mechanism %q: must be plain, scram-sha-256 or scram-sha-512", c.saslMechanism)},
+		rule{c.saslMechanism != "" && c.saslUser == "", "-kafka-sasl-username is required with -kafka-sasl-mechanism " + c.saslMechanism},
+		rule{(c.tlsCert == "") != (c.tlsKey == ""), "-kafka-tls-cert and -kafka-tls-key go together"},
+		rule{pt < 0, fmt.Sprintf("-kafka-publish-timeout %q: must not be negative", pt.String())},
+		rule{c.txn.Outbox == "" && c.txn.IDPrefix != kafkapub.DefaultTransactionalIDPrefix, "-kafka-transactional-id-prefix goes with -kafka-transactions"},
+		rule{c.txn.Outbox == "" && c.txn.Timeout != kafkapub.DefaultTransactionTimeout, "-kafka-transaction-timeout goes with -kafka-transactions"},
+		rule{mpd > 0 && pt >= mpd, fmt.Sprintf("-kafka-publish-timeout %v must be shorter than -max-publish-duration %v: a publish to a hung broker would stop the relay", pt, mpd)},
+		rule{c.logFormat != "text" && c.logFormat != "json", fmt.Sprintf("-log-format %q: must be text or json", c.logFormat)},
+	); err != nil {
+		return err
 	}
 	if _, err := parseLevel(c.logLevel); err != nil {
 		return err
@@ -419,23 +417,17 @@ func (c *config) check() error {
 
 // checkConnection checks the database driver, DSN and statement timeout.
 func (c *dbConfig) checkConnection() error {
-	switch c.dbDriver {
-	case "postgres", "mysql", "sqlite":
-	case "":
-		return errors.New("-db-driver is required (postgres, mysql or sqlite)")
-	default:
-		return fmt.Errorf("-db-driver %q: must be postgres, mysql or sqlite", c.dbDriver)
-	}
-	if c.statementTimeout < 0 {
-		return fmt.Errorf("-statement-timeout %q: must not be negative", c.statementTimeout.String())
-	}
-	if c.dbDSN == "" {
-		return errors.New("-db-dsn is required")
+	if err := firstBroken(
+		rule{c.dbDriver == "", "-db-driver is required (postgres, mysql or sqlite)"},
+		rule{!slices.Contains([]string{"postgres", "mysql", "sqlite"}, c.dbDriver), fmt.Sprintf("-db-driver %q: must be postgres, mysql or sqlite", c.dbDriver)},
+		rule{c.statementTimeout < 0, fmt.Sprintf("-statement-timeout %q: must not be negative", c.statementTimeout.String())},
+		rule{c.dbDSN == "", "-db-dsn is required"},
+	); err != nil {
+		return err
 	}
 	return checkDSN(c.dbDriver, c.dbDSN)
 }
 
-// check checks the whole database configuration.
 func (c *dbConfig) check() error {
 	if err := c.checkConnection(); err != nil {
 		return err
@@ -534,7 +526,6 @@ Flags:
 	newFlagSet(&config{}).VisitAll(func(f *flag.Flag) { printFlag(w, f) })
 }
 
-// printFlag writes one flag, its variable, usage and default.
 func printFlag(w io.Writer, f *flag.Flag) {
 	fmt.Fprintf(w, "  -%s  [%s]\n    \t%s%s\n", f.Name, envName(f.Name), f.Usage, defaultNote(f))
 }

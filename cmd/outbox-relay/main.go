@@ -201,7 +201,6 @@ func openDB(ctx context.Context, c *dbConfig, log *slog.Logger) (_ *gorm.DB, err
 	return db, nil
 }
 
-// closeDB closes db's pool.
 func closeDB(db *gorm.DB) {
 	if sqlDB, err := db.DB(); err == nil {
 		_ = sqlDB.Close()
@@ -395,7 +394,6 @@ func checkOutboxTables(ctx context.Context, db *gorm.DB, dc *dbConfig) error {
 		strings.Join(missing, ", "), dc.dbDriver, renamed)
 }
 
-// parseLevel parses -log-level.
 func parseLevel(s string) (slog.Level, error) {
 	var l slog.Level
 	if err := l.UnmarshalText([]byte(s)); err != nil {

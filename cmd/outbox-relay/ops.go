@@ -55,10 +55,7 @@ func openStore(ctx context.Context, c *dbConfig, log *slog.Logger, tables bool) 
 // database of c, its tables required.
 func openStoreAdmin(ctx context.Context, c *dbConfig, log *slog.Logger) (relay.ParkAdmin, func(), error) {
 	store, closeFn, err := openStore(ctx, c, log, true)
-	if err != nil {
-		return nil, nil, err
-	}
-	return store, closeFn, nil
+	return store, closeFn, err
 }
 
 // logger is the subcommands' logger: warnings and errors on stderr.
@@ -153,7 +150,6 @@ func relayState(r relayRow, nowMs int64, ld time.Duration) string {
 	return relaySilent
 }
 
-// ms returns Unix milliseconds as a UTC time.
 func ms(v int64) time.Time { return time.UnixMilli(v).UTC() }
 
 // ago returns "12s ago" for t before now ("0s ago" for a time ahead).
@@ -228,7 +224,6 @@ func leaseDurationFlag(fs *flag.FlagSet, c *adminConfig) {
 		"the relays' -lease-duration: a relay whose last heartbeat is older, and that has not stopped, is silent (crashed, stalled or cut off)")
 }
 
-// checkLeaseDuration checks -lease-duration.
 func checkLeaseDuration(c *adminConfig) error {
 	if c.leaseDuration <= 0 {
 		return fmt.Errorf("-lease-duration %q: must be positive", c.leaseDuration.String())

@@ -20,7 +20,6 @@ import (
 	"github.com/gorm-outbox/outbox/relay"
 )
 
-// defaultParkedLimit is the default -limit of the parked subcommand.
 const defaultParkedLimit = 1000
 
 // subcommand is one command of the binary other than the relay.
@@ -103,7 +102,6 @@ exits 2.`,
 	rebucketCommand,
 }
 
-// findSubcommand returns the subcommand called name, or nil.
 func findSubcommand(name string) *subcommand {
 	for _, sc := range subcommands {
 		if sc.name == name {
@@ -177,7 +175,6 @@ func newSubcommandFlagSet(sc *subcommand, c *adminConfig) *flag.FlagSet {
 	return fs
 }
 
-// dbFlagNames returns the names of the database flags.
 func dbFlagNames() map[string]bool {
 	fs := flag.NewFlagSet("", flag.ContinueOnError)
 	dbFlags(fs, &dbConfig{})
@@ -280,19 +277,14 @@ func runHelp(args []string, e *adminEnv) int {
 	case sc != nil:
 		subcommandUsage(e.stdout, sc)
 	default:
-		fmt.Fprintf(e.stderr, "outbox-relay help: unknown command %q: want %s (see outbox-relay -h)\n", topic, commandList())
+		names := make([]string, len(subcommands))
+		for i, sc := range subcommands {
+			names[i] = sc.name
+		}
+		fmt.Fprintf(e.stderr, "outbox-relay help: unknown command %q: want %s (see outbox-relay -h)\n", topic, orList(names))
 		return exitConfig
 	}
 	return exitOK
-}
-
-// commandList returns "parked, requeue or discard".
-func commandList() string {
-	names := make([]string, len(subcommands))
-	for i, sc := range subcommands {
-		names[i] = sc.name
-	}
-	return strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
 }
 
 // subcommandUsage writes sc's usage: its doc, its own flags, then the
@@ -361,7 +353,6 @@ func (e *adminEnv) connect(ctx context.Context, what string, c *adminConfig) (re
 	return admin, closeFn, true
 }
 
-// runParked is the parked subcommand.
 func runParked(ctx context.Context, e *adminEnv, c *adminConfig) int {
 	admin, closeFn, ok := e.connect(ctx, "parked", c)
 	if !ok {

@@ -183,7 +183,6 @@ func (st *rebucketState) checks(o *opsDB, c *adminConfig) (checks []rebucketChec
 	return checks, refused
 }
 
-// runRebucket is the rebucket subcommand.
 func runRebucket(ctx context.Context, e *adminEnv, c *adminConfig) int {
 	what := fmt.Sprintf("rebucket -to %d", c.to)
 	o, ok := e.openOps(ctx, what, c, true)
@@ -270,7 +269,6 @@ func (o *opsDB) rebucket(ctx context.Context, c *adminConfig, nowMs int64, rep *
 	return nil
 }
 
-// writeRebucket writes the report as text.
 func writeRebucket(w io.Writer, rep *rebucketReport) error {
 	fmt.Fprintf(w, "rebucket %s: %d → %d buckets, at %s on the database's clock\n", rep.MessagesTable, rep.From, rep.To,
 		rep.DatabaseTime.Format("2006-01-02 15:04:05 UTC"))
@@ -310,7 +308,6 @@ func writeRebucket(w io.Writer, rep *rebucketReport) error {
 	return nil
 }
 
-// seq returns 0, 1, …, n-1.
 func seq(n int) []int {
 	s := make([]int, n)
 	for i := range s {
