@@ -284,13 +284,8 @@ func (v intValue[T]) String() string {
 }
 
 func (v intValue[T]) Set(s string) error {
-	var zero T
-	bits := 64
-	if _, ok := any(zero).(int); ok {
-		bits = strconv.IntSize
-	}
-	n, err := strconv.ParseInt(s, 0, bits)
-	if errors.Is(err, strconv.ErrRange) {
+	n, err := strconv.ParseInt(s, 0, 64)
+	if errors.Is(err, strconv.ErrRange) || int64(T(n)) != n {
 		return errors.New("out of range")
 	}
 	if err != nil {

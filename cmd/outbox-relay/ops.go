@@ -185,16 +185,16 @@ func bucketList(buckets []int) string {
 	buckets = slices.Compact(slices.Sorted(slices.Values(buckets)))
 	var parts []string
 	for i := 0; i < len(buckets); {
-		j := i + 1
-		for j < len(buckets) && buckets[j] == buckets[j-1]+1 {
+		j := i // buckets[i:j+1] is one range
+		for j+1 < len(buckets) && buckets[j+1] == buckets[j]+1 {
 			j++
 		}
-		if j-i == 1 {
-			parts = append(parts, strconv.Itoa(buckets[i]))
-		} else {
-			parts = append(parts, strconv.Itoa(buckets[i])+"-"+strconv.Itoa(buckets[j-1]))
+		part := strconv.Itoa(buckets[i])
+		if j > i {
+			part += "-" + strconv.Itoa(buckets[j])
 		}
-		i = j
+		parts = append(parts, part)
+		i = j + 1
 	}
 	return strings.Join(parts, ", ")
 }
