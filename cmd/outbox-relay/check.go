@@ -60,7 +60,7 @@ no problem.`,
 		fs.BoolVar(&c.asJSON, "json", false, `print one JSON object {"ok": …, "problems": [{"check": …, "message": …}]}`)
 		leaseDurationFlag(fs, c)
 	},
-	check: func(_ *flag.FlagSet, c *adminConfig) error { return checkLeaseDuration(c) },
+	check: func(_ *flag.FlagSet, c *adminConfig) error { return firstBroken(leaseDurationRule(c)) },
 	exit: `Exit status: 0 no problem; 1 problems (one line each on stdout, their
 number on stderr), or a runtime failure (database unreachable, a failed
 read, interrupted by SIGINT or SIGTERM: one line on stderr); 2 bad usage or

@@ -224,9 +224,7 @@ func leaseDurationFlag(fs *flag.FlagSet, c *adminConfig) {
 		"the relays' -lease-duration: a relay whose last heartbeat is older, and that has not stopped, is silent (crashed, stalled or cut off)")
 }
 
-func checkLeaseDuration(c *adminConfig) error {
-	if c.leaseDuration <= 0 {
-		return fmt.Errorf("-lease-duration %q: must be positive", c.leaseDuration.String())
-	}
-	return nil
+// leaseDurationRule refuses a -lease-duration that is not positive.
+func leaseDurationRule(c *adminConfig) rule {
+	return rule{c.leaseDuration <= 0, fmt.Sprintf("-lease-duration %q: must be positive", c.leaseDuration.String())}
 }

@@ -59,10 +59,7 @@ Printable keys are quoted, others shown in hex; long keys are truncated
 			fs.BoolVar(&c.asJSON, "json", false, "print JSON: one object per line, per key (or per row with -rows), keys in base64 and as text")
 		},
 		check: func(_ *flag.FlagSet, c *adminConfig) error {
-			if c.limit < 0 {
-				return fmt.Errorf("-limit %d: must not be negative (0: no limit)", c.limit)
-			}
-			return nil
+			return firstBroken(rule{c.limit < 0, fmt.Sprintf("-limit %d: must not be negative (0: no limit)", c.limit)})
 		},
 		run: runParked,
 	},
@@ -222,12 +219,9 @@ func parseSelector(fs *flag.FlagSet, c *adminConfig) error {
 			set = append(set, "-"+name)
 		}
 	}
-	switch len(set) {
-	case 0:
-		return errors.New("one of -key, -key-hex, -id or -all is required")
-	case 1:
-	default:
-		return fmt.Errorf("%s: give only one of -key, -key-hex, -id or -all", strings.Join(set, " and "))
+	if err := firstBroken(rule{len(set) == 0, "one of -key, -key-hex, -id or -all is required"},
+		rule{len(set) > 1, strings.Join(set, " and ") + ": give only one of -key, -key-hex, -id or -all"}); err != nil {
+		return err
 	}
 	switch set[0] {
 	case "-key":

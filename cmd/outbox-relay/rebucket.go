@@ -56,13 +56,9 @@ would do.`,
 	check: func(fs *flag.FlagSet, c *adminConfig) error {
 		given := false
 		fs.Visit(func(f *flag.Flag) { given = given || f.Name == "to" })
-		if !given {
-			return errors.New("-to is required: the new bucket count")
-		}
-		if c.to < 1 || c.to > outbox.MaxBucketCount {
-			return fmt.Errorf("-to %d: must be between 1 and %d", c.to, outbox.MaxBucketCount)
-		}
-		return checkLeaseDuration(c)
+		return firstBroken(rule{!given, "-to is required: the new bucket count"},
+			rule{c.to < 1 || c.to > outbox.MaxBucketCount, fmt.Sprintf("-to %d: must be between 1 and %d", c.to, outbox.MaxBucketCount)},
+			leaseDurationRule(c))
 	},
 	exit: `Exit status: 0 done (the tables changed, as printed); 2 without -confirm
 (the checks passed: nothing changed), or bad usage or configuration (one

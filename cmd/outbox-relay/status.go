@@ -57,10 +57,8 @@ in a bucket outside -bucket-count. Parked rows are listed, not counted as unheal
 		leaseDurationFlag(fs, c)
 	},
 	check: func(_ *flag.FlagSet, c *adminConfig) error {
-		if c.maxAge < 0 {
-			return fmt.Errorf("-max-age %q: must not be negative (0: no age check)", c.maxAge.String())
-		}
-		return checkLeaseDuration(c)
+		return firstBroken(rule{c.maxAge < 0, fmt.Sprintf("-max-age %q: must not be negative (0: no age check)", c.maxAge.String())},
+			leaseDurationRule(c))
 	},
 	exit: `Exit status: 0 healthy; 1 unhealthy (the problems are listed last, and
 in "problems" with -json), or a runtime failure (database unreachable, outbox
