@@ -60,7 +60,7 @@ no problem.`,
 		fs.BoolVar(&c.asJSON, "json", false, `print one JSON object {"ok": …, "problems": [{"check": …, "message": …}]}`)
 		leaseDurationFlag(fs, c)
 	},
-	check: func(_ *flag.FlagSet, c *adminConfig) error { return checkLeaseDuration(c) },
+	check: func(_ *flag.FlagSet, c *adminConfig) error { return firstBroken(leaseDurationRule(c)) },
 	exit: `Exit status: 0 no problem; 1 problems (one line each on stdout, their
 number on stderr), or a runtime failure (database unreachable, a failed
 read, interrupted by SIGINT or SIGTERM: one line on stderr); 2 bad usage or
@@ -98,7 +98,6 @@ func (r *checkReport) add(check, format string, args ...any) {
 	r.Problems = append(r.Problems, checkProblem{Check: check, Message: fmt.Sprintf(format, args...)})
 }
 
-// runCheck is the check subcommand.
 func runCheck(ctx context.Context, e *adminEnv, c *adminConfig) int {
 	o, ok := e.openOps(ctx, "check", c, false)
 	if !ok {
@@ -132,13 +131,6 @@ func writeCheck(w io.Writer, rep *checkReport) error {
 	return nil
 }
 
-// outboxColumns are the columns of each table in schema version 2.
-var outboxColumns = struct{ messages, leases, relays []string }{
-	messages: []string{"id", "message_id", "bucket", "topic", "record_key", "record_value", "headers", "record_partition", "created_at", "parked_at_ms", "parked_reason"},
-	leases:   []string{"bucket", "owner", "expires_at_ms"},
-	relays:   []string{"relay_id", "last_seen_ms", "stopped_at_ms", "features"},
-}
-
 // version2Columns are the columns schema version 2 (parking) added.
 var version2Columns = map[string]bool{"parked_at_ms": true, "parked_reason": true, "features": true}
 
@@ -147,13 +139,13 @@ func (e *adminEnv) check(ctx context.Context, o *opsDB) (*checkReport, error) {
 	rep := &checkReport{Problems: []checkProblem{}}
 	cfg, c := o.cfg, o.c
 	n := cfg.BucketCount
-	tables := []struct {
+	tables := []struct { // with their columns in schema version 2
 		name    string
 		columns []string
 	}{
-		{cfg.MessagesTable, outboxColumns.messages},
-		{cfg.LeasesTable, outboxColumns.leases},
-		{cfg.RelaysTable, outboxColumns.relays},
+		{cfg.MessagesTable, []string{"id", "message_id", "bucket", "topic", "record_key", "record_value", "headers", "record_partition", "created_at", "parked_at_ms", "parked_reason"}},
+		{cfg.LeasesTable, []string{"bucket", "owner", "expires_at_ms"}},
+		{cfg.RelaysTable, []string{"relay_id", "last_seen_ms", "stopped_at_ms", "features"}},
 	}
 	// sound[t] is false when t or one of its columns is missing: the checks
 	// that read it are skipped.
@@ -211,7 +203,6 @@ func (e *adminEnv) check(ctx context.Context, o *opsDB) (*checkReport, error) {
 	return rep, nil
 }
 
-// qualify returns table qualified by cfg's schema.
 func qualify(cfg outbox.Config, table string) string {
 	return strings.TrimPrefix(cfg.Schema+"."+table, ".")
 }
@@ -312,9 +303,9 @@ func (o *opsDB) checkRows(ctx context.Context, rep *checkReport, n int) error {
 		case len(fits) == 1:
 			what = fmt.Sprintf("a count of %d fits each of them", fits[0])
 		case len(fits) > 1 && len(fits) <= 3:
-			what = fmt.Sprintf("counts %s fit each of them", joinInts(fits))
+			what = fmt.Sprintf("counts %s fit each of them", orList(fits))
 		case len(fits) > 3:
-			what = fmt.Sprintf("counts %s, … fit each of them", joinInts(fits[:3]))
+			what = fmt.Sprintf("counts %s, … fit each of them", orList(fits[:3]))
 		}
 		rep.add(checkRowsMisplaced, "%d of the newest %d rows of %s (ids %d to %d) are not in the bucket -bucket-count %d gives their key: a writer uses another outbox.Config.BucketCount (%s); relays cannot tell, and a key written with both counts is published from two buckets, out of order",
 			len(misplaced), len(read), table, misplaced[len(misplaced)-1].ID, misplaced[0].ID, n, what)
@@ -329,11 +320,11 @@ func (o *opsDB) checkRows(ctx context.Context, rep *checkReport, n int) error {
 	return nil
 }
 
-// joinInts returns "2, 4 or 8" for two or more counts.
-func joinInts(v []int) string {
+// orList returns "2, 4 or 8" for two or more values.
+func orList[T any](v []T) string {
 	s := make([]string, len(v))
 	for i, x := range v {
-		s[i] = strconv.Itoa(x)
+		s[i] = fmt.Sprint(x)
 	}
 	return strings.Join(s[:len(s)-1], ", ") + " or " + s[len(s)-1]
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -12,6 +11,7 @@ import (
 	"net"
 	"os"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -52,24 +52,18 @@ type config struct {
 	dbConfig
 	migrate bool
 
-	brokers         []string
-	clientID        string
-	tlsEnable       bool
-	tlsCA           string
-	tlsCert         string
-	tlsKey          string
-	tlsServerName   string
-	tlsSkipVerify   bool
-	saslMechanism   string
-	saslUser        string
-	saslPassword    string
-	messageIDHeader string
-	kafkaBatchBytes int64
-	kafkaMaxRecords int
-	kafkaPubTimeout time.Duration // kafkapub.Config.PublishTimeout
-	txnOutbox       string        // kafkapub.Transactions.Outbox; empty: the default (non-transactional) mode
-	txnIDPrefix     string        // kafkapub.Transactions.IDPrefix
-	txnTimeout      time.Duration // kafkapub.Transactions.Timeout
+	kafka         kafkapub.Config       // without Transport and Transactions, which build adds
+	txn           kafkapub.Transactions // Outbox empty: the default (non-transactional) mode
+	clientID      string
+	tlsEnable     bool
+	tlsCA         string
+	tlsCert       string
+	tlsKey        string
+	tlsServerName string
+	tlsSkipVerify bool
+	saslMechanism string
+	saslUser      string
+	saslPassword  string
 
 	relay relay.Options
 
@@ -81,7 +75,6 @@ type config struct {
 	logLevel  string
 }
 
-// envName returns the environment variable of a flag.
 func envName(flagName string) string {
 	return envPrefix + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
 }
@@ -99,7 +92,7 @@ func newFlagSet(c *config) *flag.FlagSet {
 		if err != nil {
 			return err
 		}
-		c.brokers = b
+		c.kafka.Brokers = b
 		return nil
 	})
 	fs.StringVar(&c.clientID, "kafka-client-id", "outbox-relay", "Kafka client id")
@@ -112,13 +105,13 @@ func newFlagSet(c *config) *flag.FlagSet {
 	fs.StringVar(&c.saslMechanism, "kafka-sasl-mechanism", "", "SASL mechanism: plain, scram-sha-256 or scram-sha-512 (default: no SASL)")
 	fs.StringVar(&c.saslUser, "kafka-sasl-username", "", "SASL user name")
 	fs.StringVar(&c.saslPassword, "kafka-sasl-password", "", "SASL password (prefer the environment variable)")
-	fs.StringVar(&c.messageIDHeader, "message-id-header", kafkapub.DefaultMessageIDHeader, "record header carrying the message id")
-	intVar(fs, &c.kafkaBatchBytes, "kafka-batch-bytes", kafkapub.DefaultBatchBytes, "largest produce request per partition, in bytes; keep it at most the topics' max.message.bytes")
-	intVar(fs, &c.kafkaMaxRecords, "kafka-max-batch-records", kafkapub.DefaultMaxBatchRecords, "largest number of records per partition per produce request")
-	durationVar(fs, &c.kafkaPubTimeout, "kafka-publish-timeout", kafkapub.DefaultPublishTimeout, "timeout of one publish call to Kafka: a call that takes longer fails, and the relay counts, logs and retries it after -error-backoff; keep it well under -lease-duration")
-	fs.StringVar(&c.txnOutbox, "kafka-transactions", "", "fenced publishing (opt-in): publish each batch in a Kafka transaction, one transactional producer per bucket, so a relay that lost its bucket cannot write to read_committed consumers; the value names this outbox in the transactional ids (<prefix><name>-<bucket>), unique to the outbox across the Kafka cluster and the same on all its relays; consumers must read with isolation.level=read_committed (empty: off)")
-	fs.StringVar(&c.txnIDPrefix, "kafka-transactional-id-prefix", kafkapub.DefaultTransactionalIDPrefix, "with -kafka-transactions: the transactional ids' prefix (the relay's principal needs WRITE and DESCRIBE on TransactionalId resources with this prefix)")
-	durationVar(fs, &c.txnTimeout, "kafka-transaction-timeout", kafkapub.DefaultTransactionTimeout, "with -kafka-transactions: transaction.timeout.ms; longer than -kafka-publish-timeout, at most the brokers' transaction.max.timeout.ms")
+	fs.StringVar(&c.kafka.MessageIDHeader, "message-id-header", kafkapub.DefaultMessageIDHeader, "record header carrying the message id")
+	intVar(fs, &c.kafka.BatchBytes, "kafka-batch-bytes", kafkapub.DefaultBatchBytes, "largest produce request per partition, in bytes; keep it at most the topics' max.message.bytes")
+	intVar(fs, &c.kafka.MaxBatchRecords, "kafka-max-batch-records", kafkapub.DefaultMaxBatchRecords, "largest number of records per partition per produce request")
+	durationVar(fs, &c.kafka.PublishTimeout, "kafka-publish-timeout", kafkapub.DefaultPublishTimeout, "timeout of one publish call to Kafka: a call that takes longer fails, and the relay counts, logs and retries it after -error-backoff; keep it well under -lease-duration")
+	fs.StringVar(&c.txn.Outbox, "kafka-transactions", "", "fenced publishing (opt-in): publish each batch in a Kafka transaction, one transactional producer per bucket, so a relay that lost its bucket cannot write to read_committed consumers; the value names this outbox in the transactional ids (<prefix><name>-<bucket>), unique to the outbox across the Kafka cluster and the same on all its relays; consumers must read with isolation.level=read_committed (empty: off)")
+	fs.StringVar(&c.txn.IDPrefix, "kafka-transactional-id-prefix", kafkapub.DefaultTransactionalIDPrefix, "with -kafka-transactions: the transactional ids' prefix (the relay's principal needs WRITE and DESCRIBE on TransactionalId resources with this prefix)")
+	durationVar(fs, &c.txn.Timeout, "kafka-transaction-timeout", kafkapub.DefaultTransactionTimeout, "with -kafka-transactions: transaction.timeout.ms; longer than -kafka-publish-timeout, at most the brokers' transaction.max.timeout.ms")
 
 	o := &c.relay
 	intVar(fs, &o.BatchSize, "batch-size", relay.DefaultBatchSize, "rows fetched and published per batch")
@@ -291,13 +284,8 @@ func (v intValue[T]) String() string {
 }
 
 func (v intValue[T]) Set(s string) error {
-	var zero T
-	bits := 64
-	if _, ok := any(zero).(int); ok {
-		bits = strconv.IntSize
-	}
-	n, err := strconv.ParseInt(s, 0, bits)
-	if errors.Is(err, strconv.ErrRange) {
+	n, err := strconv.ParseInt(s, 0, 64)
+	if errors.Is(err, strconv.ErrRange) || int64(T(n)) != n {
 		return errors.New("out of range")
 	}
 	if err != nil {
@@ -368,44 +356,42 @@ func checkDSN(driver, dsn string) error {
 	return nil
 }
 
+// rule is a check of the configuration: when broken, err is the error.
+type rule struct {
+	broken bool
+	err    string
+}
+
+// firstBroken returns the error of the first broken rule, or nil.
+func firstBroken(rules ...rule) error {
+	for _, r := range rules {
+		if r.broken {
+			return errors.New(r.err)
+		}
+	}
+	return nil
+}
+
 // check reports the first invalid setting the relay and publisher would not
 // report themselves (they are checked by relay.New and kafkapub.New).
 func (c *config) check() error {
 	if err := c.dbConfig.checkConnection(); err != nil {
 		return err
 	}
-	if len(c.brokers) == 0 {
-		return errors.New("-kafka-brokers is required")
-	}
-	switch c.saslMechanism {
-	case "", "plain", "scram-sha-256", "scram-sha-512":
-	default:
-		return fmt.Errorf("-kafka-sasl-mechanism %q: must be plain, scram-sha-256 or scram-sha-512", c.saslMechanism)
-	}
-	if c.saslMechanism != "" && c.saslUser == "" {
-		return fmt.Errorf("-kafka-sasl-username is required with -kafka-sasl-mechanism %s", c.saslMechanism)
-	}
-	if (c.tlsCert == "") != (c.tlsKey == "") {
-		return errors.New("-kafka-tls-cert and -kafka-tls-key go together")
-	}
-	if c.kafkaPubTimeout < 0 {
-		return fmt.Errorf("-kafka-publish-timeout %q: must not be negative", c.kafkaPubTimeout.String())
-	}
-	if c.txnOutbox == "" && c.txnIDPrefix != kafkapub.DefaultTransactionalIDPrefix {
-		return errors.New("-kafka-transactional-id-prefix goes with -kafka-transactions")
-	}
-	if c.txnOutbox == "" && c.txnTimeout != kafkapub.DefaultTransactionTimeout {
-		return errors.New("-kafka-transaction-timeout goes with -kafka-transactions")
-	}
-	if mpd := c.relay.MaxPublishDuration; mpd > 0 {
-		if pt := c.kafkaPubTimeout; pt >= mpd {
-			return fmt.Errorf("-kafka-publish-timeout %v must be shorter than -max-publish-duration %v: a publish to a hung broker would stop the relay", pt, mpd)
-		}
-	}
-	switch c.logFormat {
-	case "text", "json":
-	default:
-		return fmt.Errorf("-log-format %q: must be text or json", c.logFormat)
+	mpd, pt := c.relay.MaxPublishDuration, c.kafka.PublishTimeout
+	if err := firstBroken(
+		rule{len(c.kafka.Brokers) == 0, "-kafka-brokers is required"},
+		rule{!slices.Contains([]string{"", "plain", "scram-sha-256", "scram-sha-512"}, c.saslMechanism),
+			fmt.Sprintf("-kafka-sasl-mechanism %q: must be plain, scram-sha-256 or scram-sha-512", c.saslMechanism)},
+		rule{c.saslMechanism != "" && c.saslUser == "", "-kafka-sasl-username is required with -kafka-sasl-mechanism " + c.saslMechanism},
+		rule{(c.tlsCert == "") != (c.tlsKey == ""), "-kafka-tls-cert and -kafka-tls-key go together"},
+		rule{pt < 0, fmt.Sprintf("-kafka-publish-timeout %q: must not be negative", pt.String())},
+		rule{c.txn.Outbox == "" && c.txn.IDPrefix != kafkapub.DefaultTransactionalIDPrefix, "-kafka-transactional-id-prefix goes with -kafka-transactions"},
+		rule{c.txn.Outbox == "" && c.txn.Timeout != kafkapub.DefaultTransactionTimeout, "-kafka-transaction-timeout goes with -kafka-transactions"},
+		rule{mpd > 0 && pt >= mpd, fmt.Sprintf("-kafka-publish-timeout %v must be shorter than -max-publish-duration %v: a publish to a hung broker would stop the relay", pt, mpd)},
+		rule{c.logFormat != "text" && c.logFormat != "json", fmt.Sprintf("-log-format %q: must be text or json", c.logFormat)},
+	); err != nil {
+		return err
 	}
 	if _, err := parseLevel(c.logLevel); err != nil {
 		return err
@@ -426,37 +412,22 @@ func (c *config) check() error {
 
 // checkConnection checks the database driver, DSN and statement timeout.
 func (c *dbConfig) checkConnection() error {
-	switch c.dbDriver {
-	case "postgres", "mysql", "sqlite":
-	case "":
-		return errors.New("-db-driver is required (postgres, mysql or sqlite)")
-	default:
-		return fmt.Errorf("-db-driver %q: must be postgres, mysql or sqlite", c.dbDriver)
-	}
-	if c.statementTimeout < 0 {
-		return fmt.Errorf("-statement-timeout %q: must not be negative", c.statementTimeout.String())
-	}
-	if c.dbDSN == "" {
-		return errors.New("-db-dsn is required")
+	if err := firstBroken(
+		rule{c.dbDriver == "", "-db-driver is required (postgres, mysql or sqlite)"},
+		rule{!slices.Contains([]string{"postgres", "mysql", "sqlite"}, c.dbDriver), fmt.Sprintf("-db-driver %q: must be postgres, mysql or sqlite", c.dbDriver)},
+		rule{c.statementTimeout < 0, fmt.Sprintf("-statement-timeout %q: must not be negative", c.statementTimeout.String())},
+		rule{c.dbDSN == "", "-db-dsn is required"},
+	); err != nil {
+		return err
 	}
 	return checkDSN(c.dbDriver, c.dbDSN)
 }
 
-// check checks the whole database configuration.
 func (c *dbConfig) check() error {
 	if err := c.checkConnection(); err != nil {
 		return err
 	}
 	return c.outbox.Validate()
-}
-
-// transactions returns the publisher's kafkapub.Transactions: nil without
-// -kafka-transactions.
-func (c *config) transactions() *kafkapub.Transactions {
-	if c.txnOutbox == "" {
-		return nil
-	}
-	return &kafkapub.Transactions{Outbox: c.txnOutbox, IDPrefix: c.txnIDPrefix, Timeout: c.txnTimeout}
 }
 
 // transport returns kafka-go's Transport with the TLS and SASL settings.
@@ -550,7 +521,6 @@ Flags:
 	newFlagSet(&config{}).VisitAll(func(f *flag.Flag) { printFlag(w, f) })
 }
 
-// printFlag writes one flag, its variable, usage and default.
 func printFlag(w io.Writer, f *flag.Flag) {
 	fmt.Fprintf(w, "  -%s  [%s]\n    \t%s%s\n", f.Name, envName(f.Name), f.Usage, defaultNote(f))
 }
@@ -595,40 +565,15 @@ var flagNames = strings.NewReplacer(
 // their flags.
 func oneLine(err error) string { return flagNames.Replace(err.Error()) }
 
-// checkStore stands in for the database store while the relay options are
-// checked, before any connection is made: relay.New reads its bucket
-// count; every other method fails.
-type checkStore struct{ buckets int }
-
-func (checkStore) AcquireBucketLeases(context.Context, string, int, time.Duration) (relay.Leases, error) {
-	return relay.Leases{}, errUnused
+// checkStore stands in for the database store while relay.New checks the
+// relay options, before any connection is made: it reads only the bucket
+// count, and nothing else is ever called.
+type checkStore struct {
+	relay.Store
+	buckets int
 }
-func (checkStore) RenewBucketLeases(context.Context, string, []int, time.Duration) (bool, error) {
-	return false, errUnused
-}
-func (checkStore) ReleaseBucketLeases(context.Context, string) error        { return errUnused }
-func (checkStore) BucketsWithPending(context.Context, []int) ([]int, error) { return nil, errUnused }
-func (checkStore) NextBatches(context.Context, []relay.BatchRequest) ([]relay.BatchResult, error) {
-	return nil, errUnused
-}
-func (checkStore) MarkPublished(context.Context, []*outbox.Message) error { return errUnused }
-func (checkStore) Fleet(context.Context) (relay.Fleet, error)             { return relay.Fleet{}, errUnused }
-func (checkStore) Park(context.Context, string, int, int64, string) error { return errUnused }
-func (checkStore) PendingMetrics(context.Context) (*relay.Pending, error) { return nil, errUnused }
-func (checkStore) ClockOffset() (time.Duration, time.Duration, bool)      { return 0, 0, false }
-func (s checkStore) BucketCount() int                                     { return s.buckets }
 
-var _ relay.Store = checkStore{}
-
-// checkPublisher stands in for the Kafka publisher in checkRelayOptions.
-type checkPublisher struct{}
-
-func (checkPublisher) Publish(context.Context, [][]*outbox.Message) []relay.Result { return nil }
-
-func (checkPublisher) OwnedBuckets([]int) {}
-
-// errUnused is returned by checkStore, which is never run.
-var errUnused = errors.New("outbox-relay: check store is not for use")
+func (s checkStore) BucketCount() int { return s.buckets }
 
 // checkRelayOptions runs relay.New's validation of the relay options
 // without a database.
@@ -636,6 +581,6 @@ func (c *config) checkRelayOptions() error {
 	opts := c.relay
 	opts.BucketCount = c.outbox.WithDefaults().BucketCount
 	opts.Logger = slog.New(slog.DiscardHandler)
-	_, err := relay.New(checkStore{buckets: opts.BucketCount}, checkPublisher{}, opts)
+	_, err := relay.New(checkStore{buckets: opts.BucketCount}, relay.PublishFunc(nil), opts)
 	return err
 }

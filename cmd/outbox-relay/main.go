@@ -122,15 +122,12 @@ func build(cfg *config, stderr io.Writer) (_ *worker, err error) {
 	if err != nil {
 		return nil, err
 	}
-	w.pub, err = kafkapub.New(kafkapub.Config{
-		Brokers:         cfg.brokers,
-		Transport:       transport,
-		MessageIDHeader: cfg.messageIDHeader,
-		BatchBytes:      cfg.kafkaBatchBytes,
-		MaxBatchRecords: cfg.kafkaMaxRecords,
-		PublishTimeout:  cfg.kafkaPubTimeout,
-		Transactions:    cfg.transactions(),
-	})
+	pc := cfg.kafka
+	pc.Transport = transport
+	if cfg.txn.Outbox != "" {
+		pc.Transactions = &cfg.txn
+	}
+	w.pub, err = kafkapub.New(pc)
 	if err != nil {
 		return nil, err
 	}
@@ -204,7 +201,6 @@ func openDB(ctx context.Context, c *dbConfig, log *slog.Logger) (_ *gorm.DB, err
 	return db, nil
 }
 
-// closeDB closes db's pool.
 func closeDB(db *gorm.DB) {
 	if sqlDB, err := db.DB(); err == nil {
 		_ = sqlDB.Close()
@@ -291,7 +287,7 @@ func (w *worker) run(ctx context.Context) int {
 	}
 
 	w.log.Info("connected; starting the relay", append([]any{"relay", w.relay.ID(), "driver", w.cfg.dbDriver,
-		"brokers", strings.Join(w.cfg.brokers, ","), "messages_table", w.cfg.outbox.MessagesTableName(), "buckets", w.cfg.outbox.BucketCount},
+		"brokers", strings.Join(w.cfg.kafka.Brokers, ","), "messages_table", w.cfg.outbox.MessagesTableName(), "buckets", w.cfg.outbox.BucketCount},
 		readBuildVersion().logAttrs()...)...)
 	runErr := w.relay.Run(ctx)
 
@@ -398,7 +394,6 @@ func checkOutboxTables(ctx context.Context, db *gorm.DB, dc *dbConfig) error {
 		strings.Join(missing, ", "), dc.dbDriver, renamed)
 }
 
-// parseLevel parses -log-level.
 func parseLevel(s string) (slog.Level, error) {
 	var l slog.Level
 	if err := l.UnmarshalText([]byte(s)); err != nil {

@@ -55,10 +55,7 @@ func openStore(ctx context.Context, c *dbConfig, log *slog.Logger, tables bool) 
 // database of c, its tables required.
 func openStoreAdmin(ctx context.Context, c *dbConfig, log *slog.Logger) (relay.ParkAdmin, func(), error) {
 	store, closeFn, err := openStore(ctx, c, log, true)
-	if err != nil {
-		return nil, nil, err
-	}
-	return store, closeFn, nil
+	return store, closeFn, err
 }
 
 // logger is the subcommands' logger: warnings and errors on stderr.
@@ -153,7 +150,6 @@ func relayState(r relayRow, nowMs int64, ld time.Duration) string {
 	return relaySilent
 }
 
-// ms returns Unix milliseconds as a UTC time.
 func ms(v int64) time.Time { return time.UnixMilli(v).UTC() }
 
 // ago returns "12s ago" for t before now ("0s ago" for a time ahead).
@@ -189,16 +185,16 @@ func bucketList(buckets []int) string {
 	buckets = slices.Compact(slices.Sorted(slices.Values(buckets)))
 	var parts []string
 	for i := 0; i < len(buckets); {
-		j := i + 1
-		for j < len(buckets) && buckets[j] == buckets[j-1]+1 {
+		j := i // buckets[i:j+1] is one range
+		for j+1 < len(buckets) && buckets[j+1] == buckets[j]+1 {
 			j++
 		}
-		if j-i == 1 {
-			parts = append(parts, strconv.Itoa(buckets[i]))
-		} else {
-			parts = append(parts, strconv.Itoa(buckets[i])+"-"+strconv.Itoa(buckets[j-1]))
+		part := strconv.Itoa(buckets[i])
+		if j > i {
+			part += "-" + strconv.Itoa(buckets[j])
 		}
-		i = j
+		parts = append(parts, part)
+		i = j + 1
 	}
 	return strings.Join(parts, ", ")
 }
@@ -228,10 +224,7 @@ func leaseDurationFlag(fs *flag.FlagSet, c *adminConfig) {
 		"the relays' -lease-duration: a relay whose last heartbeat is older, and that has not stopped, is silent (crashed, stalled or cut off)")
 }
 
-// checkLeaseDuration checks -lease-duration.
-func checkLeaseDuration(c *adminConfig) error {
-	if c.leaseDuration <= 0 {
-		return fmt.Errorf("-lease-duration %q: must be positive", c.leaseDuration.String())
-	}
-	return nil
+// leaseDurationRule refuses a -lease-duration that is not positive.
+func leaseDurationRule(c *adminConfig) rule {
+	return rule{c.leaseDuration <= 0, fmt.Sprintf("-lease-duration %q: must be positive", c.leaseDuration.String())}
 }

@@ -20,7 +20,6 @@ import (
 	"github.com/gorm-outbox/outbox/relay"
 )
 
-// defaultParkedLimit is the default -limit of the parked subcommand.
 const defaultParkedLimit = 1000
 
 // subcommand is one command of the binary other than the relay.
@@ -60,10 +59,7 @@ Printable keys are quoted, others shown in hex; long keys are truncated
 			fs.BoolVar(&c.asJSON, "json", false, "print JSON: one object per line, per key (or per row with -rows), keys in base64 and as text")
 		},
 		check: func(_ *flag.FlagSet, c *adminConfig) error {
-			if c.limit < 0 {
-				return fmt.Errorf("-limit %d: must not be negative (0: no limit)", c.limit)
-			}
-			return nil
+			return firstBroken(rule{c.limit < 0, fmt.Sprintf("-limit %d: must not be negative (0: no limit)", c.limit)})
 		},
 		run: runParked,
 	},
@@ -103,7 +99,6 @@ exits 2.`,
 	rebucketCommand,
 }
 
-// findSubcommand returns the subcommand called name, or nil.
 func findSubcommand(name string) *subcommand {
 	for _, sc := range subcommands {
 		if sc.name == name {
@@ -177,7 +172,6 @@ func newSubcommandFlagSet(sc *subcommand, c *adminConfig) *flag.FlagSet {
 	return fs
 }
 
-// dbFlagNames returns the names of the database flags.
 func dbFlagNames() map[string]bool {
 	fs := flag.NewFlagSet("", flag.ContinueOnError)
 	dbFlags(fs, &dbConfig{})
@@ -225,12 +219,9 @@ func parseSelector(fs *flag.FlagSet, c *adminConfig) error {
 			set = append(set, "-"+name)
 		}
 	}
-	switch len(set) {
-	case 0:
-		return errors.New("one of -key, -key-hex, -id or -all is required")
-	case 1:
-	default:
-		return fmt.Errorf("%s: give only one of -key, -key-hex, -id or -all", strings.Join(set, " and "))
+	if err := firstBroken(rule{len(set) == 0, "one of -key, -key-hex, -id or -all is required"},
+		rule{len(set) > 1, strings.Join(set, " and ") + ": give only one of -key, -key-hex, -id or -all"}); err != nil {
+		return err
 	}
 	switch set[0] {
 	case "-key":
@@ -280,19 +271,14 @@ func runHelp(args []string, e *adminEnv) int {
 	case sc != nil:
 		subcommandUsage(e.stdout, sc)
 	default:
-		fmt.Fprintf(e.stderr, "outbox-relay help: unknown command %q: want %s (see outbox-relay -h)\n", topic, commandList())
+		names := make([]string, len(subcommands))
+		for i, sc := range subcommands {
+			names[i] = sc.name
+		}
+		fmt.Fprintf(e.stderr, "outbox-relay help: unknown command %q: want %s (see outbox-relay -h)\n", topic, orList(names))
 		return exitConfig
 	}
 	return exitOK
-}
-
-// commandList returns "parked, requeue or discard".
-func commandList() string {
-	names := make([]string, len(subcommands))
-	for i, sc := range subcommands {
-		names[i] = sc.name
-	}
-	return strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
 }
 
 // subcommandUsage writes sc's usage: its doc, its own flags, then the
@@ -361,7 +347,6 @@ func (e *adminEnv) connect(ctx context.Context, what string, c *adminConfig) (re
 	return admin, closeFn, true
 }
 
-// runParked is the parked subcommand.
 func runParked(ctx context.Context, e *adminEnv, c *adminConfig) int {
 	admin, closeFn, ok := e.connect(ctx, "parked", c)
 	if !ok {

@@ -182,7 +182,6 @@ func writeGroupsTable(w io.Writer, groups []*parkedGroup, now time.Time, hint bo
 	return err
 }
 
-// writeRowsTable writes every row.
 func writeRowsTable(w io.Writer, rows []relay.ParkedRow, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "ID\tMESSAGE ID\tBUCKET\tTOPIC\tKEY\tSIZE\tAGE\tPARKED FOR\tREASON\n")
@@ -243,7 +242,6 @@ func jsonKey(key []byte) *string {
 	return &s
 }
 
-// writeGroupsJSON writes one JSON object per line per group.
 func writeGroupsJSON(w io.Writer, groups []*parkedGroup, now time.Time) error {
 	enc := json.NewEncoder(w)
 	for _, g := range groups {
@@ -263,7 +261,6 @@ func writeGroupsJSON(w io.Writer, groups []*parkedGroup, now time.Time) error {
 	return nil
 }
 
-// writeRowsJSON writes one JSON object per line per row.
 func writeRowsJSON(w io.Writer, rows []relay.ParkedRow, now time.Time) error {
 	enc := json.NewEncoder(w)
 	for _, r := range rows {

@@ -23,8 +23,8 @@ func TestKafkaPublishTimeoutFlag(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.kafkaPubTimeout != kafkapub.DefaultPublishTimeout || kafkapub.DefaultPublishTimeout != 10*time.Second {
-		t.Errorf("-kafka-publish-timeout default = %v; want 10s", cfg.kafkaPubTimeout)
+	if cfg.kafka.PublishTimeout != kafkapub.DefaultPublishTimeout || kafkapub.DefaultPublishTimeout != 10*time.Second {
+		t.Errorf("-kafka-publish-timeout default = %v; want 10s", cfg.kafka.PublishTimeout)
 	}
 	cfg, err = parseConfig(base(t), func(k string) string {
 		if k == "OUTBOX_KAFKA_PUBLISH_TIMEOUT" {
@@ -32,12 +32,12 @@ func TestKafkaPublishTimeoutFlag(t *testing.T) {
 		}
 		return ""
 	})
-	if err != nil || cfg.kafkaPubTimeout != 3*time.Second {
-		t.Errorf("OUTBOX_KAFKA_PUBLISH_TIMEOUT=3s: timeout %v, error %v; want 3s", cfg.kafkaPubTimeout, err)
+	if err != nil || cfg.kafka.PublishTimeout != 3*time.Second {
+		t.Errorf("OUTBOX_KAFKA_PUBLISH_TIMEOUT=3s: timeout %v, error %v; want 3s", cfg.kafka.PublishTimeout, err)
 	}
 	cfg, err = parseConfig(append(base(t), "-kafka-publish-timeout", "2s", "-max-publish-duration", "5s"), noEnv)
-	if err != nil || cfg.kafkaPubTimeout != 2*time.Second {
-		t.Errorf("-kafka-publish-timeout 2s -max-publish-duration 5s: timeout %v, error %v; want 2s", cfg.kafkaPubTimeout, err)
+	if err != nil || cfg.kafka.PublishTimeout != 2*time.Second {
+		t.Errorf("-kafka-publish-timeout 2s -max-publish-duration 5s: timeout %v, error %v; want 2s", cfg.kafka.PublishTimeout, err)
 	}
 
 	for _, tc := range []struct {

@@ -56,13 +56,9 @@ would do.`,
 	check: func(fs *flag.FlagSet, c *adminConfig) error {
 		given := false
 		fs.Visit(func(f *flag.Flag) { given = given || f.Name == "to" })
-		if !given {
-			return errors.New("-to is required: the new bucket count")
-		}
-		if c.to < 1 || c.to > outbox.MaxBucketCount {
-			return fmt.Errorf("-to %d: must be between 1 and %d", c.to, outbox.MaxBucketCount)
-		}
-		return checkLeaseDuration(c)
+		return firstBroken(rule{!given, "-to is required: the new bucket count"},
+			rule{c.to < 1 || c.to > outbox.MaxBucketCount, fmt.Sprintf("-to %d: must be between 1 and %d", c.to, outbox.MaxBucketCount)},
+			leaseDurationRule(c))
 	},
 	exit: `Exit status: 0 done (the tables changed, as printed); 2 without -confirm
 (the checks passed: nothing changed), or bad usage or configuration (one
@@ -183,7 +179,6 @@ func (st *rebucketState) checks(o *opsDB, c *adminConfig) (checks []rebucketChec
 	return checks, refused
 }
 
-// runRebucket is the rebucket subcommand.
 func runRebucket(ctx context.Context, e *adminEnv, c *adminConfig) int {
 	what := fmt.Sprintf("rebucket -to %d", c.to)
 	o, ok := e.openOps(ctx, what, c, true)
@@ -270,7 +265,6 @@ func (o *opsDB) rebucket(ctx context.Context, c *adminConfig, nowMs int64, rep *
 	return nil
 }
 
-// writeRebucket writes the report as text.
 func writeRebucket(w io.Writer, rep *rebucketReport) error {
 	fmt.Fprintf(w, "rebucket %s: %d → %d buckets, at %s on the database's clock\n", rep.MessagesTable, rep.From, rep.To,
 		rep.DatabaseTime.Format("2006-01-02 15:04:05 UTC"))
@@ -310,7 +304,6 @@ func writeRebucket(w io.Writer, rep *rebucketReport) error {
 	return nil
 }
 
-// seq returns 0, 1, …, n-1.
 func seq(n int) []int {
 	s := make([]int, n)
 	for i := range s {

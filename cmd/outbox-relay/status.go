@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -56,10 +57,8 @@ in a bucket outside -bucket-count. Parked rows are listed, not counted as unheal
 		leaseDurationFlag(fs, c)
 	},
 	check: func(_ *flag.FlagSet, c *adminConfig) error {
-		if c.maxAge < 0 {
-			return fmt.Errorf("-max-age %q: must not be negative (0: no age check)", c.maxAge.String())
-		}
-		return checkLeaseDuration(c)
+		return firstBroken(rule{c.maxAge < 0, fmt.Sprintf("-max-age %q: must not be negative (0: no age check)", c.maxAge.String())},
+			leaseDurationRule(c))
 	},
 	exit: `Exit status: 0 healthy; 1 unhealthy (the problems are listed last, and
 in "problems" with -json), or a runtime failure (database unreachable, outbox
@@ -104,7 +103,6 @@ type statusTotals struct {
 	oldest time.Time
 }
 
-// bucketStatus is one bucket.
 type bucketStatus struct {
 	Bucket           int        `json:"bucket"`
 	Pending          int64      `json:"pending"`
@@ -153,21 +151,23 @@ func buildStatus(cfg outbox.Config, clk dbClock, ld, maxAge time.Duration, rows 
 	}
 	secondsPtr := func(d time.Duration) *int64 { s := int64(d / time.Second); return &s }
 	timePtr := func(t time.Time) *time.Time { return &t }
-	fill := func(b *bucketStatus, r bucketRows) {
+	outside := map[int]*bucketStatus{}
+	bucket := func(i int) *bucketStatus {
+		if i >= 0 && i < n {
+			return &rep.Buckets[i]
+		}
+		if outside[i] == nil {
+			outside[i] = &bucketStatus{Bucket: i, Lease: "free"}
+		}
+		return outside[i]
+	}
+	for _, r := range rows {
+		b := bucket(r.Bucket)
 		b.Pending, b.Parked = r.Pending, r.Parked
 		if r.Pending > 0 && !r.Oldest.IsZero() {
 			b.OldestCreatedAt = timePtr(r.Oldest)
 			b.OldestAgeSeconds = secondsPtr(max(now.Sub(r.Oldest), 0))
 		}
-	}
-	for _, r := range rows {
-		if r.Bucket >= 0 && r.Bucket < n {
-			fill(&rep.Buckets[r.Bucket], r)
-			continue
-		}
-		b := bucketStatus{Bucket: r.Bucket, Lease: "free"}
-		fill(&b, r)
-		rep.Outside = append(rep.Outside, b)
 	}
 	owned := map[string][]int{}
 	var leasesOutside []int
@@ -175,20 +175,12 @@ func buildStatus(cfg outbox.Config, clk dbClock, ld, maxAge time.Duration, rows 
 	for i := range leases {
 		l := &leases[i]
 		inside := l.Bucket >= 0 && int(l.Bucket) < n
-		var b *bucketStatus
-		if inside {
-			b = &rep.Buckets[l.Bucket]
-		} else {
+		if !inside {
 			// A relay with another bucket count, or a wrong -bucket-count
 			// here: listed with the rows outside, and a problem.
 			leasesOutside = append(leasesOutside, int(l.Bucket))
-			j := slices.IndexFunc(rep.Outside, func(o bucketStatus) bool { return o.Bucket == int(l.Bucket) })
-			if j < 0 {
-				rep.Outside = append(rep.Outside, bucketStatus{Bucket: int(l.Bucket), Lease: "free"})
-				j = len(rep.Outside) - 1
-			}
-			b = &rep.Outside[j]
 		}
+		b := bucket(int(l.Bucket))
 		b.lease = l
 		if l.Owner == nil {
 			continue
@@ -208,7 +200,9 @@ func buildStatus(cfg outbox.Config, clk dbClock, ld, maxAge time.Duration, rows 
 			holdersOutside = append(holdersOutside, *l.Owner)
 		}
 	}
-	slices.SortFunc(rep.Outside, func(a, b bucketStatus) int { return a.Bucket - b.Bucket })
+	for _, i := range slices.Sorted(maps.Keys(outside)) {
+		rep.Outside = append(rep.Outside, *outside[i])
+	}
 
 	// Relays, and lease owners without a heartbeat row.
 	seen := map[string]bool{}
@@ -293,7 +287,6 @@ func buildStatus(cfg outbox.Config, clk dbClock, ld, maxAge time.Duration, rows 
 	return rep
 }
 
-// runStatus is the status subcommand.
 func runStatus(ctx context.Context, e *adminEnv, c *adminConfig) int {
 	o, ok := e.openOps(ctx, "status", c, true)
 	if !ok {
