@@ -162,7 +162,7 @@ func (e *env) waitDrained(ctx context.Context, db *gorm.DB, c *consumer, n int) 
 		select {
 		case <-ctx.Done():
 			return time.Time{}, ctx.Err()
-		case <-c.done():
+		case <-c.reached:
 			consumed = true
 		case <-tick.C:
 		}
@@ -234,16 +234,15 @@ func runDrain(ctx context.Context, e *env) ([]DrainResult, error) {
 		naive.Note = "one row per tx (BEGIN IMMEDIATE; SQLite has no FOR UPDATE SKIP LOCKED): SELECT, produce, DELETE, COMMIT"
 	}
 	naive.vs(raw, nil)
-	out := []DrainResult{raw, naive}
-	for _, r := range e.cfg.Relays {
-		res, err := e.drainRelays(ctx, r)
-		if err != nil {
-			return nil, err
-		}
-		res.vs(raw, &naive)
-		out = append(out, res)
+	relays, err := each(e.cfg.Relays, func(n int) (DrainResult, error) {
+		d, err := e.drainRelays(ctx, n)
+		d.vs(raw, &naive)
+		return d, err
+	})
+	if err != nil {
+		return nil, err
 	}
-	return out, nil
+	return append([]DrainResult{raw, naive}, relays...), nil
 }
 
 // loopFunc drains the table into topic until it is empty.
@@ -251,19 +250,16 @@ type loopFunc func(ctx context.Context, db *sql.DB, w *kafka.Writer) error
 
 func (e *env) drainBaseline(ctx context.Context, name string, n int, loop loopFunc) (DrainResult, error) {
 	e.cfg.Logger.Info("bench: drain", "name", name, "rows", n)
+	admin, topic, done, err := e.scenario(ctx, "bench_drain_")
+	if err != nil {
+		return DrainResult{}, err
+	}
+	defer done()
 	db, err := e.open(&outbox.Plugin{Config: e.outboxConfig()})
 	if err != nil {
 		return DrainResult{}, err
 	}
 	defer closeDB(db)
-	if err := e.reset(db); err != nil {
-		return DrainResult{}, err
-	}
-	topic, err := e.createTopic(ctx, "bench_drain_")
-	if err != nil {
-		return DrainResult{}, err
-	}
-	defer e.deleteTopic(topic)
 	sqlDB, err := db.DB()
 	if err != nil {
 		return DrainResult{}, err
@@ -282,11 +278,6 @@ func (e *env) drainBaseline(ctx context.Context, name string, n int, loop loopFu
 		return DrainResult{}, err
 	}
 	defer c.stop()
-	admin, err := e.open(nil)
-	if err != nil {
-		return DrainResult{}, err
-	}
-	defer closeDB(admin)
 	_, pre, err := e.preload(ctx, db, topic, n)
 	if err != nil {
 		return DrainResult{}, err
@@ -564,19 +555,11 @@ func (e *env) waitBalanced(ctx context.Context, db *gorm.DB, n int) error {
 
 func (e *env) drainRelays(ctx context.Context, n int) (DrainResult, error) {
 	e.cfg.Logger.Info("bench: drain", "name", "relay", "relays", n, "rows", e.cfg.N)
-	admin, err := e.open(nil)
+	admin, topic, done, err := e.scenario(ctx, "bench_drain_")
 	if err != nil {
 		return DrainResult{}, err
 	}
-	defer closeDB(admin)
-	if err := e.reset(admin); err != nil {
-		return DrainResult{}, err
-	}
-	topic, err := e.createTopic(ctx, "bench_drain_")
-	if err != nil {
-		return DrainResult{}, err
-	}
-	defer e.deleteTopic(topic)
+	defer done()
 	// The relays' instruments go to an SDK MeterProvider read by hand, to
 	// count lease losses (relay.MetricLeaseExpirations) over the fleet.
 	metrics := sdkmetric.NewManualReader()

@@ -152,17 +152,29 @@ func checkpointStatement(dialect string) string {
 	return ""
 }
 
-// createTopic creates a fresh topic with cfg.Partitions partitions.
-func (e *env) createTopic(ctx context.Context, prefix string) (string, error) {
-	topic := testenv.Unique(prefix)
-	return topic, testenv.CreateTopic(ctx, nil, e.brokers, kafka.TopicConfig{Topic: topic, NumPartitions: e.cfg.Partitions, ReplicationFactor: 1})
-}
-
-// deleteTopic removes a topic after its scenario, best effort, so that a
-// long run does not fill the broker's disk.
-func (e *env) deleteTopic(topic string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	c := &kafka.Client{Addr: kafka.TCP(e.brokers...)}
-	_, _ = c.DeleteTopics(ctx, &kafka.DeleteTopicsRequest{Topics: []string{topic}})
+// scenario opens an admin pool on the emptied outbox tables and, unless
+// prefix is "", creates a fresh topic with cfg.Partitions partitions; done
+// deletes the topic (best effort, so that a long run does not fill the
+// broker's disk) and closes the pool.
+func (e *env) scenario(ctx context.Context, prefix string) (admin *gorm.DB, topic string, done func(), err error) {
+	if admin, err = e.open(nil); err != nil {
+		return nil, "", nil, err
+	}
+	done = func() { closeDB(admin) }
+	if err = e.reset(admin); err == nil && prefix != "" {
+		topic = testenv.Unique(prefix)
+		err = testenv.CreateTopic(ctx, nil, e.brokers, kafka.TopicConfig{Topic: topic, NumPartitions: e.cfg.Partitions, ReplicationFactor: 1})
+		done = func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			c := &kafka.Client{Addr: kafka.TCP(e.brokers...)}
+			_, _ = c.DeleteTopics(ctx, &kafka.DeleteTopicsRequest{Topics: []string{topic}})
+			closeDB(admin)
+		}
+	}
+	if err != nil {
+		done()
+		return nil, "", nil, err
+	}
+	return admin, topic, done, nil
 }

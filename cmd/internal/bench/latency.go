@@ -121,19 +121,11 @@ func runLatency(ctx context.Context, e *env, rep *Report) ([]LatencyResult, erro
 
 func (e *env) latency(ctx context.Context, mode string, rate int) (LatencyResult, error) {
 	e.cfg.Logger.Info("bench: latency", "mode", mode, "rate", rate, "duration", e.cfg.LatencyDuration)
-	admin, err := e.open(nil)
+	admin, topic, done, err := e.scenario(ctx, "bench_latency_")
 	if err != nil {
 		return LatencyResult{}, err
 	}
-	defer closeDB(admin)
-	if err := e.reset(admin); err != nil {
-		return LatencyResult{}, err
-	}
-	topic, err := e.createTopic(ctx, "bench_latency_")
-	if err != nil {
-		return LatencyResult{}, err
-	}
-	defer e.deleteTopic(topic)
+	defer done()
 	c, err := startConsumer(ctx, e.brokers, topic, e.cfg.Partitions, 0)
 	if err != nil {
 		return LatencyResult{}, err
