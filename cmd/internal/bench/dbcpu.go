@@ -36,7 +36,7 @@ type backendCPU struct {
 // startBackendCPU starts sampling on db, or returns nil when the database
 // is not PostgreSQL or its backends' /proc entries cannot be read.
 func (e *env) startBackendCPU(ctx context.Context, db *sql.DB) *backendCPU {
-	if e.dialect != "postgres" {
+	if e.cfg.DB != "postgres" {
 		return nil
 	}
 	b := &backendCPU{db: db, first: map[int]int64{}, last: map[int]int64{}, done: make(chan struct{})}

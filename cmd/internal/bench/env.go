@@ -21,7 +21,6 @@ import (
 // brokers named by Config.Brokers).
 type env struct {
 	cfg     Config
-	dialect string // sqlite, postgres or mysql
 	dsn     string // DSN of the fresh database
 	drop    func()
 	tmp     string // SQLite directory
@@ -32,7 +31,7 @@ type env struct {
 
 // newEnv creates the fresh database and starts or names the broker.
 func newEnv(ctx context.Context, cfg Config) (*env, error) {
-	e := &env{cfg: cfg, dialect: cfg.DB, drop: func() {}}
+	e := &env{cfg: cfg, drop: func() {}}
 	switch cfg.DB {
 	case "sqlite":
 		dir, err := os.MkdirTemp("", "outbox-bench-")
@@ -75,7 +74,7 @@ func newEnv(ctx context.Context, cfg Config) (*env, error) {
 		return nil, err
 	}
 	defer closeDB(db)
-	q := map[string]string{"sqlite": "SELECT sqlite_version()", "postgres": "SHOW server_version", "mysql": "SELECT VERSION()"}[e.dialect]
+	q := map[string]string{"sqlite": "SELECT sqlite_version()", "postgres": "SHOW server_version", "mysql": "SELECT VERSION()"}[e.cfg.DB]
 	_ = db.Raw(q).Scan(&e.version).Error
 	if err := outbox.AutoMigrate(db, outbox.Config{BucketCount: cfg.Buckets}); err != nil {
 		e.close()
@@ -87,9 +86,9 @@ func newEnv(ctx context.Context, cfg Config) (*env, error) {
 // open opens a new *gorm.DB (its own connection pool) on the run's
 // database, with plugin registered when non-nil.
 func (e *env) open(plugin *outbox.Plugin) (*gorm.DB, error) {
-	db, err := gorm.Open(testenv.Dialector(e.dialect, e.dsn), &gorm.Config{Logger: logger.Default.LogMode(logger.Silent)})
+	db, err := gorm.Open(testenv.Dialector(e.cfg.DB, e.dsn), &gorm.Config{Logger: logger.Default.LogMode(logger.Silent)})
 	if err != nil {
-		return nil, fmt.Errorf("bench: open %s: %w", e.dialect, err)
+		return nil, fmt.Errorf("bench: open %s: %w", e.cfg.DB, err)
 	}
 	if s, err := db.DB(); err == nil && e.cfg.MaxIdleConns > 0 {
 		s.SetMaxIdleConns(e.cfg.MaxIdleConns)
@@ -116,40 +115,29 @@ func (e *env) close() {
 	e.drop()
 }
 
-// reset empties the three outbox tables, then ends the database's
-// write-ahead log cycle (checkpointStatement), so that every contender of a
-// run starts its preload and its drain in a fresh one.
+// reset empties the three outbox tables, then starts a fresh write-ahead
+// log cycle, so that every contender of a run starts its preload and its
+// drain in a fresh one. Left to the log's volume, a PostgreSQL checkpoint
+// fell inside whichever contender's drain crossed the mark, whose deletes
+// then logged whole pages the others' escaped (BENCHMARKS.md, Method);
+// CHECKPOINT needs superuser or pg_checkpoint. InnoDB checkpoints
+// continuously and logs no page images.
 func (e *env) reset(db *gorm.DB) error {
 	for _, t := range []string{outbox.DefaultMessagesTable, outbox.DefaultLeasesTable, outbox.DefaultRelaysTable} {
 		stmt := "TRUNCATE TABLE " + t
-		if e.dialect == "sqlite" {
+		if e.cfg.DB == "sqlite" {
 			stmt = "DELETE FROM " + t
 		}
 		if err := db.Exec(stmt).Error; err != nil {
 			return fmt.Errorf("bench: empty %s: %w", t, err)
 		}
 	}
-	if stmt := checkpointStatement(e.dialect); stmt != "" {
+	if stmt := map[string]string{"postgres": "CHECKPOINT", "sqlite": "PRAGMA wal_checkpoint(TRUNCATE)"}[e.cfg.DB]; stmt != "" {
 		if err := db.Exec(stmt).Error; err != nil {
 			return fmt.Errorf("bench: %s: %w", stmt, err)
 		}
 	}
 	return nil
-}
-
-// checkpointStatement starts a fresh write-ahead log cycle on dialect ("":
-// InnoDB checkpoints continuously and logs no page images). Left to the
-// log's volume, a PostgreSQL checkpoint fell inside whichever contender's
-// drain crossed the mark, whose deletes then logged whole pages the others'
-// escaped (BENCHMARKS.md, Method). It needs superuser or pg_checkpoint.
-func checkpointStatement(dialect string) string {
-	switch dialect {
-	case "postgres":
-		return "CHECKPOINT"
-	case "sqlite":
-		return "PRAGMA wal_checkpoint(TRUNCATE)"
-	}
-	return ""
 }
 
 // scenario opens an admin pool on the emptied outbox tables and, unless

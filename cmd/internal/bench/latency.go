@@ -104,8 +104,8 @@ func (s *pgSender) NotifyBuckets(bs []int) {
 func runLatency(ctx context.Context, e *env, rep *Report) ([]LatencyResult, error) {
 	var out []LatencyResult
 	for _, mode := range e.cfg.LatencyModes {
-		if mode == ModePgNotify && e.dialect != "postgres" {
-			rep.Notes = append(rep.Notes, "latency: pgnotify mode needs PostgreSQL; not measured on "+e.dialect)
+		if mode == ModePgNotify && e.cfg.DB != "postgres" {
+			rep.Notes = append(rep.Notes, "latency: pgnotify mode needs PostgreSQL; not measured on "+e.cfg.DB)
 			continue
 		}
 		for _, rate := range e.cfg.Rates {
