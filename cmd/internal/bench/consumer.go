@@ -28,11 +28,9 @@ type consumer struct {
 }
 
 // startConsumer starts one franz-go client that reads every partition of
-// topic in one fetch per round trip, as Kafka's own consumers do (a
-// kafka-go Reader per partition cost the broker as much work as the
-// relay's produce requests). It returns once the client reads every
-// partition: it writes a warm-up record (no message id) to each and waits,
-// up to 30 s, until each was read.
+// topic in one fetch per round trip, as Kafka's own consumers do. It
+// returns once the client reads every partition: it writes a warm-up record
+// (no message id) to each and waits, up to 30 s, until each was read.
 func startConsumer(ctx context.Context, brokers []string, topic string, partitions, want int) (*consumer, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	c := &consumer{cancel: cancel, seen: make(map[string]time.Time, max(want, 1024)), want: want, reached: make(chan struct{})}

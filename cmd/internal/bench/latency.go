@@ -167,7 +167,7 @@ func (e *env) latency(ctx context.Context, mode string, rate int) (LatencyResult
 		end := time.Now()
 		return m.MessageID, end, end.Sub(begin), err
 	}
-	// Warm-up: one row end to end (metadata, connections).
+	// Warm-up: one row end to end.
 	id, _, _, err := commitOne(-1)
 	if err != nil {
 		return LatencyResult{}, err
@@ -187,10 +187,8 @@ func (e *env) latency(ctx context.Context, mode string, rate int) (LatencyResult
 		dur time.Duration
 	}
 	// The run's first tenth, at most a second, warms up and is not
-	// measured: its commits open the writers' connections, and the relay's
-	// and the broker's (with the first commits measured, a run's first half
-	// second put ~100 ms into the p99 of both commits and
-	// acknowledgements).
+	// measured: its commits open the writers', the relay's and the broker's
+	// connections.
 	warm := int(float64(rate) * min(time.Second, e.cfg.LatencyDuration/10).Seconds())
 	total := int(float64(rate) * e.cfg.LatencyDuration.Seconds())
 	jobs := make(chan int, warm+total)
@@ -280,7 +278,7 @@ func (e *env) latency(ctx context.Context, mode string, rate int) (LatencyResult
 	switch mode {
 	case ModePoll:
 		// No notification announced these rows: PollInterval bounds their
-		// wait (issue 29: at most 2 × PollInterval, at any bucket count).
+		// wait, at most 2 × PollInterval at any bucket count.
 		poll := relay.DefaultPollInterval
 		over := 0
 		for _, d := range ack {
@@ -380,6 +378,5 @@ func pct(ds []time.Duration, p float64) float64 {
 	s := slices.Clone(ds)
 	slices.Sort(s)
 	i := int(float64(len(s))*p/100+0.5) - 1
-	i = min(max(i, 0), len(s)-1)
-	return float64(s[i].Microseconds()) / 1000
+	return ms(s[min(max(i, 0), len(s)-1)])
 }
