@@ -30,8 +30,13 @@ type env struct {
 }
 
 // newEnv creates the fresh database and starts or names the broker.
-func newEnv(ctx context.Context, cfg Config) (*env, error) {
+func newEnv(ctx context.Context, cfg Config) (_ *env, err error) {
 	e := &env{cfg: cfg, drop: func() {}}
+	defer func() {
+		if err != nil {
+			e.close()
+		}
+	}()
 	switch cfg.DB {
 	case "sqlite":
 		dir, err := os.MkdirTemp("", "outbox-bench-")
@@ -43,7 +48,6 @@ func newEnv(ctx context.Context, cfg Config) (*env, error) {
 		if cfg.DSN == "" {
 			return nil, fmt.Errorf("bench: database %s needs a DSN", cfg.DB)
 		}
-		var err error
 		if e.dsn, e.drop, err = testenv.CreateDatabase(ctx, cfg.DB, cfg.DSN, testenv.Unique("outbox_bench_")); err != nil {
 			return nil, fmt.Errorf("bench: %w", err)
 		}
@@ -54,30 +58,25 @@ func newEnv(ctx context.Context, cfg Config) (*env, error) {
 	case "kfake":
 		c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.DefaultNumPartitions(cfg.Partitions))
 		if err != nil {
-			e.close()
 			return nil, fmt.Errorf("bench: start kfake: %w", err)
 		}
 		e.fake, e.brokers = c, c.ListenAddrs()
 	case "real", "kfake-process":
 		if len(cfg.Brokers) == 0 {
-			e.close()
 			return nil, fmt.Errorf("bench: broker %s needs Config.Brokers", cfg.Broker)
 		}
 		e.brokers = cfg.Brokers
 	default:
-		e.close()
 		return nil, fmt.Errorf("bench: unknown broker %q (want kfake, kfake-process or real)", cfg.Broker)
 	}
 	db, err := e.open(nil)
 	if err != nil {
-		e.close()
 		return nil, err
 	}
 	defer closeDB(db)
 	q := map[string]string{"sqlite": "SELECT sqlite_version()", "postgres": "SHOW server_version", "mysql": "SELECT VERSION()"}[e.cfg.DB]
 	_ = db.Raw(q).Scan(&e.version).Error
-	if err := outbox.AutoMigrate(db, outbox.Config{BucketCount: cfg.Buckets}); err != nil {
-		e.close()
+	if err = outbox.AutoMigrate(db, outbox.Config{BucketCount: cfg.Buckets}); err != nil {
 		return nil, fmt.Errorf("bench: migrate: %w", err)
 	}
 	return e, nil
