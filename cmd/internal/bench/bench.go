@@ -139,7 +139,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		case ScenarioEnqueue:
 			rep.Enqueue, err = runEnqueue(ctx, e)
 		case ScenarioIdle:
-			rep.Idle, err = runIdle(ctx, e)
+			rep.Idle, err = each(e.cfg.IdleFleets, func(n int) (IdleResult, error) { return e.idle(ctx, n) })
 		}
 		if err != nil {
 			return rep, fmt.Errorf("bench: %s: %w", s, err)
@@ -147,4 +147,17 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	rep.Seconds = time.Since(start).Seconds()
 	return rep, nil
+}
+
+// each runs f on every x and collects the results, up to the first error.
+func each[T any](xs []int, f func(int) (T, error)) ([]T, error) {
+	out := make([]T, 0, len(xs))
+	for _, x := range xs {
+		r, err := f(x)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r)
+	}
+	return out, nil
 }

@@ -28,11 +28,9 @@ type consumer struct {
 }
 
 // startConsumer starts one franz-go client that reads every partition of
-// topic in one fetch per round trip, as Kafka's own consumers do (a
-// kafka-go Reader per partition cost the broker as much work as the
-// relay's produce requests). It returns once the client reads every
-// partition: it writes a warm-up record (no message id) to each and waits,
-// up to 30 s, until each was read.
+// topic in one fetch per round trip, as Kafka's own consumers do. It
+// returns once the client reads every partition: it writes a warm-up record
+// (no message id) to each and waits, up to 30 s, until each was read.
 func startConsumer(ctx context.Context, brokers []string, topic string, partitions, want int) (*consumer, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	c := &consumer{cancel: cancel, seen: make(map[string]time.Time, max(want, 1024)), want: want, reached: make(chan struct{})}
@@ -141,9 +139,6 @@ func (c *consumer) warmUp(ctx context.Context, cl *kgo.Client, topic string, par
 	return nil
 }
 
-// done is closed when want distinct ids were read.
-func (c *consumer) done() <-chan struct{} { return c.reached }
-
 func (c *consumer) count() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -174,15 +169,7 @@ func (c *consumer) quarterRates(start time.Time) (first, last float64) {
 		return 0, 0
 	}
 	slices.SortFunc(ts, func(a, b time.Time) int { return a.Compare(b) })
-	return rateOver(q, ts[q-1].Sub(start)), rateOver(q, ts[n-1].Sub(ts[n-q-1]))
-}
-
-// rateOver is n per d in seconds, or 0 when d is not positive.
-func rateOver(n int, d time.Duration) float64 {
-	if d <= 0 {
-		return 0
-	}
-	return float64(n) / d.Seconds()
+	return ratio(float64(q), ts[q-1].Sub(start).Seconds()), ratio(float64(q), ts[n-1].Sub(ts[n-q-1]).Seconds())
 }
 
 func (c *consumer) stop() error {

@@ -36,20 +36,11 @@ type backendCPU struct {
 // startBackendCPU starts sampling on db, or returns nil when the database
 // is not PostgreSQL or its backends' /proc entries cannot be read.
 func (e *env) startBackendCPU(ctx context.Context, db *sql.DB) *backendCPU {
-	if e.dialect != "postgres" {
+	if e.cfg.DB != "postgres" {
 		return nil
 	}
 	b := &backendCPU{db: db, first: map[int]int64{}, last: map[int]int64{}, done: make(chan struct{})}
-	pids, err := b.pids(ctx)
-	if err != nil {
-		return nil
-	}
-	for _, pid := range pids {
-		if t, err := procTicks(pid); err == nil { // else exited since the query
-			b.first[pid], b.last[pid] = t, t
-		}
-	}
-	if len(b.first) == 0 {
+	if b.sample(ctx, true); b.err != nil || len(b.first) == 0 {
 		return nil // no readable /proc entry: not this host
 	}
 	ctx, b.cancel = context.WithCancel(ctx)
@@ -62,7 +53,7 @@ func (e *env) startBackendCPU(ctx context.Context, db *sql.DB) *backendCPU {
 			case <-ctx.Done():
 				return
 			case <-t.C:
-				b.sample(ctx)
+				b.sample(ctx, false)
 			}
 		}
 	}()
@@ -86,7 +77,9 @@ func (b *backendCPU) pids(ctx context.Context) ([]int, error) {
 	return pids, rows.Err()
 }
 
-func (b *backendCPU) sample(ctx context.Context) {
+// sample reads the ticks of the database's backends; a backend first seen
+// after the start counts from 0, its birth.
+func (b *backendCPU) sample(ctx context.Context, start bool) {
 	pids, err := b.pids(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -101,10 +94,13 @@ func (b *backendCPU) sample(ctx context.Context) {
 	for _, pid := range pids {
 		t, err := procTicks(pid)
 		if err != nil {
-			continue
+			continue // exited since the query
 		}
 		if _, ok := b.first[pid]; !ok {
-			b.first[pid] = 0 // born after the start
+			b.first[pid] = 0
+			if start {
+				b.first[pid] = t
+			}
 		}
 		b.last[pid] = max(b.last[pid], t)
 	}
@@ -118,7 +114,7 @@ func (b *backendCPU) stop(ctx context.Context) (time.Duration, bool) {
 	}
 	b.cancel()
 	<-b.done
-	b.sample(ctx)
+	b.sample(ctx, false)
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.err != nil {

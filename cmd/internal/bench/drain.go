@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -106,10 +107,7 @@ func ratio(a, b float64) float64 {
 
 // cpuPerMsgUs is cpu per message in microseconds, or 0 without rows.
 func cpuPerMsgUs(cpu time.Duration, rows int) float64 {
-	if rows <= 0 {
-		return 0
-	}
-	return float64(cpu.Microseconds()) / float64(rows)
+	return ratio(float64(cpu.Microseconds()), float64(rows))
 }
 
 // vs fills d's ratios to the baselines (naive: nil for the naive relay).
@@ -162,7 +160,7 @@ func (e *env) waitDrained(ctx context.Context, db *gorm.DB, c *consumer, n int) 
 		select {
 		case <-ctx.Done():
 			return time.Time{}, ctx.Err()
-		case <-c.done():
+		case <-c.reached:
 			consumed = true
 		case <-tick.C:
 		}
@@ -230,40 +228,35 @@ func runDrain(ctx context.Context, e *env) ([]DrainResult, error) {
 		return nil, err
 	}
 	naive.Note = "one row per tx: SELECT … FOR UPDATE SKIP LOCKED, produce, DELETE, COMMIT"
-	if e.dialect == "sqlite" {
+	if e.cfg.DB == "sqlite" {
 		naive.Note = "one row per tx (BEGIN IMMEDIATE; SQLite has no FOR UPDATE SKIP LOCKED): SELECT, produce, DELETE, COMMIT"
 	}
 	naive.vs(raw, nil)
-	out := []DrainResult{raw, naive}
-	for _, r := range e.cfg.Relays {
-		res, err := e.drainRelays(ctx, r)
-		if err != nil {
-			return nil, err
-		}
-		res.vs(raw, &naive)
-		out = append(out, res)
+	relays, err := each(e.cfg.Relays, func(n int) (DrainResult, error) {
+		d, err := e.drainRelays(ctx, n)
+		d.vs(raw, &naive)
+		return d, err
+	})
+	if err != nil {
+		return nil, err
 	}
-	return out, nil
+	return append([]DrainResult{raw, naive}, relays...), nil
 }
 
-// loopFunc drains the table into topic until it is empty.
-type loopFunc func(ctx context.Context, db *sql.DB, w *kafka.Writer) error
-
-func (e *env) drainBaseline(ctx context.Context, name string, n int, loop loopFunc) (DrainResult, error) {
+// drainBaseline times loop, which drains the table into w's topic until it
+// is empty.
+func (e *env) drainBaseline(ctx context.Context, name string, n int, loop func(context.Context, *sql.DB, *kafka.Writer) error) (DrainResult, error) {
 	e.cfg.Logger.Info("bench: drain", "name", name, "rows", n)
+	admin, topic, done, err := e.scenario(ctx, "bench_drain_")
+	if err != nil {
+		return DrainResult{}, err
+	}
+	defer done()
 	db, err := e.open(&outbox.Plugin{Config: e.outboxConfig()})
 	if err != nil {
 		return DrainResult{}, err
 	}
 	defer closeDB(db)
-	if err := e.reset(db); err != nil {
-		return DrainResult{}, err
-	}
-	topic, err := e.createTopic(ctx, "bench_drain_")
-	if err != nil {
-		return DrainResult{}, err
-	}
-	defer e.deleteTopic(topic)
 	sqlDB, err := db.DB()
 	if err != nil {
 		return DrainResult{}, err
@@ -282,11 +275,6 @@ func (e *env) drainBaseline(ctx context.Context, name string, n int, loop loopFu
 		return DrainResult{}, err
 	}
 	defer c.stop()
-	admin, err := e.open(nil)
-	if err != nil {
-		return DrainResult{}, err
-	}
-	defer closeDB(admin)
 	_, pre, err := e.preload(ctx, db, topic, n)
 	if err != nil {
 		return DrainResult{}, err
@@ -311,12 +299,11 @@ func (e *env) drainBaseline(ctx context.Context, name string, n int, loop loopFu
 
 // analyze updates the messages table's statistics after a baseline's
 // preload, before its clock starts: without them PostgreSQL plans the raw
-// loop's DELETE … WHERE id <= $1 as a scan, which made it 1.3–5.8× slower
-// in some runs, and a production loop runs on a table with statistics. The
-// relays get none: their statements stay on the indexes without them.
+// loop's DELETE … WHERE id <= $1 as a scan, and a production loop runs on a
+// table with statistics. The relays' statements stay on the indexes without.
 func (e *env) analyze(ctx context.Context, db *gorm.DB) (time.Duration, error) {
 	stmt := "ANALYZE " + outbox.DefaultMessagesTable
-	if e.dialect == "mysql" {
+	if e.cfg.DB == "mysql" {
 		stmt = "ANALYZE TABLE " + outbox.DefaultMessagesTable
 	}
 	begin := time.Now()
@@ -346,7 +333,7 @@ func warmWriter(ctx context.Context, w *kafka.Writer) error {
 
 // ph returns the i-th (1-based) placeholder of the dialect.
 func (e *env) ph(i int) string {
-	if e.dialect == "postgres" {
+	if e.cfg.DB == "postgres" {
 		return "$" + strconv.Itoa(i)
 	}
 	return "?"
@@ -405,7 +392,7 @@ func (e *env) rawLoop(ctx context.Context, db *sql.DB, w *kafka.Writer) error {
 // locked with FOR UPDATE SKIP LOCKED, produced, deleted, committed.
 func (e *env) naiveLoop(ctx context.Context, db *sql.DB, w *kafka.Writer) error {
 	sel := fmt.Sprintf("SELECT id, message_id, record_key, record_value FROM %s ORDER BY id LIMIT 1", outbox.DefaultMessagesTable)
-	if e.dialect != "sqlite" {
+	if e.cfg.DB != "sqlite" {
 		sel += " FOR UPDATE SKIP LOCKED"
 	}
 	del := fmt.Sprintf("DELETE FROM %s WHERE id = %s", outbox.DefaultMessagesTable, e.ph(1))
@@ -444,14 +431,12 @@ func (e *env) naiveLoop(ctx context.Context, db *sql.DB, w *kafka.Writer) error 
 
 // fleet is a set of running relays on one database and broker.
 type fleet struct {
-	once   sync.Once
-	err    error
-	fan    *fanout
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
-	mu     sync.Mutex
-	errs   []error
-	close  []func()
+	fan  *fanout
+	wg   sync.WaitGroup
+	errs chan error // one per relay at most
+	// stop stops the relays, waits for them and closes their resources;
+	// later calls return the first's error.
+	stop func() error
 }
 
 // startFleet starts n relays, each with its own connection pool, store and
@@ -459,7 +444,21 @@ type fleet struct {
 // each publisher.
 func (e *env) startFleet(ctx context.Context, n int, open func() (*gorm.DB, error), opts relay.Options, wrap func(relay.Publisher) relay.Publisher) (*fleet, error) {
 	ctx, cancel := context.WithCancel(ctx)
-	f := &fleet{fan: &fanout{}, cancel: cancel}
+	f := &fleet{fan: &fanout{}, errs: make(chan error, n)}
+	var closers []func()
+	f.stop = sync.OnceValue(func() error {
+		cancel()
+		f.wg.Wait()
+		for _, c := range slices.Backward(closers) {
+			c()
+		}
+		close(f.errs)
+		var errs []error
+		for err := range f.errs {
+			errs = append(errs, err)
+		}
+		return errors.Join(errs...)
+	})
 	fail := func(err error) (*fleet, error) {
 		_ = f.stop()
 		return nil, err
@@ -469,7 +468,7 @@ func (e *env) startFleet(ctx context.Context, n int, open func() (*gorm.DB, erro
 		if err != nil {
 			return fail(err)
 		}
-		f.close = append(f.close, func() { closeDB(db) })
+		closers = append(closers, func() { closeDB(db) })
 		lg := opts.Logger
 		switch {
 		case lg != nil:
@@ -487,7 +486,7 @@ func (e *env) startFleet(ctx context.Context, n int, open func() (*gorm.DB, erro
 		if err != nil {
 			return fail(err)
 		}
-		f.close = append(f.close, func() { _ = kp.Close() })
+		closers = append(closers, func() { _ = kp.Close() })
 		var pub relay.Publisher = kp
 		if wrap != nil {
 			pub = wrap(kp)
@@ -495,7 +494,7 @@ func (e *env) startFleet(ctx context.Context, n int, open func() (*gorm.DB, erro
 		o := opts
 		o.RelayID = fmt.Sprintf("bench-%d-%s", i, testenv.Unique(""))
 		o.BatchSize, o.MaxConcurrentBuckets, o.Logger = e.cfg.BatchSize, e.cfg.MaxConcurrentBuckets, lg
-		o.SingleWriter = e.dialect == "sqlite"
+		o.SingleWriter = e.cfg.DB == "sqlite"
 		r, err := relay.New(store, pub, o)
 		if err != nil {
 			return fail(err)
@@ -505,29 +504,11 @@ func (e *env) startFleet(ctx context.Context, n int, open func() (*gorm.DB, erro
 		go func() {
 			defer f.wg.Done()
 			if err := r.Run(ctx); err != nil {
-				f.mu.Lock()
-				f.errs = append(f.errs, err)
-				f.mu.Unlock()
+				f.errs <- err
 			}
 		}()
 	}
 	return f, nil
-}
-
-// stop stops the relays, waits for them and closes their resources.
-// It is idempotent.
-func (f *fleet) stop() error {
-	f.once.Do(func() {
-		f.cancel()
-		f.wg.Wait()
-		for i := len(f.close) - 1; i >= 0; i-- {
-			f.close[i]()
-		}
-		f.mu.Lock()
-		f.err = errors.Join(f.errs...)
-		f.mu.Unlock()
-	})
-	return f.err
 }
 
 // waitBalanced waits until n relays hold every bucket in fair shares.
@@ -564,19 +545,11 @@ func (e *env) waitBalanced(ctx context.Context, db *gorm.DB, n int) error {
 
 func (e *env) drainRelays(ctx context.Context, n int) (DrainResult, error) {
 	e.cfg.Logger.Info("bench: drain", "name", "relay", "relays", n, "rows", e.cfg.N)
-	admin, err := e.open(nil)
+	admin, topic, done, err := e.scenario(ctx, "bench_drain_")
 	if err != nil {
 		return DrainResult{}, err
 	}
-	defer closeDB(admin)
-	if err := e.reset(admin); err != nil {
-		return DrainResult{}, err
-	}
-	topic, err := e.createTopic(ctx, "bench_drain_")
-	if err != nil {
-		return DrainResult{}, err
-	}
-	defer e.deleteTopic(topic)
+	defer done()
 	// The relays' instruments go to an SDK MeterProvider read by hand, to
 	// count lease losses (relay.MetricLeaseExpirations) over the fleet.
 	metrics := sdkmetric.NewManualReader()

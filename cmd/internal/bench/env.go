@@ -21,7 +21,6 @@ import (
 // brokers named by Config.Brokers).
 type env struct {
 	cfg     Config
-	dialect string // sqlite, postgres or mysql
 	dsn     string // DSN of the fresh database
 	drop    func()
 	tmp     string // SQLite directory
@@ -31,8 +30,13 @@ type env struct {
 }
 
 // newEnv creates the fresh database and starts or names the broker.
-func newEnv(ctx context.Context, cfg Config) (*env, error) {
-	e := &env{cfg: cfg, dialect: cfg.DB, drop: func() {}}
+func newEnv(ctx context.Context, cfg Config) (_ *env, err error) {
+	e := &env{cfg: cfg, drop: func() {}}
+	defer func() {
+		if err != nil {
+			e.close()
+		}
+	}()
 	switch cfg.DB {
 	case "sqlite":
 		dir, err := os.MkdirTemp("", "outbox-bench-")
@@ -44,7 +48,6 @@ func newEnv(ctx context.Context, cfg Config) (*env, error) {
 		if cfg.DSN == "" {
 			return nil, fmt.Errorf("bench: database %s needs a DSN", cfg.DB)
 		}
-		var err error
 		if e.dsn, e.drop, err = testenv.CreateDatabase(ctx, cfg.DB, cfg.DSN, testenv.Unique("outbox_bench_")); err != nil {
 			return nil, fmt.Errorf("bench: %w", err)
 		}
@@ -55,30 +58,25 @@ func newEnv(ctx context.Context, cfg Config) (*env, error) {
 	case "kfake":
 		c, err := kfake.NewCluster(kfake.NumBrokers(1), kfake.DefaultNumPartitions(cfg.Partitions))
 		if err != nil {
-			e.close()
 			return nil, fmt.Errorf("bench: start kfake: %w", err)
 		}
 		e.fake, e.brokers = c, c.ListenAddrs()
 	case "real", "kfake-process":
 		if len(cfg.Brokers) == 0 {
-			e.close()
 			return nil, fmt.Errorf("bench: broker %s needs Config.Brokers", cfg.Broker)
 		}
 		e.brokers = cfg.Brokers
 	default:
-		e.close()
 		return nil, fmt.Errorf("bench: unknown broker %q (want kfake, kfake-process or real)", cfg.Broker)
 	}
 	db, err := e.open(nil)
 	if err != nil {
-		e.close()
 		return nil, err
 	}
 	defer closeDB(db)
-	q := map[string]string{"sqlite": "SELECT sqlite_version()", "postgres": "SHOW server_version", "mysql": "SELECT VERSION()"}[e.dialect]
+	q := map[string]string{"sqlite": "SELECT sqlite_version()", "postgres": "SHOW server_version", "mysql": "SELECT VERSION()"}[e.cfg.DB]
 	_ = db.Raw(q).Scan(&e.version).Error
-	if err := outbox.AutoMigrate(db, outbox.Config{BucketCount: cfg.Buckets}); err != nil {
-		e.close()
+	if err = outbox.AutoMigrate(db, outbox.Config{BucketCount: cfg.Buckets}); err != nil {
 		return nil, fmt.Errorf("bench: migrate: %w", err)
 	}
 	return e, nil
@@ -87,9 +85,9 @@ func newEnv(ctx context.Context, cfg Config) (*env, error) {
 // open opens a new *gorm.DB (its own connection pool) on the run's
 // database, with plugin registered when non-nil.
 func (e *env) open(plugin *outbox.Plugin) (*gorm.DB, error) {
-	db, err := gorm.Open(testenv.Dialector(e.dialect, e.dsn), &gorm.Config{Logger: logger.Default.LogMode(logger.Silent)})
+	db, err := gorm.Open(testenv.Dialector(e.cfg.DB, e.dsn), &gorm.Config{Logger: logger.Default.LogMode(logger.Silent)})
 	if err != nil {
-		return nil, fmt.Errorf("bench: open %s: %w", e.dialect, err)
+		return nil, fmt.Errorf("bench: open %s: %w", e.cfg.DB, err)
 	}
 	if s, err := db.DB(); err == nil && e.cfg.MaxIdleConns > 0 {
 		s.SetMaxIdleConns(e.cfg.MaxIdleConns)
@@ -116,20 +114,24 @@ func (e *env) close() {
 	e.drop()
 }
 
-// reset empties the three outbox tables, then ends the database's
-// write-ahead log cycle (checkpointStatement), so that every contender of a
-// run starts its preload and its drain in a fresh one.
+// reset empties the three outbox tables, then starts a fresh write-ahead
+// log cycle, so that every contender of a run starts its preload and its
+// drain in a fresh one. Left to the log's volume, a PostgreSQL checkpoint
+// fell inside whichever contender's drain crossed the mark, whose deletes
+// then logged whole pages the others' escaped (BENCHMARKS.md, Method);
+// CHECKPOINT needs superuser or pg_checkpoint. InnoDB checkpoints
+// continuously and logs no page images.
 func (e *env) reset(db *gorm.DB) error {
 	for _, t := range []string{outbox.DefaultMessagesTable, outbox.DefaultLeasesTable, outbox.DefaultRelaysTable} {
 		stmt := "TRUNCATE TABLE " + t
-		if e.dialect == "sqlite" {
+		if e.cfg.DB == "sqlite" {
 			stmt = "DELETE FROM " + t
 		}
 		if err := db.Exec(stmt).Error; err != nil {
 			return fmt.Errorf("bench: empty %s: %w", t, err)
 		}
 	}
-	if stmt := checkpointStatement(e.dialect); stmt != "" {
+	if stmt := map[string]string{"postgres": "CHECKPOINT", "sqlite": "PRAGMA wal_checkpoint(TRUNCATE)"}[e.cfg.DB]; stmt != "" {
 		if err := db.Exec(stmt).Error; err != nil {
 			return fmt.Errorf("bench: %s: %w", stmt, err)
 		}
@@ -137,32 +139,29 @@ func (e *env) reset(db *gorm.DB) error {
 	return nil
 }
 
-// checkpointStatement starts a fresh write-ahead log cycle on dialect ("":
-// InnoDB checkpoints continuously and logs no page images). Left to the
-// log's volume, a PostgreSQL checkpoint fell inside whichever contender's
-// drain crossed the mark, whose deletes then logged whole pages the others'
-// escaped (BENCHMARKS.md, Method). It needs superuser or pg_checkpoint.
-func checkpointStatement(dialect string) string {
-	switch dialect {
-	case "postgres":
-		return "CHECKPOINT"
-	case "sqlite":
-		return "PRAGMA wal_checkpoint(TRUNCATE)"
+// scenario opens an admin pool on the emptied outbox tables and, unless
+// prefix is "", creates a fresh topic with cfg.Partitions partitions; done
+// deletes the topic (best effort, so that a long run does not fill the
+// broker's disk) and closes the pool.
+func (e *env) scenario(ctx context.Context, prefix string) (admin *gorm.DB, topic string, done func(), err error) {
+	if admin, err = e.open(nil); err != nil {
+		return nil, "", nil, err
 	}
-	return ""
-}
-
-// createTopic creates a fresh topic with cfg.Partitions partitions.
-func (e *env) createTopic(ctx context.Context, prefix string) (string, error) {
-	topic := testenv.Unique(prefix)
-	return topic, testenv.CreateTopic(ctx, nil, e.brokers, kafka.TopicConfig{Topic: topic, NumPartitions: e.cfg.Partitions, ReplicationFactor: 1})
-}
-
-// deleteTopic removes a topic after its scenario, best effort, so that a
-// long run does not fill the broker's disk.
-func (e *env) deleteTopic(topic string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	c := &kafka.Client{Addr: kafka.TCP(e.brokers...)}
-	_, _ = c.DeleteTopics(ctx, &kafka.DeleteTopicsRequest{Topics: []string{topic}})
+	done = func() { closeDB(admin) }
+	if err = e.reset(admin); err == nil && prefix != "" {
+		topic = testenv.Unique(prefix)
+		err = testenv.CreateTopic(ctx, nil, e.brokers, kafka.TopicConfig{Topic: topic, NumPartitions: e.cfg.Partitions, ReplicationFactor: 1})
+		done = func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			c := &kafka.Client{Addr: kafka.TCP(e.brokers...)}
+			_, _ = c.DeleteTopics(ctx, &kafka.DeleteTopicsRequest{Topics: []string{topic}})
+			closeDB(admin)
+		}
+	}
+	if err != nil {
+		done()
+		return nil, "", nil, err
+	}
+	return admin, topic, done, nil
 }

@@ -14,7 +14,7 @@ import (
 // drain starts in a write-ahead log cycle of its own: after reset, the
 // rows written before it are behind the database's latest checkpoint, so
 // that no contender's deletes pay for page images that another's escaped
-// by its place in the run (see checkpointStatement). SQLite: the WAL file
+// by its place in the run (see reset). SQLite: the WAL file
 // is empty; PostgreSQL: the latest checkpoint's redo point is past the
 // log written before reset.
 func TestResetStartsAFreshWriteAheadLogCycle(t *testing.T) {

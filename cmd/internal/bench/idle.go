@@ -2,7 +2,7 @@ package bench
 
 import (
 	"context"
-	"fmt"
+	"errors"
 	"strings"
 	"sync"
 	"time"
@@ -31,11 +31,11 @@ type IdleResult struct {
 	ByKind map[string]int `json:"by_kind"`
 }
 
-// stmtCounter counts the statements GORM runs, by kind.
+// stmtCounter counts the statements GORM runs, by kind, while kinds is not
+// nil.
 type stmtCounter struct {
-	mu     sync.Mutex
-	kinds  map[string]int
-	counts bool
+	mu    sync.Mutex
+	kinds map[string]int
 }
 
 func (c *stmtCounter) record(db *gorm.DB) {
@@ -57,69 +57,41 @@ func (c *stmtCounter) record(db *gorm.DB) {
 		kind = "messages probe"
 	}
 	c.mu.Lock()
-	if c.counts {
+	if c.kinds != nil {
 		c.kinds[kind]++
 	}
 	c.mu.Unlock()
 }
 
-func (c *stmtCounter) start() {
-	c.mu.Lock()
-	c.kinds, c.counts = map[string]int{}, true
-	c.mu.Unlock()
-}
-
-func (c *stmtCounter) stop() map[string]int {
+// swap sets the counts to kinds and returns the previous ones.
+func (c *stmtCounter) swap(kinds map[string]int) map[string]int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.counts = false
-	return c.kinds
+	old := c.kinds
+	c.kinds = kinds
+	return old
 }
 
 // register adds the counting callback after each of gorm's statement
 // callbacks.
 func (c *stmtCounter) register(db *gorm.DB) error {
 	cb := db.Callback()
-	for _, r := range []struct {
-		after string
-		reg   func(string, func(*gorm.DB)) error
-	}{
-		{"gorm:create", cb.Create().After("gorm:create").Register},
-		{"gorm:query", cb.Query().After("gorm:query").Register},
-		{"gorm:update", cb.Update().After("gorm:update").Register},
-		{"gorm:delete", cb.Delete().After("gorm:delete").Register},
-		{"gorm:row", cb.Row().After("gorm:row").Register},
-		{"gorm:raw", cb.Raw().After("gorm:raw").Register},
-	} {
-		if err := r.reg("bench:count", c.record); err != nil {
-			return fmt.Errorf("register counter after %s: %w", r.after, err)
-		}
-	}
-	return nil
-}
-
-func runIdle(ctx context.Context, e *env) ([]IdleResult, error) {
-	var out []IdleResult
-	for _, n := range e.cfg.IdleFleets {
-		r, err := e.idle(ctx, n)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, r)
-	}
-	return out, nil
+	return errors.Join(
+		cb.Create().After("gorm:create").Register("bench:count", c.record),
+		cb.Query().After("gorm:query").Register("bench:count", c.record),
+		cb.Update().After("gorm:update").Register("bench:count", c.record),
+		cb.Delete().After("gorm:delete").Register("bench:count", c.record),
+		cb.Row().After("gorm:row").Register("bench:count", c.record),
+		cb.Raw().After("gorm:raw").Register("bench:count", c.record))
 }
 
 func (e *env) idle(ctx context.Context, n int) (IdleResult, error) {
 	e.cfg.Logger.Info("bench: idle", "relays", n, "window", e.cfg.IdleWindow)
-	admin, err := e.open(nil)
+	admin, _, done, err := e.scenario(ctx, "")
 	if err != nil {
 		return IdleResult{}, err
 	}
-	defer closeDB(admin)
-	if err := e.reset(admin); err != nil {
-		return IdleResult{}, err
-	}
+	defer done()
 	c := &stmtCounter{}
 	f, err := e.startFleet(ctx, n, func() (*gorm.DB, error) {
 		db, err := e.open(nil)
@@ -137,11 +109,14 @@ func (e *env) idle(ctx context.Context, n int) (IdleResult, error) {
 	if err := e.waitBalanced(ctx, admin, n); err != nil {
 		return IdleResult{}, err
 	}
-	c.start()
+	c.swap(map[string]int{})
 	start := time.Now()
-	sleep(ctx, e.cfg.IdleWindow)
+	select {
+	case <-ctx.Done():
+	case <-time.After(e.cfg.IdleWindow):
+	}
 	window := time.Since(start)
-	kinds := c.stop()
+	kinds := c.swap(nil)
 	if err := f.stop(); err != nil {
 		return IdleResult{}, err
 	}
@@ -157,11 +132,4 @@ func (e *env) idle(ctx context.Context, n int) (IdleResult, error) {
 	return IdleResult{Relays: n, WindowSeconds: secs, Statements: total, PerSec: float64(total) / secs,
 		PendingPerRelaySec: float64(pending) / secs / float64(n),
 		UpkeepPerRelaySec:  float64(total-pending) / secs / float64(n), ByKind: kinds}, nil
-}
-
-func sleep(ctx context.Context, d time.Duration) {
-	select {
-	case <-ctx.Done():
-	case <-time.After(d):
-	}
 }

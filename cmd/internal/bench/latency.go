@@ -104,8 +104,8 @@ func (s *pgSender) NotifyBuckets(bs []int) {
 func runLatency(ctx context.Context, e *env, rep *Report) ([]LatencyResult, error) {
 	var out []LatencyResult
 	for _, mode := range e.cfg.LatencyModes {
-		if mode == ModePgNotify && e.dialect != "postgres" {
-			rep.Notes = append(rep.Notes, "latency: pgnotify mode needs PostgreSQL; not measured on "+e.dialect)
+		if mode == ModePgNotify && e.cfg.DB != "postgres" {
+			rep.Notes = append(rep.Notes, "latency: pgnotify mode needs PostgreSQL; not measured on "+e.cfg.DB)
 			continue
 		}
 		for _, rate := range e.cfg.Rates {
@@ -121,19 +121,11 @@ func runLatency(ctx context.Context, e *env, rep *Report) ([]LatencyResult, erro
 
 func (e *env) latency(ctx context.Context, mode string, rate int) (LatencyResult, error) {
 	e.cfg.Logger.Info("bench: latency", "mode", mode, "rate", rate, "duration", e.cfg.LatencyDuration)
-	admin, err := e.open(nil)
+	admin, topic, done, err := e.scenario(ctx, "bench_latency_")
 	if err != nil {
 		return LatencyResult{}, err
 	}
-	defer closeDB(admin)
-	if err := e.reset(admin); err != nil {
-		return LatencyResult{}, err
-	}
-	topic, err := e.createTopic(ctx, "bench_latency_")
-	if err != nil {
-		return LatencyResult{}, err
-	}
-	defer e.deleteTopic(topic)
+	defer done()
 	c, err := startConsumer(ctx, e.brokers, topic, e.cfg.Partitions, 0)
 	if err != nil {
 		return LatencyResult{}, err
@@ -175,7 +167,7 @@ func (e *env) latency(ctx context.Context, mode string, rate int) (LatencyResult
 		end := time.Now()
 		return m.MessageID, end, end.Sub(begin), err
 	}
-	// Warm-up: one row end to end (metadata, connections).
+	// Warm-up: one row end to end.
 	id, _, _, err := commitOne(-1)
 	if err != nil {
 		return LatencyResult{}, err
@@ -195,10 +187,8 @@ func (e *env) latency(ctx context.Context, mode string, rate int) (LatencyResult
 		dur time.Duration
 	}
 	// The run's first tenth, at most a second, warms up and is not
-	// measured: its commits open the writers' connections, and the relay's
-	// and the broker's (with the first commits measured, a run's first half
-	// second put ~100 ms into the p99 of both commits and
-	// acknowledgements).
+	// measured: its commits open the writers', the relay's and the broker's
+	// connections.
 	warm := int(float64(rate) * min(time.Second, e.cfg.LatencyDuration/10).Seconds())
 	total := int(float64(rate) * e.cfg.LatencyDuration.Seconds())
 	jobs := make(chan int, warm+total)
@@ -288,7 +278,7 @@ func (e *env) latency(ctx context.Context, mode string, rate int) (LatencyResult
 	switch mode {
 	case ModePoll:
 		// No notification announced these rows: PollInterval bounds their
-		// wait (issue 29: at most 2 × PollInterval, at any bucket count).
+		// wait, at most 2 × PollInterval at any bucket count.
 		poll := relay.DefaultPollInterval
 		over := 0
 		for _, d := range ack {
@@ -388,6 +378,5 @@ func pct(ds []time.Duration, p float64) float64 {
 	s := slices.Clone(ds)
 	slices.Sort(s)
 	i := int(float64(len(s))*p/100+0.5) - 1
-	i = min(max(i, 0), len(s)-1)
-	return float64(s[i].Microseconds()) / 1000
+	return ms(s[min(max(i, 0), len(s)-1)])
 }

@@ -92,23 +92,14 @@ func (r *Report) WriteTables(w io.Writer) error {
 	return err
 }
 
-func x(v float64) string {
-	if v == 0 {
-		return "-"
-	}
-	return fmt.Sprintf("%.2f×", v)
-}
+// x, secs and num format a ratio, seconds and a figure; 0 (not measured) is "-".
+func x(v float64) string    { return dash("%.2f×", v) }
+func secs(v float64) string { return dash("%.2f", v) }
+func num(v float64) string  { return dash("%.1f", v) }
 
-func secs(v float64) string {
+func dash(format string, v float64) string {
 	if v == 0 {
 		return "-"
 	}
-	return fmt.Sprintf("%.2f", v)
-}
-
-func num(v float64) string {
-	if v == 0 {
-		return "-"
-	}
-	return fmt.Sprintf("%.1f", v)
+	return fmt.Sprintf(format, v)
 }
