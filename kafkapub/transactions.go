@@ -31,70 +31,24 @@ const (
 
 // Transactions makes a Publisher transactional (Config.Transactions):
 // fenced publishing. The publisher keeps one Kafka transactional producer
-// per bucket its relay owns, with the transactional.id
-// TransactionalID(bucket), and publishes each batch in one Kafka
-// transaction.
+// per bucket its relay owns (transactional.id TransactionalID(bucket)) and
+// publishes each batch in one Kafka transaction, reported acknowledged only
+// once its commit succeeded.
 //
-// Fencing. When the relay acquires a bucket (relay.Publisher.OwnedBuckets),
-// the publisher initialises the bucket's transactional.id (InitProducerId):
-// the coordinator aborts any transaction a previous owner left open and
-// bumps the producer epoch, so that every later request of the previous
-// owner (a relay that stalled past its lease: a GC pause, a partition,
-// SIGSTOP) is refused, its produce and its commit. The publisher
-// initialises a producer only when told of an acquisition, so a stalled
-// relay cannot take the epoch back. A Publish whose producer was fenced, or
-// whose transaction the coordinator aborted (open longer than Timeout),
-// fails with an error wrapping relay.ErrFenced and acknowledges nothing,
-// and the relay drops the bucket. Consumers reading with
-// isolation.level=read_committed never see a record of an aborted
-// transaction, so no record of a fenced relay becomes visible to them.
+// When the relay acquires a bucket (relay.Publisher.OwnedBuckets) the
+// publisher initialises its transactional.id, which aborts a previous
+// owner's open transaction and fences every later request of that owner;
+// a Publish whose producer was fenced, or whose transaction the coordinator
+// aborted, fails with an error wrapping relay.ErrFenced and acknowledges
+// nothing. A record the broker rejects aborts the transaction; the rows
+// before it are published again alone, so that Publish acknowledges exactly
+// the prefix before the culprit.
 //
-// Each Publish: AddPartitionsToTxn for the batch's partitions, produce
-// requests of v2 record batches with the producer id, epoch and
-// per-partition sequence numbers (several per partition beyond BatchBytes or
-// MaxBatchRecords, in order), then EndTxn (commit). The batch is reported
-// acknowledged only once the commit succeeded, so the relay deletes rows
-// only after it. The message-id header, placement, BatchBytes,
-// MaxBatchRecords, PublishTimeout, the writer's Compression and the tracing
-// are the default mode's.
-//
-// Partial failure. When the broker rejects a record (too large, invalid, a
-// topic the relay may not write), the transaction is aborted and the rows
-// before that record are published again alone, in a new transaction of
-// the same call, so that Publish acknowledges exactly the prefix before the
-// culprit and per-key order holds. Within PublishTimeout the publisher
-// retries, with a backoff, what the protocol makes safe to retry:
-// coordinator requests answered CONCURRENT_TRANSACTIONS or by a coordinator
-// moving or loading, or cut off by the network, and a produce request cut
-// off or answered REQUEST_TIMED_OUT, NETWORK_EXCEPTION, NOT_ENOUGH_REPLICAS
-// or CONCURRENT_TRANSACTIONS, resent with the same sequence number so that
-// the broker appends it once. Any other failure (a leader moving, the
-// call's timeout) aborts the transaction and fails the call at its first
-// row, for the relay to retry. After a failure that leaves the broker's
-// sequence numbers unknown, the publisher bumps its epoch (which the
-// coordinator refuses to a fenced producer) before the next transaction.
-//
-// Duplicates. A commit whose answer was lost is resolved by the next
-// Publish of the bucket (EndTxn commit again): if it committed, its rows
-// are acknowledged without being sent again. Records of a committed
-// transaction are therefore published twice only when the relay committed
-// them and then could not delete them as the owner (a crash, a stop or a
-// lost lease between the commit and the delete, or a lost commit answer
-// followed by the loss of the bucket): the bucket's next owner publishes
-// that batch again, after it, and a consumer deduplicating by message id
-// sees each key's records in commit order.
-//
-// Requirements and costs: the relay's principal needs WRITE and DESCRIBE on
-// the transactional ids (ACL resource TransactionalId, prefix IDPrefix),
-// the brokers a transaction state log, and consumers read_committed
-// isolation. An open transaction holds back read_committed consumers of the
-// partitions it wrote until it ends: normally one publish, at worst until
-// the next owner initialises the bucket or Timeout. A Publish costs three
-// more coordinator round trips than the default mode, one of them a commit
-// that writes the transaction log and markers. A transactional Publisher
-// serves one relay: bucket numbers name its producers, and a batch's
-// producer is its rows' Message.Bucket, so the store must return rows with
-// their bucket set (gormstore and relaytest.MemStore do).
+// It needs WRITE and DESCRIBE on the transactional ids (prefix IDPrefix)
+// and read_committed consumers, costs three more coordinator round trips
+// per Publish, and serves one relay whose store sets Message.Bucket.
+// docs/fenced-publishing.md gives the retries, the duplicates and the costs
+// in full.
 type Transactions struct {
 	// Outbox names the outbox in its transactional ids. Required: the ids
 	// must be unique to this outbox across the Kafka cluster, since two
