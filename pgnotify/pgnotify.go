@@ -7,12 +7,9 @@
 // never message contents. The outbox itself may live in any database; the
 // transport only needs a PostgreSQL connection string.
 //
-// PgBouncer caveat: through a pooler in transaction (or statement) mode a
-// LISTEN is lost when the server connection changes hands, so Listen first
-// checks that a notification sent from another connection reaches its own
-// and otherwise fails with an error wrapping ErrTransactionPooler; Check
-// runs the same probe, e.g. at startup. Point ConnString at PostgreSQL or a
-// session-mode pool. NOTIFY (Publish) works through any pooling mode.
+// Through a pooler in transaction mode a LISTEN is lost, so Listen and
+// Check fail with ErrTransactionPooler there: point ConnString at
+// PostgreSQL or a session-mode pool (see docs/relays.md).
 package pgnotify
 
 import (
@@ -181,10 +178,8 @@ func (t *Transport) notify(ctx context.Context, what, channel, payload string) e
 }
 
 // Listen subscribes on a dedicated connection and calls fn once per received
-// bucket id (including -1), on the calling goroutine, until ctx is done or
-// the connection fails. It returns ctx.Err() after cancellation, or the
-// connection's error; the relay calls it again after a backoff. Every
-// callback has returned when Listen returns.
+// bucket id (including -1), on the calling goroutine, until ctx is done
+// (returning ctx.Err()) or the connection fails (returning its error).
 func (t *Transport) Listen(ctx context.Context, fn func(bucket int)) error {
 	conn, err := t.connect(ctx)
 	if err != nil {
