@@ -21,9 +21,8 @@ const MaxHandlerLength = 128
 // message_id column, room for an id Options.IDFromOffset derives.
 const MaxMessageIDLength = 300
 
-// ProcessedMessage is one row of the processed-messages table: handler
-// HandlerName committed the effect of the message MessageID at
-// ProcessedAtMs. A message is recorded once per handler.
+// ProcessedMessage is one row of the processed-messages table: a message
+// whose effect a handler committed, recorded once per handler.
 type ProcessedMessage struct {
 	// HandlerName names the handler that processed the message, 1 to
 	// MaxHandlerLength bytes.
