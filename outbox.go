@@ -145,13 +145,11 @@ func (c Config) LeasesTableName() string { c = c.WithDefaults(); return c.qualif
 func (c Config) RelaysTableName() string { c = c.WithDefaults(); return c.qualify(c.RelaysTable) }
 
 // ErrMisconfigured is wrapped by the error of a writer or relay whose bucket
-// count differs from the fleet's, the lease table's (relay.ErrMisconfigured
-// is the same error).
+// count differs from the lease table's (relay.ErrMisconfigured too).
 var ErrMisconfigured = errors.New("misconfigured")
 
-// FleetBucketCount returns the fleet's bucket count: the lease table's
-// largest bucket plus one (one read of its primary key), or 0 while the
-// table has no rows.
+// FleetBucketCount returns the lease table's largest bucket plus one, or 0
+// while the table has no rows.
 func FleetBucketCount(ctx context.Context, db *gorm.DB, cfg Config) (int, error) {
 	var top sql.NullInt64
 	table := cfg.LeasesTableName()
@@ -244,9 +242,8 @@ func AutoMigrate(db *gorm.DB, cfg Config) error {
 	return seedLeases(db, cfg)
 }
 
-// leaseFillfactor leaves 60 % of each page of PostgreSQL's leases table free
-// so that a renewal (an UPDATE of every lease a relay owns) is a heap-only
-// update in place.
+// leaseFillfactor leaves room in each page of PostgreSQL's leases table so
+// that a renewal is a heap-only update in place.
 func leaseFillfactor(db *gorm.DB, table string) error {
 	name := (&gorm.Statement{DB: db}).Quote(clause.Table{Name: table})
 	var opts string
@@ -270,9 +267,8 @@ type CommitNotifier interface {
 	NotifyCommitted()
 }
 
-// BucketNotifier is a CommitNotifier that accepts exact bucket hints. The Plugin
-// calls NotifyBucket when a transaction wrote one bucket and NotifyBuckets
-// (with a slice it does not retain) when it wrote several.
+// BucketNotifier is a CommitNotifier that accepts exact bucket hints: one
+// bucket, or several in a slice it must not retain.
 type BucketNotifier interface {
 	CommitNotifier
 	NotifyBucket(bucket int)
@@ -358,9 +354,8 @@ func NewStringMessage(topic, key, value string, headers ...Header) *Message {
 	return &Message{Topic: topic, Key: []byte(key), Value: []byte(value), Headers: headers}
 }
 
-// NewJSONMessage returns a message whose value is v encoded as JSON, once,
-// in the caller's transaction. The key is the UTF-8 bytes of key (see
-// NewStringMessage).
+// NewJSONMessage returns a message whose value is v encoded as JSON and
+// whose key is the UTF-8 bytes of key.
 func NewJSONMessage(topic, key string, v any, headers ...Header) (*Message, error) {
 	b, err := json.Marshal(v)
 	if err != nil {

@@ -84,15 +84,13 @@ type MarkerFreeReader interface {
 // transaction back and makes the Consumer try the message again.
 type HandlerFunc func(tx *gorm.DB, m kafka.Message) error
 
-// ConsumerOptions configures a Consumer. The zero value retries every
-// failed message until it succeeds, with no dead-letter topic.
+// ConsumerOptions configures a Consumer; NewConsumer rejects invalid values.
+// The zero value retries a failed message until it succeeds.
 type ConsumerOptions struct {
 	// RetryBackoff is the wait after a message's first failed attempt,
-	// doubled after each further one (jittered to [d/2, d]). Zero means
-	// DefaultRetryBackoff; a negative value fails NewConsumer.
+	// doubled after each further one. Zero means DefaultRetryBackoff.
 	RetryBackoff time.Duration
-	// MaxRetryBackoff caps the wait. Zero means DefaultMaxRetryBackoff; a
-	// negative value, or one below RetryBackoff, fails NewConsumer.
+	// MaxRetryBackoff caps the wait. Zero means DefaultMaxRetryBackoff.
 	MaxRetryBackoff time.Duration
 	// DeadLetter, when non-nil, receives a message that failed MaxAttempts
 	// handler attempts (a record without a usable message id at its first),
@@ -100,18 +98,14 @@ type ConsumerOptions struct {
 	// count as attempts (see docs/consuming.md). Nil: a failing message is
 	// retried until it succeeds, and a record without a usable id stops Run.
 	DeadLetter Writer
-	// DeadLetterTopic is the topic of dead-lettered records. Empty means
-	// the DeadLetter writer's own; a *kafka.Writer must then have one, and
-	// none when DeadLetterTopic is set.
+	// DeadLetterTopic is the topic of dead-lettered records; empty means
+	// the DeadLetter writer's own (exactly one of them names it).
 	DeadLetterTopic string
 	// MaxAttempts is the number of failed attempts after which a message
-	// goes to DeadLetter. Zero means DefaultMaxAttempts with DeadLetter, no
-	// limit without; a negative value, or a positive one without
-	// DeadLetter, fails NewConsumer.
+	// goes to DeadLetter. Zero means DefaultMaxAttempts with DeadLetter.
 	MaxAttempts int
-	// CommitTimeout bounds the offset commit that still follows a committed
-	// transaction when Run's context is done meanwhile. Zero means
-	// DefaultCommitTimeout; a negative value fails NewConsumer.
+	// CommitTimeout bounds the offset commit that follows a committed
+	// transaction after a stop. Zero means DefaultCommitTimeout.
 	CommitTimeout time.Duration
 }
 
@@ -200,10 +194,9 @@ type Consumer struct {
 	markers bool   // skip the records shaped like transaction markers
 }
 
-// NewConsumer returns a Consumer that handles r's records with fn under the
-// name handler, recording their ids in ib. A *kafka.Reader must have a
-// GroupID. The Consumer owns neither r nor the DeadLetter writer: close them
-// after Run returned.
+// NewConsumer returns a Consumer that handles r's records (a *kafka.Reader
+// with a GroupID) with fn under the name handler, recording their ids in ib.
+// Close r and the DeadLetter writer after Run returned.
 func NewConsumer(ib *Inbox, r Reader, handler string, fn HandlerFunc, opts ConsumerOptions) (*Consumer, error) {
 	var errs []error
 	if ib == nil {
@@ -296,8 +289,7 @@ func permanent(err error) bool {
 }
 
 // settle handles m until it is processed, a duplicate or dead-lettered,
-// retrying with backoff; it reports false when ctx ended first, and an
-// error for a record without a usable message id and no DeadLetter.
+// retrying with backoff; it reports false when ctx ended first.
 func (c *Consumer) settle(ctx context.Context, m kafka.Message) (bool, error) {
 	backoff := c.opts.RetryBackoff
 	attempts, failures := 0, 0

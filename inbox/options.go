@@ -19,15 +19,13 @@ const (
 	// topic retention: a group that re-reads its topic is redelivered all it
 	// holds, so Retention should cover the topics' retention.ms plus segment.ms.
 	DefaultRetention = 7 * 24 * time.Hour
-	// DefaultPurgeBatchSize bounds one purge statement: short transactions
-	// and row locks however large the backlog.
+	// DefaultPurgeBatchSize bounds one purge statement, keeping it short.
 	DefaultPurgeBatchSize = 1000
 	// DefaultPurgeInterval is the wait between two purges of RunPurge.
 	DefaultPurgeInterval = time.Hour
 )
 
-// Options configures an Inbox. The zero value means the defaults; New
-// rejects invalid values with an error naming the field.
+// Options configures an Inbox; zero fields mean the defaults.
 type Options struct {
 	// Config names the processed-messages table.
 	Config Config
@@ -35,10 +33,8 @@ type Options struct {
 	// last one counts). Empty means kafkapub.DefaultMessageIDHeader; set it
 	// to the relay's kafkapub.Config.MessageIDHeader when that is changed.
 	MessageIDHeader string
-	// IDFromOffset makes a record without the header (or with an empty one)
-	// take an id derived from its position, "<topic>/<partition>/<offset>",
-	// instead of failing with ErrNoMessageID. Such an id deduplicates
-	// redeliveries of one record, not a record a producer wrote twice.
+	// IDFromOffset gives a record without the header the id
+	// "<topic>/<partition>/<offset>" instead of failing with ErrNoMessageID.
 	IDFromOffset bool
 	// Retention is how long a processed id is kept before Purge deletes it.
 	// Zero means DefaultRetention; a negative value fails New.
