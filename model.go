@@ -159,17 +159,15 @@ type RelayHeartbeat struct {
 	RelayID string `gorm:"column:relay_id;primaryKey;size:128"`
 	// LastSeenMs is the last heartbeat in Unix milliseconds (UTC).
 	LastSeenMs int64 `gorm:"column:last_seen_ms;not null"`
-	// StoppedAtMs is set when the relay stopped gracefully; the row is kept
-	// so that a late statement cannot revive it.
+	// StoppedAtMs is set when the relay stopped gracefully.
 	StoppedAtMs *int64 `gorm:"column:stopped_at_ms"`
 	// Features is a bit set of what the relay supports (see
 	// RelayFeatureParking), written with each heartbeat; 0 from older relays.
 	Features int64 `gorm:"column:features;not null;default:0"`
 }
 
-// RelayFeatureParking is the bit of RelayHeartbeat.Features of a relay that
-// skips parked rows (relay.Store.NextBatches), so rows may be parked while it
-// runs.
+// RelayFeatureParking is the RelayHeartbeat.Features bit of a relay that
+// skips parked rows.
 const RelayFeatureParking int64 = 1
 
 // TableName returns the default table name.
@@ -250,8 +248,8 @@ type Headers []Header
 // headersV1 is the only header encoding version.
 const headersV1 = 1
 
-// ErrCorruptHeaders is returned (wrapped) by DecodeHeaders and Headers.Scan
-// when a stored header blob is malformed or of an unknown version.
+// ErrCorruptHeaders is wrapped by the error of DecodeHeaders and Headers.Scan
+// for a malformed header blob.
 var ErrCorruptHeaders = errors.New("corrupt headers")
 
 // EncodeHeaders returns the version 1 encoding of h, or nil for an empty list.
@@ -407,8 +405,7 @@ func BucketOf(key []byte, partition *int32, id UUID, bucketCount int) int32 {
 }
 
 // murmur2Mod is (murmur2(key) & 0x7fffffff) % n: the Java client's default
-// partitioner, and kafka-go's Murmur2Balancer, which exports no hash and
-// needs an n-element partition list per call.
+// partitioner (kafka-go's Murmur2Balancer exports no hash).
 func murmur2Mod(key []byte, n int) int {
 	return int((murmur2(key) & 0x7fffffff) % uint32(n))
 }

@@ -73,8 +73,7 @@ type Config struct {
 	// parallelism; it must be the lease table's (see CheckBucketCount). Zero
 	// means DefaultBucketCount.
 	BucketCount int
-	// Schema optionally qualifies the three table names (a PostgreSQL
-	// schema, a MySQL database, an attached SQLite database).
+	// Schema optionally qualifies the three table names.
 	Schema string
 	// MessagesTable is the pending-messages table; empty means DefaultMessagesTable.
 	MessagesTable string
@@ -348,8 +347,7 @@ func NewMessage(topic string, key, value []byte, headers ...Header) *Message {
 }
 
 // NewStringMessage returns a message whose key and value are the UTF-8 bytes
-// of the given strings. An empty key is a real (empty) key, not a keyless
-// record; use NewMessage with a nil key for keyless records.
+// of the given strings; an empty key is a real key (NewMessage makes keyless).
 func NewStringMessage(topic, key, value string, headers ...Header) *Message {
 	return &Message{Topic: topic, Key: []byte(key), Value: []byte(value), Headers: headers}
 }

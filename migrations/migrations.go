@@ -133,10 +133,8 @@ func Steps(dialect string) ([]Step, error) {
 	return out, nil
 }
 
-// Split splits a file of these migrations into single statements, without
-// comments: it cuts at semicolons outside dollar-quoted ($$) bodies and drops
-// "--" comments. It is not a general SQL parser: it is meant for the files
-// of this package.
+// Split splits a file of this package into single statements without "--"
+// comments, at semicolons outside dollar-quoted ($$) bodies.
 func Split(s string) []string {
 	var lines []string
 	for _, l := range strings.Split(s, "\n") {

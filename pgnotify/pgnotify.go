@@ -65,8 +65,7 @@ type Config struct {
 	// Logger receives the transport's logs. Nil means slog.Default().
 	Logger *slog.Logger
 	// ProbeTimeout is how long Listen and Check wait for their probe
-	// notification before failing with ErrTransactionPooler. Zero means
-	// DefaultProbeTimeout; negative disables the probe.
+	// notification; zero means DefaultProbeTimeout, negative no probe.
 	ProbeTimeout time.Duration
 }
 
@@ -210,9 +209,7 @@ func (t *Transport) Listen(ctx context.Context, fn func(bucket int)) error {
 	}
 }
 
-// Check connects as Listen does and runs its probe (see Config.ProbeTimeout):
-// an error wrapping ErrTransactionPooler means Listen would fail the same
-// way. Call it at startup to fail fast.
+// Check connects and probes as Listen does, to fail fast at startup.
 func (t *Transport) Check(ctx context.Context) error {
 	conn, err := t.connect(ctx)
 	if err != nil {
@@ -237,9 +234,8 @@ func (t *Transport) close(ctx context.Context, conn *pgx.Conn) {
 	_ = conn.Close(cctx)
 }
 
-// probe LISTENs on a private channel on conn, NOTIFYs it from the publish
-// pool (another connection) and waits Config.ProbeTimeout for it: through a
-// transaction pooler nothing arrives.
+// probe LISTENs on a private channel on conn and NOTIFYs it from another
+// connection: through a transaction pooler nothing arrives.
 func (t *Transport) probe(ctx context.Context, conn *pgx.Conn) error {
 	if t.cfg.ProbeTimeout < 0 {
 		return nil
