@@ -19,10 +19,8 @@ const (
 	preparedKey = "outbox:prepared"
 )
 
-// ErrInvalidMessage is wrapped by the error Create returns for a message the
-// outbox cannot accept (empty, over-long or illegal topic, negative
-// partition, bucket disagreement) or for a value that is not made of
-// outbox.Message structs (maps, other structs). Nothing is written.
+// ErrInvalidMessage is wrapped by the error Create returns, writing nothing,
+// for a message the outbox cannot accept or a value not made of Messages.
 var ErrInvalidMessage = errors.New("invalid message")
 
 // topicChars reports whether topic is made only of [A-Za-z0-9._-], the
@@ -191,9 +189,8 @@ func (p *Plugin) prepareStatement(db *gorm.DB) {
 	db.Statement.Settings.Store(preparedKey, true)
 }
 
-// prepareAll prepares every message of a create statement's value, naming
-// the index of the first invalid one, and injects ctx's trace context into
-// each one not upserted. Two rows of one statement never share a message id.
+// prepareAll prepares every message of a create statement's value and
+// injects ctx's trace context into each one not upserted.
 func prepareAll(ctx context.Context, rv reflect.Value, cfg Config, now time.Time, upsert bool, tr traceInjector) error {
 	var seen map[UUID]int
 	if rv.Kind() == reflect.Slice || rv.Kind() == reflect.Array {
@@ -221,8 +218,7 @@ func prepareAll(ctx context.Context, rv reflect.Value, cfg Config, now time.Time
 }
 
 // eachMessage calls fn with every *Message of a create statement's value and
-// its index (-1 for a single struct). Any other shape GORM accepts is an
-// ErrInvalidMessage error, never a panic.
+// its index (-1 for a single struct); any other shape is ErrInvalidMessage.
 func eachMessage(rv reflect.Value, fn func(int, *Message) error) error {
 	if rv.Kind() == reflect.Struct && rv.Type() == messageType && rv.CanAddr() {
 		return fn(-1, rv.Addr().Interface().(*Message)) // the common tx.Create(&msg)
@@ -289,9 +285,8 @@ type outboxError struct{ err error }
 func (e outboxError) Error() string { return "outbox: " + e.err.Error() }
 func (e outboxError) Unwrap() error { return e.err }
 
-// ValidateTopic reports whether topic is a legal Kafka topic name: 1 to 249
-// characters from [A-Za-z0-9._-], and neither "." nor "..". Its error wraps
-// ErrInvalidMessage.
+// ValidateTopic reports whether topic is a legal Kafka topic name; its error
+// wraps ErrInvalidMessage.
 func ValidateTopic(topic string) error {
 	if err := validateTopic(topic); err != nil {
 		return fmt.Errorf("outbox: %w", err)
@@ -315,10 +310,8 @@ func validateTopic(topic string) error {
 }
 
 // prepare validates m and fills its generated fields (c has its defaults).
-// The database assigns ID: a caller's value is cleared so that ids stay in
-// commit order, unless again (an upsert of an existing row) keeps ID and
-// MessageID. A generated MessageID is that of this create's position in the
-// struct's run of creates (see Message.generated); a caller's is kept.
+// ID is cleared, so that the database assigns it in commit order, unless
+// again (an upsert of an existing row) keeps ID and MessageID.
 func (c Config) prepare(m *Message, now time.Time, again bool) error {
 	if err := validateTopic(m.Topic); err != nil {
 		return err
@@ -382,11 +375,9 @@ func (p *Plugin) wrapCreate(db *gorm.DB) error {
 	})
 }
 
-// inserter writes prepared outbox messages with one INSERT built by GORM's
-// clause builders from the struct fields, without GORM's per-field
-// reflection and generic result scan. Message.ID is filled as GORM fills it:
-// from LastInsertId for one row on SQLite and MySQL/MariaDB, else from
-// RETURNING "id" in row order.
+// inserter writes prepared outbox messages with one INSERT built from the
+// struct fields, without GORM's per-field reflection, and fills Message.ID
+// as GORM does (LastInsertId or RETURNING "id").
 type inserter struct {
 	returning bool      // the dialector supports RETURNING
 	lastID    bool      // LastInsertId is the id of a one-row INSERT
@@ -409,10 +400,8 @@ var createColumns = []clause.Column{
 
 var returningID = clause.Returning{Columns: []clause.Column{{Name: "id"}}}
 
-// insertable returns the messages of a create statement the inserter can
-// write: prepared by the plugin, the SQL not built, no clause of the
-// caller's, Select, Omit or dry run, every ID zero (not an upsert), the
-// value a *Message or a slice of Message or *Message.
+// insertable returns the messages of a plain create statement the inserter
+// can write: prepared, no clause, Select, Omit, dry run nor upsert.
 func (ins inserter) insertable(db *gorm.DB) ([]*Message, bool) {
 	stmt := db.Statement
 	if db.Error != nil || db.DryRun || !isMessageStatement(db) || stmt.SQL.Len() != 0 ||
@@ -541,8 +530,7 @@ func (ins inserter) insert(db *gorm.DB, msgs []*Message) {
 	}
 }
 
-// skipFor wraps the GORM create step name so that it does not run for the
-// statements skip reports.
+// skipFor makes the GORM create step name skip the statements skip reports.
 func skipFor(cp interface {
 	Get(string) func(*gorm.DB)
 	Replace(string, func(*gorm.DB)) error

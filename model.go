@@ -29,24 +29,17 @@ const MaxParkedReasonLength = 1000
 const MaxTopicLength = 249
 
 // Message is one pending Kafka record, written in the caller's transaction
-// and deleted by a relay after the broker acknowledged it.
-//
-// Create fills MessageID (when zero), Bucket and CreatedAt; callers set
-// Topic, Key, Value, Headers and optionally Partition. Key and Value are
-// stored byte for byte: a nil Key is a keyless record, an empty non-nil Key
-// is a real (hashed) key, and a nil Value is a tombstone.
+// and deleted by a relay after the broker acknowledged it. Callers set
+// Topic, Key, Value, Headers and optionally Partition; Create fills the rest.
 type Message struct {
 	// ID is the auto-increment primary key: submission order within a
 	// bucket. Create fills it unless the Plugin has SkipIDReadBack set.
 	ID int64 `gorm:"column:id;primaryKey;autoIncrement;index:,composite:bucket_parked_id,priority:3"`
-	// MessageID is the record's stable identity, stamped on the record as
-	// the message-id header so consumers can deduplicate. Create generates a
-	// random UUID when it is zero: the same ones again for a retried
-	// transaction, a new one for a struct reused after a commit (see
-	// docs/writing.md). A caller's MessageID is kept.
+	// MessageID is the record's stable identity, its message-id header.
+	// Create generates one when it is zero, the same again for a retried
+	// transaction (see docs/writing.md); a caller's is kept.
 	MessageID UUID `gorm:"column:message_id;not null"`
-	// Bucket is the ordering bucket; see BucketOf. It is computed on create
-	// and never recomputed by the relay.
+	// Bucket is the ordering bucket (BucketOf), computed on create.
 	Bucket int32 `gorm:"column:bucket;not null;index:,composite:bucket_parked_id,priority:1"`
 	// kept: see generated (placed here, it fills Bucket's padding).
 	kept int32
@@ -63,9 +56,8 @@ type Message struct {
 	Partition *int32 `gorm:"column:record_partition"`
 	// CreatedAt is when the row was enqueued (UTC); set on create when zero.
 	CreatedAt time.Time `gorm:"column:created_at;not null"`
-	// ParkedAtMs is set by the relay only (see relay.Store.Park): when the
-	// row was parked, in Unix milliseconds (UTC); nil for a pending row.
-	// Creates and updates through GORM never write it.
+	// ParkedAtMs is set by the relay only (relay.Store.Park): when the row
+	// was parked, in Unix milliseconds; nil for a pending row.
 	ParkedAtMs *int64 `gorm:"column:parked_at_ms;<-:false;index:,composite:bucket_parked_id,priority:2"`
 	// ParkedReason is set by the relay only, with ParkedAtMs: why the row
 	// was parked (at most MaxParkedReasonLength characters).
@@ -88,10 +80,8 @@ type Message struct {
 // to the configured one (see Plugin).
 func (Message) TableName() string { return DefaultMessagesTable }
 
-// BeforeCreate fills, validates and routes a message created without the
-// Plugin (with the default Config or a WithConfig scope's) and injects the
-// trace context as the Plugin does with a nil Propagator. With the Plugin
-// registered it does nothing.
+// BeforeCreate does the Plugin's work for a message created without the
+// Plugin registered; with it, it does nothing.
 func (m *Message) BeforeCreate(tx *gorm.DB) error {
 	if _, done := tx.Statement.Settings.Load(preparedKey); done {
 		return nil
@@ -169,17 +159,15 @@ type RelayHeartbeat struct {
 	RelayID string `gorm:"column:relay_id;primaryKey;size:128"`
 	// LastSeenMs is the last heartbeat in Unix milliseconds (UTC).
 	LastSeenMs int64 `gorm:"column:last_seen_ms;not null"`
-	// StoppedAtMs is set when the relay stopped gracefully; the row is kept
-	// so that a late statement cannot revive it.
+	// StoppedAtMs is set when the relay stopped gracefully.
 	StoppedAtMs *int64 `gorm:"column:stopped_at_ms"`
 	// Features is a bit set of what the relay supports (see
 	// RelayFeatureParking), written with each heartbeat; 0 from older relays.
 	Features int64 `gorm:"column:features;not null;default:0"`
 }
 
-// RelayFeatureParking is the bit of RelayHeartbeat.Features of a relay that
-// skips parked rows (relay.Store.NextBatches), so rows may be parked while it
-// runs.
+// RelayFeatureParking is the RelayHeartbeat.Features bit of a relay that
+// skips parked rows.
 const RelayFeatureParking int64 = 1
 
 // TableName returns the default table name.
@@ -260,8 +248,8 @@ type Headers []Header
 // headersV1 is the only header encoding version.
 const headersV1 = 1
 
-// ErrCorruptHeaders is returned (wrapped) by DecodeHeaders and Headers.Scan
-// when a stored header blob is malformed or of an unknown version.
+// ErrCorruptHeaders is wrapped by the error of DecodeHeaders and Headers.Scan
+// for a malformed header blob.
 var ErrCorruptHeaders = errors.New("corrupt headers")
 
 // EncodeHeaders returns the version 1 encoding of h, or nil for an empty list.
@@ -290,8 +278,7 @@ func EncodeHeaders(h Headers) []byte {
 }
 
 // DecodeHeaders decodes a version 1 blob; an empty one decodes to nil. A
-// count or length larger than the remaining bytes is an error wrapping
-// ErrCorruptHeaders, never a large allocation.
+// malformed one is an error wrapping ErrCorruptHeaders.
 func DecodeHeaders(b []byte) (Headers, error) {
 	h, err := decodeHeaders(b)
 	if err != nil {
@@ -418,8 +405,7 @@ func BucketOf(key []byte, partition *int32, id UUID, bucketCount int) int32 {
 }
 
 // murmur2Mod is (murmur2(key) & 0x7fffffff) % n: the Java client's default
-// partitioner, and kafka-go's Murmur2Balancer, which exports no hash and
-// needs an n-element partition list per call.
+// partitioner (kafka-go's Murmur2Balancer exports no hash).
 func murmur2Mod(key []byte, n int) int {
 	return int((murmur2(key) & 0x7fffffff) % uint32(n))
 }

@@ -31,15 +31,9 @@
 //	})
 //
 // Create fills the message id, the bucket and the creation time, routes the
-// row to the configured table and rejects invalid messages (empty, over-long
-// or illegal topic, negative partition) before anything is written.
-//
-// The Plugin wraps the connection pool beneath GORM: after db.Use,
-// db.ConnPool and a transaction's tx.Statement.ConnPool (beneath GORM's
-// PreparedStmtDB/TX with PrepareStmt) are the plugin's wrappers, so code
-// that type-asserts *sql.DB or *sql.Tx on them gets ok == false. Reach the
-// pool with db.DB(), which works inside a transaction too, and run a
-// transaction's statements through tx or tx.Statement.ConnPool's methods.
+// row to the configured table and rejects invalid messages before anything
+// is written. The Plugin wraps the connection pool beneath GORM: reach the
+// pool with db.DB(), not a type assertion (see docs/writing.md).
 package outbox
 
 import (
@@ -70,21 +64,16 @@ const (
 	MaxBucketCount = 1 << 16
 )
 
-// Config names one logical outbox: its bucket count and its tables. Share one
-// value between the Plugin (writers) and the store (relays): they must agree.
-// A zero Config means 8 buckets and the default table names in the default
-// schema. The names are used as they are: GORM's NamingStrategy (a
-// TablePrefix, say) does not apply to the outbox tables.
+// Config names one logical outbox: its bucket count and its tables, shared
+// by the Plugin (writers) and the store (relays). A zero Config means the
+// defaults; the names are used as they are (GORM's NamingStrategy does not
+// apply).
 type Config struct {
 	// BucketCount is the number of ordering buckets, an upper bound on relay
-	// parallelism. It must be the fleet's, the lease table's (seeded once,
-	// changed only by outbox-relay rebucket): AutoMigrate, CheckBucketCount
-	// and the relays refuse another with an error wrapping ErrMisconfigured.
-	// Zero means DefaultBucketCount; negative or above MaxBucketCount is an
-	// error.
+	// parallelism; it must be the lease table's (see CheckBucketCount). Zero
+	// means DefaultBucketCount.
 	BucketCount int
-	// Schema optionally qualifies the three table names (a PostgreSQL
-	// schema, a MySQL database, an attached SQLite database).
+	// Schema optionally qualifies the three table names.
 	Schema string
 	// MessagesTable is the pending-messages table; empty means DefaultMessagesTable.
 	MessagesTable string
@@ -155,13 +144,11 @@ func (c Config) LeasesTableName() string { c = c.WithDefaults(); return c.qualif
 func (c Config) RelaysTableName() string { c = c.WithDefaults(); return c.qualify(c.RelaysTable) }
 
 // ErrMisconfigured is wrapped by the error of a writer or relay whose bucket
-// count differs from the fleet's, the lease table's (relay.ErrMisconfigured
-// is the same error).
+// count differs from the lease table's (relay.ErrMisconfigured too).
 var ErrMisconfigured = errors.New("misconfigured")
 
-// FleetBucketCount returns the fleet's bucket count: the lease table's
-// largest bucket plus one (one read of its primary key), or 0 while the
-// table has no rows.
+// FleetBucketCount returns the lease table's largest bucket plus one, or 0
+// while the table has no rows.
 func FleetBucketCount(ctx context.Context, db *gorm.DB, cfg Config) (int, error) {
 	var top sql.NullInt64
 	table := cfg.LeasesTableName()
@@ -174,10 +161,9 @@ func FleetBucketCount(ctx context.Context, db *gorm.DB, cfg Config) (int, error)
 	return int(top.Int64) + 1, nil
 }
 
-// CheckBucketCount returns an error wrapping ErrMisconfigured, naming both
-// counts, when cfg's bucket count differs from the fleet's
-// (FleetBucketCount); nil when they agree or the lease table has no rows
-// yet. It is one indexed read: call it when a writer starts.
+// CheckBucketCount returns an error wrapping ErrMisconfigured when cfg's
+// bucket count differs from FleetBucketCount's (nil while the lease table
+// is empty). It is one indexed read: call it when a writer starts.
 func CheckBucketCount(ctx context.Context, db *gorm.DB, cfg Config) error {
 	n, err := FleetBucketCount(ctx, db, cfg)
 	if err != nil || n == 0 {
@@ -208,14 +194,10 @@ func seedLeases(db *gorm.DB, cfg Config) error {
 	return nil
 }
 
-// AutoMigrate creates or updates the three tables of cfg with GORM's
-// migrator, to the DDL of migrations/<dialect>.sql, and seeds the lease rows
-// of cfg's bucket count into an empty lease table. Over an older schema it
-// performs the later migrations/<dialect>/ steps: the parking columns and
-// index (dropping version 1's idx_<messages>_bucket_id) and, on PostgreSQL,
-// the leases table's fillfactor 40. It fails with an error wrapping
-// ErrMisconfigured, changing no table, when the lease table holds another
-// bucket count (CheckBucketCount).
+// AutoMigrate creates or updates the three tables of cfg to the DDL of
+// migrations/<dialect>.sql and its later steps, and seeds the lease rows of
+// an empty lease table. It changes nothing, with an error wrapping
+// ErrMisconfigured, when the lease table holds another bucket count.
 func AutoMigrate(db *gorm.DB, cfg Config) error {
 	if err := cfg.Validate(); err != nil {
 		return err
@@ -259,9 +241,8 @@ func AutoMigrate(db *gorm.DB, cfg Config) error {
 	return seedLeases(db, cfg)
 }
 
-// leaseFillfactor leaves 60 % of each page of PostgreSQL's leases table free
-// so that a renewal (an UPDATE of every lease a relay owns) is a heap-only
-// update in place.
+// leaseFillfactor leaves room in each page of PostgreSQL's leases table so
+// that a renewal is a heap-only update in place.
 func leaseFillfactor(db *gorm.DB, table string) error {
 	name := (&gorm.Statement{DB: db}).Quote(clause.Table{Name: table})
 	var opts string
@@ -279,41 +260,30 @@ func leaseFillfactor(db *gorm.DB, table string) error {
 
 // CommitNotifier is told, after a successful commit, that outbox rows were
 // written; the relay's notifier implements it. It must be safe for
-// concurrent use; it runs as NonBlocking says, and a panic in it is
-// recovered and logged.
+// concurrent use; a panic in it is recovered and logged.
 type CommitNotifier interface {
 	// NotifyCommitted reports committed rows in unknown buckets.
 	NotifyCommitted()
 }
 
-// BucketNotifier is a CommitNotifier that accepts exact bucket hints. The Plugin
-// calls NotifyBucket when a transaction wrote one bucket and NotifyBuckets
-// (with a slice it does not retain) when it wrote several.
+// BucketNotifier is a CommitNotifier that accepts exact bucket hints: one
+// bucket, or several in a slice it must not retain.
 type BucketNotifier interface {
 	CommitNotifier
 	NotifyBucket(bucket int)
 	NotifyBuckets(buckets []int)
 }
 
-// Plugin registers the outbox callbacks on a *gorm.DB (db.Use). With it, a
-// plain tx.Create(&outbox.Message{...}) or of a slice of messages fills and
-// validates the rows (per INSERT statement: see Enqueue) and writes them to
-// the configured table; after a successful commit the Notifier (when set)
-// learns which buckets were written. Queries, updates and deletes of
-// Message, Lease and Relay through GORM go to the configured tables too,
-// unless the statement names its own (db.Table). A zero Plugin uses the
-// default Config and no notifier.
-//
-// A plain create of messages (no upsert, Select, Omit, clauses of the
-// caller's, nor dry run) is written by the plugin's own INSERT in place of
-// gorm:create (so a gorm:create another plugin replaced is bypassed for
-// it); db.Use logs GORM's "replacing callback" for these at Info.
+// Plugin registers the outbox callbacks on a *gorm.DB (db.Use): a
+// tx.Create of messages fills, validates and writes them to the configured
+// table, and after a successful commit the Notifier learns which buckets
+// were written. GORM statements on the outbox models go to the configured
+// tables unless they name their own (db.Table). A plain create of messages
+// is written by the plugin's own INSERT in place of gorm:create.
 //
 // Register the plugin before deriving sessions from db: a transaction begun
-// on a session derived earlier (db.Transaction, db.Begin) runs on the
-// unwrapped pool, so its commit cannot be followed (logged once at WARN) and
-// the relay finds its rows by polling; its implicit transactions still
-// notify.
+// on an earlier session cannot be followed (logged once at WARN), so the
+// relay finds its rows by polling. See docs/writing.md.
 type Plugin struct {
 	// Config names the outbox tables and bucket count.
 	Config Config
@@ -321,21 +291,15 @@ type Plugin struct {
 	// delays or fails a commit: a panic in it is recovered and logged.
 	Notifier CommitNotifier
 	// SkipIDReadBack leaves Message.ID at 0 after the plugin's INSERTs
-	// instead of reading the database-assigned id back: RETURNING "id" on
-	// PostgreSQL and for multi-row INSERTs, LastInsertId (free) for one row
-	// on SQLite and MySQL/MariaDB. Nothing in the outbox needs the id; on
-	// PostgreSQL it saves a result row per create. Creates GORM writes
-	// itself (an upsert, Select, Omit, clauses, a dry run) fill it as always.
+	// instead of reading the database-assigned id back; nothing in the
+	// outbox needs it, and on PostgreSQL it saves a result row per create.
 	SkipIDReadBack bool
 	// Logger receives the plugin's rare logs (a recovered notifier panic, a
 	// commit it could not follow). Nil means slog.Default().
 	Logger *slog.Logger
-	// Propagator injects the trace context of a create's context, when it
-	// carries a valid span context, into the headers of each new message,
-	// after the caller's and never replacing a header the caller set (see
-	// docs/writing.md, Tracing). Nil means otel.GetTextMapPropagator(), read
-	// at each create; propagation.NewCompositeTextMapPropagator() injects
-	// nothing.
+	// Propagator injects a create's trace context into the headers of each
+	// new message, never replacing the caller's (see docs/writing.md,
+	// Tracing). Nil means otel.GetTextMapPropagator(), read at each create.
 	Propagator propagation.TextMapPropagator
 
 	state *notifyState // set by Initialize
@@ -345,9 +309,7 @@ type Plugin struct {
 func (Plugin) Name() string { return PluginName }
 
 // Initialize implements gorm.Plugin: it validates the Config and registers
-// the callbacks. One *gorm.DB takes one Plugin: a second db.Use fails with
-// GORM's gorm.ErrRegistered, and a registration GORM lets through (another
-// key in gorm.Config.Plugins) with an error wrapping it.
+// the callbacks. One *gorm.DB takes one Plugin.
 func (p Plugin) Initialize(db *gorm.DB) error {
 	if err := p.Config.Validate(); err != nil {
 		return err
@@ -358,14 +320,9 @@ func (p Plugin) Initialize(db *gorm.DB) error {
 }
 
 // WithConfig returns a scope that routes the messages created in it to the
-// outbox cfg names, for a second logical outbox in the same database:
-//
-//	tx.Scopes(outbox.WithConfig(billing)).Create(&msg)
-//
-// Their commit notifies nobody (the Plugin's Notifier belongs to the other
-// outbox's relay); the billing relay finds them by polling. Use WithOutbox
-// to wake that relay. An invalid cfg makes the Create fail and nothing is
-// written.
+// outbox cfg names, for a second logical outbox in the same database
+// (tx.Scopes(outbox.WithConfig(billing)).Create(&msg)). Their commit
+// notifies nobody: use WithOutbox to wake that outbox's relay.
 func WithConfig(cfg Config) func(*gorm.DB) *gorm.DB {
 	return WithOutbox(cfg, nil)
 }
@@ -390,15 +347,13 @@ func NewMessage(topic string, key, value []byte, headers ...Header) *Message {
 }
 
 // NewStringMessage returns a message whose key and value are the UTF-8 bytes
-// of the given strings. An empty key is a real (empty) key, not a keyless
-// record; use NewMessage with a nil key for keyless records.
+// of the given strings; an empty key is a real key (NewMessage makes keyless).
 func NewStringMessage(topic, key, value string, headers ...Header) *Message {
 	return &Message{Topic: topic, Key: []byte(key), Value: []byte(value), Headers: headers}
 }
 
-// NewJSONMessage returns a message whose value is v encoded as JSON, once,
-// in the caller's transaction. The key is the UTF-8 bytes of key (see
-// NewStringMessage).
+// NewJSONMessage returns a message whose value is v encoded as JSON and
+// whose key is the UTF-8 bytes of key.
 func NewJSONMessage(topic, key string, v any, headers ...Header) (*Message, error) {
 	b, err := json.Marshal(v)
 	if err != nil {
@@ -407,12 +362,9 @@ func NewJSONMessage(topic, key string, v any, headers ...Header) (*Message, erro
 	return &Message{Topic: topic, Key: []byte(key), Value: b, Headers: headers}, nil
 }
 
-// Enqueue writes msgs in tx with one multi-row INSERT (GORM splits it into
-// several when tx has a CreateBatchSize); the messages' generated fields are
-// filled in place. It validates every message before the first statement,
-// so an invalid message (named by its index in msgs) writes nothing; a
-// Create validates per statement, so with CreateInBatches outside a
-// transaction the batches before an invalid message are committed.
+// Enqueue writes msgs in tx with one multi-row INSERT, filling their
+// generated fields. Unlike Create, which validates per statement, it
+// validates every message first, so an invalid one writes nothing.
 func Enqueue(tx *gorm.DB, msgs ...*Message) error {
 	if len(msgs) == 0 {
 		return nil

@@ -32,10 +32,9 @@ func newNotifyState(n CommitNotifier, logger *slog.Logger) *notifyState {
 	return &notifyState{notifier: n, inline: inline, logger: cmp.Or(logger, slog.Default())}
 }
 
-// NonBlocking is implemented by notifiers that never block (the relay's
-// does). The Plugin calls those on the committing goroutine, right after
-// the commit; any other Notifier is called on a goroutine of its own, so
-// that a slow notifier can never delay a commit.
+// NonBlocking is implemented by notifiers that never block (the relay's),
+// which the Plugin calls on the committing goroutine; any other Notifier
+// gets a goroutine of its own, so that it can never delay a commit.
 type NonBlocking interface {
 	NonBlockingNotifier()
 }
@@ -275,9 +274,8 @@ func (t *notifyingTx) add(w []written) {
 	t.mu.Unlock()
 }
 
-// setSavepoint opens a savepoint. A name in use is set again: MySQL and
-// SQLite move it, PostgreSQL hides the older one until this one is
-// released; either way ROLLBACK TO reaches the newest.
+// setSavepoint opens a savepoint; a name in use is set again, as ROLLBACK TO
+// reaches the newest on every database.
 func (t *notifyingTx) setSavepoint(name string) {
 	t.mu.Lock()
 	t.marks = append(t.marks, savepoint{name, len(t.written)})
@@ -371,10 +369,9 @@ func connTarget(cp gorm.ConnPool) (tx *notifyingTx, autocommit *pool) {
 	return nil, nil
 }
 
-// collectBuckets runs after gorm:create, before an implicit transaction is
-// committed: it marks the messages written and records their buckets on the
-// transaction, or notifies at once when the statement ran in autocommit mode
-// (SkipDefaultTransaction).
+// collectBuckets runs after gorm:create, before an implicit commit: it
+// records the written buckets on the transaction, or notifies at once in
+// autocommit mode.
 func (p *Plugin) collectBuckets(db *gorm.DB) {
 	if db.Error != nil || db.RowsAffected == 0 || !isMessageStatement(db) {
 		return
@@ -409,10 +406,8 @@ func (p *Plugin) collectBuckets(db *gorm.DB) {
 	}
 }
 
-// trackSavepoints runs after gorm:raw: it follows SAVEPOINT, ROLLBACK TO
-// SAVEPOINT and RELEASE SAVEPOINT, whether GORM (nested transactions) or
-// the caller (tx.Exec) issued them, so that rows of a rolled-back
-// savepoint are forgotten.
+// trackSavepoints runs after gorm:raw: it follows the savepoint statements
+// of GORM or the caller so that rows of a rolled-back savepoint are forgotten.
 func trackSavepoints(db *gorm.DB) {
 	if db.Error != nil {
 		return

@@ -21,10 +21,8 @@ const (
 //	ROLLBACK [WORK | TRANSACTION] TO [SAVEPOINT] name
 //	RELEASE [SAVEPOINT] name
 //
-// name is a bare identifier, folded to lower case (all three compare them
-// case-insensitively), or quoted with "…" or `…`: kept exactly on
-// PostgreSQL (caseSensitiveQuoted), where quoting makes a name
-// case-sensitive, and folded elsewhere.
+// A bare name is folded to lower case; a quoted one ("…" or `…`) is kept
+// exactly where quoting makes it case-sensitive (caseSensitiveQuoted).
 func parseSavepoint(sql string, caseSensitiveQuoted bool) (op int, name string, ok bool) {
 	s := strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(sql), ";"))
 	if len(s) > 512 || s == "" {

@@ -33,10 +33,8 @@ func newTraceInjector(ctx context.Context, prop propagation.TextMapPropagator) t
 	return traceInjector{prop: prop, on: true}
 }
 
-// inject adds the trace context of ctx, the statement's context, to m's
-// headers (see Plugin.Propagator), first dropping the headers an earlier
-// injection left on this struct, unchanged, so that a struct created again
-// carries the context of the create that writes it.
+// inject adds the trace context of ctx to m's headers (see
+// Plugin.Propagator), first dropping what an earlier injection left there.
 func (t traceInjector) inject(ctx context.Context, m *Message) {
 	if m.traced != nil {
 		if n := len(m.traced); len(m.Headers) == n && &m.Headers[0] == &m.traced[0] {
@@ -64,9 +62,7 @@ func (t traceInjector) inject(ctx context.Context, m *Message) {
 }
 
 // headerCarrier is the propagation.TextMapCarrier of an injection into a
-// message's headers. The first tracedFrom headers are the caller's, never
-// replaced; the injected ones are appended in a new array (the caller's
-// spare capacity may be shared by other messages).
+// message's headers; the first tracedFrom are the caller's, never replaced.
 type headerCarrier Message
 
 var _ propagation.TextMapCarrier = (*headerCarrier)(nil)
@@ -81,10 +77,8 @@ func (c *headerCarrier) Get(key string) string {
 	return ""
 }
 
-// Set appends the header key, or replaces the value this injection gave it.
-// It does nothing when the caller set a header of that name (compared
-// without regard to case), or when key is tracestate and the caller set
-// traceparent: the caller's trace context is kept whole.
+// Set appends the header key, or replaces the value this injection gave it,
+// unless the caller set that header (or traceparent, for tracestate).
 func (c *headerCarrier) Set(key, value string) {
 	for _, h := range c.Headers[:c.tracedFrom] {
 		if strings.EqualFold(h.Key, key) || (key == tracestateHeader && strings.EqualFold(h.Key, traceparentHeader)) {

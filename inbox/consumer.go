@@ -70,10 +70,8 @@ var (
 	_ Writer = (*kafka.Writer)(nil)
 )
 
-// MarkerFreeReader is implemented by a Reader whose client never returns
-// transaction markers (franz-go's). A Consumer then handles every record it
-// fetches; with any other Reader it skips those shaped like a marker (see
-// Consumer).
+// MarkerFreeReader is a Reader whose client never returns transaction
+// markers (franz-go's): a Consumer then handles every record it fetches.
 type MarkerFreeReader interface {
 	Reader
 	// ReturnsNoTransactionMarkers reports whether FetchMessage never
@@ -86,41 +84,28 @@ type MarkerFreeReader interface {
 // transaction back and makes the Consumer try the message again.
 type HandlerFunc func(tx *gorm.DB, m kafka.Message) error
 
-// ConsumerOptions configures a Consumer. The zero value retries every
-// failed message until it succeeds, with no dead-letter topic.
+// ConsumerOptions configures a Consumer; NewConsumer rejects invalid values.
+// The zero value retries a failed message until it succeeds.
 type ConsumerOptions struct {
 	// RetryBackoff is the wait after a message's first failed attempt,
-	// doubled after each further one (jittered to [d/2, d]). Zero means
-	// DefaultRetryBackoff; a negative value fails NewConsumer.
+	// doubled after each further one. Zero means DefaultRetryBackoff.
 	RetryBackoff time.Duration
-	// MaxRetryBackoff caps the wait. Zero means DefaultMaxRetryBackoff; a
-	// negative value, or one below RetryBackoff, fails NewConsumer.
+	// MaxRetryBackoff caps the wait. Zero means DefaultMaxRetryBackoff.
 	MaxRetryBackoff time.Duration
 	// DeadLetter, when non-nil, receives a message that failed MaxAttempts
-	// times (a record without a usable message id at its first failure):
-	// the original key, value and headers, then HeaderError, HeaderHandler,
-	// HeaderAttempts, HeaderTopic, HeaderPartition and HeaderOffset. Its
-	// offset is committed once the write succeeded; a failed write is
-	// retried, and a crash in between writes it again on restart. Only the
-	// handler's errors count as attempts: a database that cannot begin,
-	// record or commit, or a connection lost under the handler (its
-	// rollback fails too), is an outage, retried forever. Nil means no
-	// dead-letter topic: a failing message is retried until it succeeds,
-	// holding back the reader's other messages, and a record without a
-	// usable message id stops Run with an error.
+	// handler attempts (a record without a usable message id at its first),
+	// with the original headers and the Header* ones; database outages never
+	// count as attempts (see docs/consuming.md). Nil: a failing message is
+	// retried until it succeeds, and a record without a usable id stops Run.
 	DeadLetter Writer
-	// DeadLetterTopic is the topic of dead-lettered records. Empty means
-	// the DeadLetter writer's own; a *kafka.Writer must then have one, and
-	// none when DeadLetterTopic is set.
+	// DeadLetterTopic is the topic of dead-lettered records; empty means
+	// the DeadLetter writer's own (exactly one of them names it).
 	DeadLetterTopic string
 	// MaxAttempts is the number of failed attempts after which a message
-	// goes to DeadLetter. Zero means DefaultMaxAttempts with DeadLetter, no
-	// limit without; a negative value, or a positive one without
-	// DeadLetter, fails NewConsumer.
+	// goes to DeadLetter. Zero means DefaultMaxAttempts with DeadLetter.
 	MaxAttempts int
-	// CommitTimeout bounds the offset commit that still follows a committed
-	// transaction when Run's context is done meanwhile. Zero means
-	// DefaultCommitTimeout; a negative value fails NewConsumer.
+	// CommitTimeout bounds the offset commit that follows a committed
+	// transaction after a stop. Zero means DefaultCommitTimeout.
 	CommitTimeout time.Duration
 }
 
@@ -189,28 +174,15 @@ func (p *problems) durations(options string, ds []duration) {
 	}
 }
 
-// Consumer runs a handler over a consumer group's records: fetch, Handle,
-// and commit the offset only after the transaction committed. A record is
-// never skipped: a failed one is retried with backoff (or dead-lettered)
-// before the next is fetched, and a crash anywhere leaves the record to be
-// redelivered and, if its transaction had committed, skipped as a
-// duplicate. It handles one record at a time, each partition's in offset
-// order; run several Consumers in the group to handle partitions in
-// parallel.
+// Consumer runs a handler over a consumer group's records, one at a time:
+// fetch, Handle, and commit the offset only after the transaction committed.
+// A record is never skipped: a failed one is retried with backoff (or
+// dead-lettered) before the next is fetched (see docs/consuming.md).
 //
-// A record without a usable message id (ErrNoMessageID,
-// ErrInvalidMessageID) cannot succeed on a retry: it is dead-lettered at
-// its first failure or, without DeadLetter, Run stops with an error
-// wrapping the cause (set Options.IDFromOffset for producers that set no
-// id).
-//
-// Transactional topics: kafka-go's Reader returns transaction markers as
-// messages and hands over the records of aborted transactions, even with
-// kafka.ReadCommitted. A Consumer skips the markers, recognised by shape
-// (the Reader exposes no control flag): a record without headers whose key
-// is a marker's (4 bytes: version 0, type 0 or 1) and whose value is one
-// (6 bytes, version 0); its offset is committed. Records of aborted
-// transactions are handled like any other: see the README's "Consuming".
+// kafka-go's Reader returns transaction markers as messages and exposes no
+// control flag, so a Consumer skips, and commits, the records shaped like
+// one (no headers, a 4-byte key of version 0 and type 0 or 1, a 6-byte value
+// of version 0). Records of aborted transactions are handled like any other.
 type Consumer struct {
 	ib      *Inbox
 	r       Reader
@@ -222,10 +194,9 @@ type Consumer struct {
 	markers bool   // skip the records shaped like transaction markers
 }
 
-// NewConsumer returns a Consumer that handles r's records with fn under the
-// name handler, recording their ids in ib. A *kafka.Reader must have a
-// GroupID. The Consumer owns neither r nor the DeadLetter writer: close them
-// after Run returned.
+// NewConsumer returns a Consumer that handles r's records (a *kafka.Reader
+// with a GroupID) with fn under the name handler, recording their ids in ib.
+// Close r and the DeadLetter writer after Run returned.
 func NewConsumer(ib *Inbox, r Reader, handler string, fn HandlerFunc, opts ConsumerOptions) (*Consumer, error) {
 	var errs []error
 	if ib == nil {
@@ -265,13 +236,11 @@ func NewConsumer(ib *Inbox, r Reader, handler string, fn HandlerFunc, opts Consu
 	return &Consumer{ib: ib, r: r, handler: handler, fn: fn, opts: opts, log: log, dlTopic: dlTopic, markers: markers}, nil
 }
 
-// Run consumes until ctx is done and returns nil then. It returns the
-// reader's error when FetchMessage fails otherwise (io.EOF when closed),
-// or, without DeadLetter, an error wrapping ErrNoMessageID or
-// ErrInvalidMessageID. A stop interrupts a transaction in flight (rolled
-// back, its record redelivered later) and a retry's wait; a committed
-// record's offset is still committed within ConsumerOptions.CommitTimeout.
-// Run must not be called twice at once.
+// Run consumes until ctx is done and returns nil then; else the reader's
+// error (io.EOF when closed) or, without DeadLetter, an error wrapping
+// ErrNoMessageID or ErrInvalidMessageID. A stop rolls back a transaction in
+// flight; a committed record's offset is still committed within
+// CommitTimeout. Run must not be called twice at once.
 func (c *Consumer) Run(ctx context.Context) error {
 	if c.opts.DeadLetter != nil {
 		c.log.Info("consumer starting", "dead_letter_topic", c.dlTopic, "max_attempts", c.opts.MaxAttempts)
@@ -320,8 +289,7 @@ func permanent(err error) bool {
 }
 
 // settle handles m until it is processed, a duplicate or dead-lettered,
-// retrying with backoff; it reports false when ctx ended first, and an
-// error for a record without a usable message id and no DeadLetter.
+// retrying with backoff; it reports false when ctx ended first.
 func (c *Consumer) settle(ctx context.Context, m kafka.Message) (bool, error) {
 	backoff := c.opts.RetryBackoff
 	attempts, failures := 0, 0

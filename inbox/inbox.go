@@ -85,27 +85,14 @@ func New(db *gorm.DB, opts Options) (*Inbox, error) {
 	}, nil
 }
 
-// Handle runs fn and records m's message id (see MessageID) for handler in
-// one database transaction, unless that id is already recorded for handler:
-// then it returns Duplicate without calling fn. Otherwise it returns
-// Processed once the transaction committed, or the first error (fn's, the
-// database's, wrapped) with the transaction rolled back and nothing
-// recorded. handler must be 1 to MaxHandlerLength bytes.
-//
-// The id is recorded first, the primary key (handler, id) deciding: of
-// concurrent deliveries of one id, the first to insert holds the row until
-// its transaction ends and the others wait, then return Duplicate if it
-// committed. Exactly one fn's effects commit. This holds at the default
-// isolation levels; under SERIALIZABLE (or, on MySQL/MariaDB, with three or
-// more deliveries whose first rolls back: a deadlock) the waiting side may
-// get an error instead, and a retry returns Duplicate.
-//
-// fn gets the transaction, bound to ctx: every write of its effect must go
-// through tx (an outbox.Message created there is published only if it
-// commits), and it must not commit or roll tx back. A panic in fn rolls the
-// transaction back and continues up the stack. When the rollback after a
-// failed fn fails too, the error ends with "(rollback: …)". A failed commit
-// is ambiguous: handling m again returns Duplicate if it had committed.
+// Handle runs fn and records m's message id (see MessageID) for handler
+// (1 to MaxHandlerLength bytes) in one database transaction, or returns
+// Duplicate without calling fn when the id is already recorded. It returns
+// Processed once the transaction committed, else the first error with
+// nothing recorded. The id is recorded first, so of concurrent deliveries
+// exactly one fn's effects commit (see docs/consuming.md for isolation
+// levels). fn must write its effect through tx, bound to ctx, and must not
+// commit or roll it back; a panic in fn rolls back and propagates.
 func (ib *Inbox) Handle(ctx context.Context, handler string, m kafka.Message, fn func(tx *gorm.DB) error) (Outcome, error) {
 	start := ib.clock.Now()
 	out, err := ib.handle(ctx, handler, m, fn)

@@ -20,11 +20,9 @@ const (
 	MetricProcessed = "inbox.processed"
 	// MetricDuplicates counts the messages Handle returned Duplicate for.
 	MetricDuplicates = "inbox.duplicates"
-	// MetricFailures counts the Handle calls that returned an error,
-	// retries included, calls whose context was done excluded.
+	// MetricFailures counts the Handle calls that failed, but not by a stop.
 	MetricFailures = "inbox.failures"
-	// MetricHandleDuration is a histogram of whole Handle calls (every
-	// outcome), in seconds.
+	// MetricHandleDuration is a histogram of Handle calls, in seconds.
 	MetricHandleDuration = "inbox.handle.duration"
 	// MetricDeadLettered counts the messages a Consumer dead-lettered.
 	MetricDeadLettered = "inbox.dead_lettered"

@@ -21,18 +21,16 @@ const MaxHandlerLength = 128
 // message_id column, room for an id Options.IDFromOffset derives.
 const MaxMessageIDLength = 300
 
-// ProcessedMessage is one row of the processed-messages table: handler
-// HandlerName committed the effect of the message MessageID at
-// ProcessedAtMs. A message is recorded once per handler.
+// ProcessedMessage is one row of the processed-messages table: a message
+// whose effect a handler committed, recorded once per handler.
 type ProcessedMessage struct {
-	// HandlerName names the handler that processed the message, 1 to
-	// MaxHandlerLength bytes.
+	// HandlerName names the handler that processed the message.
 	HandlerName ExactString `gorm:"column:handler_name;primaryKey;size:128;not null"`
 	// MessageID is the message's id (the outbox's message-id header, or the
 	// id Options.IDFromOffset derives), 1 to MaxMessageIDLength bytes.
 	MessageID ExactString `gorm:"column:message_id;primaryKey;size:300;not null"`
-	// ProcessedAtMs is when the handler's transaction recorded the message,
-	// in Unix milliseconds (UTC) on the consumer host's clock (Options.Clock).
+	// ProcessedAtMs is when the message was recorded, in Unix milliseconds
+	// on Options.Clock.
 	ProcessedAtMs int64 `gorm:"column:processed_at_ms;not null;index"`
 }
 
@@ -64,8 +62,7 @@ func (ProcessedMessage) TableName() string { return DefaultTable }
 // Config names the processed-messages table, used as it is (GORM's
 // NamingStrategy does not apply). A zero Config means DefaultTable.
 type Config struct {
-	// Schema optionally qualifies the table name (a PostgreSQL schema, a
-	// MySQL database, an attached SQLite database).
+	// Schema optionally qualifies the table name.
 	Schema string
 	// Table is the processed-messages table; empty means DefaultTable.
 	Table string

@@ -16,21 +16,16 @@ import (
 // Defaults of Options' zero fields.
 const (
 	// DefaultRetention keeps a processed id for 7 days, Kafka's default
-	// topic retention. The outbox's own duplicates arrive within minutes (a
-	// retried publish, a lease takeover; a requeued parked row when it is
-	// requeued), but a group that re-reads its topic (an offset reset) is
-	// redelivered everything the topic holds: set Retention to at least the
-	// topics' retention.ms plus segment.ms to deduplicate that too.
+	// topic retention: a group that re-reads its topic is redelivered all it
+	// holds, so Retention should cover the topics' retention.ms plus segment.ms.
 	DefaultRetention = 7 * 24 * time.Hour
-	// DefaultPurgeBatchSize bounds one purge statement: short transactions
-	// and row locks however large the backlog.
+	// DefaultPurgeBatchSize bounds one purge statement, keeping it short.
 	DefaultPurgeBatchSize = 1000
 	// DefaultPurgeInterval is the wait between two purges of RunPurge.
 	DefaultPurgeInterval = time.Hour
 )
 
-// Options configures an Inbox. The zero value means the defaults; New
-// rejects invalid values with an error naming the field.
+// Options configures an Inbox; zero fields mean the defaults.
 type Options struct {
 	// Config names the processed-messages table.
 	Config Config
@@ -38,28 +33,22 @@ type Options struct {
 	// last one counts). Empty means kafkapub.DefaultMessageIDHeader; set it
 	// to the relay's kafkapub.Config.MessageIDHeader when that is changed.
 	MessageIDHeader string
-	// IDFromOffset makes a record without the header (or with an empty one)
-	// take an id derived from its position, "<topic>/<partition>/<offset>",
-	// instead of failing with ErrNoMessageID. Such an id deduplicates
-	// redeliveries of one record, not a record a producer wrote twice.
+	// IDFromOffset gives a record without the header the id
+	// "<topic>/<partition>/<offset>" instead of failing with ErrNoMessageID.
 	IDFromOffset bool
-	// Retention is how long a processed id is kept before Purge deletes it
-	// (a redelivery is then processed again). Zero means DefaultRetention;
-	// a negative value fails New.
+	// Retention is how long a processed id is kept before Purge deletes it.
+	// Zero means DefaultRetention; a negative value fails New.
 	Retention time.Duration
-	// PurgeBatchSize is the most rows one purge statement deletes; Purge
-	// runs statements until no expired row is left. Zero means
-	// DefaultPurgeBatchSize (1,000); a negative value fails New.
+	// PurgeBatchSize is the most rows one purge statement deletes. Zero
+	// means DefaultPurgeBatchSize; a negative value fails New.
 	PurgeBatchSize int
 	// PurgeInterval is the wait between two purges of RunPurge. Zero means
-	// DefaultPurgeInterval (1h); a negative value fails New.
+	// DefaultPurgeInterval; a negative value fails New.
 	PurgeInterval time.Duration
-	// Clock stamps processed ids (processed_at_ms) and times purges,
-	// handle durations and a Consumer's backoff. Nil means
-	// relay.SystemClock; tests pass relaytest.ManualClock.
+	// Clock stamps processed ids and times purges, handle durations and
+	// backoffs. Nil means relay.SystemClock.
 	Clock relay.Clock
-	// Logger receives the inbox's and its consumers' logs. Nil means
-	// slog.Default().
+	// Logger receives the inbox's and its consumers' logs; nil: slog.Default().
 	Logger *slog.Logger
 	// MeterProvider provides the inbox's instruments (see MetricProcessed).
 	// Nil means otel.GetMeterProvider().

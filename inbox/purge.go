@@ -6,12 +6,10 @@ import (
 	"time"
 )
 
-// Purge deletes the processed ids recorded more than Options.Retention ago
-// (on Options.Clock), in statements of at most Options.PurgeBatchSize rows
-// that each commit on their own, until none is left or ctx is done, and
-// returns how many it deleted. A purged id's message, delivered again, is
-// processed again (see DefaultRetention). Purge is safe to run alongside
-// Handle and from several processes at once.
+// Purge deletes the processed ids older than Options.Retention, in
+// statements of at most Options.PurgeBatchSize rows that each commit, until
+// none is left or ctx is done, and returns how many it deleted. It is safe
+// to run alongside Handle and from several processes at once.
 func (ib *Inbox) Purge(ctx context.Context) (int64, error) {
 	cutoff := ib.clock.Now().Add(-ib.opts.Retention).UnixMilli()
 	var total int64
@@ -34,8 +32,7 @@ func (ib *Inbox) Purge(ctx context.Context) (int64, error) {
 }
 
 // RunPurge runs Purge at once and then every Options.PurgeInterval until ctx
-// is done, and returns nil then. A failed purge is logged at WARN and
-// retried at the next interval.
+// is done, then returns nil; a failed purge is logged and retried later.
 func (ib *Inbox) RunPurge(ctx context.Context) error {
 	for {
 		start := ib.clock.Now()

@@ -12,14 +12,11 @@ import (
 )
 
 // statements are the inbox's SQL texts, rendered once by the dialector.
-// Handle's INSERT, run once per message, goes straight to the transaction's
-// connection (shown to GORM's logger); Purge, rare, through GORM's Exec.
 type statements struct {
 	dialect string
-	// insert records (handler_name, message_id, processed_at_ms); a
-	// conflict affects no row, or on MySQL/MariaDB fails with a
-	// duplicate-key error (ON DUPLICATE KEY UPDATE would count a row
-	// "found" under clientFoundRows).
+	// insert records (handler_name, message_id, processed_at_ms); a conflict
+	// affects no row, or on MySQL/MariaDB fails with a duplicate-key error
+	// (ON DUPLICATE KEY UPDATE would count a row "found" under clientFoundRows).
 	insert string
 	// purge deletes at most one batch of rows with processed_at_ms below ?.
 	purge string

@@ -1,21 +1,12 @@
 // Package migrations holds the hand-written DDL of the outbox tables, for
-// teams that review and apply schema changes themselves.
+// teams that review and apply schema changes themselves (see
+// docs/schema.md, which also covers upgrades).
 //
-// Two forms are kept, for each dialect (postgres, mysql, sqlite):
-//
-//   - <dialect>.sql, the full DDL of the current schema (version 3 on
-//     PostgreSQL, 2 elsewhere), identical to what outbox.AutoMigrate creates
-//     on an empty database; a test on every database keeps them so. Use it for a new database.
-//   - <dialect>/NNNNNN_name.up.sql and .down.sql, the versioned steps in the
-//     golang-migrate layout: 000001_init (the initial schema) and
-//     000002_parking (the parked_at_ms and parked_reason columns, the index
-//     (bucket, parked_at_ms, id) replacing (bucket, id), and the relays
-//     table's features column), and on PostgreSQL 000003_lease_fillfactor
-//     (the leases table's fillfactor 40: a renewal updates every owned lease
-//     in place). Applying every up step gives <dialect>.sql exactly;
-//     outbox.AutoMigrate run over version 1 gives the same.
-//
-// golang-migrate reads the versioned steps straight from this package:
+// For each dialect (postgres, mysql, sqlite), <dialect>.sql is the full DDL
+// of the current schema, identical to what outbox.AutoMigrate creates, and
+// <dialect>/NNNNNN_name.up.sql and .down.sql are the same schema as
+// versioned steps in the golang-migrate layout, which reads them straight
+// from this package:
 //
 //	fsys, _ := migrations.Versioned("postgres")
 //	src, _ := iofs.New(fsys, ".") // github.com/golang-migrate/migrate/v4/source/iofs
@@ -24,37 +15,12 @@
 //
 // (on MySQL and MariaDB add multiStatements=true to the DSN). A database
 // created with <dialect>.sql or outbox.AutoMigrate is at the last version
-// (3 on PostgreSQL, 2 elsewhere): mark it so (migrate force 3, or 2) before
-// the first Up. goose needs its own annotations
-// in one file per version: register Steps' statements as Go migrations
-// (goose.AddNamedMigrationContext running each Up or Down statement) or copy
-// the files into goose's format.
+// (3 on PostgreSQL, 2 elsewhere): mark it so (migrate force) before the
+// first Up. For goose, register Steps' statements as Go migrations.
 //
-// # Upgrading to version 2 (parking)
-//
-// Apply 000002_parking.up.sql (or outbox.AutoMigrate) before deploying
-// relays that park: it only adds nullable columns, a column with a default
-// and an index, and relays of version 1 keep working on it. A relay parks
-// only once every live relay writes the parking bit of its heartbeat, so a
-// rolling upgrade is safe in any order after the migration. Downgrade only
-// after requeueing or deleting every parked row, with the new relays stopped.
-//
-// # Upgrading to version 3 (PostgreSQL: lease fillfactor)
-//
-// Apply 000003_lease_fillfactor.up.sql (or outbox.AutoMigrate) at any time:
-// it only sets a storage parameter (instant, nothing rewritten), and relays
-// of every version work on both sides of it. It matters from a few thousand
-// buckets: at 65,536 a renewal of every lease took ~0.5 s and ~14 MB of WAL
-// without it, ~0.1 s and ~5 MB with it.
-//
-// # The inbox table
-//
-// inbox/<dialect>.sql is the DDL of the consumer side's processed-messages
-// table (package inbox), identical to what inbox.AutoMigrate creates; a test
-// on every database keeps them so. It is one table at its first version:
-// apply it in the consumer's database (which may or may not be the
-// outbox's) with InboxSQL or InboxStatements, or copy it into the
-// consumer's own migrations.
+// inbox/<dialect>.sql is the DDL of package inbox's processed-messages
+// table, identical to what inbox.AutoMigrate creates (InboxSQL,
+// InboxStatements).
 package migrations
 
 import (
@@ -167,10 +133,8 @@ func Steps(dialect string) ([]Step, error) {
 	return out, nil
 }
 
-// Split splits a file of these migrations into single statements, without
-// comments: it cuts at semicolons outside dollar-quoted ($$) bodies and drops
-// "--" comments. It is not a general SQL parser: it is meant for the files
-// of this package.
+// Split splits a file of this package into single statements without "--"
+// comments, at semicolons outside dollar-quoted ($$) bodies.
 func Split(s string) []string {
 	var lines []string
 	for _, l := range strings.Split(s, "\n") {

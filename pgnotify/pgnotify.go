@@ -7,12 +7,9 @@
 // never message contents. The outbox itself may live in any database; the
 // transport only needs a PostgreSQL connection string.
 //
-// PgBouncer caveat: through a pooler in transaction (or statement) mode a
-// LISTEN is lost when the server connection changes hands, so Listen first
-// checks that a notification sent from another connection reaches its own
-// and otherwise fails with an error wrapping ErrTransactionPooler; Check
-// runs the same probe, e.g. at startup. Point ConnString at PostgreSQL or a
-// session-mode pool. NOTIFY (Publish) works through any pooling mode.
+// Through a pooler in transaction mode a LISTEN is lost, so Listen and
+// Check fail with ErrTransactionPooler there: point ConnString at
+// PostgreSQL or a session-mode pool (see docs/relays.md).
 package pgnotify
 
 import (
@@ -68,8 +65,7 @@ type Config struct {
 	// Logger receives the transport's logs. Nil means slog.Default().
 	Logger *slog.Logger
 	// ProbeTimeout is how long Listen and Check wait for their probe
-	// notification before failing with ErrTransactionPooler. Zero means
-	// DefaultProbeTimeout; negative disables the probe.
+	// notification; zero means DefaultProbeTimeout, negative no probe.
 	ProbeTimeout time.Duration
 }
 
@@ -181,10 +177,8 @@ func (t *Transport) notify(ctx context.Context, what, channel, payload string) e
 }
 
 // Listen subscribes on a dedicated connection and calls fn once per received
-// bucket id (including -1), on the calling goroutine, until ctx is done or
-// the connection fails. It returns ctx.Err() after cancellation, or the
-// connection's error; the relay calls it again after a backoff. Every
-// callback has returned when Listen returns.
+// bucket id (including -1), on the calling goroutine, until ctx is done
+// (returning ctx.Err()) or the connection fails (returning its error).
 func (t *Transport) Listen(ctx context.Context, fn func(bucket int)) error {
 	conn, err := t.connect(ctx)
 	if err != nil {
@@ -215,9 +209,7 @@ func (t *Transport) Listen(ctx context.Context, fn func(bucket int)) error {
 	}
 }
 
-// Check connects as Listen does and runs its probe (see Config.ProbeTimeout):
-// an error wrapping ErrTransactionPooler means Listen would fail the same
-// way. Call it at startup to fail fast.
+// Check connects and probes as Listen does, to fail fast at startup.
 func (t *Transport) Check(ctx context.Context) error {
 	conn, err := t.connect(ctx)
 	if err != nil {
@@ -242,9 +234,8 @@ func (t *Transport) close(ctx context.Context, conn *pgx.Conn) {
 	_ = conn.Close(cctx)
 }
 
-// probe LISTENs on a private channel on conn, NOTIFYs it from the publish
-// pool (another connection) and waits Config.ProbeTimeout for it: through a
-// transaction pooler nothing arrives.
+// probe LISTENs on a private channel on conn and NOTIFYs it from another
+// connection: through a transaction pooler nothing arrives.
 func (t *Transport) probe(ctx context.Context, conn *pgx.Conn) error {
 	if t.cfg.ProbeTimeout < 0 {
 		return nil

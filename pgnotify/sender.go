@@ -22,13 +22,10 @@ const maxPendingBuckets = 1024
 // SenderOptions.Backoff is zero.
 const DefaultSendBackoff = time.Second
 
-// Sender is an outbox notifier for processes that write outbox rows but run
-// no relay: give it to outbox.Plugin, and it broadcasts the committed bucket
-// ids over the Transport so that the owning relays wake at once (a relay's
-// process needs none: relay.Options.HintTransport sends).
-//
-// Notifications never block nor fail the commit: they are coalesced (into
-// "unknown" past 1,024 pending buckets) and sent by Run's goroutine.
+// Sender is an outbox.Plugin notifier for processes that write outbox rows
+// but run no relay: Run broadcasts the committed bucket ids, coalesced, over
+// the Transport, so that the owning relays wake at once. It never blocks a
+// commit.
 type Sender struct {
 	t       *Transport
 	opts    SenderOptions
@@ -108,8 +105,7 @@ func (s *Sender) take(dst []int) []int {
 }
 
 // Run sends the pending hints until ctx is done, and returns nil then. A
-// failed send drops its batch, is logged (WARN at most once a minute for
-// the same error) and waits Backoff.
+// failed send drops its batch, is logged and waits Backoff.
 func (s *Sender) Run(ctx context.Context) error {
 	var buf []int
 	for {

@@ -22,24 +22,19 @@ const MaxPollRecords = 100
 type HandlerFunc func(tx *gorm.DB, r *kgo.Record) error
 
 // Consumer runs a handler over a consumer group's records with the
-// contract of inbox.Consumer. A member thrown out of its group while it
-// handles a poll's records (its session expired, or it blocked a rebalance
-// too long) cannot commit their offsets: it drops the rest of the poll and
-// rejoins, and the records handled since the last committed offset are
-// redelivered and skipped as duplicates.
+// contract of inbox.Consumer. A member thrown out of its group drops the
+// rest of its poll and rejoins; the records redelivered are duplicates.
 type Consumer struct {
 	c  *inbox.Consumer
 	cl *kgo.Client
 	r  *reader
 }
 
-// NewConsumer returns a Consumer whose new client is built from opts, which
-// must name the brokers, the group (kgo.ConsumerGroup) and its topics. It
-// reads with read_committed unless opts set kgo.FetchIsolationLevel; it
-// always sets kgo.DisableAutoCommit and kgo.BlockRebalanceOnPoll. Do not set
-// kgo.OnPartitionsRevoked to commit offsets. With copts.DeadLetterTopic and
-// no DeadLetter writer, the client produces the dead letters. Close the
-// Consumer after Run returned.
+// NewConsumer returns a Consumer whose new client is built from opts (the
+// brokers, kgo.ConsumerGroup and its topics), reading with read_committed
+// unless opts say otherwise; it always sets kgo.DisableAutoCommit and
+// kgo.BlockRebalanceOnPoll. With copts.DeadLetterTopic and no DeadLetter
+// writer, the client produces the dead letters. Close it after Run returned.
 func NewConsumer(ib *inbox.Inbox, handler string, fn HandlerFunc, copts inbox.ConsumerOptions, opts ...kgo.Opt) (*Consumer, error) {
 	if fn == nil {
 		return nil, errors.New("franz: NewConsumer: nil HandlerFunc")
@@ -77,8 +72,7 @@ func (c *Consumer) Run(ctx context.Context) error { return c.c.Run(ctx) }
 // poll or commit with it.
 func (c *Consumer) Client() *kgo.Client { return c.cl }
 
-// Close leaves the group and closes the client. Call it after Run
-// returned.
+// Close leaves the group and closes the client, after Run returned.
 func (c *Consumer) Close() {
 	c.cl.AllowRebalance()
 	c.cl.Close()
@@ -127,9 +121,8 @@ func (r *reader) FetchMessage(ctx context.Context) (kafka.Message, error) {
 }
 
 // CommitMessages commits the offsets past msgs. A commit refused because
-// this member left the group can never succeed while the poll's records
-// block the rejoin: it is dropped, with the rest of the poll, and the
-// client may rejoin (see Consumer).
+// this member left the group is dropped, with the rest of the poll, so that
+// the client may rejoin.
 func (r *reader) CommitMessages(ctx context.Context, msgs ...kafka.Message) error {
 	recs := make([]*kgo.Record, len(msgs))
 	for i, m := range msgs {
