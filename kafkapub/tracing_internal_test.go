@@ -92,27 +92,11 @@ func BenchmarkPublishSpan(b *testing.B) {
 	}
 }
 
-// recordingTracer returns a TracerProvider that records every span, and
-// its recorder.
-func recordingTracer(t *testing.T) (trace.TracerProvider, *spantest.Recorder) {
-	t.Helper()
-	rec := spantest.NewRecorder()
-	return rec.TracerProvider(), rec
-}
-
 // traceparentOf returns the traceparent header value of span context
 // (trace id tid, span id sid as numbers) and the span context itself.
 func traceparentOf(tid byte, sid uint64) (string, trace.SpanContext) {
 	sc := trace.NewSpanContext(trace.SpanContextConfig{TraceID: trace.TraceID{15: tid}, SpanID: trace.SpanID(binary.BigEndian.AppendUint64(nil, sid)), TraceFlags: trace.FlagsSampled, Remote: true})
 	return fmt.Sprintf("00-%s-%s-01", sc.TraceID(), sc.SpanID()), sc
-}
-
-// withTraceparent returns m with a traceparent header of the span context
-// (tid, sid) after its other headers.
-func withTraceparent(m *outbox.Message, tid byte, sid uint64) *outbox.Message {
-	tp, _ := traceparentOf(tid, sid)
-	m.Headers = append(m.Headers, outbox.Header{Key: "traceparent", Value: []byte(tp)})
-	return m
 }
 
 // TestTracingREADMEFigures pins the figures the README's Tracing section

@@ -3,20 +3,10 @@
 //
 //	go build -tags outbox_failpoints -o /tmp/outbox-chaos ./cmd/outbox-chaos
 //
-// Subcommands:
-//
-//	outbox-chaos matrix [-db postgres|mysql|sqlite] [-messages N] [-txn]
-//	    the crash matrix: SIGKILL a relay child at each step, print the table
-//	outbox-chaos run [-db ...] [-messages N] [-relays N] [-faults N] [-write-for D] [-txn]
-//	    a chaos run; prints one summary line, exits 1 on a failed check
-//	outbox-chaos effects [-db postgres|mysql] [-mode default|fenced|both] [-messages N] [-write-for D] [-rounds N]
-//	    the effects run: business rows, relays, inbox consumers of both
-//	    clients in their own databases, every fault injected -rounds
-//	    times; prints a table and one line per cell, exits 1 on a failed
-//	    check (needs the real broker and scripts/services.sh's pid file)
-//
-// and the children the harness starts: "relay" and "consumer", each with
-// its configuration as one JSON argument.
+// Subcommands: matrix (the crash matrix), run (a chaos run), effects (the
+// effects run; CHAOS.md gives their flags and output), and the children the
+// harness starts, "relay" and "consumer", each configured by one JSON
+// argument.
 //
 // The database and broker come from the test environment variables
 // (OUTBOX_TEST_POSTGRES_DSN, OUTBOX_TEST_MYSQL_DSN, OUTBOX_TEST_KAFKA_BROKERS);

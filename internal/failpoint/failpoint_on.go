@@ -28,22 +28,7 @@ import (
 // fired stop "failpoint NAME: SIGSTOP": the process stays stopped, every
 // goroutine with it (lease renewals included), until whoever watches its
 // stderr sends SIGCONT, and the goroutine at the failpoint goes on only
-// once it received that SIGCONT.
-//
-// The failpoints, one per step of the relay's life:
-//
-//	relay/after-fetch     a batch fetched, nothing published yet
-//	relay/during-publish  records appended by the broker, the answer not yet seen by the relay (kafkapub)
-//	relay/after-ack       the batch acknowledged, nothing deleted yet
-//	relay/during-delete   MarkPublished about to run (killafter lands inside it)
-//	relay/acquire         an acquisition round answered, its leases not yet recorded
-//	relay/renew           a renewal answered, its extension not yet recorded
-//	relay/before-park     the lease checked, the Park statement not yet sent
-//
-// and of the Kafka publisher's and the inbox consumer's:
-//
-//	kafkapub/before-commit  fenced publishing: every record of a transaction appended, EndTxn (commit) not yet sent
-//	inbox/after-commit      a Consumer's Handle committed a processed message's transaction, its offset not yet committed
+// once it received that SIGCONT. CHAOS.md lists the failpoints.
 const envFailpoints = "OUTBOX_FAILPOINTS"
 
 type failpointRule struct {
